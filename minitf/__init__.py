@@ -1,0 +1,11 @@
+"""minitf: the Transformer of "Attention Is All You Need" (Vaswani et al., 2017) on NumPy/CuPy,
+with a hand-written forward and backward pass for every layer."""
+from .config import PRESETS, TransformerConfig
+from .errors import CheckpointError, ConfigError, DataError, DeviceError, MinitfError
+from .model import Transformer
+from .optim import Adam
+from .schedule import NoamSchedule, noam
+
+__version__ = "0.1.0"
+__all__ = ["TransformerConfig", "PRESETS", "Transformer", "Adam", "noam", "NoamSchedule",
+           "MinitfError", "DeviceError", "DataError", "CheckpointError", "ConfigError"]

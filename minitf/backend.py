@@ -1,0 +1,82 @@
+"""The one module that imports CuPy (guarded). Everything else asks the arrays for `xp`.
+
+`--device cpu` means NumPy, `--device gpu` means CuPy. Asking for the GPU without CuPy, or
+with CuPy but no usable CUDA device, raises one `DeviceError` that says which.
+"""
+import numpy
+
+from .errors import DeviceError
+
+try:  # the only cupy import in minitf
+    import cupy
+    _CUPY_IMPORT_ERROR = None
+except Exception as e:  # ImportError, or a broken CUDA install raising something else
+    cupy = None
+    _CUPY_IMPORT_ERROR = e
+
+DEVICES = ("cpu", "gpu")
+
+
+def gpu_available():
+    """(ok, reason): whether `get_xp('gpu')` would work, and why not."""
+    if cupy is None:
+        return False, f"CuPy is not installed ({_CUPY_IMPORT_ERROR}); install it with `pip install minitf[gpu]` or a cupy-cudaXXx wheel"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        return False, f"CuPy is installed but CUDA is not usable: {e}"
+    if n == 0:
+        return False, "CuPy is installed but no CUDA GPU is visible"
+    return True, ""
+
+
+def get_xp(device):
+    """Array module for a device name: 'cpu' -> numpy, 'gpu' -> cupy."""
+    if device == "cpu":
+        return numpy
+    if device == "gpu":
+        ok, why = gpu_available()
+        if not ok:
+            raise DeviceError(f"--device gpu: {why}. Use --device cpu to run on NumPy.")
+        return cupy
+    raise DeviceError(f"unknown device {device!r}: choose one of {', '.join(DEVICES)}")
+
+
+def xp_of(*arrays):
+    """The array module (numpy or cupy) the given arrays live in."""
+    if cupy is not None:
+        return cupy.get_array_module(*arrays)
+    return numpy
+
+
+def is_gpu(xp):
+    return cupy is not None and xp is cupy
+
+
+def device_of(xp):
+    return "gpu" if is_gpu(xp) else "cpu"
+
+
+def to_numpy(a):
+    """A host (NumPy) copy/view of an array from either device."""
+    if cupy is not None and isinstance(a, cupy.ndarray):
+        return cupy.asnumpy(a)
+    return numpy.asarray(a)
+
+
+def to_device(a, xp):
+    """Move a NumPy (or CuPy) array to the device of `xp`."""
+    if is_gpu(xp):
+        return cupy.asarray(a)
+    return to_numpy(a)
+
+
+def synchronize(xp):
+    """Wait for queued GPU work (timing only); a no-op on CPU."""
+    if is_gpu(xp):
+        cupy.cuda.get_current_stream().synchronize()
+
+
+def make_rng(xp, seed):
+    """A random Generator on the device of `xp`, seeded with a non-negative int."""
+    return xp.random.default_rng(int(seed))

@@ -1,0 +1,112 @@
+"""Post-norm residual blocks and the encoder/decoder stacks (paper 3.1).
+
+Every sublayer is wrapped as LayerNorm(x + Dropout(Sublayer(x))). There is no final
+LayerNorm after either stack (the paper's post-norm; see docs/deviations.md).
+"""
+from .layers import Dropout, FeedForward, Layer, LayerNorm, MultiHeadAttention
+
+
+class EncoderLayer(Layer):
+    def __init__(self, cfg, rng):
+        super().__init__()
+        d = cfg.d_model
+        self.self_attn = self.add("self_attn", MultiHeadAttention(d, cfg.n_heads, cfg.d_k, rng))
+        self.norm1 = self.add("norm1", LayerNorm(d, cfg.layer_norm_eps))
+        self.ffn = self.add("ffn", FeedForward(d, cfg.d_ff, rng))
+        self.norm2 = self.add("norm2", LayerNorm(d, cfg.layer_norm_eps))
+        self.drop1 = self.add("drop1", Dropout(cfg.dropout))
+        self.drop2 = self.add("drop2", Dropout(cfg.dropout))
+
+    def forward(self, x, src_bias, rng=None):
+        """x [B, S, D], src_bias [B, 1, 1, S] -> [B, S, D]."""
+        h = self.norm1.forward(x + self.drop1.forward(self.self_attn.forward(x, x, src_bias), rng))
+        return self.norm2.forward(h + self.drop2.forward(self.ffn.forward(h), rng))
+
+    def backward(self, dy):
+        # y = norm2(h + drop2(ffn(h)))
+        dsum = self.norm2.backward(dy)
+        dh = dsum + self.ffn.backward(self.drop2.backward(dsum))
+        # h = norm1(x + drop1(self_attn(x, x)))
+        dsum = self.norm1.backward(dh)
+        dq, dkv = self.self_attn.backward(self.drop1.backward(dsum))
+        return dsum + dq + dkv
+
+
+class DecoderLayer(Layer):
+    def __init__(self, cfg, rng):
+        super().__init__()
+        d = cfg.d_model
+        self.self_attn = self.add("self_attn", MultiHeadAttention(d, cfg.n_heads, cfg.d_k, rng))
+        self.norm1 = self.add("norm1", LayerNorm(d, cfg.layer_norm_eps))
+        self.cross_attn = self.add("cross_attn", MultiHeadAttention(d, cfg.n_heads, cfg.d_k, rng))
+        self.norm2 = self.add("norm2", LayerNorm(d, cfg.layer_norm_eps))
+        self.ffn = self.add("ffn", FeedForward(d, cfg.d_ff, rng))
+        self.norm3 = self.add("norm3", LayerNorm(d, cfg.layer_norm_eps))
+        self.drop1 = self.add("drop1", Dropout(cfg.dropout))
+        self.drop2 = self.add("drop2", Dropout(cfg.dropout))
+        self.drop3 = self.add("drop3", Dropout(cfg.dropout))
+
+    def forward(self, y, memory, src_bias, tgt_bias, rng=None):
+        """y [B, T, D], memory [B, S, D] (encoder output), tgt_bias [B, 1, T, T] -> [B, T, D]."""
+        h1 = self.norm1.forward(y + self.drop1.forward(self.self_attn.forward(y, y, tgt_bias), rng))
+        h2 = self.norm2.forward(h1 + self.drop2.forward(self.cross_attn.forward(h1, memory, src_bias), rng))
+        return self.norm3.forward(h2 + self.drop3.forward(self.ffn.forward(h2), rng))
+
+    def backward(self, dout):
+        """Returns (dy, dmemory)."""
+        # out = norm3(h2 + drop3(ffn(h2)))
+        dsum = self.norm3.backward(dout)
+        dh2 = dsum + self.ffn.backward(self.drop3.backward(dsum))
+        # h2 = norm2(h1 + drop2(cross_attn(h1, memory)))
+        dsum = self.norm2.backward(dh2)
+        dq, dmemory = self.cross_attn.backward(self.drop2.backward(dsum))
+        dh1 = dsum + dq
+        # h1 = norm1(y + drop1(self_attn(y, y)))
+        dsum = self.norm1.backward(dh1)
+        dq, dkv = self.self_attn.backward(self.drop1.backward(dsum))
+        return dsum + dq + dkv, dmemory
+
+
+class Encoder(Layer):
+    """N identical EncoderLayers (3.1)."""
+
+    def __init__(self, cfg, rng):
+        super().__init__()
+        self.layers_ = [EncoderLayer(cfg, rng) for _ in range(cfg.n_layers)]
+        self.add("layers", Layer())
+        for i, layer in enumerate(self.layers_):
+            self.children["layers"].add(str(i), layer)
+
+    def forward(self, x, src_bias, rng=None):
+        for layer in self.layers_:
+            x = layer.forward(x, src_bias, rng)
+        return x
+
+    def backward(self, dy):
+        for layer in reversed(self.layers_):
+            dy = layer.backward(dy)
+        return dy
+
+
+class Decoder(Layer):
+    """N identical DecoderLayers (3.1); every layer attends to the same encoder output."""
+
+    def __init__(self, cfg, rng):
+        super().__init__()
+        self.layers_ = [DecoderLayer(cfg, rng) for _ in range(cfg.n_layers)]
+        self.add("layers", Layer())
+        for i, layer in enumerate(self.layers_):
+            self.children["layers"].add(str(i), layer)
+
+    def forward(self, y, memory, src_bias, tgt_bias, rng=None):
+        for layer in self.layers_:
+            y = layer.forward(y, memory, src_bias, tgt_bias, rng)
+        return y
+
+    def backward(self, dy):
+        """Returns (dy_embedded, dmemory) with dmemory summed over all layers."""
+        dmemory = None
+        for layer in reversed(self.layers_):
+            dy, dm = layer.backward(dy)
+            dmemory = dm if dmemory is None else dmemory + dm
+        return dy, dmemory

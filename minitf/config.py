@@ -1,0 +1,78 @@
+"""TransformerConfig: the paper's base model by default (Vaswani et al. 2017, Table 3 'base').
+
+Every knob of Table 3 is a field: N (`n_layers`), d_model, d_ff, h (`n_heads`), d_k = d_v
+(`d_k`, default d_model // h), P_drop (`dropout`), eps_ls (`label_smoothing`) and row (E),
+learned positional embeddings instead of sinusoids (`positional="learned"`).
+"""
+import dataclasses
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+
+@dataclass
+class TransformerConfig:
+    vocab_size: int = 37000          # V, one joint source/target vocabulary (3.4)
+    d_model: int = 512               # D
+    n_heads: int = 8                 # H
+    d_ff: int = 2048                 # F
+    n_layers: int = 6                # N, for both the encoder and the decoder stack
+    d_k: int = None                  # K = d_k = d_v; None -> d_model // n_heads
+    dropout: float = 0.1             # P_drop (5.4)
+    label_smoothing: float = 0.1     # eps_ls (5.4)
+    pad_id: int = 0
+    bos_id: int = 2
+    eos_id: int = 3
+    layer_norm_eps: float = 1e-5
+    positional: str = "sinusoidal"   # or "learned" (Table 3 row E)
+    max_len: int = 1024              # longest position the positional table covers
+    # training recipe defaults of the preset (used by train_wmt.py, not by the model)
+    warmup: int = 4000
+    lr_factor: float = 1.0
+    max_tokens: int = 4096
+
+    def __post_init__(self):
+        if self.d_k is None:
+            if self.d_model % self.n_heads:
+                raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set d_k explicitly")
+            self.d_k = self.d_model // self.n_heads
+        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "d_k", "max_len"):
+            if int(getattr(self, name)) <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.positional not in ("sinusoidal", "learned"):
+            raise ConfigError(f"positional must be 'sinusoidal' or 'learned', got {self.positional!r}")
+        for name in ("pad_id", "bos_id", "eos_id"):
+            if not 0 <= getattr(self, name) < self.vocab_size:
+                raise ConfigError(f"{name}={getattr(self, name)} is outside the vocabulary of {self.vocab_size}")
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d):
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ConfigError(f"unknown config fields: {sorted(unknown)}")
+        return cls(**d)
+
+    @classmethod
+    def preset(cls, name, **overrides):
+        """`base` and `big` are Table 3's; `small` is sized for a CPU (Multi30k in minutes)."""
+        if name not in PRESETS:
+            raise ConfigError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+
+PRESETS = {
+    "base": dict(d_model=512, n_heads=8, d_ff=2048, n_layers=6, dropout=0.1,
+                 warmup=4000, lr_factor=1.0, max_tokens=25000),
+    "big": dict(d_model=1024, n_heads=16, d_ff=4096, n_layers=6, dropout=0.3,
+                warmup=4000, lr_factor=1.0, max_tokens=25000),
+    "small": dict(d_model=256, n_heads=4, d_ff=1024, n_layers=3, dropout=0.1,
+                  warmup=400, lr_factor=0.5, max_tokens=4096),
+}

@@ -1,0 +1,141 @@
+"""Reading text corpora: plain or gzip files, WMT SGM files, parallel pairs.
+
+Every failure (missing file, bad gzip, invalid UTF-8, parallel files of different
+lengths) raises `DataError` with a one-line message naming the file, the line where
+relevant, and what to do.
+
+Lines are split on ``"\\n"`` only (never on the other Unicode line breaks that
+`str.splitlines` honours, such as U+2028 or U+0085, which would silently shift a
+parallel corpus out of alignment); a trailing ``"\\r"`` is removed.
+"""
+
+import gzip
+import os
+import re
+import zlib
+
+from minitf.errors import DataError
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _is_gzip(path):
+    """True if `path` ends in .gz or starts with the gzip magic bytes."""
+    if str(path).endswith(".gz"):
+        return True
+    with open(path, "rb") as f:
+        return f.read(2) == _GZIP_MAGIC
+
+
+def _read_bytes(path):
+    """The (decompressed) bytes of `path`; DataError if missing or unreadable."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: file not found; check the path or pass --data-dir "
+                        f"with the corpus files")
+    try:
+        if _is_gzip(path):
+            with gzip.open(path, "rb") as f:
+                return f.read()
+        with open(path, "rb") as f:
+            return f.read()
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(f"{path}: cannot read ({e.__class__.__name__}: {e}); the file "
+                        f"is probably truncated or corrupt, delete it and download "
+                        f"it again") from None
+
+
+def _decode(path, data):
+    """Strict UTF-8 decode; an error names the file and the 1-based line number."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        bad = data[e.start:e.end].hex()
+        raise DataError(f"{path}:{line}: invalid UTF-8 (bytes 0x{bad}); convert the "
+                        f"file to UTF-8 (e.g. iconv) or fix that line") from None
+
+
+def read_lines(path):
+    """Read a UTF-8 text file (plain or gzip) as a list of lines.
+
+    Gzip is detected by the ``.gz`` suffix or the gzip magic bytes. Trailing
+    ``"\\n"``/``"\\r"`` are stripped from each line, everything else is kept.
+    """
+    path = os.fspath(path)
+    text = _decode(path, _read_bytes(path))
+    if not text:
+        return []
+    lines = text.split("\n")
+    if lines[-1] == "":          # the file ended with a newline
+        lines.pop()
+    return [line.rstrip("\r") for line in lines]
+
+
+_SEG_RE = re.compile(r"<seg[^>]*>(.*)</seg>")
+_ENTITIES = (("&lt;", "<"), ("&gt;", ">"), ("&quot;", '"'), ("&apos;", "'"),
+             ("&amp;", "&"))  # &amp; last, so "&amp;lt;" becomes "&lt;"
+
+
+def unescape_xml(text):
+    """Replace the five predefined XML entities by their characters."""
+    if "&" not in text:
+        return text
+    for entity, char in _ENTITIES:
+        text = text.replace(entity, char)
+    return text
+
+
+def read_sgm(path, unescape=True):
+    """Read the segments of a WMT SGM file (``<seg id="1">text</seg>`` lines).
+
+    Like sacreBLEU, only lines starting with ``<seg`` count, and surrounding
+    whitespace is stripped and internal runs of whitespace are collapsed to one
+    space. With `unescape` (the default) the XML entities &amp; &lt; &gt; &quot;
+    &apos; are replaced by their characters. (sacreBLEU's own SGM reader leaves
+    entities alone; the WMT news test sets since 2010 contain none, so both agree.)
+    """
+    path = os.fspath(path)
+    segments = []
+    for number, line in enumerate(read_lines(path), start=1):
+        stripped = line.lstrip()
+        if not stripped.startswith("<seg"):
+            continue
+        m = _SEG_RE.search(stripped)
+        if m is None:
+            raise DataError(f"{path}:{number}: <seg> without a closing </seg> on the "
+                            f"same line; the SGM file is malformed, download it again")
+        text = re.sub(r"\s+", " ", m.group(1).strip())
+        segments.append(unescape_xml(text) if unescape else text)
+    return segments
+
+
+def read_text(path):
+    """`read_sgm` for ``*.sgm`` / ``*.sgm.gz`` files, `read_lines` otherwise."""
+    name = os.fspath(path)
+    if name.endswith(".sgm") or name.endswith(".sgm.gz"):
+        return read_sgm(name)
+    return read_lines(name)
+
+
+def read_parallel(src_path, tgt_path):
+    """Read two aligned files (plain, gzip or SGM) as (src_lines, tgt_lines).
+
+    DataError if their line (segment) counts differ, naming both files and counts.
+    """
+    src, tgt = read_text(src_path), read_text(tgt_path)
+    if len(src) != len(tgt):
+        raise DataError(f"parallel files differ in length: {os.fspath(src_path)} has "
+                        f"{len(src)} lines but {os.fspath(tgt_path)} has {len(tgt)}; "
+                        f"they must be line-aligned translations, re-download or fix "
+                        f"them")
+    return src, tgt
+
+
+def find_file(data_dir, stem):
+    """Path of `stem` or `stem + '.gz'` inside `data_dir` (plain first), else None."""
+    for name in (stem, stem + ".gz"):
+        path = os.path.join(os.fspath(data_dir), name)
+        if os.path.isfile(path):
+            return path
+    return None

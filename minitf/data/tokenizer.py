@@ -1,0 +1,198 @@
+"""A joint source+target subword tokenizer: a thin wrapper around SentencePiece.
+
+Ids are fixed: pad=0, unk=1, bos=2, eos=3 (the model code relies on pad being 0).
+The model is a serialized protobuf (`to_bytes`), so a checkpoint can embed it and
+decode without the original file.
+"""
+
+import io
+import os
+import re
+import tempfile
+import warnings
+
+import numpy as np
+import sentencepiece as spm
+
+from minitf.errors import DataError
+from minitf.data.readers import read_text
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+def _atomic_write(path, data):
+    """Write bytes to `path` via a temp file in the same folder and os.replace."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".",
+                               suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _iter_lines(inputs):
+    """Lines from a path, a list of `os.PathLike` paths, or an iterable of strings.
+
+    A plain `str` is a file path; a list/tuple whose items are all `pathlib.Path`
+    (or other PathLike) objects is a list of files (plain, .gz or .sgm); anything
+    else is taken as an iterable of text lines.
+    """
+    if isinstance(inputs, (str, os.PathLike)):
+        files = [inputs]
+    elif (isinstance(inputs, (list, tuple)) and inputs
+          and all(isinstance(x, os.PathLike) for x in inputs)):
+        files = inputs
+    else:
+        yield from inputs
+        return
+    for path in files:
+        yield from read_text(path)
+
+
+class Tokenizer:
+    """SentencePiece model with pad=0, unk=1, bos=2, eos=3.
+
+    Build one with `Tokenizer(model_path)`, `Tokenizer.from_bytes(b)` or
+    `Tokenizer.train(...)`.
+    """
+
+    pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
+
+    def __init__(self, model_path=None, *, _proto=None):
+        if _proto is None:
+            if model_path is None:
+                raise TypeError("Tokenizer needs a model path (or use from_bytes)")
+            model_path = os.fspath(model_path)
+            if not os.path.isfile(model_path):
+                raise DataError(f"{model_path}: tokenizer model not found; train one "
+                                f"first or check the path")
+            with open(model_path, "rb") as f:
+                _proto = f.read()
+        where = model_path or "tokenizer bytes"
+        try:
+            self._sp = spm.SentencePieceProcessor(model_proto=_proto)
+        except Exception as e:  # sentencepiece raises RuntimeError/OSError variants
+            raise DataError(f"{where}: not a valid SentencePiece model ({e}); delete "
+                            f"it so it is retrained") from None
+        ids = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(),
+               self._sp.eos_id())
+        if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+            raise DataError(f"{where}: SentencePiece model has special ids "
+                            f"pad,unk,bos,eos={ids}, minitf needs (0, 1, 2, 3); "
+                            f"delete it and retrain with Tokenizer.train")
+        self._proto = bytes(_proto)
+        self.model_path = model_path
+
+    @classmethod
+    def from_bytes(cls, data):
+        """A tokenizer from a serialized model (the bytes `to_bytes` returned)."""
+        return cls(_proto=bytes(data))
+
+    def to_bytes(self):
+        """The serialized SentencePiece model proto (bytes)."""
+        return self._proto
+
+    @property
+    def vocab_size(self):
+        """Number of pieces, special ids included."""
+        return self._sp.get_piece_size()
+
+    def encode(self, lines):
+        """list[str] -> list[list[int]] of piece ids, without BOS/EOS."""
+        if isinstance(lines, str):
+            raise TypeError("Tokenizer.encode takes a list of strings")
+        return self._sp.encode(list(lines), out_type=int)
+
+    def decode(self, id_lists):
+        """list[list[int]] -> list[str]; stops at the first EOS, drops pad/bos."""
+        out = []
+        for ids in id_lists:
+            ids = np.asarray(ids).astype(np.int64).ravel().tolist()
+            if EOS_ID in ids:
+                ids = ids[:ids.index(EOS_ID)]
+            out.append(self._sp.decode([i for i in ids if i not in (PAD_ID, BOS_ID)]))
+        return out
+
+    def id_to_piece(self, i):
+        """The piece string of id `i` (for debugging)."""
+        return self._sp.id_to_piece(int(i))
+
+    @classmethod
+    def train(cls, input_files_or_lines, model_path, vocab_size, model_type="bpe",
+              sample_size=2_000_000, seed=0):
+        """Train ONE joint model and write it atomically to `model_path`.
+
+        `input_files_or_lines`: a path (str or PathLike), a list of `pathlib.Path`
+        files, or an iterable of text lines (pass source and target text together
+        for a joint vocabulary). At most `sample_size` sentences, drawn at random
+        with `seed`, are used. If the corpus is too small for `vocab_size`, the
+        model is retrained with a soft limit (a smaller vocabulary) and a warning
+        says so. Returns the Tokenizer.
+        """
+        lines = [line for line in _iter_lines(input_files_or_lines) if line.strip()]
+        if not lines:
+            raise DataError(f"{model_path}: no non-empty text to train the tokenizer "
+                            f"on; check the training files")
+        options = dict(vocab_size=int(vocab_size), model_type=model_type,
+                       pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+                       character_coverage=1.0, input_sentence_size=int(sample_size),
+                       shuffle_input_sentence=True, minloglevel=100,
+                       num_threads=max(1, min(os.cpu_count() or 1, 16)))
+
+        def run(**extra):
+            spm.set_random_generator_seed(int(seed))
+            buf = io.BytesIO()
+            spm.SentencePieceTrainer.train(sentence_iterator=iter(lines),
+                                           model_writer=buf, **options, **extra)
+            return buf.getvalue()
+
+        try:
+            proto = run()
+        except RuntimeError as e:
+            if "Vocabulary size too high" not in str(e):
+                raise DataError(f"{model_path}: SentencePiece training failed: "
+                                f"{str(e).splitlines()[-1]}") from None
+            proto = run(hard_vocab_limit=False)
+            got = spm.SentencePieceProcessor(model_proto=proto).get_piece_size()
+            m = re.search(r"<= (\d+)", str(e))
+            warnings.warn(f"tokenizer: vocab_size={vocab_size} is too large for this "
+                          f"corpus{' (max ' + m.group(1) + ')' if m else ''}; trained "
+                          f"with a soft limit instead: {got} pieces", stacklevel=2)
+        tok = cls.from_bytes(proto)
+        _atomic_write(os.fspath(model_path), proto)
+        tok.model_path = os.fspath(model_path)
+        return tok
+
+
+def tokenizer_path(cache_dir, name, vocab_size):
+    """Where `get_or_train_tokenizer` keeps a model: <dir>/<name>.<vocab>.model."""
+    return os.path.join(os.fspath(cache_dir), f"{name}.{int(vocab_size)}.model")
+
+
+def get_or_train_tokenizer(cache_dir, name, lines_src, lines_tgt, vocab_size,
+                           model_type="bpe", sample_size=2_000_000, seed=0):
+    """Load `<cache_dir>/<name>.<vocab_size>.model`, training it first if missing.
+
+    The model is trained jointly on `lines_src + lines_tgt`. Another vocab size
+    gives another file name, so it is trained anew. The corpus itself is not
+    fingerprinted: delete the file (or change `name`) after changing the data.
+    Returns the Tokenizer.
+    """
+    path = tokenizer_path(cache_dir, name, vocab_size)
+    if os.path.isfile(path):
+        return Tokenizer(path)
+    return Tokenizer.train(_chain(lines_src, lines_tgt), path, vocab_size,
+                           model_type=model_type, sample_size=sample_size, seed=seed)
+
+
+def _chain(a, b):
+    yield from a
+    yield from b

@@ -1,0 +1,146 @@
+"""Pure forward/backward pairs. No state, no `np` at module level: `xp` comes from the arrays.
+
+Each `*_backward` takes the upstream gradient first, then what the forward cached, and
+ACCUMULATES parameter gradients into the buffers it is given (`dw += ...`), returning the
+input gradient(s). The comment above each backward line quotes the forward line it
+differentiates. Derivations: docs/derivations/.
+"""
+from .backend import xp_of
+
+
+# ----------------------------------------------------------------------------- linear
+def linear_forward(x, w, b):
+    """y = x @ w + b.  x [..., I], w [I, O], b [O] -> y [..., O]."""
+    y = x.reshape(-1, x.shape[-1]) @ w
+    y += b
+    return y.reshape(*x.shape[:-1], w.shape[1])
+
+
+def linear_backward(dy, x, w, dw, db):
+    """Accumulates dw [I, O], db [O]; returns dx [..., I]."""
+    x2 = x.reshape(-1, x.shape[-1])
+    dy2 = dy.reshape(-1, dy.shape[-1])
+    # y = x @ w + b
+    dw += x2.T @ dy2
+    db += dy2.sum(axis=0)
+    return (dy2 @ w.T).reshape(x.shape)
+
+
+# ----------------------------------------------------------------------------- relu
+def relu_forward(x):
+    """y = max(x, 0); backward needs only y (y > 0 exactly where x > 0)."""
+    xp = xp_of(x)
+    return xp.maximum(x, 0)
+
+
+def relu_backward(dy, y):
+    # y = max(x, 0)
+    return dy * (y > 0)
+
+
+# ----------------------------------------------------------------------------- softmax
+def softmax_forward(x):
+    """Softmax over the last axis, max-subtracted for stability; returns p (same shape)."""
+    xp = xp_of(x)
+    p = x - x.max(axis=-1, keepdims=True)
+    xp.exp(p, out=p)
+    p /= p.sum(axis=-1, keepdims=True)
+    return p
+
+
+def softmax_backward(dp, p):
+    """dx = p * (dp - sum(dp * p)) over the last axis."""
+    # p = exp(x - max) / sum(exp(x - max))
+    dx = dp * p
+    s = dx.sum(axis=-1, keepdims=True)
+    dx -= p * s
+    return dx
+
+
+# ----------------------------------------------------------------------------- layernorm
+def layernorm_forward(x, g, b, eps):
+    """y = (x - mean) / sqrt(var + eps) * g + b over the last axis (biased variance).
+
+    Returns y and the cache (xhat, rstd) backward needs: xhat [..., D], rstd [..., 1].
+    """
+    xp = xp_of(x)
+    mean = x.mean(axis=-1, keepdims=True)
+    xhat = x - mean
+    var = (xhat * xhat).mean(axis=-1, keepdims=True)
+    rstd = 1.0 / xp.sqrt(var + eps)
+    xhat *= rstd
+    y = xhat * g
+    y += b
+    return y, (xhat, rstd)
+
+
+def layernorm_backward(dy, cache, g, dg, db):
+    """Accumulates dg, db [D]; returns dx with the compact form
+    dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))."""
+    xhat, rstd = cache
+    d = dy.shape[-1]
+    dy2 = dy.reshape(-1, d)
+    # y = xhat * g + b
+    dg += (dy2 * xhat.reshape(-1, d)).sum(axis=0)
+    db += dy2.sum(axis=0)
+    dxhat = dy * g
+    # xhat = (x - mean) * rstd, rstd = (var + eps)^-1/2
+    dx = dxhat - dxhat.mean(axis=-1, keepdims=True)
+    dx -= xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
+    dx *= rstd
+    return dx
+
+
+# ----------------------------------------------------------------------------- dropout
+def dropout_mask(rng, shape, p, dtype):
+    """Inverted-dropout mask: 0 with probability p, else 1/(1-p) (so E[mask] = 1)."""
+    keep = rng.random(shape, dtype=dtype) >= p
+    return keep.astype(dtype) * (1.0 / (1.0 - p))
+
+
+def dropout_forward(x, mask):
+    return x * mask
+
+
+def dropout_backward(dy, mask):
+    # y = x * mask
+    return dy * mask
+
+
+# ----------------------------------------------------------------------------- attention
+def attention_forward(q, k, v, bias, scale):
+    """Scaled dot-product attention (paper 3.2.1): softmax(q k^T * scale + bias) v.
+
+    q [B, H, T, K], k and v [B, H, S, K], bias broadcastable to [B, H, T, S] (0 where
+    attending is allowed, a large negative number where it is masked).
+    Returns out [B, H, T, K] and p [B, H, T, S] (the softmax output, kept for backward).
+    """
+    scores = (q * scale) @ k.swapaxes(-1, -2)
+    scores += bias
+    p = softmax_forward(scores)
+    return p @ v, p
+
+
+def attention_backward(dout, q, k, v, p, scale):
+    """Returns dq, dk, dv for attention_forward."""
+    # out = p @ v
+    dv = p.swapaxes(-1, -2) @ dout
+    dp = dout @ v.swapaxes(-1, -2)
+    # p = softmax(scores)
+    ds = softmax_backward(dp, p)
+    # scores = (q * scale) @ k^T + bias
+    dq = (ds @ k) * scale
+    dk = ds.swapaxes(-1, -2) @ (q * scale)
+    return dq, dk, dv
+
+
+def split_heads(x, n_heads):
+    """[B, T, H*K] -> [B, H, T, K]."""
+    b, t, hk = x.shape
+    return x.reshape(b, t, n_heads, hk // n_heads).transpose(0, 2, 1, 3)
+
+
+def merge_heads(x):
+    """[B, H, T, K] -> [B, T, H*K] (contiguous)."""
+    b, h, t, k = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(b, t, h * k)

@@ -1,0 +1,13 @@
+"""One file per layer; each a forward/backward pair (see base.Layer)."""
+from .attention import MultiHeadAttention
+from .base import Layer, flatten_parameters
+from .dropout import Dropout
+from .embedding import TokenEmbedding
+from .feedforward import FeedForward
+from .layernorm import LayerNorm
+from .linear import Linear
+from .positional import LearnedPositional, SinusoidalPositional, sinusoid_table
+
+__all__ = ["Layer", "flatten_parameters", "Linear", "TokenEmbedding", "SinusoidalPositional",
+           "LearnedPositional", "sinusoid_table", "LayerNorm", "Dropout", "FeedForward",
+           "MultiHeadAttention"]

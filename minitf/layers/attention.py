@@ -1,0 +1,59 @@
+"""Multi-head attention (paper 3.2.2): MultiHead(Q, K, V) = Concat(head_1..head_h) W^O.
+
+Head i uses columns i*K..(i+1)*K-1 of the q/k/v projections and the same rows of `out`.
+Used three ways (3.2.3): encoder self-attention, masked decoder self-attention and
+encoder-decoder attention. `backward` returns (dx_q, dx_kv) so the encoder output receives
+the gradient of every decoder layer's cross-attention.
+"""
+import math
+
+from .. import functional as F
+from .base import Layer
+from .linear import Linear
+
+
+class MultiHeadAttention(Layer):
+    def __init__(self, d_model, n_heads, d_k, rng):
+        super().__init__()
+        self.n_heads, self.d_k = n_heads, d_k
+        self.scale = 1.0 / math.sqrt(d_k)
+        self.q = self.add("q", Linear(d_model, n_heads * d_k, rng))
+        self.k = self.add("k", Linear(d_model, n_heads * d_k, rng))
+        self.v = self.add("v", Linear(d_model, n_heads * d_k, rng))
+        self.out = self.add("out", Linear(n_heads * d_k, d_model, rng))
+
+    def forward(self, x_q, x_kv, bias):
+        """x_q [B, T, D] queries, x_kv [B, S, D] keys/values, bias broadcastable to [B, H, T, S]."""
+        h = self.n_heads
+        q = F.split_heads(self.q.forward(x_q), h)
+        k = F.split_heads(self.k.forward(x_kv), h)
+        v = F.split_heads(self.v.forward(x_kv), h)
+        ctx, p = F.attention_forward(q, k, v, bias, self.scale)
+        self.cache = (q, k, v, p)
+        return self.out.forward(F.merge_heads(ctx))
+
+    def backward(self, dy):
+        q, k, v, p = self.cache
+        self.cache = None
+        h = self.n_heads
+        # y = out(merge_heads(ctx))
+        dctx = F.split_heads(self.out.backward(dy), h)
+        dq, dk, dv = F.attention_backward(dctx, q, k, v, p, self.scale)
+        # q = split(q(x_q)), k = split(k(x_kv)), v = split(v(x_kv))
+        dx_q = self.q.backward(F.merge_heads(dq))
+        dx_kv = self.k.backward(F.merge_heads(dk))
+        dx_kv += self.v.backward(F.merge_heads(dv))
+        return dx_q, dx_kv
+
+    # -- inference (decode.py): keys/values computed once and reused, no caches kept --
+    def project_kv(self, x_kv):
+        """x_kv [B, S, D] -> (k, v) each [B, H, S, K]."""
+        h = self.n_heads
+        return (F.split_heads(F.linear_forward(x_kv, self.k.params["weight"], self.k.params["bias"]), h),
+                F.split_heads(F.linear_forward(x_kv, self.v.params["weight"], self.v.params["bias"]), h))
+
+    def attend(self, x_q, k, v, bias):
+        """Inference-only attention of x_q [B, T, D] over precomputed k, v [B, H, S, K]."""
+        q = F.split_heads(F.linear_forward(x_q, self.q.params["weight"], self.q.params["bias"]), self.n_heads)
+        ctx, _ = F.attention_forward(q, k, v, bias, self.scale)
+        return F.linear_forward(F.merge_heads(ctx), self.out.params["weight"], self.out.params["bias"])

@@ -1,0 +1,63 @@
+"""Layer: parameters and gradients in two dicts with the same keys, children by name.
+
+Conventions (docs/ARCHITECTURE): `forward` returns the output and keeps in `self.cache`
+exactly what `backward` needs; `backward(dout)` returns the input gradient(s) and
+ACCUMULATES into `self.grads`; one instance per call site.
+"""
+
+
+class Layer:
+    def __init__(self):
+        self.params = {}
+        self.grads = {}
+        self.children = {}
+        self.cache = None
+        self.training = True
+
+    def add(self, name, layer):
+        self.children[name] = layer
+        return layer
+
+    def named_parameters(self, prefix=""):
+        """Yields (dotted name, layer, key) for every parameter, depth first, in a fixed order."""
+        for key in self.params:
+            yield prefix + key, self, key
+        for name, child in self.children.items():
+            yield from child.named_parameters(f"{prefix}{name}.")
+
+    def layers(self):
+        yield self
+        for child in self.children.values():
+            yield from child.layers()
+
+    def train(self, mode=True):
+        for layer in self.layers():
+            layer.training = mode
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+
+def flatten_parameters(root, xp, dtype):
+    """Move every parameter and gradient of `root` into one flat buffer each.
+
+    Each `layer.params[key]` becomes a view into `flat_params` (likewise the grads), so a
+    whole-model operation (zero_grad, Adam, loss scaling, averaging) is one array operation.
+    Returns (names, flat_params, flat_grads, slices) with slices[name] = (start, stop, shape).
+    """
+    entries = list(root.named_parameters())
+    total = sum(int(layer.params[key].size) for _, layer, key in entries)
+    flat_p = xp.zeros(total, dtype=dtype)
+    flat_g = xp.zeros(total, dtype=dtype)
+    names, slices, start = [], {}, 0
+    for name, layer, key in entries:
+        p = layer.params[key]
+        stop = start + int(p.size)
+        flat_p[start:stop] = xp.asarray(p, dtype=dtype).ravel()
+        layer.params[key] = flat_p[start:stop].reshape(p.shape)
+        layer.grads[key] = flat_g[start:stop].reshape(p.shape)
+        names.append(name)
+        slices[name] = (start, stop, tuple(p.shape))
+        start = stop
+    return names, flat_p, flat_g, slices

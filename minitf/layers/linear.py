@@ -1,0 +1,22 @@
+"""Linear: y = x @ weight + bias, weight [in, out] (so head i of a projection is a column block)."""
+import numpy as np
+
+from .. import functional as F
+from .base import Layer
+
+
+class Linear(Layer):
+    def __init__(self, d_in, d_out, rng):
+        super().__init__()
+        limit = np.sqrt(6.0 / (d_in + d_out))  # Xavier/Glorot uniform (the paper does not say)
+        self.params["weight"] = rng.uniform(-limit, limit, size=(d_in, d_out))
+        self.params["bias"] = np.zeros(d_out)
+
+    def forward(self, x):
+        """x [..., in] -> [..., out]."""
+        self.cache = x
+        return F.linear_forward(x, self.params["weight"], self.params["bias"])
+
+    def backward(self, dy):
+        x, self.cache = self.cache, None
+        return F.linear_backward(dy, x, self.params["weight"], self.grads["weight"], self.grads["bias"])

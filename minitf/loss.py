@@ -1,0 +1,51 @@
+"""Label-smoothed cross-entropy over non-pad target tokens (paper 5.4, eps_ls = 0.1).
+
+Per token: (1 - eps) * (-log p[gold]) + eps * mean_v(-log p[v]); averaged over the N
+non-pad tokens. With q = (1 - eps) * onehot(gold) + eps / V (which sums to 1), the
+gradient is dlogits = (softmax(logits) - q) / N on non-pad rows and 0 on pad rows.
+"""
+from .backend import xp_of
+
+
+def log_softmax(logits):
+    """Stable log-softmax over the last axis: x - max - log(sum(exp(x - max)))."""
+    xp = xp_of(logits)
+    z = logits - logits.max(axis=-1, keepdims=True)
+    z -= xp.log(xp.exp(z).sum(axis=-1, keepdims=True))
+    return z
+
+
+def label_smoothed_nll(logits, target, eps, pad_id):
+    """logits [B, T, V], target [B, T] int.
+
+    Returns (loss, nll_sum, n_tokens, cache), the first three 0-d device arrays (no host
+    sync): the smoothed loss averaged over non-pad tokens, the summed plain NLL (for
+    perplexity) and the non-pad token count; cache is what the backward needs.
+    """
+    xp = xp_of(logits)
+    v = logits.shape[-1]
+    logp = log_softmax(logits.reshape(-1, v))
+    tgt = target.reshape(-1)
+    gold = xp.take_along_axis(logp, tgt[:, None], axis=1)[:, 0]
+    per_tok = (1.0 - eps) * -gold - eps * logp.mean(axis=-1)
+    w = (tgt != pad_id).astype(logits.dtype)
+    n = w.sum()
+    n_safe = xp.maximum(n, 1.0)
+    loss = (per_tok * w).sum() / n_safe
+    nll_sum = (-gold * w).sum()
+    return loss, nll_sum, n, (logp, tgt, w, n_safe, eps)
+
+
+def label_smoothed_nll_backward(cache, dloss=1.0):
+    """dlogits [N, V] (reshape to the logits' shape) for label_smoothed_nll."""
+    logp, tgt, w, n_safe, eps = cache
+    xp = xp_of(logp)
+    v = logp.shape[-1]
+    # loss = sum_rows w * ((1-eps) * -logp[gold] - eps * mean_v logp) / N
+    # d/dlogits of one row: softmax - q with q = (1-eps) onehot + eps/V
+    d = xp.exp(logp)
+    d -= eps / v
+    rows = xp.arange(tgt.shape[0])
+    d[rows, tgt] -= 1.0 - eps
+    d *= (w * (dloss / n_safe))[:, None]
+    return d

@@ -1,0 +1,152 @@
+"""Transformer (paper 3, Figure 1): embeddings -> encoder stack -> decoder stack -> logits.
+
+Owns weight tying (3.4: one matrix for source embedding, target embedding and the
+pre-softmax projection), the masks, the dropout random stream, and the flat parameter
+and gradient buffers every layer's arrays are views of.
+"""
+import numpy as np
+
+from .backend import get_xp, make_rng, to_device, to_numpy, xp_of
+from .blocks import Decoder, Encoder
+from .errors import CheckpointError, ConfigError
+from .layers import Dropout, Layer, LearnedPositional, SinusoidalPositional, TokenEmbedding, flatten_parameters
+from .loss import label_smoothed_nll, label_smoothed_nll_backward
+
+NEG_INF = -1e9  # additive mask value; exp(NEG_INF - max) underflows to exactly 0
+
+
+def padding_bias(ids, pad_id, dtype):
+    """ids [B, L] -> [B, 1, 1, L] additive bias: NEG_INF on pad keys, 0 elsewhere."""
+    xp = xp_of(ids)
+    return ((ids == pad_id) * NEG_INF).astype(dtype)[:, None, None, :]
+
+
+def causal_bias(length, xp, dtype):
+    """[L, L] additive bias: NEG_INF above the diagonal (position i sees only j <= i)."""
+    return xp.triu(xp.full((length, length), NEG_INF, dtype=dtype), k=1)
+
+
+class Transformer(Layer):
+    def __init__(self, cfg, device="cpu", dtype="float32", seed=0):
+        super().__init__()
+        if dtype not in ("float32", "float64"):
+            raise ConfigError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
+        self.cfg, self.device, self.seed = cfg, device, int(seed)
+        self.xp = get_xp(device)
+        self.dtype = np.dtype(dtype)
+        rng = np.random.default_rng(seed)
+        d = cfg.d_model
+        self.embedding = self.add("embedding", TokenEmbedding(cfg.vocab_size, d, rng))
+        if cfg.positional == "learned":
+            self.positional = self.add("positional", LearnedPositional(cfg.max_len, d, rng))
+        else:
+            self.positional = SinusoidalPositional(cfg.max_len, d)
+        self.encoder = self.add("encoder", Encoder(cfg, rng))
+        self.decoder = self.add("decoder", Decoder(cfg, rng))
+        self.src_dropout = self.add("src_dropout", Dropout(cfg.dropout))
+        self.tgt_dropout = self.add("tgt_dropout", Dropout(cfg.dropout))
+        self.names, self.flat_params, self.flat_grads, self.slices = flatten_parameters(self, self.xp, self.dtype)
+        self.forward_count = 0  # dropout stream position: forward i uses make_rng(seed, i)
+        self._cache = None
+
+    # ------------------------------------------------------------------ forward
+    def _check_ids(self, name, ids):
+        ids = to_device(ids, self.xp)
+        if ids.ndim != 2 or ids.dtype.kind not in "iu":
+            raise ConfigError(f"{name} must be a 2-D integer array [batch, length], got {ids.dtype} {ids.shape}")
+        if ids.shape[1] > self.cfg.max_len:
+            raise ConfigError(f"{name} has length {ids.shape[1]} > max_len {self.cfg.max_len}")
+        return ids
+
+    def _dropout_rng(self):
+        if not self.training or self.cfg.dropout == 0.0:
+            return None
+        rng = make_rng(self.xp, self.seed * 1_000_003 + self.forward_count)
+        self.forward_count += 1
+        return rng
+
+    def encode(self, src, rng=None):
+        """src [B, S] -> (memory [B, S, D], src_bias [B, 1, 1, S])."""
+        src_bias = padding_bias(src, self.cfg.pad_id, self.dtype)
+        x_emb, src_ids = self.embedding.lookup(src)
+        x = self.src_dropout.forward(self.positional.forward(x_emb), rng)
+        return self.encoder.forward(x, src_bias, rng), src_bias, src_ids
+
+    def forward(self, src, tgt_in):
+        """src [B, S], tgt_in [B, T] int -> logits [B, T, V]. Keeps what backward needs."""
+        src, tgt_in = self._check_ids("src", src), self._check_ids("tgt_in", tgt_in)
+        rng = self._dropout_rng()
+        memory, src_bias, src_ids = self.encode(src, rng)
+        t = tgt_in.shape[1]
+        tgt_bias = causal_bias(t, self.xp, self.dtype)[None, None] + padding_bias(tgt_in, self.cfg.pad_id, self.dtype)
+        y_emb, tgt_ids = self.embedding.lookup(tgt_in)
+        y = self.tgt_dropout.forward(self.positional.forward(y_emb), rng)
+        h = self.decoder.forward(y, memory, src_bias, tgt_bias, rng)
+        logits, h_cache = self.embedding.project(h)
+        self._cache = {"src_ids": src_ids, "tgt_ids": tgt_ids, "h": h_cache}
+        return logits
+
+    def forward_loss(self, src, tgt_in, tgt_out):
+        """Label-smoothed loss averaged over non-pad tokens of tgt_out [B, T].
+
+        Returns a float on CPU; on GPU a 0-d CuPy array (no host sync; float() it to read).
+        `self.last_stats` holds {'loss', 'nll_sum', 'n_tokens'} as device scalars.
+        """
+        logits = self.forward(src, tgt_in)
+        tgt_out = self._check_ids("tgt_out", tgt_out)
+        if tgt_out.shape != logits.shape[:2]:
+            raise ConfigError(f"tgt_out shape {tgt_out.shape} != tgt_in shape {logits.shape[:2]}")
+        loss, nll_sum, n, cache = label_smoothed_nll(logits, tgt_out, self.cfg.label_smoothing, self.cfg.pad_id)
+        self._cache["loss"] = cache
+        self._cache["logits_shape"] = logits.shape
+        self.last_stats = {"loss": loss, "nll_sum": nll_sum, "n_tokens": n}
+        return float(loss) if self.xp is np else loss
+
+    # ------------------------------------------------------------------ backward
+    def backward(self, grad_scale=1.0):
+        """ACCUMULATES d(grad_scale * loss)/d(param) of the last forward_loss into the grads."""
+        if self._cache is None or "loss" not in self._cache:
+            raise RuntimeError("backward() needs a forward_loss() first (and only one backward per forward)")
+        c, self._cache = self._cache, None
+        dlogits = label_smoothed_nll_backward(c["loss"], grad_scale).reshape(c["logits_shape"])
+        # logits = h @ embedding^T
+        dh = self.embedding.project_backward(dlogits, c["h"])
+        dy, dmemory = self.decoder.backward(dh)
+        # y = tgt_dropout(embedding[tgt_in] * sqrt(D) + PE)
+        dy = self.positional.backward(self.tgt_dropout.backward(dy))
+        self.embedding.lookup_backward(dy, c["tgt_ids"])
+        # memory = encoder(src_dropout(embedding[src] * sqrt(D) + PE))
+        dx = self.positional.backward(self.src_dropout.backward(self.encoder.backward(dmemory)))
+        self.embedding.lookup_backward(dx, c["src_ids"])
+
+    def zero_grad(self):
+        self.flat_grads.fill(0)
+
+    # ------------------------------------------------------------------ parameters
+    def state_dict(self):
+        """{name: array} — live views of the parameters (copy before mutating)."""
+        return {name: self._view(self.flat_params, name) for name in self.names}
+
+    def grad_dict(self):
+        return {name: self._view(self.flat_grads, name) for name in self.names}
+
+    def _view(self, flat, name):
+        start, stop, shape = self.slices[name]
+        return flat[start:stop].reshape(shape)
+
+    def load_state_dict(self, params):
+        """Copy arrays (NumPy or CuPy) into the parameters; names and shapes must match exactly."""
+        missing = [n for n in self.names if n not in params]
+        unexpected = [n for n in params if n not in self.slices]
+        if missing or unexpected:
+            raise CheckpointError(f"state dict does not fit the model: missing {missing[:5]}"
+                                  f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}")
+        for name in self.names:
+            shape = self.slices[name][2]
+            if tuple(params[name].shape) != shape:
+                raise CheckpointError(f"parameter {name}: checkpoint shape {tuple(params[name].shape)} != model shape {shape}")
+        for name in self.names:
+            self._view(self.flat_params, name)[...] = to_device(to_numpy(params[name]), self.xp).astype(self.dtype)
+
+    def num_parameters(self):
+        return int(self.flat_params.size)

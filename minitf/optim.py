@@ -1,0 +1,69 @@
+"""Adam (Kingma & Ba 2015) with the paper's beta1 0.9, beta2 0.98, eps 1e-9 (5.3).
+
+State is keyed by parameter name (`state['m'][name]`), with ONE step counter for the
+whole model. The moments are stored in flat buffers parallel to the model's flat
+parameter buffer, so the update is a handful of whole-model array operations; the
+per-name entries are views into them.
+"""
+import math
+
+from .errors import CheckpointError
+
+
+class Adam:
+    def __init__(self, model, lr=1e-3, betas=(0.9, 0.98), eps=1e-9):
+        self.model = model
+        self.lr = lr                      # a float, or a callable step -> lr (e.g. NoamSchedule)
+        self.beta1, self.beta2 = betas
+        self.eps = eps
+        self.step_count = 0
+        xp = model.xp
+        self._m = xp.zeros_like(model.flat_params)
+        self._v = xp.zeros_like(model.flat_params)
+        self.state = {"m": {n: model._view(self._m, n) for n in model.names},
+                      "v": {n: model._view(self._v, n) for n in model.names}}
+
+    def current_lr(self, step=None):
+        step = self.step_count if step is None else step
+        return self.lr(step) if callable(self.lr) else self.lr
+
+    def step(self, grad_scale=1.0):
+        """One update from the model's accumulated gradients (divided by grad_scale first)."""
+        self.step_count += 1
+        t = self.step_count
+        lr = self.current_lr(t)
+        g = self.model.flat_grads
+        if grad_scale != 1.0:
+            g = g * (1.0 / grad_scale)
+        m, v, p = self._m, self._v, self.model.flat_params
+        # m = b1 m + (1 - b1) g ;  v = b2 v + (1 - b2) g^2
+        m *= self.beta1
+        m += (1.0 - self.beta1) * g
+        v *= self.beta2
+        v += (1.0 - self.beta2) * (g * g)
+        # p -= lr * m_hat / (sqrt(v_hat) + eps), m_hat = m / (1 - b1^t), v_hat = v / (1 - b2^t)
+        bc1 = 1.0 - self.beta1 ** t
+        bc2 = 1.0 - self.beta2 ** t
+        denom = self.model.xp.sqrt(v)
+        denom *= 1.0 / math.sqrt(bc2)
+        denom += self.eps
+        p -= (lr / bc1) * m / denom
+        return lr
+
+    def state_dict(self):
+        """{'step': int, 'm.<name>': array, 'v.<name>': array} (live views)."""
+        out = {"step": self.step_count}
+        for key in ("m", "v"):
+            for name, arr in self.state[key].items():
+                out[f"{key}.{name}"] = arr
+        return out
+
+    def load_state_dict(self, state):
+        from .backend import to_device, to_numpy
+        self.step_count = int(state["step"])
+        for key in ("m", "v"):
+            for name, arr in self.state[key].items():
+                src = state.get(f"{key}.{name}")
+                if src is None or tuple(src.shape) != arr.shape:
+                    raise CheckpointError(f"optimizer state {key}.{name} is missing or has the wrong shape")
+                arr[...] = to_device(to_numpy(src), self.model.xp)
