@@ -1,0 +1,69 @@
+"""Central-difference gradient checking in float64 (shared by the gradcheck tests)."""
+import numpy as np
+
+TOL = 1e-6   # relative error bound; a wrong transpose or a missing term gives O(1)
+H = 1e-5     # central-difference step
+ZERO = 1e-9  # both gradients below this norm: identically zero up to round-off
+
+
+def rel_err(a, b):
+    """||a - b|| / max(||a||, ||b||, 1e-30): a whole-tensor relative error."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(a), np.linalg.norm(b), 1e-30))
+
+
+def numeric_grad(f, x, h=H):
+    """d f() / d x by central differences, perturbing x in place (x float64)."""
+    g = np.zeros_like(x)
+    flat, gflat = x.reshape(-1), g.reshape(-1)
+    for i in range(flat.size):
+        old = flat[i]
+        flat[i] = old + h
+        fp = f()
+        flat[i] = old - h
+        fm = f()
+        flat[i] = old
+        gflat[i] = (fp - fm) / (2 * h)
+    return g
+
+
+def check(name, analytic, f, x):
+    """Assert the analytic gradient of f w.r.t. x matches central differences."""
+    numeric = numeric_grad(f, x)
+    if max(np.linalg.norm(analytic), np.linalg.norm(numeric)) < ZERO:
+        return 0.0  # the true gradient is 0 (e.g. the key bias: softmax ignores a per-row shift)
+    err = rel_err(analytic, numeric)
+    assert err <= TOL, f"{name}: relative error {err:.3e} > {TOL} (|analytic|={np.linalg.norm(analytic):.3e})"
+    return err
+
+
+def check_layer(layer, inputs, forward, backward, rng, skip_inputs=()):
+    """Gradcheck every parameter and every float input of a layer.
+
+    forward(*inputs) -> output array (caches for backward); backward(dout) -> input grads
+    (a tuple aligned with the float inputs). The scalar checked is sum(output * R).
+    """
+    from minitf.layers import flatten_parameters
+    flatten_parameters(layer, np, np.float64)
+    out = forward(*inputs)
+    r = rng.standard_normal(out.shape)
+
+    def loss():
+        return float((forward(*inputs) * r).sum())
+
+    for l in layer.layers():
+        for g in l.grads.values():
+            g[...] = 0
+    forward(*inputs)
+    dins = backward(r)
+    if not isinstance(dins, tuple):
+        dins = (dins,)
+    errs = {}
+    for pname, l, key in list(layer.named_parameters()):
+        errs[pname] = check(pname, l.grads[key].copy(), loss, l.params[key])
+    float_inputs = [i for i, x in enumerate(inputs) if isinstance(x, np.ndarray) and x.dtype == np.float64
+                    and i not in skip_inputs]
+    assert len(float_inputs) == len(dins), (len(float_inputs), len(dins))
+    for i, din in zip(float_inputs, dins):
+        errs[f"input{i}"] = check(f"input {i}", din, loss, inputs[i])
+    return errs

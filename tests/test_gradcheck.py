@@ -1,0 +1,213 @@
+"""Every backward pass against central differences, in float64, relative error <= 1e-6.
+
+Each test checks every parameter gradient and every float input gradient of one layer
+(or of the whole model), with padding and causal masks where they apply.
+"""
+import numpy as np
+import pytest
+
+import minitf
+from minitf import functional as F
+from minitf.blocks import DecoderLayer, EncoderLayer
+from minitf.layers import (Dropout, FeedForward, LayerNorm, LearnedPositional, Linear, MultiHeadAttention,
+                           SinusoidalPositional, TokenEmbedding, flatten_parameters)
+from minitf.loss import label_smoothed_nll, label_smoothed_nll_backward
+from minitf.model import causal_bias, padding_bias
+
+from gradcheck_util import check, check_layer
+
+B, S, T, D, H, K, FF, V = 2, 5, 4, 8, 2, 3, 12, 11
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+def small_cfg(**kw):
+    base = dict(vocab_size=V, d_model=D, n_heads=H, d_k=K, d_ff=FF, n_layers=2, dropout=0.0,
+                label_smoothing=0.1, pad_id=0, max_len=16)
+    base.update(kw)
+    return minitf.TransformerConfig(**base)
+
+
+def test_gradcheck_linear(rng):
+    layer = Linear(D, 6, rng)
+    check_layer(layer, [rng.standard_normal((B, T, D))], layer.forward, layer.backward, rng)
+
+
+def test_gradcheck_embedding_lookup_with_repeated_ids(rng):
+    layer = TokenEmbedding(V, D, rng)
+    ids = np.array([[1, 4, 4, 0], [4, 7, 1, 1]])  # repeats must add up
+    check_layer(layer, [ids], lambda i: layer.lookup(i)[0], lambda d: layer.lookup_backward(d, ids) or (), rng)
+
+
+def test_gradcheck_embedding_projection(rng):
+    layer = TokenEmbedding(V, D, rng)
+    h = rng.standard_normal((B, T, D))
+    check_layer(layer, [h], lambda x: layer.project(x)[0], lambda d: layer.project_backward(d, h), rng)
+
+
+def test_gradcheck_positional_sinusoidal(rng):
+    layer = SinusoidalPositional(16, D)
+    check_layer(layer, [rng.standard_normal((B, T, D))], layer.forward, layer.backward, rng)
+
+
+def test_gradcheck_positional_learned(rng):
+    layer = LearnedPositional(16, D, rng)
+    check_layer(layer, [rng.standard_normal((B, T, D))], layer.forward, layer.backward, rng)
+
+
+def test_gradcheck_layernorm(rng):
+    layer = LayerNorm(D, 1e-5)
+    flatten_parameters(layer, np, np.float64)
+    layer.params["weight"][...] = rng.standard_normal(D)  # non-trivial gain and bias
+    layer.params["bias"][...] = rng.standard_normal(D)
+    check_layer(layer, [rng.standard_normal((B, T, D)) * 3 + 1], layer.forward, layer.backward, rng)
+
+
+def test_gradcheck_softmax(rng):
+    x = rng.standard_normal((B, H, T, S))
+    r = rng.standard_normal(x.shape)
+    dx = F.softmax_backward(r, F.softmax_forward(x))
+    check("softmax x", dx, lambda: float((F.softmax_forward(x) * r).sum()), x)
+
+
+def test_gradcheck_relu(rng):
+    x = rng.standard_normal((B, T, D))
+    x[np.abs(x) < 1e-3] = 0.5  # keep away from the kink
+    r = rng.standard_normal(x.shape)
+    check("relu x", F.relu_backward(r, F.relu_forward(x)), lambda: float((F.relu_forward(x) * r).sum()), x)
+
+
+@pytest.mark.parametrize("masks", ["padding", "causal+padding"])
+def test_gradcheck_attention_with_masks(rng, masks):
+    q = rng.standard_normal((B, H, T, K))
+    k = rng.standard_normal((B, H, S, K))
+    v = rng.standard_normal((B, H, S, K))
+    src = np.array([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])
+    bias = padding_bias(src, 0, np.float64)
+    if masks == "causal+padding":  # T == S square case for the causal part
+        q = rng.standard_normal((B, H, S, K))
+        bias = bias + causal_bias(S, np, np.float64)
+    scale = 1 / np.sqrt(K)
+    out, p = F.attention_forward(q, k, v, bias, scale)
+    r = rng.standard_normal(out.shape)
+    dq, dk, dv = F.attention_backward(r, q, k, v, p, scale)
+
+    def loss():
+        return float((F.attention_forward(q, k, v, bias, scale)[0] * r).sum())
+
+    check("attention q", dq, loss, q)
+    check("attention k", dk, loss, k)
+    check("attention v", dv, loss, v)
+    assert np.all(dk[0, :, 3:] == 0) and np.all(dv[0, :, 3:] == 0), "masked keys must get no gradient"
+
+
+def test_gradcheck_multihead_self_attention(rng):
+    layer = MultiHeadAttention(D, H, K, rng)
+    src = np.array([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])
+    bias = padding_bias(src, 0, np.float64)
+
+    def fwd(x):
+        return layer.forward(x, x, bias)
+
+    def bwd(d):
+        dq, dkv = layer.backward(d)
+        return dq + dkv
+
+    check_layer(layer, [rng.standard_normal((B, S, D))], fwd, bwd, rng)
+
+
+def test_gradcheck_multihead_masked_self_attention(rng):
+    layer = MultiHeadAttention(D, H, K, rng)
+    tgt = np.array([[5, 6, 7, 0], [5, 6, 7, 8]])
+    bias = causal_bias(T, np, np.float64)[None, None] + padding_bias(tgt, 0, np.float64)
+
+    def bwd(d):
+        dq, dkv = layer.backward(d)
+        return dq + dkv
+
+    check_layer(layer, [rng.standard_normal((B, T, D))], lambda x: layer.forward(x, x, bias), bwd, rng)
+
+
+def test_gradcheck_multihead_cross_attention(rng):
+    layer = MultiHeadAttention(D, H, K, rng)
+    src = np.array([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])
+    bias = padding_bias(src, 0, np.float64)
+    inputs = [rng.standard_normal((B, T, D)), rng.standard_normal((B, S, D))]
+    check_layer(layer, inputs, lambda y, m: layer.forward(y, m, bias), layer.backward, rng)
+
+
+def test_gradcheck_feedforward(rng):
+    layer = FeedForward(D, FF, rng)
+    check_layer(layer, [rng.standard_normal((B, T, D))], layer.forward, layer.backward, rng)
+
+
+def test_gradcheck_dropout_with_fixed_mask(rng):
+    layer = Dropout(0.3)
+    x = rng.standard_normal((B, T, D))
+    mask = F.dropout_mask(np.random.default_rng(0), x.shape, 0.3, x.dtype)
+    assert 0 < (mask == 0).mean() < 1
+    check_layer(layer, [x], lambda x: layer.forward(x, mask=mask), layer.backward, rng)
+
+
+def test_gradcheck_encoder_layer_with_dropout(rng):
+    layer = EncoderLayer(small_cfg(dropout=0.2), rng)
+    src = np.array([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])
+    bias = padding_bias(src, 0, np.float64)
+    # a fresh generator with the same seed on every call: the same dropout masks each time
+    fwd = lambda x: layer.forward(x, bias, np.random.default_rng(7))  # noqa: E731
+    check_layer(layer, [rng.standard_normal((B, S, D))], fwd, layer.backward, rng)
+
+
+def test_gradcheck_decoder_layer_with_dropout(rng):
+    layer = DecoderLayer(small_cfg(dropout=0.2), rng)
+    src = np.array([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])
+    tgt = np.array([[5, 6, 7, 0], [5, 6, 7, 8]])
+    src_bias = padding_bias(src, 0, np.float64)
+    tgt_bias = causal_bias(T, np, np.float64)[None, None] + padding_bias(tgt, 0, np.float64)
+    fwd = lambda y, m: layer.forward(y, m, src_bias, tgt_bias, np.random.default_rng(7))  # noqa: E731
+    inputs = [rng.standard_normal((B, T, D)), rng.standard_normal((B, S, D))]
+    check_layer(layer, inputs, fwd, layer.backward, rng)
+
+
+def test_gradcheck_label_smoothed_loss(rng):
+    logits = rng.standard_normal((B, T, V)) * 2
+    target = np.array([[4, 5, 6, 0], [7, 8, 0, 0]])  # pads are ignored
+
+    def loss():
+        return float(label_smoothed_nll(logits, target, 0.1, 0)[0])
+
+    cache = label_smoothed_nll(logits, target, 0.1, 0)[3]
+    d = label_smoothed_nll_backward(cache).reshape(logits.shape)
+    check("loss logits", d, loss, logits)
+    assert np.all(d[target == 0] == 0)
+
+
+def _batch():
+    src = np.array([[5, 6, 7, 8, 0, 0], [9, 10, 5, 6, 7, 3]])
+    tgt_out = np.array([[4, 6, 8, 3, 0], [7, 5, 3, 0, 0]])
+    tgt_in = np.array([[2, 4, 6, 8, 0], [2, 7, 5, 0, 0]])
+    return src, tgt_in, tgt_out
+
+
+@pytest.mark.parametrize("variant", ["sinusoidal", "learned", "dropout"])
+def test_gradcheck_transformer_every_parameter(variant):
+    cfg = small_cfg(positional="learned" if variant == "learned" else "sinusoidal",
+                    dropout=0.2 if variant == "dropout" else 0.0)
+    model = minitf.Transformer(cfg, dtype="float64", seed=3)
+    src, tgt_in, tgt_out = _batch()
+
+    def loss():
+        model.forward_count = 0  # the same dropout masks on every call
+        return model.forward_loss(src, tgt_in, tgt_out)
+
+    model.zero_grad()
+    loss()
+    model.backward()
+    grads = {n: g.copy() for n, g in model.grad_dict().items()}
+    params = model.state_dict()
+    assert len(params) == len(grads) and len(params) > 50
+    for name in model.names:
+        check(name, grads[name], loss, params[name])
