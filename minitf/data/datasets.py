@@ -1,0 +1,248 @@
+"""The datasets minitf knows how to fetch (`DATASETS`) and `prepare_dataset`.
+
+Every file is looked up in the data folder first (plain or .gz); only what is
+missing is downloaded, so a folder that already holds the files needs no network.
+
+Layout of a data folder
+-----------------------
+multi30k (task 1, raw text; downloaded as is, kept gzipped)::
+
+    train.{en,de}.gz  val.{en,de}.gz  test_2016_flickr.{en,de}.gz
+    test_2017_flickr.{en,de}.gz  test_2018_flickr.{en,de}.gz
+
+wmt14 (en-de; the archives from statmt.org, extracted into the folder)::
+
+    training/europarl-v7.de-en.{en,de}         (training-parallel-europarl-v7.tgz)
+    commoncrawl.de-en.{en,de}                  (training-parallel-commoncrawl.tgz)
+    training/news-commentary-v9.de-en.{en,de}  (training-parallel-nc-v9.tgz)
+    dev/newstest2013.{en,de}                   (dev.tgz)
+    test-full/newstest2014-deen-{src,ref}.{en,de}.sgm  (test-full.tgz; sacreBLEU's
+                                                        "wmt14/full")
+    test/newstest2014-deen-{src,ref}.{en,de}.sgm       (test-filtered.tgz; "wmt14")
+
+(the training corpora are also found directly in the folder, without training/).
+"""
+
+import os
+import warnings
+from dataclasses import dataclass
+
+from minitf.errors import DataError
+from minitf.data.download import download as _download, extract
+from minitf.data.readers import find_file, read_parallel
+
+MULTI30K_BASE_URL = ("https://raw.githubusercontent.com/multi30k/dataset/master/"
+                     "data/task1/raw/")
+WMT_BASE_URL = "http://www.statmt.org/"
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A parallel corpus: candidate relative paths of its two sides.
+
+    Paths are templates with ``{src}``/``{tgt}`` (the language codes); the first
+    existing candidate (plain or .gz) wins. `archive` names an entry of the
+    dataset's archive table holding it; None means each side is its own file,
+    downloaded from ``base_url + <first candidate> + ".gz"``.
+    """
+
+    archive: object
+    src: tuple
+    tgt: tuple
+
+
+def _both(*templates):
+    """Corpus candidate lists for the src and tgt sides from {lang} templates."""
+    return (tuple(t.replace("{lang}", "{src}") for t in templates),
+            tuple(t.replace("{lang}", "{tgt}") for t in templates))
+
+
+def _direct(stem):
+    return Corpus(None, *_both(stem + ".{lang}"))
+
+
+def _in(archive, *templates):
+    return Corpus(archive, *_both(*templates))
+
+
+# The one URL table. name -> base URL (overridable), its env var, the archives
+# (path below the base URL, md5 or None), the language pairs, and the splits.
+DATASETS = {
+    "multi30k": {
+        "base_url": MULTI30K_BASE_URL,
+        "base_url_env": "MINITF_MULTI30K_BASE_URL",
+        "archives": {},
+        "languages": ("en", "de", "fr", "cs"),
+        "pairs": None,  # any two different languages
+        "train": [_direct("train")],
+        "valid": [_direct("val")],
+        "tests": {"test_2016_flickr": _direct("test_2016_flickr"),
+                  "test_2017_flickr": _direct("test_2017_flickr"),
+                  "test_2018_flickr": _direct("test_2018_flickr")},
+    },
+    "wmt14": {
+        "base_url": WMT_BASE_URL,
+        "base_url_env": "MINITF_WMT_BASE_URL",
+        "archives": {
+            "europarl": ("wmt13/training-parallel-europarl-v7.tgz", None),
+            "commoncrawl": ("wmt13/training-parallel-commoncrawl.tgz", None),
+            "news-commentary": ("wmt14/training-parallel-nc-v9.tgz", None),
+            "dev": ("wmt14/dev.tgz", None),
+            # md5 sums as recorded by sacreBLEU for these two files
+            "test-full": ("wmt14/test-full.tgz", "a8cd784e006feb32ac6f3d9ec7eb389a"),
+            "test-filtered": ("wmt14/test-filtered.tgz",
+                              "84c597844c1542e29c2aff23aaee4310"),
+        },
+        "languages": ("en", "de"),
+        "pairs": (("en", "de"), ("de", "en")),
+        "train": [
+            _in("europarl", "training/europarl-v7.de-en.{lang}",
+                "europarl-v7.de-en.{lang}"),
+            _in("commoncrawl", "commoncrawl.de-en.{lang}",
+                "training/commoncrawl.de-en.{lang}"),
+            _in("news-commentary", "training/news-commentary-v9.de-en.{lang}",
+                "news-commentary-v9.de-en.{lang}"),
+        ],
+        "valid": [_in("dev", "dev/newstest2013.{lang}", "newstest2013.{lang}")],
+        "tests": {
+            "newstest2014": Corpus("test-full",
+                                   ("test-full/newstest2014-deen-src.{src}.sgm",),
+                                   ("test-full/newstest2014-deen-ref.{tgt}.sgm",)),
+            "newstest2014-filtered": Corpus("test-filtered",
+                                            ("test/newstest2014-deen-src.{src}.sgm",),
+                                            ("test/newstest2014-deen-ref.{tgt}.sgm",)),
+        },
+    },
+}
+
+
+def default_data_dir(name):
+    """~/.cache/minitf/<name> (or $MINITF_CACHE/<name>)."""
+    root = os.environ.get("MINITF_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "minitf")
+    return os.path.join(root, name)
+
+
+def _spec(name, src, tgt):
+    if name not in DATASETS:
+        raise DataError(f"unknown dataset {name!r}; choose one of "
+                        f"{', '.join(sorted(DATASETS))} (or pass your own files)")
+    spec = DATASETS[name]
+    pairs = spec["pairs"] or [(a, b) for a in spec["languages"]
+                              for b in spec["languages"] if a != b]
+    if (src, tgt) not in pairs:
+        choices = ", ".join(f"{a}-{b}" for a, b in pairs)
+        raise DataError(f"dataset {name} has no language pair {src}-{tgt}; choose "
+                        f"one of {choices}")
+    return spec
+
+
+def _locate(data_dir, corpus, src, tgt):
+    """(src_path, tgt_path) if both sides exist in data_dir, else None."""
+    found = []
+    for templates in (corpus.src, corpus.tgt):
+        path = None
+        for t in templates:
+            path = find_file(data_dir, t.format(src=src, tgt=tgt))
+            if path:
+                break
+        if path is None:
+            return None
+        found.append(path)
+    return tuple(found)
+
+
+def _expected(data_dir, corpus, src, tgt):
+    return " and ".join(os.path.join(data_dir, c[0].format(src=src, tgt=tgt)) + "[.gz]"
+                        for c in (corpus.src, corpus.tgt))
+
+
+def _fetch(spec, base_url, data_dir, corpus, src, tgt, progress):
+    """Download (and extract) what `corpus` needs into data_dir."""
+    if corpus.archive is None:
+        for templates in (corpus.src, corpus.tgt):
+            rel = templates[0].format(src=src, tgt=tgt) + ".gz"
+            if not find_file(data_dir, templates[0].format(src=src, tgt=tgt)):
+                _download(base_url + rel, os.path.join(data_dir, rel), progress=progress)
+        return
+    rel, md5 = spec["archives"][corpus.archive]
+    archive = os.path.join(data_dir, os.path.basename(rel))
+    _download(base_url + rel, archive, md5=md5, progress=progress)
+    extract(archive, data_dir)
+    os.unlink(archive)  # the extracted files are what is looked up next time
+
+
+def _get(spec, base_url, data_dir, corpus, src, tgt, download, progress, required,
+         label):
+    """Paths of `corpus` (fetching it if allowed); None for a missing optional one."""
+    paths = _locate(data_dir, corpus, src, tgt)
+    if paths:
+        return paths
+    if not download:
+        if required:
+            raise DataError(f"{label}: expected {_expected(data_dir, corpus, src, tgt)}"
+                            f"; put the files there or allow downloading")
+        warnings.warn(f"test set {label} not found ({_expected(data_dir, corpus, src, tgt)}"
+                      f"); skipping it", stacklevel=3)
+        return None
+    try:
+        _fetch(spec, base_url, data_dir, corpus, src, tgt, progress)
+    except DataError as e:
+        if required or getattr(e, "http_status", None) != 404:
+            raise
+        warnings.warn(f"test set {label} is not available for {src}-{tgt} ({e}); "
+                      f"skipping it", stacklevel=3)
+        return None
+    paths = _locate(data_dir, corpus, src, tgt)
+    if paths is None:
+        raise DataError(f"{label}: downloaded, but {_expected(data_dir, corpus, src, tgt)}"
+                        f" are still missing; the archive layout changed, put the "
+                        f"files there by hand")
+    return paths
+
+
+def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
+                    progress=True, base_url=None):
+    """Find (or download) a dataset and read it into memory.
+
+    `data_dir` defaults to ``default_data_dir(name)``. Files already there are
+    used as they are, with no network access; missing ones are downloaded (if
+    `download`) from `base_url`, else ``$MINITF_WMT_BASE_URL`` /
+    ``$MINITF_MULTI30K_BASE_URL``, else the official location. Missing test sets
+    are skipped with a warning; missing train/valid files raise DataError.
+
+    Returns a dict::
+
+        {"train": (src_lines, tgt_lines),          # corpora concatenated
+         "valid": (src_lines, tgt_lines),
+         "tests": {test_name: (src_lines, tgt_lines), ...},
+         "paths": {"train": [(src_path, tgt_path), ...], "valid": [...],
+                   "tests": {test_name: (src_path, tgt_path)}},
+         "data_dir": data_dir}
+    """
+    spec = _spec(name, src, tgt)
+    data_dir = os.fspath(data_dir) if data_dir else default_data_dir(name)
+    base_url = base_url or os.environ.get(spec["base_url_env"]) or spec["base_url"]
+    if not base_url.endswith("/"):
+        base_url += "/"
+    if download:
+        os.makedirs(data_dir, exist_ok=True)
+    args = (spec, base_url, data_dir)
+    result = {"tests": {}, "paths": {"tests": {}}, "data_dir": data_dir}
+    for split in ("train", "valid"):
+        src_lines, tgt_lines, paths = [], [], []
+        for corpus in spec[split]:
+            p = _get(*args, corpus, src, tgt, download, progress, True,
+                     f"{name} {split}")
+            s, t = read_parallel(*p)
+            src_lines += s
+            tgt_lines += t
+            paths.append(p)
+        result[split] = (src_lines, tgt_lines)
+        result["paths"][split] = paths
+    for test, corpus in spec["tests"].items():
+        p = _get(*args, corpus, src, tgt, download, progress, False, f"{name} {test}")
+        if p is not None:
+            result["tests"][test] = read_parallel(*p)
+            result["paths"]["tests"][test] = p
+    return result

@@ -1,0 +1,238 @@
+"""Downloading and unpacking archives: resumable, checksummed, atomic.
+
+`download` streams to ``<dest>.part``, resumes it with an HTTP Range request after
+a cut connection (restarting if the server ignores Range), checks the checksum
+and only then renames it to `dest`. `extract` unpacks tar/tgz (refusing absolute
+paths, ``..`` and links) and single .gz files, writing each file atomically too,
+so a half-written file is never mistaken for a complete one.
+"""
+
+import gzip
+import hashlib
+import http.client
+import os
+import re
+import shutil
+import socket
+import sys
+import tarfile
+import time
+import urllib.error
+import urllib.request
+import zlib
+
+from tqdm import tqdm
+
+from minitf.errors import DataError
+
+_CHUNK = 1 << 16
+_USER_AGENT = "minitf-data/0.1 (+python urllib)"
+
+
+def _network_error(url, reason):
+    return DataError(f"cannot download {url} ({reason}); check your internet "
+                     f"connection, or pass --data-dir pointing at a folder that "
+                     f"already holds the data files")
+
+
+def file_digest(path, algorithm="sha256"):
+    """Hex digest of a file's contents."""
+    h = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _check_digests(path, url, sha256, md5):
+    """None if `path` matches the given checksums, else (algo, expected, actual)."""
+    for algo, expected in (("sha256", sha256), ("md5", md5)):
+        if expected:
+            actual = file_digest(path, algo)
+            if actual.lower() != expected.lower():
+                return algo, expected, actual
+    return None
+
+
+def _fetch_once(url, part, progress, timeout):
+    """One HTTP attempt, appending to `part` if the server honours Range.
+
+    Returns True when the body was received completely; False when the
+    connection ended early (the caller retries and resumes).
+    """
+    have = os.path.getsize(part) if os.path.exists(part) else 0
+    headers = {"User-Agent": _USER_AGENT}
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, timeout=timeout) as resp:
+        status = getattr(resp, "status", 200)
+        mode = "wb"
+        if have and status == 206:
+            m = re.match(r"bytes (\d+)-", resp.headers.get("Content-Range", ""))
+            if m and int(m.group(1)) == have:
+                mode = "ab"
+            else:  # a range we did not ask for: start over
+                resp.close()
+                os.unlink(part)
+                return False
+        if mode == "wb":
+            have = 0
+        length = resp.headers.get("Content-Length")
+        remaining = int(length) if length and length.isdigit() else None
+        total = have + remaining if remaining is not None else None
+        received = 0
+        with open(part, mode) as f, tqdm(total=total, initial=have, unit="B",
+                                         unit_scale=True, unit_divisor=1024,
+                                         desc=os.path.basename(part[:-5]),
+                                         file=sys.stderr, disable=not progress,
+                                         leave=False) as bar:
+            while True:
+                chunk = resp.read(_CHUNK)
+                if not chunk:
+                    break
+                f.write(chunk)
+                received += len(chunk)
+                bar.update(len(chunk))
+        return remaining is None or received >= remaining
+
+
+def download(url, dest_path, sha256=None, progress=True, retries=3, md5=None,
+             timeout=60.0, backoff=1.0):
+    """Download `url` to `dest_path` (atomically) and return `dest_path`.
+
+    If `dest_path` already exists and matches the checksums (or none is given),
+    nothing is fetched. A partial ``dest_path + ".part"`` from an earlier attempt
+    is resumed with a Range request. Up to `retries` further attempts follow a
+    cut connection or network error, sleeping ``backoff * 2**k`` seconds.
+
+    DataError when the network fails (the message says to check the connection or
+    to use --data-dir with the files already present), on an HTTP error (its code
+    is in the error's ``http_status`` attribute), or when the checksum differs
+    (naming url, expected and actual digest; no file is left behind).
+    """
+    dest_path = os.fspath(dest_path)
+    if os.path.isfile(dest_path):
+        if _check_digests(dest_path, url, sha256, md5) is None:
+            return dest_path
+        os.unlink(dest_path)  # stale or corrupt: fetch again
+    os.makedirs(os.path.dirname(os.path.abspath(dest_path)), exist_ok=True)
+    part = dest_path + ".part"
+
+    last_error = "no attempt made"
+    for attempt in range(int(retries) + 1):
+        if attempt and backoff:
+            time.sleep(min(backoff * 2 ** (attempt - 1), 30.0))
+        try:
+            if _fetch_once(url, part, progress, timeout):
+                break
+            last_error = "connection closed before the end of the file"
+        except urllib.error.HTTPError as e:
+            if e.code == 416 and os.path.exists(part):  # bad resume point: restart
+                os.unlink(part)
+                last_error = "HTTP 416 on resume"
+                continue
+            if 400 <= e.code < 500:
+                err = DataError(f"cannot download {url}: HTTP {e.code} {e.reason}; "
+                                f"the file is not on the server (check the URL / "
+                                f"base URL), or pass --data-dir with the files "
+                                f"already present")
+                err.http_status = e.code
+                raise err from None
+            last_error = f"HTTP {e.code} {e.reason}"
+        except (urllib.error.URLError, http.client.HTTPException, socket.timeout,
+                ConnectionError, TimeoutError) as e:
+            last_error = str(getattr(e, "reason", None) or e) or e.__class__.__name__
+        except OSError as e:  # writing the file failed: not worth retrying
+            raise DataError(f"{part}: cannot write the download ({e}); check disk "
+                            f"space and permissions") from None
+    else:
+        err = _network_error(url, f"{last_error}; gave up after {retries + 1} tries")
+        err.http_status = None
+        raise err
+
+    mismatch = _check_digests(part, url, sha256, md5)
+    if mismatch is not None:
+        algo, expected, actual = mismatch
+        os.unlink(part)
+        raise DataError(f"checksum mismatch for {url}: expected {algo} {expected}, "
+                        f"got {actual}; the download is corrupt or the file changed "
+                        f"upstream, try again or fetch it by hand")
+    os.replace(part, dest_path)
+    return dest_path
+
+
+def _safe_target(dest_dir, name, archive):
+    """Absolute path for archive member `name`, refusing escapes from dest_dir."""
+    parts = name.replace("\\", "/").split("/")
+    if name.startswith("/") or os.path.isabs(name) or ".." in parts \
+            or re.match(r"^[A-Za-z]:", name):
+        raise DataError(f"{archive}: unsafe member path {name!r} (absolute or with "
+                        f"'..'); refusing to extract, delete the archive")
+    root = os.path.abspath(dest_dir)
+    target = os.path.abspath(os.path.join(root, *[p for p in parts if p]))
+    if os.path.commonpath([root, target]) != root:
+        raise DataError(f"{archive}: member {name!r} would be written outside "
+                        f"{dest_dir}; refusing to extract, delete the archive")
+    return target
+
+
+def _write_stream(src, target):
+    tmp = target + ".part"
+    with open(tmp, "wb") as out:
+        shutil.copyfileobj(src, out, _CHUNK)
+    os.replace(tmp, target)
+
+
+def extract(archive, dest_dir):
+    """Unpack a .tar/.tgz/.tar.gz archive, or gunzip a single .gz file.
+
+    Tar members with absolute paths or ``..``, and links or device files, make it
+    raise DataError before anything is written. A .gz file becomes `dest_dir`/
+    name-without-.gz. Returns the list of extracted file paths.
+    """
+    archive = os.fspath(archive)
+    if not os.path.isfile(archive):
+        raise DataError(f"{archive}: archive not found; download it first")
+    os.makedirs(dest_dir, exist_ok=True)
+    name = os.path.basename(archive)
+    written = []
+    try:
+        if tarfile.is_tarfile(archive):
+            with tarfile.open(archive, "r:*") as tar:
+                members = tar.getmembers()
+                for m in members:  # check everything before writing anything
+                    _safe_target(dest_dir, m.name, archive)
+                    if not (m.isfile() or m.isdir()):
+                        raise DataError(f"{archive}: member {m.name!r} is a link or "
+                                        f"special file; refusing to extract, delete "
+                                        f"the archive")
+                for m in members:
+                    target = _safe_target(dest_dir, m.name, archive)
+                    if m.isdir():
+                        os.makedirs(target, exist_ok=True)
+                        continue
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    with tar.extractfile(m) as src:
+                        _write_stream(src, target)
+                    written.append(target)
+        elif name.endswith(".gz"):
+            target = _safe_target(dest_dir, name[:-3], archive)
+            with gzip.open(archive, "rb") as src:
+                _write_stream(src, target)
+            written.append(target)
+        else:
+            raise DataError(f"{archive}: not a tar or .gz archive; delete it and "
+                            f"download it again")
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise DataError(f"{archive}: corrupt archive ({e}); delete it and download "
+                        f"it again") from None
+    return written
+
+
+def __getattr__(name):
+    """`DATASETS` and `prepare_dataset` live in minitf.data.datasets (no cycle)."""
+    if name in ("DATASETS", "prepare_dataset", "default_data_dir"):
+        from minitf.data import datasets
+        return getattr(datasets, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,97 @@
+"""Readers (plain/gz/SGM, parallel files) and pair cleaning."""
+
+import gzip
+
+import pytest
+
+from minitf.data import clean_pairs, find_file, read_lines, read_parallel, read_sgm
+from minitf.errors import DataError
+
+
+def test_plain_and_gz_read_the_same(tmp_path):
+    text = "Hello world\r\nzweite Zeile \u2028 bleibt\n\n  spaces kept  \nlast"
+    (tmp_path / "a.txt").write_bytes(text.encode("utf-8"))
+    with gzip.open(tmp_path / "a.txt.gz", "wb") as f:
+        f.write(text.encode("utf-8"))
+    expected = ["Hello world", "zweite Zeile \u2028 bleibt", "", "  spaces kept  ",
+                "last"]
+    assert read_lines(tmp_path / "a.txt") == expected
+    assert read_lines(str(tmp_path / "a.txt.gz")) == expected
+
+
+def test_gzip_detected_by_magic_and_trailing_newline(tmp_path):
+    with gzip.open(tmp_path / "noext", "wb") as f:
+        f.write(b"x\ny\n")
+    assert read_lines(tmp_path / "noext") == ["x", "y"]
+    (tmp_path / "empty").write_bytes(b"")
+    assert read_lines(tmp_path / "empty") == []
+
+
+def test_sgm_segments_and_entities(tmp_path):
+    sgm = ('<srcset setid="newstest2014" srclang="any">\n'
+           '<doc sysid="ref" docid="1" genre="news" origlang="en">\n'
+           '<p>\n'
+           '<seg id="1">Tom &amp; Jerry say &quot;hi&quot; &lt;3</seg>\n'
+           '<seg id="2">  it&apos;s   spaced\tout </seg>\n'
+           '</p>\n</doc>\n</srcset>\n')
+    (tmp_path / "t.sgm").write_text(sgm, encoding="utf-8")
+    assert read_sgm(tmp_path / "t.sgm") == ['Tom & Jerry say "hi" <3',
+                                            "it's spaced out"]
+    assert read_sgm(tmp_path / "t.sgm", unescape=False)[0] == \
+        "Tom &amp; Jerry say &quot;hi&quot; &lt;3"
+
+
+def test_parallel_mismatch_names_both_files(tmp_path):
+    (tmp_path / "x.en").write_text("a\nb\nc\n", encoding="utf-8")
+    (tmp_path / "x.de").write_text("a\nb\n", encoding="utf-8")
+    with pytest.raises(DataError) as e:
+        read_parallel(tmp_path / "x.en", tmp_path / "x.de")
+    msg = str(e.value)
+    assert "x.en" in msg and "x.de" in msg and "3" in msg and "2" in msg
+    assert "\n" not in msg
+
+
+def test_parallel_reads_sgm_pairs(tmp_path):
+    (tmp_path / "s.en.sgm").write_text('<seg id="1">a</seg>\n<seg id="2">b</seg>\n')
+    (tmp_path / "r.de.gz").write_bytes(gzip.compress(b"A\nB\n"))
+    assert read_parallel(tmp_path / "s.en.sgm", tmp_path / "r.de.gz") == \
+        (["a", "b"], ["A", "B"])
+
+
+def test_undecodable_bytes_name_file_and_line(tmp_path):
+    (tmp_path / "bad.txt").write_bytes(b"ok\nfine\nbro\xffken\n")
+    with pytest.raises(DataError, match=r"bad\.txt:3: invalid UTF-8"):
+        read_lines(tmp_path / "bad.txt")
+    with gzip.open(tmp_path / "bad.gz", "wb") as f:
+        f.write(b"\xc3\n")
+    with pytest.raises(DataError, match=r"bad\.gz:1:"):
+        read_lines(tmp_path / "bad.gz")
+
+
+def test_missing_and_corrupt_files(tmp_path):
+    with pytest.raises(DataError, match="nope.txt: file not found"):
+        read_lines(tmp_path / "nope.txt")
+    (tmp_path / "trunc.gz").write_bytes(gzip.compress(b"hello\n" * 100)[:20])
+    with pytest.raises(DataError, match="trunc.gz: cannot read"):
+        read_lines(tmp_path / "trunc.gz")
+
+
+def test_find_file(tmp_path):
+    assert find_file(tmp_path, "train.en") is None
+    (tmp_path / "train.en.gz").write_bytes(gzip.compress(b"x\n"))
+    assert find_file(tmp_path, "train.en").endswith("train.en.gz")
+    (tmp_path / "train.en").write_text("x\n")
+    assert find_file(tmp_path, "train.en").endswith("train.en")
+
+
+def test_clean_pairs_drops_what_it_should():
+    src = ["ok", "", "long", "ratio", "fine", "  ", "ok2"]
+    tgt = ["ok", "x", "long", "r", "fine", "y", "ok2"]
+    src_lens = [3, 0, 300, 10, 4, 2, 3]
+    tgt_lens = [4, 1, 5, 2, 4, 1, 2]   # ratios: 4/3 ok, 10/2 bad, 3/2 = 1.5 ok
+    kept, stats = clean_pairs(src, tgt, src_lens, tgt_lens, max_len=250,
+                              max_ratio=1.5)
+    assert kept == [0, 4, 6]
+    assert stats == {"total": 7, "kept": 3, "empty": 2, "too_long": 1, "ratio": 1}
+    kept, _ = clean_pairs(["a"], ["b"], [9], [3], max_ratio=3.0)
+    assert kept == [0]

@@ -1,0 +1,80 @@
+"""SentencePiece tokenizer wrapper: training, ids, round trips, caching."""
+
+import os
+import random
+
+import pytest
+
+from minitf.data import Tokenizer, get_or_train_tokenizer, tokenizer_path
+from minitf.errors import DataError
+
+_EN = "the a cat dog sees runs on under big small red house tree".split()
+_DE = "der die das katze hund sieht läuft auf unter groß klein rot haus baum".split()
+
+
+def _corpus(words, n=300, seed=0):
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(2, 12)))
+            for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tok") / "joint.model"
+    tok = Tokenizer.train(_corpus(_EN) + _corpus(_DE, seed=1), path, vocab_size=120)
+    return tok, path
+
+
+def test_special_ids_and_vocab(trained):
+    tok, path = trained
+    assert (tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id) == (0, 1, 2, 3)
+    assert tok.vocab_size == 120
+    assert [tok.id_to_piece(i) for i in range(4)] == ["<pad>", "<unk>", "<s>", "</s>"]
+    assert os.path.isfile(path)
+
+
+def test_round_trip(trained):
+    tok, _ = trained
+    lines = _corpus(_EN, 20, seed=5) + _corpus(_DE, 20, seed=6)
+    ids = tok.encode(lines)
+    assert all(isinstance(i, int) and 4 <= i < tok.vocab_size for r in ids for i in r)
+    assert tok.decode(ids) == lines
+    # pad/bos dropped, stops at the first eos
+    row = [tok.bos_id] + ids[0] + [tok.eos_id] + ids[1] + [tok.pad_id] * 3
+    assert tok.decode([row]) == [lines[0]]
+
+
+def test_bytes_round_trip(trained, tmp_path):
+    tok, path = trained
+    data = tok.to_bytes()
+    assert isinstance(data, bytes) and data == open(path, "rb").read()
+    again = Tokenizer.from_bytes(data)
+    lines = ["der hund sieht die katze", "the red house"]
+    assert again.encode(lines) == tok.encode(lines)
+    assert Tokenizer(path).encode(lines) == tok.encode(lines)
+    with pytest.raises(DataError):
+        Tokenizer.from_bytes(b"not a model")
+    with pytest.raises(DataError, match="not found"):
+        Tokenizer(tmp_path / "missing.model")
+
+
+def test_too_large_vocab_falls_back_with_warning(tmp_path):
+    with pytest.warns(UserWarning, match="too large"):
+        tok = Tokenizer.train(_corpus(_EN, 50), tmp_path / "small.model", 5000)
+    assert 4 < tok.vocab_size < 5000
+    assert tok.decode(tok.encode(["the big dog"])) == ["the big dog"]
+
+
+def test_cache_reuse_and_vocab_in_name(tmp_path):
+    src, tgt = _corpus(_EN, 200), _corpus(_DE, 200, seed=2)
+    tok = get_or_train_tokenizer(tmp_path, "toy.en-de", src, tgt, 100)
+    path = tokenizer_path(tmp_path, "toy.en-de", 100)
+    assert path.endswith("toy.en-de.100.model") and os.path.isfile(path)
+    os.utime(path, (1_000_000, 1_000_000))          # a recognisable old mtime
+    again = get_or_train_tokenizer(tmp_path, "toy.en-de", src, tgt, 100)
+    assert os.stat(path).st_mtime == 1_000_000       # not retrained
+    assert again.to_bytes() == tok.to_bytes()
+    other = get_or_train_tokenizer(tmp_path, "toy.en-de", src, tgt, 80)
+    assert other.vocab_size == 80 and os.path.isfile(tokenizer_path(tmp_path,
+                                                                    "toy.en-de", 80))
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
