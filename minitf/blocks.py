@@ -67,6 +67,22 @@ class DecoderLayer(Layer):
         return dsum + dq + dkv, dmemory
 
 
+def decoder_layer_step(layer, x, cache, t, src_bias):
+    """Incremental (KV-cached) DecoderLayer forward for one new position t, inference only.
+
+    x [N, 1, D] is the new position's input; cache = {'k', 'v': [N, H, T_max, K] self-attention
+    keys/values of positions < t (position t is written here), 'ck', 'cv': [N, H, S, K] the
+    encoder output's keys/values, computed once per sentence}. Equals row t of
+    DecoderLayer.forward on the whole prefix (no causal mask is needed: only the past is cached).
+    """
+    k, v = layer.self_attn.project_kv(x)
+    cache["k"][:, :, t: t + 1] = k
+    cache["v"][:, :, t: t + 1] = v
+    h1 = layer.norm1.apply(x + layer.self_attn.attend(x, cache["k"][:, :, : t + 1], cache["v"][:, :, : t + 1], 0.0))
+    h2 = layer.norm2.apply(h1 + layer.cross_attn.attend(h1, cache["ck"], cache["cv"], src_bias))
+    return layer.norm3.apply(h2 + layer.ffn.apply(h2))
+
+
 class Encoder(Layer):
     """N identical EncoderLayers (3.1)."""
 

@@ -22,3 +22,8 @@ class FeedForward(Layer):
         dh = self.fc2.backward(dy)
         # h = relu(fc1(x))
         return self.fc1.backward(F.relu_backward(dh, h))
+
+    def apply(self, x):
+        """Inference: the forward without keeping caches (decode.py)."""
+        h = F.relu_forward(F.linear_forward(x, self.fc1.params["weight"], self.fc1.params["bias"]))
+        return F.linear_forward(h, self.fc2.params["weight"], self.fc2.params["bias"])

@@ -20,3 +20,7 @@ class LayerNorm(Layer):
     def backward(self, dy):
         cache, self.cache = self.cache, None
         return F.layernorm_backward(dy, cache, self.params["weight"], self.grads["weight"], self.grads["bias"])
+
+    def apply(self, x):
+        """Inference: the forward without keeping a cache (decode.py)."""
+        return F.layernorm_forward(x, self.params["weight"], self.params["bias"], self.eps)[0]

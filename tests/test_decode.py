@@ -1,0 +1,94 @@
+"""Incremental decoding, greedy and beam search."""
+import itertools
+
+import numpy as np
+import pytest
+
+import minitf
+from minitf.decode import IncrementalDecoder, beam_search, greedy_search, length_penalty
+from minitf.loss import log_softmax
+
+
+def model_and_src(vocab=13, seed=0, dtype="float64"):
+    cfg = minitf.TransformerConfig(vocab_size=vocab, d_model=16, n_heads=2, d_ff=24, n_layers=2,
+                                   dropout=0.1, max_len=64)
+    model = minitf.Transformer(cfg, dtype=dtype, seed=seed)
+    src = np.array([[5, 6, 7, 8, 3, 0], [9, 10, 5, 6, 7, 3], [4, 3, 0, 0, 0, 0]])
+    return model, src
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_incremental_logits_equal_full_forward_at_every_step(use_cache):
+    model, src = model_and_src()
+    tgt = np.array([[2, 4, 6, 8, 9, 5, 3], [2, 7, 5, 11, 12, 4, 4], [2, 9, 9, 9, 1, 4, 5]])
+    model.eval()
+    full = log_softmax(model.forward(src, tgt))
+    dec = IncrementalDecoder(model, src, tgt.shape[1], use_cache=use_cache)
+    for t in range(tgt.shape[1]):
+        step = dec.step(tgt[:, t])
+        np.testing.assert_allclose(step, full[:, t], rtol=1e-10, atol=1e-10)
+
+
+def test_reorder_keeps_rows_consistent():
+    model, src = model_and_src()
+    tgt = np.array([[2, 4, 6, 8], [2, 7, 5, 11], [2, 9, 9, 9]])
+    model.eval()
+    full = log_softmax(model.forward(src, tgt))
+    dec = IncrementalDecoder(model, src, 4)
+    dec.step(tgt[:, 0])
+    dec.step(tgt[:, 1])
+    dec.reorder(np.array([2, 0]))
+    np.testing.assert_allclose(dec.step(tgt[[2, 0], 2]), full[[2, 0], 2], rtol=1e-10, atol=1e-10)
+
+
+def test_beam_size_one_equals_greedy():
+    model, src = model_and_src(seed=3)
+    g = greedy_search(model, src, max_len_b=8)
+    b = beam_search(model, src, beam_size=1, max_len_b=8)
+    assert g == b
+    assert any(len(x) > 0 for x in g)
+
+
+def test_greedy_cached_equals_uncached():
+    model, src = model_and_src(seed=4)
+    assert greedy_search(model, src, max_len_b=6) == greedy_search(model, src, max_len_b=6, use_cache=False)
+
+
+def test_batched_beam_equals_one_sentence_at_a_time():
+    model, src = model_and_src(seed=5)
+    batched = beam_search(model, src, beam_size=3, max_len_b=6)
+    single = [beam_search(model, src[i:i + 1], beam_size=3, max_len_b=6)[0] for i in range(len(src))]
+    assert batched == single
+
+
+
+
+def test_wide_beam_finds_the_best_sequence_under_the_length_penalty():
+    # vocabulary: pad 0, unk 1, bos 2, eos 3, and 4, 5 -> outputs from {1, 4, 5}, length <= 3
+    model, _ = model_and_src(vocab=6, seed=11)
+    model.eval()
+    src = np.array([[4, 5, 4, 3]])
+    alpha, max_len = 0.6, 3
+    best, best_score = None, -np.inf
+    for n in range(max_len + 1):
+        for seq in itertools.product([1, 4, 5], repeat=n):
+            tgt_in = np.array([[2, *seq]])
+            logp = log_softmax(model.forward(src, tgt_in))[0]
+            total = sum(logp[i, tok] for i, tok in enumerate(list(seq) + [3]))
+            score = total / length_penalty(n + 1, alpha)
+            if score > best_score:
+                best, best_score = list(seq), score
+    found = beam_search(model, src, beam_size=40, alpha=alpha, max_len_a=0.0, max_len_b=max_len)[0]
+    assert found == best, (found, best, best_score)
+
+
+def test_length_penalty_formula():
+    assert length_penalty(1, 0.6) == 1.0
+    assert np.isclose(length_penalty(7, 0.6), 2.0 ** 0.6)
+    assert length_penalty(10, 0.0) == 1.0
+
+
+def test_max_length_is_input_plus_b():
+    model, src = model_and_src(seed=2)
+    for hyp, row in zip(greedy_search(model, src, max_len_b=2), src):
+        assert len(hyp) <= (row != 0).sum() + 2
