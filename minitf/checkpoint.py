@@ -1,0 +1,152 @@
+"""Checkpoints: one `.npz` file (a zip of `.npy` arrays), never pickled, written atomically.
+
+Layout (format version 1), every entry an array loaded with `allow_pickle=False`:
+  `__meta__`            uint8, UTF-8 JSON: {"format", "version", "config", "train_state",
+                        "has_optimizer", "optimizer_step", "sha256": {entry: hex digest}}
+  `param/<name>`        the model parameters under the contract's names (float32 or float64)
+  `optim/m/<name>`, `optim/v/<name>`   Adam moments (training checkpoints only)
+  `tokenizer`           uint8, the SentencePiece model proto (optional)
+The SHA-256 of every entry is stored in the meta, so a tampered or partly written file is
+rejected with a CheckpointError. Arrays are saved from the host, so a checkpoint written on
+a GPU loads on a machine without CuPy and the other way round. Paper 6.1's checkpoint
+averaging is `average_checkpoints`.
+"""
+import hashlib
+import json
+import os
+import tempfile
+import zipfile
+
+import numpy as np
+
+from .backend import to_numpy
+from .config import TransformerConfig
+from .errors import CheckpointError, MinitfError
+
+FORMAT, VERSION = "minitf-checkpoint", 1
+
+
+def _digest(a):
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+def atomic_write(path, write):
+    """write(fileobj) into a temp file beside `path`, fsync it, rename it over `path`, fsync the dir."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    try:
+        dfd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:  # some filesystems do not fsync directories
+        pass
+
+
+def save_checkpoint(path, model=None, optimizer=None, tokenizer=None, train_state=None, params=None, config=None):
+    """Write a checkpoint atomically. `tokenizer` is the SentencePiece model bytes (or None);
+    `train_state` is a JSON-serializable dict (step, data position, RNG states, ...).
+    Pass `params` + `config` instead of a model to save plain arrays (checkpoint averaging)."""
+    if model is not None:
+        params, config = model.state_dict(), model.cfg
+    arrays = {f"param/{n}": to_numpy(a) for n, a in params.items()}
+    if optimizer is not None:
+        for key in ("m", "v"):
+            for n, a in optimizer.state[key].items():
+                arrays[f"optim/{key}/{n}"] = to_numpy(a)
+    if tokenizer is not None:
+        arrays["tokenizer"] = np.frombuffer(bytes(tokenizer), dtype=np.uint8)
+    meta = {"format": FORMAT, "version": VERSION, "config": config.to_dict(),
+            "train_state": train_state or {}, "has_optimizer": optimizer is not None,
+            "optimizer_step": optimizer.step_count if optimizer is not None else None,
+            "sha256": {k: _digest(a) for k, a in arrays.items()}}
+    arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    atomic_write(path, lambda f: np.savez(f, **arrays))
+
+
+class Checkpoint:
+    """What load_checkpoint returns: config, params {name: np.ndarray}, optimizer state or
+    None, tokenizer bytes or None, train_state dict."""
+
+    def __init__(self, path, config, params, optimizer, tokenizer, train_state):
+        self.path, self.config, self.params = path, config, params
+        self.optimizer, self.tokenizer, self.train_state = optimizer, tokenizer, train_state
+
+    def build_model(self, device="cpu", dtype="float32"):
+        """A Transformer with these parameters, in eval mode."""
+        from .model import Transformer
+        model = Transformer(self.config, device=device, dtype=dtype)
+        model.load_state_dict(self.params)
+        return model.eval()
+
+
+def load_checkpoint(path):
+    """Read and verify a checkpoint; any defect is a CheckpointError naming the file."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError, KeyError) as e:
+        raise CheckpointError(f"checkpoint {path} is truncated or not a minitf checkpoint ({e})") from None
+    if "__meta__" not in arrays:
+        raise CheckpointError(f"checkpoint {path} has no metadata: not a minitf checkpoint")
+    try:
+        meta = json.loads(arrays.pop("__meta__").tobytes().decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {path}: unreadable metadata ({e})") from None
+    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        raise CheckpointError(f"checkpoint {path}: format {meta.get('format')} v{meta.get('version')}, "
+                              f"expected {FORMAT} v{VERSION}")
+    sums = meta["sha256"]
+    if set(sums) != set(arrays):
+        raise CheckpointError(f"checkpoint {path}: entries do not match its manifest (tampered or incomplete)")
+    for k, a in arrays.items():
+        if _digest(a) != sums[k]:
+            raise CheckpointError(f"checkpoint {path}: entry {k} fails its SHA-256 check (tampered or corrupt)")
+    try:
+        config = TransformerConfig.from_dict(meta["config"])
+    except MinitfError as e:
+        raise CheckpointError(f"checkpoint {path}: bad config ({e})") from None
+    params = {k[len("param/"):]: a for k, a in arrays.items() if k.startswith("param/")}
+    optimizer = None
+    if meta.get("has_optimizer"):
+        optimizer = {"step": meta["optimizer_step"]}
+        for k, a in arrays.items():
+            if k.startswith("optim/"):
+                _, key, name = k.split("/", 2)
+                optimizer[f"{key}.{name}"] = a
+    tok = arrays.get("tokenizer")
+    return Checkpoint(path, config, params, optimizer, tok.tobytes() if tok is not None else None,
+                      meta.get("train_state", {}))
+
+
+def average_checkpoints(paths, output):
+    """Parameter-wise mean of several checkpoints (paper 6.1: the last 5), written to `output`
+    with the last input's config and tokenizer and no optimizer state."""
+    if not paths:
+        raise CheckpointError("average: give at least one --inputs checkpoint")
+    ckpts = [load_checkpoint(p) for p in paths]
+    first = ckpts[0]
+    for c in ckpts[1:]:
+        if c.config.to_dict() != first.config.to_dict() or set(c.params) != set(first.params):
+            raise CheckpointError(f"average: {c.path} has a different model than {first.path}")
+    mean = {n: (sum(c.params[n].astype(np.float64) for c in ckpts) / len(ckpts)).astype(first.params[n].dtype)
+            for n in first.params}
+    save_checkpoint(output, params=mean, config=ckpts[-1].config, tokenizer=ckpts[-1].tokenizer,
+                    train_state={"averaged_from": [os.path.abspath(p) for p in paths]})
+    return output

@@ -1,0 +1,104 @@
+"""`python -m minitf COMMAND`: average, translate, evaluate, plot.
+
+Every user error (a MinitfError) is printed as one line on stderr with exit status 2.
+"""
+import argparse
+import json
+import sys
+
+from .errors import DataError, MinitfError
+
+
+def _read_input(path):
+    from .data.readers import read_lines
+    if path in (None, "-"):
+        return [line.rstrip("\r\n") for line in sys.stdin]
+    return read_lines(path)
+
+
+def cmd_average(args):
+    from .checkpoint import average_checkpoints
+    average_checkpoints(args.inputs, args.output)
+    print(f"averaged {len(args.inputs)} checkpoints -> {args.output}", file=sys.stderr)
+
+
+def cmd_translate(args):
+    from .translate import load_for_inference, translate_lines
+    model, tok = load_for_inference(args.checkpoint, args.device)
+    lines = _read_input(args.input)
+    hyps = translate_lines(model, tok, lines, args.beam, args.alpha, args.batch_size, args.max_len_b,
+                           progress=not args.quiet)
+    text = "".join(h + "\n" for h in hyps)
+    if args.output:
+        from .checkpoint import atomic_write
+        atomic_write(args.output, lambda f: f.write(text.encode()))
+    else:
+        sys.stdout.write(text)
+
+
+def cmd_evaluate(args):
+    from .translate import load_for_inference, score, translate_lines
+    src, ref = _read_input(args.src), _read_input(args.ref)
+    if len(src) != len(ref):
+        raise DataError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
+    model, tok = load_for_inference(args.checkpoint, args.device)
+    hyps = translate_lines(model, tok, src, args.beam, args.alpha, args.batch_size, args.max_len_b,
+                           progress=not args.quiet)
+    result = score(hyps, ref)
+    result.update(checkpoint=args.checkpoint, beam=args.beam, alpha=args.alpha)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(result["bleu_detail"])
+        print(f"BLEU {result['bleu']}  ({result['bleu_signature']})")
+        print(f"chrF {result['chrf']}  ({result['chrf_signature']})")
+
+
+def _decode_args(p):
+    p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz) with its tokenizer")
+    p.add_argument("--beam", type=int, default=4, help="beam size (paper: 4; 1 = greedy)")
+    p.add_argument("--alpha", type=float, default=0.6, help="length penalty alpha (paper: 0.6)")
+    p.add_argument("--max-len-b", type=int, default=50, help="max output length = input length + this")
+    p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
+    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="python -m minitf", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("average", help="parameter-wise mean of checkpoints (paper 6.1)")
+    p.add_argument("--inputs", nargs="+", required=True)
+    p.add_argument("--output", required=True)
+    p.set_defaults(func=cmd_average)
+    p = sub.add_parser("translate", help="translate raw sentences (file or stdin), one per line")
+    _decode_args(p)
+    p.add_argument("--input", help="input file (plain or .gz); default stdin")
+    p.add_argument("--output", help="output file; default stdout")
+    p.set_defaults(func=cmd_translate)
+    p = sub.add_parser("evaluate", help="translate --src and score against --ref with sacreBLEU and chrF")
+    _decode_args(p)
+    p.add_argument("--src", required=True)
+    p.add_argument("--ref", required=True)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_evaluate)
+    try:
+        from .viz import add_plot_parser
+    except ImportError:
+        pass
+    else:
+        add_plot_parser(sub)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except MinitfError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0

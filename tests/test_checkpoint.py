@@ -1,0 +1,147 @@
+"""Checkpoints: round trip, fresh-process load, averaging, truncation and tampering."""
+import os
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+import minitf
+from minitf.checkpoint import average_checkpoints, load_checkpoint, save_checkpoint
+
+
+def tiny_model(seed=0):
+    cfg = minitf.TransformerConfig(vocab_size=17, d_model=16, n_heads=2, d_ff=24, n_layers=1, dropout=0.1)
+    return minitf.Transformer(cfg, seed=seed)
+
+
+SRC = np.array([[5, 6, 7, 3, 0], [9, 10, 5, 6, 3]])
+TGT = np.array([[2, 4, 6, 8], [2, 7, 5, 0]])
+
+
+def test_round_trip_params_optimizer_and_state(tmp_path):
+    model = tiny_model()
+    opt = minitf.Adam(model, lr=1e-3)
+    model.forward_loss(SRC, TGT, TGT)
+    model.backward()
+    opt.step()
+    path = tmp_path / "c.npz"
+    save_checkpoint(path, model, opt, tokenizer=b"\x01\x02spm", train_state={"step": 1, "epoch": 0, "batch": 7})
+    ck = load_checkpoint(path)
+    assert ck.train_state == {"step": 1, "epoch": 0, "batch": 7} and ck.tokenizer == b"\x01\x02spm"
+    assert ck.config == model.cfg
+    model.eval()
+    loaded = ck.build_model()
+    np.testing.assert_array_equal(loaded.forward(SRC, TGT), model.forward(SRC, TGT))
+    opt2 = minitf.Adam(loaded, lr=1e-3)
+    opt2.load_state_dict(ck.optimizer)
+    assert opt2.step_count == 1
+    np.testing.assert_array_equal(opt2._m, opt._m)
+    np.testing.assert_array_equal(opt2._v, opt._v)
+    assert not any(name.endswith(".tmp") or name.startswith(".tmp-") for name in os.listdir(tmp_path))
+
+
+def test_load_in_a_fresh_process_gives_identical_logits(tmp_path):
+    model = tiny_model(seed=4).eval()
+    path = tmp_path / "c.npz"
+    save_checkpoint(path, model)
+    np.save(tmp_path / "expected.npy", model.forward(SRC, TGT))
+    code = ("import numpy as np, sys; from minitf.checkpoint import load_checkpoint; "
+            "m = load_checkpoint(sys.argv[1]).build_model(); "
+            "src = np.array([[5, 6, 7, 3, 0], [9, 10, 5, 6, 3]]); tgt = np.array([[2, 4, 6, 8], [2, 7, 5, 0]]); "
+            "assert (m.forward(src, tgt) == np.load(sys.argv[2])).all(); print('same')")
+    out = subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "expected.npy")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "same"
+
+
+def test_average_of_two_checkpoints_is_the_mean(tmp_path):
+    a, b = tiny_model(1), tiny_model(2)
+    save_checkpoint(tmp_path / "a.npz", a)
+    save_checkpoint(tmp_path / "b.npz", b)
+    average_checkpoints([tmp_path / "a.npz", tmp_path / "b.npz"], tmp_path / "avg.npz")
+    avg = load_checkpoint(tmp_path / "avg.npz")
+    for name, p in a.state_dict().items():
+        np.testing.assert_allclose(avg.params[name], (p.astype(np.float64) + b.state_dict()[name]) / 2, rtol=1e-6)
+    assert avg.optimizer is None
+
+
+def test_average_cli(tmp_path):
+    for s in (1, 2, 3):
+        save_checkpoint(tmp_path / f"{s}.npz", tiny_model(s))
+    out = subprocess.run([sys.executable, "-m", "minitf", "average", "--inputs", *(str(tmp_path / f"{s}.npz") for s in (1, 2, 3)),
+                          "--output", str(tmp_path / "avg.npz")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    w = [load_checkpoint(tmp_path / f"{s}.npz").params["embedding.weight"] for s in (1, 2, 3)]
+    np.testing.assert_allclose(load_checkpoint(tmp_path / "avg.npz").params["embedding.weight"], sum(w) / 3, rtol=1e-5)
+
+
+def test_average_rejects_different_models(tmp_path):
+    save_checkpoint(tmp_path / "a.npz", tiny_model())
+    cfg = minitf.TransformerConfig(vocab_size=17, d_model=8, n_heads=2, d_ff=24, n_layers=1)
+    save_checkpoint(tmp_path / "b.npz", minitf.Transformer(cfg))
+    with pytest.raises(minitf.CheckpointError, match="different model"):
+        average_checkpoints([tmp_path / "a.npz", tmp_path / "b.npz"], tmp_path / "avg.npz")
+
+
+def test_truncated_checkpoint_is_a_clear_error(tmp_path):
+    path = tmp_path / "c.npz"
+    save_checkpoint(path, tiny_model())
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(minitf.CheckpointError, match="truncated"):
+        load_checkpoint(path)
+
+
+def test_tampered_checkpoint_is_a_clear_error(tmp_path):
+    path = tmp_path / "c.npz"
+    model = tiny_model()
+    save_checkpoint(path, model)
+    arrays = dict(np.load(path, allow_pickle=False))
+    arrays["param/embedding.weight"] = arrays["param/embedding.weight"] + 1e-3
+    np.savez(path, **arrays)
+    with pytest.raises(minitf.CheckpointError, match="SHA-256"):
+        load_checkpoint(path)
+    arrays.pop("param/embedding.weight")
+    np.savez(path, **arrays)
+    with pytest.raises(minitf.CheckpointError, match="manifest"):
+        load_checkpoint(path)
+
+
+def test_not_a_checkpoint_and_missing_file(tmp_path):
+    with pytest.raises(minitf.CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "nope.npz")
+    (tmp_path / "x.npz").write_text("hello")
+    with pytest.raises(minitf.CheckpointError, match="truncated or not"):
+        load_checkpoint(tmp_path / "x.npz")
+    np.savez(tmp_path / "y.npz", a=np.zeros(3))
+    with pytest.raises(minitf.CheckpointError, match="metadata"):
+        load_checkpoint(tmp_path / "y.npz")
+
+
+def test_no_pickle_inside(tmp_path):
+    path = tmp_path / "c.npz"
+    save_checkpoint(path, tiny_model(), train_state={"step": 3})
+    with zipfile.ZipFile(path) as z:
+        for name in z.namelist():
+            assert name.endswith(".npy")
+    with np.load(path, allow_pickle=False) as z:
+        for k in z.files:
+            assert z[k].dtype != object
+
+
+def test_failed_write_leaves_the_old_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "c.npz"
+    save_checkpoint(path, tiny_model(1))
+    before = path.read_bytes()
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez", boom)
+    with pytest.raises(OSError):
+        save_checkpoint(path, tiny_model(2))
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["c.npz"]

@@ -1,0 +1,66 @@
+"""`python -m minitf translate|evaluate` end to end on a tiny model and files made here."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import minitf
+from minitf.checkpoint import save_checkpoint
+from minitf.data.tokenizer import Tokenizer
+
+WORDS = "the a cat dog sees runs small big red house tree man woman eats".split()
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tr")
+    rng = np.random.default_rng(0)
+    lines = [" ".join(rng.choice(WORDS, size=rng.integers(2, 8))) for _ in range(300)]
+    tok = Tokenizer.train(lines, d / "spm.model", vocab_size=60)
+    cfg = minitf.TransformerConfig(vocab_size=tok.vocab_size, d_model=16, n_heads=2, d_ff=24, n_layers=1)
+    save_checkpoint(d / "model.npz", minitf.Transformer(cfg, seed=0), tokenizer=tok.to_bytes())
+    (d / "src.txt").write_text("\n".join(lines[:7]) + "\n")
+    (d / "ref.txt").write_text("\n".join(lines[7:14]) + "\n")
+    (d / "short.txt").write_text("\n".join(lines[:3]) + "\n")
+    return d
+
+
+def run(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "minitf", *map(str, args)], capture_output=True, text=True,
+                          input=stdin, timeout=300)
+
+
+def test_translate_file_and_stdin(setup):
+    d = setup
+    out = run("translate", "--checkpoint", d / "model.npz", "--input", d / "src.txt", "--beam", 2, "--max-len-b", 3)
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.splitlines()) == 7
+    out2 = run("translate", "--checkpoint", d / "model.npz", "--beam", 2, "--max-len-b", 3, "--quiet",
+               "--output", d / "hyp.txt", stdin=(d / "src.txt").read_text())
+    assert out2.returncode == 0, out2.stderr
+    assert (d / "hyp.txt").read_text() == out.stdout
+
+
+def test_evaluate_prints_bleu_chrf_and_signatures(setup):
+    d = setup
+    out = run("evaluate", "--checkpoint", d / "model.npz", "--src", d / "src.txt", "--ref", d / "ref.txt",
+              "--beam", 2, "--max-len-b", 3, "--json", "--quiet")
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert 0 <= res["bleu"] <= 100 and 0 <= res["chrf"] <= 100 and res["n"] == 7
+    assert res["bleu_signature"].startswith("nrefs:1|") and res["chrf_signature"].startswith("nrefs:1|")
+    text = run("evaluate", "--checkpoint", d / "model.npz", "--src", d / "src.txt", "--ref", d / "ref.txt",
+               "--beam", 1, "--max-len-b", 3, "--quiet")
+    assert text.returncode == 0 and "BLEU" in text.stdout and "chrF" in text.stdout
+
+
+def test_user_errors_are_one_line(setup):
+    d = setup
+    out = run("evaluate", "--checkpoint", d / "model.npz", "--src", d / "src.txt", "--ref", d / "short.txt")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "short.txt" in out.stderr
+    out = run("translate", "--checkpoint", d / "missing.npz", "--input", d / "src.txt")
+    assert out.returncode == 2 and "does not exist" in out.stderr and "Traceback" not in out.stderr
+    out = run("translate", "--checkpoint", d / "model.npz", "--input", d / "nope.txt")
+    assert out.returncode == 2 and "nope.txt" in out.stderr and "Traceback" not in out.stderr
