@@ -18,6 +18,11 @@ def _corpus(words, n=300, seed=0):
             for _ in range(n)]
 
 
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     path = tmp_path_factory.mktemp("tok") / "joint.model"
@@ -47,7 +52,7 @@ def test_round_trip(trained):
 def test_bytes_round_trip(trained, tmp_path):
     tok, path = trained
     data = tok.to_bytes()
-    assert isinstance(data, bytes) and data == open(path, "rb").read()
+    assert isinstance(data, bytes) and data == _read(path)
     again = Tokenizer.from_bytes(data)
     lines = ["der hund sieht die katze", "the red house"]
     assert again.encode(lines) == tok.encode(lines)

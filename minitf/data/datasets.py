@@ -158,18 +158,23 @@ def _expected(data_dir, corpus, src, tgt):
 
 
 def _fetch(spec, base_url, data_dir, corpus, src, tgt, progress):
-    """Download (and extract) what `corpus` needs into data_dir."""
+    """Download (and extract) what `corpus` needs into data_dir.
+
+    Returns the path of the downloaded archive (None for direct files)."""
     if corpus.archive is None:
         for templates in (corpus.src, corpus.tgt):
             rel = templates[0].format(src=src, tgt=tgt) + ".gz"
             if not find_file(data_dir, templates[0].format(src=src, tgt=tgt)):
                 _download(base_url + rel, os.path.join(data_dir, rel), progress=progress)
-        return
+        return None
     rel, md5 = spec["archives"][corpus.archive]
     archive = os.path.join(data_dir, os.path.basename(rel))
     _download(base_url + rel, archive, md5=md5, progress=progress)
-    extract(archive, data_dir)
-    os.unlink(archive)  # the extracted files are what is looked up next time
+    # both directions, so that the reverse pair needs no second download
+    wanted = [t.format(src=a, tgt=b) for t in corpus.src + corpus.tgt
+              for a, b in ((src, tgt), (tgt, src))]
+    extract(archive, data_dir, members=wanted)
+    return archive
 
 
 def _get(spec, base_url, data_dir, corpus, src, tgt, download, progress, required,
@@ -186,7 +191,7 @@ def _get(spec, base_url, data_dir, corpus, src, tgt, download, progress, require
                       f"); skipping it", stacklevel=3)
         return None
     try:
-        _fetch(spec, base_url, data_dir, corpus, src, tgt, progress)
+        archive = _fetch(spec, base_url, data_dir, corpus, src, tgt, progress)
     except DataError as e:
         if required or getattr(e, "http_status", None) != 404:
             raise
@@ -195,9 +200,11 @@ def _get(spec, base_url, data_dir, corpus, src, tgt, download, progress, require
         return None
     paths = _locate(data_dir, corpus, src, tgt)
     if paths is None:
-        raise DataError(f"{label}: downloaded, but {_expected(data_dir, corpus, src, tgt)}"
-                        f" are still missing; the archive layout changed, put the "
-                        f"files there by hand")
+        raise DataError(f"{label}: downloaded {archive or 'the files'}, but "
+                        f"{_expected(data_dir, corpus, src, tgt)} are still missing; "
+                        f"the archive layout changed, put the files there by hand")
+    if archive:
+        os.unlink(archive)  # the extracted files are what is looked up next time
     return paths
 
 

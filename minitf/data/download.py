@@ -44,7 +44,7 @@ def file_digest(path, algorithm="sha256"):
     return h.hexdigest()
 
 
-def _check_digests(path, url, sha256, md5):
+def _check_digests(path, sha256, md5):
     """None if `path` matches the given checksums, else (algo, expected, actual)."""
     for algo, expected in (("sha256", sha256), ("md5", md5)):
         if expected:
@@ -113,7 +113,7 @@ def download(url, dest_path, sha256=None, progress=True, retries=3, md5=None,
     """
     dest_path = os.fspath(dest_path)
     if os.path.isfile(dest_path):
-        if _check_digests(dest_path, url, sha256, md5) is None:
+        if _check_digests(dest_path, sha256, md5) is None:
             return dest_path
         os.unlink(dest_path)  # stale or corrupt: fetch again
     os.makedirs(os.path.dirname(os.path.abspath(dest_path)), exist_ok=True)
@@ -128,6 +128,7 @@ def download(url, dest_path, sha256=None, progress=True, retries=3, md5=None,
                 break
             last_error = "connection closed before the end of the file"
         except urllib.error.HTTPError as e:
+            e.close()  # release the connection the error response holds
             if e.code == 416 and os.path.exists(part):  # bad resume point: restart
                 os.unlink(part)
                 last_error = "HTTP 416 on resume"
@@ -151,7 +152,7 @@ def download(url, dest_path, sha256=None, progress=True, retries=3, md5=None,
         err.http_status = None
         raise err
 
-    mismatch = _check_digests(part, url, sha256, md5)
+    mismatch = _check_digests(part, sha256, md5)
     if mismatch is not None:
         algo, expected, actual = mismatch
         os.unlink(part)
@@ -184,12 +185,21 @@ def _write_stream(src, target):
     os.replace(tmp, target)
 
 
-def extract(archive, dest_dir):
+def _member_name(name):
+    while name.startswith("./"):
+        name = name[2:]
+    return name
+
+
+def extract(archive, dest_dir, members=None):
     """Unpack a .tar/.tgz/.tar.gz archive, or gunzip a single .gz file.
 
-    Tar members with absolute paths or ``..``, and links or device files, make it
-    raise DataError before anything is written. A .gz file becomes `dest_dir`/
-    name-without-.gz. Returns the list of extracted file paths.
+    `members`: optional collection of tar member names (relative paths) to
+    extract; the others are skipped (e.g. the languages of a multilingual
+    corpus that are not needed). Tar members with absolute paths or ``..``, and
+    selected links or device files, make it raise DataError before anything is
+    written. A .gz file becomes `dest_dir`/name-without-.gz. Returns the list of
+    extracted file paths.
     """
     archive = os.fspath(archive)
     if not os.path.isfile(archive):
@@ -200,14 +210,18 @@ def extract(archive, dest_dir):
     try:
         if tarfile.is_tarfile(archive):
             with tarfile.open(archive, "r:*") as tar:
-                members = tar.getmembers()
-                for m in members:  # check everything before writing anything
+                wanted = None if members is None else {_member_name(n) for n in members}
+                chosen = []
+                for m in tar.getmembers():  # check everything before writing
                     _safe_target(dest_dir, m.name, archive)
+                    if wanted is not None and _member_name(m.name) not in wanted:
+                        continue
+                    chosen.append(m)
                     if not (m.isfile() or m.isdir()):
                         raise DataError(f"{archive}: member {m.name!r} is a link or "
                                         f"special file; refusing to extract, delete "
                                         f"the archive")
-                for m in members:
+                for m in chosen:
                     target = _safe_target(dest_dir, m.name, archive)
                     if m.isdir():
                         os.makedirs(target, exist_ok=True)

@@ -1,0 +1,307 @@
+"""Downloader, extraction and prepare_dataset against a local HTTP server.
+
+Nothing here leaves 127.0.0.1: a ThreadingHTTPServer on port 0 serves in-memory
+files, honouring Range requests (or not), and can cut the first response short.
+"""
+
+import gzip
+import hashlib
+import io
+import os
+import socket
+import tarfile
+import threading
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from minitf.data import DATASETS, download, extract, prepare_dataset
+from minitf.errors import DataError
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    timeout = 5  # a stuck client cannot hold a server thread forever
+
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+    def do_GET(self):
+        srv = self.server
+        srv.requests.append((self.path, self.headers.get("Range")))
+        data = srv.files.get(self.path)
+        if data is None:
+            self.send_error(404)
+            return
+        start, status = 0, 200
+        rng = self.headers.get("Range")
+        if rng and srv.honour_range:
+            start = int(rng.split("=")[1].split("-")[0])
+            status = 206
+        self.send_response(status)
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        self.send_header("Content-Length", str(len(data) - start))
+        self.end_headers()
+        body = data[start:]
+        if srv.cut_after and self.path not in srv.cut_done:  # first time: cut short
+            srv.cut_done.add(self.path)
+            body = body[:srv.cut_after]
+            self.close_connection = True
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def server():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    srv.daemon_threads = True
+    srv.files, srv.requests, srv.cut_done = {}, [], set()
+    srv.honour_range, srv.cut_after = True, 0
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05},
+                              daemon=True)
+    thread.start()
+    srv.url = f"http://127.0.0.1:{srv.server_address[1]}"
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    thread.join(timeout=5)
+
+
+def _tgz(files):
+    """In-memory .tgz of {member name: text}."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode("utf-8")
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _sgm(lines):
+    segs = "".join(f'<seg id="{i}">{s}</seg>\n' for i, s in enumerate(lines, 1))
+    return f'<srcset setid="newstest2014">\n<doc docid="d1">\n{segs}</doc>\n</srcset>\n'
+
+
+def _unreachable_url():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now: connections are refused
+    return f"http://127.0.0.1:{port}/"
+
+
+PAYLOAD = os.urandom(50_000)
+PAYLOAD_SHA = hashlib.sha256(PAYLOAD).hexdigest()
+
+
+def _dl(server, tmp_path, **kw):
+    kw.setdefault("progress", False)
+    kw.setdefault("backoff", 0)
+    kw.setdefault("timeout", 5)
+    return download(server.url + "/blob.bin", tmp_path / "blob.bin", **kw)
+
+
+def test_plain_download_with_checksum(server, tmp_path):
+    server.files["/blob.bin"] = PAYLOAD
+    path = _dl(server, tmp_path, sha256=PAYLOAD_SHA)
+    assert _read(path) == PAYLOAD
+    n = len(server.requests)
+    _dl(server, tmp_path, sha256=PAYLOAD_SHA)        # present and valid: no request
+    assert len(server.requests) == n
+
+
+def test_checksum_mismatch_leaves_no_file(server, tmp_path):
+    server.files["/blob.bin"] = PAYLOAD
+    with pytest.raises(DataError) as e:
+        _dl(server, tmp_path, sha256="0" * 64)
+    msg = str(e.value)
+    assert "blob.bin" in msg and "0" * 64 in msg and PAYLOAD_SHA in msg
+    assert os.listdir(tmp_path) == []
+
+
+def test_interrupted_download_resumes_with_range(server, tmp_path):
+    server.files["/blob.bin"] = PAYLOAD
+    server.cut_after = 12_345
+    path = _dl(server, tmp_path, sha256=PAYLOAD_SHA)
+    assert hashlib.sha256(_read(path)).hexdigest() == PAYLOAD_SHA
+    assert server.requests == [("/blob.bin", None), ("/blob.bin", "bytes=12345-")]
+    assert not os.path.exists(str(path) + ".part")
+
+
+def test_existing_part_file_is_resumed(server, tmp_path):
+    server.files["/blob.bin"] = PAYLOAD
+    (tmp_path / "blob.bin.part").write_bytes(PAYLOAD[:777])
+    _dl(server, tmp_path, sha256=PAYLOAD_SHA)
+    assert server.requests == [("/blob.bin", "bytes=777-")]
+
+
+def test_server_ignoring_range_restarts(server, tmp_path):
+    server.files["/blob.bin"] = PAYLOAD
+    server.cut_after, server.honour_range = 20_000, False
+    path = _dl(server, tmp_path, sha256=PAYLOAD_SHA)
+    assert _read(path) == PAYLOAD
+    assert len(server.requests) == 2 and server.requests[1][1] == "bytes=20000-"
+
+
+def test_http_404_and_network_failure(server, tmp_path):
+    with pytest.raises(DataError, match="HTTP 404") as e:
+        _dl(server, tmp_path)
+    assert e.value.http_status == 404
+    url = _unreachable_url() + "x.tgz"
+    with pytest.raises(DataError) as e:
+        download(url, tmp_path / "x.tgz", progress=False, retries=1, backoff=0,
+                 timeout=5)
+    assert url in str(e.value) and "--data-dir" in str(e.value)
+    assert "internet" in str(e.value)
+
+
+def test_extract_tar_and_gz(tmp_path):
+    (tmp_path / "a.tgz").write_bytes(_tgz({"d/x.txt": "x\n", "y.txt": "y\n"}))
+    written = extract(tmp_path / "a.tgz", tmp_path / "out")
+    assert sorted(os.path.relpath(p, tmp_path / "out") for p in written) == \
+        [os.path.join("d", "x.txt"), "y.txt"]
+    assert (tmp_path / "out" / "d" / "x.txt").read_text() == "x\n"
+    (tmp_path / "z.en.gz").write_bytes(gzip.compress(b"zzz\n"))
+    extract(tmp_path / "z.en.gz", tmp_path / "out")
+    assert (tmp_path / "out" / "z.en").read_bytes() == b"zzz\n"
+
+
+@pytest.mark.parametrize("bad", ["../evil.txt", "/abs/evil.txt", "ok/../../evil.txt"])
+def test_extract_refuses_unsafe_members(tmp_path, bad):
+    (tmp_path / "bad.tgz").write_bytes(_tgz({"fine.txt": "f\n", bad: "evil\n"}))
+    with pytest.raises(DataError, match="unsafe member"):
+        extract(tmp_path / "bad.tgz", tmp_path / "out")
+    assert not (tmp_path / "evil.txt").exists()
+    assert not (tmp_path / "out" / "fine.txt").exists()  # checked before writing
+
+
+def _serve_wmt(server, monkeypatch):
+    """Tiny WMT14 archives in the real layout; returns the expected lines."""
+    en = [f"sentence {i} & more" for i in range(6)]
+    de = [f"Satz {i} & mehr" for i in range(6)]
+    t_en, t_de = ['He said "yes" & left', "a < b"], ['Er sagte "ja" & ging', "a < b"]
+    esc = lambda s: s.replace("&", "&amp;").replace("<", "&lt;").replace('"', "&quot;")
+    archives = {
+        "/wmt13/training-parallel-europarl-v7.tgz": {
+            "training/europarl-v7.de-en.en": "\n".join(en[:2]) + "\n",
+            "training/europarl-v7.de-en.de": "\n".join(de[:2]) + "\n"},
+        "/wmt13/training-parallel-commoncrawl.tgz": {
+            "commoncrawl.de-en.en": "\n".join(en[2:4]) + "\n",
+            "commoncrawl.de-en.de": "\n".join(de[2:4]) + "\n"},
+        "/wmt14/training-parallel-nc-v9.tgz": {
+            "training/news-commentary-v9.de-en.en": "\n".join(en[4:]) + "\n",
+            "training/news-commentary-v9.de-en.de": "\n".join(de[4:]) + "\n"},
+        "/wmt14/dev.tgz": {"dev/newstest2013.en": "dev en\n",
+                           "dev/newstest2013.de": "dev de\n"},
+        "/wmt14/test-full.tgz": {
+            f"test-full/newstest2014-deen-{kind}.{lang}.sgm":
+                _sgm([esc(s) for s in (t_en if lang == "en" else t_de)])
+            for kind in ("src", "ref") for lang in ("en", "de")},
+        "/wmt14/test-filtered.tgz": {
+            f"test/newstest2014-deen-{kind}.{lang}.sgm":
+                _sgm([esc(s) for s in (t_en if lang == "en" else t_de)[:1]])
+            for kind in ("src", "ref") for lang in ("en", "de")},
+    }
+    for path, files in archives.items():
+        server.files[path] = _tgz(files)
+    # the registry's md5 sums are those of the real files: use the fixtures' sums
+    table = DATASETS["wmt14"]["archives"]
+    for key, (rel, md5) in list(table.items()):
+        if md5:
+            monkeypatch.setitem(table, key, (
+                rel, hashlib.md5(server.files["/" + rel]).hexdigest()))
+    return en, de, t_en, t_de
+
+
+def test_prepare_wmt14_downloads_extracts_and_reads(server, tmp_path, monkeypatch):
+    en, de, t_en, t_de = _serve_wmt(server, monkeypatch)
+    monkeypatch.setenv("MINITF_WMT_BASE_URL", server.url + "/")
+    data = prepare_dataset("wmt14", tmp_path / "wmt", src="en", tgt="de",
+                           progress=False)
+    assert data["train"] == (en, de)
+    assert data["valid"] == (["dev en"], ["dev de"])
+    assert data["tests"]["newstest2014"] == (t_en, t_de)
+    assert data["tests"]["newstest2014-filtered"] == (t_en[:1], t_de[:1])
+    assert not [f for f in os.listdir(tmp_path / "wmt") if f.endswith((".tgz", ".part"))]
+
+    # reversed direction, from the extracted files: no more requests
+    n = len(server.requests)
+    rev = prepare_dataset("wmt14", tmp_path / "wmt", src="de", tgt="en",
+                          progress=False)
+    assert len(server.requests) == n
+    assert rev["train"] == (de, en) and rev["tests"]["newstest2014"] == (t_de, t_en)
+
+
+def test_prepare_wmt14_bad_archive_checksum(server, tmp_path, monkeypatch):
+    _serve_wmt(server, monkeypatch)
+    server.files["/wmt14/test-full.tgz"] += b"tampered"
+    with pytest.raises(DataError, match="checksum mismatch.*test-full.tgz"):
+        prepare_dataset("wmt14", tmp_path / "wmt", base_url=server.url,
+                        progress=False)
+    assert not (tmp_path / "wmt" / "test-full.tgz").exists()
+
+
+def _multi30k_folder(folder, langs=("en", "de"), stems=("train", "val",
+                                                         "test_2016_flickr")):
+    folder.mkdir(parents=True, exist_ok=True)
+    for stem in stems:
+        for lang in langs:
+            lines = [f"{stem} {lang} {i}" for i in range(3)]
+            (folder / f"{stem}.{lang}.gz").write_bytes(
+                gzip.compress(("\n".join(lines) + "\n").encode()))
+
+
+def test_prepare_multi30k_local_folder_needs_no_network(tmp_path, monkeypatch):
+    _multi30k_folder(tmp_path / "m30k", stems=("train", "val", "test_2016_flickr",
+                                               "test_2017_flickr", "test_2018_flickr"))
+    monkeypatch.setenv("MINITF_MULTI30K_BASE_URL", _unreachable_url())
+
+    def no_network(*a, **k):
+        raise AssertionError("network access attempted")
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    data = prepare_dataset("multi30k", tmp_path / "m30k", src="de", tgt="en",
+                           progress=False)
+    assert data["train"] == (["train de 0", "train de 1", "train de 2"],
+                             ["train en 0", "train en 1", "train en 2"])
+    assert data["valid"][0][0] == "val de 0"
+    assert sorted(data["tests"]) == ["test_2016_flickr", "test_2017_flickr",
+                                     "test_2018_flickr"]
+
+
+def test_prepare_multi30k_download_tolerates_missing_test(server, tmp_path):
+    src_dir = tmp_path / "served"
+    _multi30k_folder(src_dir, stems=("train", "val", "test_2016_flickr",
+                                     "test_2017_flickr"))
+    for p in src_dir.iterdir():
+        server.files["/raw/" + p.name] = p.read_bytes()
+    with pytest.warns(UserWarning, match="test_2018_flickr"):
+        data = prepare_dataset("multi30k", tmp_path / "m30k", "en", "de",
+                               progress=False, base_url=server.url + "/raw/")
+    assert sorted(data["tests"]) == ["test_2016_flickr", "test_2017_flickr"]
+    assert data["tests"]["test_2017_flickr"][1][2] == "test_2017_flickr de 2"
+    assert (tmp_path / "m30k" / "train.en.gz").is_file()
+
+
+def test_prepare_errors(tmp_path):
+    with pytest.raises(DataError, match="multi30k.*wmt14"):
+        prepare_dataset("wmt99", tmp_path)
+    with pytest.raises(DataError, match="en-de, de-en"):
+        prepare_dataset("wmt14", tmp_path, src="en", tgt="fr")
+    with pytest.raises(DataError) as e:
+        prepare_dataset("multi30k", tmp_path / "empty", download=False)
+    assert "train.en[.gz]" in str(e.value) and str(tmp_path / "empty") in str(e.value)
+
+
+def test_extract_selected_members_only(tmp_path):
+    (tmp_path / "multi.tgz").write_bytes(_tgz({"./training/c.de-en.de": "d\n",
+                                               "training/c.fr-en.fr": "f\n"}))
+    written = extract(tmp_path / "multi.tgz", tmp_path, members=["training/c.de-en.de"])
+    assert [os.path.basename(p) for p in written] == ["c.de-en.de"]
+    assert not (tmp_path / "training" / "c.fr-en.fr").exists()
