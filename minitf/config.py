@@ -75,4 +75,7 @@ PRESETS = {
                 warmup=4000, lr_factor=1.0, max_tokens=25000),
     "small": dict(d_model=256, n_heads=4, d_ff=1024, n_layers=3, dropout=0.1,
                   warmup=400, lr_factor=0.5, max_tokens=4096),
+    # for tests and smoke runs only
+    "tiny": dict(d_model=32, n_heads=2, d_ff=64, n_layers=1, dropout=0.1,
+                 warmup=10, lr_factor=1.0, max_tokens=512),
 }

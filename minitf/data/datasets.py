@@ -236,6 +236,7 @@ def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
         os.makedirs(data_dir, exist_ok=True)
     args = (spec, base_url, data_dir)
     result = {"tests": {}, "paths": {"tests": {}}, "data_dir": data_dir}
+    local_before = all(_locate(data_dir, c, src, tgt) for split in ("train", "valid") for c in spec[split])
     for split in ("train", "valid"):
         src_lines, tgt_lines, paths = [], [], []
         for corpus in spec[split]:
@@ -247,8 +248,10 @@ def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
             paths.append(p)
         result[split] = (src_lines, tgt_lines)
         result["paths"][split] = paths
+    # a folder that already held train and valid is the user's own copy: use the test sets
+    # it has and fetch nothing (e.g. a Multi30k folder with only test_2016_flickr)
     for test, corpus in spec["tests"].items():
-        p = _get(*args, corpus, src, tgt, download, progress, False, f"{name} {test}")
+        p = _get(*args, corpus, src, tgt, download and not local_before, progress, False, f"{name} {test}")
         if p is not None:
             result["tests"][test] = read_parallel(*p)
             result["paths"]["tests"][test] = p

@@ -1,0 +1,271 @@
+"""The training loop behind train_wmt.py: data -> tokenizer -> batches -> Adam with the
+paper's schedule (5.3) -> checkpoints -> averaged model -> beam search -> sacreBLEU (6.1).
+
+Resumable exactly: a checkpoint stores the parameters, Adam's moments and step, the data
+position (epoch, batch index), and the dropout stream position (model.forward_count), so
+`--resume` replays the same batches, masks and losses as a run that never stopped.
+"""
+import glob
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+from .backend import to_device
+from .checkpoint import atomic_write, average_checkpoints, load_checkpoint, save_checkpoint
+from .config import TransformerConfig
+from .errors import ConfigError, MinitfError
+from .model import Transformer
+from .optim import Adam
+from .schedule import NoamSchedule
+
+DATASET_DEFAULTS = {"wmt14": {"vocab_size": 37000, "max_ratio": 1.5},
+                    "multi30k": {"vocab_size": 8000, "max_ratio": None}}
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------ data
+def corpus_tag(lines_src, lines_tgt):
+    """A short fingerprint of a training corpus, so a cached tokenizer is never reused for other data."""
+    h = hashlib.sha1(f"{len(lines_src)}\n".encode())
+    for line in lines_src[:2000] + lines_tgt[:2000]:
+        h.update(line.encode())
+    return h.hexdigest()[:8]
+
+
+def load_data(args):
+    """Read the corpus, get the joint tokenizer, encode and clean the training pairs."""
+    from .data import clean_pairs, default_data_dir, get_or_train_tokenizer, prepare_dataset
+    data_dir = args.data_dir or default_data_dir(args.dataset)
+    data = prepare_dataset(args.dataset, data_dir, args.src, args.tgt, download=not args.offline,
+                           progress=not args.quiet)
+    # cached in minitf's cache folder (beside downloaded data), never in a folder the user points to
+    cache = default_data_dir(args.dataset)
+    vocab = args.vocab_size or DATASET_DEFAULTS[args.dataset]["vocab_size"]
+    pair = "-".join(sorted([args.src, args.tgt]))
+    log(f"tokenizer: joint SentencePiece BPE, {vocab} pieces, cached in {cache}")
+    tok = get_or_train_tokenizer(cache, f"{args.dataset}.{pair}.{corpus_tag(*data['train'])}", *data["train"], vocab)
+    src_ids, tgt_ids = tok.encode(data["train"][0]), tok.encode(data["train"][1])
+    kept, stats = clean_pairs(*data["train"], [len(s) for s in src_ids], [len(t) for t in tgt_ids],
+                              max_len=250, max_ratio=DATASET_DEFAULTS[args.dataset]["max_ratio"] or float("inf"))
+    log(f"train: {stats}")
+    train = ([src_ids[i] for i in kept], [tgt_ids[i] for i in kept])
+    return data, tok, train
+
+
+def to_batch(train, idx, tok, model):
+    from .data import collate
+    src, tgt_in, tgt_out = collate([train[0][i] for i in idx], [train[1][i] for i in idx],
+                                   tok.pad_id, tok.bos_id, tok.eos_id)
+    n_tokens = int((tgt_out != tok.pad_id).sum())
+    xp = model.xp
+    return to_device(src, xp), to_device(tgt_in, xp), to_device(tgt_out, xp), n_tokens
+
+
+# ------------------------------------------------------------------------------ checkpoints
+def checkpoint_paths(out):
+    return sorted(glob.glob(os.path.join(out, "checkpoint_*.npz")))
+
+
+def save(out, step, model, opt, tok, state, keep_last):
+    path = os.path.join(out, f"checkpoint_{step:07d}.npz")
+    save_checkpoint(path, model, opt, tokenizer=tok.to_bytes(), train_state=state)
+    for old in checkpoint_paths(out)[:-keep_last]:
+        os.unlink(old)
+    return path
+
+
+def build_config(args, vocab_size):
+    over = {k: getattr(args, k) for k in ("dropout", "label_smoothing", "warmup", "lr_factor", "max_tokens")
+            if getattr(args, k, None) is not None}
+    return TransformerConfig.preset(args.preset, vocab_size=vocab_size, **over)
+
+
+# ------------------------------------------------------------------------------ the loop
+def evaluate_loss(model, batches):
+    """Teacher-forced loss and per-token NLL over (src, tgt_in, tgt_out) batches, eval mode."""
+    model.eval()
+    tot_loss = tot_nll = tot_n = 0.0
+    for src, tgt_in, tgt_out, n in batches:
+        loss = model.forward_loss(src, tgt_in, tgt_out)
+        tot_loss += float(loss) * n
+        tot_nll += float(model.last_stats["nll_sum"])
+        tot_n += n
+    model.train()
+    return tot_loss / max(tot_n, 1), tot_nll / max(tot_n, 1)
+
+
+def train(args):
+    from tqdm import tqdm
+
+    from .data import iterate_batches, token_batches
+    os.makedirs(args.out, exist_ok=True)
+    data, tok, train_pairs = load_data(args)
+    ckpts = checkpoint_paths(args.out)
+    resume = None
+    if args.resume and ckpts:
+        resume = load_checkpoint(ckpts[-1])
+        cfg = resume.config
+        log(f"resuming from {ckpts[-1]} (step {resume.train_state['step']})")
+    else:
+        if ckpts and not args.resume:
+            raise ConfigError(f"--out {args.out} already holds checkpoints: pass --resume to continue, "
+                              f"or choose another --out")
+        cfg = build_config(args, tok.vocab_size)
+    if cfg.vocab_size != tok.vocab_size:
+        raise ConfigError(f"the checkpoint's vocabulary ({cfg.vocab_size}) != the tokenizer's ({tok.vocab_size})")
+    model = Transformer(cfg, device=args.device, dtype="float32", seed=args.seed)
+    opt = Adam(model, lr=NoamSchedule(cfg.d_model, cfg.warmup, cfg.lr_factor))
+    state = {"step": 0, "epoch": 0, "batch": 0, "forward_count": 0, "train_wall_s": 0.0,
+             "train_tokens": 0, "nonfinite": 0}
+    if resume is not None:
+        model.load_state_dict(resume.params)
+        opt.load_state_dict(resume.optimizer)
+        state.update(resume.train_state)
+        model.forward_count = state["forward_count"]
+    cfg_path = os.path.join(args.out, "config.json")
+    atomic_write(cfg_path, lambda f: f.write(json.dumps({"model": cfg.to_dict(), "args": vars(args)}, indent=2).encode()))
+    log(f"model: {model.num_parameters():,} parameters, preset {args.preset}, device {args.device}")
+
+    src_lens = np.array([len(s) for s in train_pairs[0]])   # token_batches adds the EOS / BOS itself
+    tgt_lens = np.array([len(t) for t in train_pairs[1]])
+    max_tokens = cfg.max_tokens
+    batches = iterate_batches(src_lens, tgt_lens, max_tokens, args.seed, state["epoch"], state["batch"])
+    epoch_len = len(token_batches(src_lens, tgt_lens, max_tokens, args.seed, 0))
+    log(f"train: {len(src_lens):,} pairs in {epoch_len:,} batches of <= {max_tokens} tokens per side")
+    valid = _valid_batches(data["valid"], tok, model, max_tokens)
+    log_path = os.path.join(args.out, "train_log.jsonl")
+    logf = open(log_path, "a")
+
+    def write_log(rec):
+        logf.write(json.dumps(rec) + "\n")
+        logf.flush()
+
+    interrupted = []
+    prev_handler = signal.signal(signal.SIGTERM, lambda *a: interrupted.append("SIGTERM"))
+    start_wall = time.time() - state["train_wall_s"]
+    bar = tqdm(initial=state["step"], total=args.max_steps, desc="train", file=sys.stderr,
+               disable=args.quiet, dynamic_ncols=True)
+    window = {"loss": 0.0, "nll": 0.0, "n": 0, "t0": time.time(), "tokens": 0}
+    stop_reason = "max_steps"
+    model.train()
+    try:
+        while True:
+            if args.max_steps and state["step"] >= args.max_steps:
+                break
+            if args.time_budget and time.time() - start_wall >= args.time_budget:
+                stop_reason = "time_budget"
+                break
+            if interrupted:
+                raise KeyboardInterrupt
+            micro = []
+            for _ in range(args.update_freq):
+                epoch, index, idx = next(batches)
+                micro.append((epoch, index, to_batch(train_pairs, idx, tok, model)))
+            total = sum(b[3] for _, _, b in micro)
+            model.zero_grad()
+            loss_sum = nll_sum = 0.0
+            for _, _, (src, tgt_in, tgt_out, n) in micro:
+                loss = float(model.forward_loss(src, tgt_in, tgt_out))
+                model.backward(grad_scale=n / total)
+                loss_sum += loss * n
+                nll_sum += float(model.last_stats["nll_sum"])
+            state["forward_count"] = model.forward_count
+            state["epoch"], state["batch"] = micro[-1][0], micro[-1][1] + 1
+            finite = np.isfinite(loss_sum) and bool(model.xp.isfinite(model.flat_grads).all())
+            if not finite:
+                state["nonfinite"] += 1
+                write_log({"step": state["step"], "event": "nonfinite_loss_skipped", "count": state["nonfinite"]})
+                if state["nonfinite"] >= args.max_nonfinite:
+                    raise MinitfError(f"{state['nonfinite']} non-finite losses in a row at step {state['step']}: "
+                                      f"lower --lr-factor or raise --warmup, then --resume")
+                continue
+            state["nonfinite"] = 0
+            lr = opt.step()
+            state["step"] += 1
+            state["train_tokens"] += total
+            window["loss"] += loss_sum
+            window["nll"] += nll_sum
+            window["n"] += total
+            bar.update(1)
+            if state["step"] % args.log_every == 0:
+                dt = time.time() - window["t0"]
+                rec = {"step": state["step"], "epoch": round(state["epoch"] + state["batch"] / epoch_len, 3),
+                       "loss": round(window["loss"] / window["n"], 4), "nll": round(window["nll"] / window["n"], 4),
+                       "ppl": round(float(np.exp(min(window["nll"] / window["n"], 50))), 2), "lr": lr,
+                       "tokens_per_s": round(window["n"] / dt, 1), "wall_s": round(time.time() - start_wall, 1)}
+                write_log(rec)
+                bar.set_postfix(loss=rec["loss"], ppl=rec["ppl"], lr=f"{lr:.2e}", tok_s=int(rec["tokens_per_s"]))
+                window = {"loss": 0.0, "nll": 0.0, "n": 0, "t0": time.time()}
+            if args.valid_every and state["step"] % args.valid_every == 0:
+                vl, vnll = evaluate_loss(model, valid)
+                write_log({"step": state["step"], "valid_loss": round(vl, 4), "valid_nll": round(vnll, 4),
+                           "valid_ppl": round(float(np.exp(min(vnll, 50))), 2)})
+            if state["step"] % args.save_every == 0:
+                state["train_wall_s"] = time.time() - start_wall
+                save(args.out, state["step"], model, opt, tok, state, args.keep_last)
+    except KeyboardInterrupt:
+        bar.close()
+        state["train_wall_s"] = time.time() - start_wall
+        path = save(args.out, state["step"], model, opt, tok, state, args.keep_last)
+        logf.close()
+        signal.signal(signal.SIGTERM, prev_handler)
+        log(f"interrupted at step {state['step']}: saved {path}; continue with --resume")
+        return None
+    bar.close()
+    signal.signal(signal.SIGTERM, prev_handler)
+    state["train_wall_s"] = time.time() - start_wall
+    if not checkpoint_paths(args.out) or not checkpoint_paths(args.out)[-1].endswith(f"{state['step']:07d}.npz"):
+        save(args.out, state["step"], model, opt, tok, state, args.keep_last)
+    log(f"training stopped ({stop_reason}) at step {state['step']} after {state['train_wall_s']:.0f}s")
+    state["epochs"] = round(state["epoch"] + state["batch"] / epoch_len, 3)
+    results = finish(args, model, tok, data, state, valid, write_log)
+    logf.close()
+    return results
+
+
+def _valid_batches(valid, tok, model, max_tokens):
+    from .data import token_batches
+    src_ids, tgt_ids = tok.encode(valid[0]), tok.encode(valid[1])
+    pairs = (src_ids, tgt_ids)
+    idxs = token_batches(np.array([len(s) for s in src_ids]), np.array([len(t) for t in tgt_ids]),
+                         max_tokens, seed=0, epoch=0, shuffle=False)
+    return [to_batch(pairs, idx, tok, model) for idx in idxs]
+
+
+def finish(args, model, tok, data, state, valid, write_log):
+    """Average the last checkpoints, translate valid + test sets with beam search, score them."""
+    from .translate import score, translate_lines
+    ckpts = checkpoint_paths(args.out)[-args.average_last:]
+    avg_path = os.path.join(args.out, "averaged.npz")
+    average_checkpoints(ckpts, avg_path)
+    model.load_state_dict(load_checkpoint(avg_path).params)
+    model.eval()
+    log(f"averaged {len(ckpts)} checkpoints -> {avg_path}")
+    vl, vnll = evaluate_loss(model, valid)
+    model.eval()
+    results = {"steps": state["step"], "epochs": state["epochs"], "train_wall_s": round(state["train_wall_s"], 1),
+               "train_tokens_per_s": round(state["train_tokens"] / max(state["train_wall_s"], 1e-9), 1),
+               "averaged_checkpoints": [os.path.basename(c) for c in ckpts], "valid_loss": round(vl, 4),
+               "valid_ppl": round(float(np.exp(min(vnll, 50))), 2), "beam": args.beam, "alpha": args.alpha,
+               "bleu": {}, "chrf": {}, "sacrebleu_signature": None, "chrf_signature": None}
+    sets = {"valid": data["valid"], **data["tests"]}
+    for name, (src, ref) in sets.items():
+        t0 = time.time()
+        hyps = translate_lines(model, tok, src, args.beam, args.alpha, args.decode_batch, progress=not args.quiet)
+        s = score(hyps, ref)
+        atomic_write(os.path.join(args.out, f"{name}.hyp.{args.tgt}"), lambda f: f.write("".join(h + "\n" for h in hyps).encode()))
+        results["bleu"][name], results["chrf"][name] = s["bleu"], s["chrf"]
+        results["sacrebleu_signature"], results["chrf_signature"] = s["bleu_signature"], s["chrf_signature"]
+        write_log({"step": state["step"], "eval": name, "bleu": s["bleu"], "chrf": s["chrf"],
+                   "decode_s": round(time.time() - t0, 1)})
+        log(f"{name}: BLEU {s['bleu']} chrF {s['chrf']} ({len(src)} sentences, {time.time() - t0:.0f}s)")
+    atomic_write(os.path.join(args.out, "results.json"), lambda f: f.write(json.dumps(results, indent=2).encode()))
+    return results

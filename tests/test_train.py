@@ -1,0 +1,96 @@
+"""train_wmt.py end to end on a tiny corpus made here: results.json, exact resume, errors."""
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from minitf.checkpoint import load_checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EN = "a the man woman dog cat sees eats red big small house runs".split()
+DE = "ein der mann frau hund katze sieht isst rot gross klein haus rennt".split()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A Multi30k-shaped folder: word-by-word 'translations' so there is something to learn."""
+    d = tmp_path_factory.mktemp("m30k")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 400), ("val", 30), ("test_2016_flickr", 20)):
+        idx = [rng.integers(0, len(EN), size=rng.integers(2, 7)) for _ in range(n)]
+        for lang, words in (("en", EN), ("de", DE)):
+            with gzip.open(d / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
+                f.write("".join(" ".join(words[i] for i in row) + "\n" for row in idx))
+    return d
+
+
+def run_train(corpus, out, *extra, cache=None):
+    env = dict(os.environ, MINITF_CACHE=str(cache or out.parent / "cache"), PYTHONHASHSEED="0")
+    cmd = [sys.executable, os.path.join(ROOT, "train_wmt.py"), "--dataset", "multi30k", "--data-dir", str(corpus),
+           "--preset", "tiny", "--vocab-size", "60", "--device", "cpu", "--out", str(out), "--quiet",
+           "--log-every", "1", "--beam", "2", "--decode-batch", "50", *map(str, extra)]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+
+
+def losses(out):
+    with open(out / "train_log.jsonl") as f:
+        return {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
+
+
+def test_end_to_end_writes_results(corpus, tmp_path):
+    out = tmp_path / "run"
+    r = run_train(corpus, out, "--max-steps", 30, "--save-every", 10, "--valid-every", 10)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["steps"] == 30 and res["epochs"] > 0 and res["train_wall_s"] > 0 and res["train_tokens_per_s"] > 0
+    assert set(res["bleu"]) == {"valid", "test_2016_flickr"} and set(res["chrf"]) == set(res["bleu"])
+    assert all(0 <= b <= 100 for b in res["bleu"].values())
+    assert res["sacrebleu_signature"].startswith("nrefs:1|")
+    assert len(res["averaged_checkpoints"]) == 3
+    assert len((out / "test_2016_flickr.hyp.de").read_text().splitlines()) == 20
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    train_lines = [r for r in log if "loss" in r]
+    assert {"step", "epoch", "loss", "nll", "lr", "tokens_per_s", "wall_s"} <= set(train_lines[0])
+    assert any("valid_loss" in r for r in log) and any(r.get("eval") == "valid" for r in log)
+    assert train_lines[-1]["loss"] < train_lines[0]["loss"]
+
+
+def test_resume_is_exact(corpus, tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    cache = tmp_path / "cache"
+    args = ("--save-every", 4, "--valid-every", 0, "--keep-last", 5, "--average-last", 1)
+    r = run_train(corpus, straight, "--max-steps", 12, *args, cache=cache)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_train(corpus, split, "--max-steps", 8, *args, cache=cache)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_train(corpus, split, "--max-steps", 12, "--resume", *args, cache=cache)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = losses(straight), losses(split)
+    assert sorted(a) == list(range(1, 13))
+    assert [a[s] for s in range(9, 13)] == [b[s] for s in range(9, 13)]
+    pa = load_checkpoint(straight / "checkpoint_0000012.npz")
+    pb = load_checkpoint(split / "checkpoint_0000012.npz")
+    for name in pa.params:
+        np.testing.assert_array_equal(pa.params[name], pb.params[name])
+    assert pa.train_state["forward_count"] == pb.train_state["forward_count"] == 12
+
+
+def test_existing_out_without_resume_and_bad_data_are_one_line_errors(corpus, tmp_path):
+    out = tmp_path / "run"
+    assert run_train(corpus, out, "--max-steps", 2, "--save-every", 1, "--average-last", 1).returncode == 0
+    r = run_train(corpus, out, "--max-steps", 2)
+    assert r.returncode == 2 and "--resume" in r.stderr and "Traceback" not in r.stderr
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for name in os.listdir(corpus):
+        (bad / name).write_bytes((corpus / name).read_bytes())
+    with gzip.open(bad / "train.de.gz", "wt") as f:
+        f.write("nur eine zeile\n")
+    r = run_train(bad, tmp_path / "run2", "--max-steps", 2)
+    assert r.returncode == 2 and "train.de" in r.stderr and "Traceback" not in r.stderr
+    r = run_train(tmp_path / "nowhere", tmp_path / "run3", "--max-steps", 2, "--offline")
+    assert r.returncode == 2 and "nowhere" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,74 @@
+#!/usr/bin/env python
+"""Train the Transformer of "Attention Is All You Need" and report sacreBLEU.
+
+The paper's base model on WMT14 English->German (downloads the data, ~4.5M pairs):
+    python train_wmt.py --device gpu
+The small preset on Multi30k on a laptop CPU, offline, from a folder that holds the files:
+    python train_wmt.py --dataset multi30k --data-dir ../shared/data/multi30k --preset small \\
+        --device cpu --time-budget 1800 --out runs/m30k
+Continue an interrupted run (Ctrl-C saves a checkpoint) exactly where it stopped:
+    python train_wmt.py ... --out runs/m30k --resume
+Writes OUT/train_log.jsonl, OUT/checkpoint_*.npz (last K kept), OUT/averaged.npz,
+OUT/<testset>.hyp.<tgt> and OUT/results.json.
+"""
+import argparse
+import sys
+
+from minitf.config import PRESETS
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default="wmt14", choices=["wmt14", "multi30k"])
+    p.add_argument("--data-dir", help="folder with the corpus files (plain or .gz); default ~/.cache/minitf/<dataset>")
+    p.add_argument("--offline", action="store_true", help="never download: fail if files are missing")
+    p.add_argument("--src", default="en")
+    p.add_argument("--tgt", default="de")
+    p.add_argument("--vocab-size", type=int, help="joint BPE pieces (default: wmt14 37000, multi30k 8000)")
+    p.add_argument("--preset", default="base", choices=sorted(PRESETS))
+    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    p.add_argument("--out", default="runs/train", help="output folder")
+    p.add_argument("--max-steps", type=int, default=100_000, help="updates (paper base: 100k); 0 = no limit")
+    p.add_argument("--time-budget", type=float, help="stop training after this many seconds")
+    p.add_argument("--max-tokens", type=int, help="tokens per batch and side (default from the preset)")
+    p.add_argument("--update-freq", type=int, default=1, help="batches accumulated per update")
+    p.add_argument("--warmup", type=int, help="warmup steps (paper: 4000; default from the preset)")
+    p.add_argument("--lr-factor", type=float, help="multiplies the paper's learning rate (default from the preset)")
+    p.add_argument("--dropout", type=float, help="override the preset's dropout")
+    p.add_argument("--label-smoothing", type=float, help="override eps_ls (paper: 0.1)")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--log-every", type=int, default=50, help="steps between train_log.jsonl lines")
+    p.add_argument("--valid-every", type=int, default=500, help="steps between validation losses (0 = never)")
+    p.add_argument("--save-every", type=int, default=1000, help="steps between checkpoints")
+    p.add_argument("--keep-last", type=int, default=5, help="checkpoints kept")
+    p.add_argument("--average-last", type=int, default=5, help="checkpoints averaged at the end (paper: 5)")
+    p.add_argument("--beam", type=int, default=4, help="beam size for the final evaluation (paper: 4)")
+    p.add_argument("--alpha", type=float, default=0.6, help="length penalty (paper: 0.6)")
+    p.add_argument("--decode-batch", type=int, default=100, help="sentences decoded together")
+    p.add_argument("--max-nonfinite", type=int, default=5, help="stop after this many non-finite losses in a row")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    for name in ("max_tokens", "update_freq", "warmup", "save_every", "keep_last", "average_last", "beam", "log_every"):
+        v = getattr(args, name)
+        if v is not None and v <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive, got {v}")
+    if args.average_last > args.keep_last:
+        p.error(f"--average-last {args.average_last} > --keep-last {args.keep_last}: keep at least as many as you average")
+    return args
+
+
+def main(argv=None):
+    from minitf.errors import MinitfError
+    from minitf.train import train
+    args = parse_args(argv)
+    try:
+        train(args)
+    except MinitfError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
