@@ -1,0 +1,354 @@
+"""Training-step throughput of minitf (optionally against the same model in eager PyTorch).
+
+    python bench/train_step.py --preset small --device cpu --vs-torch
+    python bench/train_step.py --preset base --device cpu --vs-torch --batch-sentences 32
+
+One fixed random batch WITH padding (lengths uniform in [len/2, len]); a step is
+zero_grad + forward_loss + backward + Adam step. Reported: median target (non-pad) tokens/s
+over --rounds timed rounds (after --warmup-rounds), minitf and torch rounds ALTERNATING in
+the same run; model FLOP utilisation against the device's measured float32 matmul peak;
+peak memory. PyTorch is only needed for --vs-torch.
+
+FLOPs per step (counted analytically on the PADDED shapes both implementations compute on):
+every matmul parameter used once per position costs 2 FLOPs forward and 4 backward, so
+6 * (matmul params touched per position) * positions; attention adds q k^T and p v, each
+2 * H*d_k * T_q * T_k forward, x3 for forward + backward. Biases, LayerNorm, softmax,
+embedding lookups and Adam are not counted.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import minitf  # noqa: E402
+from minitf.backend import get_xp, synchronize, to_numpy  # noqa: E402
+from minitf.errors import ConfigError  # noqa: E402
+
+
+# ----------------------------------------------------------------------------- batch and FLOPs
+def make_batch(cfg, b, s, t, seed=0):
+    """src [b, s], tgt_in / tgt_out [b, t]: BOS + random tokens + EOS, trailing pad; each
+    sentence's length is uniform in [len/2, len] (tokens counted with the EOS)."""
+    rng = np.random.default_rng(seed)
+    first = 4 if cfg.vocab_size > 4 else 1  # skip pad/unk/bos/eos ids
+    src = np.full((b, s), cfg.pad_id, dtype=np.int64)
+    tgt = np.full((b, t + 1), cfg.pad_id, dtype=np.int64)
+    for i in range(b):
+        ls, lt = rng.integers(max(s // 2, 1), s + 1), rng.integers(max(t // 2, 1), t + 1)
+        src[i, :ls] = rng.integers(first, cfg.vocab_size, ls)
+        src[i, ls - 1] = cfg.eos_id
+        tgt[i, 0] = cfg.bos_id
+        tgt[i, 1:lt + 1] = rng.integers(first, cfg.vocab_size, lt)
+        tgt[i, lt] = cfg.eos_id
+    return src, tgt[:, :-1], tgt[:, 1:]
+
+
+def step_flops(cfg, b, s, t):
+    """(total, dense, attention) FLOPs of one training step on a [b, s] -> [b, t] batch."""
+    d, f, n, v, hk = cfg.d_model, cfg.d_ff, cfg.n_layers, cfg.vocab_size, cfg.n_heads * cfg.d_k
+    enc_per_src_pos = n * (4 * d * hk + 2 * d * f)                    # q k v out, fc1 fc2
+    cross_kv_per_src_pos = n * 2 * d * hk                            # decoder cross-attn k, v on memory
+    dec_per_tgt_pos = n * (4 * d * hk + 2 * d * hk + 2 * d * f) + d * v  # self q k v out, cross q out, ffn; logits
+    dense = 6 * (b * s * (enc_per_src_pos + cross_kv_per_src_pos) + b * t * dec_per_tgt_pos)
+    attention = 3 * 4 * hk * b * n * (s * s + t * t + t * s)          # enc self, dec self, dec cross
+    return dense + attention, dense, attention
+
+
+# ----------------------------------------------------------------------------- machine
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def blas_name():
+    try:
+        cfg = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{cfg.get('name')} {cfg.get('version')}"
+    except Exception:
+        return "unknown"
+
+
+def matmul_peak(xp, n=2048, repeats=5):
+    """Best-of float32 n^3 matmul rate (FLOP/s) on the device of xp."""
+    a = xp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype=xp.float32)
+    c = a @ a
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize(xp)
+        t0 = time.perf_counter()
+        c = a @ a
+        synchronize(xp)
+        best = min(best, time.perf_counter() - t0)
+    del c
+    return 2 * n ** 3 / best
+
+
+def torch_matmul_peak(torch, device, n=2048, repeats=5):
+    a = torch.randn(n, n, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    c = a @ a
+    best = float("inf")
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        c = a @ a
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    del c
+    return 2 * n ** 3 / best
+
+
+def rss_peak_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # ru_maxrss is KiB on Linux
+
+
+# ----------------------------------------------------------------------------- the two contenders
+class MinitfRunner:
+    name = "minitf"
+
+    def __init__(self, cfg, device, batch, lr, fp16):
+        self.xp = get_xp(device)
+        self.dtype = "float32"
+        if fp16:
+            try:
+                self.model = minitf.Transformer(cfg, device=device, dtype="float16", seed=0)
+                self.dtype = "float16"
+            except ConfigError:
+                self.model = None
+        if self.dtype == "float32":
+            self.model = minitf.Transformer(cfg, device=device, dtype="float32", seed=0)
+        self.model.train()
+        self.opt = minitf.Adam(self.model, lr=lr)
+        self.batch = [self.xp.asarray(a) for a in batch]
+
+    def step(self):
+        m = self.model
+        m.zero_grad()
+        loss = m.forward_loss(*self.batch)
+        m.backward()
+        self.opt.step()
+        return loss
+
+    def sync(self):
+        synchronize(self.xp)
+
+
+class TorchRunner:
+    name = "torch"
+
+    def __init__(self, cfg, device, batch, lr, fp16, state_dict):
+        import torch
+        from bench.torch_model import as_ids, from_minitf_state
+        self.torch = torch
+        self.device = "cuda" if device == "gpu" else "cpu"
+        self.model = from_minitf_state(state_dict, cfg, dtype="float32", device=self.device, autocast_fp16=fp16)
+        self.model.train()
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9)
+        self.scaler = torch.amp.GradScaler(self.device, enabled=fp16 and self.device == "cuda")
+        self.batch = [as_ids(a, self.device) for a in batch]
+
+    def step(self):
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.model.loss(*self.batch)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        return loss.detach()
+
+    def sync(self):
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+
+def timed_round(runner, steps):
+    runner.sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        loss = runner.step()
+    runner.sync()
+    return time.perf_counter() - t0, float(loss)
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="small", choices=sorted(minitf.PRESETS))
+    ap.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    ap.add_argument("--fp16", action="store_true", help="torch under autocast float16 (+GradScaler on GPU); "
+                    "minitf in float16 only if it supports that dtype, else float32")
+    ap.add_argument("--vs-torch", action="store_true")
+    ap.add_argument("--batch-sentences", type=int, default=64)
+    ap.add_argument("--src-len", type=int, default=24)
+    ap.add_argument("--tgt-len", type=int, default=24)
+    ap.add_argument("--vocab", type=int, default=8000)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--warmup-rounds", type=int, default=2)
+    ap.add_argument("--steps-per-round", type=int, default=1)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--json", metavar="OUT")
+    ap.add_argument("--profile", action="store_true",
+                    help="instead of timing, run minitf's steps under cProfile and print the top functions")
+    args = ap.parse_args(argv)
+
+    cfg = minitf.TransformerConfig.preset(args.preset, vocab_size=args.vocab)
+    batch = make_batch(cfg, args.batch_sentences, args.src_len, args.tgt_len)
+    src, tgt_in, tgt_out = batch
+    tgt_tokens = int((tgt_out != cfg.pad_id).sum())
+    src_tokens = int((src != cfg.pad_id).sum())
+    flops, dense_flops, attn_flops = step_flops(cfg, *src.shape, tgt_in.shape[1])
+    xp = get_xp(args.device)
+
+    info = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+                    "blas_threads_env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                                    "MKL_NUM_THREADS") if k in os.environ},
+                    "python": platform.python_version(), "numpy": np.__version__, "numpy_blas": blas_name()},
+        "args": vars(args),
+        "config": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "d_k", "d_ff", "n_layers", "vocab_size",
+                                                "dropout", "label_smoothing", "positional")},
+        "batch": {"sentences": src.shape[0], "src_len": src.shape[1], "tgt_len": tgt_in.shape[1],
+                  "src_tokens": src_tokens, "tgt_tokens": tgt_tokens,
+                  "padded_positions": int(src.size + tgt_in.size)},
+        "flops_per_step": {"total": flops, "dense": dense_flops, "attention": attn_flops},
+    }
+    if args.device == "gpu":
+        import cupy
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+        info["machine"]["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        info["machine"]["cupy"] = cupy.__version__
+
+    peaks = {"numpy" if args.device == "cpu" else "cupy": matmul_peak(xp)}
+    if args.device == "gpu":
+        import cupy
+        cupy.get_default_memory_pool().free_all_blocks()  # so the pool's size below is minitf's high-water mark
+    rss_start = rss_peak_mib()
+
+    runners = [MinitfRunner(cfg, args.device, batch, args.lr, args.fp16)]
+    if args.profile:
+        return profile(runners[0], args)
+    info["minitf_dtype"] = runners[0].dtype
+    info["minitf_params"] = runners[0].model.num_parameters()
+    for _ in range(args.warmup_rounds):
+        timed_round(runners[0], args.steps_per_round)
+    rss_minitf = rss_peak_mib()  # before torch is even imported: minitf's own high-water mark
+
+    if args.vs_torch:
+        import torch
+        info["machine"]["torch"] = torch.__version__
+        info["machine"]["torch_threads"] = torch.get_num_threads()
+        peaks["torch"] = torch_matmul_peak(torch, "cuda" if args.device == "gpu" else "cpu")
+        if args.device == "gpu":
+            torch.cuda.reset_peak_memory_stats()
+        state = {n: to_numpy(a).copy() for n, a in runners[0].model.state_dict().items()}
+        runners.append(TorchRunner(cfg, args.device, batch, args.lr, args.fp16, state))
+        for _ in range(args.warmup_rounds):
+            timed_round(runners[1], args.steps_per_round)
+    peak = max(peaks.values())
+    info["matmul_peak_flops"] = peaks
+
+    times = {r.name: [] for r in runners}
+    losses = {r.name: [] for r in runners}
+    for _ in range(args.rounds):  # alternate: minitf round, torch round, minitf round, ...
+        for r in runners:
+            dt, loss = timed_round(r, args.steps_per_round)
+            times[r.name].append(dt / args.steps_per_round)
+            losses[r.name].append(loss)
+
+    results = {}
+    for r in runners:
+        med = statistics.median(times[r.name])
+        results[r.name] = {"step_s_median": med, "step_s_all": times[r.name],
+                           "tgt_tokens_per_s": tgt_tokens / med, "mfu": flops / med / peak,
+                           "achieved_flops": flops / med, "last_loss": losses[r.name][-1]}
+
+    # memory
+    if args.device == "cpu":
+        tracemalloc.start()  # NumPy reports its array allocations to tracemalloc
+        runners[0].step()
+        results["minitf"]["numpy_step_peak_mib"] = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+        results["minitf"]["rss_peak_mib"] = rss_minitf
+        info["rss_before_models_mib"] = rss_start
+        if args.vs_torch:
+            results["torch"]["process_rss_peak_mib"] = rss_peak_mib()
+    else:
+        import cupy
+        results["minitf"]["gpu_pool_peak_mib"] = cupy.get_default_memory_pool().total_bytes() / 2**20
+        if args.vs_torch:
+            results["torch"]["gpu_max_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    if args.vs_torch:
+        results["ratio_minitf_over_torch"] = (results["minitf"]["tgt_tokens_per_s"]
+                                              / results["torch"]["tgt_tokens_per_s"])
+    info["results"] = results
+    report(info)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(info, fh, indent=2)
+    return info
+
+
+def profile(runner, args, top=30):
+    import cProfile
+    import pstats
+    for _ in range(args.warmup_rounds):
+        timed_round(runner, args.steps_per_round)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(args.rounds):
+        timed_round(runner, args.steps_per_round)
+    prof.disable()
+    for key in ("tottime", "cumulative"):
+        print(f"=== minitf, {args.rounds * args.steps_per_round} steps, sorted by {key}")
+        pstats.Stats(prof).sort_stats(key).print_stats(top)
+
+
+def report(info):
+    m, b, res = info["machine"], info["batch"], info["results"]
+    print(f"date {info['date']}  python {m['python']}  numpy {m['numpy']} ({m['numpy_blas']})"
+          + (f"  torch {m['torch']} ({m['torch_threads']} threads)" if "torch" in m else "")
+          + (f"  cupy {m['cupy']}  gpu {m['gpu']}" if "gpu" in m else ""))
+    print(f"cpu {m['cpu']}: {m['cpu_count']} logical cores, {m['affinity']} usable; "
+          f"thread env {m['blas_threads_env'] or 'unset (libraries use all cores)'}")
+    c, a = info["config"], info["args"]
+    print(f"preset {a['preset']} on {a['device']}: D={c['d_model']} H={c['n_heads']} d_k={c['d_k']} F={c['d_ff']} "
+          f"N={c['n_layers']} V={c['vocab_size']} dropout={c['dropout']}; minitf {info['minitf_params']:,} params "
+          f"({info['minitf_dtype']})")
+    print(f"batch {b['sentences']} x src {b['src_len']} / tgt {b['tgt_len']}: {b['src_tokens']} src + "
+          f"{b['tgt_tokens']} tgt non-pad tokens; {a['rounds']} rounds x {a['steps_per_round']} step(s) "
+          f"after {a['warmup_rounds']} warm-up rounds")
+    f = info["flops_per_step"]
+    peaks = ", ".join(f"{k} {v / 1e9:.1f}" for k, v in info["matmul_peak_flops"].items())
+    print(f"FLOPs/step {f['total'] / 1e9:.2f} G (dense {f['dense'] / 1e9:.2f} + attention {f['attention'] / 1e9:.2f}); "
+          f"float32 2048^3 matmul peak GFLOP/s: {peaks} (MFU uses the max)")
+    for name in ("minitf", "torch"):
+        if name not in res:
+            continue
+        r = res[name]
+        mem = ", ".join(f"{k} {v:.0f}" for k, v in r.items() if k.endswith("_mib"))
+        print(f"{name:7s} step {r['step_s_median'] * 1e3:8.1f} ms (min {min(r['step_s_all']) * 1e3:.1f}, "
+              f"max {max(r['step_s_all']) * 1e3:.1f})  {r['tgt_tokens_per_s']:9.0f} tgt tok/s  "
+              f"{r['achieved_flops'] / 1e9:6.1f} GFLOP/s  MFU {100 * r['mfu']:5.1f}%  loss {r['last_loss']:.3f}  "
+              f"memory MiB: {mem}")
+    if "ratio_minitf_over_torch" in res:
+        print(f"ratio minitf/torch (tokens/s): {res['ratio_minitf_over_torch']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
