@@ -11,7 +11,7 @@ import numpy as np
 from .backend import to_numpy
 from .blocks import decoder_layer_step
 from .loss import log_softmax
-from .model import causal_bias, padding_bias
+from .model import causal_bias
 
 
 def length_penalty(length, alpha):

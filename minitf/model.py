@@ -6,7 +6,7 @@ and gradient buffers every layer's arrays are views of.
 """
 import numpy as np
 
-from .backend import get_xp, make_rng, to_device, to_numpy, xp_of
+from .backend import get_xp, make_rng, to_device, to_numpy
 from .blocks import Decoder, Encoder
 from .errors import CheckpointError, ConfigError
 from .layers import Dropout, Layer, LearnedPositional, SinusoidalPositional, TokenEmbedding, flatten_parameters
@@ -17,7 +17,6 @@ NEG_INF = -1e9  # additive mask value; exp(NEG_INF - max) underflows to exactly 
 
 def padding_bias(ids, pad_id, dtype):
     """ids [B, L] -> [B, 1, 1, L] additive bias: NEG_INF on pad keys, 0 elsewhere."""
-    xp = xp_of(ids)
     return ((ids == pad_id) * NEG_INF).astype(dtype)[:, None, None, :]
 
 
@@ -66,14 +65,14 @@ class Transformer(Layer):
         return rng
 
     def encode(self, src, rng=None):
-        """src [B, S] -> (memory [B, S, D], src_bias [B, 1, 1, S])."""
+        """src [B, S] -> (memory [B, S, D], src_bias [B, 1, 1, S], src ids cached for backward)."""
         src_bias = padding_bias(src, self.cfg.pad_id, self.dtype)
         x_emb, src_ids = self.embedding.lookup(src)
         x = self.src_dropout.forward(self.positional.forward(x_emb), rng)
         return self.encoder.forward(x, src_bias, rng), src_bias, src_ids
 
-    def forward(self, src, tgt_in):
-        """src [B, S], tgt_in [B, T] int -> logits [B, T, V]. Keeps what backward needs."""
+    def decode_states(self, src, tgt_in):
+        """src [B, S], tgt_in [B, T] int -> decoder output h [B, T, D]. Keeps what backward needs."""
         src, tgt_in = self._check_ids("src", src), self._check_ids("tgt_in", tgt_in)
         rng = self._dropout_rng()
         memory, src_bias, src_ids = self.encode(src, rng)
@@ -82,23 +81,32 @@ class Transformer(Layer):
         y_emb, tgt_ids = self.embedding.lookup(tgt_in)
         y = self.tgt_dropout.forward(self.positional.forward(y_emb), rng)
         h = self.decoder.forward(y, memory, src_bias, tgt_bias, rng)
-        logits, h_cache = self.embedding.project(h)
-        self._cache = {"src_ids": src_ids, "tgt_ids": tgt_ids, "h": h_cache}
+        self._cache = {"src_ids": src_ids, "tgt_ids": tgt_ids, "h_shape": h.shape}
+        return h
+
+    def forward(self, src, tgt_in):
+        """src [B, S], tgt_in [B, T] int -> logits [B, T, V] = h @ embedding^T (3.4)."""
+        logits, _ = self.embedding.project(self.decode_states(src, tgt_in))
         return logits
 
     def forward_loss(self, src, tgt_in, tgt_out):
         """Label-smoothed loss averaged over non-pad tokens of tgt_out [B, T].
 
+        Only the non-pad rows of h are projected to the vocabulary (pad rows carry no loss),
+        which saves the pad fraction of the largest matmul and of the softmax.
         Returns a float on CPU; on GPU a 0-d CuPy array (no host sync; float() it to read).
         `self.last_stats` holds {'loss', 'nll_sum', 'n_tokens'} as device scalars.
         """
-        logits = self.forward(src, tgt_in)
+        h = self.decode_states(src, tgt_in)
         tgt_out = self._check_ids("tgt_out", tgt_out)
-        if tgt_out.shape != logits.shape[:2]:
-            raise ConfigError(f"tgt_out shape {tgt_out.shape} != tgt_in shape {logits.shape[:2]}")
-        loss, nll_sum, n, cache = label_smoothed_nll(logits, tgt_out, self.cfg.label_smoothing, self.cfg.pad_id)
-        self._cache["loss"] = cache
-        self._cache["logits_shape"] = logits.shape
+        if tgt_out.shape != h.shape[:2]:
+            raise ConfigError(f"tgt_out shape {tgt_out.shape} != tgt_in shape {h.shape[:2]}")
+        rows = self.xp.flatnonzero(tgt_out.reshape(-1) != self.cfg.pad_id)   # [N] non-pad positions
+        h_rows = h.reshape(-1, h.shape[-1])[rows]                             # [N, D]
+        logits, _ = self.embedding.project(h_rows)                           # [N, V]
+        loss, nll_sum, n, cache = label_smoothed_nll(logits, tgt_out.reshape(-1)[rows], self.cfg.label_smoothing,
+                                                     self.cfg.pad_id)
+        self._cache.update(loss=cache, rows=rows, h_rows=h_rows)
         self.last_stats = {"loss": loss, "nll_sum": nll_sum, "n_tokens": n}
         return float(loss) if self.xp is np else loss
 
@@ -108,10 +116,13 @@ class Transformer(Layer):
         if self._cache is None or "loss" not in self._cache:
             raise RuntimeError("backward() needs a forward_loss() first (and only one backward per forward)")
         c, self._cache = self._cache, None
-        dlogits = label_smoothed_nll_backward(c["loss"], grad_scale).reshape(c["logits_shape"])
-        # logits = h @ embedding^T
-        dh = self.embedding.project_backward(dlogits, c["h"])
-        dy, dmemory = self.decoder.backward(dh)
+        dlogits = label_smoothed_nll_backward(c["loss"], grad_scale)
+        # logits = h[rows] @ embedding^T
+        dh_rows = self.embedding.project_backward(dlogits, c["h_rows"])
+        b, t, d = c["h_shape"]
+        dh = self.xp.zeros((b * t, d), dtype=self.dtype)
+        dh[c["rows"]] = dh_rows
+        dy, dmemory = self.decoder.backward(dh.reshape(b, t, d))
         # y = tgt_dropout(embedding[tgt_in] * sqrt(D) + PE)
         dy = self.positional.backward(self.tgt_dropout.backward(dy))
         self.embedding.lookup_backward(dy, c["tgt_ids"])
