@@ -1,0 +1,481 @@
+"""`python -m minitf plot pe|lr|curves|attention`: pictures of the model and of a run.
+
+    plot pe         the sinusoidal positional encoding (paper 3.5) and its two properties:
+                    every position has the same norm, and the distance between two
+                    positions depends only on their offset (printed for n=10, d=10)
+    plot lr         the learning-rate schedule of 5.3 (eq. 3), peak marked at `warmup`
+    plot curves     loss, perplexity, BLEU/chrF and learning rate of a run (train_log.jsonl)
+    plot attention  encoder self-, masked decoder self- and encoder-decoder attention of
+                    one layer and head for one sentence
+
+The numbers behind the pictures are pure NumPy functions (`pe_norms`,
+`pe_distance_by_offset`, `noam_curve`, `read_train_log`, `attention_maps`), testable without
+matplotlib. matplotlib (the `viz` extra) is imported only inside the plotting functions,
+which draw on an Agg canvas (no display, no change to pyplot's global backend).
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+from .errors import ConfigError, DataError, MinitfError
+
+DPI = 100
+FORMATS = ("png", "svg", "pdf")
+
+
+# ------------------------------------------------------------------------------ matplotlib
+def _figure(width, height):
+    """A matplotlib Figure attached to an Agg canvas; MinitfError if matplotlib is missing."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise MinitfError("matplotlib is not installed: pip install minitf[viz]") from None
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _check_out(out):
+    fmt = os.path.splitext(os.fspath(out))[1].lower().lstrip(".")
+    if fmt not in FORMATS:
+        raise ConfigError(f"--out {out}: the file name must end in .png, .svg or .pdf")
+    return fmt
+
+
+def _save(fig, out):
+    from .checkpoint import atomic_write
+    fmt = _check_out(out)
+    try:
+        atomic_write(out, lambda f: fig.savefig(f, format=fmt, dpi=DPI))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(out, 0o666 & ~umask)   # the temporary file was private (0600)
+    except OSError as e:
+        raise DataError(f"--out {out}: cannot write the picture ({e.strerror or e})") from None
+    print(f"wrote {out}", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------ positional encoding
+def pe_norms(table):
+    """table [n, D] -> [n] Euclidean norm of every position's vector.
+
+    For the sinusoids with D even each position holds D/2 pairs (sin a, cos a), each of
+    squared norm 1, so every norm is exactly sqrt(D/2).
+    """
+    return np.sqrt((np.asarray(table, dtype=np.float64) ** 2).sum(axis=1))
+
+
+def pe_distance_by_offset(table, start=0):
+    """table [n, D] -> [n - start]: entry k is ||PE(start) - PE(start + k)||.
+
+    For the sinusoids ||PE(p) - PE(p+k)||^2 = sum_i 2 - 2 cos(k w_i) = 4 sum_i sin^2(k w_i / 2)
+    (w_i = 10000^(-2i/D)): a function of the offset k alone, the same for every start p.
+    """
+    t = np.asarray(table, dtype=np.float64)
+    if not 0 <= start < t.shape[0]:
+        raise ConfigError(f"start {start} is outside the table's {t.shape[0]} positions")
+    return np.sqrt(((t[start:] - t[start]) ** 2).sum(axis=1))
+
+
+def pe_distance_matrix(table):
+    """table [n, D] -> [n, n] distances ||PE(p) - PE(q)|| (a Toeplitz matrix for the sinusoids)."""
+    t = np.asarray(table, dtype=np.float64)
+    sq = (t ** 2).sum(axis=1)
+    d2 = sq[:, None] + sq[None, :] - 2.0 * t @ t.T
+    return np.sqrt(np.maximum(d2, 0.0))
+
+
+def _check_pe_size(max_len, d_model, what="--max-len/--d-model"):
+    if max_len < 2 or d_model < 2 or d_model % 2:
+        raise ConfigError(f"{what}: need at least 2 positions and an even d_model >= 2, "
+                          f"got {max_len} positions and d_model {d_model}")
+
+
+def pe_report(n=10, d=10):
+    """The text table `plot pe` prints: norms and distances of the first n positions for d = D."""
+    from .layers.positional import sinusoid_table
+    _check_pe_size(n, d, "table size")
+    t = sinusoid_table(n, d)
+    norms, dist = pe_norms(t), pe_distance_matrix(t)
+    by_k = pe_distance_by_offset(t)
+    spread = max(float(np.ptp(np.diagonal(dist, k))) for k in range(n))
+    lines = [f"sinusoidal positional encoding, first {n} positions, d_model = {d}",
+             (f"norm of every position: sqrt(d/2) = {math.sqrt(d / 2):.4f} "
+              f"(largest deviation {np.abs(norms - math.sqrt(d / 2)).max():.1e})"),
+             "distance ||PE(p) - PE(q)||:",
+             "pos    norm  " + " ".join(f"{q:>6d}" for q in range(n))]
+    for p in range(n):
+        lines.append(f"{p:>3d}  {norms[p]:.4f} " + " ".join(f"{x:6.4f}" for x in dist[p]))
+    lines.append("distance by offset k = |p - q| (the same for every p: largest spread "
+                 f"{spread:.1e}):")
+    lines.append("  k  " + " ".join(f"{k:>6d}" for k in range(n)))
+    lines.append("     " + " ".join(f"{x:6.4f}" for x in by_k))
+    falls = np.flatnonzero(np.diff(by_k) <= 0)
+    if falls.size:
+        lines.append(f"not monotonic: the distance grows up to offset {int(falls[0])}, then falls (the fastest "
+                     f"pair of dimensions, sin(pos) and cos(pos), repeats every 2*pi = {2 * math.pi:.2f} positions)")
+    return "\n".join(lines)
+
+
+def plot_pe(out, max_len=100, d_model=128, table_n=10, table_d=10):
+    """Heatmap of sinusoid_table(max_len, d_model), norm vs position, distance vs offset;
+    prints pe_report(table_n, table_d)."""
+    from .layers.positional import sinusoid_table
+    _check_out(out)
+    _check_pe_size(max_len, d_model)
+    _check_pe_size(table_n, table_d, "--table-n/--table-d")
+    print(pe_report(table_n, table_d))
+    t = sinusoid_table(max_len, d_model)
+    fig = _figure(11, 7.5)
+    gs = fig.add_gridspec(2, 2, height_ratios=[1.25, 1])
+    ax = fig.add_subplot(gs[0, :])
+    half = d_model // 2   # sin dimensions 2i below, cos dimensions 2i+1 above, i = frequency index
+    im = ax.imshow(np.concatenate([t[:, 0::2], t[:, 1::2]], axis=1).T, aspect="auto", cmap="RdBu_r",
+                   vmin=-1, vmax=1, interpolation="nearest", origin="lower")
+    ax.axhline(half - 0.5, color="k", lw=1)
+    ax.set_yticks([0, half // 2, half, half + half // 2],
+                  ["sin, i=0", f"sin, i={half // 2}", "cos, i=0", f"cos, i={half // 2}"])
+    ax.set_ylabel(f"dimension 2i (sin) / 2i+1 (cos), i < {half}")
+    ax.set_xlabel("position pos")
+    ax.set_title(f"PE(pos, 2i) = sin(pos / 10000^(2i/d)),  PE(pos, 2i+1) = cos(pos / 10000^(2i/d)),  "
+                 f"d = {d_model}")
+    fig.colorbar(im, ax=ax, fraction=0.03, pad=0.01)
+
+    ax = fig.add_subplot(gs[1, 0])
+    ax.plot(np.arange(max_len), pe_norms(t), lw=5, alpha=0.6, label="||PE(pos)||")
+    ax.axhline(math.sqrt(d_model / 2), color="k", ls="--", lw=1, label=f"sqrt(d/2) = {math.sqrt(d_model / 2):.3f}")
+    ax.set_ylim(0, 1.25 * math.sqrt(d_model / 2))
+    ax.set_xlabel("position pos")
+    ax.set_ylabel("norm")
+    ax.set_title("every position has the same norm")
+    ax.legend(loc="lower right")
+
+    ax = fig.add_subplot(gs[1, 1])
+    starts = sorted({0, max_len // 4, max_len // 2})
+    for i, p in enumerate(starts):
+        dk = pe_distance_by_offset(t, p)
+        ax.plot(np.arange(dk.size), dk, lw=4 - 1.3 * i, label=f"from position p = {p}")
+    ax.set_xlabel("offset k")
+    ax.set_ylabel("||PE(p) - PE(p + k)||")
+    ax.set_title("distance depends only on the offset k, not on p (curves coincide);\n"
+                 "it grows with k, though not monotonically", fontsize=10)
+    ax.legend(loc="lower right")
+    _save(fig, out)
+
+
+# ------------------------------------------------------------------------------ learning rate
+def noam_curve(d_model, warmup, factor=1.0, steps=100_000, points=2000):
+    """(steps [m], lr [m]) of minitf.schedule.noam at about `points` steps from 1 to `steps`,
+    `warmup` itself included."""
+    from .schedule import noam
+    s = np.unique(np.concatenate([np.linspace(1, steps, points).astype(np.int64),
+                                  [warmup] if 1 <= warmup <= steps else []]).astype(np.int64))
+    return s, np.array([noam(int(k), d_model, warmup, factor) for k in s])
+
+
+def plot_lr(out, d_model=512, warmup=4000, factor=1.0, steps=100_000):
+    from .schedule import noam
+    _check_out(out)
+    if d_model < 1 or warmup < 1 or steps < 2 or not factor > 0:
+        raise ConfigError(f"need d_model >= 1, warmup >= 1, steps >= 2 and factor > 0, got d_model {d_model}, "
+                          f"warmup {warmup}, steps {steps}, factor {factor}")
+    s, lr = noam_curve(d_model, warmup, factor, steps)
+    fig = _figure(8, 4.5)
+    from matplotlib.ticker import StrMethodFormatter
+    peak = noam(warmup, d_model, warmup, factor)
+    print(f"noam schedule: d_model {d_model}, warmup {warmup}, factor {factor}: peak lr {peak:.3e} at step {warmup}"
+          f"{'' if warmup <= steps else ' (after the plotted steps)'}; lr at step {steps}: "
+          f"{noam(steps, d_model, warmup, factor):.3e}")
+    ax = fig.add_subplot()
+    ax.plot(s, lr, lw=2, label="lrate = factor * d^-0.5 * min(step^-0.5, step * warmup^-1.5)")
+    if warmup <= steps:
+        ax.axvline(warmup, color="k", ls="--", lw=1)
+        ax.plot([warmup], [peak], "o", color="C3", label=f"peak {peak:.2e} at step {warmup} (= warmup)")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("learning rate")
+    ax.set_xlim(0, steps)
+    ax.set_ylim(0, 1.1 * lr.max())
+    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:.1e}"))
+    ax.set_title(f"learning-rate schedule (paper eq. 3): d_model {d_model}, warmup {warmup}, factor {factor:g}")
+    ax.legend(loc="upper right")
+    _save(fig, out)
+
+
+# ------------------------------------------------------------------------------ training curves
+TRAIN_KEYS = ("loss", "nll", "ppl", "lr")
+VALID_KEYS = ("valid_loss", "valid_nll", "valid_ppl")
+
+
+def _number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def read_train_log(path):
+    """Parse train_log.jsonl (or RUN/ containing it) into series:
+    {'train': {key: (steps, values)}, 'valid': {...}, 'eval': {set name: {'step', 'bleu', 'chrf'}},
+     'skipped': number of unreadable lines}.
+
+    Training lines carry loss/nll/ppl/lr, validation lines valid_loss/valid_nll/valid_ppl,
+    final evaluation lines eval/bleu/chrf; event lines (e.g. nonfinite_loss_skipped) and
+    unknown keys are ignored. Series are sorted by step; a step logged twice (a resumed run
+    repeats the steps after its last checkpoint) keeps its last value. DataError (naming the file) if it is missing, empty, or holds
+    no training record; unreadable lines among readable ones are counted and skipped (a run
+    killed mid-write can leave one).
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        path = os.path.join(path, "train_log.jsonl")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return _parse_train_log(path, f)
+    except FileNotFoundError:
+        raise DataError(f"{path}: training log not found (train_wmt.py writes OUT/train_log.jsonl)") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read the training log ({e.strerror or e})") from None
+
+
+def _parse_train_log(path, lines):
+    train, valid, evals = {k: {} for k in TRAIN_KEYS}, {k: {} for k in VALID_KEYS}, {}
+    skipped, first_bad, n_lines = 0, None, 0
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        n_lines += 1
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        if not isinstance(rec, dict) or not _number(rec.get("step")):
+            skipped += 1
+            first_bad = first_bad or lineno
+            continue
+        step = rec["step"]
+        if "event" in rec:
+            continue
+        if "eval" in rec:
+            if isinstance(rec["eval"], str) and _number(rec.get("bleu")):
+                e = evals.setdefault(rec["eval"], {"step": [], "bleu": [], "chrf": []})
+                e["step"].append(step)
+                e["bleu"].append(rec["bleu"])
+                e["chrf"].append(rec["chrf"] if _number(rec.get("chrf")) else float("nan"))
+            continue
+        for series, keys in ((train, TRAIN_KEYS), (valid, VALID_KEYS)):
+            for k in keys:
+                if _number(rec.get(k)):
+                    series[k][step] = rec[k]   # a resumed run re-logs steps: the later line wins
+    if n_lines == 0:
+        raise DataError(f"{path}: the training log is empty (no step has been logged yet)")
+    found = any(train.values()) or any(valid.values()) or evals
+    if not found:
+        raise DataError(f"{path}: no training, validation or evaluation records in {n_lines} lines "
+                        f"({skipped} unreadable{f', first at line {first_bad}' if first_bad else ''}); "
+                        f"is this a minitf train_log.jsonl?")
+    as_arrays = lambda d: {k: (np.asarray(sorted(v), dtype=float), np.asarray([v[s] for s in sorted(v)], dtype=float))
+                           for k, v in d.items()}
+    return {"path": path, "train": as_arrays(train), "valid": as_arrays(valid), "eval": evals,
+            "skipped": skipped, "first_bad_line": first_bad}
+
+
+def plot_curves(log, out):
+    """2x2 panels against steps: loss (smoothed and NLL, train and valid), perplexity
+    (log scale), BLEU and chrF of the final evaluations, learning rate."""
+    _check_out(out)
+    data = read_train_log(log)
+    if data["skipped"]:
+        print(f"warning: {data['path']}: skipped {data['skipped']} unreadable line(s), first at line "
+              f"{data['first_bad_line']}", file=sys.stderr)
+    tr, va, ev = data["train"], data["valid"], data["eval"]
+    fig = _figure(11, 7.5)
+    axes = fig.subplots(2, 2)
+
+    def line(ax, series, key, label, **kw):
+        s, v = series[key]
+        if s.size:
+            ax.plot(s, v, label=label, marker="o" if s.size < 30 else None, ms=3, **kw)
+            return True
+        return False
+
+    def empty(ax, what):
+        ax.text(0.5, 0.5, f"no {what} in the log", ha="center", va="center", transform=ax.transAxes, color="gray")
+
+    ax = axes[0, 0]
+    drawn = [line(ax, tr, "loss", "train loss (label-smoothed)", color="C0"),
+             line(ax, tr, "nll", "train NLL", color="C0", ls=":"),
+             line(ax, va, "valid_loss", "valid loss (label-smoothed)", color="C1"),
+             line(ax, va, "valid_nll", "valid NLL", color="C1", ls=":")]
+    ax.set_title("loss per target token (nats)")
+    ax.legend() if any(drawn) else empty(ax, "loss records")
+
+    ax = axes[0, 1]
+    drawn = [line(ax, tr, "ppl", "train", color="C0"), line(ax, va, "valid_ppl", "valid", color="C1")]
+    if any(drawn):
+        ax.set_yscale("log")
+        ax.legend()
+    else:
+        empty(ax, "perplexity records")
+    ax.set_title("perplexity exp(NLL)")
+
+    ax = axes[1, 0]
+    for i, (name, e) in enumerate(sorted(ev.items())):
+        ax.plot(e["step"], e["bleu"], "o", ms=7, color=f"C{i}", label=f"{name} BLEU {e['bleu'][-1]:.1f}")
+        ax.plot(e["step"], e["chrf"], "s", ms=7, mfc="none", color=f"C{i}", label=f"{name} chrF {e['chrf'][-1]:.1f}")
+    if ev:
+        ax.set_ylim(0, 100)
+        ax.legend(fontsize=8, loc="upper left")
+    else:
+        empty(ax, "BLEU evaluations")
+    ax.set_title("sacreBLEU / chrF (averaged checkpoint, beam search)")
+
+    ax = axes[1, 1]
+    if line(ax, tr, "lr", "learning rate", color="C2"):
+        from matplotlib.ticker import StrMethodFormatter
+        ax.yaxis.set_major_formatter(StrMethodFormatter("{x:.1e}"))
+    else:
+        empty(ax, "learning-rate records")
+    ax.set_title("learning rate")
+
+    steps = [s.max() for d in (tr, va) for s, _ in d.values() if s.size]
+    steps += [max(e["step"]) for e in ev.values()]
+    for ax in axes.flat:
+        ax.set_xlabel("step")
+        ax.set_xlim(0, max(steps) * 1.05 if steps and max(steps) > 0 else 1)
+        ax.grid(alpha=0.3)
+    fig.suptitle(os.path.basename(os.path.dirname(os.path.abspath(data["path"]))) or data["path"])
+    _save(fig, out)
+
+
+# ------------------------------------------------------------------------------ attention
+def _check_layer_head(model, layer, head):
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    if not 0 <= layer < n_layers:
+        raise ConfigError(f"--layer {layer} is out of range: this model has {n_layers} layers, "
+                          f"valid --layer is 0..{n_layers - 1}")
+    if not 0 <= head < n_heads:
+        raise ConfigError(f"--head {head} is out of range: this model has {n_heads} heads, "
+                          f"valid --head is 0..{n_heads - 1}")
+
+
+def attention_maps(model, tokenizer, src, layer, head, tgt=None, beam_size=4, alpha=0.6, max_len_b=50):
+    """Attention probabilities of layer `layer`, head `head` for one sentence.
+
+    src: raw source text; tgt: raw target text, or None to translate src first (beam search,
+    greedy if beam_size == 1). Runs model.forward(src ids + EOS, BOS + tgt ids) in eval mode
+    and reads the softmax p of each attention's cache. Returns {'src_pieces' [S],
+    'tgt_pieces' [T] (decoder inputs, BOS first), 'translated' (bool), 'target' (text),
+    'enc_self' [S, S], 'dec_self' [T, T], 'cross' [T, S]} as NumPy float64; row = query.
+    """
+    from .backend import to_numpy
+    from .decode import translate_ids
+    _check_layer_head(model, layer, head)
+    if beam_size < 1:
+        raise ConfigError(f"--beam must be >= 1, got {beam_size}")
+    bos, eos = tokenizer.bos_id, tokenizer.eos_id
+    src_ids = tokenizer.encode([src])[0] + [eos]
+    if len(src_ids) > model.cfg.max_len:
+        raise ConfigError(f"--src has {len(src_ids)} pieces (EOS included), more than max_len {model.cfg.max_len}")
+    translated = tgt is None
+    was_training = model.training      # decoding and this forward run in eval mode (no dropout)
+    try:
+        if translated:
+            tgt_ids = translate_ids(model, [src_ids], beam_size, alpha, 1, max_len_b)[0]
+        else:
+            tgt_ids = tokenizer.encode([tgt])[0]
+        tgt_in = [bos] + list(tgt_ids)
+        if len(tgt_in) > model.cfg.max_len:
+            raise ConfigError(f"--tgt has {len(tgt_in)} pieces (BOS included), more than max_len {model.cfg.max_len}")
+        model.eval()
+        model.forward(np.asarray([src_ids], dtype=np.int64), np.asarray([tgt_in], dtype=np.int64))
+    finally:
+        model.train(was_training)
+    enc, dec = model.encoder.layers_[layer], model.decoder.layers_[layer]
+    get = lambda attn: to_numpy(attn.cache[3])[0, head].astype(np.float64)   # p of (q, k, v, p)
+    maps = {"enc_self": get(enc.self_attn), "dec_self": get(dec.self_attn), "cross": get(dec.cross_attn)}
+    return {"src_pieces": [tokenizer.id_to_piece(i) for i in src_ids],
+            "tgt_pieces": [tokenizer.id_to_piece(i) for i in tgt_in],
+            "translated": translated, "target": tokenizer.decode([tgt_ids])[0], **maps}
+
+
+def plot_attention(checkpoint, src, out, layer=0, head=0, tgt=None, beam_size=4, alpha=0.6, max_len_b=50,
+                   device="cpu"):
+    from .translate import load_for_inference
+    _check_out(out)
+    model, tok = load_for_inference(checkpoint, device)
+    _check_layer_head(model, layer, head)
+    m = attention_maps(model, tok, src, layer, head, tgt, beam_size, alpha, max_len_b)
+    if m["translated"]:
+        how = ("greedy" if beam_size == 1 else f"beam {beam_size}") + " translation"
+    else:
+        how = "the given --tgt"
+    print(f"source: {' '.join(m['src_pieces'])}")
+    print(f"target ({how}): {m['target']}")
+    print(f"decoder input: {' '.join(m['tgt_pieces'])}")
+    s, t = len(m["src_pieces"]), len(m["tgt_pieces"])
+    cell = 0.32
+    width = max(9.0, cell * (2 * s + t) + 4.5)
+    height = max(3.8, cell * max(s, t) + 2.5)
+    fig = _figure(width, height)
+    axes = fig.subplots(1, 3, gridspec_kw={"width_ratios": [max(s, 3), max(t, 3), max(s, 3)]})
+    panels = [("encoder self-attention", m["enc_self"], m["src_pieces"], m["src_pieces"]),
+              ("masked decoder self-attention", m["dec_self"], m["tgt_pieces"], m["tgt_pieces"]),
+              ("encoder-decoder attention", m["cross"], m["src_pieces"], m["tgt_pieces"])]
+    for ax, (title, p, keys, queries) in zip(axes, panels):
+        im = ax.imshow(p, cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+        ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=8)
+        ax.set_yticks(range(len(queries)), queries, fontsize=8)
+        ax.set_xlabel("key")
+        ax.set_ylabel("query")
+        ax.set_title(title, fontsize=10)
+    fig.colorbar(im, ax=list(axes), fraction=0.02, pad=0.01, label="attention probability")
+    fig.suptitle(f"{os.path.basename(os.fspath(checkpoint))}: layer {layer}, head {head} "
+                 f"(of {model.cfg.n_layers} layers x {model.cfg.n_heads} heads); target: {how}", fontsize=10)
+    _save(fig, out)
+
+
+# ------------------------------------------------------------------------------ command line
+def add_plot_parser(sub):
+    """Register `plot` and its sub-commands on the argparse sub-parsers of minitf.cli."""
+    p = sub.add_parser("plot", help="pictures: positional encoding, schedule, training curves, attention",
+                       description=__doc__.split("\n\n")[1] if "\n\n" in __doc__ else None,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = p.add_subparsers(dest="what", required=True, metavar="WHAT")
+
+    q = what.add_parser("pe", help="sinusoidal positional encoding (3.5): heatmap, norms, distance by offset")
+    q.add_argument("--max-len", type=int, default=100, help="positions to draw (default 100)")
+    q.add_argument("--d-model", type=int, default=128, help="model width, even (default 128)")
+    q.add_argument("--table-n", type=int, default=10, help="positions in the printed table (default 10)")
+    q.add_argument("--table-d", type=int, default=10, help="d_model of the printed table (default 10)")
+    q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
+    q.set_defaults(func=lambda a: plot_pe(a.out, a.max_len, a.d_model, a.table_n, a.table_d))
+
+    q = what.add_parser("lr", help="learning-rate schedule (5.3, eq. 3) with its peak at warmup")
+    q.add_argument("--d-model", type=int, default=512)
+    q.add_argument("--warmup", type=int, default=4000)
+    q.add_argument("--factor", type=float, default=1.0)
+    q.add_argument("--steps", type=int, default=100_000, help="last step drawn (default 100000)")
+    q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
+    q.set_defaults(func=lambda a: plot_lr(a.out, a.d_model, a.warmup, a.factor, a.steps))
+
+    q = what.add_parser("curves", help="loss, perplexity, BLEU and learning rate of a run against steps")
+    q.add_argument("--log", required=True, help="RUN/train_log.jsonl (or the RUN folder)")
+    q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
+    q.set_defaults(func=lambda a: plot_curves(a.log, a.out))
+
+    q = what.add_parser("attention", help="attention maps of one layer and head for one sentence")
+    q.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz) with its tokenizer")
+    q.add_argument("--src", required=True, help="source sentence (raw text)")
+    q.add_argument("--tgt", help="target sentence (raw text); default: translate --src first")
+    q.add_argument("--layer", type=int, default=0, help="layer index, from 0 (default 0)")
+    q.add_argument("--head", type=int, default=0, help="head index, from 0 (default 0)")
+    q.add_argument("--beam", type=int, default=4, help="beam size when translating (1 = greedy; default 4)")
+    q.add_argument("--alpha", type=float, default=0.6, help="length penalty when translating")
+    q.add_argument("--max-len-b", type=int, default=50, help="max output length = input length + this")
+    q.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
+    q.set_defaults(func=lambda a: plot_attention(a.checkpoint, a.src, a.out, a.layer, a.head, a.tgt, a.beam,
+                                                 a.alpha, a.max_len_b, a.device))
+    return p

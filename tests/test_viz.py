@@ -1,0 +1,281 @@
+"""minitf.viz: the numbers behind the pictures (no matplotlib needed) and `python -m minitf plot`."""
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import minitf
+from minitf import viz
+from minitf.checkpoint import save_checkpoint
+from minitf.cli import main
+from minitf.data.tokenizer import Tokenizer
+from minitf.errors import ConfigError, DataError, MinitfError
+from minitf.layers.positional import sinusoid_table
+from minitf.schedule import noam
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+WORDS = "the a cat dog sees runs small big red house tree man woman eats".split()
+
+
+def needs_matplotlib():
+    pytest.importorskip("matplotlib", reason="matplotlib (the viz extra) is needed to write pictures")
+
+
+def assert_png(path):
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC, f"{path} is not a PNG"
+    assert 1000 < len(data) < 500_000, f"{path} has {len(data)} bytes"
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "minitf", *map(str, args)], capture_output=True, text=True,
+                          timeout=120)
+
+
+# ------------------------------------------------------------------------------ positional encoding
+@pytest.mark.parametrize("n,d", [(10, 10), (100, 128), (50, 512), (7, 2)])
+def test_every_position_has_norm_sqrt_d_over_2(n, d):
+    norms = viz.pe_norms(sinusoid_table(n, d))
+    assert norms.shape == (n,)
+    np.testing.assert_allclose(norms, math.sqrt(d / 2), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("n,d", [(10, 10), (100, 128)])
+def test_distance_depends_only_on_the_offset(n, d):
+    t = sinusoid_table(n, d)
+    base = viz.pe_distance_by_offset(t)
+    assert base.shape == (n,) and base[0] == 0.0
+    for p in range(1, n):
+        np.testing.assert_allclose(viz.pe_distance_by_offset(t, p), base[: n - p], rtol=0, atol=1e-12)
+    # closed form: ||PE(p) - PE(p+k)||^2 = 4 sum_i sin^2(k w_i / 2), w_i = 10000^(-2i/d)
+    w = 10000.0 ** (-np.arange(0, d, 2) / d)
+    k = np.arange(n)[:, None]
+    np.testing.assert_allclose(base, np.sqrt(4 * (np.sin(k * w / 2) ** 2).sum(axis=1)), rtol=0, atol=1e-12)
+    m = viz.pe_distance_matrix(t)   # symmetric Toeplitz: entry (p, q) depends on |p - q| only
+    for p in range(n):
+        np.testing.assert_allclose(m[p], base[np.abs(np.arange(n) - p)], rtol=0, atol=1e-6)
+
+
+def test_distance_by_offset_for_10_positions_d_10_is_not_monotonic():
+    """What is actually true at n = 10, d = 10: the distance grows over offsets 0..3 only, then
+    falls, and offset 6 is closer than offset 1 (sin(pos), cos(pos) repeat every 2*pi = 6.28)."""
+    by_k = viz.pe_distance_by_offset(sinusoid_table(10, 10))
+    np.testing.assert_allclose(by_k, [0.0, 0.9722, 1.7130, 2.0513, 1.9252, 1.4299, 0.9701, 1.2781, 1.9328, 2.3636],
+                               atol=5e-5)
+    steps = np.diff(by_k)
+    assert (steps[:3] > 0).all()                 # 0 < d(1) < d(2) < d(3)
+    assert (steps[3:6] < 0).all()                # d(3) > d(4) > d(5) > d(6)
+    assert (steps[6:] > 0).all()                 # d(6) < d(7) < d(8) < d(9)
+    assert by_k[6] < by_k[1]                     # near-alias of the fastest sinusoid
+    assert by_k.argmax() == 9
+
+
+def test_pe_report_prints_norms_and_distances():
+    text = viz.pe_report(10, 10)
+    assert "sqrt(d/2) = 2.2361" in text
+    rows = [line for line in text.splitlines() if line[:3].strip().isdigit() and "2.2361" in line]
+    assert len(rows) == 10
+    assert "0.9722" in text and "2.3636" in text and "not monotonic" in text
+    with pytest.raises(ConfigError):
+        viz.pe_report(10, 9)                     # odd d: the pairs do not close
+
+
+# ------------------------------------------------------------------------------ schedule
+def test_noam_curve_peaks_at_warmup():
+    s, lr = viz.noam_curve(512, 4000, steps=100_000)
+    assert s[lr.argmax()] == 4000 and 4000 in s
+    assert lr.max() == pytest.approx(512 ** -0.5 * 4000 ** -0.5, rel=1e-12)
+    assert lr.max() == noam(4000, 512, 4000)
+    assert s[0] == 1 and s[-1] == 100_000 and (np.diff(s) > 0).all()
+
+
+# ------------------------------------------------------------------------------ training log
+LOG = [
+    {"step": 50, "epoch": 0.38, "loss": 7.1, "nll": 6.9, "ppl": 990.2, "lr": 1e-4, "tokens_per_s": 1800.0,
+     "wall_s": 30.1},
+    {"step": 60, "event": "nonfinite_loss_skipped", "count": 1},
+    {"step": 100, "epoch": 0.76, "loss": 5.0, "nll": 4.8, "ppl": 121.5, "lr": 2e-4, "tokens_per_s": 1810.0,
+     "wall_s": 60.0},
+    {"step": 100, "valid_loss": 4.1, "valid_nll": 3.9, "valid_ppl": 49.4},
+    {"step": 150, "epoch": 1.1, "loss": 4.0, "nll": 3.8, "ppl": 44.7, "lr": 3e-4, "tokens_per_s": 1790.0,
+     "wall_s": 90.0},
+    {"step": 150, "eval": "valid", "bleu": 30.1, "chrf": 55.0, "decode_s": 20.0},
+    {"step": 150, "eval": "test_2016_flickr", "bleu": 31.5, "chrf": 57.2, "decode_s": 19.0},
+]
+
+
+def write_log(path, records, extra_lines=()):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + "".join(extra_lines))
+    return path
+
+
+def test_read_train_log_series_and_ignored_lines(tmp_path):
+    log = write_log(tmp_path / "train_log.jsonl", LOG, ["\n"])
+    d = viz.read_train_log(log)
+    assert d["skipped"] == 0
+    steps, loss = d["train"]["loss"]
+    assert steps.tolist() == [50, 100, 150] and loss.tolist() == [7.1, 5.0, 4.0]   # the event line is ignored
+    assert d["train"]["lr"][1].tolist() == [1e-4, 2e-4, 3e-4]
+    assert d["valid"]["valid_ppl"][0].tolist() == [100] and d["valid"]["valid_ppl"][1].tolist() == [49.4]
+    assert d["eval"] == {"valid": {"step": [150], "bleu": [30.1], "chrf": [55.0]},
+                         "test_2016_flickr": {"step": [150], "bleu": [31.5], "chrf": [57.2]}}
+    assert viz.read_train_log(tmp_path)["train"]["loss"][0].tolist() == [50, 100, 150]   # a run folder works too
+
+
+def test_read_train_log_resumed_run_keeps_the_last_value_of_a_step(tmp_path):
+    again = dict(LOG[2], loss=4.9)                       # step 100 logged again after a resume
+    log = write_log(tmp_path / "log.jsonl", [LOG[0], LOG[2], LOG[4], again])
+    steps, loss = viz.read_train_log(log)["train"]["loss"]
+    assert steps.tolist() == [50, 100, 150] and loss.tolist() == [7.1, 4.9, 4.0]
+
+
+def test_read_train_log_skips_a_truncated_line(tmp_path):
+    log = write_log(tmp_path / "log.jsonl", LOG[:3], ['{"step": 120, "loss": 4.', "\n"] + [json.dumps(LOG[4]) + "\n"])
+    d = viz.read_train_log(log)
+    assert d["skipped"] == 1 and d["first_bad_line"] == 4
+    assert d["train"]["loss"][0].tolist() == [50, 100, 150]
+
+
+@pytest.mark.parametrize("content,words", [(None, "not found"), ("", "empty"), ("\n\n", "empty"),
+                                           ("not json at all\n\x00\x01garbage\n", "no training"),
+                                           ('{"step": 5, "event": "x"}\n[1, 2]\n', "no training")])
+def test_read_train_log_errors_name_the_file(tmp_path, content, words):
+    path = tmp_path / "train_log.jsonl"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(DataError, match=words) as e:
+        viz.read_train_log(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bad_log_is_a_one_line_error_with_exit_2(tmp_path):
+    for log in (tmp_path / "missing.jsonl", write_log(tmp_path / "garbled.jsonl", [], ["}{ not json\n"])):
+        out = run_cli("plot", "curves", "--log", log, "--out", tmp_path / "c.png")
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.count("\n") == 1 and log.name in out.stderr and "Traceback" not in out.stderr
+        assert not (tmp_path / "c.png").exists()
+
+
+def test_out_must_be_a_picture_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"\.png"):
+        viz.plot_lr(tmp_path / "lr.txt")
+
+
+# ------------------------------------------------------------------------------ attention
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("viz")
+    rng = np.random.default_rng(0)
+    lines = [" ".join(rng.choice(WORDS, size=rng.integers(2, 8))) for _ in range(300)]
+    tok = Tokenizer.train(lines, d / "spm.model", vocab_size=60)
+    cfg = minitf.TransformerConfig(vocab_size=tok.vocab_size, d_model=16, n_heads=2, d_ff=24, n_layers=2)
+    save_checkpoint(d / "model.npz", minitf.Transformer(cfg, seed=0), tokenizer=tok.to_bytes())
+    return d / "model.npz"
+
+
+def test_attention_maps_are_distributions_with_the_right_masks(ckpt):
+    from minitf.translate import load_for_inference, translate_lines
+    model, tok = load_for_inference(ckpt)
+    model.train()
+    m = viz.attention_maps(model, tok, "the cat sees a dog", layer=1, head=1, tgt="a dog runs")
+    assert model.training                                    # the caller's mode is restored
+    src, tgt = m["src_pieces"], m["tgt_pieces"]
+    assert src[-1] == "</s>" and tgt[0] == "<s>" and not m["translated"]
+    assert len(src) == len(tok.encode(["the cat sees a dog"])[0]) + 1
+    assert len(tgt) == len(tok.encode(["a dog runs"])[0]) + 1
+    s, t = len(src), len(tgt)
+    assert m["enc_self"].shape == (s, s) and m["dec_self"].shape == (t, t) and m["cross"].shape == (t, s)
+    for p in (m["enc_self"], m["dec_self"], m["cross"]):
+        np.testing.assert_allclose(p.sum(axis=1), 1.0, atol=1e-5)
+        assert (p >= 0).all()
+    assert np.triu(m["dec_self"], k=1).max() == 0.0          # causal: no query sees a later key
+    assert m["dec_self"][0, 0] == pytest.approx(1.0)
+    other = viz.attention_maps(model, tok, "the cat sees a dog", layer=1, head=0, tgt="a dog runs")
+    assert not np.allclose(other["enc_self"], m["enc_self"])  # heads differ
+    # without a target the source is translated first (greedy with beam 1)
+    g = viz.attention_maps(model, tok, "the cat sees a dog", layer=0, head=0, beam_size=1, max_len_b=4)
+    assert g["translated"]
+    assert g["target"] == translate_lines(model, tok, ["the cat sees a dog"], beam_size=1, max_len_b=4,
+                                          progress=False)[0]
+    assert len(g["tgt_pieces"]) <= len(src) + 4 + 1
+
+
+def test_attention_layer_and_head_out_of_range(ckpt, tmp_path):
+    from minitf.translate import load_for_inference
+    model, tok = load_for_inference(ckpt)
+    with pytest.raises(ConfigError, match=r"2 layers.*0\.\.1"):
+        viz.attention_maps(model, tok, "a cat", layer=2, head=0, tgt="a dog")
+    with pytest.raises(ConfigError, match=r"2 heads.*0\.\.1"):
+        viz.attention_maps(model, tok, "a cat", layer=0, head=-1, tgt="a dog")
+    out = run_cli("plot", "attention", "--checkpoint", ckpt, "--src", "a cat", "--layer", 5, "--out", tmp_path / "a.png")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "0..1" in out.stderr, out.stderr
+
+
+# ------------------------------------------------------------------------------ matplotlib stays optional
+def test_importing_minitf_does_not_import_matplotlib():
+    code = ("import sys, minitf, minitf.viz, minitf.cli; minitf.cli.build_parser(); "
+            "print(any(m == 'matplotlib' or m.startswith('matplotlib.') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+def test_missing_matplotlib_is_a_clear_error(monkeypatch, tmp_path):
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")] + ["matplotlib"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(MinitfError, match=r"matplotlib is not installed: pip install minitf\[viz\]"):
+        viz.plot_lr(tmp_path / "lr.png")
+    assert not (tmp_path / "lr.png").exists()
+
+
+# ------------------------------------------------------------------------------ pictures
+def test_plot_pe_writes_a_png_and_prints_the_table(tmp_path, capsys):
+    needs_matplotlib()
+    assert main(["plot", "pe", "--max-len", "40", "--d-model", "32", "--out", str(tmp_path / "pe.png")]) == 0
+    assert_png(tmp_path / "pe.png")
+    printed = capsys.readouterr().out
+    assert "2.2361" in printed and "0.9722" in printed
+
+
+def test_plot_lr_writes_a_png(tmp_path, capsys):
+    needs_matplotlib()
+    args = ["plot", "lr", "--d-model", "512", "--warmup", "4000", "--steps", "20000", "--out", str(tmp_path / "lr.png")]
+    assert main(args) == 0
+    assert_png(tmp_path / "lr.png")
+    assert "6.988e-04 at step 4000" in capsys.readouterr().out
+
+
+def test_plot_curves_writes_a_png(tmp_path):
+    needs_matplotlib()
+    log = write_log(tmp_path / "train_log.jsonl", LOG)
+    assert main(["plot", "curves", "--log", str(log), "--out", str(tmp_path / "curves.png")]) == 0
+    assert_png(tmp_path / "curves.png")
+    # a log with only training lines (no validation, no BLEU yet) still draws
+    log = write_log(tmp_path / "early.jsonl", [LOG[0]])
+    assert main(["plot", "curves", "--log", str(log), "--out", str(tmp_path / "early.png")]) == 0
+    assert_png(tmp_path / "early.png")
+
+
+def test_plot_attention_writes_a_png(ckpt, tmp_path, capsys):
+    needs_matplotlib()
+    out = tmp_path / "att.png"
+    assert main(["plot", "attention", "--checkpoint", str(ckpt), "--src", "the big dog eats", "--layer", "1",
+                 "--head", "1", "--beam", "2", "--max-len-b", "4", "--out", str(out)]) == 0
+    assert_png(out)
+    printed = capsys.readouterr().out
+    assert "source:" in printed and "beam 2 translation" in printed
+    out2 = tmp_path / "att_tgt.png"
+    assert main(["plot", "attention", "--checkpoint", str(ckpt), "--src", "the big dog eats", "--tgt",
+                 "a red house", "--out", str(out2)]) == 0
+    assert_png(out2)
+
+
+def test_plot_cli_end_to_end(tmp_path):
+    needs_matplotlib()
+    out = run_cli("plot", "lr", "--d-model", "256", "--warmup", "400", "--factor", "0.5", "--steps", "5000",
+                  "--out", tmp_path / "lr.png")
+    assert out.returncode == 0, out.stderr
+    assert_png(tmp_path / "lr.png")
+    assert "1.563e-03 at step 400" in out.stdout
