@@ -16,36 +16,43 @@ def log_softmax(logits):
 
 
 def label_smoothed_nll(logits, target, eps, pad_id):
-    """logits [B, T, V], target [B, T] int.
+    """logits [N, V] (or [B, T, V]), target [N] (or [B, T]) int.
 
     Returns (loss, nll_sum, n_tokens, cache), the first three 0-d device arrays (no host
     sync): the smoothed loss averaged over non-pad tokens, the summed plain NLL (for
-    perplexity) and the non-pad token count; cache is what the backward needs.
+    perplexity) and the non-pad token count. The cache holds the softmax p [N, V]; log p is
+    never materialized: log p[v] = z[v] - log(sum(exp(z))) with z = logits - max.
     """
     xp = xp_of(logits)
     v = logits.shape[-1]
-    logp = log_softmax(logits.reshape(-1, v))
+    z = logits.reshape(-1, v) - logits.reshape(-1, v).max(axis=-1, keepdims=True)   # [N, V]
+    p = xp.exp(z)
+    s = p.sum(axis=-1, keepdims=True)
+    log_s = xp.log(s)[:, 0]                                                          # [N]
     tgt = target.reshape(-1)
-    gold = xp.take_along_axis(logp, tgt[:, None], axis=1)[:, 0]
-    per_tok = (1.0 - eps) * -gold - eps * logp.mean(axis=-1)
+    gold = z[xp.arange(tgt.shape[0]), tgt] - log_s                                   # log p[gold]
+    mean_logp = z.mean(axis=-1) - log_s                                              # mean_v log p[v]
+    p /= s
+    per_tok = (1.0 - eps) * -gold - eps * mean_logp
     w = (tgt != pad_id).astype(logits.dtype)
     n = w.sum()
     n_safe = xp.maximum(n, 1.0)
     loss = (per_tok * w).sum() / n_safe
     nll_sum = (-gold * w).sum()
-    return loss, nll_sum, n, (logp, tgt, w, n_safe, eps)
+    return loss, nll_sum, n, (p, tgt, w, n_safe, eps)
 
 
 def label_smoothed_nll_backward(cache, dloss=1.0):
-    """dlogits [N, V] (reshape to the logits' shape) for label_smoothed_nll."""
-    logp, tgt, w, n_safe, eps = cache
-    xp = xp_of(logp)
-    v = logp.shape[-1]
+    """dlogits [N, V] (reshape to the logits' shape) for label_smoothed_nll.
+
+    Reuses (overwrites) the cached softmax: call it once per forward."""
+    p, tgt, w, n_safe, eps = cache
+    xp = xp_of(p)
+    v = p.shape[-1]
     # loss = sum_rows w * ((1-eps) * -logp[gold] - eps * mean_v logp) / N
     # d/dlogits of one row: softmax - q with q = (1-eps) onehot + eps/V
-    d = xp.exp(logp)
+    d = p
     d -= eps / v
-    rows = xp.arange(tgt.shape[0])
-    d[rows, tgt] -= 1.0 - eps
+    d[xp.arange(tgt.shape[0]), tgt] -= 1.0 - eps
     d *= (w * (dloss / n_safe))[:, None]
     return d

@@ -20,6 +20,8 @@ class Adam:
         xp = model.xp
         self._m = xp.zeros_like(model.flat_params)
         self._v = xp.zeros_like(model.flat_params)
+        self._tmp = xp.empty_like(model.flat_params)     # scratch for the update
+        self._g = xp.empty_like(model.flat_params)       # scratch for unscaled gradients
         self.state = {"m": {n: model._view(self._m, n) for n in model.names},
                       "v": {n: model._view(self._v, n) for n in model.names}}
 
@@ -33,21 +35,29 @@ class Adam:
         t = self.step_count
         lr = self.current_lr(t)
         g = self.model.flat_grads
+        xp = self.model.xp
+        m, v, p, tmp = self._m, self._v, self.model.flat_params, self._tmp
+        # g = grads / grad_scale (mixed precision / accumulation), into tmp, not in place
         if grad_scale != 1.0:
-            g = g * (1.0 / grad_scale)
-        m, v, p = self._m, self._v, self.model.flat_params
-        # m = b1 m + (1 - b1) g ;  v = b2 v + (1 - b2) g^2
+            g = xp.multiply(g, 1.0 / grad_scale, out=self._g)
+        # every operation writes into a preallocated buffer: no temporaries of model size
+        # m = b1 m + (1 - b1) g
         m *= self.beta1
-        m += (1.0 - self.beta1) * g
+        m += xp.multiply(g, 1.0 - self.beta1, out=tmp)
+        # v = b2 v + (1 - b2) g^2
         v *= self.beta2
-        v += (1.0 - self.beta2) * (g * g)
+        xp.multiply(g, g, out=tmp)
+        tmp *= 1.0 - self.beta2
+        v += tmp
         # p -= lr * m_hat / (sqrt(v_hat) + eps), m_hat = m / (1 - b1^t), v_hat = v / (1 - b2^t)
         bc1 = 1.0 - self.beta1 ** t
         bc2 = 1.0 - self.beta2 ** t
-        denom = self.model.xp.sqrt(v)
-        denom *= 1.0 / math.sqrt(bc2)
-        denom += self.eps
-        p -= (lr / bc1) * m / denom
+        xp.sqrt(v, out=tmp)
+        tmp *= 1.0 / math.sqrt(bc2)
+        tmp += self.eps
+        xp.divide(m, tmp, out=tmp)
+        tmp *= lr / bc1
+        p -= tmp
         return lr
 
     def state_dict(self):
