@@ -5,21 +5,24 @@ each backward ACCUMULATES into the same gradient, so tying needs no special code
 """
 import numpy as np
 
-from ..backend import xp_of
+from ..backend import is_gpu, xp_of
 from .base import Layer
 
 
 def segment_sum_rows(ids, rows, out):
-    """out[ids[n]] += rows[n] for every n (ids [N], rows [N, D], out [V, D]), like np.add.at
-    but with one sort and one reduceat instead of a slow unbuffered scatter."""
+    """out[ids[n]] += rows[n] for every n (ids [N], rows [N, D], out [V, D]).
+
+    CPU: one stable sort and one reduceat instead of np.add.at's slow unbuffered scatter.
+    GPU: CuPy's add.at is an atomic scatter-add kernel, the fast way there.
+    """
     xp = xp_of(rows)
-    if hasattr(xp, "add") and hasattr(xp.add, "reduceat"):
-        order = xp.argsort(ids, kind="stable")
-        sorted_ids = ids[order]
-        starts = xp.flatnonzero(xp.concatenate([xp.ones(1, dtype=bool), sorted_ids[1:] != sorted_ids[:-1]]))
-        out[sorted_ids[starts]] += xp.add.reduceat(rows[order], starts, axis=0)
-    else:  # CuPy: scatter_add is a fast atomic kernel there
+    if is_gpu(xp):
         xp.add.at(out, ids, rows)
+        return
+    order = xp.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    starts = xp.flatnonzero(xp.concatenate([xp.ones(1, dtype=bool), sorted_ids[1:] != sorted_ids[:-1]]))
+    out[sorted_ids[starts]] += xp.add.reduceat(rows[order], starts, axis=0)
 
 
 class TokenEmbedding(Layer):
