@@ -14,7 +14,6 @@ averaging is `average_checkpoints`.
 import hashlib
 import json
 import os
-import tempfile
 import zipfile
 
 import numpy as np
@@ -22,38 +21,13 @@ import numpy as np
 from .backend import to_numpy
 from .config import TransformerConfig
 from .errors import CheckpointError, MinitfError
+from .fileio import atomic_write
 
 FORMAT, VERSION = "minitf-checkpoint", 1
 
 
 def _digest(a):
     return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
-
-
-def atomic_write(path, write):
-    """write(fileobj) into a temp file beside `path`, fsync it, rename it over `path`, fsync the dir."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    try:
-        dfd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:  # some filesystems do not fsync directories
-        pass
 
 
 def save_checkpoint(path, model=None, optimizer=None, tokenizer=None, train_state=None, params=None, config=None):

@@ -30,7 +30,7 @@ def cmd_translate(args):
                            progress=not args.quiet)
     text = "".join(h + "\n" for h in hyps)
     if args.output:
-        from .checkpoint import atomic_write
+        from .fileio import atomic_write
         atomic_write(args.output, lambda f: f.write(text.encode()))
     else:
         sys.stdout.write(text)

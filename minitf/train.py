@@ -16,7 +16,8 @@ import time
 import numpy as np
 
 from .backend import to_device
-from .checkpoint import atomic_write, average_checkpoints, load_checkpoint, save_checkpoint
+from .checkpoint import average_checkpoints, load_checkpoint, save_checkpoint
+from .fileio import atomic_write
 from .config import TransformerConfig
 from .errors import ConfigError, MinitfError
 from .model import Transformer

@@ -48,7 +48,7 @@ def _check_out(out):
 
 
 def _save(fig, out):
-    from .checkpoint import atomic_write
+    from .fileio import atomic_write
     fmt = _check_out(out)
     try:
         atomic_write(out, lambda f: fig.savefig(f, format=fmt, dpi=DPI))

@@ -3,24 +3,14 @@ import json
 import subprocess
 import sys
 
-import numpy as np
 import pytest
-
-import minitf
-from minitf.checkpoint import save_checkpoint
-from minitf.data.tokenizer import Tokenizer
-
-WORDS = "the a cat dog sees runs small big red house tree man woman eats".split()
+from conftest import make_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("tr")
-    rng = np.random.default_rng(0)
-    lines = [" ".join(rng.choice(WORDS, size=rng.integers(2, 8))) for _ in range(300)]
-    tok = Tokenizer.train(lines, d / "spm.model", vocab_size=60)
-    cfg = minitf.TransformerConfig(vocab_size=tok.vocab_size, d_model=16, n_heads=2, d_ff=24, n_layers=1)
-    save_checkpoint(d / "model.npz", minitf.Transformer(cfg, seed=0), tokenizer=tok.to_bytes())
+    _, lines = make_tiny_checkpoint(d)
     (d / "src.txt").write_text("\n".join(lines[:7]) + "\n")
     (d / "ref.txt").write_text("\n".join(lines[7:14]) + "\n")
     (d / "short.txt").write_text("\n".join(lines[:3]) + "\n")

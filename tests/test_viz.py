@@ -7,17 +7,15 @@ import sys
 import numpy as np
 import pytest
 
-import minitf
+from conftest import make_tiny_checkpoint
+
 from minitf import viz
-from minitf.checkpoint import save_checkpoint
 from minitf.cli import main
-from minitf.data.tokenizer import Tokenizer
 from minitf.errors import ConfigError, DataError, MinitfError
 from minitf.layers.positional import sinusoid_table
 from minitf.schedule import noam
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-WORDS = "the a cat dog sees runs small big red house tree man woman eats".split()
 
 
 def needs_matplotlib():
@@ -167,13 +165,7 @@ def test_out_must_be_a_picture_file(tmp_path):
 # ------------------------------------------------------------------------------ attention
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    d = tmp_path_factory.mktemp("viz")
-    rng = np.random.default_rng(0)
-    lines = [" ".join(rng.choice(WORDS, size=rng.integers(2, 8))) for _ in range(300)]
-    tok = Tokenizer.train(lines, d / "spm.model", vocab_size=60)
-    cfg = minitf.TransformerConfig(vocab_size=tok.vocab_size, d_model=16, n_heads=2, d_ff=24, n_layers=2)
-    save_checkpoint(d / "model.npz", minitf.Transformer(cfg, seed=0), tokenizer=tok.to_bytes())
-    return d / "model.npz"
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("viz"), n_layers=2)[0]
 
 
 def test_attention_maps_are_distributions_with_the_right_masks(ckpt):

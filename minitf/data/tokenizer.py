@@ -8,34 +8,16 @@ decode without the original file.
 import io
 import os
 import re
-import tempfile
 import warnings
 
 import numpy as np
 import sentencepiece as spm
 
 from minitf.errors import DataError
+from minitf.fileio import atomic_write_bytes
 from minitf.data.readers import read_text
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-
-
-def _atomic_write(path, data):
-    """Write bytes to `path` via a temp file in the same folder and os.replace."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".",
-                               suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _iter_lines(inputs):
@@ -167,7 +149,7 @@ class Tokenizer:
                           f"corpus{' (max ' + m.group(1) + ')' if m else ''}; trained "
                           f"with a soft limit instead: {got} pieces", stacklevel=2)
         tok = cls.from_bytes(proto)
-        _atomic_write(os.fspath(model_path), proto)
+        atomic_write_bytes(os.fspath(model_path), proto)
         tok.model_path = os.fspath(model_path)
         return tok
 
