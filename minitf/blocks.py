@@ -6,6 +6,14 @@ LayerNorm after either stack (the paper's post-norm; see docs/deviations.md).
 from .layers import Dropout, FeedForward, Layer, LayerNorm, MultiHeadAttention
 
 
+def residual(x, dropout, sublayer_out, rng):
+    """x + Dropout(Sublayer(x)), the sum inside LayerNorm (3.1), written into the sublayer's
+    output array (a fresh array nothing else holds) to save two temporaries."""
+    out = dropout.forward(sublayer_out, rng, inplace=True)
+    out += x
+    return out
+
+
 class EncoderLayer(Layer):
     def __init__(self, cfg, rng):
         super().__init__()
@@ -19,17 +27,20 @@ class EncoderLayer(Layer):
 
     def forward(self, x, src_bias, rng=None):
         """x [B, S, D], src_bias [B, 1, 1, S] -> [B, S, D]."""
-        h = self.norm1.forward(x + self.drop1.forward(self.self_attn.forward(x, x, src_bias), rng))
-        return self.norm2.forward(h + self.drop2.forward(self.ffn.forward(h), rng))
+        h = self.norm1.forward(residual(x, self.drop1, self.self_attn.forward(x, x, src_bias), rng))
+        return self.norm2.forward(residual(h, self.drop2, self.ffn.forward(h), rng))
 
     def backward(self, dy):
         # y = norm2(h + drop2(ffn(h)))
         dsum = self.norm2.backward(dy)
-        dh = dsum + self.ffn.backward(self.drop2.backward(dsum))
+        dh = self.ffn.backward(self.drop2.backward(dsum))
+        dh += dsum
         # h = norm1(x + drop1(self_attn(x, x)))
         dsum = self.norm1.backward(dh)
         dq, dkv = self.self_attn.backward(self.drop1.backward(dsum))
-        return dsum + dq + dkv
+        dq += dkv
+        dq += dsum
+        return dq
 
 
 class DecoderLayer(Layer):
@@ -48,23 +59,26 @@ class DecoderLayer(Layer):
 
     def forward(self, y, memory, src_bias, tgt_bias, rng=None):
         """y [B, T, D], memory [B, S, D] (encoder output), tgt_bias [B, 1, T, T] -> [B, T, D]."""
-        h1 = self.norm1.forward(y + self.drop1.forward(self.self_attn.forward(y, y, tgt_bias), rng))
-        h2 = self.norm2.forward(h1 + self.drop2.forward(self.cross_attn.forward(h1, memory, src_bias), rng))
-        return self.norm3.forward(h2 + self.drop3.forward(self.ffn.forward(h2), rng))
+        h1 = self.norm1.forward(residual(y, self.drop1, self.self_attn.forward(y, y, tgt_bias), rng))
+        h2 = self.norm2.forward(residual(h1, self.drop2, self.cross_attn.forward(h1, memory, src_bias), rng))
+        return self.norm3.forward(residual(h2, self.drop3, self.ffn.forward(h2), rng))
 
     def backward(self, dout):
         """Returns (dy, dmemory)."""
         # out = norm3(h2 + drop3(ffn(h2)))
         dsum = self.norm3.backward(dout)
-        dh2 = dsum + self.ffn.backward(self.drop3.backward(dsum))
+        dh2 = self.ffn.backward(self.drop3.backward(dsum))
+        dh2 += dsum
         # h2 = norm2(h1 + drop2(cross_attn(h1, memory)))
         dsum = self.norm2.backward(dh2)
-        dq, dmemory = self.cross_attn.backward(self.drop2.backward(dsum))
-        dh1 = dsum + dq
+        dh1, dmemory = self.cross_attn.backward(self.drop2.backward(dsum))
+        dh1 += dsum
         # h1 = norm1(y + drop1(self_attn(y, y)))
         dsum = self.norm1.backward(dh1)
         dq, dkv = self.self_attn.backward(self.drop1.backward(dsum))
-        return dsum + dq + dkv, dmemory
+        dq += dkv
+        dq += dsum
+        return dq, dmemory
 
 
 def decoder_layer_step(layer, x, cache, t, src_bias):
@@ -124,5 +138,8 @@ class Decoder(Layer):
         dmemory = None
         for layer in reversed(self.layers_):
             dy, dm = layer.backward(dy)
-            dmemory = dm if dmemory is None else dmemory + dm
+            if dmemory is None:
+                dmemory = dm
+            else:
+                dmemory += dm
         return dy, dmemory

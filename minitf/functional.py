@@ -93,12 +93,22 @@ def layernorm_backward(dy, cache, g, dg, db):
 
 # ----------------------------------------------------------------------------- dropout
 def dropout_mask(rng, shape, p, dtype):
-    """Inverted-dropout mask: 0 with probability p, else 1/(1-p) (so E[mask] = 1)."""
-    keep = rng.random(shape, dtype=dtype) >= p
-    return keep.astype(dtype) * (1.0 / (1.0 - p))
+    """Inverted-dropout mask: 0 with probability p, else 1/(1-p) (so E[mask] = 1).
+
+    Built in place in the uniform draws u: floor(u + 1 - p) is 1 exactly when u >= p.
+    """
+    u = rng.random(shape, dtype=dtype)
+    u += 1.0 - p
+    xp_of(u).floor(u, out=u)
+    u *= 1.0 / (1.0 - p)
+    return u
 
 
-def dropout_forward(x, mask):
+def dropout_forward(x, mask, inplace=False):
+    """y = x * mask; `inplace` overwrites x (when nothing else holds it)."""
+    if inplace:
+        x *= mask
+        return x
     return x * mask
 
 

@@ -13,14 +13,16 @@ class Dropout(Layer):
         super().__init__()
         self.p = p
 
-    def forward(self, x, rng=None, mask=None):
+    def forward(self, x, rng=None, mask=None, inplace=False):
+        """x * mask (a fresh mask from `rng` unless `mask` is given); identity in eval mode.
+        `inplace=True` may overwrite x: for sublayer outputs that nothing else holds."""
         if mask is None:
             if not self.training or self.p == 0.0 or rng is None:
                 self.cache = None
                 return x
             mask = F.dropout_mask(rng, x.shape, self.p, x.dtype)
         self.cache = mask
-        return F.dropout_forward(x, mask)
+        return F.dropout_forward(x, mask, inplace)
 
     def backward(self, dy):
         mask, self.cache = self.cache, None
