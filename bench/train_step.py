@@ -213,6 +213,7 @@ def main(argv=None):
     src_tokens = int((src != cfg.pad_id).sum())
     flops, dense_flops, attn_flops = step_flops(cfg, *src.shape, tgt_in.shape[1])
     xp = get_xp(args.device)
+    load_start = os.getloadavg()[0]  # other processes on the machine skew the timings: reported
 
     info = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -258,6 +259,13 @@ def main(argv=None):
             torch.cuda.reset_peak_memory_stats()
         state = {n: to_numpy(a).copy() for n, a in runners[0].model.state_dict().items()}
         runners.append(TorchRunner(cfg, args.device, batch, args.lr, args.fp16, state))
+        # same weights, same batch: without dropout the two losses agree (a setup check, untimed)
+        runners[0].model.eval()
+        runners[1].model.eval()
+        info["eval_loss_same_weights"] = {"minitf": float(runners[0].model.forward_loss(*runners[0].batch)),
+                                          "torch": float(runners[1].model.loss(*runners[1].batch).detach())}
+        runners[0].model.train()
+        runners[1].model.train()
         for _ in range(args.warmup_rounds):
             timed_round(runners[1], args.steps_per_round)
     peak = max(peaks.values())
@@ -297,6 +305,7 @@ def main(argv=None):
         results["ratio_minitf_over_torch"] = (results["minitf"]["tgt_tokens_per_s"]
                                               / results["torch"]["tgt_tokens_per_s"])
     info["results"] = results
+    info["loadavg_start_end"] = [load_start, os.getloadavg()[0]]
     report(info)
     if args.json:
         with open(args.json, "w") as fh:
@@ -346,6 +355,11 @@ def report(info):
               f"max {max(r['step_s_all']) * 1e3:.1f})  {r['tgt_tokens_per_s']:9.0f} tgt tok/s  "
               f"{r['achieved_flops'] / 1e9:6.1f} GFLOP/s  MFU {100 * r['mfu']:5.1f}%  loss {r['last_loss']:.3f}  "
               f"memory MiB: {mem}")
+    print(f"1-min load average at start / end: {info['loadavg_start_end'][0]:.2f} / {info['loadavg_start_end'][1]:.2f} "
+          f"on {m['affinity']} cores (the end value includes this benchmark)")
+    if "eval_loss_same_weights" in info:
+        e = info["eval_loss_same_weights"]
+        print(f"setup check, same weights without dropout: loss minitf {e['minitf']:.6f} torch {e['torch']:.6f}")
     if "ratio_minitf_over_torch" in res:
         print(f"ratio minitf/torch (tokens/s): {res['ratio_minitf_over_torch']:.3f}")
 
