@@ -77,6 +77,32 @@ def synchronize(xp):
         cupy.cuda.get_current_stream().synchronize()
 
 
+def keep_freed_memory():
+    """Ask glibc malloc to keep freed memory instead of returning it to the OS.
+
+    NumPy allocates a fresh array for almost every operation; big ones (over glibc's mmap
+    threshold) are mmap-ed and unmapped each time, so every training step page-faults
+    through hundreds of MB. With a high mmap and trim threshold, the freed blocks are
+    reused from the heap instead: measured 17% faster training steps on the small preset
+    (docs/benchmarks.md). Process-wide, CPU only, and a no-op where glibc is absent.
+    """
+    global _MALLOC_TUNED
+    if _MALLOC_TUNED:
+        return
+    _MALLOC_TUNED = True
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        libc.mallopt(m_mmap_threshold, 1 << 30)
+        libc.mallopt(m_trim_threshold, (1 << 31) - 1)
+    except (OSError, AttributeError):
+        pass
+
+
+_MALLOC_TUNED = False
+
+
 def make_rng(xp, seed):
     """A random Generator on the device of `xp`, seeded with a non-negative int."""
     return xp.random.default_rng(int(seed))

@@ -6,7 +6,7 @@ and gradient buffers every layer's arrays are views of.
 """
 import numpy as np
 
-from .backend import get_xp, make_rng, to_device, to_numpy
+from .backend import get_xp, is_gpu, keep_freed_memory, make_rng, to_device, to_numpy
 from .blocks import Decoder, Encoder
 from .errors import CheckpointError, ConfigError
 from .layers import Dropout, Layer, LearnedPositional, SinusoidalPositional, TokenEmbedding, flatten_parameters
@@ -32,6 +32,8 @@ class Transformer(Layer):
             raise ConfigError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
         self.cfg, self.device, self.seed = cfg, device, int(seed)
         self.xp = get_xp(device)
+        if not is_gpu(self.xp):
+            keep_freed_memory()
         self.dtype = np.dtype(dtype)
         rng = np.random.default_rng(seed)
         d = cfg.d_model
