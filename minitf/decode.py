@@ -53,12 +53,19 @@ class IncrementalDecoder:
         self.t += 1
         return log_softmax(m.embedding.project(h)[0])
 
-    def reorder(self, rows):
-        """Keep rows `rows` (an int array into the current rows), in that order."""
+    def reorder(self, rows, same_sources=False):
+        """Keep rows `rows` (an int array into the current rows), in that order.
+
+        `same_sources=True` promises every row keeps a row of the same source sentence
+        (beams reordered within their sentence), so the per-sentence encoder output and
+        cross-attention keys/values stay as they are; only the self-attention caches move.
+        """
         rows = self.model.xp.asarray(rows)
-        self.prefix, self.memory, self.src_bias = self.prefix[rows], self.memory[rows], self.src_bias[rows]
+        self.prefix = self.prefix[rows]
+        if not same_sources:
+            self.memory, self.src_bias = self.memory[rows], self.src_bias[rows]
         for cache in self.caches:
-            for key in cache:
+            for key in ("k", "v") if same_sources else cache:
                 cache[key] = cache[key][rows]
 
 
@@ -117,7 +124,10 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
         logp[:, cfg.bos_id] = -np.inf
         n = len(alive)
         cand = (scores[alive][:, :, None] + logp.reshape(n, k, v)).reshape(n, k * v)
-        top = np.argsort(-cand, axis=1, kind="stable")[:, : 2 * k]
+        # the 2k best candidates of each sentence: a linear-time partition, then a small sort
+        part = (np.argpartition(-cand, 2 * k - 1, axis=1)[:, : 2 * k] if 2 * k < k * v
+                else np.broadcast_to(np.arange(k * v), cand.shape))
+        top = np.take_along_axis(part, np.argsort(-np.take_along_axis(cand, part, axis=1), axis=1, kind="stable"), axis=1)
         rows, next_tokens, still = [], [], []
         for i, sent in enumerate(alive):
             at_limit = t >= max_lens[sent]
@@ -146,8 +156,8 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
             still.append(sent)
         if not still:
             break
+        dec.reorder(np.asarray(rows), same_sources=still == alive)
         alive = still
-        dec.reorder(np.asarray(rows))
         tokens = xp.asarray(np.asarray(next_tokens)).astype(src.dtype)
     return [max(f, key=lambda x: x[0])[1] if f else [] for f in finished]
 
