@@ -88,6 +88,8 @@ def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True):
         logp = dec.step(tokens)
         logp[:, cfg.pad_id] = -xp.inf  # never emit padding or BOS
         logp[:, cfg.bos_id] = -xp.inf
+        if t == 0:
+            logp[:, cfg.eos_id] = -xp.inf  # at least one token (fairseq's min_len 1)
         best = to_numpy(logp.argmax(axis=1))
         keep = [row for row, (sent, tok) in enumerate(zip(alive, best))
                 if tok != cfg.eos_id and t < max_lens[sent]]   # EOS, or the length limit: done
@@ -103,8 +105,9 @@ def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True):
 
 def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50, use_cache=True):
     """src [B, S] -> list of B token-id lists: the best finished hypothesis of each sentence
-    by score / length_penalty. A sentence stops when `beam_size` hypotheses have ended
-    (emitted EOS) or at its maximum length (EOS is then forced)."""
+    by score / length_penalty. Each step keeps the k best continuations of the 2k best
+    candidates; a candidate ending in EOS is finished if it ranks among the k best. A
+    sentence stops when k hypotheses have finished or at its maximum length (EOS forced)."""
     cfg, xp = model.cfg, model.xp
     src = model._check_ids("src", src)
     b, k = src.shape[0], beam_size
@@ -122,6 +125,8 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
         v = logp.shape[1]
         logp[:, cfg.pad_id] = -np.inf
         logp[:, cfg.bos_id] = -np.inf
+        if t == 0:
+            logp[:, cfg.eos_id] = -np.inf  # no empty translation (fairseq's min_len 1)
         n = len(alive)
         cand = (scores[alive][:, :, None] + logp.reshape(n, k, v)).reshape(n, k * v)
         # the 2k best candidates of each sentence: a linear-time partition, then a small sort
@@ -133,13 +138,15 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
             at_limit = t >= max_lens[sent]
             new_hyps, new_scores = [], []
             order = top[i] if not at_limit else (np.arange(k) * v + cfg.eos_id)  # forced EOS
-            for c in order:
+            for rank, c in enumerate(order):
                 beam, tok = divmod(int(c), v)
                 s = cand[i, c]
                 if not np.isfinite(s):
                     continue
                 if tok == cfg.eos_id:
-                    if len(finished[sent]) < k:
+                    # an ending counts only if it ranks among the k best candidates (as in
+                    # fairseq): a weak early EOS must not fill the finished list and stop the search
+                    if rank < k and len(finished[sent]) < k:
                         finished[sent].append((s / length_penalty(t + 1, alpha), hyps[sent][beam]))
                 elif len(new_hyps) < k:
                     new_hyps.append((beam, hyps[sent][beam] + [tok]))

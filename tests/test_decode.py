@@ -64,13 +64,13 @@ def test_batched_beam_equals_one_sentence_at_a_time():
 
 
 def test_wide_beam_finds_the_best_sequence_under_the_length_penalty():
-    # vocabulary: pad 0, unk 1, bos 2, eos 3, and 4, 5 -> outputs from {1, 4, 5}, length <= 3
+    # vocabulary: pad 0, unk 1, bos 2, eos 3, and 4, 5 -> outputs from {1, 4, 5}, length 1..3
     model, _ = model_and_src(vocab=6, seed=11)
     model.eval()
     src = np.array([[4, 5, 4, 3]])
     alpha, max_len = 0.6, 3
     best, best_score = None, -np.inf
-    for n in range(max_len + 1):
+    for n in range(1, max_len + 1):   # no empty output: EOS is not allowed first
         for seq in itertools.product([1, 4, 5], repeat=n):
             tgt_in = np.array([[2, *seq]])
             logp = log_softmax(model.forward(src, tgt_in))[0]
@@ -92,3 +92,13 @@ def test_max_length_is_input_plus_b():
     model, src = model_and_src(seed=2)
     for hyp, row in zip(greedy_search(model, src, max_len_b=2), src):
         assert len(hyp) <= (row != 0).sum() + 2
+
+
+def test_no_empty_translations():
+    # EOS is made the most likely first token: the search must still emit at least one token
+    model, src = model_and_src(seed=6)
+    model.eval()
+    model.embedding.params["weight"][3] = 5.0 * model.embedding.params["weight"][3] / np.linalg.norm(
+        model.embedding.params["weight"][3]) + 3.0
+    for out in (greedy_search(model, src, max_len_b=8), beam_search(model, src, beam_size=4, max_len_b=8)):
+        assert all(len(hyp) >= 1 for hyp in out)
