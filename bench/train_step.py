@@ -9,11 +9,12 @@ over --rounds timed rounds (after --warmup-rounds), minitf and torch rounds ALTE
 the same run; model FLOP utilisation against the device's measured float32 matmul peak;
 peak memory. PyTorch is only needed for --vs-torch.
 
-FLOPs per step (counted analytically on the PADDED shapes both implementations compute on):
-every matmul parameter used once per position costs 2 FLOPs forward and 4 backward, so
-6 * (matmul params touched per position) * positions; attention adds q k^T and p v, each
-2 * H*d_k * T_q * T_k forward, x3 for forward + backward. Biases, LayerNorm, softmax,
-embedding lookups and Adam are not counted.
+Model FLOPs per step, counted analytically on the REAL (non-pad) tokens only, so work spent on
+padding lowers the utilisation: every matmul parameter used once per token costs 2 FLOPs
+forward and 4 backward, so 6 * (matmul params touched per token) * tokens; attention adds
+q k^T and p v, each 2 * H*d_k * L_q * L_k forward per sentence, x3 for forward + backward.
+Biases, LayerNorm, softmax, embedding lookups and Adam are not counted. The same count on
+the padded shapes is in the JSON (`flops_per_step.padded`).
 """
 import argparse
 import datetime
@@ -53,15 +54,17 @@ def make_batch(cfg, b, s, t, seed=0):
     return src, tgt[:, :-1], tgt[:, 1:]
 
 
-def step_flops(cfg, b, s, t):
-    """(total, dense, attention) FLOPs of one training step on a [b, s] -> [b, t] batch."""
+def step_flops(cfg, src_lens, tgt_lens):
+    """(total, dense, attention) FLOPs of one training step over sentences of the given
+    source and target lengths (tokens per sentence)."""
     d, f, n, v, hk = cfg.d_model, cfg.d_ff, cfg.n_layers, cfg.vocab_size, cfg.n_heads * cfg.d_k
-    enc_per_src_pos = n * (4 * d * hk + 2 * d * f)                    # q k v out, fc1 fc2
-    cross_kv_per_src_pos = n * 2 * d * hk                            # decoder cross-attn k, v on memory
-    dec_per_tgt_pos = n * (4 * d * hk + 2 * d * hk + 2 * d * f) + d * v  # self q k v out, cross q out, ffn; logits
-    dense = 6 * (b * s * (enc_per_src_pos + cross_kv_per_src_pos) + b * t * dec_per_tgt_pos)
-    attention = 3 * 4 * hk * b * n * (s * s + t * t + t * s)          # enc self, dec self, dec cross
-    return dense + attention, dense, attention
+    s, t = np.asarray(src_lens, dtype=np.float64), np.asarray(tgt_lens, dtype=np.float64)
+    enc_per_src_tok = n * (4 * d * hk + 2 * d * f)                       # q k v out, fc1 fc2
+    cross_kv_per_src_tok = n * 2 * d * hk                               # decoder cross-attn k, v on memory
+    dec_per_tgt_tok = n * (4 * d * hk + 2 * d * hk + 2 * d * f) + d * v  # self q k v out, cross q out, ffn; logits
+    dense = 6 * (s.sum() * (enc_per_src_tok + cross_kv_per_src_tok) + t.sum() * dec_per_tgt_tok)
+    attention = 3 * 4 * hk * n * (s * s + t * t + t * s).sum()          # enc self, dec self, dec cross
+    return float(dense + attention), float(dense), float(attention)
 
 
 # ----------------------------------------------------------------------------- machine
@@ -121,18 +124,20 @@ def rss_peak_mib():
 # ----------------------------------------------------------------------------- the two contenders
 class MinitfRunner:
     name = "minitf"
+    FP16_LOSS_SCALE = 1024.0  # static: enough for timing (training uses dynamic scaling)
 
     def __init__(self, cfg, device, batch, lr, fp16):
         self.xp = get_xp(device)
-        self.dtype = "float32"
+        self.dtype, self.model = "float32", None
         if fp16:
-            try:
+            try:  # float16 = minitf's mixed precision, where this minitf version has it
                 self.model = minitf.Transformer(cfg, device=device, dtype="float16", seed=0)
                 self.dtype = "float16"
             except ConfigError:
-                self.model = None
-        if self.dtype == "float32":
+                pass
+        if self.model is None:
             self.model = minitf.Transformer(cfg, device=device, dtype="float32", seed=0)
+        self.scale = self.FP16_LOSS_SCALE if self.dtype == "float16" else 1.0
         self.model.train()
         self.opt = minitf.Adam(self.model, lr=lr)
         self.batch = [self.xp.asarray(a) for a in batch]
@@ -141,8 +146,8 @@ class MinitfRunner:
         m = self.model
         m.zero_grad()
         loss = m.forward_loss(*self.batch)
-        m.backward()
-        self.opt.step()
+        m.backward(grad_scale=self.scale)
+        self.opt.step(grad_scale=self.scale)
         return loss
 
     def sync(self):
@@ -211,13 +216,16 @@ def main(argv=None):
     src, tgt_in, tgt_out = batch
     tgt_tokens = int((tgt_out != cfg.pad_id).sum())
     src_tokens = int((src != cfg.pad_id).sum())
-    flops, dense_flops, attn_flops = step_flops(cfg, *src.shape, tgt_in.shape[1])
+    src_lens, tgt_lens = (src != cfg.pad_id).sum(axis=1), (tgt_out != cfg.pad_id).sum(axis=1)
+    flops, dense_flops, attn_flops = step_flops(cfg, src_lens, tgt_lens)
+    padded_flops = step_flops(cfg, [src.shape[1]] * len(src), [tgt_in.shape[1]] * len(src))[0]
     xp = get_xp(args.device)
     load_start = os.getloadavg()[0]  # other processes on the machine skew the timings: reported
 
     info = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "machine": {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "machine": {"cpu": cpu_model(), "cpu_count": os.cpu_count(),
+                    "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
                     "blas_threads_env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                                                                     "MKL_NUM_THREADS") if k in os.environ},
                     "python": platform.python_version(), "numpy": np.__version__, "numpy_blas": blas_name()},
@@ -227,7 +235,7 @@ def main(argv=None):
         "batch": {"sentences": src.shape[0], "src_len": src.shape[1], "tgt_len": tgt_in.shape[1],
                   "src_tokens": src_tokens, "tgt_tokens": tgt_tokens,
                   "padded_positions": int(src.size + tgt_in.size)},
-        "flops_per_step": {"total": flops, "dense": dense_flops, "attention": attn_flops},
+        "flops_per_step": {"total": flops, "dense": dense_flops, "attention": attn_flops, "padded": padded_flops},
     }
     if args.device == "gpu":
         import cupy
@@ -344,7 +352,8 @@ def report(info):
           f"after {a['warmup_rounds']} warm-up rounds")
     f = info["flops_per_step"]
     peaks = ", ".join(f"{k} {v / 1e9:.1f}" for k, v in info["matmul_peak_flops"].items())
-    print(f"FLOPs/step {f['total'] / 1e9:.2f} G (dense {f['dense'] / 1e9:.2f} + attention {f['attention'] / 1e9:.2f}); "
+    print(f"model FLOPs/step on non-pad tokens {f['total'] / 1e9:.2f} G (dense {f['dense'] / 1e9:.2f} + attention "
+          f"{f['attention'] / 1e9:.2f}; {f['padded'] / 1e9:.2f} G if padding counted); "
           f"float32 2048^3 matmul peak GFLOP/s: {peaks} (MFU uses the max)")
     for name in ("minitf", "torch"):
         if name not in res:
