@@ -27,6 +27,8 @@ def parse_args(argv=None):
     p.add_argument("--vocab-size", type=int, help="joint BPE pieces (default: wmt14 37000, multi30k 8000)")
     p.add_argument("--preset", default="base", choices=sorted(PRESETS))
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    p.add_argument("--fp16", action="store_true",
+                   help="mixed precision: float16 activations/matmuls, float32 master weights, dynamic loss scaling (for GPUs)")
     p.add_argument("--out", default="runs/train", help="output folder")
     p.add_argument("--max-steps", type=int, default=100_000, help="updates (paper base: 100k); 0 = no limit")
     p.add_argument("--time-budget", type=float, help="stop training after this many seconds")
@@ -40,7 +42,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--log-every", type=int, default=50, help="steps between train_log.jsonl lines")
     p.add_argument("--valid-every", type=int, default=500, help="steps between validation losses (0 = never)")
-    p.add_argument("--save-every", type=int, default=1000, help="steps between checkpoints")
+    p.add_argument("--save-every", type=int, help="steps between checkpoints (default from the preset: base/big 1000, small 80)")
     p.add_argument("--keep-last", type=int, default=5, help="checkpoints kept")
     p.add_argument("--average-last", type=int, default=5, help="checkpoints averaged at the end (paper: 5)")
     p.add_argument("--beam", type=int, default=4, help="beam size for the final evaluation (paper: 4)")

@@ -3,9 +3,9 @@ with a hand-written forward and backward pass for every layer."""
 from .config import PRESETS, TransformerConfig
 from .errors import CheckpointError, ConfigError, DataError, DeviceError, MinitfError
 from .model import Transformer
-from .optim import Adam
+from .optim import Adam, LossScaler
 from .schedule import NoamSchedule, noam
 
 __version__ = "0.1.0"
-__all__ = ["TransformerConfig", "PRESETS", "Transformer", "Adam", "noam", "NoamSchedule",
+__all__ = ["TransformerConfig", "PRESETS", "Transformer", "Adam", "LossScaler", "noam", "NoamSchedule",
            "MinitfError", "DeviceError", "DataError", "CheckpointError", "ConfigError"]

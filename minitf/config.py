@@ -29,7 +29,8 @@ class TransformerConfig:
     # training recipe defaults of the preset (used by train_wmt.py, not by the model)
     warmup: int = 4000
     lr_factor: float = 1.0
-    max_tokens: int = 4096
+    max_tokens: int = 4096           # per batch and side, padding included
+    save_every: int = 1000           # steps between checkpoints (the last 5 are averaged, 6.1)
 
     def __post_init__(self):
         if self.d_k is None:
@@ -70,12 +71,13 @@ class TransformerConfig:
 
 PRESETS = {
     "base": dict(d_model=512, n_heads=8, d_ff=2048, n_layers=6, dropout=0.1,
-                 warmup=4000, lr_factor=1.0, max_tokens=25000),
+                 warmup=4000, lr_factor=1.0, max_tokens=25000, save_every=1000),
     "big": dict(d_model=1024, n_heads=16, d_ff=4096, n_layers=6, dropout=0.3,
-                warmup=4000, lr_factor=1.0, max_tokens=25000),
+                warmup=4000, lr_factor=1.0, max_tokens=25000, save_every=1000),
+    # recipe chosen on Multi30k val for 30 minutes on 2 CPU cores (docs/benchmarks.md)
     "small": dict(d_model=256, n_heads=4, d_ff=1024, n_layers=3, dropout=0.1,
-                  warmup=400, lr_factor=0.5, max_tokens=4096),
+                  warmup=400, lr_factor=0.5, max_tokens=2048, save_every=80),
     # for tests and smoke runs only
     "tiny": dict(d_model=32, n_heads=2, d_ff=64, n_layers=1, dropout=0.1,
-                 warmup=10, lr_factor=1.0, max_tokens=512),
+                 warmup=10, lr_factor=1.0, max_tokens=512, save_every=10),
 }

@@ -5,7 +5,15 @@ ACCUMULATES parameter gradients into the buffers it is given (`dw += ...`), retu
 input gradient(s). The comment above each backward line quotes the forward line it
 differentiates. Derivations: docs/derivations/.
 """
+import numpy as np
+
 from .backend import xp_of
+
+
+def as_float32_if_half(x):
+    """Mixed precision: reductions (softmax, LayerNorm, the loss) run in float32 when the
+    activations are float16; a no-op for float32/float64."""
+    return x.astype(np.float32) if x.dtype == np.float16 else x
 
 
 # ----------------------------------------------------------------------------- linear
@@ -42,19 +50,21 @@ def relu_backward(dy, y):
 def softmax_forward(x):
     """Softmax over the last axis, max-subtracted for stability; returns p (same shape)."""
     xp = xp_of(x)
-    p = x - x.max(axis=-1, keepdims=True)
+    x32 = as_float32_if_half(x)
+    p = x32 - x32.max(axis=-1, keepdims=True)
     xp.exp(p, out=p)
     p /= p.sum(axis=-1, keepdims=True)
-    return p
+    return p.astype(x.dtype, copy=False)
 
 
 def softmax_backward(dp, p):
     """dx = p * (dp - sum(dp * p)) over the last axis."""
     # p = exp(x - max) / sum(exp(x - max))
-    dx = dp * p
+    p32 = as_float32_if_half(p)
+    dx = as_float32_if_half(dp) * p32
     s = dx.sum(axis=-1, keepdims=True)
-    dx -= p * s
-    return dx
+    dx -= p32 * s
+    return dx.astype(dp.dtype, copy=False)
 
 
 # ----------------------------------------------------------------------------- layernorm
@@ -64,20 +74,22 @@ def layernorm_forward(x, g, b, eps):
     Returns y and the cache (xhat, rstd) backward needs: xhat [..., D], rstd [..., 1].
     """
     xp = xp_of(x)
-    mean = x.mean(axis=-1, keepdims=True)
-    xhat = x - mean
+    x32 = as_float32_if_half(x)
+    mean = x32.mean(axis=-1, keepdims=True)
+    xhat = x32 - mean
     var = (xhat * xhat).mean(axis=-1, keepdims=True)
     rstd = 1.0 / xp.sqrt(var + eps)
     xhat *= rstd
     y = xhat * g
     y += b
-    return y, (xhat, rstd)
+    return y.astype(x.dtype, copy=False), (xhat, rstd)
 
 
 def layernorm_backward(dy, cache, g, dg, db):
     """Accumulates dg, db [D]; returns dx with the compact form
     dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))."""
     xhat, rstd = cache
+    out_dtype, dy = dy.dtype, as_float32_if_half(dy)
     d = dy.shape[-1]
     dy2 = dy.reshape(-1, d)
     # y = xhat * g + b
@@ -88,7 +100,7 @@ def layernorm_backward(dy, cache, g, dg, db):
     dx = dxhat - dxhat.mean(axis=-1, keepdims=True)
     dx -= xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
     dx *= rstd
-    return dx
+    return dx.astype(out_dtype, copy=False)
 
 
 # ----------------------------------------------------------------------------- dropout
@@ -97,11 +109,11 @@ def dropout_mask(rng, shape, p, dtype):
 
     Built in place in the uniform draws u: floor(u + 1 - p) is 1 exactly when u >= p.
     """
-    u = rng.random(shape, dtype=dtype)
+    u = rng.random(shape, dtype=np.float32 if dtype == np.float16 else dtype)
     u += 1.0 - p
     xp_of(u).floor(u, out=u)
     u *= 1.0 / (1.0 - p)
-    return u
+    return u.astype(dtype, copy=False)
 
 
 def dropout_forward(x, mask, inplace=False):

@@ -5,11 +5,13 @@ non-pad tokens. With q = (1 - eps) * onehot(gold) + eps / V (which sums to 1), t
 gradient is dlogits = (softmax(logits) - q) / N on non-pad rows and 0 on pad rows.
 """
 from .backend import xp_of
+from .functional import as_float32_if_half
 
 
 def log_softmax(logits):
     """Stable log-softmax over the last axis: x - max - log(sum(exp(x - max)))."""
     xp = xp_of(logits)
+    logits = as_float32_if_half(logits)
     z = logits - logits.max(axis=-1, keepdims=True)
     z -= xp.log(xp.exp(z).sum(axis=-1, keepdims=True))
     return z
@@ -24,8 +26,9 @@ def label_smoothed_nll(logits, target, eps, pad_id):
     never materialized: log p[v] = z[v] - log(sum(exp(z))) with z = logits - max.
     """
     xp = xp_of(logits)
-    v = logits.shape[-1]
-    z = logits.reshape(-1, v) - logits.reshape(-1, v).max(axis=-1, keepdims=True)   # [N, V]
+    v, out_dtype = logits.shape[-1], logits.dtype
+    l2 = as_float32_if_half(logits.reshape(-1, v))                                   # float16 -> float32
+    z = l2 - l2.max(axis=-1, keepdims=True)                                          # [N, V]
     p = xp.exp(z)
     s = p.sum(axis=-1, keepdims=True)
     log_s = xp.log(s)[:, 0]                                                          # [N]
@@ -34,19 +37,19 @@ def label_smoothed_nll(logits, target, eps, pad_id):
     mean_logp = z.mean(axis=-1) - log_s                                              # mean_v log p[v]
     p /= s
     per_tok = (1.0 - eps) * -gold - eps * mean_logp
-    w = (tgt != pad_id).astype(logits.dtype)
+    w = (tgt != pad_id).astype(z.dtype)
     n = w.sum()
     n_safe = xp.maximum(n, 1.0)
     loss = (per_tok * w).sum() / n_safe
     nll_sum = (-gold * w).sum()
-    return loss, nll_sum, n, (p, tgt, w, n_safe, eps)
+    return loss, nll_sum, n, (p, tgt, w, n_safe, eps, out_dtype)
 
 
 def label_smoothed_nll_backward(cache, dloss=1.0):
     """dlogits [N, V] (reshape to the logits' shape) for label_smoothed_nll.
 
     Reuses (overwrites) the cached softmax: call it once per forward."""
-    p, tgt, w, n_safe, eps = cache
+    p, tgt, w, n_safe, eps, out_dtype = cache
     xp = xp_of(p)
     v = p.shape[-1]
     # loss = sum_rows w * ((1-eps) * -logp[gold] - eps * mean_v logp) / N
@@ -55,4 +58,4 @@ def label_smoothed_nll_backward(cache, dloss=1.0):
     d -= eps / v
     d[xp.arange(tgt.shape[0]), tgt] -= 1.0 - eps
     d *= (w * (dloss / n_safe))[:, None]
-    return d
+    return d.astype(out_dtype, copy=False)

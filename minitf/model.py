@@ -13,23 +13,28 @@ from .layers import Dropout, Layer, LearnedPositional, SinusoidalPositional, Tok
 from .loss import label_smoothed_nll, label_smoothed_nll_backward
 
 NEG_INF = -1e9  # additive mask value; exp(NEG_INF - max) underflows to exactly 0
+NEG_INF_HALF = -3e4  # float16 cannot hold -1e9; exp(-3e4) is still exactly 0 in float32
+
+
+def _neg_inf(dtype):
+    return NEG_INF_HALF if np.dtype(dtype) == np.float16 else NEG_INF
 
 
 def padding_bias(ids, pad_id, dtype):
     """ids [B, L] -> [B, 1, 1, L] additive bias: NEG_INF on pad keys, 0 elsewhere."""
-    return ((ids == pad_id) * NEG_INF).astype(dtype)[:, None, None, :]
+    return ((ids == pad_id) * _neg_inf(dtype)).astype(dtype)[:, None, None, :]
 
 
 def causal_bias(length, xp, dtype):
     """[L, L] additive bias: NEG_INF above the diagonal (position i sees only j <= i)."""
-    return xp.triu(xp.full((length, length), NEG_INF, dtype=dtype), k=1)
+    return xp.triu(xp.full((length, length), _neg_inf(dtype), dtype=dtype), k=1)
 
 
 class Transformer(Layer):
     def __init__(self, cfg, device="cpu", dtype="float32", seed=0):
         super().__init__()
-        if dtype not in ("float32", "float64"):
-            raise ConfigError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
+        if dtype not in ("float32", "float64", "float16"):
+            raise ConfigError(f"dtype must be 'float32', 'float64' or 'float16' (mixed precision), got {dtype!r}")
         self.cfg, self.device, self.seed = cfg, device, int(seed)
         self.xp = get_xp(device)
         if not is_gpu(self.xp):
@@ -46,6 +51,11 @@ class Transformer(Layer):
         self.decoder = self.add("decoder", Decoder(cfg, rng))
         self.src_dropout = self.add("src_dropout", Dropout(cfg.dropout))
         self.tgt_dropout = self.add("tgt_dropout", Dropout(cfg.dropout))
+        # float16 = mixed precision (Micikevicius et al. 2018): float32 master weights (and Adam
+        # state) updated by the optimizer, float16 copies for every activation and matmul
+        self.master_params = None
+        if self.dtype == np.float16:
+            self.master_params = flatten_parameters(self, self.xp, np.float32)[1]
         self.names, self.flat_params, self.flat_grads, self.slices = flatten_parameters(self, self.xp, self.dtype)
         self.forward_count = 0  # dropout stream position: forward i uses make_rng(seed, i)
         self._cache = None
@@ -136,9 +146,20 @@ class Transformer(Layer):
         self.flat_grads.fill(0)
 
     # ------------------------------------------------------------------ parameters
+    @property
+    def weights(self):
+        """The flat buffer the optimizer updates: the float32 master copy under mixed
+        precision, else the parameters themselves."""
+        return self.flat_params if self.master_params is None else self.master_params
+
+    def sync_weights(self):
+        """Mixed precision: refresh the float16 compute copy from the float32 master weights."""
+        if self.master_params is not None:
+            self.flat_params[...] = self.master_params
+
     def state_dict(self):
-        """{name: array} — live views of the parameters (copy before mutating)."""
-        return {name: self._view(self.flat_params, name) for name in self.names}
+        """{name: array} — live views of the parameters (float32 masters under mixed precision)."""
+        return {name: self._view(self.weights, name) for name in self.names}
 
     def grad_dict(self):
         return {name: self._view(self.flat_grads, name) for name in self.names}
@@ -159,7 +180,8 @@ class Transformer(Layer):
             if tuple(params[name].shape) != shape:
                 raise CheckpointError(f"parameter {name}: checkpoint shape {tuple(params[name].shape)} != model shape {shape}")
         for name in self.names:
-            self._view(self.flat_params, name)[...] = to_device(to_numpy(params[name]), self.xp).astype(self.dtype)
+            self._view(self.weights, name)[...] = to_device(to_numpy(params[name]), self.xp)
+        self.sync_weights()
 
     def num_parameters(self):
         return int(self.flat_params.size)

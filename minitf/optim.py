@@ -18,10 +18,10 @@ class Adam:
         self.eps = eps
         self.step_count = 0
         xp = model.xp
-        self._m = xp.zeros_like(model.flat_params)
-        self._v = xp.zeros_like(model.flat_params)
-        self._tmp = xp.empty_like(model.flat_params)     # scratch for the update
-        self._g = xp.empty_like(model.flat_params)       # scratch for unscaled gradients
+        self._m = xp.zeros_like(model.weights)          # float32 under mixed precision
+        self._v = xp.zeros_like(model.weights)
+        self._tmp = xp.empty_like(model.weights)        # scratch for the update
+        self._g = xp.empty_like(model.weights)          # scratch for unscaled gradients
         self.state = {"m": {n: model._view(self._m, n) for n in model.names},
                       "v": {n: model._view(self._v, n) for n in model.names}}
 
@@ -36,9 +36,14 @@ class Adam:
         lr = self.current_lr(t)
         g = self.model.flat_grads
         xp = self.model.xp
-        m, v, p, tmp = self._m, self._v, self.model.flat_params, self._tmp
-        # g = grads / grad_scale (mixed precision / accumulation), into tmp, not in place
-        if grad_scale != 1.0:
+        m, v, p, tmp = self._m, self._v, self.model.weights, self._tmp
+        # g = grads / grad_scale (loss scaling, accumulation) in the master precision, not in place
+        if g.dtype != p.dtype:
+            self._g[...] = g
+            g = self._g
+            if grad_scale != 1.0:
+                g *= 1.0 / grad_scale
+        elif grad_scale != 1.0:
             g = xp.multiply(g, 1.0 / grad_scale, out=self._g)
         # every operation writes into a preallocated buffer: no temporaries of model size
         # m = b1 m + (1 - b1) g
@@ -58,6 +63,7 @@ class Adam:
         xp.divide(m, tmp, out=tmp)
         tmp *= lr / bc1
         p -= tmp
+        self.model.sync_weights()
         return lr
 
     def state_dict(self):
@@ -77,3 +83,27 @@ class Adam:
                 if src is None or tuple(src.shape) != arr.shape:
                     raise CheckpointError(f"optimizer state {key}.{name} is missing or has the wrong shape")
                 arr[...] = to_device(to_numpy(src), self.model.xp)
+
+
+class LossScaler:
+    """Dynamic loss scaling for float16 training (Micikevicius et al. 2018).
+
+    Backward runs on loss * scale so small gradients survive float16; the optimizer divides
+    by the scale. A step whose gradients overflowed (inf/NaN) is skipped and the scale
+    halved; after `growth_interval` good steps in a row the scale doubles.
+    """
+
+    def __init__(self, init_scale=2.0 ** 15, growth_interval=1000, min_scale=1.0):
+        self.scale, self.growth_interval, self.min_scale = float(init_scale), growth_interval, min_scale
+        self.good_steps = 0
+
+    def update(self, grads_finite):
+        """Record one step's outcome; returns True if the optimizer should step."""
+        if not grads_finite:
+            self.scale = max(self.scale / 2.0, self.min_scale)
+            self.good_steps = 0
+            return False
+        self.good_steps += 1
+        if self.good_steps % self.growth_interval == 0:
+            self.scale *= 2.0
+        return True

@@ -21,7 +21,7 @@ from .fileio import atomic_write
 from .config import TransformerConfig
 from .errors import ConfigError, MinitfError
 from .model import Transformer
-from .optim import Adam
+from .optim import Adam, LossScaler
 from .schedule import NoamSchedule
 
 DATASET_DEFAULTS = {"wmt14": {"vocab_size": 37000, "max_ratio": 1.5},
@@ -84,7 +84,7 @@ def save(out, step, model, opt, tok, state, keep_last):
 
 
 def build_config(args, vocab_size):
-    over = {k: getattr(args, k) for k in ("dropout", "label_smoothing", "warmup", "lr_factor", "max_tokens")
+    over = {k: getattr(args, k) for k in ("dropout", "label_smoothing", "warmup", "lr_factor", "max_tokens", "save_every")
             if getattr(args, k, None) is not None}
     return TransformerConfig.preset(args.preset, vocab_size=vocab_size, **over)
 
@@ -122,7 +122,9 @@ def train(args):
         cfg = build_config(args, tok.vocab_size)
     if cfg.vocab_size != tok.vocab_size:
         raise ConfigError(f"the checkpoint's vocabulary ({cfg.vocab_size}) != the tokenizer's ({tok.vocab_size})")
-    model = Transformer(cfg, device=args.device, dtype="float32", seed=args.seed)
+    fp16 = getattr(args, "fp16", False)
+    model = Transformer(cfg, device=args.device, dtype="float16" if fp16 else "float32", seed=args.seed)
+    scaler = LossScaler() if fp16 else None
     opt = Adam(model, lr=NoamSchedule(cfg.d_model, cfg.warmup, cfg.lr_factor))
     state = {"step": 0, "epoch": 0, "batch": 0, "forward_count": 0, "train_wall_s": 0.0,
              "train_tokens": 0, "nonfinite": 0}
@@ -131,6 +133,8 @@ def train(args):
         opt.load_state_dict(resume.optimizer)
         state.update(resume.train_state)
         model.forward_count = state["forward_count"]
+        if scaler is not None and "loss_scale" in state:
+            scaler.scale, scaler.good_steps = state["loss_scale"], state["good_steps"]
     cfg_path = os.path.join(args.out, "config.json")
     atomic_write(cfg_path, lambda f: f.write(json.dumps({"model": cfg.to_dict(), "args": vars(args)}, indent=2).encode()))
     log(f"model: {model.num_parameters():,} parameters, preset {args.preset}, device {args.device}")
@@ -138,6 +142,7 @@ def train(args):
     src_lens = np.array([len(s) for s in train_pairs[0]])   # token_batches adds the EOS / BOS itself
     tgt_lens = np.array([len(t) for t in train_pairs[1]])
     max_tokens = cfg.max_tokens
+    save_every = args.save_every or cfg.save_every
     batches = iterate_batches(src_lens, tgt_lens, max_tokens, args.seed, state["epoch"], state["batch"])
     epoch_len = len(token_batches(src_lens, tgt_lens, max_tokens, args.seed, 0))
     log(f"train: {len(src_lens):,} pairs in {epoch_len:,} batches of <= {max_tokens} tokens per side")
@@ -175,13 +180,18 @@ def train(args):
             loss_sum = nll_sum = 0.0
             for _, _, (src, tgt_in, tgt_out, n) in micro:
                 loss = float(model.forward_loss(src, tgt_in, tgt_out))
-                model.backward(grad_scale=n / total)
+                model.backward(grad_scale=(scaler.scale if scaler else 1.0) * n / total)
                 loss_sum += loss * n
                 nll_sum += float(model.last_stats["nll_sum"])
             state["forward_count"] = model.forward_count
             state["epoch"], state["batch"] = micro[-1][0], micro[-1][1] + 1
-            finite = np.isfinite(loss_sum) and bool(model.xp.isfinite(model.flat_grads).all())
-            if not finite:
+            grads_finite = bool(model.xp.isfinite(model.flat_grads).all())
+            if scaler is not None and np.isfinite(loss_sum) and not grads_finite:
+                scaler.update(False)  # float16 overflow: skip the step with a smaller scale
+                state["loss_scale"], state["good_steps"] = scaler.scale, scaler.good_steps
+                write_log({"step": state["step"], "event": "overflow_skipped", "loss_scale": scaler.scale})
+                continue
+            if not (np.isfinite(loss_sum) and grads_finite):
                 state["nonfinite"] += 1
                 write_log({"step": state["step"], "event": "nonfinite_loss_skipped", "count": state["nonfinite"]})
                 if state["nonfinite"] >= args.max_nonfinite:
@@ -189,7 +199,10 @@ def train(args):
                                       f"lower --lr-factor or raise --warmup, then --resume")
                 continue
             state["nonfinite"] = 0
-            lr = opt.step()
+            if scaler is not None:
+                scaler.update(True)
+                state["loss_scale"], state["good_steps"] = scaler.scale, scaler.good_steps
+            lr = opt.step(grad_scale=scaler.scale if scaler else 1.0)
             state["step"] += 1
             state["train_tokens"] += total
             window["loss"] += loss_sum
@@ -209,7 +222,7 @@ def train(args):
                 vl, vnll = evaluate_loss(model, valid)
                 write_log({"step": state["step"], "valid_loss": round(vl, 4), "valid_nll": round(vnll, 4),
                            "valid_ppl": round(float(np.exp(min(vnll, 50))), 2)})
-            if state["step"] % args.save_every == 0:
+            if state["step"] % save_every == 0:
                 state["train_wall_s"] = time.time() - start_wall
                 save(args.out, state["step"], model, opt, tok, state, args.keep_last)
     except KeyboardInterrupt:

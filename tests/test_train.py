@@ -94,3 +94,15 @@ def test_existing_out_without_resume_and_bad_data_are_one_line_errors(corpus, tm
     assert r.returncode == 2 and "train.de" in r.stderr and "Traceback" not in r.stderr
     r = run_train(tmp_path / "nowhere", tmp_path / "run3", "--max-steps", 2, "--offline")
     assert r.returncode == 2 and "nowhere" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_non_finite_losses_are_skipped_then_stop_the_run(corpus, tmp_path):
+    # an absurd learning rate blows the weights up within a few updates: the loss turns
+    # inf/NaN, those updates are skipped and logged, and the run stops with a message
+    out = tmp_path / "run"
+    r = run_train(corpus, out, "--max-steps", 200, "--lr-factor", 1e12, "--max-nonfinite", 3, "--save-every", 100)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "non-finite" in r.stderr and "--lr-factor" in r.stderr and "Traceback" not in r.stderr
+    events = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    skipped = [e for e in events if e.get("event") == "nonfinite_loss_skipped"]
+    assert [e["count"] for e in skipped] == [1, 2, 3]
