@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from .backend import to_device
+from .backend import get_xp, to_device
 from .checkpoint import average_checkpoints, load_checkpoint, save_checkpoint
 from .fileio import atomic_write
 from .config import TransformerConfig
@@ -107,6 +107,9 @@ def train(args):
     from tqdm import tqdm
 
     from .data import iterate_batches, token_batches
+    get_xp(args.device)  # fail fast (before data and tokenizer work) when the device is unusable
+    if getattr(args, "fp16", False) and args.device == "cpu":
+        log("warning: --fp16 on the CPU is very slow (NumPy has no float16 BLAS); it is meant for GPUs")
     os.makedirs(args.out, exist_ok=True)
     data, tok, train_pairs = load_data(args)
     ckpts = checkpoint_paths(args.out)

@@ -106,3 +106,12 @@ def test_non_finite_losses_are_skipped_then_stop_the_run(corpus, tmp_path):
     events = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     skipped = [e for e in events if e.get("event") == "nonfinite_loss_skipped"]
     assert [e["count"] for e in skipped] == [1, 2, 3]
+
+
+def test_gpu_without_cupy_fails_fast_with_one_line(corpus, tmp_path):
+    from minitf.backend import gpu_available
+    if gpu_available()[0]:
+        pytest.skip("a GPU is present: the error path cannot be exercised here")
+    r = run_train(corpus, tmp_path / "run", "--device", "gpu", "--max-steps", 2)
+    assert r.returncode == 2 and "--device gpu" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "run").exists()  # nothing was started
