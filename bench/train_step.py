@@ -38,20 +38,21 @@ from minitf.errors import ConfigError  # noqa: E402
 
 # ----------------------------------------------------------------------------- batch and FLOPs
 def make_batch(cfg, b, s, t, seed=0):
-    """src [b, s], tgt_in / tgt_out [b, t]: BOS + random tokens + EOS, trailing pad; each
-    sentence's length is uniform in [len/2, len] (tokens counted with the EOS)."""
+    """src [b, s], tgt_in / tgt_out [b, t] with trailing padding; each sentence's length is
+    uniform in [len/2, len]. Source: tokens + EOS; target y = tokens + EOS, fed as
+    tgt_in = BOS + y[:-1] and predicted as tgt_out = y."""
     rng = np.random.default_rng(seed)
     first = 4 if cfg.vocab_size > 4 else 1  # skip pad/unk/bos/eos ids
     src = np.full((b, s), cfg.pad_id, dtype=np.int64)
-    tgt = np.full((b, t + 1), cfg.pad_id, dtype=np.int64)
+    tgt_in, tgt_out = np.full((b, t), cfg.pad_id, dtype=np.int64), np.full((b, t), cfg.pad_id, dtype=np.int64)
     for i in range(b):
         ls, lt = rng.integers(max(s // 2, 1), s + 1), rng.integers(max(t // 2, 1), t + 1)
         src[i, :ls] = rng.integers(first, cfg.vocab_size, ls)
         src[i, ls - 1] = cfg.eos_id
-        tgt[i, 0] = cfg.bos_id
-        tgt[i, 1:lt + 1] = rng.integers(first, cfg.vocab_size, lt)
-        tgt[i, lt] = cfg.eos_id
-    return src, tgt[:, :-1], tgt[:, 1:]
+        y = np.append(rng.integers(first, cfg.vocab_size, lt - 1), cfg.eos_id)
+        tgt_in[i, :lt] = np.append(cfg.bos_id, y[:-1])
+        tgt_out[i, :lt] = y
+    return src, tgt_in, tgt_out
 
 
 def step_flops(cfg, src_lens, tgt_lens):
