@@ -97,15 +97,20 @@ def decoder_layer_step(layer, x, cache, t, src_bias):
     return layer.norm3.apply(h2 + layer.ffn.apply(h2))
 
 
+def add_layer_list(parent, layers):
+    """Register `layers` as parent's children `layers.0`, `layers.1`, ... (the contract's names)."""
+    holder = parent.add("layers", Layer())
+    for i, layer in enumerate(layers):
+        holder.add(str(i), layer)
+    return layers
+
+
 class Encoder(Layer):
     """N identical EncoderLayers (3.1)."""
 
     def __init__(self, cfg, rng):
         super().__init__()
-        self.layers_ = [EncoderLayer(cfg, rng) for _ in range(cfg.n_layers)]
-        self.add("layers", Layer())
-        for i, layer in enumerate(self.layers_):
-            self.children["layers"].add(str(i), layer)
+        self.layers_ = add_layer_list(self, [EncoderLayer(cfg, rng) for _ in range(cfg.n_layers)])
 
     def forward(self, x, src_bias, rng=None):
         for layer in self.layers_:
@@ -123,10 +128,7 @@ class Decoder(Layer):
 
     def __init__(self, cfg, rng):
         super().__init__()
-        self.layers_ = [DecoderLayer(cfg, rng) for _ in range(cfg.n_layers)]
-        self.add("layers", Layer())
-        for i, layer in enumerate(self.layers_):
-            self.children["layers"].add(str(i), layer)
+        self.layers_ = add_layer_list(self, [DecoderLayer(cfg, rng) for _ in range(cfg.n_layers)])
 
     def forward(self, y, memory, src_bias, tgt_bias, rng=None):
         for layer in self.layers_:

@@ -22,7 +22,7 @@ def _neg_inf(dtype):
 
 def padding_bias(ids, pad_id, dtype):
     """ids [B, L] -> [B, 1, 1, L] additive bias: NEG_INF on pad keys, 0 elsewhere."""
-    return ((ids == pad_id) * _neg_inf(dtype)).astype(dtype)[:, None, None, :]
+    return ((ids == pad_id).astype(dtype) * _neg_inf(dtype))[:, None, None, :]
 
 
 def causal_bias(length, xp, dtype):

@@ -91,7 +91,9 @@ def build_config(args, vocab_size):
 
 # ------------------------------------------------------------------------------ the loop
 def evaluate_loss(model, batches):
-    """Teacher-forced loss and per-token NLL over (src, tgt_in, tgt_out) batches, eval mode."""
+    """Teacher-forced loss and per-token NLL over (src, tgt_in, tgt_out) batches, in eval mode
+    (the model's train/eval mode is restored afterwards)."""
+    was_training = model.training
     model.eval()
     tot_loss = tot_nll = tot_n = 0.0
     for src, tgt_in, tgt_out, n in batches:
@@ -99,7 +101,7 @@ def evaluate_loss(model, batches):
         tot_loss += float(loss) * n
         tot_nll += float(model.last_stats["nll_sum"])
         tot_n += n
-    model.train()
+    model.train(was_training)
     return tot_loss / max(tot_n, 1), tot_nll / max(tot_n, 1)
 
 
@@ -267,7 +269,6 @@ def finish(args, model, tok, data, state, valid, write_log):
     model.eval()
     log(f"averaged {len(ckpts)} checkpoints -> {avg_path}")
     vl, vnll = evaluate_loss(model, valid)
-    model.eval()
     results = {"steps": state["step"], "epochs": state["epochs"], "train_wall_s": round(state["train_wall_s"], 1),
                "train_tokens_per_s": round(state["train_tokens"] / max(state["train_wall_s"], 1e-9), 1),
                "averaged_checkpoints": [os.path.basename(c) for c in ckpts], "valid_loss": round(vl, 4),
