@@ -25,9 +25,9 @@ class EncoderLayer(Layer):
         self.drop1 = self.add("drop1", Dropout(cfg.dropout))
         self.drop2 = self.add("drop2", Dropout(cfg.dropout))
 
-    def forward(self, x, src_bias, rng=None):
-        """x [B, S, D], src_bias [B, 1, 1, S] -> [B, S, D]."""
-        h = self.norm1.forward(residual(x, self.drop1, self.self_attn.forward(x, x, src_bias), rng))
+    def forward(self, x, src_bias, rng=None, rows=None):
+        """x [B, S, D], src_bias [B, 1, 1, S] -> [B, S, D] (x [Ns, D] -> [Ns, D] with `rows`)."""
+        h = self.norm1.forward(residual(x, self.drop1, self.self_attn.forward(x, x, src_bias, rows, rows), rng))
         return self.norm2.forward(residual(h, self.drop2, self.ffn.forward(h), rng))
 
     def backward(self, dy):
@@ -57,10 +57,12 @@ class DecoderLayer(Layer):
         self.drop2 = self.add("drop2", Dropout(cfg.dropout))
         self.drop3 = self.add("drop3", Dropout(cfg.dropout))
 
-    def forward(self, y, memory, src_bias, tgt_bias, rng=None):
-        """y [B, T, D], memory [B, S, D] (encoder output), tgt_bias [B, 1, T, T] -> [B, T, D]."""
-        h1 = self.norm1.forward(residual(y, self.drop1, self.self_attn.forward(y, y, tgt_bias), rng))
-        h2 = self.norm2.forward(residual(h1, self.drop2, self.cross_attn.forward(h1, memory, src_bias), rng))
+    def forward(self, y, memory, src_bias, tgt_bias, rng=None, tgt_rows=None, src_rows=None):
+        """y [B, T, D], memory [B, S, D] (encoder output), tgt_bias [B, 1, T, T] -> [B, T, D]
+        (packed: y [Nt, D], memory [Ns, D] -> [Nt, D] with `tgt_rows`/`src_rows`)."""
+        h1 = self.norm1.forward(residual(y, self.drop1, self.self_attn.forward(y, y, tgt_bias, tgt_rows, tgt_rows), rng))
+        h2 = self.norm2.forward(residual(h1, self.drop2, self.cross_attn.forward(h1, memory, src_bias, tgt_rows, src_rows),
+                                         rng))
         return self.norm3.forward(residual(h2, self.drop3, self.ffn.forward(h2), rng))
 
     def backward(self, dout):
@@ -112,9 +114,9 @@ class Encoder(Layer):
         super().__init__()
         self.layers_ = add_layer_list(self, [EncoderLayer(cfg, rng) for _ in range(cfg.n_layers)])
 
-    def forward(self, x, src_bias, rng=None):
+    def forward(self, x, src_bias, rng=None, rows=None):
         for layer in self.layers_:
-            x = layer.forward(x, src_bias, rng)
+            x = layer.forward(x, src_bias, rng, rows)
         return x
 
     def backward(self, dy):
@@ -130,9 +132,9 @@ class Decoder(Layer):
         super().__init__()
         self.layers_ = add_layer_list(self, [DecoderLayer(cfg, rng) for _ in range(cfg.n_layers)])
 
-    def forward(self, y, memory, src_bias, tgt_bias, rng=None):
+    def forward(self, y, memory, src_bias, tgt_bias, rng=None, tgt_rows=None, src_rows=None):
         for layer in self.layers_:
-            y = layer.forward(y, memory, src_bias, tgt_bias, rng)
+            y = layer.forward(y, memory, src_bias, tgt_bias, rng, tgt_rows, src_rows)
         return y
 
     def backward(self, dy):

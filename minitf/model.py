@@ -11,6 +11,7 @@ from .blocks import Decoder, Encoder
 from .errors import CheckpointError, ConfigError
 from .layers import Dropout, Layer, LearnedPositional, SinusoidalPositional, TokenEmbedding, flatten_parameters
 from .loss import label_smoothed_nll, label_smoothed_nll_backward
+from .packing import Rows, pack, unpack
 
 NEG_INF = -1e9  # additive mask value; exp(NEG_INF - max) underflows to exactly 0
 NEG_INF_HALF = -3e4  # float16 cannot hold -1e9; exp(-3e4) is still exactly 0 in float32
@@ -76,24 +77,33 @@ class Transformer(Layer):
         self.forward_count += 1
         return rng
 
-    def encode(self, src, rng=None):
-        """src [B, S] -> (memory [B, S, D], src_bias [B, 1, 1, S], src ids cached for backward)."""
+    def encode(self, src, rng=None, rows=None):
+        """src [B, S] -> (memory [B, S, D], src_bias [B, 1, 1, S], src ids cached for backward).
+
+        With `rows` (packing.Rows of the non-pad source positions) memory is [Ns, D]."""
         src_bias = padding_bias(src, self.cfg.pad_id, self.dtype)
         x_emb, src_ids = self.embedding.lookup(src)
-        x = self.src_dropout.forward(self.positional.forward(x_emb), rng)
-        return self.encoder.forward(x, src_bias, rng), src_bias, src_ids
+        x = self.src_dropout.forward(pack(rows, self.positional.forward(x_emb)), rng)
+        return self.encoder.forward(x, src_bias, rng, rows), src_bias, src_ids
 
-    def decode_states(self, src, tgt_in):
-        """src [B, S], tgt_in [B, T] int -> decoder output h [B, T, D]. Keeps what backward needs."""
+    def decode_states(self, src, tgt_in, keep_tgt=None):
+        """src [B, S], tgt_in [B, T] int -> decoder output h [B, T, D]. Keeps what backward needs.
+
+        Packed (training): with keep_tgt [B, T] bool, every layer runs on the non-pad source
+        positions and the kept target positions only (packing.py) and h is [Nt, D]."""
         src, tgt_in = self._check_ids("src", src), self._check_ids("tgt_in", tgt_in)
         rng = self._dropout_rng()
-        memory, src_bias, src_ids = self.encode(src, rng)
+        src_rows = tgt_rows = None
+        if keep_tgt is not None:
+            src_rows, tgt_rows = Rows(src != self.cfg.pad_id), Rows(keep_tgt)
+        memory, src_bias, src_ids = self.encode(src, rng, src_rows)
         t = tgt_in.shape[1]
         tgt_bias = causal_bias(t, self.xp, self.dtype)[None, None] + padding_bias(tgt_in, self.cfg.pad_id, self.dtype)
         y_emb, tgt_ids = self.embedding.lookup(tgt_in)
-        y = self.tgt_dropout.forward(self.positional.forward(y_emb), rng)
-        h = self.decoder.forward(y, memory, src_bias, tgt_bias, rng)
-        self._cache = {"src_ids": src_ids, "tgt_ids": tgt_ids, "h_shape": h.shape}
+        y = self.tgt_dropout.forward(pack(tgt_rows, self.positional.forward(y_emb)), rng)
+        h = self.decoder.forward(y, memory, src_bias, tgt_bias, rng, tgt_rows, src_rows)
+        self._cache = {"src_ids": src_ids, "tgt_ids": tgt_ids, "src_rows": src_rows, "tgt_rows": tgt_rows,
+                       "h_shape": h.shape}
         return h
 
     def forward(self, src, tgt_in):
@@ -104,21 +114,27 @@ class Transformer(Layer):
     def forward_loss(self, src, tgt_in, tgt_out):
         """Label-smoothed loss averaged over non-pad tokens of tgt_out [B, T].
 
-        Only the non-pad rows of h are projected to the vocabulary (pad rows carry no loss),
-        which saves the pad fraction of the largest matmul and of the softmax.
+        Pad-free (packing.py): the layers run on the non-pad positions only (the target
+        positions kept are those non-pad in tgt_in or tgt_out), and only the rows of h with a
+        loss (tgt_out non-pad) are projected to the vocabulary. Loss and gradients equal
+        the padded computation's.
         Returns a float on CPU; on GPU a 0-d CuPy array (no host sync; float() it to read).
         `self.last_stats` holds {'loss', 'nll_sum', 'n_tokens'} as device scalars.
         """
-        h = self.decode_states(src, tgt_in)
-        tgt_out = self._check_ids("tgt_out", tgt_out)
-        if tgt_out.shape != h.shape[:2]:
-            raise ConfigError(f"tgt_out shape {tgt_out.shape} != tgt_in shape {h.shape[:2]}")
-        rows = self.xp.flatnonzero(tgt_out.reshape(-1) != self.cfg.pad_id)   # [N] non-pad positions
-        h_rows = h.reshape(-1, h.shape[-1])[rows]                             # [N, D]
-        logits, _ = self.embedding.project(h_rows)                           # [N, V]
-        loss, nll_sum, n, cache = label_smoothed_nll(logits, tgt_out.reshape(-1)[rows], self.cfg.label_smoothing,
-                                                     self.cfg.pad_id)
-        self._cache.update(loss=cache, rows=rows, h_rows=h_rows)
+        tgt_in, tgt_out = self._check_ids("tgt_in", tgt_in), self._check_ids("tgt_out", tgt_out)
+        if tgt_out.shape != tgt_in.shape:
+            raise ConfigError(f"tgt_out shape {tgt_out.shape} != tgt_in shape {tgt_in.shape}")
+        pad = self.cfg.pad_id
+        h = self.decode_states(src, tgt_in, keep_tgt=(tgt_in != pad) | (tgt_out != pad))   # [Nt, D]
+        tgt_rows = self._cache["tgt_rows"]
+        gold = tgt_out.reshape(-1)[tgt_rows.index]                                           # [Nt]
+        rows = None                                                  # rows of h with a loss
+        if int((gold == pad).sum()):
+            rows = self.xp.flatnonzero(gold != pad)
+            h, gold = h[rows], gold[rows]
+        logits, _ = self.embedding.project(h)                                               # [N, V]
+        loss, nll_sum, n, cache = label_smoothed_nll(logits, gold, self.cfg.label_smoothing, pad)
+        self._cache.update(loss=cache, rows=rows, h_rows=h)
         self.last_stats = {"loss": loss, "nll_sum": nll_sum, "n_tokens": n}
         return float(loss) if self.xp is np else loss
 
@@ -130,16 +146,17 @@ class Transformer(Layer):
         c, self._cache = self._cache, None
         dlogits = label_smoothed_nll_backward(c["loss"], grad_scale)
         # logits = h[rows] @ embedding^T
-        dh_rows = self.embedding.project_backward(dlogits, c["h_rows"])
-        b, t, d = c["h_shape"]
-        dh = self.xp.zeros((b * t, d), dtype=self.dtype)
-        dh[c["rows"]] = dh_rows
-        dy, dmemory = self.decoder.backward(dh.reshape(b, t, d))
-        # y = tgt_dropout(embedding[tgt_in] * sqrt(D) + PE)
-        dy = self.positional.backward(self.tgt_dropout.backward(dy))
+        dh = self.embedding.project_backward(dlogits, c["h_rows"])
+        if c["rows"] is not None:
+            dh_all = self.xp.zeros(c["h_shape"], dtype=self.dtype)
+            dh_all[c["rows"]] = dh
+            dh = dh_all
+        dy, dmemory = self.decoder.backward(dh)
+        # y = pack(tgt_dropout(embedding[tgt_in] * sqrt(D) + PE))
+        dy = self.positional.backward(unpack(c["tgt_rows"], self.tgt_dropout.backward(dy)))
         self.embedding.lookup_backward(dy, c["tgt_ids"])
-        # memory = encoder(src_dropout(embedding[src] * sqrt(D) + PE))
-        dx = self.positional.backward(self.src_dropout.backward(self.encoder.backward(dmemory)))
+        # memory = encoder(pack(src_dropout(embedding[src] * sqrt(D) + PE)))
+        dx = self.positional.backward(unpack(c["src_rows"], self.src_dropout.backward(self.encoder.backward(dmemory))))
         self.embedding.lookup_backward(dx, c["src_ids"])
 
     def zero_grad(self):

@@ -112,14 +112,16 @@ def test_tied_embedding_gradient_is_sum_of_three_uses():
     from minitf.loss import label_smoothed_nll_backward
     dh_rows = emb.project_backward(label_smoothed_nll_backward(c["loss"]), c["h_rows"])
     proj = model.grad_dict()["embedding.weight"].copy()
-    dh = np.zeros((np.prod(c["h_shape"][:2]), c["h_shape"][2]))
-    dh[c["rows"]] = dh_rows
-    dy, dmem = model.decoder.backward(dh.reshape(c["h_shape"]))
+    dh = dh_rows                              # packed training layout: h is [Nt, D]
+    if c["rows"] is not None:
+        dh = np.zeros(c["h_shape"])
+        dh[c["rows"]] = dh_rows
+    dy, dmem = model.decoder.backward(dh)
     model.zero_grad()
-    emb.lookup_backward(dy, c["tgt_ids"])
+    emb.lookup_backward(c["tgt_rows"].unpack(dy), c["tgt_ids"])
     tgt_part = model.grad_dict()["embedding.weight"].copy()
     model.zero_grad()
-    emb.lookup_backward(model.encoder.backward(dmem), c["src_ids"])
+    emb.lookup_backward(c["src_rows"].unpack(model.encoder.backward(dmem)), c["src_ids"])
     src_part = model.grad_dict()["embedding.weight"].copy()
     for part in (proj, tgt_part, src_part):
         assert np.abs(part).sum() > 0
@@ -212,3 +214,47 @@ def test_gpu_request_without_gpu_is_one_clear_error():
     with pytest.raises(minitf.DeviceError) as e:
         minitf.Transformer(tiny(), device="gpu")
     assert "--device gpu" in str(e.value) and ("CuPy" in str(e.value))
+
+
+# ----------------------------------------------------------------------------- pad-free training rows
+def test_rows_pack_unpack_round_trip():
+    from minitf.packing import Rows
+    keep = np.array([[True, True, False], [True, False, False]])
+    x = np.arange(2 * 3 * 4, dtype=float).reshape(2, 3, 4)
+    rows = Rows(keep)
+    packed = rows.pack(x)
+    np.testing.assert_array_equal(packed, x[keep])
+    back = rows.unpack(packed)
+    np.testing.assert_array_equal(back[keep], x[keep])
+    assert np.all(back[~keep] == 0)
+
+
+def test_extra_padding_changes_neither_loss_nor_gradients():
+    """forward_loss skips pad positions; padding the batch further must be invisible."""
+    cfg = tiny(positional="learned")
+    src, tgt_in, tgt_out = batch()
+    model = minitf.Transformer(cfg, dtype="float64")
+    model.zero_grad()
+    loss = model.forward_loss(src, tgt_in, tgt_out)
+    model.backward()
+    grads = model.flat_grads.copy()
+    wide = lambda a, n: np.concatenate([a, np.zeros((a.shape[0], n), dtype=a.dtype)], axis=1)
+    model.zero_grad()
+    loss2 = model.forward_loss(wide(src, 3), wide(tgt_in, 4), wide(tgt_out, 4))
+    model.backward()
+    assert abs(loss - loss2) <= 1e-12 * abs(loss)
+    np.testing.assert_allclose(model.flat_grads, grads, rtol=0, atol=1e-12 * np.abs(grads).max())
+
+
+def test_loss_equals_padded_logits_loss_when_pad_patterns_differ():
+    """Target positions are kept when either tgt_in or tgt_out is non-pad there: a pad input
+    with a real output (and a real input with a pad output) still count as in the padded model."""
+    from minitf.loss import label_smoothed_nll
+    model = minitf.Transformer(tiny(), dtype="float64")
+    src, tgt_in, tgt_out = batch()
+    tgt_in, tgt_out = tgt_in.copy(), tgt_out.copy()
+    tgt_in[1, 3] = 9        # real input, pad output
+    tgt_out[0, 4] = 5       # pad input, real output
+    loss = model.forward_loss(src, tgt_in, tgt_out)
+    ref = float(label_smoothed_nll(model.forward(src, tgt_in), tgt_out, model.cfg.label_smoothing, 0)[0])
+    assert abs(loss - ref) <= 1e-12 * abs(ref)

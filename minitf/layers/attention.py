@@ -8,6 +8,7 @@ the gradient of every decoder layer's cross-attention.
 import math
 
 from .. import functional as F
+from ..packing import pack, unpack
 from .base import Layer
 from .linear import Linear
 
@@ -22,27 +23,31 @@ class MultiHeadAttention(Layer):
         self.v = self.add("v", Linear(d_model, n_heads * d_k, rng))
         self.out = self.add("out", Linear(n_heads * d_k, d_model, rng))
 
-    def forward(self, x_q, x_kv, bias):
-        """x_q [B, T, D] queries, x_kv [B, S, D] keys/values, bias broadcastable to [B, H, T, S]."""
+    def forward(self, x_q, x_kv, bias, rows_q=None, rows_kv=None):
+        """x_q [B, T, D] queries, x_kv [B, S, D] keys/values, bias broadcastable to [B, H, T, S].
+
+        With `rows_q`/`rows_kv` (packing.Rows) x_q is [Nq, D] and x_kv [Nkv, D]: only the
+        non-pad positions, unpacked to [B, ., .] around the attention itself.
+        """
         h = self.n_heads
-        q = F.split_heads(self.q.forward(x_q), h)
-        k = F.split_heads(self.k.forward(x_kv), h)
-        v = F.split_heads(self.v.forward(x_kv), h)
+        q = F.split_heads(unpack(rows_q, self.q.forward(x_q)), h)
+        k = F.split_heads(unpack(rows_kv, self.k.forward(x_kv)), h)
+        v = F.split_heads(unpack(rows_kv, self.v.forward(x_kv)), h)
         ctx, p = F.attention_forward(q, k, v, bias, self.scale)
-        self.cache = (q, k, v, p)
-        return self.out.forward(F.merge_heads(ctx))
+        self.cache = (q, k, v, p, rows_q, rows_kv)
+        return self.out.forward(pack(rows_q, F.merge_heads(ctx)))
 
     def backward(self, dy):
-        q, k, v, p = self.cache
+        q, k, v, p, rows_q, rows_kv = self.cache
         self.cache = None
         h = self.n_heads
-        # y = out(merge_heads(ctx))
-        dctx = F.split_heads(self.out.backward(dy), h)
+        # y = out(pack(merge_heads(ctx)))
+        dctx = F.split_heads(unpack(rows_q, self.out.backward(dy)), h)
         dq, dk, dv = F.attention_backward(dctx, q, k, v, p, self.scale)
-        # q = split(q(x_q)), k = split(k(x_kv)), v = split(v(x_kv))
-        dx_q = self.q.backward(F.merge_heads(dq))
-        dx_kv = self.k.backward(F.merge_heads(dk))
-        dx_kv += self.v.backward(F.merge_heads(dv))
+        # q = split(unpack(q(x_q))), k = split(unpack(k(x_kv))), v = split(unpack(v(x_kv)))
+        dx_q = self.q.backward(pack(rows_q, F.merge_heads(dq)))
+        dx_kv = self.k.backward(pack(rows_kv, F.merge_heads(dk)))
+        dx_kv += self.v.backward(pack(rows_kv, F.merge_heads(dv)))
         return dx_q, dx_kv
 
     # -- inference (decode.py): keys/values computed once and reused, no caches kept --

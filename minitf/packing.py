@@ -1,0 +1,45 @@
+"""Pad-free rows: in training, the position-wise layers skip the pad positions.
+
+Everything in the Transformer except attention works on one position at a time (Linear, the
+FFN, LayerNorm, dropout, the residual sums: paper 3.1-3.3). In a padded batch [B, L] the
+pad positions' rows are pure waste there: they carry no loss, and since every pad key is
+masked out, no other position reads them (their gradient is exactly 0). `Rows` keeps the
+flat indices of the positions that matter; activations travel as [N, D] (N = kept
+positions) and only attention unpacks them to [B, L, .] (zeros at the pads, which the
+masks hide) and packs its output back. Loss and gradients are those of the padded
+computation; only the (unused) activations at pad positions are no longer computed.
+Used by `Transformer.forward_loss`; `Transformer.forward` (logits at every position) and
+decoding keep the padded layout.
+"""
+from .backend import xp_of
+
+
+class Rows:
+    """The kept positions of a [B, L] batch. keep [B, L] bool."""
+
+    def __init__(self, keep):
+        xp = xp_of(keep)
+        self.shape = keep.shape
+        self.index = xp.flatnonzero(keep.reshape(-1))  # [N] positions b * L + l
+
+    def pack(self, x):
+        """x [B, L, C] -> [N, C] (a copy)."""
+        return x.reshape(-1, x.shape[-1])[self.index]
+
+    def unpack(self, x):
+        """x [N, C] -> [B, L, C], zeros at the dropped positions."""
+        xp = xp_of(x)
+        b, l = self.shape
+        out = xp.zeros((b * l, x.shape[-1]), dtype=x.dtype)
+        out[self.index] = x
+        return out.reshape(b, l, x.shape[-1])
+
+
+def unpack(rows, x):
+    """`rows.unpack(x)`, or x itself when nothing was packed (rows None)."""
+    return x if rows is None else rows.unpack(x)
+
+
+def pack(rows, x):
+    """`rows.pack(x)`, or x itself when nothing is packed (rows None)."""
+    return x if rows is None else rows.pack(x)
