@@ -9,9 +9,7 @@ from .layers import Dropout, FeedForward, Layer, LayerNorm, MultiHeadAttention
 def residual(x, dropout, sublayer_out, rng):
     """x + Dropout(Sublayer(x)), the sum inside LayerNorm (3.1), written into the sublayer's
     output array (a fresh array nothing else holds) to save two temporaries."""
-    out = dropout.forward(sublayer_out, rng, inplace=True)
-    out += x
-    return out
+    return dropout.forward_add(sublayer_out, x, rng)
 
 
 class EncoderLayer(Layer):

@@ -4,9 +4,14 @@ Each `*_backward` takes the upstream gradient first, then what the forward cache
 ACCUMULATES parameter gradients into the buffers it is given (`dw += ...`), returning the
 input gradient(s). The comment above each backward line quotes the forward line it
 differentiates. Derivations: docs/derivations/.
+
+On a GPU, softmax, LayerNorm, dropout + residual (and the loss, loss.py) run as fused CUDA
+kernels (kernels.py) computing the same formulas in one pass; the code here is the
+reference they are tested against.
 """
 import numpy as np
 
+from . import kernels
 from .backend import xp_of
 
 
@@ -73,6 +78,8 @@ def layernorm_forward(x, g, b, eps):
 
     Returns y and the cache (xhat, rstd) backward needs: xhat [..., D], rstd [..., 1].
     """
+    if kernels.enabled(x):
+        return kernels.layernorm_forward(x, g, b, eps)
     xp = xp_of(x)
     x32 = as_float32_if_half(x)
     mean = x32.mean(axis=-1, keepdims=True)
@@ -89,12 +96,15 @@ def layernorm_backward(dy, cache, g, dg, db):
     """Accumulates dg, db [D]; returns dx with the compact form
     dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))."""
     xhat, rstd = cache
+    fused = kernels.layernorm_backward_input(dy, xhat, rstd, g) if kernels.enabled(dy) else None
     out_dtype, dy = dy.dtype, as_float32_if_half(dy)
     d = dy.shape[-1]
     dy2 = dy.reshape(-1, d)
     # y = xhat * g + b
     dg += (dy2 * xhat.reshape(-1, d)).sum(axis=0)
     db += dy2.sum(axis=0)
+    if fused is not None:
+        return fused
     dxhat = dy * g
     # xhat = (x - mean) * rstd, rstd = (var + eps)^-1/2
     dx = dxhat - dxhat.mean(axis=-1, keepdims=True)
@@ -124,6 +134,17 @@ def dropout_forward(x, mask, inplace=False):
     return x * mask
 
 
+def dropout_add_forward(rng, y, x, p):
+    """(out, mask): out = y * mask + x with a fresh inverted-dropout mask, written into y
+    (a sublayer output nothing else holds): the residual sum x + Dropout(Sublayer(x))."""
+    if kernels.enabled(y):
+        return kernels.dropout_add(rng.random(y.shape, dtype=np.float32), y, x, p)
+    mask = dropout_mask(rng, y.shape, p, y.dtype)
+    out = dropout_forward(y, mask, inplace=True)
+    out += x
+    return out, mask
+
+
 def dropout_backward(dy, mask):
     # y = x * mask
     return dy * mask
@@ -138,8 +159,11 @@ def attention_forward(q, k, v, bias, scale):
     Returns out [B, H, T, K] and p [B, H, T, S] (the softmax output, kept for backward).
     """
     scores = (q * scale) @ k.swapaxes(-1, -2)
-    scores += bias
-    p = softmax_forward(scores)
+    if kernels.enabled(scores):
+        p = kernels.masked_softmax(scores, bias, out=scores)   # one pass: + bias, softmax
+    else:
+        scores += bias
+        p = softmax_forward(scores)
     return p @ v, p
 
 
@@ -149,7 +173,7 @@ def attention_backward(dout, q, k, v, p, scale):
     dv = p.swapaxes(-1, -2) @ dout
     dp = dout @ v.swapaxes(-1, -2)
     # p = softmax(scores)
-    ds = softmax_backward(dp, p)
+    ds = kernels.softmax_backward(dp, p, out=dp) if kernels.enabled(dp) else softmax_backward(dp, p)
     # scores = (q * scale) @ k^T + bias
     dq = (ds @ k) * scale
     dk = ds.swapaxes(-1, -2) @ (q * scale)

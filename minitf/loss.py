@@ -4,6 +4,7 @@ Per token: (1 - eps) * (-log p[gold]) + eps * mean_v(-log p[v]); averaged over t
 non-pad tokens. With q = (1 - eps) * onehot(gold) + eps / V (which sums to 1), the
 gradient is dlogits = (softmax(logits) - q) / N on non-pad rows and 0 on pad rows.
 """
+from . import kernels
 from .backend import xp_of
 from .functional import as_float32_if_half
 
@@ -27,6 +28,8 @@ def label_smoothed_nll(logits, target, eps, pad_id):
     """
     xp = xp_of(logits)
     v, out_dtype = logits.shape[-1], logits.dtype
+    if kernels.enabled(logits):
+        return _fused_label_smoothed_nll(logits.reshape(-1, v), target.reshape(-1), eps, pad_id)
     l2 = as_float32_if_half(logits.reshape(-1, v))                                   # float16 -> float32
     z = l2 - l2.max(axis=-1, keepdims=True)                                          # [N, V]
     p = xp.exp(z)
@@ -45,10 +48,26 @@ def label_smoothed_nll(logits, target, eps, pad_id):
     return loss, nll_sum, n, (p, tgt, w, n_safe, eps, out_dtype)
 
 
+def _fused_label_smoothed_nll(logits, tgt, eps, pad_id):
+    """GPU: one kernel per row gives logsumexp, -log p[gold] and mean_v -log p[v]
+    (kernels.smoothed_nll_rows); the softmax is never stored, backward recomputes it."""
+    xp = xp_of(logits)
+    lse, nll, smooth = kernels.smoothed_nll_rows(logits, tgt)
+    w = (tgt != pad_id).astype(lse.dtype)
+    n = w.sum()
+    n_safe = xp.maximum(n, 1.0)
+    loss = (((1.0 - eps) * nll + eps * smooth) * w).sum() / n_safe
+    return loss, (nll * w).sum(), n, ("fused", logits, tgt, lse, w, n_safe, eps)
+
+
 def label_smoothed_nll_backward(cache, dloss=1.0):
     """dlogits [N, V] (reshape to the logits' shape) for label_smoothed_nll.
 
-    Reuses (overwrites) the cached softmax: call it once per forward."""
+    Reuses (overwrites) the cached softmax (the logits on the fused GPU path): call it once
+    per forward."""
+    if isinstance(cache[0], str):
+        _, logits, tgt, lse, w, n_safe, eps = cache
+        return kernels.smoothed_nll_backward(logits, tgt, lse, w * (dloss / n_safe), eps, out=logits)
     p, tgt, w, n_safe, eps, out_dtype = cache
     xp = xp_of(p)
     v = p.shape[-1]

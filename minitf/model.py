@@ -62,8 +62,8 @@ class Transformer(Layer):
         self._cache = None
 
     # ------------------------------------------------------------------ forward
-    def _check_ids(self, name, ids):
-        ids = to_device(ids, self.xp)
+    def _check_ids(self, name, ids, host=False):
+        ids = to_numpy(ids) if host else to_device(ids, self.xp)
         if ids.ndim != 2 or ids.dtype.kind not in "iu":
             raise ConfigError(f"{name} must be a 2-D integer array [batch, length], got {ids.dtype} {ids.shape}")
         if ids.shape[1] > self.cfg.max_len:
@@ -91,11 +91,12 @@ class Transformer(Layer):
 
         Packed (training): with keep_tgt [B, T] bool, every layer runs on the non-pad source
         positions and the kept target positions only (packing.py) and h is [Nt, D]."""
+        src_rows = tgt_rows = None
+        if keep_tgt is not None:   # on the host: no GPU sync (packing.Rows)
+            src_rows = Rows(to_numpy(self._check_ids("src", src, host=True)) != self.cfg.pad_id, self.xp)
+            tgt_rows = Rows(keep_tgt, self.xp)
         src, tgt_in = self._check_ids("src", src), self._check_ids("tgt_in", tgt_in)
         rng = self._dropout_rng()
-        src_rows = tgt_rows = None
-        if keep_tgt is not None:
-            src_rows, tgt_rows = Rows(src != self.cfg.pad_id), Rows(keep_tgt)
         memory, src_bias, src_ids = self.encode(src, rng, src_rows)
         t = tgt_in.shape[1]
         tgt_bias = causal_bias(t, self.xp, self.dtype)[None, None] + padding_bias(tgt_in, self.cfg.pad_id, self.dtype)
@@ -121,17 +122,19 @@ class Transformer(Layer):
         Returns a float on CPU; on GPU a 0-d CuPy array (no host sync; float() it to read).
         `self.last_stats` holds {'loss', 'nll_sum', 'n_tokens'} as device scalars.
         """
-        tgt_in, tgt_out = self._check_ids("tgt_in", tgt_in), self._check_ids("tgt_out", tgt_out)
+        # the row bookkeeping runs on host copies of the ids (no GPU sync)
+        tgt_in, tgt_out = self._check_ids("tgt_in", tgt_in, host=True), self._check_ids("tgt_out", tgt_out, host=True)
         if tgt_out.shape != tgt_in.shape:
             raise ConfigError(f"tgt_out shape {tgt_out.shape} != tgt_in shape {tgt_in.shape}")
         pad = self.cfg.pad_id
         h = self.decode_states(src, tgt_in, keep_tgt=(tgt_in != pad) | (tgt_out != pad))   # [Nt, D]
-        tgt_rows = self._cache["tgt_rows"]
-        gold = tgt_out.reshape(-1)[tgt_rows.index]                                           # [Nt]
+        gold = tgt_out.reshape(-1)[self._cache["tgt_rows"].host_index]                      # [Nt]
         rows = None                                                  # rows of h with a loss
-        if int((gold == pad).sum()):
-            rows = self.xp.flatnonzero(gold != pad)
-            h, gold = h[rows], gold[rows]
+        if (gold == pad).any():
+            rows = np.flatnonzero(gold != pad)
+            h, gold = h[to_device(rows, self.xp)], gold[rows]
+            rows = to_device(rows, self.xp)
+        gold = to_device(gold, self.xp)
         logits, _ = self.embedding.project(h)                                               # [N, V]
         loss, nll_sum, n, cache = label_smoothed_nll(logits, gold, self.cfg.label_smoothing, pad)
         self._cache.update(loss=cache, rows=rows, h_rows=h)

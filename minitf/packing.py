@@ -11,16 +11,21 @@ computation; only the (unused) activations at pad positions are no longer comput
 Used by `Transformer.forward_loss`; `Transformer.forward` (logits at every position) and
 decoding keep the padded layout.
 """
-from .backend import xp_of
+import numpy as np
+
+from .backend import to_device, to_numpy, xp_of
 
 
 class Rows:
-    """The kept positions of a [B, L] batch. keep [B, L] bool."""
+    """The kept positions of a [B, L] batch: keep [B, L] bool, best a host (NumPy) array, as
+    batches come from the host: the index is then found there and copied to the device, so
+    a GPU step never waits for the GPU to learn how many rows it has."""
 
-    def __init__(self, keep):
-        xp = xp_of(keep)
+    def __init__(self, keep, xp=np):
+        keep = to_numpy(keep)
         self.shape = keep.shape
-        self.index = xp.flatnonzero(keep.reshape(-1))  # [N] positions b * L + l
+        self.host_index = np.flatnonzero(keep.reshape(-1))      # [N] positions b * L + l
+        self.index = to_device(self.host_index, xp)
 
     def pack(self, x):
         """x [B, L, C] -> [N, C] (a copy)."""

@@ -24,6 +24,15 @@ class Dropout(Layer):
         self.cache = mask
         return F.dropout_forward(x, mask, inplace)
 
+    def forward_add(self, y, x, rng=None):
+        """x + Dropout(y), written into y (a sublayer output nothing else holds)."""
+        if not self.training or self.p == 0.0 or rng is None:
+            self.cache = None
+            y += x
+            return y
+        out, self.cache = F.dropout_add_forward(rng, y, x, self.p)
+        return out
+
     def backward(self, dy):
         mask, self.cache = self.cache, None
         if mask is None:

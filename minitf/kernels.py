@@ -1,0 +1,353 @@
+"""Fused CUDA kernels for the GPU training step (CuPy RawModule / ElementwiseKernel).
+
+The NumPy-style code in functional.py and loss.py makes several passes over memory per
+operation (softmax: max, subtract, exp, sum, divide). On a GPU those passes, not the
+arithmetic, cost the time, so each operation below is ONE kernel: one CUDA block per row
+(a row of attention scores, a d_model vector, a vocabulary row) that reduces in shared
+memory and writes its outputs once.
+
+  masked_softmax        p = softmax(scores + bias) over the last axis (bias broadcast)
+  softmax_backward      dx = p * (dp - sum(dp * p))
+  layernorm_forward     y = xhat * g + b with xhat = (x - mean) * rstd, per row
+  layernorm_backward    dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
+  dropout_add           out = y * mask + x, mask = (u >= p) / (1 - p), from uniforms u
+  smoothed_nll_rows     per row: logsumexp, -log p[gold], mean_v -log p[v]
+  smoothed_nll_backward dlogits = (softmax - q) * w, q = (1 - eps) onehot + eps / V
+
+Every kernel reads and writes the storage dtype T (float16, float32 or float64) and
+computes in A (float32, or float64 for float64 arrays), like functional.py's generic path,
+which stays the reference: tests/test_gpu.py checks each kernel against it on a GPU, and
+tests/test_kernels.py runs the same CUDA source on the CPU through a small emulator
+(tests/cuda_emulator.py), so the kernels' logic is tested on machines without a GPU.
+
+`enabled(x)` says whether x takes the fused path: CuPy arrays only, unless the environment
+sets MINITF_FUSED=0 (then the generic path runs everywhere, for comparisons).
+"""
+import os
+
+import numpy as np
+
+from . import backend
+
+BLOCK = {"softmax": 128, "layernorm": 256, "nll": 512}   # threads per row (powers of 2)
+MAX_BLOCK = 1024
+
+# The CUDA source. `T` (storage) and `A` (accumulation) are typedef-ed per dtype in
+# `source(dtype)`; the blocks below are plain CUDA C++ that NVRTC and the emulator both take.
+# float16 storage without cuda_fp16.h (so NVRTC needs no include path): 16 raw bits,
+# converted with the PTX cvt instructions (round to nearest even).
+HALF = r"""
+#ifndef MINITF_EMULATE
+__device__ inline float h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ inline unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#endif
+struct half_t {
+    unsigned short bits;
+    __device__ half_t() {}
+    __device__ half_t(float f) : bits(f2h(f)) {}
+    __device__ half_t(double f) : bits(f2h((float)f)) {}
+    __device__ operator float() const { return h2f(bits); }
+};
+"""
+
+PRELUDE = r"""
+#define NEG_BIG (-3.0e38f)
+
+__device__ inline float a_exp(float x) { return expf(x); }
+__device__ inline double a_exp(double x) { return exp(x); }
+__device__ inline float a_log(float x) { return logf(x); }
+__device__ inline double a_log(double x) { return log(x); }
+__device__ inline float a_sqrt(float x) { return sqrtf(x); }
+__device__ inline double a_sqrt(double x) { return sqrt(x); }
+__device__ inline float a_max(float a, float b) { return a > b ? a : b; }
+__device__ inline double a_max(double a, double b) { return a > b ? a : b; }
+
+// Tree reductions over the block in shared memory (blockDim.x a power of 2); every
+// thread returns the result. `buf` holds blockDim.x values.
+__device__ A block_sum(A v, A* buf) {
+    buf[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) buf[threadIdx.x] += buf[threadIdx.x + s];
+        __syncthreads();
+    }
+    A r = buf[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ A block_max(A v, A* buf) {
+    buf[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) buf[threadIdx.x] = a_max(buf[threadIdx.x], buf[threadIdx.x + s]);
+        __syncthreads();
+    }
+    A r = buf[0];
+    __syncthreads();
+    return r;
+}
+"""
+
+KERNELS = r"""
+// p = softmax(scores + bias) over rows of length n; scores [B, H, T, n] as rows r = (b*H + h)*T + t.
+// bias is read at b*sb + h*sh + t*st + j*sj (element strides; 0 on broadcast axes).
+// p may alias scores (in place).
+extern "C" __global__ void masked_softmax(const T* scores, const T* bias, T* p, int n, int H, int Tq,
+                                          long long sb, long long sh, long long st, long long sj) {
+    __shared__ A buf[1024];
+    long long r = blockIdx.x;
+    long long t = r % Tq, h = (r / Tq) % H, b = r / ((long long)Tq * H);
+    const T* x = scores + r * n;
+    const T* bb = bias + b * sb + h * sh + t * st;
+    T* y = p + r * n;
+    A m = NEG_BIG;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) m = a_max(m, (A)x[j] + (A)bb[j * sj]);
+    m = block_max(m, buf);
+    A s = 0;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) s += a_exp((A)x[j] + (A)bb[j * sj] - m);
+    s = block_sum(s, buf);
+    A inv = (A)1 / s;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) y[j] = (T)(a_exp((A)x[j] + (A)bb[j * sj] - m) * inv);
+}
+
+// dx = p * (dp - sum_j dp_j p_j) per row of length n; dx may alias dp.
+extern "C" __global__ void softmax_backward(const T* dp, const T* p, T* dx, int n) {
+    __shared__ A buf[1024];
+    long long off = (long long)blockIdx.x * n;
+    A s = 0;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) s += (A)dp[off + j] * (A)p[off + j];
+    s = block_sum(s, buf);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) dx[off + j] = (T)((A)p[off + j] * ((A)dp[off + j] - s));
+}
+
+// Per row of length d: mean, rstd = (var + eps)^-1/2 (biased variance, two passes over the row),
+// xhat = (x - mean) * rstd (kept for backward, in A), y = xhat * g + b.
+extern "C" __global__ void layernorm_forward(const T* x, const A* g, const A* bvec, T* y, A* xhat, A* rstd,
+                                             int d, A eps) {
+    __shared__ A buf[1024];
+    long long off = (long long)blockIdx.x * d;
+    A s = 0;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) s += (A)x[off + j];
+    A mean = block_sum(s, buf) / d;
+    A v = 0;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) { A c = (A)x[off + j] - mean; v += c * c; }
+    A rs = (A)1 / a_sqrt(block_sum(v, buf) / d + eps);
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        A xh = ((A)x[off + j] - mean) * rs;
+        xhat[off + j] = xh;
+        y[off + j] = (T)(xh * g[j] + bvec[j]);
+    }
+    if (threadIdx.x == 0) rstd[blockIdx.x] = rs;
+}
+
+// dxhat = dy * g; dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) per row.
+extern "C" __global__ void layernorm_backward(const T* dy, const A* xhat, const A* rstd, const A* g, T* dx, int d) {
+    __shared__ A buf[1024];
+    long long off = (long long)blockIdx.x * d;
+    A s1 = 0, s2 = 0;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        A dxh = (A)dy[off + j] * g[j];
+        s1 += dxh;
+        s2 += dxh * xhat[off + j];
+    }
+    A m1 = block_sum(s1, buf) / d;
+    A m2 = block_sum(s2, buf) / d;
+    A rs = rstd[blockIdx.x];
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        A dxh = (A)dy[off + j] * g[j];
+        dx[off + j] = (T)(rs * (dxh - m1 - xhat[off + j] * m2));
+    }
+}
+
+// Label-smoothed NLL, per row of logits z [N, V] with gold[N]:
+// lse = max + log(sum exp(z - max)); nll = lse - z[gold]; smooth = lse - mean_v z.
+// The loss of the row is (1 - eps) * nll + eps * smooth (loss.py).
+extern "C" __global__ void smoothed_nll_rows(const T* z, const long long* gold, A* lse, A* nll, A* smooth, int V) {
+    __shared__ A buf[1024];
+    long long off = (long long)blockIdx.x * V;
+    A m = NEG_BIG, tot = 0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) { A zj = (A)z[off + j]; m = a_max(m, zj); tot += zj; }
+    m = block_max(m, buf);
+    tot = block_sum(tot, buf);
+    A s = 0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) s += a_exp((A)z[off + j] - m);
+    s = block_sum(s, buf);
+    if (threadIdx.x == 0) {
+        A l = m + a_log(s);
+        lse[blockIdx.x] = l;
+        nll[blockIdx.x] = l - (A)z[off + gold[blockIdx.x]];
+        smooth[blockIdx.x] = l - tot / V;
+    }
+}
+
+// dz = (exp(z - lse) - eps / V - (1 - eps) [j == gold]) * w per row; dz may alias z.
+extern "C" __global__ void smoothed_nll_backward(const T* z, const long long* gold, const A* lse, const A* w,
+                                                 T* dz, int V, A eps) {
+    long long off = (long long)blockIdx.x * V;
+    A l = lse[blockIdx.x], wr = w[blockIdx.x], u = eps / V;
+    long long g = gold[blockIdx.x];
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        A d = a_exp((A)z[off + j] - l) - u;
+        if (j == g) d -= (A)1 - eps;
+        dz[off + j] = (T)(d * wr);
+    }
+}
+
+// out = y * mask + x with mask = (u >= p) * scale, scale = 1 / (1 - p); one thread per element.
+extern "C" __global__ void dropout_add(const float* u, const T* y, const T* x, T* mask, T* out, long long n,
+                                       float p, A scale) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        A m = u[i] >= p ? scale : (A)0;
+        mask[i] = (T)m;
+        out[i] = (T)((A)y[i] * m + (A)x[i]);
+    }
+}
+"""
+
+# kernel name -> C types of its arguments (the emulator's launcher needs them)
+SIGNATURES = {
+    "masked_softmax": ["T*", "T*", "T*", "int", "int", "int", "long long", "long long", "long long", "long long"],
+    "softmax_backward": ["T*", "T*", "T*", "int"],
+    "layernorm_forward": ["T*", "A*", "A*", "T*", "A*", "A*", "int", "A"],
+    "layernorm_backward": ["T*", "A*", "A*", "A*", "T*", "int"],
+    "smoothed_nll_rows": ["T*", "long long*", "A*", "A*", "A*", "int"],
+    "smoothed_nll_backward": ["T*", "long long*", "A*", "A*", "T*", "int", "A"],
+    "dropout_add": ["float*", "T*", "T*", "T*", "T*", "long long", "float", "A"],
+}
+
+C_TYPES = {"float16": ("half_t", "float"), "float32": ("float", "float"), "float64": ("double", "double")}
+
+
+def accum_dtype(dtype):
+    """The dtype the kernels compute (and keep LayerNorm's cache) in: float64 stays float64."""
+    return np.float64 if np.dtype(dtype) == np.float64 else np.float32
+
+
+def source(dtype):
+    """The complete CUDA source for one storage dtype."""
+    t, a = C_TYPES[np.dtype(dtype).name]
+    return HALF + f"typedef {t} T;\ntypedef {a} A;\n" + PRELUDE + KERNELS
+
+
+def enabled(x):
+    """Whether x (an array) takes the fused kernels: CuPy arrays, unless MINITF_FUSED=0."""
+    return backend.is_gpu(backend.xp_of(x)) and os.environ.get("MINITF_FUSED", "1") != "0"
+
+
+# ----------------------------------------------------------------------------- launching
+_MODULES = {}
+
+
+def _cupy_launch(name, dtype, grid, block, args):
+    key = np.dtype(dtype).name
+    if key not in _MODULES:
+        _MODULES[key] = backend.cupy.RawModule(code=source(dtype), options=("-std=c++14",))
+    _MODULES[key].get_function(name)((grid,), (block,), args)
+
+
+# launch(name, dtype, grid, block, args): CuPy's on a GPU; tests swap in the CPU emulator
+LAUNCH = {"launch": _cupy_launch}
+
+
+def _launch(name, dtype, grid, block, args):
+    if grid > 0:
+        LAUNCH["launch"](name, dtype, grid, block, args)
+
+
+def _rows(x):
+    """x [..., n] -> (number of rows, n)."""
+    n = x.shape[-1]
+    return x.size // n if n else 0, n
+
+
+def masked_softmax(scores, bias, out=None):
+    """softmax(scores + bias) over the last axis; scores [B, H, T, S] C-contiguous, bias
+    broadcastable to it (read through strides, never materialized). Writes into `out`
+    (which may be scores)."""
+    xp = backend.xp_of(scores)
+    b, h, t, s = scores.shape
+    bias = xp.asarray(bias, dtype=scores.dtype)
+    bias = xp.broadcast_to(bias.reshape((1,) * (4 - bias.ndim) + bias.shape), scores.shape)
+    sb, sh, st, sj = (stride // bias.itemsize for stride in bias.strides)
+    out = xp.empty_like(scores) if out is None else out
+    rows, n = _rows(scores)
+    _launch("masked_softmax", scores.dtype, rows, BLOCK["softmax"],
+            (scores, bias, out, np.int32(n), np.int32(h), np.int32(t), np.int64(sb), np.int64(sh), np.int64(st),
+             np.int64(sj)))
+    return out
+
+
+def softmax_backward(dp, p, out=None):
+    """dx = p * (dp - sum(dp * p)) over the last axis; p C-contiguous, `out` may be dp."""
+    xp = backend.xp_of(p)
+    dp = xp.ascontiguousarray(dp)
+    out = xp.empty_like(p) if out is None else out
+    rows, n = _rows(p)
+    _launch("softmax_backward", p.dtype, rows, BLOCK["softmax"], (dp, p, out, np.int32(n)))
+    return out
+
+
+def layernorm_forward(x, g, b, eps):
+    """Returns y (x's dtype) and the cache (xhat [..., D], rstd [..., 1]) in the accumulation dtype."""
+    xp = backend.xp_of(x)
+    x = xp.ascontiguousarray(x)
+    a = accum_dtype(x.dtype)
+    rows, d = _rows(x)
+    y = xp.empty_like(x)
+    xhat = xp.empty(x.shape, dtype=a)
+    rstd = xp.empty(x.shape[:-1] + (1,), dtype=a)
+    _launch("layernorm_forward", x.dtype, rows, BLOCK["layernorm"],
+            (x, xp.ascontiguousarray(g, dtype=a), xp.ascontiguousarray(b, dtype=a), y, xhat, rstd, np.int32(d),
+             a(eps)))
+    return y, (xhat, rstd)
+
+
+def layernorm_backward_input(dy, xhat, rstd, g):
+    """dx for layernorm_forward (the parameter gradients are column sums, left to the caller)."""
+    xp = backend.xp_of(dy)
+    dy = xp.ascontiguousarray(dy)
+    a = accum_dtype(dy.dtype)
+    rows, d = _rows(dy)
+    dx = xp.empty_like(dy)
+    _launch("layernorm_backward", dy.dtype, rows, BLOCK["layernorm"],
+            (dy, xhat, rstd, xp.ascontiguousarray(g, dtype=a), dx, np.int32(d)))
+    return dx
+
+
+def smoothed_nll_rows(logits, gold):
+    """logits [N, V], gold [N] -> (lse, nll, smooth), each [N] in the accumulation dtype."""
+    xp = backend.xp_of(logits)
+    logits = xp.ascontiguousarray(logits)
+    a = accum_dtype(logits.dtype)
+    rows, v = _rows(logits)
+    lse, nll, smooth = (xp.empty(rows, dtype=a) for _ in range(3))
+    _launch("smoothed_nll_rows", logits.dtype, rows, BLOCK["nll"],
+            (logits, xp.ascontiguousarray(gold, dtype=np.int64), lse, nll, smooth, np.int32(v)))
+    return lse, nll, smooth
+
+
+def smoothed_nll_backward(logits, gold, lse, w, eps, out=None):
+    """dlogits [N, V] = (softmax - q) * w[:, None]; `out` may be logits (in place)."""
+    xp = backend.xp_of(logits)
+    a = accum_dtype(logits.dtype)
+    out = xp.empty_like(logits) if out is None else out
+    rows, v = _rows(logits)
+    _launch("smoothed_nll_backward", logits.dtype, rows, BLOCK["nll"],
+            (logits, xp.ascontiguousarray(gold, dtype=np.int64), lse, xp.ascontiguousarray(w, dtype=a), out,
+             np.int32(v), a(eps)))
+    return out
+
+
+def dropout_add(u, y, x, p):
+    """(out, mask): out = y * mask + x, mask = (u >= p) / (1 - p); u float32 uniforms of y's
+    shape. `out` is written into y (a sublayer output nothing else holds)."""
+    xp = backend.xp_of(y)
+    y, x = xp.ascontiguousarray(y), xp.ascontiguousarray(x)
+    mask = xp.empty_like(y)
+    n, threads = y.size, 256
+    _launch("dropout_add", y.dtype, (n + threads - 1) // threads, threads,
+            (xp.ascontiguousarray(u, dtype=np.float32), y, x, mask, y, np.int64(n), np.float32(p),
+             accum_dtype(y.dtype)(1.0 / (1.0 - p))))
+    return y, mask

@@ -1,0 +1,145 @@
+"""Runs minitf's CUDA kernels (minitf/kernels.py) on the CPU, for machines without a GPU.
+
+The kernel source is compiled UNCHANGED by g++ under a small shim: `__global__`/`__device__`
+vanish, `__shared__` becomes `static` (one copy, shared by the block's threads, since blocks
+run one after another), and the CUDA threads of a block are coroutines that each run up to
+their next `__syncthreads()` in turn, so the barrier holds exactly (and a missing one shows
+as a wrong result, deterministically), and float16 conversion uses the compiler's _Float16
+instead of the PTX instruction. What this cannot catch: warp-level timing, memory
+coalescing, and NVRTC-specific syntax (tests/test_kernels.py also compiles the source with
+nvcc when it is installed).
+"""
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+
+import numpy as np
+
+from minitf import kernels
+
+SHIM = r"""
+#define MINITF_EMULATE
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <ucontext.h>
+#include <vector>
+struct emu_dim3 { unsigned x, y, z; };
+static emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
+// The CUDA threads of a block are coroutines (ucontext) run by this one OS thread: each runs
+// until its next __syncthreads() (or its end), then the next one runs. When the last thread
+// has reached the barrier, the first resumes: exactly the barrier's guarantee, deterministic.
+static ucontext_t emu_main;
+static std::vector<ucontext_t> emu_ctx;
+static std::vector<char> emu_done;
+static unsigned emu_cur;
+static std::function<void()> emu_body;
+static inline void __syncthreads() { swapcontext(&emu_ctx[emu_cur], &emu_main); }
+static void emu_entry() { emu_body(); emu_done[emu_cur] = 1; }
+static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
+    const size_t stack = 1 << 16;
+    static std::vector<char> stacks;
+    if (stacks.size() < (size_t)block * stack) stacks.resize((size_t)block * stack);
+    emu_ctx.assign(block, ucontext_t());
+    emu_body = body;
+    blockDim = {block, 1, 1};
+    gridDim = {grid, 1, 1};
+    for (unsigned b = 0; b < grid; ++b) {
+        blockIdx = {b, 0, 0};
+        emu_done.assign(block, 0);
+        for (unsigned t = 0; t < block; ++t) {
+            getcontext(&emu_ctx[t]);
+            emu_ctx[t].uc_stack.ss_sp = &stacks[(size_t)t * stack];
+            emu_ctx[t].uc_stack.ss_size = stack;
+            emu_ctx[t].uc_link = &emu_main;
+            makecontext(&emu_ctx[t], emu_entry, 0);
+        }
+        for (unsigned left = block; left > 0;) {
+            left = 0;
+            for (unsigned t = 0; t < block; ++t) {
+                if (emu_done[t]) continue;
+                emu_cur = t;
+                threadIdx = {t, 0, 0};
+                swapcontext(&emu_main, &emu_ctx[t]);
+                left += !emu_done[t];
+            }
+        }
+    }
+}
+#define __global__
+#define __device__
+#define __shared__ static
+static inline float h2f(unsigned short h) { _Float16 v; std::memcpy(&v, &h, 2); return (float)v; }
+static inline unsigned short f2h(float f) { _Float16 v = (_Float16)f; unsigned short h; std::memcpy(&h, &v, 2); return h; }
+"""
+
+LAUNCHER = r"""
+extern "C" void launch_{name}(unsigned grid, unsigned block{params}) {{
+    emu_run(grid, block, [=] {{ {name}({args}); }});
+}}
+"""
+
+CTYPES = {"int": ctypes.c_int, "long long": ctypes.c_longlong, "float": ctypes.c_float, "double": ctypes.c_double}
+
+
+def compiler():
+    """The C++ compiler used, or None."""
+    return shutil.which(os.environ.get("CXX", "g++"))
+
+
+class Emulator:
+    """Compiles kernels.source(dtype) once per dtype; `launch` has kernels.LAUNCH's signature."""
+
+    def __init__(self, workdir=None):
+        self.workdir = workdir or tempfile.mkdtemp(prefix="minitf-kernels-")
+        self.libs = {}
+
+    def _ctype(self, c, dtype):
+        t, a = kernels.C_TYPES[np.dtype(dtype).name]
+        c = c.replace("T*", t + "*").replace("A*", a + "*")
+        if c == "T":
+            c = t
+        elif c == "A":
+            c = a
+        return c
+
+    def _lib(self, dtype):
+        key = np.dtype(dtype).name
+        if key in self.libs:
+            return self.libs[key]
+        code = [SHIM, kernels.source(dtype)]
+        for name, sig in kernels.SIGNATURES.items():
+            types = [self._ctype(c, dtype) for c in sig]
+            params = "".join(f", {c} a{i}" for i, c in enumerate(types))
+            code.append(LAUNCHER.format(name=name, params=params, args=", ".join(f"a{i}" for i in range(len(types)))))
+        src = "\n".join(code)
+        digest = hashlib.sha256(src.encode()).hexdigest()[:16]
+        so = os.path.join(self.workdir, f"kernels_{key}_{digest}.so")
+        if not os.path.exists(so):
+            cpp = so[:-3] + ".cpp"
+            with open(cpp, "w") as f:
+                f.write(src)
+            subprocess.run([compiler(), "-std=c++17", "-O1", "-shared", "-fPIC", cpp, "-o", so],
+                           check=True, capture_output=True, text=True)
+        self.libs[key] = ctypes.CDLL(so)
+        return self.libs[key]
+
+    def launch(self, name, dtype, grid, block, args):
+        fn = getattr(self._lib(dtype), f"launch_{name}")
+        sig = [self._ctype(c, dtype) for c in kernels.SIGNATURES[name]]
+        assert len(sig) == len(args), (name, len(sig), len(args))
+        cargs = []
+        for c, a in zip(sig, args):
+            if c.endswith("*"):
+                # kernels index arrays as C-contiguous, except broadcast views read through strides
+                assert isinstance(a, np.ndarray) and (a.flags.c_contiguous or 0 in a.strides), (name, c)
+                want = {"half_t*": np.float16, "float*": np.float32, "double*": np.float64,
+                        "long long*": np.int64}[c]
+                assert a.dtype == want, (name, c, a.dtype)   # the kernel would misread other dtypes
+                cargs.append(ctypes.c_void_p(a.ctypes.data))
+            else:
+                cargs.append(CTYPES[c](a.item() if hasattr(a, "item") else a))
+        fn(ctypes.c_uint(grid), ctypes.c_uint(block), *cargs)

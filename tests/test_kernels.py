@@ -1,0 +1,224 @@
+"""The fused CUDA kernels (minitf/kernels.py) against the generic NumPy path, on the CPU.
+
+The kernels' CUDA source runs here through tests/cuda_emulator.py (g++, one std::thread per
+CUDA thread, real barriers), through the same Python wrappers the GPU uses; tests/test_gpu.py
+repeats the comparison with CuPy on a GPU. Shapes are chosen so rows are shorter than, equal
+to and longer than a block, and not multiples of it.
+"""
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from minitf import functional as F
+from minitf import kernels
+from minitf.loss import label_smoothed_nll, label_smoothed_nll_backward
+
+from cuda_emulator import Emulator, compiler
+
+pytestmark = pytest.mark.skipif(compiler() is None, reason="needs a C++17 compiler (g++) to emulate the CUDA kernels")
+
+DTYPES = [np.float64, np.float32, np.float16]
+# float64 computes in double like NumPy; float32/16 compute in float32 (NumPy's float16 path too)
+TOL = {np.float64: 1e-12, np.float32: 2e-6, np.float16: 2e-3}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def emulated(tmp_path_factory):
+    emu = Emulator(str(tmp_path_factory.mktemp("kernels")))
+    saved = kernels.LAUNCH["launch"]
+    kernels.LAUNCH["launch"] = emu.launch
+    yield emu
+    kernels.LAUNCH["launch"] = saved
+
+
+def close(a, b, dtype, scale=1.0):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    err = np.abs(a - b).max() / max(np.abs(b).max(), scale)
+    assert err <= TOL[dtype], err
+
+
+def neg(dtype):
+    return -3e4 if dtype == np.float16 else -1e9
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("s", [5, 128, 300])
+def test_masked_softmax_padding_and_causal(dtype, s):
+    rng = np.random.default_rng(s)
+    b, h, t = 2, 3, 4
+    scores = (rng.normal(size=(b, h, t, s)) * 3).astype(dtype)
+    pad = np.zeros((b, 1, 1, s), dtype=dtype)
+    pad[1, ..., s // 2:] = neg(dtype)                       # second sentence half padding
+    p = kernels.masked_softmax(scores, pad)
+    close(p, F.softmax_forward(scores + pad), dtype)
+    assert np.all(p[1, ..., s // 2:] == 0)
+    # causal + padding: [B, 1, T, S] with a different mask per query row
+    causal = np.triu(np.full((t, s), neg(dtype), dtype=dtype), k=1)[None, None] + pad
+    p = kernels.masked_softmax(scores, causal)
+    close(p, F.softmax_forward(scores + causal), dtype)
+    np.testing.assert_allclose(p.astype(np.float64).sum(-1), 1.0, atol=3e-3 if dtype == np.float16 else 1e-6)
+    # in place, and a bias shared by the whole batch (stride 0 on B)
+    out = scores.copy()
+    kernels.masked_softmax(out, causal[:1], out=out)
+    close(out, F.softmax_forward(scores + causal[:1]), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("s", [7, 300])
+def test_softmax_backward(dtype, s):
+    rng = np.random.default_rng(1)
+    p = F.softmax_forward(rng.normal(size=(2, 2, 3, s)).astype(dtype))
+    dp = rng.normal(size=p.shape).astype(dtype)
+    close(kernels.softmax_backward(dp, p), F.softmax_backward(dp, p), dtype)
+    # non-contiguous upstream gradient (a transposed view), as matmul outputs can be
+    dpt = np.ascontiguousarray(dp.swapaxes(-1, -2)).swapaxes(-1, -2)
+    close(kernels.softmax_backward(dpt, p), F.softmax_backward(dp, p), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [16, 256, 520])
+def test_layernorm_forward_and_backward(dtype, d):
+    rng = np.random.default_rng(d)
+    x = (rng.normal(size=(3, 5, d)) * 2 + 1).astype(dtype)
+    g, b = rng.normal(size=d), rng.normal(size=d)
+    eps = 1e-6
+    y, (xhat, rstd) = kernels.layernorm_forward(x, g, b, eps)
+    y_ref, (xhat_ref, rstd_ref) = F.layernorm_forward(x, g.astype(dtype), b.astype(dtype), eps)
+    assert y.dtype == dtype and xhat.dtype == kernels.accum_dtype(dtype)
+    close(y, y_ref, dtype)
+    close(xhat, xhat_ref, np.float32 if dtype == np.float16 else dtype)
+    close(rstd, rstd_ref, np.float32 if dtype == np.float16 else dtype)
+    dy = rng.normal(size=x.shape).astype(dtype)
+    dg, db = np.zeros(d, dtype=dtype), np.zeros(d, dtype=dtype)
+    dx_ref = F.layernorm_backward(dy, (xhat_ref, rstd_ref), g.astype(dtype), dg, db)
+    close(kernels.layernorm_backward_input(dy, xhat, rstd, g), dx_ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("v", [11, 512, 1500])
+def test_label_smoothed_nll_rows_and_gradient(dtype, v):
+    rng = np.random.default_rng(v)
+    n, eps, pad = 6, 0.1, 0
+    logits = (rng.normal(size=(n, v)) * 4).astype(dtype)
+    gold = rng.integers(1, v, size=n)
+    gold[2] = pad
+    loss_ref, nll_ref, count, cache = label_smoothed_nll(logits, gold, eps, pad)
+    lse, nll, smooth = kernels.smoothed_nll_rows(logits, gold)
+    w = (gold != pad).astype(kernels.accum_dtype(dtype))
+    loss = ((1 - eps) * nll + eps * smooth) @ w / w.sum()
+    close(loss, loss_ref, dtype)
+    close(nll @ w, nll_ref, dtype)
+    dz_ref = label_smoothed_nll_backward(cache, 2.0)
+    dz = kernels.smoothed_nll_backward(logits, gold, lse, w * (2.0 / w.sum()), eps)
+    close(dz, dz_ref, dtype)
+    assert np.all(dz[2] == 0)
+    out = logits.copy()                                   # in place over the logits
+    kernels.smoothed_nll_backward(out, gold, lse, w * (2.0 / w.sum()), eps, out=out)
+    close(out, dz_ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dropout_add(dtype):
+    rng = np.random.default_rng(3)
+    shape, p = (3, 7, 40), 0.1
+    u = rng.random(shape, dtype=np.float32)
+    y, x = rng.normal(size=shape).astype(dtype), rng.normal(size=shape).astype(dtype)
+    y0 = y.copy()
+    out, mask = kernels.dropout_add(u, y, x, p)
+    want_mask = (u >= p) / (1 - p)
+    close(mask, want_mask, dtype)
+    close(out, y0 * want_mask.astype(dtype) + x, dtype)
+    assert 0.8 < (mask != 0).mean() < 0.97
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA syntax check needs it")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_source_compiles_with_nvcc(dtype, tmp_path):
+    cu = tmp_path / "k.cu"
+    cu.write_text(kernels.source(dtype))
+    r = subprocess.run(["nvcc", "--ptx", "-arch=sm_80", "-std=c++14", str(cu), "-o", str(tmp_path / "k.ptx")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    ptx = (tmp_path / "k.ptx").read_text()
+    for name in kernels.SIGNATURES:
+        assert f".entry {name}(" in ptx
+
+
+# ----------------------------------------------------------------------------- the whole model, fused
+def route_through_kernels(monkeypatch):
+    """Route NumPy arrays through the fused kernels (emulated), as CuPy arrays are on a GPU.
+    Blocks of 4-8 threads keep the emulation fast; the kernels above run at the real sizes."""
+    monkeypatch.setattr(kernels, "enabled", lambda x: True)
+    monkeypatch.setattr(kernels, "BLOCK", {"softmax": 4, "layernorm": 8, "nll": 8})
+
+
+@pytest.fixture
+def fused(monkeypatch):
+    route_through_kernels(monkeypatch)
+
+
+def tiny_model(dtype, **kw):
+    import minitf
+    base = dict(vocab_size=23, d_model=16, n_heads=4, d_ff=24, n_layers=2, dropout=0.0, max_len=64)
+    base.update(kw)
+    return minitf.Transformer(minitf.TransformerConfig(**base), dtype=dtype, seed=0)
+
+
+SRC = np.array([[5, 6, 7, 8, 3, 0], [9, 10, 5, 6, 7, 3]])
+TGT_IN = np.array([[2, 4, 6, 8, 0], [2, 7, 5, 11, 12]])
+TGT_OUT = np.array([[4, 6, 8, 3, 0], [7, 5, 11, 12, 3]])
+
+
+def loss_and_grads(model):
+    model.zero_grad()
+    loss = model.forward_loss(SRC, TGT_IN, TGT_OUT)
+    model.backward()
+    return loss, model.flat_grads.copy(), model.forward(SRC, TGT_IN)
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_whole_model_fused_equals_generic_float64(positional, monkeypatch):
+    generic = loss_and_grads(tiny_model("float64", positional=positional))
+    route_through_kernels(monkeypatch)
+    fused = loss_and_grads(tiny_model("float64", positional=positional))
+    assert abs(fused[0] - generic[0]) <= 1e-12 * abs(generic[0])
+    np.testing.assert_allclose(fused[2], generic[2], rtol=0, atol=1e-12 * np.abs(generic[2]).max())
+    model = tiny_model("float64")
+    for name, (start, stop, _) in model.slices.items():
+        g, f = generic[1][start:stop], fused[1][start:stop]
+        if name.endswith(".k.bias"):          # exactly 0 up to round-off on both paths
+            continue
+        assert np.linalg.norm(f - g) <= 1e-10 * np.linalg.norm(g), name
+
+
+def test_fused_float16_with_loss_scaling_trains_like_float32(monkeypatch):
+    """The mixed-precision step on the fused path (float16 kernels, float32 master weights),
+    on the mixed-precision test's task: the loss falls like generic float32's."""
+    from test_mixed_precision import train
+    from minitf.optim import LossScaler
+    _, l32, _ = train("float32", steps=60)
+    route_through_kernels(monkeypatch)
+    model, l16, skipped = train("float16", steps=60, scaler=LossScaler(init_scale=2.0 ** 12))
+    assert np.mean(l16[-10:]) < 0.7 * np.mean(l16[:10])
+    assert abs(np.mean(l16[-10:]) - np.mean(l32[-10:])) < 0.15 * np.mean(l32[-10:])
+    assert model.flat_params.dtype == np.float16
+
+
+def test_fused_dropout_path_trains(fused):
+    """Dropout through the fused dropout+residual kernel: masks differ per call, loss falls."""
+    import minitf
+    model = tiny_model("float32", dropout=0.1)
+    opt = minitf.Adam(model, lr=3e-3)
+    losses = []
+    for _ in range(40):
+        model.zero_grad()
+        losses.append(model.forward_loss(SRC, TGT_IN, TGT_OUT))
+        model.backward()
+        opt.step()
+    assert losses[-1] < 0.5 * losses[0]
+    model.forward_loss(SRC, TGT_IN, TGT_OUT)
+    masks = [model.encoder.layers_[0].drop1.cache, model.decoder.layers_[1].drop3.cache]
+    for m in masks:
+        assert set(np.unique(m)) == {0.0, np.float32(1 / 0.9)}
