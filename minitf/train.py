@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from .backend import get_xp, to_device
+from .backend import get_xp, to_numpy
 from .checkpoint import average_checkpoints, load_checkpoint, save_checkpoint
 from .fileio import atomic_write
 from .config import TransformerConfig
@@ -66,8 +66,8 @@ def to_batch(train, idx, tok, model):
     src, tgt_in, tgt_out = collate([train[0][i] for i in idx], [train[1][i] for i in idx],
                                    tok.pad_id, tok.bos_id, tok.eos_id)
     n_tokens = int((tgt_out != tok.pad_id).sum())
-    xp = model.xp
-    return to_device(src, xp), to_device(tgt_in, xp), to_device(tgt_out, xp), n_tokens
+    # host arrays: forward_loss finds the non-pad rows on the host, then moves the ids itself
+    return src, tgt_in, tgt_out, n_tokens
 
 
 # ------------------------------------------------------------------------------ checkpoints
@@ -90,6 +90,16 @@ def build_config(args, vocab_size):
 
 
 # ------------------------------------------------------------------------------ the loop
+def step_stats(model, loss_sum, nll_sum):
+    """(loss_sum, nll_sum, grads_finite) on the host with ONE device->host copy per step (as
+    torch's GradScaler reads its overflow flag): the step's only GPU synchronisation."""
+    xp = model.xp
+    both = xp.stack([xp.asarray(loss_sum, dtype=np.float64), xp.asarray(nll_sum, dtype=np.float64),
+                     xp.isfinite(model.flat_grads).all().astype(np.float64)])
+    loss_sum, nll_sum, finite = (float(v) for v in to_numpy(both))
+    return loss_sum, nll_sum, finite == 1.0
+
+
 def evaluate_loss(model, batches):
     """Teacher-forced loss and per-token NLL over (src, tgt_in, tgt_out) batches, in eval mode
     (the model's train/eval mode is restored afterwards)."""
@@ -182,15 +192,14 @@ def train(args):
                 micro.append((epoch, index, to_batch(train_pairs, idx, tok, model)))
             total = sum(b[3] for _, _, b in micro)
             model.zero_grad()
-            loss_sum = nll_sum = 0.0
+            loss_sum = nll_sum = 0.0   # device scalars on a GPU, read once per step below
             for _, _, (src, tgt_in, tgt_out, n) in micro:
-                loss = float(model.forward_loss(src, tgt_in, tgt_out))
+                loss_sum = loss_sum + model.forward_loss(src, tgt_in, tgt_out) * n
                 model.backward(grad_scale=(scaler.scale if scaler else 1.0) * n / total)
-                loss_sum += loss * n
-                nll_sum += float(model.last_stats["nll_sum"])
+                nll_sum = nll_sum + model.last_stats["nll_sum"]
             state["forward_count"] = model.forward_count
             state["epoch"], state["batch"] = micro[-1][0], micro[-1][1] + 1
-            grads_finite = bool(model.xp.isfinite(model.flat_grads).all())
+            loss_sum, nll_sum, grads_finite = step_stats(model, loss_sum, nll_sum)
             if scaler is not None and np.isfinite(loss_sum) and not grads_finite:
                 scaler.update(False)  # float16 overflow: skip the step with a smaller scale
                 state["loss_scale"], state["good_steps"] = scaler.scale, scaler.good_steps

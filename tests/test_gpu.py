@@ -83,3 +83,95 @@ def test_checkpoint_saved_on_gpu_loads_on_cpu(tmp_path):
     np.testing.assert_allclose(cpu.forward(SRC, TGT_IN), to_numpy(gpu.forward(SRC, TGT_IN)), rtol=1e-4, atol=1e-5)
     back = ck.build_model(device="gpu")
     np.testing.assert_array_equal(to_numpy(back.flat_params), to_numpy(gpu.flat_params))
+
+
+# ----------------------------------------------------------------------------- fused kernels (kernels.py)
+# The tests above already run the fused kernels (the GPU default) against NumPy in float64.
+# Here: the kernels at real sizes (full blocks, vocabulary rows longer than a block) against
+# CuPy's generic path (MINITF_FUSED=0), and the whole step in float32 and float16.
+def _both_paths(monkeypatch, fn):
+    out = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("MINITF_FUSED", flag)
+        out[flag] = fn()
+    return out["1"], out["0"]
+
+
+def _rel(a, b):
+    a, b = to_numpy(a).astype(np.float64), to_numpy(b).astype(np.float64)
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-6), ("float16", 2e-3)])
+def test_gpu_kernels_match_generic_at_real_sizes(dtype, tol, monkeypatch):
+    import cupy as cp
+    from minitf import functional as F
+    from minitf.loss import label_smoothed_nll, label_smoothed_nll_backward
+    rs = cp.random.default_rng(0)
+    # attention: 8 heads, 60 queries over 70 keys, causal + padding
+    q, k, v = (rs.standard_normal((4, 8, 60 if i == 0 else 70, 64), dtype=cp.float32).astype(dtype) for i in range(3))
+    bias = cp.zeros((4, 1, 60, 70), dtype=dtype)
+    bias[1, ..., 50:] = -3e4
+    bias += cp.triu(cp.full((60, 70), -3e4, dtype=dtype), k=11)
+    dout = rs.standard_normal((4, 8, 60, 64), dtype=cp.float32).astype(dtype)
+
+    def attention():
+        out, p = F.attention_forward(q, k, v, bias, 0.125)
+        return (out, p) + F.attention_backward(dout, q, k, v, p, 0.125)
+    for a, b in zip(*_both_paths(monkeypatch, attention)):
+        assert _rel(a, b) <= tol
+    # LayerNorm over d_model 512 and 1024
+    for d in (512, 1024):
+        x = (rs.standard_normal((3000, d), dtype=cp.float32) * 3 + 1).astype(dtype)
+        g, b0 = rs.standard_normal(d), rs.standard_normal(d)
+        dy = rs.standard_normal((3000, d), dtype=cp.float32).astype(dtype)
+
+        def layernorm():
+            y, cache = F.layernorm_forward(x, g.astype(dtype), b0.astype(dtype), 1e-6)
+            dg, db = cp.zeros(d, dtype=dtype), cp.zeros(d, dtype=dtype)
+            return y, F.layernorm_backward(dy, cache, g.astype(dtype), dg, db), dg, db
+        for a, b in zip(*_both_paths(monkeypatch, layernorm)):
+            assert _rel(a, b) <= tol
+    # the loss over a 37000-word vocabulary with pad rows
+    logits = (rs.standard_normal((500, 37000), dtype=cp.float32) * 3).astype(dtype)
+    gold = rs.integers(4, 37000, 500)
+    gold[::7] = 0
+
+    def loss():
+        val, nll, n, cache = label_smoothed_nll(logits.copy(), gold, 0.1, 0)
+        return val, nll, n, label_smoothed_nll_backward(cache, 3.0)
+    for a, b in zip(*_both_paths(monkeypatch, loss)):
+        assert _rel(a, b) <= tol
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float16", 3e-2)])
+def test_gpu_fused_step_matches_generic_step(dtype, tol, monkeypatch):
+    def step():
+        m = minitf.Transformer(cfg(), device="gpu", dtype=dtype, seed=0)
+        m.zero_grad()
+        loss = m.forward_loss(SRC, TGT_IN, TGT_OUT)
+        m.backward(grad_scale=64.0 if dtype == "float16" else 1.0)
+        return loss, m.flat_grads.astype(np.float32)
+    (lf, gf), (lg, gg) = _both_paths(monkeypatch, step)
+    assert abs(float(lf) - float(lg)) <= tol * abs(float(lg))
+    assert _rel(gf, gg) <= tol
+
+
+def test_gpu_fused_dropout_masks_and_fp16_training():
+    """Mixed precision on the GPU (fused kernels, dropout on): the loss falls like float32's."""
+    from minitf.optim import LossScaler
+    finals = {}
+    for dtype in ("float32", "float16"):
+        m = minitf.Transformer(cfg(dropout=0.1), device="gpu", dtype=dtype, seed=0)
+        opt, scaler = minitf.Adam(m, lr=3e-3), LossScaler(init_scale=2.0 ** 12) if dtype == "float16" else None
+        losses = []
+        for _ in range(80):
+            m.zero_grad()
+            losses.append(float(m.forward_loss(SRC, TGT_IN, TGT_OUT)))
+            scale = scaler.scale if scaler else 1.0
+            m.backward(grad_scale=scale)
+            if scaler is None or scaler.update(bool(m.xp.isfinite(m.flat_grads).all())):
+                opt.step(grad_scale=scale)
+        assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10]), dtype
+        finals[dtype] = np.mean(losses[-10:])
+    assert abs(finals["float16"] - finals["float32"]) < 0.25 * finals["float32"]
