@@ -11,7 +11,7 @@ from .blocks import Decoder, Encoder
 from .errors import CheckpointError, ConfigError
 from .layers import Dropout, Layer, LearnedPositional, SinusoidalPositional, TokenEmbedding, flatten_parameters
 from .loss import label_smoothed_nll, label_smoothed_nll_backward
-from .packing import Rows, pack, unpack
+from .packing import make_rows, pack, unpack
 
 NEG_INF = -1e9  # additive mask value; exp(NEG_INF - max) underflows to exactly 0
 NEG_INF_HALF = -3e4  # float16 cannot hold -1e9; exp(-3e4) is still exactly 0 in float32
@@ -93,8 +93,8 @@ class Transformer(Layer):
         positions and the kept target positions only (packing.py) and h is [Nt, D]."""
         src_rows = tgt_rows = None
         if keep_tgt is not None:   # on the host: no GPU sync (packing.Rows)
-            src_rows = Rows(to_numpy(self._check_ids("src", src, host=True)) != self.cfg.pad_id, self.xp)
-            tgt_rows = Rows(keep_tgt, self.xp)
+            src_rows = make_rows(to_numpy(self._check_ids("src", src, host=True)) != self.cfg.pad_id, self.xp)
+            tgt_rows = make_rows(keep_tgt, self.xp)
         src, tgt_in = self._check_ids("src", src), self._check_ids("tgt_in", tgt_in)
         rng = self._dropout_rng()
         memory, src_bias, src_ids = self.encode(src, rng, src_rows)
@@ -128,7 +128,9 @@ class Transformer(Layer):
             raise ConfigError(f"tgt_out shape {tgt_out.shape} != tgt_in shape {tgt_in.shape}")
         pad = self.cfg.pad_id
         h = self.decode_states(src, tgt_in, keep_tgt=(tgt_in != pad) | (tgt_out != pad))   # [Nt, D]
-        gold = tgt_out.reshape(-1)[self._cache["tgt_rows"].host_index]                      # [Nt]
+        h = h.reshape(-1, h.shape[-1])     # [Nt, D] ([B*T, D] for a batch without padding)
+        tgt_rows = self._cache["tgt_rows"]
+        gold = tgt_out.reshape(-1) if tgt_rows is None else tgt_out.reshape(-1)[tgt_rows.host_index]   # [Nt]
         rows = None                                                  # rows of h with a loss
         if (gold == pad).any():
             rows = np.flatnonzero(gold != pad)
@@ -151,10 +153,10 @@ class Transformer(Layer):
         # logits = h[rows] @ embedding^T
         dh = self.embedding.project_backward(dlogits, c["h_rows"])
         if c["rows"] is not None:
-            dh_all = self.xp.zeros(c["h_shape"], dtype=self.dtype)
+            dh_all = self.xp.zeros((int(np.prod(c["h_shape"][:-1])), dh.shape[-1]), dtype=self.dtype)
             dh_all[c["rows"]] = dh
             dh = dh_all
-        dy, dmemory = self.decoder.backward(dh)
+        dy, dmemory = self.decoder.backward(dh.reshape(c["h_shape"]))
         # y = pack(tgt_dropout(embedding[tgt_in] * sqrt(D) + PE))
         dy = self.positional.backward(unpack(c["tgt_rows"], self.tgt_dropout.backward(dy)))
         self.embedding.lookup_backward(dy, c["tgt_ids"])

@@ -6,8 +6,31 @@ parameter buffer, so the update is a handful of whole-model array operations; th
 per-name entries are views into them.
 """
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 
+from .backend import is_gpu
 from .errors import CheckpointError
+
+_POOL = []
+
+
+def _cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _pool():
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(max_workers=_cores(), thread_name_prefix="minitf-adam"))
+    return _POOL[0]
+
+
+def _chunks(xp, n, min_chunk=1 << 20):
+    """Slices splitting a CPU update of n elements over the cores (one slice on a GPU or
+    for small models: elementwise NumPy runs on one core otherwise)."""
+    k = 1 if is_gpu(xp) else max(1, min(_cores(), n // min_chunk))
+    edges = [n * i // k for i in range(k + 1)]
+    return [slice(edges[i], edges[i + 1]) for i in range(k)]
 
 
 class Adam:
@@ -34,17 +57,28 @@ class Adam:
         self.step_count += 1
         t = self.step_count
         lr = self.current_lr(t)
-        g = self.model.flat_grads
+        coef = (1.0 / grad_scale, lr, 1.0 - self.beta1 ** t, 1.0 - self.beta2 ** t)
+        bufs = (self.model.flat_grads, self._m, self._v, self.model.weights, self._tmp, self._g)
+        chunks = _chunks(self.model.xp, bufs[0].size)
+        if len(chunks) == 1:
+            self._update(bufs, coef)
+        else:  # NumPy releases the GIL in its loops: the chunks run on all cores
+            list(_pool().map(lambda c: self._update([b[c] for b in bufs], coef), chunks))
+        self.model.sync_weights()
+        return lr
+
+    def _update(self, bufs, coef):
+        g, m, v, p, tmp, gbuf = bufs
+        inv_scale, lr, bc1, bc2 = coef
         xp = self.model.xp
-        m, v, p, tmp = self._m, self._v, self.model.weights, self._tmp
         # g = grads / grad_scale (loss scaling, accumulation) in the master precision, not in place
         if g.dtype != p.dtype:
-            self._g[...] = g
-            g = self._g
-            if grad_scale != 1.0:
-                g *= 1.0 / grad_scale
-        elif grad_scale != 1.0:
-            g = xp.multiply(g, 1.0 / grad_scale, out=self._g)
+            gbuf[...] = g
+            g = gbuf
+            if inv_scale != 1.0:
+                g *= inv_scale
+        elif inv_scale != 1.0:
+            g = xp.multiply(g, inv_scale, out=gbuf)
         # every operation writes into a preallocated buffer: no temporaries of model size
         # m = b1 m + (1 - b1) g
         m *= self.beta1
@@ -55,16 +89,12 @@ class Adam:
         tmp *= 1.0 - self.beta2
         v += tmp
         # p -= lr * m_hat / (sqrt(v_hat) + eps), m_hat = m / (1 - b1^t), v_hat = v / (1 - b2^t)
-        bc1 = 1.0 - self.beta1 ** t
-        bc2 = 1.0 - self.beta2 ** t
         xp.sqrt(v, out=tmp)
         tmp *= 1.0 / math.sqrt(bc2)
         tmp += self.eps
         xp.divide(m, tmp, out=tmp)
         tmp *= lr / bc1
         p -= tmp
-        self.model.sync_weights()
-        return lr
 
     def state_dict(self):
         """{'step': int, 'm.<name>': array, 'v.<name>': array} (live views)."""

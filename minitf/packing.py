@@ -48,3 +48,10 @@ def unpack(rows, x):
 def pack(rows, x):
     """`rows.pack(x)`, or x itself when nothing is packed (rows None)."""
     return x if rows is None else rows.pack(x)
+
+
+def make_rows(keep, xp=np):
+    """Rows(keep), or None when every position is kept (a batch without padding): then the
+    [B, L, D] layout is used as it is, with no copies."""
+    keep = to_numpy(keep)
+    return None if keep.all() else Rows(keep, xp)

@@ -110,18 +110,19 @@ def test_tied_embedding_gradient_is_sum_of_three_uses():
     model.forward_loss(src, tgt_in, tgt_out)
     c = model._cache
     from minitf.loss import label_smoothed_nll_backward
+    from minitf.packing import unpack
     dh_rows = emb.project_backward(label_smoothed_nll_backward(c["loss"]), c["h_rows"])
     proj = model.grad_dict()["embedding.weight"].copy()
     dh = dh_rows                              # packed training layout: h is [Nt, D]
     if c["rows"] is not None:
-        dh = np.zeros(c["h_shape"])
+        dh = np.zeros((int(np.prod(c["h_shape"][:-1])), c["h_shape"][-1]))
         dh[c["rows"]] = dh_rows
-    dy, dmem = model.decoder.backward(dh)
+    dy, dmem = model.decoder.backward(dh.reshape(c["h_shape"]))
     model.zero_grad()
-    emb.lookup_backward(c["tgt_rows"].unpack(dy), c["tgt_ids"])
+    emb.lookup_backward(unpack(c["tgt_rows"], dy), c["tgt_ids"])
     tgt_part = model.grad_dict()["embedding.weight"].copy()
     model.zero_grad()
-    emb.lookup_backward(c["src_rows"].unpack(model.encoder.backward(dmem)), c["src_ids"])
+    emb.lookup_backward(unpack(c["src_rows"], model.encoder.backward(dmem)), c["src_ids"])
     src_part = model.grad_dict()["embedding.weight"].copy()
     for part in (proj, tgt_part, src_part):
         assert np.abs(part).sum() > 0
@@ -258,3 +259,66 @@ def test_loss_equals_padded_logits_loss_when_pad_patterns_differ():
     loss = model.forward_loss(src, tgt_in, tgt_out)
     ref = float(label_smoothed_nll(model.forward(src, tgt_in), tgt_out, model.cfg.label_smoothing, 0)[0])
     assert abs(loss - ref) <= 1e-12 * abs(ref)
+
+
+def test_batch_without_padding_takes_the_unpacked_layout_with_the_same_gradients():
+    """No pad anywhere: no row index, no copies; loss and gradients equal those of the same
+    sentences inside a padded batch."""
+    src = np.array([[5, 6, 7, 3], [9, 10, 5, 3]])
+    tgt_in = np.array([[2, 4, 6, 8], [2, 7, 5, 11]])
+    tgt_out = np.array([[4, 6, 8, 3], [7, 5, 11, 3]])
+    model = minitf.Transformer(tiny(), dtype="float64")
+    model.zero_grad()
+    loss = model.forward_loss(src, tgt_in, tgt_out)
+    assert model._cache["src_rows"] is None and model._cache["tgt_rows"] is None
+    model.backward()
+    grads = model.flat_grads.copy()
+    pad = lambda a: np.concatenate([a, np.zeros((2, 2), dtype=a.dtype)], axis=1)
+    model.zero_grad()
+    loss2 = model.forward_loss(pad(src), pad(tgt_in), pad(tgt_out))
+    assert model._cache["tgt_rows"] is not None
+    model.backward()
+    assert abs(loss - loss2) <= 1e-12 * abs(loss)
+    np.testing.assert_allclose(model.flat_grads, grads, rtol=0, atol=1e-12 * np.abs(grads).max())
+
+
+def test_adam_split_over_threads_equals_one_pass(monkeypatch):
+    """On CPU a large update is split into slices run on a thread pool; the result must be
+    identical to the single pass (elementwise arithmetic, same order per element)."""
+    from minitf import optim
+    src, tgt_in, tgt_out = batch()
+    params = []
+    for split in (False, True):
+        if split:
+            monkeypatch.setattr(optim, "_chunks", lambda xp, n: [slice(0, n // 3), slice(n // 3, 2 * n // 3),
+                                                                 slice(2 * n // 3, n)])
+        model = minitf.Transformer(tiny(), dtype="float32", seed=5)
+        opt = minitf.Adam(model, lr=1e-2)
+        for _ in range(3):
+            model.zero_grad()
+            model.forward_loss(src, tgt_in, tgt_out)
+            model.backward(grad_scale=4.0)
+            opt.step(grad_scale=4.0)
+        params.append(model.flat_params.copy())
+    assert not np.array_equal(params[0], minitf.Transformer(tiny(), dtype="float32", seed=5).flat_params)
+    np.testing.assert_array_equal(params[1], params[0])
+
+
+def test_adam_chunks_cover_the_buffer_once():
+    from minitf.optim import _chunks
+    for n in (10, 3 << 20, (5 << 20) + 7):
+        covered = np.zeros(n, dtype=int)
+        for c in _chunks(np, n):
+            covered[c] += 1
+        assert np.all(covered == 1)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
+def test_dropout_mask_drops_p_and_keeps_the_mean(dtype):
+    from minitf import functional as F
+    m = F.dropout_mask(np.random.default_rng(0), (400, 500), 0.1, dtype)
+    assert m.dtype == dtype and set(np.unique(m)) == {0, dtype(1 / 0.9)}
+    assert abs((m == 0).mean() - 0.1) < 0.003          # 200000 draws: 0.003 is ~4.5 sigma
+    assert abs(m.astype(np.float64).mean() - 1.0) < 0.005
+    again = F.dropout_mask(np.random.default_rng(0), (400, 500), 0.1, dtype)
+    np.testing.assert_array_equal(m, again)            # a function of the generator state
