@@ -24,6 +24,7 @@ tests/test_kernels.py runs the same CUDA source on the CPU through a small emula
 sets MINITF_FUSED=0 (then the generic path runs everywhere, for comparisons).
 """
 import os
+import warnings
 
 import numpy as np
 
@@ -232,19 +233,40 @@ def source(dtype):
 
 
 def enabled(x):
-    """Whether x (an array) takes the fused kernels: CuPy arrays, unless MINITF_FUSED=0."""
-    return backend.is_gpu(backend.xp_of(x)) and os.environ.get("MINITF_FUSED", "1") != "0"
+    """Whether x (an array) takes the fused kernels: CuPy arrays whose dtype's kernels
+    compiled, unless MINITF_FUSED=0. A compile failure is reported once (warning) and that
+    dtype stays on the generic path: training goes on, slower."""
+    if not backend.is_gpu(backend.xp_of(x)) or os.environ.get("MINITF_FUSED", "1") == "0":
+        return False
+    return _module(x.dtype) is not None
 
 
 # ----------------------------------------------------------------------------- launching
-_MODULES = {}
+_MODULES = {}        # dtype name -> compiled cupy.RawModule, or None if it failed to compile
+COMPILE_ERRORS = {}  # dtype name -> the error
+
+
+def _module(dtype):
+    key = np.dtype(dtype).name
+    if key not in _MODULES:
+        if key not in C_TYPES:
+            _MODULES[key] = None
+            return None
+        try:
+            module = backend.cupy.RawModule(code=source(dtype), options=("-std=c++14",))
+            for name in SIGNATURES:
+                module.get_function(name)      # compiles now, not in the middle of a step
+            _MODULES[key] = module
+        except Exception as e:  # NVRTC or driver error: fall back to the generic CuPy path
+            _MODULES[key] = None
+            COMPILE_ERRORS[key] = e
+            warnings.warn(f"minitf: the fused CUDA kernels for {key} did not compile ({type(e).__name__}: {e}); "
+                          f"using the generic CuPy path (slower). Set MINITF_FUSED=0 to silence this.")
+    return _MODULES[key]
 
 
 def _cupy_launch(name, dtype, grid, block, args):
-    key = np.dtype(dtype).name
-    if key not in _MODULES:
-        _MODULES[key] = backend.cupy.RawModule(code=source(dtype), options=("-std=c++14",))
-    _MODULES[key].get_function(name)((grid,), (block,), args)
+    _module(dtype).get_function(name)((grid,), (block,), args)
 
 
 # launch(name, dtype, grid, block, args): CuPy's on a GPU; tests swap in the CPU emulator

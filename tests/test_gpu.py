@@ -175,3 +175,13 @@ def test_gpu_fused_dropout_masks_and_fp16_training():
         assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10]), dtype
         finals[dtype] = np.mean(losses[-10:])
     assert abs(finals["float16"] - finals["float32"]) < 0.25 * finals["float32"]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_gpu_fused_kernels_compile_and_are_used(dtype, monkeypatch):
+    """The fused path is really taken on this GPU (a compile failure would fall back to
+    the generic path with a warning, and the comparisons above would compare it with itself)."""
+    import cupy as cp
+    from minitf import kernels
+    monkeypatch.delenv("MINITF_FUSED", raising=False)
+    assert kernels.enabled(cp.zeros(3, dtype=dtype)), kernels.COMPILE_ERRORS.get(dtype)

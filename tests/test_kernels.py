@@ -222,3 +222,25 @@ def test_fused_dropout_path_trains(fused):
     masks = [model.encoder.layers_[0].drop1.cache, model.decoder.layers_[1].drop3.cache]
     for m in masks:
         assert set(np.unique(m)) == {0.0, np.float32(1 / 0.9)}
+
+
+def test_compile_failure_falls_back_to_the_generic_path_with_one_warning(monkeypatch):
+    import warnings
+
+    class BrokenCupy:
+        get_array_module = staticmethod(lambda *a: np)
+
+        class RawModule:
+            def __init__(self, **kw):
+                raise RuntimeError("NVRTC_ERROR_COMPILATION")
+    monkeypatch.setattr(kernels.backend, "cupy", BrokenCupy)
+    monkeypatch.setattr(kernels.backend, "is_gpu", lambda xp: True)
+    monkeypatch.setattr(kernels, "_MODULES", {})
+    monkeypatch.setattr(kernels, "COMPILE_ERRORS", {})
+    x = np.zeros(3, np.float32)
+    with pytest.warns(UserWarning, match="float32 did not compile.*NVRTC_ERROR_COMPILATION"):
+        assert kernels.enabled(x) is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert kernels.enabled(x) is False                  # decided once, no second warning
+    assert "float32" in kernels.COMPILE_ERRORS
