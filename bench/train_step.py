@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+if "--tf32" in sys.argv[1:]:
+    os.environ["CUPY_TF32"] = "1"   # CuPy reads it when it loads: set before minitf imports cupy
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import minitf  # noqa: E402
 from minitf.backend import get_xp, synchronize, to_numpy  # noqa: E402
@@ -165,6 +167,7 @@ class TorchRunner:
         from bench.torch_model import as_ids, from_minitf_state
         self.torch = torch
         self.device = "cuda" if device == "gpu" else "cpu"
+        torch.backends.cuda.matmul.allow_tf32 = os.environ.get("CUPY_TF32") == "1"   # same matmul mode as minitf
         self.model = from_minitf_state(state_dict, cfg, dtype="float32", device=self.device, autocast_fp16=fp16)
         self.model.train()
         self.opt = torch.optim.Adam(self.model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9)
@@ -201,6 +204,9 @@ def main(argv=None):
     ap.add_argument("--fp16", action="store_true", help="torch under autocast float16 (+GradScaler on GPU); "
                     "minitf in float16 only if it supports that dtype, else float32")
     ap.add_argument("--vs-torch", action="store_true")
+    ap.add_argument("--tf32", action="store_true",
+                    help="GPU float32 matmuls on TF32 tensor cores, on both sides (CUPY_TF32=1 for minitf, "
+                         "torch.backends.cuda.matmul.allow_tf32 for torch); default: full float32 on both")
     ap.add_argument("--batch-sentences", type=int, default=64)
     ap.add_argument("--src-len", type=int, default=24)
     ap.add_argument("--tgt-len", type=int, default=24)
