@@ -244,3 +244,14 @@ def test_compile_failure_falls_back_to_the_generic_path_with_one_warning(monkeyp
         warnings.simplefilter("error")
         assert kernels.enabled(x) is False                  # decided once, no second warning
     assert "float32" in kernels.COMPILE_ERRORS
+
+
+def test_decoding_through_the_kernels_matches_generic(monkeypatch):
+    """Decoding uses masked_softmax with a scalar bias (cached self-attention) and a padding
+    bias (cross-attention), and LayerNorm on single rows: same outputs both ways."""
+    from minitf.decode import beam_search, greedy_search
+    model = tiny_model("float64", dropout=0.1).eval()
+    want = greedy_search(model, SRC, max_len_b=6), beam_search(model, SRC, beam_size=3, max_len_b=6)
+    route_through_kernels(monkeypatch)
+    got = greedy_search(model, SRC, max_len_b=6), beam_search(model, SRC, beam_size=3, max_len_b=6)
+    assert got == want
