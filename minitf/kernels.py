@@ -30,7 +30,14 @@ import numpy as np
 
 from . import backend
 
-BLOCK = {"softmax": 128, "layernorm": 256, "nll": 512}   # threads per row (powers of 2)
+BLOCK = {"softmax": 128, "layernorm": 256, "nll": 512}   # most threads per row (powers of 2)
+MIN_BLOCK = 32                                            # one warp
+
+
+def block_size(kind, n):
+    """Threads for rows of length n: the power of 2 covering n, between MIN_BLOCK and
+    BLOCK[kind] (a 25-key attention row gets one warp, not 128 threads mostly idle)."""
+    return min(BLOCK[kind], max(MIN_BLOCK, 1 << max(n - 1, 0).bit_length()))
 MAX_BLOCK = 1024
 
 # The CUDA source. `T` (storage) and `A` (accumulation) are typedef-ed per dtype in
@@ -295,7 +302,7 @@ def masked_softmax(scores, bias, out=None):
     sb, sh, st, sj = (stride // bias.itemsize for stride in bias.strides)
     out = xp.empty_like(scores) if out is None else out
     rows, n = _rows(scores)
-    _launch("masked_softmax", scores.dtype, rows, BLOCK["softmax"],
+    _launch("masked_softmax", scores.dtype, rows, block_size("softmax", n),
             (scores, bias, out, np.int32(n), np.int32(h), np.int32(t), np.int64(sb), np.int64(sh), np.int64(st),
              np.int64(sj)))
     return out
@@ -307,7 +314,7 @@ def softmax_backward(dp, p, out=None):
     dp = xp.ascontiguousarray(dp)
     out = xp.empty_like(p) if out is None else out
     rows, n = _rows(p)
-    _launch("softmax_backward", p.dtype, rows, BLOCK["softmax"], (dp, p, out, np.int32(n)))
+    _launch("softmax_backward", p.dtype, rows, block_size("softmax", n), (dp, p, out, np.int32(n)))
     return out
 
 
@@ -320,7 +327,7 @@ def layernorm_forward(x, g, b, eps):
     y = xp.empty_like(x)
     xhat = xp.empty(x.shape, dtype=a)
     rstd = xp.empty(x.shape[:-1] + (1,), dtype=a)
-    _launch("layernorm_forward", x.dtype, rows, BLOCK["layernorm"],
+    _launch("layernorm_forward", x.dtype, rows, block_size("layernorm", d),
             (x, xp.ascontiguousarray(g, dtype=a), xp.ascontiguousarray(b, dtype=a), y, xhat, rstd, np.int32(d),
              a(eps)))
     return y, (xhat, rstd)
@@ -333,7 +340,7 @@ def layernorm_backward_input(dy, xhat, rstd, g):
     a = accum_dtype(dy.dtype)
     rows, d = _rows(dy)
     dx = xp.empty_like(dy)
-    _launch("layernorm_backward", dy.dtype, rows, BLOCK["layernorm"],
+    _launch("layernorm_backward", dy.dtype, rows, block_size("layernorm", d),
             (dy, xhat, rstd, xp.ascontiguousarray(g, dtype=a), dx, np.int32(d)))
     return dx
 
@@ -345,7 +352,7 @@ def smoothed_nll_rows(logits, gold):
     a = accum_dtype(logits.dtype)
     rows, v = _rows(logits)
     lse, nll, smooth = (xp.empty(rows, dtype=a) for _ in range(3))
-    _launch("smoothed_nll_rows", logits.dtype, rows, BLOCK["nll"],
+    _launch("smoothed_nll_rows", logits.dtype, rows, block_size("nll", v),
             (logits, xp.ascontiguousarray(gold, dtype=np.int64), lse, nll, smooth, np.int32(v)))
     return lse, nll, smooth
 
@@ -356,7 +363,7 @@ def smoothed_nll_backward(logits, gold, lse, w, eps, out=None):
     a = accum_dtype(logits.dtype)
     out = xp.empty_like(logits) if out is None else out
     rows, v = _rows(logits)
-    _launch("smoothed_nll_backward", logits.dtype, rows, BLOCK["nll"],
+    _launch("smoothed_nll_backward", logits.dtype, rows, block_size("nll", v),
             (logits, xp.ascontiguousarray(gold, dtype=np.int64), lse, xp.ascontiguousarray(w, dtype=a), out,
              np.int32(v), a(eps)))
     return out

@@ -44,7 +44,7 @@ def neg(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("s", [5, 128, 300])
+@pytest.mark.parametrize("s", [5, 33, 128, 300])
 def test_masked_softmax_padding_and_causal(dtype, s):
     rng = np.random.default_rng(s)
     b, h, t = 2, 3, 4
@@ -63,6 +63,13 @@ def test_masked_softmax_padding_and_causal(dtype, s):
     out = scores.copy()
     kernels.masked_softmax(out, causal[:1], out=out)
     close(out, F.softmax_forward(scores + causal[:1]), dtype)
+
+
+def test_block_size_is_a_power_of_two_covering_the_row_within_bounds():
+    assert kernels.block_size("softmax", 25) == 32 and kernels.block_size("softmax", 1) == 32
+    assert kernels.block_size("softmax", 64) == 64 and kernels.block_size("softmax", 65) == 128
+    assert kernels.block_size("softmax", 1000) == 128 and kernels.block_size("nll", 37000) == 512
+    assert kernels.block_size("layernorm", 512) == 256
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -152,6 +159,7 @@ def route_through_kernels(monkeypatch):
     Blocks of 4-8 threads keep the emulation fast; the kernels above run at the real sizes."""
     monkeypatch.setattr(kernels, "enabled", lambda x: True)
     monkeypatch.setattr(kernels, "BLOCK", {"softmax": 4, "layernorm": 8, "nll": 8})
+    monkeypatch.setattr(kernels, "MIN_BLOCK", 1)
 
 
 @pytest.fixture
