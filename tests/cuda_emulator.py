@@ -85,9 +85,29 @@ extern "C" void launch_{name}(unsigned grid, unsigned block{params}) {{
 CTYPES = {"int": ctypes.c_int, "long long": ctypes.c_longlong, "float": ctypes.c_float, "double": ctypes.c_double}
 
 
+PROBE = r"""
+#include <ucontext.h>
+#include <cstring>
+extern "C" float probe(float x) { _Float16 h = (_Float16)x; ucontext_t c; getcontext(&c); return (float)h; }
+"""
+_COMPILER = []
+
+
 def compiler():
-    """The C++ compiler used, or None."""
-    return shutil.which(os.environ.get("CXX", "g++"))
+    """The C++ compiler used, or None when there is none that builds the shim (C++17 with
+    _Float16 and ucontext: g++ 12 or newer on x86-64 Linux)."""
+    if not _COMPILER:
+        cxx = shutil.which(os.environ.get("CXX", "g++"))
+        if cxx:
+            with tempfile.TemporaryDirectory() as d:
+                src = os.path.join(d, "probe.cpp")
+                with open(src, "w") as f:
+                    f.write(PROBE)
+                r = subprocess.run([cxx, "-std=c++17", "-shared", "-fPIC", src, "-o", os.path.join(d, "p.so")],
+                                   capture_output=True)
+                cxx = cxx if r.returncode == 0 else None
+        _COMPILER.append(cxx)
+    return _COMPILER[0]
 
 
 class Emulator:

@@ -17,7 +17,7 @@ from minitf.loss import label_smoothed_nll, label_smoothed_nll_backward
 
 from cuda_emulator import Emulator, compiler
 
-pytestmark = pytest.mark.skipif(compiler() is None, reason="needs a C++17 compiler (g++) to emulate the CUDA kernels")
+pytestmark = pytest.mark.skipif(compiler() is None, reason="needs g++ with C++17, _Float16 and ucontext (g++ >= 12 on x86-64 Linux) to emulate the CUDA kernels")
 
 DTYPES = [np.float64, np.float32, np.float16]
 # float64 computes in double like NumPy; float32/16 compute in float32 (NumPy's float16 path too)
