@@ -1,9 +1,9 @@
-"""Fused CUDA kernels for the GPU training step (CuPy RawModule / ElementwiseKernel).
+"""Fused CUDA kernels for the GPU training step (one CuPy RawModule per dtype).
 
 The NumPy-style code in functional.py and loss.py makes several passes over memory per
 operation (softmax: max, subtract, exp, sum, divide). On a GPU those passes, not the
 arithmetic, cost the time, so each operation below is ONE kernel: one CUDA block per row
-(a row of attention scores, a d_model vector, a vocabulary row) that reduces in shared
+(a row of attention scores, a d_model vector, a vocabulary row; `block_size` threads) that reduces in shared
 memory and writes its outputs once.
 
   masked_softmax        p = softmax(scores + bias) over the last axis (bias broadcast)
