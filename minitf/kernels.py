@@ -3,8 +3,8 @@
 The NumPy-style code in functional.py and loss.py makes several passes over memory per
 operation (softmax: max, subtract, exp, sum, divide). On a GPU those passes, not the
 arithmetic, cost the time, so each operation below is ONE kernel: one CUDA block per row
-(a row of attention scores, a d_model vector, a vocabulary row; `block_size` threads) that reduces in shared
-memory and writes its outputs once.
+(a row of attention scores, a d_model vector, a vocabulary row; `block_size` threads)
+that reduces in shared memory and writes its outputs once.
 
   masked_softmax        p = softmax(scores + bias) over the last axis (bias broadcast)
   softmax_backward      dx = p * (dp - sum(dp * p))
@@ -38,10 +38,11 @@ def block_size(kind, n):
     """Threads for rows of length n: the power of 2 covering n, between MIN_BLOCK and
     BLOCK[kind] (a 25-key attention row gets one warp, not 128 threads mostly idle)."""
     return min(BLOCK[kind], max(MIN_BLOCK, 1 << max(n - 1, 0).bit_length()))
-MAX_BLOCK = 1024
+
 
 # The CUDA source. `T` (storage) and `A` (accumulation) are typedef-ed per dtype in
 # `source(dtype)`; the blocks below are plain CUDA C++ that NVRTC and the emulator both take.
+# Each kernel's shared buffer holds 1024 values, the most threads a CUDA block can have.
 # float16 storage without cuda_fp16.h (so NVRTC needs no include path): 16 raw bits,
 # converted with the PTX cvt instructions (round to nearest even).
 HALF = r"""

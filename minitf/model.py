@@ -92,10 +92,11 @@ class Transformer(Layer):
         Packed (training): with keep_tgt [B, T] bool, every layer runs on the non-pad source
         positions and the kept target positions only (packing.py) and h is [Nt, D]."""
         src_rows = tgt_rows = None
+        src = self._check_ids("src", src, host=keep_tgt is not None)
         if keep_tgt is not None:   # on the host: no GPU sync (packing.Rows)
-            src_rows = make_rows(to_numpy(self._check_ids("src", src, host=True)) != self.cfg.pad_id, self.xp)
+            src_rows = make_rows(src != self.cfg.pad_id, self.xp)
             tgt_rows = make_rows(keep_tgt, self.xp)
-        src, tgt_in = self._check_ids("src", src), self._check_ids("tgt_in", tgt_in)
+        src, tgt_in = to_device(src, self.xp), self._check_ids("tgt_in", tgt_in)
         rng = self._dropout_rng()
         memory, src_bias, src_ids = self.encode(src, rng, src_rows)
         t = tgt_in.shape[1]
@@ -133,9 +134,9 @@ class Transformer(Layer):
         gold = tgt_out.reshape(-1) if tgt_rows is None else tgt_out.reshape(-1)[tgt_rows.host_index]   # [Nt]
         rows = None                                                  # rows of h with a loss
         if (gold == pad).any():
-            rows = np.flatnonzero(gold != pad)
-            h, gold = h[to_device(rows, self.xp)], gold[rows]
-            rows = to_device(rows, self.xp)
+            host_rows = np.flatnonzero(gold != pad)
+            rows = to_device(host_rows, self.xp)
+            h, gold = h[rows], gold[host_rows]
         gold = to_device(gold, self.xp)
         logits, _ = self.embedding.project(h)                                               # [N, V]
         loss, nll_sum, n, cache = label_smoothed_nll(logits, gold, self.cfg.label_smoothing, pad)

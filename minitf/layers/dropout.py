@@ -13,16 +13,15 @@ class Dropout(Layer):
         super().__init__()
         self.p = p
 
-    def forward(self, x, rng=None, mask=None, inplace=False):
-        """x * mask (a fresh mask from `rng` unless `mask` is given); identity in eval mode.
-        `inplace=True` may overwrite x: for sublayer outputs that nothing else holds."""
+    def forward(self, x, rng=None, mask=None):
+        """x * mask (a fresh mask from `rng` unless `mask` is given); identity in eval mode."""
         if mask is None:
             if not self.training or self.p == 0.0 or rng is None:
                 self.cache = None
                 return x
             mask = F.dropout_mask(rng, x.shape, self.p, x.dtype)
         self.cache = mask
-        return F.dropout_forward(x, mask, inplace)
+        return F.dropout_forward(x, mask)
 
     def forward_add(self, y, x, rng=None):
         """x + Dropout(y), written into y (a sublayer output nothing else holds)."""
