@@ -192,12 +192,17 @@ def _batch():
     return src, tgt_in, tgt_out
 
 
-@pytest.mark.parametrize("variant", ["sinusoidal", "learned", "dropout"])
+@pytest.mark.parametrize("variant", ["sinusoidal", "learned", "dropout", "unpadded"])
 def test_gradcheck_transformer_every_parameter(variant):
+    """Padded batches take the pad-free packed layout (packing.py); "unpadded" (no pad
+    anywhere) takes the plain [B, L, D] layout with no row index."""
     cfg = small_cfg(positional="learned" if variant == "learned" else "sinusoidal",
                     dropout=0.2 if variant == "dropout" else 0.0)
     model = minitf.Transformer(cfg, dtype="float64", seed=3)
     src, tgt_in, tgt_out = _batch()
+    if variant == "unpadded":
+        src, tgt_in, tgt_out = src[1:, :5], tgt_in[:1, :4], tgt_out[:1, :4]
+        assert (src != 0).all() and (tgt_in != 0).all() and (tgt_out != 0).all()
 
     def loss():
         model.forward_count = 0  # the same dropout masks on every call
