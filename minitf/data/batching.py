@@ -22,6 +22,47 @@ def _check_lens(src_lens, tgt_lens):
     return src, tgt
 
 
+def sort_order(src_lens, tgt_lens, rng=None):
+    """Example indices sorted by (source length, target length); ties in a random order drawn
+    from `rng` (a numpy Generator), or by index when `rng` is None.
+
+    A stable sort of a random permutation by one integer key: with lengths below 256 the key
+    is 16 bits and NumPy's stable sort is a radix sort, O(n) (4.5M pairs in well under a
+    second). int32 indices while they fit, to halve the memory of a 36M-pair epoch."""
+    src, tgt = _check_lens(src_lens, tgt_lens)
+    n = src.size
+    itype = np.int32 if n < 2**31 else np.int64
+    width = int(tgt.max()) + 1
+    key_max = int(src.max()) * width + width
+    ktype = np.uint16 if key_max < 2**16 else np.uint32 if key_max < 2**32 else np.int64
+    key = src.astype(ktype) * ktype(width) + tgt.astype(ktype)
+    if rng is None:
+        return np.argsort(key, kind="stable").astype(itype, copy=False)
+    perm = rng.permutation(n).astype(itype)
+    order = np.argsort(key[perm], kind="stable")
+    return perm[order]
+
+
+def _cut(s_pad, t_pad, max_tokens):
+    """Greedy cut points of examples already sorted by (source, target) length.
+
+    A batch grows while count * max(longest source, longest target) fits in max_tokens.
+    One NumPy window per BATCH (not per example): source lengths never decrease along the
+    order, so the longest source of a batch is its last one, the batch's longest side is the
+    running max of max(s_pad, t_pad), and a batch starting at `start` holds at most
+    max_tokens // s_pad[start] examples. In that window the cost of ending at k is
+    (k + 1) * running max, a non-decreasing sequence whose first value over budget ends it."""
+    longest = np.maximum(s_pad, t_pad)
+    n, bounds, start = s_pad.size, [0], 0
+    counts = np.arange(1, max_tokens + 2, dtype=np.int64)
+    while start < n:
+        w = min(n - start, max_tokens // int(s_pad[start]) + 1)
+        over = np.maximum.accumulate(longest[start:start + w]) * counts[:w] > max_tokens
+        start += int(over.argmax()) if over[-1] else w
+        bounds.append(start)
+    return bounds
+
+
 def token_batches(src_lens, tgt_lens, max_tokens, seed, epoch, shuffle=True):
     """Cut examples into batches of at most `max_tokens` padded tokens per side.
 
@@ -29,42 +70,30 @@ def token_batches(src_lens, tgt_lens, max_tokens, seed, epoch, shuffle=True):
     with `np.random.default_rng([seed, epoch])`, cut greedily, and (if `shuffle`)
     the batch order is shuffled with the same generator: the result depends only
     on (seed, epoch). With ``shuffle=False`` the sort is stable by index and the
-    batches come shortest first (for evaluation).
+    batches come shortest first (for evaluation). Vectorized NumPy: no Python loop
+    over examples (docs/data.md has the measured time for 4.5M pairs).
 
-    Returns a list of int64 numpy arrays of example indices; each example appears
-    exactly once. DataError if a single example does not fit in `max_tokens`.
+    Returns a list of integer numpy arrays of example indices (views of one
+    array); each example appears exactly once. DataError if a single example does
+    not fit in `max_tokens`.
     """
     src, tgt = _check_lens(src_lens, tgt_lens)
     max_tokens = int(max_tokens)
-    src_pad, tgt_pad = src + 1, tgt + 1
-    too_big = np.flatnonzero(np.maximum(src_pad, tgt_pad) > max_tokens)
+    longest = np.maximum(src, tgt) + 1
+    too_big = np.flatnonzero(longest > max_tokens)
     if too_big.size:
         i = int(too_big[0])
-        raise DataError(f"example {i} needs {int(src_pad[i])} source / "
-                        f"{int(tgt_pad[i])} target positions (with EOS/BOS) but "
+        raise DataError(f"example {i} needs {int(src[i]) + 1} source / "
+                        f"{int(tgt[i]) + 1} target positions (with EOS/BOS) but "
                         f"max_tokens is {max_tokens} ({too_big.size} such examples); "
                         f"raise --max-tokens or lower --max-len")
     rng = np.random.default_rng([int(seed), int(epoch)])
-    if shuffle:
-        order = np.lexsort((rng.random(src.size), tgt, src))
-    else:
-        order = np.lexsort((np.arange(src.size), tgt, src))
-
-    batches, start, max_s, max_t = [], 0, 0, 0
-    s_sorted, t_sorted = src_pad[order].tolist(), tgt_pad[order].tolist()
-    for k in range(len(s_sorted)):
-        new_s = max(max_s, s_sorted[k])
-        new_t = max(max_t, t_sorted[k])
-        count = k - start + 1
-        if count * new_s > max_tokens or count * new_t > max_tokens:
-            batches.append(order[start:k])
-            start, new_s, new_t = k, s_sorted[k], t_sorted[k]
-        max_s, max_t = new_s, new_t
-    batches.append(order[start:])
-
+    order = sort_order(src, tgt, rng if shuffle else None)
+    bounds = _cut((src[order] + 1).astype(np.int32), (tgt[order] + 1).astype(np.int32), max_tokens)
+    batches = [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     if shuffle:
         batches = [batches[j] for j in rng.permutation(len(batches))]
-    return [b.astype(np.int64, copy=False) for b in batches]
+    return batches
 
 
 def iterate_batches(src_lens, tgt_lens, max_tokens, seed, start_epoch=0,

@@ -10,6 +10,7 @@ parallel corpus out of alignment); a trailing ``"\\r"`` is removed.
 """
 
 import gzip
+import io
 import os
 import re
 import zlib
@@ -139,3 +140,88 @@ def find_file(data_dir, stem):
         if os.path.isfile(path):
             return path
     return None
+
+
+class LineStream:
+    """Stream the lines of a UTF-8 text file (plain or gzip) without holding the file in memory.
+
+    Iterating yields lines exactly as `read_lines` returns them (split on ``"\\n"`` only,
+    trailing ``"\\r"`` removed). While reading it hashes the bytes ON DISK (the compressed
+    bytes of a .gz file) with SHA-256 and counts them, so a corpus fingerprint costs no
+    second pass: after a complete iteration, `sha256` and `bytes_read` are final. Errors
+    (bad gzip, invalid UTF-8) raise DataError naming the file and, for UTF-8, the line.
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        if not os.path.isfile(self.path):
+            raise DataError(f"{self.path}: file not found; check the path or pass --data-dir "
+                            f"with the corpus files")
+        self.size = os.path.getsize(self.path)
+        self.bytes_read = 0
+        self._hash = None
+
+    @property
+    def sha256(self):
+        return self._hash.hexdigest() if self._hash is not None else None
+
+    def _read_raw(self, raw, n=-1):
+        data = raw.read(n)
+        self._hash.update(data)
+        self.bytes_read += len(data)
+        return data
+
+    def __iter__(self):
+        import hashlib
+        self._hash, self.bytes_read = hashlib.sha256(), 0
+        stream = self
+
+        class _Hashing:  # what gzip reads from: every raw byte goes through the hash
+            def __init__(self, raw):
+                self.raw = raw
+
+            def read(self, n=-1):
+                return stream._read_raw(self.raw, n)
+
+            def readable(self):
+                return True
+
+        number = 0
+        try:
+            with open(self.path, "rb") as raw:
+                if _is_gzip(self.path):
+                    f = gzip.GzipFile(fileobj=_Hashing(raw), mode="rb")
+                else:
+                    f = io.BufferedReader(_RawHashing(_Hashing(raw)), 1 << 20)
+                with f:
+                    for line in f:
+                        number += 1
+                        try:
+                            text = line.decode("utf-8")
+                        except UnicodeDecodeError as e:
+                            bad = line[e.start:e.end].hex()
+                            raise DataError(f"{self.path}:{number}: invalid UTF-8 (bytes 0x{bad}); "
+                                            f"convert the file to UTF-8 (e.g. iconv) or fix that "
+                                            f"line") from None
+                        yield text.rstrip("\n").rstrip("\r")
+                while self._read_raw(raw, 1 << 20):  # gzip may stop before trailing bytes
+                    pass
+        except (OSError, EOFError, zlib.error) as e:
+            raise DataError(f"{self.path}: cannot read ({e.__class__.__name__}: {e}); the file "
+                            f"is probably truncated or corrupt, delete it and download "
+                            f"it again") from None
+
+
+class _RawHashing(io.RawIOBase):
+    """A raw stream over a read(n) callable, so BufferedReader can split lines fast."""
+
+    def __init__(self, source):
+        self._source = source
+
+    def readable(self):
+        return True
+
+    def readinto(self, buf):
+        data = self._source.read(len(buf))
+        buf[:len(data)] = data
+        return len(data)

@@ -5,6 +5,7 @@ The model is a serialized protobuf (`to_bytes`), so a checkpoint can embed it an
 decode without the original file.
 """
 
+import hashlib
 import io
 import os
 import re
@@ -83,15 +84,21 @@ class Tokenizer:
         return self._proto
 
     @property
+    def sha256(self):
+        """SHA-256 of the serialized model: what a cache or checkpoint records of its tokenizer."""
+        return hashlib.sha256(self._proto).hexdigest()
+
+    @property
     def vocab_size(self):
         """Number of pieces, special ids included."""
         return self._sp.get_piece_size()
 
-    def encode(self, lines):
-        """list[str] -> list[list[int]] of piece ids, without BOS/EOS."""
+    def encode(self, lines, num_threads=1):
+        """list[str] -> list[list[int]] of piece ids, without BOS/EOS; SentencePiece encodes
+        the list on `num_threads` threads."""
         if isinstance(lines, str):
             raise TypeError("Tokenizer.encode takes a list of strings")
-        return self._sp.encode(list(lines), out_type=int)
+        return self._sp.encode(list(lines), out_type=int, num_threads=int(num_threads))
 
     def decode(self, id_lists):
         """list[list[int]] -> list[str]; stops at the first EOS, drops pad/bos."""

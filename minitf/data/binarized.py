@@ -1,0 +1,462 @@
+"""The binarized corpus: a training set tokenized and cleaned ONCE, then memory-mapped at every start.
+
+fairseq's `fairseq-preprocess` does this for fairseq; this module does it with NumPy alone.
+`prepare_cache` streams the parallel text (never the whole corpus in memory), trains or reuses
+the joint SentencePiece model on a random sample, encodes chunk by chunk with all cores,
+cleans each chunk (`clean_mask`: empty, > max_len pieces, length ratio) and appends the kept
+pairs to flat token arrays. `open_cache` maps them back with ``np.load(mmap_mode="r")``: a
+start reads the manifest and the per-sentence lengths (2 bytes a sentence) and nothing else,
+and a batch reads only its own rows (`TokenPairs.collate`).
+
+A cache folder (one per corpus and unordered language pair; each side is stored under its
+language, so en->de and de->en share it)::
+
+    manifest.json               written last: a folder without it is not a cache
+    tokenizer.model             the joint SentencePiece model the ids come from
+    train.<lang>.tokens.npy     uint16 [n_tokens] (int32 when the vocabulary has > 65536 pieces):
+                                the pieces of every kept sentence, concatenated (no BOS/EOS)
+    train.<lang>.offsets.npy    int64 [n + 1]: sentence i is tokens[offsets[i]:offsets[i + 1]]
+    train.<lang>.lengths.npy    uint16 [n] (int32 past 65535): offsets[i + 1] - offsets[i]
+
+The manifest holds the format version, the corpus fingerprint (per file: size, mtime and the
+SHA-256 of its bytes, hashed while reading), the tokenizer's SHA-256 and vocabulary size, the
+cleaning parameters, the pair counts, every array's dtype, shape and byte size, and `data_id`:
+a hash of everything the arrays depend on, which checkpoints record so that `--resume` never
+continues on other data. The folder is built under a temporary name and renamed into place,
+so a kill -9 at any moment leaves either the old cache, no cache, or the new one.
+"""
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import struct
+import sys
+import time
+
+import numpy as np
+
+from minitf.errors import DataError
+from minitf.fileio import atomic_write_bytes
+from minitf.data.clean import clean_mask, clean_stats
+from minitf.data.readers import LineStream
+from minitf.data.tokenizer import Tokenizer
+
+FORMAT, VERSION = "minitf-binarized-corpus", 1
+MANIFEST = "manifest.json"
+TOKENIZER = "tokenizer.model"
+_HEADER = 128   # bytes reserved for a streamed .npy header (the dict needs < 100)
+
+
+# ------------------------------------------------------------------------------ reading
+class TokenPairs:
+    """Parallel sentences as flat token arrays (memory-mapped or in memory), with the batcher's view.
+
+    `src_lens` / `tgt_lens` [n] are what `token_batches` plans with; `collate(idx)` builds one
+    batch exactly as `batching.collate` does from id lists, reading only the rows in `idx`."""
+
+    def __init__(self, src, tgt):
+        (self.src_tokens, self.src_offsets, self.src_lens), (self.tgt_tokens, self.tgt_offsets, self.tgt_lens) = src, tgt
+        if self.src_lens.shape != self.tgt_lens.shape:
+            raise DataError(f"TokenPairs: {self.src_lens.size} source but {self.tgt_lens.size} target sentences")
+
+    @classmethod
+    def from_lists(cls, src_ids, tgt_ids):
+        """In-memory TokenPairs from lists of id lists (a validation set, or a test's reference)."""
+        return cls(_flatten(src_ids), _flatten(tgt_ids))
+
+    def __len__(self):
+        return int(self.src_lens.size)
+
+    def ids(self, i):
+        """(source ids, target ids) of pair i, as int64 arrays."""
+        return tuple(np.asarray(tok[off[i]:off[i + 1]], dtype=np.int64)
+                     for tok, off in ((self.src_tokens, self.src_offsets), (self.tgt_tokens, self.tgt_offsets)))
+
+    def collate(self, idx, pad_id=0, bos_id=2, eos_id=3):
+        """(src [B, S], tgt_in [B, T], tgt_out [B, T]) int64 for the pairs `idx`: src = ids + EOS,
+        tgt_in = BOS + ids, tgt_out = ids + EOS, right-padded with `pad_id` (see batching.collate)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        src = _gather(self.src_tokens, self.src_offsets, idx, 0, None, eos_id, pad_id)
+        tgt_in = _gather(self.tgt_tokens, self.tgt_offsets, idx, 1, bos_id, None, pad_id)
+        tgt_out = _gather(self.tgt_tokens, self.tgt_offsets, idx, 0, None, eos_id, pad_id)
+        return src, tgt_in, tgt_out
+
+
+def _flatten(id_lists):
+    lens = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
+    offsets = np.zeros(lens.size + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    tokens = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=int(offsets[-1]))
+    return tokens, offsets, lens
+
+
+def _gather(tokens, offsets, idx, shift, prefix, suffix, pad_id):
+    """[B, longest + 1] int64: row b = (prefix) tokens of sentence idx[b] (suffix), padded.
+    Fancy indexing of a memmap reads only the pages of these rows."""
+    starts = np.asarray(offsets[idx], dtype=np.int64)
+    lens = np.asarray(offsets[idx + 1], dtype=np.int64) - starts
+    width = int(lens.max(initial=0)) + 1
+    pos = np.arange(width, dtype=np.int64)[None, :] - shift
+    inside = (pos >= 0) & (pos < lens[:, None])
+    out = np.full((idx.size, width), pad_id, dtype=np.int64)
+    out[inside] = tokens[(starts[:, None] + pos)[inside]]
+    if prefix is not None:
+        out[:, 0] = prefix
+    if suffix is not None:
+        out[np.arange(idx.size), lens + shift] = suffix
+    return out
+
+
+class BinarizedCorpus:
+    """An opened cache folder: `manifest`, `tokenizer`, `data_id`, and `pairs(src, tgt)`."""
+
+    def __init__(self, folder, manifest, tokenizer):
+        self.folder, self.manifest, self.tokenizer = folder, manifest, tokenizer
+        self.data_id = manifest["data_id"]
+
+    def __len__(self):
+        return self.manifest["counts"]["kept"]
+
+    def pairs(self, src, tgt):
+        """TokenPairs of the direction src -> tgt (the arrays memory-mapped, lengths in memory)."""
+        return TokenPairs(*(self._side(lang) for lang in (src, tgt)))
+
+    def _side(self, lang):
+        if lang not in self.manifest["languages"]:
+            raise DataError(f"{self.folder}: the cache holds {'-'.join(self.manifest['languages'])}, not {lang}")
+        tokens, offsets, lens = (_load(self.folder, self.manifest, f"train.{lang}.{kind}.npy", mmap)
+                                 for kind, mmap in (("tokens", True), ("offsets", True), ("lengths", False)))
+        return tokens, offsets, lens
+
+
+def _load(folder, manifest, name, mmap):
+    """np.load one array of the cache, checked against the manifest; DataError naming the file."""
+    path = os.path.join(folder, name)
+    want = manifest["files"].get(name)
+    try:
+        if want is None:
+            raise ValueError("not listed in the manifest")
+        if os.path.getsize(path) != want["bytes"]:
+            raise ValueError(f"{os.path.getsize(path)} bytes, the manifest says {want['bytes']}")
+        a = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        if a.dtype.str != want["dtype"] or list(a.shape) != want["shape"]:
+            raise ValueError(f"{a.dtype.str} {list(a.shape)}, the manifest says {want['dtype']} {want['shape']}")
+    except (OSError, ValueError, EOFError) as e:
+        raise CacheDefect(f"cache file {path} is truncated or corrupt ({e})") from None
+    return a
+
+
+class CacheDefect(DataError):
+    """A cache file does not match its manifest: `prepare_cache` rebuilds the cache."""
+
+
+def _read_manifest(folder):
+    path = os.path.join(folder, MANIFEST)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            m = json.loads(f.read().decode())
+        if m.get("format") != FORMAT:
+            raise ValueError(f"format {m.get('format')!r}")
+        return m
+    except (OSError, ValueError) as e:
+        raise CacheDefect(f"cache file {path} is unreadable ({e})") from None
+
+
+def open_cache(folder):
+    """Open a cache folder written by `prepare_cache` and check it (sizes, dtypes, shapes and the
+    offsets' ends against the manifest; O(1) reads, no scan of the tokens). CacheDefect (a
+    DataError) naming the bad file otherwise."""
+    manifest = _read_manifest(folder)
+    if manifest is None:
+        raise CacheDefect(f"{folder} holds no {MANIFEST}: not a (complete) cache")
+    if manifest.get("version") != VERSION:
+        raise CacheDefect(f"cache {folder} has format version {manifest.get('version')}, this minitf writes {VERSION}")
+    corpus = BinarizedCorpus(folder, manifest, None)
+    for lang in manifest["languages"]:
+        tokens, offsets, lens = corpus._side(lang)
+        if int(offsets[0]) != 0 or int(offsets[-1]) != tokens.size or lens.size != manifest["counts"]["kept"]:
+            raise CacheDefect(f"cache file {os.path.join(folder, f'train.{lang}.offsets.npy')} is corrupt "
+                              f"(its offsets do not span train.{lang}.tokens.npy)")
+    path = os.path.join(folder, TOKENIZER)
+    try:
+        with open(path, "rb") as f:
+            proto = f.read()
+    except OSError as e:
+        raise CacheDefect(f"cache file {path} is unreadable ({e})") from None
+    if hashlib.sha256(proto).hexdigest() != manifest["tokenizer"]["sha256"]:
+        raise CacheDefect(f"cache file {path} does not match the manifest's tokenizer hash")
+    corpus.tokenizer = Tokenizer.from_bytes(proto)
+    return corpus
+
+
+# ------------------------------------------------------------------------------ deciding
+def _stat(path):
+    st = os.stat(path)
+    return {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _corpus_changes(recorded, files):
+    """Why the corpus differs from the manifest's record (None if it does not). A file whose size
+    and mtime match is trusted; one whose size matches but mtime does not is hashed again."""
+    if len(recorded) != len(files):
+        return f"the corpus has {len(files)} files, the cache was built from {len(recorded)}"
+    for rec, path in zip(recorded, files):
+        now = _stat(path)
+        if now["size"] != rec["size"]:
+            return f"{path} changed (size {rec['size']} -> {now['size']} bytes)"
+        if now["mtime_ns"] != rec["mtime_ns"] or now["path"] != rec["path"]:
+            stream = LineStream(path)
+            for _ in stream:
+                pass
+            if stream.sha256 != rec["sha256"]:
+                return f"{path} changed (same size, different content)"
+    return None
+
+
+def _why_stale(manifest, files, languages, wanted):
+    """None if `manifest` describes the cache we want, else a short reason."""
+    if manifest.get("version") != VERSION:
+        return f"format version {manifest.get('version')} -> {VERSION}"
+    if manifest["languages"] != languages:
+        return f"language pair {'-'.join(manifest['languages'])} -> {'-'.join(languages)}"
+    for key, label in (("max_len", "cleaning rule max_len"), ("max_ratio", "cleaning rule max_ratio")):
+        if manifest["cleaning"][key] != wanted["cleaning"][key]:
+            return f"{label} {manifest['cleaning'][key]} -> {wanted['cleaning'][key]}"
+    tok = wanted["tokenizer"]
+    if tok.get("sha256") and manifest["tokenizer"]["sha256"] != tok["sha256"]:
+        return "another tokenizer was given"
+    if not tok.get("sha256") and manifest["tokenizer"]["requested_vocab_size"] != tok["requested_vocab_size"]:
+        return f"vocabulary size {manifest['tokenizer']['requested_vocab_size']} -> {tok['requested_vocab_size']}"
+    return _corpus_changes(manifest["corpus"], files)
+
+
+def cache_folder(cache_root, name, languages):
+    """Where the cache of corpus `name` for an unordered language pair lives."""
+    return os.path.join(os.fspath(cache_root), f"{name}.{'-'.join(sorted(languages))}")
+
+
+def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max_len=250, max_ratio=1.5,
+                  progress=True, log=None, sample_size=2_000_000, seed=0, chunk_lines=20_000, threads=None):
+    """The binarized training corpus in `folder`: reused if it matches, (re)built otherwise.
+
+    `files`: [(path_lang0, path_lang1), ...] line-aligned text files (plain or .gz), in the order
+    of `languages` (two codes; stored sorted). `tokenizer`: a Tokenizer to encode with (e.g. a
+    resumed checkpoint's); None trains a joint BPE model of `vocab_size` pieces on a sample of
+    `sample_size` sentences, or reuses the previous cache's when the corpus and vocabulary did not
+    change. `max_ratio` None disables the ratio rule. One log line says why a cache is (re)built.
+    Returns the opened `BinarizedCorpus`."""
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    order = sorted(range(2), key=lambda k: languages[k])
+    languages = [languages[k] for k in order]
+    files = [tuple(os.fspath(pair[k]) for k in order) for pair in files]
+    flat_files = [p for pair in files for p in pair]
+    wanted = {"cleaning": {"max_len": int(max_len), "max_ratio": None if max_ratio in (None, float("inf")) else float(max_ratio)},
+              "tokenizer": {"sha256": tokenizer.sha256 if tokenizer else None,
+                            "requested_vocab_size": int(vocab_size)}}
+    try:
+        manifest = _read_manifest(folder)
+        reason = "no cache yet" if manifest is None else _why_stale(manifest, flat_files, languages, wanted)
+        if reason is None:
+            return open_cache(folder)
+    except CacheDefect as e:
+        manifest, reason = None, str(e)
+        log(f"error: {e}; rebuilding it")
+    log(f"cache: building {folder} ({reason})")
+    if tokenizer is None and manifest is not None and reason.startswith("cleaning rule"):
+        try:   # the corpus and vocabulary did not change: keep the tokenizer (and its ids)
+            tokenizer = Tokenizer(os.path.join(folder, TOKENIZER))
+        except DataError:
+            tokenizer = None
+    return _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, log, sample_size, seed,
+                  chunk_lines, threads)
+
+
+# ------------------------------------------------------------------------------ building
+class _NpyWriter:
+    """Append-only 1-D .npy file: data streams in, the header (with the final length) is written
+    at close into the 128 bytes reserved for it, so nothing is copied or held in memory."""
+
+    def __init__(self, path, dtype):
+        self.path, self.dtype, self.count = path, np.dtype(dtype), 0
+        self.f = open(path, "wb")
+        self.f.write(b"\0" * _HEADER)
+
+    def append(self, a):
+        a = np.ascontiguousarray(a, dtype=self.dtype)
+        self.f.write(a.tobytes())
+        self.count += a.size
+
+    def close(self):
+        d = repr({"descr": self.dtype.str, "fortran_order": False, "shape": (self.count,)})
+        header = b"\x93NUMPY\x01\x00" + struct.pack("<H", _HEADER - 10) + d.encode().ljust(_HEADER - 11) + b"\n"
+        self.f.seek(0)
+        self.f.write(header)
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+        return {"bytes": _HEADER + self.count * self.dtype.itemsize, "dtype": self.dtype.str, "shape": [self.count]}
+
+
+def _pairs_of(files, streams):
+    """Yield (line_a, line_b) over all corpora; DataError when two aligned files differ in length."""
+    for (pa, pb), (sa, sb) in zip(files, streams):
+        n = 0
+        for a, b in itertools.zip_longest(sa, sb):
+            if a is None or b is None:
+                longer = n + 1 + sum(1 for _ in (sb if a is None else sa))
+                na, nb = (n, longer) if a is None else (longer, n)
+                raise DataError(f"parallel files differ in length: {pa} has {na} lines but {pb} has "
+                                f"{nb}; they must be line-aligned translations, re-download or fix them")
+            n += 1
+            yield a, b
+
+
+def _chunks(it, n):
+    while True:
+        chunk = list(itertools.islice(it, n))
+        if not chunk:
+            return
+        yield chunk
+
+
+def _progress_bar(files, progress, desc):
+    from tqdm import tqdm
+    total = sum(os.path.getsize(p) for pair in files for p in pair)
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, file=sys.stderr,
+                disable=not progress, dynamic_ncols=True, mininterval=0.5)
+
+
+def _stream_pass(files, progress, desc, chunk_lines):
+    """(streams, chunks of (a, b) line pairs) over the corpus, with a bytes bar and lines/s."""
+    streams = [(LineStream(a), LineStream(b)) for a, b in files]
+    bar = _progress_bar(files, progress, desc)
+    t0, done = time.time(), 0
+
+    def gen():
+        nonlocal done
+        for chunk in _chunks(_pairs_of(files, streams), chunk_lines):
+            yield chunk
+            done += len(chunk)
+            bar.update(sum(s.bytes_read for pair in streams for s in pair) - bar.n)
+            bar.set_postfix_str(f"{done / max(time.time() - t0, 1e-9):,.0f} lines/s", refresh=False)
+        bar.close()
+    return streams, gen()
+
+
+def _fingerprint(files, streams):
+    return [{**_stat(s.path), "sha256": s.sha256} for pair in streams for s in pair]
+
+
+def _sample_for_tokenizer(files, progress, sample_size, seed, chunk_lines):
+    """Pass 1: a uniform random sample (reservoir) of the non-blank lines of both sides, and the
+    corpus fingerprint (the files are hashed while read)."""
+    rng = np.random.default_rng(seed)
+    sample, seen = [], 0
+    streams, chunks = _stream_pass(files, progress, "sample", chunk_lines)
+    for chunk in chunks:
+        lines = [x for pair in chunk for x in pair if x.strip()]
+        fill = min(len(lines), sample_size - len(sample))
+        sample += lines[:fill]
+        seen += fill
+        rest = lines[fill:]
+        if rest:
+            j = rng.integers(0, seen + np.arange(1, len(rest) + 1))
+            for i in np.flatnonzero(j < sample_size):
+                sample[j[i]] = rest[i]
+            seen += len(rest)
+    return sample, _fingerprint(files, streams)
+
+
+def _data_id(manifest):
+    key = {k: manifest[k] for k in ("languages", "cleaning", "counts")}
+    key["corpus"] = [f["sha256"] for f in manifest["corpus"]]
+    key["tokenizer"] = manifest["tokenizer"]["sha256"]
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, log, sample_size, seed,
+           chunk_lines, threads):
+    parent = os.path.dirname(os.path.abspath(folder))
+    os.makedirs(parent, exist_ok=True)
+    base = os.path.basename(folder)
+    for stale in os.listdir(parent):   # leftovers of a killed build
+        if stale.startswith(f".{base}.tmp-") or stale.startswith(f".{base}.old-"):
+            shutil.rmtree(os.path.join(parent, stale), ignore_errors=True)
+    tmp = os.path.join(parent, f".{base}.tmp-{os.getpid()}")
+    os.makedirs(tmp)
+    t0 = time.time()
+    try:
+        fingerprint = None
+        if tokenizer is None:
+            sample, fingerprint = _sample_for_tokenizer(files, progress, sample_size, seed, chunk_lines)
+            if not sample:
+                raise DataError(f"{files[0][0]}: no non-empty text to train the tokenizer on; check the training files")
+            log(f"tokenizer: training a joint SentencePiece BPE model of {vocab_size} pieces on "
+                f"{len(sample):,} sampled sentences")
+            tokenizer = Tokenizer.train(sample, os.path.join(tmp, TOKENIZER), vocab_size,
+                                        sample_size=sample_size, seed=seed)
+            del sample
+        else:
+            atomic_write_bytes(os.path.join(tmp, TOKENIZER), tokenizer.to_bytes())
+        manifest = _encode_all(tmp, files, languages, wanted, tokenizer, progress, chunk_lines, threads)
+        if fingerprint is not None and [f["sha256"] for f in fingerprint] != [f["sha256"] for f in manifest["corpus"]]:
+            raise DataError(f"the corpus changed while it was being prepared ({', '.join(p for pair in files for p in pair)}); "
+                            f"run again once it is complete")
+        manifest["prepare_s"] = round(time.time() - t0, 1)
+        manifest["data_id"] = _data_id(manifest)
+        atomic_write_bytes(os.path.join(tmp, MANIFEST), json.dumps(manifest, indent=1).encode())
+        old = os.path.join(parent, f".{base}.old-{os.getpid()}")
+        if os.path.exists(folder):
+            os.replace(folder, old)
+        os.replace(tmp, folder)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    c = manifest["counts"]
+    log(f"cache: {c['kept']:,} of {c['total']:,} pairs kept (dropped: {c['empty']:,} empty, {c['too_long']:,} "
+        f"> {wanted['cleaning']['max_len']} pieces, {c['ratio']:,} ratio > {wanted['cleaning']['max_ratio']}) "
+        f"in {manifest['prepare_s']:.0f}s -> {folder}")
+    return open_cache(folder)
+
+
+def _encode_all(tmp, files, languages, wanted, tokenizer, progress, chunk_lines, threads):
+    """Pass 2: encode, clean and append every chunk; returns the manifest (without data_id)."""
+    cleaning = wanted["cleaning"]
+    vocab = tokenizer.vocab_size
+    tok_dtype = np.uint16 if vocab <= 2**16 else np.int32
+    len_dtype = np.uint16 if cleaning["max_len"] < 2**16 else np.int32
+    threads = threads or os.cpu_count() or 1
+    writers = {}
+    for lang in languages:
+        for kind, dtype in (("tokens", tok_dtype), ("offsets", np.int64), ("lengths", len_dtype)):
+            writers[lang, kind] = _NpyWriter(os.path.join(tmp, f"train.{lang}.{kind}.npy"), dtype)
+    for lang in languages:
+        writers[lang, "offsets"].append(np.zeros(1, dtype=np.int64))
+    ends = {lang: 0 for lang in languages}
+    codes_total = np.zeros(4, dtype=np.int64)
+    streams, chunks = _stream_pass(files, progress, "encode", chunk_lines)
+    for chunk in chunks:
+        ids = [tokenizer.encode([pair[k] for pair in chunk], num_threads=threads) for k in range(2)]
+        lens = [np.fromiter(map(len, side), dtype=np.int64, count=len(side)) for side in ids]
+        codes = clean_mask(lens[0], lens[1], cleaning["max_len"], cleaning["max_ratio"])
+        codes_total += np.bincount(codes, minlength=4)
+        keep = codes == 0
+        for k, lang in enumerate(languages):
+            flat = np.fromiter(itertools.chain.from_iterable(ids[k]), dtype=tok_dtype, count=int(lens[k].sum()))
+            kept_lens = lens[k][keep]
+            writers[lang, "tokens"].append(flat[np.repeat(keep, lens[k])])
+            writers[lang, "lengths"].append(kept_lens)
+            writers[lang, "offsets"].append(ends[lang] + np.cumsum(kept_lens))
+            ends[lang] += int(kept_lens.sum())
+    info = {name: w.close() for name, w in ((f"train.{lang}.{kind}.npy", w) for (lang, kind), w in writers.items())}
+    counts = clean_stats(counts=codes_total)
+    return {"format": FORMAT, "version": VERSION, "languages": languages,
+            "corpus": _fingerprint(files, streams), "cleaning": cleaning,
+            "tokenizer": {"sha256": tokenizer.sha256, "vocab_size": vocab,
+                          "requested_vocab_size": wanted["tokenizer"]["requested_vocab_size"]},
+            "counts": counts, "tokens": {lang: ends[lang] for lang in languages}, "files": info,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
