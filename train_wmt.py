@@ -3,6 +3,13 @@
 
 The paper's base model on WMT14 English->German (downloads the data, ~4.5M pairs):
     python train_wmt.py --device gpu
+The paper's second task, WMT14 English->French (36M pairs, 32000 pieces):
+    python train_wmt.py --device gpu --src en --tgt fr --preset big
+Your own parallel corpus (PREFIX.<src> / PREFIX.<tgt>, plain or .gz), like fairseq's --trainpref:
+    python train_wmt.py --train data/train --valid data/dev --test news=data/test --src en --tgt de
+The corpus is tokenized and cleaned once into a binarized cache (~/.cache/minitf/bin, or
+--cache-dir) that every later start and --resume memory-maps; `python -m minitf prepare`
+(same data flags) builds it ahead of time.
 The small preset on Multi30k on a laptop CPU, offline, from a folder that holds the files:
     python train_wmt.py --dataset multi30k --data-dir ../shared/data/multi30k --preset small \\
         --device cpu --time-budget 1800 --out runs/m30k
@@ -15,16 +22,12 @@ import argparse
 import sys
 
 from minitf.config import PRESETS
+from minitf.data.pipeline import add_data_args, check_data_args
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", default="wmt14", choices=["wmt14", "multi30k"])
-    p.add_argument("--data-dir", help="folder with the corpus files (plain or .gz); default ~/.cache/minitf/<dataset>")
-    p.add_argument("--offline", action="store_true", help="never download: fail if files are missing")
-    p.add_argument("--src", default="en")
-    p.add_argument("--tgt", default="de")
-    p.add_argument("--vocab-size", type=int, help="joint BPE pieces (default: wmt14 37000, multi30k 8000)")
+    add_data_args(p)
     p.add_argument("--preset", default="base", choices=sorted(PRESETS))
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--fp16", action="store_true",
@@ -51,6 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--max-nonfinite", type=int, default=5, help="stop after this many non-finite losses in a row")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
+    check_data_args(p, args)
     for name in ("max_tokens", "update_freq", "warmup", "save_every", "keep_last", "average_last", "beam", "log_every"):
         v = getattr(args, name)
         if v is not None and v <= 0:

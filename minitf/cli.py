@@ -1,4 +1,4 @@
-"""`python -m minitf COMMAND`: average, translate, evaluate, plot.
+"""`python -m minitf COMMAND`: prepare, average, translate, evaluate, plot.
 
 Every user error (a MinitfError) is printed as one line on stderr with exit status 2.
 """
@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from .data.pipeline import add_data_args, check_data_args
 from .errors import DataError, MinitfError
 
 
@@ -14,6 +15,15 @@ def _read_input(path):
     if path in (None, "-"):
         return [line.rstrip("\r\n") for line in sys.stdin]
     return read_lines(path)
+
+
+def cmd_prepare(args):
+    from .data.pipeline import load_data
+    data = load_data(args)
+    m = data.corpus.manifest
+    print(f"{data.corpus.folder}: {m['counts']['kept']:,} pairs, {sum(m['tokens'].values()):,} tokens, "
+          f"vocabulary {m['tokenizer']['vocab_size']}, data_id {m['data_id']}; valid {len(data.valid[0]):,} "
+          f"pairs, tests: {', '.join(data.tests) or 'none'}")
 
 
 def cmd_average(args):
@@ -67,6 +77,11 @@ def _decode_args(p):
 def build_parser():
     parser = argparse.ArgumentParser(prog="python -m minitf", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prepare", help="tokenize and clean a training corpus once into its binarized, "
+                                       "memory-mapped cache (train_wmt.py does it on its first run)")
+    add_data_args(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_prepare, check=check_data_args)
     p = sub.add_parser("average", help="parameter-wise mean of checkpoints (paper 6.1)")
     p.add_argument("--inputs", nargs="+", required=True)
     p.add_argument("--output", required=True)
@@ -92,7 +107,10 @@ def build_parser():
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "check", None):
+        args.check(parser, args)
     try:
         args.func(args)
     except MinitfError as e:

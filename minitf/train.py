@@ -6,7 +6,6 @@ position (epoch, batch index), and the dropout stream position (model.forward_co
 `--resume` replays the same batches, masks and losses as a run that never stopped.
 """
 import glob
-import hashlib
 import json
 import os
 import signal
@@ -19,55 +18,23 @@ from .backend import get_xp, to_numpy
 from .checkpoint import average_checkpoints, load_checkpoint, save_checkpoint
 from .fileio import atomic_write
 from .config import TransformerConfig
+from .data.pipeline import load_data
+from .data.tokenizer import Tokenizer
 from .errors import ConfigError, MinitfError
 from .model import Transformer
 from .optim import Adam, LossScaler
 from .schedule import NoamSchedule
-
-DATASET_DEFAULTS = {"wmt14": {"vocab_size": 37000, "max_ratio": 1.5},
-                    "multi30k": {"vocab_size": 8000, "max_ratio": None}}
-
 
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------------------ data
-def corpus_tag(lines_src, lines_tgt):
-    """A short fingerprint of a training corpus, so a cached tokenizer is never reused for other data."""
-    h = hashlib.sha1(f"{len(lines_src)}\n".encode())
-    for line in lines_src[:2000] + lines_tgt[:2000]:
-        h.update(line.encode())
-    return h.hexdigest()[:8]
-
-
-def load_data(args):
-    """Read the corpus, get the joint tokenizer, encode and clean the training pairs."""
-    from .data import clean_pairs, default_data_dir, get_or_train_tokenizer, prepare_dataset
-    data_dir = args.data_dir or default_data_dir(args.dataset)
-    data = prepare_dataset(args.dataset, data_dir, args.src, args.tgt, download=not args.offline,
-                           progress=not args.quiet)
-    # cached in minitf's cache folder (beside downloaded data), never in a folder the user points to
-    cache = default_data_dir(args.dataset)
-    vocab = args.vocab_size or DATASET_DEFAULTS[args.dataset]["vocab_size"]
-    pair = "-".join(sorted([args.src, args.tgt]))
-    log(f"tokenizer: joint SentencePiece BPE, {vocab} pieces, cached in {cache}")
-    tok = get_or_train_tokenizer(cache, f"{args.dataset}.{pair}.{corpus_tag(*data['train'])}", *data["train"], vocab)
-    src_ids, tgt_ids = tok.encode(data["train"][0]), tok.encode(data["train"][1])
-    kept, stats = clean_pairs(*data["train"], [len(s) for s in src_ids], [len(t) for t in tgt_ids],
-                              max_len=250, max_ratio=DATASET_DEFAULTS[args.dataset]["max_ratio"] or float("inf"))
-    log(f"train: {stats}")
-    train = ([src_ids[i] for i in kept], [tgt_ids[i] for i in kept])
-    return data, tok, train
-
-
-def to_batch(train, idx, tok, model):
-    from .data import collate
-    src, tgt_in, tgt_out = collate([train[0][i] for i in idx], [train[1][i] for i in idx],
-                                   tok.pad_id, tok.bos_id, tok.eos_id)
-    n_tokens = int((tgt_out != tok.pad_id).sum())
-    # host arrays: forward_loss finds the non-pad rows on the host, then moves the ids itself
-    return src, tgt_in, tgt_out, n_tokens
+def to_batch(pairs, idx, tok):
+    """(src, tgt_in, tgt_out, n_target_tokens) of the pairs `idx` of a TokenPairs: host arrays
+    (forward_loss finds the non-pad rows on the host, then moves the ids itself)."""
+    src, tgt_in, tgt_out = pairs.collate(idx, tok.pad_id, tok.bos_id, tok.eos_id)
+    return src, tgt_in, tgt_out, int((tgt_out != tok.pad_id).sum())
 
 
 # ------------------------------------------------------------------------------ checkpoints
@@ -123,17 +90,24 @@ def train(args):
     if getattr(args, "fp16", False) and args.device == "cpu":
         log("warning: --fp16 on the CPU is very slow (NumPy has no float16 BLAS); it is meant for GPUs")
     os.makedirs(args.out, exist_ok=True)
-    data, tok, train_pairs = load_data(args)
     ckpts = checkpoint_paths(args.out)
-    resume = None
-    if args.resume and ckpts:
-        resume = load_checkpoint(ckpts[-1])
+    if ckpts and not args.resume:
+        raise ConfigError(f"--out {args.out} already holds checkpoints: pass --resume to continue, "
+                          f"or choose another --out")
+    resume = load_checkpoint(ckpts[-1]) if args.resume and ckpts else None
+    # a resumed run encodes with its checkpoint's tokenizer, so its cache holds the same ids
+    data = load_data(args, tokenizer=Tokenizer.from_bytes(resume.tokenizer) if resume and resume.tokenizer else None,
+                     log=log)
+    tok, train_pairs = data.tokenizer, data.train
+    if resume is not None:
         cfg = resume.config
+        trained_on = resume.train_state.get("data_id")
+        if trained_on is not None and trained_on != data.data_id:
+            raise ConfigError(f"--resume: {ckpts[-1]} was trained on the binarized corpus {trained_on}, but the "
+                              f"training data now gives {data.data_id} ({data.corpus.folder}); the corpus files or "
+                              f"the cleaning flags (--max-len, --max-ratio) changed: restore them, or start a new --out")
         log(f"resuming from {ckpts[-1]} (step {resume.train_state['step']})")
     else:
-        if ckpts and not args.resume:
-            raise ConfigError(f"--out {args.out} already holds checkpoints: pass --resume to continue, "
-                              f"or choose another --out")
         cfg = build_config(args, tok.vocab_size)
     if cfg.vocab_size != tok.vocab_size:
         raise ConfigError(f"the checkpoint's vocabulary ({cfg.vocab_size}) != the tokenizer's ({tok.vocab_size})")
@@ -142,7 +116,7 @@ def train(args):
     scaler = LossScaler() if fp16 else None
     opt = Adam(model, lr=NoamSchedule(cfg.d_model, cfg.warmup, cfg.lr_factor))
     state = {"step": 0, "epoch": 0, "batch": 0, "forward_count": 0, "train_wall_s": 0.0,
-             "train_tokens": 0, "nonfinite": 0}
+             "train_tokens": 0, "nonfinite": 0, "data_id": data.data_id}
     if resume is not None:
         model.load_state_dict(resume.params)
         opt.load_state_dict(resume.optimizer)
@@ -154,14 +128,14 @@ def train(args):
     atomic_write(cfg_path, lambda f: f.write(json.dumps({"model": cfg.to_dict(), "args": vars(args)}, indent=2).encode()))
     log(f"model: {model.num_parameters():,} parameters, preset {args.preset}, device {args.device}")
 
-    src_lens = np.array([len(s) for s in train_pairs[0]])   # token_batches adds the EOS / BOS itself
-    tgt_lens = np.array([len(t) for t in train_pairs[1]])
+    src_lens, tgt_lens = train_pairs.src_lens, train_pairs.tgt_lens   # token_batches adds the EOS / BOS itself
     max_tokens = cfg.max_tokens
     save_every = args.save_every or cfg.save_every
-    batches = iterate_batches(src_lens, tgt_lens, max_tokens, args.seed, state["epoch"], state["batch"])
-    epoch_len = len(token_batches(src_lens, tgt_lens, max_tokens, args.seed, 0))
+    first = token_batches(src_lens, tgt_lens, max_tokens, args.seed, state["epoch"])
+    epoch_len = len(first)   # for the log's fractional epoch (other epochs differ by a few batches)
+    batches = iterate_batches(src_lens, tgt_lens, max_tokens, args.seed, state["epoch"], state["batch"], first=first)
     log(f"train: {len(src_lens):,} pairs in {epoch_len:,} batches of <= {max_tokens} tokens per side")
-    valid = _valid_batches(data["valid"], tok, model, max_tokens)
+    valid = _valid_batches(data.valid, tok, max_tokens)
     log_path = os.path.join(args.out, "train_log.jsonl")
     logf = open(log_path, "a")
 
@@ -189,7 +163,7 @@ def train(args):
             micro = []
             for _ in range(args.update_freq):
                 epoch, index, idx = next(batches)
-                micro.append((epoch, index, to_batch(train_pairs, idx, tok, model)))
+                micro.append((epoch, index, to_batch(train_pairs, idx, tok)))
             total = sum(b[3] for _, _, b in micro)
             model.zero_grad()
             loss_sum = nll_sum = 0.0   # device scalars on a GPU, read once per step below
@@ -259,13 +233,11 @@ def train(args):
     return results
 
 
-def _valid_batches(valid, tok, model, max_tokens):
-    from .data import token_batches
-    src_ids, tgt_ids = tok.encode(valid[0]), tok.encode(valid[1])
-    pairs = (src_ids, tgt_ids)
-    idxs = token_batches(np.array([len(s) for s in src_ids]), np.array([len(t) for t in tgt_ids]),
-                         max_tokens, seed=0, epoch=0, shuffle=False)
-    return [to_batch(pairs, idx, tok, model) for idx in idxs]
+def _valid_batches(valid, tok, max_tokens):
+    from .data import TokenPairs, token_batches
+    pairs = TokenPairs.from_lists(tok.encode(valid[0]), tok.encode(valid[1]))
+    idxs = token_batches(pairs.src_lens, pairs.tgt_lens, max_tokens, seed=0, epoch=0, shuffle=False)
+    return [to_batch(pairs, idx, tok) for idx in idxs]
 
 
 def finish(args, model, tok, data, state, valid, write_log):
@@ -283,7 +255,7 @@ def finish(args, model, tok, data, state, valid, write_log):
                "averaged_checkpoints": [os.path.basename(c) for c in ckpts], "valid_loss": round(vl, 4),
                "valid_ppl": round(float(np.exp(min(vnll, 50))), 2), "beam": args.beam, "alpha": args.alpha,
                "bleu": {}, "chrf": {}, "sacrebleu_signature": None, "chrf_signature": None}
-    sets = {"valid": data["valid"], **data["tests"]}
+    sets = {"valid": data.valid, **data.tests}
     for name, (src, ref) in sets.items():
         t0 = time.time()
         hyps = translate_lines(model, tok, src, args.beam, args.alpha, args.decode_batch, progress=not args.quiet)

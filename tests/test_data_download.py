@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from minitf.data import DATASETS, download, extract, prepare_dataset
+from minitf.data import DATASETS, download, extract, prepare_dataset, read_parallel
 from minitf.errors import DataError
 
 
@@ -73,11 +73,11 @@ def server():
 
 
 def _tgz(files):
-    """In-memory .tgz of {member name: text}."""
+    """In-memory .tgz of {member name: text or bytes}."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for name, text in files.items():
-            data = text.encode("utf-8")
+            data = text if isinstance(text, bytes) else text.encode("utf-8")
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -225,7 +225,7 @@ def test_prepare_wmt14_downloads_extracts_and_reads(server, tmp_path, monkeypatc
     monkeypatch.setenv("MINITF_WMT_BASE_URL", server.url + "/")
     data = prepare_dataset("wmt14", tmp_path / "wmt", src="en", tgt="de",
                            progress=False)
-    assert data["train"] == (en, de)
+    assert _train_text(data) == (en, de)
     assert data["valid"] == (["dev en"], ["dev de"])
     assert data["tests"]["newstest2014"] == (t_en, t_de)
     assert data["tests"]["newstest2014-filtered"] == (t_en[:1], t_de[:1])
@@ -236,7 +236,55 @@ def test_prepare_wmt14_downloads_extracts_and_reads(server, tmp_path, monkeypatc
     rev = prepare_dataset("wmt14", tmp_path / "wmt", src="de", tgt="en",
                           progress=False)
     assert len(server.requests) == n
-    assert rev["train"] == (de, en) and rev["tests"]["newstest2014"] == (t_de, t_en)
+    assert _train_text(rev) == (de, en) and rev["tests"]["newstest2014"] == (t_de, t_en)
+
+
+def _train_text(data):
+    """The training corpora's lines, concatenated (prepare_dataset gives their paths only)."""
+    src, tgt = [], []
+    for p in data["paths"]["train"]:
+        s, t = read_parallel(*p)
+        src, tgt = src + s, tgt + t
+    return src, tgt
+
+
+def test_prepare_wmt14_en_fr_downloads_its_five_corpora(server, tmp_path, monkeypatch):
+    """En-Fr: Europarl, Common Crawl, UN, News Commentary and the gzipped 10^9 corpus inside a
+    .tar, newstest2013 to validate and newstest2014 (fren) to test, in the real layout."""
+    en = [f"sentence {i}" for i in range(10)]
+    fr = [f"phrase {i}" for i in range(10)]
+    two = lambda lines, a: "\n".join(lines[a:a + 2]) + "\n"
+    esc = lambda s: s.replace("&", "&amp;")
+    t_en, t_fr = ["He left & came back", "b"], ["Il est parti & revenu", "b"]
+    archives = {
+        "/wmt13/training-parallel-europarl-v7.tgz": {f"training/europarl-v7.fr-en.{l}": two(x, 0) for l, x in (("en", en), ("fr", fr))},
+        "/wmt13/training-parallel-commoncrawl.tgz": {f"commoncrawl.fr-en.{l}": two(x, 2) for l, x in (("en", en), ("fr", fr))},
+        "/wmt13/training-parallel-un.tgz": {f"un/undoc.2000.fr-en.{l}": two(x, 4) for l, x in (("en", en), ("fr", fr))},
+        "/wmt14/training-parallel-nc-v9.tgz": {f"training/news-commentary-v9.fr-en.{l}": two(x, 6) for l, x in (("en", en), ("fr", fr))},
+        "/wmt10/training-giga-fren.tar": {f"giga-fren.release2.fixed.{l}.gz": gzip.compress(two(x, 8).encode())
+                                          for l, x in (("en", en), ("fr", fr))},
+        "/wmt14/dev.tgz": {"dev/newstest2013.en": "dev en\n", "dev/newstest2013.fr": "dev fr\n"},
+        "/wmt14/test-full.tgz": {f"test-full/newstest2014-fren-{kind}.{l}.sgm": _sgm([esc(x) for x in lines])
+                                 for kind in ("src", "ref") for l, lines in (("en", t_en), ("fr", t_fr))},
+        "/wmt14/test-filtered.tgz": {f"test/newstest2014-fren-{kind}.{l}.sgm": _sgm([esc(x) for x in lines[:1]])
+                                     for kind in ("src", "ref") for l, lines in (("en", t_en), ("fr", t_fr))},
+    }
+    for path, files in archives.items():
+        server.files[path] = _tgz(files)
+    table = DATASETS["wmt14"]["archives"]
+    for key, (rel, md5) in list(table.items()):
+        if md5:
+            monkeypatch.setitem(table, key, (rel, hashlib.md5(server.files["/" + rel]).hexdigest()))
+    data = prepare_dataset("wmt14", tmp_path / "wmt", src="en", tgt="fr", progress=False, base_url=server.url)
+    assert _train_text(data) == (en, fr)
+    assert [os.path.basename(p[0]) for p in data["paths"]["train"]][-1] == "giga-fren.release2.fixed.en.gz"
+    assert data["valid"] == (["dev en"], ["dev fr"])
+    assert data["tests"]["newstest2014"] == (t_en, t_fr)
+    assert data["tests"]["newstest2014-filtered"] == (t_en[:1], t_fr[:1])
+    from minitf.data.datasets import dataset_default
+    assert dataset_default("wmt14", "vocab_size", "fr", "en") == 32000
+    assert dataset_default("wmt14", "vocab_size", "en", "de") == 37000
+    assert dataset_default("wmt14", "max_ratio", "en", "fr") == 1.5
 
 
 def test_prepare_wmt14_bad_archive_checksum(server, tmp_path, monkeypatch):
@@ -268,8 +316,8 @@ def test_prepare_multi30k_local_folder_needs_no_network(tmp_path, monkeypatch):
     monkeypatch.setattr(urllib.request, "urlopen", no_network)
     data = prepare_dataset("multi30k", tmp_path / "m30k", src="de", tgt="en",
                            progress=False)
-    assert data["train"] == (["train de 0", "train de 1", "train de 2"],
-                             ["train en 0", "train en 1", "train en 2"])
+    assert _train_text(data) == (["train de 0", "train de 1", "train de 2"],
+                                 ["train en 0", "train en 1", "train en 2"])
     assert data["valid"][0][0] == "val de 0"
     assert sorted(data["tests"]) == ["test_2016_flickr", "test_2017_flickr",
                                      "test_2018_flickr"]
@@ -292,8 +340,8 @@ def test_prepare_multi30k_download_tolerates_missing_test(server, tmp_path):
 def test_prepare_errors(tmp_path):
     with pytest.raises(DataError, match="multi30k.*wmt14"):
         prepare_dataset("wmt99", tmp_path)
-    with pytest.raises(DataError, match="en-de, de-en"):
-        prepare_dataset("wmt14", tmp_path, src="en", tgt="fr")
+    with pytest.raises(DataError, match="en-de, de-en, en-fr, fr-en"):
+        prepare_dataset("wmt14", tmp_path, src="en", tgt="cs")
     with pytest.raises(DataError) as e:
         prepare_dataset("multi30k", tmp_path / "empty", download=False)
     assert "train.en[.gz]" in str(e.value) and str(tmp_path / "empty") in str(e.value)

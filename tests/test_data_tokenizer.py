@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from minitf.data import Tokenizer, get_or_train_tokenizer, tokenizer_path
+from minitf.data import Tokenizer
 from minitf.errors import DataError
 
 _EN = "the a cat dog sees runs on under big small red house tree".split()
@@ -68,18 +68,3 @@ def test_too_large_vocab_falls_back_with_warning(tmp_path):
         tok = Tokenizer.train(_corpus(_EN, 50), tmp_path / "small.model", 5000)
     assert 4 < tok.vocab_size < 5000
     assert tok.decode(tok.encode(["the big dog"])) == ["the big dog"]
-
-
-def test_cache_reuse_and_vocab_in_name(tmp_path):
-    src, tgt = _corpus(_EN, 200), _corpus(_DE, 200, seed=2)
-    tok = get_or_train_tokenizer(tmp_path, "toy.en-de", src, tgt, 100)
-    path = tokenizer_path(tmp_path, "toy.en-de", 100)
-    assert path.endswith("toy.en-de.100.model") and os.path.isfile(path)
-    os.utime(path, (1_000_000, 1_000_000))          # a recognisable old mtime
-    again = get_or_train_tokenizer(tmp_path, "toy.en-de", src, tgt, 100)
-    assert os.stat(path).st_mtime == 1_000_000       # not retrained
-    assert again.to_bytes() == tok.to_bytes()
-    other = get_or_train_tokenizer(tmp_path, "toy.en-de", src, tgt, 80)
-    assert other.vocab_size == 80 and os.path.isfile(tokenizer_path(tmp_path,
-                                                                    "toy.en-de", 80))
-    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]

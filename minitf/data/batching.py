@@ -97,17 +97,19 @@ def token_batches(src_lens, tgt_lens, max_tokens, seed, epoch, shuffle=True):
 
 
 def iterate_batches(src_lens, tgt_lens, max_tokens, seed, start_epoch=0,
-                    start_index=0, shuffle=True):
+                    start_index=0, shuffle=True, first=None):
     """Yield ``(epoch, index, idx_array)`` forever, epoch after epoch.
 
     Epoch e uses ``token_batches(..., seed, e)``. To resume exactly, pass the
     position of the next batch to run: after a yielded (epoch, index), that is
     (epoch, index + 1); an index at or past the end of an epoch starts the next.
+    `first`: the batches of `start_epoch` if the caller already planned them.
     """
     _check_lens(src_lens, tgt_lens)
     epoch, index = int(start_epoch), int(start_index)
     while True:
-        batches = token_batches(src_lens, tgt_lens, max_tokens, seed, epoch, shuffle)
+        batches = first if first is not None else token_batches(src_lens, tgt_lens, max_tokens, seed, epoch, shuffle)
+        first = None
         for i in range(index, len(batches)):
             yield epoch, i, batches[i]
         epoch, index = epoch + 1, 0

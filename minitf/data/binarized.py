@@ -213,6 +213,7 @@ def _corpus_changes(recorded, files):
                 pass
             if stream.sha256 != rec["sha256"]:
                 return f"{path} changed (same size, different content)"
+            rec.update(now)   # same content: remember the new stat, so the next start need not hash it
     return None
 
 
@@ -248,7 +249,8 @@ def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max
     `sample_size` sentences, or reuses the previous cache's when the corpus and vocabulary did not
     change. `max_ratio` None disables the ratio rule. One log line says why a cache is (re)built.
     Returns the opened `BinarizedCorpus`."""
-    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if log is None:
+        log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     order = sorted(range(2), key=lambda k: languages[k])
     languages = [languages[k] for k in order]
     files = [tuple(os.fspath(pair[k]) for k in order) for pair in files]
@@ -260,7 +262,10 @@ def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max
         manifest = _read_manifest(folder)
         reason = "no cache yet" if manifest is None else _why_stale(manifest, flat_files, languages, wanted)
         if reason is None:
-            return open_cache(folder)
+            corpus = open_cache(folder)
+            if manifest["corpus"] != corpus.manifest["corpus"]:   # a touched file, content unchanged
+                atomic_write_bytes(os.path.join(folder, MANIFEST), json.dumps(manifest, indent=1).encode())
+            return corpus
     except CacheDefect as e:
         manifest, reason = None, str(e)
         log(f"error: {e}; rebuilding it")
@@ -302,7 +307,8 @@ class _NpyWriter:
 
 def _pairs_of(files, streams):
     """Yield (line_a, line_b) over all corpora; DataError when two aligned files differ in length."""
-    for (pa, pb), (sa, sb) in zip(files, streams):
+    for (pa, pb), streams_ab in zip(files, streams):
+        sa, sb = map(iter, streams_ab)
         n = 0
         for a, b in itertools.zip_longest(sa, sb):
             if a is None or b is None:
@@ -417,9 +423,10 @@ def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, lo
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     c = manifest["counts"]
+    ratio = wanted["cleaning"]["max_ratio"]
     log(f"cache: {c['kept']:,} of {c['total']:,} pairs kept (dropped: {c['empty']:,} empty, {c['too_long']:,} "
-        f"> {wanted['cleaning']['max_len']} pieces, {c['ratio']:,} ratio > {wanted['cleaning']['max_ratio']}) "
-        f"in {manifest['prepare_s']:.0f}s -> {folder}")
+        f"> {wanted['cleaning']['max_len']} pieces, " + (f"{c['ratio']:,} length ratio > {ratio}" if ratio else
+                                                          "no ratio rule") + f") in {manifest['prepare_s']:.0f}s -> {folder}")
     return open_cache(folder)
 
 

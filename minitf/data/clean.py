@@ -23,7 +23,8 @@ def clean_mask(src_lens, tgt_lens, max_len=250, max_ratio=1.5):
         raise ValueError(f"clean_mask: {s.size} src lengths but {t.size} tgt lengths")
     ratio = float("inf") if max_ratio is None else float(max_ratio)
     code = np.zeros(s.shape, dtype=np.uint8)
-    code[(s > ratio * t) | (t > ratio * s)] = 3
+    if ratio != float("inf"):
+        code[(s > ratio * t) | (t > ratio * s)] = 3
     code[(s > max_len) | (t > max_len)] = 2
     code[(s == 0) | (t == 0)] = 1
     return code

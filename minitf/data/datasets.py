@@ -65,8 +65,24 @@ def _in(archive, *templates):
     return Corpus(archive, *_both(*templates))
 
 
+def _wmt14(pair, train, valid_lang_pair):
+    """The splits of one WMT14 language pair ("de-en" or "fr-en" in statmt's file names)."""
+    return {
+        "train": train,
+        "valid": [_in("dev", "dev/newstest2013.{lang}", "newstest2013.{lang}")],
+        "tests": {
+            "newstest2014": Corpus("test-full", (f"test-full/newstest2014-{valid_lang_pair}-src.{{src}}.sgm",),
+                                   (f"test-full/newstest2014-{valid_lang_pair}-ref.{{tgt}}.sgm",)),
+            "newstest2014-filtered": Corpus("test-filtered", (f"test/newstest2014-{valid_lang_pair}-src.{{src}}.sgm",),
+                                            (f"test/newstest2014-{valid_lang_pair}-ref.{{tgt}}.sgm",)),
+        },
+    }
+
+
 # The one URL table. name -> base URL (overridable), its env var, the archives
-# (path below the base URL, md5 or None), the language pairs, and the splits.
+# (path below the base URL, md5 or None), the language pairs, the defaults of the
+# paper / fairseq recipe (joint BPE vocabulary, cleaning ratio; None = no ratio rule),
+# and the splits: one set for every pair, or one per unordered pair ("de-en").
 DATASETS = {
     "multi30k": {
         "base_url": MULTI30K_BASE_URL,
@@ -74,11 +90,15 @@ DATASETS = {
         "archives": {},
         "languages": ("en", "de", "fr", "cs"),
         "pairs": None,  # any two different languages
-        "train": [_direct("train")],
-        "valid": [_direct("val")],
-        "tests": {"test_2016_flickr": _direct("test_2016_flickr"),
-                  "test_2017_flickr": _direct("test_2017_flickr"),
-                  "test_2018_flickr": _direct("test_2018_flickr")},
+        "vocab_size": 8000,
+        "max_ratio": None,
+        "splits": {
+            "train": [_direct("train")],
+            "valid": [_direct("val")],
+            "tests": {"test_2016_flickr": _direct("test_2016_flickr"),
+                      "test_2017_flickr": _direct("test_2017_flickr"),
+                      "test_2018_flickr": _direct("test_2018_flickr")},
+        },
     },
     "wmt14": {
         "base_url": WMT_BASE_URL,
@@ -87,33 +107,49 @@ DATASETS = {
             "europarl": ("wmt13/training-parallel-europarl-v7.tgz", None),
             "commoncrawl": ("wmt13/training-parallel-commoncrawl.tgz", None),
             "news-commentary": ("wmt14/training-parallel-nc-v9.tgz", None),
+            "un": ("wmt13/training-parallel-un.tgz", None),
+            "giga": ("wmt10/training-giga-fren.tar", None),
             "dev": ("wmt14/dev.tgz", None),
             # md5 sums as recorded by sacreBLEU for these two files
             "test-full": ("wmt14/test-full.tgz", "a8cd784e006feb32ac6f3d9ec7eb389a"),
             "test-filtered": ("wmt14/test-filtered.tgz",
                               "84c597844c1542e29c2aff23aaee4310"),
         },
-        "languages": ("en", "de"),
-        "pairs": (("en", "de"), ("de", "en")),
-        "train": [
-            _in("europarl", "training/europarl-v7.de-en.{lang}",
-                "europarl-v7.de-en.{lang}"),
-            _in("commoncrawl", "commoncrawl.de-en.{lang}",
-                "training/commoncrawl.de-en.{lang}"),
-            _in("news-commentary", "training/news-commentary-v9.de-en.{lang}",
-                "news-commentary-v9.de-en.{lang}"),
-        ],
-        "valid": [_in("dev", "dev/newstest2013.{lang}", "newstest2013.{lang}")],
-        "tests": {
-            "newstest2014": Corpus("test-full",
-                                   ("test-full/newstest2014-deen-src.{src}.sgm",),
-                                   ("test-full/newstest2014-deen-ref.{tgt}.sgm",)),
-            "newstest2014-filtered": Corpus("test-filtered",
-                                            ("test/newstest2014-deen-src.{src}.sgm",),
-                                            ("test/newstest2014-deen-ref.{tgt}.sgm",)),
+        "languages": ("en", "de", "fr"),
+        "pairs": (("en", "de"), ("de", "en"), ("en", "fr"), ("fr", "en")),
+        "vocab_size": {"de-en": 37000, "en-fr": 32000},   # paper 5.1
+        "max_ratio": 1.5,
+        "splits": {
+            # fairseq's prepare-wmt14en2de.sh corpora (4.5M pairs)
+            "de-en": _wmt14("de-en", [
+                _in("europarl", "training/europarl-v7.de-en.{lang}", "europarl-v7.de-en.{lang}"),
+                _in("commoncrawl", "commoncrawl.de-en.{lang}", "training/commoncrawl.de-en.{lang}"),
+                _in("news-commentary", "training/news-commentary-v9.de-en.{lang}",
+                    "news-commentary-v9.de-en.{lang}"),
+            ], "deen"),
+            # fairseq's prepare-wmt14en2fr.sh corpora (36M pairs; the 10^9 corpus comes gzipped)
+            "en-fr": _wmt14("en-fr", [
+                _in("europarl", "training/europarl-v7.fr-en.{lang}", "europarl-v7.fr-en.{lang}"),
+                _in("commoncrawl", "commoncrawl.fr-en.{lang}", "training/commoncrawl.fr-en.{lang}"),
+                _in("un", "un/undoc.2000.fr-en.{lang}", "undoc.2000.fr-en.{lang}"),
+                _in("news-commentary", "training/news-commentary-v9.fr-en.{lang}",
+                    "news-commentary-v9.fr-en.{lang}"),
+                _in("giga", "giga-fren.release2.fixed.{lang}"),
+            ], "fren"),
         },
     },
 }
+
+
+def pair_key(src, tgt):
+    """The unordered pair as a key: "de-en" for en->de and de->en."""
+    return "-".join(sorted((src, tgt)))
+
+
+def dataset_default(name, key, src, tgt):
+    """A dataset's default for `key` ("vocab_size", "max_ratio") for this language pair."""
+    value = DATASETS[name][key]
+    return value[pair_key(src, tgt)] if isinstance(value, dict) else value
 
 
 def default_data_dir(name):
@@ -134,7 +170,8 @@ def _spec(name, src, tgt):
         choices = ", ".join(f"{a}-{b}" for a, b in pairs)
         raise DataError(f"dataset {name} has no language pair {src}-{tgt}; choose "
                         f"one of {choices}")
-    return spec
+    splits = spec["splits"]
+    return spec, splits.get(pair_key(src, tgt), splits)
 
 
 def _locate(data_dir, corpus, src, tgt):
@@ -171,8 +208,8 @@ def _fetch(spec, base_url, data_dir, corpus, src, tgt, progress):
     archive = os.path.join(data_dir, os.path.basename(rel))
     _download(base_url + rel, archive, md5=md5, progress=progress)
     # both directions, so that the reverse pair needs no second download
-    wanted = [t.format(src=a, tgt=b) for t in corpus.src + corpus.tgt
-              for a, b in ((src, tgt), (tgt, src))]
+    wanted = [t.format(src=a, tgt=b) + gz for t in corpus.src + corpus.tgt
+              for a, b in ((src, tgt), (tgt, src)) for gz in ("", ".gz")]
     extract(archive, data_dir, members=wanted)
     return archive
 
@@ -210,24 +247,25 @@ def _get(spec, base_url, data_dir, corpus, src, tgt, download, progress, require
 
 def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
                     progress=True, base_url=None):
-    """Find (or download) a dataset and read it into memory.
+    """Find (or download) a dataset; read its small sets (valid, tests) into memory.
 
     `data_dir` defaults to ``default_data_dir(name)``. Files already there are
     used as they are, with no network access; missing ones are downloaded (if
     `download`) from `base_url`, else ``$MINITF_WMT_BASE_URL`` /
     ``$MINITF_MULTI30K_BASE_URL``, else the official location. Missing test sets
-    are skipped with a warning; missing train/valid files raise DataError.
+    are skipped with a warning; missing train/valid files raise DataError. The
+    training corpora are NOT read here (they can be tens of GB): their paths go to
+    `minitf.data.binarized.prepare_cache`, which streams them.
 
     Returns a dict::
 
-        {"train": (src_lines, tgt_lines),          # corpora concatenated
-         "valid": (src_lines, tgt_lines),
+        {"valid": (src_lines, tgt_lines),           # corpora concatenated
          "tests": {test_name: (src_lines, tgt_lines), ...},
          "paths": {"train": [(src_path, tgt_path), ...], "valid": [...],
                    "tests": {test_name: (src_path, tgt_path)}},
          "data_dir": data_dir}
     """
-    spec = _spec(name, src, tgt)
+    spec, splits = _spec(name, src, tgt)
     data_dir = os.fspath(data_dir) if data_dir else default_data_dir(name)
     base_url = base_url or os.environ.get(spec["base_url_env"]) or spec["base_url"]
     if not base_url.endswith("/"):
@@ -236,23 +274,54 @@ def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
         os.makedirs(data_dir, exist_ok=True)
     args = (spec, base_url, data_dir)
     result = {"tests": {}, "paths": {"tests": {}}, "data_dir": data_dir}
-    local_before = all(_locate(data_dir, c, src, tgt) for split in ("train", "valid") for c in spec[split])
+    local_before = all(_locate(data_dir, c, src, tgt) for split in ("train", "valid") for c in splits[split])
     for split in ("train", "valid"):
-        src_lines, tgt_lines, paths = [], [], []
-        for corpus in spec[split]:
-            p = _get(*args, corpus, src, tgt, download, progress, True,
-                     f"{name} {split}")
-            s, t = read_parallel(*p)
-            src_lines += s
-            tgt_lines += t
-            paths.append(p)
-        result[split] = (src_lines, tgt_lines)
-        result["paths"][split] = paths
+        result["paths"][split] = [_get(*args, corpus, src, tgt, download, progress, True, f"{name} {split}")
+                                  for corpus in splits[split]]
+    result["valid"] = _read_all(result["paths"]["valid"])
     # a folder that already held train and valid is the user's own copy: use the test sets
     # it has and fetch nothing (e.g. a Multi30k folder with only test_2016_flickr)
-    for test, corpus in spec["tests"].items():
+    for test, corpus in splits["tests"].items():
         p = _get(*args, corpus, src, tgt, download and not local_before, progress, False, f"{name} {test}")
         if p is not None:
             result["tests"][test] = read_parallel(*p)
             result["paths"]["tests"][test] = p
+    return result
+
+
+def _read_all(pairs):
+    src_lines, tgt_lines = [], []
+    for p in pairs:
+        s, t = read_parallel(*p)
+        src_lines += s
+        tgt_lines += t
+    return src_lines, tgt_lines
+
+
+def _prefix_files(prefix, src, tgt, flag):
+    """(PREFIX.src, PREFIX.tgt), each plain or .gz; DataError naming the flag otherwise."""
+    prefix = os.fspath(prefix)
+    folder, stem = os.path.split(prefix)
+    found = [find_file(folder or ".", f"{stem}.{lang}") for lang in (src, tgt)]
+    if None in found:
+        raise DataError(f"{flag} {prefix}: expected {prefix}.{src}[.gz] and {prefix}.{tgt}[.gz]; "
+                        f"missing {' and '.join(f'{prefix}.{lang}' for lang, f in zip((src, tgt), found) if f is None)}")
+    return tuple(found)
+
+
+def user_dataset(train, valid, tests=(), src="en", tgt="de"):
+    """A user's own parallel corpus, like fairseq's --trainpref/--validpref/--testpref.
+
+    `train`, `valid`: file prefixes (PREFIX.<src> and PREFIX.<tgt>, plain or .gz, line-aligned);
+    `tests`: (name, prefix) pairs. Returns the dict `prepare_dataset` returns."""
+    if src == tgt:
+        raise DataError(f"--src and --tgt are both {src!r}: give two different languages")
+    result = {"tests": {}, "paths": {"train": [_prefix_files(train, src, tgt, "--train")],
+                                     "valid": [_prefix_files(valid, src, tgt, "--valid")], "tests": {}},
+              "data_dir": os.path.dirname(os.path.abspath(os.fspath(train)))}
+    result["valid"] = _read_all(result["paths"]["valid"])
+    for name, prefix in tests:
+        p = _prefix_files(prefix, src, tgt, f"--test {name}=")
+        result["tests"][name] = read_parallel(*p)
+        result["paths"]["tests"][name] = p
     return result

@@ -159,29 +159,3 @@ class Tokenizer:
         atomic_write_bytes(os.fspath(model_path), proto)
         tok.model_path = os.fspath(model_path)
         return tok
-
-
-def tokenizer_path(cache_dir, name, vocab_size):
-    """Where `get_or_train_tokenizer` keeps a model: <dir>/<name>.<vocab>.model."""
-    return os.path.join(os.fspath(cache_dir), f"{name}.{int(vocab_size)}.model")
-
-
-def get_or_train_tokenizer(cache_dir, name, lines_src, lines_tgt, vocab_size,
-                           model_type="bpe", sample_size=2_000_000, seed=0):
-    """Load `<cache_dir>/<name>.<vocab_size>.model`, training it first if missing.
-
-    The model is trained jointly on `lines_src + lines_tgt`. Another vocab size
-    gives another file name, so it is trained anew. The corpus itself is not
-    fingerprinted: delete the file (or change `name`) after changing the data.
-    Returns the Tokenizer.
-    """
-    path = tokenizer_path(cache_dir, name, vocab_size)
-    if os.path.isfile(path):
-        return Tokenizer(path)
-    return Tokenizer.train(_chain(lines_src, lines_tgt), path, vocab_size,
-                           model_type=model_type, sample_size=sample_size, seed=seed)
-
-
-def _chain(a, b):
-    yield from a
-    yield from b

@@ -1,0 +1,121 @@
+"""From command-line flags to training data: the flags `train_wmt.py` and `python -m minitf prepare`
+share, and `load_data`, which finds (or downloads) the corpus, prepares or reuses its binarized
+cache (`binarized.prepare_cache`) and reads the small valid/test sets.
+"""
+import hashlib
+import os
+from dataclasses import dataclass
+
+from minitf.errors import DataError
+from minitf.data.binarized import BinarizedCorpus, cache_folder, prepare_cache
+from minitf.data.datasets import DATASETS, dataset_default, default_data_dir, prepare_dataset, user_dataset
+
+
+def cache_root():
+    """$MINITF_CACHE, else ~/.cache/minitf: downloads, tokenizers and binarized corpora live below it."""
+    return os.environ.get("MINITF_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "minitf")
+
+
+def _test_arg(text):
+    name, sep, prefix = text.partition("=")
+    if not sep or not name or not prefix:
+        import argparse
+        raise argparse.ArgumentTypeError(f"expected NAME=PREFIX (e.g. newstest2014=data/test), got {text!r}")
+    return name, prefix
+
+
+def add_data_args(p):
+    """The data flags, on an argparse parser."""
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset", default="wmt14", choices=sorted(DATASETS),
+                   help="a known dataset, downloaded when missing (default wmt14; ignored with --train)")
+    g.add_argument("--data-dir", help="folder with the corpus files (plain or .gz); default ~/.cache/minitf/<dataset>")
+    g.add_argument("--offline", action="store_true", help="never download: fail if files are missing")
+    g.add_argument("--src", default="en")
+    g.add_argument("--tgt", default="de")
+    g.add_argument("--train", metavar="PREFIX", help="your own training corpus: PREFIX.<src> and PREFIX.<tgt> (plain or .gz)")
+    g.add_argument("--valid", metavar="PREFIX", help="your own validation set (with --train)")
+    g.add_argument("--test", metavar="NAME=PREFIX", action="append", type=_test_arg, default=[],
+                   help="your own test set, scored at the end (repeatable; with --train)")
+    g.add_argument("--vocab-size", type=int,
+                   help="joint BPE pieces (default: wmt14 en-de 37000, en-fr 32000; multi30k and own data 8000)")
+    g.add_argument("--tokenizer", metavar="MODEL", help="encode with this SentencePiece model (ids pad,unk,bos,eos = 0,1,2,3) "
+                                                        "instead of training one")
+    g.add_argument("--max-len", type=int, default=250, help="drop training pairs with a side longer than this many pieces")
+    g.add_argument("--max-ratio", type=float,
+                   help="drop training pairs whose sides' lengths differ by more than this factor "
+                        "(default: wmt14 and own data 1.5, multi30k none; 0 = none)")
+    g.add_argument("--cache-dir", help="where binarized corpora are kept (default: $MINITF_CACHE/bin or ~/.cache/minitf/bin)")
+    return g
+
+
+def check_data_args(p, args):
+    """parser.error for inconsistent data flags (before any data work)."""
+    if args.train and not args.valid:
+        p.error("--train needs --valid PREFIX (a held-out set for validation loss and BLEU)")
+    if (args.valid or args.test) and not args.train:
+        p.error("--valid/--test name your own files: give --train PREFIX too (or use --dataset)")
+    if args.src == args.tgt:
+        p.error(f"--src and --tgt are both {args.src!r}")
+    for name in ("vocab_size", "max_len"):
+        v = getattr(args, name)
+        if v is not None and v <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive, got {v}")
+    if args.max_ratio is not None and args.max_ratio < 0:
+        p.error(f"--max-ratio must be >= 0 (0 = no ratio rule), got {args.max_ratio}")
+    if args.tokenizer and not os.path.isfile(args.tokenizer):
+        p.error(f"--tokenizer {args.tokenizer}: file not found")
+
+
+@dataclass
+class Data:
+    """What training needs: the tokenizer, the memory-mapped training pairs, the valid/test text."""
+    tokenizer: object
+    corpus: BinarizedCorpus
+    train: object          # TokenPairs src -> tgt
+    valid: tuple           # (src_lines, tgt_lines)
+    tests: dict            # name -> (src_lines, tgt_lines)
+    name: str
+
+    @property
+    def data_id(self):
+        return self.corpus.data_id
+
+
+def dataset_name(args):
+    return "own" if args.train else args.dataset
+
+
+def load_data(args, tokenizer=None, log=None):
+    """Locate (or download) the corpus, then prepare or reuse its binarized cache.
+
+    `tokenizer`: encode with this one (a resumed checkpoint's); else `--tokenizer`, else the
+    cache's or a newly trained one. Returns `Data`."""
+    from minitf.data.tokenizer import Tokenizer
+    name = dataset_name(args)
+    progress = not getattr(args, "quiet", False)
+    if args.train:
+        data = user_dataset(args.train, args.valid, args.test, args.src, args.tgt)
+        vocab, max_ratio = 8000, 1.5
+    else:
+        data = prepare_dataset(args.dataset, args.data_dir or default_data_dir(args.dataset), args.src, args.tgt,
+                               download=not args.offline, progress=progress)
+        vocab = dataset_default(args.dataset, "vocab_size", args.src, args.tgt)
+        max_ratio = dataset_default(args.dataset, "max_ratio", args.src, args.tgt)
+    if args.vocab_size:
+        vocab = args.vocab_size
+    if args.max_ratio is not None:
+        max_ratio = args.max_ratio or None
+    if tokenizer is None and getattr(args, "tokenizer", None):
+        tokenizer = Tokenizer(args.tokenizer)
+    files = data["paths"]["train"]
+    # one cache per corpus location: the same dataset read from two folders gets two caches
+    where = hashlib.sha256("\n".join(os.path.abspath(p) for pair in files for p in sorted(pair)).encode()).hexdigest()[:8]
+    root = args.cache_dir or os.path.join(cache_root(), "bin")
+    folder = cache_folder(root, f"{name}.{where}", (args.src, args.tgt))
+    corpus = prepare_cache(folder, files, (args.src, args.tgt), vocab_size=vocab, tokenizer=tokenizer,
+                           max_len=args.max_len, max_ratio=max_ratio, progress=progress, log=log)
+    if len(corpus) == 0:
+        raise DataError(f"no training pairs left after cleaning ({corpus.manifest['counts']}); check "
+                        f"{files[0][0]} and the cleaning limits (--max-len, --max-ratio)")
+    return Data(corpus.tokenizer, corpus, corpus.pairs(args.src, args.tgt), data["valid"], data["tests"], name)

@@ -1,0 +1,291 @@
+"""The binarized corpus cache (minitf/data/binarized.py): round trip, reuse, invalidation,
+corrupt files, interrupted builds, and the user's own files through train_wmt.py / prepare."""
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from minitf.data import TokenPairs, Tokenizer, clean_pairs, collate, open_cache, prepare_cache, token_batches
+from minitf.data import binarized
+from minitf.data.binarized import _NpyWriter, cache_folder
+from minitf.errors import DataError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EN = "a the man woman dog cat sees eats red big small house runs".split()
+DE = "ein der mann frau hund katze sieht isst rot gross klein haus rennt".split()
+
+
+def _write(path, lines):
+    data = "".join(line + "\n" for line in lines).encode()
+    path.write_bytes(gzip.compress(data) if str(path).endswith(".gz") else data)
+
+
+def _corpus(folder, n=300, seed=0, stem="train", gz=(True, False)):
+    """Word-by-word 'translations', a few blank and overlong pairs for the cleaning rules."""
+    rng = np.random.default_rng(seed)
+    rows = [rng.integers(0, len(EN), size=rng.integers(1, 9)) for _ in range(n)]
+    en = [" ".join(EN[i] for i in r) for r in rows]
+    de = [" ".join(DE[i] for i in r) for r in rows]
+    en[3], de[7] = "", "   "                      # empty on one side
+    en[11] = " ".join(EN * 3)                     # far more pieces than its German side
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = (folder / (f"{stem}.en" + (".gz" if gz[0] else "")), folder / (f"{stem}.de" + (".gz" if gz[1] else "")))
+    _write(paths[0], en)
+    _write(paths[1], de)
+    return paths, en, de
+
+
+class Log(list):
+    def __call__(self, msg):
+        self.append(msg)
+
+    def built(self):
+        return [m for m in self if m.startswith("cache: building")]
+
+
+def _prepare(tmp_path, paths, log=None, **kw):
+    kw.setdefault("vocab_size", 60)
+    return prepare_cache(cache_folder(tmp_path / "cache", "toy", ("en", "de")), [paths], ("en", "de"),
+                         progress=False, log=Log() if log is None else log, **kw)
+
+
+def test_round_trip_same_ids_and_batches_as_encoding_in_memory(tmp_path):
+    paths, en, de = _corpus(tmp_path / "data")
+    corpus = _prepare(tmp_path, paths, chunk_lines=64)   # several chunks
+    tok = corpus.tokenizer
+    pairs = corpus.pairs("en", "de")
+    assert isinstance(pairs.src_tokens, np.memmap) and isinstance(pairs.tgt_offsets, np.memmap)
+    assert pairs.src_tokens.dtype == np.uint16 and pairs.src_lens.dtype == np.uint16
+
+    # the same corpus, encoded and cleaned in memory the way train.py used to
+    src_ids, tgt_ids = tok.encode(en), tok.encode(de)
+    kept, stats = clean_pairs(en, de, [len(s) for s in src_ids], [len(t) for t in tgt_ids], 250, 1.5)
+    assert corpus.manifest["counts"] == stats and stats["empty"] == 2 and stats["ratio"] >= 1
+    assert len(pairs) == len(kept) == stats["kept"]
+    memory = TokenPairs.from_lists([src_ids[i] for i in kept], [tgt_ids[i] for i in kept])
+    np.testing.assert_array_equal(pairs.src_lens, memory.src_lens)
+    np.testing.assert_array_equal(pairs.tgt_lens, memory.tgt_lens)
+    for k in (0, 5, len(kept) - 1):
+        for a, b in zip(pairs.ids(k), (src_ids[kept[k]], tgt_ids[kept[k]])):
+            assert a.tolist() == b
+    for epoch in (0, 1):
+        cached = token_batches(pairs.src_lens, pairs.tgt_lens, 64, seed=3, epoch=epoch)
+        plain = token_batches(memory.src_lens, memory.tgt_lens, 64, seed=3, epoch=epoch)
+        assert len(cached) == len(plain)
+        for x, y in zip(cached, plain):
+            np.testing.assert_array_equal(x, y)
+            want = collate([src_ids[kept[i]] for i in x], [tgt_ids[kept[i]] for i in x])
+            for got in (pairs.collate(x), memory.collate(y)):
+                for g, w in zip(got, want):
+                    assert g.dtype == np.int64
+                    np.testing.assert_array_equal(g, w)
+
+    # the other direction reads the same folder: no rebuild, sides swapped
+    log = Log()
+    rev = prepare_cache(corpus.folder, [paths[::-1]], ("de", "en"), vocab_size=60, progress=False, log=log)
+    assert not log.built() and rev.data_id == corpus.data_id
+    r = rev.pairs("de", "en")
+    np.testing.assert_array_equal(r.src_lens, pairs.tgt_lens)
+    with pytest.raises(DataError, match="not fr"):
+        rev.pairs("en", "fr")
+
+
+def test_npy_writer_streams_a_loadable_array(tmp_path):
+    for dtype, chunks in ((np.uint16, [np.arange(5), np.arange(70000) % 65536]), (np.int64, []), (np.int32, [[7]])):
+        w = _NpyWriter(str(tmp_path / "a.npy"), dtype)
+        for c in chunks:
+            w.append(np.asarray(c))
+        info = w.close()
+        want = np.concatenate([np.asarray(c, dtype=dtype) for c in chunks]) if chunks else np.zeros(0, dtype)
+        got = np.load(tmp_path / "a.npy", mmap_mode="r", allow_pickle=False)
+        assert got.dtype == dtype and np.array_equal(got, want)
+        assert info["bytes"] == os.path.getsize(tmp_path / "a.npy") and info["shape"] == [want.size]
+
+
+def test_reuse_and_each_reason_to_rebuild(tmp_path):
+    paths, en, de = _corpus(tmp_path / "data")
+    first = _prepare(tmp_path, paths)
+    manifest = os.path.join(first.folder, "manifest.json")
+    stamp = os.stat(manifest).st_mtime_ns
+
+    log = Log()
+    assert _prepare(tmp_path, paths, log).data_id == first.data_id and not log.built()
+    assert os.stat(manifest).st_mtime_ns == stamp
+
+    os.utime(paths[1], ns=(1, 1))                  # touched, same bytes: hashed again, reused
+    log = Log()
+    assert _prepare(tmp_path, paths, log).data_id == first.data_id and not log.built()
+    recorded = json.loads(open(manifest).read())["corpus"]
+    assert [f["mtime_ns"] for f in recorded if f["path"] == str(paths[1])] == [1]   # not hashed again next time
+
+    log = Log()
+    cleaner = _prepare(tmp_path, paths, log, max_len=5)
+    assert log.built() == [f"cache: building {first.folder} (cleaning rule max_len 250 -> 5)"]
+    assert cleaner.tokenizer.sha256 == first.tokenizer.sha256   # same corpus and vocabulary: tokenizer kept
+    assert len(cleaner) < len(first) and cleaner.data_id != first.data_id
+
+    log = Log()
+    _prepare(tmp_path, paths, log, max_len=5, max_ratio=None)
+    assert log.built() == [f"cache: building {first.folder} (cleaning rule max_ratio 1.5 -> None)"]
+
+    log = Log()
+    other_vocab = _prepare(tmp_path, paths, log, vocab_size=50, max_len=5, max_ratio=None)
+    assert log.built() == [f"cache: building {first.folder} (vocabulary size 60 -> 50)"]
+    assert other_vocab.tokenizer.vocab_size == 50
+
+    given = Tokenizer.train(EN + DE, tmp_path / "given.model", 40)
+    log = Log()
+    assert _prepare(tmp_path, paths, log, vocab_size=50, max_len=5, max_ratio=None,
+                    tokenizer=given).tokenizer.sha256 == given.sha256
+    assert log.built() == [f"cache: building {first.folder} (another tokenizer was given)"]
+
+    assert de[-2][::-1] != de[-2]
+    _write(paths[1], de[:-2] + [de[-2][::-1], de[-1]])     # same size, other text
+    log = Log()
+    changed = _prepare(tmp_path, paths, log, vocab_size=50, max_len=5, max_ratio=None, tokenizer=given)
+    assert len(log.built()) == 1 and "train.de changed (same size, different content)" in log.built()[0]
+    assert changed.data_id != first.data_id
+
+    log = Log()
+    prepare_cache(first.folder, [paths], ("en", "fr"), vocab_size=60, progress=False, log=log)
+    assert "language pair de-en -> en-fr" in log.built()[0]
+
+
+@pytest.mark.parametrize("damage", ["truncate tokens", "garbage offsets", "delete lengths", "bad manifest",
+                                    "swap tokenizer", "offsets do not span"])
+def test_a_corrupt_cache_is_named_and_rebuilt(tmp_path, damage):
+    paths, _, _ = _corpus(tmp_path / "data")
+    good = _prepare(tmp_path, paths)
+    pairs = good.pairs("en", "de")
+    want_src = pairs.collate(np.arange(len(good)))[0]
+    folder = good.folder
+    name = {"truncate tokens": "train.en.tokens.npy", "garbage offsets": "train.de.offsets.npy",
+            "delete lengths": "train.en.lengths.npy", "bad manifest": "manifest.json",
+            "swap tokenizer": "tokenizer.model", "offsets do not span": "train.de.offsets.npy"}[damage]
+    path = os.path.join(folder, name)
+    del pairs, good
+    if damage == "truncate tokens":
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) - 6)
+    elif damage == "garbage offsets":
+        with open(path, "r+b") as f:
+            f.write(b"not an npy header at all")
+    elif damage == "delete lengths":
+        os.unlink(path)
+    elif damage == "bad manifest":
+        with open(path, "wb") as f:
+            f.write(b"{ half a json")
+    elif damage == "swap tokenizer":
+        with open(path, "ab") as f:
+            f.write(b"x")
+    else:   # right size and header, wrong values
+        a = np.load(path, mmap_mode="r+")
+        a[-1] += 1
+        a.flush()
+        del a
+    with pytest.raises(DataError, match=name):
+        open_cache(folder)
+    log = Log()
+    again = _prepare(tmp_path, paths, log)
+    errors = [m for m in log if m.startswith("error:")]
+    assert len(errors) == 1 and name in errors[0] and "rebuilding" in errors[0]
+    assert len(log.built()) == 1
+    np.testing.assert_array_equal(again.pairs("en", "de").collate(np.arange(len(again)))[0], want_src)
+
+
+def test_an_interrupted_build_never_leaves_a_cache_that_looks_whole(tmp_path, monkeypatch):
+    paths, en, de = _corpus(tmp_path / "data")
+    first = _prepare(tmp_path, paths)
+    folder = first.folder
+    parent = os.path.dirname(folder)
+    os.makedirs(os.path.join(parent, f".{os.path.basename(folder)}.tmp-99999"))   # a killed build's leftovers
+
+    _write(paths[0], en[:-1] + ["the dog"])
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt   # the user pressed Ctrl-C in the middle of encoding
+    monkeypatch.setattr(binarized, "_encode_all", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _prepare(tmp_path, paths)
+    assert sorted(os.listdir(parent)) == [os.path.basename(folder)]   # no temporary folders left
+    assert open_cache(folder).data_id == first.data_id                # the old cache is still whole
+    monkeypatch.undo()
+    log = Log()
+    assert _prepare(tmp_path, paths, log).data_id != first.data_id and "train.en" in log.built()[0]
+
+
+def test_misaligned_files_and_no_text_are_one_line_errors(tmp_path):
+    paths, en, de = _corpus(tmp_path / "data")
+    _write(paths[1], de[:-2])
+    with pytest.raises(DataError) as e:
+        _prepare(tmp_path, paths)
+    assert "differ in length" in str(e.value) and f"{paths[0]} has {len(en)}" in str(e.value)
+    assert f"{paths[1]} has {len(de) - 2}" in str(e.value)
+    _write(paths[0], ["", " "])
+    _write(paths[1], ["", ""])
+    with pytest.raises(DataError, match="no non-empty text"):
+        _prepare(tmp_path, paths)
+    assert not [p for p in os.listdir(tmp_path / "cache") if p.startswith(".")]
+
+
+# ------------------------------------------------------------------------------ through the CLIs
+def _run(args, cache, module=None):
+    env = dict(os.environ, MINITF_CACHE=str(cache), PYTHONHASHSEED="0")
+    cmd = [sys.executable] + (["-m", module] if module else [os.path.join(ROOT, "train_wmt.py")]) + list(map(str, args))
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+
+
+def _own(tmp_path):
+    d = tmp_path / "own"
+    _corpus(d, 300, 0, "train", gz=(True, True))
+    _corpus(d, 20, 1, "dev", gz=(False, False))
+    _corpus(d, 12, 2, "news", gz=(True, False))
+    return d
+
+
+TRAIN = ["--preset", "tiny", "--vocab-size", 60, "--device", "cpu", "--quiet", "--log-every", 1, "--beam", 1,
+         "--valid-every", 0, "--average-last", 1]
+
+
+def test_own_files_prepare_then_train_and_score(tmp_path):
+    d = _own(tmp_path)
+    own = ["--train", d / "train", "--valid", d / "dev", "--test", f"news={d / 'news'}"]
+    r = _run(["prepare", *own, "--vocab-size", 60, "--quiet"], tmp_path / "cache", module="minitf")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "cache: building" in r.stderr and "data_id" in r.stdout and "tests: news" in r.stdout
+
+    out = tmp_path / "run"
+    r = _run([*own, *TRAIN, "--max-steps", 4, "--save-every", 2, "--out", out], tmp_path / "cache")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "cache: building" not in r.stderr                     # prepared once, memory-mapped since
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["bleu"]) == {"valid", "news"}
+    assert len((out / "news.hyp.de").read_text().splitlines()) == 12
+
+    r = _run(["--train", d / "nowhere", "--valid", d / "dev", *TRAIN, "--out", tmp_path / "r2"], tmp_path / "cache")
+    assert r.returncode == 2 and "--train" in r.stderr and "nowhere.en" in r.stderr and "Traceback" not in r.stderr
+    r = _run(["--train", d / "train", *TRAIN, "--out", tmp_path / "r3"], tmp_path / "cache")
+    assert r.returncode == 2 and "--valid" in r.stderr
+    r = _run(["--train", d / "train", "--valid", d / "dev", "--test", "oops", *TRAIN, "--out", tmp_path / "r4"],
+             tmp_path / "cache")
+    assert r.returncode == 2 and "NAME=PREFIX" in r.stderr
+
+
+def test_resume_refuses_a_cache_that_no_longer_matches_its_checkpoint(tmp_path):
+    d = _own(tmp_path)
+    own = ["--train", d / "train", "--valid", d / "dev"]
+    out = tmp_path / "run"
+    r = _run([*own, *TRAIN, "--max-steps", 2, "--save-every", 2, "--out", out], tmp_path / "cache")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = _run([*own, *TRAIN, "--max-steps", 4, "--save-every", 2, "--out", out, "--max-len", 6, "--resume"],
+             tmp_path / "cache")
+    assert r.returncode == 2 and "--resume" in r.stderr and "Traceback" not in r.stderr
+    assert "cleaning rule max_len 250 -> 6" in r.stderr
+    assert "checkpoint_0000004.npz" not in os.listdir(out)
+    r = _run([*own, *TRAIN, "--max-steps", 4, "--save-every", 2, "--out", out, "--resume"], tmp_path / "cache")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "checkpoint_0000004.npz" in os.listdir(out)
