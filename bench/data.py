@@ -11,7 +11,10 @@ joined per line, the same pair on both sides: ~25 words a side, WMT14's volume p
             run's peak RSS (VmHWM) after --steps updates; `--resume` from its checkpoint is timed
             the same way
   baseline  the same model (same tokenizer) trained on a 1,000-pair corpus: its peak RSS is the
-            model + optimizer + activations + Python, so "RSS above the model" = RSS(N) - RSS(baseline)
+            model + optimizer + activations + Python (the [tokens, V] logits dominate, and vary
+            with the batches drawn, so this difference is noisy)
+  data RSS  the data path alone in a child process (open the cache, plan an epoch, collate 200
+            batches) above the RSS after train.py's imports: steady and peak
   planning  `token_batches` for one epoch on the memory-mapped lengths (median of 3 epochs)
 With --synthetic N it also writes a cache of N random pairs straight through the cache writer
 (lengths drawn like the real corpus, no SentencePiece: 36M pairs would take an hour to encode on
@@ -131,6 +134,34 @@ def planning(cache_folder, max_tokens, runs=3):
     return statistics.median(times), len(batches)
 
 
+def data_memory(cache_folder, max_tokens, batches=200):
+    """RSS of the training data path alone, in a child process: after the imports of train.py
+    (and glibc's keep-freed-memory setting the CPU trainer makes), open the cache, plan an epoch
+    and collate `batches` batches. Returns MiB above the post-import RSS: steady and peak."""
+    code = f"""
+import json, sys
+sys.path.insert(0, {ROOT!r})
+import minitf.train
+from minitf.backend import keep_freed_memory
+from minitf.data import open_cache, token_batches
+def mem():
+    d = dict(l.split(":", 1) for l in open("/proc/self/status"))
+    return int(d["VmRSS"].split()[0]) / 1024, int(d["VmHWM"].split()[0]) / 1024
+keep_freed_memory()
+base, _ = mem()
+c = open_cache({cache_folder!r}); p = c.pairs("en", "de")
+plan = token_batches(p.src_lens, p.tgt_lens, {max_tokens}, 1, 0)
+for idx in plan[:{batches}]:
+    minitf.train.to_batch(p, idx, c.tokenizer)
+rss, hwm = mem()
+print(json.dumps({{"imports_rss_mib": base, "data_rss_mib": rss - base, "data_peak_mib": hwm - base}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(out.stderr[-3000:])
+    return {k: round(v) for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
+
+
 def prepare(prefix, cache, extra=()):
     """`python -m minitf prepare` on PREFIX.{en,de}: (wall s, peak RSS MiB, cache folder, manifest)."""
     wall, peak = run_measured([sys.executable, "-m", "minitf", "prepare", "--train", prefix, "--valid",
@@ -233,6 +264,7 @@ def main():
                "cache_mb": round(sum(f["bytes"] for f in manifest["files"].values()) / 1e6),
                "prepare_s": round(wall, 1), "prepare_peak_rss_mib": round(peak)}
         print(json.dumps(row), flush=True)
+        row.update(data_memory(cache_folder, args.max_tokens))
         row.update(starts_and_rss(prefix, cache, os.path.join(cache_folder, "tokenizer.model"), str(n)))
         plans = {m: planning(cache_folder, m) for m in args.plan_tokens}
         row["planning_s"] = {m: round(t, 3) for m, (t, _) in plans.items()}
@@ -254,6 +286,7 @@ def main():
         print(f"synthetic N={n:,}: cache written in {time.perf_counter() - t0:.0f}s", flush=True)
         row = {"pairs": n, "synthetic": True, "vocab": manifest["tokenizer"]["vocab_size"],
                "cache_mb": round(sum(f["bytes"] for f in manifest["files"].values()) / 1e6)}
+        row.update(data_memory(cache_folder, args.max_tokens))
         row.update(starts_and_rss(base_prefix, cache, tokenizer, f"s{n}"))
         plans = {m: planning(cache_folder, m) for m in args.plan_tokens}
         row["planning_s"] = {m: round(t, 3) for m, (t, _) in plans.items()}

@@ -156,7 +156,7 @@ def test_reuse_and_each_reason_to_rebuild(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncate tokens", "garbage offsets", "delete lengths", "bad manifest",
-                                    "swap tokenizer", "offsets do not span"])
+                                    "manifest without entries", "swap tokenizer", "offsets do not span"])
 def test_a_corrupt_cache_is_named_and_rebuilt(tmp_path, damage):
     paths, _, _ = _corpus(tmp_path / "data")
     good = _prepare(tmp_path, paths)
@@ -165,6 +165,7 @@ def test_a_corrupt_cache_is_named_and_rebuilt(tmp_path, damage):
     folder = good.folder
     name = {"truncate tokens": "train.en.tokens.npy", "garbage offsets": "train.de.offsets.npy",
             "delete lengths": "train.en.lengths.npy", "bad manifest": "manifest.json",
+            "manifest without entries": "manifest.json",
             "swap tokenizer": "tokenizer.model", "offsets do not span": "train.de.offsets.npy"}[damage]
     path = os.path.join(folder, name)
     del pairs, good
@@ -179,6 +180,9 @@ def test_a_corrupt_cache_is_named_and_rebuilt(tmp_path, damage):
     elif damage == "bad manifest":
         with open(path, "wb") as f:
             f.write(b"{ half a json")
+    elif damage == "manifest without entries":
+        with open(path, "w") as f:
+            json.dump({"format": binarized.FORMAT, "version": binarized.VERSION}, f)
     elif damage == "swap tokenizer":
         with open(path, "ab") as f:
             f.write(b"x")

@@ -113,7 +113,10 @@ class BinarizedCorpus:
 
     def __init__(self, folder, manifest, tokenizer):
         self.folder, self.manifest, self.tokenizer = folder, manifest, tokenizer
-        self.data_id = manifest["data_id"]
+
+    @property
+    def data_id(self):
+        return self.manifest["data_id"]
 
     def __len__(self):
         return self.manifest["counts"]["kept"]
@@ -175,18 +178,22 @@ def open_cache(folder):
     if manifest.get("version") != VERSION:
         raise CacheDefect(f"cache {folder} has format version {manifest.get('version')}, this minitf writes {VERSION}")
     corpus = BinarizedCorpus(folder, manifest, None)
-    for lang in manifest["languages"]:
-        tokens, offsets, lens = corpus._side(lang)
-        if int(offsets[0]) != 0 or int(offsets[-1]) != tokens.size or lens.size != manifest["counts"]["kept"]:
-            raise CacheDefect(f"cache file {os.path.join(folder, f'train.{lang}.offsets.npy')} is corrupt "
-                              f"(its offsets do not span train.{lang}.tokens.npy)")
+    try:
+        for lang in manifest["languages"]:
+            tokens, offsets, lens = corpus._side(lang)
+            if int(offsets[0]) != 0 or int(offsets[-1]) != tokens.size or lens.size != manifest["counts"]["kept"]:
+                raise CacheDefect(f"cache file {os.path.join(folder, f'train.{lang}.offsets.npy')} is corrupt "
+                                  f"(its offsets do not span train.{lang}.tokens.npy)")
+        want_sha, _ = manifest["tokenizer"]["sha256"], manifest["data_id"]
+    except (KeyError, TypeError, IndexError) as e:
+        raise CacheDefect(f"cache file {os.path.join(folder, MANIFEST)} lacks an entry ({e!r})") from None
     path = os.path.join(folder, TOKENIZER)
     try:
         with open(path, "rb") as f:
             proto = f.read()
     except OSError as e:
         raise CacheDefect(f"cache file {path} is unreadable ({e})") from None
-    if hashlib.sha256(proto).hexdigest() != manifest["tokenizer"]["sha256"]:
+    if hashlib.sha256(proto).hexdigest() != want_sha:
         raise CacheDefect(f"cache file {path} does not match the manifest's tokenizer hash")
     corpus.tokenizer = Tokenizer.from_bytes(proto)
     return corpus
@@ -260,7 +267,10 @@ def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max
                             "requested_vocab_size": int(vocab_size)}}
     try:
         manifest = _read_manifest(folder)
-        reason = "no cache yet" if manifest is None else _why_stale(manifest, flat_files, languages, wanted)
+        try:
+            reason = "no cache yet" if manifest is None else _why_stale(manifest, flat_files, languages, wanted)
+        except (KeyError, TypeError, IndexError, AttributeError) as e:
+            raise CacheDefect(f"cache file {os.path.join(folder, MANIFEST)} lacks an entry ({e!r})") from None
         if reason is None:
             corpus = open_cache(folder)
             if manifest["corpus"] != corpus.manifest["corpus"]:   # a touched file, content unchanged
