@@ -13,8 +13,8 @@ joined per line, the same pair on both sides: ~25 words a side, WMT14's volume p
   baseline  the same model (same tokenizer) trained on a 1,000-pair corpus: its peak RSS is the
             model + optimizer + activations + Python (the [tokens, V] logits dominate, and vary
             with the batches drawn, so this difference is noisy)
-  data RSS  the data path alone in a child process (open the cache, plan an epoch, collate 200
-            batches) above the RSS after train.py's imports: steady and peak
+  data RSS  the data path alone in a child process (open the cache, plan an epoch, collate 1000
+            batches) above the RSS after train.py's imports: steady and peak, anonymous and mapped
   planning  `token_batches` for one epoch on the memory-mapped lengths (median of 3 epochs)
 With --synthetic N it also writes a cache of N random pairs straight through the cache writer
 (lengths drawn like the real corpus, no SentencePiece: 36M pairs would take an hour to encode on
@@ -134,10 +134,11 @@ def planning(cache_folder, max_tokens, runs=3):
     return statistics.median(times), len(batches)
 
 
-def data_memory(cache_folder, max_tokens, batches=200):
+def data_memory(cache_folder, max_tokens, batches=1000):
     """RSS of the training data path alone, in a child process: after the imports of train.py
     (and glibc's keep-freed-memory setting the CPU trainer makes), open the cache, plan an epoch
-    and collate `batches` batches. Returns MiB above the post-import RSS: steady and peak."""
+    and collate `batches` batches. Returns MiB above the post-import RSS: steady and peak, and
+    the steady part split into anonymous memory (the process's own) and mapped file pages."""
     code = f"""
 import json, sys
 sys.path.insert(0, {ROOT!r})
@@ -146,15 +147,17 @@ from minitf.backend import keep_freed_memory
 from minitf.data import open_cache, token_batches
 def mem():
     d = dict(l.split(":", 1) for l in open("/proc/self/status"))
-    return int(d["VmRSS"].split()[0]) / 1024, int(d["VmHWM"].split()[0]) / 1024
+    return {{k: int(d[k].split()[0]) / 1024 for k in ("VmRSS", "VmHWM", "RssAnon", "RssFile")}}
 keep_freed_memory()
-base, _ = mem()
+base = mem()
 c = open_cache({cache_folder!r}); p = c.pairs("en", "de")
 plan = token_batches(p.src_lens, p.tgt_lens, {max_tokens}, 1, 0)
 for idx in plan[:{batches}]:
     minitf.train.to_batch(p, idx, c.tokenizer)
-rss, hwm = mem()
-print(json.dumps({{"imports_rss_mib": base, "data_rss_mib": rss - base, "data_peak_mib": hwm - base}}))
+now = mem()
+print(json.dumps({{"imports_rss_mib": base["VmRSS"], "data_rss_mib": now["VmRSS"] - base["VmRSS"],
+                  "data_peak_mib": now["VmHWM"] - base["VmRSS"], "data_anon_mib": now["RssAnon"] - base["RssAnon"],
+                  "data_file_mib": now["RssFile"] - base["RssFile"]}}))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if out.returncode:
@@ -250,6 +253,16 @@ def main():
         row["rss_above_baseline_mib"] = row["train_rss_mib"] - row["baseline_rss_mib"]
         return row
 
+    def measure(row, prefix, cache, cache_folder, tokenizer, name):
+        """Data memory, starts and RSS, planning: added to `row`, which is printed and kept."""
+        row.update(data_memory(cache_folder, args.max_tokens))
+        row.update(starts_and_rss(prefix, cache, tokenizer, name))
+        plans = {m: planning(cache_folder, m) for m in args.plan_tokens}
+        row["planning_s"] = {m: round(t, 3) for m, (t, _) in plans.items()}
+        row["batches_per_epoch"] = {m: b for m, (_, b) in plans.items()}
+        results["corpora"].append(row)
+        print(json.dumps(row), flush=True)
+
     for n in args.sizes:
         folder = os.path.join(args.work, f"n{n}")
         t0 = time.perf_counter()
@@ -264,13 +277,7 @@ def main():
                "cache_mb": round(sum(f["bytes"] for f in manifest["files"].values()) / 1e6),
                "prepare_s": round(wall, 1), "prepare_peak_rss_mib": round(peak)}
         print(json.dumps(row), flush=True)
-        row.update(data_memory(cache_folder, args.max_tokens))
-        row.update(starts_and_rss(prefix, cache, os.path.join(cache_folder, "tokenizer.model"), str(n)))
-        plans = {m: planning(cache_folder, m) for m in args.plan_tokens}
-        row["planning_s"] = {m: round(t, 3) for m, (t, _) in plans.items()}
-        row["batches_per_epoch"] = {m: b for m, (_, b) in plans.items()}
-        results["corpora"].append(row)
-        print(json.dumps(row), flush=True)
+        measure(row, prefix, cache, cache_folder, os.path.join(cache_folder, "tokenizer.model"), str(n))
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
             shutil.rmtree(cache, ignore_errors=True)
@@ -286,13 +293,7 @@ def main():
         print(f"synthetic N={n:,}: cache written in {time.perf_counter() - t0:.0f}s", flush=True)
         row = {"pairs": n, "synthetic": True, "vocab": manifest["tokenizer"]["vocab_size"],
                "cache_mb": round(sum(f["bytes"] for f in manifest["files"].values()) / 1e6)}
-        row.update(data_memory(cache_folder, args.max_tokens))
-        row.update(starts_and_rss(base_prefix, cache, tokenizer, f"s{n}"))
-        plans = {m: planning(cache_folder, m) for m in args.plan_tokens}
-        row["planning_s"] = {m: round(t, 3) for m, (t, _) in plans.items()}
-        row["batches_per_epoch"] = {m: b for m, (_, b) in plans.items()}
-        results["corpora"].append(row)
-        print(json.dumps(row), flush=True)
+        measure(row, base_prefix, cache, cache_folder, tokenizer, f"s{n}")
         if not args.keep:
             shutil.rmtree(cache, ignore_errors=True)
     if args.json:
