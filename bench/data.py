@@ -137,13 +137,13 @@ def planning(cache_folder, max_tokens, runs=3):
 def data_memory(cache_folder, max_tokens, batches=1000):
     """RSS of the training data path alone, in a child process: after the imports of train.py
     (and glibc's keep-freed-memory setting the CPU trainer makes), open the cache, plan an epoch
-    and collate `batches` batches. Returns MiB above the post-import RSS: steady and peak, and
+    (then trim the heap, as train.py does) and collate `batches` batches. Returns MiB above the post-import RSS: steady and peak, and
     the steady part split into anonymous memory (the process's own) and mapped file pages."""
     code = f"""
 import json, sys
 sys.path.insert(0, {ROOT!r})
 import minitf.train
-from minitf.backend import keep_freed_memory
+from minitf.backend import keep_freed_memory, release_freed_memory
 from minitf.data import open_cache, token_batches
 def mem():
     d = dict(l.split(":", 1) for l in open("/proc/self/status"))
@@ -152,6 +152,7 @@ keep_freed_memory()
 base = mem()
 c = open_cache({cache_folder!r}); p = c.pairs("en", "de")
 plan = token_batches(p.src_lens, p.tgt_lens, {max_tokens}, 1, 0)
+release_freed_memory()   # as train.py does after planning an epoch
 for idx in plan[:{batches}]:
     minitf.train.to_batch(p, idx, c.tokenizer)
 now = mem()

@@ -103,6 +103,18 @@ def keep_freed_memory():
 _MALLOC_TUNED = False
 
 
+def release_freed_memory():
+    """Give the heap's free pages back to the OS now (glibc malloc_trim), the counterpart of
+    `keep_freed_memory` for a rare, large, temporary peak: planning an epoch of a 36M-pair corpus
+    sorts arrays of hundreds of MB, which would otherwise stay resident until the next epoch.
+    A no-op where glibc is absent."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def make_rng(xp, seed):
     """A random Generator on the device of `xp`, seeded with a non-negative int."""
     return xp.random.default_rng(int(seed))

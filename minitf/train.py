@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from .backend import get_xp, to_numpy
+from .backend import get_xp, release_freed_memory, to_numpy
 from .checkpoint import average_checkpoints, load_checkpoint, save_checkpoint
 from .fileio import atomic_write
 from .config import TransformerConfig
@@ -132,8 +132,10 @@ def train(args):
     max_tokens = cfg.max_tokens
     save_every = args.save_every or cfg.save_every
     first = token_batches(src_lens, tgt_lens, max_tokens, args.seed, state["epoch"])
+    release_freed_memory()   # the sort's temporaries: hundreds of MB for a 36M-pair corpus
     epoch_len = len(first)   # for the log's fractional epoch (other epochs differ by a few batches)
-    batches = iterate_batches(src_lens, tgt_lens, max_tokens, args.seed, state["epoch"], state["batch"], first=first)
+    batches = iterate_batches(src_lens, tgt_lens, max_tokens, args.seed, state["epoch"], state["batch"], first=first,
+                              after_plan=release_freed_memory)
     log(f"train: {len(src_lens):,} pairs in {epoch_len:,} batches of <= {max_tokens} tokens per side")
     valid = _valid_batches(data.valid, tok, max_tokens)
     log_path = os.path.join(args.out, "train_log.jsonl")

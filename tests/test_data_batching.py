@@ -83,3 +83,29 @@ def test_collate_shapes_and_special_tokens():
     assert tgt_in.shape[1] == max(map(len, tgt_ids)) + 1
     s2, _, _ = collate([np.array([4, 4])], [np.array([5])], pad_id=0)
     assert s2.tolist() == [[4, 4, 3]]
+
+
+def _greedy_reference(s_sorted, t_sorted, max_tokens):
+    """The per-example loop token_batches replaced: cut points of a sorted order."""
+    bounds, start, max_s, max_t = [0], 0, 0, 0
+    for k in range(len(s_sorted)):
+        new_s, new_t = max(max_s, s_sorted[k] + 1), max(max_t, t_sorted[k] + 1)
+        if (k - start + 1) * max(new_s, new_t) > max_tokens:
+            bounds.append(k)
+            start, new_s, new_t = k, s_sorted[k] + 1, t_sorted[k] + 1
+        max_s, max_t = new_s, new_t
+    return bounds + [len(s_sorted)]
+
+
+def test_vectorized_cut_equals_the_per_example_greedy_loop():
+    rng = np.random.default_rng(5)
+    for trial in range(40):
+        n = int(rng.integers(1, 2000))
+        dtype = (np.uint16, np.int64, np.int32)[trial % 3]
+        src, tgt = rng.integers(0, 70, n).astype(dtype), rng.integers(0, 90, n).astype(dtype)
+        max_tokens = int(rng.integers(91, 3000))
+        batches = token_batches(src, tgt, max_tokens, seed=trial, epoch=0, shuffle=False)
+        order = np.concatenate(batches)
+        np.testing.assert_array_equal(order, np.lexsort((np.arange(n), tgt, src)))
+        bounds = np.cumsum([0] + [len(b) for b in batches]).tolist()
+        assert bounds == _greedy_reference(src[order].tolist(), tgt[order].tolist(), max_tokens)

@@ -12,8 +12,11 @@ from minitf.errors import DataError
 
 
 def _check_lens(src_lens, tgt_lens):
-    src = np.asarray(src_lens, dtype=np.int64).ravel()
-    tgt = np.asarray(tgt_lens, dtype=np.int64).ravel()
+    """The lengths as 1-D integer arrays, in their own dtype (a 36M-pair cache's uint16 lengths
+    are not copied to int64: that alone would be 576 MB)."""
+    src, tgt = np.asarray(src_lens).ravel(), np.asarray(tgt_lens).ravel()
+    if not (np.issubdtype(src.dtype, np.integer) and np.issubdtype(tgt.dtype, np.integer)):
+        src, tgt = src.astype(np.int64), tgt.astype(np.int64)
     if src.shape != tgt.shape:
         raise ValueError(f"src_lens has {src.size} entries but tgt_lens {tgt.size}")
     if src.size == 0:
@@ -38,26 +41,27 @@ def sort_order(src_lens, tgt_lens, rng=None):
     key = src.astype(ktype) * ktype(width) + tgt.astype(ktype)
     if rng is None:
         return np.argsort(key, kind="stable").astype(itype, copy=False)
-    perm = rng.permutation(n).astype(itype)
-    order = np.argsort(key[perm], kind="stable")
-    return perm[order]
+    perm = np.arange(n, dtype=itype)
+    rng.shuffle(perm)
+    key = key[perm]
+    return perm[np.argsort(key, kind="stable")]
 
 
-def _cut(s_pad, t_pad, max_tokens):
+def _cut(s_first, longest, max_tokens):
     """Greedy cut points of examples already sorted by (source, target) length.
 
-    A batch grows while count * max(longest source, longest target) fits in max_tokens.
+    A batch grows while count * (its longest side + 1) fits in max_tokens. `longest` [n] is
+    max(source, target) length along the order; `s_first(k)` the source length at position k.
     One NumPy window per BATCH (not per example): source lengths never decrease along the
-    order, so the longest source of a batch is its last one, the batch's longest side is the
-    running max of max(s_pad, t_pad), and a batch starting at `start` holds at most
-    max_tokens // s_pad[start] examples. In that window the cost of ending at k is
-    (k + 1) * running max, a non-decreasing sequence whose first value over budget ends it."""
-    longest = np.maximum(s_pad, t_pad)
-    n, bounds, start = s_pad.size, [0], 0
+    order, so a batch's longest source is its last one, its longest side is the running max of
+    `longest`, and a batch starting at `start` holds at most max_tokens // (s_first(start) + 1)
+    examples. In that window the cost of ending at k is (k + 1) * (running max + 1), a
+    non-decreasing sequence whose first value over budget ends the batch."""
+    n, bounds, start = longest.size, [0], 0
     counts = np.arange(1, max_tokens + 2, dtype=np.int64)
     while start < n:
-        w = min(n - start, max_tokens // int(s_pad[start]) + 1)
-        over = np.maximum.accumulate(longest[start:start + w]) * counts[:w] > max_tokens
+        w = min(n - start, max_tokens // (s_first(start) + 1) + 1)
+        over = (np.maximum.accumulate(longest[start:start + w]) + 1) * counts[:w] > max_tokens
         start += int(over.argmax()) if over[-1] else w
         bounds.append(start)
     return bounds
@@ -79,8 +83,8 @@ def token_batches(src_lens, tgt_lens, max_tokens, seed, epoch, shuffle=True):
     """
     src, tgt = _check_lens(src_lens, tgt_lens)
     max_tokens = int(max_tokens)
-    longest = np.maximum(src, tgt) + 1
-    too_big = np.flatnonzero(longest > max_tokens)
+    longest = np.maximum(src, tgt)
+    too_big = np.flatnonzero(longest >= max_tokens)
     if too_big.size:
         i = int(too_big[0])
         raise DataError(f"example {i} needs {int(src[i]) + 1} source / "
@@ -89,7 +93,7 @@ def token_batches(src_lens, tgt_lens, max_tokens, seed, epoch, shuffle=True):
                         f"raise --max-tokens or lower --max-len")
     rng = np.random.default_rng([int(seed), int(epoch)])
     order = sort_order(src, tgt, rng if shuffle else None)
-    bounds = _cut((src[order] + 1).astype(np.int32), (tgt[order] + 1).astype(np.int32), max_tokens)
+    bounds = _cut(lambda k: int(src[order[k]]), longest[order], max_tokens)
     batches = [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     if shuffle:
         batches = [batches[j] for j in rng.permutation(len(batches))]
@@ -97,19 +101,24 @@ def token_batches(src_lens, tgt_lens, max_tokens, seed, epoch, shuffle=True):
 
 
 def iterate_batches(src_lens, tgt_lens, max_tokens, seed, start_epoch=0,
-                    start_index=0, shuffle=True, first=None):
+                    start_index=0, shuffle=True, first=None, after_plan=None):
     """Yield ``(epoch, index, idx_array)`` forever, epoch after epoch.
 
     Epoch e uses ``token_batches(..., seed, e)``. To resume exactly, pass the
     position of the next batch to run: after a yielded (epoch, index), that is
     (epoch, index + 1); an index at or past the end of an epoch starts the next.
-    `first`: the batches of `start_epoch` if the caller already planned them.
+    `first`: the batches of `start_epoch` if the caller already planned them;
+    `after_plan()` is called after each epoch is planned (to free the planning's memory).
     """
     _check_lens(src_lens, tgt_lens)
     epoch, index = int(start_epoch), int(start_index)
     while True:
-        batches = first if first is not None else token_batches(src_lens, tgt_lens, max_tokens, seed, epoch, shuffle)
-        first = None
+        if first is None:
+            batches = token_batches(src_lens, tgt_lens, max_tokens, seed, epoch, shuffle)
+            if after_plan is not None:
+                after_plan()
+        else:
+            batches, first = first, None
         for i in range(index, len(batches)):
             yield epoch, i, batches[i]
         epoch, index = epoch + 1, 0
