@@ -25,45 +25,59 @@ def _check_lens(src_lens, tgt_lens):
     return src, tgt
 
 
+def _length_key(src, tgt):
+    """One integer per example ordering by (source, target) length: src * width + tgt, in the
+    smallest unsigned dtype that holds it (16 bits while lengths stay below 256)."""
+    width = int(tgt.max()) + 1
+    key_max = int(src.max()) * width + width
+    ktype = np.uint16 if key_max < 2**16 else np.uint32 if key_max < 2**32 else np.int64
+    return src.astype(ktype) * ktype(width) + tgt.astype(ktype), width
+
+
 def sort_order(src_lens, tgt_lens, rng=None):
     """Example indices sorted by (source length, target length); ties in a random order drawn
     from `rng` (a numpy Generator), or by index when `rng` is None.
 
-    A stable sort of a random permutation by one integer key: with lengths below 256 the key
-    is 16 bits and NumPy's stable sort is a radix sort, O(n) (4.5M pairs in well under a
-    second). int32 indices while they fit, to halve the memory of a 36M-pair epoch."""
+    Two stable sorts, both radix sorts (O(n)) when the length key has 16 bits: first by a
+    random 16-bit number per example, then by the length key; examples with the same length
+    key AND random number keep their index order. int32 indices while they fit, to halve the
+    memory of a 36M-pair epoch."""
     src, tgt = _check_lens(src_lens, tgt_lens)
-    n = src.size
-    itype = np.int32 if n < 2**31 else np.int64
-    width = int(tgt.max()) + 1
-    key_max = int(src.max()) * width + width
-    ktype = np.uint16 if key_max < 2**16 else np.uint32 if key_max < 2**32 else np.int64
-    key = src.astype(ktype) * ktype(width) + tgt.astype(ktype)
+    key, _ = _length_key(src, tgt)
+    itype = np.int32 if src.size < 2**31 else np.int64
     if rng is None:
         return np.argsort(key, kind="stable").astype(itype, copy=False)
-    perm = np.arange(n, dtype=itype)
-    rng.shuffle(perm)
-    key = key[perm]
-    return perm[np.argsort(key, kind="stable")]
+    first = np.argsort(rng.integers(0, 1 << 16, src.size, dtype=np.uint16), kind="stable").astype(itype)
+    return first[np.argsort(key[first], kind="stable")]
 
 
-def _cut(s_first, longest, max_tokens):
+def _cut(longest, max_tokens):
     """Greedy cut points of examples already sorted by (source, target) length.
 
-    A batch grows while count * (its longest side + 1) fits in max_tokens. `longest` [n] is
-    max(source, target) length along the order; `s_first(k)` the source length at position k.
-    One NumPy window per BATCH (not per example): source lengths never decrease along the
-    order, so a batch's longest source is its last one, its longest side is the running max of
-    `longest`, and a batch starting at `start` holds at most max_tokens // (s_first(start) + 1)
-    examples. In that window the cost of ending at k is (k + 1) * (running max + 1), a
-    non-decreasing sequence whose first value over budget ends the batch."""
-    n, bounds, start = longest.size, [0], 0
-    counts = np.arange(1, max_tokens + 2, dtype=np.int64)
-    while start < n:
-        w = min(n - start, max_tokens // (s_first(start) + 1) + 1)
-        over = (np.maximum.accumulate(longest[start:start + w]) + 1) * counts[:w] > max_tokens
-        start += int(over.argmax()) if over[-1] else w
-        bounds.append(start)
+    A batch grows while count * (its longest side + 1) fits in max_tokens; `longest` [n] is
+    max(source, target) length along the order. Source lengths never decrease along the order,
+    so a batch's longest source is its last one and its longest side is the running max of
+    `longest`. The loop steps over RUNS of equal `longest` (a few thousand, however many
+    examples): the batch in progress takes what fits of the run (count * max <= budget), then
+    the rest of the run is cut into batches of exactly max_tokens // (value + 1) examples, an
+    arithmetic progression; the last, partial one carries over into the next run. This is
+    exactly the cut of a loop over examples (tests/test_data_batching.py checks it)."""
+    n = longest.size
+    change = np.flatnonzero(longest[1:] != longest[:-1]) + 1
+    run_starts = [0] + change.tolist()
+    run_ends = change.tolist() + [n]
+    values = (longest[run_starts].astype(np.int64) + 1).tolist()
+    bounds, start, longest_so_far = [0], 0, 0
+    for a, b, value in zip(run_starts, run_ends, values):
+        m = max(longest_so_far, value)
+        fit = max_tokens // m - (a - start)          # rows of this run the current batch can take
+        if fit >= b - a:
+            longest_so_far = m
+            continue
+        bounds.append(a + max(fit, 0))
+        bounds.extend(range(bounds[-1] + max_tokens // value, b, max_tokens // value))
+        start, longest_so_far = bounds[-1], value
+    bounds.append(n)
     return bounds
 
 
@@ -93,7 +107,12 @@ def token_batches(src_lens, tgt_lens, max_tokens, seed, epoch, shuffle=True):
                         f"raise --max-tokens or lower --max-len")
     rng = np.random.default_rng([int(seed), int(epoch)])
     order = sort_order(src, tgt, rng if shuffle else None)
-    bounds = _cut(lambda k: int(src[order[k]]), longest[order], max_tokens)
+    key, width = _length_key(src, tgt)
+    if key.dtype == np.uint16:   # the sorted keys are runs of each value: no gather along `order`
+        key = np.repeat(np.arange(1 << 16, dtype=np.uint16), np.bincount(key, minlength=1 << 16))
+    else:
+        key = key[order]
+    bounds = _cut(np.maximum(key // width, key % width), max_tokens)
     batches = [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     if shuffle:
         batches = [batches[j] for j in rng.permutation(len(batches))]
