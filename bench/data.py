@@ -206,6 +206,30 @@ def make_synthetic(folder, manifest, n, seed=0, chunk=2_000_000):
         json.dump(manifest, f)
 
 
+def markdown(results):
+    """The results as the table of docs/benchmarks.md."""
+    rows = ["| pairs | text | kept pairs | cache | prepare (first run) | prepare peak RSS | launch -> first update "
+            "(median of 3) | --resume -> first update | data RSS: mapped + own (after 1,000 batches) | "
+            "training process peak RSS (its 1,000-pair baseline) | planning one epoch, 4096 / 25000 tokens |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results["corpora"]:
+        synthetic = r.get("synthetic")
+        plan = " / ".join(f"{r['planning_s'][k]:.2f} s" for k in sorted(r["planning_s"], key=int))
+        rows.append("| " + " | ".join([
+            f"{r['pairs']:,}" + (" (synthetic cache)" if synthetic else ""),
+            "-" if synthetic else f"{r['text_mb']:,} MB",
+            "-" if synthetic else f"{r['kept']:,}",
+            f"{r['cache_mb']:,} MB",
+            "-" if synthetic else f"{r['prepare_s']:.0f} s",
+            "-" if synthetic else f"{r['prepare_peak_rss_mib']:,} MiB",
+            f"{r['start_s_median']:.1f} s ({', '.join(f'{x:.1f}' for x in r['start_s'])})",
+            f"{r['resume_s_median']:.1f} s",
+            f"{r['data_rss_mib']} MiB: {r['data_file_mib']} + {r['data_anon_mib']} (peak {r['data_peak_mib']})",
+            f"{r['train_rss_mib']:,} MiB ({r['baseline_rss_mib']:,})",
+            plan]) + " |")
+    return "\n".join(rows)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--multi30k", default=os.path.join(ROOT, "..", "shared", "data", "multi30k"))
@@ -300,7 +324,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
-    print(json.dumps(results, indent=1))
+    print(markdown(results))
 
 
 if __name__ == "__main__":

@@ -102,10 +102,25 @@ def test_vectorized_cut_equals_the_per_example_greedy_loop():
     for trial in range(40):
         n = int(rng.integers(1, 2000))
         dtype = (np.uint16, np.int64, np.int32)[trial % 3]
-        src, tgt = rng.integers(0, 70, n).astype(dtype), rng.integers(0, 90, n).astype(dtype)
-        max_tokens = int(rng.integers(91, 3000))
+        top = 400 if trial % 4 == 0 else 70   # lengths >= 256: the 32-bit key and NumPy's sort
+        src, tgt = rng.integers(0, top, n).astype(dtype), rng.integers(0, top + 20, n).astype(dtype)
+        max_tokens = int(rng.integers(top + 21, 3000))
         batches = token_batches(src, tgt, max_tokens, seed=trial, epoch=0, shuffle=False)
         order = np.concatenate(batches)
         np.testing.assert_array_equal(order, np.lexsort((np.arange(n), tgt, src)))
         bounds = np.cumsum([0] + [len(b) for b in batches]).tolist()
         assert bounds == _greedy_reference(src[order].tolist(), tgt[order].tolist(), max_tokens)
+
+
+def test_random_sort_order_is_a_permutation_sorted_by_length_with_random_ties():
+    from minitf.data.batching import sort_order
+    rng = np.random.default_rng(2)
+    for top in (30, 400):
+        src, tgt = rng.integers(0, top, 5000).astype(np.uint16), rng.integers(0, top, 5000).astype(np.uint16)
+        a = sort_order(src, tgt, np.random.default_rng(1))
+        assert np.array_equal(np.sort(a), np.arange(5000))
+        key = src[a].astype(np.int64) * 1000 + tgt[a]
+        assert np.all(np.diff(key) >= 0)
+        b = sort_order(src, tgt, np.random.default_rng(2))
+        assert not np.array_equal(a, b)                                # ties broken at random
+        assert np.array_equal(a, sort_order(src, tgt, np.random.default_rng(1)))   # reproducibly
