@@ -53,27 +53,20 @@ class TokenPairs:
     """Parallel sentences as flat token arrays (memory-mapped or in memory), with the batcher's view.
 
     `src_lens` / `tgt_lens` [n] are what `token_batches` plans with; `collate(idx)` builds one
-    batch exactly as `batching.collate` does from id lists, reading only the rows in `idx`."""
+    batch exactly as `batching.collate` does from id lists, reading only the rows in `idx`.
+
+    From memory-mapped arrays the rows are read with `os.pread` from the arrays' files rather
+    than through the maps: a batch picks rows all over the corpus, and the kernel maps a whole
+    page-cache folio around every page fault (64 KB; up to MBs for a file written in one go), so
+    reading through the maps put 548 MB in the process's resident set for one 83-row batch of a
+    36M-pair cache. pread copies just the row's bytes out of the page cache: the process maps
+    none of the corpus (docs/data.md)."""
 
     def __init__(self, src, tgt):
         (self.src_tokens, self.src_offsets, self.src_lens), (self.tgt_tokens, self.tgt_offsets, self.tgt_lens) = src, tgt
         if self.src_lens.shape != self.tgt_lens.shape:
             raise DataError(f"TokenPairs: {self.src_lens.size} source but {self.tgt_lens.size} target sentences")
-        self._maps = [m for m in (getattr(a, "_mmap", None) for a in (self.src_tokens, self.src_offsets,
-                                                                       self.tgt_tokens, self.tgt_offsets))
-                      if m is not None and hasattr(m, "madvise")]
-
-    def release(self):
-        """Unmap the pages read so far (madvise MADV_DONTNEED on the read-only maps). They stay in
-        the OS page cache (the next read of them costs no disk access), but no longer count in
-        this process's resident memory. `collate` calls it after every batch: batches pick rows
-        all over the corpus, and the kernel maps a whole page-cache folio (64 KB, up to MBs for
-        a freshly written file) around every page it faults in. Measured on a 36M-pair cache:
-        one 83-row batch mapped 548 MB and 500 batches without release 5.1 GB, released after
-        each batch at 1.5 ms a batch."""
-        import mmap
-        for m in self._maps:
-            m.madvise(mmap.MADV_DONTNEED)
+        self._files = {}
 
     @classmethod
     def from_lists(cls, src_ids, tgt_ids):
@@ -85,18 +78,51 @@ class TokenPairs:
 
     def ids(self, i):
         """(source ids, target ids) of pair i, as int64 arrays."""
-        return tuple(np.asarray(tok[off[i]:off[i + 1]], dtype=np.int64)
-                     for tok, off in ((self.src_tokens, self.src_offsets), (self.tgt_tokens, self.tgt_offsets)))
+        return tuple(self._rows(tok, off, np.array([i]))[0] for tok, off in
+                     ((self.src_tokens, self.src_offsets), (self.tgt_tokens, self.tgt_offsets)))
 
     def collate(self, idx, pad_id=0, bos_id=2, eos_id=3):
         """(src [B, S], tgt_in [B, T], tgt_out [B, T]) int64 for the pairs `idx`: src = ids + EOS,
         tgt_in = BOS + ids, tgt_out = ids + EOS, right-padded with `pad_id` (see batching.collate)."""
         idx = np.asarray(idx, dtype=np.int64)
-        src = _gather(self.src_tokens, self.src_offsets, idx, 0, None, eos_id, pad_id)
-        tgt_in = _gather(self.tgt_tokens, self.tgt_offsets, idx, 1, bos_id, None, pad_id)
-        tgt_out = _gather(self.tgt_tokens, self.tgt_offsets, idx, 0, None, eos_id, pad_id)
-        self.release()
-        return src, tgt_in, tgt_out
+        src = self._rows(self.src_tokens, self.src_offsets, idx)
+        tgt = self._rows(self.tgt_tokens, self.tgt_offsets, idx)
+        rows = np.arange(idx.size)
+        return (_gather(*src, rows, 0, None, eos_id, pad_id), _gather(*tgt, rows, 1, bos_id, None, pad_id),
+                _gather(*tgt, rows, 0, None, eos_id, pad_id))
+
+    def _rows(self, tokens, offsets, idx):
+        """(tokens, offsets) of just the rows `idx`, in memory: fancy indexing for in-memory arrays,
+        one pread per row (its two offsets, then its tokens) for memory-mapped ones."""
+        if not isinstance(tokens, np.memmap):
+            starts, ends = offsets[idx], offsets[idx + 1]
+            lens = ends - starts
+            local = np.zeros(idx.size + 1, dtype=np.int64)
+            np.cumsum(lens, out=local[1:])
+            pos = np.repeat(starts - local[:-1], lens) + np.arange(int(local[-1]))
+            return tokens[pos], local
+        fo, fo_base = self._file(offsets)
+        ft, ft_base = self._file(tokens)
+        item = tokens.dtype.itemsize
+        bounds = np.frombuffer(b"".join(os.pread(fo, 16, fo_base + 8 * int(i)) for i in idx),
+                               dtype=offsets.dtype).reshape(-1, 2).astype(np.int64)
+        data = b"".join(os.pread(ft, item * int(e - b), ft_base + item * int(b)) for b, e in bounds)
+        local = np.zeros(idx.size + 1, dtype=np.int64)
+        np.cumsum(bounds[:, 1] - bounds[:, 0], out=local[1:])
+        if len(data) != item * local[-1]:
+            raise DataError(f"{tokens.filename}: rows end before the file does: truncated while in use")
+        return np.frombuffer(data, dtype=tokens.dtype), local
+
+    def _file(self, a):
+        """(file descriptor, byte offset of element 0) of a memory-mapped array."""
+        key = a.filename
+        if key not in self._files:
+            self._files[key] = (os.open(key, os.O_RDONLY), a.offset)
+        return self._files[key]
+
+    def __del__(self):
+        for fd, _ in getattr(self, "_files", {}).values():
+            os.close(fd)
 
 
 def _flatten(id_lists):
@@ -108,8 +134,7 @@ def _flatten(id_lists):
 
 
 def _gather(tokens, offsets, idx, shift, prefix, suffix, pad_id):
-    """[B, longest + 1] int64: row b = (prefix) tokens of sentence idx[b] (suffix), padded.
-    Fancy indexing of a memmap reads only the pages of these rows."""
+    """[B, longest + 1] int64: row b = (prefix) tokens of sentence idx[b] (suffix), padded."""
     starts = np.asarray(offsets[idx], dtype=np.int64)
     lens = np.asarray(offsets[idx + 1], dtype=np.int64) - starts
     width = int(lens.max(initial=0)) + 1
