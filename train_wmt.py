@@ -13,6 +13,8 @@ The corpus is tokenized and cleaned once into a binarized cache (~/.cache/minitf
 The small preset on Multi30k on a laptop CPU, offline, from a folder that holds the files:
     python train_wmt.py --dataset multi30k --data-dir ../shared/data/multi30k --preset small \\
         --device cpu --time-budget 1800 --out runs/m30k
+On N GPUs or CPU processes, one or several machines (pip install -e ".[dist]"; docs/distributed.md):
+    mpiexec -n 8 python train_wmt.py --device gpu
 Continue an interrupted run (Ctrl-C saves a checkpoint) exactly where it stopped:
     python train_wmt.py ... --out runs/m30k --resume
 Writes OUT/train_log.jsonl, OUT/checkpoint_*.npz (last K kept), OUT/averaged.npz,
@@ -30,6 +32,8 @@ def parse_args(argv=None):
     add_data_args(p)
     p.add_argument("--preset", default="base", choices=sorted(PRESETS))
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                   help="parameters and activations (float64: exact checks, e.g. one process against N ranks)")
     p.add_argument("--fp16", action="store_true",
                    help="mixed precision: float16 activations/matmuls, float32 master weights, dynamic loss scaling (for GPUs)")
     p.add_argument("--out", default="runs/train", help="output folder")

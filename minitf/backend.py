@@ -77,6 +77,35 @@ def synchronize(xp):
         cupy.cuda.get_current_stream().synchronize()
 
 
+def select_gpu(index):
+    """Make GPU `index` the current device of this process (a rank takes its local rank's GPU)."""
+    if cupy is None:
+        raise DeviceError(gpu_available()[1])
+    n = cupy.cuda.runtime.getDeviceCount()
+    if index >= n:
+        raise DeviceError(f"this rank needs GPU {index} but the machine has {n}: launch at most {n} ranks per machine")
+    cupy.cuda.Device(index).use()
+
+
+def nccl_module():
+    """cupy.cuda.nccl (NCCL, the GPU all-reduce); DeviceError saying what to install otherwise."""
+    if cupy is None:
+        raise DeviceError(gpu_available()[1])
+    try:
+        from cupy.cuda import nccl
+    except ImportError as e:
+        raise DeviceError(f"CuPy has no NCCL ({e}): install NCCL for your CUDA (e.g. pip install "
+                          f"nvidia-nccl-cu12) to train on several GPUs") from None
+    if not getattr(nccl, "available", True):
+        raise DeviceError("CuPy was built without NCCL: install nvidia-nccl-cu12 (or -cu13) to train on several GPUs")
+    return nccl
+
+
+def current_stream_ptr():
+    """The raw pointer of the current CUDA stream (what NCCL calls take)."""
+    return cupy.cuda.get_current_stream().ptr
+
+
 def keep_freed_memory():
     """Ask glibc malloc to keep freed memory instead of returning it to the OS.
 

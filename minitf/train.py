@@ -20,6 +20,7 @@ from .fileio import atomic_write
 from .config import TransformerConfig
 from .data.pipeline import load_data
 from .data.tokenizer import Tokenizer
+from . import distributed
 from .errors import ConfigError, MinitfError
 from .model import Transformer
 from .optim import Adam, LossScaler
@@ -83,9 +84,43 @@ def evaluate_loss(model, batches):
 
 
 def train(args):
+    """Train as train_wmt.py's flags say; under mpiexec, on every rank (distributed.py). An error on
+    any rank prints that rank's message and aborts the whole job (MPI Abort), never a hang."""
+    world = distributed.init()
+    try:
+        return _train(args, world)
+    except MinitfError as e:
+        if world.size == 1:
+            raise
+        log(f"rank {world.rank}: error: {e}")
+        world.abort(2)
+    except Exception:
+        if world.size == 1:
+            raise
+        import traceback
+        log(f"rank {world.rank}: unexpected error:\n{traceback.format_exc()}")
+        world.abort(1)
+
+
+def _agree(world, **facts):
+    """ConfigError on every rank when the ranks were launched with different data or flags."""
+    every = world.allgather(facts)
+    diff = sorted({k for other in every for k in facts if other[k] != every[0][k]})
+    if diff:
+        bad = next(r for r, other in enumerate(every) if any(other[k] != every[0][k] for k in diff))
+        raise ConfigError(f"the ranks disagree on {', '.join(diff)}: rank 0 has "
+                          f"{', '.join(f'{k}={every[0][k]!r}' for k in diff)}, rank {bad} has "
+                          f"{', '.join(f'{k}={every[bad][k]!r}' for k in diff)}; launch every rank with the same "
+                          f"flags and files")
+
+
+def _train(args, world):
     from tqdm import tqdm
 
     from .data import iterate_batches, token_batches
+    lead = world.rank == 0   # the one writer: logs, progress bar, checkpoints, results
+    if args.device == "gpu" and world.size > 1:
+        world.use_gpu()   # the GPU of this rank's local rank, and the NCCL communicator
     get_xp(args.device)  # fail fast (before data and tokenizer work) when the device is unusable
     if getattr(args, "fp16", False) and args.device == "cpu":
         log("warning: --fp16 on the CPU is very slow (NumPy has no float16 BLAS); it is meant for GPUs")
@@ -95,9 +130,13 @@ def train(args):
         raise ConfigError(f"--out {args.out} already holds checkpoints: pass --resume to continue, "
                           f"or choose another --out")
     resume = load_checkpoint(ckpts[-1]) if args.resume and ckpts else None
-    # a resumed run encodes with its checkpoint's tokenizer, so its cache holds the same ids
-    data = load_data(args, tokenizer=Tokenizer.from_bytes(resume.tokenizer) if resume and resume.tokenizer else None,
-                     log=log)
+    # a resumed run encodes with its checkpoint's tokenizer, so its cache holds the same ids;
+    # rank 0 prepares the cache (and trains the tokenizer) once, the others then open it
+    for turn in ((0,), tuple(range(1, world.size)))[:2 if world.size > 1 else 1]:
+        if world.rank in turn:
+            data = load_data(args, tokenizer=Tokenizer.from_bytes(resume.tokenizer) if resume and resume.tokenizer
+                             else None, log=log if lead else (lambda msg: None))
+        world.barrier()
     tok, train_pairs = data.tokenizer, data.train
     if resume is not None:
         cfg = resume.config
@@ -112,7 +151,11 @@ def train(args):
     if cfg.vocab_size != tok.vocab_size:
         raise ConfigError(f"the checkpoint's vocabulary ({cfg.vocab_size}) != the tokenizer's ({tok.vocab_size})")
     fp16 = getattr(args, "fp16", False)
-    model = Transformer(cfg, device=args.device, dtype="float16" if fp16 else "float32", seed=args.seed)
+    _agree(world, data_id=data.data_id, config=cfg.to_dict(), seed=args.seed, update_freq=args.update_freq,
+           dtype=getattr(args, "dtype", "float32"), fp16=fp16, resume_step=resume.train_state["step"] if resume else 0,
+           max_steps=args.max_steps, save_every=args.save_every, time_budget=args.time_budget)
+    model = Transformer(cfg, device=args.device, dtype="float16" if fp16 else getattr(args, "dtype", "float32"),
+                        seed=args.seed)
     scaler = LossScaler() if fp16 else None
     opt = Adam(model, lr=NoamSchedule(cfg.d_model, cfg.warmup, cfg.lr_factor))
     state = {"step": 0, "epoch": 0, "batch": 0, "forward_count": 0, "train_wall_s": 0.0,
@@ -121,12 +164,14 @@ def train(args):
         model.load_state_dict(resume.params)
         opt.load_state_dict(resume.optimizer)
         state.update(resume.train_state)
-        model.forward_count = state["forward_count"]
         if scaler is not None and "loss_scale" in state:
             scaler.scale, scaler.good_steps = state["loss_scale"], state["good_steps"]
-    cfg_path = os.path.join(args.out, "config.json")
-    atomic_write(cfg_path, lambda f: f.write(json.dumps({"model": cfg.to_dict(), "args": vars(args)}, indent=2).encode()))
-    log(f"model: {model.num_parameters():,} parameters, preset {args.preset}, device {args.device}")
+    if lead:
+        cfg_path = os.path.join(args.out, "config.json")
+        atomic_write(cfg_path, lambda f: f.write(json.dumps({"model": cfg.to_dict(), "args": vars(args),
+                                                               "ranks": world.size}, indent=2).encode()))
+        log(f"model: {model.num_parameters():,} parameters, preset {args.preset}, device {args.device}"
+            + (f", {world.size} ranks" if world.size > 1 else ""))
 
     src_lens, tgt_lens = train_pairs.src_lens, train_pairs.tgt_lens   # token_batches adds the EOS / BOS itself
     max_tokens = cfg.max_tokens
@@ -136,20 +181,29 @@ def train(args):
     epoch_len = len(first)   # for the log's fractional epoch (other epochs differ by a few batches)
     batches = iterate_batches(src_lens, tgt_lens, max_tokens, args.seed, state["epoch"], state["batch"], first=first,
                               after_plan=release_freed_memory)
-    log(f"train: {len(src_lens):,} pairs in {epoch_len:,} batches of <= {max_tokens} tokens per side")
-    valid = _valid_batches(data.valid, tok, max_tokens)
-    log_path = os.path.join(args.out, "train_log.jsonl")
-    logf = open(log_path, "a")
+    per_update = world.size * args.update_freq   # batches of one update, over all ranks
+    if per_update > epoch_len:
+        raise ConfigError(f"{world.size} ranks x --update-freq {args.update_freq} = {per_update} batches per update, "
+                          f"but an epoch has only {epoch_len}: use fewer ranks, a smaller --update-freq or --max-tokens")
+    if lead:
+        log(f"train: {len(src_lens):,} pairs in {epoch_len:,} batches of <= {max_tokens} tokens per side"
+            + (f"; {per_update} batches per update over {world.size} ranks" if world.size > 1 else ""))
+    valid = _valid_batches(data.valid, tok, max_tokens) if lead else None
+    logf = open(os.path.join(args.out, "train_log.jsonl"), "a") if lead else None
 
     def write_log(rec):
-        logf.write(json.dumps(rec) + "\n")
-        logf.flush()
+        if logf is not None:
+            logf.write(json.dumps(rec) + "\n")
+            logf.flush()
 
     interrupted = []
     prev_handler = signal.signal(signal.SIGTERM, lambda *a: interrupted.append("SIGTERM"))
+    prev_int = None
+    if world.size > 1:   # Ctrl-C too becomes a flag the ranks agree on, never an exception mid all-reduce
+        prev_int = signal.signal(signal.SIGINT, lambda *a: interrupted.append("SIGINT"))
     start_wall = time.time() - state["train_wall_s"]
     bar = tqdm(initial=state["step"], total=args.max_steps, desc="train", file=sys.stderr,
-               disable=args.quiet, dynamic_ncols=True)
+               disable=args.quiet or not lead, dynamic_ncols=True)
     window = {"loss": 0.0, "nll": 0.0, "n": 0, "t0": time.time(), "tokens": 0}
     stop_reason = "max_steps"
     model.train()
@@ -157,25 +211,33 @@ def train(args):
         while True:
             if args.max_steps and state["step"] >= args.max_steps:
                 break
-            if args.time_budget and time.time() - start_wall >= args.time_budget:
+            over_budget, stop = world.allreduce_numbers(   # one decision on every rank
+                [bool(args.time_budget and time.time() - start_wall >= args.time_budget), bool(interrupted)])
+            if over_budget:
                 stop_reason = "time_budget"
                 break
-            if interrupted:
+            if stop:
                 raise KeyboardInterrupt
-            micro = []
-            for _ in range(args.update_freq):
+            # the update's batches in the global order; rank r takes the r-th run of update_freq of them,
+            # and the loss is normalised by the update's GLOBAL number of target tokens (paper 5.1)
+            micro, total = [], 0
+            for j in range(per_update):
                 epoch, index, idx = next(batches)
-                micro.append((epoch, index, to_batch(train_pairs, idx, tok)))
-            total = sum(b[3] for _, _, b in micro)
+                total += int(tgt_lens[idx].sum(dtype=np.int64)) + len(idx)   # target + EOS, non-pad
+                if j // args.update_freq == world.rank:
+                    micro.append((state["forward_count"] + j, to_batch(train_pairs, idx, tok)))
+            state["epoch"], state["batch"] = epoch, index + 1
+            state["forward_count"] += per_update   # dropout masks come from (seed, global batch index)
             model.zero_grad()
             loss_sum = nll_sum = 0.0   # device scalars on a GPU, read once per step below
-            for _, _, (src, tgt_in, tgt_out, n) in micro:
+            for batch_index, (src, tgt_in, tgt_out, n) in micro:
+                model.forward_count = batch_index
                 loss_sum = loss_sum + model.forward_loss(src, tgt_in, tgt_out) * n
                 model.backward(grad_scale=(scaler.scale if scaler else 1.0) * n / total)
                 nll_sum = nll_sum + model.last_stats["nll_sum"]
-            state["forward_count"] = model.forward_count
-            state["epoch"], state["batch"] = micro[-1][0], micro[-1][1] + 1
+            world.allreduce_sum(model.flat_grads)   # every rank now holds the update's whole gradient
             loss_sum, nll_sum, grads_finite = step_stats(model, loss_sum, nll_sum)
+            loss_sum, nll_sum = world.allreduce_numbers([loss_sum, nll_sum])
             if scaler is not None and np.isfinite(loss_sum) and not grads_finite:
                 scaler.update(False)  # float16 overflow: skip the step with a smaller scale
                 state["loss_scale"], state["good_steps"] = scaler.scale, scaler.good_steps
@@ -208,23 +270,27 @@ def train(args):
                 write_log(rec)
                 bar.set_postfix(loss=rec["loss"], ppl=rec["ppl"], lr=f"{lr:.2e}", tok_s=int(rec["tokens_per_s"]))
                 window = {"loss": 0.0, "nll": 0.0, "n": 0, "t0": time.time()}
-            if args.valid_every and state["step"] % args.valid_every == 0:
+            if lead and args.valid_every and state["step"] % args.valid_every == 0:
                 vl, vnll = evaluate_loss(model, valid)
                 write_log({"step": state["step"], "valid_loss": round(vl, 4), "valid_nll": round(vnll, 4),
                            "valid_ppl": round(float(np.exp(min(vnll, 50))), 2)})
-            if state["step"] % save_every == 0:
+            if lead and state["step"] % save_every == 0:
                 state["train_wall_s"] = time.time() - start_wall
                 save(args.out, state["step"], model, opt, tok, state, args.keep_last)
     except KeyboardInterrupt:
         bar.close()
+        _restore_signals(prev_handler, prev_int)
+        if not lead:
+            return None
         state["train_wall_s"] = time.time() - start_wall
         path = save(args.out, state["step"], model, opt, tok, state, args.keep_last)
         logf.close()
-        signal.signal(signal.SIGTERM, prev_handler)
         log(f"interrupted at step {state['step']}: saved {path}; continue with --resume")
         return None
     bar.close()
-    signal.signal(signal.SIGTERM, prev_handler)
+    _restore_signals(prev_handler, prev_int)
+    if not lead:
+        return None
     state["train_wall_s"] = time.time() - start_wall
     if not checkpoint_paths(args.out) or not checkpoint_paths(args.out)[-1].endswith(f"{state['step']:07d}.npz"):
         save(args.out, state["step"], model, opt, tok, state, args.keep_last)
@@ -233,6 +299,12 @@ def train(args):
     results = finish(args, model, tok, data, state, valid, write_log)
     logf.close()
     return results
+
+
+def _restore_signals(term, interrupt):
+    signal.signal(signal.SIGTERM, term)
+    if interrupt is not None:
+        signal.signal(signal.SIGINT, interrupt)
 
 
 def _valid_batches(valid, tok, max_tokens):

@@ -1,0 +1,113 @@
+"""Data-parallel training over MPI: the handful of verbs the training loop calls.
+
+Launched with `mpiexec -n N python train_wmt.py ...` (or `srun --mpi=pmix`), every process (rank)
+holds the whole model, plans the same global stream of batches, and takes its share of every
+update's batches; gradients are summed over the ranks on the flat gradient buffer (MPI Allreduce
+on NumPy; NCCL on CuPy, its unique id broadcast over MPI, as chainermn and cupyx.distributed do).
+Run without a launcher, `init` returns the one-process `World` and mpi4py is never imported.
+
+The verbs: `rank`, `size`, `local_rank`, `allreduce_sum(buf)` (in place), `allreduce_numbers`,
+`bcast(obj)`, `allgather(obj)`, `barrier()`, `abort(code)`. Paper 5.2: the base model was
+trained on 8 GPUs of one machine.
+"""
+import os
+import sys
+
+import numpy as np
+
+from .errors import ConfigError
+
+# what the common launchers put in the environment of every process they start
+_LAUNCHER_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+
+def launched_by_mpi():
+    """True when an MPI launcher (mpiexec, mpirun, srun --mpi=...) started this process."""
+    return any(v in os.environ for v in _LAUNCHER_RANK_VARS)
+
+
+class World:
+    """One process: every verb is the identity (no MPI)."""
+    rank, size, local_rank = 0, 1, 0
+
+    def allreduce_sum(self, buf):
+        return buf
+
+    def allreduce_numbers(self, values):
+        return [float(v) for v in values]
+
+    def bcast(self, obj):
+        return obj
+
+    def allgather(self, obj):
+        return [obj]
+
+    def barrier(self):
+        pass
+
+    def abort(self, code=1):
+        sys.exit(code)
+
+
+class MPIWorld(World):
+    """N processes over MPI.COMM_WORLD; gradients of CuPy arrays go through NCCL."""
+
+    def __init__(self, MPI):
+        self.MPI, self.comm = MPI, MPI.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.local_rank = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank).Get_rank()
+        self._nccl = None
+
+    def use_gpu(self):
+        """Take the GPU of this rank's local rank, and open the NCCL communicator (its unique id
+        made on rank 0 and broadcast over MPI)."""
+        from .backend import nccl_module, select_gpu
+        select_gpu(self.local_rank)
+        nccl = nccl_module()
+        uid = self.comm.bcast(nccl.get_unique_id() if self.rank == 0 else None, root=0)
+        self._nccl = (nccl, nccl.NcclCommunicator(self.size, uid, self.rank))
+
+    def allreduce_sum(self, buf):
+        """Sum `buf` (a contiguous NumPy or CuPy array) over the ranks, in place."""
+        if isinstance(buf, np.ndarray):
+            self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
+            return buf
+        if self._nccl is None:
+            raise ConfigError("allreduce of a GPU array before use_gpu(): call world.use_gpu() first")
+        nccl, comm = self._nccl
+        kind = {np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.float32): nccl.NCCL_FLOAT32,
+                np.dtype(np.float64): nccl.NCCL_FLOAT64}[np.dtype(buf.dtype)]
+        from .backend import current_stream_ptr
+        comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, kind, nccl.NCCL_SUM, current_stream_ptr())
+        return buf
+
+    def allreduce_numbers(self, values):
+        """Sum a few host numbers over the ranks (float64)."""
+        a = np.asarray(values, dtype=np.float64)
+        self.comm.Allreduce(self.MPI.IN_PLACE, a, op=self.MPI.SUM)
+        return a.tolist()
+
+    def bcast(self, obj):
+        return self.comm.bcast(obj, root=0)
+
+    def allgather(self, obj):
+        return self.comm.allgather(obj)
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def abort(self, code=1):
+        sys.stderr.flush()
+        self.comm.Abort(code)
+
+
+def init():
+    """The World of this process: MPI when an MPI launcher started it, else one process."""
+    if not launched_by_mpi():
+        return World()
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise ConfigError(f"started by an MPI launcher, but mpi4py cannot be imported ({e}): "
+                          f"pip install -e \".[dist]\" (mpi4py and the mpich wheel)") from None
+    return MPIWorld(MPI)

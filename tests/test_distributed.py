@@ -1,0 +1,112 @@
+"""Data-parallel training under `mpiexec -n 2` on the CPU (the mpich wheel): the same mathematics
+as one process, resume with another N, one rank failing ends the job. Every run has a timeout,
+so a hang fails the test instead of stalling CI. Skipped (with the reason) where mpi4py or
+mpiexec is missing: `pip install -e ".[dist]"` brings both."""
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from minitf.checkpoint import load_checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EN = "a the man woman dog cat sees eats red big small house runs".split()
+DE = "ein der mann frau hund katze sieht isst rot gross klein haus rennt".split()
+
+
+def _mpiexec():
+    import importlib.util
+    if importlib.util.find_spec("mpi4py") is None:
+        return None
+    exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    return exe
+
+
+MPIEXEC = _mpiexec()
+pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="mpi4py or mpiexec not installed (pip install -e '.[dist]')")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("own")
+    rng = np.random.default_rng(0)
+    for stem, n in (("train", 300), ("dev", 10)):
+        rows = [rng.integers(0, len(EN), size=rng.integers(2, 7)) for _ in range(n)]
+        for lang, words in (("en", EN), ("de", DE)):
+            (d / f"{stem}.{lang}").write_text("".join(" ".join(words[i] for i in r) + "\n" for r in rows))
+    return d
+
+
+def _args(corpus, out, *extra):
+    return [os.path.join(ROOT, "train_wmt.py"), "--train", corpus / "train", "--valid", corpus / "dev",
+            "--preset", "tiny", "--vocab-size", 60, "--max-tokens", 64, "--device", "cpu", "--quiet",
+            "--dtype", "float64", "--dropout", 0, "--log-every", 1, "--valid-every", 0, "--beam", 1,
+            "--average-last", 1, "--out", out, *extra]
+
+
+def _run(cmd, cache, timeout=240):
+    env = dict(os.environ, MINITF_CACHE=str(cache), PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, timeout=timeout,
+                          cwd=ROOT)
+
+
+def _params(path):
+    return load_checkpoint(path).params
+
+
+def _same(a, b, rtol=1e-10):
+    """Equal to `rtol` relative to the model's largest parameter. (Per element it cannot be: a
+    parameter whose gradient is zero in exact arithmetic, such as the attention keys' bias under
+    softmax's shift invariance, gets rounding noise whose order depends on the summation order,
+    and Adam scales that noise up to ~1e-11.)"""
+    assert set(a) == set(b)
+    scale = max(float(np.abs(v).max()) for v in b.values())
+    worst = max((float(np.abs(a[n] - b[n]).max()), n) for n in a)
+    assert worst[0] <= rtol * scale, f"{worst[1]}: differs by {worst[0]:.3g} (largest parameter {scale:.3g})"
+
+
+def test_two_ranks_equal_one_process_with_twice_the_update_freq(corpus, tmp_path):
+    one = _run([sys.executable, *_args(corpus, tmp_path / "one", "--max-steps", 3, "--update-freq", 2,
+                                       "--save-every", 3)], tmp_path / "cache")
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _run([MPIEXEC, "-n", 2, sys.executable, *_args(corpus, tmp_path / "two", "--max-steps", 3,
+                                                          "--save-every", 3)], tmp_path / "cache")
+    assert two.returncode == 0, two.stderr[-3000:]
+    _same(_params(tmp_path / "one" / "checkpoint_0000003.npz"), _params(tmp_path / "two" / "checkpoint_0000003.npz"))
+    log = (tmp_path / "two" / "train_log.jsonl").read_text().splitlines()
+    assert len([line for line in log if '"loss"' in line]) == 3          # one writer: rank 0 alone logs
+
+
+def test_resume_with_another_number_of_ranks_continues_the_same_stream(corpus, tmp_path):
+    straight = _run([sys.executable, *_args(corpus, tmp_path / "straight", "--max-steps", 4, "--update-freq", 2,
+                                            "--save-every", 2)], tmp_path / "cache")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    first = _run([MPIEXEC, "-n", 2, sys.executable, *_args(corpus, tmp_path / "split", "--max-steps", 2,
+                                                            "--save-every", 2)], tmp_path / "cache")
+    assert first.returncode == 0, first.stderr[-3000:]
+    then = _run([sys.executable, *_args(corpus, tmp_path / "split", "--max-steps", 4, "--update-freq", 2,
+                                        "--save-every", 2, "--resume")], tmp_path / "cache")
+    assert then.returncode == 0, then.stderr[-3000:]
+    _same(_params(tmp_path / "straight" / "checkpoint_0000004.npz"), _params(tmp_path / "split" / "checkpoint_0000004.npz"))
+
+
+def test_one_rank_failing_ends_the_job_with_its_message(corpus, tmp_path):
+    # MPMD launch: rank 1 is given a training corpus that does not exist
+    good = _args(corpus, tmp_path / "run", "--max-steps", 50)
+    bad = [str(a) for a in good]
+    bad[bad.index(str(corpus / "train"))] = str(tmp_path / "missing")
+    r = _run([MPIEXEC, "-n", 1, sys.executable, *good, ":", "-n", 1, sys.executable, *bad], tmp_path / "cache",
+             timeout=120)
+    assert r.returncode != 0
+    assert "rank 1" in r.stderr and "missing" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_ranks_that_disagree_on_the_config_are_stopped_at_start(corpus, tmp_path):
+    a = _args(corpus, tmp_path / "run", "--max-steps", 50)
+    r = _run([MPIEXEC, "-n", 1, sys.executable, *a, ":", "-n", 1, sys.executable, *a, "--seed", 7],
+             tmp_path / "cache", timeout=120)
+    assert r.returncode != 0 and "disagree" in r.stderr and "seed" in r.stderr
+    assert not (tmp_path / "run" / "train_log.jsonl").exists() or "loss" not in (tmp_path / "run" / "train_log.jsonl").read_text()
