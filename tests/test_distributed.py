@@ -110,3 +110,9 @@ def test_ranks_that_disagree_on_the_config_are_stopped_at_start(corpus, tmp_path
              tmp_path / "cache", timeout=120)
     assert r.returncode != 0 and "disagree" in r.stderr and "seed" in r.stderr
     assert not (tmp_path / "run" / "train_log.jsonl").exists() or "loss" not in (tmp_path / "run" / "train_log.jsonl").read_text()
+
+
+def test_more_batches_per_update_than_an_epoch_has_is_one_line(corpus, tmp_path):
+    r = _run([MPIEXEC, "-n", 2, sys.executable, *_args(corpus, tmp_path / "run", "--update-freq", 500)],
+             tmp_path / "cache", timeout=120)
+    assert r.returncode != 0 and "batches per update" in r.stderr and "Traceback" not in r.stderr
