@@ -18,6 +18,7 @@ from .backend import get_xp, release_freed_memory, to_numpy
 from .checkpoint import average_checkpoints, load_checkpoint, save_checkpoint
 from .fileio import atomic_write
 from .config import TransformerConfig
+from .data.binarized import StaleData
 from .data.pipeline import load_data
 from .data.tokenizer import Tokenizer
 from . import distributed
@@ -134,8 +135,13 @@ def _train(args, world):
     # rank 0 prepares the cache (and trains the tokenizer) once, the others then open it
     for turn in ((0,), tuple(range(1, world.size)))[:2 if world.size > 1 else 1]:
         if world.rank in turn:
-            data = load_data(args, tokenizer=Tokenizer.from_bytes(resume.tokenizer) if resume and resume.tokenizer
-                             else None, log=log if lead else (lambda msg: None))
+            try:
+                data = load_data(args, tokenizer=Tokenizer.from_bytes(resume.tokenizer) if resume and resume.tokenizer
+                                 else None, log=log if lead else (lambda msg: None),
+                                 expect_data_id=resume.train_state.get("data_id") if resume else None)
+            except StaleData as e:
+                raise ConfigError(f"--resume: {ckpts[-1]} was trained on other data: {e}; restore it, "
+                                  f"or start a new --out") from None
         world.barrier()
     tok, train_pairs = data.tokenizer, data.train
     if resume is not None:

@@ -288,8 +288,20 @@ def test_resume_refuses_a_cache_that_no_longer_matches_its_checkpoint(tmp_path):
     r = _run([*own, *TRAIN, "--max-steps", 4, "--save-every", 2, "--out", out, "--max-len", 6, "--resume"],
              tmp_path / "cache")
     assert r.returncode == 2 and "--resume" in r.stderr and "Traceback" not in r.stderr
-    assert "cleaning rule max_len 250 -> 6" in r.stderr
+    assert "cleaning rule max_len 250 -> 6" in r.stderr and "cache: building" not in r.stderr   # said before any rebuild
     assert "checkpoint_0000004.npz" not in os.listdir(out)
     r = _run([*own, *TRAIN, "--max-steps", 4, "--save-every", 2, "--out", out, "--resume"], tmp_path / "cache")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "checkpoint_0000004.npz" in os.listdir(out)
+
+
+def test_a_resumed_runs_data_is_checked_before_any_rebuild(tmp_path):
+    paths, en, de = _corpus(tmp_path / "data")
+    first = _prepare(tmp_path, paths)
+    os.unlink(os.path.join(first.folder, "train.de.lengths.npy"))     # a defect: rebuilt, same data
+    assert _prepare(tmp_path, paths, expect_data_id=first.data_id).data_id == first.data_id
+    _write(paths[0], en[:-1] + ["the red dog"])                        # other data: refused, cache kept
+    log = Log()
+    with pytest.raises(binarized.StaleData, match="train.en.gz changed"):
+        _prepare(tmp_path, paths, log, expect_data_id=first.data_id)
+    assert not log.built() and open_cache(first.folder).data_id == first.data_id

@@ -195,6 +195,10 @@ class CacheDefect(DataError):
     """A cache file does not match its manifest: `prepare_cache` rebuilds the cache."""
 
 
+class StaleData(DataError):
+    """The inputs of a cache that a resumed run was trained on have changed."""
+
+
 def _read_manifest(folder):
     path = os.path.join(folder, MANIFEST)
     if not os.path.isfile(path):
@@ -288,7 +292,8 @@ def cache_folder(cache_root, name, languages):
 
 
 def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max_len=250, max_ratio=1.5,
-                  progress=True, log=None, sample_size=2_000_000, seed=0, chunk_lines=20_000, threads=None):
+                  progress=True, log=None, sample_size=2_000_000, seed=0, chunk_lines=20_000, threads=None,
+                  expect_data_id=None):
     """The binarized training corpus in `folder`: reused if it matches, (re)built otherwise.
 
     `files`: [(path_lang0, path_lang1), ...] line-aligned text files (plain or .gz), in the order
@@ -296,7 +301,9 @@ def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max
     resumed checkpoint's); None trains a joint BPE model of `vocab_size` pieces on a sample of
     `sample_size` sentences, or reuses the previous cache's when the corpus and vocabulary did not
     change. `max_ratio` None disables the ratio rule. One log line says why a cache is (re)built.
-    Returns the opened `BinarizedCorpus`."""
+    `expect_data_id` (a resumed checkpoint's): when the cache holds exactly that data but its
+    inputs changed, StaleData is raised BEFORE rebuilding, naming the change (a defective cache
+    is rebuilt: the same inputs give the same data). Returns the opened `BinarizedCorpus`."""
     if log is None:
         log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     order = sorted(range(2), key=lambda k: languages[k])
@@ -312,6 +319,9 @@ def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max
             reason = "no cache yet" if manifest is None else _why_stale(manifest, flat_files, languages, wanted)
         except (KeyError, TypeError, IndexError, AttributeError) as e:
             raise CacheDefect(f"cache file {os.path.join(folder, MANIFEST)} lacks an entry ({e!r})") from None
+        if reason is not None and expect_data_id is not None and manifest is not None \
+                and manifest.get("data_id") == expect_data_id:
+            raise StaleData(f"the training data changed since it was cached for this run: {reason}")
         if reason is None:
             corpus = open_cache(folder)
             if manifest["corpus"] != corpus.manifest["corpus"]:   # a touched file, content unchanged

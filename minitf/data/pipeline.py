@@ -86,11 +86,11 @@ def dataset_name(args):
     return "own" if args.train else args.dataset
 
 
-def load_data(args, tokenizer=None, log=None):
+def load_data(args, tokenizer=None, log=None, expect_data_id=None):
     """Locate (or download) the corpus, then prepare or reuse its binarized cache.
 
     `tokenizer`: encode with this one (a resumed checkpoint's); else `--tokenizer`, else the
-    cache's or a newly trained one. Returns `Data`."""
+    cache's or a newly trained one. `expect_data_id`: see `prepare_cache`. Returns `Data`."""
     from minitf.data.tokenizer import Tokenizer
     name = dataset_name(args)
     progress = not getattr(args, "quiet", False)
@@ -114,7 +114,8 @@ def load_data(args, tokenizer=None, log=None):
     root = args.cache_dir or os.path.join(cache_root(), "bin")
     folder = cache_folder(root, f"{name}.{where}", (args.src, args.tgt))
     corpus = prepare_cache(folder, files, (args.src, args.tgt), vocab_size=vocab, tokenizer=tokenizer,
-                           max_len=args.max_len, max_ratio=max_ratio, progress=progress, log=log)
+                           max_len=args.max_len, max_ratio=max_ratio, progress=progress, log=log,
+                           expect_data_id=expect_data_id)
     if len(corpus) == 0:
         raise DataError(f"no training pairs left after cleaning ({corpus.manifest['counts']}); check "
                         f"{files[0][0]} and the cleaning limits (--max-len, --max-ratio)")
