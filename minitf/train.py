@@ -6,6 +6,7 @@ position (epoch, batch index), and the dropout stream position (model.forward_co
 `--resume` replays the same batches, masks and losses as a run that never stopped.
 """
 import glob
+from concurrent.futures import ThreadPoolExecutor
 import json
 import os
 import signal
@@ -211,6 +212,21 @@ def _train(args, world):
     bar = tqdm(initial=state["step"], total=args.max_steps, desc="train", file=sys.stderr,
                disable=args.quiet or not lead, dynamic_ncols=True)
     window = {"loss": 0.0, "nll": 0.0, "n": 0, "t0": time.time(), "tokens": 0}
+
+    def next_update():
+        """The next update's batches in the global order: rank r takes the r-th run of update_freq of
+        them, collated; `total` is the update's GLOBAL number of non-pad target tokens (the loss is
+        normalised by it). Runs on the prefetch thread, one update ahead of the one computing."""
+        micro, total = [], 0
+        for j in range(per_update):
+            epoch, index, idx = next(batches)
+            total += int(tgt_lens[idx].sum(dtype=np.int64)) + len(idx)   # target + EOS
+            if j // args.update_freq == world.rank:
+                micro.append((j, to_batch(train_pairs, idx, tok)))
+        return epoch, index, total, micro
+
+    prefetch = ThreadPoolExecutor(1, thread_name_prefix="minitf-batches")
+    pending = prefetch.submit(next_update)
     stop_reason = "max_steps"
     model.train()
     try:
@@ -224,23 +240,17 @@ def _train(args, world):
                 break
             if stop:
                 raise KeyboardInterrupt
-            # the update's batches in the global order; rank r takes the r-th run of update_freq of them,
-            # and the loss is normalised by the update's GLOBAL number of target tokens (paper 5.1)
-            micro, total = [], 0
-            for j in range(per_update):
-                epoch, index, idx = next(batches)
-                total += int(tgt_lens[idx].sum(dtype=np.int64)) + len(idx)   # target + EOS, non-pad
-                if j // args.update_freq == world.rank:
-                    micro.append((state["forward_count"] + j, to_batch(train_pairs, idx, tok)))
+            epoch, index, total, micro = pending.result()   # collated while the last update computed
+            pending = prefetch.submit(next_update)
             state["epoch"], state["batch"] = epoch, index + 1
-            state["forward_count"] += per_update   # dropout masks come from (seed, global batch index)
             model.zero_grad()
             loss_sum = nll_sum = 0.0   # device scalars on a GPU, read once per step below
-            for batch_index, (src, tgt_in, tgt_out, n) in micro:
-                model.forward_count = batch_index
+            for j, (src, tgt_in, tgt_out, n) in micro:
+                model.forward_count = state["forward_count"] + j   # dropout masks: (seed, global batch index)
                 loss_sum = loss_sum + model.forward_loss(src, tgt_in, tgt_out) * n
                 model.backward(grad_scale=(scaler.scale if scaler else 1.0) * n / total)
                 nll_sum = nll_sum + model.last_stats["nll_sum"]
+            state["forward_count"] += per_update
             world.allreduce_sum(model.flat_grads)   # every rank now holds the update's whole gradient
             loss_sum, nll_sum, grads_finite = step_stats(model, loss_sum, nll_sum)
             loss_sum, nll_sum = world.allreduce_numbers([loss_sum, nll_sum])
@@ -284,6 +294,7 @@ def _train(args, world):
                 state["train_wall_s"] = time.time() - start_wall
                 save(args.out, state["step"], model, opt, tok, state, args.keep_last)
     except KeyboardInterrupt:
+        prefetch.shutdown(wait=False, cancel_futures=True)
         bar.close()
         _restore_signals(prev_handler, prev_int)
         if not lead:
@@ -293,6 +304,7 @@ def _train(args, world):
         logf.close()
         log(f"interrupted at step {state['step']}: saved {path}; continue with --resume")
         return None
+    prefetch.shutdown(wait=False, cancel_futures=True)
     bar.close()
     _restore_signals(prev_handler, prev_int)
     if not lead:
