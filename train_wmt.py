@@ -69,7 +69,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    from minitf.errors import MinitfError
+    from minitf.errors import Interrupted, MinitfError
     from minitf.train import train
     args = parse_args(argv)
     try:
@@ -77,6 +77,8 @@ def main(argv=None):
     except MinitfError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:   # saved; 143 after SIGTERM, 130 after Ctrl-C, as a scheduler expects
+        return e.exit_code
     return 0
 
 

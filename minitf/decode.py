@@ -6,6 +6,8 @@ reusing cached self-attention keys/values of the earlier positions (`Incremental
 `use_cache=False` recomputes the whole prefix each step instead (for bench/decode.py).
 Both searches are batched over many sentences; a finished sentence leaves the batch.
 """
+import functools
+
 import numpy as np
 
 from .backend import to_numpy
@@ -69,11 +71,25 @@ class IncrementalDecoder:
                 cache[key] = cache[key][rows]
 
 
+def _restores_mode(search):
+    """Decode in eval mode (no dropout), then give the model back in the caller's mode: a loop that
+    translates between training steps keeps training with dropout."""
+    @functools.wraps(search)
+    def wrapper(model, *args, **kwargs):
+        was_training = model.training
+        try:
+            return search(model, *args, **kwargs)
+        finally:
+            model.train(was_training)
+    return wrapper
+
+
 def _max_lengths(model, src, max_len_a, max_len_b):
     src_len = to_numpy((src != model.cfg.pad_id).sum(axis=1))
     return np.minimum((max_len_a * src_len + max_len_b).astype(int), model.cfg.max_len - 1)
 
 
+@_restores_mode
 def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True):
     """src [B, S] -> list of B token-id lists (no BOS, no EOS); the argmax at every step."""
     cfg, xp = model.cfg, model.xp
@@ -103,6 +119,7 @@ def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True):
     return out
 
 
+@_restores_mode
 def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50, use_cache=True):
     """src [B, S] -> list of B token-id lists: the best finished hypothesis of each sentence
     by score / length_penalty. Each step keeps the k best continuations of the 2k best

@@ -23,3 +23,14 @@ class CheckpointError(MinitfError):
 
 class ConfigError(MinitfError):
     """A configuration value is out of range or inconsistent."""
+
+
+class Interrupted(BaseException):
+    """Training stopped by a signal after saving a checkpoint: the command exits 128 + the
+    signal's number (143 for SIGTERM, 130 for Ctrl-C), so a scheduler can tell it from a
+    finished run. A BaseException, like KeyboardInterrupt: no `except Exception` swallows it."""
+
+    def __init__(self, signame):
+        super().__init__(signame)
+        self.signame = signame
+        self.exit_code = {"SIGTERM": 143, "SIGINT": 130}.get(signame, 130)

@@ -1,23 +1,44 @@
 """Atomic file writes: a crash never leaves a half-written checkpoint, tokenizer or result."""
+import errno
 import os
+import shutil
 import tempfile
 
+from .errors import MinitfError
 
-def atomic_write(path, write):
-    """write(fileobj) into a temp file beside `path`, fsync it, rename it over `path`, fsync the dir."""
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path, write, size_hint=None):
+    """write(fileobj) into a temp file beside `path`, fsync it, rename it over `path`, fsync the dir.
+
+    The file gets the permissions of any new file (0666 less the umask), not the temporary
+    file's 0600, so a teammate can read a shared run's checkpoints. A full disk is a one-line
+    MinitfError naming the folder, its free space and (with `size_hint`, bytes) what was needed;
+    the previous file at `path` is untouched."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=folder)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            free = shutil.disk_usage(folder).free
+            need = f"; writing it takes {size_hint / 1e6:,.1f} MB" if size_hint else ""
+            raise MinitfError(f"{path}: no space left on the device of {folder} ({free / 1e6:,.1f} MB free{need}); "
+                              f"free some space (or keep fewer checkpoints, --keep-last) and run again") from None
         raise
     try:
         dfd = os.open(folder, os.O_RDONLY)

@@ -23,7 +23,7 @@ from .data.binarized import StaleData
 from .data.pipeline import load_data
 from .data.tokenizer import Tokenizer
 from . import distributed
-from .errors import ConfigError, MinitfError
+from .errors import ConfigError, Interrupted, MinitfError
 from .model import Transformer
 from .optim import Adam, LossScaler
 from .schedule import NoamSchedule
@@ -297,13 +297,13 @@ def _train(args, world):
         prefetch.shutdown(wait=False, cancel_futures=True)
         bar.close()
         _restore_signals(prev_handler, prev_int)
-        if not lead:
-            return None
-        state["train_wall_s"] = time.time() - start_wall
-        path = save(args.out, state["step"], model, opt, tok, state, args.keep_last)
-        logf.close()
-        log(f"interrupted at step {state['step']}: saved {path}; continue with --resume")
-        return None
+        signame = interrupted[0] if interrupted else "SIGINT"
+        if lead:
+            state["train_wall_s"] = time.time() - start_wall
+            path = save(args.out, state["step"], model, opt, tok, state, args.keep_last)
+            logf.close()
+            log(f"interrupted ({signame}) at step {state['step']}: saved {path}; continue with --resume")
+        raise Interrupted(signame) from None
     prefetch.shutdown(wait=False, cancel_futures=True)
     bar.close()
     _restore_signals(prev_handler, prev_int)

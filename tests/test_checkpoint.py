@@ -145,3 +145,30 @@ def test_failed_write_leaves_the_old_checkpoint(tmp_path, monkeypatch):
         save_checkpoint(path, tiny_model(2))
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["c.npz"]
+
+
+def test_checkpoints_get_the_umask_permissions_not_0600(tmp_path):
+    old = os.umask(0o022)
+    try:
+        save_checkpoint(tmp_path / "c.npz", tiny_model())
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "c.npz").st_mode & 0o777 == 0o644
+
+
+def test_a_full_disk_is_one_line_and_the_previous_file_survives(tmp_path):
+    import errno
+    from minitf.errors import MinitfError
+    from minitf.fileio import atomic_write
+    path = tmp_path / "c.npz"
+    save_checkpoint(path, tiny_model())
+    before = path.read_bytes()
+
+    def full(f):
+        f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(MinitfError) as e:
+        atomic_write(path, full, size_hint=12_500_000)
+    msg = str(e.value)
+    assert "no space left" in msg and str(tmp_path) in msg and "12.5 MB" in msg and "\n" not in msg
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["c.npz"]

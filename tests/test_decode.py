@@ -102,3 +102,14 @@ def test_no_empty_translations():
         model.embedding.params["weight"][3]) + 3.0
     for out in (greedy_search(model, src, max_len_b=8), beam_search(model, src, beam_size=4, max_len_b=8)):
         assert all(len(hyp) >= 1 for hyp in out)
+
+
+@pytest.mark.parametrize("search", [greedy_search, beam_search])
+def test_decoding_gives_the_model_back_in_the_callers_mode(search):
+    model, src = model_and_src()
+    model.train()
+    search(model, src)
+    assert model.training            # a loop that translates between training steps keeps its dropout
+    model.eval()
+    search(model, src)
+    assert not model.training

@@ -115,3 +115,23 @@ def test_gpu_without_cupy_fails_fast_with_one_line(corpus, tmp_path):
     r = run_train(corpus, tmp_path / "run", "--device", "gpu", "--max-steps", 2)
     assert r.returncode == 2 and "--device gpu" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "run").exists()  # nothing was started
+
+
+def test_sigterm_saves_then_exits_143(corpus, tmp_path):
+    import signal
+    import time
+    out = tmp_path / "run"
+    env = dict(os.environ, MINITF_CACHE=str(tmp_path / "cache"), PYTHONHASHSEED="0")
+    cmd = [sys.executable, os.path.join(ROOT, "train_wmt.py"), "--dataset", "multi30k", "--data-dir", str(corpus),
+           "--preset", "tiny", "--vocab-size", "60", "--device", "cpu", "--out", str(out), "--quiet",
+           "--log-every", "1", "--max-steps", "0", "--save-every", "100000"]
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (out / "train_log.jsonl").exists() or not (out / "train_log.jsonl").read_text():
+        assert p.poll() is None and time.time() < deadline, p.stderr.read()[-2000:] if p.poll() is not None else "slow"
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 143, err[-2000:]      # a scheduler can tell it from a finished run
+    assert "interrupted (SIGTERM)" in err and "--resume" in err
+    assert len(list(out.glob("checkpoint_*.npz"))) == 1

@@ -24,7 +24,7 @@ wmt14 (en-de; the archives from statmt.org, extracted into the folder)::
 """
 
 import os
-import warnings
+import sys
 from dataclasses import dataclass
 
 from minitf.errors import DataError
@@ -214,6 +214,11 @@ def _fetch(spec, base_url, data_dir, corpus, src, tgt, progress):
     return archive
 
 
+def _note(msg):
+    """One plain line on stderr (not a Python warning with a source line under it)."""
+    print(f"note: {msg}", file=sys.stderr, flush=True)
+
+
 def _get(spec, base_url, data_dir, corpus, src, tgt, download, progress, required,
          label):
     """Paths of `corpus` (fetching it if allowed); None for a missing optional one."""
@@ -224,16 +229,14 @@ def _get(spec, base_url, data_dir, corpus, src, tgt, download, progress, require
         if required:
             raise DataError(f"{label}: expected {_expected(data_dir, corpus, src, tgt)}"
                             f"; put the files there or allow downloading")
-        warnings.warn(f"test set {label} not found ({_expected(data_dir, corpus, src, tgt)}"
-                      f"); skipping it", stacklevel=3)
+        _note(f"test set {label} not found ({_expected(data_dir, corpus, src, tgt)}); skipping it")
         return None
     try:
         archive = _fetch(spec, base_url, data_dir, corpus, src, tgt, progress)
     except DataError as e:
         if required or getattr(e, "http_status", None) != 404:
             raise
-        warnings.warn(f"test set {label} is not available for {src}-{tgt} ({e}); "
-                      f"skipping it", stacklevel=3)
+        _note(f"test set {label} is not available for {src}-{tgt} ({e}); skipping it")
         return None
     paths = _locate(data_dir, corpus, src, tgt)
     if paths is None:
