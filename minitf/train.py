@@ -209,8 +209,11 @@ def _train(args, world):
     if world.size > 1:   # Ctrl-C too becomes a flag the ranks agree on, never an exception mid all-reduce
         prev_int = signal.signal(signal.SIGINT, lambda *a: interrupted.append("SIGINT"))
     start_wall = time.time() - state["train_wall_s"]
-    bar = tqdm(initial=state["step"], total=args.max_steps, desc="train", file=sys.stderr,
-               disable=args.quiet or not lead, dynamic_ncols=True)
+    # under --time-budget the bar shows the budget (elapsed / budget, its ETA), not max_steps
+    budget = args.time_budget
+    bar = tqdm(initial=round(min(state["train_wall_s"], budget)) if budget else state["step"],
+               total=round(budget) if budget else (args.max_steps or None), desc="train", file=sys.stderr,
+               unit="s" if budget else "it", disable=args.quiet or not lead, dynamic_ncols=True)
     window = {"loss": 0.0, "nll": 0.0, "n": 0, "t0": time.time(), "tokens": 0}
 
     def next_update():
@@ -276,7 +279,7 @@ def _train(args, world):
             window["loss"] += loss_sum
             window["nll"] += nll_sum
             window["n"] += total
-            bar.update(1)
+            bar.update(round(min(time.time() - start_wall, budget)) - bar.n if budget else 1)
             if state["step"] % args.log_every == 0:
                 dt = time.time() - window["t0"]
                 rec = {"step": state["step"], "epoch": round(state["epoch"] + state["batch"] / epoch_len, 3),
@@ -284,7 +287,8 @@ def _train(args, world):
                        "ppl": round(float(np.exp(min(window["nll"] / window["n"], 50))), 2), "lr": lr,
                        "tokens_per_s": round(window["n"] / dt, 1), "wall_s": round(time.time() - start_wall, 1)}
                 write_log(rec)
-                bar.set_postfix(loss=rec["loss"], ppl=rec["ppl"], lr=f"{lr:.2e}", tok_s=int(rec["tokens_per_s"]))
+                bar.set_postfix(step=state["step"], loss=rec["loss"], ppl=rec["ppl"], lr=f"{lr:.2e}",
+                                tok_s=int(rec["tokens_per_s"]))
                 window = {"loss": 0.0, "nll": 0.0, "n": 0, "t0": time.time()}
             if lead and args.valid_every and state["step"] % args.valid_every == 0:
                 vl, vnll = evaluate_loss(model, valid)

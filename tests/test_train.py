@@ -135,3 +135,14 @@ def test_sigterm_saves_then_exits_143(corpus, tmp_path):
     assert p.returncode == 143, err[-2000:]      # a scheduler can tell it from a finished run
     assert "interrupted (SIGTERM)" in err and "--resume" in err
     assert len(list(out.glob("checkpoint_*.npz"))) == 1
+
+
+def test_under_a_time_budget_the_bar_shows_the_budget(corpus, tmp_path):
+    env = dict(os.environ, MINITF_CACHE=str(tmp_path / "cache"), PYTHONHASHSEED="0")
+    cmd = [sys.executable, os.path.join(ROOT, "train_wmt.py"), "--dataset", "multi30k", "--data-dir", str(corpus),
+           "--preset", "tiny", "--vocab-size", "60", "--device", "cpu", "--out", str(tmp_path / "run"),
+           "--time-budget", "3", "--beam", "1", "--valid-every", "0", "--average-last", "1"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    bars = [s for s in r.stderr.replace("\r", "\n").splitlines() if s.startswith("train:") and "|" in s]
+    assert bars and all("/3 [" in b for b in bars) and not any("100000" in b for b in bars)
