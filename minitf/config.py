@@ -25,7 +25,7 @@ class TransformerConfig:
     eos_id: int = 3
     layer_norm_eps: float = 1e-5
     positional: str = "sinusoidal"   # or "learned" (Table 3 row E)
-    max_len: int = 1024              # longest position the positional table covers
+    max_len: int = 1024              # learned positions: the longest input; sinusoids: the first table (it grows)
     # training recipe defaults of the preset (used by train_wmt.py, not by the model)
     warmup: int = 4000
     lr_factor: float = 1.0

@@ -86,7 +86,9 @@ def _restores_mode(search):
 
 def _max_lengths(model, src, max_len_a, max_len_b):
     src_len = to_numpy((src != model.cfg.pad_id).sum(axis=1))
-    return np.minimum((max_len_a * src_len + max_len_b).astype(int), model.cfg.max_len - 1)
+    lengths = (max_len_a * src_len + max_len_b).astype(int)
+    # learned positions end at max_len; sinusoidal ones extend to any length (layers/positional.py)
+    return np.minimum(lengths, model.cfg.max_len - 1) if model.cfg.positional == "learned" else lengths
 
 
 @_restores_mode

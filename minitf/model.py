@@ -66,8 +66,9 @@ class Transformer(Layer):
         ids = to_numpy(ids) if host else to_device(ids, self.xp)
         if ids.ndim != 2 or ids.dtype.kind not in "iu":
             raise ConfigError(f"{name} must be a 2-D integer array [batch, length], got {ids.dtype} {ids.shape}")
-        if ids.shape[1] > self.cfg.max_len:
-            raise ConfigError(f"{name} has length {ids.shape[1]} > max_len {self.cfg.max_len}")
+        if self.cfg.positional == "learned" and ids.shape[1] > self.cfg.max_len:
+            raise ConfigError(f"{name} has length {ids.shape[1]} but learned positions cover max_len "
+                              f"{self.cfg.max_len}: shorten it (sinusoidal positions have no limit)")
         return ids
 
     def _dropout_rng(self):

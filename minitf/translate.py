@@ -12,8 +12,7 @@ def progress_bar(total, desc, enabled=True):
 
 def translate_lines(model, tokenizer, lines, beam_size=4, alpha=0.6, batch_size=64, max_len_b=50, progress=True):
     """Raw sentences -> detokenized translations (paper 6.1 defaults: beam 4, alpha 0.6, +50)."""
-    limit = model.cfg.max_len - 1 - max_len_b
-    src_ids = [ids[:limit] + [tokenizer.eos_id] for ids in tokenizer.encode(lines)]
+    src_ids = [ids + [tokenizer.eos_id] for ids in tokenizer.encode(lines)]   # never cut: see _check_ids
     with progress_bar(len(src_ids), "translate", progress) as bar:
         out = translate_ids(model, src_ids, beam_size, alpha, batch_size, max_len_b, progress=bar)
     return tokenizer.decode(out)

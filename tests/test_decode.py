@@ -113,3 +113,22 @@ def test_decoding_gives_the_model_back_in_the_callers_mode(search):
     model.eval()
     search(model, src)
     assert not model.training
+
+
+def test_a_source_longer_than_the_sinusoid_table_is_translated_whole():
+    cfg = dict(vocab_size=13, d_model=16, n_heads=2, d_ff=24, n_layers=2, dropout=0.0)
+    short = minitf.Transformer(minitf.TransformerConfig(max_len=8, **cfg), dtype="float64", seed=3)
+    long = minitf.Transformer(minitf.TransformerConfig(max_len=256, **cfg), dtype="float64", seed=3)
+    src = np.array([[4 + i % 9 for i in range(20)] + [3]])                  # 21 positions > 8
+    want = greedy_search(long, src, max_len_b=5)
+    assert greedy_search(short, src, max_len_b=5) == want                   # the table grew, nothing was cut
+    assert beam_search(short, src, max_len_b=5) == beam_search(long, src, max_len_b=5)
+
+
+def test_learned_positions_name_their_limit():
+    from minitf.errors import ConfigError
+    cfg = minitf.TransformerConfig(vocab_size=13, d_model=16, n_heads=2, d_ff=24, n_layers=1, max_len=8,
+                                   positional="learned")
+    model = minitf.Transformer(cfg, dtype="float64")
+    with pytest.raises(ConfigError, match="learned positions cover max_len 8"):
+        greedy_search(model, np.array([[5] * 12 + [3]]))

@@ -5,6 +5,7 @@ PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D)), 
 import numpy as np
 
 from ..backend import xp_of
+from ..errors import ConfigError
 from .base import Layer
 
 
@@ -27,7 +28,13 @@ class SinusoidalPositional(Layer):
         self.table = sinusoid_table(max_len, d_model)
         self._device_table = None
 
-    def _table(self, x):
+    def _table(self, x, length):
+        """The table on x's device and dtype, with at least `length` rows: the sinusoids are
+        defined for any position, so a longer input extends the table (doubling) instead of
+        being cut."""
+        if length > self.table.shape[0]:
+            self.table = sinusoid_table(max(length, 2 * self.table.shape[0]), self.table.shape[1])
+            self._device_table = None
         xp = xp_of(x)
         t = self._device_table
         if t is None or xp_of(t) is not xp or t.dtype != x.dtype:
@@ -36,7 +43,7 @@ class SinusoidalPositional(Layer):
 
     def forward(self, x, offset=0):
         """x [B, L, D] -> x + PE[offset:offset+L]."""
-        return x + self._table(x)[offset: offset + x.shape[1]]
+        return x + self._table(x, offset + x.shape[1])[offset: offset + x.shape[1]]
 
     def backward(self, dy, offset=0):
         # y = x + PE
@@ -52,6 +59,10 @@ class LearnedPositional(Layer):
 
     def forward(self, x, offset=0):
         """x [B, L, D] -> x + weight[offset:offset+L]; backward needs only dy's shape."""
+        if offset + x.shape[1] > self.params["weight"].shape[0]:
+            raise ConfigError(f"learned positions cover {self.params['weight'].shape[0]} positions (max_len), "
+                              f"this input needs {offset + x.shape[1]}: shorten it, or train with sinusoidal "
+                              f"positions, which have no limit")
         return x + self.params["weight"][offset: offset + x.shape[1]]
 
     def backward(self, dy, offset=0):
