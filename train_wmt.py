@@ -37,7 +37,7 @@ def parse_args(argv=None):
     p.add_argument("--fp16", action="store_true",
                    help="mixed precision: float16 activations/matmuls, float32 master weights, dynamic loss scaling (for GPUs)")
     p.add_argument("--out", default="runs/train", help="output folder")
-    p.add_argument("--max-steps", type=int, default=100_000, help="updates (paper base: 100k); 0 = no limit")
+    p.add_argument("--max-steps", type=int, help="updates (default from the preset: base 100k, big 300k, as in the paper); 0 = no limit")
     p.add_argument("--time-budget", type=float, help="stop training after this many seconds")
     p.add_argument("--max-tokens", type=int, help="tokens per batch and side (default from the preset)")
     p.add_argument("--update-freq", type=int, default=1, help="batches accumulated per update")
@@ -49,9 +49,12 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--log-every", type=int, default=50, help="steps between train_log.jsonl lines")
     p.add_argument("--valid-every", type=int, default=500, help="steps between validation losses (0 = never)")
-    p.add_argument("--save-every", type=int, help="steps between checkpoints (default from the preset: base/big 1000, small 80)")
-    p.add_argument("--keep-last", type=int, default=5, help="checkpoints kept")
-    p.add_argument("--average-last", type=int, default=5, help="checkpoints averaged at the end (paper: 5)")
+    p.add_argument("--save-every", type=int, help="steps between checkpoints (default from the preset: small 80, tiny 10)")
+    p.add_argument("--save-every-minutes", type=float,
+                   help="minutes of training between checkpoints (default base/big: 10, the paper's spacing)")
+    p.add_argument("--keep-last", type=int, help="checkpoints kept (default: --average-last + 1)")
+    p.add_argument("--average-last", type=int,
+                   help="evenly spaced checkpoints averaged at the end (default from the preset: base 5, big 20, as in the paper)")
     p.add_argument("--beam", type=int, default=4, help="beam size for the final evaluation (paper: 4)")
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty (paper: 0.6)")
     p.add_argument("--decode-batch", type=int, default=100, help="sentences decoded together")
@@ -63,7 +66,11 @@ def parse_args(argv=None):
         v = getattr(args, name)
         if v is not None and v <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {v}")
-    if args.average_last > args.keep_last:
+    if args.save_every_minutes is not None and args.save_every_minutes <= 0:
+        p.error(f"--save-every-minutes must be positive, got {args.save_every_minutes}")
+    if args.save_every and args.save_every_minutes:
+        p.error("--save-every (steps) and --save-every-minutes: give one spacing")
+    if args.average_last and args.keep_last and args.average_last > args.keep_last:
         p.error(f"--average-last {args.average_last} > --keep-last {args.keep_last}: keep at least as many as you average")
     return args
 

@@ -109,6 +109,16 @@ def load_checkpoint(path):
                       meta.get("train_state", {}))
 
 
+def read_train_state(path):
+    """The train_state of a checkpoint from its metadata entry alone (no arrays read, no digests
+    checked: for choosing which checkpoints to load); {} if unreadable."""
+    try:
+        with np.load(os.fspath(path), allow_pickle=False) as z:
+            return json.loads(z["__meta__"].tobytes().decode()).get("train_state", {})
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
+        return {}
+
+
 def average_checkpoints(paths, output):
     """Parameter-wise mean of several checkpoints (paper 6.1: the last 5), written to `output`
     with the last input's config and tokenizer and no optimizer state."""

@@ -30,7 +30,10 @@ class TransformerConfig:
     warmup: int = 4000
     lr_factor: float = 1.0
     max_tokens: int = 4096           # per batch and side, padding included
-    save_every: int = 1000           # steps between checkpoints (the last 5 are averaged, 6.1)
+    save_every: int = 1000           # steps between checkpoints, unless save_every_minutes is set
+    save_every_minutes: float = None # paper 6.1: checkpoints "written at 10-minute intervals"
+    average_last: int = 5            # checkpoints averaged at the end (6.1: base 5, big 20)
+    max_steps: int = 100_000         # updates (5.2: base 100k, big 300k)
 
     def __post_init__(self):
         if self.d_k is None:
@@ -71,9 +74,11 @@ class TransformerConfig:
 
 PRESETS = {
     "base": dict(d_model=512, n_heads=8, d_ff=2048, n_layers=6, dropout=0.1,
-                 warmup=4000, lr_factor=1.0, max_tokens=25000, save_every=1000),
+                 warmup=4000, lr_factor=1.0, max_tokens=25000, save_every_minutes=10.0, average_last=5,
+                 max_steps=100_000),
     "big": dict(d_model=1024, n_heads=16, d_ff=4096, n_layers=6, dropout=0.3,
-                warmup=4000, lr_factor=1.0, max_tokens=25000, save_every=1000),
+                warmup=4000, lr_factor=1.0, max_tokens=25000, save_every_minutes=10.0, average_last=20,
+                max_steps=300_000),
     # recipe chosen on Multi30k val for 30 minutes on 2 CPU cores (docs/benchmarks.md)
     "small": dict(d_model=256, n_heads=4, d_ff=1024, n_layers=3, dropout=0.1,
                   warmup=400, lr_factor=0.5, max_tokens=2048, save_every=80),

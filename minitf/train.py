@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from .backend import get_xp, release_freed_memory, to_numpy
-from .checkpoint import average_checkpoints, load_checkpoint, save_checkpoint
+from .checkpoint import average_checkpoints, load_checkpoint, read_train_state, save_checkpoint
 from .fileio import atomic_write
 from .config import TransformerConfig
 from .data.binarized import StaleData
@@ -53,9 +53,43 @@ def save(out, step, model, opt, tok, state, keep_last):
     return path
 
 
+def resolve_recipe(args, cfg):
+    """Fill the flags left unset from the preset's (or the resumed checkpoint's) recipe: max_steps,
+    average_last, keep_last (average_last + 1: a final off-grid checkpoint never pushes an
+    averaged one out), and ONE checkpoint spacing, in steps or in minutes of training."""
+    if args.max_steps is None:
+        args.max_steps = cfg.max_steps
+    if args.average_last is None:
+        args.average_last = cfg.average_last
+    if args.keep_last is None:
+        args.keep_last = args.average_last + 1
+    if args.save_every is None and args.save_every_minutes is None:
+        args.save_every, args.save_every_minutes = cfg.save_every, cfg.save_every_minutes
+    if args.save_every_minutes:
+        args.save_every = None
+    if args.average_last > args.keep_last:
+        raise ConfigError(f"--average-last {args.average_last} > --keep-last {args.keep_last}: keep at least as "
+                          f"many checkpoints as you average")
+
+
+def on_save_grid(args, state, wall_s):
+    """True when this step ends a checkpoint interval: every save_every steps, or the first step
+    after each save_every_minutes of training (paper 6.1: 10-minute intervals)."""
+    if args.save_every_minutes:
+        interval = int(wall_s // (60 * args.save_every_minutes))
+        if interval > state.get("grid_interval", 0):
+            state["grid_interval"] = interval
+            return True
+        return False
+    return state["step"] % args.save_every == 0
+
+
 def build_config(args, vocab_size):
-    over = {k: getattr(args, k) for k in ("dropout", "label_smoothing", "warmup", "lr_factor", "max_tokens", "save_every")
+    over = {k: getattr(args, k) for k in ("dropout", "label_smoothing", "warmup", "lr_factor", "max_tokens", "save_every",
+                                          "save_every_minutes", "average_last", "max_steps")
             if getattr(args, k, None) is not None}
+    if args.save_every is not None and args.save_every_minutes is None:
+        over["save_every_minutes"] = None   # spacing in steps asked for: a resumed run keeps it
     return TransformerConfig.preset(args.preset, vocab_size=vocab_size, **over)
 
 
@@ -155,12 +189,14 @@ def _train(args, world):
         log(f"resuming from {ckpts[-1]} (step {resume.train_state['step']})")
     else:
         cfg = build_config(args, tok.vocab_size)
+    resolve_recipe(args, cfg)
     if cfg.vocab_size != tok.vocab_size:
         raise ConfigError(f"the checkpoint's vocabulary ({cfg.vocab_size}) != the tokenizer's ({tok.vocab_size})")
     fp16 = getattr(args, "fp16", False)
     _agree(world, data_id=data.data_id, config=cfg.to_dict(), seed=args.seed, update_freq=args.update_freq,
            dtype=getattr(args, "dtype", "float32"), fp16=fp16, resume_step=resume.train_state["step"] if resume else 0,
-           max_steps=args.max_steps, save_every=args.save_every, time_budget=args.time_budget)
+           max_steps=args.max_steps, save_every=args.save_every, save_every_minutes=args.save_every_minutes,
+           time_budget=args.time_budget)
     model = Transformer(cfg, device=args.device, dtype="float16" if fp16 else getattr(args, "dtype", "float32"),
                         seed=args.seed)
     scaler = LossScaler() if fp16 else None
@@ -182,7 +218,6 @@ def _train(args, world):
 
     src_lens, tgt_lens = train_pairs.src_lens, train_pairs.tgt_lens   # token_batches adds the EOS / BOS itself
     max_tokens = cfg.max_tokens
-    save_every = args.save_every or cfg.save_every
     first = token_batches(src_lens, tgt_lens, max_tokens, args.seed, state["epoch"])
     release_freed_memory()   # the sort's temporaries: hundreds of MB for a 36M-pair corpus
     epoch_len = len(first)   # for the log's fractional epoch (other epochs differ by a few batches)
@@ -294,8 +329,8 @@ def _train(args, world):
                 vl, vnll = evaluate_loss(model, valid)
                 write_log({"step": state["step"], "valid_loss": round(vl, 4), "valid_nll": round(vnll, 4),
                            "valid_ppl": round(float(np.exp(min(vnll, 50))), 2)})
-            if lead and state["step"] % save_every == 0:
-                state["train_wall_s"] = time.time() - start_wall
+            if lead and on_save_grid(args, state, time.time() - start_wall):
+                state["train_wall_s"], state["on_grid"] = time.time() - start_wall, True
                 save(args.out, state["step"], model, opt, tok, state, args.keep_last)
     except KeyboardInterrupt:
         prefetch.shutdown(wait=False, cancel_futures=True)
@@ -303,7 +338,7 @@ def _train(args, world):
         _restore_signals(prev_handler, prev_int)
         signame = interrupted[0] if interrupted else "SIGINT"
         if lead:
-            state["train_wall_s"] = time.time() - start_wall
+            state["train_wall_s"], state["on_grid"] = time.time() - start_wall, False
             path = save(args.out, state["step"], model, opt, tok, state, args.keep_last)
             logf.close()
             log(f"interrupted ({signame}) at step {state['step']}: saved {path}; continue with --resume")
@@ -315,6 +350,7 @@ def _train(args, world):
         return None
     state["train_wall_s"] = time.time() - start_wall
     if not checkpoint_paths(args.out) or not checkpoint_paths(args.out)[-1].endswith(f"{state['step']:07d}.npz"):
+        state["on_grid"] = False   # saved for --resume; off the spacing, so not averaged
         save(args.out, state["step"], model, opt, tok, state, args.keep_last)
     log(f"training stopped ({stop_reason}) at step {state['step']} after {state['train_wall_s']:.0f}s")
     state["epochs"] = round(state["epoch"] + state["batch"] / epoch_len, 3)
@@ -339,12 +375,16 @@ def _valid_batches(valid, tok, max_tokens):
 def finish(args, model, tok, data, state, valid, write_log):
     """Average the last checkpoints, translate valid + test sets with beam search, score them."""
     from .translate import score, translate_lines
-    ckpts = checkpoint_paths(args.out)[-args.average_last:]
+    every = checkpoint_paths(args.out)
+    # paper 6.1: the last K checkpoints written at even intervals; a final save off that spacing
+    # (a --time-budget stop, an interrupt) is averaged only if no checkpoint is on it
+    ckpts = [c for c in every if read_train_state(c).get("on_grid", True)][-args.average_last:] or every[-1:]
     avg_path = os.path.join(args.out, "averaged.npz")
     average_checkpoints(ckpts, avg_path)
     model.load_state_dict(load_checkpoint(avg_path).params)
     model.eval()
-    log(f"averaged {len(ckpts)} checkpoints -> {avg_path}")
+    spacing = (f"every {args.save_every_minutes:g} min" if args.save_every_minutes else f"every {args.save_every} steps")
+    log(f"averaged {len(ckpts)} checkpoints ({spacing}: {', '.join(os.path.basename(c) for c in ckpts)}) -> {avg_path}")
     vl, vnll = evaluate_loss(model, valid)
     results = {"steps": state["step"], "epochs": state["epochs"], "train_wall_s": round(state["train_wall_s"], 1),
                "train_tokens_per_s": round(state["train_tokens"] / max(state["train_wall_s"], 1e-9), 1),

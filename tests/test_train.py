@@ -146,3 +146,38 @@ def test_under_a_time_budget_the_bar_shows_the_budget(corpus, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     bars = [s for s in r.stderr.replace("\r", "\n").splitlines() if s.startswith("train:") and "|" in s]
     assert bars and all("/3 [" in b for b in bars) and not any("100000" in b for b in bars)
+
+
+def test_only_evenly_spaced_checkpoints_are_averaged(corpus, tmp_path):
+    out = tmp_path / "run"
+    r = run_train(corpus, out, "--max-steps", 25, "--save-every", 10, "--valid-every", 0)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert (out / "checkpoint_0000025.npz").is_file()                  # the final save, kept for --resume
+    assert res["averaged_checkpoints"] == ["checkpoint_0000010.npz", "checkpoint_0000020.npz"]
+    assert "averaged 2 checkpoints (every 10 steps: checkpoint_0000010.npz, checkpoint_0000020.npz)" in r.stderr
+
+
+def test_checkpoints_every_few_minutes_and_the_papers_presets():
+    from minitf.config import TransformerConfig
+    base, big = TransformerConfig.preset("base", vocab_size=100), TransformerConfig.preset("big", vocab_size=100)
+    assert (base.save_every_minutes, base.average_last, base.max_steps) == (10.0, 5, 100_000)   # paper 6.1, 5.2
+    assert (big.save_every_minutes, big.average_last, big.max_steps) == (10.0, 20, 300_000)
+
+
+def test_minute_spacing_saves_on_the_clock_and_averages_those(corpus, tmp_path):
+    from minitf.checkpoint import read_train_state
+    out = tmp_path / "run"
+    # intervals of 1.2 s end at 4.8 s and 6.0 s: the 5.5 s budget stops between them, off the grid
+    r = run_train(corpus, out, "--max-steps", 0, "--time-budget", 5.5, "--save-every-minutes", 0.02,
+                  "--valid-every", 0, "--average-last", 2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    states = {p.name: read_train_state(p) for p in out.glob("checkpoint_*.npz")}
+    assert len(states) == 3                                             # keep_last = average_last + 1
+    assert len(res["averaged_checkpoints"]) == 2
+    assert all(states[name]["on_grid"] for name in res["averaged_checkpoints"])
+    last = max(states)
+    assert not states[last]["on_grid"] and last not in res["averaged_checkpoints"]
+    walls = sorted(states[name]["train_wall_s"] for name in res["averaged_checkpoints"])
+    assert walls[1] - walls[0] >= 1.2 * 0.9                             # about one interval apart
