@@ -158,7 +158,7 @@ def _train(args, world):
     if args.device == "gpu" and world.size > 1:
         world.use_gpu()   # the GPU of this rank's local rank, and the NCCL communicator
     get_xp(args.device)  # fail fast (before data and tokenizer work) when the device is unusable
-    if getattr(args, "fp16", False) and args.device == "cpu":
+    if lead and getattr(args, "fp16", False) and args.device == "cpu":
         log("warning: --fp16 on the CPU is very slow (NumPy has no float16 BLAS); it is meant for GPUs")
     os.makedirs(args.out, exist_ok=True)
     ckpts = checkpoint_paths(args.out)
@@ -168,8 +168,8 @@ def _train(args, world):
     resume = load_checkpoint(ckpts[-1]) if args.resume and ckpts else None
     # a resumed run encodes with its checkpoint's tokenizer, so its cache holds the same ids;
     # rank 0 prepares the cache (and trains the tokenizer) once, the others then open it
-    for turn in ((0,), tuple(range(1, world.size)))[:2 if world.size > 1 else 1]:
-        if world.rank in turn:
+    for turn in range(2 if world.size > 1 else 1):
+        if (world.rank == 0) == (turn == 0):
             try:
                 data = load_data(args, tokenizer=Tokenizer.from_bytes(resume.tokenizer) if resume and resume.tokenizer
                                  else None, log=log if lead else (lambda msg: None),
@@ -186,7 +186,8 @@ def _train(args, world):
             raise ConfigError(f"--resume: {ckpts[-1]} was trained on the binarized corpus {trained_on}, but the "
                               f"training data now gives {data.data_id} ({data.corpus.folder}); the corpus files or "
                               f"the cleaning flags (--max-len, --max-ratio) changed: restore them, or start a new --out")
-        log(f"resuming from {ckpts[-1]} (step {resume.train_state['step']})")
+        if lead:
+            log(f"resuming from {ckpts[-1]} (step {resume.train_state['step']})")
     else:
         cfg = build_config(args, tok.vocab_size)
     resolve_recipe(args, cfg)
