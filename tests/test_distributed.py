@@ -68,29 +68,28 @@ def _same(a, b, rtol=1e-10):
     assert worst[0] <= rtol * scale, f"{worst[1]}: differs by {worst[0]:.3g} (largest parameter {scale:.3g})"
 
 
+def _train_ok(corpus, tmp_path, ranks, out, *extra):
+    """train_wmt.py on `ranks` processes (1: no mpiexec) into tmp_path/out; asserts it succeeded."""
+    launch = [sys.executable] if ranks == 1 else [MPIEXEC, "-n", ranks, sys.executable]
+    r = _run([*launch, *_args(corpus, tmp_path / out, *extra)], tmp_path / "cache")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return tmp_path / out
+
+
 def test_two_ranks_equal_one_process_with_twice_the_update_freq(corpus, tmp_path):
-    one = _run([sys.executable, *_args(corpus, tmp_path / "one", "--max-steps", 3, "--update-freq", 2,
-                                       "--save-every", 3)], tmp_path / "cache")
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = _run([MPIEXEC, "-n", 2, sys.executable, *_args(corpus, tmp_path / "two", "--max-steps", 3,
-                                                          "--save-every", 3)], tmp_path / "cache")
-    assert two.returncode == 0, two.stderr[-3000:]
-    _same(_params(tmp_path / "one" / "checkpoint_0000003.npz"), _params(tmp_path / "two" / "checkpoint_0000003.npz"))
-    log = (tmp_path / "two" / "train_log.jsonl").read_text().splitlines()
+    one = _train_ok(corpus, tmp_path, 1, "one", "--max-steps", 3, "--update-freq", 2, "--save-every", 3)
+    two = _train_ok(corpus, tmp_path, 2, "two", "--max-steps", 3, "--save-every", 3)
+    _same(_params(one / "checkpoint_0000003.npz"), _params(two / "checkpoint_0000003.npz"))
+    log = (two / "train_log.jsonl").read_text().splitlines()
     assert len([line for line in log if '"loss"' in line]) == 3          # one writer: rank 0 alone logs
 
 
 def test_resume_with_another_number_of_ranks_continues_the_same_stream(corpus, tmp_path):
-    straight = _run([sys.executable, *_args(corpus, tmp_path / "straight", "--max-steps", 4, "--update-freq", 2,
-                                            "--save-every", 2)], tmp_path / "cache")
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    first = _run([MPIEXEC, "-n", 2, sys.executable, *_args(corpus, tmp_path / "split", "--max-steps", 2,
-                                                            "--save-every", 2)], tmp_path / "cache")
-    assert first.returncode == 0, first.stderr[-3000:]
-    then = _run([sys.executable, *_args(corpus, tmp_path / "split", "--max-steps", 4, "--update-freq", 2,
-                                        "--save-every", 2, "--resume")], tmp_path / "cache")
-    assert then.returncode == 0, then.stderr[-3000:]
-    _same(_params(tmp_path / "straight" / "checkpoint_0000004.npz"), _params(tmp_path / "split" / "checkpoint_0000004.npz"))
+    straight = _train_ok(corpus, tmp_path, 1, "straight", "--max-steps", 4, "--update-freq", 2, "--save-every", 2)
+    _train_ok(corpus, tmp_path, 2, "split", "--max-steps", 2, "--save-every", 2)
+    split = _train_ok(corpus, tmp_path, 1, "split", "--max-steps", 4, "--update-freq", 2, "--save-every", 2,
+                      "--resume")
+    _same(_params(straight / "checkpoint_0000004.npz"), _params(split / "checkpoint_0000004.npz"))
 
 
 def test_one_rank_failing_ends_the_job_with_its_message(corpus, tmp_path):
