@@ -115,3 +115,21 @@ def test_more_batches_per_update_than_an_epoch_has_is_one_line(corpus, tmp_path)
     r = _run([MPIEXEC, "-n", 2, sys.executable, *_args(corpus, tmp_path / "run", "--update-freq", 500)],
              tmp_path / "cache", timeout=120)
     assert r.returncode != 0 and "batches per update" in r.stderr and "Traceback" not in r.stderr
+
+
+def _gpus():
+    from minitf.backend import gpu_available
+    ok, _ = gpu_available()
+    if not ok:
+        return 0
+    from minitf import backend
+    return backend.cupy.cuda.runtime.getDeviceCount()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs with CuPy and NCCL (NCCL refuses two ranks on one GPU)")
+def test_two_gpu_ranks_over_nccl_equal_one_gpu_with_twice_the_update_freq(corpus, tmp_path):
+    one = _train_ok(corpus, tmp_path, 1, "one", "--device", "gpu", "--max-steps", 3, "--update-freq", 2,
+                    "--save-every", 3)
+    two = _train_ok(corpus, tmp_path, 2, "two", "--device", "gpu", "--max-steps", 3, "--save-every", 3)
+    _same(_params(one / "checkpoint_0000003.npz"), _params(two / "checkpoint_0000003.npz"))
