@@ -166,11 +166,12 @@ class BinarizedCorpus:
         """TokenPairs of the direction src -> tgt (the arrays memory-mapped, lengths in memory)."""
         return TokenPairs(*(self._side(lang) for lang in (src, tgt)))
 
-    def _side(self, lang):
+    def _side(self, lang, lengths_in_memory=True):
         if lang not in self.manifest["languages"]:
             raise DataError(f"{self.folder}: the cache holds {'-'.join(self.manifest['languages'])}, not {lang}")
         tokens, offsets, lens = (_load(self.folder, self.manifest, f"train.{lang}.{kind}.npy", mmap)
-                                 for kind, mmap in (("tokens", True), ("offsets", True), ("lengths", False)))
+                                 for kind, mmap in (("tokens", True), ("offsets", True),
+                                                    ("lengths", not lengths_in_memory)))
         return tokens, offsets, lens
 
 
@@ -224,8 +225,8 @@ def open_cache(folder):
         raise CacheDefect(f"cache {folder} has format version {manifest.get('version')}, this minitf writes {VERSION}")
     corpus = BinarizedCorpus(folder, manifest, None)
     try:
-        for lang in manifest["languages"]:
-            tokens, offsets, lens = corpus._side(lang)
+        for lang in manifest["languages"]:   # checked through maps: `pairs` reads the lengths once, later
+            tokens, offsets, lens = corpus._side(lang, lengths_in_memory=False)
             if int(offsets[0]) != 0 or int(offsets[-1]) != tokens.size or lens.size != manifest["counts"]["kept"]:
                 raise CacheDefect(f"cache file {os.path.join(folder, f'train.{lang}.offsets.npy')} is corrupt "
                                   f"(its offsets do not span train.{lang}.tokens.npy)")

@@ -65,16 +65,17 @@ def _in(archive, *templates):
     return Corpus(archive, *_both(*templates))
 
 
-def _wmt14(pair, train, valid_lang_pair):
-    """The splits of one WMT14 language pair ("de-en" or "fr-en" in statmt's file names)."""
+def _wmt14(train, sgm_pair):
+    """The splits of one WMT14 language pair: its training corpora, newstest2013 to validate, and
+    newstest2014, whose SGM files statmt names by `sgm_pair` ("deen", "fren")."""
     return {
         "train": train,
         "valid": [_in("dev", "dev/newstest2013.{lang}", "newstest2013.{lang}")],
         "tests": {
-            "newstest2014": Corpus("test-full", (f"test-full/newstest2014-{valid_lang_pair}-src.{{src}}.sgm",),
-                                   (f"test-full/newstest2014-{valid_lang_pair}-ref.{{tgt}}.sgm",)),
-            "newstest2014-filtered": Corpus("test-filtered", (f"test/newstest2014-{valid_lang_pair}-src.{{src}}.sgm",),
-                                            (f"test/newstest2014-{valid_lang_pair}-ref.{{tgt}}.sgm",)),
+            "newstest2014": Corpus("test-full", (f"test-full/newstest2014-{sgm_pair}-src.{{src}}.sgm",),
+                                   (f"test-full/newstest2014-{sgm_pair}-ref.{{tgt}}.sgm",)),
+            "newstest2014-filtered": Corpus("test-filtered", (f"test/newstest2014-{sgm_pair}-src.{{src}}.sgm",),
+                                            (f"test/newstest2014-{sgm_pair}-ref.{{tgt}}.sgm",)),
         },
     }
 
@@ -121,14 +122,14 @@ DATASETS = {
         "max_ratio": 1.5,
         "splits": {
             # fairseq's prepare-wmt14en2de.sh corpora (4.5M pairs)
-            "de-en": _wmt14("de-en", [
+            "de-en": _wmt14([
                 _in("europarl", "training/europarl-v7.de-en.{lang}", "europarl-v7.de-en.{lang}"),
                 _in("commoncrawl", "commoncrawl.de-en.{lang}", "training/commoncrawl.de-en.{lang}"),
                 _in("news-commentary", "training/news-commentary-v9.de-en.{lang}",
                     "news-commentary-v9.de-en.{lang}"),
             ], "deen"),
             # fairseq's prepare-wmt14en2fr.sh corpora (36M pairs; the 10^9 corpus comes gzipped)
-            "en-fr": _wmt14("en-fr", [
+            "en-fr": _wmt14([
                 _in("europarl", "training/europarl-v7.fr-en.{lang}", "europarl-v7.fr-en.{lang}"),
                 _in("commoncrawl", "commoncrawl.fr-en.{lang}", "training/commoncrawl.fr-en.{lang}"),
                 _in("un", "un/undoc.2000.fr-en.{lang}", "undoc.2000.fr-en.{lang}"),

@@ -11,11 +11,6 @@ from minitf.data.binarized import BinarizedCorpus, cache_folder, prepare_cache
 from minitf.data.datasets import DATASETS, dataset_default, default_data_dir, prepare_dataset, user_dataset
 
 
-def cache_root():
-    """$MINITF_CACHE, else ~/.cache/minitf: downloads, tokenizers and binarized corpora live below it."""
-    return os.environ.get("MINITF_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "minitf")
-
-
 def _test_arg(text):
     name, sep, prefix = text.partition("=")
     if not sep or not name or not prefix:
@@ -75,15 +70,10 @@ class Data:
     train: object          # TokenPairs src -> tgt
     valid: tuple           # (src_lines, tgt_lines)
     tests: dict            # name -> (src_lines, tgt_lines)
-    name: str
 
     @property
     def data_id(self):
         return self.corpus.data_id
-
-
-def dataset_name(args):
-    return "own" if args.train else args.dataset
 
 
 def load_data(args, tokenizer=None, log=None, expect_data_id=None):
@@ -92,7 +82,6 @@ def load_data(args, tokenizer=None, log=None, expect_data_id=None):
     `tokenizer`: encode with this one (a resumed checkpoint's); else `--tokenizer`, else the
     cache's or a newly trained one. `expect_data_id`: see `prepare_cache`. Returns `Data`."""
     from minitf.data.tokenizer import Tokenizer
-    name = dataset_name(args)
     progress = not getattr(args, "quiet", False)
     if args.train:
         data = user_dataset(args.train, args.valid, args.test, args.src, args.tgt)
@@ -111,12 +100,12 @@ def load_data(args, tokenizer=None, log=None, expect_data_id=None):
     files = data["paths"]["train"]
     # one cache per corpus location: the same dataset read from two folders gets two caches
     where = hashlib.sha256("\n".join(os.path.abspath(p) for pair in files for p in sorted(pair)).encode()).hexdigest()[:8]
-    root = args.cache_dir or os.path.join(cache_root(), "bin")
-    folder = cache_folder(root, f"{name}.{where}", (args.src, args.tgt))
+    root = args.cache_dir or default_data_dir("bin")   # $MINITF_CACHE/bin or ~/.cache/minitf/bin
+    folder = cache_folder(root, f"{'own' if args.train else args.dataset}.{where}", (args.src, args.tgt))
     corpus = prepare_cache(folder, files, (args.src, args.tgt), vocab_size=vocab, tokenizer=tokenizer,
                            max_len=args.max_len, max_ratio=max_ratio, progress=progress, log=log,
                            expect_data_id=expect_data_id)
     if len(corpus) == 0:
         raise DataError(f"no training pairs left after cleaning ({corpus.manifest['counts']}); check "
                         f"{files[0][0]} and the cleaning limits (--max-len, --max-ratio)")
-    return Data(corpus.tokenizer, corpus, corpus.pairs(args.src, args.tgt), data["valid"], data["tests"], name)
+    return Data(corpus.tokenizer, corpus, corpus.pairs(args.src, args.tgt), data["valid"], data["tests"])
