@@ -1,17 +1,28 @@
-"""Decoding speed: sentences/s of batched beam search with and without the KV cache.
+"""Decoding speed: sentences/s and tokens/s of batched greedy and beam search.
 
-    python bench/decode.py --preset small --beam 4                       # random weights
-    python bench/decode.py --checkpoint runs/m30k/averaged.npz \\
-        --src ../shared/data/multi30k/test_2016_flickr.en.gz --n 200     # a trained model
+    # minitf against a PyTorch KV-cached beam search of the same algorithm (bench/torch_decode.py)
+    python bench/decode.py --vs-torch --checkpoint runs/m30k/averaged.npz \\
+        --src ../shared/data/multi30k/test_2016_flickr.en.gz --beams 1 4
+    # where minitf's step spends its time
+    python bench/decode.py --profile --checkpoint runs/m30k/averaged.npz --src ...
+    # minitf with and without the KV cache
+    python bench/decode.py --vs-uncached --checkpoint runs/m30k/averaged.npz --src ... --n 100
 
-With the cache, each step feeds only the newest token and reuses the earlier positions'
-keys/values (and the encoder output's, computed once); without it, every step recomputes
-the decoder over the whole prefix. Both produce the same translations (checked here).
-Rounds alternate between the two; medians are reported with the ratio.
+Every run decodes the way `python -m minitf translate` does (`translate_ids`): sentences
+sorted by length and cut into batches of --batch-size, max length input + 50, alpha 0.6.
+Measure on a trained checkpoint and real sentences: random weights rarely emit EOS and so
+time a different workload. Rounds alternate between the contenders in one process; medians
+are reported with their ratio. The hypotheses are compared: greedy must match exactly, a
+beam hypothesis may differ only where two candidates' scores tie to float32 rounding
+(both are rescored in float64 to show it).
 """
 import argparse
+import cProfile
 import datetime
+import io
+import os
 import platform
+import pstats
 import statistics
 import sys
 import time
@@ -22,7 +33,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import minitf  # noqa: E402
 from minitf.backend import synchronize  # noqa: E402
-from minitf.decode import beam_search  # noqa: E402
+from minitf.decode import beam_search, greedy_search, length_penalty, translate_ids  # noqa: E402
+from minitf.loss import log_softmax  # noqa: E402
 
 
 def load(args):
@@ -31,66 +43,173 @@ def load(args):
         model, tok = load_for_inference(args.checkpoint, args.device)
         if args.src:
             from minitf.data import read_lines
-            ids = tok.encode(read_lines(args.src)[: args.n])
+            lines = read_lines(args.src)
+            ids = tok.encode(lines[: args.n] if args.n else lines)
             return model, [s + [tok.eos_id] for s in ids]
     else:
         cfg = minitf.TransformerConfig.preset(args.preset, vocab_size=args.vocab)
         model = minitf.Transformer(cfg, device=args.device, seed=0).eval()
+    print("note: random sources (no --checkpoint/--src): timings of a workload unlike real translation")
     rng = np.random.default_rng(0)   # random sources of Multi30k-like lengths (8..20 pieces)
-    return model, [list(rng.integers(4, model.cfg.vocab_size, rng.integers(8, 21))) + [3] for _ in range(args.n)]
+    return model, [list(rng.integers(4, model.cfg.vocab_size, rng.integers(8, 21))) + [3] for _ in range(args.n or 100)]
 
 
-def batches(src_ids, size, pad):
-    for i in range(0, len(src_ids), size):
-        chunk = src_ids[i: i + size]
-        out = np.full((len(chunk), max(map(len, chunk))), pad, dtype=np.int64)
-        for r, s in enumerate(chunk):
-            out[r, : len(s)] = s
-        yield out
+def sorted_batches(src_ids, size, pad):
+    """translate_ids' batching: length-sorted, `size` sentences a batch -> (indices, [B, S] array)."""
+    order = np.argsort([len(s) for s in src_ids], kind="stable")
+    for start in range(0, len(order), size):
+        idx = order[start: start + size]
+        out = np.full((len(idx), max(len(src_ids[i]) for i in idx)), pad, dtype=np.int64)
+        for r, i in enumerate(idx):
+            out[r, : len(src_ids[i])] = src_ids[i]
+        yield idx, out
 
 
-def run(model, src_ids, args, use_cache):
+def run_minitf(model, src_ids, beam, args, use_cache=True):
     t0 = time.perf_counter()
-    out = []
-    for src in batches(src_ids, args.batch_size, model.cfg.pad_id):
-        out += beam_search(model, src, args.beam, args.alpha, max_len_b=args.max_len_b, use_cache=use_cache)
+    if use_cache:
+        out = translate_ids(model, src_ids, beam, args.alpha, args.batch_size, args.max_len_b)
+    else:
+        out = [None] * len(src_ids)
+        for idx, src in sorted_batches(src_ids, args.batch_size, model.cfg.pad_id):
+            res = (greedy_search(model, src, max_len_b=args.max_len_b, use_cache=False) if beam == 1 else
+                   beam_search(model, src, beam, args.alpha, max_len_b=args.max_len_b, use_cache=False))
+            for r, i in enumerate(idx):
+                out[i] = res[r]
     synchronize(model.xp)
     return time.perf_counter() - t0, out
 
 
+def run_torch(tm, src_ids, beam, args):
+    import torch
+    from bench import torch_decode
+    t0 = time.perf_counter()
+    out = [None] * len(src_ids)
+    for idx, src in sorted_batches(src_ids, args.batch_size, tm.cfg.pad_id):
+        src = torch.from_numpy(src)
+        res = (torch_decode.greedy_search(tm, src, max_len_b=args.max_len_b) if beam == 1 else
+               torch_decode.beam_search(tm, src, beam, args.alpha, max_len_b=args.max_len_b))
+        for r, i in enumerate(idx):
+            out[i] = res[r]
+    return time.perf_counter() - t0, out
+
+
+def rescore(model64, src, hyp, alpha):
+    """log p(hyp + EOS | src) / lp under a float64 copy of the model: the search's objective."""
+    cfg = model64.cfg
+    tgt = np.array([[cfg.bos_id] + hyp + [cfg.eos_id]])
+    logp = log_softmax(model64.forward(np.array([src]), tgt[:, :-1]))[0]
+    return float(logp[np.arange(len(hyp) + 1), tgt[0, 1:]].sum()) / length_penalty(len(hyp) + 1, alpha)
+
+
+def compare(model, src_ids, a, b, beam, alpha):
+    """How many hypotheses agree; for beam search, the largest float64 score gap of those that do not."""
+    differ = [i for i in range(len(a)) if a[i] != b[i]]
+    line = f"identical {len(a) - len(differ)}/{len(a)}"
+    if differ and beam > 1:
+        m64 = minitf.Transformer(model.cfg, dtype="float64", seed=0).eval()
+        m64.load_state_dict(model.state_dict())
+        gaps = [abs(rescore(m64, src_ids[i], a[i], alpha) - rescore(m64, src_ids[i], b[i], alpha)) for i in differ]
+        line += f"; the {len(differ)} others tie: largest float64 score gap {max(gaps):.2e}"
+    return line, differ
+
+
+def header(model, src_ids, args):
+    print(f"date {datetime.datetime.now().isoformat(timespec='seconds')}  machine {platform.processor() or platform.machine()}"
+          f" ({os.cpu_count()} cores)  numpy {np.__version__}  device {args.device}")
+    cfg = model.cfg
+    print(f"model D={cfg.d_model} H={cfg.n_heads} F={cfg.d_ff} N={cfg.n_layers} V={cfg.vocab_size}; {len(src_ids)} sentences "
+          f"({args.src or 'random'}), alpha {args.alpha}, max length input+{args.max_len_b}, batch {args.batch_size}")
+
+
+def report(name, times, n_sent, n_tok):
+    med = statistics.median(times)
+    print(f"  {name:9s} median {med:7.2f} s  {n_sent / med:7.1f} sentences/s  {n_tok / med:8.1f} tokens/s  "
+          f"(runs: {', '.join(f'{t:.2f}' for t in times)})")
+    return med
+
+
+def vs_torch(model, src_ids, args):
+    import torch
+    from bench.torch_model import from_minitf_state
+    tm = from_minitf_state(model.state_dict(), model.cfg, dtype="float32").eval()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    failed = False
+    for beam in args.beams:
+        times = {"minitf": [], "torch": []}
+        outs = {}
+        for _ in range(args.rounds):
+            for name in ("minitf", "torch"):
+                dt, outs[name] = (run_minitf(model, src_ids, beam, args) if name == "minitf"
+                                  else run_torch(tm, src_ids, beam, args))
+                times[name].append(dt)
+        n_tok = sum(len(h) + 1 for h in outs["minitf"])       # generated tokens, EOS included
+        print(f"beam {beam}: mean output length {n_tok / len(src_ids) - 1:.1f} pieces + EOS")
+        med = {name: report(name, times[name], len(src_ids), n_tok) for name in times}
+        line, differ = compare(model, src_ids, outs["minitf"], outs["torch"], beam, args.alpha)
+        print(f"  speed-up minitf/torch: {med['torch'] / med['minitf']:.2f}x; {line}")
+        failed |= beam == 1 and bool(differ)
+    if failed:
+        sys.exit("greedy hypotheses differ between minitf and torch")
+
+
+def vs_uncached(model, src_ids, args):
+    for beam in args.beams:
+        times = {True: [], False: []}
+        outs = {}
+        for _ in range(args.rounds):
+            for use_cache in (True, False):
+                dt, outs[use_cache] = run_minitf(model, src_ids, beam, args, use_cache)
+                times[use_cache].append(dt)
+        if outs[True] != outs[False]:
+            sys.exit("cached and uncached decoding disagree")
+        n_tok = sum(len(h) + 1 for h in outs[True])
+        print(f"beam {beam}: mean output length {n_tok / len(src_ids) - 1:.1f} pieces + EOS; same hypotheses")
+        med = {c: report("cached" if c else "uncached", times[c], len(src_ids), n_tok) for c in times}
+        print(f"  speed-up cached/uncached: {med[False] / med[True]:.2f}x")
+
+
+def profile(model, src_ids, args):
+    for beam in args.beams:
+        run_minitf(model, src_ids, beam, args)            # warm up
+        prof = cProfile.Profile()
+        prof.enable()
+        dt, _ = run_minitf(model, src_ids, beam, args)
+        prof.disable()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
+        print(f"beam {beam}: {dt:.2f} s under the profiler; functions by own time:")
+        print("\n".join(out.getvalue().splitlines()[6:]))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="small")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--vs-torch", action="store_true", help="against bench/torch_decode.py (needs torch)")
+    mode.add_argument("--vs-uncached", action="store_true", help="with and without the KV cache")
+    mode.add_argument("--profile", action="store_true", help="cProfile one minitf run per beam size")
+    p.add_argument("--preset", default="small", help="random weights of this preset without --checkpoint")
     p.add_argument("--vocab", type=int, default=8000)
     p.add_argument("--checkpoint")
     p.add_argument("--src", help="raw source sentences (with --checkpoint)")
-    p.add_argument("--n", type=int, default=100, help="sentences")
-    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--n", type=int, default=0, help="the first N sentences (0: all)")
+    p.add_argument("--beams", type=int, nargs="+", default=[1, 4])
     p.add_argument("--alpha", type=float, default=0.6)
     p.add_argument("--max-len-b", type=int, default=50)
-    p.add_argument("--batch-size", type=int, default=100)
+    p.add_argument("--batch-size", type=int, default=64, help="sentences a batch (translate's default)")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--top", type=int, default=25, help="--profile: functions shown")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     args = p.parse_args()
     model, src_ids = load(args)
-    print(f"date {datetime.datetime.now().isoformat(timespec='seconds')}  machine {platform.processor() or platform.machine()}"
-          f"  numpy {np.__version__}  device {args.device}")
-    print(f"model d_model={model.cfg.d_model} layers={model.cfg.n_layers} V={model.cfg.vocab_size}; {len(src_ids)} sentences, "
-          f"beam {args.beam}, alpha {args.alpha}, max length input+{args.max_len_b}, batch {args.batch_size}")
-    times = {True: [], False: []}
-    outs = {}
-    for _ in range(args.rounds):
-        for use_cache in (True, False):
-            dt, outs[use_cache] = run(model, src_ids, args, use_cache)
-            times[use_cache].append(dt)
-    assert outs[True] == outs[False], "cached and uncached decoding disagree"
-    mean_len = np.mean([len(o) for o in outs[True]])
-    for use_cache in (True, False):
-        med = statistics.median(times[use_cache])
-        print(f"{'cached  ' if use_cache else 'uncached'}  median {med:7.2f} s  {len(src_ids) / med:7.1f} sentences/s  "
-              f"(runs: {', '.join(f'{t:.2f}' for t in times[use_cache])})")
-    print(f"mean output length {mean_len:.1f} tokens; speed-up cached/uncached: "
-          f"{statistics.median(times[False]) / statistics.median(times[True]):.2f}x")
+    model.eval()
+    header(model, src_ids, args)
+    if args.vs_torch:
+        vs_torch(model, src_ids, args)
+    elif args.vs_uncached:
+        vs_uncached(model, src_ids, args)
+    else:
+        profile(model, src_ids, args)
 
 
 if __name__ == "__main__":

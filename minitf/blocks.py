@@ -3,6 +3,7 @@
 Every sublayer is wrapped as LayerNorm(x + Dropout(Sublayer(x))). There is no final
 LayerNorm after either stack (the paper's post-norm; see docs/deviations.md).
 """
+from . import functional as F
 from .layers import Dropout, FeedForward, Layer, LayerNorm, MultiHeadAttention
 
 
@@ -81,20 +82,45 @@ class DecoderLayer(Layer):
         return dq, dmemory
 
 
-def decoder_layer_step(layer, x, cache, t, src_bias):
+class StepCache:
+    """What one DecoderLayer keeps between decoding steps (decode.IncrementalDecoder).
+
+    k, v [N, H, T_max, K]: the self-attention keys/values of every row's positions so far
+    (position t is written at step t); ck, cv [n, H, S, K]: the encoder output's
+    cross-attention keys/values, computed once per sentence (the `beam` rows of a sentence
+    share them); w_qkv [D, 3 HK], b_qkv [3 HK]: the self-attention's q, k, v projections
+    side by side, so the new position needs one matmul instead of three."""
+    __slots__ = ("k", "v", "ck", "cv", "w_qkv", "b_qkv")
+
+    def __init__(self, layer, memory, rows, max_steps, xp, dtype):
+        sa, h, d_k = layer.self_attn, layer.self_attn.n_heads, layer.self_attn.d_k
+        self.k = xp.empty((rows, h, max_steps, d_k), dtype)
+        self.v = xp.empty((rows, h, max_steps, d_k), dtype)
+        self.ck, self.cv = layer.cross_attn.project_kv(memory)
+        self.w_qkv = xp.concatenate([sa.q.params["weight"], sa.k.params["weight"], sa.v.params["weight"]], axis=1)
+        self.b_qkv = xp.concatenate([sa.q.params["bias"], sa.k.params["bias"], sa.v.params["bias"]])
+
+
+def decoder_layer_step(layer, x, cache, t, src_bias, beam=1):
     """Incremental (KV-cached) DecoderLayer forward for one new position t, inference only.
 
-    x [N, 1, D] is the new position's input; cache = {'k', 'v': [N, H, T_max, K] self-attention
-    keys/values of positions < t (position t is written here), 'ck', 'cv': [N, H, S, K] the
-    encoder output's keys/values, computed once per sentence}. Equals row t of
-    DecoderLayer.forward on the whole prefix (no causal mask is needed: only the past is cached).
+    x [N, 1, D]: the new position of each of N = n sentences x `beam` rows (sentence-major);
+    cache: this layer's StepCache; src_bias [n, 1, 1, S]. Equals row t of
+    DecoderLayer.forward on the whole prefix: the cache holds only positions <= t, so no
+    causal mask is needed.
     """
-    k, v = layer.self_attn.project_kv(x)
-    cache["k"][:, :, t: t + 1] = k
-    cache["v"][:, :, t: t + 1] = v
-    h1 = layer.norm1.apply(x + layer.self_attn.attend(x, cache["k"][:, :, : t + 1], cache["v"][:, :, : t + 1], 0.0))
-    h2 = layer.norm2.apply(h1 + layer.cross_attn.attend(h1, cache["ck"], cache["cv"], src_bias))
-    return layer.norm3.apply(h2 + layer.ffn.apply(h2))
+    sa, ca = layer.self_attn, layer.cross_attn
+    n_rows, _, d = x.shape
+    # q, k, v = x Wq, x Wk, x Wv in one matmul; k, v of position t join the cache
+    q, k, v = (F.split_heads(part, sa.n_heads) for part in
+               F.split_last(F.linear_forward(x, cache.w_qkv, cache.b_qkv), 3))          # each [N, H, 1, K]
+    cache.k[:, :, t: t + 1] = k
+    cache.v[:, :, t: t + 1] = v
+    h1 = layer.norm1.apply(x + sa.attend_heads(q, cache.k[:, :, : t + 1], cache.v[:, :, : t + 1], 0.0))
+    # cross-attention: the beams of a sentence are the queries of one [beam, S] attention
+    h1 = h1.reshape(n_rows // beam, beam, d)
+    h2 = layer.norm2.apply(h1 + ca.attend(h1, cache.ck, cache.cv, src_bias))
+    return layer.norm3.apply(h2 + layer.ffn.apply(h2)).reshape(n_rows, 1, d)
 
 
 def add_layer_list(parent, layers):

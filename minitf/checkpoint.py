@@ -132,5 +132,6 @@ def average_checkpoints(paths, output):
     mean = {n: (sum(c.params[n].astype(np.float64) for c in ckpts) / len(ckpts)).astype(first.params[n].dtype)
             for n in first.params}
     save_checkpoint(output, params=mean, config=ckpts[-1].config, tokenizer=ckpts[-1].tokenizer,
-                    train_state={"averaged_from": [os.path.abspath(p) for p in paths]})
+                    train_state={"averaged_from": [os.path.abspath(p) for p in paths],
+                                 **{k: ckpts[-1].train_state[k] for k in ("languages",) if k in ckpts[-1].train_state}})
     return output

@@ -47,21 +47,30 @@ def cmd_translate(args):
 
 
 def cmd_evaluate(args):
+    from .checkpoint import read_train_state
     from .translate import load_for_inference, score, translate_lines
     src, ref = _read_input(args.src), _read_input(args.ref)
     if len(src) != len(ref):
         raise DataError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
     model, tok = load_for_inference(args.checkpoint, args.device)
+    lang = args.lang or read_train_state(args.checkpoint).get("languages", [None, None])[1]
     hyps = translate_lines(model, tok, src, args.beam, args.alpha, args.batch_size, args.max_len_b,
                            progress=not args.quiet)
-    result = score(hyps, ref)
+    result = score(hyps, ref, lang=lang)
     result.update(checkpoint=args.checkpoint, beam=args.beam, alpha=args.alpha)
+    if lang is None:
+        result.update(bleu_paper=None, bleu_paper_method="not computed: the checkpoint does not record its target "
+                      "language; name it with --lang (e.g. --lang de)")
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print(result["bleu_detail"])
         print(f"BLEU {result['bleu']}  ({result['bleu_signature']})")
         print(f"chrF {result['chrf']}  ({result['chrf_signature']})")
+        if result["bleu_paper"] is not None:
+            print(f"paper BLEU {result['bleu_paper']}  ({result['bleu_paper_method']}; compares with Table 2)")
+        else:
+            print(f"note: the paper's tokenized BLEU was {result['bleu_paper_method']}")
 
 
 def _decode_args(p):
@@ -91,10 +100,13 @@ def build_parser():
     p.add_argument("--input", help="input file (plain or .gz); default stdin")
     p.add_argument("--output", help="output file; default stdout")
     p.set_defaults(func=cmd_translate)
-    p = sub.add_parser("evaluate", help="translate --src and score against --ref with sacreBLEU and chrF")
+    p = sub.add_parser("evaluate", help="translate --src and score against --ref with sacreBLEU and chrF, and "
+                       "the paper's tokenized BLEU")
     _decode_args(p)
     p.add_argument("--src", required=True)
     p.add_argument("--ref", required=True)
+    p.add_argument("--lang", help="target language of the paper's tokenized BLEU (Moses tokenizer; 'de' also "
+                   "splits compounds); default: the one the checkpoint was trained on")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_evaluate)
     try:

@@ -4,14 +4,16 @@ Decoding is incremental: the encoder runs once per sentence, every decoder layer
 cross-attention keys/values are computed once, and each step feeds only the newest token,
 reusing cached self-attention keys/values of the earlier positions (`IncrementalDecoder`).
 `use_cache=False` recomputes the whole prefix each step instead (for bench/decode.py).
-Both searches are batched over many sentences; a finished sentence leaves the batch.
+Both searches are batched over many sentences; a finished sentence leaves the batch. The
+beams of a sentence share its encoder output: they are the queries of one cross-attention.
 """
 import functools
 
 import numpy as np
 
-from .backend import to_numpy
-from .blocks import decoder_layer_step
+from .backend import to_numpy, xp_of
+from .blocks import StepCache, decoder_layer_step
+from .functional import as_float32_if_half
 from .loss import log_softmax
 from .model import causal_bias
 
@@ -22,53 +24,68 @@ def length_penalty(length, alpha):
 
 
 class IncrementalDecoder:
-    """Decoder state for N rows (sentences x beams); `step` feeds one token per row."""
+    """Decoder state for N = n sentences x `beam` rows (sentence-major: row r belongs to
+    sentence r // beam); `logits` feeds one token per row and returns the next position's
+    logits."""
 
-    def __init__(self, model, src, max_steps, use_cache=True):
-        self.model, self.use_cache, self.t = model, use_cache, 0
-        xp, cfg = model.xp, model.cfg
+    def __init__(self, model, src, max_steps, use_cache=True, beam=1):
+        self.model, self.use_cache, self.beam, self.t = model, use_cache, beam, 0
+        xp = model.xp
         model.eval()
-        memory, self.src_bias, _ = model.encode(src)
-        self.memory = memory
-        n, h, k = src.shape[0], cfg.n_heads, cfg.d_k
-        self.caches = []
-        if use_cache:
-            for layer in model.decoder.layers_:
-                ck, cv = layer.cross_attn.project_kv(memory)
-                self.caches.append({"k": xp.zeros((n, h, max_steps, k), model.dtype),
-                                    "v": xp.zeros((n, h, max_steps, k), model.dtype), "ck": ck, "cv": cv})
-        self.prefix = xp.zeros((n, 0), dtype=src.dtype)
+        self.memory, self.src_bias, _ = model.encode(src)           # once per sentence, not per beam
+        rows = src.shape[0] * beam
+        self.caches = [StepCache(layer, self.memory, rows, max_steps, xp, model.dtype)
+                       for layer in model.decoder.layers_] if use_cache else []
+        self.prefix = xp.zeros((rows, 0), dtype=src.dtype)          # the tokens so far (uncached only)
 
     def step(self, tokens):
         """tokens [N] (the token at position t) -> log-probabilities [N, V] for position t + 1."""
+        return log_softmax(self.logits(tokens))
+
+    def logits(self, tokens):
+        """tokens [N] (the token at position t) -> logits [N, V] for position t + 1."""
         m, xp, t = self.model, self.model.xp, self.t
-        self.prefix = xp.concatenate([self.prefix, tokens[:, None].astype(self.prefix.dtype)], axis=1)
         if self.use_cache:
-            x = m.positional.forward(m.embedding.lookup(tokens[:, None])[0], offset=t)
+            x = m.positional.forward(m.embedding.lookup(tokens[:, None])[0], offset=t)    # [N, 1, D]
             for layer, cache in zip(m.decoder.layers_, self.caches):
-                x = decoder_layer_step(layer, x, cache, t, self.src_bias)
+                x = decoder_layer_step(layer, x, cache, t, self.src_bias, self.beam)
             h = x[:, 0]
         else:  # the whole prefix again, causal mask and all
+            self.prefix = xp.concatenate([self.prefix, tokens[:, None].astype(self.prefix.dtype)], axis=1)
             tgt_bias = causal_bias(t + 1, xp, m.dtype)[None, None]
             y = m.positional.forward(m.embedding.lookup(self.prefix)[0])
-            h = m.decoder.forward(y, self.memory, self.src_bias, tgt_bias)[:, -1]
+            memory, src_bias = (xp.repeat(a, self.beam, axis=0) for a in (self.memory, self.src_bias))
+            h = m.decoder.forward(y, memory, src_bias, tgt_bias)[:, -1]
         self.t += 1
-        return log_softmax(m.embedding.project(h)[0])
+        return m.embedding.project(h)[0]
 
-    def reorder(self, rows, same_sources=False):
+    def reorder(self, rows):
         """Keep rows `rows` (an int array into the current rows), in that order.
 
-        `same_sources=True` promises every row keeps a row of the same source sentence
-        (beams reordered within their sentence), so the per-sentence encoder output and
-        cross-attention keys/values stay as they are; only the self-attention caches move.
+        With beam > 1 the rows come in groups of `beam` from one sentence each (a sentence's
+        beams reordered among themselves, or a finished sentence dropped): the per-sentence
+        encoder state follows the sentences rows[::beam] // beam; only the self-attention
+        caches move row by row, and only their first t positions (the rest is unwritten).
         """
-        rows = self.model.xp.asarray(rows)
-        self.prefix = self.prefix[rows]
-        if not same_sources:
-            self.memory, self.src_bias = self.memory[rows], self.src_bias[rows]
+        xp, t = self.model.xp, self.t
+        rows = np.asarray(to_numpy(rows))
+        sentences = rows[:: self.beam] // self.beam
+        if len(sentences) != self.memory.shape[0] or (sentences != np.arange(len(sentences))).any():
+            idx = xp.asarray(sentences)
+            self.memory, self.src_bias = self.memory[idx], self.src_bias[idx]
+            for cache in self.caches:
+                cache.ck, cache.cv = cache.ck[idx], cache.cv[idx]
+        idx = xp.asarray(rows)
+        self.prefix = self.prefix[idx]
         for cache in self.caches:
-            for key in ("k", "v") if same_sources else cache:
-                cache[key] = cache[key][rows]
+            for name in ("k", "v"):
+                buf = getattr(cache, name)
+                if len(rows) != buf.shape[0]:
+                    new = xp.empty((len(rows),) + buf.shape[1:], buf.dtype)
+                    new[:, :, :t] = buf[idx, :, :t]
+                    setattr(cache, name, new)
+                else:
+                    buf[:, :, :t] = buf[idx, :, :t]
 
 
 def _restores_mode(search):
@@ -103,89 +120,146 @@ def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True):
     alive = np.arange(src.shape[0])
     tokens = xp.full(src.shape[0], cfg.bos_id, dtype=src.dtype)
     for t in range(steps):
-        logp = dec.step(tokens)
-        logp[:, cfg.pad_id] = -xp.inf  # never emit padding or BOS
-        logp[:, cfg.bos_id] = -xp.inf
-        if t == 0:
-            logp[:, cfg.eos_id] = -xp.inf  # at least one token (fairseq's min_len 1)
-        best = to_numpy(logp.argmax(axis=1))
-        keep = [row for row, (sent, tok) in enumerate(zip(alive, best))
-                if tok != cfg.eos_id and t < max_lens[sent]]   # EOS, or the length limit: done
+        logits = dec.logits(tokens)            # argmax log p = argmax logits: no softmax needed
+        _ban(logits, cfg, t)
+        best = to_numpy(logits.argmax(axis=1))
+        keep = np.flatnonzero((best != cfg.eos_id) & (t < max_lens[alive]))   # EOS, or the length limit: done
         for row in keep:
             out[alive[row]].append(int(best[row]))
-        if not keep:
+        if not len(keep):
             break
         alive = alive[keep]
-        dec.reorder(np.asarray(keep))
+        dec.reorder(keep)
         tokens = xp.asarray(best[keep]).astype(src.dtype)
     return out
+
+
+def _ban(logits, cfg, t):
+    """Never emit padding or BOS; no EOS first (at least one token: fairseq's min_len 1)."""
+    logits[:, cfg.pad_id] = -np.inf
+    logits[:, cfg.bos_id] = -np.inf
+    if t == 0:
+        logits[:, cfg.eos_id] = -np.inf
+
+
+def _block_width(v):
+    """The block width of `top_candidates`: the largest divisor of V in [32, 128], else V."""
+    return next((w for w in range(128, 31, -1) if v % w == 0), v)
+
+
+def top_candidates(logits, offset, k, n_best):
+    """The n_best best (beam, token) continuations of each sentence, best first.
+
+    logits [n * k, V]: the rows of n sentences x k beams, sentence-major; offset [n * k]; a
+    continuation's score is offset[row] + logits[row, token]. Returns host arrays (values,
+    beams, tokens), each [n, n_best].
+
+    Plain equivalent: cand = (offset[:, None] + logits).reshape(n, k * V), then the n_best
+    largest of each row of cand, sorted. Ranking all k * V candidates is the costly part,
+    so it runs on block maxima instead: a row's V tokens are cut into blocks of W; every one
+    of the n_best best candidates lies in one of the n_best blocks with the largest maxima
+    (were its block not among them, n_best blocks would each hold a better candidate). Only
+    those n_best * W values are ranked: one pass over the logits instead of a partition.
+    """
+    xp = xp_of(logits)
+    rows, v = logits.shape
+    n = rows // k
+    w = _block_width(v)
+    nb = v // w
+    blocks = logits.reshape(rows, nb, w)
+    best_block = blocks.max(axis=2) + offset[:, None]                          # [n * k, nb]
+    best_block = best_block.reshape(n, k * nb)
+    if n_best < k * nb:
+        chosen = xp.argpartition(-best_block, n_best - 1, axis=1)[:, :n_best]   # [n, n_best] (beam, block)
+    else:
+        chosen = xp.broadcast_to(xp.arange(k * nb), (n, k * nb))
+    row = xp.arange(n)[:, None] * k + chosen // nb                              # [n, m]
+    vals = blocks[row, chosen % nb] + offset[row][..., None]                     # [n, m, W]
+    vals = vals.reshape(n, -1)
+    m = min(n_best, vals.shape[1])
+    part = xp.argpartition(-vals, m - 1, axis=1)[:, :m] if m < vals.shape[1] else xp.broadcast_to(
+        xp.arange(vals.shape[1]), vals.shape)
+    part = xp.take_along_axis(part, xp.argsort(-xp.take_along_axis(vals, part, axis=1), axis=1), axis=1)
+    values = to_numpy(xp.take_along_axis(vals, part, axis=1))
+    part = to_numpy(part)
+    chosen = to_numpy(chosen)[np.arange(n)[:, None], part // w]                  # (beam, block) of each
+    return values, chosen // nb, (chosen % nb) * w + part % w
 
 
 @_restores_mode
 def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50, use_cache=True):
     """src [B, S] -> list of B token-id lists: the best finished hypothesis of each sentence
-    by score / length_penalty. Each step keeps the k best continuations of the 2k best
-    candidates; a candidate ending in EOS is finished if it ranks among the k best. A
-    sentence stops when k hypotheses have finished or at its maximum length (EOS forced)."""
+    by score / length_penalty. Each step ranks the 2k best continuations of a sentence
+    (k = beam_size; a continuation: a live beam plus one token); an EOS among the k best
+    finishes its hypothesis while fewer than k have finished (a weak early EOS must not fill
+    the finished list and stop the search: fairseq's rule), and the first k others are the
+    next beams. A sentence stops when k hypotheses have finished, or at its maximum length,
+    where every live beam ends (EOS forced)."""
     cfg, xp = model.cfg, model.xp
     src = model._check_ids("src", src)
     b, k = src.shape[0], beam_size
     max_lens = _max_lengths(model, src, max_len_a, max_len_b)
     steps = int(max_lens.max()) + 1
-    dec = IncrementalDecoder(model, xp.repeat(src, k, axis=0), steps, use_cache)
-    finished = [[] for _ in range(b)]             # (normalized score, tokens)
-    alive = list(range(b))                        # sentences still decoding, in row-block order
-    hyps = [[[] for _ in range(k)] for _ in range(b)]
-    scores = np.full((b, k), -np.inf)
-    scores[:, 0] = 0.0                            # only one live hypothesis at the start
+    dec = IncrementalDecoder(model, src, steps, use_cache, beam=k)
+    alive = np.arange(b)                          # sentences still decoding, in row-block order
+    hyps = np.zeros((b * k, 0), dtype=np.int64)   # [rows, t] the tokens of every live beam
+    scores = np.full((b, k), -np.inf)             # [n, k] their log-probabilities
+    scores[:, 0] = 0.0                            # only one live beam at the start (all k are BOS)
+    n_done = np.zeros(b, dtype=int)               # finished hypotheses per sentence
+    best, best_score = [[] for _ in range(b)], np.full(b, -np.inf)
     tokens = xp.full(b * k, cfg.bos_id, dtype=src.dtype)
     for t in range(steps):
-        logp = to_numpy(dec.step(tokens)).astype(np.float64)      # [rows, V]
-        v = logp.shape[1]
-        logp[:, cfg.pad_id] = -np.inf
-        logp[:, cfg.bos_id] = -np.inf
-        if t == 0:
-            logp[:, cfg.eos_id] = -np.inf  # no empty translation (fairseq's min_len 1)
-        n = len(alive)
-        cand = (scores[alive][:, :, None] + logp.reshape(n, k, v)).reshape(n, k * v)
-        # the 2k best candidates of each sentence: a linear-time partition, then a small sort
-        part = (np.argpartition(-cand, 2 * k - 1, axis=1)[:, : 2 * k] if 2 * k < k * v
-                else np.broadcast_to(np.arange(k * v), cand.shape))
-        top = np.take_along_axis(part, np.argsort(-np.take_along_axis(cand, part, axis=1), axis=1, kind="stable"), axis=1)
-        rows, next_tokens, still = [], [], []
-        for i, sent in enumerate(alive):
-            at_limit = t >= max_lens[sent]
-            new_hyps, new_scores = [], []
-            order = top[i] if not at_limit else (np.arange(k) * v + cfg.eos_id)  # forced EOS
-            for rank, c in enumerate(order):
-                beam, tok = divmod(int(c), v)
-                s = cand[i, c]
-                if not np.isfinite(s):
-                    continue
-                if tok == cfg.eos_id:
-                    # an ending counts only if it ranks among the k best candidates (as in
-                    # fairseq): a weak early EOS must not fill the finished list and stop the search
-                    if rank < k and len(finished[sent]) < k:
-                        finished[sent].append((s / length_penalty(t + 1, alpha), hyps[sent][beam]))
-                elif len(new_hyps) < k:
-                    new_hyps.append((beam, hyps[sent][beam] + [tok]))
-                    new_scores.append(s)
-            if len(finished[sent]) >= k or at_limit or not new_hyps:
-                continue
-            while len(new_hyps) < k:                       # pad the beam with dead entries
-                new_hyps.append((new_hyps[0][0], new_hyps[0][1]))
-                new_scores.append(-np.inf)
-            hyps[sent] = [h for _, h in new_hyps]
-            scores[sent] = new_scores
-            rows.extend(i * k + beam for beam, _ in new_hyps)
-            next_tokens.extend(h[-1] for _, h in new_hyps)
-            still.append(sent)
-        if not still:
+        logits = as_float32_if_half(dec.logits(tokens))                       # [n * k, V]
+        n, v = len(alive), logits.shape[1]
+        lse = _logsumexp(logits)                                              # log p = logits - lse
+        _ban(logits, cfg, t)
+        offset = xp.asarray(scores.reshape(-1), dtype=logits.dtype) - lse   # [n * k]: score + log p - logits
+        n_best = min(2 * k, k * v)
+        values, beam, tok = top_candidates(logits, offset, k, n_best)         # [n, 2k], best first
+        at_limit = t >= max_lens[alive]
+        if at_limit.any():   # the length limit: every beam ends with EOS, in beam order
+            ends = to_numpy(offset + logits[:, cfg.eos_id]).reshape(n, k)
+            values, beam, tok = values.copy(), beam.copy(), tok.copy()
+            values[at_limit] = -np.inf
+            values[at_limit, :k] = ends[at_limit]
+            beam[at_limit], tok[at_limit] = np.arange(n_best) % k, cfg.eos_id
+        finite = np.isfinite(values)
+        is_eos = tok == cfg.eos_id
+        # finished: an EOS among the k best; looped in rank order (rare: at most k per sentence)
+        for i, r in zip(*np.nonzero(is_eos & finite & (np.arange(n_best) < k))):
+            sent = alive[i]
+            if n_done[sent] < k:
+                n_done[sent] += 1
+                s = values[i, r] / length_penalty(t + 1, alpha)
+                if s > best_score[sent]:
+                    best_score[sent], best[sent] = s, hyps[i * k + beam[i, r]].tolist()
+        # the next beams: the first k continuations that are not EOS, in rank order
+        cont = ~is_eos & finite
+        pick = np.argsort(~cont, axis=1, kind="stable")[:, :k]               # continuations first
+        live = np.take_along_axis(cont, pick, axis=1)                          # False: a dead (-inf) slot
+        still = np.flatnonzero((n_done[alive] < k) & ~at_limit & live[:, 0])
+        if not len(still):
             break
-        dec.reorder(np.asarray(rows), same_sources=still == alive)
-        alive = still
-        tokens = xp.asarray(np.asarray(next_tokens)).astype(src.dtype)
-    return [max(f, key=lambda x: x[0])[1] if f else [] for f in finished]
+        pick, live = pick[still], live[still]
+        pick = np.where(live, pick, pick[:, :1])        # a dead slot repeats the first beam, score -inf
+        new_beam = np.take_along_axis(beam[still], pick, axis=1)
+        new_tok = np.take_along_axis(tok[still], pick, axis=1)
+        rows = (still[:, None] * k + new_beam).reshape(-1)                     # parent row of each new beam
+        hyps = np.concatenate([hyps[rows], new_tok.reshape(-1, 1)], axis=1)
+        scores = np.where(live, np.take_along_axis(values[still], pick, axis=1), -np.inf)
+        dec.reorder(rows)
+        alive = alive[still]
+        tokens = xp.asarray(new_tok.reshape(-1)).astype(src.dtype)
+    return best
+
+
+def _logsumexp(x):
+    """x [N, V] -> [N]: max + log(sum(exp(x - max)))."""
+    xp = xp_of(x)
+    m = x.max(axis=1)
+    e = x - m[:, None]
+    xp.exp(e, out=e)
+    return m + xp.log(e.sum(axis=1))
 
 
 def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len_b=50, progress=None):

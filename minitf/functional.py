@@ -194,6 +194,12 @@ def split_heads(x, n_heads):
     return x.reshape(b, t, n_heads, hk // n_heads).transpose(0, 2, 1, 3)
 
 
+def split_last(x, n):
+    """[..., n*M] -> n views [..., M] (e.g. q, k, v of one fused projection)."""
+    m = x.shape[-1] // n
+    return [x[..., i * m: (i + 1) * m] for i in range(n)]
+
+
 def merge_heads(x):
     """[B, H, T, K] -> [B, T, H*K] (contiguous)."""
     b, h, t, k = x.shape

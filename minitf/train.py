@@ -203,7 +203,7 @@ def _train(args, world):
     scaler = LossScaler() if fp16 else None
     opt = Adam(model, lr=NoamSchedule(cfg.d_model, cfg.warmup, cfg.lr_factor))
     state = {"step": 0, "epoch": 0, "batch": 0, "forward_count": 0, "train_wall_s": 0.0,
-             "train_tokens": 0, "nonfinite": 0, "data_id": data.data_id}
+             "train_tokens": 0, "nonfinite": 0, "data_id": data.data_id, "languages": [args.src, args.tgt]}
     if resume is not None:
         model.load_state_dict(resume.params)
         opt.load_state_dict(resume.optimizer)
@@ -391,17 +391,22 @@ def finish(args, model, tok, data, state, valid, write_log):
                "train_tokens_per_s": round(state["train_tokens"] / max(state["train_wall_s"], 1e-9), 1),
                "averaged_checkpoints": [os.path.basename(c) for c in ckpts], "valid_loss": round(vl, 4),
                "valid_ppl": round(float(np.exp(min(vnll, 50))), 2), "beam": args.beam, "alpha": args.alpha,
-               "bleu": {}, "chrf": {}, "sacrebleu_signature": None, "chrf_signature": None}
+               "bleu": {}, "chrf": {}, "sacrebleu_signature": None, "chrf_signature": None,
+               "bleu_paper": {}, "bleu_paper_method": None}
     sets = {"valid": data.valid, **data.tests}
     for name, (src, ref) in sets.items():
         t0 = time.time()
         hyps = translate_lines(model, tok, src, args.beam, args.alpha, args.decode_batch, progress=not args.quiet)
-        s = score(hyps, ref)
+        s = score(hyps, ref, lang=args.tgt)
         atomic_write(os.path.join(args.out, f"{name}.hyp.{args.tgt}"), lambda f: f.write("".join(h + "\n" for h in hyps).encode()))
         results["bleu"][name], results["chrf"][name] = s["bleu"], s["chrf"]
         results["sacrebleu_signature"], results["chrf_signature"] = s["bleu_signature"], s["chrf_signature"]
+        results["bleu_paper"][name], results["bleu_paper_method"] = s["bleu_paper"], s["bleu_paper_method"]
         write_log({"step": state["step"], "eval": name, "bleu": s["bleu"], "chrf": s["chrf"],
-                   "decode_s": round(time.time() - t0, 1)})
-        log(f"{name}: BLEU {s['bleu']} chrF {s['chrf']} ({len(src)} sentences, {time.time() - t0:.0f}s)")
+                   "bleu_paper": s["bleu_paper"], "decode_s": round(time.time() - t0, 1)})
+        paper = f" (paper's tokenized BLEU {s['bleu_paper']})" if s["bleu_paper"] is not None else ""
+        log(f"{name}: BLEU {s['bleu']}{paper} chrF {s['chrf']} ({len(src)} sentences, {time.time() - t0:.0f}s)")
+    if results["bleu_paper"] and None in results["bleu_paper"].values():
+        log(f"note: the paper's tokenized BLEU was {results['bleu_paper_method']}")
     atomic_write(os.path.join(args.out, "results.json"), lambda f: f.write(json.dumps(results, indent=2).encode()))
     return results

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 import minitf
-from minitf.decode import IncrementalDecoder, beam_search, greedy_search, length_penalty
+from minitf.decode import IncrementalDecoder, beam_search, greedy_search, length_penalty, top_candidates
 from minitf.loss import log_softmax
+from plain_beam import plain_beam_search
 
 
 def model_and_src(vocab=13, seed=0, dtype="float64"):
@@ -41,6 +42,26 @@ def test_reorder_keeps_rows_consistent():
     np.testing.assert_allclose(dec.step(tgt[[2, 0], 2]), full[[2, 0], 2], rtol=1e-10, atol=1e-10)
 
 
+def test_beams_share_their_sentence_state_and_follow_reordering():
+    # 3 sentences x 2 beams; after two steps sentence 1 finishes and the beams of sentences
+    # 0 and 2 take new parents: every row's logits still equal the full forward of its prefix
+    model, src = model_and_src()
+    model.eval()
+    k = 2
+    rng = np.random.default_rng(7)
+    tgt = np.concatenate([np.full((6, 1), 2), rng.integers(4, 13, (6, 3))], axis=1)
+    dec = IncrementalDecoder(model, src, 4, beam=k)
+    full = log_softmax(model.forward(np.repeat(src, k, axis=0), tgt))
+    for t in range(2):
+        np.testing.assert_allclose(dec.step(tgt[:, t]), full[:, t], rtol=1e-10, atol=1e-10)
+    rows = np.array([1, 1, 5, 4])
+    dec.reorder(rows)
+    tgt2 = tgt[rows]
+    full2 = log_softmax(model.forward(src[[0, 0, 2, 2]], tgt2))
+    for t in range(2, 4):
+        np.testing.assert_allclose(dec.step(tgt2[:, t]), full2[:, t], rtol=1e-10, atol=1e-10)
+
+
 def test_beam_size_one_equals_greedy():
     model, src = model_and_src(seed=3)
     g = greedy_search(model, src, max_len_b=8)
@@ -61,6 +82,35 @@ def test_batched_beam_equals_one_sentence_at_a_time():
     assert batched == single
 
 
+@pytest.mark.parametrize("vocab,beam,max_len_b,seed", [(13, 4, 6, 0), (13, 1, 8, 1), (40, 3, 3, 2), (64, 5, 10, 3),
+                                                      (7, 4, 4, 4), (13, 2, 0, 5)])
+def test_beam_search_equals_the_plain_loop(vocab, beam, max_len_b, seed):
+    # the vectorized search (block maxima, arrays of beams) returns what the plain loop does,
+    # with length limits, early EOS, short beams (vocab 7, beam 4) and a limit of 0 extra steps
+    model, src = model_and_src(vocab=vocab, seed=seed)
+    src = np.minimum(src, vocab - 1)
+    want = plain_beam_search(model, src, beam_size=beam, max_len_b=max_len_b)
+    assert beam_search(model, src, beam_size=beam, max_len_b=max_len_b) == want
+    assert any(len(h) for h in want)
+
+
+@pytest.mark.parametrize("v,k", [(640, 4), (13, 4), (148, 2), (96, 3), (8000, 4), (4, 4)])
+def test_top_candidates_equal_a_full_sort(v, k):
+    rng = np.random.default_rng(v + k)
+    n = 5
+    logits = rng.standard_normal((n * k, v))
+    logits[:, 1] = -np.inf                                    # a banned token
+    offset = rng.standard_normal(n * k) - 3.0
+    offset[1::k] = -np.inf                                    # dead beams
+    n_best = min(2 * k, k * v)
+    values, beam, tok = top_candidates(logits, offset, k, n_best)
+    cand = (offset[:, None] + logits).reshape(n, k * v)
+    want = np.sort(cand, axis=1)[:, ::-1][:, :n_best]
+    np.testing.assert_array_equal(values, want)
+    np.testing.assert_array_equal(cand[np.arange(n)[:, None], beam * v + tok], values)   # they are those candidates
+    finite = np.isfinite(values)
+    flat = (beam * v + tok)[finite]
+    assert len(set(zip(np.nonzero(finite)[0], flat))) == finite.sum()                # no candidate twice
 
 
 def test_wide_beam_finds_the_best_sequence_under_the_length_penalty():

@@ -50,7 +50,10 @@ def test_end_to_end_writes_results(corpus, tmp_path):
     assert set(res["bleu"]) == {"valid", "test_2016_flickr"} and set(res["chrf"]) == set(res["bleu"])
     assert all(0 <= b <= 100 for b in res["bleu"].values())
     assert res["sacrebleu_signature"].startswith("nrefs:1|")
+    assert set(res["bleu_paper"]) == set(res["bleu"]) and "compound splitting" in res["bleu_paper_method"]
     assert len(res["averaged_checkpoints"]) == 3
+    from minitf.checkpoint import read_train_state
+    assert read_train_state(out / "averaged.npz")["languages"] == ["en", "de"]   # evaluate's default --lang
     assert len((out / "test_2016_flickr.hyp.de").read_text().splitlines()) == 20
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     train_lines = [r for r in log if "loss" in r]

@@ -41,9 +41,11 @@ def test_evaluate_prints_bleu_chrf_and_signatures(setup):
     res = json.loads(out.stdout)
     assert 0 <= res["bleu"] <= 100 and 0 <= res["chrf"] <= 100 and res["n"] == 7
     assert res["bleu_signature"].startswith("nrefs:1|") and res["chrf_signature"].startswith("nrefs:1|")
+    assert res["bleu_paper"] is None and "--lang" in res["bleu_paper_method"]   # the tiny checkpoint names no language
     text = run("evaluate", "--checkpoint", d / "model.npz", "--src", d / "src.txt", "--ref", d / "ref.txt",
-               "--beam", 1, "--max-len-b", 3, "--quiet")
+               "--beam", 1, "--max-len-b", 3, "--quiet", "--lang", "de")
     assert text.returncode == 0 and "BLEU" in text.stdout and "chrF" in text.stdout
+    assert "paper BLEU" in text.stdout and "compound splitting" in text.stdout
 
 
 def test_user_errors_are_one_line(setup):

@@ -60,5 +60,9 @@ class MultiHeadAttention(Layer):
     def attend(self, x_q, k, v, bias):
         """Inference-only attention of x_q [B, T, D] over precomputed k, v [B, H, S, K]."""
         q = F.split_heads(F.linear_forward(x_q, self.q.params["weight"], self.q.params["bias"]), self.n_heads)
+        return self.attend_heads(q, k, v, bias)
+
+    def attend_heads(self, q, k, v, bias):
+        """Inference-only attention of projected queries q [B, H, T, K] -> [B, T, D]."""
         ctx, _ = F.attention_forward(q, k, v, bias, self.scale)
         return F.linear_forward(F.merge_heads(ctx), self.out.params["weight"], self.out.params["bias"])
