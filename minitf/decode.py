@@ -75,17 +75,21 @@ class IncrementalDecoder:
             self.memory, self.src_bias = self.memory[idx], self.src_bias[idx]
             for cache in self.caches:
                 cache.ck, cache.cv = cache.ck[idx], cache.cv[idx]
-        idx = xp.asarray(rows)
-        self.prefix = self.prefix[idx]
+        if not self.use_cache:
+            self.prefix = self.prefix[xp.asarray(rows)]
+            return
+        # row j takes row rows[j]'s history; rows that keep their own (often most) are not copied,
+        # and a shorter batch is compacted in place: the caches become views of their first rows
+        moved = np.flatnonzero(rows != np.arange(len(rows)))
+        if len(moved):
+            dst, src = xp.asarray(moved), xp.asarray(rows[moved])
         for cache in self.caches:
             for name in ("k", "v"):
                 buf = getattr(cache, name)
+                if len(moved):
+                    buf[dst, :, :t] = buf[src, :, :t]      # the right side is a copy: no aliasing
                 if len(rows) != buf.shape[0]:
-                    new = xp.empty((len(rows),) + buf.shape[1:], buf.dtype)
-                    new[:, :, :t] = buf[idx, :, :t]
-                    setattr(cache, name, new)
-                else:
-                    buf[:, :, :t] = buf[idx, :, :t]
+                    setattr(cache, name, buf[: len(rows)])
 
 
 def _restores_mode(search):
@@ -142,8 +146,8 @@ def _ban(logits, cfg, t):
         logits[:, cfg.eos_id] = -np.inf
 
 
-def _block_width(v):
-    """The block width of `top_candidates`: the largest divisor of V in [32, 128], else V."""
+def _group_size(v):
+    """Tokens per group in `top_candidates`: the largest divisor of V in [32, 128], else V."""
     return next((w for w in range(128, 31, -1) if v % w == 0), v)
 
 
@@ -156,34 +160,34 @@ def top_candidates(logits, offset, k, n_best):
 
     Plain equivalent: cand = (offset[:, None] + logits).reshape(n, k * V), then the n_best
     largest of each row of cand, sorted. Ranking all k * V candidates is the costly part,
-    so it runs on block maxima instead: a row's V tokens are cut into blocks of W; every one
-    of the n_best best candidates lies in one of the n_best blocks with the largest maxima
-    (were its block not among them, n_best blocks would each hold a better candidate). Only
-    those n_best * W values are ranked: one pass over the logits instead of a partition.
+    so it runs on group maxima instead: a row's V tokens are split into G groups of W
+    (token i * G + g is the i-th of group g: the maxima are then an elementwise maximum of
+    W rows of G, a fast pass); every one of the n_best best candidates lies in one of the
+    n_best groups with the largest maxima (were its group not among them, n_best groups
+    would each hold a better candidate). Only those n_best * W values are ranked.
     """
     xp = xp_of(logits)
     rows, v = logits.shape
     n = rows // k
-    w = _block_width(v)
-    nb = v // w
-    blocks = logits.reshape(rows, nb, w)
-    best_block = blocks.max(axis=2) + offset[:, None]                          # [n * k, nb]
-    best_block = best_block.reshape(n, k * nb)
-    if n_best < k * nb:
-        chosen = xp.argpartition(-best_block, n_best - 1, axis=1)[:, :n_best]   # [n, n_best] (beam, block)
+    w = _group_size(v)
+    g = v // w
+    grouped = logits.reshape(rows, w, g)                                        # [n * k, W, G]
+    group_max = grouped.max(axis=1) + offset[:, None]                           # [n * k, G]
+    group_max = group_max.reshape(n, k * g)
+    if n_best < k * g:
+        chosen = xp.argpartition(-group_max, n_best - 1, axis=1)[:, :n_best]    # [n, m]: beam * G + group
     else:
-        chosen = xp.broadcast_to(xp.arange(k * nb), (n, k * nb))
-    row = xp.arange(n)[:, None] * k + chosen // nb                              # [n, m]
-    vals = blocks[row, chosen % nb] + offset[row][..., None]                     # [n, m, W]
+        chosen = xp.broadcast_to(xp.arange(k * g), (n, k * g))
+    row = xp.arange(n)[:, None] * k + chosen // g                               # [n, m]
+    vals = grouped[row, :, chosen % g] + offset[row][..., None]                  # [n, m, W]
     vals = vals.reshape(n, -1)
-    m = min(n_best, vals.shape[1])
-    part = xp.argpartition(-vals, m - 1, axis=1)[:, :m] if m < vals.shape[1] else xp.broadcast_to(
+    part = xp.argpartition(-vals, n_best - 1, axis=1)[:, :n_best] if n_best < vals.shape[1] else xp.broadcast_to(
         xp.arange(vals.shape[1]), vals.shape)
     part = xp.take_along_axis(part, xp.argsort(-xp.take_along_axis(vals, part, axis=1), axis=1), axis=1)
-    values = to_numpy(xp.take_along_axis(vals, part, axis=1))
+    values = to_numpy(xp.take_along_axis(vals, part, axis=1))                   # [n, n_best], best first
     part = to_numpy(part)
-    chosen = to_numpy(chosen)[np.arange(n)[:, None], part // w]                  # (beam, block) of each
-    return values, chosen // nb, (chosen % nb) * w + part % w
+    chosen = to_numpy(chosen)[np.arange(n)[:, None], part // w]                  # beam * G + group of each
+    return values, chosen // g, (part % w) * g + chosen % g                      # token = i * G + group
 
 
 @_restores_mode
@@ -254,7 +258,8 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
 
 
 def _logsumexp(x):
-    """x [N, V] -> [N]: max + log(sum(exp(x - max)))."""
+    """x [N, V] -> [N]: max + log(sum(exp(x - max))) (one pass of exp over every logit: on a
+    CPU the costliest part of a search step after the matmuls)."""
     xp = xp_of(x)
     m = x.max(axis=1)
     e = x - m[:, None]

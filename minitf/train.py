@@ -355,8 +355,16 @@ def _train(args, world):
         save(args.out, state["step"], model, opt, tok, state, args.keep_last)
     log(f"training stopped ({stop_reason}) at step {state['step']} after {state['train_wall_s']:.0f}s")
     state["epochs"] = round(state["epoch"] + state["batch"] / epoch_len, 3)
-    results = finish(args, model, tok, data, state, valid, write_log)
-    logf.close()
+    try:
+        results = finish(args, model, tok, data, state, valid, write_log)
+    except KeyboardInterrupt:   # Ctrl-C while averaging or translating: training itself is saved
+        avg = os.path.join(args.out, "averaged.npz")
+        log(f"interrupted during the final evaluation: the checkpoints in {args.out} are complete; score "
+            f"{'the average' if os.path.exists(avg) else 'one'} with `python -m minitf evaluate --checkpoint "
+            f"{avg if os.path.exists(avg) else checkpoint_paths(args.out)[-1]} --src ... --ref ...`")
+        raise Interrupted("SIGINT") from None
+    finally:
+        logf.close()
     return results
 
 

@@ -140,6 +140,29 @@ def test_sigterm_saves_then_exits_143(corpus, tmp_path):
     assert len(list(out.glob("checkpoint_*.npz"))) == 1
 
 
+def test_ctrl_c_in_the_final_evaluation_exits_130_in_one_line(corpus, tmp_path, monkeypatch, capsys):
+    # Ctrl-C after training, while translating the test sets: no traceback, exit 130, and
+    # the message says the checkpoints are complete and how to score them
+    import importlib.util
+
+    import minitf.train
+
+    def interrupted_finish(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(minitf.train, "finish", interrupted_finish)
+    monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))
+    spec = importlib.util.spec_from_file_location("train_wmt", os.path.join(ROOT, "train_wmt.py"))
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    out = tmp_path / "run"
+    code = cli.main(["--dataset", "multi30k", "--data-dir", str(corpus), "--preset", "tiny", "--vocab-size", "60",
+                     "--device", "cpu", "--out", str(out), "--quiet", "--max-steps", "3", "--save-every", "3"])
+    err = capsys.readouterr().err
+    assert code == 130, err[-2000:]
+    assert "interrupted during the final evaluation" in err and "checkpoint_0000003.npz" in err
+    assert "Traceback" not in err
+
+
 def test_under_a_time_budget_the_bar_shows_the_budget(corpus, tmp_path):
     env = dict(os.environ, MINITF_CACHE=str(tmp_path / "cache"), PYTHONHASHSEED="0")
     cmd = [sys.executable, os.path.join(ROOT, "train_wmt.py"), "--dataset", "multi30k", "--data-dir", str(corpus),
