@@ -3,7 +3,10 @@
 Every sublayer is wrapped as LayerNorm(x + Dropout(Sublayer(x))). There is no final
 LayerNorm after either stack (the paper's post-norm; see docs/deviations.md).
 """
+from typing import NamedTuple
+
 from . import functional as F
+from .backend import xp_of
 from .layers import Dropout, FeedForward, Layer, LayerNorm, MultiHeadAttention
 
 
@@ -83,44 +86,67 @@ class DecoderLayer(Layer):
 
 
 class StepCache:
-    """What one DecoderLayer keeps between decoding steps (decode.IncrementalDecoder).
+    """What one DecoderLayer keeps between decoding steps for a group of sentences that
+    started together (decode.IncrementalDecoder): k, v [N, H, T_max, K], the self-attention
+    keys/values of the group's rows (n sentences x beam) at the positions so far (position
+    t is written at step t); ck, cv [n, H, S, K], the encoder output's cross-attention
+    keys/values, computed once per sentence (its beam rows share them)."""
+    __slots__ = ("k", "v", "ck", "cv")
 
-    k, v [N, H, T_max, K]: the self-attention keys/values of every row's positions so far
-    (position t is written at step t); ck, cv [n, H, S, K]: the encoder output's
-    cross-attention keys/values, computed once per sentence (the `beam` rows of a sentence
-    share them); w_qkv [D, 3 HK], b_qkv [3 HK]: the self-attention's q, k, v projections
-    side by side, so the new position needs one matmul instead of three."""
-    __slots__ = ("k", "v", "ck", "cv", "w_qkv", "b_qkv")
-
-    def __init__(self, layer, memory, rows, max_steps, xp, dtype):
-        sa, h, d_k = layer.self_attn, layer.self_attn.n_heads, layer.self_attn.d_k
-        self.k = xp.empty((rows, h, max_steps, d_k), dtype)
-        self.v = xp.empty((rows, h, max_steps, d_k), dtype)
+    def __init__(self, layer, memory, rows, max_steps):
+        xp, sa = xp_of(memory), layer.self_attn
+        self.k, self.v = (xp.empty((rows, sa.n_heads, max_steps, sa.d_k), memory.dtype) for _ in range(2))
         self.ck, self.cv = layer.cross_attn.project_kv(memory)
-        self.w_qkv = xp.concatenate([sa.q.params["weight"], sa.k.params["weight"], sa.v.params["weight"]], axis=1)
-        self.b_qkv = xp.concatenate([sa.q.params["bias"], sa.k.params["bias"], sa.v.params["bias"]])
 
 
-def decoder_layer_step(layer, x, cache, t, src_bias, beam=1):
-    """Incremental (KV-cached) DecoderLayer forward for one new position t, inference only.
+class StepGroup(NamedTuple):
+    """The rows a:b of a decoding step that belong to one group (sentences that started
+    together): all at position t, their sources masked by src_bias [n, 1, 1, S]."""
+    a: int
+    b: int
+    t: int
+    src_bias: object
 
-    x [N, 1, D]: the new position of each of N = n sentences x `beam` rows (sentence-major);
-    cache: this layer's StepCache; src_bias [n, 1, 1, S]. Equals row t of
-    DecoderLayer.forward on the whole prefix: the cache holds only positions <= t, so no
-    causal mask is needed.
+
+def fused_qkv(layer):
+    """The self-attention's q, k, v projections side by side: (w [D, 3 HK], b [3 HK]), so a
+    decoding step projects its new position with one matmul instead of three."""
+    sa = layer.self_attn
+    xp = xp_of(sa.q.params["weight"])
+    return (xp.concatenate([sa.q.params["weight"], sa.k.params["weight"], sa.v.params["weight"]], axis=1),
+            xp.concatenate([sa.q.params["bias"], sa.k.params["bias"], sa.v.params["bias"]]))
+
+
+def decoder_layer_step(layer, x, qkv, caches, groups, beam):
+    """Incremental (KV-cached) DecoderLayer forward for one new position per row, inference only.
+
+    x [N, 1, D]: the new position of each row, rows sentence-major (`beam` rows a sentence)
+    and grouped by `groups` (StepGroup); qkv: fused_qkv(layer); caches: this layer's
+    StepCache of each group. Equals the row's position of DecoderLayer.forward on its whole
+    prefix: the cache holds only the positions up to this one, so no causal mask is needed.
+    The position-wise parts run on all rows at once, the attentions group by group.
     """
     sa, ca = layer.self_attn, layer.cross_attn
     n_rows, _, d = x.shape
-    # q, k, v = x Wq, x Wk, x Wv in one matmul; k, v of position t join the cache
-    q, k, v = (F.split_heads(part, sa.n_heads) for part in
-               F.split_last(F.linear_forward(x, cache.w_qkv, cache.b_qkv), 3))          # each [N, H, 1, K]
-    cache.k[:, :, t: t + 1] = k
-    cache.v[:, :, t: t + 1] = v
-    h1 = layer.norm1.apply(x + sa.attend_heads(q, cache.k[:, :, : t + 1], cache.v[:, :, : t + 1], 0.0))
+    # q, k, v = x Wq, x Wk, x Wv in one matmul; k, v of the new position join the cache
+    q, k, v = (F.split_heads(part, sa.n_heads) for part in F.split_last(F.linear_forward(x, *qkv), 3))  # [N, H, 1, K]
+    parts = []
+    for g, c in zip(groups, caches):
+        c.k[:, :, g.t: g.t + 1] = k[g.a: g.b]
+        c.v[:, :, g.t: g.t + 1] = v[g.a: g.b]
+        parts.append(sa.attend_heads(q[g.a: g.b], c.k[:, :, : g.t + 1], c.v[:, :, : g.t + 1], 0.0))
+    h1 = layer.norm1.apply(x + _join(parts))
     # cross-attention: the beams of a sentence are the queries of one [beam, S] attention
-    h1 = h1.reshape(n_rows // beam, beam, d)
-    h2 = layer.norm2.apply(h1 + ca.attend(h1, cache.ck, cache.cv, src_bias))
-    return layer.norm3.apply(h2 + layer.ffn.apply(h2)).reshape(n_rows, 1, d)
+    parts = []
+    for g, c in zip(groups, caches):
+        h1_g = h1[g.a: g.b].reshape((g.b - g.a) // beam, beam, d)
+        parts.append(ca.attend(h1_g, c.ck, c.cv, g.src_bias).reshape(g.b - g.a, 1, d))
+    h2 = layer.norm2.apply(h1 + _join(parts))
+    return layer.norm3.apply(h2 + layer.ffn.apply(h2))
+
+
+def _join(parts):
+    return parts[0] if len(parts) == 1 else xp_of(parts[0]).concatenate(parts)
 
 
 def add_layer_list(parent, layers):

@@ -12,10 +12,13 @@ import functools
 import numpy as np
 
 from .backend import to_numpy, xp_of
-from .blocks import StepCache, decoder_layer_step
+from .blocks import StepCache, StepGroup, decoder_layer_step, fused_qkv
 from .functional import as_float32_if_half
 from .loss import log_softmax
 from .model import causal_bias
+
+
+ADMIT_WHEN_FREE = 0.5    # continuous batching: waiting sentences start once this share of places is free
 
 
 def length_penalty(length, alpha):
@@ -23,73 +26,117 @@ def length_penalty(length, alpha):
     return ((5.0 + length) / 6.0) ** alpha
 
 
+class _Group:
+    """Sentences that started decoding together: n of them, all at step t (positions
+    0..t-1 written), with their encoder state (src_bias, and memory or per-layer caches)."""
+
+    def __init__(self, n, src_bias):
+        self.n, self.t, self.src_bias = n, 0, src_bias
+        self.caches, self.memory, self.prefix = [], None, None
+
+
 class IncrementalDecoder:
-    """Decoder state for N = n sentences x `beam` rows (sentence-major: row r belongs to
-    sentence r // beam); `logits` feeds one token per row and returns the next position's
-    logits."""
+    """Decoder state for sentences x `beam` rows, sentence-major (a sentence's beams are
+    consecutive rows). `logits` feeds one token per row and returns the logits of each row's
+    next position; `reorder` keeps chosen rows (beams taking new parents, finished sentences
+    leaving); `admit` starts more sentences while others are mid-way. Sentences that started
+    together form a group with its own step and buffers: the position-wise layers run on all
+    rows at once, each attention group by group over exactly its positions.
+    """
 
     def __init__(self, model, src, max_steps, use_cache=True, beam=1):
-        self.model, self.use_cache, self.beam, self.t = model, use_cache, beam, 0
-        xp = model.xp
+        self.model, self.use_cache, self.beam, self.max_steps = model, use_cache, beam, max_steps
         model.eval()
-        self.memory, self.src_bias, _ = model.encode(src)           # once per sentence, not per beam
-        rows = src.shape[0] * beam
-        self.caches = [StepCache(layer, self.memory, rows, max_steps, xp, model.dtype)
-                       for layer in model.decoder.layers_] if use_cache else []
-        self.prefix = xp.zeros((rows, 0), dtype=src.dtype)          # the tokens so far (uncached only)
+        self.qkv = [fused_qkv(layer) for layer in model.decoder.layers_] if use_cache else None
+        self.groups = []
+        self.admit(src)
+
+    @property
+    def n(self):
+        """Sentences held."""
+        return sum(g.n for g in self.groups)
+
+    def admit(self, src):
+        """Start decoding the sentences src [m, S] (after those held), at step 0."""
+        memory, src_bias, _ = self.model.encode(src)                   # once per sentence, not per beam
+        g = _Group(src.shape[0], src_bias)
+        rows = src.shape[0] * self.beam
+        if self.use_cache:
+            g.caches = [StepCache(layer, memory, rows, self.max_steps) for layer in self.model.decoder.layers_]
+        else:   # the whole prefix again at every step: keep memory [m, S, D] and the tokens so far
+            g.memory, g.prefix = memory, self.model.xp.zeros((rows, 0), dtype=src.dtype)
+        self.groups.append(g)
 
     def step(self, tokens):
-        """tokens [N] (the token at position t) -> log-probabilities [N, V] for position t + 1."""
+        """tokens [N] (each row's token at its position t) -> log-probabilities [N, V] for t + 1."""
         return log_softmax(self.logits(tokens))
 
     def logits(self, tokens):
-        """tokens [N] (the token at position t) -> logits [N, V] for position t + 1."""
-        m, xp, t = self.model, self.model.xp, self.t
+        """tokens [N] (each row's token at its position t) -> logits [N, V] for position t + 1."""
+        m, xp, k = self.model, self.model.xp, self.beam
+        bounds = np.cumsum([0] + [g.n * k for g in self.groups])
+        at = [StepGroup(int(a), int(b), g.t, g.src_bias) for a, b, g in zip(bounds[:-1], bounds[1:], self.groups)]
         if self.use_cache:
-            x = m.positional.forward(m.embedding.lookup(tokens[:, None])[0], offset=t)    # [N, 1, D]
-            for layer, cache in zip(m.decoder.layers_, self.caches):
-                x = decoder_layer_step(layer, x, cache, t, self.src_bias, self.beam)
+            positions = (self.groups[0].t if len(self.groups) == 1 else
+                         np.concatenate([np.full(g.b - g.a, g.t) for g in at]))
+            x = m.positional.forward(m.embedding.lookup(tokens[:, None])[0], offset=positions)    # [N, 1, D]
+            for i, layer in enumerate(m.decoder.layers_):
+                x = decoder_layer_step(layer, x, self.qkv[i], [g.caches[i] for g in self.groups], at, k)
             h = x[:, 0]
-        else:  # the whole prefix again, causal mask and all
-            self.prefix = xp.concatenate([self.prefix, tokens[:, None].astype(self.prefix.dtype)], axis=1)
-            tgt_bias = causal_bias(t + 1, xp, m.dtype)[None, None]
-            y = m.positional.forward(m.embedding.lookup(self.prefix)[0])
-            memory, src_bias = (xp.repeat(a, self.beam, axis=0) for a in (self.memory, self.src_bias))
-            h = m.decoder.forward(y, memory, src_bias, tgt_bias)[:, -1]
-        self.t += 1
+        else:   # each group's whole prefix again, causal mask and all
+            parts = []
+            for g, s in zip(self.groups, at):
+                g.prefix = xp.concatenate([g.prefix, tokens[s.a: s.b, None].astype(g.prefix.dtype)], axis=1)
+                y = m.positional.forward(m.embedding.lookup(g.prefix)[0])
+                memory, src_bias = (xp.repeat(a, k, axis=0) for a in (g.memory, g.src_bias))
+                parts.append(m.decoder.forward(y, memory, src_bias, causal_bias(g.t + 1, xp, m.dtype)[None, None])[:, -1])
+            h = xp.concatenate(parts)
+        for g in self.groups:
+            g.t += 1
         return m.embedding.project(h)[0]
 
     def reorder(self, rows):
         """Keep rows `rows` (an int array into the current rows), in that order.
 
-        With beam > 1 the rows come in groups of `beam` from one sentence each (a sentence's
-        beams reordered among themselves, or a finished sentence dropped): the per-sentence
-        encoder state follows the sentences rows[::beam] // beam; only the self-attention
-        caches move row by row, and only their first t positions (the rest is unwritten).
+        The rows come in groups of `beam` from one sentence each (a sentence's beams taking
+        new parents among themselves, a finished sentence leaving), in sentence order. Only
+        the rows that move are copied, in place, and only the positions written so far.
         """
-        xp, t = self.model.xp, self.t
+        xp, k = self.model.xp, self.beam
         rows = np.asarray(to_numpy(rows))
-        sentences = rows[:: self.beam] // self.beam
-        if len(sentences) != self.memory.shape[0] or (sentences != np.arange(len(sentences))).any():
-            idx = xp.asarray(sentences)
-            self.memory, self.src_bias = self.memory[idx], self.src_bias[idx]
-            for cache in self.caches:
-                cache.ck, cache.cv = cache.ck[idx], cache.cv[idx]
-        if not self.use_cache:
-            self.prefix = self.prefix[xp.asarray(rows)]
-            return
-        # row j takes row rows[j]'s history; rows that keep their own (often most) are not copied,
-        # and a shorter batch is compacted in place: the caches become views of their first rows
-        moved = np.flatnonzero(rows != np.arange(len(rows)))
-        if len(moved):
-            dst, src = xp.asarray(moved), xp.asarray(rows[moved])
-        for cache in self.caches:
-            for name in ("k", "v"):
-                buf = getattr(cache, name)
-                if len(moved):
-                    buf[dst, :, :t] = buf[src, :, :t]      # the right side is a copy: no aliasing
-                if len(rows) != buf.shape[0]:
-                    setattr(cache, name, buf[: len(rows)])
+        start, kept = 0, []
+        for g in self.groups:
+            stop = start + g.n * k
+            mine = rows[(rows >= start) & (rows < stop)] - start       # this group's rows, in order
+            start = stop
+            sentences = mine[::k] // k
+            moved = np.flatnonzero(sentences != np.arange(len(sentences)))
+            if len(moved):                                           # finished sentences left: close the gaps
+                dst, src = xp.asarray(moved), xp.asarray(sentences[moved])
+                g.src_bias[dst] = g.src_bias[src]                    # each right side is a copy: no aliasing
+                for c in g.caches:
+                    c.ck[dst], c.cv[dst] = c.ck[src], c.cv[src]
+                if g.memory is not None:
+                    g.memory[dst] = g.memory[src]
+            g.src_bias = g.src_bias[: len(sentences)]
+            for c in g.caches:
+                c.ck, c.cv = c.ck[: len(sentences)], c.cv[: len(sentences)]
+            if g.memory is not None:
+                g.memory = g.memory[: len(sentences)]
+            g.n = len(sentences)
+            if g.prefix is not None:
+                g.prefix = g.prefix[xp.asarray(mine)]
+            moved = np.flatnonzero(mine != np.arange(len(mine)))
+            if len(moved):                                           # beams that took another parent
+                dst, src = xp.asarray(moved), xp.asarray(mine[moved])
+                for c in g.caches:
+                    c.k[dst, :, : g.t] = c.k[src, :, : g.t]
+                    c.v[dst, :, : g.t] = c.v[src, :, : g.t]
+            for c in g.caches:                                       # a smaller group: views of the first rows
+                c.k, c.v = c.k[: len(mine)], c.v[: len(mine)]
+            if g.n:
+                kept.append(g)
+        self.groups = kept
 
 
 def _restores_mode(search):
@@ -125,7 +172,7 @@ def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True):
     tokens = xp.full(src.shape[0], cfg.bos_id, dtype=src.dtype)
     for t in range(steps):
         logits = dec.logits(tokens)            # argmax log p = argmax logits: no softmax needed
-        _ban(logits, cfg, t)
+        _ban(logits, cfg, t == 0)
         best = to_numpy(logits.argmax(axis=1))
         keep = np.flatnonzero((best != cfg.eos_id) & (t < max_lens[alive]))   # EOS, or the length limit: done
         for row in keep:
@@ -138,12 +185,22 @@ def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True):
     return out
 
 
-def _ban(logits, cfg, t):
-    """Never emit padding or BOS; no EOS first (at least one token: fairseq's min_len 1)."""
+def _ban(logits, cfg, first):
+    """Never emit padding or BOS; no EOS first (at least one token: fairseq's min_len 1).
+    `first`: whether the rows are at their first step (a bool, or a host bool array [N])."""
     logits[:, cfg.pad_id] = -np.inf
     logits[:, cfg.bos_id] = -np.inf
-    if t == 0:
+    if np.ndim(first):
+        rows = np.flatnonzero(first)
+        if len(rows):
+            logits[model_index(logits, rows), cfg.eos_id] = -np.inf
+    elif first:
         logits[:, cfg.eos_id] = -np.inf
+
+
+def model_index(like, host_index):
+    """A host index array as an index for arrays like `like` (NumPy or CuPy)."""
+    return xp_of(like).asarray(host_index)
 
 
 def _group_size(v):
@@ -191,39 +248,49 @@ def top_candidates(logits, offset, k, n_best):
 
 
 @_restores_mode
-def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50, use_cache=True):
+def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50, use_cache=True, batch_size=None,
+                progress=None):
     """src [B, S] -> list of B token-id lists: the best finished hypothesis of each sentence
     by score / length_penalty. Each step ranks the 2k best continuations of a sentence
     (k = beam_size; a continuation: a live beam plus one token); an EOS among the k best
     finishes its hypothesis while fewer than k have finished (a weak early EOS must not fill
     the finished list and stop the search: fairseq's rule), and the first k others are the
     next beams. A sentence stops when k hypotheses have finished, or at its maximum length,
-    where every live beam ends (EOS forced)."""
+    where every live beam ends (EOS forced). tests/plain_beam.py is the same search written
+    plainly, one sentence and one candidate at a time.
+
+    At most `batch_size` sentences (default: all) are decoded at once, in the order given;
+    when a quarter of them have finished, the next ones take their places (continuous
+    batching), so a batch never runs on for a few long sentences. `progress.update(n)` is
+    called as sentences finish.
+    """
     cfg, xp = model.cfg, model.xp
     src = model._check_ids("src", src)
     b, k = src.shape[0], beam_size
+    cap = min(batch_size or b, b)
     max_lens = _max_lengths(model, src, max_len_a, max_len_b)
-    steps = int(max_lens.max()) + 1
-    dec = IncrementalDecoder(model, src, steps, use_cache, beam=k)
-    alive = np.arange(b)                          # sentences still decoding, in row-block order
-    hyps = np.zeros((b * k, 0), dtype=np.int64)   # [rows, t] the tokens of every live beam
-    scores = np.full((b, k), -np.inf)             # [n, k] their log-probabilities
-    scores[:, 0] = 0.0                            # only one live beam at the start (all k are BOS)
+    widths = to_numpy((src != cfg.pad_id).sum(axis=1))
+    steps_max = int(max_lens.max()) + 1
+    dec = IncrementalDecoder(model, src[:cap, : int(widths[:cap].max())], steps_max, use_cache, beam=k)
+    alive = np.arange(cap)                        # sentences being decoded, in slot order
+    admitted = cap                                # sentences 0 .. admitted - 1 have started
+    steps = np.zeros(cap, dtype=np.int64)         # [n] the step each is at
+    hyps = np.zeros((cap * k, steps_max), dtype=np.int64)   # [rows, T] tokens of every live beam (steps[s] set)
+    scores = _first_scores(cap, k)                # [n, k] their log-probabilities
     n_done = np.zeros(b, dtype=int)               # finished hypotheses per sentence
     best, best_score = [[] for _ in range(b)], np.full(b, -np.inf)
-    tokens = xp.full(b * k, cfg.bos_id, dtype=src.dtype)
-    for t in range(steps):
-        logits = as_float32_if_half(dec.logits(tokens))                       # [n * k, V]
+    next_tokens = np.full(cap * k, cfg.bos_id)
+    while len(alive):
+        logits = as_float32_if_half(dec.logits(xp.asarray(next_tokens, dtype=src.dtype)))   # [n * k, V]
         n, v = len(alive), logits.shape[1]
         lse = _logsumexp(logits)                                              # log p = logits - lse
-        _ban(logits, cfg, t)
+        _ban(logits, cfg, np.repeat(steps == 0, k))
         offset = xp.asarray(scores.reshape(-1), dtype=logits.dtype) - lse   # [n * k]: score + log p - logits
         n_best = min(2 * k, k * v)
         values, beam, tok = top_candidates(logits, offset, k, n_best)         # [n, 2k], best first
-        at_limit = t >= max_lens[alive]
+        at_limit = steps >= max_lens[alive]
         if at_limit.any():   # the length limit: every beam ends with EOS, in beam order
             ends = to_numpy(offset + logits[:, cfg.eos_id]).reshape(n, k)
-            values, beam, tok = values.copy(), beam.copy(), tok.copy()
             values[at_limit] = -np.inf
             values[at_limit, :k] = ends[at_limit]
             beam[at_limit], tok[at_limit] = np.arange(n_best) % k, cfg.eos_id
@@ -234,27 +301,44 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
             sent = alive[i]
             if n_done[sent] < k:
                 n_done[sent] += 1
-                s = values[i, r] / length_penalty(t + 1, alpha)
+                s = values[i, r] / length_penalty(steps[i] + 1, alpha)
                 if s > best_score[sent]:
-                    best_score[sent], best[sent] = s, hyps[i * k + beam[i, r]].tolist()
+                    best_score[sent], best[sent] = s, hyps[i * k + beam[i, r], : steps[i]].tolist()
         # the next beams: the first k continuations that are not EOS, in rank order
         cont = ~is_eos & finite
         pick = np.argsort(~cont, axis=1, kind="stable")[:, :k]               # continuations first
         live = np.take_along_axis(cont, pick, axis=1)                          # False: a dead (-inf) slot
         still = np.flatnonzero((n_done[alive] < k) & ~at_limit & live[:, 0])
-        if not len(still):
-            break
+        if progress is not None and n > len(still):
+            progress.update(n - len(still))
         pick, live = pick[still], live[still]
         pick = np.where(live, pick, pick[:, :1])        # a dead slot repeats the first beam, score -inf
         new_beam = np.take_along_axis(beam[still], pick, axis=1)
-        new_tok = np.take_along_axis(tok[still], pick, axis=1)
         rows = (still[:, None] * k + new_beam).reshape(-1)                     # parent row of each new beam
-        hyps = np.concatenate([hyps[rows], new_tok.reshape(-1, 1)], axis=1)
+        next_tokens = np.take_along_axis(tok[still], pick, axis=1).reshape(-1)
+        hyps = hyps[rows]
+        hyps[np.arange(len(rows)), np.repeat(steps[still], k)] = next_tokens
         scores = np.where(live, np.take_along_axis(values[still], pick, axis=1), -np.inf)
         dec.reorder(rows)
-        alive = alive[still]
-        tokens = xp.asarray(new_tok.reshape(-1)).astype(src.dtype)
+        alive, steps = alive[still], steps[still] + 1
+        # continuous batching: waiting sentences take the free places once a quarter is free
+        if admitted < b and (cap - len(alive) >= max(1, int(cap * ADMIT_WHEN_FREE)) or not len(alive)):
+            new = np.arange(admitted, min(b, admitted + cap - len(alive)))
+            admitted = new[-1] + 1
+            dec.admit(src[new, : int(widths[new].max())])
+            alive = np.concatenate([alive, new])
+            steps = np.concatenate([steps, np.zeros(len(new), dtype=np.int64)])
+            scores = np.concatenate([scores, _first_scores(len(new), k)]).astype(scores.dtype)
+            hyps = np.concatenate([hyps, np.zeros((len(new) * k, steps_max), dtype=np.int64)])
+            next_tokens = np.concatenate([next_tokens, np.full(len(new) * k, cfg.bos_id)])
     return best
+
+
+def _first_scores(n, k):
+    """[n, k] the beams of a new sentence: only one is live at first (all k would be BOS)."""
+    scores = np.full((n, k), -np.inf)
+    scores[:, 0] = 0.0
+    return scores
 
 
 def _logsumexp(x):
@@ -268,21 +352,25 @@ def _logsumexp(x):
 
 
 def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len_b=50, progress=None):
-    """Decode lists of source ids (with EOS) in length-sorted batches; returns id lists in input order."""
+    """Decode lists of source ids (with EOS), at most `batch_size` sentences at a time, sorted by
+    length (little padding); returns id lists in input order."""
     order = np.argsort([len(s) for s in src_ids], kind="stable")
     out = [None] * len(src_ids)
-    for start in range(0, len(order), batch_size):
-        idx = order[start: start + batch_size]
-        width = max(len(src_ids[i]) for i in idx)
-        src = np.full((len(idx), width), model.cfg.pad_id, dtype=np.int64)
+    if beam_size == 1:
+        chunks = [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+    else:   # one search: sentences enter as others finish (continuous batching)
+        chunks = [order]
+    for idx in chunks:
+        src = np.full((len(idx), max(len(src_ids[i]) for i in idx)), model.cfg.pad_id, dtype=np.int64)
         for r, i in enumerate(idx):
             src[r, : len(src_ids[i])] = src_ids[i]
         if beam_size == 1:
             res = greedy_search(model, src, max_len_b=max_len_b)
+            if progress is not None:
+                progress.update(len(idx))
         else:
-            res = beam_search(model, src, beam_size, alpha, max_len_b=max_len_b)
+            res = beam_search(model, src, beam_size, alpha, max_len_b=max_len_b, batch_size=batch_size,
+                              progress=progress)
         for r, i in enumerate(idx):
             out[i] = res[r]
-        if progress is not None:
-            progress.update(len(idx))
     return out

@@ -94,6 +94,28 @@ def test_beam_search_equals_the_plain_loop(vocab, beam, max_len_b, seed):
     assert any(len(h) for h in want)
 
 
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_continuous_batching_gives_each_sentence_its_own_search(use_cache):
+    # 7 sentences of different lengths through 3 places: sentences enter while others are
+    # mid-way (rows at different steps), and each gets what it gets decoded alone
+    model, _ = model_and_src(vocab=13, seed=8)
+    rng = np.random.default_rng(3)
+    lens = [3, 6, 2, 8, 5, 4, 7]
+    src = np.zeros((len(lens), max(lens)), dtype=np.int64)
+    for i, n in enumerate(lens):
+        src[i, : n - 1], src[i, n - 1] = rng.integers(4, 13, n - 1), 3
+    want = plain_beam_search(model, src, beam_size=3, max_len_b=4)
+    done = []
+
+    class Bar:
+        def update(self, n):
+            done.append(n)
+    got = beam_search(model, src, beam_size=3, max_len_b=4, batch_size=3, use_cache=use_cache, progress=Bar())
+    assert got == want
+    assert sum(done) == len(lens) and len(done) > 1
+    assert len({len(h) for h in want}) > 1                   # sentences finish at different steps
+
+
 @pytest.mark.parametrize("v,k", [(640, 4), (13, 4), (148, 2), (96, 3), (8000, 4), (4, 4)])
 def test_top_candidates_equal_a_full_sort(v, k):
     rng = np.random.default_rng(v + k)

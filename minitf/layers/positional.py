@@ -42,7 +42,10 @@ class SinusoidalPositional(Layer):
         return t
 
     def forward(self, x, offset=0):
-        """x [B, L, D] -> x + PE[offset:offset+L]."""
+        """x [B, L, D] -> x + PE[offset:offset+L]; decoding one position per row (L = 1), offset
+        may be a host int array [B]: row b gets PE[offset[b]]."""
+        if np.ndim(offset):
+            return x + self._table(x, int(offset.max()) + 1)[xp_of(x).asarray(offset)][:, None]
         return x + self._table(x, offset + x.shape[1])[offset: offset + x.shape[1]]
 
     def backward(self, dy, offset=0):
@@ -58,7 +61,14 @@ class LearnedPositional(Layer):
         self.params["weight"] = rng.normal(0.0, d_model ** -0.5, size=(max_len, d_model))
 
     def forward(self, x, offset=0):
-        """x [B, L, D] -> x + weight[offset:offset+L]; backward needs only dy's shape."""
+        """x [B, L, D] -> x + weight[offset:offset+L]; backward needs only dy's shape. Decoding one
+        position per row (L = 1), offset may be a host int array [B]: row b gets weight[offset[b]]."""
+        if np.ndim(offset):
+            if offset.max() >= self.params["weight"].shape[0]:
+                raise ConfigError(f"learned positions cover {self.params['weight'].shape[0]} positions (max_len), "
+                                  f"this input needs {int(offset.max()) + 1}: shorten it, or train with sinusoidal "
+                                  f"positions, which have no limit")
+            return x + self.params["weight"][xp_of(x).asarray(offset)][:, None]
         if offset + x.shape[1] > self.params["weight"].shape[0]:
             raise ConfigError(f"learned positions cover {self.params['weight'].shape[0]} positions (max_len), "
                               f"this input needs {offset + x.shape[1]}: shorten it, or train with sinusoidal "
