@@ -124,25 +124,32 @@ def decoder_layer_step(layer, x, qkv, caches, groups, beam):
     and grouped by `groups` (StepGroup); qkv: fused_qkv(layer); caches: this layer's
     StepCache of each group. Equals the row's position of DecoderLayer.forward on its whole
     prefix: the cache holds only the positions up to this one, so no causal mask is needed.
-    The position-wise parts run on all rows at once, the attentions group by group.
+    The projections and other position-wise parts run on all rows at once (one matmul
+    each), only the attention itself group by group.
     """
     sa, ca = layer.self_attn, layer.cross_attn
     n_rows, _, d = x.shape
     # q, k, v = x Wq, x Wk, x Wv in one matmul; k, v of the new position join the cache
     q, k, v = (F.split_heads(part, sa.n_heads) for part in F.split_last(F.linear_forward(x, *qkv), 3))  # [N, H, 1, K]
-    parts = []
+    heads = []
     for g, c in zip(groups, caches):
         c.k[:, :, g.t: g.t + 1] = k[g.a: g.b]
         c.v[:, :, g.t: g.t + 1] = v[g.a: g.b]
-        parts.append(sa.attend_heads(q[g.a: g.b], c.k[:, :, : g.t + 1], c.v[:, :, : g.t + 1], 0.0))
-    h1 = layer.norm1.apply(x + _join(parts))
+        heads.append(F.attention_forward(q[g.a: g.b], c.k[:, :, : g.t + 1], c.v[:, :, : g.t + 1], 0.0, sa.scale)[0])
+    h1 = layer.norm1.apply(x + _linear(sa.out, F.merge_heads(_join(heads))))                    # [N, 1, D]
     # cross-attention: the beams of a sentence are the queries of one [beam, S] attention
-    parts = []
+    q = _linear(ca.q, h1)                                                                         # [N, 1, HK]
+    heads = []
     for g, c in zip(groups, caches):
-        h1_g = h1[g.a: g.b].reshape((g.b - g.a) // beam, beam, d)
-        parts.append(ca.attend(h1_g, c.ck, c.cv, g.src_bias).reshape(g.b - g.a, 1, d))
-    h2 = layer.norm2.apply(h1 + _join(parts))
+        q_g = F.split_heads(q[g.a: g.b].reshape((g.b - g.a) // beam, beam, -1), ca.n_heads)     # [n, H, beam, K]
+        ctx = F.attention_forward(q_g, c.ck, c.cv, g.src_bias, ca.scale)[0]
+        heads.append(F.merge_heads(ctx).reshape(g.b - g.a, 1, -1))                              # [rows, 1, HK]
+    h2 = layer.norm2.apply(h1 + _linear(ca.out, _join(heads)))
     return layer.norm3.apply(h2 + layer.ffn.apply(h2))
+
+
+def _linear(linear, x):
+    return F.linear_forward(x, linear.params["weight"], linear.params["bias"])
 
 
 def _join(parts):

@@ -159,29 +159,56 @@ def _max_lengths(model, src, max_len_a, max_len_b):
     return np.minimum(lengths, model.cfg.max_len - 1) if model.cfg.positional == "learned" else lengths
 
 
+class _Waiting:
+    """Continuous batching: the sentences of src [B, S] not started yet, in order. At most
+    `capacity` are decoded at once; the waiting ones start (`admit`) once ADMIT_WHEN_FREE
+    of the places are free, so a batch never runs on for a few long sentences."""
+
+    def __init__(self, model, src, capacity):
+        self.src, self.next = src, 0
+        self.capacity = min(capacity or src.shape[0], src.shape[0])
+        self.widths = to_numpy((src != model.cfg.pad_id).sum(axis=1))
+
+    def admit(self, n_alive):
+        """The sentence ids to start now (none if too few places are free), and their src."""
+        free = self.capacity - n_alive
+        if self.next >= self.src.shape[0] or (free < max(1, int(self.capacity * ADMIT_WHEN_FREE)) and n_alive):
+            return np.arange(0), None
+        new = np.arange(self.next, min(self.src.shape[0], self.next + free))
+        self.next = int(new[-1]) + 1
+        return new, self.src[xp_of(self.src).asarray(new), : int(self.widths[new].max())]   # cut to the widest
+
+
 @_restores_mode
-def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True):
-    """src [B, S] -> list of B token-id lists (no BOS, no EOS); the argmax at every step."""
+def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True, batch_size=None, progress=None):
+    """src [B, S] -> list of B token-id lists (no BOS, no EOS); the argmax at every step. At
+    most `batch_size` sentences (default: all) at once, with continuous batching (_Waiting)."""
     cfg, xp = model.cfg, model.xp
     src = model._check_ids("src", src)
     max_lens = _max_lengths(model, src, max_len_a, max_len_b)
-    steps = int(max_lens.max()) + 1
-    dec = IncrementalDecoder(model, src, steps, use_cache)
+    waiting = _Waiting(model, src, batch_size)
+    alive, first = waiting.admit(0)
+    dec = IncrementalDecoder(model, first, int(max_lens.max()) + 1, use_cache)
+    steps = np.zeros(len(alive), dtype=np.int64)   # [n] the step each sentence is at
     out = [[] for _ in range(src.shape[0])]
-    alive = np.arange(src.shape[0])
-    tokens = xp.full(src.shape[0], cfg.bos_id, dtype=src.dtype)
-    for t in range(steps):
-        logits = dec.logits(tokens)            # argmax log p = argmax logits: no softmax needed
-        _ban(logits, cfg, t == 0)
+    tokens = np.full(len(alive), cfg.bos_id)
+    while len(alive):
+        logits = dec.logits(xp.asarray(tokens, dtype=src.dtype))   # argmax log p = argmax logits: no softmax
+        _ban(logits, cfg, steps == 0)
         best = to_numpy(logits.argmax(axis=1))
-        keep = np.flatnonzero((best != cfg.eos_id) & (t < max_lens[alive]))   # EOS, or the length limit: done
+        keep = np.flatnonzero((best != cfg.eos_id) & (steps < max_lens[alive]))   # EOS, or the length limit: done
         for row in keep:
             out[alive[row]].append(int(best[row]))
-        if not len(keep):
-            break
-        alive = alive[keep]
+        if progress is not None and len(keep) < len(alive):
+            progress.update(len(alive) - len(keep))
         dec.reorder(keep)
-        tokens = xp.asarray(best[keep]).astype(src.dtype)
+        alive, steps, tokens = alive[keep], steps[keep] + 1, best[keep]
+        new, new_src = waiting.admit(len(alive))
+        if len(new):
+            dec.admit(new_src)
+            alive = np.concatenate([alive, new])
+            steps = np.concatenate([steps, np.zeros(len(new), dtype=np.int64)])
+            tokens = np.concatenate([tokens, np.full(len(new), cfg.bos_id)])
     return out
 
 
@@ -260,26 +287,23 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
     plainly, one sentence and one candidate at a time.
 
     At most `batch_size` sentences (default: all) are decoded at once, in the order given;
-    when a quarter of them have finished, the next ones take their places (continuous
-    batching), so a batch never runs on for a few long sentences. `progress.update(n)` is
-    called as sentences finish.
+    as they finish, the next ones take their places (continuous batching, _Waiting).
+    `progress.update(n)` is called as sentences finish.
     """
     cfg, xp = model.cfg, model.xp
     src = model._check_ids("src", src)
     b, k = src.shape[0], beam_size
-    cap = min(batch_size or b, b)
     max_lens = _max_lengths(model, src, max_len_a, max_len_b)
-    widths = to_numpy((src != cfg.pad_id).sum(axis=1))
     steps_max = int(max_lens.max()) + 1
-    dec = IncrementalDecoder(model, src[:cap, : int(widths[:cap].max())], steps_max, use_cache, beam=k)
-    alive = np.arange(cap)                        # sentences being decoded, in slot order
-    admitted = cap                                # sentences 0 .. admitted - 1 have started
-    steps = np.zeros(cap, dtype=np.int64)         # [n] the step each is at
-    hyps = np.zeros((cap * k, steps_max), dtype=np.int64)   # [rows, T] tokens of every live beam (steps[s] set)
-    scores = _first_scores(cap, k)                # [n, k] their log-probabilities
+    waiting = _Waiting(model, src, batch_size)
+    alive, first = waiting.admit(0)               # sentences being decoded, in row order
+    dec = IncrementalDecoder(model, first, steps_max, use_cache, beam=k)
+    steps = np.zeros(len(alive), dtype=np.int64)  # [n] the step each is at
+    hyps = np.zeros((len(alive) * k, steps_max), dtype=np.int64)   # [rows, T] tokens of every live beam
+    scores = _first_scores(len(alive), k)         # [n, k] their log-probabilities
     n_done = np.zeros(b, dtype=int)               # finished hypotheses per sentence
     best, best_score = [[] for _ in range(b)], np.full(b, -np.inf)
-    next_tokens = np.full(cap * k, cfg.bos_id)
+    next_tokens = np.full(len(alive) * k, cfg.bos_id)
     while len(alive):
         logits = as_float32_if_half(dec.logits(xp.asarray(next_tokens, dtype=src.dtype)))   # [n * k, V]
         n, v = len(alive), logits.shape[1]
@@ -321,11 +345,9 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
         scores = np.where(live, np.take_along_axis(values[still], pick, axis=1), -np.inf)
         dec.reorder(rows)
         alive, steps = alive[still], steps[still] + 1
-        # continuous batching: waiting sentences take the free places once a quarter is free
-        if admitted < b and (cap - len(alive) >= max(1, int(cap * ADMIT_WHEN_FREE)) or not len(alive)):
-            new = np.arange(admitted, min(b, admitted + cap - len(alive)))
-            admitted = new[-1] + 1
-            dec.admit(src[new, : int(widths[new].max())])
+        new, new_src = waiting.admit(len(alive))   # continuous batching: free places to new sentences
+        if len(new):
+            dec.admit(new_src)
             alive = np.concatenate([alive, new])
             steps = np.concatenate([steps, np.zeros(len(new), dtype=np.int64)])
             scores = np.concatenate([scores, _first_scores(len(new), k)]).astype(scores.dtype)
@@ -352,25 +374,19 @@ def _logsumexp(x):
 
 
 def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len_b=50, progress=None):
-    """Decode lists of source ids (with EOS), at most `batch_size` sentences at a time, sorted by
-    length (little padding); returns id lists in input order."""
+    """Decode lists of source ids (with EOS), sorted by length (little padding), at most
+    `batch_size` sentences at a time (continuous batching); returns id lists in input order."""
+    if not len(src_ids):
+        return []
     order = np.argsort([len(s) for s in src_ids], kind="stable")
-    out = [None] * len(src_ids)
+    src = np.full((len(order), max(len(s) for s in src_ids)), model.cfg.pad_id, dtype=np.int64)
+    for r, i in enumerate(order):
+        src[r, : len(src_ids[i])] = src_ids[i]
     if beam_size == 1:
-        chunks = [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
-    else:   # one search: sentences enter as others finish (continuous batching)
-        chunks = [order]
-    for idx in chunks:
-        src = np.full((len(idx), max(len(src_ids[i]) for i in idx)), model.cfg.pad_id, dtype=np.int64)
-        for r, i in enumerate(idx):
-            src[r, : len(src_ids[i])] = src_ids[i]
-        if beam_size == 1:
-            res = greedy_search(model, src, max_len_b=max_len_b)
-            if progress is not None:
-                progress.update(len(idx))
-        else:
-            res = beam_search(model, src, beam_size, alpha, max_len_b=max_len_b, batch_size=batch_size,
-                              progress=progress)
-        for r, i in enumerate(idx):
-            out[i] = res[r]
+        res = greedy_search(model, src, max_len_b=max_len_b, batch_size=batch_size, progress=progress)
+    else:
+        res = beam_search(model, src, beam_size, alpha, max_len_b=max_len_b, batch_size=batch_size, progress=progress)
+    out = [None] * len(src_ids)
+    for r, i in enumerate(order):
+        out[i] = res[r]
     return out

@@ -114,6 +114,19 @@ def test_continuous_batching_gives_each_sentence_its_own_search(use_cache):
     assert got == want
     assert sum(done) == len(lens) and len(done) > 1
     assert len({len(h) for h in want}) > 1                   # sentences finish at different steps
+    greedy = greedy_search(model, src, max_len_b=4, use_cache=use_cache)
+    assert greedy_search(model, src, max_len_b=4, batch_size=3, use_cache=use_cache) == greedy
+    assert greedy == [greedy_search(model, src[i: i + 1], max_len_b=4)[0] for i in range(len(lens))]
+
+
+def test_translate_ids_keeps_the_input_order_and_takes_nothing():
+    from minitf.decode import translate_ids
+    model, src = model_and_src(seed=9)
+    ids = [list(row[row != 0]) for row in src]
+    for beam in (1, 3):
+        want = [beam_search(model, src[i: i + 1, : len(ids[i])], beam, max_len_b=5)[0] for i in range(len(ids))]
+        assert translate_ids(model, ids, beam, max_len_b=5, batch_size=2) == want
+    assert translate_ids(model, [], 4) == []
 
 
 @pytest.mark.parametrize("v,k", [(640, 4), (13, 4), (148, 2), (96, 3), (8000, 4), (4, 4)])

@@ -50,19 +50,9 @@ class MultiHeadAttention(Layer):
         dx_kv += self.v.backward(pack(rows_kv, F.merge_heads(dv)))
         return dx_q, dx_kv
 
-    # -- inference (decode.py): keys/values computed once and reused, no caches kept --
+    # -- inference (blocks.decoder_layer_step): keys/values computed once and reused, no caches kept --
     def project_kv(self, x_kv):
         """x_kv [B, S, D] -> (k, v) each [B, H, S, K]."""
         h = self.n_heads
         return (F.split_heads(F.linear_forward(x_kv, self.k.params["weight"], self.k.params["bias"]), h),
                 F.split_heads(F.linear_forward(x_kv, self.v.params["weight"], self.v.params["bias"]), h))
-
-    def attend(self, x_q, k, v, bias):
-        """Inference-only attention of x_q [B, T, D] over precomputed k, v [B, H, S, K]."""
-        q = F.split_heads(F.linear_forward(x_q, self.q.params["weight"], self.q.params["bias"]), self.n_heads)
-        return self.attend_heads(q, k, v, bias)
-
-    def attend_heads(self, q, k, v, bias):
-        """Inference-only attention of projected queries q [B, H, T, K] -> [B, T, D]."""
-        ctx, _ = F.attention_forward(q, k, v, bias, self.scale)
-        return F.linear_forward(F.merge_heads(ctx), self.out.params["weight"], self.out.params["bias"])
