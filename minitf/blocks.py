@@ -86,26 +86,32 @@ class DecoderLayer(Layer):
 
 
 class StepCache:
-    """What one DecoderLayer keeps between decoding steps for a group of sentences that
-    started together (decode.IncrementalDecoder): k, v [N, H, T_max, K], the self-attention
-    keys/values of the group's rows (n sentences x beam) at the positions so far (position
-    t is written at step t); ck, cv [n, H, S, K], the encoder output's cross-attention
-    keys/values, computed once per sentence (its beam rows share them)."""
-    __slots__ = ("k", "v", "ck", "cv")
+    """What the decoder keeps between decoding steps for one group of sentences that started
+    together (decode.IncrementalDecoder), for all L layers in one array each, so that moving
+    a row is one copy: kv [L, 2, N, T_max, H, K], each layer's self-attention keys (0) and
+    values (1) of the group's rows (n sentences x beam) at the positions so far (position t
+    is written at step t; position-major, so a row's first t positions are one block); ckv [L, 2, n, H, S, K], each layer's cross-attention keys/values
+    of the encoder output, computed once per sentence (its beam rows share them)."""
+    __slots__ = ("kv", "ckv")
 
-    def __init__(self, layer, memory, rows, max_steps):
-        xp, sa = xp_of(memory), layer.self_attn
-        self.k, self.v = (xp.empty((rows, sa.n_heads, max_steps, sa.d_k), memory.dtype) for _ in range(2))
-        self.ck, self.cv = layer.cross_attn.project_kv(memory)
+    def __init__(self, layers, memory, rows, max_steps):
+        xp, sa = xp_of(memory), layers[0].self_attn
+        n, s, _ = memory.shape
+        self.kv = xp.empty((len(layers), 2, rows, max_steps, sa.n_heads, sa.d_k), memory.dtype)
+        self.ckv = xp.empty((len(layers), 2, n, sa.n_heads, s, sa.d_k), memory.dtype)
+        for i, layer in enumerate(layers):
+            self.ckv[i, 0], self.ckv[i, 1] = layer.cross_attn.project_kv(memory)
 
 
 class StepGroup(NamedTuple):
     """The rows a:b of a decoding step that belong to one group (sentences that started
-    together): all at position t, their sources masked by src_bias [n, 1, 1, S]."""
+    together): all at position t, their sources masked by src_bias [n, 1, 1, S], their
+    keys/values in `cache` (StepCache)."""
     a: int
     b: int
     t: int
     src_bias: object
+    cache: StepCache
 
 
 def fused_qkv(layer):
@@ -117,12 +123,12 @@ def fused_qkv(layer):
             xp.concatenate([sa.q.params["bias"], sa.k.params["bias"], sa.v.params["bias"]]))
 
 
-def decoder_layer_step(layer, x, qkv, caches, groups, beam):
-    """Incremental (KV-cached) DecoderLayer forward for one new position per row, inference only.
+def decoder_layer_step(layer, i, x, qkv, groups, beam):
+    """Incremental (KV-cached) forward of DecoderLayer `layer` (the i-th) for one new position
+    per row, inference only.
 
     x [N, 1, D]: the new position of each row, rows sentence-major (`beam` rows a sentence)
-    and grouped by `groups` (StepGroup); qkv: fused_qkv(layer); caches: this layer's
-    StepCache of each group. Equals the row's position of DecoderLayer.forward on its whole
+    and grouped by `groups` (StepGroup, with their caches); qkv: fused_qkv(layer). Equals the row's position of DecoderLayer.forward on its whole
     prefix: the cache holds only the positions up to this one, so no causal mask is needed.
     The projections and other position-wise parts run on all rows at once (one matmul
     each), only the attention itself group by group.
@@ -132,17 +138,18 @@ def decoder_layer_step(layer, x, qkv, caches, groups, beam):
     # q, k, v = x Wq, x Wk, x Wv in one matmul; k, v of the new position join the cache
     q, k, v = (F.split_heads(part, sa.n_heads) for part in F.split_last(F.linear_forward(x, *qkv), 3))  # [N, H, 1, K]
     heads = []
-    for g, c in zip(groups, caches):
-        c.k[:, :, g.t: g.t + 1] = k[g.a: g.b]
-        c.v[:, :, g.t: g.t + 1] = v[g.a: g.b]
-        heads.append(F.attention_forward(q[g.a: g.b], c.k[:, :, : g.t + 1], c.v[:, :, : g.t + 1], 0.0, sa.scale)[0])
+    for g in groups:
+        keys, values = g.cache.kv[i, 0], g.cache.kv[i, 1]                                      # [rows, T_max, H, K]
+        keys[:, g.t], values[:, g.t] = k[g.a: g.b, :, 0], v[g.a: g.b, :, 0]
+        heads.append(F.attention_forward(q[g.a: g.b], keys[:, : g.t + 1].transpose(0, 2, 1, 3),
+                                         values[:, : g.t + 1].transpose(0, 2, 1, 3), 0.0, sa.scale)[0])
     h1 = layer.norm1.apply(x + _linear(sa.out, F.merge_heads(_join(heads))))                    # [N, 1, D]
     # cross-attention: the beams of a sentence are the queries of one [beam, S] attention
     q = _linear(ca.q, h1)                                                                         # [N, 1, HK]
     heads = []
-    for g, c in zip(groups, caches):
+    for g in groups:
         q_g = F.split_heads(q[g.a: g.b].reshape((g.b - g.a) // beam, beam, -1), ca.n_heads)     # [n, H, beam, K]
-        ctx = F.attention_forward(q_g, c.ck, c.cv, g.src_bias, ca.scale)[0]
+        ctx = F.attention_forward(q_g, g.cache.ckv[i, 0], g.cache.ckv[i, 1], g.src_bias, ca.scale)[0]
         heads.append(F.merge_heads(ctx).reshape(g.b - g.a, 1, -1))                              # [rows, 1, HK]
     h2 = layer.norm2.apply(h1 + _linear(ca.out, _join(heads)))
     return layer.norm3.apply(h2 + layer.ffn.apply(h2))

@@ -32,7 +32,7 @@ class _Group:
 
     def __init__(self, n, src_bias):
         self.n, self.t, self.src_bias = n, 0, src_bias
-        self.caches, self.memory, self.prefix = [], None, None
+        self.cache, self.memory, self.prefix = None, None, None
 
 
 class IncrementalDecoder:
@@ -62,7 +62,7 @@ class IncrementalDecoder:
         g = _Group(src.shape[0], src_bias)
         rows = src.shape[0] * self.beam
         if self.use_cache:
-            g.caches = [StepCache(layer, memory, rows, self.max_steps) for layer in self.model.decoder.layers_]
+            g.cache = StepCache(self.model.decoder.layers_, memory, rows, self.max_steps)
         else:   # the whole prefix again at every step: keep memory [m, S, D] and the tokens so far
             g.memory, g.prefix = memory, self.model.xp.zeros((rows, 0), dtype=src.dtype)
         self.groups.append(g)
@@ -75,13 +75,13 @@ class IncrementalDecoder:
         """tokens [N] (each row's token at its position t) -> logits [N, V] for position t + 1."""
         m, xp, k = self.model, self.model.xp, self.beam
         bounds = np.cumsum([0] + [g.n * k for g in self.groups])
-        at = [StepGroup(int(a), int(b), g.t, g.src_bias) for a, b, g in zip(bounds[:-1], bounds[1:], self.groups)]
+        at = [StepGroup(int(a), int(b), g.t, g.src_bias, g.cache) for a, b, g in zip(bounds[:-1], bounds[1:], self.groups)]
         if self.use_cache:
             positions = (self.groups[0].t if len(self.groups) == 1 else
                          np.concatenate([np.full(g.b - g.a, g.t) for g in at]))
             x = m.positional.forward(m.embedding.lookup(tokens[:, None])[0], offset=positions)    # [N, 1, D]
             for i, layer in enumerate(m.decoder.layers_):
-                x = decoder_layer_step(layer, x, self.qkv[i], [g.caches[i] for g in self.groups], at, k)
+                x = decoder_layer_step(layer, i, x, self.qkv[i], at, k)
             h = x[:, 0]
         else:   # each group's whole prefix again, causal mask and all
             parts = []
@@ -114,26 +114,21 @@ class IncrementalDecoder:
             if len(moved):                                           # finished sentences left: close the gaps
                 dst, src = xp.asarray(moved), xp.asarray(sentences[moved])
                 g.src_bias[dst] = g.src_bias[src]                    # each right side is a copy: no aliasing
-                for c in g.caches:
-                    c.ck[dst], c.cv[dst] = c.ck[src], c.cv[src]
+                if g.cache is not None:
+                    g.cache.ckv[:, :, dst] = g.cache.ckv[:, :, src]
                 if g.memory is not None:
                     g.memory[dst] = g.memory[src]
-            g.src_bias = g.src_bias[: len(sentences)]
-            for c in g.caches:
-                c.ck, c.cv = c.ck[: len(sentences)], c.cv[: len(sentences)]
-            if g.memory is not None:
-                g.memory = g.memory[: len(sentences)]
             g.n = len(sentences)
-            if g.prefix is not None:
-                g.prefix = g.prefix[xp.asarray(mine)]
-            moved = np.flatnonzero(mine != np.arange(len(mine)))
-            if len(moved):                                           # beams that took another parent
-                dst, src = xp.asarray(moved), xp.asarray(mine[moved])
-                for c in g.caches:
-                    c.k[dst, :, : g.t] = c.k[src, :, : g.t]
-                    c.v[dst, :, : g.t] = c.v[src, :, : g.t]
-            for c in g.caches:                                       # a smaller group: views of the first rows
-                c.k, c.v = c.k[: len(mine)], c.v[: len(mine)]
+            g.src_bias = g.src_bias[: g.n]
+            if g.memory is not None:
+                g.memory, g.prefix = g.memory[: g.n], g.prefix[xp.asarray(mine)]
+            if g.cache is not None:
+                moved = np.flatnonzero(mine != np.arange(len(mine)))
+                if len(moved):                                       # beams that took another parent
+                    dst, src = xp.asarray(moved), xp.asarray(mine[moved])
+                    g.cache.kv[:, :, dst, : g.t] = g.cache.kv[:, :, src, : g.t]   # [L, 2, rows, t, H, K]
+                g.cache.ckv = g.cache.ckv[:, :, : g.n]               # a smaller group: views of the first rows
+                g.cache.kv = g.cache.kv[:, :, : len(mine)]
             if g.n:
                 kept.append(g)
         self.groups = kept
