@@ -164,7 +164,7 @@ def _join(parts):
 
 
 def add_layer_list(parent, layers):
-    """Register `layers` as parent's children `layers.0`, `layers.1`, ... (the contract's names)."""
+    """Register `layers` as parent's children `layers.0`, `layers.1`, ... (the parameter names checkpoints store: `decoder.layers.0.ffn.fc1.weight`, ...)."""
     holder = parent.add("layers", Layer())
     for i, layer in enumerate(layers):
         holder.add(str(i), layer)

@@ -3,7 +3,7 @@
 Layout (format version 1), every entry an array loaded with `allow_pickle=False`:
   `__meta__`            uint8, UTF-8 JSON: {"format", "version", "config", "train_state",
                         "has_optimizer", "optimizer_step", "sha256": {entry: hex digest}}
-  `param/<name>`        the model parameters under the contract's names (float32 or float64)
+  `param/<name>`        the model parameters under their dotted names (`encoder.layers.0.self_attn.q.weight`, ...; float32 or float64)
   `optim/m/<name>`, `optim/v/<name>`   Adam moments (training checkpoints only)
   `tokenizer`           uint8, the SentencePiece model proto (optional)
 The SHA-256 of every entry is stored in the meta, so a tampered or partly written file is

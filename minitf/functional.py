@@ -1,4 +1,5 @@
-"""Pure forward/backward pairs. No state, no `np` at module level: `xp` comes from the arrays.
+"""Pure forward/backward pairs. No state; arrays are made with `xp` taken from the inputs (NumPy
+or CuPy), `np` only names dtypes and builds the CPU dropout masks.
 
 Each `*_backward` takes the upstream gradient first, then what the forward cached, and
 ACCUMULATES parameter gradients into the buffers it is given (`dw += ...`), returning the

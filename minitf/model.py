@@ -159,10 +159,10 @@ class Transformer(Layer):
             dh_all[c["rows"]] = dh
             dh = dh_all
         dy, dmemory = self.decoder.backward(dh.reshape(c["h_shape"]))
-        # y = pack(tgt_dropout(embedding[tgt_in] * sqrt(D) + PE))
+        # y = tgt_dropout(pack(embedding[tgt_in] * sqrt(D) + PE))
         dy = self.positional.backward(unpack(c["tgt_rows"], self.tgt_dropout.backward(dy)))
         self.embedding.lookup_backward(dy, c["tgt_ids"])
-        # memory = encoder(pack(src_dropout(embedding[src] * sqrt(D) + PE)))
+        # memory = encoder(src_dropout(pack(embedding[src] * sqrt(D) + PE)))
         dx = self.positional.backward(unpack(c["src_rows"], self.src_dropout.backward(self.encoder.backward(dmemory))))
         self.embedding.lookup_backward(dx, c["src_ids"])
 

@@ -322,3 +322,19 @@ def test_dropout_mask_drops_p_and_keeps_the_mean(dtype):
     assert abs(m.astype(np.float64).mean() - 1.0) < 0.005
     again = F.dropout_mask(np.random.default_rng(0), (400, 500), 0.1, dtype)
     np.testing.assert_array_equal(m, again)            # a function of the generator state
+
+
+def test_a_layer_built_on_its_own_runs_forward_and_backward():
+    # no Transformer around it: the gradients start at zero and accumulate (backward uses +=)
+    from minitf.layers import Linear
+    lin = Linear(4, 3, np.random.default_rng(0))
+    x = np.random.default_rng(1).standard_normal((5, 4))
+    dy = np.random.default_rng(2).standard_normal((5, 3))
+    lin.forward(x)
+    dx = lin.backward(dy)
+    np.testing.assert_allclose(dx, dy @ lin.params["weight"].T)
+    np.testing.assert_allclose(lin.grads["weight"], x.T @ dy)
+    np.testing.assert_allclose(lin.grads["bias"], dy.sum(axis=0))
+    lin.forward(x)
+    lin.backward(dy)
+    np.testing.assert_allclose(lin.grads["weight"], 2 * x.T @ dy)      # accumulated

@@ -1,15 +1,31 @@
 """Layer: parameters and gradients in two dicts with the same keys, children by name.
 
-Conventions (docs/ARCHITECTURE): `forward` returns the output and keeps in `self.cache`
-exactly what `backward` needs; `backward(dout)` returns the input gradient(s) and
-ACCUMULATES into `self.grads`; one instance per call site.
+Conventions (each layer a forward/backward pair, as in llm.c): `forward` returns the output
+and keeps in `self.cache` exactly what `backward` needs; `backward(dout)` returns the input
+gradient(s) and ACCUMULATES into `self.grads`; one instance per call site.
 """
+from ..backend import xp_of
+
+
+class Grads(dict):
+    """grads[name]: zeros like params[name] on first use, so a layer built on its own
+    (`Linear(4, 3, rng)`) runs its backward; a Transformer replaces them with views of one
+    flat buffer (flatten_parameters)."""
+
+    def __init__(self, params):
+        super().__init__()
+        self._params = params
+
+    def __missing__(self, name):
+        p = self._params[name]
+        self[name] = xp_of(p).zeros_like(p)
+        return self[name]
 
 
 class Layer:
     def __init__(self):
         self.params = {}
-        self.grads = {}
+        self.grads = Grads(self.params)
         self.children = {}
         self.cache = None
         self.training = True
