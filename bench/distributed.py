@@ -47,7 +47,7 @@ def worker(args):
         t0 = time.perf_counter()
         model.zero_grad()
         model.forward_loss(src, tgt_in, tgt_out)
-        model.backward(grad_scale=1.0 / world.size)
+        model.backward(loss_weight=1.0 / world.size)
         synchronize(model.xp)
         t1 = time.perf_counter()
         world.allreduce_sum(model.flat_grads)

@@ -151,8 +151,8 @@ class MinitfRunner:
         m = self.model
         m.zero_grad()
         loss = m.forward_loss(*self.batch)
-        m.backward(grad_scale=self.scale)
-        self.opt.step(grad_scale=self.scale)
+        m.backward(loss_weight=self.scale)
+        self.opt.step(grad_divisor=self.scale)
         return loss
 
     def sync(self):

@@ -146,12 +146,15 @@ class Transformer(Layer):
         return float(loss) if self.xp is np else loss
 
     # ------------------------------------------------------------------ backward
-    def backward(self, grad_scale=1.0):
-        """ACCUMULATES d(grad_scale * loss)/d(param) of the last forward_loss into the grads."""
+    def backward(self, loss_weight=1.0):
+        """ACCUMULATES d(loss_weight * loss)/d(param) of the last forward_loss into the grads.
+
+        loss_weight weighs this batch's loss in a sum: n / total for one of several
+        accumulated micro-batches, times the float16 loss scale (optim.LossScaler)."""
         if self._cache is None or "loss" not in self._cache:
             raise RuntimeError("backward() needs a forward_loss() first (and only one backward per forward)")
         c, self._cache = self._cache, None
-        dlogits = label_smoothed_nll_backward(c["loss"], grad_scale)
+        dlogits = label_smoothed_nll_backward(c["loss"], loss_weight)
         # logits = h[rows] @ embedding^T
         dh = self.embedding.project_backward(dlogits, c["h_rows"])
         if c["rows"] is not None:

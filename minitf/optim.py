@@ -52,12 +52,13 @@ class Adam:
         step = self.step_count if step is None else step
         return self.lr(step) if callable(self.lr) else self.lr
 
-    def step(self, grad_scale=1.0):
-        """One update from the model's accumulated gradients (divided by grad_scale first)."""
+    def step(self, grad_divisor=1.0):
+        """One update from the model's accumulated gradients, divided by grad_divisor first
+        (the float16 loss scale the backward multiplied in; 1 without mixed precision)."""
         self.step_count += 1
         t = self.step_count
         lr = self.current_lr(t)
-        coef = (1.0 / grad_scale, lr, 1.0 - self.beta1 ** t, 1.0 - self.beta2 ** t)
+        coef = (1.0 / grad_divisor, lr, 1.0 - self.beta1 ** t, 1.0 - self.beta2 ** t)
         bufs = (self.model.flat_grads, self._m, self._v, self.model.weights, self._tmp, self._g)
         chunks = _chunks(self.model.xp, bufs[0].size)
         if len(chunks) == 1:
@@ -71,7 +72,7 @@ class Adam:
         g, m, v, p, tmp, gbuf = bufs
         inv_scale, lr, bc1, bc2 = coef
         xp = self.model.xp
-        # g = grads / grad_scale (loss scaling, accumulation) in the master precision, not in place
+        # g = grads / grad_divisor (undo the loss scaling) in the master precision, not in place
         if g.dtype != p.dtype:
             gbuf[...] = g
             g = gbuf

@@ -287,7 +287,9 @@ def _train(args, world):
             for j, (src, tgt_in, tgt_out, n) in micro:
                 model.forward_count = state["forward_count"] + j   # dropout masks: (seed, global batch index)
                 loss_sum = loss_sum + model.forward_loss(src, tgt_in, tgt_out) * n
-                model.backward(grad_scale=(scaler.scale if scaler else 1.0) * n / total)
+                # the update's loss is the token-weighted mean over its micro-batches: this one
+                # weighs n / total (n its tokens); times the float16 loss scale, undone by opt.step
+                model.backward(loss_weight=(scaler.scale if scaler else 1.0) * n / total)
                 nll_sum = nll_sum + model.last_stats["nll_sum"]
             state["forward_count"] += per_update
             world.allreduce_sum(model.flat_grads)   # every rank now holds the update's whole gradient
@@ -309,7 +311,7 @@ def _train(args, world):
             if scaler is not None:
                 scaler.update(True)
                 state["loss_scale"], state["good_steps"] = scaler.scale, scaler.good_steps
-            lr = opt.step(grad_scale=scaler.scale if scaler else 1.0)
+            lr = opt.step(grad_divisor=scaler.scale if scaler else 1.0)
             state["step"] += 1
             state["train_tokens"] += total
             window["loss"] += loss_sum

@@ -297,8 +297,8 @@ def test_adam_split_over_threads_equals_one_pass(monkeypatch):
         for _ in range(3):
             model.zero_grad()
             model.forward_loss(src, tgt_in, tgt_out)
-            model.backward(grad_scale=4.0)
-            opt.step(grad_scale=4.0)
+            model.backward(loss_weight=4.0)
+            opt.step(grad_divisor=4.0)
         params.append(model.flat_params.copy())
     assert not np.array_equal(params[0], minitf.Transformer(tiny(), dtype="float32", seed=5).flat_params)
     np.testing.assert_array_equal(params[1], params[0])

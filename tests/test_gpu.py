@@ -150,7 +150,7 @@ def test_gpu_fused_step_matches_generic_step(dtype, tol, monkeypatch):
         m = minitf.Transformer(cfg(), device="gpu", dtype=dtype, seed=0)
         m.zero_grad()
         loss = m.forward_loss(SRC, TGT_IN, TGT_OUT)
-        m.backward(grad_scale=64.0 if dtype == "float16" else 1.0)
+        m.backward(loss_weight=64.0 if dtype == "float16" else 1.0)
         return loss, m.flat_grads.astype(np.float32)
     (lf, gf), (lg, gg) = _both_paths(monkeypatch, step)
     assert abs(float(lf) - float(lg)) <= tol * abs(float(lg))
@@ -169,9 +169,9 @@ def test_gpu_fused_dropout_masks_and_fp16_training():
             m.zero_grad()
             losses.append(float(m.forward_loss(SRC, TGT_IN, TGT_OUT)))
             scale = scaler.scale if scaler else 1.0
-            m.backward(grad_scale=scale)
+            m.backward(loss_weight=scale)
             if scaler is None or scaler.update(bool(m.xp.isfinite(m.flat_grads).all())):
-                opt.step(grad_scale=scale)
+                opt.step(grad_divisor=scale)
         assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10]), dtype
         finals[dtype] = np.mean(losses[-10:])
     assert abs(finals["float16"] - finals["float32"]) < 0.25 * finals["float32"]

@@ -25,9 +25,9 @@ def train(dtype, steps=150, scaler=None):
         model.zero_grad()
         losses.append(float(model.forward_loss(src, tgt_in, tgt_out)))
         scale = scaler.scale if scaler else 1.0
-        model.backward(grad_scale=scale)
+        model.backward(loss_weight=scale)
         if scaler is None or scaler.update(bool(np.isfinite(model.flat_grads).all())):
-            opt.step(grad_scale=scale)
+            opt.step(grad_divisor=scale)
         else:
             skipped += 1
     return model, losses, skipped
