@@ -35,6 +35,8 @@ def cmd_average(args):
 def cmd_translate(args):
     from .translate import load_for_inference, translate_lines
     model, tok = load_for_inference(args.checkpoint, args.device)
+    if args.input in (None, "-") and sys.stdin.isatty() and not args.output:
+        return _interactive(model, tok, args)
     lines = _read_input(args.input)
     hyps = translate_lines(model, tok, lines, args.beam, args.alpha, args.batch_size, args.max_len_b,
                            progress=not args.quiet)
@@ -44,6 +46,17 @@ def cmd_translate(args):
         atomic_write(args.output, lambda f: f.write(text.encode()))
     else:
         sys.stdout.write(text)
+
+
+def _interactive(model, tok, args):
+    """A person typing at a terminal: translate each line as it is entered (as
+    fairseq-interactive does) instead of waiting for the end of input; Ctrl-D ends."""
+    from .translate import translate_lines
+    print("type a sentence and press Enter (Ctrl-D to end)", file=sys.stderr)
+    for line in sys.stdin:
+        out = translate_lines(model, tok, [line.rstrip("\r\n")], args.beam, args.alpha, 1, args.max_len_b,
+                              progress=False)
+        print(out[0], flush=True)
 
 
 def cmd_evaluate(args):

@@ -56,3 +56,38 @@ def test_user_errors_are_one_line(setup):
     assert out.returncode == 2 and "does not exist" in out.stderr and "Traceback" not in out.stderr
     out = run("translate", "--checkpoint", d / "model.npz", "--input", d / "nope.txt")
     assert out.returncode == 2 and "nope.txt" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_translate_on_a_terminal_answers_each_line_as_it_is_entered(setup):
+    # a pseudo-terminal as stdin: the translation of the first line comes back before the
+    # input ends (piped input, above, is read whole and decoded in batches)
+    import os
+    import pty
+    import select
+    import time
+    d = setup
+    leader, follower = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "minitf", "translate", "--checkpoint", str(d / "model.npz"),
+                          "--beam", "2", "--max-len-b", "3"], stdin=follower, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    os.close(follower)
+    try:
+        line = (d / "src.txt").read_text().splitlines()[0]
+        os.write(leader, (line + "\n").encode())
+        deadline = time.time() + 120
+        ready = []
+        while not ready and time.time() < deadline and p.poll() is None:
+            ready, _, _ = select.select([p.stdout], [], [], 1.0)
+        assert ready, "no translation before the end of input"
+        first = p.stdout.readline()
+        assert p.poll() is None                    # still waiting for the next line
+        os.write(leader, b"\x04")                  # Ctrl-D
+        rest, err = p.communicate(timeout=120)
+    finally:
+        os.close(leader)
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert first.endswith("\n") and rest == ""
+    want = run("translate", "--checkpoint", d / "model.npz", "--beam", 2, "--max-len-b", 3, "--quiet", stdin=line + "\n")
+    assert first == want.stdout
