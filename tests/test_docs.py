@@ -24,7 +24,8 @@ DOCS = ROOT / "docs"
 DERIVATIONS = DOCS / "derivations"
 
 REQUIRED_DERIVATIONS = ["linear", "softmax", "layernorm", "dropout", "embedding", "positional",
-                        "attention", "multihead", "feedforward", "blocks", "loss", "adam", "schedule"]
+                        "attention", "multihead", "feedforward", "blocks", "loss", "adam", "schedule", "decoding"]
+RUNS_MARK = "# runs in tests/test_docs.py"
 
 FENCE_RE = re.compile(r"^```.*?^```", re.S | re.M)
 CODE_SPAN_RE = re.compile(r"`([^`\n]+)`")
@@ -291,3 +292,22 @@ def test_constants_quoted_in_docs_match_code(doc, snippet, holds):
     text = (DOCS / doc).read_text(encoding="utf-8")
     assert snippet in text, f"docs/{doc} no longer quotes {snippet!r}; update this test or the doc"
     assert holds, f"docs/{doc} quotes {snippet!r}, but the code no longer agrees: update the doc"
+
+
+def runnable_blocks(path):
+    """The ```python blocks of a page whose first line is RUNS_MARK, in order."""
+    blocks = re.findall(r"^```python\n(.*?)^```", path.read_text(), re.S | re.M)
+    return [b for b in blocks if b.startswith(RUNS_MARK)]
+
+
+@pytest.mark.parametrize("doc", [d for d in doc_files() if runnable_blocks(d)], ids=rel)
+def test_runnable_blocks_of_a_page_run(doc):
+    # a page's result is executable: its marked blocks run in order, in one namespace, and
+    # their asserts hold against the code as it is today
+    namespace = {}
+    for i, block in enumerate(runnable_blocks(doc)):
+        exec(compile(block, f"{rel(doc)} block {i + 1}", "exec"), namespace)
+
+
+def test_the_decoding_page_has_runnable_blocks():
+    assert len(runnable_blocks(DERIVATIONS / "decoding.md")) >= 2
