@@ -114,13 +114,14 @@ class Transformer(Layer):
         logits, _ = self.embedding.project(self.decode_states(src, tgt_in))
         return logits
 
-    def forward_loss(self, src, tgt_in, tgt_out):
+    def forward_loss(self, src, tgt_in, tgt_out, packed=True):
         """Label-smoothed loss averaged over non-pad tokens of tgt_out [B, T].
 
-        Pad-free (packing.py): the layers run on the non-pad positions only (the target
-        positions kept are those non-pad in tgt_in or tgt_out), and only the rows of h with a
-        loss (tgt_out non-pad) are projected to the vocabulary. Loss and gradients equal
-        the padded computation's.
+        Pad-free (packing.py, the default): the layers run on the non-pad positions only (the
+        target positions kept are those non-pad in tgt_in or tgt_out), and only the rows of h
+        with a loss (tgt_out non-pad) are projected to the vocabulary. `packed=False` is the
+        plain path the derivation pages describe: every layer on [B, L, D], pads included
+        (slower; for reading and tests). Loss and gradients are the same either way.
         Returns a float on CPU; on GPU a 0-d CuPy array (no host sync; float() it to read).
         `self.last_stats` holds {'loss', 'nll_sum', 'n_tokens'} as device scalars.
         """
@@ -129,8 +130,9 @@ class Transformer(Layer):
         if tgt_out.shape != tgt_in.shape:
             raise ConfigError(f"tgt_out shape {tgt_out.shape} != tgt_in shape {tgt_in.shape}")
         pad = self.cfg.pad_id
-        h = self.decode_states(src, tgt_in, keep_tgt=(tgt_in != pad) | (tgt_out != pad))   # [Nt, D]
-        h = h.reshape(-1, h.shape[-1])     # [Nt, D] ([B*T, D] for a batch without padding)
+        keep = (tgt_in != pad) | (tgt_out != pad) if packed else None
+        h = self.decode_states(src, tgt_in, keep_tgt=keep)   # [Nt, D] packed, [B, T, D] plain
+        h = h.reshape(-1, h.shape[-1])     # [Nt, D] ([B*T, D] plain or for a batch without padding)
         tgt_rows = self._cache["tgt_rows"]
         gold = tgt_out.reshape(-1) if tgt_rows is None else tgt_out.reshape(-1)[tgt_rows.host_index]   # [Nt]
         rows = None                                                  # rows of h with a loss

@@ -9,7 +9,9 @@ positions) and only attention unpacks them to [B, L, .] (zeros at the pads, whic
 masks hide) and packs its output back. Loss and gradients are those of the padded
 computation; only the (unused) activations at pad positions are no longer computed.
 Used by `Transformer.forward_loss`; `Transformer.forward` (logits at every position) and
-decoding keep the padded layout.
+decoding keep the padded layout. The plain version, every layer on [B, L, D] as the
+derivation pages write it: `Transformer.forward_loss(..., packed=False)` (same loss and
+gradients, tests/test_engine.py).
 """
 import numpy as np
 

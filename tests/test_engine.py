@@ -338,3 +338,24 @@ def test_a_layer_built_on_its_own_runs_forward_and_backward():
     lin.forward(x)
     lin.backward(dy)
     np.testing.assert_allclose(lin.grads["weight"], 2 * x.T @ dy)      # accumulated
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_the_plain_path_gives_the_packed_loss_and_every_gradient(positional):
+    # forward_loss(packed=False) runs every layer on [B, L, D] with the pads, as the
+    # derivation pages write it; loss and all gradients equal the packed default's
+    cfg = tiny(positional=positional, dropout=0.0)
+    src, tgt_in, tgt_out = batch()
+    assert (src == 0).any() and (tgt_out == 0).any()          # the batch has padding to skip
+    model = minitf.Transformer(cfg, dtype="float64")
+    results = []
+    for packed in (True, False):
+        model.zero_grad()
+        loss = model.forward_loss(src, tgt_in, tgt_out, packed=packed)
+        model.backward()
+        results.append((loss, model.flat_grads.copy()))
+    (loss_p, g_p), (loss_u, g_u) = results
+    assert abs(loss_p - loss_u) <= 1e-12 * abs(loss_p)
+    for name, (start, stop, _) in model.slices.items():
+        np.testing.assert_allclose(g_u[start:stop], g_p[start:stop], rtol=0, atol=1e-12 * np.abs(g_p).max(),
+                                   err_msg=name)
