@@ -271,7 +271,7 @@ def top_candidates(logits, offset, k, n_best):
 
 @_restores_mode
 def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50, use_cache=True, batch_size=None,
-                progress=None):
+                progress=None, stop="fairseq"):
     """src [B, S] -> list of B token-id lists: the best finished hypothesis of each sentence
     by score / length_penalty. Each step ranks the 2k best continuations of a sentence
     (k = beam_size; a continuation: a live beam plus one token); an EOS among the k best
@@ -280,6 +280,11 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
     next beams. A sentence stops when k hypotheses have finished, or at its maximum length,
     where every live beam ends (EOS forced). tests/plain_beam.py is the same search written
     plainly, one sentence and one candidate at a time.
+
+    stop="bound" ends a sentence later: only once no live beam can still beat the best
+    finished hypothesis (its score can only fall and its length penalty is at most
+    lp(max length): tensor2tensor's "terminate early when possible"), and every EOS among
+    the 2k best may finish (not only the k best, not only k of them).
 
     At most `batch_size` sentences (default: all) are decoded at once, in the order given;
     as they finish, the next ones take their places (continuous batching, _Waiting).
@@ -316,9 +321,10 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
         finite = np.isfinite(values)
         is_eos = tok == cfg.eos_id
         # finished: an EOS among the k best; looped in rank order (rare: at most k per sentence)
-        for i, r in zip(*np.nonzero(is_eos & finite & (np.arange(n_best) < k))):
+        ranked = np.arange(n_best) < (n_best if stop == "bound" else k)
+        for i, r in zip(*np.nonzero(is_eos & finite & ranked)):
             sent = alive[i]
-            if n_done[sent] < k:
+            if n_done[sent] < k or stop == "bound":
                 n_done[sent] += 1
                 s = values[i, r] / length_penalty(steps[i] + 1, alpha)
                 if s > best_score[sent]:
@@ -327,7 +333,11 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
         cont = ~is_eos & finite
         pick = np.argsort(~cont, axis=1, kind="stable")[:, :k]               # continuations first
         live = np.take_along_axis(cont, pick, axis=1)                          # False: a dead (-inf) slot
-        still = np.flatnonzero((n_done[alive] < k) & ~at_limit & live[:, 0])
+        going = n_done[alive] < k
+        if stop == "bound":   # a live beam could still beat the best finished hypothesis
+            best_live = np.take_along_axis(values, pick[:, :1], axis=1)[:, 0]
+            going = best_live / length_penalty(max_lens[alive] + 1, alpha) > best_score[alive]
+        still = np.flatnonzero(going & ~at_limit & live[:, 0])
         if progress is not None and n > len(still):
             progress.update(n - len(still))
         pick, live = pick[still], live[still]
@@ -368,7 +378,7 @@ def _logsumexp(x):
     return m + xp.log(e.sum(axis=1))
 
 
-def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len_b=50, progress=None):
+def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len_b=50, progress=None, stop="fairseq"):
     """Decode lists of source ids (with EOS), sorted by length (little padding), at most
     `batch_size` sentences at a time (continuous batching); returns id lists in input order."""
     if not len(src_ids):
@@ -380,7 +390,8 @@ def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len
     if beam_size == 1:
         res = greedy_search(model, src, max_len_b=max_len_b, batch_size=batch_size, progress=progress)
     else:
-        res = beam_search(model, src, beam_size, alpha, max_len_b=max_len_b, batch_size=batch_size, progress=progress)
+        res = beam_search(model, src, beam_size, alpha, max_len_b=max_len_b, batch_size=batch_size, progress=progress,
+                          stop=stop)
     out = [None] * len(src_ids)
     for r, i in enumerate(order):
         out[i] = res[r]

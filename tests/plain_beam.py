@@ -12,13 +12,16 @@ hypotheses. The rules (fairseq's, paper 6.1 beam 4 / alpha 0.6 / max length inpu
   - a sentence stops when k have finished, when no live beam is left, or at its maximum
     length a * source length + b, where every live beam ends with EOS (in beam order);
   - the answer is the first finished hypothesis with the best normalized score.
+
+stop="bound": every EOS among the 2k best finishes, and a sentence stops only when its best
+live beam's score / lp(max length + 1) cannot beat the best finished hypothesis.
 """
 import numpy as np
 
 from minitf.decode import IncrementalDecoder, length_penalty
 
 
-def plain_beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50):
+def plain_beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50, stop="fairseq"):
     cfg, k = model.cfg, beam_size
     model.eval()
     out = []
@@ -44,11 +47,16 @@ def plain_beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len
                 if not np.isfinite(s):
                     continue
                 if tok == cfg.eos_id:
-                    if rank < k and len(finished) < k:
+                    if stop == "bound" or (rank < k and len(finished) < k):
                         finished.append((s / length_penalty(t + 1, alpha), beams[b][0]))
                 elif len(new) < k:
                     new.append((b, beams[b][0] + [tok], s))
-            if len(finished) >= k or t == max_len or not new:
+            if stop == "bound":   # stop once no live beam can beat the best finished one
+                best = max((f[0] for f in finished), default=-np.inf)
+                done = bool(new) and new[0][2] / length_penalty(max_len + 1, alpha) <= best
+            else:
+                done = len(finished) >= k
+            if done or t == max_len or not new:
                 break
             new += [(new[0][0], new[0][1], -np.inf)] * (k - len(new))
             dec.reorder(np.array([b for b, _, _ in new]))

@@ -94,6 +94,37 @@ def test_beam_search_equals_the_plain_loop(vocab, beam, max_len_b, seed):
     assert any(len(h) for h in want)
 
 
+@pytest.mark.parametrize("vocab,beam,max_len_b,seed", [(13, 4, 6, 0), (40, 3, 5, 2), (7, 4, 4, 4), (13, 2, 8, 6)])
+def test_the_bound_stopping_rule_equals_the_plain_loop(vocab, beam, max_len_b, seed):
+    model, src = model_and_src(vocab=vocab, seed=seed)
+    src = np.minimum(src, vocab - 1)
+    want = plain_beam_search(model, src, beam_size=beam, max_len_b=max_len_b, stop="bound")
+    assert beam_search(model, src, beam_size=beam, max_len_b=max_len_b, stop="bound", batch_size=2) == want
+
+
+def test_the_bound_rule_never_scores_below_the_fairseq_rule():
+    # it searches on past the fairseq stop and keeps every EOS of the 2k best: its best
+    # finished hypothesis scores at least as well (normalized), often strictly better
+    from plain_beam import length_penalty as lp
+    better = 0
+    for seed in range(4):
+        model, src = model_and_src(vocab=13, seed=seed)
+        model.eval()
+        a = beam_search(model, src, beam_size=3, max_len_b=10, stop="fairseq")
+        b = beam_search(model, src, beam_size=3, max_len_b=10, stop="bound")
+        for i, (ha, hb) in enumerate(zip(a, b)):
+            sa, sb = (_normalized(model, src[i], h, lp) for h in (ha, hb))
+            assert sb >= sa - 1e-12      # the same beams, and a superset of finished hypotheses
+            better += sb > sa + 1e-12
+    assert better > 0
+
+
+def _normalized(model, src_row, hyp, lp, alpha=0.6):
+    tgt = np.array([[2] + hyp + [3]])
+    logp = log_softmax(model.forward(src_row[None], tgt[:, :-1]))[0]
+    return logp[np.arange(len(hyp) + 1), tgt[0, 1:]].sum() / lp(len(hyp) + 1, alpha)
+
+
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_continuous_batching_gives_each_sentence_its_own_search(use_cache):
     # 7 sentences of different lengths through 3 places: sentences enter while others are
