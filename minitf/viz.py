@@ -1,4 +1,4 @@
-"""`python -m minitf plot pe|lr|curves|attention`: pictures of the model and of a run.
+"""`python -m minitf plot pe|lr|curves|attention|masks|packing`: pictures of the model and of a run.
 
     plot pe         the sinusoidal positional encoding (paper 3.5) and its two properties:
                     every position has the same norm, and the distance between two
@@ -7,6 +7,10 @@
     plot curves     loss, perplexity, BLEU/chrF and learning rate of a run (train_log.jsonl)
     plot attention  encoder self-, masked decoder self- and encoder-decoder attention of
                     one layer and head for one sentence
+    plot masks      which keys each query may see: padding (encoder, cross-attention) and
+                    causal + padding (decoder), for a batch of sentences of different lengths
+    plot packing    pad-free rows: a padded [B, L] batch and the [N] rows the position-wise
+                    layers run on in training
 
 The numbers behind the pictures are pure NumPy functions (`pe_norms`,
 `pe_distance_by_offset`, `noam_curve`, `read_train_log`, `attention_maps`), testable without
@@ -437,6 +441,80 @@ def plot_attention(checkpoint, src, out, layer=0, head=0, tgt=None, beam_size=4,
 
 
 # ------------------------------------------------------------------------------ command line
+# ------------------------------------------------------------------------------ masks and packing
+def mask_grids(src_lens, tgt_lens):
+    """The masks the model builds (model.padding_bias, model.causal_bias), as booleans
+    "may attend" for a batch of sentences with these source/target lengths (right-padded).
+    Returns {'encoder': [B, S, S], 'decoder': [B, T, T], 'cross': [B, T, S]}."""
+    from .model import causal_bias, padding_bias
+    b, s, t = len(src_lens), max(src_lens), max(tgt_lens)
+    src = np.array([[1] * n + [0] * (s - n) for n in src_lens])
+    tgt = np.array([[1] * n + [0] * (t - n) for n in tgt_lens])
+    src_ok = padding_bias(src, 0, np.float64) == 0                                      # [B, 1, 1, S]
+    dec_ok = (causal_bias(t, np, np.float64)[None, None] + padding_bias(tgt, 0, np.float64)) == 0   # [B, 1, T, T]
+    return {"encoder": np.broadcast_to(src_ok[:, 0], (b, s, s)), "decoder": dec_ok[:, 0],
+            "cross": np.broadcast_to(src_ok[:, 0], (b, t, s))}
+
+
+def packing_grid(lens):
+    """packing.Rows of a right-padded batch with these lengths: ([B, L] packed row index of
+    each position, -1 at pads; N)."""
+    from .packing import make_rows
+    width = max(lens)
+    keep = np.array([[True] * n + [False] * (width - n) for n in lens])
+    rows = make_rows(keep, np)
+    grid = np.full(keep.shape, -1)
+    grid.reshape(-1)[rows.host_index] = np.arange(len(rows.host_index))
+    return grid, len(rows.host_index)
+
+
+def plot_masks(out, src_lens=(5, 3), tgt_lens=(4, 6)):
+    _check_out(out)
+    if min(src_lens) < 1 or min(tgt_lens) < 1:
+        raise ConfigError("every sentence needs at least one source and one target position")
+    grids = mask_grids(list(src_lens), list(tgt_lens))
+    b = len(src_lens)
+    fig = _figure(3.2 * 3, 3.0 * b)
+    titles = {"encoder": "encoder self-attention\n(padding)", "decoder": "decoder self-attention\n(causal + padding)",
+              "cross": "encoder-decoder attention\n(source padding)"}
+    for i in range(b):
+        for j, name in enumerate(("encoder", "decoder", "cross")):
+            ax = fig.add_subplot(b, 3, 3 * i + j + 1)
+            ax.imshow(grids[name][i], cmap="Greens", vmin=0, vmax=1.3)
+            ax.set_xlabel("key position")
+            ax.set_ylabel(f"sentence {i + 1}: query")
+            ax.set_title(titles[name] if i == 0 else "")
+            ax.set_xticks(range(grids[name].shape[2]))
+            ax.set_yticks(range(grids[name].shape[1]))
+    fig.suptitle(f"masks (green: may attend; white: bias -1e9): source lengths {list(src_lens)}, "
+                 f"target lengths {list(tgt_lens)}")
+    _save(fig, out)
+
+
+def plot_packing(out, lens=(5, 2, 4)):
+    _check_out(out)
+    if min(lens) < 1:
+        raise ConfigError("every sentence needs at least one position")
+    grid, n = packing_grid(list(lens))
+    fig = _figure(max(6, 0.55 * n + 1), 1.6 + 0.5 * len(lens))
+    top, bottom = fig.subplots(2, 1, height_ratios=[len(lens), 1])
+    top.imshow(grid >= 0, cmap="Blues", vmin=0, vmax=1.6)
+    for (r, c), v in np.ndenumerate(grid):
+        top.text(c, r, str(v) if v >= 0 else "pad", ha="center", va="center", fontsize=9)
+    top.set_title(f"padded batch [B, L] = [{grid.shape[0]}, {grid.shape[1]}]: attention unpacks to this")
+    top.set_xlabel("position")
+    top.set_ylabel("sentence")
+    top.set_xticks(range(grid.shape[1]))
+    top.set_yticks(range(grid.shape[0]))
+    bottom.imshow(np.ones((1, n)), cmap="Blues", vmin=0, vmax=1.6)
+    for c in range(n):
+        bottom.text(c, 0, str(c), ha="center", va="center", fontsize=9)
+    bottom.set_xticks([])
+    bottom.set_yticks([])
+    bottom.set_title(f"packed rows [N] = [{n}]: Linear, FFN, LayerNorm, dropout run on these")
+    _save(fig, out)
+
+
 def add_plot_parser(sub):
     """Register `plot` and its sub-commands on the argparse sub-parsers of minitf.cli."""
     p = sub.add_parser("plot", help="pictures: positional encoding, schedule, training curves, attention",
@@ -478,4 +556,15 @@ def add_plot_parser(sub):
     q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_attention(a.checkpoint, a.src, a.out, a.layer, a.head, a.tgt, a.beam,
                                                  a.alpha, a.max_len_b, a.device))
+
+    q = what.add_parser("masks", help="the attention masks: padding, causal + padding, cross-attention")
+    q.add_argument("--src-lens", type=int, nargs="+", default=[5, 3], help="source lengths (default 5 3)")
+    q.add_argument("--tgt-lens", type=int, nargs="+", default=[4, 6], help="target lengths (default 4 6)")
+    q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
+    q.set_defaults(func=lambda a: plot_masks(a.out, a.src_lens, a.tgt_lens))
+
+    q = what.add_parser("packing", help="pad-free rows: a padded batch and its packed rows")
+    q.add_argument("--lens", type=int, nargs="+", default=[5, 2, 4], help="sentence lengths (default 5 2 4)")
+    q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
+    q.set_defaults(func=lambda a: plot_packing(a.out, a.lens))
     return p

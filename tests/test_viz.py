@@ -271,3 +271,30 @@ def test_plot_cli_end_to_end(tmp_path):
     assert out.returncode == 0, out.stderr
     assert_png(tmp_path / "lr.png")
     assert "1.563e-03 at step 400" in out.stdout
+
+
+def test_mask_grids_are_the_models_masks():
+    from minitf.viz import mask_grids
+    g = mask_grids([5, 3], [4, 6])
+    assert g["encoder"].shape == (2, 5, 5) and g["decoder"].shape == (2, 6, 6) and g["cross"].shape == (2, 6, 5)
+    assert g["encoder"][1].sum(axis=1).tolist() == [3] * 5                 # 3 real keys, pads hidden
+    dec = g["decoder"][0]                                                  # 4 real target positions
+    assert dec[3].tolist() == [True] * 4 + [False] * 2                     # sees itself and the past
+    assert not dec[1, 2] and dec[2, 1]                                     # never the future
+    assert (g["decoder"][1] == np.tril(np.ones((6, 6), bool))).all()       # no padding: causal only
+
+
+def test_packing_grid_numbers_the_kept_positions_row_major():
+    from minitf.viz import packing_grid
+    grid, n = packing_grid([3, 1, 2])
+    assert n == 6
+    assert grid.tolist() == [[0, 1, 2], [3, -1, -1], [4, 5, -1]]
+
+
+def test_plot_masks_and_packing_write_pngs(tmp_path):
+    needs_matplotlib()
+    assert main(["plot", "masks", "--src-lens", "4", "2", "--tgt-lens", "3", "5", "--out", str(tmp_path / "m.png")]) == 0
+    assert_png(tmp_path / "m.png")
+    assert main(["plot", "packing", "--lens", "3", "1", "--out", str(tmp_path / "p.png")]) == 0
+    assert_png(tmp_path / "p.png")
+    assert main(["plot", "packing", "--lens", "0", "--out", str(tmp_path / "q.png")]) == 2
