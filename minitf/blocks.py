@@ -176,15 +176,15 @@ class Encoder(Layer):
 
     def __init__(self, cfg, rng):
         super().__init__()
-        self.layers_ = add_layer_list(self, [EncoderLayer(cfg, rng) for _ in range(cfg.n_layers)])
+        self.layer_list = add_layer_list(self, [EncoderLayer(cfg, rng) for _ in range(cfg.n_layers)])
 
     def forward(self, x, src_bias, rng=None, rows=None):
-        for layer in self.layers_:
+        for layer in self.layer_list:
             x = layer.forward(x, src_bias, rng, rows)
         return x
 
     def backward(self, dy):
-        for layer in reversed(self.layers_):
+        for layer in reversed(self.layer_list):
             dy = layer.backward(dy)
         return dy
 
@@ -194,17 +194,17 @@ class Decoder(Layer):
 
     def __init__(self, cfg, rng):
         super().__init__()
-        self.layers_ = add_layer_list(self, [DecoderLayer(cfg, rng) for _ in range(cfg.n_layers)])
+        self.layer_list = add_layer_list(self, [DecoderLayer(cfg, rng) for _ in range(cfg.n_layers)])
 
     def forward(self, y, memory, src_bias, tgt_bias, rng=None, tgt_rows=None, src_rows=None):
-        for layer in self.layers_:
+        for layer in self.layer_list:
             y = layer.forward(y, memory, src_bias, tgt_bias, rng, tgt_rows, src_rows)
         return y
 
     def backward(self, dy):
         """Returns (dy_embedded, dmemory) with dmemory summed over all layers."""
         dmemory = None
-        for layer in reversed(self.layers_):
+        for layer in reversed(self.layer_list):
             dy, dm = layer.backward(dy)
             if dmemory is None:
                 dmemory = dm

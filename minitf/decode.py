@@ -47,7 +47,7 @@ class IncrementalDecoder:
     def __init__(self, model, src, max_steps, use_cache=True, beam=1):
         self.model, self.use_cache, self.beam, self.max_steps = model, use_cache, beam, max_steps
         model.eval()
-        self.qkv = [fused_qkv(layer) for layer in model.decoder.layers_] if use_cache else None
+        self.qkv = [fused_qkv(layer) for layer in model.decoder.layer_list] if use_cache else None
         self.groups = []
         self.admit(src)
 
@@ -62,7 +62,7 @@ class IncrementalDecoder:
         g = _Group(src.shape[0], src_bias)
         rows = src.shape[0] * self.beam
         if self.use_cache:
-            g.cache = StepCache(self.model.decoder.layers_, memory, rows, self.max_steps)
+            g.cache = StepCache(self.model.decoder.layer_list, memory, rows, self.max_steps)
         else:   # the whole prefix again at every step: keep memory [m, S, D] and the tokens so far
             g.memory, g.prefix = memory, self.model.xp.zeros((rows, 0), dtype=src.dtype)
         self.groups.append(g)
@@ -80,7 +80,7 @@ class IncrementalDecoder:
             positions = (self.groups[0].t if len(self.groups) == 1 else
                          np.concatenate([np.full(g.b - g.a, g.t) for g in at]))
             x = m.positional.forward(m.embedding.lookup(tokens[:, None])[0], offset=positions)    # [N, 1, D]
-            for i, layer in enumerate(m.decoder.layers_):
+            for i, layer in enumerate(m.decoder.layer_list):
                 x = decoder_layer_step(layer, i, x, self.qkv[i], at, k)
             h = x[:, 0]
         else:   # each group's whole prefix again, causal mask and all

@@ -4,9 +4,32 @@ Per token: (1 - eps) * (-log p[gold]) + eps * mean_v(-log p[v]); averaged over t
 non-pad tokens. With q = (1 - eps) * onehot(gold) + eps / V (which sums to 1), the
 gradient is dlogits = (softmax(logits) - q) / N on non-pad rows and 0 on pad rows.
 """
+from typing import NamedTuple
+
 from . import kernels
 from .backend import xp_of
 from .functional import as_float32_if_half
+
+
+class LossCache(NamedTuple):
+    """What label_smoothed_nll_backward needs: the softmax p [N, V] (overwritten by the
+    backward), targets [N], weights w [N] (1 on non-pad), the count, eps, the logits' dtype."""
+    p: object
+    tgt: object
+    w: object
+    n_safe: object
+    eps: float
+    out_dtype: object
+
+
+class FusedLossCache(NamedTuple):
+    """The fused GPU path keeps the logits [N, V] and each row's logsumexp [N] instead of p."""
+    logits: object
+    tgt: object
+    lse: object
+    w: object
+    n_safe: object
+    eps: float
 
 
 def log_softmax(logits):
@@ -45,7 +68,7 @@ def label_smoothed_nll(logits, target, eps, pad_id):
     n_safe = xp.maximum(n, 1.0)
     loss = (per_tok * w).sum() / n_safe
     nll_sum = (-gold * w).sum()
-    return loss, nll_sum, n, (p, tgt, w, n_safe, eps, out_dtype)
+    return loss, nll_sum, n, LossCache(p, tgt, w, n_safe, eps, out_dtype)
 
 
 def _fused_label_smoothed_nll(logits, tgt, eps, pad_id):
@@ -57,7 +80,7 @@ def _fused_label_smoothed_nll(logits, tgt, eps, pad_id):
     n = w.sum()
     n_safe = xp.maximum(n, 1.0)
     loss = (((1.0 - eps) * nll + eps * smooth) * w).sum() / n_safe
-    return loss, (nll * w).sum(), n, ("fused", logits, tgt, lse, w, n_safe, eps)
+    return loss, (nll * w).sum(), n, FusedLossCache(logits, tgt, lse, w, n_safe, eps)
 
 
 def label_smoothed_nll_backward(cache, dloss=1.0):
@@ -65,9 +88,9 @@ def label_smoothed_nll_backward(cache, dloss=1.0):
 
     Reuses (overwrites) the cached softmax (the logits on the fused GPU path): call it once
     per forward."""
-    if isinstance(cache[0], str):
-        _, logits, tgt, lse, w, n_safe, eps = cache
-        return kernels.smoothed_nll_backward(logits, tgt, lse, w * (dloss / n_safe), eps, out=logits)
+    if isinstance(cache, FusedLossCache):
+        c = cache
+        return kernels.smoothed_nll_backward(c.logits, c.tgt, c.lse, c.w * (dloss / c.n_safe), c.eps, out=c.logits)
     p, tgt, w, n_safe, eps, out_dtype = cache
     xp = xp_of(p)
     v = p.shape[-1]

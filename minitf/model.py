@@ -87,7 +87,7 @@ class Transformer(Layer):
         x = self.src_dropout.forward(pack(rows, self.positional.forward(x_emb)), rng)
         return self.encoder.forward(x, src_bias, rng, rows), src_bias, src_ids
 
-    def decode_states(self, src, tgt_in, keep_tgt=None):
+    def decoder_hidden(self, src, tgt_in, keep_tgt=None):
         """src [B, S], tgt_in [B, T] int -> decoder output h [B, T, D]. Keeps what backward needs.
 
         Packed (training): with keep_tgt [B, T] bool, every layer runs on the non-pad source
@@ -111,7 +111,7 @@ class Transformer(Layer):
 
     def forward(self, src, tgt_in):
         """src [B, S], tgt_in [B, T] int -> logits [B, T, V] = h @ embedding^T (3.4)."""
-        logits, _ = self.embedding.project(self.decode_states(src, tgt_in))
+        logits, _ = self.embedding.project(self.decoder_hidden(src, tgt_in))
         return logits
 
     def forward_loss(self, src, tgt_in, tgt_out, packed=True):
@@ -131,7 +131,7 @@ class Transformer(Layer):
             raise ConfigError(f"tgt_out shape {tgt_out.shape} != tgt_in shape {tgt_in.shape}")
         pad = self.cfg.pad_id
         keep = (tgt_in != pad) | (tgt_out != pad) if packed else None
-        h = self.decode_states(src, tgt_in, keep_tgt=keep)   # [Nt, D] packed, [B, T, D] plain
+        h = self.decoder_hidden(src, tgt_in, keep_tgt=keep)   # [Nt, D] packed, [B, T, D] plain
         h = h.reshape(-1, h.shape[-1])     # [Nt, D] ([B*T, D] plain or for a batch without padding)
         tgt_rows = self._cache["tgt_rows"]
         gold = tgt_out.reshape(-1) if tgt_rows is None else tgt_out.reshape(-1)[tgt_rows.host_index]   # [Nt]

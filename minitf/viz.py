@@ -396,7 +396,7 @@ def attention_maps(model, tokenizer, src, layer, head, tgt=None, beam_size=4, al
         model.forward(np.asarray([src_ids], dtype=np.int64), np.asarray([tgt_in], dtype=np.int64))
     finally:
         model.train(was_training)
-    enc, dec = model.encoder.layers_[layer], model.decoder.layers_[layer]
+    enc, dec = model.encoder.layer_list[layer], model.decoder.layer_list[layer]
     get = lambda attn: to_numpy(attn.cache[3])[0, head].astype(np.float64)   # p of (q, k, v, p)
     maps = {"enc_self": get(enc.self_attn), "dec_self": get(dec.self_attn), "cross": get(dec.cross_attn)}
     return {"src_pieces": [tokenizer.id_to_piece(i) for i in src_ids],

@@ -227,7 +227,7 @@ def test_fused_dropout_path_trains(fused):
         opt.step()
     assert losses[-1] < 0.5 * losses[0]
     model.forward_loss(SRC, TGT_IN, TGT_OUT)
-    masks = [model.encoder.layers_[0].drop1.cache, model.decoder.layers_[1].drop3.cache]
+    masks = [model.encoder.layer_list[0].drop1.cache, model.decoder.layer_list[1].drop3.cache]
     for m in masks:
         assert set(np.unique(m)) == {0.0, np.float32(1 / 0.9)}
 
