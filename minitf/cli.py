@@ -35,6 +35,7 @@ def cmd_average(args):
 def cmd_translate(args):
     from .translate import load_for_inference, translate_lines
     model, tok = load_for_inference(args.checkpoint, args.device)
+    args.alpha = model.cfg.decode_alpha if args.alpha is None else args.alpha
     if args.input in (None, "-") and sys.stdin.isatty() and not args.output:
         return _interactive(model, tok, args)
     lines = _read_input(args.input)
@@ -66,6 +67,7 @@ def cmd_evaluate(args):
     if len(src) != len(ref):
         raise DataError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
     model, tok = load_for_inference(args.checkpoint, args.device)
+    args.alpha = model.cfg.decode_alpha if args.alpha is None else args.alpha
     lang = args.lang or read_train_state(args.checkpoint).get("languages", [None, None])[1]
     hyps = translate_lines(model, tok, src, args.beam, args.alpha, args.batch_size, args.max_len_b,
                            progress=not args.quiet)
@@ -89,7 +91,8 @@ def cmd_evaluate(args):
 def _decode_args(p):
     p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz) with its tokenizer")
     p.add_argument("--beam", type=int, default=4, help="beam size (paper: 4; 1 = greedy)")
-    p.add_argument("--alpha", type=float, default=0.6, help="length penalty alpha (paper: 0.6)")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="length penalty alpha (paper: 0.6; default: the checkpoint's preset, small 3.0)")
     p.add_argument("--max-len-b", type=int, default=50, help="max output length = input length + this")
     p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])

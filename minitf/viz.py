@@ -404,11 +404,12 @@ def attention_maps(model, tokenizer, src, layer, head, tgt=None, beam_size=4, al
             "translated": translated, "target": tokenizer.decode([tgt_ids])[0], **maps}
 
 
-def plot_attention(checkpoint, src, out, layer=0, head=0, tgt=None, beam_size=4, alpha=0.6, max_len_b=50,
+def plot_attention(checkpoint, src, out, layer=0, head=0, tgt=None, beam_size=4, alpha=None, max_len_b=50,
                    device="cpu"):
     from .translate import load_for_inference
     _check_out(out)
     model, tok = load_for_inference(checkpoint, device)
+    alpha = model.cfg.decode_alpha if alpha is None else alpha
     _check_layer_head(model, layer, head)
     m = attention_maps(model, tok, src, layer, head, tgt, beam_size, alpha, max_len_b)
     if m["translated"]:
@@ -550,7 +551,8 @@ def add_plot_parser(sub):
     q.add_argument("--layer", type=int, default=0, help="layer index, from 0 (default 0)")
     q.add_argument("--head", type=int, default=0, help="head index, from 0 (default 0)")
     q.add_argument("--beam", type=int, default=4, help="beam size when translating (1 = greedy; default 4)")
-    q.add_argument("--alpha", type=float, default=0.6, help="length penalty when translating")
+    q.add_argument("--alpha", type=float, default=None, help="length penalty when translating (default: the "
+                   "checkpoint's preset)")
     q.add_argument("--max-len-b", type=int, default=50, help="max output length = input length + this")
     q.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")

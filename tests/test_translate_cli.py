@@ -42,6 +42,10 @@ def test_evaluate_prints_bleu_chrf_and_signatures(setup):
     assert 0 <= res["bleu"] <= 100 and 0 <= res["chrf"] <= 100 and res["n"] == 7
     assert res["bleu_signature"].startswith("nrefs:1|") and res["chrf_signature"].startswith("nrefs:1|")
     assert res["bleu_paper"] is None and "--lang" in res["bleu_paper_method"]   # the tiny checkpoint names no language
+    assert res["alpha"] == 0.6                                # the checkpoint's preset's decode_alpha (tiny: the paper's)
+    again = run("evaluate", "--checkpoint", d / "model.npz", "--src", d / "src.txt", "--ref", d / "ref.txt",
+                "--beam", 2, "--max-len-b", 3, "--json", "--quiet", "--alpha", "1.5")
+    assert json.loads(again.stdout)["alpha"] == 1.5
     text = run("evaluate", "--checkpoint", d / "model.npz", "--src", d / "src.txt", "--ref", d / "ref.txt",
                "--beam", 1, "--max-len-b", 3, "--quiet", "--lang", "de")
     assert text.returncode == 0 and "BLEU" in text.stdout and "chrF" in text.stdout
