@@ -309,5 +309,8 @@ def test_runnable_blocks_of_a_page_run(doc):
         exec(compile(block, f"{rel(doc)} block {i + 1}", "exec"), namespace)
 
 
-def test_the_decoding_page_has_runnable_blocks():
+def test_every_derivation_page_has_a_runnable_result():
+    # a page cannot drift silently: its result runs against the code in this suite
+    missing = [rel(p) for p in sorted(DERIVATIONS.glob("*.md")) if not runnable_blocks(p)]
+    assert not missing, f"derivation pages without a '{RUNS_MARK}' block: {missing}"
     assert len(runnable_blocks(DERIVATIONS / "decoding.md")) >= 2
