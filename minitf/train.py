@@ -74,6 +74,22 @@ def resolve_recipe(args, cfg):
                           f"many checkpoints as you average")
 
 
+def forward_backward(model, micro, total, forward_count, scaler=None):
+    """The gradient of one update: zero the gradients, then forward and backward each of its
+    micro-batches [(j, (src, tgt_in, tgt_out, n))]. The update's loss is the token-weighted
+    mean over them, so micro-batch j's backward weighs n / total (n its tokens, total the
+    update's), times the float16 loss scale (undone by Adam.step's grad_divisor).
+    Returns the token-summed loss and NLL (device scalars on a GPU, read once per step)."""
+    model.zero_grad()
+    loss_sum = nll_sum = 0.0
+    for j, (src, tgt_in, tgt_out, n) in micro:
+        model.forward_count = forward_count + j   # dropout masks: (seed, global batch index)
+        loss_sum = loss_sum + model.forward_loss(src, tgt_in, tgt_out) * n
+        model.backward(loss_weight=(scaler.scale if scaler else 1.0) * n / total)
+        nll_sum = nll_sum + model.last_stats["nll_sum"]
+    return loss_sum, nll_sum
+
+
 def on_save_grid(args, state, wall_s):
     """True when this step ends a checkpoint interval: every save_every steps, or the first step
     after each save_every_minutes of training (paper 6.1: 10-minute intervals)."""
@@ -284,15 +300,7 @@ def _train(args, world):
             epoch, index, total, micro = pending.result()   # collated while the last update computed
             pending = prefetch.submit(next_update)
             state["epoch"], state["batch"] = epoch, index + 1
-            model.zero_grad()
-            loss_sum = nll_sum = 0.0   # device scalars on a GPU, read once per step below
-            for j, (src, tgt_in, tgt_out, n) in micro:
-                model.forward_count = state["forward_count"] + j   # dropout masks: (seed, global batch index)
-                loss_sum = loss_sum + model.forward_loss(src, tgt_in, tgt_out) * n
-                # the update's loss is the token-weighted mean over its micro-batches: this one
-                # weighs n / total (n its tokens); times the float16 loss scale, undone by opt.step
-                model.backward(loss_weight=(scaler.scale if scaler else 1.0) * n / total)
-                nll_sum = nll_sum + model.last_stats["nll_sum"]
+            loss_sum, nll_sum = forward_backward(model, micro, total, state["forward_count"], scaler)
             state["forward_count"] += per_update
             world.allreduce_sum(model.flat_grads)   # every rank now holds the update's whole gradient
             loss_sum, nll_sum, grads_finite = step_stats(model, loss_sum, nll_sum)
