@@ -6,11 +6,23 @@ encoder-decoder attention. `backward` returns (dx_q, dx_kv) so the encoder outpu
 the gradient of every decoder layer's cross-attention.
 """
 import math
+from typing import NamedTuple
 
 from .. import functional as F
 from ..packing import pack, unpack
 from .base import Layer
 from .linear import Linear
+
+
+class AttentionCache(NamedTuple):
+    """What MultiHeadAttention.backward needs: q [B, H, T, K], k and v [B, H, S, K] (heads
+    split), p [B, H, T, S], and the packing of the query and key rows (or None)."""
+    q: object
+    k: object
+    v: object
+    p: object
+    rows_q: object
+    rows_kv: object
 
 
 class MultiHeadAttention(Layer):
@@ -34,7 +46,7 @@ class MultiHeadAttention(Layer):
         k = F.split_heads(unpack(rows_kv, self.k.forward(x_kv)), h)
         v = F.split_heads(unpack(rows_kv, self.v.forward(x_kv)), h)
         ctx, p = F.attention_forward(q, k, v, bias, self.scale)
-        self.cache = (q, k, v, p, rows_q, rows_kv)
+        self.cache = AttentionCache(q, k, v, p, rows_q, rows_kv)
         return self.out.forward(pack(rows_q, F.merge_heads(ctx)))
 
     def backward(self, dy):
