@@ -10,6 +10,8 @@ On a GPU, softmax, LayerNorm, dropout + residual (and the loss, loss.py) run as 
 kernels (kernels.py) computing the same formulas in one pass; the code here is the
 reference they are tested against.
 """
+from typing import NamedTuple
+
 import numpy as np
 
 from . import kernels
@@ -74,13 +76,20 @@ def softmax_backward(dp, p):
 
 
 # ----------------------------------------------------------------------------- layernorm
+class LayerNormCache(NamedTuple):
+    """What layernorm_backward needs: xhat [..., D] (the normalized input) and rstd [..., 1]."""
+    xhat: object
+    rstd: object
+
+
 def layernorm_forward(x, g, b, eps):
     """y = (x - mean) / sqrt(var + eps) * g + b over the last axis (biased variance).
 
-    Returns y and the cache (xhat, rstd) backward needs: xhat [..., D], rstd [..., 1].
+    Returns y and the LayerNormCache (xhat, rstd) backward needs.
     """
     if kernels.enabled(x):
-        return kernels.layernorm_forward(x, g, b, eps)
+        y, (xhat, rstd) = kernels.layernorm_forward(x, g, b, eps)
+        return y, LayerNormCache(xhat, rstd)
     xp = xp_of(x)
     x32 = as_float32_if_half(x)
     mean = x32.mean(axis=-1, keepdims=True)
@@ -90,7 +99,7 @@ def layernorm_forward(x, g, b, eps):
     xhat *= rstd
     y = xhat * g
     y += b
-    return y.astype(x.dtype, copy=False), (xhat, rstd)
+    return y.astype(x.dtype, copy=False), LayerNormCache(xhat, rstd)
 
 
 def layernorm_backward(dy, cache, g, dg, db):
