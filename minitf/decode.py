@@ -343,12 +343,12 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
         pick, live = pick[still], live[still]
         pick = np.where(live, pick, pick[:, :1])        # a dead slot repeats the first beam, score -inf
         new_beam = np.take_along_axis(beam[still], pick, axis=1)
-        rows = (still[:, None] * k + new_beam).reshape(-1)                     # parent row of each new beam
+        parents = (still[:, None] * k + new_beam).reshape(-1)                  # the row each new beam extends
         next_tokens = np.take_along_axis(tok[still], pick, axis=1).reshape(-1)
-        hyps = hyps[rows]
-        hyps[np.arange(len(rows)), np.repeat(steps[still], k)] = next_tokens
+        hyps = hyps[parents]
+        hyps[np.arange(len(parents)), np.repeat(steps[still], k)] = next_tokens
         scores = np.where(live, np.take_along_axis(values[still], pick, axis=1), -np.inf)
-        dec.reorder(rows)
+        dec.reorder(parents)
         alive, steps = alive[still], steps[still] + 1
         new, new_src = waiting.admit(len(alive))   # continuous batching: free places to new sentences
         if len(new):

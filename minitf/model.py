@@ -135,15 +135,15 @@ class Transformer(Layer):
         h = h.reshape(-1, h.shape[-1])     # [Nt, D] ([B*T, D] plain or for a batch without padding)
         tgt_rows = self._cache["tgt_rows"]
         gold = tgt_out.reshape(-1) if tgt_rows is None else tgt_out.reshape(-1)[tgt_rows.host_index]   # [Nt]
-        rows = None                                                  # rows of h with a loss
+        loss_rows = None                                             # the rows of h with a loss ([N])
         if (gold == pad).any():
             host_rows = np.flatnonzero(gold != pad)
-            rows = to_device(host_rows, self.xp)
-            h, gold = h[rows], gold[host_rows]
+            loss_rows = to_device(host_rows, self.xp)
+            h, gold = h[loss_rows], gold[host_rows]
         gold = to_device(gold, self.xp)
         logits, _ = self.embedding.project(h)                                               # [N, V]
         loss, nll_sum, n, cache = label_smoothed_nll(logits, gold, self.cfg.label_smoothing, pad)
-        self._cache.update(loss=cache, rows=rows, h_rows=h)
+        self._cache.update(loss=cache, loss_rows=loss_rows, h_rows=h)
         self.last_stats = {"loss": loss, "nll_sum": nll_sum, "n_tokens": n}
         return float(loss) if self.xp is np else loss
 
@@ -157,11 +157,11 @@ class Transformer(Layer):
             raise RuntimeError("backward() needs a forward_loss() first (and only one backward per forward)")
         c, self._cache = self._cache, None
         dlogits = label_smoothed_nll_backward(c["loss"], loss_weight)
-        # logits = h[rows] @ embedding^T
+        # logits = h[loss_rows] @ embedding^T
         dh = self.embedding.project_backward(dlogits, c["h_rows"])
-        if c["rows"] is not None:
+        if c["loss_rows"] is not None:
             dh_all = self.xp.zeros((int(np.prod(c["h_shape"][:-1])), dh.shape[-1]), dtype=self.dtype)
-            dh_all[c["rows"]] = dh
+            dh_all[c["loss_rows"]] = dh
             dh = dh_all
         dy, dmemory = self.decoder.backward(dh.reshape(c["h_shape"]))
         # y = tgt_dropout(pack(embedding[tgt_in] * sqrt(D) + PE))
