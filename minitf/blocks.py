@@ -143,20 +143,16 @@ def decoder_layer_step(layer, i, x, qkv, groups, beam):
         keys[:, g.t], values[:, g.t] = k[g.a: g.b, :, 0], v[g.a: g.b, :, 0]
         heads.append(F.attention_forward(q[g.a: g.b], keys[:, : g.t + 1].transpose(0, 2, 1, 3),
                                          values[:, : g.t + 1].transpose(0, 2, 1, 3), 0.0, sa.scale)[0])
-    h1 = layer.norm1.apply(x + _linear(sa.out, F.merge_heads(_join(heads))))                    # [N, 1, D]
+    h1 = layer.norm1.apply(x + sa.out.apply(F.merge_heads(_join(heads))))                    # [N, 1, D]
     # cross-attention: the beams of a sentence are the queries of one [beam, S] attention
-    q = _linear(ca.q, h1)                                                                         # [N, 1, HK]
+    q = ca.q.apply(h1)                                                                            # [N, 1, HK]
     heads = []
     for g in groups:
         q_g = F.split_heads(q[g.a: g.b].reshape((g.b - g.a) // beam, beam, -1), ca.n_heads)     # [n, H, beam, K]
         ctx = F.attention_forward(q_g, g.cache.ckv[i, 0], g.cache.ckv[i, 1], g.src_bias, ca.scale)[0]
         heads.append(F.merge_heads(ctx).reshape(g.b - g.a, 1, -1))                              # [rows, 1, HK]
-    h2 = layer.norm2.apply(h1 + _linear(ca.out, _join(heads)))
+    h2 = layer.norm2.apply(h1 + ca.out.apply(_join(heads)))
     return layer.norm3.apply(h2 + layer.ffn.apply(h2))
-
-
-def _linear(linear, x):
-    return F.linear_forward(x, linear.params["weight"], linear.params["bias"])
 
 
 def _join(parts):

@@ -66,5 +66,4 @@ class MultiHeadAttention(Layer):
     def project_kv(self, x_kv):
         """x_kv [B, S, D] -> (k, v) each [B, H, S, K]."""
         h = self.n_heads
-        return (F.split_heads(F.linear_forward(x_kv, self.k.params["weight"], self.k.params["bias"]), h),
-                F.split_heads(F.linear_forward(x_kv, self.v.params["weight"], self.v.params["bias"]), h))
+        return F.split_heads(self.k.apply(x_kv), h), F.split_heads(self.v.apply(x_kv), h)

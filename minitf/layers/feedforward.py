@@ -25,5 +25,4 @@ class FeedForward(Layer):
 
     def apply(self, x):
         """Inference: the forward without keeping caches (decode.py)."""
-        h = F.relu_forward(F.linear_forward(x, self.fc1.params["weight"], self.fc1.params["bias"]))
-        return F.linear_forward(h, self.fc2.params["weight"], self.fc2.params["bias"])
+        return self.fc2.apply(F.relu_forward(self.fc1.apply(x)))

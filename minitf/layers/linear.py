@@ -17,6 +17,10 @@ class Linear(Layer):
         self.cache = x
         return F.linear_forward(x, self.params["weight"], self.params["bias"])
 
+    def apply(self, x):
+        """Inference: the forward without keeping a cache (decoding)."""
+        return F.linear_forward(x, self.params["weight"], self.params["bias"])
+
     def backward(self, dy):
         x, self.cache = self.cache, None
         return F.linear_backward(dy, x, self.params["weight"], self.grads["weight"], self.grads["bias"])
