@@ -33,7 +33,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import minitf  # noqa: E402
 from minitf.backend import synchronize  # noqa: E402
-from minitf.decode import beam_search, greedy_search, length_penalty, translate_ids  # noqa: E402
+from minitf.data.batching import pad_ids  # noqa: E402
+from minitf.decode import length_penalty, translate_ids  # noqa: E402
 from minitf.loss import log_softmax  # noqa: E402
 
 
@@ -55,27 +56,18 @@ def load(args):
 
 
 def sorted_batches(src_ids, size, pad):
-    """translate_ids' batching: length-sorted, `size` sentences a batch -> (indices, [B, S] array)."""
+    """Fixed batches of the length-sorted sentences (the PyTorch baseline's batching, fairseq's)
+    -> (indices, [B, S] array)."""
     order = np.argsort([len(s) for s in src_ids], kind="stable")
     for start in range(0, len(order), size):
         idx = order[start: start + size]
-        out = np.full((len(idx), max(len(src_ids[i]) for i in idx)), pad, dtype=np.int64)
-        for r, i in enumerate(idx):
-            out[r, : len(src_ids[i])] = src_ids[i]
-        yield idx, out
+        yield idx, pad_ids([src_ids[i] for i in idx], pad)
 
 
 def run_minitf(model, src_ids, beam, args, use_cache=True):
+    """`translate`'s path: length-sorted, continuous batching of --batch-size sentences."""
     t0 = time.perf_counter()
-    if use_cache:
-        out = translate_ids(model, src_ids, beam, args.alpha, args.batch_size, args.max_len_b)
-    else:
-        out = [None] * len(src_ids)
-        for idx, src in sorted_batches(src_ids, args.batch_size, model.cfg.pad_id):
-            res = (greedy_search(model, src, max_len_b=args.max_len_b, use_cache=False) if beam == 1 else
-                   beam_search(model, src, beam, args.alpha, max_len_b=args.max_len_b, use_cache=False))
-            for r, i in enumerate(idx):
-                out[i] = res[r]
+    out = translate_ids(model, src_ids, beam, args.alpha, args.batch_size, args.max_len_b, use_cache=use_cache)
     synchronize(model.xp)
     return time.perf_counter() - t0, out
 

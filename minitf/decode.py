@@ -13,6 +13,7 @@ import numpy as np
 
 from .backend import to_numpy, xp_of
 from .blocks import StepCache, StepGroup, decoder_layer_step, fused_qkv
+from .data.batching import pad_ids
 from .functional import as_float32_if_half
 from .loss import log_softmax
 from .model import causal_bias
@@ -50,11 +51,6 @@ class IncrementalDecoder:
         self.qkv = [fused_qkv(layer) for layer in model.decoder.layer_list] if use_cache else None
         self.groups = []
         self.admit(src)
-
-    @property
-    def n(self):
-        """Sentences held."""
-        return sum(g.n for g in self.groups)
 
     def admit(self, src):
         """Start decoding the sentences src [m, S] (after those held), at step 0."""
@@ -215,14 +211,9 @@ def _ban(logits, cfg, first):
     if np.ndim(first):
         rows = np.flatnonzero(first)
         if len(rows):
-            logits[model_index(logits, rows), cfg.eos_id] = -np.inf
+            logits[xp_of(logits).asarray(rows), cfg.eos_id] = -np.inf
     elif first:
         logits[:, cfg.eos_id] = -np.inf
-
-
-def model_index(like, host_index):
-    """A host index array as an index for arrays like `like` (NumPy or CuPy)."""
-    return xp_of(like).asarray(host_index)
 
 
 def _group_size(v):
@@ -378,20 +369,20 @@ def _logsumexp(x):
     return m + xp.log(e.sum(axis=1))
 
 
-def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len_b=50, progress=None, stop="fairseq"):
+def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len_b=50, progress=None, stop="fairseq",
+                  use_cache=True):
     """Decode lists of source ids (with EOS), sorted by length (little padding), at most
     `batch_size` sentences at a time (continuous batching); returns id lists in input order."""
     if not len(src_ids):
         return []
     order = np.argsort([len(s) for s in src_ids], kind="stable")
-    src = np.full((len(order), max(len(s) for s in src_ids)), model.cfg.pad_id, dtype=np.int64)
-    for r, i in enumerate(order):
-        src[r, : len(src_ids[i])] = src_ids[i]
+    src = pad_ids([src_ids[i] for i in order], model.cfg.pad_id)
     if beam_size == 1:
-        res = greedy_search(model, src, max_len_b=max_len_b, batch_size=batch_size, progress=progress)
+        res = greedy_search(model, src, max_len_b=max_len_b, use_cache=use_cache, batch_size=batch_size,
+                            progress=progress)
     else:
-        res = beam_search(model, src, beam_size, alpha, max_len_b=max_len_b, batch_size=batch_size, progress=progress,
-                          stop=stop)
+        res = beam_search(model, src, beam_size, alpha, max_len_b=max_len_b, use_cache=use_cache, batch_size=batch_size,
+                          progress=progress, stop=stop)
     out = [None] * len(src_ids)
     for r, i in enumerate(order):
         out[i] = res[r]
