@@ -248,3 +248,19 @@ def test_learned_positions_name_their_limit():
     model = minitf.Transformer(cfg, dtype="float64")
     with pytest.raises(ConfigError, match="learned positions cover max_len 8"):
         greedy_search(model, np.array([[5] * 12 + [3]]))
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_positions_per_row_for_rows_at_different_steps(positional):
+    # continuous batching feeds rows at different positions: row b gets position offset[b]
+    from minitf.errors import ConfigError
+    cfg = minitf.TransformerConfig(vocab_size=13, d_model=8, n_heads=2, d_ff=8, n_layers=1, max_len=8,
+                                   positional=positional)
+    pos = minitf.Transformer(cfg, dtype="float64").positional
+    x = np.random.default_rng(0).standard_normal((3, 1, 8))
+    per_row = pos.forward(x, offset=np.array([0, 5, 2]))
+    for b, t in enumerate([0, 5, 2]):
+        np.testing.assert_array_equal(per_row[b], pos.forward(x[b: b + 1], offset=t)[0])
+    if positional == "learned":
+        with pytest.raises(ConfigError, match="learned positions cover 8 positions"):
+            pos.forward(x, offset=np.array([0, 8, 2]))

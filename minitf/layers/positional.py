@@ -63,16 +63,13 @@ class LearnedPositional(Layer):
     def forward(self, x, offset=0):
         """x [B, L, D] -> x + weight[offset:offset+L]; backward needs only dy's shape. Decoding one
         position per row (L = 1), offset may be a host int array [B]: row b gets weight[offset[b]]."""
-        if np.ndim(offset):
-            if offset.max() >= self.params["weight"].shape[0]:
-                raise ConfigError(f"learned positions cover {self.params['weight'].shape[0]} positions (max_len), "
-                                  f"this input needs {int(offset.max()) + 1}: shorten it, or train with sinusoidal "
-                                  f"positions, which have no limit")
-            return x + self.params["weight"][xp_of(x).asarray(offset)][:, None]
-        if offset + x.shape[1] > self.params["weight"].shape[0]:
+        needed = int(offset.max()) + 1 if np.ndim(offset) else offset + x.shape[1]
+        if needed > self.params["weight"].shape[0]:
             raise ConfigError(f"learned positions cover {self.params['weight'].shape[0]} positions (max_len), "
-                              f"this input needs {offset + x.shape[1]}: shorten it, or train with sinusoidal "
+                              f"this input needs {needed}: shorten it, or train with sinusoidal "
                               f"positions, which have no limit")
+        if np.ndim(offset):
+            return x + self.params["weight"][xp_of(x).asarray(offset)][:, None]
         return x + self.params["weight"][offset: offset + x.shape[1]]
 
     def backward(self, dy, offset=0):
