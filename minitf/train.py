@@ -59,7 +59,7 @@ def resolve_recipe(args, cfg):
     averaged one out), and ONE checkpoint spacing, in steps or in minutes of training."""
     if args.max_steps is None:
         args.max_steps = cfg.max_steps
-    if getattr(args, "alpha", 0.6) is None:
+    if args.alpha is None:
         args.alpha = cfg.decode_alpha
     if args.average_last is None:
         args.average_last = cfg.average_last
