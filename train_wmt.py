@@ -31,6 +31,10 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(p)
     p.add_argument("--preset", default="base", choices=sorted(PRESETS))
+    p.add_argument("--arch", choices=["transformer", "rnn"],
+                   help="transformer (default), or rnn: the recurrent baseline with attention (docs/rnn_vs_transformer.md)")
+    p.add_argument("--attention", choices=["general", "dot", "additive"],
+                   help="--arch rnn: Luong's general (default) or dot score, or Bahdanau's additive score")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                    help="parameters and activations (float64: exact checks, e.g. one process against N ranks)")
@@ -63,6 +67,8 @@ def parse_args(argv=None):
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     check_data_args(p, args)
+    if args.attention is not None and args.arch == "transformer":
+        p.error("--attention chooses the attention of --arch rnn; the Transformer's is multi-head scaled dot-product")
     for name in ("max_tokens", "update_freq", "warmup", "save_every", "keep_last", "average_last", "beam", "log_every"):
         v = getattr(args, name)
         if v is not None and v <= 0:

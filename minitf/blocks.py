@@ -87,7 +87,7 @@ class DecoderLayer(Layer):
 
 class StepCache:
     """What the decoder keeps between decoding steps for one group of sentences that started
-    together (decode.IncrementalDecoder), for all L layers in one array each, so that moving
+    together (incremental.IncrementalDecoder), for all L layers in one array each, so that moving
     a row is one copy: kv [L, 2, N, T_max, H, K], each layer's self-attention keys (0) and
     values (1) of the group's rows (n sentences x beam) at the positions so far (position t
     is written at step t; position-major, so a row's first t positions are one block); ckv [L, 2, n, H, S, K], each layer's cross-attention keys/values

@@ -60,9 +60,9 @@ class Checkpoint:
         self.optimizer, self.tokenizer, self.train_state = optimizer, tokenizer, train_state
 
     def build_model(self, device="cpu", dtype="float32"):
-        """A Transformer with these parameters, in eval mode."""
-        from .model import Transformer
-        model = Transformer(self.config, device=device, dtype=dtype)
+        """The model of the checkpoint's config (a Transformer, or the `arch` it names), in eval mode."""
+        from .models import build_model
+        model = build_model(self.config, device=device, dtype=dtype)
         model.load_state_dict(self.params)
         return model.eval()
 

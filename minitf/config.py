@@ -3,6 +3,11 @@
 Every knob of Table 3 is a field: N (`n_layers`), d_model, d_ff, h (`n_heads`), d_k = d_v
 (`d_k`, default d_model // h), P_drop (`dropout`), eps_ls (`label_smoothing`) and row (E),
 learned positional embeddings instead of sinusoids (`positional="learned"`).
+
+`arch="rnn"` selects the recurrent baseline the paper compares against (rnn.py: a
+bidirectional LSTM encoder and an attentional LSTM decoder); it reads d_model (embedding
+and output width), n_layers, dropout, label_smoothing, rnn_hidden and attention, and the
+same training recipe fields.
 """
 import dataclasses
 from dataclasses import dataclass
@@ -26,6 +31,9 @@ class TransformerConfig:
     layer_norm_eps: float = 1e-5
     positional: str = "sinusoidal"   # or "learned" (Table 3 row E)
     max_len: int = 1024              # learned positions: the longest input; sinusoids: the first table (it grows)
+    arch: str = "transformer"        # or "rnn" (models.ARCHS)
+    rnn_hidden: int = None           # rnn: LSTM width (the encoder's two directions together); None -> 2 * d_model
+    attention: str = "general"       # rnn: Luong's "general" or "dot", or Bahdanau's "additive"
     # training recipe defaults of the preset (used by train_wmt.py, not by the model)
     warmup: int = 4000
     lr_factor: float = 1.0
@@ -41,7 +49,15 @@ class TransformerConfig:
             if self.d_model % self.n_heads:
                 raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set d_k explicitly")
             self.d_k = self.d_model // self.n_heads
-        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "d_k", "max_len"):
+        if self.rnn_hidden is None:
+            self.rnn_hidden = 2 * self.d_model
+        if self.arch not in ("transformer", "rnn"):   # models.ARCHS
+            raise ConfigError(f"arch must be 'transformer' or 'rnn', got {self.arch!r}")
+        if self.arch == "rnn" and self.rnn_hidden % 2:
+            raise ConfigError(f"rnn_hidden must be even (two encoder directions of rnn_hidden / 2), got {self.rnn_hidden}")
+        if self.attention not in ("general", "dot", "additive"):
+            raise ConfigError(f"attention must be 'general', 'dot' or 'additive', got {self.attention!r}")
+        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "d_k", "max_len", "rnn_hidden"):
             if int(getattr(self, name)) <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if not 0.0 <= self.dropout < 1.0:
@@ -66,11 +82,14 @@ class TransformerConfig:
         return cls(**d)
 
     @classmethod
-    def preset(cls, name, **overrides):
-        """`base` and `big` are Table 3's; `small` is sized for a CPU (Multi30k in minutes)."""
+    def preset(cls, name, arch="transformer", **overrides):
+        """`base` and `big` are Table 3's; `small` is sized for a CPU (Multi30k in minutes).
+        With arch="rnn", RNN_PRESETS resizes the preset's model for the recurrent baseline
+        (the same training recipe)."""
         if name not in PRESETS:
             raise ConfigError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
-        return cls(**{**PRESETS[name], **overrides})
+        sizes = RNN_PRESETS[name] if arch == "rnn" else {}
+        return cls(**{**PRESETS[name], **sizes, "arch": arch, **overrides})
 
 
 PRESETS = {
@@ -87,4 +106,13 @@ PRESETS = {
     # for tests and smoke runs only
     "tiny": dict(d_model=32, n_heads=2, d_ff=64, n_layers=1, dropout=0.1,
                  warmup=10, lr_factor=1.0, max_tokens=512, save_every=10),
+}
+
+# the recurrent baseline (arch="rnn"): about the parameter count of the Transformer preset
+# of the same name (RNNsearch-style widths; docs/rnn_vs_transformer.md)
+RNN_PRESETS = {
+    "base": dict(d_model=512, rnn_hidden=1024, n_layers=2),
+    "big": dict(d_model=1024, rnn_hidden=2048, n_layers=2),
+    "small": dict(d_model=256, rnn_hidden=640, n_layers=1),
+    "tiny": dict(d_model=32, rnn_hidden=32, n_layers=1),
 }

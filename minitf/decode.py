@@ -1,22 +1,21 @@
 """Greedy and beam search (paper 6.1: beam 4, length penalty alpha 0.6, max length input + 50).
 
-Decoding is incremental: the encoder runs once per sentence, every decoder layer's
-cross-attention keys/values are computed once, and each step feeds only the newest token,
-reusing cached self-attention keys/values of the earlier positions (`IncrementalDecoder`).
-`use_cache=False` recomputes the whole prefix each step instead (for bench/decode.py).
+Decoding is incremental: the searches step through `model.incremental_decoder(src, ...)`,
+an object that feeds one token per row and returns the logits of the next position
+(`logits`), keeps chosen rows (`reorder`: beams taking new parents, finished sentences
+leaving) and starts more sentences mid-way (`admit`). The Transformer's keeps KV caches
+(incremental.py); the recurrent model's keeps its LSTM states (rnn.py). The searches know
+nothing else of the model.
 Both searches are batched over many sentences; a finished sentence leaves the batch. The
-beams of a sentence share its encoder output: they are the queries of one cross-attention.
+beams of a sentence share its encoder output: they are the queries of one attention.
 """
 import functools
 
 import numpy as np
 
 from .backend import to_numpy, xp_of
-from .blocks import StepCache, StepGroup, decoder_layer_step, fused_qkv
 from .data.batching import pad_ids
 from .functional import as_float32_if_half
-from .loss import log_softmax
-from .model import causal_bias
 
 
 ADMIT_WHEN_FREE = 0.5    # continuous batching: waiting sentences start once this share of places is free
@@ -25,109 +24,6 @@ ADMIT_WHEN_FREE = 0.5    # continuous batching: waiting sentences start once thi
 def length_penalty(length, alpha):
     """GNMT (Wu et al. 2016): lp(Y) = ((5 + |Y|) / 6) ^ alpha; |Y| counts the EOS."""
     return ((5.0 + length) / 6.0) ** alpha
-
-
-class _Group:
-    """Sentences that started decoding together: n of them, all at step t (positions
-    0..t-1 written), with their encoder state (src_bias, and memory or per-layer caches)."""
-
-    def __init__(self, n, src_bias):
-        self.n, self.t, self.src_bias = n, 0, src_bias
-        self.cache, self.memory, self.prefix = None, None, None
-
-
-class IncrementalDecoder:
-    """Decoder state for sentences x `beam` rows, sentence-major (a sentence's beams are
-    consecutive rows). `logits` feeds one token per row and returns the logits of each row's
-    next position; `reorder` keeps chosen rows (beams taking new parents, finished sentences
-    leaving); `admit` starts more sentences while others are mid-way. Sentences that started
-    together form a group with its own step and buffers: the position-wise layers run on all
-    rows at once, each attention group by group over exactly its positions.
-    """
-
-    def __init__(self, model, src, max_steps, use_cache=True, beam=1):
-        self.model, self.use_cache, self.beam, self.max_steps = model, use_cache, beam, max_steps
-        model.eval()
-        self.qkv = [fused_qkv(layer) for layer in model.decoder.layer_list] if use_cache else None
-        self.groups = []
-        self.admit(src)
-
-    def admit(self, src):
-        """Start decoding the sentences src [m, S] (after those held), at step 0."""
-        memory, src_bias, _ = self.model.encode(src)                   # once per sentence, not per beam
-        g = _Group(src.shape[0], src_bias)
-        rows = src.shape[0] * self.beam
-        if self.use_cache:
-            g.cache = StepCache(self.model.decoder.layer_list, memory, rows, self.max_steps)
-        else:   # the whole prefix again at every step: keep memory [m, S, D] and the tokens so far
-            g.memory, g.prefix = memory, self.model.xp.zeros((rows, 0), dtype=src.dtype)
-        self.groups.append(g)
-
-    def step(self, tokens):
-        """tokens [N] (each row's token at its position t) -> log-probabilities [N, V] for t + 1."""
-        return log_softmax(self.logits(tokens))
-
-    def logits(self, tokens):
-        """tokens [N] (each row's token at its position t) -> logits [N, V] for position t + 1."""
-        m, xp, k = self.model, self.model.xp, self.beam
-        bounds = np.cumsum([0] + [g.n * k for g in self.groups])
-        at = [StepGroup(int(a), int(b), g.t, g.src_bias, g.cache) for a, b, g in zip(bounds[:-1], bounds[1:], self.groups)]
-        if self.use_cache:
-            positions = (self.groups[0].t if len(self.groups) == 1 else
-                         np.concatenate([np.full(g.b - g.a, g.t) for g in at]))
-            x = m.positional.forward(m.embedding.lookup(tokens[:, None])[0], offset=positions)    # [N, 1, D]
-            for i, layer in enumerate(m.decoder.layer_list):
-                x = decoder_layer_step(layer, i, x, self.qkv[i], at, k)
-            h = x[:, 0]
-        else:   # each group's whole prefix again, causal mask and all
-            parts = []
-            for g, s in zip(self.groups, at):
-                g.prefix = xp.concatenate([g.prefix, tokens[s.a: s.b, None].astype(g.prefix.dtype)], axis=1)
-                y = m.positional.forward(m.embedding.lookup(g.prefix)[0])
-                memory, src_bias = (xp.repeat(a, k, axis=0) for a in (g.memory, g.src_bias))
-                parts.append(m.decoder.forward(y, memory, src_bias, causal_bias(g.t + 1, xp, m.dtype)[None, None])[:, -1])
-            h = xp.concatenate(parts)
-        for g in self.groups:
-            g.t += 1
-        return m.embedding.project(h)[0]
-
-    def reorder(self, rows):
-        """Keep rows `rows` (an int array into the current rows), in that order.
-
-        The rows come in groups of `beam` from one sentence each (a sentence's beams taking
-        new parents among themselves, a finished sentence leaving), in sentence order. Only
-        the rows that move are copied, in place, and only the positions written so far.
-        """
-        xp, k = self.model.xp, self.beam
-        rows = np.asarray(to_numpy(rows))
-        start, kept = 0, []
-        for g in self.groups:
-            stop = start + g.n * k
-            mine = rows[(rows >= start) & (rows < stop)] - start       # this group's rows, in order
-            start = stop
-            sentences = mine[::k] // k
-            moved = np.flatnonzero(sentences != np.arange(len(sentences)))
-            if len(moved):                                           # finished sentences left: close the gaps
-                dst, src = xp.asarray(moved), xp.asarray(sentences[moved])
-                g.src_bias[dst] = g.src_bias[src]                    # each right side is a copy: no aliasing
-                if g.cache is not None:
-                    g.cache.ckv[:, :, dst] = g.cache.ckv[:, :, src]
-                if g.memory is not None:
-                    g.memory[dst] = g.memory[src]
-            g.n = len(sentences)
-            g.src_bias = g.src_bias[: g.n]
-            if g.memory is not None:
-                g.memory, g.prefix = g.memory[: g.n], g.prefix[xp.asarray(mine)]
-            if g.cache is not None:
-                moved = np.flatnonzero(mine != np.arange(len(mine)))
-                if len(moved):                                       # beams that took another parent
-                    dst, src = xp.asarray(moved), xp.asarray(mine[moved])
-                    g.cache.kv[:, :, dst, : g.t] = g.cache.kv[:, :, src, : g.t]   # [L, 2, rows, t, H, K]
-                g.cache.ckv = g.cache.ckv[:, :, : g.n]               # a smaller group: views of the first rows
-                g.cache.kv = g.cache.kv[:, :, : len(mine)]
-            if g.n:
-                kept.append(g)
-        self.groups = kept
 
 
 def _restores_mode(search):
@@ -179,7 +75,7 @@ def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True, batch
     max_lens = _max_lengths(model, src, max_len_a, max_len_b)
     waiting = _Waiting(model, src, batch_size)
     alive, first = waiting.admit(0)
-    dec = IncrementalDecoder(model, first, int(max_lens.max()) + 1, use_cache)
+    dec = model.incremental_decoder(first, int(max_lens.max()) + 1, use_cache)
     steps = np.zeros(len(alive), dtype=np.int64)   # [n] the step each sentence is at
     out = [[] for _ in range(src.shape[0])]
     tokens = np.full(len(alive), cfg.bos_id)
@@ -288,7 +184,7 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
     steps_max = int(max_lens.max()) + 1
     waiting = _Waiting(model, src, batch_size)
     alive, first = waiting.admit(0)               # sentences being decoded, in row order
-    dec = IncrementalDecoder(model, first, steps_max, use_cache, beam=k)
+    dec = model.incremental_decoder(first, steps_max, use_cache, beam=k)
     steps = np.zeros(len(alive), dtype=np.int64)  # [n] the step each is at
     hyps = np.zeros((len(alive) * k, steps_max), dtype=np.int64)   # [rows, T] tokens of every live beam
     scores = _first_scores(len(alive), k)         # [n, k] their log-probabilities

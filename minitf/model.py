@@ -6,41 +6,18 @@ and gradient buffers every layer's arrays are views of.
 """
 import numpy as np
 
-from .backend import get_xp, is_gpu, keep_freed_memory, make_rng, to_device, to_numpy
+from .backend import to_device
 from .blocks import Decoder, Encoder
-from .errors import CheckpointError, ConfigError
-from .layers import Dropout, Layer, LearnedPositional, SinusoidalPositional, TokenEmbedding, flatten_parameters
-from .loss import label_smoothed_nll, label_smoothed_nll_backward
+from .incremental import IncrementalDecoder
+from .layers import Dropout, LearnedPositional, SinusoidalPositional, TokenEmbedding
+from .masks import causal_bias, padding_bias
 from .packing import make_rows, pack, unpack
-
-NEG_INF = -1e9  # additive mask value; exp(NEG_INF - max) underflows to exactly 0
-NEG_INF_HALF = -3e4  # float16 cannot hold -1e9; exp(-3e4) is still exactly 0 in float32
+from .seq2seq import Seq2Seq
 
 
-def _neg_inf(dtype):
-    return NEG_INF_HALF if np.dtype(dtype) == np.float16 else NEG_INF
-
-
-def padding_bias(ids, pad_id, dtype):
-    """ids [B, L] -> [B, 1, 1, L] additive bias: NEG_INF on pad keys, 0 elsewhere."""
-    return ((ids == pad_id).astype(dtype) * _neg_inf(dtype))[:, None, None, :]
-
-
-def causal_bias(length, xp, dtype):
-    """[L, L] additive bias: NEG_INF above the diagonal (position i sees only j <= i)."""
-    return xp.triu(xp.full((length, length), _neg_inf(dtype), dtype=dtype), k=1)
-
-
-class Transformer(Layer):
+class Transformer(Seq2Seq):
     def __init__(self, cfg, device="cpu", dtype="float32", seed=0):
-        super().__init__()
-        if dtype not in ("float32", "float64", "float16"):
-            raise ConfigError(f"dtype must be 'float32', 'float64' or 'float16' (mixed precision), got {dtype!r}")
-        self.cfg, self.device, self.seed = cfg, device, int(seed)
-        self.xp = get_xp(device)
-        if not is_gpu(self.xp):
-            keep_freed_memory()
-        self.dtype = np.dtype(dtype)
+        super().__init__(cfg, device, dtype, seed)
         rng = np.random.default_rng(seed)
         d = cfg.d_model
         self.embedding = self.add("embedding", TokenEmbedding(cfg.vocab_size, d, rng))
@@ -52,32 +29,9 @@ class Transformer(Layer):
         self.decoder = self.add("decoder", Decoder(cfg, rng))
         self.src_dropout = self.add("src_dropout", Dropout(cfg.dropout))
         self.tgt_dropout = self.add("tgt_dropout", Dropout(cfg.dropout))
-        # float16 = mixed precision (Micikevicius et al. 2018): float32 master weights (and Adam
-        # state) updated by the optimizer, float16 copies for every activation and matmul
-        self.master_params = None
-        if self.dtype == np.float16:
-            self.master_params = flatten_parameters(self, self.xp, np.float32)[1]
-        self.names, self.flat_params, self.flat_grads, self.slices = flatten_parameters(self, self.xp, self.dtype)
-        self.forward_count = 0  # dropout stream position: forward i uses make_rng(seed, i)
-        self._cache = None
+        self.finish_init()
 
     # ------------------------------------------------------------------ forward
-    def _check_ids(self, name, ids, host=False):
-        ids = to_numpy(ids) if host else to_device(ids, self.xp)
-        if ids.ndim != 2 or ids.dtype.kind not in "iu":
-            raise ConfigError(f"{name} must be a 2-D integer array [batch, length], got {ids.dtype} {ids.shape}")
-        if self.cfg.positional == "learned" and ids.shape[1] > self.cfg.max_len:
-            raise ConfigError(f"{name} has length {ids.shape[1]} but learned positions cover max_len "
-                              f"{self.cfg.max_len}: shorten it (sinusoidal positions have no limit)")
-        return ids
-
-    def _dropout_rng(self):
-        if not self.training or self.cfg.dropout == 0.0:
-            return None
-        rng = make_rng(self.xp, self.seed * 1_000_003 + self.forward_count)
-        self.forward_count += 1
-        return rng
-
     def encode(self, src, rng=None, rows=None):
         """src [B, S] -> (memory [B, S, D], src_bias [B, 1, 1, S], src ids cached for backward).
 
@@ -125,27 +79,13 @@ class Transformer(Layer):
         Returns a float on CPU; on GPU a 0-d CuPy array (no host sync; float() it to read).
         `self.last_stats` holds {'loss', 'nll_sum', 'n_tokens'} as device scalars.
         """
-        # the row bookkeeping runs on host copies of the ids (no GPU sync)
-        tgt_in, tgt_out = self._check_ids("tgt_in", tgt_in, host=True), self._check_ids("tgt_out", tgt_out, host=True)
-        if tgt_out.shape != tgt_in.shape:
-            raise ConfigError(f"tgt_out shape {tgt_out.shape} != tgt_in shape {tgt_in.shape}")
-        pad = self.cfg.pad_id
-        keep = (tgt_in != pad) | (tgt_out != pad) if packed else None
+        tgt_in, tgt_out = self._check_targets(tgt_in, tgt_out)
+        keep = (tgt_in != self.cfg.pad_id) | (tgt_out != self.cfg.pad_id) if packed else None
         h = self.decoder_hidden(src, tgt_in, keep_tgt=keep)   # [Nt, D] packed, [B, T, D] plain
         h = h.reshape(-1, h.shape[-1])     # [Nt, D] ([B*T, D] plain or for a batch without padding)
         tgt_rows = self._cache["tgt_rows"]
         gold = tgt_out.reshape(-1) if tgt_rows is None else tgt_out.reshape(-1)[tgt_rows.host_index]   # [Nt]
-        loss_rows = None                                             # the rows of h with a loss ([N])
-        if (gold == pad).any():
-            host_rows = np.flatnonzero(gold != pad)
-            loss_rows = to_device(host_rows, self.xp)
-            h, gold = h[loss_rows], gold[host_rows]
-        gold = to_device(gold, self.xp)
-        logits, _ = self.embedding.project(h)                                               # [N, V]
-        loss, nll_sum, n, cache = label_smoothed_nll(logits, gold, self.cfg.label_smoothing, pad)
-        self._cache.update(loss=cache, loss_rows=loss_rows, h_rows=h)
-        self.last_stats = {"loss": loss, "nll_sum": nll_sum, "n_tokens": n}
-        return float(loss) if self.xp is np else loss
+        return self.loss_head(h, gold)
 
     # ------------------------------------------------------------------ backward
     def backward(self, loss_weight=1.0):
@@ -153,16 +93,10 @@ class Transformer(Layer):
 
         loss_weight weighs this batch's loss in a sum: n / total for one of several
         accumulated micro-batches, times the float16 loss scale (optim.LossScaler)."""
-        if self._cache is None or "loss" not in self._cache:
+        if self._cache is None:
             raise RuntimeError("backward() needs a forward_loss() first (and only one backward per forward)")
         c, self._cache = self._cache, None
-        dlogits = label_smoothed_nll_backward(c["loss"], loss_weight)
-        # logits = h[loss_rows] @ embedding^T
-        dh = self.embedding.project_backward(dlogits, c["h_rows"])
-        if c["loss_rows"] is not None:
-            dh_all = self.xp.zeros((int(np.prod(c["h_shape"][:-1])), dh.shape[-1]), dtype=self.dtype)
-            dh_all[c["loss_rows"]] = dh
-            dh = dh_all
+        dh = self.loss_head_backward(loss_weight, int(np.prod(c["h_shape"][:-1])))
         dy, dmemory = self.decoder.backward(dh.reshape(c["h_shape"]))
         # y = tgt_dropout(pack(embedding[tgt_in] * sqrt(D) + PE))
         dy = self.positional.backward(unpack(c["tgt_rows"], self.tgt_dropout.backward(dy)))
@@ -171,46 +105,6 @@ class Transformer(Layer):
         dx = self.positional.backward(unpack(c["src_rows"], self.src_dropout.backward(self.encoder.backward(dmemory))))
         self.embedding.lookup_backward(dx, c["src_ids"])
 
-    def zero_grad(self):
-        self.flat_grads.fill(0)
-
-    # ------------------------------------------------------------------ parameters
-    @property
-    def weights(self):
-        """The flat buffer the optimizer updates: the float32 master copy under mixed
-        precision, else the parameters themselves."""
-        return self.flat_params if self.master_params is None else self.master_params
-
-    def sync_weights(self):
-        """Mixed precision: refresh the float16 compute copy from the float32 master weights."""
-        if self.master_params is not None:
-            self.flat_params[...] = self.master_params
-
-    def state_dict(self):
-        """{name: array} — live views of the parameters (float32 masters under mixed precision)."""
-        return {name: self._view(self.weights, name) for name in self.names}
-
-    def grad_dict(self):
-        return {name: self._view(self.flat_grads, name) for name in self.names}
-
-    def _view(self, flat, name):
-        start, stop, shape = self.slices[name]
-        return flat[start:stop].reshape(shape)
-
-    def load_state_dict(self, params):
-        """Copy arrays (NumPy or CuPy) into the parameters; names and shapes must match exactly."""
-        missing = [n for n in self.names if n not in params]
-        unexpected = [n for n in params if n not in self.slices]
-        if missing or unexpected:
-            raise CheckpointError(f"state dict does not fit the model: missing {missing[:5]}"
-                                  f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}")
-        for name in self.names:
-            shape = self.slices[name][2]
-            if tuple(params[name].shape) != shape:
-                raise CheckpointError(f"parameter {name}: checkpoint shape {tuple(params[name].shape)} != model shape {shape}")
-        for name in self.names:
-            self._view(self.weights, name)[...] = to_device(to_numpy(params[name]), self.xp)
-        self.sync_weights()
-
-    def num_parameters(self):
-        return int(self.flat_params.size)
+    def incremental_decoder(self, src, max_steps, use_cache=True, beam=1):
+        """The decoder state beam search steps through (incremental.py: KV caches)."""
+        return IncrementalDecoder(self, src, max_steps, use_cache, beam)

@@ -24,7 +24,7 @@ from .data.pipeline import load_data
 from .data.tokenizer import Tokenizer
 from . import distributed
 from .errors import ConfigError, Interrupted, MinitfError
-from .model import Transformer
+from .models import build_model
 from .optim import Adam, LossScaler
 from .schedule import NoamSchedule
 
@@ -108,7 +108,10 @@ def build_config(args, vocab_size):
             if getattr(args, k, None) is not None}
     if args.save_every is not None and args.save_every_minutes is None:
         over["save_every_minutes"] = None   # spacing in steps asked for: a resumed run keeps it
-    return TransformerConfig.preset(args.preset, vocab_size=vocab_size, **over)
+    if getattr(args, "attention", None) is not None:
+        over["attention"] = args.attention
+    return TransformerConfig.preset(args.preset, arch=getattr(args, "arch", None) or "transformer",
+                                    vocab_size=vocab_size, **over)
 
 
 # ------------------------------------------------------------------------------ the loop
@@ -199,6 +202,11 @@ def _train(args, world):
     tok, train_pairs = data.tokenizer, data.train
     if resume is not None:
         cfg = resume.config
+        for flag in ("arch", "attention"):
+            asked = getattr(args, flag, None)
+            if asked is not None and asked != getattr(cfg, flag):
+                raise ConfigError(f"--{flag} {asked}: the checkpoint {ckpts[-1]} was trained with --{flag} "
+                                  f"{getattr(cfg, flag)}; drop the flag to resume it, or start a new --out")
         trained_on = resume.train_state.get("data_id")
         if trained_on is not None and trained_on != data.data_id:
             raise ConfigError(f"--resume: {ckpts[-1]} was trained on the binarized corpus {trained_on}, but the "
@@ -216,7 +224,7 @@ def _train(args, world):
            dtype=getattr(args, "dtype", "float32"), fp16=fp16, resume_step=resume.train_state["step"] if resume else 0,
            max_steps=args.max_steps, save_every=args.save_every, save_every_minutes=args.save_every_minutes,
            time_budget=args.time_budget)
-    model = Transformer(cfg, device=args.device, dtype="float16" if fp16 else getattr(args, "dtype", "float32"),
+    model = build_model(cfg, device=args.device, dtype="float16" if fp16 else getattr(args, "dtype", "float32"),
                         seed=args.seed)
     scaler = LossScaler() if fp16 else None
     opt = Adam(model, lr=NoamSchedule(cfg.d_model, cfg.warmup, cfg.lr_factor))
@@ -232,7 +240,7 @@ def _train(args, world):
         cfg_path = os.path.join(args.out, "config.json")
         atomic_write(cfg_path, lambda f: f.write(json.dumps({"model": cfg.to_dict(), "args": vars(args),
                                                                "ranks": world.size}, indent=2).encode()))
-        log(f"model: {model.num_parameters():,} parameters, preset {args.preset}, device {args.device}"
+        log(f"model: {cfg.arch}, {model.num_parameters():,} parameters, preset {args.preset}, device {args.device}"
             + (f", {world.size} ranks" if world.size > 1 else ""))
 
     src_lens, tgt_lens = train_pairs.src_lens, train_pairs.tgt_lens   # token_batches adds the EOS / BOS itself

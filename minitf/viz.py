@@ -447,7 +447,7 @@ def mask_grids(src_lens, tgt_lens):
     """The masks the model builds (model.padding_bias, model.causal_bias), as booleans
     "may attend" for a batch of sentences with these source/target lengths (right-padded).
     Returns {'encoder': [B, S, S], 'decoder': [B, T, T], 'cross': [B, T, S]}."""
-    from .model import causal_bias, padding_bias
+    from .masks import causal_bias, padding_bias
     b, s, t = len(src_lens), max(src_lens), max(tgt_lens)
     src = np.array([[1] * n + [0] * (s - n) for n in src_lens])
     tgt = np.array([[1] * n + [0] * (t - n) for n in tgt_lens])

@@ -18,7 +18,7 @@ live beam's score / lp(max length + 1) cannot beat the best finished hypothesis.
 """
 import numpy as np
 
-from minitf.decode import IncrementalDecoder, length_penalty
+from minitf.decode import length_penalty
 
 
 def plain_beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50, stop="fairseq"):
@@ -28,7 +28,7 @@ def plain_beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len
     for row in src:
         row = row[None]
         max_len = int(max_len_a * (row != cfg.pad_id).sum() + max_len_b)
-        dec = IncrementalDecoder(model, row, max_len + 1, beam=k)
+        dec = model.incremental_decoder(row, max_len + 1, beam=k)
         beams = [([], 0.0)] + [([], -np.inf)] * (k - 1)           # (tokens, log-probability)
         finished = []                                             # (normalized score, tokens)
         tokens = np.full(k, cfg.bos_id)

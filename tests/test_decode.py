@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import minitf
-from minitf.decode import IncrementalDecoder, beam_search, greedy_search, length_penalty, top_candidates
+from minitf.incremental import IncrementalDecoder
+from minitf.decode import beam_search, greedy_search, length_penalty, top_candidates
 from minitf.loss import log_softmax
 from plain_beam import plain_beam_search
 

@@ -264,7 +264,7 @@ def _peak(preset):
 
 def _facts():
     from minitf.config import PRESETS, TransformerConfig
-    from minitf.model import NEG_INF
+    from minitf.masks import NEG_INF
     from minitf.optim import Adam
     from minitf.schedule import noam
     adam = inspect.signature(Adam).parameters

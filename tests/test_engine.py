@@ -108,15 +108,15 @@ def test_tied_embedding_gradient_is_sum_of_three_uses():
     emb = model.embedding
     model.zero_grad()
     model.forward_loss(src, tgt_in, tgt_out)
-    c = model._cache
+    c, head = model._cache, model._head
     from minitf.loss import label_smoothed_nll_backward
     from minitf.packing import unpack
-    dh_rows = emb.project_backward(label_smoothed_nll_backward(c["loss"]), c["h_rows"])
+    dh_rows = emb.project_backward(label_smoothed_nll_backward(head["loss"]), head["h_rows"])
     proj = model.grad_dict()["embedding.weight"].copy()
     dh = dh_rows                              # packed training layout: h is [Nt, D]
-    if c["loss_rows"] is not None:
+    if head["loss_rows"] is not None:
         dh = np.zeros((int(np.prod(c["h_shape"][:-1])), c["h_shape"][-1]))
-        dh[c["loss_rows"]] = dh_rows
+        dh[head["loss_rows"]] = dh_rows
     dy, dmem = model.decoder.backward(dh.reshape(c["h_shape"]))
     model.zero_grad()
     emb.lookup_backward(unpack(c["tgt_rows"], dy), c["tgt_ids"])

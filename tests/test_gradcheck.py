@@ -12,7 +12,7 @@ from minitf.blocks import DecoderLayer, EncoderLayer
 from minitf.layers import (Dropout, FeedForward, LayerNorm, LearnedPositional, Linear, MultiHeadAttention,
                            SinusoidalPositional, TokenEmbedding, flatten_parameters)
 from minitf.loss import label_smoothed_nll, label_smoothed_nll_backward
-from minitf.model import causal_bias, padding_bias
+from minitf.masks import causal_bias, padding_bias
 
 from gradcheck_util import check, check_layer
 

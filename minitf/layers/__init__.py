@@ -6,8 +6,10 @@ from .embedding import TokenEmbedding
 from .feedforward import FeedForward
 from .layernorm import LayerNorm
 from .linear import Linear
+from .recurrent import LSTM, BiLSTM
+from .rnn_attention import RecurrentAttention
 from .positional import LearnedPositional, SinusoidalPositional, sinusoid_table
 
 __all__ = ["Layer", "flatten_parameters", "Linear", "TokenEmbedding", "SinusoidalPositional",
            "LearnedPositional", "sinusoid_table", "LayerNorm", "Dropout", "FeedForward",
-           "MultiHeadAttention"]
+           "MultiHeadAttention", "LSTM", "BiLSTM", "RecurrentAttention"]

@@ -1,0 +1,237 @@
+"""RNNSearch: the recurrent encoder-decoder with attention that the Transformer replaced
+(paper section 1 and 2; Bahdanau et al. 2015, Luong et al. 2015), on the same engine.
+
+    encoder:  x = dropout(embedding[src] * sqrt(D))                  [B, S, D]
+              memory = BiLSTM_n(...BiLSTM_1(x))                      [B, S, H]   (H = rnn_hidden)
+    decoder, one target position t at a time (Luong 2015, 3.3 "input feeding"):
+              x_t = [dropout(embedding[y_t] * sqrt(D)) ; h~_{t-1}]   [B, 2D]     (h~_{-1} = 0)
+              h_t = LSTM_n(...LSTM_1(x_t))                           [B, H]
+              context_t = attention(h_t, memory)                     [B, H]      (layers/rnn_attention.py)
+              h~_t = tanh([context_t ; h_t] @ w_c + b_c)             [B, D]
+    logits_t = dropout(h~_t) @ embedding^T                           [B, V]      (tied, as paper 3.4)
+
+Feeding h~_{t-1} back into step t tells the decoder what it attended to before; it also
+makes every step wait for the previous one, which is exactly what the Transformer's
+decoder does not need in training (all T positions at once). The decoder starts from the
+zero state (attention, not the initial state, carries the source). The same loss head,
+training loop, checkpoints, averaging and beam search as the Transformer (seq2seq.py).
+Pages: docs/rnn_vs_transformer.md, docs/derivations/lstm.md, docs/derivations/rnn_attention.md.
+"""
+import numpy as np
+
+from .backend import to_numpy
+from .errors import ConfigError
+from .layers import BiLSTM, Dropout, Linear, LSTM, RecurrentAttention, TokenEmbedding
+from .layers.recurrent import cell_backward, cell_forward
+from .loss import log_softmax
+from .masks import padding_bias
+from .seq2seq import Seq2Seq
+
+
+class RNNSearch(Seq2Seq):
+    def __init__(self, cfg, device="cpu", dtype="float32", seed=0):
+        super().__init__(cfg, device, dtype, seed)
+        if self.dtype == np.float16:
+            raise ConfigError("mixed precision (--fp16) is for the Transformer; train --arch rnn in float32")
+        rng = np.random.default_rng(seed)
+        d, hd, n = cfg.d_model, cfg.rnn_hidden, cfg.n_layers
+        self.embedding = self.add("embedding", TokenEmbedding(cfg.vocab_size, d, rng))
+        self.encoder = [self.add(f"encoder.{i}", BiLSTM(d if i == 0 else hd, hd // 2, rng)) for i in range(n)]
+        self.decoder = [self.add(f"decoder.{i}", LSTM(2 * d if i == 0 else hd, hd, rng)) for i in range(n)]
+        self.attention = self.add("attention", RecurrentAttention(cfg.attention, hd, hd, rng))
+        self.combine = self.add("combine", Linear(2 * hd, d, rng))     # h~ = tanh([context; h] @ w_c + b_c)
+        self.src_dropout = self.add("src_dropout", Dropout(cfg.dropout))
+        self.tgt_dropout = self.add("tgt_dropout", Dropout(cfg.dropout))
+        self.out_dropout = self.add("out_dropout", Dropout(cfg.dropout))
+        self.finish_init()
+
+    # ------------------------------------------------------------------ forward
+    def encode(self, src, rng=None):
+        """src [B, S] -> (memory [B, S, H], bias [B, S] (NEG_INF on padding), src ids for backward)."""
+        x, src_ids = self.embedding.lookup(src)
+        x = self.src_dropout.forward(x, rng)
+        mask = src != self.cfg.pad_id
+        for layer in self.encoder:
+            x = layer.forward(x, mask)
+        return x, padding_bias(src, self.cfg.pad_id, self.dtype)[:, 0, 0], src_ids
+
+    def decoder_hidden(self, src, tgt_in, rng=None):
+        """src [B, S], tgt_in [B, T] -> h~ [B, T, D] (before the output dropout); keeps what backward needs."""
+        xp, d, hd, n = self.xp, self.cfg.d_model, self.cfg.rnn_hidden, self.cfg.n_layers
+        memory, bias, src_ids = self.encode(self._check_ids("src", src), rng)
+        keys = self.attention.keys(memory)
+        y, tgt_ids = self.embedding.lookup(self._check_ids("tgt_in", tgt_in))
+        y = self.tgt_dropout.forward(y, rng)                                   # [B, T, D]
+        b, t, _ = y.shape
+        first = self.decoder[0]
+        w_y, w_feed = first.params["w_x"][:d], first.params["w_x"][d:]        # x_t = [y_t ; h~_{t-1}]
+        yw = xp.ascontiguousarray((y.reshape(b * t, d) @ w_y + first.params["b"]).reshape(b, t, -1).transpose(1, 0, 2))
+        hs = [xp.zeros((t + 1, b, hd), dtype=self.dtype) for _ in range(n)]    # hs[l][s + 1] = h_s of layer l
+        feeds = xp.zeros((t + 1, b, d), dtype=self.dtype)                       # feeds[s + 1] = h~_s
+        z = xp.empty((t, b, 2 * hd), dtype=self.dtype)                          # z[s] = [context_s ; h_s]
+        c = [xp.zeros((b, hd), dtype=self.dtype) for _ in range(n)]
+        cells, attends = [[None] * t for _ in range(n)], [None] * t
+        for s in range(t):
+            a = yw[s] + feeds[s] @ w_feed + hs[0][s] @ first.params["w_h"]
+            for i, layer in enumerate(self.decoder):
+                if i:
+                    a = hs[i - 1][s + 1] @ layer.params["w_x"] + layer.params["b"] + hs[i][s] @ layer.params["w_h"]
+                hs[i][s + 1], c[i], cells[i][s] = cell_forward(a, hs[i][s], c[i])
+            q = hs[-1][s + 1]
+            ctx, _, attends[s] = self.attention.attend(q[:, None], keys, memory, bias)
+            z[s, :, :hd], z[s, :, hd:] = ctx[:, 0], q
+            feeds[s + 1] = xp.tanh(self.combine.apply(z[s]))
+        self._cache = dict(src_ids=src_ids, tgt_ids=tgt_ids, y=y, hs=hs, feeds=feeds, z=z, cells=cells,
+                           attends=attends, keys=keys, memory=memory)
+        self._head = None
+        return xp.ascontiguousarray(feeds[1:].transpose(1, 0, 2))
+
+    def forward(self, src, tgt_in):
+        """src [B, S], tgt_in [B, T] int -> logits [B, T, V] (no dropout in eval mode)."""
+        rng = self._dropout_rng()
+        logits, _ = self.embedding.project(self.out_dropout.forward(self.decoder_hidden(src, tgt_in, rng), rng))
+        return logits
+
+    def forward_loss(self, src, tgt_in, tgt_out, packed=True):
+        """Label-smoothed loss averaged over the non-pad tokens of tgt_out [B, T], as the
+        Transformer's. `packed` is accepted for the same signature and changes nothing: a
+        recurrence runs over the padded [B, T] (padding at the end of a row gets no loss)."""
+        tgt_in, tgt_out = self._check_targets(tgt_in, tgt_out)
+        rng = self._dropout_rng()    # one stream per forward: src, tgt, then output dropout
+        h = self.out_dropout.forward(self.decoder_hidden(src, tgt_in, rng), rng)
+        return self.loss_head(h.reshape(-1, h.shape[-1]), tgt_out.reshape(-1))
+
+    # ------------------------------------------------------------------ backward through time
+    def backward(self, loss_weight=1.0):
+        """ACCUMULATES d(loss_weight * loss)/d(param) of the last forward_loss into the grads."""
+        if self._cache is None:
+            raise RuntimeError("backward() needs a forward_loss() first (and only one backward per forward)")
+        c, self._cache = self._cache, None
+        xp, d, hd = self.xp, self.cfg.d_model, self.cfg.rnn_hidden
+        b, t, _ = c["y"].shape
+        dout = self.out_dropout.backward(self.loss_head_backward(loss_weight, b * t).reshape(b, t, d))
+        dfeed_out = dout.transpose(1, 0, 2)                                    # [T, B, D]
+        feeds, z, hs, w_c = c["feeds"], c["z"], c["hs"], self.combine.params["weight"]
+        dpre_all = xp.empty((t, b, d), dtype=self.dtype)
+        da_all = [xp.empty((t, b, 4 * hd), dtype=self.dtype) for _ in self.decoder]
+        dh = [xp.zeros((b, hd), dtype=self.dtype) for _ in self.decoder]       # d h_s of each layer, from step s + 1
+        dc = [xp.zeros((b, hd), dtype=self.dtype) for _ in self.decoder]
+        dkeys, dmemory = xp.zeros_like(c["keys"]), xp.zeros_like(c["memory"])
+        dfeed = xp.zeros((b, d), dtype=self.dtype)                              # d h~_s from step s + 1's input
+        w_feed = self.decoder[0].params["w_x"][d:]
+        for s in range(t - 1, -1, -1):
+            # feeds[s + 1] = tanh(z[s] @ w_c + b_c)
+            dpre = (dfeed_out[s] + dfeed) * (1 - feeds[s + 1] * feeds[s + 1])
+            dpre_all[s] = dpre
+            dz = dpre @ w_c.T
+            # z[s] = [context ; q], context = attend(q, keys, memory)
+            dq = self.attention.attend_backward(dz[:, None, :hd], c["attends"][s], dkeys, dmemory)[:, 0]
+            dh[-1] += dz[:, hd:] + dq
+            for i in range(len(self.decoder) - 1, -1, -1):
+                layer = self.decoder[i]
+                da, _, dc[i] = cell_backward(dh[i], dc[i], c["cells"][i][s])
+                da_all[i][s] = da
+                # a = x_s @ w_x + b + h_{s-1} @ w_h, x_s = h_s of the layer below (i > 0)
+                dh[i] = da @ layer.params["w_h"].T
+                if i:
+                    dh[i - 1] += da @ layer.params["w_x"].T
+            # layer 0: x_s = [y_s ; feeds[s]]
+            dfeed = da_all[0][s] @ w_feed.T
+        # the parameter gradients: one matmul each over all steps
+        self.combine.grads["weight"] += z.reshape(t * b, -1).T @ dpre_all.reshape(t * b, -1)
+        self.combine.grads["bias"] += dpre_all.reshape(t * b, -1).sum(axis=0)
+        for i, layer in enumerate(self.decoder):
+            da2 = da_all[i].reshape(t * b, -1)
+            layer.grads["w_h"] += hs[i][:-1].reshape(t * b, -1).T @ da2
+            layer.grads["b"] += da2.sum(axis=0)
+            if i:
+                layer.grads["w_x"] += hs[i - 1][1:].reshape(t * b, -1).T @ da2
+        da0 = da_all[0].reshape(t * b, -1)
+        y_t = c["y"].transpose(1, 0, 2).reshape(t * b, d)
+        self.decoder[0].grads["w_x"][:d] += y_t.T @ da0
+        self.decoder[0].grads["w_x"][d:] += feeds[:-1].reshape(t * b, d).T @ da0
+        # y = tgt_dropout(embedding[tgt_in] * sqrt(D))
+        dy = (da0 @ self.decoder[0].params["w_x"][:d].T).reshape(t, b, d).transpose(1, 0, 2)
+        self.embedding.lookup_backward(self.tgt_dropout.backward(dy), c["tgt_ids"])
+        # keys = attention.keys(memory)
+        dmemory += self.attention.keys_backward(dkeys)
+        for layer in reversed(self.encoder):
+            dmemory = layer.backward(dmemory)
+        self.embedding.lookup_backward(self.src_dropout.backward(dmemory), c["src_ids"])
+
+    def incremental_decoder(self, src, max_steps, use_cache=True, beam=1):
+        """The decoder state beam search steps through: the recurrent state replaces the KV cache."""
+        return RecurrentDecoder(self, src, beam)
+
+
+class _Sentences:
+    """Sentences admitted together: n of them, their memory [n, S, H], keys and bias [n, S]."""
+
+    def __init__(self, n, memory, keys, bias):
+        self.n, self.memory, self.keys, self.bias = n, memory, keys, bias
+
+
+class RecurrentDecoder:
+    """The interface of incremental.IncrementalDecoder for RNNSearch: rows are sentences x `beam`,
+    sentence-major; each row's state is (h, c) per layer and the fed-back h~. The state IS the
+    cache of everything before (there is nothing to recompute, so there is no uncached mode)."""
+
+    def __init__(self, model, src, beam=1):
+        self.model, self.beam = model, beam
+        model.eval()
+        self.groups, self.h, self.c, self.feed = [], None, None, None
+        self.admit(src)
+
+    def admit(self, src):
+        """Start decoding the sentences src [m, S] (after those held), from the zero state."""
+        m, xp = self.model, self.model.xp
+        memory, bias, _ = m.encode(src)
+        self.groups.append(_Sentences(src.shape[0], memory, m.attention.keys(memory), bias))
+        rows = src.shape[0] * self.beam
+        zeros = [xp.zeros((rows, m.cfg.rnn_hidden), dtype=m.dtype) for _ in m.decoder]
+        feed = xp.zeros((rows, m.cfg.d_model), dtype=m.dtype)
+        if self.h is None:
+            self.h, self.c, self.feed = zeros, [z.copy() for z in zeros], feed
+        else:
+            self.h = [xp.concatenate([a, z]) for a, z in zip(self.h, zeros)]
+            self.c = [xp.concatenate([a, z]) for a, z in zip(self.c, zeros)]
+            self.feed = xp.concatenate([self.feed, feed])
+
+    def step(self, tokens):
+        """tokens [N] -> log-probabilities [N, V] of each row's next token."""
+        return log_softmax(self.logits(tokens))
+
+    def logits(self, tokens):
+        """tokens [N] (each row's newest token) -> logits [N, V] for its next position."""
+        m, xp, k = self.model, self.model.xp, self.beam
+        y = m.embedding.lookup(tokens[:, None])[0][:, 0]                          # [N, D]
+        x = xp.concatenate([y, self.feed], axis=1)                                  # x_t = [y_t ; h~_{t-1}]
+        for i, layer in enumerate(m.decoder):
+            self.h[i], self.c[i] = layer.step(x, self.h[i], self.c[i])
+            x = self.h[i]
+        ctx, start = [], 0
+        for g in self.groups:   # each sentence's k beams are the k queries of one attention
+            q = x[start: start + g.n * k].reshape(g.n, k, -1)
+            ctx.append(m.attention.attend(q, g.keys, g.memory, g.bias)[0].reshape(g.n * k, -1))
+            start += g.n * k
+        self.feed = xp.tanh(m.combine.apply(xp.concatenate([xp.concatenate(ctx), x], axis=1)))
+        return m.embedding.project(self.feed)[0]
+
+    def reorder(self, rows):
+        """Keep rows `rows` (groups of `beam` rows from one sentence each, in sentence order)."""
+        xp, k = self.model.xp, self.beam
+        rows = np.asarray(to_numpy(rows))
+        index = xp.asarray(rows)
+        self.h = [a[index] for a in self.h]
+        self.c = [a[index] for a in self.c]
+        self.feed = self.feed[index]
+        start, kept = 0, []
+        for g in self.groups:
+            stop = start + g.n * k
+            sentences = xp.asarray((rows[(rows >= start) & (rows < stop)] - start)[::k] // k)
+            start = stop
+            g.n = len(sentences)
+            if g.n:
+                g.memory, g.keys, g.bias = g.memory[sentences], g.keys[sentences], g.bias[sentences]
+                kept.append(g)
+        self.groups = kept

@@ -1,0 +1,137 @@
+"""What every translation model of minitf shares (the Transformer, model.py; the recurrent
+RNNSearch, rnn.py): the flat parameter and gradient buffers every layer's arrays are views of,
+the input checks, the dropout random stream, and the loss head (logits = h @ embedding^T over
+the rows with a target token, label-smoothed cross-entropy, paper 3.4 and 5.4).
+
+A model subclass builds its layers (with `self.embedding` the tied TokenEmbedding), calls
+`self.finish_init()`, and provides `forward_loss`, `backward` and `incremental_decoder` (the
+object beam search steps through: decode.py). Training, checkpoints, averaging and decoding
+drive only this surface.
+"""
+import numpy as np
+
+from .backend import get_xp, is_gpu, keep_freed_memory, make_rng, to_device, to_numpy
+from .errors import CheckpointError, ConfigError
+from .layers import Layer, flatten_parameters
+from .loss import label_smoothed_nll, label_smoothed_nll_backward
+
+
+class Seq2Seq(Layer):
+    def __init__(self, cfg, device="cpu", dtype="float32", seed=0):
+        super().__init__()
+        if dtype not in ("float32", "float64", "float16"):
+            raise ConfigError(f"dtype must be 'float32', 'float64' or 'float16' (mixed precision), got {dtype!r}")
+        self.cfg, self.device, self.seed = cfg, device, int(seed)
+        self.xp = get_xp(device)
+        if not is_gpu(self.xp):
+            keep_freed_memory()
+        self.dtype = np.dtype(dtype)
+        self.forward_count = 0  # dropout stream position: forward i uses make_rng(seed, i)
+        self._cache = None
+
+    def finish_init(self):
+        """After the layers are built: move every parameter into the flat buffers."""
+        # float16 = mixed precision (Micikevicius et al. 2018): float32 master weights (and Adam
+        # state) updated by the optimizer, float16 copies for every activation and matmul
+        self.master_params = None
+        if self.dtype == np.float16:
+            self.master_params = flatten_parameters(self, self.xp, np.float32)[1]
+        self.names, self.flat_params, self.flat_grads, self.slices = flatten_parameters(self, self.xp, self.dtype)
+
+    # ------------------------------------------------------------------ inputs, dropout
+    def _check_ids(self, name, ids, host=False):
+        ids = to_numpy(ids) if host else to_device(ids, self.xp)
+        if ids.ndim != 2 or ids.dtype.kind not in "iu":
+            raise ConfigError(f"{name} must be a 2-D integer array [batch, length], got {ids.dtype} {ids.shape}")
+        if self.cfg.positional == "learned" and ids.shape[1] > self.cfg.max_len:
+            raise ConfigError(f"{name} has length {ids.shape[1]} but learned positions cover max_len "
+                              f"{self.cfg.max_len}: shorten it (sinusoidal positions have no limit)")
+        return ids
+
+    def _check_targets(self, tgt_in, tgt_out):
+        """Host copies of tgt_in, tgt_out [B, T] (the row bookkeeping runs on the host: no GPU sync)."""
+        tgt_in, tgt_out = self._check_ids("tgt_in", tgt_in, host=True), self._check_ids("tgt_out", tgt_out, host=True)
+        if tgt_out.shape != tgt_in.shape:
+            raise ConfigError(f"tgt_out shape {tgt_out.shape} != tgt_in shape {tgt_in.shape}")
+        return tgt_in, tgt_out
+
+    def _dropout_rng(self):
+        if not self.training or self.cfg.dropout == 0.0:
+            return None
+        rng = make_rng(self.xp, self.seed * 1_000_003 + self.forward_count)
+        self.forward_count += 1
+        return rng
+
+    # ------------------------------------------------------------------ the loss head
+    def loss_head(self, h, gold):
+        """h [Nh, D] decoder outputs, gold [Nh] host ids (pad: no loss) -> loss averaged over the
+        non-pad tokens. Only the rows with a loss are projected to the vocabulary (logits
+        [N, V]). Returns a float on CPU; on GPU a 0-d array (no host sync). Sets last_stats."""
+        pad, loss_rows = self.cfg.pad_id, None                       # the rows of h with a loss ([N])
+        if (gold == pad).any():
+            host_rows = np.flatnonzero(gold != pad)
+            loss_rows = to_device(host_rows, self.xp)
+            h, gold = h[loss_rows], gold[host_rows]
+        logits, _ = self.embedding.project(h)                                               # [N, V]
+        loss, nll_sum, n, cache = label_smoothed_nll(logits, to_device(gold, self.xp), self.cfg.label_smoothing, pad)
+        self._head = {"loss": cache, "loss_rows": loss_rows, "h_rows": h}
+        self.last_stats = {"loss": loss, "nll_sum": nll_sum, "n_tokens": n}
+        return float(loss) if self.xp is np else loss
+
+    def loss_head_backward(self, loss_weight, n_rows):
+        """-> dh [n_rows, D] (zero on rows without a loss); accumulates the projection's d embedding."""
+        if getattr(self, "_head", None) is None:
+            raise RuntimeError("backward() needs a forward_loss() first (and only one backward per forward)")
+        c, self._head = self._head, None
+        dlogits = label_smoothed_nll_backward(c["loss"], loss_weight)
+        # logits = h[loss_rows] @ embedding^T
+        dh = self.embedding.project_backward(dlogits, c["h_rows"])
+        if c["loss_rows"] is not None:
+            dh_all = self.xp.zeros((n_rows, dh.shape[-1]), dtype=self.dtype)
+            dh_all[c["loss_rows"]] = dh
+            dh = dh_all
+        return dh
+
+    def zero_grad(self):
+        self.flat_grads.fill(0)
+
+    # ------------------------------------------------------------------ parameters
+    @property
+    def weights(self):
+        """The flat buffer the optimizer updates: the float32 master copy under mixed
+        precision, else the parameters themselves."""
+        return self.flat_params if self.master_params is None else self.master_params
+
+    def sync_weights(self):
+        """Mixed precision: refresh the float16 compute copy from the float32 master weights."""
+        if self.master_params is not None:
+            self.flat_params[...] = self.master_params
+
+    def state_dict(self):
+        """{name: array} — live views of the parameters (float32 masters under mixed precision)."""
+        return {name: self._view(self.weights, name) for name in self.names}
+
+    def grad_dict(self):
+        return {name: self._view(self.flat_grads, name) for name in self.names}
+
+    def _view(self, flat, name):
+        start, stop, shape = self.slices[name]
+        return flat[start:stop].reshape(shape)
+
+    def load_state_dict(self, params):
+        """Copy arrays (NumPy or CuPy) into the parameters; names and shapes must match exactly."""
+        missing = [n for n in self.names if n not in params]
+        unexpected = [n for n in params if n not in self.slices]
+        if missing or unexpected:
+            raise CheckpointError(f"state dict does not fit the model: missing {missing[:5]}"
+                                  f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}")
+        for name in self.names:
+            shape = self.slices[name][2]
+            if tuple(params[name].shape) != shape:
+                raise CheckpointError(f"parameter {name}: checkpoint shape {tuple(params[name].shape)} != model shape {shape}")
+        for name in self.names:
+            self._view(self.weights, name)[...] = to_device(to_numpy(params[name]), self.xp)
+        self.sync_weights()
+
+    def num_parameters(self):
+        return int(self.flat_params.size)
