@@ -2,11 +2,11 @@
 (paper section 1 and 2; Bahdanau et al. 2015, Luong et al. 2015), on the same engine.
 
     encoder:  x = dropout(embedding[src] * sqrt(D))                  [B, S, D]
-              memory = BiLSTM_n(...BiLSTM_1(x))                      [B, S, H]   (H = rnn_hidden)
+              memory = BiLSTM_n(...BiLSTM_1(x))                      [B, S, R]   (R = rnn_hidden)
     decoder, one target position t at a time (Luong 2015, 3.3 "input feeding"):
               x_t = [dropout(embedding[y_t] * sqrt(D)) ; h~_{t-1}]   [B, 2D]     (h~_{-1} = 0)
-              h_t = LSTM_n(...LSTM_1(x_t))                           [B, H]
-              context_t = attention(h_t, memory)                     [B, H]      (layers/rnn_attention.py)
+              h_t = LSTM_n(...LSTM_1(x_t))                           [B, R]
+              context_t = attention(h_t, memory)                     [B, R]      (layers/rnn_attention.py)
               h~_t = tanh([context_t ; h_t] @ w_c + b_c)             [B, D]
     logits_t = dropout(h~_t) @ embedding^T                           [B, V]      (tied, as paper 3.4)
 
@@ -47,7 +47,7 @@ class RNNSearch(Seq2Seq):
 
     # ------------------------------------------------------------------ forward
     def encode(self, src, rng=None):
-        """src [B, S] -> (memory [B, S, H], bias [B, S] (NEG_INF on padding), src ids for backward)."""
+        """src [B, S] -> (memory [B, S, R], bias [B, S] (NEG_INF on padding), src ids for backward)."""
         x, src_ids = self.embedding.lookup(src)
         x = self.src_dropout.forward(x, rng)
         mask = src != self.cfg.pad_id
@@ -165,7 +165,7 @@ class RNNSearch(Seq2Seq):
 
 
 class _Sentences:
-    """Sentences admitted together: n of them, their memory [n, S, H], keys and bias [n, S]."""
+    """Sentences admitted together: n of them, their memory [n, S, R], keys and bias [n, S]."""
 
     def __init__(self, n, memory, keys, bias):
         self.n, self.memory, self.keys, self.bias = n, memory, keys, bias

@@ -355,6 +355,9 @@ def plot_curves(log, out):
 
 # ------------------------------------------------------------------------------ attention
 def _check_layer_head(model, layer, head):
+    if model.cfg.arch != "transformer":
+        raise ConfigError(f"plot attention draws the Transformer's multi-head attention; this checkpoint is "
+                          f"--arch {model.cfg.arch}")
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     if not 0 <= layer < n_layers:
         raise ConfigError(f"--layer {layer} is out of range: this model has {n_layers} layers, "
@@ -516,6 +519,57 @@ def plot_packing(out, lens=(5, 2, 4)):
     _save(fig, out)
 
 
+# ------------------------------------------------------------------------------ Table 1
+def read_table1(path):
+    """The JSON bench/table1.py writes; a DataError naming the file if it is not one."""
+    import json
+    try:
+        with open(path, encoding="utf-8") as f:
+            res = json.load(f)
+        res["by_n"], res["by_d"], res["path"]     # noqa: B018 (the keys the plot needs)
+    except FileNotFoundError:
+        raise DataError(f"--results {path} does not exist: write it with python bench/table1.py --out {path}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataError(f"--results {path} is not the JSON bench/table1.py writes ({e})") from None
+    return res
+
+
+def plot_table1(results, out):
+    """Table 1 measured: layer time against n and against d, sequential steps, path gradients."""
+    _check_out(out)
+    res = read_table1(results)
+    names = ("self-attention", "self-attention+", "recurrent", "convolutional")
+    fig = _figure(13, 3.6)
+    by_n, by_d, steps_ax, path_ax = fig.subplots(1, 4)
+    for ax, rows, vary, fixed in ((by_n, res["by_n"], "n", "d"), (by_d, res["by_d"], "d", "n")):
+        if not rows:
+            continue
+        x = [r[vary] for r in rows]
+        for name in names:
+            ax.loglog(x, [1e3 * r["seconds"][name] for r in rows], "o-", ms=3, label=name)
+        ax.axvline(rows[0][fixed], color="gray", ls=":", lw=1)
+        ax.set_xlabel(vary)
+        ax.set_ylabel("forward + backward, ms")
+        ax.set_title(f"{fixed} = {rows[0][fixed]}: time against {vary} ({vary} = {fixed} dotted)", fontsize=9)
+    by_n.legend(fontsize=7)
+    rows = res["by_n"]
+    for name in names:
+        steps_ax.loglog([r["n"] for r in rows], [r["steps"][name] for r in rows], "o-", ms=3, label=name)
+    steps_ax.set_xlabel("n")
+    steps_ax.set_ylabel("sequential steps in one forward")
+    steps_ax.set_title("sequential operations: O(n) recurrent, O(1) others", fontsize=9)
+    for r in res["path"]:
+        path_ax.semilogy(r["n"], r["grad_norm"], "o-", ms=3, label=f"{r['arch']} encoder (trained)")
+    path_ax.set_xlabel("n")
+    path_ax.set_ylabel("|d out[n] / d in[1]|")
+    path_ax.set_title("path length: input 1 seen from position n", fontsize=9)
+    if res["path"]:
+        path_ax.legend(fontsize=7)
+    fig.suptitle(f"Table 1 measured ({res.get('machine', '?')}, batch {res.get('batch', '?')}, k = {res.get('k', '?')})",
+                 fontsize=10)
+    _save(fig, out)
+
+
 def add_plot_parser(sub):
     """Register `plot` and its sub-commands on the argparse sub-parsers of minitf.cli."""
     p = sub.add_parser("plot", help="pictures: positional encoding, schedule, training curves, attention",
@@ -569,4 +623,9 @@ def add_plot_parser(sub):
     q.add_argument("--lens", type=int, nargs="+", default=[5, 2, 4], help="sentence lengths (default 5 2 4)")
     q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_packing(a.out, a.lens))
+
+    q = what.add_parser("table1", help="Table 1 measured: self-attention, recurrent and convolutional layers")
+    q.add_argument("--results", default="docs/img/table1.json", help="the JSON of bench/table1.py --out")
+    q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
+    q.set_defaults(func=lambda a: plot_table1(a.results, a.out))
     return p

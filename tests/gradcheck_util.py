@@ -67,3 +67,20 @@ def check_layer(layer, inputs, forward, backward, rng, skip_inputs=()):
     for i, din in zip(float_inputs, dins):
         errs[f"input{i}"] = check(f"input {i}", din, loss, inputs[i])
     return errs
+
+
+def check_model(model, src, tgt_in, tgt_out):
+    """Gradcheck every parameter of a whole model's forward_loss (the same dropout masks on
+    every call); returns the number of parameters checked."""
+    def loss():
+        model.forward_count = 0
+        return model.forward_loss(src, tgt_in, tgt_out)
+
+    model.zero_grad()
+    loss()
+    model.backward()
+    grads = {n: g.copy() for n, g in model.grad_dict().items()}
+    params = model.state_dict()
+    for name in model.names:
+        check(name, grads[name], loss, params[name])
+    return len(params)

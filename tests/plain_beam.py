@@ -64,3 +64,12 @@ def plain_beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len
             tokens = np.array([toks[-1] for toks, _ in beams])
         out.append(max(finished, key=lambda f: f[0])[1] if finished else [])
     return out
+
+
+def mixed_length_sources(vocab=13, lens=(3, 6, 2, 8, 5, 4, 7), seed=3):
+    """[len(lens), max(lens)] right-padded sentences of the given lengths (EOS 3 last, pad 0)."""
+    rng = np.random.default_rng(seed)
+    src = np.zeros((len(lens), max(lens)), dtype=np.int64)
+    for i, n in enumerate(lens):
+        src[i, : n - 1], src[i, n - 1] = rng.integers(4, vocab, n - 1), 3
+    return src

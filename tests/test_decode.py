@@ -8,7 +8,7 @@ import minitf
 from minitf.incremental import IncrementalDecoder
 from minitf.decode import beam_search, greedy_search, length_penalty, top_candidates
 from minitf.loss import log_softmax
-from plain_beam import plain_beam_search
+from plain_beam import mixed_length_sources, plain_beam_search
 
 
 def model_and_src(vocab=13, seed=0, dtype="float64"):
@@ -131,11 +131,7 @@ def test_continuous_batching_gives_each_sentence_its_own_search(use_cache):
     # 7 sentences of different lengths through 3 places: sentences enter while others are
     # mid-way (rows at different steps), and each gets what it gets decoded alone
     model, _ = model_and_src(vocab=13, seed=8)
-    rng = np.random.default_rng(3)
-    lens = [3, 6, 2, 8, 5, 4, 7]
-    src = np.zeros((len(lens), max(lens)), dtype=np.int64)
-    for i, n in enumerate(lens):
-        src[i, : n - 1], src[i, n - 1] = rng.integers(4, 13, n - 1), 3
+    src = mixed_length_sources(vocab=13)
     want = plain_beam_search(model, src, beam_size=3, max_len_b=4)
     done = []
 
@@ -144,11 +140,11 @@ def test_continuous_batching_gives_each_sentence_its_own_search(use_cache):
             done.append(n)
     got = beam_search(model, src, beam_size=3, max_len_b=4, batch_size=3, use_cache=use_cache, progress=Bar())
     assert got == want
-    assert sum(done) == len(lens) and len(done) > 1
+    assert sum(done) == len(src) and len(done) > 1
     assert len({len(h) for h in want}) > 1                   # sentences finish at different steps
     greedy = greedy_search(model, src, max_len_b=4, use_cache=use_cache)
     assert greedy_search(model, src, max_len_b=4, batch_size=3, use_cache=use_cache) == greedy
-    assert greedy == [greedy_search(model, src[i: i + 1], max_len_b=4)[0] for i in range(len(lens))]
+    assert greedy == [greedy_search(model, src[i: i + 1], max_len_b=4)[0] for i in range(len(src))]
 
 
 def test_translate_ids_keeps_the_input_order_and_takes_nothing():

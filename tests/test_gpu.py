@@ -21,6 +21,16 @@ TGT_IN = np.array([[2, 4, 6, 8, 0], [2, 7, 5, 11, 12]])
 TGT_OUT = np.array([[4, 6, 8, 3, 0], [7, 5, 11, 12, 3]])
 
 
+def assert_same_gradients(cpu, gpu):
+    """backward on both; every gradient equal to 1e-9 relative."""
+    cpu.backward()
+    gpu.backward()
+    for name, g in cpu.grad_dict().items():
+        gg = to_numpy(gpu.grad_dict()[name])
+        err = np.linalg.norm(gg - g) / max(np.linalg.norm(g), 1e-30)
+        assert err <= 1e-9 or np.linalg.norm(g) < 1e-12, (name, err)
+
+
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
 def test_gpu_loss_logits_and_every_gradient_match_cpu_float64(positional):
     c = cfg(positional=positional)
@@ -30,12 +40,7 @@ def test_gpu_loss_logits_and_every_gradient_match_cpu_float64(positional):
     lc = cpu.forward_loss(SRC, TGT_IN, TGT_OUT)
     lg = float(gpu.forward_loss(SRC, TGT_IN, TGT_OUT))
     assert abs(lc - lg) <= 1e-10 * abs(lc)
-    cpu.backward()
-    gpu.backward()
-    for name, g in cpu.grad_dict().items():
-        gg = to_numpy(gpu.grad_dict()[name])
-        err = np.linalg.norm(gg - g) / max(np.linalg.norm(g), 1e-30)
-        assert err <= 1e-9 or np.linalg.norm(g) < 1e-12, (name, err)
+    assert_same_gradients(cpu, gpu)
 
 
 def test_gpu_adam_step_matches_cpu():
@@ -185,3 +190,19 @@ def test_gpu_fused_kernels_compile_and_are_used(dtype, monkeypatch):
     from minitf import kernels
     monkeypatch.delenv("MINITF_FUSED", raising=False)
     assert kernels.enabled(cp.zeros(3, dtype=dtype)), kernels.COMPILE_ERRORS.get(dtype)
+
+
+@pytest.mark.parametrize("attention", ["general", "additive"])
+def test_gpu_rnn_loss_every_gradient_and_decoding_match_cpu(attention):
+    """The recurrent baseline (--arch rnn) on CuPy: the same loss, gradients and beam search."""
+    from minitf.decode import beam_search
+    from minitf.models import build_model
+    c = cfg(arch="rnn", rnn_hidden=12, attention=attention)
+    cpu = build_model(c, device="cpu", dtype="float64", seed=0)
+    gpu = build_model(c, device="gpu", dtype="float64", seed=0)
+    lc = cpu.forward_loss(SRC, TGT_IN, TGT_OUT)
+    lg = float(gpu.forward_loss(SRC, TGT_IN, TGT_OUT))
+    assert abs(lc - lg) <= 1e-10 * abs(lc)
+    assert_same_gradients(cpu, gpu)
+    assert beam_search(gpu, SRC, beam_size=3, max_len_b=5, batch_size=1) == beam_search(cpu, SRC, beam_size=3,
+                                                                                        max_len_b=5, batch_size=1)

@@ -1,12 +1,12 @@
-"""The recurrent layers (issue 15) against central differences, float64, relative error <= 1e-6:
-every parameter and every input gradient, with padded sequences."""
+"""The layers of the recurrent baseline and of Table 1 (issue 15) against central differences, float64,
+relative error <= 1e-6: every parameter and every input gradient, with padded sequences."""
 import numpy as np
 import pytest
 
 from minitf.layers import LSTM, BiLSTM, RecurrentAttention
 from minitf.masks import padding_bias
 
-from gradcheck_util import check, check_layer
+from gradcheck_util import check_layer, check_model
 
 B, L, I, HD, S, Q, M = 3, 5, 4, 3, 6, 5, 4
 
@@ -113,16 +113,20 @@ def test_gradcheck_rnnsearch_every_parameter(attention, dropout):
     # a point away from the near-linear start (at init the attention's gradients are ~1e-6 and
     # the differences' round-off dominates): every weight x 3
     model.flat_params *= 3.0
+    n_params = check_model(model, src, tgt_in, tgt_out)
+    # embedding, encoder (2 layers x 2 directions x 3), decoder (2 x 3), combine, attention
+    assert n_params == 1 + 12 + 6 + 2 + {"general": 1, "dot": 0, "additive": 3}[attention]
 
-    def loss():
-        model.forward_count = 0  # the same dropout masks on every call
-        return model.forward_loss(src, tgt_in, tgt_out)
 
-    model.zero_grad()
-    loss()
-    model.backward()
-    grads = {n: g.copy() for n, g in model.grad_dict().items()}
-    params = model.state_dict()
-    assert len(params) == 1 + 12 + 6 + 2 + {"general": 1, "dot": 0, "additive": 3}[attention]   # embedding, encoder, decoder, combine, attention
-    for name in model.names:
-        check(name, grads[name], loss, params[name])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_gradcheck_conv1d(rng, k):
+    from minitf.layers import Conv1d
+    layer = Conv1d(I, HD, k, rng)
+    errs = check_layer(layer, [rng.standard_normal((B, L, I))], layer.forward, layer.backward, rng)
+    assert len(errs) == 3
+    x = rng.standard_normal((1, L, I))
+    y = layer.forward(x)
+    w = layer.params["weight"]
+    t, before = 2, (k - 1) // 2        # position t sees t - before ... t - before + k - 1
+    want = sum(x[0, t - before + j] @ w[j * I:(j + 1) * I] for j in range(k)) + layer.params["bias"]
+    np.testing.assert_allclose(y[0, t], want, rtol=1e-12)

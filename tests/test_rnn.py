@@ -7,7 +7,7 @@ from minitf.decode import beam_search, greedy_search
 from minitf.loss import log_softmax
 from minitf.models import build_model
 
-from plain_beam import plain_beam_search
+from plain_beam import mixed_length_sources, plain_beam_search
 
 
 def rnn_model(vocab=13, seed=0, attention="general", dtype="float64", n_layers=2):
@@ -56,11 +56,7 @@ def test_the_same_beam_search_as_the_transformer(vocab, beam, max_len_b, seed):
 
 def test_continuous_batching_with_the_recurrent_state():
     model = rnn_model(vocab=13, seed=8, attention="additive")
-    rng = np.random.default_rng(3)
-    lens = [3, 6, 2, 8, 5, 4, 7]
-    src = np.zeros((len(lens), max(lens)), dtype=np.int64)
-    for i, n in enumerate(lens):
-        src[i, : n - 1], src[i, n - 1] = rng.integers(4, 13, n - 1), 3
+    src = mixed_length_sources(vocab=13)
     want = plain_beam_search(model, src, beam_size=3, max_len_b=4)
     model.train()
     assert beam_search(model, src, beam_size=3, max_len_b=4, batch_size=3) == want

@@ -210,3 +210,26 @@ def test_minute_spacing_saves_on_the_clock_and_averages_those(corpus, tmp_path):
     assert not states[last]["on_grid"] and last not in res["averaged_checkpoints"]
     walls = sorted(states[name]["train_wall_s"] for name in res["averaged_checkpoints"])
     assert walls[1] - walls[0] >= 1.2 * 0.9                             # about one interval apart
+
+
+def test_arch_rnn_end_to_end_and_exact_resume(corpus, tmp_path):
+    """--arch rnn: the same loop, checkpoints, averaging, beam search and scoring; resume is exact
+    (dropout masks from (seed, batch index) as for the Transformer); a resumed run keeps its arch."""
+    straight, split, cache = tmp_path / "straight", tmp_path / "split", tmp_path / "cache"
+    args = ("--arch", "rnn", "--attention", "additive", "--save-every", 3, "--valid-every", 3, "--average-last", 2)
+    r = run_train(corpus, straight, "--max-steps", 6, *args, cache=cache)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "model: rnn," in r.stderr
+    res = json.loads((straight / "results.json").read_text())
+    assert set(res["bleu"]) == {"valid", "test_2016_flickr"} and len(res["averaged_checkpoints"]) == 2
+    ckpt = load_checkpoint(straight / "averaged.npz")
+    assert ckpt.config.arch == "rnn" and ckpt.config.attention == "additive"
+    assert run_train(corpus, split, "--max-steps", 3, *args, cache=cache).returncode == 0
+    r = run_train(corpus, split, "--max-steps", 6, "--resume", *args, cache=cache)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = losses(straight), losses(split)
+    assert [a[s] for s in (4, 5, 6)] == [b[s] for s in (4, 5, 6)]
+    r = run_train(corpus, split, "--max-steps", 8, "--resume", "--arch", "transformer", cache=cache)
+    assert r.returncode != 0 and "--arch transformer" in r.stderr and "Traceback" not in r.stderr
+    r = run_train(corpus, tmp_path / "x", "--attention", "dot", "--arch", "transformer", cache=cache)
+    assert r.returncode == 2 and "--attention" in r.stderr

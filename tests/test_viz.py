@@ -298,3 +298,39 @@ def test_plot_masks_and_packing_write_pngs(tmp_path):
     assert main(["plot", "packing", "--lens", "3", "1", "--out", str(tmp_path / "p.png")]) == 0
     assert_png(tmp_path / "p.png")
     assert main(["plot", "packing", "--lens", "0", "--out", str(tmp_path / "q.png")]) == 2
+
+
+def test_table1_bench_and_its_plot(tmp_path):
+    """bench/table1.py at toy sizes writes the JSON `plot table1` draws; the LSTM takes n steps."""
+    from bench import table1
+    out = tmp_path / "t1.json"
+    table1.main(["--n", "4", "8", "--d", "8", "--widths", "8", "16", "--n-fixed", "4", "--rounds", "1",
+                 "--batch", "2", "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert [r["steps"]["recurrent"] for r in res["by_n"]] == [4, 8]
+    assert all(r["steps"]["self-attention"] == 1 for r in res["by_n"] + res["by_d"])
+    assert all(r["seconds"]["recurrent"] > 0 for r in res["by_n"])
+    with pytest.raises(DataError, match="bench/table1.py"):
+        viz.plot_table1(tmp_path / "missing.json", tmp_path / "t.png")
+    needs_matplotlib()
+    viz.plot_table1(out, tmp_path / "t.png")
+    assert_png(tmp_path / "t.png")
+
+
+def test_table1_path_gradients_of_both_archs(tmp_path):
+    """The path-length part runs the encoder of a checkpoint of each arch (here: untrained)."""
+    from bench import table1
+    import minitf
+    from minitf.checkpoint import save_checkpoint
+    from minitf.models import build_model
+    from minitf.checkpoint import load_checkpoint
+    ckpt_t, lines = make_tiny_checkpoint(tmp_path)
+    base = load_checkpoint(ckpt_t)
+    cfg = minitf.TransformerConfig.preset("tiny", arch="rnn", vocab_size=base.config.vocab_size)
+    rnn_path = tmp_path / "rnn.npz"
+    save_checkpoint(rnn_path, build_model(cfg), tokenizer=base.tokenizer, train_state={"step": 0})
+    text = tmp_path / "src.txt"
+    text.write_text("\n".join(lines) + "\n")
+    for path in (rnn_path, ckpt_t):
+        res = table1.path_gradients(path, str(text), [2, 6], 2, np.random.default_rng(0))
+        assert res["n"] == [2, 6] and all(g > 0 for g in res["grad_norm"])

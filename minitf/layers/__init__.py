@@ -1,6 +1,7 @@
 """One file per layer; each a forward/backward pair (see base.Layer)."""
 from .attention import MultiHeadAttention
 from .base import Layer, flatten_parameters
+from .conv import Conv1d
 from .dropout import Dropout
 from .embedding import TokenEmbedding
 from .feedforward import FeedForward
@@ -12,4 +13,4 @@ from .positional import LearnedPositional, SinusoidalPositional, sinusoid_table
 
 __all__ = ["Layer", "flatten_parameters", "Linear", "TokenEmbedding", "SinusoidalPositional",
            "LearnedPositional", "sinusoid_table", "LayerNorm", "Dropout", "FeedForward",
-           "MultiHeadAttention", "LSTM", "BiLSTM", "RecurrentAttention"]
+           "MultiHeadAttention", "LSTM", "BiLSTM", "RecurrentAttention", "Conv1d"]

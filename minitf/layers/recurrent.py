@@ -2,11 +2,11 @@
 recurrent layer the Transformer replaced (paper section 1: "h_t as a function of the
 previous hidden state h_{t-1} and the input for position t ... precludes parallelization").
 
-One step, gates fused into one [*, 4H] pre-activation (i, f, g, o blocks of H columns):
+One step, gates fused into one [*, 4R] pre-activation (i, f, g, o blocks of R columns):
 
-    a   = x_t @ w_x + b + h_{t-1} @ w_h        [N, 4H]
+    a   = x_t @ w_x + b + h_{t-1} @ w_h        [N, 4R]
     i, f, o = sigmoid(a_i), sigmoid(a_f), sigmoid(a_o);  g = tanh(a_g)
-    c_t = f * c_{t-1} + i * g                  [N, H]
+    c_t = f * c_{t-1} + i * g                  [N, R]
     h_t = o * tanh(c_t)
 
 The input part x_t @ w_x + b of every step is one matmul before the loop; only h @ w_h is
@@ -32,7 +32,7 @@ def sigmoid(x):
 
 class CellCache(NamedTuple):
     """One step's values for cell_backward: gates (i, f, g, o after their nonlinearities)
-    [N, 4H], c_prev [N, H], tanh(c_t) [N, H], keep [N, 1] (1 real token, 0 padding) or None."""
+    [N, 4R], c_prev [N, R], tanh(c_t) [N, R], keep [N, 1] (1 real token, 0 padding) or None."""
     gates: object
     c_prev: object
     tanh_c: object
@@ -40,7 +40,7 @@ class CellCache(NamedTuple):
 
 
 def cell_forward(a, h_prev, c_prev, keep=None):
-    """a [N, 4H] (the whole pre-activation) -> (h_t, c_t, cache). keep [N, 1]: 0 carries the state."""
+    """a [N, 4R] (the whole pre-activation) -> (h_t, c_t, cache). keep [N, 1]: 0 carries the state."""
     hd = h_prev.shape[-1]
     gates = sigmoid(a)
     gates[:, 2 * hd: 3 * hd] = xp_of(a).tanh(a[:, 2 * hd: 3 * hd])
@@ -55,7 +55,7 @@ def cell_forward(a, h_prev, c_prev, keep=None):
 
 
 def cell_backward(dh, dc, cache):
-    """dh, dc [N, H] (gradients of h_t and c_t) -> (da [N, 4H], dh_prev part, dc_prev).
+    """dh, dc [N, R] (gradients of h_t and c_t) -> (da [N, 4R], dh_prev part, dc_prev).
 
     dh_prev here is only the carried part (padding); the caller adds da @ w_h^T."""
     gates, c_prev, tanh_c, keep = cache
@@ -81,12 +81,12 @@ def cell_backward(dh, dc, cache):
 
 
 class LSTM(Layer):
-    """One LSTM layer over a whole sequence: x [B, L, I] -> h [B, L, H] (`reverse`: right to left)."""
+    """One LSTM layer over a whole sequence: x [B, L, I] -> h [B, L, R] (`reverse`: right to left)."""
 
     def __init__(self, d_in, d_hidden, rng, reverse=False):
         super().__init__()
         self.d_hidden, self.reverse = d_hidden, reverse
-        limit = 1.0 / np.sqrt(d_hidden)   # uniform(-1/sqrt(H), 1/sqrt(H)), as torch.nn.LSTM
+        limit = 1.0 / np.sqrt(d_hidden)   # uniform(-1/sqrt(R), 1/sqrt(R)), as torch.nn.LSTM
         self.params["w_x"] = rng.uniform(-limit, limit, size=(d_in, 4 * d_hidden))
         self.params["w_h"] = rng.uniform(-limit, limit, size=(d_hidden, 4 * d_hidden))
         b = np.zeros(4 * d_hidden)
@@ -94,17 +94,17 @@ class LSTM(Layer):
         self.params["b"] = b
 
     def step(self, x_t, h, c):
-        """Inference, one position: x_t [N, I], state (h, c) [N, H] -> new (h, c). No cache."""
+        """Inference, one position: x_t [N, I], state (h, c) [N, R] -> new (h, c). No cache."""
         a = x_t @ self.params["w_x"] + self.params["b"] + h @ self.params["w_h"]
         h, c, _ = cell_forward(a, h, c)
         return h, c
 
     def forward(self, x, mask=None, h0=None, c0=None):
-        """x [B, L, I], mask [B, L] bool (False: padding) -> (h [B, L, H], (h_last, c_last) [B, H])."""
+        """x [B, L, I], mask [B, L] bool (False: padding) -> (h [B, L, R], (h_last, c_last) [B, R])."""
         xp = xp_of(x)
         b, length, _ = x.shape
         xw = x.reshape(b * length, -1) @ self.params["w_x"] + self.params["b"]
-        xw = xp.ascontiguousarray(xw.reshape(b, length, -1).transpose(1, 0, 2))   # [L, B, 4H] time-major
+        xw = xp.ascontiguousarray(xw.reshape(b, length, -1).transpose(1, 0, 2))   # [L, B, 4R] time-major
         h = xp.zeros((b, self.d_hidden), dtype=x.dtype) if h0 is None else h0
         c = xp.zeros((b, self.d_hidden), dtype=x.dtype) if c0 is None else c0
         keep = None if mask is None else mask.T[:, :, None].astype(x.dtype)         # [L, B, 1]
@@ -119,7 +119,7 @@ class LSTM(Layer):
         return xp.ascontiguousarray(hs.transpose(1, 0, 2)), (h, c)
 
     def backward(self, dout, dh_last=None, dc_last=None):
-        """dout [B, L, H] (and the last state's gradients) -> (dx [B, L, I], dh0, dc0)."""
+        """dout [B, L, R] (and the last state's gradients) -> (dx [B, L, I], dh0, dc0)."""
         x, h_prev, caches = self.cache
         self.cache = None
         xp = xp_of(dout)
@@ -146,7 +146,7 @@ class LSTM(Layer):
 
 class BiLSTM(Layer):
     """Bidirectional layer (Bahdanau et al. 2015, 3.2): [forward h_t ; backward h_t], so the
-    annotation of position t summarises the words before AND after it. x [B, L, I] -> [B, L, 2H]."""
+    annotation of position t summarises the words before AND after it. x [B, L, I] -> [B, L, 2R]."""
 
     def __init__(self, d_in, d_hidden, rng):
         super().__init__()
