@@ -1,8 +1,9 @@
 """Transformer (paper 3, Figure 1): embeddings -> encoder stack -> decoder stack -> logits.
 
 Owns weight tying (3.4: one matrix for source embedding, target embedding and the
-pre-softmax projection), the masks, the dropout random stream, and the flat parameter
-and gradient buffers every layer's arrays are views of.
+pre-softmax projection) and the pad-free packing of training batches; what it shares with
+the recurrent model (the flat parameter and gradient buffers, the dropout random stream, the
+loss head) is seq2seq.Seq2Seq, the attention masks are masks.py.
 """
 import numpy as np
 
