@@ -548,6 +548,12 @@ def plot_table1(results, out):
         for name in names:
             ax.loglog(x, [1e3 * r["seconds"][name] for r in rows], "o-", ms=3, label=name)
         ax.axvline(rows[0][fixed], color="gray", ls=":", lw=1)
+        # Table 1's orders, one constant for both (fitted to self-attention's largest point):
+        # n^2 d and n d^2 meet at n = d
+        n_d = [(r["n"], r["d"]) for r in rows]
+        c = 1e3 * rows[-1]["seconds"]["self-attention"] / (n_d[-1][0] ** 2 * n_d[-1][1])
+        ax.loglog(x, [c * n * n * d for n, d in n_d], "--", color="gray", lw=0.8, label="n^2 d (Table 1)")
+        ax.loglog(x, [c * n * d * d for n, d in n_d], "-.", color="gray", lw=0.8, label="n d^2 (Table 1)")
         ax.set_xlabel(vary)
         ax.set_ylabel("forward + backward, ms")
         ax.set_title(f"{fixed} = {rows[0][fixed]}: time against {vary} ({vary} = {fixed} dotted)", fontsize=9)
