@@ -194,6 +194,9 @@ def main():
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     args = p.parse_args()
     model, src_ids = load(args)
+    if model.cfg.arch != "transformer" and (args.vs_torch or args.vs_uncached):
+        p.error(f"--vs-torch and --vs-uncached time the Transformer's KV cache; {args.checkpoint} is --arch "
+                f"{model.cfg.arch} (use --profile)")
     model.eval()
     header(model, src_ids, args)
     if args.vs_torch:
