@@ -76,9 +76,10 @@ def _train_ok(corpus, tmp_path, ranks, out, *extra):
     return tmp_path / out
 
 
-def test_two_ranks_equal_one_process_with_twice_the_update_freq(corpus, tmp_path):
-    one = _train_ok(corpus, tmp_path, 1, "one", "--max-steps", 3, "--update-freq", 2, "--save-every", 3)
-    two = _train_ok(corpus, tmp_path, 2, "two", "--max-steps", 3, "--save-every", 3)
+@pytest.mark.parametrize("arch", ["transformer", "rnn"])
+def test_two_ranks_equal_one_process_with_twice_the_update_freq(corpus, tmp_path, arch):
+    one = _train_ok(corpus, tmp_path, 1, "one", "--max-steps", 3, "--update-freq", 2, "--save-every", 3, "--arch", arch)
+    two = _train_ok(corpus, tmp_path, 2, "two", "--max-steps", 3, "--save-every", 3, "--arch", arch)
     _same(_params(one / "checkpoint_0000003.npz"), _params(two / "checkpoint_0000003.npz"))
     log = (two / "train_log.jsonl").read_text().splitlines()
     assert len([line for line in log if '"loss"' in line]) == 3          # one writer: rank 0 alone logs
