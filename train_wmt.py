@@ -23,7 +23,7 @@ OUT/<testset>.hyp.<tgt> and OUT/results.json.
 import argparse
 import sys
 
-from minitf.config import PRESETS
+from minitf.config import ARCHS, ATTENTIONS, PRESETS
 from minitf.data.pipeline import add_data_args, check_data_args
 
 
@@ -31,9 +31,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(p)
     p.add_argument("--preset", default="base", choices=sorted(PRESETS))
-    p.add_argument("--arch", choices=["transformer", "rnn"],
+    p.add_argument("--arch", choices=ARCHS,
                    help="transformer (default), or rnn: the recurrent baseline with attention (docs/rnn_vs_transformer.md)")
-    p.add_argument("--attention", choices=["general", "dot", "additive"],
+    p.add_argument("--attention", choices=ATTENTIONS,
                    help="--arch rnn: Luong's general (default) or dot score, or Bahdanau's additive score")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"],

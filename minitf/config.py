@@ -14,6 +14,9 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 
+ARCHS = ("transformer", "rnn")                  # the classes: models.ARCHS
+ATTENTIONS = ("general", "dot", "additive")     # arch "rnn": layers.rnn_attention.RecurrentAttention.KINDS
+
 
 @dataclass
 class TransformerConfig:
@@ -51,12 +54,12 @@ class TransformerConfig:
             self.d_k = self.d_model // self.n_heads
         if self.rnn_hidden is None:
             self.rnn_hidden = 2 * self.d_model
-        if self.arch not in ("transformer", "rnn"):   # models.ARCHS
-            raise ConfigError(f"arch must be 'transformer' or 'rnn', got {self.arch!r}")
+        if self.arch not in ARCHS:
+            raise ConfigError(f"arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
         if self.arch == "rnn" and self.rnn_hidden % 2:
             raise ConfigError(f"rnn_hidden must be even (two encoder directions of rnn_hidden / 2), got {self.rnn_hidden}")
-        if self.attention not in ("general", "dot", "additive"):
-            raise ConfigError(f"attention must be 'general', 'dot' or 'additive', got {self.attention!r}")
+        if self.attention not in ATTENTIONS:
+            raise ConfigError(f"attention must be one of {', '.join(ATTENTIONS)}, got {self.attention!r}")
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "d_k", "max_len", "rnn_hidden"):
             if int(getattr(self, name)) <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")

@@ -62,6 +62,7 @@ class Transformer(Seq2Seq):
         h = self.decoder.forward(y, memory, src_bias, tgt_bias, rng, tgt_rows, src_rows)
         self._cache = {"src_ids": src_ids, "tgt_ids": tgt_ids, "src_rows": src_rows, "tgt_rows": tgt_rows,
                        "h_shape": h.shape}
+        self._head = None   # a forward without a loss: no backward of an earlier loss
         return h
 
     def forward(self, src, tgt_in):

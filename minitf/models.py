@@ -4,7 +4,6 @@ Training, checkpoints, averaging and decoding build a model with `build_model(cf
 otherwise drive only the surface every model shares (seq2seq.Seq2Seq): forward_loss,
 backward, the flat parameter buffers, state_dict, and incremental_decoder for beam search.
 """
-from .errors import ConfigError
 from .model import Transformer
 from .rnn import RNNSearch
 
@@ -12,6 +11,5 @@ ARCHS = {"transformer": Transformer, "rnn": RNNSearch}
 
 
 def build_model(cfg, device="cpu", dtype="float32", seed=0):
-    if cfg.arch not in ARCHS:
-        raise ConfigError(f"unknown arch {cfg.arch!r}: choose one of {', '.join(ARCHS)}")
+    """The model cfg.arch names (the config has checked the name against config.ARCHS)."""
     return ARCHS[cfg.arch](cfg, device=device, dtype=dtype, seed=seed)

@@ -140,16 +140,13 @@ class RNNSearch(Seq2Seq):
         # the parameter gradients: one matmul each over all steps
         self.combine.grads["weight"] += z.reshape(t * b, -1).T @ dpre_all.reshape(t * b, -1)
         self.combine.grads["bias"] += dpre_all.reshape(t * b, -1).sum(axis=0)
-        for i, layer in enumerate(self.decoder):
-            da2 = da_all[i].reshape(t * b, -1)
-            layer.grads["w_h"] += hs[i][:-1].reshape(t * b, -1).T @ da2
-            layer.grads["b"] += da2.sum(axis=0)
-            if i:
-                layer.grads["w_x"] += hs[i - 1][1:].reshape(t * b, -1).T @ da2
-        da0 = da_all[0].reshape(t * b, -1)
         y_t = c["y"].transpose(1, 0, 2).reshape(t * b, d)
-        self.decoder[0].grads["w_x"][:d] += y_t.T @ da0
-        self.decoder[0].grads["w_x"][d:] += feeds[:-1].reshape(t * b, d).T @ da0
+        for i, layer in enumerate(self.decoder):
+            # each layer's input: [y_s ; feeds[s]] for layer 0, the layer below's h_s above it
+            x2 = (xp.concatenate([y_t, feeds[:-1].reshape(t * b, d)], axis=1) if i == 0
+                  else hs[i - 1][1:].reshape(t * b, -1))
+            layer.accumulate_grads(x2, hs[i][:-1].reshape(t * b, -1), da_all[i].reshape(t * b, -1))
+        da0 = da_all[0].reshape(t * b, -1)
         # y = tgt_dropout(embedding[tgt_in] * sqrt(D))
         dy = (da0 @ self.decoder[0].params["w_x"][:d].T).reshape(t, b, d).transpose(1, 0, 2)
         self.embedding.lookup_backward(self.tgt_dropout.backward(dy), c["tgt_ids"])

@@ -27,7 +27,8 @@ class Seq2Seq(Layer):
             keep_freed_memory()
         self.dtype = np.dtype(dtype)
         self.forward_count = 0  # dropout stream position: forward i uses make_rng(seed, i)
-        self._cache = None
+        self._cache = None   # what backward needs of the last forward (the model's own)
+        self._head = None    # what loss_head_backward needs of the last loss_head
 
     def finish_init(self):
         """After the layers are built: move every parameter into the flat buffers."""
@@ -80,7 +81,7 @@ class Seq2Seq(Layer):
 
     def loss_head_backward(self, loss_weight, n_rows):
         """-> dh [n_rows, D] (zero on rows without a loss); accumulates the projection's d embedding."""
-        if getattr(self, "_head", None) is None:
+        if self._head is None:
             raise RuntimeError("backward() needs a forward_loss() first (and only one backward per forward)")
         c, self._head = self._head, None
         dlogits = label_smoothed_nll_backward(c["loss"], loss_weight)

@@ -526,11 +526,13 @@ def read_table1(path):
     try:
         with open(path, encoding="utf-8") as f:
             res = json.load(f)
-        res["by_n"], res["by_d"], res["path"]     # noqa: B018 (the keys the plot needs)
     except FileNotFoundError:
         raise DataError(f"--results {path} does not exist: write it with python bench/table1.py --out {path}") from None
-    except (ValueError, KeyError, TypeError) as e:
+    except ValueError as e:
         raise DataError(f"--results {path} is not the JSON bench/table1.py writes ({e})") from None
+    missing = [key for key in ("by_n", "by_d", "path") if not isinstance(res, dict) or key not in res]
+    if missing:
+        raise DataError(f"--results {path} is not the JSON bench/table1.py writes (no {', '.join(missing)})")
     return res
 
 

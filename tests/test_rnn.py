@@ -103,3 +103,20 @@ def test_rnn_learns_to_copy():
 def test_fp16_is_refused_with_a_plain_message():
     with pytest.raises(minitf.errors.ConfigError, match="--fp16"):
         rnn_model(dtype="float16")
+
+
+@pytest.mark.parametrize("field,value", [("arch", "gru"), ("attention", "concat"), ("rnn_hidden", 7)])
+def test_bad_rnn_config_values_are_plain_errors(field, value):
+    with pytest.raises(minitf.errors.ConfigError, match=field):
+        minitf.TransformerConfig(**{"arch": "rnn", field: value})
+
+
+def test_a_forward_without_loss_has_no_backward():
+    """backward() after forward() (no loss) must not reuse an earlier loss: a plain error."""
+    for model in (rnn_model(), minitf.Transformer(minitf.TransformerConfig(vocab_size=13, d_model=8, n_heads=2,
+                                                                          d_ff=8, n_layers=1), dtype="float64")):
+        tgt = np.array([[2, 4, 6], [2, 7, 7], [2, 5, 0]])
+        model.forward_loss(SRC, tgt, tgt)
+        model.forward(SRC, tgt)
+        with pytest.raises(RuntimeError, match="forward_loss"):
+            model.backward()

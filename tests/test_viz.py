@@ -334,3 +334,10 @@ def test_table1_path_gradients_of_both_archs(tmp_path):
     for path in (rnn_path, ckpt_t):
         res = table1.path_gradients(path, str(text), [2, 6], 2, np.random.default_rng(0))
         assert res["n"] == [2, 6] and all(g > 0 for g in res["grad_norm"])
+
+
+def test_table1_results_of_another_shape_are_one_line(tmp_path):
+    bad = tmp_path / "other.json"
+    bad.write_text(json.dumps({"by_n": []}))
+    with pytest.raises(DataError, match="no by_d, path"):
+        viz.read_table1(bad)

@@ -100,48 +100,54 @@ class LSTM(Layer):
         return h, c
 
     def forward(self, x, mask=None, h0=None, c0=None):
-        """x [B, L, I], mask [B, L] bool (False: padding) -> (h [B, L, R], (h_last, c_last) [B, R])."""
+        """x [B, L, I], mask [B, L] bool (False: padding) -> (h [B, L, R], (h_last, c_last) [B, R]).
+        `reverse` runs the same loop over the flipped sequence and flips the output back."""
         xp = xp_of(x)
+        if self.reverse:
+            x, mask = x[:, ::-1], None if mask is None else mask[:, ::-1]
         b, length, _ = x.shape
         xw = x.reshape(b * length, -1) @ self.params["w_x"] + self.params["b"]
         xw = xp.ascontiguousarray(xw.reshape(b, length, -1).transpose(1, 0, 2))   # [L, B, 4R] time-major
-        h = xp.zeros((b, self.d_hidden), dtype=x.dtype) if h0 is None else h0
+        hs = xp.empty((length + 1, b, self.d_hidden), dtype=x.dtype)               # hs[t + 1] = h_t, hs[0] = h0
+        hs[0] = 0.0 if h0 is None else h0
         c = xp.zeros((b, self.d_hidden), dtype=x.dtype) if c0 is None else c0
         keep = None if mask is None else mask.T[:, :, None].astype(x.dtype)         # [L, B, 1]
-        order = range(length - 1, -1, -1) if self.reverse else range(length)
-        hs = xp.empty((length, b, self.d_hidden), dtype=x.dtype)
-        h_prev, caches = xp.empty_like(hs), [None] * length
-        for t in order:
-            h_prev[t] = h
-            h, c, caches[t] = cell_forward(xw[t] + h @ self.params["w_h"], h, c, None if keep is None else keep[t])
-            hs[t] = h
-        self.cache = (x, h_prev, caches)
-        return xp.ascontiguousarray(hs.transpose(1, 0, 2)), (h, c)
+        caches = [None] * length
+        for t in range(length):
+            hs[t + 1], c, caches[t] = cell_forward(xw[t] + hs[t] @ self.params["w_h"], hs[t], c,
+                                                   None if keep is None else keep[t])
+        self.cache = (x, hs, caches)
+        out = hs[1:].transpose(1, 0, 2)
+        return xp.ascontiguousarray(out[:, ::-1] if self.reverse else out), (hs[-1], c)
 
     def backward(self, dout, dh_last=None, dc_last=None):
         """dout [B, L, R] (and the last state's gradients) -> (dx [B, L, I], dh0, dc0)."""
-        x, h_prev, caches = self.cache
+        x, hs, caches = self.cache
         self.cache = None
         xp = xp_of(dout)
         b, length, _ = x.shape
-        dout_t = dout.transpose(1, 0, 2)
+        dout_t = (dout[:, ::-1] if self.reverse else dout).transpose(1, 0, 2)
         dh = xp.zeros((b, self.d_hidden), dtype=dout.dtype) if dh_last is None else dh_last
         dc = xp.zeros_like(dh) if dc_last is None else dc_last
         da = xp.empty((length, b, 4 * self.d_hidden), dtype=dout.dtype)
         w_h = self.params["w_h"]
-        order = range(length) if self.reverse else range(length - 1, -1, -1)
-        for t in order:
+        for t in range(length - 1, -1, -1):
             da[t], dh_carry, dc = cell_backward(dh + dout_t[t], dc, caches[t])
-            # a = xw[t] + h_prev @ w_h
+            # a = xw[t] + hs[t] @ w_h
             dh = da[t] @ w_h.T + dh_carry
         da2 = da.reshape(length * b, -1)
-        self.grads["w_h"] += h_prev.reshape(length * b, -1).T @ da2
-        # xw = x @ w_x + b (time-major)
-        x_t = x.transpose(1, 0, 2).reshape(length * b, -1)
-        self.grads["w_x"] += x_t.T @ da2
-        self.grads["b"] += da2.sum(axis=0)
+        x2 = x.transpose(1, 0, 2).reshape(length * b, -1)                           # time-major, as da
+        self.accumulate_grads(x2, hs[:-1].reshape(length * b, -1), da2)
         dx = (da2 @ self.params["w_x"].T).reshape(length, b, -1).transpose(1, 0, 2)
-        return xp.ascontiguousarray(dx), dh, dc
+        return xp.ascontiguousarray(dx[:, ::-1] if self.reverse else dx), dh, dc
+
+    def accumulate_grads(self, x2, h_prev2, da2):
+        """The parameter gradients of all steps at once, rows = (step, sentence): x2 [rows, I] the
+        inputs, h_prev2 [rows, R] the previous states, da2 [rows, 4R] the pre-activation gradients."""
+        # a = x @ w_x + b + h_prev @ w_h, summed over the steps
+        self.grads["w_x"] += x2.T @ da2
+        self.grads["w_h"] += h_prev2.T @ da2
+        self.grads["b"] += da2.sum(axis=0)
 
 
 class BiLSTM(Layer):

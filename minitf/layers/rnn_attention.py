@@ -33,7 +33,7 @@ class AttendCache(NamedTuple):
 
 
 class RecurrentAttention(Layer):
-    KINDS = ("general", "dot", "additive")
+    KINDS = ("general", "dot", "additive")   # config.ATTENTIONS
 
     def __init__(self, kind, d_query, d_memory, rng, d_attn=None):
         super().__init__()
