@@ -3,13 +3,16 @@
     # minitf against a PyTorch KV-cached beam search of the same algorithm (bench/torch_decode.py)
     python bench/decode.py --vs-torch --checkpoint runs/m30k/averaged.npz \\
         --src ../shared/data/multi30k/test_2016_flickr.en.gz --beams 1 4
-    # where minitf's step spends its time
+    # where minitf's step spends its time (one stream)
     python bench/decode.py --profile --checkpoint runs/m30k/averaged.npz --src ...
     # minitf with and without the KV cache
     python bench/decode.py --vs-uncached --checkpoint runs/m30k/averaged.npz --src ... --n 100
 
 Every run decodes the way `python -m minitf translate` does (`translate_ids`): sentences
-sorted by length and cut into batches of --batch-size, max length input + 50, alpha 0.6.
+sorted by length and cut into batches of --batch-size, max length input + 50, alpha 0.6,
+in `translate_ids`'s streams (one per core by default; --streams 1 for one search).
+PyTorch runs one search on its own op threads; --torch-streams N gives it N searches side
+by side with one op thread each (the same split).
 Measure on a trained checkpoint and real sentences: random weights rarely emit EOS and so
 time a different workload. Rounds alternate between the contenders in one process; medians
 are reported with their ratio. The hypotheses are compared: greedy must match exactly, a
@@ -17,6 +20,7 @@ beam hypothesis may differ only where two candidates' scores tie to float32 roun
 (both are rescored in float64 to show it).
 """
 import argparse
+import concurrent.futures
 import cProfile
 import datetime
 import io
@@ -34,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import minitf  # noqa: E402
 from minitf.backend import synchronize  # noqa: E402
 from minitf.data.batching import pad_ids  # noqa: E402
-from minitf.decode import length_penalty, translate_ids  # noqa: E402
+from minitf.decode import decode_streams, length_penalty, translate_ids  # noqa: E402
 from minitf.loss import log_softmax  # noqa: E402
 
 
@@ -67,22 +71,33 @@ def sorted_batches(src_ids, size, pad):
 def run_minitf(model, src_ids, beam, args, use_cache=True):
     """`translate`'s path: length-sorted, continuous batching of --batch-size sentences."""
     t0 = time.perf_counter()
-    out = translate_ids(model, src_ids, beam, args.alpha, args.batch_size, args.max_len_b, use_cache=use_cache)
+    out = translate_ids(model, src_ids, beam, args.alpha, args.batch_size, args.max_len_b, use_cache=use_cache,
+                        streams=args.streams)
     synchronize(model.xp)
     return time.perf_counter() - t0, out
 
 
 def run_torch(tm, src_ids, beam, args):
+    """Fixed length-sorted batches; with --torch-streams N, N Python threads side by side, each on
+    every N-th sentence (torch runs each op on one thread then: set in vs_torch)."""
     import torch
     from bench import torch_decode
     t0 = time.perf_counter()
     out = [None] * len(src_ids)
-    for idx, src in sorted_batches(src_ids, args.batch_size, tm.cfg.pad_id):
-        src = torch.from_numpy(src)
-        res = (torch_decode.greedy_search(tm, src, max_len_b=args.max_len_b) if beam == 1 else
-               torch_decode.beam_search(tm, src, beam, args.alpha, max_len_b=args.max_len_b))
-        for r, i in enumerate(idx):
-            out[i] = res[r]
+
+    def stream(ids):
+        for idx, src in sorted_batches([src_ids[i] for i in ids], args.batch_size, tm.cfg.pad_id):
+            src = torch.from_numpy(src)
+            res = (torch_decode.greedy_search(tm, src, max_len_b=args.max_len_b) if beam == 1 else
+                   torch_decode.beam_search(tm, src, beam, args.alpha, max_len_b=args.max_len_b))
+            for r, i in enumerate(idx):
+                out[ids[i]] = res[r]
+
+    order = np.argsort([len(s) for s in src_ids], kind="stable")
+    parts = [order[i::args.torch_streams] for i in range(args.torch_streams)]
+    with concurrent.futures.ThreadPoolExecutor(len(parts)) as pool:
+        for f in [pool.submit(stream, part) for part in parts]:
+            f.result()
     return time.perf_counter() - t0, out
 
 
@@ -125,7 +140,12 @@ def vs_torch(model, src_ids, args):
     import torch
     from bench.torch_model import from_minitf_state
     tm = from_minitf_state(model.state_dict(), model.cfg, dtype="float32").eval()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    if args.torch_streams > 1:
+        torch.set_num_threads(1)
+    streams = args.streams or decode_streams(model, len(src_ids))
+    print(f"torch {torch.__version__}: {args.torch_streams} stream(s) of {torch.get_num_threads()} thread(s); "
+          f"minitf: {streams} stream(s) (`translate_ids`'s streams), "
+          f"{'1 BLAS thread each' if streams > 1 else 'BLAS on every core'}")
     failed = False
     for beam in args.beams:
         times = {"minitf": [], "torch": []}
@@ -162,6 +182,7 @@ def vs_uncached(model, src_ids, args):
 
 
 def profile(model, src_ids, args):
+    args.streams = args.streams or 1   # cProfile sees only this thread: one stream unless asked
     for beam in args.beams:
         run_minitf(model, src_ids, beam, args)            # warm up
         prof = cProfile.Profile()
@@ -190,6 +211,10 @@ def main():
     p.add_argument("--max-len-b", type=int, default=50)
     p.add_argument("--batch-size", type=int, default=64, help="sentences a batch (translate's default)")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--streams", type=int, default=None,
+                   help="minitf's searches side by side (translate_ids; default: its default, one per core)")
+    p.add_argument("--torch-streams", type=int, default=1,
+                   help="--vs-torch: PyTorch searches side by side, one op thread each (default 1: torch's own threads)")
     p.add_argument("--top", type=int, default=25, help="--profile: functions shown")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     args = p.parse_args()

@@ -3,6 +3,9 @@
 `--device cpu` means NumPy, `--device gpu` means CuPy. Asking for the GPU without CuPy, or
 with CuPy but no usable CUDA device, raises one `DeviceError` that says which.
 """
+import contextlib
+import os
+
 import numpy
 
 from .errors import DeviceError
@@ -142,6 +145,58 @@ def release_freed_memory():
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def _openblas_local_threads():
+    """OpenBLAS's openblas_set_num_threads_local (0.3.27+: the BLAS threads of the CALLING
+    thread only) from the OpenBLAS NumPy is linked with, or None (another BLAS, no /proc)."""
+    global _LOCAL_THREADS
+    if _LOCAL_THREADS is False:
+        _LOCAL_THREADS = None
+        try:
+            import ctypes
+            import re
+            with open("/proc/self/maps") as f:
+                libs = sorted(set(re.findall(r"(/\S*openblas\S*\.so\S*)", f.read())))
+            for lib in libs:
+                fn = getattr(ctypes.CDLL(lib), "openblas_set_num_threads_local", None)
+                if fn is not None:
+                    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+                    _LOCAL_THREADS = fn
+                    break
+        except (OSError, AttributeError):
+            pass
+    return _LOCAL_THREADS
+
+
+_LOCAL_THREADS = False
+
+
+def can_limit_blas_threads():
+    """Whether `single_threaded_blas` works here (NumPy on OpenBLAS 0.3.27+, Linux)."""
+    return _openblas_local_threads() is not None
+
+
+@contextlib.contextmanager
+def single_threaded_blas():
+    """NumPy's matrix products in THIS thread use one BLAS thread (other threads keep theirs),
+    so that several Python threads, each working on its own data, use one core each instead
+    of all fighting over every core. A no-op where can_limit_blas_threads() is False."""
+    fn = _openblas_local_threads()
+    previous = fn(1) if fn is not None else None
+    try:
+        yield
+    finally:
+        if fn is not None:
+            fn(previous)
+
+
+def usable_cores():
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 def make_rng(xp, seed):

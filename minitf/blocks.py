@@ -87,17 +87,18 @@ class DecoderLayer(Layer):
 
 class StepCache:
     """What the decoder keeps between decoding steps for one group of sentences that started
-    together (incremental.IncrementalDecoder), for all L layers in one array each, so that moving
-    a row is one copy: kv [L, 2, N, T_max, H, K], each layer's self-attention keys (0) and
-    values (1) of the group's rows (n sentences x beam) at the positions so far (position t
-    is written at step t; position-major, so a row's first t positions are one block); ckv [L, 2, n, H, S, K], each layer's cross-attention keys/values
-    of the encoder output, computed once per sentence (its beam rows share them)."""
+    together (incremental.IncrementalDecoder), for all L layers in one array each: kv [N, L, 2,
+    T_max, H, K], each row's self-attention keys (0) and values (1) of every layer at the
+    positions so far (position t is written at step t), row-major, so that moving a row to
+    another parent copies one block per layer and side; ckv [L, 2, n, H, S, K], each layer's
+    cross-attention keys/values of the encoder output, computed once per sentence (its beam
+    rows share them)."""
     __slots__ = ("kv", "ckv")
 
     def __init__(self, layers, memory, rows, max_steps):
         xp, sa = xp_of(memory), layers[0].self_attn
         n, s, _ = memory.shape
-        self.kv = xp.empty((len(layers), 2, rows, max_steps, sa.n_heads, sa.d_k), memory.dtype)
+        self.kv = xp.empty((rows, len(layers), 2, max_steps, sa.n_heads, sa.d_k), memory.dtype)
         self.ckv = xp.empty((len(layers), 2, n, sa.n_heads, s, sa.d_k), memory.dtype)
         for i, layer in enumerate(layers):
             self.ckv[i, 0], self.ckv[i, 1] = layer.cross_attn.project_kv(memory)
@@ -105,13 +106,14 @@ class StepCache:
 
 class StepGroup(NamedTuple):
     """The rows a:b of a decoding step that belong to one group (sentences that started
-    together): all at position t, their sources masked by src_bias [n, 1, 1, S], their
-    keys/values in `cache` (StepCache)."""
+    together): `beam` rows a sentence, all at position t, their sources masked by src_bias
+    [n, 1, 1, S], their keys/values in `cache` (StepCache)."""
     a: int
     b: int
     t: int
     src_bias: object
     cache: StepCache
+    beam: int
 
 
 def fused_qkv(layer):
@@ -123,13 +125,14 @@ def fused_qkv(layer):
             xp.concatenate([sa.q.params["bias"], sa.k.params["bias"], sa.v.params["bias"]]))
 
 
-def decoder_layer_step(layer, i, x, qkv, groups, beam):
+def decoder_layer_step(layer, i, x, qkv, groups):
     """Incremental (KV-cached) forward of DecoderLayer `layer` (the i-th) for one new position
     per row, inference only.
 
-    x [N, 1, D]: the new position of each row, rows sentence-major (`beam` rows a sentence)
-    and grouped by `groups` (StepGroup, with their caches); qkv: fused_qkv(layer). Equals the row's position of DecoderLayer.forward on its whole
-    prefix: the cache holds only the positions up to this one, so no causal mask is needed.
+    x [N, 1, D]: the new position of each row, rows sentence-major and grouped by `groups`
+    (StepGroup: their rows, caches and rows per sentence); qkv: fused_qkv(layer). Equals the
+    row's position of DecoderLayer.forward on its whole prefix: the cache holds only the
+    positions up to this one, so no causal mask is needed.
     The projections and other position-wise parts run on all rows at once (one matmul
     each), only the attention itself group by group.
     """
@@ -139,7 +142,7 @@ def decoder_layer_step(layer, i, x, qkv, groups, beam):
     q, k, v = (F.split_heads(part, sa.n_heads) for part in F.split_last(F.linear_forward(x, *qkv), 3))  # [N, H, 1, K]
     heads = []
     for g in groups:
-        keys, values = g.cache.kv[i, 0], g.cache.kv[i, 1]                                      # [rows, T_max, H, K]
+        keys, values = g.cache.kv[: g.b - g.a, i, 0], g.cache.kv[: g.b - g.a, i, 1]            # [rows, T_max, H, K]
         keys[:, g.t], values[:, g.t] = k[g.a: g.b, :, 0], v[g.a: g.b, :, 0]
         heads.append(F.attention_forward(q[g.a: g.b], keys[:, : g.t + 1].transpose(0, 2, 1, 3),
                                          values[:, : g.t + 1].transpose(0, 2, 1, 3), 0.0, sa.scale)[0])
@@ -148,7 +151,7 @@ def decoder_layer_step(layer, i, x, qkv, groups, beam):
     q = ca.q.apply(h1)                                                                            # [N, 1, HK]
     heads = []
     for g in groups:
-        q_g = F.split_heads(q[g.a: g.b].reshape((g.b - g.a) // beam, beam, -1), ca.n_heads)     # [n, H, beam, K]
+        q_g = F.split_heads(q[g.a: g.b].reshape((g.b - g.a) // g.beam, g.beam, -1), ca.n_heads)  # [n, H, beam, K]
         ctx = F.attention_forward(q_g, g.cache.ckv[i, 0], g.cache.ckv[i, 1], g.src_bias, ca.scale)[0]
         heads.append(F.merge_heads(ctx).reshape(g.b - g.a, 1, -1))                              # [rows, 1, HK]
     h2 = layer.norm2.apply(h1 + ca.out.apply(_join(heads)))

@@ -9,11 +9,13 @@ nothing else of the model.
 Both searches are batched over many sentences; a finished sentence leaves the batch. The
 beams of a sentence share its encoder output: they are the queries of one attention.
 """
+import concurrent.futures
 import functools
+import threading
 
 import numpy as np
 
-from .backend import to_numpy, xp_of
+from .backend import can_limit_blas_threads, is_gpu, single_threaded_blas, to_numpy, usable_cores, xp_of
 from .data.batching import pad_ids
 from .functional import as_float32_if_half
 
@@ -77,22 +79,24 @@ def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True, batch
     alive, first = waiting.admit(0)
     dec = model.incremental_decoder(first, int(max_lens.max()) + 1, use_cache)
     steps = np.zeros(len(alive), dtype=np.int64)   # [n] the step each sentence is at
+    cohort = np.zeros(len(alive), dtype=np.int64)  # [n] which admission (decoder group) each came in
     out = [[] for _ in range(src.shape[0])]
     tokens = np.full(len(alive), cfg.bos_id)
     while len(alive):
         logits = dec.logits(xp.asarray(tokens, dtype=src.dtype))   # argmax log p = argmax logits: no softmax
         _ban(logits, cfg, steps == 0)
         best = to_numpy(logits.argmax(axis=1))
-        keep = np.flatnonzero((best != cfg.eos_id) & (steps < max_lens[alive]))   # EOS, or the length limit: done
+        keep = _compact((best != cfg.eos_id) & (steps < max_lens[alive]), cohort)   # EOS, or the length limit: done
         for row in keep:
             out[alive[row]].append(int(best[row]))
         if progress is not None and len(keep) < len(alive):
             progress.update(len(alive) - len(keep))
         dec.reorder(keep)
-        alive, steps, tokens = alive[keep], steps[keep] + 1, best[keep]
+        alive, steps, tokens, cohort = alive[keep], steps[keep] + 1, best[keep], cohort[keep]
         new, new_src = waiting.admit(len(alive))
         if len(new):
             dec.admit(new_src)
+            cohort = np.concatenate([cohort, np.full(len(new), cohort.max(initial=0) + 1)])
             alive = np.concatenate([alive, new])
             steps = np.concatenate([steps, np.zeros(len(new), dtype=np.int64)])
             tokens = np.concatenate([tokens, np.full(len(new), cfg.bos_id)])
@@ -110,6 +114,46 @@ def _ban(logits, cfg, first):
             logits[xp_of(logits).asarray(rows), cfg.eos_id] = -np.inf
     elif first:
         logits[:, cfg.eos_id] = -np.inf
+
+
+def _compact(keep, cohort):
+    """The sentences to keep (keep [n] bool), as indices into the current ones, in their new
+    order: within each cohort (sentences admitted together, consecutive: one decoder group),
+    a kept sentence that is still inside its cohort's new length stays where it is and the
+    last ones fill the places of those that finished. Shifting every later sentence down
+    instead would make the decoder move their caches at nearly every step."""
+    order = []
+    for c in np.unique(cohort):
+        start = int(np.searchsorted(cohort, c))
+        kept = np.flatnonzero(keep[start: start + np.count_nonzero(cohort == c)])
+        places = np.arange(len(kept))
+        stay = kept < len(kept)
+        places[np.setdiff1d(places, kept[stay])] = kept[~stay]   # holes, in order, get the last ones
+        order.append(start + places)
+    return np.concatenate(order) if order else np.arange(0)
+
+
+def _stay_with_parents(parent):
+    """parent [m, k]: the beam (0..k-1) each of a sentence's next k beams extends -> an order
+    [m, k] of those beams that puts as many as possible in their parent's place (place j
+    takes the first beam extending beam j, if any; the others fill the remaining places in
+    rank order). A beam in its parent's place keeps its cached keys/values where they are;
+    the others are copied (IncrementalDecoder.reorder). Which place a beam has changes no
+    score: beams are ranked by score, not by place."""
+    m, k = parent.shape
+    order = np.full((m, k), -1)
+    used = np.zeros((m, k), dtype=bool)
+    for j in range(k):
+        first = np.argmax((parent == j) & ~used, axis=1)            # the first unused beam extending j
+        found = np.flatnonzero(((parent == j) & ~used)[np.arange(m), first])
+        order[found, j] = first[found]
+        used[found, first[found]] = True
+    places = np.argsort(order >= 0, axis=1, kind="stable")         # free places first, in order
+    rest = np.argsort(used, axis=1, kind="stable")                 # unused beams first, in rank order
+    free = np.arange(k) < (~used).sum(axis=1, keepdims=True)
+    rows = np.nonzero(free)[0]
+    order[rows, places[free]] = rest[free]
+    return order
 
 
 def _group_size(v):
@@ -186,22 +230,27 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
     alive, first = waiting.admit(0)               # sentences being decoded, in row order
     dec = model.incremental_decoder(first, steps_max, use_cache, beam=k)
     steps = np.zeros(len(alive), dtype=np.int64)  # [n] the step each is at
+    cohort = np.zeros(len(alive), dtype=np.int64) # [n] which admission (decoder group) each came in
     hyps = np.zeros((len(alive) * k, steps_max), dtype=np.int64)   # [rows, T] tokens of every live beam
     scores = _first_scores(len(alive), k)         # [n, k] their log-probabilities
     n_done = np.zeros(b, dtype=int)               # finished hypotheses per sentence
     best, best_score = [[] for _ in range(b)], np.full(b, -np.inf)
-    next_tokens = np.full(len(alive) * k, cfg.bos_id)
+    next_tokens = np.full(len(alive), cfg.bos_id)   # one row a sentence at its first step
     while len(alive):
-        logits = as_float32_if_half(dec.logits(xp.asarray(next_tokens, dtype=src.dtype)))   # [n * k, V]
+        logits = as_float32_if_half(dec.logits(xp.asarray(next_tokens, dtype=src.dtype)))   # [rows, V]
+        # a sentence at step 0 (admitted last: they come last) has one row, its k beams would
+        # all be BOS (the decoders' rule); the others have k rows each
         n, v = len(alive), logits.shape[1]
+        n_old = n - int(np.count_nonzero(steps == 0))
         lse = _logsumexp(logits)                                              # log p = logits - lse
-        _ban(logits, cfg, np.repeat(steps == 0, k))
-        offset = xp.asarray(scores.reshape(-1), dtype=logits.dtype) - lse   # [n * k]: score + log p - logits
+        _ban(logits, cfg, np.arange(logits.shape[0]) >= n_old * k)
+        row_scores = np.concatenate([scores[:n_old].reshape(-1), scores[n_old:, 0]])
+        offset = xp.asarray(row_scores, dtype=logits.dtype) - lse             # [rows]: score + log p - logits
         n_best = min(2 * k, k * v)
-        values, beam, tok = top_candidates(logits, offset, k, n_best)         # [n, 2k], best first
+        values, beam, tok = _top_candidates(logits, offset, k, n_best, n_old)   # [n, 2k], best first
         at_limit = steps >= max_lens[alive]
         if at_limit.any():   # the length limit: every beam ends with EOS, in beam order
-            ends = to_numpy(offset + logits[:, cfg.eos_id]).reshape(n, k)
+            ends = _per_beam(to_numpy(offset + logits[:, cfg.eos_id]), k, n_old)
             values[at_limit] = -np.inf
             values[at_limit, :k] = ends[at_limit]
             beam[at_limit], tok[at_limit] = np.arange(n_best) % k, cfg.eos_id
@@ -224,28 +273,57 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
         if stop == "bound":   # a live beam could still beat the best finished hypothesis
             best_live = np.take_along_axis(values, pick[:, :1], axis=1)[:, 0]
             going = best_live / length_penalty(max_lens[alive] + 1, alpha) > best_score[alive]
-        still = np.flatnonzero(going & ~at_limit & live[:, 0])
+        still = _compact(going & ~at_limit & live[:, 0], cohort)
         if progress is not None and n > len(still):
             progress.update(n - len(still))
         pick, live = pick[still], live[still]
         pick = np.where(live, pick, pick[:, :1])        # a dead slot repeats the first beam, score -inf
         new_beam = np.take_along_axis(beam[still], pick, axis=1)
-        parents = (still[:, None] * k + new_beam).reshape(-1)                  # the row each new beam extends
+        order = _stay_with_parents(new_beam)             # the beams' order is free: fewer cache rows to move
+        pick, live, new_beam = (np.take_along_axis(a, order, axis=1) for a in (pick, live, new_beam))
+        parents = (still[:, None] * k + new_beam).reshape(-1)                  # the beam each new beam extends
         next_tokens = np.take_along_axis(tok[still], pick, axis=1).reshape(-1)
         hyps = hyps[parents]
         hyps[np.arange(len(parents)), np.repeat(steps[still], k)] = next_tokens
         scores = np.where(live, np.take_along_axis(values[still], pick, axis=1), -np.inf)
-        dec.reorder(parents)
-        alive, steps = alive[still], steps[still] + 1
+        first_row = np.where(np.arange(n) < n_old, np.arange(n) * k, n_old * (k - 1) + np.arange(n))
+        dec.reorder((first_row[still][:, None] + new_beam).reshape(-1))        # ... and its decoder row
+        alive, steps, cohort = alive[still], steps[still] + 1, cohort[still]
         new, new_src = waiting.admit(len(alive))   # continuous batching: free places to new sentences
         if len(new):
             dec.admit(new_src)
+            cohort = np.concatenate([cohort, np.full(len(new), cohort.max(initial=0) + 1)])
             alive = np.concatenate([alive, new])
             steps = np.concatenate([steps, np.zeros(len(new), dtype=np.int64)])
             scores = np.concatenate([scores, _first_scores(len(new), k)]).astype(scores.dtype)
             hyps = np.concatenate([hyps, np.zeros((len(new) * k, steps_max), dtype=np.int64)])
-            next_tokens = np.concatenate([next_tokens, np.full(len(new) * k, cfg.bos_id)])
+            next_tokens = np.concatenate([next_tokens, np.full(len(new), cfg.bos_id)])   # one row each
     return best
+
+
+def _top_candidates(logits, offset, k, n_best, n_old):
+    """top_candidates for rows of n_old sentences with k rows each, then sentences with one
+    row each (at their first step); those rank only V candidates (padded with -inf)."""
+    old = n_old * k
+    parts = [top_candidates(logits[:old], offset[:old], k, n_best)] if n_old else []
+    if logits.shape[0] > old:
+        fresh = logits.shape[0] - old
+        m = min(n_best, logits.shape[1])
+        values, beam, tok = top_candidates(logits[old:], offset[old:], 1, m)
+        pad = ((0, 0), (0, n_best - m))
+        parts.append((np.pad(values, pad, constant_values=-np.inf), np.zeros((fresh, n_best), dtype=beam.dtype),
+                      np.pad(tok, pad)))
+    return tuple(np.concatenate(a) if len(parts) > 1 else a[0] for a in zip(*parts))
+
+
+def _per_beam(x, k, n_old):
+    """x [rows] (k rows a sentence for the first n_old sentences, then one) -> [n, k], -inf
+    for the beams a one-row sentence does not have yet."""
+    old = n_old * k
+    out = np.full((n_old + len(x) - old, k), -np.inf, dtype=x.dtype)
+    out[:n_old] = x[:old].reshape(n_old, k)
+    out[n_old:, 0] = x[old:]
+    return out
 
 
 def _first_scores(n, k):
@@ -265,21 +343,89 @@ def _logsumexp(x):
     return m + xp.log(e.sum(axis=1))
 
 
+MAX_STREAMS = 8             # translate_ids: most searches side by side (one per core)
+MIN_STREAM_SENTENCES = 16   # ... and at least this many sentences each
+
+
+def decode_streams(model, n_sentences):
+    """How many searches `translate_ids` runs side by side by default: on a CPU where each
+    thread's BLAS can be made single-threaded (backend.single_threaded_blas), one per core
+    (at most MAX_STREAMS, each with at least MIN_STREAM_SENTENCES sentences); else one (on a
+    GPU the device runs one stream of kernels)."""
+    if is_gpu(model.xp) or not can_limit_blas_threads():
+        return 1
+    return max(1, min(usable_cores(), MAX_STREAMS, n_sentences // MIN_STREAM_SENTENCES))
+
+
+@_restores_mode
 def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len_b=50, progress=None, stop="fairseq",
-                  use_cache=True):
+                  use_cache=True, streams=None):
     """Decode lists of source ids (with EOS), sorted by length (little padding), at most
-    `batch_size` sentences at a time (continuous batching); returns id lists in input order."""
+    `batch_size` sentences at a time per stream (continuous batching); returns id lists in input order.
+
+    `streams` searches (default: decode_streams) run side by side in threads, each on every
+    streams-th sentence of the sorted order, each with single-threaded BLAS: most of a
+    search step on a CPU is NumPy work outside the matrix products (the exp of the
+    logsumexp, attention over small groups, moving cache rows, the search's bookkeeping),
+    which runs on one core, so one search leaves the others mostly idle (docs/performance.md).
+    Every sentence is decoded exactly as alone: the streams only split the list."""
     if not len(src_ids):
         return []
+    model.eval()   # here, not in each thread: their searches then all restore eval mode
     order = np.argsort([len(s) for s in src_ids], kind="stable")
-    src = pad_ids([src_ids[i] for i in order], model.cfg.pad_id)
-    if beam_size == 1:
-        res = greedy_search(model, src, max_len_b=max_len_b, use_cache=use_cache, batch_size=batch_size,
-                            progress=progress)
+    streams = decode_streams(model, len(src_ids)) if streams is None else max(1, min(int(streams), len(src_ids)))
+    parts = [order[i::streams] for i in range(streams)]      # each: the same mix of lengths, still sorted
+
+    def search(part, progress):
+        src = pad_ids([src_ids[i] for i in part], model.cfg.pad_id)
+        if beam_size == 1:
+            return greedy_search(model, src, max_len_b=max_len_b, use_cache=use_cache, batch_size=batch_size,
+                                 progress=progress)
+        return beam_search(model, src, beam_size, alpha, max_len_b=max_len_b, use_cache=use_cache,
+                           batch_size=batch_size, progress=progress, stop=stop)
+
+    if streams == 1:
+        results = [search(parts[0], progress)]
     else:
-        res = beam_search(model, src, beam_size, alpha, max_len_b=max_len_b, use_cache=use_cache, batch_size=batch_size,
-                          progress=progress, stop=stop)
+        results = _side_by_side(search, parts, progress)
     out = [None] * len(src_ids)
-    for r, i in enumerate(order):
-        out[i] = res[r]
+    for part, res in zip(parts, results):
+        for r, i in enumerate(part):
+            out[i] = res[r]
     return out
+
+
+class _Cancelled(Exception):
+    pass
+
+
+class _SharedProgress:
+    """One progress bar fed by several threads; raises _Cancelled in a search once the caller
+    has given up (an error in another stream, Ctrl-C), so that no thread runs on."""
+
+    def __init__(self, progress):
+        self.progress, self.lock, self.cancelled = progress, threading.Lock(), threading.Event()
+
+    def update(self, n):
+        if self.cancelled.is_set():
+            raise _Cancelled()
+        if self.progress is not None:
+            with self.lock:
+                self.progress.update(n)
+
+
+def _side_by_side(search, parts, progress):
+    """search(part, progress) for every part, each in its own thread with single-threaded BLAS."""
+    shared = _SharedProgress(progress)
+
+    def alone(part):
+        with single_threaded_blas():
+            return search(part, shared)
+
+    with concurrent.futures.ThreadPoolExecutor(len(parts), thread_name_prefix="minitf-decode") as pool:
+        futures = [pool.submit(alone, part) for part in parts]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            shared.cancelled.set()
+            raise

@@ -22,6 +22,7 @@ import numpy as np
 from .backend import to_numpy
 from .errors import ConfigError
 from .layers import BiLSTM, Dropout, Linear, LSTM, RecurrentAttention, TokenEmbedding
+from .incremental import check_step_rows
 from .layers.recurrent import cell_backward, cell_forward
 from .loss import log_softmax
 from .masks import padding_bias
@@ -162,20 +163,23 @@ class RNNSearch(Seq2Seq):
 
 
 class _Sentences:
-    """Sentences admitted together: n of them, their memory [n, S, R], keys and bias [n, S]."""
+    """Sentences admitted together: n of them, `width` rows each (1 until the first reorder,
+    then the beam), their memory [n, S, R], keys and bias [n, S]."""
 
     def __init__(self, n, memory, keys, bias):
-        self.n, self.memory, self.keys, self.bias = n, memory, keys, bias
+        self.n, self.width, self.memory, self.keys, self.bias = n, 1, memory, keys, bias
 
 
 class RecurrentDecoder:
     """The interface of incremental.IncrementalDecoder for RNNSearch: rows are sentences x `beam`,
     sentence-major; each row's state is (h, c) per layer and the fed-back h~. The state IS the
-    cache of everything before (there is nothing to recompute, so there is no uncached mode)."""
+    cache of everything before (there is nothing to recompute, so there is no uncached mode).
+    As there, a sentence enters with one row and its first `reorder` gives it `beam`."""
 
     def __init__(self, model, src, beam=1):
         self.model, self.beam = model, beam
         model.eval()
+        self.w_out = model.embedding.output_weight()
         self.groups, self.h, self.c, self.feed = [], None, None, None
         self.admit(src)
 
@@ -184,7 +188,7 @@ class RecurrentDecoder:
         m, xp = self.model, self.model.xp
         memory, bias, _ = m.encode(src)
         self.groups.append(_Sentences(src.shape[0], memory, m.attention.keys(memory), bias))
-        rows = src.shape[0] * self.beam
+        rows = src.shape[0]                     # one row a sentence until its first reorder
         zeros = [xp.zeros((rows, m.cfg.rnn_hidden), dtype=m.dtype) for _ in m.decoder]
         feed = xp.zeros((rows, m.cfg.d_model), dtype=m.dtype)
         if self.h is None:
@@ -200,22 +204,25 @@ class RecurrentDecoder:
 
     def logits(self, tokens):
         """tokens [N] (each row's newest token) -> logits [N, V] for its next position."""
-        m, xp, k = self.model, self.model.xp, self.beam
+        m, xp = self.model, self.model.xp
+        check_step_rows(tokens, sum(g.n * g.width for g in self.groups))
         y = m.embedding.lookup(tokens[:, None])[0][:, 0]                          # [N, D]
         x = xp.concatenate([y, self.feed], axis=1)                                  # x_t = [y_t ; h~_{t-1}]
         for i, layer in enumerate(m.decoder):
             self.h[i], self.c[i] = layer.step(x, self.h[i], self.c[i])
             x = self.h[i]
         ctx, start = [], 0
-        for g in self.groups:   # each sentence's k beams are the k queries of one attention
-            q = x[start: start + g.n * k].reshape(g.n, k, -1)
-            ctx.append(m.attention.attend(q, g.keys, g.memory, g.bias)[0].reshape(g.n * k, -1))
-            start += g.n * k
+        for g in self.groups:   # each sentence's beams are the queries of one attention
+            rows = g.n * g.width
+            q = x[start: start + rows].reshape(g.n, g.width, -1)
+            ctx.append(m.attention.attend(q, g.keys, g.memory, g.bias)[0].reshape(rows, -1))
+            start += rows
         self.feed = xp.tanh(m.combine.apply(xp.concatenate([xp.concatenate(ctx), x], axis=1)))
-        return m.embedding.project(self.feed)[0]
+        return self.feed @ self.w_out                                             # = embedding.project
 
     def reorder(self, rows):
-        """Keep rows `rows` (groups of `beam` rows from one sentence each, in sentence order)."""
+        """Keep rows `rows` (groups of `beam` rows from one sentence each, in sentence order; a
+        sentence that had one row gets its `beam`)."""
         xp, k = self.model.xp, self.beam
         rows = np.asarray(to_numpy(rows))
         index = xp.asarray(rows)
@@ -224,10 +231,10 @@ class RecurrentDecoder:
         self.feed = self.feed[index]
         start, kept = 0, []
         for g in self.groups:
-            stop = start + g.n * k
-            sentences = xp.asarray((rows[(rows >= start) & (rows < stop)] - start)[::k] // k)
+            stop = start + g.n * g.width
+            sentences = xp.asarray((rows[(rows >= start) & (rows < stop)] - start)[::k] // g.width)
             start = stop
-            g.n = len(sentences)
+            g.n, g.width = len(sentences), k
             if g.n:
                 g.memory, g.keys, g.bias = g.memory[sentences], g.keys[sentences], g.bias[sentences]
                 kept.append(g)

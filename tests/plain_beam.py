@@ -33,7 +33,9 @@ def plain_beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len
         finished = []                                             # (normalized score, tokens)
         tokens = np.full(k, cfg.bos_id)
         for t in range(max_len + 1):
-            logp = dec.step(tokens)                               # [k, V] full log-softmax
+            logp = dec.step(tokens[:1] if t == 0 else tokens)     # [k, V] full log-softmax
+            if t == 0:                                            # a new sentence has one row: its
+                logp = np.repeat(logp, k, axis=0)                 # k beams would all be BOS
             logp[:, [cfg.pad_id, cfg.bos_id]] = -np.inf
             if t == 0:
                 logp[:, cfg.eos_id] = -np.inf

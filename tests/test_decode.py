@@ -44,8 +44,9 @@ def test_reorder_keeps_rows_consistent():
 
 
 def test_beams_share_their_sentence_state_and_follow_reordering():
-    # 3 sentences x 2 beams; after two steps sentence 1 finishes and the beams of sentences
-    # 0 and 2 take new parents: every row's logits still equal the full forward of its prefix
+    # 3 sentences x 2 beams: each sentence starts with one row (its beams would all be BOS),
+    # the first reorder gives it 2; after two steps sentence 1 finishes and the beams of
+    # sentences 0 and 2 take new parents: every row's logits still equal the full forward of its prefix
     model, src = model_and_src()
     model.eval()
     k = 2
@@ -53,14 +54,45 @@ def test_beams_share_their_sentence_state_and_follow_reordering():
     tgt = np.concatenate([np.full((6, 1), 2), rng.integers(4, 13, (6, 3))], axis=1)
     dec = IncrementalDecoder(model, src, 4, beam=k)
     full = log_softmax(model.forward(np.repeat(src, k, axis=0), tgt))
-    for t in range(2):
-        np.testing.assert_allclose(dec.step(tgt[:, t]), full[:, t], rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dec.step(tgt[::k, 0]), full[::k, 0], rtol=1e-10, atol=1e-10)
+    dec.reorder(np.repeat(np.arange(3), k))
+    np.testing.assert_allclose(dec.step(tgt[:, 1]), full[:, 1], rtol=1e-10, atol=1e-10)
     rows = np.array([1, 1, 5, 4])
     dec.reorder(rows)
     tgt2 = tgt[rows]
     full2 = log_softmax(model.forward(src[[0, 0, 2, 2]], tgt2))
     for t in range(2, 4):
         np.testing.assert_allclose(dec.step(tgt2[:, t]), full2[:, t], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_first_reorder_expands_one_row_to_the_beams_and_drops_sentences(use_cache):
+    # a group admitted mid-way starts with one row a sentence beside older beams; its first
+    # reorder drops sentence 0 of it and gives the others their k rows
+    model, src = model_and_src()
+    model.eval()
+    k = 3
+    dec = IncrementalDecoder(model, src[:1], 5, use_cache=use_cache, beam=k)
+    dec.step(np.array([2]))
+    dec.reorder(np.zeros(k, dtype=int))
+    dec.step(np.array([4, 5, 6]))
+    dec.reorder(np.array([0, 0, 2]))
+    dec.admit(src[1:])                                        # two more sentences, one row each
+    got = dec.step(np.array([7, 7, 8, 2, 2]))
+    assert got.shape[0] == k + 2
+    dec.reorder(np.array([1, 0, 2, 4, 4, 4]))                 # new sentence 0 (row 3) leaves
+    got = dec.step(np.array([9, 9, 9, 10, 11, 12]))
+    for row, (sent, tokens) in enumerate([(0, [2, 4, 7, 9]), (0, [2, 4, 7, 9]), (0, [2, 6, 8, 9]),
+                                          (2, [2, 10]), (2, [2, 11]), (2, [2, 12])]):
+        want = log_softmax(model.forward(src[sent:sent + 1], np.array([tokens])))[0, -1]
+        np.testing.assert_allclose(got[row], want, rtol=1e-10, atol=1e-10)
+
+
+def test_a_step_fed_the_wrong_number_of_rows_says_so():
+    model, src = model_and_src()
+    dec = IncrementalDecoder(model, src, 4, beam=2)
+    with pytest.raises(ValueError, match="3 rows"):
+        dec.step(np.full(6, 2))                                # one row a sentence at first, not beam
 
 
 def test_beam_size_one_equals_greedy():
@@ -155,6 +187,63 @@ def test_translate_ids_keeps_the_input_order_and_takes_nothing():
         want = [beam_search(model, src[i: i + 1, : len(ids[i])], beam, max_len_b=5)[0] for i in range(len(ids))]
         assert translate_ids(model, ids, beam, max_len_b=5, batch_size=2) == want
     assert translate_ids(model, [], 4) == []
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_streams_side_by_side_decode_each_sentence_as_alone(beam):
+    # translate_ids' threads split the sorted list; every sentence decodes as it does alone,
+    # the model comes back in training mode, and the shared progress counts every sentence
+    from minitf.decode import translate_ids
+    model, _ = model_and_src(seed=11)
+    rng = np.random.default_rng(0)
+    ids = [list(rng.integers(4, 13, rng.integers(1, 9))) + [3] for _ in range(40)]
+    want = translate_ids(model, ids, beam, max_len_b=5, batch_size=4, streams=1)
+    model.train()
+
+    class Count:
+        n = 0
+
+        def update(self, n):
+            self.n += n
+
+    count = Count()
+    assert translate_ids(model, ids, beam, max_len_b=5, batch_size=4, streams=3, progress=count) == want
+    assert count.n == len(ids) and model.training
+
+
+def test_an_error_in_one_stream_reaches_the_caller():
+    from minitf.decode import translate_ids
+    model, _ = model_and_src()
+    ids = [[5, 6, 3]] * 20 + [[5, 99, 3]]                       # 99 is outside the vocabulary of 13
+    with pytest.raises(Exception, match="99"):
+        translate_ids(model, ids, 2, max_len_b=3, streams=2)
+
+
+def test_default_streams_one_per_core_with_enough_sentences(monkeypatch):
+    from minitf import decode
+    model, _ = model_and_src()
+    monkeypatch.setattr(decode, "can_limit_blas_threads", lambda: True)
+    monkeypatch.setattr(decode, "usable_cores", lambda: 4)
+    assert decode.decode_streams(model, 1000) == 4
+    assert decode.decode_streams(model, 2 * decode.MIN_STREAM_SENTENCES) == 2
+    assert decode.decode_streams(model, 5) == 1
+    monkeypatch.setattr(decode, "can_limit_blas_threads", lambda: False)   # BLAS threads not ours to set
+    assert decode.decode_streams(model, 1000) == 1
+
+
+def test_single_threaded_blas_is_local_and_restores():
+    from minitf import backend
+    a = np.random.default_rng(0).standard_normal((64, 64))
+    want = a @ a
+    with backend.single_threaded_blas():
+        np.testing.assert_allclose(a @ a, want, rtol=1e-12)
+    fn = backend._openblas_local_threads()
+    if fn is not None:                     # OpenBLAS: the setting was given back
+        before = fn(1)
+        fn(before)
+        with backend.single_threaded_blas():
+            assert fn(1) == 1
+        assert fn(before) == before
 
 
 @pytest.mark.parametrize("v,k", [(640, 4), (13, 4), (148, 2), (96, 3), (8000, 4), (4, 4)])

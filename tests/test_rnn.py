@@ -34,12 +34,13 @@ def test_reorder_moves_state_with_beams_and_drops_finished_sentences():
     model = rnn_model().eval()
     k = 2
     dec = model.incremental_decoder(SRC, 6, beam=k)
-    first = np.repeat([2], 3 * k)
-    dec.step(first)
+    dec.step(np.full(3, 2))                              # one row a sentence at first
+    dec.reorder(np.repeat(np.arange(3), k))              # then k
+    dec.step(np.array([5, 6, 9, 9, 7, 8]))
     # sentence 1 leaves; sentence 0's beams swap; sentence 2's both take beam 0
     dec.reorder(np.array([1, 0, 4, 4]))
     got = dec.step(np.array([5, 6, 7, 8]))
-    for row, (sent, tokens) in enumerate([(0, [2, 5]), (0, [2, 6]), (2, [2, 7]), (2, [2, 8])]):
+    for row, (sent, tokens) in enumerate([(0, [2, 6, 5]), (0, [2, 5, 6]), (2, [2, 7, 7]), (2, [2, 7, 8])]):
         want = log_softmax(model.forward(SRC[sent:sent + 1], np.array([tokens])))[0, -1]
         np.testing.assert_allclose(got[row], want, atol=1e-12)
 

@@ -47,6 +47,12 @@ class TokenEmbedding(Layer):
         logits = h.reshape(-1, d) @ self.params["weight"].T
         return logits.reshape(*h.shape[:-1], -1), h
 
+    def output_weight(self):
+        """weight^T [D, V] as an array of its own (row-major), for decoding: h @ output_weight()
+        = project(h) without the transposed view (measured faster for the few rows of a
+        decoding step: docs/benchmarks.md). A copy: take it again after the weights change."""
+        return xp_of(self.params["weight"]).ascontiguousarray(self.params["weight"].T)
+
     def project_backward(self, dlogits, h):
         """Returns dh; accumulates the projection's share of d weight."""
         v, d = self.params["weight"].shape
