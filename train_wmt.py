@@ -61,7 +61,7 @@ def parse_args(argv=None):
                    help="evenly spaced checkpoints averaged at the end (default from the preset: base 5, big 20, as in the paper)")
     p.add_argument("--beam", type=int, default=4, help="beam size for the final evaluation (paper: 4)")
     p.add_argument("--alpha", type=float, default=None,
-                   help="length penalty alpha of beam search (paper: 0.6; default: the preset's, small 3.0)")
+                   help="length penalty alpha of beam search (paper: 0.6; default: the preset's, small 2.0)")
     p.add_argument("--decode-batch", type=int, default=100, help="sentences decoded together")
     p.add_argument("--max-nonfinite", type=int, default=5, help="stop after this many non-finite losses in a row")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

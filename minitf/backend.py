@@ -173,22 +173,30 @@ _LOCAL_THREADS = False
 
 
 def can_limit_blas_threads():
-    """Whether `single_threaded_blas` works here (NumPy on OpenBLAS 0.3.27+, Linux)."""
+    """Whether `blas_threads` works here (NumPy on OpenBLAS 0.3.27+, Linux)."""
     return _openblas_local_threads() is not None
 
 
 @contextlib.contextmanager
-def single_threaded_blas():
-    """NumPy's matrix products in THIS thread use one BLAS thread (other threads keep theirs),
-    so that several Python threads, each working on its own data, use one core each instead
-    of all fighting over every core. A no-op where can_limit_blas_threads() is False."""
+def blas_threads(n):
+    """NumPy's matrix products in THIS thread use n BLAS threads (other threads keep theirs):
+    several Python threads, each working on its own data, then use one core each instead of
+    all fighting over every core. A no-op where can_limit_blas_threads() is False."""
     fn = _openblas_local_threads()
-    previous = fn(1) if fn is not None else None
+    previous = fn(int(n)) if fn is not None else None
     try:
         yield
     finally:
         if fn is not None:
             fn(previous)
+
+
+def set_blas_threads(n):
+    """From now on, THIS thread's BLAS uses n threads; False where that cannot be set."""
+    fn = _openblas_local_threads()
+    if fn is not None:
+        fn(int(n))
+    return fn is not None
 
 
 def usable_cores():

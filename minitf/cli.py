@@ -92,7 +92,7 @@ def _decode_args(p):
     p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz) with its tokenizer")
     p.add_argument("--beam", type=int, default=4, help="beam size (paper: 4; 1 = greedy)")
     p.add_argument("--alpha", type=float, default=None,
-                   help="length penalty alpha (paper: 0.6; default: the checkpoint's preset, small 3.0)")
+                   help="length penalty alpha (paper: 0.6; default: the checkpoint's preset, small 2.0)")
     p.add_argument("--max-len-b", type=int, default=50, help="max output length = input length + this")
     p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])

@@ -15,7 +15,7 @@ import threading
 
 import numpy as np
 
-from .backend import can_limit_blas_threads, is_gpu, single_threaded_blas, to_numpy, usable_cores, xp_of
+from .backend import can_limit_blas_threads, is_gpu, blas_threads, to_numpy, usable_cores, xp_of
 from .data.batching import pad_ids
 from .functional import as_float32_if_half
 
@@ -349,7 +349,7 @@ MIN_STREAM_SENTENCES = 16   # ... and at least this many sentences each
 
 def decode_streams(model, n_sentences):
     """How many searches `translate_ids` runs side by side by default: on a CPU where each
-    thread's BLAS can be made single-threaded (backend.single_threaded_blas), one per core
+    thread's BLAS can be made single-threaded (backend.blas_threads), one per core
     (at most MAX_STREAMS, each with at least MIN_STREAM_SENTENCES sentences); else one (on a
     GPU the device runs one stream of kernels)."""
     if is_gpu(model.xp) or not can_limit_blas_threads():
@@ -419,7 +419,7 @@ def _side_by_side(search, parts, progress):
     shared = _SharedProgress(progress)
 
     def alone(part):
-        with single_threaded_blas():
+        with blas_threads(1):
             return search(part, shared)
 
     with concurrent.futures.ThreadPoolExecutor(len(parts), thread_name_prefix="minitf-decode") as pool:

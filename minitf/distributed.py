@@ -6,8 +6,8 @@ update's batches; gradients are summed over the ranks on the flat gradient buffe
 on NumPy; NCCL on CuPy, its unique id broadcast over MPI, as chainermn and cupyx.distributed do).
 Run without a launcher, `init` returns the one-process `World` and mpi4py is never imported.
 
-The verbs: `rank`, `size`, `local_rank`, `allreduce_sum(buf)` (in place), `allreduce_numbers`,
-`bcast(obj)`, `allgather(obj)`, `barrier()`, `abort(code)`. Paper 5.2: the base model was
+The verbs: `rank`, `size`, `local_rank`, `local_size`, `allreduce_sum(buf)` (in place),
+`allreduce_numbers`, `bcast(obj)`, `allgather(obj)`, `barrier()`, `abort(code)`, `share_cores()`. Paper 5.2: the base model was
 trained on 8 GPUs of one machine.
 """
 import os
@@ -26,9 +26,23 @@ def launched_by_mpi():
     return any(v in os.environ for v in _LAUNCHER_RANK_VARS)
 
 
+_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 class World:
     """One process: every verb is the identity (no MPI)."""
-    rank, size, local_rank = 0, 1, 0
+    rank, size, local_rank, local_size = 0, 1, 0, 1
+
+    def share_cores(self):
+        """CPU ranks on one machine split its cores: this rank's BLAS gets cores / local ranks
+        threads (each rank's BLAS would otherwise start a thread per core, and N ranks x N
+        spinning threads fight over N cores), unless the environment already sets them.
+        Returns the threads set, or None."""
+        from .backend import set_blas_threads, usable_cores
+        if self.local_size == 1 or any(v in os.environ for v in _THREAD_VARS):
+            return None
+        threads = max(1, usable_cores() // self.local_size)
+        return threads if set_blas_threads(threads) else None
 
     def allreduce_sum(self, buf):
         return buf
@@ -55,7 +69,8 @@ class MPIWorld(World):
     def __init__(self, MPI):
         self.MPI, self.comm = MPI, MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        self.local_rank = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank).Get_rank()
+        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)   # the ranks of this machine
+        self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         self._nccl = None
 
     def use_gpu(self):

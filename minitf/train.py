@@ -178,6 +178,10 @@ def _train(args, world):
     lead = world.rank == 0   # the one writer: logs, progress bar, checkpoints, results
     if args.device == "gpu" and world.size > 1:
         world.use_gpu()   # the GPU of this rank's local rank, and the NCCL communicator
+    if args.device == "cpu" and world.size > 1:
+        threads = world.share_cores()   # this machine's cores split between its ranks' BLAS
+        if lead and threads:
+            log(f"{world.local_size} ranks on this machine: {threads} BLAS thread(s) each")
     get_xp(args.device)  # fail fast (before data and tokenizer work) when the device is unusable
     if lead and getattr(args, "fp16", False) and args.device == "cpu":
         log("warning: --fp16 on the CPU is very slow (NumPy has no float16 BLAS); it is meant for GPUs")

@@ -231,19 +231,22 @@ def test_default_streams_one_per_core_with_enough_sentences(monkeypatch):
     assert decode.decode_streams(model, 1000) == 1
 
 
-def test_single_threaded_blas_is_local_and_restores():
+def test_blas_threads_are_set_per_thread_and_restored():
     from minitf import backend
     a = np.random.default_rng(0).standard_normal((64, 64))
     want = a @ a
-    with backend.single_threaded_blas():
+    with backend.blas_threads(1):
         np.testing.assert_allclose(a @ a, want, rtol=1e-12)
     fn = backend._openblas_local_threads()
-    if fn is not None:                     # OpenBLAS: the setting was given back
-        before = fn(1)
-        fn(before)
-        with backend.single_threaded_blas():
-            assert fn(1) == 1
-        assert fn(before) == before
+    if fn is None:                         # not OpenBLAS: nothing to set, and it says so
+        assert not backend.can_limit_blas_threads() and not backend.set_blas_threads(1)
+        return
+    before = fn(1)
+    fn(before)
+    with backend.blas_threads(1):
+        assert fn(1) == 1
+    assert fn(before) == before            # given back
+    assert backend.set_blas_threads(1) and fn(before) == 1
 
 
 @pytest.mark.parametrize("v,k", [(640, 4), (13, 4), (148, 2), (96, 3), (8000, 4), (4, 4)])

@@ -25,3 +25,20 @@ def test_a_launcher_without_mpi4py_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "mpi4py", None)
     with pytest.raises(ConfigError, match=r'pip install -e "\.\[dist\]"'):
         distributed.init()
+
+
+def test_cpu_ranks_of_one_machine_split_its_cores(monkeypatch):
+    from minitf import backend
+    for var in distributed._THREAD_VARS:
+        monkeypatch.delenv(var, raising=False)
+    asked = []
+    monkeypatch.setattr(backend, "set_blas_threads", lambda n: asked.append(n) or True)
+    monkeypatch.setattr(backend, "usable_cores", lambda: 8)
+    world = distributed.World()
+    assert world.share_cores() is None and asked == []          # one process keeps every core
+    world.local_size = 3
+    assert world.share_cores() == 2 and asked == [2]            # 8 cores // 3 ranks
+    world.local_size = 16
+    assert world.share_cores() == 1                             # never fewer than one
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")                  # the user's setting wins
+    assert world.share_cores() is None and asked == [2, 1]
