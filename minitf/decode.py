@@ -123,9 +123,8 @@ def _compact(keep, cohort):
     last ones fill the places of those that finished. Shifting every later sentence down
     instead would make the decoder move their caches at nearly every step."""
     order = []
-    for c in np.unique(cohort):
-        start = int(np.searchsorted(cohort, c))
-        kept = np.flatnonzero(keep[start: start + np.count_nonzero(cohort == c)])
+    for _, start, size in zip(*np.unique(cohort, return_index=True, return_counts=True)):
+        kept = np.flatnonzero(keep[start: start + size])
         places = np.arange(len(kept))
         stay = kept < len(kept)
         places[np.setdiff1d(places, kept[stay])] = kept[~stay]   # holes, in order, get the last ones
@@ -144,8 +143,9 @@ def _stay_with_parents(parent):
     order = np.full((m, k), -1)
     used = np.zeros((m, k), dtype=bool)
     for j in range(k):
-        first = np.argmax((parent == j) & ~used, axis=1)            # the first unused beam extending j
-        found = np.flatnonzero(((parent == j) & ~used)[np.arange(m), first])
+        extend_j = (parent == j) & ~used
+        first = np.argmax(extend_j, axis=1)                        # the first unused beam extending j
+        found = np.flatnonzero(extend_j[np.arange(m), first])
         order[found, j] = first[found]
         used[found, first[found]] = True
     places = np.argsort(order >= 0, axis=1, kind="stable")         # free places first, in order

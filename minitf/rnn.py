@@ -21,8 +21,8 @@ import numpy as np
 
 from .backend import to_numpy
 from .errors import ConfigError
-from .layers import BiLSTM, Dropout, Linear, LSTM, RecurrentAttention, TokenEmbedding
 from .incremental import check_step_rows
+from .layers import BiLSTM, Dropout, Linear, LSTM, RecurrentAttention, TokenEmbedding
 from .layers.recurrent import cell_backward, cell_forward
 from .loss import log_softmax
 from .masks import padding_bias
