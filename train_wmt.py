@@ -47,6 +47,9 @@ def parse_args(argv=None):
     p.add_argument("--update-freq", type=int, default=1, help="batches accumulated per update")
     p.add_argument("--warmup", type=int, help="warmup steps (paper: 4000; default from the preset)")
     p.add_argument("--lr-factor", type=float, help="multiplies the paper's learning rate (default from the preset)")
+    p.add_argument("--lr-fade", type=float, metavar="FRACTION",
+                   help="fade the learning rate linearly to 0 over this last fraction of the run (of --time-budget "
+                        "or --max-steps, whichever ends it first); 0 = the paper's schedule (default from the preset)")
     p.add_argument("--dropout", type=float, help="override the preset's dropout")
     p.add_argument("--label-smoothing", type=float, help="override eps_ls (paper: 0.1)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
@@ -73,6 +76,8 @@ def parse_args(argv=None):
         v = getattr(args, name)
         if v is not None and v <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {v}")
+    if args.lr_fade is not None and not 0 <= args.lr_fade <= 1:
+        p.error(f"--lr-fade must be a fraction of the run in [0, 1], got {args.lr_fade}")
     if args.save_every_minutes is not None and args.save_every_minutes <= 0:
         p.error(f"--save-every-minutes must be positive, got {args.save_every_minutes}")
     if args.save_every and args.save_every_minutes:

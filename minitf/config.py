@@ -40,6 +40,7 @@ class TransformerConfig:
     # training recipe defaults of the preset (used by train_wmt.py, not by the model)
     warmup: int = 4000
     lr_factor: float = 1.0
+    lr_fade: float = 0.0             # last fraction of the run over which the lr fades linearly to 0 (0: the paper's)
     max_tokens: int = 4096           # per batch and side, padding included
     save_every: int = 1000           # steps between checkpoints, unless save_every_minutes is set
     save_every_minutes: float = None # paper 6.1: checkpoints "written at 10-minute intervals"
@@ -65,6 +66,8 @@ class TransformerConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not 0.0 <= self.lr_fade <= 1.0:
+            raise ConfigError(f"lr_fade must be in [0, 1] (a fraction of the run), got {self.lr_fade}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.positional not in ("sinusoidal", "learned"):

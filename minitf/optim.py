@@ -52,12 +52,13 @@ class Adam:
         step = self.step_count if step is None else step
         return self.lr(step) if callable(self.lr) else self.lr
 
-    def step(self, grad_divisor=1.0):
+    def step(self, grad_divisor=1.0, lr_scale=1.0):
         """One update from the model's accumulated gradients, divided by grad_divisor first
-        (the float16 loss scale the backward multiplied in; 1 without mixed precision)."""
+        (the float16 loss scale the backward multiplied in; 1 without mixed precision), with
+        the schedule's learning rate times lr_scale (the end-of-run fade, schedule.fade)."""
         self.step_count += 1
         t = self.step_count
-        lr = self.current_lr(t)
+        lr = self.current_lr(t) * lr_scale
         coef = (1.0 / grad_divisor, lr, 1.0 - self.beta1 ** t, 1.0 - self.beta2 ** t)
         bufs = (self.model.flat_grads, self._m, self._v, self.model.weights, self._tmp, self._g)
         chunks = _chunks(self.model.xp, bufs[0].size)

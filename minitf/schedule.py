@@ -1,4 +1,5 @@
-"""Learning-rate schedule of paper 5.3 (eq. 3), a pure function."""
+"""Learning-rate schedule of paper 5.3 (eq. 3), a pure function, and an optional linear fade
+to zero over the end of a run whose length is known (not in the paper: docs/deviations.md)."""
 
 
 def noam(step, d_model, warmup, factor=1.0):
@@ -18,3 +19,12 @@ class NoamSchedule:
 
     def __call__(self, step):
         return noam(step, self.d_model, self.warmup, self.factor)
+
+
+def fade(progress, fraction):
+    """Multiplier of the learning rate at `progress` (0 at the start of the run, 1 at its end:
+    the larger of steps / max_steps and seconds / time budget): 1 until the last `fraction` of
+    the run, then falling linearly to 0 at its end. fraction 0 = no fade (the paper)."""
+    if fraction <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (1.0 - progress) / fraction))

@@ -26,7 +26,7 @@ from . import distributed
 from .errors import ConfigError, Interrupted, MinitfError
 from .models import build_model
 from .optim import Adam, LossScaler
-from .schedule import NoamSchedule
+from .schedule import NoamSchedule, fade
 
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
@@ -69,6 +69,9 @@ def resolve_recipe(args, cfg):
         args.save_every, args.save_every_minutes = cfg.save_every, cfg.save_every_minutes
     if args.save_every_minutes:
         args.save_every = None
+    if cfg.lr_fade and not args.max_steps and not args.time_budget:
+        raise ConfigError(f"--lr-fade {cfg.lr_fade} fades the learning rate to 0 at the run's end, but this run has "
+                          f"none: give --time-budget or --max-steps, or --lr-fade 0")
     if args.average_last > args.keep_last:
         raise ConfigError(f"--average-last {args.average_last} > --keep-last {args.keep_last}: keep at least as "
                           f"many checkpoints as you average")
@@ -90,6 +93,13 @@ def forward_backward(model, micro, total, forward_count, scaler=None):
     return loss_sum, nll_sum
 
 
+def run_progress(args, step, wall_s):
+    """How far the run is, 0 to 1: the larger of steps / --max-steps and seconds / --time-budget
+    (the learning-rate fade's clock; every rank passes the same, the ranks' mean wall_s)."""
+    return max(step / args.max_steps if args.max_steps else 0.0,
+               wall_s / args.time_budget if args.time_budget else 0.0)
+
+
 def on_save_grid(args, state, wall_s):
     """True when this step ends a checkpoint interval: every save_every steps, or the first step
     after each save_every_minutes of training (paper 6.1: 10-minute intervals)."""
@@ -103,7 +113,7 @@ def on_save_grid(args, state, wall_s):
 
 
 def build_config(args, vocab_size):
-    over = {k: getattr(args, k) for k in ("dropout", "label_smoothing", "warmup", "lr_factor", "max_tokens", "save_every",
+    over = {k: getattr(args, k) for k in ("dropout", "label_smoothing", "warmup", "lr_factor", "lr_fade", "max_tokens", "save_every",
                                           "save_every_minutes", "average_last", "max_steps")
             if getattr(args, k, None) is not None}
     if args.save_every is not None and args.save_every_minutes is None:
@@ -302,8 +312,9 @@ def _train(args, world):
         while True:
             if args.max_steps and state["step"] >= args.max_steps:
                 break
-            over_budget, stop = world.allreduce_numbers(   # one decision on every rank
-                [bool(args.time_budget and time.time() - start_wall >= args.time_budget), bool(interrupted)])
+            elapsed = time.time() - start_wall
+            over_budget, stop, elapsed_sum = world.allreduce_numbers(   # one decision on every rank
+                [bool(args.time_budget and elapsed >= args.time_budget), bool(interrupted), elapsed])
             if over_budget:
                 stop_reason = "time_budget"
                 break
@@ -333,7 +344,8 @@ def _train(args, world):
             if scaler is not None:
                 scaler.update(True)
                 state["loss_scale"], state["good_steps"] = scaler.scale, scaler.good_steps
-            lr = opt.step(grad_divisor=scaler.scale if scaler else 1.0)
+            lr = opt.step(grad_divisor=scaler.scale if scaler else 1.0,
+                          lr_scale=fade(run_progress(args, state["step"], elapsed_sum / world.size), cfg.lr_fade))
             state["step"] += 1
             state["train_tokens"] += total
             window["loss"] += loss_sum

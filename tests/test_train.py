@@ -233,3 +233,31 @@ def test_arch_rnn_end_to_end_and_exact_resume(corpus, tmp_path):
     assert r.returncode != 0 and "--arch transformer" in r.stderr and "Traceback" not in r.stderr
     r = run_train(corpus, tmp_path / "x", "--attention", "dot", "--arch", "transformer", cache=cache)
     assert r.returncode == 2 and "--attention" in r.stderr
+
+
+def test_lr_fade_brings_the_learning_rate_to_zero_at_the_runs_end(corpus, tmp_path):
+    """--lr-fade 0.5 over --max-steps 12: the paper's lr for steps 1-6, then times (1 - p) / 0.5 with
+    p = (step - 1) / 12 the progress before the update, down to 1/6 of it at step 12."""
+    from minitf.schedule import noam
+    out = tmp_path / "run"
+    r = run_train(corpus, out, "--max-steps", 12, "--lr-fade", 0.5, "--valid-every", 0, "--save-every", 4,
+                  "--average-last", 2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(out / "train_log.jsonl") as f:
+        lrs = {rec["step"]: rec["lr"] for rec in map(json.loads, f) if "lr" in rec}
+    cfg = load_checkpoint(out / "averaged.npz").config
+    assert cfg.lr_fade == 0.5
+    for step in range(1, 13):
+        paper = noam(step, cfg.d_model, cfg.warmup, cfg.lr_factor)
+        expect = paper * min(1.0, (1 - (step - 1) / 12) / 0.5)
+        assert lrs[step] == pytest.approx(expect, rel=1e-12), step
+    assert lrs[6] == pytest.approx(noam(6, cfg.d_model, cfg.warmup, cfg.lr_factor))   # not faded yet
+    assert lrs[12] < lrs[11] < lrs[10] < lrs[7] < lrs[6]
+
+
+def test_lr_fade_needs_an_end_and_a_fraction(corpus, tmp_path):
+    r = run_train(corpus, tmp_path / "a", "--max-steps", 0, "--lr-fade", 0.3)
+    assert r.returncode != 0 and "--lr-fade 0.3" in r.stderr and "--time-budget or --max-steps" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = run_train(corpus, tmp_path / "b", "--max-steps", 5, "--lr-fade", 1.5)
+    assert r.returncode == 2 and "--lr-fade must be a fraction of the run in [0, 1], got 1.5" in r.stderr
