@@ -173,39 +173,46 @@ def plot_pe(out, max_len=100, d_model=128, table_n=10, table_d=10):
 
 
 # ------------------------------------------------------------------------------ learning rate
-def noam_curve(d_model, warmup, factor=1.0, steps=100_000, points=2000):
+def noam_curve(d_model, warmup, factor=1.0, steps=100_000, points=2000, fade=0.0):
     """(steps [m], lr [m]) of minitf.schedule.noam at about `points` steps from 1 to `steps`,
-    `warmup` itself included."""
-    from .schedule import noam
+    `warmup` itself included; with `fade`, times minitf.schedule.fade for a run that ends after
+    `steps` updates (as train.py's --lr-fade with --max-steps)."""
+    from .schedule import fade as fade_at, noam
     s = np.unique(np.concatenate([np.linspace(1, steps, points).astype(np.int64),
                                   [warmup] if 1 <= warmup <= steps else []]).astype(np.int64))
-    return s, np.array([noam(int(k), d_model, warmup, factor) for k in s])
+    return s, np.array([noam(int(k), d_model, warmup, factor) * fade_at((k - 1) / steps, fade) for k in s])
 
 
-def plot_lr(out, d_model=512, warmup=4000, factor=1.0, steps=100_000):
+def plot_lr(out, d_model=512, warmup=4000, factor=1.0, steps=100_000, fade=0.0):
     from .schedule import noam
     _check_out(out)
-    if d_model < 1 or warmup < 1 or steps < 2 or not factor > 0:
-        raise ConfigError(f"need d_model >= 1, warmup >= 1, steps >= 2 and factor > 0, got d_model {d_model}, "
-                          f"warmup {warmup}, steps {steps}, factor {factor}")
-    s, lr = noam_curve(d_model, warmup, factor, steps)
+    if d_model < 1 or warmup < 1 or steps < 2 or not factor > 0 or not 0 <= fade <= 1:
+        raise ConfigError(f"need d_model >= 1, warmup >= 1, steps >= 2, factor > 0 and 0 <= fade <= 1, got d_model "
+                          f"{d_model}, warmup {warmup}, steps {steps}, factor {factor}, fade {fade}")
+    s, lr = noam_curve(d_model, warmup, factor, steps, fade=fade)
     fig = _figure(8, 4.5)
     from matplotlib.ticker import StrMethodFormatter
     peak = noam(warmup, d_model, warmup, factor)
     print(f"noam schedule: d_model {d_model}, warmup {warmup}, factor {factor}: peak lr {peak:.3e} at step {warmup}"
-          f"{'' if warmup <= steps else ' (after the plotted steps)'}; lr at step {steps}: "
-          f"{noam(steps, d_model, warmup, factor):.3e}")
+          f"{'' if warmup <= steps else ' (after the plotted steps)'}; lr at step {steps}: {lr[-1]:.3e}"
+          + (f" (the fade's last step; the paper's schedule: {noam(steps, d_model, warmup, factor):.3e})" if fade else ""))
     ax = fig.add_subplot()
-    ax.plot(s, lr, lw=2, label="lrate = factor * d^-0.5 * min(step^-0.5, step * warmup^-1.5)")
+    if fade:
+        ax.plot(*noam_curve(d_model, warmup, factor, steps), lw=1, ls=":", color="C0",
+                label="lrate = factor * d^-0.5 * min(step^-0.5, step * warmup^-1.5)")
+        ax.plot(s, lr, lw=2, color="C0", label=f"x min(1, (1 - progress) / {fade:g}): --lr-fade {fade:g}")
+    else:
+        ax.plot(s, lr, lw=2, label="lrate = factor * d^-0.5 * min(step^-0.5, step * warmup^-1.5)")
     if warmup <= steps:
         ax.axvline(warmup, color="k", ls="--", lw=1)
         ax.plot([warmup], [peak], "o", color="C3", label=f"peak {peak:.2e} at step {warmup} (= warmup)")
     ax.set_xlabel("training step")
     ax.set_ylabel("learning rate")
     ax.set_xlim(0, steps)
-    ax.set_ylim(0, 1.1 * lr.max())
+    ax.set_ylim(0, 1.1 * max(lr.max(), peak if warmup <= steps else 0))
     ax.yaxis.set_major_formatter(StrMethodFormatter("{x:.1e}"))
-    ax.set_title(f"learning-rate schedule (paper eq. 3): d_model {d_model}, warmup {warmup}, factor {factor:g}")
+    ax.set_title(f"learning-rate schedule (paper eq. 3): d_model {d_model}, warmup {warmup}, factor {factor:g}"
+                 + (f", fade {fade:g}" if fade else ""))
     ax.legend(loc="upper right")
     _save(fig, out)
 
@@ -598,8 +605,10 @@ def add_plot_parser(sub):
     q.add_argument("--warmup", type=int, default=4000)
     q.add_argument("--factor", type=float, default=1.0)
     q.add_argument("--steps", type=int, default=100_000, help="last step drawn (default 100000)")
+    q.add_argument("--fade", type=float, default=0.0,
+                   help="train_wmt.py's --lr-fade for a run that ends at --steps (default 0: the paper's)")
     q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
-    q.set_defaults(func=lambda a: plot_lr(a.out, a.d_model, a.warmup, a.factor, a.steps))
+    q.set_defaults(func=lambda a: plot_lr(a.out, a.d_model, a.warmup, a.factor, a.steps, a.fade))
 
     q = what.add_parser("curves", help="loss, perplexity, BLEU and learning rate of a run against steps")
     q.add_argument("--log", required=True, help="RUN/train_log.jsonl (or the RUN folder)")

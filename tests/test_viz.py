@@ -239,6 +239,24 @@ def test_plot_lr_writes_a_png(tmp_path, capsys):
     assert "6.988e-04 at step 4000" in capsys.readouterr().out
 
 
+def test_plot_lr_with_a_fade(tmp_path, capsys):
+    """--fade draws train_wmt.py's --lr-fade over a run of --steps updates: the paper's curve until
+    the last fraction, then a line to 0 (the curve is minitf.schedule.fade times noam)."""
+    from minitf.schedule import noam
+    s, lr = viz.noam_curve(256, 400, 0.5, steps=2000, fade=0.3)
+    plain = np.array([noam(int(k), 256, 400, 0.5) for k in s])
+    before = (s - 1) / 2000 <= 0.7
+    assert np.array_equal(lr[before], plain[before])
+    assert np.all(np.diff(lr[~before]) < 0) and lr[-1] < 0.002 * plain[-1]
+    needs_matplotlib()
+    assert main(["plot", "lr", "--d-model", "256", "--warmup", "400", "--factor", "0.5", "--steps", "2000",
+                 "--fade", "0.3", "--out", str(tmp_path / "fade.png")]) == 0
+    assert_png(tmp_path / "fade.png")
+    assert "(the fade's last step; the paper's schedule: 6.988e-04)" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="fade 1.5"):
+        viz.plot_lr(tmp_path / "x.png", fade=1.5)
+
+
 def test_plot_curves_writes_a_png(tmp_path):
     needs_matplotlib()
     log = write_log(tmp_path / "train_log.jsonl", LOG)
