@@ -35,6 +35,10 @@ def parse_args(argv=None):
                    help="transformer (default), or rnn: the recurrent baseline with attention (docs/rnn_vs_transformer.md)")
     p.add_argument("--attention", choices=ATTENTIONS,
                    help="--arch rnn: Luong's general (default) or dot score, or Bahdanau's additive score")
+    p.add_argument("--d-model", type=int, help="model width D (default from the preset: base 512, small 256)")
+    p.add_argument("--heads", type=int, help="attention heads H (default from the preset: base 8, small 4)")
+    p.add_argument("--d-ff", type=int, help="feed-forward width F (default from the preset: base 2048, small 1024)")
+    p.add_argument("--layers", type=int, help="layers N of the encoder and of the decoder (default from the preset: base 6, small 3)")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                    help="parameters and activations (float64: exact checks, e.g. one process against N ranks)")
@@ -72,7 +76,7 @@ def parse_args(argv=None):
     check_data_args(p, args)
     if args.attention is not None and args.arch == "transformer":
         p.error("--attention chooses the attention of --arch rnn; the Transformer's is multi-head scaled dot-product")
-    for name in ("max_tokens", "update_freq", "warmup", "save_every", "keep_last", "average_last", "beam", "log_every"):
+    for name in ("d_model", "heads", "d_ff", "layers", "max_tokens", "update_freq", "warmup", "save_every", "keep_last", "average_last", "beam", "log_every"):
         v = getattr(args, name)
         if v is not None and v <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {v}")

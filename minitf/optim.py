@@ -13,6 +13,7 @@ from .backend import is_gpu
 from .errors import CheckpointError
 
 _POOL = []
+_BLOCK = 1 << 15   # elements per cache-sized block of a CPU update (Adam._update_blocks)
 
 
 def _cores():
@@ -62,12 +63,24 @@ class Adam:
         coef = (1.0 / grad_divisor, lr, 1.0 - self.beta1 ** t, 1.0 - self.beta2 ** t)
         bufs = (self.model.flat_grads, self._m, self._v, self.model.weights, self._tmp, self._g)
         chunks = _chunks(self.model.xp, bufs[0].size)
+        block = None if is_gpu(self.model.xp) else _BLOCK
         if len(chunks) == 1:
-            self._update(bufs, coef)
+            self._update_blocks(bufs, coef, block)
         else:  # NumPy releases the GIL in its loops: the chunks run on all cores
-            list(_pool().map(lambda c: self._update([b[c] for b in bufs], coef), chunks))
+            list(_pool().map(lambda c: self._update_blocks([b[c] for b in bufs], coef, block), chunks))
         self.model.sync_weights()
         return lr
+
+    def _update_blocks(self, bufs, coef, block):
+        """The update of one slice, `block` elements at a time on a CPU: its dozen elementwise
+        passes then run over a few hundred KB that stay in the core's cache instead of streaming
+        the whole model through memory each time (about a third faster on a 7.6M-parameter model,
+        docs/performance.md). The same arithmetic per element: the result does not change."""
+        n = bufs[0].size
+        if block is None or n <= block:
+            return self._update(bufs, coef)
+        for a in range(0, n, block):
+            self._update([b[a:a + block] for b in bufs], coef)
 
     def _update(self, bufs, coef):
         g, m, v, p, tmp, gbuf = bufs

@@ -112,10 +112,15 @@ def on_save_grid(args, state, wall_s):
     return state["step"] % args.save_every == 0
 
 
+# train_wmt.py's model-size flags -> TransformerConfig fields (they override the preset's)
+SIZE_FLAGS = {"d_model": "d_model", "heads": "n_heads", "d_ff": "d_ff", "layers": "n_layers"}
+
+
 def build_config(args, vocab_size):
     over = {k: getattr(args, k) for k in ("dropout", "label_smoothing", "warmup", "lr_factor", "lr_fade", "max_tokens", "save_every",
                                           "save_every_minutes", "average_last", "max_steps")
             if getattr(args, k, None) is not None}
+    over.update({field: getattr(args, flag) for flag, field in SIZE_FLAGS.items() if getattr(args, flag, None) is not None})
     if args.save_every is not None and args.save_every_minutes is None:
         over["save_every_minutes"] = None   # spacing in steps asked for: a resumed run keeps it
     if getattr(args, "attention", None) is not None:
@@ -216,11 +221,12 @@ def _train(args, world):
     tok, train_pairs = data.tokenizer, data.train
     if resume is not None:
         cfg = resume.config
-        for flag in ("arch", "attention"):
+        for flag, field in (("arch", "arch"), ("attention", "attention"), *SIZE_FLAGS.items()):
             asked = getattr(args, flag, None)
-            if asked is not None and asked != getattr(cfg, flag):
-                raise ConfigError(f"--{flag} {asked}: the checkpoint {ckpts[-1]} was trained with --{flag} "
-                                  f"{getattr(cfg, flag)}; drop the flag to resume it, or start a new --out")
+            if asked is not None and asked != getattr(cfg, field):
+                name = flag.replace("_", "-")
+                raise ConfigError(f"--{name} {asked}: the checkpoint {ckpts[-1]} was trained with --{name} "
+                                  f"{getattr(cfg, field)}; drop the flag to resume it, or start a new --out")
         trained_on = resume.train_state.get("data_id")
         if trained_on is not None and trained_on != data.data_id:
             raise ConfigError(f"--resume: {ckpts[-1]} was trained on the binarized corpus {trained_on}, but the "

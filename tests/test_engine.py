@@ -359,3 +359,23 @@ def test_the_plain_path_gives_the_packed_loss_and_every_gradient(positional):
     for name, (start, stop, _) in model.slices.items():
         np.testing.assert_allclose(g_u[start:stop], g_p[start:stop], rtol=0, atol=1e-12 * np.abs(g_p).max(),
                                    err_msg=name)
+
+
+def test_adam_in_cache_sized_blocks_equals_one_pass(monkeypatch):
+    """A CPU update runs block by block (optim._BLOCK elements); a block size that does not divide
+    the buffer gives exactly the update of one whole pass."""
+    from minitf import optim
+    src, tgt_in, tgt_out = batch()
+    params = []
+    for block in (1 << 40, 1000):
+        monkeypatch.setattr(optim, "_BLOCK", block)
+        model = minitf.Transformer(tiny(), dtype="float32", seed=5)
+        assert model.flat_params.size % 1000 and model.flat_params.size > 3000
+        opt = minitf.Adam(model, lr=1e-2)
+        for _ in range(3):
+            model.zero_grad()
+            model.forward_loss(src, tgt_in, tgt_out)
+            model.backward()
+            opt.step()
+        params.append(model.flat_params.copy())
+    np.testing.assert_array_equal(params[1], params[0])

@@ -261,3 +261,18 @@ def test_lr_fade_needs_an_end_and_a_fraction(corpus, tmp_path):
     assert "Traceback" not in r.stderr
     r = run_train(corpus, tmp_path / "b", "--max-steps", 5, "--lr-fade", 1.5)
     assert r.returncode == 2 and "--lr-fade must be a fraction of the run in [0, 1], got 1.5" in r.stderr
+
+
+def test_model_size_flags_override_the_preset_and_a_resume_keeps_them(corpus, tmp_path):
+    out = tmp_path / "run"
+    r = run_train(corpus, out, "--max-steps", 2, "--d-model", 48, "--heads", 3, "--d-ff", 40, "--layers", 2,
+                  "--valid-every", 0, "--save-every", 1, "--average-last", 1)
+    assert r.returncode == 0, r.stderr[-3000:]
+    cfg = load_checkpoint(out / "averaged.npz").config
+    assert (cfg.d_model, cfg.n_heads, cfg.d_k, cfg.d_ff, cfg.n_layers) == (48, 3, 16, 40, 2)
+    r = run_train(corpus, out, "--max-steps", 3, "--resume", "--d-ff", 64, "--valid-every", 0, "--save-every", 1,
+                  "--average-last", 1)
+    assert r.returncode != 0 and "--d-ff 64: the checkpoint" in r.stderr and "--d-ff 40" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = run_train(corpus, tmp_path / "bad", "--max-steps", 2, "--layers", 0)
+    assert r.returncode == 2 and "--layers must be positive, got 0" in r.stderr
