@@ -74,7 +74,7 @@ class Adam:
     def _update_blocks(self, bufs, coef, block):
         """The update of one slice, `block` elements at a time on a CPU: its dozen elementwise
         passes then run over a few hundred KB that stay in the core's cache instead of streaming
-        the whole model through memory each time (about a third faster on a 7.6M-parameter model,
+        the whole model through memory each time (40% less time on a 7.6M-parameter model,
         docs/performance.md). The same arithmetic per element: the result does not change."""
         n = bufs[0].size
         if block is None or n <= block:
