@@ -213,7 +213,7 @@ def _train(args, world):
             try:
                 data = load_data(args, tokenizer=Tokenizer.from_bytes(resume.tokenizer) if resume and resume.tokenizer
                                  else None, log=log if lead else (lambda msg: None),
-                                 expect_data_id=resume.train_state.get("data_id") if resume else None)
+                                 expect_data_id=resume.train_state.get("data_id") if resume else None, notes=lead)
             except StaleData as e:
                 raise ConfigError(f"--resume: {ckpts[-1]} was trained on other data: {e}; restore it, "
                                   f"or start a new --out") from None

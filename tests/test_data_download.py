@@ -338,6 +338,18 @@ def test_prepare_multi30k_download_tolerates_missing_test(server, tmp_path, caps
     assert (tmp_path / "m30k" / "train.en.gz").is_file()
 
 
+def test_a_missing_local_test_set_is_one_note_and_none_with_notes_off(tmp_path, capsys):
+    """train.py passes notes=False on MPI ranks other than 0: one note per run, not one per rank."""
+    _multi30k_folder(tmp_path / "m30k", stems=("train", "val", "test_2016_flickr"))
+    data = prepare_dataset("multi30k", tmp_path / "m30k", "en", "de", download=False, progress=False)
+    err = capsys.readouterr().err.splitlines()
+    assert sorted(data["tests"]) == ["test_2016_flickr"]
+    assert len(err) == 2 and all(line.startswith(f"note: test set multi30k {t} not found")
+                                 for line, t in zip(err, ("test_2017_flickr", "test_2018_flickr")))
+    data = prepare_dataset("multi30k", tmp_path / "m30k", "en", "de", download=False, progress=False, notes=False)
+    assert sorted(data["tests"]) == ["test_2016_flickr"] and capsys.readouterr().err == ""
+
+
 def test_prepare_errors(tmp_path):
     with pytest.raises(DataError, match="multi30k.*wmt14"):
         prepare_dataset("wmt99", tmp_path)

@@ -221,7 +221,7 @@ def _note(msg):
 
 
 def _get(spec, base_url, data_dir, corpus, src, tgt, download, progress, required,
-         label):
+         label, note=_note):
     """Paths of `corpus` (fetching it if allowed); None for a missing optional one."""
     paths = _locate(data_dir, corpus, src, tgt)
     if paths:
@@ -230,14 +230,14 @@ def _get(spec, base_url, data_dir, corpus, src, tgt, download, progress, require
         if required:
             raise DataError(f"{label}: expected {_expected(data_dir, corpus, src, tgt)}"
                             f"; put the files there or allow downloading")
-        _note(f"test set {label} not found ({_expected(data_dir, corpus, src, tgt)}); skipping it")
+        note(f"test set {label} not found ({_expected(data_dir, corpus, src, tgt)}); skipping it")
         return None
     try:
         archive = _fetch(spec, base_url, data_dir, corpus, src, tgt, progress)
     except DataError as e:
         if required or getattr(e, "http_status", None) != 404:
             raise
-        _note(f"test set {label} is not available for {src}-{tgt} ({e}); skipping it")
+        note(f"test set {label} is not available for {src}-{tgt} ({e}); skipping it")
         return None
     paths = _locate(data_dir, corpus, src, tgt)
     if paths is None:
@@ -250,7 +250,7 @@ def _get(spec, base_url, data_dir, corpus, src, tgt, download, progress, require
 
 
 def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
-                    progress=True, base_url=None):
+                    progress=True, base_url=None, notes=True):
     """Find (or download) a dataset; read its small sets (valid, tests) into memory.
 
     `data_dir` defaults to ``default_data_dir(name)``. Files already there are
@@ -286,7 +286,8 @@ def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
     # a folder that already held train and valid is the user's own copy: use the test sets
     # it has and fetch nothing (e.g. a Multi30k folder with only test_2016_flickr)
     for test, corpus in splits["tests"].items():
-        p = _get(*args, corpus, src, tgt, download and not local_before, progress, False, f"{name} {test}")
+        p = _get(*args, corpus, src, tgt, download and not local_before, progress, False, f"{name} {test}",
+                 note=_note if notes else (lambda msg: None))   # notes=False: MPI ranks other than 0
         if p is not None:
             result["tests"][test] = read_parallel(*p)
             result["paths"]["tests"][test] = p

@@ -76,11 +76,12 @@ class Data:
         return self.corpus.data_id
 
 
-def load_data(args, tokenizer=None, log=None, expect_data_id=None):
+def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True):
     """Locate (or download) the corpus, then prepare or reuse its binarized cache.
 
     `tokenizer`: encode with this one (a resumed checkpoint's); else `--tokenizer`, else the
-    cache's or a newly trained one. `expect_data_id`: see `prepare_cache`. Returns `Data`."""
+    cache's or a newly trained one. `expect_data_id`: see `prepare_cache`. `notes`: print the
+    line about a missing optional test set (False on all MPI ranks but one). Returns `Data`."""
     from minitf.data.tokenizer import Tokenizer
     progress = not getattr(args, "quiet", False)
     if args.train:
@@ -88,7 +89,7 @@ def load_data(args, tokenizer=None, log=None, expect_data_id=None):
         vocab, max_ratio = 8000, 1.5
     else:
         data = prepare_dataset(args.dataset, args.data_dir or default_data_dir(args.dataset), args.src, args.tgt,
-                               download=not args.offline, progress=progress)
+                               download=not args.offline, progress=progress, notes=notes)
         vocab = dataset_default(args.dataset, "vocab_size", args.src, args.tgt)
         max_ratio = dataset_default(args.dataset, "max_ratio", args.src, args.tgt)
     if args.vocab_size:
