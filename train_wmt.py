@@ -74,6 +74,10 @@ def parse_args(argv=None):
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     check_data_args(p, args)
+    for flag in ("d_ff", "heads"):
+        if getattr(args, flag) is not None and args.arch == "rnn":
+            p.error(f"--{flag.replace('_', '-')} sizes the Transformer's layers; --arch rnn has none "
+                    f"(its sizes: --d-model and --layers)")
     if args.attention is not None and args.arch == "transformer":
         p.error("--attention chooses the attention of --arch rnn; the Transformer's is multi-head scaled dot-product")
     for name in ("d_model", "heads", "d_ff", "layers", "max_tokens", "update_freq", "warmup", "save_every", "keep_last", "average_last", "beam", "log_every"):
