@@ -23,7 +23,7 @@ OUT/<testset>.hyp.<tgt> and OUT/results.json.
 import argparse
 import sys
 
-from minitf.config import ARCHS, ATTENTIONS, PRESETS
+from minitf.config import ARCHS, ATTENTIONS, PRESETS, SIZE_FLAGS
 from minitf.data.pipeline import add_data_args, check_data_args
 
 
@@ -80,10 +80,15 @@ def parse_args(argv=None):
                     f"(its sizes: --d-model and --layers)")
     if args.attention is not None and args.arch == "transformer":
         p.error("--attention chooses the attention of --arch rnn; the Transformer's is multi-head scaled dot-product")
-    for name in ("d_model", "heads", "d_ff", "layers", "max_tokens", "update_freq", "warmup", "save_every", "keep_last", "average_last", "beam", "log_every"):
+    for name in (*SIZE_FLAGS, "max_tokens", "update_freq", "warmup", "save_every", "keep_last", "average_last", "beam", "log_every"):
         v = getattr(args, name)
         if v is not None and v <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {v}")
+    if (args.d_model or args.heads) and args.arch != "rnn":
+        d, h = args.d_model or PRESETS[args.preset]["d_model"], args.heads or PRESETS[args.preset]["n_heads"]
+        if d % h:
+            p.error(f"--d-model {d} is not divisible by --heads {h} (each head gets d_model / heads); "
+                    f"change one of them")
     if args.lr_fade is not None and not 0 <= args.lr_fade <= 1:
         p.error(f"--lr-fade must be a fraction of the run in [0, 1], got {args.lr_fade}")
     if args.save_every_minutes is not None and args.save_every_minutes <= 0:

@@ -16,6 +16,8 @@ from .errors import ConfigError
 
 ARCHS = ("transformer", "rnn")                  # the classes: models.ARCHS
 ATTENTIONS = ("general", "dot", "additive")     # arch "rnn": layers.rnn_attention.RecurrentAttention.KINDS
+# train_wmt.py's model-size flags (argparse names) -> the fields they override
+SIZE_FLAGS = {"d_model": "d_model", "heads": "n_heads", "d_ff": "d_ff", "layers": "n_layers"}
 
 
 @dataclass

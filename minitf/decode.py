@@ -15,7 +15,7 @@ import threading
 
 import numpy as np
 
-from .backend import can_limit_blas_threads, is_gpu, blas_threads, to_numpy, usable_cores, xp_of
+from .backend import blas_threads, can_limit_blas_threads, is_gpu, to_numpy, usable_cores, xp_of
 from .data.batching import pad_ids
 from .functional import as_float32_if_half
 

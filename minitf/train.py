@@ -18,7 +18,7 @@ import numpy as np
 from .backend import get_xp, release_freed_memory, to_numpy
 from .checkpoint import average_checkpoints, load_checkpoint, read_train_state, save_checkpoint
 from .fileio import atomic_write
-from .config import TransformerConfig
+from .config import SIZE_FLAGS, TransformerConfig
 from .data.binarized import StaleData
 from .data.pipeline import load_data
 from .data.tokenizer import Tokenizer
@@ -110,10 +110,6 @@ def on_save_grid(args, state, wall_s):
             return True
         return False
     return state["step"] % args.save_every == 0
-
-
-# train_wmt.py's model-size flags -> TransformerConfig fields (they override the preset's)
-SIZE_FLAGS = {"d_model": "d_model", "heads": "n_heads", "d_ff": "d_ff", "layers": "n_layers"}
 
 
 def build_config(args, vocab_size):

@@ -276,5 +276,7 @@ def test_model_size_flags_override_the_preset_and_a_resume_keeps_them(corpus, tm
     assert "Traceback" not in r.stderr
     r = run_train(corpus, tmp_path / "bad", "--max-steps", 2, "--layers", 0)
     assert r.returncode == 2 and "--layers must be positive, got 0" in r.stderr
+    r = run_train(corpus, tmp_path / "bad", "--max-steps", 2, "--d-model", 51)   # tiny has 2 heads
+    assert r.returncode == 2 and "--d-model 51 is not divisible by --heads 2" in r.stderr
     r = run_train(corpus, tmp_path / "bad", "--max-steps", 2, "--arch", "rnn", "--d-ff", 64)
     assert r.returncode == 2 and "--d-ff sizes the Transformer's layers; --arch rnn has none" in r.stderr

@@ -257,7 +257,8 @@ def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
     used as they are, with no network access; missing ones are downloaded (if
     `download`) from `base_url`, else ``$MINITF_WMT_BASE_URL`` /
     ``$MINITF_MULTI30K_BASE_URL``, else the official location. Missing test sets
-    are skipped with a warning; missing train/valid files raise DataError. The
+    are skipped with a one-line note on stderr (none with `notes=False`); missing
+    train/valid files raise DataError. The
     training corpora are NOT read here (they can be tens of GB): their paths go to
     `minitf.data.binarized.prepare_cache`, which streams them.
 
@@ -285,9 +286,9 @@ def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
     result["valid"] = _read_all(result["paths"]["valid"])
     # a folder that already held train and valid is the user's own copy: use the test sets
     # it has and fetch nothing (e.g. a Multi30k folder with only test_2016_flickr)
+    note = _note if notes else (lambda msg: None)   # notes=False: MPI ranks other than 0
     for test, corpus in splits["tests"].items():
-        p = _get(*args, corpus, src, tgt, download and not local_before, progress, False, f"{name} {test}",
-                 note=_note if notes else (lambda msg: None))   # notes=False: MPI ranks other than 0
+        p = _get(*args, corpus, src, tgt, download and not local_before, progress, False, f"{name} {test}", note=note)
         if p is not None:
             result["tests"][test] = read_parallel(*p)
             result["paths"]["tests"][test] = p
