@@ -55,10 +55,7 @@ def _save(fig, out):
     from .fileio import atomic_write
     fmt = _check_out(out)
     try:
-        atomic_write(out, lambda f: fig.savefig(f, format=fmt, dpi=DPI))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(out, 0o666 & ~umask)   # the temporary file was private (0600)
+        atomic_write(out, lambda f: fig.savefig(f, format=fmt, dpi=DPI))   # mode 0666 less the umask
     except OSError as e:
         raise DataError(f"--out {out}: cannot write the picture ({e.strerror or e})") from None
     print(f"wrote {out}", file=sys.stderr)

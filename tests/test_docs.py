@@ -277,6 +277,8 @@ def _facts():
         ("derivations/adam.md", r"\beta_2 = 0.98", adam["betas"].default == (0.9, 0.98)),
         ("derivations/adam.md", r"\epsilon = 10^{-9}", adam["eps"].default == 1e-9),
         ("deviations.md", "warmup 400, `lr_factor` 0.5", (small["warmup"], small["lr_factor"]) == (400, 0.5)),
+        ("deviations.md", r"$P_\text{drop} = 0.05$", small["dropout"] == 0.05
+         and TransformerConfig.preset("small", arch="rnn").dropout == 0.1),
         ("deviations.md", "(off, the paper's schedule) in every preset", all(not p.get("lr_fade") for p in PRESETS.values())
          and TransformerConfig().lr_fade == 0),
         ("derivations/schedule.md", "6.99", f"{_peak('base')[0]:.2e}" == "6.99e-04"),

@@ -1,6 +1,7 @@
 """minitf.viz: the numbers behind the pictures (no matplotlib needed) and `python -m minitf plot`."""
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -237,6 +238,19 @@ def test_plot_lr_writes_a_png(tmp_path, capsys):
     assert main(args) == 0
     assert_png(tmp_path / "lr.png")
     assert "6.988e-04 at step 4000" in capsys.readouterr().out
+
+
+def test_pictures_get_the_umask_permissions_not_0600(tmp_path):
+    """Pictures are written atomically through a private temporary file; the result is an
+    ordinary file (0666 less the umask), like a checkpoint."""
+    needs_matplotlib()
+    old = os.umask(0o022)
+    try:
+        assert main(["plot", "lr", "--d-model", "32", "--warmup", "10", "--steps", "50",
+                     "--out", str(tmp_path / "lr.png")]) == 0
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "lr.png").st_mode & 0o777 == 0o644
 
 
 def test_plot_lr_with_a_fade(tmp_path, capsys):
