@@ -54,7 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--lr-fade", type=float, metavar="FRACTION",
                    help="fade the learning rate linearly to 0 over this last fraction of the run (of --time-budget "
                         "or --max-steps, whichever ends it first); 0 = the paper's schedule (default from the preset)")
-    p.add_argument("--dropout", type=float, help="override the preset's dropout")
+    p.add_argument("--dropout", type=float, help="override the preset's dropout (paper: 0.1; small: 0.05)")
     p.add_argument("--label-smoothing", type=float, help="override eps_ls (paper: 0.1)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--seed", type=int, default=1)
