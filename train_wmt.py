@@ -13,7 +13,8 @@ The corpus is tokenized and cleaned once into a binarized cache (~/.cache/minitf
 The small preset on Multi30k on a laptop CPU, offline, from a folder that holds the files:
     python train_wmt.py --dataset multi30k --data-dir ../shared/data/multi30k --preset small \\
         --device cpu --time-budget 1800 --out runs/m30k
-On N GPUs or CPU processes, one or several machines (pip install -e ".[dist]"; docs/distributed.md):
+On N GPUs or CPU processes, one or several machines (pip install -e ".[dist]"; docs/distributed.md);
+the preset's tokens per update (base: 25000, as in the paper) are split over the N ranks:
     mpiexec -n 8 python train_wmt.py --device gpu
 Continue an interrupted run (Ctrl-C saves a checkpoint) exactly where it stopped:
     python train_wmt.py ... --out runs/m30k --resume
@@ -47,8 +48,11 @@ def parse_args(argv=None):
     p.add_argument("--out", default="runs/train", help="output folder")
     p.add_argument("--max-steps", type=int, help="updates (default from the preset: base 100k, big 300k, as in the paper); 0 = no limit")
     p.add_argument("--time-budget", type=float, help="stop training after this many seconds")
-    p.add_argument("--max-tokens", type=int, help="tokens per batch and side (default from the preset)")
-    p.add_argument("--update-freq", type=int, default=1, help="batches accumulated per update")
+    p.add_argument("--max-tokens", type=int,
+                   help="tokens per batch and side on each rank, padding included (fairseq's meaning); default: the "
+                        "preset's tokens per update (base/big 25000 as in the paper, small 2048) split over the "
+                        "ranks x --update-freq batches of an update, so any number of ranks makes the same update")
+    p.add_argument("--update-freq", type=int, default=1, help="batches accumulated per update on each rank")
     p.add_argument("--warmup", type=int, help="warmup steps (paper: 4000; default from the preset)")
     p.add_argument("--lr-factor", type=float, help="multiplies the paper's learning rate (default from the preset)")
     p.add_argument("--lr-fade", type=float, metavar="FRACTION",

@@ -43,7 +43,9 @@ class TransformerConfig:
     warmup: int = 4000
     lr_factor: float = 1.0
     lr_fade: float = 0.0             # last fraction of the run over which the lr fades linearly to 0 (0: the paper's)
-    max_tokens: int = 4096           # per batch and side, padding included
+    update_tokens: int = 4096        # tokens per UPDATE and side, padding included (5.1: ~25000)
+    max_tokens: int = None           # tokens per batch and side on one rank; None: update_tokens split
+                                     # over ranks x update_freq (batch_tokens)
     save_every: int = 1000           # steps between checkpoints, unless save_every_minutes is set
     save_every_minutes: float = None # paper 6.1: checkpoints "written at 10-minute intervals"
     average_last: int = 5            # checkpoints averaged at the end (6.1: base 5, big 20)
@@ -63,9 +65,12 @@ class TransformerConfig:
             raise ConfigError(f"rnn_hidden must be even (two encoder directions of rnn_hidden / 2), got {self.rnn_hidden}")
         if self.attention not in ATTENTIONS:
             raise ConfigError(f"attention must be one of {', '.join(ATTENTIONS)}, got {self.attention!r}")
-        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "d_k", "max_len", "rnn_hidden"):
+        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "d_k", "max_len", "rnn_hidden",
+                     "update_tokens"):
             if int(getattr(self, name)) <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.max_tokens is not None and int(self.max_tokens) <= 0:
+            raise ConfigError(f"max_tokens must be a positive integer or None, got {self.max_tokens!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
         if not 0.0 <= self.lr_fade <= 1.0:
@@ -77,6 +82,15 @@ class TransformerConfig:
         for name in ("pad_id", "bos_id", "eos_id"):
             if not 0 <= getattr(self, name) < self.vocab_size:
                 raise ConfigError(f"{name}={getattr(self, name)} is outside the vocabulary of {self.vocab_size}")
+
+    def batch_tokens(self, ranks=1, update_freq=1):
+        """Tokens per batch and side on one rank. An explicit `max_tokens` is that (fairseq's
+        --max-tokens); otherwise the preset's `update_tokens` is split over the ranks x update_freq
+        batches of an update, so `mpiexec -n 8 ... --preset base` makes the paper's ~25000-token
+        update (5.1) from 8 batches of 3125, and one process makes it from one batch."""
+        if self.max_tokens is not None:
+            return int(self.max_tokens)
+        return max(1, int(self.update_tokens) // (int(ranks) * int(update_freq)))
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -102,19 +116,19 @@ class TransformerConfig:
 
 PRESETS = {
     "base": dict(d_model=512, n_heads=8, d_ff=2048, n_layers=6, dropout=0.1,
-                 warmup=4000, lr_factor=1.0, max_tokens=25000, save_every_minutes=10.0, average_last=5,
+                 warmup=4000, lr_factor=1.0, update_tokens=25000, save_every_minutes=10.0, average_last=5,
                  max_steps=100_000),
     "big": dict(d_model=1024, n_heads=16, d_ff=4096, n_layers=6, dropout=0.3,
-                warmup=4000, lr_factor=1.0, max_tokens=25000, save_every_minutes=10.0, average_last=20,
+                warmup=4000, lr_factor=1.0, update_tokens=25000, save_every_minutes=10.0, average_last=20,
                 max_steps=300_000),
     # recipe chosen on Multi30k val for 30 minutes on 2 CPU cores (docs/benchmarks.md)
     # dropout 0.05: lower validation perplexity at every point of two 30-minute runs (0.1: the paper's; 0: overfits)
     "small": dict(d_model=256, n_heads=4, d_ff=1024, n_layers=3, dropout=0.05,
-                  warmup=400, lr_factor=0.5, max_tokens=2048, save_every=80,
+                  warmup=400, lr_factor=0.5, update_tokens=2048, save_every=80,
                   decode_alpha=2.0),   # chosen on Multi30k val over three runs: 0.6 left translations 7-10% short (benchmarks.md)
     # for tests and smoke runs only
     "tiny": dict(d_model=32, n_heads=2, d_ff=64, n_layers=1, dropout=0.1,
-                 warmup=10, lr_factor=1.0, max_tokens=512, save_every=10),
+                 warmup=10, lr_factor=1.0, update_tokens=512, save_every=10),
 }
 
 # the recurrent baseline (arch="rnn"): about the parameter count of the Transformer preset

@@ -260,19 +260,27 @@ def _train(args, world):
             + (f", {world.size} ranks" if world.size > 1 else ""))
 
     src_lens, tgt_lens = train_pairs.src_lens, train_pairs.tgt_lens   # token_batches adds the EOS / BOS itself
-    max_tokens = cfg.max_tokens
+    per_update = world.size * args.update_freq   # batches of one update, over all ranks
+    max_tokens = cfg.batch_tokens(world.size, args.update_freq)
+    if resume is not None and state.get("batch_tokens", max_tokens) != max_tokens:
+        raise ConfigError(f"--resume: {ckpts[-1]} was trained with batches of {state['batch_tokens']} tokens, but "
+                          f"{world.size} rank(s) x --update-freq {args.update_freq} make batches of {max_tokens} (the "
+                          f"preset's {cfg.update_tokens} tokens per update split over them): resume with the run's "
+                          f"ranks and --update-freq, or start a new --out")
+    state["batch_tokens"] = max_tokens
     first = token_batches(src_lens, tgt_lens, max_tokens, args.seed, state["epoch"])
     release_freed_memory()   # the sort's temporaries: hundreds of MB for a 36M-pair corpus
     epoch_len = len(first)   # for the log's fractional epoch (other epochs differ by a few batches)
     batches = iterate_batches(src_lens, tgt_lens, max_tokens, args.seed, state["epoch"], state["batch"], first=first,
                               after_plan=release_freed_memory)
-    per_update = world.size * args.update_freq   # batches of one update, over all ranks
     if per_update > epoch_len:
         raise ConfigError(f"{world.size} ranks x --update-freq {args.update_freq} = {per_update} batches per update, "
                           f"but an epoch has only {epoch_len}: use fewer ranks, a smaller --update-freq or --max-tokens")
     if lead:
-        log(f"train: {len(src_lens):,} pairs in {epoch_len:,} batches of <= {max_tokens} tokens per side"
-            + (f"; {per_update} batches per update over {world.size} ranks" if world.size > 1 else ""))
+        log(f"train: {len(src_lens):,} pairs in {epoch_len:,} batches per epoch; tokens per side (padding "
+            f"included), at most: {max_tokens:,} per batch, {args.update_freq * max_tokens:,} per rank "
+            f"({args.update_freq} batch{'es' if args.update_freq > 1 else ''}), {per_update * max_tokens:,} per update "
+            f"({world.size} rank{'s' if world.size > 1 else ''})")
     valid = _valid_batches(data.valid, tok, max_tokens) if lead else None
     logf = open(os.path.join(args.out, "train_log.jsonl"), "a") if lead else None
 

@@ -93,6 +93,24 @@ def test_resume_with_another_number_of_ranks_continues_the_same_stream(corpus, t
     _same(_params(straight / "checkpoint_0000004.npz"), _params(split / "checkpoint_0000004.npz"))
 
 
+def test_the_presets_tokens_per_update_do_not_grow_with_the_ranks(corpus, tmp_path):
+    """Left to the preset, N ranks x --update-freq k split its tokens per update (tiny: 512): 2 ranks
+    make batches of 256 and the same 512-token update as one process; --max-tokens stays per batch."""
+    def start_line(ranks, *extra):
+        out = tmp_path / f"r{ranks}{'_'.join(map(str, extra))}"
+        args = [str(a) for a in _args(corpus, out, "--max-steps", 1, *extra)]
+        i = args.index("--max-tokens")
+        del args[i:i + 2]
+        launch = [sys.executable] if ranks == 1 else [MPIEXEC, "-n", ranks, sys.executable]
+        r = _run([*launch, *args], tmp_path / "cache")
+        assert r.returncode == 0, r.stderr[-3000:]
+        return next(line for line in r.stderr.splitlines() if line.startswith("train:"))
+    assert "512 per batch, 512 per rank (1 batch), 512 per update (1 rank)" in start_line(1)
+    assert "256 per batch, 256 per rank (1 batch), 512 per update (2 ranks)" in start_line(2)
+    assert "128 per batch, 256 per rank (2 batches), 512 per update (2 ranks)" in start_line(2, "--update-freq", 2)
+    assert "100 per batch, 100 per rank (1 batch), 200 per update (2 ranks)" in start_line(2, "--max-tokens", 100)
+
+
 def test_one_rank_failing_ends_the_job_with_its_message(corpus, tmp_path):
     # MPMD launch: rank 1 is given a training corpus that does not exist
     good = _args(corpus, tmp_path / "run", "--max-steps", 50)

@@ -281,6 +281,9 @@ def _facts():
          and TransformerConfig.preset("small", arch="rnn").dropout == 0.1),
         ("deviations.md", "(off, the paper's schedule) in every preset", all(not p.get("lr_fade") for p in PRESETS.values())
          and TransformerConfig().lr_fade == 0),
+        ("deviations.md", "base and big\n25000, as in the paper", PRESETS["base"]["update_tokens"] == PRESETS["big"]["update_tokens"]
+         == 25000 and TransformerConfig.preset("base").batch_tokens(8) == 3125),
+        ("deviations.md", "2048 tokens per update", small["update_tokens"] == 2048),
         ("derivations/schedule.md", "6.99", f"{_peak('base')[0]:.2e}" == "6.99e-04"),
         ("derivations/schedule.md", "4.94", f"{_peak('big')[0]:.2e}" == "4.94e-04"),
         ("derivations/schedule.md", "1.5625", _peak("small")[0] == 1.5625e-3),

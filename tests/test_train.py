@@ -280,3 +280,26 @@ def test_model_size_flags_override_the_preset_and_a_resume_keeps_them(corpus, tm
     assert r.returncode == 2 and "--d-model 51 is not divisible by --heads 2" in r.stderr
     r = run_train(corpus, tmp_path / "bad", "--max-steps", 2, "--arch", "rnn", "--d-ff", 64)
     assert r.returncode == 2 and "--d-ff sizes the Transformer's layers; --arch rnn has none" in r.stderr
+
+
+@pytest.mark.parametrize("preset,update", [("base", 25000), ("big", 25000), ("small", 2048), ("tiny", 512)])
+def test_a_presets_update_holds_the_same_tokens_on_any_number_of_ranks(preset, update):
+    """Paper 5.1: ~25000 source and target tokens per update, on 8 GPUs (5.2). A preset states the
+    update; ranks x --update-freq split it, and an explicit --max-tokens stays per batch per rank."""
+    cfg = minitf.TransformerConfig.preset(preset)
+    assert cfg.update_tokens == update and cfg.max_tokens is None
+    for ranks in (1, 2, 8):
+        for freq in (1, 2, 4):
+            total = ranks * freq * cfg.batch_tokens(ranks, freq)
+            assert update - ranks * freq < total <= update, (ranks, freq, total)
+    assert minitf.TransformerConfig.preset("base").batch_tokens(8, 1) == 3125
+    fixed = minitf.TransformerConfig.preset(preset, max_tokens=1000)
+    assert fixed.batch_tokens(1, 1) == fixed.batch_tokens(8, 4) == 1000
+
+
+def test_resume_with_other_batches_is_one_line(corpus, tmp_path):
+    out = tmp_path / "run"
+    r = run_train(corpus, out, "--max-steps", 2, "--save-every", 2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_train(corpus, out, "--max-steps", 4, "--save-every", 2, "--update-freq", 2, "--resume")
+    assert r.returncode == 2 and "batches of 512 tokens" in r.stderr and "Traceback" not in r.stderr
