@@ -205,8 +205,3 @@ def usable_cores():
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
-
-
-def make_rng(xp, seed):
-    """A random Generator on the device of `xp`, seeded with a non-negative int."""
-    return xp.random.default_rng(int(seed))

@@ -10,10 +10,11 @@ from .backend import xp_of
 from .layers import Dropout, FeedForward, Layer, LayerNorm, MultiHeadAttention
 
 
-def residual(x, dropout, sublayer_out, rng):
+def residual(x, dropout, sublayer_out, stream, rows):
     """x + Dropout(Sublayer(x)), the sum inside LayerNorm (3.1), written into the sublayer's
-    output array (a fresh array nothing else holds) to save two temporaries."""
-    return dropout.forward_add(sublayer_out, x, rng)
+    output array (a fresh array nothing else holds) to save two temporaries. `stream`: the
+    forward's dropout masks (functional.DropoutStream); `rows`: the positions x holds, if packed."""
+    return dropout.forward_add(sublayer_out, x, stream, rows)
 
 
 class EncoderLayer(Layer):
@@ -27,10 +28,10 @@ class EncoderLayer(Layer):
         self.drop1 = self.add("drop1", Dropout(cfg.dropout))
         self.drop2 = self.add("drop2", Dropout(cfg.dropout))
 
-    def forward(self, x, src_bias, rng=None, rows=None):
+    def forward(self, x, src_bias, stream=None, rows=None):
         """x [B, S, D], src_bias [B, 1, 1, S] -> [B, S, D] (x [Ns, D] -> [Ns, D] with `rows`)."""
-        h = self.norm1.forward(residual(x, self.drop1, self.self_attn.forward(x, x, src_bias, rows, rows), rng))
-        return self.norm2.forward(residual(h, self.drop2, self.ffn.forward(h), rng))
+        h = self.norm1.forward(residual(x, self.drop1, self.self_attn.forward(x, x, src_bias, rows, rows), stream, rows))
+        return self.norm2.forward(residual(h, self.drop2, self.ffn.forward(h), stream, rows))
 
     def backward(self, dy):
         # y = norm2(h + drop2(ffn(h)))
@@ -59,13 +60,14 @@ class DecoderLayer(Layer):
         self.drop2 = self.add("drop2", Dropout(cfg.dropout))
         self.drop3 = self.add("drop3", Dropout(cfg.dropout))
 
-    def forward(self, y, memory, src_bias, tgt_bias, rng=None, tgt_rows=None, src_rows=None):
+    def forward(self, y, memory, src_bias, tgt_bias, stream=None, tgt_rows=None, src_rows=None):
         """y [B, T, D], memory [B, S, D] (encoder output), tgt_bias [B, 1, T, T] -> [B, T, D]
         (packed: y [Nt, D], memory [Ns, D] -> [Nt, D] with `tgt_rows`/`src_rows`)."""
-        h1 = self.norm1.forward(residual(y, self.drop1, self.self_attn.forward(y, y, tgt_bias, tgt_rows, tgt_rows), rng))
+        h1 = self.norm1.forward(residual(y, self.drop1, self.self_attn.forward(y, y, tgt_bias, tgt_rows, tgt_rows),
+                                         stream, tgt_rows))
         h2 = self.norm2.forward(residual(h1, self.drop2, self.cross_attn.forward(h1, memory, src_bias, tgt_rows, src_rows),
-                                         rng))
-        return self.norm3.forward(residual(h2, self.drop3, self.ffn.forward(h2), rng))
+                                         stream, tgt_rows))
+        return self.norm3.forward(residual(h2, self.drop3, self.ffn.forward(h2), stream, tgt_rows))
 
     def backward(self, dout):
         """Returns (dy, dmemory)."""
@@ -177,9 +179,9 @@ class Encoder(Layer):
         super().__init__()
         self.layer_list = add_layer_list(self, [EncoderLayer(cfg, rng) for _ in range(cfg.n_layers)])
 
-    def forward(self, x, src_bias, rng=None, rows=None):
+    def forward(self, x, src_bias, stream=None, rows=None):
         for layer in self.layer_list:
-            x = layer.forward(x, src_bias, rng, rows)
+            x = layer.forward(x, src_bias, stream, rows)
         return x
 
     def backward(self, dy):
@@ -195,9 +197,9 @@ class Decoder(Layer):
         super().__init__()
         self.layer_list = add_layer_list(self, [DecoderLayer(cfg, rng) for _ in range(cfg.n_layers)])
 
-    def forward(self, y, memory, src_bias, tgt_bias, rng=None, tgt_rows=None, src_rows=None):
+    def forward(self, y, memory, src_bias, tgt_bias, stream=None, tgt_rows=None, src_rows=None):
         for layer in self.layer_list:
-            y = layer.forward(y, memory, src_bias, tgt_bias, rng, tgt_rows, src_rows)
+            y = layer.forward(y, memory, src_bias, tgt_bias, stream, tgt_rows, src_rows)
         return y
 
     def backward(self, dy):

@@ -124,24 +124,80 @@ def layernorm_backward(dy, cache, g, dg, db):
 
 
 # ----------------------------------------------------------------------------- dropout
-def dropout_mask(rng, shape, p, dtype):
-    """Inverted-dropout mask: 0 with probability p, else 1/(1-p) (so E[mask] = 1).
+# A mask is a function of (seed, forward index, site, position in the [B, L, D] batch): the
+# same in the padded and the packed (pad-free rows) layout, and on resume. NumPy draws each
+# site's 16-bit uniforms from a PCG64 stream keyed by (seed, forward index, site) over the
+# padded [B*L, D] positions, then keeps the packed rows; CuPy hashes each position with a
+# counter-based generator (splitmix64 of key + word), inside the fused kernel or with xp ops:
+# no generator state to set up, nothing drawn for pad rows.
+M64 = (1 << 64) - 1
+GOLDEN, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
-    NumPy: 16-bit uniform integers u, kept where u >= round(p * 65536) (p to 1/65536; 2-3x
-    cheaper to draw than floats). CuPy (generic path): float uniforms, built in place:
-    floor(u + 1 - p) is 1 exactly when u >= p.
-    """
-    if isinstance(rng, np.random.Generator):
-        u = rng.integers(0, 1 << 16, size=shape, dtype=np.uint16)
-        mask = np.empty(shape, dtype=dtype)
-        np.greater_equal(u, round(p * (1 << 16)), out=mask, casting="unsafe")
-        mask *= 1.0 / (1.0 - p)
-        return mask
-    u = rng.random(shape, dtype=np.float32 if dtype == np.float16 else dtype)
-    u += 1.0 - p
-    xp_of(u).floor(u, out=u)
-    u *= 1.0 / (1.0 - p)
-    return u.astype(dtype, copy=False)
+
+def mix64(z):
+    """splitmix64's output function on a Python int (mod 2^64)."""
+    z = ((z ^ (z >> 30)) * MIX1) & M64
+    z = ((z ^ (z >> 27)) * MIX2) & M64
+    return z ^ (z >> 31)
+
+
+class DropoutStream:
+    """The masks of one training forward pass: forward `forward_index` of a model seeded
+    `seed`. Each call of `next_site` names the next dropout site (sites are visited in the
+    same order by every layout of the same batch)."""
+
+    def __init__(self, seed, forward_index):
+        self.seed, self.forward_index, self.site = int(seed), int(forward_index), 0
+
+    def next_site(self):
+        """(seed, forward index, site) of the next dropout site, and its 64-bit hash key."""
+        site, self.site = self.site, self.site + 1
+        key = mix64((mix64((mix64(self.seed + GOLDEN) ^ self.forward_index) + GOLDEN) ^ site) + GOLDEN)
+        return (self.seed, self.forward_index, site), key
+
+
+def hash_bits(xp, key, rowpos, n_rows, d):
+    """uint16 [n_rows, d]: row r's uniforms at position rowpos[r] of [B*L, d] (rowpos None: r).
+    Word w = rowpos * ceil(d / 4) + c // 4 + 1 of the row is splitmix64(key + w * GOLDEN);
+    column c takes its 16 bits (c % 4) (what kernels.dropout_add computes per element)."""
+    words = (d + 3) // 4
+    pos = xp.arange(n_rows, dtype=np.uint64) if rowpos is None else rowpos.astype(np.uint64)
+    z = pos.reshape(-1, 1) * np.uint64(words) + xp.arange(1, words + 1, dtype=np.uint64)    # [N, W]
+    z *= np.uint64(GOLDEN)
+    z += np.uint64(key)
+    for shift, mult in ((30, MIX1), (27, MIX2)):
+        z ^= z >> np.uint64(shift)
+        z *= np.uint64(mult)
+    z ^= z >> np.uint64(31)
+    return z.view(np.uint16).reshape(n_rows, 4 * words)[:, :d]
+
+
+def dropout_bits(stream, xp, shape, rows=None):
+    """The next site's 16-bit uniforms for an activation of `shape`: [..., D] in the padded
+    layout, or [N, D] packed with `rows` (packing.Rows). Same bits in both layouts."""
+    (seed, forward_index, site), key = stream.next_site()
+    d = shape[-1]
+    n_rows = int(np.prod(shape[:-1], dtype=np.int64))
+    if xp is np:
+        full = n_rows if rows is None else int(np.prod(rows.shape))
+        u = np.random.default_rng([seed, forward_index, site]).integers(0, 1 << 16, size=(full, d), dtype=np.uint16)
+        return (u if rows is None else u[rows.host_index]).reshape(shape)
+    return hash_bits(xp, key, None if rows is None else rows.index, n_rows, d).reshape(shape)
+
+
+def keep_threshold(p):
+    """Kept where the 16-bit uniform u >= round(p * 65536): p to 1/65536."""
+    return round(p * (1 << 16))
+
+
+def dropout_mask(stream, shape, p, dtype, xp=np, rows=None):
+    """Inverted-dropout mask: 0 with probability p, else 1/(1-p) (so E[mask] = 1), from the
+    next site of `stream` (a DropoutStream)."""
+    u = dropout_bits(stream, xp, shape, rows)
+    mask = xp.empty(shape, dtype=dtype)
+    xp.greater_equal(u, keep_threshold(p), out=mask, casting="unsafe")
+    mask *= 1.0 / (1.0 - p)
+    return mask
 
 
 def dropout_forward(x, mask, inplace=False):
@@ -152,12 +208,13 @@ def dropout_forward(x, mask, inplace=False):
     return x * mask
 
 
-def dropout_add_forward(rng, y, x, p):
-    """(out, mask): out = y * mask + x with a fresh inverted-dropout mask, written into y
-    (a sublayer output nothing else holds): the residual sum x + Dropout(Sublayer(x))."""
+def dropout_add_forward(stream, y, x, p, rows=None):
+    """(out, mask): out = y * mask + x with the next site's inverted-dropout mask, written into
+    y (a sublayer output nothing else holds): the residual sum x + Dropout(Sublayer(x))."""
     if kernels.enabled(y):
-        return kernels.dropout_add(rng.random(y.shape, dtype=np.float32), y, x, p)
-    mask = dropout_mask(rng, y.shape, p, y.dtype)
+        _, key = stream.next_site()
+        return kernels.dropout_add(key, None if rows is None else rows.index, y, x, p)
+    mask = dropout_mask(stream, y.shape, p, y.dtype, xp_of(y), rows)
     out = dropout_forward(y, mask, inplace=True)
     out += x
     return out, mask

@@ -10,7 +10,7 @@ that reduces in shared memory and writes its outputs once.
   softmax_backward      dx = p * (dp - sum(dp * p))
   layernorm_forward     y = xhat * g + b with xhat = (x - mean) * rstd, per row
   layernorm_backward    dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
-  dropout_add           out = y * mask + x, mask = (u >= p) / (1 - p), from uniforms u
+  dropout_add           out = y * mask + x, mask = (u >= p) / (1 - p), u hashed from (key, position)
   smoothed_nll_rows     per row: logsumexp, -log p[gold], mean_v -log p[v]
   smoothed_nll_backward dlogits = (softmax - q) * w, q = (1 - eps) onehot + eps / V
 
@@ -203,12 +203,26 @@ extern "C" __global__ void smoothed_nll_backward(const T* z, const long long* go
     }
 }
 
-// out = y * mask + x with mask = (u >= p) * scale, scale = 1 / (1 - p); one thread per element.
-extern "C" __global__ void dropout_add(const float* u, const T* y, const T* x, T* mask, T* out, long long n,
-                                       float p, A scale) {
+// out = y * mask + x with mask = (u >= thresh) * scale, scale = 1 / (1 - p); one thread per element.
+// u: 16 bits of splitmix64(key + w * GOLDEN), w = rowpos * ceil(d / 4) + c / 4 + 1 for column c of
+// row r at position rowpos = rowpos[r] (has_rows) or r of the padded [B*L, d] batch
+// (functional.hash_bits: the same bits with xp operations).
+__device__ inline unsigned long long mix64(unsigned long long z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+extern "C" __global__ void dropout_add(const long long* rowpos, int has_rows, unsigned long long key, const T* y,
+                                       const T* x, T* mask, T* out, long long n, int d, int thresh, A scale) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
-        A m = u[i] >= p ? scale : (A)0;
+        long long r = i / d;
+        int c = (int)(i - r * d);
+        unsigned long long pos = (unsigned long long)(has_rows ? rowpos[r] : r);
+        unsigned long long w = pos * (unsigned long long)((d + 3) / 4) + (unsigned long long)(c / 4) + 1ULL;
+        int u = (int)((mix64(key + w * 0x9E3779B97F4A7C15ULL) >> (16 * (c & 3))) & 0xffffULL);
+        A m = u >= thresh ? scale : (A)0;
         mask[i] = (T)m;
         out[i] = (T)((A)y[i] * m + (A)x[i]);
     }
@@ -223,7 +237,7 @@ SIGNATURES = {
     "layernorm_backward": ["T*", "A*", "A*", "A*", "T*", "int"],
     "smoothed_nll_rows": ["T*", "long long*", "A*", "A*", "A*", "int"],
     "smoothed_nll_backward": ["T*", "long long*", "A*", "A*", "T*", "int", "A"],
-    "dropout_add": ["float*", "T*", "T*", "T*", "T*", "long long", "float", "A"],
+    "dropout_add": ["long long*", "int", "unsigned long long", "T*", "T*", "T*", "T*", "long long", "int", "int", "A"],
 }
 
 C_TYPES = {"float16": ("half_t", "float"), "float32": ("float", "float"), "float64": ("double", "double")}
@@ -252,6 +266,7 @@ def enabled(x):
 # ----------------------------------------------------------------------------- launching
 _MODULES = {}        # dtype name -> compiled cupy.RawModule, or None if it failed to compile
 COMPILE_ERRORS = {}  # dtype name -> the error
+_FUNCTIONS = {}      # (dtype name, kernel name) -> cupy RawKernel: looked up once, not on every launch
 
 
 def _module(dtype):
@@ -262,8 +277,8 @@ def _module(dtype):
             return None
         try:
             module = backend.cupy.RawModule(code=source(dtype), options=("-std=c++14",))
-            for name in SIGNATURES:
-                module.get_function(name)      # compiles now, not in the middle of a step
+            for name in SIGNATURES:            # compiles now, not in the middle of a step
+                _FUNCTIONS[(key, name)] = module.get_function(name)
             _MODULES[key] = module
         except Exception as e:  # NVRTC or driver error: fall back to the generic CuPy path
             _MODULES[key] = None
@@ -273,8 +288,16 @@ def _module(dtype):
     return _MODULES[key]
 
 
+def _function(name, dtype):
+    key = (np.dtype(dtype).name, name)
+    fn = _FUNCTIONS.get(key)
+    if fn is None:
+        fn = _FUNCTIONS[key] = _module(dtype).get_function(name)
+    return fn
+
+
 def _cupy_launch(name, dtype, grid, block, args):
-    _module(dtype).get_function(name)((grid,), (block,), args)
+    _function(name, dtype)((grid,), (block,), args)
 
 
 # launch(name, dtype, grid, block, args): CuPy's on a GPU; tests swap in the CPU emulator
@@ -370,14 +393,17 @@ def smoothed_nll_backward(logits, gold, lse, w, eps, out=None):
     return out
 
 
-def dropout_add(u, y, x, p):
-    """(out, mask): out = y * mask + x, mask = (u >= p) / (1 - p); u float32 uniforms of y's
-    shape. `out` is written into y (a sublayer output nothing else holds)."""
+def dropout_add(key, rowpos, y, x, p):
+    """(out, mask): out = y * mask + x, mask = (u >= p) / (1 - p) with the 16-bit uniforms u of
+    functional.hash_bits(key, rowpos) (rowpos: the rows' positions in the padded batch, or None).
+    `out` is written into y (a sublayer output nothing else holds)."""
+    from .functional import keep_threshold
     xp = backend.xp_of(y)
     y, x = xp.ascontiguousarray(y), xp.ascontiguousarray(x)
     mask = xp.empty_like(y)
     n, threads = y.size, 256
+    rows = xp.zeros(1, dtype=np.int64) if rowpos is None else xp.ascontiguousarray(rowpos, dtype=np.int64)
     _launch("dropout_add", y.dtype, (n + threads - 1) // threads, threads,
-            (xp.ascontiguousarray(u, dtype=np.float32), y, x, mask, y, np.int64(n), np.float32(p),
-             accum_dtype(y.dtype)(1.0 / (1.0 - p))))
+            (rows, np.int32(rowpos is not None), np.uint64(key), y, x, mask, y, np.int64(n), np.int32(y.shape[-1]),
+             np.int32(keep_threshold(p)), accum_dtype(y.dtype)(1.0 / (1.0 - p))))
     return y, mask

@@ -33,14 +33,14 @@ class Transformer(Seq2Seq):
         self.finish_init()
 
     # ------------------------------------------------------------------ forward
-    def encode(self, src, rng=None, rows=None):
+    def encode(self, src, stream=None, rows=None):
         """src [B, S] -> (memory [B, S, D], src_bias [B, 1, 1, S], src ids cached for backward).
 
         With `rows` (packing.Rows of the non-pad source positions) memory is [Ns, D]."""
         src_bias = padding_bias(src, self.cfg.pad_id, self.dtype)
         x_emb, src_ids = self.embedding.lookup(src)
-        x = self.src_dropout.forward(pack(rows, self.positional.forward(x_emb)), rng)
-        return self.encoder.forward(x, src_bias, rng, rows), src_bias, src_ids
+        x = self.src_dropout.forward(pack(rows, self.positional.forward(x_emb)), stream, rows=rows)
+        return self.encoder.forward(x, src_bias, stream, rows), src_bias, src_ids
 
     def decoder_hidden(self, src, tgt_in, keep_tgt=None):
         """src [B, S], tgt_in [B, T] int -> decoder output h [B, T, D]. Keeps what backward needs.
@@ -53,13 +53,13 @@ class Transformer(Seq2Seq):
             src_rows = make_rows(src != self.cfg.pad_id, self.xp)
             tgt_rows = make_rows(keep_tgt, self.xp)
         src, tgt_in = to_device(src, self.xp), self._check_ids("tgt_in", tgt_in)
-        rng = self._dropout_rng()
-        memory, src_bias, src_ids = self.encode(src, rng, src_rows)
+        stream = self._dropout_stream()
+        memory, src_bias, src_ids = self.encode(src, stream, src_rows)
         t = tgt_in.shape[1]
         tgt_bias = causal_bias(t, self.xp, self.dtype)[None, None] + padding_bias(tgt_in, self.cfg.pad_id, self.dtype)
         y_emb, tgt_ids = self.embedding.lookup(tgt_in)
-        y = self.tgt_dropout.forward(pack(tgt_rows, self.positional.forward(y_emb)), rng)
-        h = self.decoder.forward(y, memory, src_bias, tgt_bias, rng, tgt_rows, src_rows)
+        y = self.tgt_dropout.forward(pack(tgt_rows, self.positional.forward(y_emb)), stream, rows=tgt_rows)
+        h = self.decoder.forward(y, memory, src_bias, tgt_bias, stream, tgt_rows, src_rows)
         self._cache = {"src_ids": src_ids, "tgt_ids": tgt_ids, "src_rows": src_rows, "tgt_rows": tgt_rows,
                        "h_shape": h.shape}
         self._head = None   # a forward without a loss: no backward of an earlier loss

@@ -47,22 +47,22 @@ class RNNSearch(Seq2Seq):
         self.finish_init()
 
     # ------------------------------------------------------------------ forward
-    def encode(self, src, rng=None):
+    def encode(self, src, stream=None):
         """src [B, S] -> (memory [B, S, R], bias [B, S] (NEG_INF on padding), src ids for backward)."""
         x, src_ids = self.embedding.lookup(src)
-        x = self.src_dropout.forward(x, rng)
+        x = self.src_dropout.forward(x, stream)
         mask = src != self.cfg.pad_id
         for layer in self.encoder:
             x = layer.forward(x, mask)
         return x, padding_bias(src, self.cfg.pad_id, self.dtype)[:, 0, 0], src_ids
 
-    def decoder_hidden(self, src, tgt_in, rng=None):
+    def decoder_hidden(self, src, tgt_in, stream=None):
         """src [B, S], tgt_in [B, T] -> h~ [B, T, D] (before the output dropout); keeps what backward needs."""
         xp, d, hd, n = self.xp, self.cfg.d_model, self.cfg.rnn_hidden, self.cfg.n_layers
-        memory, bias, src_ids = self.encode(self._check_ids("src", src), rng)
+        memory, bias, src_ids = self.encode(self._check_ids("src", src), stream)
         keys = self.attention.keys(memory)
         y, tgt_ids = self.embedding.lookup(self._check_ids("tgt_in", tgt_in))
-        y = self.tgt_dropout.forward(y, rng)                                   # [B, T, D]
+        y = self.tgt_dropout.forward(y, stream)                                # [B, T, D]
         b, t, _ = y.shape
         first = self.decoder[0]
         w_y, w_feed = first.params["w_x"][:d], first.params["w_x"][d:]        # x_t = [y_t ; h~_{t-1}]
@@ -89,8 +89,8 @@ class RNNSearch(Seq2Seq):
 
     def forward(self, src, tgt_in):
         """src [B, S], tgt_in [B, T] int -> logits [B, T, V] (no dropout in eval mode)."""
-        rng = self._dropout_rng()
-        logits, _ = self.embedding.project(self.out_dropout.forward(self.decoder_hidden(src, tgt_in, rng), rng))
+        stream = self._dropout_stream()
+        logits, _ = self.embedding.project(self.out_dropout.forward(self.decoder_hidden(src, tgt_in, stream), stream))
         return logits
 
     def forward_loss(self, src, tgt_in, tgt_out, packed=True):
@@ -98,8 +98,8 @@ class RNNSearch(Seq2Seq):
         Transformer's. `packed` is accepted for the same signature and changes nothing: a
         recurrence runs over the padded [B, T] (padding at the end of a row gets no loss)."""
         tgt_in, tgt_out = self._check_targets(tgt_in, tgt_out)
-        rng = self._dropout_rng()    # one stream per forward: src, tgt, then output dropout
-        h = self.out_dropout.forward(self.decoder_hidden(src, tgt_in, rng), rng)
+        stream = self._dropout_stream()    # one stream per forward: src, tgt, then output dropout
+        h = self.out_dropout.forward(self.decoder_hidden(src, tgt_in, stream), stream)
         return self.loss_head(h.reshape(-1, h.shape[-1]), tgt_out.reshape(-1))
 
     # ------------------------------------------------------------------ backward through time

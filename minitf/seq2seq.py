@@ -10,7 +10,8 @@ drive only this surface.
 """
 import numpy as np
 
-from .backend import get_xp, is_gpu, keep_freed_memory, make_rng, to_device, to_numpy
+from .backend import get_xp, is_gpu, keep_freed_memory, to_device, to_numpy
+from .functional import DropoutStream
 from .errors import CheckpointError, ConfigError
 from .layers import Layer, flatten_parameters
 from .loss import label_smoothed_nll, label_smoothed_nll_backward
@@ -26,7 +27,7 @@ class Seq2Seq(Layer):
         if not is_gpu(self.xp):
             keep_freed_memory()
         self.dtype = np.dtype(dtype)
-        self.forward_count = 0  # dropout stream position: forward i uses make_rng(seed, i)
+        self.forward_count = 0  # training forward i draws its dropout masks from DropoutStream(seed, i)
         self._cache = None   # what backward needs of the last forward (the model's own)
         self._head = None    # what loss_head_backward needs of the last loss_head
 
@@ -56,12 +57,14 @@ class Seq2Seq(Layer):
             raise ConfigError(f"tgt_out shape {tgt_out.shape} != tgt_in shape {tgt_in.shape}")
         return tgt_in, tgt_out
 
-    def _dropout_rng(self):
+    def _dropout_stream(self):
+        """The dropout masks of this forward (None in eval mode or without dropout). Nothing is
+        set up: a mask is a function of (seed, forward index, site, position)."""
         if not self.training or self.cfg.dropout == 0.0:
             return None
-        rng = make_rng(self.xp, self.seed * 1_000_003 + self.forward_count)
+        stream = DropoutStream(self.seed, self.forward_count)
         self.forward_count += 1
-        return rng
+        return stream
 
     # ------------------------------------------------------------------ the loss head
     def loss_head(self, h, gold):

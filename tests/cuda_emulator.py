@@ -82,7 +82,8 @@ extern "C" void launch_{name}(unsigned grid, unsigned block{params}) {{
 }}
 """
 
-CTYPES = {"int": ctypes.c_int, "long long": ctypes.c_longlong, "float": ctypes.c_float, "double": ctypes.c_double}
+CTYPES = {"int": ctypes.c_int, "long long": ctypes.c_longlong, "unsigned long long": ctypes.c_ulonglong,
+          "float": ctypes.c_float, "double": ctypes.c_double}
 
 
 PROBE = r"""

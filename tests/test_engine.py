@@ -316,12 +316,37 @@ def test_adam_chunks_cover_the_buffer_once():
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
 def test_dropout_mask_drops_p_and_keeps_the_mean(dtype):
     from minitf import functional as F
-    m = F.dropout_mask(np.random.default_rng(0), (400, 500), 0.1, dtype)
+    m = F.dropout_mask(F.DropoutStream(0, 0), (400, 500), 0.1, dtype)
     assert m.dtype == dtype and set(np.unique(m)) == {0, dtype(1 / 0.9)}
     assert abs((m == 0).mean() - 0.1) < 0.003          # 200000 draws: 0.003 is ~4.5 sigma
     assert abs(m.astype(np.float64).mean() - 1.0) < 0.005
-    again = F.dropout_mask(np.random.default_rng(0), (400, 500), 0.1, dtype)
-    np.testing.assert_array_equal(m, again)            # a function of the generator state
+    again = F.dropout_mask(F.DropoutStream(0, 0), (400, 500), 0.1, dtype)
+    np.testing.assert_array_equal(m, again)            # a function of (seed, forward, site, position)
+    others = [F.dropout_mask(F.DropoutStream(*sf), (400, 500), 0.1, dtype) for sf in ((1, 0), (0, 1))]
+    stream = F.DropoutStream(0, 0)
+    F.dropout_mask(stream, (400, 500), 0.1, dtype)     # site 0 (= m)
+    others.append(F.dropout_mask(stream, (400, 500), 0.1, dtype))   # site 1
+    for other in others:                               # another seed, forward or site: another mask
+        assert 0.15 < (other != m).mean() < 0.21       # independent masks differ in 2 p (1 - p) = 18%
+
+
+@pytest.mark.parametrize("xp_name", ["numpy", "hash"])
+def test_a_packed_mask_is_the_padded_masks_rows(xp_name, monkeypatch):
+    """A mask is a function of the position in the padded [B, L, D] batch: packing keeps rows."""
+    from minitf import functional as F
+    from minitf.packing import Rows
+    keep = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=bool)
+    rows = Rows(keep)
+    xp = np
+    if xp_name == "hash":   # the path of a device array module (CuPy): hashed positions, nothing drawn for pads
+        class Device:
+            def __getattr__(self, name):
+                return getattr(np, name)
+        xp = Device()
+    full = F.dropout_bits(F.DropoutStream(3, 4), xp, (3, 5, 10))
+    packed = F.dropout_bits(F.DropoutStream(3, 4), xp, (rows.host_index.size, 10), rows)
+    np.testing.assert_array_equal(packed, full.reshape(15, 10)[rows.host_index])
+    assert 0.45 < full.mean() / 65536 < 0.55
 
 
 def test_a_layer_built_on_its_own_runs_forward_and_backward():
@@ -340,17 +365,20 @@ def test_a_layer_built_on_its_own_runs_forward_and_backward():
     np.testing.assert_allclose(lin.grads["weight"], 2 * x.T @ dy)      # accumulated
 
 
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
-def test_the_plain_path_gives_the_packed_loss_and_every_gradient(positional):
+def test_the_plain_path_gives_the_packed_loss_and_every_gradient(positional, dropout):
     # forward_loss(packed=False) runs every layer on [B, L, D] with the pads, as the
-    # derivation pages write it; loss and all gradients equal the packed default's
-    cfg = tiny(positional=positional, dropout=0.0)
+    # derivation pages write it; loss and all gradients equal the packed default's, with
+    # dropout too (a mask is a function of the position in the padded batch)
+    cfg = tiny(positional=positional, dropout=dropout)
     src, tgt_in, tgt_out = batch()
     assert (src == 0).any() and (tgt_out == 0).any()          # the batch has padding to skip
     model = minitf.Transformer(cfg, dtype="float64")
     results = []
     for packed in (True, False):
         model.zero_grad()
+        model.forward_count = 5
         loss = model.forward_loss(src, tgt_in, tgt_out, packed=packed)
         model.backward()
         results.append((loss, model.flat_grads.copy()))

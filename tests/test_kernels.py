@@ -127,14 +127,20 @@ def test_label_smoothed_nll_rows_and_gradient(dtype, v):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_dropout_add(dtype):
+@pytest.mark.parametrize("packed", [False, True])
+def test_dropout_add(dtype, packed):
+    """The kernel hashes each element's position: its mask is functional.hash_bits' (the xp
+    path CuPy takes without the kernels), for the padded layout and for packed rows."""
     rng = np.random.default_rng(3)
-    shape, p = (3, 7, 40), 0.1
-    u = rng.random(shape, dtype=np.float32)
+    shape, p, key = (3, 7, 42), 0.1, F.DropoutStream(5, 9).next_site()[1]
+    rowpos = np.array([0, 2, 3, 7, 8, 9, 15, 20]) if packed else None
+    if packed:
+        shape = (len(rowpos), shape[-1])
     y, x = rng.normal(size=shape).astype(dtype), rng.normal(size=shape).astype(dtype)
     y0 = y.copy()
-    out, mask = kernels.dropout_add(u, y, x, p)
-    want_mask = (u >= p) / (1 - p)
+    out, mask = kernels.dropout_add(key, rowpos, y, x, p)
+    bits = F.hash_bits(np, key, rowpos, int(np.prod(shape[:-1])), shape[-1]).reshape(shape)
+    want_mask = (bits >= F.keep_threshold(p)) / (1 - p)
     close(mask, want_mask, dtype)
     close(out, y0 * want_mask.astype(dtype) + x, dtype)
     assert 0.8 < (mask != 0).mean() < 0.97

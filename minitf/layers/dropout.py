@@ -1,8 +1,10 @@
 """Dropout (paper 5.4): on every sublayer output and on the embedding + positional sums.
 
-One instance per call site, so each keeps its own mask. The random generator is passed in
-by the model for each forward pass (so a run can be resumed exactly); `mask=` fixes the mask
-(gradient checks).
+One instance per call site, so each keeps its own mask. The model passes in the forward
+pass's `functional.DropoutStream` (a mask is a function of the seed, the forward index, the
+site and the position in the padded [B, L, D] batch, so a run resumes exactly and the packed
+layout draws the padded layout's masks: `rows` says which positions a packed [N, D] holds);
+`mask=` fixes the mask (gradient checks).
 """
 from .. import functional as F
 from .base import Layer
@@ -13,23 +15,23 @@ class Dropout(Layer):
         super().__init__()
         self.p = p
 
-    def forward(self, x, rng=None, mask=None):
-        """x * mask (a fresh mask from `rng` unless `mask` is given); identity in eval mode."""
+    def forward(self, x, stream=None, mask=None, rows=None):
+        """x * mask (the next mask of `stream` unless `mask` is given); identity in eval mode."""
         if mask is None:
-            if not self.training or self.p == 0.0 or rng is None:
+            if not self.training or self.p == 0.0 or stream is None:
                 self.cache = None
                 return x
-            mask = F.dropout_mask(rng, x.shape, self.p, x.dtype)
+            mask = F.dropout_mask(stream, x.shape, self.p, x.dtype, F.xp_of(x), rows)
         self.cache = mask
         return F.dropout_forward(x, mask)
 
-    def forward_add(self, y, x, rng=None):
+    def forward_add(self, y, x, stream=None, rows=None):
         """x + Dropout(y), written into y (a sublayer output nothing else holds)."""
-        if not self.training or self.p == 0.0 or rng is None:
+        if not self.training or self.p == 0.0 or stream is None:
             self.cache = None
             y += x
             return y
-        out, self.cache = F.dropout_add_forward(rng, y, x, self.p)
+        out, self.cache = F.dropout_add_forward(stream, y, x, self.p, rows)
         return out
 
     def backward(self, dy):
