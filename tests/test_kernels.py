@@ -269,3 +269,27 @@ def test_decoding_through_the_kernels_matches_generic(monkeypatch):
     route_through_kernels(monkeypatch)
     got = greedy_search(model, SRC, max_len_b=6), beam_search(model, SRC, beam_size=3, max_len_b=6)
     assert got == want
+
+
+def test_each_kernel_is_looked_up_once_not_on_every_launch(monkeypatch):
+    """RawModule.get_function builds a new kernel object and asks the driver for the function
+    each time: a training step launches ~130 kernels, so each is looked up once, at compile."""
+    looked_up = []
+
+    class Module:
+        def __init__(self, code, options):
+            pass
+
+        def get_function(self, name):
+            looked_up.append(name)
+            return lambda grid, block, args: None
+
+    class Cupy:
+        RawModule = Module
+    monkeypatch.setattr(kernels.backend, "cupy", Cupy)
+    monkeypatch.setattr(kernels, "_MODULES", {})
+    monkeypatch.setattr(kernels, "_FUNCTIONS", {})
+    for _ in range(5):
+        for name in ("softmax_backward", "dropout_add"):
+            kernels._cupy_launch(name, np.float32, 1, 32, ())
+    assert looked_up == list(kernels.SIGNATURES)           # each once, when the module compiled
