@@ -292,7 +292,8 @@ def _function(name, dtype):
     key = (np.dtype(dtype).name, name)
     fn = _FUNCTIONS.get(key)
     if fn is None:
-        fn = _FUNCTIONS[key] = _module(dtype).get_function(name)
+        module = _module(dtype)             # compiling it looks up every kernel of SIGNATURES
+        fn = _FUNCTIONS.get(key) or _FUNCTIONS.setdefault(key, module.get_function(name))
     return fn
 
 
