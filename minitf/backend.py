@@ -23,7 +23,8 @@ DEVICES = ("cpu", "gpu")
 def gpu_available():
     """(ok, reason): whether `get_xp('gpu')` would work, and why not."""
     if cupy is None:
-        return False, f"CuPy is not installed ({_CUPY_IMPORT_ERROR}); install it with `pip install minitf[gpu]` or a cupy-cudaXXx wheel"
+        return False, (f"CuPy is not installed ({_CUPY_IMPORT_ERROR}); install it with `pip install -e \".[gpu]\"` "
+                       f"(CUDA 12 drivers) or `\".[gpu13]\"` (CUDA 13)")
     try:
         n = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:
@@ -97,10 +98,11 @@ def nccl_module():
     try:
         from cupy.cuda import nccl
     except ImportError as e:
-        raise DeviceError(f"CuPy has no NCCL ({e}): install NCCL for your CUDA (e.g. pip install "
-                          f"nvidia-nccl-cu12) to train on several GPUs") from None
+        raise DeviceError(f"CuPy has no NCCL ({e}): install NCCL for your CUDA (pip install -e \".[gpu]\" brings "
+                          f"nvidia-nccl-cu12, \".[gpu13]\" nvidia-nccl-cu13) to train on several GPUs") from None
     if not getattr(nccl, "available", True):
-        raise DeviceError("CuPy was built without NCCL: install nvidia-nccl-cu12 (or -cu13) to train on several GPUs")
+        raise DeviceError("CuPy was built without NCCL: install nvidia-nccl-cu12 (or -cu13; the gpu/gpu13 extras "
+                          "bring them) to train on several GPUs")
     return nccl
 
 
