@@ -1,0 +1,380 @@
+#!/usr/bin/env python
+"""Everything measured on a GPU in one command, printed as a Markdown section for docs/benchmarks.md.
+
+    python bench/gpu_report.py                 # one H100/H200: under 9 minutes
+    python bench/gpu_report.py --out runs/gpu  # also writes report.md and report.json there
+    python bench/gpu_report.py --smoke         # tiny sizes: checks the script itself (CI, strict CuPy stand-in)
+
+Needs numpy, cupy, sentencepiece, sacrebleu; torch for the PyTorch columns (skipped, and said
+so, without it); no network and no data beside the repository. Sections, each timed and each
+reported even when another fails:
+
+  suite   `pytest tests/test_gpu.py tests/test_nvrtc.py` on this GPU: passed / failed / skipped
+  step    one training step of `base` and `big` on one batch of ~25000 target tokens with
+          WMT14-shaped lengths (source ~N(33, 10) pieces, target 1.05x), the same weights and
+          batch in one process: minitf float32 (TF32 matmuls, CUPY_TF32=1) against PyTorch eager
+          with TF32, and minitf `--fp16` against PyTorch AMP (autocast float16 + GradScaler):
+          target tokens/s (median of alternating rounds), MFU against the GPU's dense tensor-core
+          peak (bf16/fp16 for --fp16, TF32 for float32), peak memory, and, under the PyTorch
+          profiler (CUPTI sees CuPy's kernels too), kernel launches, device-to-host copies and
+          synchronisations per step
+  beam    beam 4 on 3,000 sentences of WMT14-shaped length (random `base` weights, so every
+          output runs to its cap: source length + 5), sentences/s
+  wmt     `train_wmt.py --device gpu --preset base` on a 4.5M-pair corpus it builds (a small
+          real corpus prepared once, its token arrays then replaced by 4.5M random pairs with
+          the lengths above, by bench/data.py's make_synthetic): updates/s over a few minutes of
+          training and the projected hours for the paper's 100k updates
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("CUPY_TF32", "1")   # CuPy reads it when it loads: TF32 float32 matmuls, as torch's below
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+import minitf  # noqa: E402
+from minitf import backend  # noqa: E402
+from bench.train_step import MinitfRunner, TorchRunner, step_flops, timed_round  # noqa: E402
+
+# dense (no sparsity) tensor-core peaks, TFLOP/s, from NVIDIA's data sheets: (tf32, fp16/bf16)
+PEAKS = [("H200", (494.7, 989.4)), ("H100 NVL", (417.5, 835.0)), ("H100 PCIe", (378.0, 756.0)),
+         ("H100", (494.7, 989.4)), ("A100", (156.0, 312.0)), ("L40S", (183.0, 362.0))]
+
+
+def log(msg):
+    print(f"[gpu_report {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- batches of WMT14 shape
+def wmt_lengths(rng, n):
+    """Source and target lengths in pieces, as bench/data.py's synthetic WMT14-shaped corpus."""
+    s = np.clip(rng.normal(33, 10, n), 1, 250).astype(np.int64)
+    return s, np.clip((s * rng.normal(1.05, 0.1, n)).astype(np.int64), 1, 250)
+
+
+def wmt_batch(cfg, tokens, seed=0):
+    """One batch of a token_batches epoch over WMT14-shaped lengths (+EOS / +BOS), <= `tokens`
+    padded tokens a side: host arrays src [B, S], tgt_in, tgt_out [B, T] with random ids."""
+    from minitf.data import token_batches
+    rng = np.random.default_rng(seed)
+    src_lens, tgt_lens = wmt_lengths(rng, 40 * max(1, tokens // 30))
+    batches = token_batches(src_lens, tgt_lens, tokens, seed, 0)
+    idx = max(batches, key=len) if tokens < 1000 else batches[len(batches) // 2]
+    ls, lt = src_lens[idx] + 1, tgt_lens[idx] + 1
+    src = np.full((len(idx), ls.max()), cfg.pad_id, np.int64)
+    tgt_in, tgt_out = (np.full((len(idx), lt.max()), cfg.pad_id, np.int64) for _ in range(2))
+    for i in range(len(idx)):
+        src[i, :ls[i]] = np.append(rng.integers(4, cfg.vocab_size, ls[i] - 1), cfg.eos_id)
+        y = np.append(rng.integers(4, cfg.vocab_size, lt[i] - 1), cfg.eos_id)
+        tgt_in[i, :lt[i]], tgt_out[i, :lt[i]] = np.append(cfg.bos_id, y[:-1]), y
+    return src, tgt_in, tgt_out
+
+
+# ----------------------------------------------------------------------------- sections
+def section_env():
+    cupy = backend.cupy
+    env = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "python": platform.python_version(),
+           "numpy": np.__version__, "cupy": getattr(cupy, "__version__", "?"), "cpu_count": os.cpu_count()}
+    try:
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+        name = props["name"]
+        env["gpu"] = name.decode() if isinstance(name, bytes) else str(name)
+        env["gpu_memory_gib"] = round(props.get("totalGlobalMem", 0) / 2 ** 30, 1)
+        env["cuda_runtime"] = cupy.cuda.runtime.runtimeGetVersion()
+        env["cuda_driver"] = cupy.cuda.runtime.driverGetVersion()
+    except Exception as e:  # the stand-in, or an old CuPy
+        env.setdefault("gpu", f"unknown ({type(e).__name__})")
+    try:
+        import torch
+        env["torch"] = torch.__version__
+        env["torch_cuda"] = torch.version.cuda
+    except ImportError:
+        env["torch"] = None
+    env["peak_tflops"] = next((p for key, p in PEAKS if key in env.get("gpu", "")), None)
+    return env
+
+
+def section_suite(args):
+    files = [f for f in ("tests/test_gpu.py", "tests/test_nvrtc.py") if (ROOT / f).exists()]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
+    t0 = time.time()
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.suite_timeout)
+    tail = (r.stdout + r.stderr).strip().splitlines()
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", tail[-1] if tail else "")}
+    failures = [line for line in tail if line.startswith(("FAILED", "ERROR"))]
+    return {"command": " ".join(["python", *cmd[1:]]), "rc": r.returncode, "counts": counts, "failures": failures[:20],
+            "seconds": round(time.time() - t0, 1)}
+
+
+def profile_step(runner, torch):
+    """Kernel launches, device-to-host copies and synchronisations of one step, from the PyTorch
+    profiler's CUPTI trace (which records every kernel of the process, CuPy's included)."""
+    from torch.profiler import ProfilerActivity, profile
+    runner.sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        runner.step()
+        runner.sync()
+    kernels = d2h = syncs = 0
+    for e in prof.events():
+        name = e.name
+        on_device = str(getattr(e, "device_type", "")).endswith("CUDA")
+        if on_device and "Memcpy DtoH" in name:
+            d2h += 1
+        elif on_device and not name.startswith(("Memcpy", "Memset")):
+            kernels += 1
+        elif not on_device and re.search(r"(cuda|cu)(Stream|Device|Ctx|Event)Synchronize", name):
+            syncs += 1
+    return {"kernels": kernels, "d2h_copies": d2h, "syncs": syncs - 1}   # less the profiler's own final sync
+
+
+def measure_pair(cfg, batch, fp16, args, torch):
+    """minitf against torch (same weights, same batch), rounds alternating; per contender:
+    tokens/s, step ms, peak memory MiB and the profile of one step."""
+    cupy = backend.cupy
+    cupy.get_default_memory_pool().free_all_blocks()
+    runners = [MinitfRunner(cfg, "gpu", batch, args.lr, fp16)]
+    out = {}
+    if torch is not None:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        state = {n: backend.to_numpy(a).copy() for n, a in runners[0].model.state_dict().items()}
+        runners.append(TorchRunner(cfg, "gpu", batch, args.lr, fp16, state))
+    for r in runners:
+        for _ in range(args.warmup_rounds):
+            timed_round(r, 1)
+    times = {r.name: [] for r in runners}
+    for _ in range(args.rounds):
+        for r in runners:
+            times[r.name].append(timed_round(r, 1)[0])
+    tgt_tokens = int((batch[2] != cfg.pad_id).sum())
+    for r in runners:
+        med = statistics.median(times[r.name])
+        out[r.name] = {"step_ms": round(med * 1e3, 2), "tgt_tokens_per_s": round(tgt_tokens / med),
+                       "dtype": getattr(r, "dtype", "amp" if fp16 else "tf32")}
+    out["minitf"]["peak_mib"] = round(cupy.get_default_memory_pool().total_bytes() / 2 ** 20)
+    if torch is not None:
+        out["torch"]["peak_mib"] = round(torch.cuda.max_memory_allocated() / 2 ** 20)
+        for r in runners:
+            try:
+                out[r.name].update(profile_step(r, torch))
+            except Exception as e:
+                out[r.name]["profile_error"] = f"{type(e).__name__}: {e}"[:200]
+        out["ratio_minitf_over_torch"] = round(out["minitf"]["tgt_tokens_per_s"] / out["torch"]["tgt_tokens_per_s"], 3)
+    return out
+
+
+def section_step(args, env):
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    results = {}
+    for preset in args.presets:
+        cfg = minitf.TransformerConfig.preset(preset, vocab_size=args.vocab)
+        batch = wmt_batch(cfg, args.step_tokens)
+        src, tgt_in, tgt_out = batch
+        flops = step_flops(cfg, (src != cfg.pad_id).sum(1), (tgt_out != cfg.pad_id).sum(1))[0]
+        res = {"sentences": len(src), "src_tokens": int((src != cfg.pad_id).sum()),
+               "tgt_tokens": int((tgt_out != cfg.pad_id).sum()), "padded": [list(src.shape), list(tgt_in.shape)],
+               "gflop_per_step": round(flops / 1e9, 1)}
+        for mode, fp16 in (("float32", False), ("fp16", True)):
+            log(f"step: {preset} {mode}")
+            pair = measure_pair(cfg, batch, fp16, args, torch)
+            peak = env["peak_tflops"][1 if fp16 else 0] * 1e12 if env.get("peak_tflops") else None
+            for name in ("minitf", "torch"):
+                if name in pair and peak:
+                    pair[name]["mfu"] = round(flops / (pair[name]["step_ms"] / 1e3) / peak, 4)
+            res[mode] = pair
+        results[preset] = res
+    return results
+
+
+def section_beam(args):
+    from minitf.decode import translate_ids
+    cfg = minitf.TransformerConfig.preset(args.beam_preset, vocab_size=args.vocab)
+    model = minitf.Transformer(cfg, device="gpu", seed=0).eval()
+    rng = np.random.default_rng(1)
+    lens = wmt_lengths(rng, args.beam_sentences)[0]
+    src = [list(rng.integers(4, cfg.vocab_size, n)) + [cfg.eos_id] for n in lens]
+    translate_ids(model, src[:64], beam_size=4, max_len_b=args.beam_extra)     # warm-up: kernels, memory pool
+    backend.synchronize(model.xp)
+    t0 = time.perf_counter()
+    out = translate_ids(model, src, beam_size=4, max_len_b=args.beam_extra)
+    backend.synchronize(model.xp)
+    dt = time.perf_counter() - t0
+    return {"preset": args.beam_preset, "sentences": len(src), "mean_src_len": round(float(np.mean(lens)) + 1, 1),
+            "out_tokens": int(sum(len(h) for h in out)), "seconds": round(dt, 2),
+            "sentences_per_s": round(len(src) / dt, 1), "max_len": f"source + {args.beam_extra}"}
+
+
+def write_small_corpus(folder, n, seed=0):
+    """n pairs of random 'words' (a 2,000-word lexicon, lengths ~25 words): enough for SentencePiece."""
+    rng = np.random.default_rng(seed)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    lexicon = ["".join(rng.choice(letters, rng.integers(2, 9))) for _ in range(2000)]
+    for split, m in (("train", n), ("val", 200)):
+        for lang in ("en", "de"):
+            lines = (" ".join(lexicon[i] for i in rng.integers(0, 2000, rng.integers(5, 45))) for _ in range(m))
+            (folder / f"{split}.{lang}").write_text("\n".join(lines) + "\n")
+
+
+def section_wmt(args):
+    from bench.data import make_synthetic
+    work = Path(tempfile.mkdtemp(prefix="minitf-gpu-wmt-"))
+    try:
+        write_small_corpus(work, args.wmt_seed_pairs)
+        cache = work / "cache"
+        t0 = time.time()
+        r = subprocess.run([sys.executable, "-m", "minitf", "prepare", "--train", str(work / "train"), "--valid",
+                            str(work / "val"), "--src", "en", "--tgt", "de", "--vocab-size", str(args.vocab),
+                            "--cache-dir", str(cache), "--quiet"], cwd=ROOT, capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"prepare failed: {r.stderr[-500:]}")
+        folder = next(p for p in cache.iterdir() if (p / "manifest.json").exists())
+        manifest = json.loads((folder / "manifest.json").read_text())
+        make_synthetic(str(folder), manifest, args.wmt_pairs)
+        built = time.time() - t0
+        log(f"wmt: corpus of {args.wmt_pairs:,} pairs built in {built:.0f}s; training {args.wmt_seconds:.0f}s")
+        out = work / "run"
+        cmd = [sys.executable, "train_wmt.py", "--train", str(work / "train"), "--valid", str(work / "val"),
+               "--src", "en", "--tgt", "de", "--vocab-size", str(args.vocab), "--cache-dir", str(cache),
+               "--preset", args.wmt_preset, "--device", "gpu", "--out", str(out), "--quiet", "--log-every", "10",
+               "--valid-every", "0", "--max-steps", "0", "--time-budget", str(args.wmt_seconds),
+               "--save-every", "1000000", "--beam", "1", "--average-last", "1", "--keep-last", "1"]
+        if args.fp16:
+            cmd.append("--fp16")
+        t1 = time.time()
+        try:   # stopped after the time budget's checkpoint: the final evaluation is not part of this
+            r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.wmt_seconds + 120)
+        except subprocess.TimeoutExpired:
+            pass
+        logged = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()
+                  if '"tokens_per_s"' in line] if (out / "train_log.jsonl").exists() else []
+        if len(logged) < 2:
+            raise RuntimeError(f"fewer than 2 log lines after {time.time() - t1:.0f}s: {r.stderr[-800:]}")
+        first, last = logged[0], logged[-1]
+        rate = (last["step"] - first["step"]) / (last["wall_s"] - first["wall_s"])
+        return {"pairs": args.wmt_pairs, "preset": args.wmt_preset, "fp16": args.fp16, "build_s": round(built),
+                "updates": last["step"], "train_wall_s": last["wall_s"], "updates_per_s": round(rate, 3),
+                "tokens_per_s": statistics.median(x["tokens_per_s"] for x in logged[1:] or logged),
+                "hours_for_100k": round(100_000 / rate / 3600, 1)}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- report
+def markdown(rep):
+    env = rep["env"]
+    lines = [f"### One GPU: {env.get('gpu')} ({env['date'][:10]})", "",
+             f"`python bench/gpu_report.py`: GPU {env.get('gpu')} ({env.get('gpu_memory_gib', '?')} GiB), CUDA runtime "
+             f"{env.get('cuda_runtime', '?')} / driver {env.get('cuda_driver', '?')}, CuPy {env.get('cupy')}, PyTorch "
+             f"{env.get('torch') or 'absent'}, NumPy {env.get('numpy')}, Python {env.get('python')}, "
+             f"{env.get('cpu_count')} CPU cores; {rep['total_s']:.0f} s in all.", ""]
+    for name, sec in rep["sections"].items():
+        if "error" in sec:
+            lines += [f"- **{name}**: failed after {sec.get('seconds', '?')} s: `{sec['error']}`", ""]
+    s = rep["sections"].get("suite", {})
+    if "counts" in s:
+        lines += [f"**GPU test suite** (`{s['command']}`, {s['seconds']} s): " + ", ".join(
+            f"{v} {k}" for k, v in s["counts"].items()) + ("" if not s["failures"] else "; " + "; ".join(
+                f"`{f}`" for f in s["failures"])), ""]
+    st = rep["sections"].get("step", {})
+    if st and "error" not in st:
+        lines += ["**Training step** (one batch of WMT14-shaped lengths, the same weights in both; median of "
+                  "alternating rounds; MFU against the dense tensor-core peak of the mode):", "",
+                  "| preset | batch (target tokens) | mode | minitf tok/s | PyTorch tok/s | minitf / PyTorch | MFU minitf "
+                  "/ PyTorch | peak MiB minitf / PyTorch | kernels per step minitf / PyTorch | D2H copies, syncs minitf "
+                  "/ PyTorch |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for preset, res in st.items():
+            for mode in ("float32", "fp16"):
+                m, t = res[mode]["minitf"], res[mode].get("torch", {})
+                label = "float32 (TF32) vs eager TF32" if mode == "float32" else "--fp16 vs AMP + GradScaler"
+                lines.append(
+                    f"| {preset} | {res['sentences']} sentences, {res['tgt_tokens']:,} | {label} | "
+                    f"{_num(m['tgt_tokens_per_s'])} | {_num(t.get('tgt_tokens_per_s'))} | "
+                    f"{res[mode].get('ratio_minitf_over_torch', '-')} | "
+                    f"{_pct(m.get('mfu'))} / {_pct(t.get('mfu'))} | {m.get('peak_mib', '-')} / {t.get('peak_mib', '-')} | "
+                    f"{m.get('kernels', '-')} / {t.get('kernels', '-')} | {m.get('d2h_copies', '-')}, "
+                    f"{m.get('syncs', '-')} / {t.get('d2h_copies', '-')}, {t.get('syncs', '-')} |")
+        lines.append("")
+    b = rep["sections"].get("beam", {})
+    if "sentences_per_s" in b:
+        lines += [f"**Beam search** (beam 4, `{b['preset']}` with random weights, {b['sentences']:,} sentences of "
+                  f"{b['mean_src_len']} source pieces on average, each output run to its cap ({b['max_len']}), "
+                  f"{b['out_tokens']:,} output tokens): {b['sentences_per_s']} sentences/s ({b['seconds']} s).", ""]
+    w = rep["sections"].get("wmt", {})
+    if "updates_per_s" in w:
+        lines += [f"**A WMT14-shaped run** (`train_wmt.py --device gpu --preset {w['preset']}`"
+                  f"{' --fp16' if w['fp16'] else ''} on {w['pairs']:,} synthetic pairs of WMT14's lengths, built in "
+                  f"{w['build_s']} s): {w['updates']} updates in {w['train_wall_s']:.0f} s, {w['updates_per_s']} "
+                  f"updates/s ({w['tokens_per_s']:,.0f} target tokens/s): the paper's 100k updates would take "
+                  f"{w['hours_for_100k']} h on this GPU (the paper: 12 h on 8 P100s).", ""]
+    return "\n".join(lines)
+
+
+def _num(x):
+    return "-" if x is None else f"{x:,}"
+
+
+def _pct(x):
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", help="folder for report.md and report.json")
+    p.add_argument("--skip", default="", help="comma-separated sections to leave out: suite,step,beam,wmt")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes (checks this script, e.g. under the CuPy stand-in)")
+    p.add_argument("--fp16", action="store_true", help="the WMT14-shaped run with --fp16")
+    args = p.parse_args(argv)
+    big = not args.smoke
+    args.presets = ["base", "big"] if big else ["tiny"]
+    args.vocab, args.step_tokens = (37000, 25000) if big else (64, 256)
+    args.rounds, args.warmup_rounds, args.lr = (5, 2, 1e-4) if big else (2, 1, 1e-4)
+    args.beam_preset, args.beam_sentences, args.beam_extra = ("base", 3000, 5) if big else ("tiny", 20, 3)
+    args.wmt_preset, args.wmt_pairs, args.wmt_seed_pairs = ("base", 4_500_000, 20_000) if big else ("tiny", 5000, 500)
+    args.wmt_seconds, args.suite_timeout = (150.0, 200) if big else (8.0, 120)
+    skip = {s for s in args.skip.split(",") if s}
+    ok, why = backend.gpu_available()
+    if not ok:
+        sys.exit(f"gpu_report: no GPU: {why}")
+    t0 = time.time()
+    rep = {"env": section_env(), "sections": {}}
+    log(f"{rep['env'].get('gpu')}, CuPy {rep['env']['cupy']}, torch {rep['env']['torch']}")
+    for name, fn in (("suite", lambda: section_suite(args)), ("step", lambda: section_step(args, rep["env"])),
+                     ("beam", lambda: section_beam(args)), ("wmt", lambda: section_wmt(args))):
+        if name in skip:
+            continue
+        log(f"{name} ...")
+        t = time.time()
+        try:
+            rep["sections"][name] = fn()
+        except Exception as e:   # report it and go on: one command, every section's result
+            rep["sections"][name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+        rep["sections"][name]["seconds"] = rep["sections"][name].get("seconds", round(time.time() - t, 1))
+        log(f"{name} done in {time.time() - t:.0f}s")
+    rep["total_s"] = time.time() - t0
+    text = markdown(rep)
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        Path(args.out, "report.md").write_text(text + "\n")
+        Path(args.out, "report.json").write_text(json.dumps(rep, indent=2, default=str))
+    return rep
+
+
+if __name__ == "__main__":
+    main()
