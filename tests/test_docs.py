@@ -6,8 +6,8 @@
 * Every backward pass in minitf (each `*_backward` function of minitf.functional and
   minitf.loss, each `backward`/`*_backward` method of a class in minitf.layers,
   minitf.blocks and minitf.model) is named in some docs/derivations/*.md page.
-* The docs index and the project README link to the pages; relative links resolve;
-  Markdown tables are well formed; constants quoted in the docs match the code.
+* The docs index and the project README link to the pages; relative links and their
+  #anchors resolve; Markdown tables are well formed; constants quoted in the docs match the code.
 """
 import importlib
 import inspect
@@ -234,6 +234,38 @@ def test_relative_links_resolve():
             if not (path.parent / _normalize(t)).exists():
                 broken.append(f"{rel(path)} -> {t}")
     assert not broken, f"broken relative links: {broken}"
+
+
+def _slug(heading):
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(path):
+    seen, out = {}, set()
+    for line in FENCE_RE.sub("", path.read_text(encoding="utf-8")).splitlines():
+        h = HEADING_RE.match(line)
+        if h:
+            slug = _slug(h.group(2))
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def test_link_anchors_resolve():
+    # a renamed heading must not leave links into it pointing nowhere
+    broken = []
+    for path in [ROOT / "README.md", *doc_files()]:
+        for t in _link_targets(path.read_text(encoding="utf-8")):
+            if re.match(r"^[a-z]+:", t) or "#" not in t:
+                continue
+            page, frag = t.split("#", 1)
+            target = (path.parent / _normalize(page)) if page else path
+            if target.suffix == ".md" and target.is_file() and frag not in _anchors(target):
+                broken.append(f"{rel(path)} -> {t}")
+    assert not broken, f"links to headings that do not exist: {broken}"
 
 
 def test_tables_are_well_formed():
