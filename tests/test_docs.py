@@ -8,6 +8,8 @@
   minitf.blocks and minitf.model) is named in some docs/derivations/*.md page.
 * The docs index and the project README link to the pages; relative links and their
   #anchors resolve; Markdown tables are well formed; constants quoted in the docs match the code.
+* The pages speak to users: no words about how the project is worked on (issue numbers,
+  sessions, machines being lent).
 """
 import importlib
 import inspect
@@ -266,6 +268,39 @@ def test_link_anchors_resolve():
             if target.suffix == ".md" and target.is_file() and frag not in _anchors(target):
                 broken.append(f"{rel(path)} -> {t}")
     assert not broken, f"links to headings that do not exist: {broken}"
+
+
+# words about how the project is worked on, which say nothing to a user of it
+PROCESS_WORDS = [
+    r"\bissues? ?#?\d+",                    # "issue 17", "issue #5"
+    r"\(issue",                              # "(issue 17, item 6)"
+    r"\b(?:the|this|that) issue(?:'s)?\b",   # "the issue's aim"
+    r"\bsessions?\b",                        # "this session", "sessions' code"
+    r"\blent\b",                             # "no GPU was lent"
+    r"\bhelpers?\b",
+    r"(?<!exit )\bstatus\b",                 # the tool, not a process's exit status
+]
+PROCESS_RE = re.compile("|".join(PROCESS_WORDS), re.I)
+
+
+def test_process_word_patterns():
+    caught = ["(issue 17)", "Training step (issue 5)", "issue #3", "the issue's aim", "this session",
+              "earlier sessions", "the sessions' code", "no GPU was lent", "a helper", "see status"]
+    missed = [s for s in caught if not PROCESS_RE.search(s)]
+    assert not missed, f"PROCESS_WORDS no longer catch {missed}"
+    passed = ["exit status 2", "a lentil", "issues of Multi30k's tokenization", "sessionless"]
+    wrong = [s for s in passed if PROCESS_RE.search(s)]
+    assert not wrong, f"PROCESS_WORDS catch ordinary text: {wrong}"
+
+
+def test_pages_speak_to_users():
+    hits = []
+    for path in [ROOT / "README.md", *doc_files()]:
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            hits += [f"{rel(path)}:{n}: {m.group(0)!r}" for m in PROCESS_RE.finditer(line)]
+    assert not hits, ("pages mention how the project is worked on; say what the software does and "
+                      "what was measured (command, machine, date) instead, e.g. 'Not yet measured on "
+                      "a GPU.': " + "; ".join(hits))
 
 
 def test_tables_are_well_formed():
