@@ -2,16 +2,24 @@
 
 `--device cpu` means NumPy, `--device gpu` means CuPy. Asking for the GPU without CuPy, or
 with CuPy but no usable CUDA device, raises one `DeviceError` that says which.
+
+The environment variable MINITF_CUPY_MODULE (default `cupy`) names the module imported as
+CuPy: the tests set it to `strict_cupy` (tests/strict_cupy.py, a stand-in on NumPy that
+refuses what CuPy refuses and counts the transfers) to run the GPU path without a GPU, e.g.
+`PYTHONPATH=tests MINITF_CUPY_MODULE=strict_cupy python train_wmt.py --device gpu ...`.
+In a process, replacing `backend.cupy` does the same: all of minitf reaches CuPy through it.
 """
 import contextlib
+import importlib
 import os
 
 import numpy
 
 from .errors import DeviceError
 
+CUPY_MODULE = os.environ.get("MINITF_CUPY_MODULE", "cupy")
 try:  # the only cupy import in minitf
-    import cupy
+    cupy = importlib.import_module(CUPY_MODULE)
     _CUPY_IMPORT_ERROR = None
 except Exception as e:  # ImportError, or a broken CUDA install raising something else
     cupy = None
@@ -95,7 +103,7 @@ def nccl_module():
     if cupy is None:
         raise DeviceError(gpu_available()[1])
     try:
-        from cupy.cuda import nccl
+        nccl = importlib.import_module(cupy.__name__ + ".cuda.nccl")
     except ImportError as e:
         raise DeviceError(f"CuPy has no NCCL ({e}): install NCCL for your CUDA (e.g. pip install "
                           f"nvidia-nccl-cu12) to train on several GPUs") from None
