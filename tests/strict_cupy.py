@@ -24,7 +24,8 @@ _scalar.pyx, _routines_indexing.pyx, cuda/function.pyx, _core/raw.pyx):
   data-dependent shapes (nonzero, flatnonzero, boolean-mask indexing) read a count back.
   Host->device copies (asarray of host data, host index arrays) are counted apart.
   `count_transfers()` collects them; `record_dtypes()` collects the dtypes of the arrays
-  created; STRICT_CUPY_REPORT=path writes both for the whole process at its exit (JSON).
+  created; STRICT_CUPY_REPORT=path writes both for the whole process at its exit (JSON, with
+  LAUNCHES: the kernels and NCCL calls run).
 - RawModule(code=, options=).get_function(name)(grid, block, args) runs the kernel through
   tests/cuda_emulator.py after checking each argument as CuPy's launcher converts it (a
   Python int becomes int64, a float float64, NumPy scalars keep their dtype) against the
@@ -66,15 +67,15 @@ class Transfers:
     def __init__(self):
         self.d2h, self.h2d, self.events = [], [], []
 
-    def between(self, start, stop):
-        """The d2h transfers after each mark `start` up to the next mark `stop`: a list per pair."""
+    def segments(self, start, stop=None):
+        """The d2h transfers from each mark `start` up to the next `start` or `stop` mark: a list
+        per segment (a segment still open at the end of the events is left out)."""
         out, current = [], None
         for kind, what, site in self.events:
-            if kind == "mark" and what == start:
-                current = []
-            elif kind == "mark" and what == stop and current is not None:
-                out.append(current)
-                current = None
+            if kind == "mark" and what in (start, stop):
+                if current is not None:
+                    out.append(current)
+                current = [] if what == start else None
             elif kind == "d2h" and current is not None:
                 current.append(f"{what} at {site}")
         return out
@@ -83,6 +84,7 @@ class Transfers:
 _RECORDERS = []         # active Transfers
 _DTYPE_RECORDERS = []   # active {dtype name: first site}
 TOTALS = {"d2h": 0, "h2d": 0}
+LAUNCHES = {}           # kernel name -> launches, and "nccl.allReduce" -> calls
 
 
 def _site():
@@ -118,7 +120,7 @@ def count_transfers():
 
 
 def mark(label):
-    """Puts a marker into every active count_transfers() (Transfers.between splits on them)."""
+    """Puts a marker into every active count_transfers() (Transfers.segments splits on them)."""
     for rec in list(_RECORDERS):
         rec.events.append(("mark", label, None))
 
@@ -147,7 +149,7 @@ def _report_at_exit(path):
             for entry in getattr(transfers, kind):
                 counts[kind][entry] = counts[kind].get(entry, 0) + 1
         with open(f"{path}.{os.getpid()}.tmp", "w") as f:
-            json.dump({"d2h": counts["d2h"], "h2d": counts["h2d"], "dtypes": dtypes}, f, indent=1)
+            json.dump({"d2h": counts["d2h"], "h2d": counts["h2d"], "dtypes": dtypes, "launches": LAUNCHES}, f, indent=1)
         os.replace(f"{path}.{os.getpid()}.tmp", path)
     atexit.register(write)
 
@@ -532,6 +534,7 @@ METHODS = {
     "argsort": "axis=-1, kind=None",                     # CuPy: stable
     "argpartition": "kth, axis=-1",                      # CuPy: a full stable sort
     "nonzero": "",                                       # CuPy: reads the count back (a sync)
+    "view": "dtype=None, type=None",
 }
 
 # attributes besides functions: dtypes and constants (cupy/__init__.py re-exports NumPy's)
@@ -931,6 +934,7 @@ class _RawKernel:
                                     f"{type(a).__name__} as {got.name}: pass numpy.{want.name}(...)")
                 host.append(want.type(a.item() if isinstance(a, numpy.ndarray) else a))
         _emulator().launch(self.name, self.module.dtype, int(grid[0]), int(block[0]), host)
+        LAUNCHES[self.name] = LAUNCHES.get(self.name, 0) + 1
 
 
 class RawModule:
@@ -1087,6 +1091,7 @@ class _NcclCommunicator:
         work = send.astype(numpy.float32) if dtype == numpy.float16 else send.copy()   # MPI has no float16 sum
         self.comm.Allreduce(self.MPI.IN_PLACE, work, op=self.MPI.SUM)
         recv[...] = work
+        LAUNCHES["nccl.allReduce"] = LAUNCHES.get("nccl.allReduce", 0) + 1
 
 
 _nccl.get_unique_id = _get_unique_id
