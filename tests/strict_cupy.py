@@ -227,7 +227,7 @@ def _operand(x, where):
     raise TypeError(f"{where}: Unsupported type {type(x)}")
 
 
-def _index(idx, host_ok=True):
+def _index(idx):
     """An index for a device array: device index arrays unwrapped; host arrays and lists are
     copied to the device by CuPy (_routines_indexing.pyx _prepare_slice_list): counted.
     Boolean masks make the result's shape data-dependent: CuPy reads the count back."""
@@ -488,7 +488,7 @@ ALLOWED = {
     "ones": "shape, dtype=float, order='C'",
     "full": "shape, fill_value, dtype=None, order='C'",
     "arange": "start, stop=None, step=1, dtype=None",
-    "triu": "m!, k=0",
+    "triu": "m, k=0",                                   # host data: a counted h2d copy (cupy.asarray)
     # manipulation, indexing, sorting (cupy/_manipulation, _indexing, _sorting)
     "concatenate": "tup, axis=0, out=None, *, dtype=None, casting='same_kind'",   # CuPy: cupy arrays only
     "stack": "tup, axis=0, out=None, *, dtype=None, casting='same_kind'",
@@ -671,6 +671,10 @@ def _sequence(np_fn, where):
     return impl
 
 
+def _triu(m, k=0):
+    return _new(numpy.triu((m if isinstance(m, ndarray) else _asarray(m))._a, k=k))
+
+
 def _argsort(a, axis=-1, kind=None):
     return _new(numpy.argsort(a._a, axis=axis, kind="stable"))
 
@@ -704,7 +708,7 @@ _IMPLS = {
     "zeros_like": _like(numpy.zeros_like), "full": _full, "arange": _arange,
     "concatenate": _sequence(numpy.concatenate, "concatenate"), "stack": _sequence(numpy.stack, "stack"),
     "argsort": _argsort, "argpartition": _argpartition, "flatnonzero": _flatnonzero,
-    "take_along_axis": _take_along_axis, "einsum": _einsum,
+    "take_along_axis": _take_along_axis, "einsum": _einsum, "triu": _triu,
 }
 
 
@@ -743,9 +747,15 @@ class ufunc:
         raise AttributeError(f"cupy ufunc '{self.__name__}' has no usable {name!r} (CuPy: NotImplementedError, or "
                              f"not among the methods checked for minitf)")
 
+    # _routines_indexing.pyx _scatter_op_single: the atomics CuPy has
+    _AT_DTYPES = {"add": {"int32", "int64", "float16", "float32", "float64", "uint32", "uint64"},
+                  "subtract": {"int32", "uint32"}}
+
     def _at(self, a, indices, b=None):
         if not isinstance(a, ndarray):
             raise TypeError(f"cupy.{self.__name__}.at: a must be a cupy.ndarray")
+        if a.dtype.name not in self._AT_DTYPES.get(self.__name__, {a.dtype.name}):
+            raise TypeError(f"cupy.{self.__name__}.at does not support {a.dtype} as data type")
         self._np.at(a._a, _index(indices), None if b is None else _operand(b, f"cupy.{self.__name__}.at"))
 
     def _reduceat(self, array, indices, axis=0, dtype=None, out=None):
