@@ -864,7 +864,9 @@ random.Generator = _Generator
 
 # ============================================================================ raw kernels
 _C_DTYPES = {"half_t": numpy.float16, "float": numpy.float32, "double": numpy.float64, "int": numpy.int32,
-             "long long": numpy.int64, "unsigned int": numpy.uint32, "unsigned long long": numpy.uint64,
+             "long long": numpy.int64, "long long int": numpy.int64, "unsigned": numpy.uint32,
+             "unsigned int": numpy.uint32, "unsigned long long": numpy.uint64, "unsigned long long int": numpy.uint64,
+             "unsigned short": numpy.uint16, "unsigned char": numpy.uint8, "signed char": numpy.int8,
              "bool": numpy.bool_}
 
 

@@ -105,8 +105,8 @@ TRAIN = ["--dataset", "multi30k", "--preset", "tiny", "--vocab-size", "60", "--d
          "--max-tokens", "160", "--log-every", "1", "--beam", "2", "--decode-batch", "8"]
 
 
-@pytest.mark.parametrize("fp16", [False, True])
-def test_one_copy_per_update_and_no_float64_array(corpus, tmp_path, standin, monkeypatch, fp16):
+@pytest.mark.parametrize("arch,fp16", [("transformer", False), ("transformer", True), ("rnn", False)])
+def test_one_copy_per_update_and_no_float64_array(corpus, tmp_path, standin, monkeypatch, arch, fp16):
     """train_wmt.py's loop on the stand-in, in this process: every update (forward, backward, the
     float16 overflow check, Adam, the log line of every step) reads back ONE array, train.step_stats'
     loss, NLL and finite flag; and no float64 array is made on the device, in training nor in the
@@ -125,7 +125,7 @@ def test_one_copy_per_update_and_no_float64_array(corpus, tmp_path, standin, mon
     monkeypatch.setattr(Adam, "step", lambda self, *a, _real=Adam.step, **k: (steps.append(1), _real(self, *a, **k))[1])
     with strict_cupy.count_transfers() as t, strict_cupy.record_dtypes() as dtypes:
         code = cli.main(["--data-dir", str(corpus), *TRAIN, "--out", str(tmp_path / "run"), "--max-steps", "5",
-                         "--save-every", "1000", "--valid-every", "0", "--average-last", "1",
+                         "--save-every", "1000", "--valid-every", "0", "--average-last", "1", "--arch", arch,
                          *(["--fp16"] if fp16 else [])])
     assert code == 0
     updates = t.segments("forward_backward", "save")
