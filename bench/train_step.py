@@ -34,6 +34,7 @@ if "--tf32" in sys.argv[1:]:
     os.environ["CUPY_TF32"] = "1"   # CuPy reads it when it loads: set before minitf imports cupy
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import minitf  # noqa: E402
+from minitf import backend  # noqa: E402
 from minitf.backend import get_xp, synchronize, to_numpy  # noqa: E402
 from minitf.errors import ConfigError  # noqa: E402
 
@@ -250,14 +251,14 @@ def main(argv=None):
         "flops_per_step": {"total": flops, "dense": dense_flops, "attention": attn_flops, "padded": padded_flops},
     }
     if args.device == "gpu":
-        import cupy
+        cupy = backend.cupy   # the module minitf runs on (MINITF_CUPY_MODULE)
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
         info["machine"]["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
         info["machine"]["cupy"] = cupy.__version__
 
     peaks = {"numpy" if args.device == "cpu" else "cupy": matmul_peak(xp)}
     if args.device == "gpu":
-        import cupy
+        cupy = backend.cupy   # the module minitf runs on (MINITF_CUPY_MODULE)
         cupy.get_default_memory_pool().free_all_blocks()  # so the pool's size below is minitf's high-water mark
     rss_start = rss_peak_mib()
 
@@ -317,7 +318,7 @@ def main(argv=None):
         if args.vs_torch:
             results["torch"]["process_rss_peak_mib"] = rss_peak_mib()
     else:
-        import cupy
+        cupy = backend.cupy   # the module minitf runs on (MINITF_CUPY_MODULE)
         results["minitf"]["gpu_pool_peak_mib"] = cupy.get_default_memory_pool().total_bytes() / 2**20
         if args.vs_torch:
             results["torch"]["gpu_max_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20

@@ -2,16 +2,24 @@
 
 `--device cpu` means NumPy, `--device gpu` means CuPy. Asking for the GPU without CuPy, or
 with CuPy but no usable CUDA device, raises one `DeviceError` that says which.
+
+The environment variable MINITF_CUPY_MODULE (default `cupy`) names the module imported as
+CuPy: the tests set it to `strict_cupy` (tests/strict_cupy.py, a stand-in on NumPy that
+refuses what CuPy refuses and counts the transfers) to run the GPU path without a GPU, e.g.
+`PYTHONPATH=tests MINITF_CUPY_MODULE=strict_cupy python train_wmt.py --device gpu ...`.
+In a process, replacing `backend.cupy` does the same: all of minitf reaches CuPy through it.
 """
 import contextlib
+import importlib
 import os
 
 import numpy
 
 from .errors import DeviceError
 
+CUPY_MODULE = os.environ.get("MINITF_CUPY_MODULE", "cupy")
 try:  # the only cupy import in minitf
-    import cupy
+    cupy = importlib.import_module(CUPY_MODULE)
     _CUPY_IMPORT_ERROR = None
 except Exception as e:  # ImportError, or a broken CUDA install raising something else
     cupy = None
@@ -68,6 +76,20 @@ def to_numpy(a):
     return numpy.asarray(a)
 
 
+def to_numpy_all(*arrays):
+    """Host copies of several arrays with ONE device->host copy (on a GPU each copy waits for the
+    queued work: one synchronisation instead of one per array): their bytes are concatenated on
+    the device, copied, and split on the host. NumPy arrays come back as they are."""
+    if cupy is None or not isinstance(arrays[0], cupy.ndarray):
+        return [to_numpy(a) for a in arrays]
+    flat = cupy.concatenate([cupy.ascontiguousarray(a).reshape(-1).view(numpy.uint8) for a in arrays])
+    host, out, start = cupy.asnumpy(flat), [], 0
+    for a in arrays:
+        out.append(host[start: start + a.nbytes].view(a.dtype).reshape(a.shape))
+        start += a.nbytes
+    return out
+
+
 def to_device(a, xp):
     """Move a NumPy (or CuPy) array to the device of `xp`."""
     if is_gpu(xp):
@@ -96,7 +118,7 @@ def nccl_module():
     if cupy is None:
         raise DeviceError(gpu_available()[1])
     try:
-        from cupy.cuda import nccl
+        nccl = importlib.import_module(cupy.__name__ + ".cuda.nccl")
     except ImportError as e:
         raise DeviceError(f"CuPy has no NCCL ({e}): install NCCL for your CUDA (pip install -e \".[gpu]\" brings "
                           f"nvidia-nccl-cu12, \".[gpu13]\" nvidia-nccl-cu13) to train on several GPUs") from None

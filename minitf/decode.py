@@ -15,7 +15,8 @@ import threading
 
 import numpy as np
 
-from .backend import blas_threads, can_limit_blas_threads, is_gpu, to_numpy, usable_cores, xp_of
+from .backend import (blas_threads, can_limit_blas_threads, is_gpu, to_device, to_numpy, to_numpy_all, usable_cores,
+                      xp_of)
 from .data.batching import pad_ids
 from .functional import as_float32_if_half
 
@@ -41,8 +42,14 @@ def _restores_mode(search):
     return wrapper
 
 
-def _max_lengths(model, src, max_len_a, max_len_b):
-    src_len = to_numpy((src != model.cfg.pad_id).sum(axis=1))
+def _host_and_device_src(model, src):
+    """(src on the device, its non-pad lengths [B] on the host): checked and measured on the host,
+    so a search reads nothing back from the GPU but one copy per step."""
+    host = model._check_ids("src", src, host=True)
+    return to_device(host, model.xp), (host != model.cfg.pad_id).sum(axis=1)
+
+
+def _max_lengths(model, src_len, max_len_a, max_len_b):
     lengths = (max_len_a * src_len + max_len_b).astype(int)
     # learned positions end at max_len; sinusoidal ones extend to any length (layers/positional.py)
     return np.minimum(lengths, model.cfg.max_len - 1) if model.cfg.positional == "learned" else lengths
@@ -53,10 +60,9 @@ class _Waiting:
     `capacity` are decoded at once; the waiting ones start (`admit`) once ADMIT_WHEN_FREE
     of the places are free, so a batch never runs on for a few long sentences."""
 
-    def __init__(self, model, src, capacity):
-        self.src, self.next = src, 0
+    def __init__(self, src, widths, capacity):
+        self.src, self.widths, self.next = src, widths, 0
         self.capacity = min(capacity or src.shape[0], src.shape[0])
-        self.widths = to_numpy((src != model.cfg.pad_id).sum(axis=1))
 
     def admit(self, n_alive):
         """The sentence ids to start now (none if too few places are free), and their src."""
@@ -73,9 +79,9 @@ def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True, batch
     """src [B, S] -> list of B token-id lists (no BOS, no EOS); the argmax at every step. At
     most `batch_size` sentences (default: all) at once, with continuous batching (_Waiting)."""
     cfg, xp = model.cfg, model.xp
-    src = model._check_ids("src", src)
-    max_lens = _max_lengths(model, src, max_len_a, max_len_b)
-    waiting = _Waiting(model, src, batch_size)
+    src, src_len = _host_and_device_src(model, src)
+    max_lens = _max_lengths(model, src_len, max_len_a, max_len_b)
+    waiting = _Waiting(src, src_len, batch_size)
     alive, first = waiting.admit(0)
     dec = model.incremental_decoder(first, int(max_lens.max()) + 1, use_cache)
     steps = np.zeros(len(alive), dtype=np.int64)   # [n] the step each sentence is at
@@ -161,12 +167,12 @@ def _group_size(v):
     return next((w for w in range(128, 31, -1) if v % w == 0), v)
 
 
-def top_candidates(logits, offset, k, n_best):
-    """The n_best best (beam, token) continuations of each sentence, best first.
+def _top_on_device(logits, offset, k, n_best):
+    """The n_best best (beam, token) continuations of each sentence, best first, on the device.
 
     logits [n * k, V]: the rows of n sentences x k beams, sentence-major; offset [n * k]; a
-    continuation's score is offset[row] + logits[row, token]. Returns host arrays (values,
-    beams, tokens), each [n, n_best].
+    continuation's score is offset[row] + logits[row, token]. Returns (values, cand), each
+    [n, n_best], cand = beam * V + token.
 
     Plain equivalent: cand = (offset[:, None] + logits).reshape(n, k * V), then the n_best
     largest of each row of cand, sorted. Ranking all k * V candidates is the costly part,
@@ -194,10 +200,23 @@ def top_candidates(logits, offset, k, n_best):
     part = xp.argpartition(-vals, n_best - 1, axis=1)[:, :n_best] if n_best < vals.shape[1] else xp.broadcast_to(
         xp.arange(vals.shape[1]), vals.shape)
     part = xp.take_along_axis(part, xp.argsort(-xp.take_along_axis(vals, part, axis=1), axis=1), axis=1)
-    values = to_numpy(xp.take_along_axis(vals, part, axis=1))                   # [n, n_best], best first
-    part = to_numpy(part)
-    chosen = to_numpy(chosen)[np.arange(n)[:, None], part // w]                  # beam * G + group of each
-    return values, chosen // g, (part % w) * g + chosen % g                      # token = i * G + group
+    return _candidates(xp.take_along_axis(vals, part, axis=1), xp.take_along_axis(chosen, part // w, axis=1), part,
+                       w, g, v)
+
+
+def _candidates(values, chosen, part, w, g, v):
+    """values [n, n_best] best first; chosen: the beam * G + group of each, part: its place in the
+    group's W values -> (values, cand), cand = beam * V + token with token = i * G + group. Still on
+    the device: the caller copies everything a step needs to the host at once (to_numpy_all)."""
+    return values, (chosen // g) * v + (part % w) * g + chosen % g
+
+
+def top_candidates(logits, offset, k, n_best):
+    """The n_best best (beam, token) continuations of each sentence, best first: host arrays
+    (values, beams, tokens), each [n, n_best]. See _top_on_device."""
+    values, cand = to_numpy_all(*_top_on_device(logits, offset, k, n_best))
+    v = logits.shape[1]
+    return values, cand // v, cand % v
 
 
 @_restores_mode
@@ -222,11 +241,11 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
     `progress.update(n)` is called as sentences finish.
     """
     cfg, xp = model.cfg, model.xp
-    src = model._check_ids("src", src)
+    src, src_len = _host_and_device_src(model, src)
     b, k = src.shape[0], beam_size
-    max_lens = _max_lengths(model, src, max_len_a, max_len_b)
+    max_lens = _max_lengths(model, src_len, max_len_a, max_len_b)
     steps_max = int(max_lens.max()) + 1
-    waiting = _Waiting(model, src, batch_size)
+    waiting = _Waiting(src, src_len, batch_size)
     alive, first = waiting.admit(0)               # sentences being decoded, in row order
     dec = model.incremental_decoder(first, steps_max, use_cache, beam=k)
     steps = np.zeros(len(alive), dtype=np.int64)  # [n] the step each is at
@@ -247,10 +266,11 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
         row_scores = np.concatenate([scores[:n_old].reshape(-1), scores[n_old:, 0]])
         offset = xp.asarray(row_scores, dtype=logits.dtype) - lse             # [rows]: score + log p - logits
         n_best = min(2 * k, k * v)
-        values, beam, tok = _top_candidates(logits, offset, k, n_best, n_old)   # [n, 2k], best first
         at_limit = steps >= max_lens[alive]
+        eos = (offset + logits[:, cfg.eos_id],) if at_limit.any() else ()      # the scores of ending now
+        values, beam, tok, eos = _top_candidates(logits, offset, k, n_best, n_old, eos)   # [n, 2k], best first
         if at_limit.any():   # the length limit: every beam ends with EOS, in beam order
-            ends = _per_beam(to_numpy(offset + logits[:, cfg.eos_id]), k, n_old)
+            ends = _per_beam(eos[0], k, n_old)
             values[at_limit] = -np.inf
             values[at_limit, :k] = ends[at_limit]
             beam[at_limit], tok[at_limit] = np.arange(n_best) % k, cfg.eos_id
@@ -301,19 +321,24 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
     return best
 
 
-def _top_candidates(logits, offset, k, n_best, n_old):
+def _top_candidates(logits, offset, k, n_best, n_old, extra=()):
     """top_candidates for rows of n_old sentences with k rows each, then sentences with one
-    row each (at their first step); those rank only V candidates (padded with -inf)."""
-    old = n_old * k
-    parts = [top_candidates(logits[:old], offset[:old], k, n_best)] if n_old else []
+    row each (at their first step); those rank only V candidates (padded with -inf). The
+    host copies of the device arrays `extra` come back with them, all in ONE copy (the step's
+    only synchronisation on a GPU): (values, beams, tokens, [extra on the host])."""
+    old, v = n_old * k, logits.shape[1]
+    m = min(n_best, v)
+    device = [_top_on_device(logits[:old], offset[:old], k, n_best)] if n_old else []
     if logits.shape[0] > old:
-        fresh = logits.shape[0] - old
-        m = min(n_best, logits.shape[1])
-        values, beam, tok = top_candidates(logits[old:], offset[old:], 1, m)
-        pad = ((0, 0), (0, n_best - m))
-        parts.append((np.pad(values, pad, constant_values=-np.inf), np.zeros((fresh, n_best), dtype=beam.dtype),
-                      np.pad(tok, pad)))
-    return tuple(np.concatenate(a) if len(parts) > 1 else a[0] for a in zip(*parts))
+        device.append(_top_on_device(logits[old:], offset[old:], 1, m))
+    host = to_numpy_all(*[a for pair in device for a in pair], *extra)
+    parts = []
+    for i, (values, cand) in enumerate(zip(host[0: 2 * len(device): 2], host[1: 2 * len(device): 2])):
+        if values.shape[1] < n_best:   # one-row sentences: m candidates, padded
+            pad = ((0, 0), (0, n_best - m))
+            values, cand = np.pad(values, pad, constant_values=-np.inf), np.pad(cand, pad)
+        parts.append((values, cand // v, cand % v))
+    return (*(np.concatenate(a) if len(parts) > 1 else a[0] for a in zip(*parts)), host[2 * len(device):])
 
 
 def _per_beam(x, k, n_old):

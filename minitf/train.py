@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from .backend import get_xp, release_freed_memory, to_numpy
+from .backend import get_xp, is_gpu, release_freed_memory, to_numpy
 from .checkpoint import average_checkpoints, load_checkpoint, read_train_state, save_checkpoint
 from .fileio import atomic_write
 from .config import SIZE_FLAGS, TransformerConfig
@@ -24,6 +24,7 @@ from .data.pipeline import load_data
 from .data.tokenizer import Tokenizer
 from . import distributed
 from .errors import ConfigError, Interrupted, MinitfError
+from .kernels import accum_dtype
 from .models import build_model
 from .optim import Adam, LossScaler
 from .schedule import NoamSchedule, fade
@@ -130,8 +131,9 @@ def step_stats(model, loss_sum, nll_sum):
     """(loss_sum, nll_sum, grads_finite) on the host with ONE device->host copy per step (as
     torch's GradScaler reads its overflow flag): the step's only GPU synchronisation."""
     xp = model.xp
-    both = xp.stack([xp.asarray(loss_sum, dtype=np.float64), xp.asarray(nll_sum, dtype=np.float64),
-                     xp.isfinite(model.flat_grads).all().astype(np.float64)])
+    dt = accum_dtype(model.dtype) if is_gpu(xp) else np.float64   # the values' own precision: no float64 on a GPU
+    both = xp.stack([xp.asarray(loss_sum, dtype=dt), xp.asarray(nll_sum, dtype=dt),
+                     xp.isfinite(model.flat_grads).all().astype(dt)])
     loss_sum, nll_sum, finite = (float(v) for v in to_numpy(both))
     return loss_sum, nll_sum, finite == 1.0
 

@@ -23,47 +23,81 @@ from minitf import kernels
 SHIM = r"""
 #define MINITF_EMULATE
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <ucontext.h>
 #include <vector>
 struct emu_dim3 { unsigned x, y, z; };
 static emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
-// The CUDA threads of a block are coroutines (ucontext) run by this one OS thread: each runs
-// until its next __syncthreads() (or its end), then the next one runs. When the last thread
-// has reached the barrier, the first resumes: exactly the barrier's guarantee, deterministic.
-static ucontext_t emu_main;
-static std::vector<ucontext_t> emu_ctx;
-static std::vector<char> emu_done;
+// The CUDA threads of a block are coroutines run by this one OS thread: each runs until its
+// next __syncthreads() (or its end), then the next one runs. When the last thread has reached
+// the barrier, the first resumes: exactly the barrier's guarantee, deterministic.
 static unsigned emu_cur;
 static std::function<void()> emu_body;
+static std::vector<char> emu_done;
+#if defined(__x86_64__) && !defined(MINITF_EMU_UCONTEXT)
+// A context switch in user space (swapcontext makes a system call for the signal mask at every
+// switch, ten times slower): push the callee-saved registers of the System V x86-64 ABI, swap
+// the stack pointers, pop the other context's registers and return into it.
+extern "C" void emu_switch(void** save_sp, void* load_sp);
+asm(".text\n.globl emu_switch\n.hidden emu_switch\n.type emu_switch,@function\nemu_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n  ret\n");
+static void* emu_main_sp;
+static std::vector<void*> emu_sp;
+static inline void __syncthreads() { emu_switch(&emu_sp[emu_cur], emu_main_sp); }
+static void emu_entry() {
+    emu_body();
+    emu_done[emu_cur] = 1;
+    emu_switch(&emu_sp[emu_cur], emu_main_sp);   // never resumed
+}
+static void emu_start(unsigned t, char* stack, size_t size) {
+    // a fresh frame at the top of the stack, as emu_switch leaves one: 6 registers, then the
+    // address it returns to (emu_entry, entered with the stack aligned as after a call)
+    void** top = (void**)(((uintptr_t)(stack + size)) & ~(uintptr_t)15);
+    top[-1] = nullptr;
+    top[-2] = (void*)&emu_entry;
+    for (int i = 3; i <= 8; ++i) top[-i] = nullptr;
+    emu_sp[t] = (void*)(top - 8);
+}
+static inline void emu_resume(unsigned t) { emu_switch(&emu_main_sp, emu_sp[t]); }
+static void emu_prepare(unsigned block) { emu_sp.assign(block, nullptr); }
+#else
+static ucontext_t emu_main;
+static std::vector<ucontext_t> emu_ctx;
 static inline void __syncthreads() { swapcontext(&emu_ctx[emu_cur], &emu_main); }
 static void emu_entry() { emu_body(); emu_done[emu_cur] = 1; }
+static void emu_start(unsigned t, char* stack, size_t size) {
+    getcontext(&emu_ctx[t]);
+    emu_ctx[t].uc_stack.ss_sp = stack;
+    emu_ctx[t].uc_stack.ss_size = size;
+    emu_ctx[t].uc_link = &emu_main;
+    makecontext(&emu_ctx[t], emu_entry, 0);
+}
+static inline void emu_resume(unsigned t) { swapcontext(&emu_main, &emu_ctx[t]); }
+static void emu_prepare(unsigned block) { emu_ctx.assign(block, ucontext_t()); }
+#endif
 static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
     const size_t stack = 1 << 16;
     static std::vector<char> stacks;
     if (stacks.size() < (size_t)block * stack) stacks.resize((size_t)block * stack);
-    emu_ctx.assign(block, ucontext_t());
+    emu_prepare(block);
     emu_body = body;
     blockDim = {block, 1, 1};
     gridDim = {grid, 1, 1};
     for (unsigned b = 0; b < grid; ++b) {
         blockIdx = {b, 0, 0};
         emu_done.assign(block, 0);
-        for (unsigned t = 0; t < block; ++t) {
-            getcontext(&emu_ctx[t]);
-            emu_ctx[t].uc_stack.ss_sp = &stacks[(size_t)t * stack];
-            emu_ctx[t].uc_stack.ss_size = stack;
-            emu_ctx[t].uc_link = &emu_main;
-            makecontext(&emu_ctx[t], emu_entry, 0);
-        }
+        for (unsigned t = 0; t < block; ++t) emu_start(t, &stacks[(size_t)t * stack], stack);
         for (unsigned left = block; left > 0;) {
             left = 0;
             for (unsigned t = 0; t < block; ++t) {
                 if (emu_done[t]) continue;
                 emu_cur = t;
                 threadIdx = {t, 0, 0};
-                swapcontext(&emu_main, &emu_ctx[t]);
+                emu_resume(t);
                 left += !emu_done[t];
             }
         }
@@ -139,12 +173,14 @@ class Emulator:
         src = "\n".join(code)
         digest = hashlib.sha256(src.encode()).hexdigest()[:16]
         so = os.path.join(self.workdir, f"kernels_{key}_{digest}.so")
-        if not os.path.exists(so):
-            cpp = so[:-3] + ".cpp"
+        if not os.path.exists(so):   # built under a name of this process, then renamed: processes may share workdir
+            cpp, tmp = f"{so[:-3]}.{os.getpid()}.cpp", f"{so}.{os.getpid()}.tmp"
             with open(cpp, "w") as f:
                 f.write(src)
-            subprocess.run([compiler(), "-std=c++17", "-O1", "-shared", "-fPIC", cpp, "-o", so],
+            subprocess.run([compiler(), "-std=c++17", "-O1", "-shared", "-fPIC", cpp, "-o", tmp],
                            check=True, capture_output=True, text=True)
+            os.replace(tmp, so)
+            os.unlink(cpp)
         self.libs[key] = ctypes.CDLL(so)
         return self.libs[key]
 

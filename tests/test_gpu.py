@@ -1,13 +1,31 @@
-"""The GPU path (CuPy) against the NumPy path. Runs where CuPy and a CUDA GPU are present;
-everywhere else each test is skipped with the reason (no CuPy / no GPU)."""
+"""The GPU path (CuPy) against the NumPy path. On a machine with CuPy and a CUDA GPU the tests
+run on it; everywhere else on tests/strict_cupy.py, a stand-in for CuPy on NumPy that refuses
+what CuPy refuses (implicit host<->device conversions, NumPy-only functions and keywords, wrongly
+typed kernel arguments) and runs the fused CUDA kernels in tests/cuda_emulator.py. Under the
+stand-in the kernel tests use small sizes (the emulator runs each CUDA thread in turn)."""
 import numpy as np
 import pytest
 
 import minitf
+from minitf import backend, kernels
 from minitf.backend import gpu_available, to_numpy
 
-ok, why = gpu_available()
-pytestmark = pytest.mark.skipif(not ok, reason=f"no GPU: {why}")
+from cuda_emulator import compiler
+
+REAL_GPU = gpu_available()[0]
+needs_kernels = pytest.mark.skipif(not REAL_GPU and compiler() is None,
+                                   reason="no GPU, and no g++ >= 12 to emulate the CUDA kernels on the CPU")
+
+
+@pytest.fixture(autouse=True)
+def cp(monkeypatch):
+    """The CuPy module the tests run on: the real one on a GPU machine, else the strict stand-in."""
+    if not REAL_GPU:
+        import strict_cupy
+        monkeypatch.setattr(backend, "cupy", strict_cupy)
+        monkeypatch.setattr(kernels, "_MODULES", {})
+        monkeypatch.setattr(kernels, "COMPILE_ERRORS", {})
+    return backend.cupy
 
 
 def cfg(**kw):
@@ -53,7 +71,11 @@ def test_gpu_adam_step_matches_cpu():
             m.forward_loss(SRC, TGT_IN, TGT_OUT)
             m.backward()
             opt.step()
-    np.testing.assert_allclose(to_numpy(models[1].flat_params), models[0].flat_params, rtol=1e-9, atol=1e-12)
+    # to 1e-9 of the largest parameter, not per element: the attention keys' bias has a zero gradient
+    # in exact arithmetic (softmax's shift invariance), so it gets rounding noise, whose value depends
+    # on the summation order (the fused kernels', cuBLAS's), and Adam scales that noise up to ~1e-10
+    want = models[0].flat_params
+    np.testing.assert_allclose(to_numpy(models[1].flat_params), want, rtol=1e-9, atol=1e-9 * np.abs(want).max())
 
 
 def test_gpu_training_loss_falls_float32():
@@ -107,46 +129,54 @@ def _rel(a, b):
     return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
 
 
+# real sizes on a GPU; under the emulator rows still longer than a block (softmax 128, LayerNorm 256,
+# the loss 512 threads) but few of them
+SIZES = dict(batch=4, heads=8, tq=60, tk=70, d_k=64, ln_rows=3000, ln_d=(512, 1024), rows=500, vocab=37000) \
+    if REAL_GPU else dict(batch=2, heads=2, tq=9, tk=150, d_k=8, ln_rows=20, ln_d=(300,), rows=30, vocab=1100)
+
+
+@needs_kernels
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-6), ("float16", 2e-3)])
-def test_gpu_kernels_match_generic_at_real_sizes(dtype, tol, monkeypatch):
-    import cupy as cp
+def test_gpu_kernels_match_generic_at_real_sizes(dtype, tol, monkeypatch, cp):
     from minitf import functional as F
     from minitf.loss import label_smoothed_nll, label_smoothed_nll_backward
+    z = SIZES
     rs = cp.random.default_rng(0)
-    # attention: 8 heads, 60 queries over 70 keys, causal + padding
-    q, k, v = (rs.standard_normal((4, 8, 60 if i == 0 else 70, 64), dtype=cp.float32).astype(dtype) for i in range(3))
-    bias = cp.zeros((4, 1, 60, 70), dtype=dtype)
-    bias[1, ..., 50:] = -3e4
-    bias += cp.triu(cp.full((60, 70), -3e4, dtype=dtype), k=11)
-    dout = rs.standard_normal((4, 8, 60, 64), dtype=cp.float32).astype(dtype)
+    # attention: causal + padding, more keys than queries
+    b, h, t, s, k = z["batch"], z["heads"], z["tq"], z["tk"], z["d_k"]
+    q, key, v = (rs.standard_normal((b, h, t if i == 0 else s, k), dtype=cp.float32).astype(dtype) for i in range(3))
+    bias = cp.zeros((b, 1, t, s), dtype=dtype)
+    bias[1, ..., s - 20:] = -3e4
+    bias += cp.triu(cp.full((t, s), -3e4, dtype=dtype), k=11)
+    dout = rs.standard_normal((b, h, t, k), dtype=cp.float32).astype(dtype)
 
     def attention():
-        out, p = F.attention_forward(q, k, v, bias, 0.125)
-        return (out, p) + F.attention_backward(dout, q, k, v, p, 0.125)
-    for a, b in zip(*_both_paths(monkeypatch, attention)):
-        assert _rel(a, b) <= tol
-    # LayerNorm over d_model 512 and 1024
-    for d in (512, 1024):
-        x = (rs.standard_normal((3000, d), dtype=cp.float32) * 3 + 1).astype(dtype)
+        out, p = F.attention_forward(q, key, v, bias, 0.125)
+        return (out, p) + F.attention_backward(dout, q, key, v, p, 0.125)
+    for a, b_ in zip(*_both_paths(monkeypatch, attention)):
+        assert _rel(a, b_) <= tol
+    # LayerNorm over rows of d_model
+    for d in z["ln_d"]:
+        x = (rs.standard_normal((z["ln_rows"], d), dtype=cp.float32) * 3 + 1).astype(dtype)
         g, b0 = rs.standard_normal(d), rs.standard_normal(d)
-        dy = rs.standard_normal((3000, d), dtype=cp.float32).astype(dtype)
+        dy = rs.standard_normal((z["ln_rows"], d), dtype=cp.float32).astype(dtype)
 
         def layernorm():
             y, cache = F.layernorm_forward(x, g.astype(dtype), b0.astype(dtype), 1e-6)
             dg, db = cp.zeros(d, dtype=dtype), cp.zeros(d, dtype=dtype)
             return y, F.layernorm_backward(dy, cache, g.astype(dtype), dg, db), dg, db
-        for a, b in zip(*_both_paths(monkeypatch, layernorm)):
-            assert _rel(a, b) <= tol
-    # the loss over a 37000-word vocabulary with pad rows
-    logits = (rs.standard_normal((500, 37000), dtype=cp.float32) * 3).astype(dtype)
-    gold = rs.integers(4, 37000, 500)
+        for a, b_ in zip(*_both_paths(monkeypatch, layernorm)):
+            assert _rel(a, b_) <= tol
+    # the loss over a vocabulary with pad rows
+    logits = (rs.standard_normal((z["rows"], z["vocab"]), dtype=cp.float32) * 3).astype(dtype)
+    gold = rs.integers(4, z["vocab"], z["rows"])
     gold[::7] = 0
 
     def loss():
         val, nll, n, cache = label_smoothed_nll(logits.copy(), gold, 0.1, 0)
         return val, nll, n, label_smoothed_nll_backward(cache, 3.0)
-    for a, b in zip(*_both_paths(monkeypatch, loss)):
-        assert _rel(a, b) <= tol
+    for a, b_ in zip(*_both_paths(monkeypatch, loss)):
+        assert _rel(a, b_) <= tol
 
 
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float16", 3e-2)])
@@ -182,12 +212,11 @@ def test_gpu_fused_dropout_masks_and_fp16_training():
     assert abs(finals["float16"] - finals["float32"]) < 0.25 * finals["float32"]
 
 
+@needs_kernels
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-def test_gpu_fused_kernels_compile_and_are_used(dtype, monkeypatch):
+def test_gpu_fused_kernels_compile_and_are_used(dtype, monkeypatch, cp):
     """The fused path is really taken on this GPU (a compile failure would fall back to
     the generic path with a warning, and the comparisons above would compare it with itself)."""
-    import cupy as cp
-    from minitf import kernels
     monkeypatch.delenv("MINITF_FUSED", raising=False)
     assert kernels.enabled(cp.zeros(3, dtype=dtype)), kernels.COMPILE_ERRORS.get(dtype)
 

@@ -1,0 +1,241 @@
+"""The GPU path (`--device gpu`) end to end on tests/strict_cupy.py, the CuPy stand-in on NumPy,
+on every machine (a real GPU cannot count transfers): device-to-host copies per training update
+and per decoding step, no float64 array on the float32 and float16 paths, and train_wmt.py and
+`python -m minitf translate` as commands (training, --fp16, exact resume, averaging, scoring,
+beam and greedy decoding of both architectures, two ranks over the stand-in's NCCL).
+The subprocesses select the stand-in with MINITF_CUPY_MODULE=strict_cupy."""
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import minitf
+import strict_cupy
+from minitf import backend, kernels
+from minitf.checkpoint import load_checkpoint, save_checkpoint
+
+from cuda_emulator import compiler
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EN = "a the man woman dog cat sees eats red big small house runs".split()
+DE = "ein der mann frau hund katze sieht isst rot gross klein haus rennt".split()
+
+pytestmark = pytest.mark.skipif(compiler() is None, reason="needs g++ >= 12 to emulate the CUDA kernels on the CPU")
+
+
+@pytest.fixture
+def standin(monkeypatch):
+    monkeypatch.setattr(backend, "cupy", strict_cupy)
+    monkeypatch.setattr(kernels, "_MODULES", {})
+    monkeypatch.setattr(kernels, "COMPILE_ERRORS", {})
+    return strict_cupy
+
+
+def tiny(arch="transformer", dtype="float32", **kw):
+    from minitf.models import build_model
+    base = dict(vocab_size=23, d_model=16, n_heads=4, d_ff=24, n_layers=2, dropout=0.1, max_len=64, arch=arch,
+                rnn_hidden=12)
+    base.update(kw)
+    return build_model(minitf.TransformerConfig(**base), device="gpu", dtype=dtype, seed=0)
+
+
+# ----------------------------------------------------------------------------- decoding
+SRC = np.array([[5, 6, 7, 8, 3, 0, 0], [9, 10, 5, 6, 7, 8, 3], [4, 3, 0, 0, 0, 0, 0], [6, 7, 8, 9, 10, 11, 3],
+                [12, 13, 3, 0, 0, 0, 0]])
+
+
+def mark_steps(model, monkeypatch):
+    """A mark at every decoding step (the decoder's `logits`)."""
+    decoder = type(model.incremental_decoder(backend.to_device(SRC[:1], model.xp), 2, beam=1))
+    real = decoder.logits
+
+    def marked(self, tokens):
+        strict_cupy.mark("step")
+        return real(self, tokens)
+    monkeypatch.setattr(decoder, "logits", marked)
+
+
+def steps_and_copies(model, search):
+    """Runs search(model) under count_transfers; returns (the device->host copies of each
+    decoding step, all of the search's)."""
+    with strict_cupy.count_transfers() as t:
+        search(model)
+        strict_cupy.mark("end")
+    return t.segments("step", "end"), t.d2h
+
+
+@pytest.mark.parametrize("arch", ["transformer", "rnn"])
+def test_a_decoding_step_reads_back_one_array(standin, monkeypatch, arch):
+    """Beam search needs each step's best candidates on the host (its bookkeeping runs there):
+    values, beams and tokens of the 2k best, the EOS scores at the length limit, come back in ONE
+    copy per step (backend.to_numpy_all), also at the steps where new sentences join (continuous
+    batching: batch_size 2 of 5); greedy search reads back its argmax. Nothing else: the source
+    lengths are measured on the host, so a search of S steps makes exactly S copies."""
+    from minitf.decode import beam_search, greedy_search
+    model = tiny(arch)
+    mark_steps(model, monkeypatch)
+    for search in (lambda m: beam_search(m, SRC, beam_size=3, max_len_b=4, batch_size=2),
+                   lambda m: greedy_search(m, SRC, max_len_b=4, batch_size=2)):
+        steps, every = steps_and_copies(model, search)
+        assert len(steps) >= 8                                  # several admissions and the length limit
+        assert all(len(s) == 1 for s in steps), [s for s in steps if len(s) != 1]
+        assert len(every) == len(steps), every
+
+
+# ----------------------------------------------------------------------------- training
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A Multi30k-shaped folder: word-by-word 'translations' (as tests/test_train.py makes it)."""
+    d = tmp_path_factory.mktemp("m30k")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 240), ("val", 12), ("test_2016_flickr", 8)):
+        idx = [rng.integers(0, len(EN), size=rng.integers(2, 7)) for _ in range(n)]
+        for lang, words in (("en", EN), ("de", DE)):
+            with gzip.open(d / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
+                f.write("".join(" ".join(words[i] for i in row) + "\n" for row in idx))
+    return d
+
+
+TRAIN = ["--dataset", "multi30k", "--preset", "tiny", "--vocab-size", "60", "--device", "gpu", "--quiet",
+         "--max-tokens", "160", "--log-every", "1", "--beam", "2", "--decode-batch", "8"]
+
+
+@pytest.mark.parametrize("arch,fp16", [("transformer", False), ("transformer", True), ("rnn", False)])
+def test_one_copy_per_update_and_no_float64_array(corpus, tmp_path, standin, monkeypatch, arch, fp16):
+    """train_wmt.py's loop on the stand-in, in this process: every update (forward, backward, the
+    float16 overflow check, Adam, the log line of every step) reads back ONE array, train.step_stats'
+    loss, NLL and finite flag; and no float64 array is made on the device, in training nor in the
+    final averaging and decoding."""
+    import importlib.util
+    import minitf.train as train
+    from minitf.optim import Adam
+    for name in ("forward_backward", "save"):   # marks: an update begins; training has ended (the final save)
+        real = getattr(train, name)
+        monkeypatch.setattr(train, name, lambda *a, _real=real, _name=name, **k: (strict_cupy.mark(_name), _real(*a, **k))[1])
+    monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))
+    spec = importlib.util.spec_from_file_location("train_wmt", os.path.join(ROOT, "train_wmt.py"))
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    steps = []
+    monkeypatch.setattr(Adam, "step", lambda self, *a, _real=Adam.step, **k: (steps.append(1), _real(self, *a, **k))[1])
+    with strict_cupy.count_transfers() as t, strict_cupy.record_dtypes() as dtypes:
+        code = cli.main(["--data-dir", str(corpus), *TRAIN, "--out", str(tmp_path / "run"), "--max-steps", "5",
+                         "--save-every", "1000", "--valid-every", "0", "--average-last", "1", "--arch", arch,
+                         *(["--fp16"] if fp16 else [])])
+    assert code == 0
+    updates = t.segments("forward_backward", "save")
+    assert len(updates) >= 5 and len(steps) == 5                # fp16: skipped overflow updates come on top
+    assert all(u == [u[0]] and "step_stats" in u[0] for u in updates), updates
+    assert "float64" not in dtypes, dtypes
+    assert {"float16" if fp16 else "float32"} <= set(dtypes)
+
+
+# ----------------------------------------------------------------------------- the commands
+def standin_env(tmp_path, **extra):
+    """The environment of a command on the stand-in (its kernels compiled once per machine)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),
+                MINITF_CUPY_MODULE="strict_cupy", MINITF_CACHE=str(tmp_path / "cache"), PYTHONHASHSEED="0",
+                OMP_NUM_THREADS="1", **extra)
+
+
+def run_train(corpus, tmp_path, out, *extra, launch=(), **env):
+    """train_wmt.py on the stand-in into tmp_path/out; asserts it succeeded with the fused kernels.
+    Returns (the folder, the stand-in's report of each rank: strict_cupy STRICT_CUPY_REPORT)."""
+    cmd = [*launch, sys.executable, os.path.join(ROOT, "train_wmt.py"), "--data-dir", str(corpus), *TRAIN,
+           "--out", str(tmp_path / out), *map(str, extra)]
+    report = tmp_path / f"{out}.report.json"
+    r = subprocess.run(cmd, capture_output=True, text=True, env=standin_env(tmp_path, STRICT_CUPY_REPORT=str(report),
+                                                                            **env), timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "device gpu" in r.stderr and "did not compile" not in r.stderr, r.stderr[-3000:]
+    reports = [json.loads(p.read_text()) for p in sorted(tmp_path.glob(f"{out}.report.json*"))]
+    assert reports and all(rep["launches"].get("layernorm_forward") for rep in reports)   # the kernels ran
+    return tmp_path / out, reports
+
+
+def logged_losses(out):
+    with open(out / "train_log.jsonl") as f:
+        return {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_train_resume_average_and_score_on_the_gpu_path(corpus, tmp_path, fp16):
+    """train_wmt.py --device gpu: 6 updates with checkpoints every 2, averaged and scored; the
+    same run stopped after 4 and resumed equals it exactly (losses and parameters); its
+    checkpoints load on the CPU (host arrays) and give the GPU run's validation loss there."""
+    args = ["--save-every", 2, "--keep-last", 5, "--average-last", 2, "--valid-every", 3, *(["--fp16"] if fp16 else [])]
+    straight, _ = run_train(corpus, tmp_path, "straight", "--max-steps", 6, *args)
+    run_train(corpus, tmp_path, "split", "--max-steps", 4, *args)
+    split, _ = run_train(corpus, tmp_path, "split", "--max-steps", 6, "--resume", *args)
+    res = json.loads((straight / "results.json").read_text())
+    assert res["steps"] == 6 and set(res["bleu"]) == {"valid", "test_2016_flickr"}
+    assert res["averaged_checkpoints"] == ["checkpoint_0000004.npz", "checkpoint_0000006.npz"]
+    assert len((straight / "test_2016_flickr.hyp.de").read_text().splitlines()) == 8
+    a, b = logged_losses(straight), logged_losses(split)
+    assert sorted(a) == list(range(1, 7)) and [a[s] for s in (5, 6)] == [b[s] for s in (5, 6)]
+    pa, pb = load_checkpoint(straight / "checkpoint_0000006.npz"), load_checkpoint(split / "checkpoint_0000006.npz")
+    for name in pa.params:
+        assert isinstance(pa.params[name], np.ndarray)
+        np.testing.assert_array_equal(pa.params[name], pb.params[name])
+    # the averaged checkpoint on the CPU: the validation loss the GPU run reported
+    from minitf.train import evaluate_loss, to_batch
+    from minitf.data import TokenPairs
+    from minitf.data.tokenizer import Tokenizer
+    ck = load_checkpoint(straight / "averaged.npz")
+    tok = Tokenizer.from_bytes(ck.tokenizer)
+    src, ref = (gzip.open(corpus / f"val.{lang}.gz", "rt").read().splitlines() for lang in ("en", "de"))
+    pairs = TokenPairs.from_lists(tok.encode(src), tok.encode(ref))
+    cpu_loss, _ = evaluate_loss(ck.build_model(device="cpu"), [to_batch(pairs, np.arange(len(src)), tok)])
+    assert abs(cpu_loss - res["valid_loss"]) <= 1e-3 * res["valid_loss"]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """Untrained tiny checkpoints with a tokenizer, of each architecture (conftest's recipe)."""
+    from conftest import make_tiny_checkpoint
+    d = tmp_path_factory.mktemp("translate")
+    path, lines = make_tiny_checkpoint(d)
+    ck = load_checkpoint(path)
+    rnn = minitf.TransformerConfig(**{**ck.config.to_dict(), "arch": "rnn", "rnn_hidden": 16, "attention": "additive"})
+    from minitf.models import build_model
+    save_checkpoint(d / "rnn.npz", build_model(rnn, seed=1), tokenizer=ck.tokenizer)
+    (d / "src.txt").write_text("\n".join(lines[:6]) + "\n")
+    return {"transformer": path, "rnn": d / "rnn.npz"}, d / "src.txt"
+
+
+@pytest.mark.parametrize("arch", ["transformer", "rnn"])
+def test_translate_on_the_gpu_path_equals_the_cpu(checkpoints, tmp_path, arch):
+    """`python -m minitf translate --device gpu`, beam and greedy: the CPU's translations."""
+    paths, src = checkpoints
+    for beam in (3, 1):
+        out = {}
+        for device in ("gpu", "cpu"):
+            r = subprocess.run([sys.executable, "-m", "minitf", "translate", "--checkpoint", str(paths[arch]), "--input",
+                                str(src), "--beam", str(beam), "--max-len-b", "4", "--batch-size", "4", "--quiet",
+                                "--device", device], capture_output=True, text=True, env=standin_env(tmp_path),
+                               timeout=300, cwd=ROOT)
+            assert r.returncode == 0, r.stderr[-3000:]
+            out[device] = r.stdout
+        assert len(out["gpu"].splitlines()) == 6 and out["gpu"] == out["cpu"], (beam, out)
+
+
+@pytest.mark.skipif(shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+                    is None or __import__("importlib").util.find_spec("mpi4py") is None,
+                    reason="mpi4py or mpiexec not installed (pip install -e '.[dist]')")
+def test_two_gpu_ranks_over_nccl_equal_one_gpu_with_twice_the_update_freq(corpus, tmp_path):
+    """mpiexec -n 2 train_wmt.py --device gpu, the gradients summed by the stand-in's NCCL (over
+    MPI, each rank on its own device), equals one process accumulating 2 batches per update, as
+    tests/test_distributed.py checks it on the CPU (float64, no dropout)."""
+    from test_distributed import _same
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    args = ["--max-steps", 3, "--save-every", 3, "--average-last", 1, "--dtype", "float64", "--dropout", 0,
+            "--valid-every", 0, "--beam", 1]
+    one, _ = run_train(corpus, tmp_path, "one", "--update-freq", 2, *args)
+    two, reports = run_train(corpus, tmp_path, "two", *args, launch=(mpiexec, "-n", "2"), STRICT_CUPY_DEVICES="2")
+    _same(load_checkpoint(one / "checkpoint_0000003.npz").params, load_checkpoint(two / "checkpoint_0000003.npz").params)
+    assert len(reports) == 2 and all(rep["launches"]["nccl.allReduce"] == 3 for rep in reports)   # one per update

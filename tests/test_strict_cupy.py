@@ -1,0 +1,120 @@
+"""tests/strict_cupy.py itself: it refuses what CuPy refuses (so that minitf's GPU path passing on
+it means something), counts the transfers, and checks kernel arguments as CuPy passes them."""
+import os
+import re
+
+import numpy as np
+import pytest
+
+import strict_cupy as cp
+from minitf import kernels
+
+from cuda_emulator import compiler
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_no_implicit_conversion_and_no_mixing_with_numpy():
+    a = cp.arange(6, dtype=cp.float32).reshape(2, 3)
+    with pytest.raises(TypeError, match="Implicit conversion to a NumPy array is not allowed"):
+        np.asarray(a)
+    for mix in (lambda: a + np.ones(3), lambda: np.ones(3) * a, lambda: np.exp(a) - np.ones((2, 3)),
+                lambda: a + np.array(1.0), lambda: cp.maximum(a, np.zeros(3)), lambda: cp.concatenate([a, np.ones((2, 3))]),
+                lambda: np.concatenate([np.ones((2, 3)), a]), lambda: cp.ascontiguousarray(np.ones(3))):
+        with pytest.raises(TypeError):
+            mix()
+    with pytest.raises(ValueError, match="non-scalar numpy.ndarray"):   # CuPy's basic-index assignment
+        a[0] = np.ones(3)
+    with pytest.raises(TypeError, match="no implementation found"):    # NumPy functions CuPy lacks
+        np.unique(a)
+    # what CuPy accepts: NumPy/Python scalars, a 0-d NumPy array in a comparison, host index arrays
+    assert (a * np.float32(2) + 1).dtype == np.float32 and (np.float32(2) * a).dtype == np.float32
+    assert isinstance(a > np.array(1.0), cp.ndarray) and isinstance(np.exp(a), cp.ndarray)
+    assert a[np.array([1, 0])].shape == (2, 3)
+
+
+def test_reductions_and_integer_indexing_give_0d_device_arrays():
+    a = cp.asarray(np.arange(6.0).reshape(2, 3))
+    for r in (a.sum(), a.max(), a.mean(), a.argmax(), a.any(), cp.isfinite(a).all(), a[1, 2], a[0][1]):
+        assert isinstance(r, cp.ndarray) and r.shape == (), r
+    a[1, 2][...] = 40.0                          # CuPy's integer index is a view
+    assert float(a.max()) == 40.0
+
+
+def test_only_cupys_names_and_keywords():
+    a = cp.zeros((2, 3), dtype=cp.float32)
+    with pytest.raises(AttributeError, match="'unique'"):
+        cp.unique
+    with pytest.raises(AttributeError, match="'cumsum'"):
+        a.cumsum()
+    with pytest.raises(AttributeError, match="'at'"):
+        cp.multiply.at
+    for bad in (lambda: a.sum(where=a > 0), lambda: a.astype(cp.float16, casting="unsafe"),
+                lambda: cp.exp(a, where=a > 0), lambda: cp.take_along_axis(a, cp.zeros((2, 3), dtype=cp.int64)),
+                lambda: cp.argpartition(a, 1, kind="introselect"), lambda: cp.argsort(a, axis=0, order=None),
+                lambda: cp.zeros_like(a, subok=True)):
+        with pytest.raises(TypeError):
+            bad()
+    assert a.astype(cp.float32, copy=False) is a and a.sum(dtype=cp.float64, keepdims=True).shape == (1, 1)
+    assert np.isnan(cp.empty(3).get()).all()     # CuPy's empty is not zeroed: NaN here, never silently 0
+    # argpartition sorts fully and argsort is stable, as CuPy's
+    x = cp.asarray(np.array([[3.0, 1.0, 2.0, 1.0]]))
+    assert cp.argpartition(x, 1, axis=1).tolist() == [[1, 3, 2, 0]] == cp.argsort(x, axis=1).tolist()
+
+
+def test_transfers_are_counted_with_their_call_site():
+    a = cp.asarray(np.arange(4.0))
+    with cp.count_transfers() as t:
+        len(a), a.shape, a.sum() + 1                       # none
+        float(a.sum())
+        int(a.argmax())
+        if a[0] > 1:
+            pass
+        a.tolist(), a.get(), cp.asnumpy(a), a[:1].item()
+        cp.flatnonzero(a > 1)                              # CuPy reads the count back
+        a[a > 1]                                           # ... as it does for a boolean mask
+        cp.asarray(np.ones(2))                             # host -> device
+    kinds = [d.split(" at ")[0] for d in t.d2h]
+    assert kinds == ["float()", "int()", "bool() / `if array`", ".tolist()", ".get()", "asnumpy()", ".item()",
+                     "implicit sync (flatnonzero: data-dependent shape)",
+                     "implicit sync (boolean-mask index: data-dependent shape)"], kinds
+    assert all("test_strict_cupy.py" in d for d in t.d2h) and len(t.h2d) == 1
+    with cp.record_dtypes() as dtypes:
+        (a.astype(cp.float32) * 2).sum()
+    assert set(dtypes) == {"float32"}
+
+
+@pytest.mark.skipif(compiler() is None, reason="needs g++ >= 12 to emulate the CUDA kernels")
+def test_kernel_arguments_are_checked_as_cupy_passes_them():
+    """cuda/function.pyx: a Python int goes to a kernel as int64 and a float as float64, NumPy
+    scalars with their dtype; grid and block are tuples. The C types come from the source."""
+    mod = cp.RawModule(code=kernels.source(np.float32), options=("-std=c++14",))
+    fn = mod.get_function("layernorm_forward")      # (const T* x, const A* g, const A* b, T* y, A* xhat, A* rstd, int d, A eps)
+    x = cp.asarray(np.random.default_rng(0).normal(size=(3, 8)).astype(np.float32))
+    g, b, y, xhat = cp.ones(8, cp.float32), cp.zeros(8, cp.float32), cp.empty_like(x), cp.empty_like(x)
+    rstd = cp.empty((3, 1), cp.float32)
+    good = [x, g, b, y, xhat, rstd, np.int32(8), np.float32(1e-6)]
+    for i, wrong, match in ((6, 8, "int64"), (7, 1e-6, "float64"), (7, np.float64(1e-6), "float64"),
+                            (1, cp.ones(8, cp.float64), "points to float32"), (0, np.ones((3, 8), np.float32), "must be a cupy.ndarray")):
+        args = list(good)
+        args[i] = wrong
+        with pytest.raises(TypeError, match=match):
+            fn((3,), (8,), tuple(args))
+    with pytest.raises(TypeError, match="tuples"):
+        fn(3, 8, tuple(good))
+    with pytest.raises(TypeError, match="options"):
+        cp.RawModule(code=kernels.source(np.float32), options=["-std=c++14"])
+    fn((3,), (8,), tuple(good))
+    want = (x.get() - x.get().mean(-1, keepdims=True)) / np.sqrt(x.get().var(-1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(y.get(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_minitf_reaches_cupy_only_through_backend_cupy():
+    """One monkeypatch of backend.cupy (or MINITF_CUPY_MODULE) moves all of minitf: no other module
+    imports cupy, or binds backend's cupy to a name of its own at import time."""
+    for folder, _, files in os.walk(os.path.join(ROOT, "minitf")):
+        for name in files:
+            if name.endswith(".py") and name != "backend.py":
+                text = open(os.path.join(folder, name)).read()
+                assert not re.search(r"^\s*(import cupy|from cupy)", text, re.M), name
+                assert not re.search(r"from \.+backend import [^\n]*\bcupy\b", text), name
