@@ -441,7 +441,9 @@ class ndarray:
     __matmul__, __rmatmul__ = _binary("matmul"), _binary("matmul", True)
     __and__, __rand__, __iand__ = _binary("bitwise_and"), _binary("bitwise_and", True), _inplace("bitwise_and")
     __or__, __ror__, __ior__ = _binary("bitwise_or"), _binary("bitwise_or", True), _inplace("bitwise_or")
-    __xor__, __rxor__ = _binary("bitwise_xor"), _binary("bitwise_xor", True)
+    __xor__, __rxor__, __ixor__ = _binary("bitwise_xor"), _binary("bitwise_xor", True), _inplace("bitwise_xor")
+    __lshift__, __ilshift__ = _binary("left_shift"), _inplace("left_shift")
+    __rshift__, __irshift__ = _binary("right_shift"), _inplace("right_shift")
     __lt__, __le__, __gt__, __ge__ = _binary("less"), _binary("less_equal"), _binary("greater"), _binary(
         "greater_equal")
     __eq__, __ne__ = _binary("equal"), _binary("not_equal")
@@ -509,7 +511,7 @@ UFUNCS = {
     "exp": (), "log": (), "sqrt": (), "tanh": (), "floor": (), "isfinite": (), "isnan": (),
     "greater": (), "greater_equal": (), "less": (), "less_equal": (), "equal": (), "not_equal": (),
     "logical_and": (), "logical_or": (), "logical_not": (), "invert": (),
-    "bitwise_and": ("at",), "bitwise_or": ("at",), "bitwise_xor": ("at",),
+    "bitwise_and": ("at",), "bitwise_or": ("at",), "bitwise_xor": ("at",), "left_shift": (), "right_shift": (),
     "matmul": (),        # CuPy: a _GUFunc (cupy/_core/_gufuncs.py), called like a ufunc here
 }
 _COMPARISONS = {"greater", "greater_equal", "less", "less_equal", "equal", "not_equal"}

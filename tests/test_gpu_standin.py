@@ -44,6 +44,38 @@ def tiny(arch="transformer", dtype="float32", **kw):
     return build_model(minitf.TransformerConfig(**base), device="gpu", dtype=dtype, seed=0)
 
 
+# ----------------------------------------------------------------------------- dropout
+class NoRandom:
+    """cupy.random for a test that must draw nothing from it."""
+    def __getattr__(self, name):
+        raise AssertionError(f"cupy.random.{name} used: a generator set up on the device")
+
+
+@pytest.mark.parametrize("fused", ["1", "0"])
+def test_training_with_dropout_sets_up_no_generator_and_both_paths_drop_the_same(standin, monkeypatch, fused):
+    """CuPy's default_rng is an XORWOW generator whose set-up initialises ~270k cuRAND states: it
+    must not run per forward (nor any other device generator). A mask is a hash of (seed,
+    forward, site, position): the fused kernel and the generic xp path give the same masks."""
+    monkeypatch.setattr(strict_cupy, "random", NoRandom())
+    monkeypatch.setenv("MINITF_FUSED", fused)
+    model = tiny(dropout=0.3)
+    for _ in range(3):
+        model.zero_grad()
+        model.forward_loss(SRC[:, 1:], SRC[:, :-1], SRC[:, 1:])
+        masks = [backend.to_numpy(layer.drop1.cache) for layer in model.encoder.layer_list]
+        model.backward()
+    assert model.forward_count == 3
+    assert all(0.5 < (m != 0).mean() < 0.9 for m in masks)
+    if fused == "1":
+        monkeypatch.setenv("MINITF_FUSED", "0")
+        generic = tiny(dropout=0.3)
+        generic.forward_count = 2
+        generic.zero_grad()
+        generic.forward_loss(SRC[:, 1:], SRC[:, :-1], SRC[:, 1:])
+        for layer, m in zip(generic.encoder.layer_list, masks):
+            np.testing.assert_array_equal(backend.to_numpy(layer.drop1.cache), m)
+
+
 # ----------------------------------------------------------------------------- decoding
 SRC = np.array([[5, 6, 7, 8, 3, 0, 0], [9, 10, 5, 6, 7, 8, 3], [4, 3, 0, 0, 0, 0, 0], [6, 7, 8, 9, 10, 11, 3],
                 [12, 13, 3, 0, 0, 0, 0]])
