@@ -220,12 +220,12 @@ def section_beam(args):
             "sentences_per_s": round(len(src) / dt, 1), "max_len": f"source + {args.beam_extra}"}
 
 
-def write_small_corpus(folder, n, seed=0):
+def write_small_corpus(folder, n, n_valid, seed=0):
     """n pairs of random 'words' (a 2,000-word lexicon, lengths ~25 words): enough for SentencePiece."""
     rng = np.random.default_rng(seed)
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
     lexicon = ["".join(rng.choice(letters, rng.integers(2, 9))) for _ in range(2000)]
-    for split, m in (("train", n), ("val", 200)):
+    for split, m in (("train", n), ("val", n_valid)):
         for lang in ("en", "de"):
             lines = (" ".join(lexicon[i] for i in rng.integers(0, 2000, rng.integers(5, 45))) for _ in range(m))
             (folder / f"{split}.{lang}").write_text("\n".join(lines) + "\n")
@@ -235,7 +235,7 @@ def section_wmt(args):
     from bench.data import make_synthetic
     work = Path(tempfile.mkdtemp(prefix="minitf-gpu-wmt-"))
     try:
-        write_small_corpus(work, args.wmt_seed_pairs)
+        write_small_corpus(work, args.wmt_seed_pairs, args.wmt_valid)
         cache = work / "cache"
         t0 = time.time()
         r = subprocess.run([sys.executable, "-m", "minitf", "prepare", "--train", str(work / "train"), "--valid",
@@ -251,7 +251,8 @@ def section_wmt(args):
         out = work / "run"
         cmd = [sys.executable, "train_wmt.py", "--train", str(work / "train"), "--valid", str(work / "val"),
                "--src", "en", "--tgt", "de", "--vocab-size", str(args.vocab), "--cache-dir", str(cache),
-               "--preset", args.wmt_preset, "--device", "gpu", "--out", str(out), "--quiet", "--log-every", "10",
+               "--preset", args.wmt_preset, "--device", "gpu", "--out", str(out), "--quiet", "--log-every",
+               str(args.wmt_log_every),
                "--valid-every", "0", "--max-steps", "0", "--time-budget", str(args.wmt_seconds),
                "--save-every", "1000000", "--beam", "1", "--average-last", "1", "--keep-last", "1"]
         if args.fp16:
@@ -299,6 +300,8 @@ def markdown(rep):
                   "/ PyTorch | peak MiB minitf / PyTorch | kernels per step minitf / PyTorch | D2H copies, syncs minitf "
                   "/ PyTorch |", "|---|---|---|---|---|---|---|---|---|---|"]
         for preset, res in st.items():
+            if not isinstance(res, dict):
+                continue
             for mode in ("float32", "fp16"):
                 m, t = res[mode]["minitf"], res[mode].get("torch", {})
                 label = "float32 (TF32) vs eager TF32" if mode == "float32" else "--fp16 vs AMP + GradScaler"
@@ -345,8 +348,9 @@ def main(argv=None):
     args.vocab, args.step_tokens = (37000, 25000) if big else (64, 256)
     args.rounds, args.warmup_rounds, args.lr = (5, 2, 1e-4) if big else (2, 1, 1e-4)
     args.beam_preset, args.beam_sentences, args.beam_extra = ("base", 3000, 5) if big else ("tiny", 20, 3)
-    args.wmt_preset, args.wmt_pairs, args.wmt_seed_pairs = ("base", 4_500_000, 20_000) if big else ("tiny", 5000, 500)
-    args.wmt_seconds, args.suite_timeout = (150.0, 200) if big else (8.0, 120)
+    args.wmt_preset, args.wmt_pairs, args.wmt_seed_pairs, args.wmt_valid = (
+        ("base", 4_500_000, 20_000, 200) if big else ("tiny", 5000, 500, 4))
+    args.wmt_seconds, args.wmt_log_every, args.suite_timeout = (150.0, 10, 200) if big else (8.0, 2, 120)
     skip = {s for s in args.skip.split(",") if s}
     ok, why = backend.gpu_available()
     if not ok:
@@ -367,7 +371,10 @@ def main(argv=None):
         rep["sections"][name]["seconds"] = rep["sections"][name].get("seconds", round(time.time() - t, 1))
         log(f"{name} done in {time.time() - t:.0f}s")
     rep["total_s"] = time.time() - t0
-    text = markdown(rep)
+    try:
+        text = markdown(rep)
+    except Exception as e:   # never lose the measurements to a formatting error: the JSON follows
+        text = f"(markdown failed: {type(e).__name__}: {e})\n\n```\n{json.dumps(rep, indent=2, default=str)}\n```"
     print(text)
     if args.out:
         os.makedirs(args.out, exist_ok=True)

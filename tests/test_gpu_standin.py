@@ -271,3 +271,20 @@ def test_two_gpu_ranks_over_nccl_equal_one_gpu_with_twice_the_update_freq(corpus
     two, reports = run_train(corpus, tmp_path, "two", *args, launch=(mpiexec, "-n", "2"), STRICT_CUPY_DEVICES="2")
     _same(load_checkpoint(one / "checkpoint_0000003.npz").params, load_checkpoint(two / "checkpoint_0000003.npz").params)
     assert len(reports) == 2 and all(rep["launches"]["nccl.allReduce"] == 3 for rep in reports)   # one per update
+
+
+def test_the_gpu_report_runs_its_sections(tmp_path):
+    """bench/gpu_report.py, the one command for a GPU, at tiny sizes on the stand-in: the training
+    step, beam search and the WMT14-shaped run each give their figures (the suite section is
+    this test suite itself); PyTorch columns are '-' where torch is absent."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_report.py"), "--smoke", "--skip", "suite",
+                        "--out", str(tmp_path / "report")], capture_output=True, text=True,
+                       env=standin_env(tmp_path), timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert set(rep["sections"]) == {"step", "beam", "wmt"}
+    assert not [name for name, sec in rep["sections"].items() if "error" in sec], rep["sections"]
+    assert rep["sections"]["step"]["tiny"]["fp16"]["minitf"]["tgt_tokens_per_s"] > 0
+    assert rep["sections"]["beam"]["sentences_per_s"] > 0 and rep["sections"]["wmt"]["updates_per_s"] > 0
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "**Training step**" in md and "**Beam search**" in md and "**A WMT14-shaped run**" in md
