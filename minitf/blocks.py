@@ -14,7 +14,7 @@ def residual(x, dropout, sublayer_out, stream, rows):
     """x + Dropout(Sublayer(x)), the sum inside LayerNorm (3.1), written into the sublayer's
     output array (a fresh array nothing else holds) to save two temporaries. `stream`: the
     forward's dropout masks (functional.DropoutStream); `rows`: the positions x holds, if packed."""
-    return dropout.forward_add(sublayer_out, x, stream, rows)
+    return dropout.forward_add(sublayer_out, residual=x, stream=stream, rows=rows)
 
 
 class EncoderLayer(Layer):
@@ -40,10 +40,10 @@ class EncoderLayer(Layer):
         dh += dsum
         # h = norm1(x + drop1(self_attn(x, x)))
         dsum = self.norm1.backward(dh)
-        dq, dkv = self.self_attn.backward(self.drop1.backward(dsum))
-        dq += dkv
-        dq += dsum
-        return dq
+        dx_q, dx_kv = self.self_attn.backward(self.drop1.backward(dsum))
+        dx_q += dx_kv
+        dx_q += dsum
+        return dx_q
 
 
 class DecoderLayer(Layer):
@@ -81,10 +81,10 @@ class DecoderLayer(Layer):
         dh1 += dsum
         # h1 = norm1(y + drop1(self_attn(y, y)))
         dsum = self.norm1.backward(dh1)
-        dq, dkv = self.self_attn.backward(self.drop1.backward(dsum))
-        dq += dkv
-        dq += dsum
-        return dq, dmemory
+        dx_q, dx_kv = self.self_attn.backward(self.drop1.backward(dsum))
+        dx_q += dx_kv
+        dx_q += dsum
+        return dx_q, dmemory
 
 
 class StepCache:

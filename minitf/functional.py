@@ -208,15 +208,16 @@ def dropout_forward(x, mask, inplace=False):
     return x * mask
 
 
-def dropout_add_forward(stream, y, x, p, rows=None):
-    """(out, mask): out = y * mask + x with the next site's inverted-dropout mask, written into
-    y (a sublayer output nothing else holds): the residual sum x + Dropout(Sublayer(x))."""
-    if kernels.enabled(y):
+def dropout_add_forward(stream, x, residual, p, rows=None):
+    """(out, mask): out = x * mask + residual with the next site's inverted-dropout mask, x the
+    dropout's input (a sublayer output nothing else holds, overwritten with out): the residual
+    sum r + Dropout(Sublayer(r)) of 3.1 with x = Sublayer(r)."""
+    if kernels.enabled(x):
         _, key = stream.next_site()
-        return kernels.dropout_add(key, None if rows is None else rows.index, y, x, p)
-    mask = dropout_mask(stream, y.shape, p, y.dtype, xp_of(y), rows)
-    out = dropout_forward(y, mask, inplace=True)
-    out += x
+        return kernels.dropout_add(key, None if rows is None else rows.index, x, residual, p)
+    mask = dropout_mask(stream, x.shape, p, x.dtype, xp_of(x), rows)
+    out = dropout_forward(x, mask, inplace=True)
+    out += residual
     return out, mask
 
 

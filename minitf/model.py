@@ -74,10 +74,12 @@ class Transformer(Seq2Seq):
         """Label-smoothed loss averaged over non-pad tokens of tgt_out [B, T].
 
         Pad-free (packing.py, the default): the layers run on the non-pad positions only (the
-        target positions kept are those non-pad in tgt_in or tgt_out), and only the rows of h
-        with a loss (tgt_out non-pad) are projected to the vocabulary. `packed=False` is the
-        plain path the derivation pages describe: every layer on [B, L, D], pads included
-        (slower; for reading and tests). Loss and gradients are the same either way.
+        target positions kept are those non-pad in tgt_in or tgt_out). `packed=False`: every
+        layer on [B, L, D], pads included (slower; for tests). Either way only the rows of h
+        with a loss (tgt_out non-pad) are projected to the vocabulary (Seq2Seq.loss_head).
+        Loss and gradients are the same either way, with dropout too: a mask is a function of
+        the position in the padded batch (functional.dropout_bits), so both layouts drop the
+        same units (tests/test_engine.py). The whole step written plainly is reference.py.
         Returns a float on CPU; on GPU a 0-d CuPy array (no host sync; float() it to read).
         `self.last_stats` holds {'loss', 'nll_sum', 'n_tokens'} as device scalars.
         """

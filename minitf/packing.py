@@ -9,9 +9,11 @@ positions) and only attention unpacks them to [B, L, .] (zeros at the pads, whic
 masks hide) and packs its output back. Loss and gradients are those of the padded
 computation; only the (unused) activations at pad positions are no longer computed.
 Used by `Transformer.forward_loss`; `Transformer.forward` (logits at every position) and
-decoding keep the padded layout. The plain version, every layer on [B, L, D] as the
-derivation pages write it: `Transformer.forward_loss(..., packed=False)` (same loss and
-gradients, tests/test_engine.py).
+decoding keep the padded layout. The unpacked version, every layer on [B, L, D]:
+`Transformer.forward_loss(..., packed=False)`, with the same loss and gradients, dropout on
+or off (a dropout mask is a function of the position in the padded batch, so the packed rows
+get the padded rows' masks): tests/test_engine.py. The whole step written plainly is
+reference.py (tests/test_reference.py).
 """
 import numpy as np
 

@@ -3,9 +3,13 @@
 * Every backticked qualified name `minitf.xxx.yyy` in docs/**/*.md resolves (import the
   longest importable module prefix, then a getattr chain). Names listed under a
   "To be implemented" heading are pending: skipped while they do not resolve.
-* Every backward pass in minitf (each `*_backward` function of minitf.functional and
-  minitf.loss, each `backward`/`*_backward` method of a class in minitf.layers,
-  minitf.blocks and minitf.model) is named in some docs/derivations/*.md page.
+* Every backward pass in minitf (each `*_backward` function of minitf.functional,
+  minitf.loss and minitf.reference, each `backward`/`*_backward` method of a class in
+  minitf.layers, minitf.blocks and minitf.model, and minitf.reference.backward) is named in
+  some docs/derivations/*.md page.
+* docs/README.md opens with the reading order (the plain reference minitf/reference.py, then
+  the derivations, then the engine); the reference imports only NumPy, and its shape letters
+  are those of the docs' legend.
 * The docs index and the project README link to the pages; relative links and their
   #anchors resolve; Markdown tables are well formed; constants quoted in the docs match the code.
 * The pages speak to users: no words about how the project is worked on (issue numbers,
@@ -149,7 +153,8 @@ def _resolves(name):
 # ----------------------------------------------------------------------------- coverage
 def _modules_with_backward():
     import minitf.layers
-    mods = [importlib.import_module(m) for m in ("minitf.functional", "minitf.loss", "minitf.blocks", "minitf.model")]
+    mods = [importlib.import_module(m) for m in ("minitf.functional", "minitf.loss", "minitf.blocks", "minitf.model",
+                                                 "minitf.reference")]
     for info in pkgutil.iter_modules(minitf.layers.__path__):
         mods.append(importlib.import_module(f"minitf.layers.{info.name}"))
     return mods
@@ -190,6 +195,39 @@ def test_every_backward_pass_has_a_derivation():
     missing += [q for q, cls, meth in methods if (id(cls), meth) not in named_methods]
     assert not missing, ("these backward passes are not named (as `minitf....` in backticks) in any "
                          "docs/derivations/*.md page; add or extend a derivation: " + ", ".join(missing))
+
+
+# ----------------------------------------------------------------------------- the reference
+REFERENCE = ROOT / "minitf" / "reference.py"
+
+
+def test_docs_readme_opens_with_the_reading_order():
+    text = (DOCS / "README.md").read_text(encoding="utf-8")
+    headings = [m.group(2) for m in map(HEADING_RE.match, text.splitlines()) if m]
+    assert headings[:2] == ["minitf documentation", "Reading order"], f"docs/README.md's first headings: {headings[:2]}"
+    order = text.split("## Reading order", 1)[1].split("\n#", 1)[0]
+    steps = [order.find(what) for what in ("(../minitf/reference.py)", "(derivations/)", "(walkthrough.md)")]
+    assert -1 not in steps and steps == sorted(steps), \
+        "docs/README.md's reading order must link the reference, then derivations/, then walkthrough.md (the engine)"
+
+
+def test_the_reference_imports_only_numpy():
+    import ast
+    assert REFERENCE.is_file(), "minitf/reference.py (the plain reference docs/README.md names first) is missing"
+    tree = ast.parse(REFERENCE.read_text(encoding="utf-8"))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {"." * node.level + (node.module or "") for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported == {"numpy"}, f"minitf/reference.py must import numpy alone (it reads without the engine): {imported}"
+
+
+def test_the_references_shape_letters_are_the_legends():
+    import minitf.reference
+    shapes = re.search(r"^Shapes: (.*?)\n\n", minitf.reference.__doc__, re.S | re.M).group(1)
+    letters = set(re.findall(r"\b([A-Z]) [a-z]", shapes))
+    readme = (DOCS / "README.md").read_text(encoding="utf-8")
+    legend = set(re.findall(r"^\| \$([A-Z])\$", readme, re.M)) | set(re.findall(r'"\$([A-Z])\$" is shorthand', readme))
+    assert len(letters) >= 9 and letters <= legend, \
+        f"minitf/reference.py's shape letters {sorted(letters - legend)} are not in docs/README.md's legend"
 
 
 # ----------------------------------------------------------------------------- links

@@ -113,8 +113,8 @@ def test_gradcheck_multihead_self_attention(rng):
         return layer.forward(x, x, bias)
 
     def bwd(d):
-        dq, dkv = layer.backward(d)
-        return dq + dkv
+        dx_q, dx_kv = layer.backward(d)
+        return dx_q + dx_kv
 
     check_layer(layer, [rng.standard_normal((B, S, D))], fwd, bwd, rng)
 
@@ -125,8 +125,8 @@ def test_gradcheck_multihead_masked_self_attention(rng):
     bias = causal_bias(T, np, np.float64)[None, None] + padding_bias(tgt, 0, np.float64)
 
     def bwd(d):
-        dq, dkv = layer.backward(d)
-        return dq + dkv
+        dx_q, dx_kv = layer.backward(d)
+        return dx_q + dx_kv
 
     check_layer(layer, [rng.standard_normal((B, T, D))], lambda x: layer.forward(x, x, bias), bwd, rng)
 

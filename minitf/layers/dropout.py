@@ -25,13 +25,14 @@ class Dropout(Layer):
         self.cache = mask
         return F.dropout_forward(x, mask)
 
-    def forward_add(self, y, x, stream=None, rows=None):
-        """x + Dropout(y), written into y (a sublayer output nothing else holds)."""
+    def forward_add(self, x, residual, stream=None, rows=None):
+        """residual + Dropout(x), written into x (the dropout's input: a sublayer output nothing
+        else holds); backward returns the gradient of x (the residual's is the sum's own)."""
         if not self.training or self.p == 0.0 or stream is None:
             self.cache = None
-            y += x
-            return y
-        out, self.cache = F.dropout_add_forward(stream, y, x, self.p, rows)
+            x += residual
+            return x
+        out, self.cache = F.dropout_add_forward(stream, x, residual, self.p, rows)
         return out
 
     def backward(self, dy):

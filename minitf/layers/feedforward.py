@@ -11,7 +11,8 @@ class FeedForward(Layer):
         self.fc2 = self.add("fc2", Linear(d_ff, d_model, rng))
 
     def forward(self, x):
-        """x [B, T, D] -> [B, T, D]; hidden [B, T, F]."""
+        """x [..., D] -> [..., D], hidden [..., F]: [B, L, D] padded, [N, D] packed (training's
+        kept positions, packing.Rows); position-wise, so the leading axes do not matter."""
         h = F.relu_forward(self.fc1.forward(x))
         self.cache = h
         return self.fc2.forward(h)

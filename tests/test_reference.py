@@ -1,0 +1,142 @@
+"""The plain reference (minitf/reference.py) and the engine (minitf.Transformer, minitf.Adam)
+compute the same training step: loss, logits and every parameter gradient in float64 to
+1e-10, both positional kinds, padding on both sides, dropout off and on (the reference gets
+the engine's masks through its mask_fn), the engine's packed default and its plain path;
+and the same parameters after Adam steps with the warmup schedule."""
+import numpy as np
+import pytest
+
+import minitf
+from minitf import reference as ref
+from minitf.functional import DropoutStream, dropout_mask
+
+TOL = 1e-10
+
+
+def config(positional="sinusoidal", dropout=0.0):
+    return minitf.TransformerConfig(vocab_size=17, d_model=16, n_heads=2, d_ff=24, n_layers=2, dropout=dropout,
+                                    label_smoothing=0.1, positional=positional, max_len=12)
+
+
+def batch():
+    """Padding in the source and the target (tgt_in = BOS + target, tgt_out = target + EOS),
+    repeated tokens (the embedding's scatter-add), one source without padding."""
+    src = np.array([[5, 6, 7, 5, 3, 0, 0], [9, 10, 11, 12, 13, 14, 3], [8, 3, 0, 0, 0, 0, 0]])
+    tgt_in = np.array([[2, 4, 6, 4, 0], [2, 7, 8, 9, 16], [2, 15, 0, 0, 0]])
+    tgt_out = np.array([[4, 6, 4, 3, 0], [7, 8, 9, 16, 3], [15, 3, 0, 0, 0]])
+    return src, tgt_in, tgt_out
+
+
+def engine_masks(cfg, seed, forward_index):
+    """The engine's dropout masks of training forward `forward_index` as the reference's
+    mask_fn (None without dropout), and the stream (its `site` counts the sites drawn)."""
+    if cfg.dropout == 0.0:
+        return None, None
+    stream = DropoutStream(seed, forward_index)
+
+    def mask_fn(site, shape):
+        assert site == stream.site, f"the reference asked for site {site}, the engine's next is {stream.site}"
+        return dropout_mask(stream, shape, cfg.dropout, np.float64)
+    return mask_fn, stream
+
+
+def reference_step(cfg, params, forward_index, seed):
+    mask_fn, stream = engine_masks(cfg, seed, forward_index)
+    loss, logits, cache = ref.forward(params, *batch(), cfg.n_heads, mask_fn, cfg.label_smoothing, cfg.pad_id,
+                                      cfg.layer_norm_eps)
+    if stream is not None:
+        assert stream.site == 2 + 5 * cfg.n_layers   # every site of the engine's forward, in its order
+    return loss, logits, ref.backward(params, cache)
+
+
+def rel_err(got, want):
+    return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-300)
+
+
+def assert_same_grads(got, want):
+    assert list(got) == list(want)
+    total = np.sqrt(sum(np.linalg.norm(g) ** 2 for g in want.values()))
+    for name in want:
+        a, b = got[name], want[name]
+        if name.endswith(".k.bias"):   # 0 up to round-off in both: softmax ignores a shift of its row
+            assert max(np.linalg.norm(a), np.linalg.norm(b)) < 1e-13 * total, name
+            continue
+        assert rel_err(a, b) <= TOL, f"{name}: relative error {rel_err(a, b):.2e}"
+
+
+def test_init_params_names_and_shapes_are_the_engines():
+    for positional in ("sinusoidal", "learned"):
+        cfg = config(positional)
+        model = minitf.Transformer(cfg, dtype="float64")
+        params = ref.init_params(cfg.vocab_size, cfg.d_model, cfg.d_ff, cfg.n_layers, np.random.default_rng(0),
+                                 cfg.max_len if positional == "learned" else None)
+        assert [(n, p.shape) for n, p in params.items()] == [(n, p.shape) for n, p in model.state_dict().items()]
+
+
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_the_reference_gives_the_engines_loss_logits_and_every_gradient(positional, dropout, packed):
+    cfg = config(positional, dropout)
+    model = minitf.Transformer(cfg, dtype="float64", seed=4)
+    params = {n: p.copy() for n, p in model.state_dict().items()}
+    model.zero_grad()
+    loss = model.forward_loss(*batch(), packed=packed)   # training forward 0
+    model.backward()
+    model.forward_count = 0                                # forward 0's masks again, on the padded path
+    logits = model.forward(*batch()[:2])
+    ref_loss, ref_logits, ref_grads = reference_step(cfg, params, 0, model.seed)
+    assert abs(ref_loss - loss) <= TOL * abs(loss)
+    assert rel_err(ref_logits, logits) <= TOL
+    assert_same_grads(ref_grads, {n: g.copy() for n, g in model.grad_dict().items()})
+    if dropout:   # the masks matter: without them the loss is another
+        assert abs(ref.forward(params, *batch(), cfg.n_heads)[0] - loss) > 1e-3
+
+
+def test_the_tied_embedding_collects_three_shares():
+    """d embedding.weight = the output projection's share + the lookups' shares: a row no
+    lookup reaches with a gradient (a token not in the batch; the pad token, whose positions
+    no other position reads) has the projection's share alone; the BOS row (every tgt_in
+    starts with it) and the rows of tokens only in the source or only in the target have more."""
+    cfg = config()
+    model = minitf.Transformer(cfg, dtype="float64", seed=1)
+    params = {n: p.copy() for n, p in model.state_dict().items()}
+    src, tgt_in, tgt_out = batch()
+    _, _, cache = ref.forward(params, src, tgt_in, tgt_out, cfg.n_heads)
+    full = ref.backward(params, cache)["embedding.weight"]
+    dlogits = ref.label_smoothed_loss_backward(cache["loss"])
+    projection = dlogits.reshape(-1, cfg.vocab_size).T @ cache["h"].reshape(-1, cfg.d_model)
+    lookups = np.linalg.norm(full - projection, axis=1) / np.linalg.norm(full)    # per row of [V, D]
+    unused = np.setdiff1d(np.arange(cfg.vocab_size), np.r_[src.ravel(), tgt_in.ravel()])
+    only_src, only_tgt = np.setdiff1d(src, tgt_in), np.setdiff1d(tgt_in, src)
+    assert unused.size and only_src.size and cfg.bos_id in only_tgt
+    assert lookups[np.r_[unused, cfg.pad_id]].max() < 1e-12
+    assert lookups[np.r_[only_src, only_tgt]].min() > 1e-4
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_adam_steps_with_the_schedule_give_the_engines_parameters(positional):
+    cfg = config(positional, dropout=0.3)
+    model = minitf.Transformer(cfg, dtype="float64", seed=2)
+    params = {n: p.copy() for n, p in model.state_dict().items()}
+    warmup, factor = 3, 2.0
+    opt = minitf.Adam(model, lr=minitf.NoamSchedule(cfg.d_model, warmup, factor))
+    state = ref.adam_state(params)
+    for step in range(3):
+        model.zero_grad()
+        loss = model.forward_loss(*batch())
+        model.backward()
+        lr = opt.step()
+        mask_fn, _ = engine_masks(cfg, model.seed, step)
+        params, ref_loss = ref.train_step(params, state, *batch(), cfg.n_heads, warmup, factor, mask_fn,
+                                          label_smoothing=cfg.label_smoothing, pad_id=cfg.pad_id,
+                                          ln_eps=cfg.layer_norm_eps)
+        assert lr == ref.noam(step + 1, cfg.d_model, warmup, factor)
+        assert abs(ref_loss - loss) <= TOL * abs(loss)
+        for name, p in model.state_dict().items():
+            if name.endswith(".k.bias"):
+                # the key bias's gradient is round-off (softmax ignores a shift of its row), so
+                # Adam moves it by about lr * 1e-8 in each: equal to that, not relatively
+                assert np.abs(params[name] - p).max() <= 1e-6 * lr
+                continue
+            assert rel_err(params[name], p) <= TOL, f"step {step + 1}, {name}: {rel_err(params[name], p):.2e}"
