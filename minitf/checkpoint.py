@@ -49,7 +49,8 @@ def save_checkpoint(path, model=None, optimizer=None, tokenizer=None, train_stat
             "optimizer_step": optimizer.step_count if optimizer is not None else None,
             "sha256": {k: _digest(a) for k, a in arrays.items()}}
     arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    atomic_write(path, lambda f: np.savez(f, **arrays), size_hint=sum(a.nbytes for a in arrays.values()))
+    atomic_write(path, lambda f: np.savez(f, **arrays), size_hint=sum(a.nbytes for a in arrays.values()),
+                 advice="free some space (or keep fewer checkpoints, --keep-last) and run again" if optimizer else None)
 
 
 class Checkpoint:

@@ -29,7 +29,7 @@ def _output_file(path, flag):
 
 def cmd_prepare(args):
     from .data.pipeline import load_data
-    data = load_data(args)
+    data = load_data(args, verify=args.verify)
     m = data.corpus.manifest
     print(f"{data.corpus.folder}: {m['counts']['kept']:,} pairs, {sum(m['tokens'].values()):,} tokens, "
           f"vocabulary {m['tokenizer']['vocab_size']}, data_id {m['data_id']}; valid {len(data.valid[0]):,} "
@@ -121,6 +121,9 @@ def build_parser():
                                        "memory-mapped cache (train_wmt.py does it on its first run)")
     add_data_args(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--verify", action="store_true",
+                   help="also read the whole cache back and check every array against the SHA-256 recorded when "
+                        "it was built (a start checks only cheap invariants); a cache that fails is rebuilt")
     p.set_defaults(func=cmd_prepare, check=lambda args, p=p: check_data_args(p, args))
     p = sub.add_parser("average", help="parameter-wise mean of checkpoints (paper 6.1)")
     p.add_argument("--inputs", nargs="+", required=True)

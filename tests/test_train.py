@@ -328,3 +328,37 @@ def test_ctrl_c_while_the_cache_is_built_is_one_line_and_keeps_nothing(corpus, t
         "interrupted: nothing half-written was kept (the cache and checkpoints are written whole or not at all); "
         "run the command again"]
     assert os.listdir(tmp_path / "cache" / "bin") == []          # no half-built cache, not even a temporary one
+
+
+def test_a_corrupt_cache_found_mid_run_is_one_line(corpus, tmp_path):
+    """Offsets damaged after a run started: the start cannot see it (it reads no offsets but the
+    last), the batch that reads the row does; the error says how to check and rebuild the cache."""
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    r = run_train(corpus, out, "--max-steps", 2, "--save-every", 2, "--average-last", 1, "--valid-every", 0)
+    assert r.returncode == 0, r.stderr[-2000:]
+    folder = next((cache / "bin").iterdir())
+    offsets = np.load(folder / "train.de.offsets.npy", mmap_mode="r+")
+    offsets[len(offsets) // 2] = -(2**40)
+    offsets.flush()
+    del offsets
+    r = run_train(corpus, out, "--max-steps", 40, "--resume", "--save-every", 2, "--average-last", 1, "--valid-every", 0)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "Errno" not in r.stderr, r.stderr[-2000:]
+    lines = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert len(lines) == 1 and "train.de.offsets.npy" in lines[0] and "prepare --verify" in lines[0]
+
+
+
+def test_a_full_disk_while_preparing_the_data_is_one_line(corpus, tmp_path, monkeypatch, capsys):
+    import errno
+    from minitf.data import binarized
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(binarized._NpyWriter, "append", full)
+    monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))
+    code = _train_wmt().main(["--dataset", "multi30k", "--data-dir", str(corpus), "--preset", "tiny", "--vocab-size",
+                              "60", "--device", "cpu", "--out", str(tmp_path / "run"), "--quiet", "--max-steps", "3"])
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.startswith("error:")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err
+    assert "disk is full" in lines[0] and str(tmp_path / "cache" / "bin") in lines[0] and "--keep-last" not in lines[0]

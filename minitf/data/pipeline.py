@@ -71,12 +71,13 @@ class Data:
         return self.corpus.data_id
 
 
-def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True):
+def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True, verify=False):
     """Locate (or download) the corpus, then prepare or reuse its binarized cache.
 
     `tokenizer`: encode with this one (a resumed checkpoint's); else `--tokenizer`, else the
     cache's or a newly trained one. `expect_data_id`: see `prepare_cache`. `notes`: print the
-    line about a missing optional test set (False on all MPI ranks but one). Returns `Data`."""
+    line about a missing optional test set (False on all MPI ranks but one). `verify`: check a reused
+    cache's arrays against their checksums (`prepare --verify`). Returns `Data`."""
     from minitf.data.tokenizer import Tokenizer
     progress = not getattr(args, "quiet", False)
     if args.train:
@@ -103,7 +104,7 @@ def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True):
     folder = cache_folder(root, f"{'own' if args.train else args.dataset}.{where}", (args.src, args.tgt))
     corpus = prepare_cache(folder, files, (args.src, args.tgt), vocab_size=vocab, tokenizer=tokenizer,
                            max_len=args.max_len, max_ratio=max_ratio, progress=progress, log=log,
-                           expect_data_id=expect_data_id)
+                           expect_data_id=expect_data_id, verify=verify)
     if len(corpus) == 0:
         raise DataError(f"no training pairs left after cleaning ({corpus.manifest['counts']}); check "
                         f"{files[0][0]} and the cleaning limits (--max-len, --max-ratio)")
