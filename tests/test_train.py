@@ -347,6 +347,21 @@ def test_a_corrupt_cache_found_mid_run_is_one_line(corpus, tmp_path):
     assert len(lines) == 1 and "train.de.offsets.npy" in lines[0] and "prepare --verify" in lines[0]
 
 
+def test_ranks_that_disagree_are_told_only_what_differs():
+    from minitf.errors import ConfigError
+    from minitf.train import _agree
+
+    class World:
+        def allgather(self, facts):
+            other = dict(facts, seed=7, config=dict(facts["config"], dropout=0.3, n_heads=4))
+            return [facts, other]
+    cfg = minitf.TransformerConfig.preset("tiny", vocab_size=60).to_dict()
+    with pytest.raises(ConfigError) as e:
+        _agree(World(), data_id="abc", config=cfg, seed=1, max_steps=5)
+    msg = str(e.value)
+    assert "--seed 1 (rank 0) vs 7 (rank 1)" in msg and "--dropout 0.1 (rank 0) vs 0.3 (rank 1)" in msg
+    assert "--heads 2 (rank 0) vs 4 (rank 1)" in msg and "d_model" not in msg and len(msg) < 300
+
 
 def test_a_full_disk_while_preparing_the_data_is_one_line(corpus, tmp_path, monkeypatch, capsys):
     import errno
