@@ -22,60 +22,71 @@ Writes OUT/train_log.jsonl, OUT/checkpoint_*.npz (last K kept), OUT/averaged.npz
 OUT/<testset>.hyp.<tgt> and OUT/results.json.
 """
 import argparse
+import os
 import sys
 
-from minitf.config import ARCHS, ATTENTIONS, PRESETS, SIZE_FLAGS
+from minitf.config import ARCHS, ATTENTIONS, PRESETS
 from minitf.data.pipeline import add_data_args, check_data_args
+from minitf.flags import MAX_BEAM, Number, Parser, fraction, positive
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser():
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(p)
     p.add_argument("--preset", default="base", choices=sorted(PRESETS))
     p.add_argument("--arch", choices=ARCHS,
                    help="transformer (default), or rnn: the recurrent baseline with attention (docs/rnn_vs_transformer.md)")
     p.add_argument("--attention", choices=ATTENTIONS,
                    help="--arch rnn: Luong's general (default) or dot score, or Bahdanau's additive score")
-    p.add_argument("--d-model", type=int, help="model width D (default from the preset: base 512, small 256)")
-    p.add_argument("--heads", type=int, help="attention heads H (default from the preset: base 8, small 4)")
-    p.add_argument("--d-ff", type=int, help="feed-forward width F (default from the preset: base 2048, small 1024)")
-    p.add_argument("--layers", type=int, help="layers N of the encoder and of the decoder (default from the preset: base 6, small 3)")
+    p.add_argument("--d-model", type=positive(), help="model width D (default from the preset: base 512, small 256)")
+    p.add_argument("--heads", type=positive(), help="attention heads H (default from the preset: base 8, small 4)")
+    p.add_argument("--d-ff", type=positive(), help="feed-forward width F (default from the preset: base 2048, small 1024)")
+    p.add_argument("--layers", type=positive(), help="layers N of the encoder and of the decoder (default from the preset: base 6, small 3)")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                    help="parameters and activations (float64: exact checks, e.g. one process against N ranks)")
     p.add_argument("--fp16", action="store_true",
                    help="mixed precision: float16 activations/matmuls, float32 master weights, dynamic loss scaling (for GPUs)")
     p.add_argument("--out", default="runs/train", help="output folder")
-    p.add_argument("--max-steps", type=int, help="updates (default from the preset: base 100k, big 300k, as in the paper); 0 = no limit")
-    p.add_argument("--time-budget", type=float, help="stop training after this many seconds")
-    p.add_argument("--max-tokens", type=int,
+    p.add_argument("--max-steps", type=Number(int, 0, meaning=" (0 = no limit)"),
+                   help="updates (default from the preset: base 100k, big 300k, as in the paper); 0 = no limit")
+    p.add_argument("--time-budget", type=positive(float), help="stop training after this many seconds")
+    p.add_argument("--max-tokens", type=positive(),
                    help="tokens per batch and side on each rank, padding included (fairseq's meaning); default: the "
                         "preset's tokens per update (base/big 25000 as in the paper, small 2048) split over the "
                         "ranks x --update-freq batches of an update, so any number of ranks makes the same update")
-    p.add_argument("--update-freq", type=int, default=1, help="batches accumulated per update on each rank")
-    p.add_argument("--warmup", type=int, help="warmup steps (paper: 4000; default from the preset)")
-    p.add_argument("--lr-factor", type=float, help="multiplies the paper's learning rate (default from the preset)")
-    p.add_argument("--lr-fade", type=float, metavar="FRACTION",
+    p.add_argument("--update-freq", type=positive(), default=1, help="batches accumulated per update on each rank")
+    p.add_argument("--warmup", type=positive(), help="warmup steps (paper: 4000; default from the preset)")
+    p.add_argument("--lr-factor", type=positive(float), help="multiplies the paper's learning rate (default from the preset)")
+    p.add_argument("--lr-fade", type=fraction(), metavar="FRACTION",
                    help="fade the learning rate linearly to 0 over this last fraction of the run (of --time-budget "
                         "or --max-steps, whichever ends it first); 0 = the paper's schedule (default from the preset)")
-    p.add_argument("--dropout", type=float, help="override the preset's dropout (paper: 0.1; small: 0.05)")
-    p.add_argument("--label-smoothing", type=float, help="override eps_ls (paper: 0.1)")
+    p.add_argument("--dropout", type=fraction(closed=False), help="override the preset's dropout (paper: 0.1; small: 0.05)")
+    p.add_argument("--label-smoothing", type=fraction(closed=False), help="override eps_ls (paper: 0.1)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--log-every", type=int, default=50, help="steps between train_log.jsonl lines")
-    p.add_argument("--valid-every", type=int, default=500, help="steps between validation losses (0 = never)")
-    p.add_argument("--save-every", type=int, help="steps between checkpoints (default from the preset: small 80, tiny 10)")
-    p.add_argument("--save-every-minutes", type=float,
+    p.add_argument("--seed", type=Number(int, 0, 2**32 - 1), default=1)
+    p.add_argument("--log-every", type=positive(), default=50, help="steps between train_log.jsonl lines")
+    p.add_argument("--valid-every", type=Number(int, 0, meaning=" (0 = never)"), default=500,
+                   help="steps between validation losses (0 = never)")
+    p.add_argument("--save-every", type=positive(), help="steps between checkpoints (default from the preset: small 80, tiny 10)")
+    p.add_argument("--save-every-minutes", type=positive(float),
                    help="minutes of training between checkpoints (default base/big: 10, the paper's spacing)")
-    p.add_argument("--keep-last", type=int, help="checkpoints kept (default: --average-last + 1)")
-    p.add_argument("--average-last", type=int,
+    p.add_argument("--keep-last", type=positive(), help="checkpoints kept (default: --average-last + 1)")
+    p.add_argument("--average-last", type=positive(),
                    help="evenly spaced checkpoints averaged at the end (default from the preset: base 5, big 20, as in the paper)")
-    p.add_argument("--beam", type=int, default=4, help="beam size for the final evaluation (paper: 4)")
-    p.add_argument("--alpha", type=float, default=None,
+    p.add_argument("--beam", type=Number(int, 1, MAX_BEAM), default=4,
+                   help="beam size for the final evaluation (paper: 4; 1 = greedy)")
+    p.add_argument("--alpha", type=Number(float, 0), default=None,
                    help="length penalty alpha of beam search (paper: 0.6; default: the preset's, small 2.0)")
-    p.add_argument("--decode-batch", type=int, default=100, help="sentences decoded together")
-    p.add_argument("--max-nonfinite", type=int, default=5, help="stop after this many non-finite losses in a row")
+    p.add_argument("--decode-batch", type=positive(), default=100, help="sentences decoded together")
+    p.add_argument("--max-nonfinite", type=positive(), default=5, help="stop after this many non-finite losses in a row")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    return p
+
+
+def parse_args(argv=None):
+    """The flags, checked: a bad value or combination is one line on stderr and exit status 2."""
+    p = build_parser()
     args = p.parse_args(argv)
     check_data_args(p, args)
     for flag in ("d_ff", "heads"):
@@ -84,37 +95,50 @@ def parse_args(argv=None):
                     f"(its sizes: --d-model and --layers)")
     if args.attention is not None and args.arch == "transformer":
         p.error("--attention chooses the attention of --arch rnn; the Transformer's is multi-head scaled dot-product")
-    for name in (*SIZE_FLAGS, "max_tokens", "update_freq", "warmup", "save_every", "keep_last", "average_last", "beam", "log_every"):
-        v = getattr(args, name)
-        if v is not None and v <= 0:
-            p.error(f"--{name.replace('_', '-')} must be positive, got {v}")
     if (args.d_model or args.heads) and args.arch != "rnn":
         d, h = args.d_model or PRESETS[args.preset]["d_model"], args.heads or PRESETS[args.preset]["n_heads"]
         if d % h:
             p.error(f"--d-model {d} is not divisible by --heads {h} (each head gets d_model / heads); "
                     f"change one of them")
-    if args.lr_fade is not None and not 0 <= args.lr_fade <= 1:
-        p.error(f"--lr-fade must be a fraction of the run in [0, 1], got {args.lr_fade}")
-    if args.save_every_minutes is not None and args.save_every_minutes <= 0:
-        p.error(f"--save-every-minutes must be positive, got {args.save_every_minutes}")
     if args.save_every and args.save_every_minutes:
         p.error("--save-every (steps) and --save-every-minutes: give one spacing")
     if args.average_last and args.keep_last and args.average_last > args.keep_last:
         p.error(f"--average-last {args.average_last} > --keep-last {args.keep_last}: keep at least as many as you average")
+    _check_out(p, args)
     return args
 
 
+def _check_out(p, args):
+    """--out must be (or become) a folder; --resume needs a checkpoint in it."""
+    above = os.path.abspath(args.out)
+    while not os.path.exists(above):
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        p.error(f"--out {args.out}: {above} is a file, not a folder; choose another --out")
+    from minitf.train import checkpoint_paths
+    if args.resume and not checkpoint_paths(args.out):   # a typo in --out would otherwise start from scratch
+        p.error(f"--resume: --out {args.out} holds no checkpoint_*.npz to continue from; "
+                f"drop --resume to start a new run there, or name the run's folder")
+
+
 def main(argv=None):
-    from minitf.errors import Interrupted, MinitfError
-    from minitf.train import train
+    from minitf.errors import Interrupted, MinitfError, out_of_memory, report
+    from minitf.train import checkpoint_paths, train
     args = parse_args(argv)
     try:
         train(args)
     except MinitfError as e:
-        print(f"error: {e}", file=sys.stderr)
+        report(f"error: {e}")
         return 2
     except Interrupted as e:   # saved; 143 after SIGTERM, 130 after Ctrl-C, as a scheduler expects
         return e.exit_code
+    except KeyboardInterrupt:  # outside the update loop (which saves and raises Interrupted): the set-up
+        report("interrupted: nothing half-written was kept (the cache and checkpoints are written whole or not "
+               "at all); " + ("continue with --resume" if checkpoint_paths(args.out) else "run the command again"))
+        return 130
+    except MemoryError as e:
+        report(f"error: {out_of_memory(e, '--max-tokens, the model size (--preset, --d-model, ...) or --decode-batch')}")
+        return 2
     return 0
 
 

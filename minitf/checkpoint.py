@@ -20,10 +20,11 @@ import numpy as np
 
 from .backend import to_numpy
 from .config import TransformerConfig
-from .errors import CheckpointError, MinitfError
+from .errors import CheckpointError, MinitfError, one_line
 from .fileio import atomic_write
 
 FORMAT, VERSION = "minitf-checkpoint", 1
+ZIP_MAGIC = b"PK\x03\x04"   # what every .npz starts with
 
 
 def _digest(a):
@@ -48,7 +49,8 @@ def save_checkpoint(path, model=None, optimizer=None, tokenizer=None, train_stat
             "optimizer_step": optimizer.step_count if optimizer is not None else None,
             "sha256": {k: _digest(a) for k, a in arrays.items()}}
     arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    atomic_write(path, lambda f: np.savez(f, **arrays), size_hint=sum(a.nbytes for a in arrays.values()))
+    atomic_write(path, lambda f: np.savez(f, **arrays), size_hint=sum(a.nbytes for a in arrays.values()),
+                 advice="free some space (or keep fewer checkpoints, --keep-last) and run again" if optimizer else None)
 
 
 class Checkpoint:
@@ -71,12 +73,21 @@ def load_checkpoint(path):
     """Read and verify a checkpoint; any defect is a CheckpointError naming the file."""
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint {path} does not exist")
+        raise CheckpointError(f"checkpoint {path} " + ("is a folder, not a file" if os.path.isdir(path) else "does not exist"))
+    with open(path, "rb") as f:
+        if f.read(4) != ZIP_MAGIC:
+            raise CheckpointError(f"{path} is not a minitf checkpoint (those are .npz archives that "
+                                  f"train_wmt.py or `python -m minitf average` wrote)")
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-    except (zipfile.BadZipFile, EOFError, ValueError, OSError, KeyError) as e:
-        raise CheckpointError(f"checkpoint {path} is truncated or not a minitf checkpoint ({e})") from None
+    except ValueError as e:
+        if "allow_pickle" in str(e):   # NumPy's advice to load it unsafely: never here
+            raise CheckpointError(f"{path} is not a minitf checkpoint: it holds pickled (object) arrays, "
+                                  f"which minitf never loads") from None
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({one_line(e, 200)})") from None
+    except Exception as e:   # zip and .npy header errors (BadZipFile, EOFError, OSError, tokenize errors, ...)
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({one_line(e, 200)})") from None
     if "__meta__" not in arrays:
         raise CheckpointError(f"checkpoint {path} has no metadata: not a minitf checkpoint")
     try:
@@ -121,14 +132,26 @@ def read_train_state(path):
 
 def average_checkpoints(paths, output):
     """Parameter-wise mean of several checkpoints (paper 6.1: the last 5), written to `output`
-    with the last input's config and tokenizer and no optimizer state."""
+    with the last input's config and tokenizer and no optimizer state. The checkpoints must hold
+    the same model (`TransformerConfig.model_fields`; the training recipe may differ, e.g. a
+    resumed run's --max-steps); `output` must not be one of them."""
     if not paths:
         raise CheckpointError("average: give at least one --inputs checkpoint")
+    if os.path.isdir(output):
+        raise CheckpointError(f"average: the output {output} is a folder; name the .npz file to write")
+    for p in paths:
+        if os.path.exists(output) and os.path.samefile(p, output):
+            raise CheckpointError(f"average: the output {output} is one of the inputs; writing it would replace "
+                                  f"that checkpoint (and its optimizer state) by the average: name another output")
     ckpts = [load_checkpoint(p) for p in paths]
     first = ckpts[0]
     for c in ckpts[1:]:
-        if c.config.to_dict() != first.config.to_dict() or set(c.params) != set(first.params):
-            raise CheckpointError(f"average: {c.path} has a different model than {first.path}")
+        ours, theirs = first.config.model_fields(), c.config.model_fields()
+        diff = [f"{k} {theirs[k]} vs {ours[k]}" for k in ours if theirs[k] != ours[k]]
+        if not diff and set(c.params) != set(first.params):
+            diff = [f"parameters {', '.join(sorted(set(c.params) ^ set(first.params))[:3])} in one only"]
+        if diff:
+            raise CheckpointError(f"average: {c.path} has a different model than {first.path}: {'; '.join(diff)}")
     mean = {n: (sum(c.params[n].astype(np.float64) for c in ckpts) / len(ckpts)).astype(first.params[n].dtype)
             for n in first.params}
     save_checkpoint(output, params=mean, config=ckpts[-1].config, tokenizer=ckpts[-1].tokenizer,

@@ -1,13 +1,14 @@
 """`python -m minitf COMMAND`: prepare, average, translate, evaluate, plot.
 
-Every user error (a MinitfError) is printed as one line on stderr with exit status 2.
+Every user error (a bad flag, a MinitfError) is printed as one line on stderr with exit status 2.
 """
-import argparse
 import json
+import os
 import sys
 
 from .data.pipeline import add_data_args, check_data_args
-from .errors import DataError, MinitfError
+from .errors import ConfigError, DataError, MinitfError, out_of_memory, report
+from .flags import MAX_BEAM, Number, Parser, positive
 
 
 def _read_input(path):
@@ -17,9 +18,18 @@ def _read_input(path):
     return read_lines(path)
 
 
+def _output_file(path, flag):
+    """ConfigError unless `path` can be written as a file: its folder exists, and it is no folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ConfigError(f"{flag} {path} is a folder; name the file to write")
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{flag} {path}: the folder {folder} does not exist; create it first or fix the path")
+
+
 def cmd_prepare(args):
     from .data.pipeline import load_data
-    data = load_data(args)
+    data = load_data(args, verify=args.verify)
     m = data.corpus.manifest
     print(f"{data.corpus.folder}: {m['counts']['kept']:,} pairs, {sum(m['tokens'].values()):,} tokens, "
           f"vocabulary {m['tokenizer']['vocab_size']}, data_id {m['data_id']}; valid {len(data.valid[0]):,} "
@@ -28,12 +38,15 @@ def cmd_prepare(args):
 
 def cmd_average(args):
     from .checkpoint import average_checkpoints
+    _output_file(args.output, "--output")
     average_checkpoints(args.inputs, args.output)
     print(f"averaged {len(args.inputs)} checkpoints -> {args.output}", file=sys.stderr)
 
 
 def cmd_translate(args):
     from .translate import load_for_inference, translate_lines
+    if args.output:
+        _output_file(args.output, "--output")
     model, tok = load_for_inference(args.checkpoint, args.device)
     args.alpha = model.cfg.decode_alpha if args.alpha is None else args.alpha
     if args.input in (None, "-") and sys.stdin.isatty() and not args.output:
@@ -66,6 +79,8 @@ def cmd_evaluate(args):
     src, ref = _read_input(args.src), _read_input(args.ref)
     if len(src) != len(ref):
         raise DataError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
+    if not src:
+        raise DataError(f"--src {args.src} and --ref {args.ref} are empty: there is nothing to translate and score")
     model, tok = load_for_inference(args.checkpoint, args.device)
     args.alpha = model.cfg.decode_alpha if args.alpha is None else args.alpha
     lang = args.lang or read_train_state(args.checkpoint).get("languages", [None, None])[1]
@@ -90,23 +105,26 @@ def cmd_evaluate(args):
 
 def _decode_args(p):
     p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz) with its tokenizer")
-    p.add_argument("--beam", type=int, default=4, help="beam size (paper: 4; 1 = greedy)")
-    p.add_argument("--alpha", type=float, default=None,
+    p.add_argument("--beam", type=Number(int, 1, MAX_BEAM), default=4, help="beam size (paper: 4; 1 = greedy)")
+    p.add_argument("--alpha", type=Number(float, 0), default=None,
                    help="length penalty alpha (paper: 0.6; default: the checkpoint's preset, small 2.0)")
-    p.add_argument("--max-len-b", type=int, default=50, help="max output length = input length + this")
-    p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
+    p.add_argument("--max-len-b", type=Number(int, 0), default=50, help="max output length = input length + this")
+    p.add_argument("--batch-size", type=positive(), default=64, help="sentences decoded together")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="python -m minitf", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m minitf", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="tokenize and clean a training corpus once into its binarized, "
                                        "memory-mapped cache (train_wmt.py does it on its first run)")
     add_data_args(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=cmd_prepare, check=check_data_args)
+    p.add_argument("--verify", action="store_true",
+                   help="also read the whole cache back and check every array against the SHA-256 recorded when "
+                        "it was built (a start checks only cheap invariants); a cache that fails is rebuilt")
+    p.set_defaults(func=cmd_prepare, check=lambda args, p=p: check_data_args(p, args))
     p = sub.add_parser("average", help="parameter-wise mean of checkpoints (paper 6.1)")
     p.add_argument("--inputs", nargs="+", required=True)
     p.add_argument("--output", required=True)
@@ -115,7 +133,7 @@ def build_parser():
     _decode_args(p)
     p.add_argument("--input", help="input file (plain or .gz); default stdin")
     p.add_argument("--output", help="output file; default stdout")
-    p.set_defaults(func=cmd_translate)
+    p.set_defaults(func=cmd_translate, memory="--batch-size or --beam")
     p = sub.add_parser("evaluate", help="translate --src and score against --ref with sacreBLEU and chrF, and "
                        "the paper's tokenized BLEU")
     _decode_args(p)
@@ -124,7 +142,7 @@ def build_parser():
     p.add_argument("--lang", help="target language of the paper's tokenized BLEU (Moses tokenizer; 'de' also "
                    "splits compounds); default: the one the checkpoint was trained on")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(func=cmd_evaluate)
+    p.set_defaults(func=cmd_evaluate, memory="--batch-size or --beam")
     try:
         from .viz import add_plot_parser
     except ImportError:
@@ -136,15 +154,21 @@ def build_parser():
 
 def main(argv=None):
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "check", None):
-        args.check(parser, args)
+    try:
+        args = parser.parse_args(argv)
+        if getattr(args, "check", None):
+            args.check(args)
+    except SystemExit as e:   # a bad flag (one line printed, status 2), or --help (0)
+        return e.code
     try:
         args.func(args)
     except MinitfError as e:
-        print(f"error: {e}", file=sys.stderr)
+        report(f"error: {e}")
+        return 2
+    except MemoryError as e:
+        report(f"error: {out_of_memory(e, getattr(args, 'memory', None))}")
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        report("interrupted: nothing half-written was kept")
         return 130
     return 0

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 
+# how a model is trained and decoded, not what it computes: checkpoints that differ only in these hold
+# the same model (checkpoint averaging compares the other fields, `TransformerConfig.model_fields`)
+TRAINING_FIELDS = ("dropout", "label_smoothing", "warmup", "lr_factor", "lr_fade", "max_tokens", "save_every",
+                   "save_every_minutes", "average_last", "max_steps", "decode_alpha")
 ARCHS = ("transformer", "rnn")                  # the classes: models.ARCHS
 ATTENTIONS = ("general", "dot", "additive")     # arch "rnn": layers.rnn_attention.RecurrentAttention.KINDS
 # train_wmt.py's model-size flags (argparse names) -> the fields they override
@@ -94,6 +98,11 @@ class TransformerConfig:
 
     def to_dict(self):
         return dataclasses.asdict(self)
+
+    def model_fields(self):
+        """{field: value} of what defines the model's parameters and what it computes: every field
+        but TRAINING_FIELDS (dropout and label smoothing act only while training)."""
+        return {k: v for k, v in self.to_dict().items() if k not in TRAINING_FIELDS}
 
     @classmethod
     def from_dict(cls, d):

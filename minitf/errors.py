@@ -3,6 +3,26 @@
 The command-line entry points catch `MinitfError` and print its message as one line
 (no traceback), so every user-facing failure should raise one of these.
 """
+import sys
+
+
+def one_line(text, limit=400):
+    """`text` (e.g. a library's multi-line exception message) as one line of at most `limit` characters."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def report(message):
+    """Print `message` on stderr as ONE line, in one write, flushed: the lines of several processes
+    (MPI ranks sharing a terminal) never run into each other."""
+    sys.stderr.write(one_line(message, limit=4000) + "\n")
+    sys.stderr.flush()
+
+
+def out_of_memory(e, knobs=None):
+    """The one-line message for a MemoryError: what could not be allocated, and the flags that size it."""
+    what = f" ({one_line(e, 120)})" if str(e) else ""
+    return f"out of memory{what}; " + (f"lower {knobs}" if knobs else "free some memory or use a larger machine")
 
 
 class MinitfError(Exception):

@@ -13,13 +13,29 @@ def _umask():
     return mask
 
 
-def atomic_write(path, write, size_hint=None):
+class DiskFull(MinitfError):
+    """A write failed for want of space (ENOSPC, or EDQUOT: the quota)."""
+
+
+def is_disk_full(e):
+    return isinstance(e, DiskFull) or (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT))
+
+
+def disk_full(what, folder, size_hint=None, advice=None):
+    """The one-line MinitfError for a full disk (or quota) while writing `what` into `folder`."""
+    free = shutil.disk_usage(folder).free
+    need = f"; writing it takes {size_hint / 1e6:,.1f} MB" if size_hint else ""
+    return DiskFull(f"{what}: no space left on the device of {folder}, the disk is full ({free / 1e6:,.1f} MB "
+                    f"free{need}); {advice or 'free some space and run again'}")
+
+
+def atomic_write(path, write, size_hint=None, advice=None):
     """write(fileobj) into a temp file beside `path`, fsync it, rename it over `path`, fsync the dir.
 
     The file gets the permissions of any new file (0666 less the umask), not the temporary
     file's 0600, so a teammate can read a shared run's checkpoints. A full disk is a one-line
-    MinitfError naming the folder, its free space and (with `size_hint`, bytes) what was needed;
-    the previous file at `path` is untouched."""
+    MinitfError naming the folder, its free space, (with `size_hint`, bytes) what was needed and
+    `advice` (what to do; default: free some space); the previous file at `path` is untouched."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
@@ -34,11 +50,8 @@ def atomic_write(path, write, size_hint=None):
     except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            free = shutil.disk_usage(folder).free
-            need = f"; writing it takes {size_hint / 1e6:,.1f} MB" if size_hint else ""
-            raise MinitfError(f"{path}: no space left on the device of {folder} ({free / 1e6:,.1f} MB free{need}); "
-                              f"free some space (or keep fewer checkpoints, --keep-last) and run again") from None
+        if is_disk_full(e):
+            raise disk_full(path, folder, size_hint, advice) from None
         raise
     try:
         dfd = os.open(folder, os.O_RDONLY)

@@ -30,7 +30,8 @@ from .optim import Adam, LossScaler
 from .schedule import NoamSchedule, fade
 
 def log(msg):
-    print(msg, file=sys.stderr, flush=True)
+    sys.stderr.write(f"{msg}\n")   # one write: the lines of several ranks never run into each other
+    sys.stderr.flush()
 
 
 # ------------------------------------------------------------------------------ data
@@ -173,15 +174,25 @@ def train(args):
 
 
 def _agree(world, **facts):
-    """ConfigError on every rank when the ranks were launched with different data or flags."""
-    every = world.allgather(facts)
-    diff = sorted({k for other in every for k in facts if other[k] != every[0][k]})
-    if diff:
-        bad = next(r for r, other in enumerate(every) if any(other[k] != every[0][k] for k in diff))
-        raise ConfigError(f"the ranks disagree on {', '.join(diff)}: rank 0 has "
-                          f"{', '.join(f'{k}={every[0][k]!r}' for k in diff)}, rank {bad} has "
-                          f"{', '.join(f'{k}={every[bad][k]!r}' for k in diff)}; launch every rank with the same "
-                          f"flags and files")
+    """ConfigError on every rank when the ranks were launched with different data or flags; the
+    message names only what differs (`--dropout 0.1 (rank 0) vs 0.3 (rank 1)`), the config's fields
+    one by one, by their flags."""
+    flag = {field: name for name, field in SIZE_FLAGS.items()}
+    plain = {"data_id": "the data (data_id)", "resume_step": "the resumed step"}
+
+    def named(f):   # {what the user calls it: value}
+        out = {}
+        for k, v in f.items():
+            for key, value in (v.items() if k == "config" else [(k, v)]):
+                label = plain.get(key) or "--" + flag.get(key, key).replace("_", "-")
+                out[f"the config's {key}" if k == "config" and key in f else label] = value
+        return out
+
+    every = [named(f) for f in world.allgather(facts)]
+    for rank, other in enumerate(every):
+        diff = [f"{k} {v} (rank 0) vs {other.get(k)} (rank {rank})" for k, v in every[0].items() if other.get(k) != v]
+        if diff:
+            raise ConfigError(f"the ranks disagree: {'; '.join(diff)}; launch every rank with the same flags and files")
 
 
 def _train(args, world):

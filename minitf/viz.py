@@ -26,6 +26,7 @@ import sys
 import numpy as np
 
 from .errors import ConfigError, DataError, MinitfError
+from .flags import MAX_BEAM, Number, fraction, positive
 
 DPI = 100
 FORMATS = ("png", "svg", "pdf")
@@ -590,19 +591,19 @@ def add_plot_parser(sub):
     what = p.add_subparsers(dest="what", required=True, metavar="WHAT")
 
     q = what.add_parser("pe", help="sinusoidal positional encoding (3.5): heatmap, norms, distance by offset")
-    q.add_argument("--max-len", type=int, default=100, help="positions to draw (default 100)")
-    q.add_argument("--d-model", type=int, default=128, help="model width, even (default 128)")
-    q.add_argument("--table-n", type=int, default=10, help="positions in the printed table (default 10)")
-    q.add_argument("--table-d", type=int, default=10, help="d_model of the printed table (default 10)")
+    q.add_argument("--max-len", type=Number(int, 2), default=100, help="positions to draw (default 100)")
+    q.add_argument("--d-model", type=Number(int, 2), default=128, help="model width, even (default 128)")
+    q.add_argument("--table-n", type=Number(int, 2), default=10, help="positions in the printed table (default 10)")
+    q.add_argument("--table-d", type=Number(int, 2), default=10, help="d_model of the printed table (default 10)")
     q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_pe(a.out, a.max_len, a.d_model, a.table_n, a.table_d))
 
     q = what.add_parser("lr", help="learning-rate schedule (5.3, eq. 3) with its peak at warmup")
-    q.add_argument("--d-model", type=int, default=512)
-    q.add_argument("--warmup", type=int, default=4000)
-    q.add_argument("--factor", type=float, default=1.0)
-    q.add_argument("--steps", type=int, default=100_000, help="last step drawn (default 100000)")
-    q.add_argument("--fade", type=float, default=0.0,
+    q.add_argument("--d-model", type=positive(), default=512)
+    q.add_argument("--warmup", type=positive(), default=4000)
+    q.add_argument("--factor", type=positive(float), default=1.0)
+    q.add_argument("--steps", type=Number(int, 2), default=100_000, help="last step drawn (default 100000)")
+    q.add_argument("--fade", type=fraction(), default=0.0,
                    help="train_wmt.py's --lr-fade for a run that ends at --steps (default 0: the paper's)")
     q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_lr(a.out, a.d_model, a.warmup, a.factor, a.steps, a.fade))
@@ -616,25 +617,25 @@ def add_plot_parser(sub):
     q.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz) with its tokenizer")
     q.add_argument("--src", required=True, help="source sentence (raw text)")
     q.add_argument("--tgt", help="target sentence (raw text); default: translate --src first")
-    q.add_argument("--layer", type=int, default=0, help="layer index, from 0 (default 0)")
-    q.add_argument("--head", type=int, default=0, help="head index, from 0 (default 0)")
-    q.add_argument("--beam", type=int, default=4, help="beam size when translating (1 = greedy; default 4)")
-    q.add_argument("--alpha", type=float, default=None, help="length penalty when translating (default: the "
+    q.add_argument("--layer", type=Number(int, 0), default=0, help="layer index, from 0 (default 0)")
+    q.add_argument("--head", type=Number(int, 0), default=0, help="head index, from 0 (default 0)")
+    q.add_argument("--beam", type=Number(int, 1, MAX_BEAM), default=4, help="beam size when translating (1 = greedy; default 4)")
+    q.add_argument("--alpha", type=Number(float, 0), default=None, help="length penalty when translating (default: the "
                    "checkpoint's preset)")
-    q.add_argument("--max-len-b", type=int, default=50, help="max output length = input length + this")
+    q.add_argument("--max-len-b", type=Number(int, 0), default=50, help="max output length = input length + this")
     q.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_attention(a.checkpoint, a.src, a.out, a.layer, a.head, a.tgt, a.beam,
                                                  a.alpha, a.max_len_b, a.device))
 
     q = what.add_parser("masks", help="the attention masks: padding, causal + padding, cross-attention")
-    q.add_argument("--src-lens", type=int, nargs="+", default=[5, 3], help="source lengths (default 5 3)")
-    q.add_argument("--tgt-lens", type=int, nargs="+", default=[4, 6], help="target lengths (default 4 6)")
+    q.add_argument("--src-lens", type=positive(), nargs="+", default=[5, 3], help="source lengths (default 5 3)")
+    q.add_argument("--tgt-lens", type=positive(), nargs="+", default=[4, 6], help="target lengths (default 4 6)")
     q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_masks(a.out, a.src_lens, a.tgt_lens))
 
     q = what.add_parser("packing", help="pad-free rows: a padded batch and its packed rows")
-    q.add_argument("--lens", type=int, nargs="+", default=[5, 2, 4], help="sentence lengths (default 5 2 4)")
+    q.add_argument("--lens", type=positive(), nargs="+", default=[5, 2, 4], help="sentence lengths (default 5 2 4)")
     q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_packing(a.out, a.lens))
 

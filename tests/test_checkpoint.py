@@ -78,12 +78,42 @@ def test_average_cli(tmp_path):
     np.testing.assert_allclose(load_checkpoint(tmp_path / "avg.npz").params["embedding.weight"], sum(w) / 3, rtol=1e-5)
 
 
-def test_average_rejects_different_models(tmp_path):
+def test_average_rejects_different_models_naming_the_field(tmp_path):
     save_checkpoint(tmp_path / "a.npz", tiny_model())
     cfg = minitf.TransformerConfig(vocab_size=17, d_model=8, n_heads=2, d_ff=24, n_layers=1)
     save_checkpoint(tmp_path / "b.npz", minitf.Transformer(cfg))
-    with pytest.raises(minitf.CheckpointError, match="different model"):
+    with pytest.raises(minitf.CheckpointError) as e:
         average_checkpoints([tmp_path / "a.npz", tmp_path / "b.npz"], tmp_path / "avg.npz")
+    assert "different model" in str(e.value) and "d_model 8 vs 16" in str(e.value) and "vocab_size" not in str(e.value)
+
+
+def test_average_takes_checkpoints_that_differ_only_in_the_recipe(tmp_path):
+    import dataclasses
+    model = tiny_model(1)
+    save_checkpoint(tmp_path / "a.npz", model)
+    model.cfg = dataclasses.replace(model.cfg, max_steps=50, warmup=7, dropout=0.3, decode_alpha=2.0)   # a resumed run
+    save_checkpoint(tmp_path / "b.npz", model)
+    average_checkpoints([tmp_path / "a.npz", tmp_path / "b.npz"], tmp_path / "avg.npz")
+    assert load_checkpoint(tmp_path / "avg.npz").config.max_steps == 50   # the last input's
+
+
+def test_average_refuses_an_output_that_is_an_input_or_a_folder(tmp_path):
+    model = tiny_model()
+    opt = minitf.Adam(model, lr=1e-3)
+    save_checkpoint(tmp_path / "c.npz", model, opt)
+    save_checkpoint(tmp_path / "d.npz", model, opt)
+    before = (tmp_path / "c.npz").read_bytes()
+    with pytest.raises(minitf.CheckpointError, match="is one of the inputs"):
+        average_checkpoints([tmp_path / "c.npz", tmp_path / "d.npz"], tmp_path / "." / "c.npz")
+    assert (tmp_path / "c.npz").read_bytes() == before and load_checkpoint(tmp_path / "c.npz").optimizer
+    with pytest.raises(minitf.CheckpointError, match="is a folder"):
+        average_checkpoints([tmp_path / "c.npz"], tmp_path)
+    for output, what in ((tmp_path / "c.npz", "is one of the inputs"), (tmp_path, "is a folder"),
+                         (tmp_path / "no" / "avg.npz", "does not exist")):
+        r = subprocess.run([sys.executable, "-m", "minitf", "average", "--inputs", str(tmp_path / "c.npz"),
+                            str(tmp_path / "d.npz"), "--output", str(output)], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 2 and what in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
 def test_truncated_checkpoint_is_a_clear_error(tmp_path):
@@ -114,11 +144,32 @@ def test_not_a_checkpoint_and_missing_file(tmp_path):
     with pytest.raises(minitf.CheckpointError, match="does not exist"):
         load_checkpoint(tmp_path / "nope.npz")
     (tmp_path / "x.npz").write_text("hello")
-    with pytest.raises(minitf.CheckpointError, match="truncated or not"):
+    with pytest.raises(minitf.CheckpointError) as e:
         load_checkpoint(tmp_path / "x.npz")
+    assert "x.npz is not a minitf checkpoint" in str(e.value) and "pickle" not in str(e.value)   # no 'load it unsafely'
     np.savez(tmp_path / "y.npz", a=np.zeros(3))
     with pytest.raises(minitf.CheckpointError, match="metadata"):
         load_checkpoint(tmp_path / "y.npz")
+    np.savez(tmp_path / "o.npz", a=np.array([{"x": 1}], dtype=object))
+    with pytest.raises(minitf.CheckpointError, match="o.npz is not a minitf checkpoint: it holds pickled"):
+        load_checkpoint(tmp_path / "o.npz")
+    with pytest.raises(minitf.CheckpointError, match="is a folder"):
+        load_checkpoint(tmp_path)
+
+
+def test_a_corrupt_npy_header_inside_is_one_line(tmp_path):
+    path = tmp_path / "c.npz"
+    save_checkpoint(path, tiny_model())
+    with zipfile.ZipFile(path) as z:
+        entries = {n: z.read(n) for n in z.namelist()}
+    name = next(n for n in entries if n.startswith("param/"))
+    entries[name] = entries[name][:10] + b"{'descr': ((((((((" + entries[name][28:]   # the header's dict, broken
+    with zipfile.ZipFile(path, "w") as z:
+        for n, data in entries.items():
+            z.writestr(n, data)
+    with pytest.raises(minitf.CheckpointError) as e:
+        load_checkpoint(path)
+    assert "truncated or corrupt" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_no_pickle_inside(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from minitf.data import TokenPairs, Tokenizer, clean_pairs, collate, open_cache, prepare_cache, token_batches
 from minitf.data import binarized
 from minitf.data.binarized import _NpyWriter, cache_folder
-from minitf.errors import DataError
+from minitf.errors import DataError, MinitfError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EN = "a the man woman dog cat sees eats red big small house runs".split()
@@ -305,3 +305,143 @@ def test_a_resumed_runs_data_is_checked_before_any_rebuild(tmp_path):
     with pytest.raises(binarized.StaleData, match="train.en.gz changed"):
         _prepare(tmp_path, paths, log, expect_data_id=first.data_id)
     assert not log.built() and open_cache(first.folder).data_id == first.data_id
+
+
+# ------------------------------------------------------------------------------ corrupt contents
+def _poke(path, index, value):
+    """Set element `index` of a cache array in place (its header and size stay right)."""
+    a = np.load(path, mmap_mode="r+")
+    a[index] = value
+    a.flush()
+    del a
+
+
+def test_every_array_has_a_checksum_that_verify_checks(tmp_path):
+    paths, _, _ = _corpus(tmp_path / "data")
+    good = _prepare(tmp_path, paths)
+    files = good.manifest["files"]
+    assert all(len(f["sha256"]) == 64 for f in files.values()) and len(files) == 6
+    assert binarized.verify_cache(good.folder, good.manifest) == sum(f["bytes"] for f in files.values())
+    want = good.pairs("en", "de").collate(np.arange(len(good)))
+    tokens = os.path.join(good.folder, "train.en.tokens.npy")
+    a = np.load(tokens, mmap_mode="r")
+    _poke(tokens, 17, (int(a[17]) + 1) % good.tokenizer.vocab_size or 4)   # another id, still a valid one
+    del a
+    log = Log()
+    assert _prepare(tmp_path, paths, log) and not log.built()        # a start scans no tokens: not seen
+    log = Log()
+    again = _prepare(tmp_path, paths, log, verify=True)
+    errors = [m for m in log if m.startswith("error:")]
+    assert len(errors) == 1 and "train.en.tokens.npy" in errors[0] and "SHA-256" in errors[0] and len(log.built()) == 1
+    for g, w in zip(again.pairs("en", "de").collate(np.arange(len(again))), want):
+        np.testing.assert_array_equal(g, w)
+    log = Log()
+    _prepare(tmp_path, paths, log, verify=True)
+    assert not log.built() and any("6 arrays" in m and "match their SHA-256" in m for m in log)
+
+
+def test_a_build_that_reads_back_different_is_refused_and_the_old_cache_kept(tmp_path, monkeypatch):
+    paths, en, _ = _corpus(tmp_path / "data")
+    first = _prepare(tmp_path, paths)
+    _write(paths[0], en[:-1] + ["the dog"])
+    monkeypatch.setattr(binarized, "_content_sha256", lambda path, entry: "0" * 64)   # what a failing disk does
+    with pytest.raises(DataError, match="reads back different"):
+        _prepare(tmp_path, paths)
+    assert sorted(os.listdir(os.path.dirname(first.folder))) == [os.path.basename(first.folder)]
+    assert open_cache(first.folder).data_id == first.data_id
+
+
+@pytest.mark.parametrize("damage", ["length beyond max_len", "lengths do not add up"])
+def test_lengths_that_break_an_invariant_are_seen_at_start_and_rebuilt(tmp_path, damage):
+    paths, _, _ = _corpus(tmp_path / "data")
+    good = _prepare(tmp_path, paths)
+    lengths = os.path.join(good.folder, "train.de.lengths.npy")
+    _poke(lengths, 5, 65524 if damage == "length beyond max_len" else int(good.pairs("en", "de").tgt_lens[5]) + 1)
+    with pytest.raises(DataError, match="train.de.lengths.npy is corrupt"):
+        open_cache(good.folder)
+    log = Log()
+    again = _prepare(tmp_path, paths, log)
+    errors = [m for m in log if m.startswith("error:")]
+    assert len(errors) == 1 and "train.de.lengths.npy is corrupt" in errors[0] and "rebuilding" in errors[0]
+    assert again.data_id == good.data_id
+
+
+@pytest.mark.parametrize("damage", ["a middle offset", "two lengths swapped", "an id beyond the vocabulary"])
+def test_a_corrupt_row_is_a_one_line_error_when_its_batch_is_read(tmp_path, damage):
+    paths, _, _ = _corpus(tmp_path / "data")
+    good = _prepare(tmp_path, paths)
+    n = len(good)
+    name = {"a middle offset": "train.en.offsets.npy", "two lengths swapped": "train.en.lengths.npy",
+            "an id beyond the vocabulary": "train.en.tokens.npy"}[damage]
+    path = os.path.join(good.folder, name)
+    a = np.load(path, mmap_mode="r")
+    if damage == "a middle offset":
+        _poke(path, n // 2, -(2**40))                  # what made os.pread fail with EINVAL
+    elif damage == "two lengths swapped":
+        i = int(np.flatnonzero(a[:-1] != a[1:])[0])  # the sum stays: the start cannot tell
+        x, y = int(a[i]), int(a[i + 1])
+        _poke(path, i, y)
+        _poke(path, i + 1, x)
+    else:
+        _poke(path, 3, 65000)
+    del a
+    pairs = open_cache(good.folder).pairs("en", "de")   # cheap invariants hold
+    with pytest.raises(DataError) as e:
+        for idx in token_batches(pairs.src_lens, pairs.tgt_lens, 64, seed=0, epoch=0):
+            pairs.collate(idx)
+    msg = str(e.value)
+    assert name in msg and "corrupt" in msg and "prepare --verify" in msg and "\n" not in msg
+
+
+def test_a_full_disk_while_writing_the_cache_is_one_line(tmp_path, monkeypatch):
+    import errno
+    from minitf import fileio
+    paths, _, _ = _corpus(tmp_path / "data")
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(_NpyWriter, "append", full)
+    with pytest.raises(MinitfError) as e:
+        _prepare(tmp_path, paths)
+    msg = str(e.value)
+    folder = cache_folder(tmp_path / "cache", "toy", ("en", "de"))
+    assert folder in msg and "disk is full" in msg and "--cache-dir" in msg and "--keep-last" not in msg
+    assert "\n" not in msg and not os.listdir(tmp_path / "cache")    # no temporary folder left
+    monkeypatch.undo()
+
+    def full_tokenizer(path, data):   # the tokenizer is written first, through fileio.atomic_write
+        fileio.atomic_write(path, lambda f: full())
+    monkeypatch.setattr("minitf.data.tokenizer.atomic_write_bytes", full_tokenizer)
+    with pytest.raises(MinitfError) as e:
+        _prepare(tmp_path, paths)
+    assert folder in str(e.value) and "disk is full" in str(e.value) and "--keep-last" not in str(e.value)
+
+    monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))   # and through the CLI: one line, exit 2
+    monkeypatch.setattr(_NpyWriter, "append", full)
+    from minitf import cli
+    d = _own(tmp_path)
+    import contextlib
+    import io
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = cli.main(["prepare", "--train", str(d / "train"), "--valid", str(d / "dev"), "--vocab-size", "60",
+                         "--quiet"])
+    lines = [x for x in err.getvalue().splitlines() if x.startswith("error:")]
+    assert code == 2 and len(lines) == 1 and "disk is full" in lines[0] and "Traceback" not in err.getvalue()
+
+
+def test_prepare_verify_through_the_cli(tmp_path):
+    d = _own(tmp_path)
+    own = ["--train", d / "train", "--valid", d / "dev", "--vocab-size", 60, "--quiet"]
+    assert _run(["prepare", *own], tmp_path / "cache", module="minitf").returncode == 0
+    folder = next(p for p in (tmp_path / "cache" / "bin").iterdir())
+    r = _run(["prepare", *own, "--verify"], tmp_path / "cache", module="minitf")
+    assert r.returncode == 0 and "match their SHA-256" in r.stderr and "building" not in r.stderr
+    tokens = folder / "train.de.tokens.npy"
+    a = np.load(tokens, mmap_mode="r")
+    _poke(tokens, 0, 4 if int(a[0]) != 4 else 5)
+    del a
+    r = _run(["prepare", *own, "--verify"], tmp_path / "cache", module="minitf")
+    assert r.returncode == 0, r.stderr
+    assert [m for m in r.stderr.splitlines() if m.startswith("error:")] == [
+        f"error: cache file {tokens} is corrupt (its contents fail the SHA-256 recorded when it was built); rebuilding it"]

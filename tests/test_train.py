@@ -260,7 +260,7 @@ def test_lr_fade_needs_an_end_and_a_fraction(corpus, tmp_path):
     assert r.returncode != 0 and "--lr-fade 0.3" in r.stderr and "--time-budget or --max-steps" in r.stderr
     assert "Traceback" not in r.stderr
     r = run_train(corpus, tmp_path / "b", "--max-steps", 5, "--lr-fade", 1.5)
-    assert r.returncode == 2 and "--lr-fade must be a fraction of the run in [0, 1], got 1.5" in r.stderr
+    assert r.returncode == 2 and "argument --lr-fade: must be a finite number in [0, 1], got 1.5" in r.stderr
 
 
 def test_model_size_flags_override_the_preset_and_a_resume_keeps_them(corpus, tmp_path):
@@ -275,7 +275,7 @@ def test_model_size_flags_override_the_preset_and_a_resume_keeps_them(corpus, tm
     assert r.returncode != 0 and "--d-ff 64: the checkpoint" in r.stderr and "--d-ff 40" in r.stderr
     assert "Traceback" not in r.stderr
     r = run_train(corpus, tmp_path / "bad", "--max-steps", 2, "--layers", 0)
-    assert r.returncode == 2 and "--layers must be positive, got 0" in r.stderr
+    assert r.returncode == 2 and "argument --layers: must be an integer >= 1, got 0" in r.stderr
     r = run_train(corpus, tmp_path / "bad", "--max-steps", 2, "--d-model", 51)   # tiny has 2 heads
     assert r.returncode == 2 and "--d-model 51 is not divisible by --heads 2" in r.stderr
     r = run_train(corpus, tmp_path / "bad", "--max-steps", 2, "--arch", "rnn", "--d-ff", 64)
@@ -303,3 +303,100 @@ def test_resume_with_other_batches_is_one_line(corpus, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     r = run_train(corpus, out, "--max-steps", 4, "--save-every", 2, "--update-freq", 2, "--resume")
     assert r.returncode == 2 and "batches of 512 tokens" in r.stderr and "Traceback" not in r.stderr
+
+
+def _train_wmt():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("train_wmt", os.path.join(ROOT, "train_wmt.py"))
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    return cli
+
+
+def test_flags_and_files_that_cannot_work_are_one_line_errors(corpus, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "garbage.model").write_text("not a model")
+    half = tmp_path / "half"
+    half.mkdir()
+    for name in os.listdir(corpus):
+        if not name.startswith("train.de"):
+            (half / name).write_bytes((corpus / name).read_bytes())
+    cases = [
+        ((tmp_path / "empty", "--resume"), "holds no checkpoint_*.npz to continue from"),
+        ((tmp_path / "afile",), "is a file, not a folder"),
+        ((tmp_path / "afile" / "run",), "is a file, not a folder"),
+        ((tmp_path / "r", "--tokenizer", tmp_path / "garbage.model"), "garbage.model is not a SentencePiece model"),
+        ((tmp_path / "r", "--data-dir", half, "--offline"), f"{half / 'train.de'}[.gz] is missing"),
+    ]
+    for (out, *extra), what in cases:
+        r = run_train(corpus, out, "--max-steps", 2, *extra)
+        assert r.returncode == 2 and what in r.stderr, (extra, r.stderr[-2000:])
+        lines = [x for x in r.stderr.splitlines() if "error" in x]
+        assert len(lines) == 1 and "Traceback" not in r.stderr and "delete it" not in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "empty").exists()                    # refused before anything was made
+
+
+def test_ctrl_c_while_the_cache_is_built_is_one_line_and_keeps_nothing(corpus, tmp_path, monkeypatch, capsys):
+    from minitf.data import binarized
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(binarized, "_encode_all", ctrl_c)
+    monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))
+    code = _train_wmt().main(["--dataset", "multi30k", "--data-dir", str(corpus), "--preset", "tiny", "--vocab-size",
+                              "60", "--device", "cpu", "--out", str(tmp_path / "run"), "--quiet", "--max-steps", "3"])
+    err = capsys.readouterr().err
+    assert code == 130 and "Traceback" not in err
+    assert [x for x in err.splitlines() if "interrupted" in x] == [
+        "interrupted: nothing half-written was kept (the cache and checkpoints are written whole or not at all); "
+        "run the command again"]
+    assert os.listdir(tmp_path / "cache" / "bin") == []          # no half-built cache, not even a temporary one
+
+
+def test_a_corrupt_cache_found_mid_run_is_one_line(corpus, tmp_path):
+    """Offsets damaged after a run started: the start cannot see it (it reads no offsets but the
+    last), the batch that reads the row does; the error says how to check and rebuild the cache."""
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    r = run_train(corpus, out, "--max-steps", 2, "--save-every", 2, "--average-last", 1, "--valid-every", 0)
+    assert r.returncode == 0, r.stderr[-2000:]
+    folder = next((cache / "bin").iterdir())
+    offsets = np.load(folder / "train.de.offsets.npy", mmap_mode="r+")
+    offsets[len(offsets) // 2] = -(2**40)
+    offsets.flush()
+    del offsets
+    r = run_train(corpus, out, "--max-steps", 40, "--resume", "--save-every", 2, "--average-last", 1, "--valid-every", 0)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "Errno" not in r.stderr, r.stderr[-2000:]
+    lines = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert len(lines) == 1 and "train.de.offsets.npy" in lines[0] and "prepare --verify" in lines[0]
+
+
+def test_ranks_that_disagree_are_told_only_what_differs():
+    from minitf.errors import ConfigError
+    from minitf.train import _agree
+
+    class World:
+        def allgather(self, facts):
+            other = dict(facts, seed=7, config=dict(facts["config"], dropout=0.3, n_heads=4))
+            return [facts, other]
+    cfg = minitf.TransformerConfig.preset("tiny", vocab_size=60).to_dict()
+    with pytest.raises(ConfigError) as e:
+        _agree(World(), data_id="abc", config=cfg, seed=1, max_steps=5)
+    msg = str(e.value)
+    assert "--seed 1 (rank 0) vs 7 (rank 1)" in msg and "--dropout 0.1 (rank 0) vs 0.3 (rank 1)" in msg
+    assert "--heads 2 (rank 0) vs 4 (rank 1)" in msg and "d_model" not in msg and len(msg) < 300
+
+
+def test_a_full_disk_while_preparing_the_data_is_one_line(corpus, tmp_path, monkeypatch, capsys):
+    import errno
+    from minitf.data import binarized
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(binarized._NpyWriter, "append", full)
+    monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))
+    code = _train_wmt().main(["--dataset", "multi30k", "--data-dir", str(corpus), "--preset", "tiny", "--vocab-size",
+                              "60", "--device", "cpu", "--out", str(tmp_path / "run"), "--quiet", "--max-steps", "3"])
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.startswith("error:")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err
+    assert "disk is full" in lines[0] and str(tmp_path / "cache" / "bin") in lines[0] and "--keep-last" not in lines[0]

@@ -95,3 +95,34 @@ def test_translate_on_a_terminal_answers_each_line_as_it_is_entered(setup):
     assert first.endswith("\n") and rest == ""
     want = run("translate", "--checkpoint", d / "model.npz", "--beam", 2, "--max-len-b", 3, "--quiet", stdin=line + "\n")
     assert first == want.stdout
+
+
+def test_bad_files_and_folders_are_one_line(setup, tmp_path):
+    d = setup
+    (tmp_path / "empty.txt").write_text("")
+    cases = [
+        (["translate", "--checkpoint", d / "model.npz", "--input", d / "src.txt", "--output", tmp_path / "no" / "f.txt"],
+         "the folder"),
+        (["translate", "--checkpoint", d / "model.npz", "--input", d / "src.txt", "--output", tmp_path], "is a folder"),
+        (["translate", "--checkpoint", d / "model.npz", "--input", tmp_path], "is a folder, not a text file"),
+        (["evaluate", "--checkpoint", d / "model.npz", "--src", tmp_path / "empty.txt", "--ref", tmp_path / "empty.txt"],
+         "are empty"),
+        (["translate", "--checkpoint", d / "src.txt", "--input", d / "src.txt"], "is not a minitf checkpoint"),
+    ]
+    for args, what in cases:
+        out = run(*args, "--quiet")
+        assert out.returncode == 2 and what in out.stderr and out.stderr.count("\n") == 1, (args, out.stderr)
+        assert "--data-dir" not in out.stderr and "unsafely" not in out.stderr
+    assert not (tmp_path / "no").exists()                      # no folder made for the output
+
+
+def test_out_of_memory_is_one_line(setup, monkeypatch, capsys):
+    from minitf import cli, translate
+
+    def huge(*args, **kwargs):
+        raise MemoryError("Unable to allocate 29.8 GiB for an array with shape (100000, 80000)")
+    monkeypatch.setattr(translate, "translate_lines", huge)
+    d = setup
+    code = cli.main(["translate", "--checkpoint", str(d / "model.npz"), "--input", str(d / "src.txt"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "out of memory" in err and "--beam" in err and "29.8 GiB" in err

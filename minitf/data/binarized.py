@@ -20,10 +20,17 @@ language, so en->de and de->en share it)::
 
 The manifest holds the format version, the corpus fingerprint (per file: size, mtime and the
 SHA-256 of its bytes, hashed while reading), the tokenizer's SHA-256 and vocabulary size, the
-cleaning parameters, the pair counts, every array's dtype, shape and byte size, and `data_id`:
-a hash of everything the arrays depend on, which checkpoints record so that `--resume` never
-continues on other data. The folder is built under a temporary name and renamed into place,
-so a kill -9 at any moment leaves either the old cache, no cache, or the new one.
+cleaning parameters, the pair counts, every array's dtype, shape, byte size and the SHA-256 of
+its contents, and `data_id`: a hash of everything the arrays depend on, which checkpoints record
+so that `--resume` never continues on other data. The folder is built under a temporary name,
+read back against those checksums, and renamed into place, so a kill -9 at any moment leaves
+either the old cache, no cache, or the new one.
+
+Corrupt contents are caught in three places, by cost: every start checks invariants that need
+no scan of the tokens (`open_cache`: each sentence's length in [1, max_len], the lengths adding
+up to the tokens); every batch read checks its own rows (`TokenPairs.collate`: offsets in order,
+within the token array and matching the lengths; ids below the vocabulary); `python -m minitf
+prepare --verify` reads everything back against the checksums (`verify_cache`).
 """
 import hashlib
 import itertools
@@ -36,8 +43,8 @@ import time
 
 import numpy as np
 
-from minitf.errors import DataError
-from minitf.fileio import atomic_write_bytes
+from minitf.errors import DataError, one_line
+from minitf.fileio import atomic_write_bytes, disk_full, is_disk_full
 from minitf.data.clean import clean_mask, clean_stats
 from minitf.data.readers import LineStream
 from minitf.data.tokenizer import Tokenizer
@@ -62,10 +69,11 @@ class TokenPairs:
     36M-pair cache. pread copies just the row's bytes out of the page cache: the process maps
     none of the corpus (docs/data.md)."""
 
-    def __init__(self, src, tgt):
+    def __init__(self, src, tgt, vocab_size=None):
         (self.src_tokens, self.src_offsets, self.src_lens), (self.tgt_tokens, self.tgt_offsets, self.tgt_lens) = src, tgt
         if self.src_lens.shape != self.tgt_lens.shape:
             raise DataError(f"TokenPairs: {self.src_lens.size} source but {self.tgt_lens.size} target sentences")
+        self.vocab_size = vocab_size   # rows read from disk are checked against it (None: not checked)
         self._files = {}
 
     @classmethod
@@ -78,22 +86,24 @@ class TokenPairs:
 
     def ids(self, i):
         """(source ids, target ids) of pair i, as int64 arrays."""
-        return tuple(self._rows(tok, off, np.array([i]))[0] for tok, off in
-                     ((self.src_tokens, self.src_offsets), (self.tgt_tokens, self.tgt_offsets)))
+        return tuple(self._rows(*side, np.array([i]))[0] for side in self._sides())
 
     def collate(self, idx, pad_id=0, bos_id=2, eos_id=3):
         """(src [B, S], tgt_in [B, T], tgt_out [B, T]) int64 for the pairs `idx`: src = ids + EOS,
         tgt_in = BOS + ids, tgt_out = ids + EOS, right-padded with `pad_id` (see batching.collate)."""
         idx = np.asarray(idx, dtype=np.int64)
-        src = self._rows(self.src_tokens, self.src_offsets, idx)
-        tgt = self._rows(self.tgt_tokens, self.tgt_offsets, idx)
+        src, tgt = (self._rows(*side, idx) for side in self._sides())
         rows = np.arange(idx.size)
         return (_gather(*src, rows, 0, None, eos_id, pad_id), _gather(*tgt, rows, 1, bos_id, None, pad_id),
                 _gather(*tgt, rows, 0, None, eos_id, pad_id))
 
-    def _rows(self, tokens, offsets, idx):
+    def _sides(self):
+        return (self.src_tokens, self.src_offsets, self.src_lens), (self.tgt_tokens, self.tgt_offsets, self.tgt_lens)
+
+    def _rows(self, tokens, offsets, lens, idx):
         """(tokens, offsets) of just the rows `idx`, in memory: fancy indexing for in-memory arrays,
-        one pread per row (its two offsets, then its tokens) for memory-mapped ones."""
+        one pread per row (its two offsets, then its tokens) for memory-mapped ones, checked
+        (`_check_rows`) before and after the tokens are read."""
         if not isinstance(tokens, np.memmap):
             starts, ends = offsets[idx], offsets[idx + 1]
             lens = ends - starts
@@ -106,12 +116,18 @@ class TokenPairs:
         item = tokens.dtype.itemsize
         bounds = np.frombuffer(b"".join(os.pread(fo, 16, fo_base + 8 * int(i)) for i in idx),
                                dtype=offsets.dtype).reshape(-1, 2).astype(np.int64)
+        _check_rows(offsets.filename, idx, bounds, lens, tokens.size)
         data = b"".join(os.pread(ft, item * int(e - b), ft_base + item * int(b)) for b, e in bounds)
         local = np.zeros(idx.size + 1, dtype=np.int64)
         np.cumsum(bounds[:, 1] - bounds[:, 0], out=local[1:])
         if len(data) != item * local[-1]:
             raise DataError(f"{tokens.filename}: rows end before the file does: truncated while in use")
-        return np.frombuffer(data, dtype=tokens.dtype), local
+        ids = np.frombuffer(data, dtype=tokens.dtype)
+        if self.vocab_size is not None and ids.size and int(ids.max()) >= self.vocab_size:
+            row = idx[np.searchsorted(local, int(np.argmax(ids >= self.vocab_size)), side="right") - 1]
+            raise _corrupt(tokens.filename, f"sentence {row} holds id {int(ids.max())}, beyond the vocabulary of "
+                                            f"{self.vocab_size}")
+        return ids, local
 
     def _file(self, a):
         """(file descriptor, byte offset of element 0) of a memory-mapped array."""
@@ -123,6 +139,26 @@ class TokenPairs:
     def __del__(self):
         for fd, _ in getattr(self, "_files", {}).values():
             os.close(fd)
+
+
+def _check_rows(path, idx, bounds, lens, n_tokens):
+    """DataError unless the offsets read for rows `idx` ([B, 2] start, end) are in order, within the
+    token array and `lens[idx]` apart: a corrupt offsets or lengths file, found mid-training."""
+    starts, ends = bounds[:, 0], bounds[:, 1]
+    bad = (starts < 0) | (ends < starts) | (ends > n_tokens) | (ends - starts != lens[idx])
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise _corrupt(path, f"sentence {idx[i]} spans tokens {starts[i]}..{ends[i]} of {n_tokens}, its length "
+                             f"says {int(lens[idx[i]])}", also=os.path.basename(path).replace(".offsets.", ".lengths."))
+
+
+def _corrupt(path, what, also=None):
+    """The error for a defect found while training, when the cache cannot be rebuilt in place
+    (`also`: the other file that may be the corrupt one)."""
+    return CacheDefect(f"cache file {path}{f' (or {also})' if also else ''} is corrupt ({what}); check the cache "
+                       f"with `python -m minitf prepare --verify` and the same data flags (it rebuilds a corrupt "
+                       f"cache), or delete {os.path.dirname(path)}; then run again (with --resume, a run continues "
+                       f"where it stopped)")
 
 
 def _flatten(id_lists):
@@ -164,7 +200,7 @@ class BinarizedCorpus:
 
     def pairs(self, src, tgt):
         """TokenPairs of the direction src -> tgt (the arrays memory-mapped, lengths in memory)."""
-        return TokenPairs(*(self._side(lang) for lang in (src, tgt)))
+        return TokenPairs(*(self._side(lang) for lang in (src, tgt)), vocab_size=self.manifest["tokenizer"]["vocab_size"])
 
     def _side(self, lang, lengths_in_memory=True):
         if lang not in self.manifest["languages"]:
@@ -187,8 +223,8 @@ def _load(folder, manifest, name, mmap):
         a = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
         if a.dtype.str != want["dtype"] or list(a.shape) != want["shape"]:
             raise ValueError(f"{a.dtype.str} {list(a.shape)}, the manifest says {want['dtype']} {want['shape']}")
-    except (OSError, ValueError, EOFError) as e:
-        raise CacheDefect(f"cache file {path} is truncated or corrupt ({e})") from None
+    except Exception as e:   # NumPy's header parser raises ValueError, SyntaxError, tokenize errors, ...
+        raise CacheDefect(f"cache file {path} is truncated or corrupt ({one_line(e, 200)})") from None
     return a
 
 
@@ -215,9 +251,10 @@ def _read_manifest(folder):
 
 
 def open_cache(folder):
-    """Open a cache folder written by `prepare_cache` and check it (sizes, dtypes, shapes and the
-    offsets' ends against the manifest; O(1) reads, no scan of the tokens). CacheDefect (a
-    DataError) naming the bad file otherwise."""
+    """Open a cache folder written by `prepare_cache` and check it: sizes, dtypes, shapes and the
+    offsets' ends against the manifest, and the lengths (every one in [1, max_len], adding up to
+    the tokens; the lengths are what a start reads anyway, the tokens are never scanned).
+    CacheDefect (a DataError) naming the bad file otherwise."""
     manifest = _read_manifest(folder)
     if manifest is None:
         raise CacheDefect(f"{folder} holds no {MANIFEST}: not a (complete) cache")
@@ -230,6 +267,8 @@ def open_cache(folder):
             if int(offsets[0]) != 0 or int(offsets[-1]) != tokens.size or lens.size != manifest["counts"]["kept"]:
                 raise CacheDefect(f"cache file {os.path.join(folder, f'train.{lang}.offsets.npy')} is corrupt "
                                   f"(its offsets do not span train.{lang}.tokens.npy)")
+            _check_lengths(os.path.join(folder, f"train.{lang}.lengths.npy"), lens, tokens.size,
+                           manifest["cleaning"]["max_len"])
         want_sha, _ = manifest["tokenizer"]["sha256"], manifest["data_id"]
     except (KeyError, TypeError, IndexError) as e:
         raise CacheDefect(f"cache file {os.path.join(folder, MANIFEST)} lacks an entry ({e!r})") from None
@@ -243,6 +282,53 @@ def open_cache(folder):
         raise CacheDefect(f"cache file {path} does not match the manifest's tokenizer hash")
     corpus.tokenizer = Tokenizer.from_bytes(proto)
     return corpus
+
+
+def _check_lengths(path, lens, n_tokens, max_len):
+    """CacheDefect unless every length is in [1, max_len] (what cleaning kept) and they add up to
+    the tokens: one pass over the lengths, read in blocks from the map."""
+    total, block = 0, 1 << 22
+    for i in range(0, lens.size, block):
+        part = np.asarray(lens[i:i + block])
+        if part.size and (int(part.min()) < 1 or int(part.max()) > max_len):
+            j = i + int(np.argmax((part < 1) | (part > max_len)))
+            raise CacheDefect(f"cache file {path} is corrupt (sentence {j} has {int(lens[j])} pieces; the cache "
+                              f"kept only 1 to {max_len})")
+        total += int(part.sum(dtype=np.int64))
+    if total != n_tokens:
+        raise CacheDefect(f"cache file {path} is corrupt (its lengths add up to {total:,} tokens, the token "
+                          f"array holds {n_tokens:,})")
+
+
+def _content_sha256(path, entry):
+    """SHA-256 of the array's data in a cache file (the bytes after its .npy header), read in blocks."""
+    start = entry["bytes"] - entry["shape"][0] * np.dtype(entry["dtype"]).itemsize
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        f.seek(start)
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify_cache(folder, manifest):
+    """Read every array of a cache back and compare it with the SHA-256 the manifest recorded when
+    it was written; CacheDefect naming the first that differs. Returns the bytes read."""
+    done = 0
+    for name, entry in sorted(manifest["files"].items()):
+        path = os.path.join(folder, name)
+        if "sha256" not in entry:
+            raise CacheDefect(f"cache file {os.path.join(folder, MANIFEST)} records no checksum of {name} "
+                              f"(written by an earlier minitf), so it cannot be verified")
+        try:
+            got = _content_sha256(path, entry)
+        except OSError as e:
+            raise CacheDefect(f"cache file {path} is unreadable ({one_line(e, 200)})") from None
+        if got != entry["sha256"]:
+            raise CacheDefect(f"cache file {path} is corrupt (its contents fail the SHA-256 recorded when it "
+                              f"was built)")
+        done += entry["bytes"]
+    return done
 
 
 # ------------------------------------------------------------------------------ deciding
@@ -294,7 +380,7 @@ def cache_folder(cache_root, name, languages):
 
 def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max_len=250, max_ratio=1.5,
                   progress=True, log=None, sample_size=2_000_000, seed=0, chunk_lines=20_000, threads=None,
-                  expect_data_id=None):
+                  expect_data_id=None, verify=False):
     """The binarized training corpus in `folder`: reused if it matches, (re)built otherwise.
 
     `files`: [(path_lang0, path_lang1), ...] line-aligned text files (plain or .gz), in the order
@@ -304,7 +390,9 @@ def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max
     change. `max_ratio` None disables the ratio rule. One log line says why a cache is (re)built.
     `expect_data_id` (a resumed checkpoint's): when the cache holds exactly that data but its
     inputs changed, StaleData is raised BEFORE rebuilding, naming the change (a defective cache
-    is rebuilt: the same inputs give the same data). Returns the opened `BinarizedCorpus`."""
+    is rebuilt: the same inputs give the same data). `verify`: a cache that is reused is first read
+    back against its checksums (`verify_cache`; a new one always is). Returns the opened
+    `BinarizedCorpus`."""
     if log is None:
         log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     order = sorted(range(2), key=lambda k: languages[k])
@@ -325,6 +413,10 @@ def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max
             raise StaleData(f"the training data changed since it was cached for this run: {reason}")
         if reason is None:
             corpus = open_cache(folder)
+            if verify:
+                t0, n = time.time(), verify_cache(folder, manifest)
+                log(f"cache: {len(manifest['files'])} arrays ({n / 1e6:,.1f} MB) match their SHA-256 "
+                    f"({time.time() - t0:.1f}s): {folder}")
             if manifest["corpus"] != corpus.manifest["corpus"]:   # a touched file, content unchanged
                 atomic_write_bytes(os.path.join(folder, MANIFEST), json.dumps(manifest, indent=1).encode())
             return corpus
@@ -348,13 +440,15 @@ class _NpyWriter:
 
     def __init__(self, path, dtype):
         self.path, self.dtype, self.count = path, np.dtype(dtype), 0
+        self.sha256 = hashlib.sha256()   # of the data as it is written: what verify_cache reads back
         self.f = open(path, "wb")
         self.f.write(b"\0" * _HEADER)
 
     def append(self, a):
-        a = np.ascontiguousarray(a, dtype=self.dtype)
-        self.f.write(a.tobytes())
-        self.count += a.size
+        data = np.ascontiguousarray(a, dtype=self.dtype).tobytes()
+        self.sha256.update(data)
+        self.f.write(data)
+        self.count += len(data) // self.dtype.itemsize
 
     def close(self):
         d = repr({"descr": self.dtype.str, "fortran_order": False, "shape": (self.count,)})
@@ -364,7 +458,8 @@ class _NpyWriter:
         self.f.flush()
         os.fsync(self.f.fileno())
         self.f.close()
-        return {"bytes": _HEADER + self.count * self.dtype.itemsize, "dtype": self.dtype.str, "shape": [self.count]}
+        return {"bytes": _HEADER + self.count * self.dtype.itemsize, "dtype": self.dtype.str, "shape": [self.count],
+                "sha256": self.sha256.hexdigest()}
 
 
 def _pairs_of(files, streams):
@@ -473,6 +568,11 @@ def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, lo
         if fingerprint is not None and [f["sha256"] for f in fingerprint] != [f["sha256"] for f in manifest["corpus"]]:
             raise DataError(f"the corpus changed while it was being prepared ({', '.join(p for pair in files for p in pair)}); "
                             f"run again once it is complete")
+        try:
+            verify_cache(tmp, manifest)
+        except CacheDefect as e:
+            raise DataError(f"the cache just written reads back different from what was written ({e}); "
+                            f"the disk or the memory of this machine may be failing") from None
         manifest["prepare_s"] = round(time.time() - t0, 1)
         manifest["data_id"] = _data_id(manifest)
         atomic_write_bytes(os.path.join(tmp, MANIFEST), json.dumps(manifest, indent=1).encode())
@@ -481,8 +581,11 @@ def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, lo
             os.replace(folder, old)
         os.replace(tmp, folder)
         shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException as e:   # Ctrl-C included: the temporary folder goes, the old cache stays
         shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(e):
+            raise disk_full(f"cache {folder}", parent, advice="free some space, or put the cache on another disk "
+                                                                "with --cache-dir, and run again") from None
         raise
     c = manifest["counts"]
     ratio = wanted["cleaning"]["max_ratio"]

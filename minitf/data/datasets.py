@@ -191,8 +191,12 @@ def _locate(data_dir, corpus, src, tgt):
 
 
 def _expected(data_dir, corpus, src, tgt):
-    return " and ".join(os.path.join(data_dir, c[0].format(src=src, tgt=tgt)) + "[.gz]"
-                        for c in (corpus.src, corpus.tgt))
+    """'A[.gz] and B[.gz]', the files of `corpus`, and which of them is missing."""
+    names = [os.path.join(data_dir, c[0].format(src=src, tgt=tgt)) + "[.gz]" for c in (corpus.src, corpus.tgt)]
+    missing = [name for name, c in zip(names, (corpus.src, corpus.tgt))
+               if not any(find_file(data_dir, t.format(src=src, tgt=tgt)) for t in c)]
+    found = " (neither is there)" if len(missing) == 2 else f" ({missing[0]} is missing)" if missing else ""
+    return " and ".join(names) + found
 
 
 def _fetch(spec, base_url, data_dir, corpus, src, tgt, progress):

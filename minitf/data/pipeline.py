@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 
 from minitf.errors import DataError
+from minitf.flags import Number, positive
 from minitf.data.binarized import BinarizedCorpus, cache_folder, prepare_cache
 from minitf.data.datasets import DATASETS, dataset_default, default_data_dir, prepare_dataset, user_dataset
 
@@ -32,12 +33,12 @@ def add_data_args(p):
     g.add_argument("--valid", metavar="PREFIX", help="your own validation set (with --train)")
     g.add_argument("--test", metavar="NAME=PREFIX", action="append", type=_test_arg, default=[],
                    help="your own test set, scored at the end (repeatable; with --train)")
-    g.add_argument("--vocab-size", type=int,
+    g.add_argument("--vocab-size", type=positive(),
                    help="joint BPE pieces (default: wmt14 en-de 37000, en-fr 32000; multi30k and own data 8000)")
     g.add_argument("--tokenizer", metavar="MODEL", help="encode with this SentencePiece model (ids pad,unk,bos,eos = 0,1,2,3) "
                                                         "instead of training one")
-    g.add_argument("--max-len", type=int, default=250, help="drop training pairs with a side longer than this many pieces")
-    g.add_argument("--max-ratio", type=float,
+    g.add_argument("--max-len", type=positive(), default=250, help="drop training pairs with a side longer than this many pieces")
+    g.add_argument("--max-ratio", type=Number(float, 1, allowed=(0,), meaning=" (0 = no ratio rule)"),
                    help="drop training pairs whose sides' lengths differ by more than this factor "
                         "(default: wmt14 and own data 1.5, multi30k none; 0 = none)")
     g.add_argument("--cache-dir", help="where binarized corpora are kept (default: $MINITF_CACHE/bin or ~/.cache/minitf/bin)")
@@ -52,12 +53,6 @@ def check_data_args(p, args):
         p.error("--valid/--test name your own files: give --train PREFIX too (or use --dataset)")
     if args.src == args.tgt:
         p.error(f"--src and --tgt are both {args.src!r}")
-    for name in ("vocab_size", "max_len"):
-        v = getattr(args, name)
-        if v is not None and v <= 0:
-            p.error(f"--{name.replace('_', '-')} must be positive, got {v}")
-    if args.max_ratio is not None and args.max_ratio < 0:
-        p.error(f"--max-ratio must be >= 0 (0 = no ratio rule), got {args.max_ratio}")
     if args.tokenizer and not os.path.isfile(args.tokenizer):
         p.error(f"--tokenizer {args.tokenizer}: file not found")
 
@@ -76,12 +71,13 @@ class Data:
         return self.corpus.data_id
 
 
-def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True):
+def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True, verify=False):
     """Locate (or download) the corpus, then prepare or reuse its binarized cache.
 
     `tokenizer`: encode with this one (a resumed checkpoint's); else `--tokenizer`, else the
     cache's or a newly trained one. `expect_data_id`: see `prepare_cache`. `notes`: print the
-    line about a missing optional test set (False on all MPI ranks but one). Returns `Data`."""
+    line about a missing optional test set (False on all MPI ranks but one). `verify`: check a reused
+    cache's arrays against their checksums (`prepare --verify`). Returns `Data`."""
     from minitf.data.tokenizer import Tokenizer
     progress = not getattr(args, "quiet", False)
     if args.train:
@@ -97,7 +93,10 @@ def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True):
     if args.max_ratio is not None:
         max_ratio = args.max_ratio or None
     if tokenizer is None and getattr(args, "tokenizer", None):
-        tokenizer = Tokenizer(args.tokenizer)
+        try:
+            tokenizer = Tokenizer(args.tokenizer)
+        except DataError as e:
+            raise DataError(f"--tokenizer {e}") from None
     files = data["paths"]["train"]
     # one cache per corpus location: the same dataset read from two folders gets two caches
     where = hashlib.sha256("\n".join(os.path.abspath(p) for pair in files for p in sorted(pair)).encode()).hexdigest()[:8]
@@ -105,7 +104,7 @@ def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True):
     folder = cache_folder(root, f"{'own' if args.train else args.dataset}.{where}", (args.src, args.tgt))
     corpus = prepare_cache(folder, files, (args.src, args.tgt), vocab_size=vocab, tokenizer=tokenizer,
                            max_len=args.max_len, max_ratio=max_ratio, progress=progress, log=log,
-                           expect_data_id=expect_data_id)
+                           expect_data_id=expect_data_id, verify=verify)
     if len(corpus) == 0:
         raise DataError(f"no training pairs left after cleaning ({corpus.manifest['counts']}); check "
                         f"{files[0][0]} and the cleaning limits (--max-len, --max-ratio)")

@@ -28,12 +28,18 @@ def _is_gzip(path):
         return f.read(2) == _GZIP_MAGIC
 
 
+def _must_be_a_file(path):
+    """DataError unless `path` is a file: missing, or a folder."""
+    if os.path.isdir(path):
+        raise DataError(f"{path} is a folder, not a text file; name the file itself")
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: file not found; check the path")
+
+
 def _read_bytes(path):
     """The (decompressed) bytes of `path`; DataError if missing or unreadable."""
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise DataError(f"{path}: file not found; check the path or pass --data-dir "
-                        f"with the corpus files")
+    _must_be_a_file(path)
     try:
         if _is_gzip(path):
             with gzip.open(path, "rb") as f:
@@ -154,9 +160,7 @@ class LineStream:
 
     def __init__(self, path):
         self.path = os.fspath(path)
-        if not os.path.isfile(self.path):
-            raise DataError(f"{self.path}: file not found; check the path or pass --data-dir "
-                            f"with the corpus files")
+        _must_be_a_file(self.path)
         self.size = os.path.getsize(self.path)
         self.bytes_read = 0
         self._hash = None

@@ -62,15 +62,15 @@ class Tokenizer:
         where = model_path or "tokenizer bytes"
         try:
             self._sp = spm.SentencePieceProcessor(model_proto=_proto)
-        except Exception as e:  # sentencepiece raises RuntimeError/OSError variants
-            raise DataError(f"{where}: not a valid SentencePiece model ({e}); delete "
-                            f"it so it is retrained") from None
+        except Exception:  # sentencepiece raises RuntimeError/OSError variants (its parser's source line)
+            raise DataError(f"{where} is not a SentencePiece model (it does not parse as one); "
+                            f"name the .model file SentencePiece wrote") from None
         ids = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(),
                self._sp.eos_id())
         if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
             raise DataError(f"{where}: SentencePiece model has special ids "
                             f"pad,unk,bos,eos={ids}, minitf needs (0, 1, 2, 3); "
-                            f"delete it and retrain with Tokenizer.train")
+                            f"train one with those ids (Tokenizer.train does)")
         self._proto = bytes(_proto)
         self.model_path = model_path
 

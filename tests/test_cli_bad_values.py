@@ -1,0 +1,108 @@
+"""Every numeric flag of every command line against a table of bad values: exit status 2 and ONE
+line on stderr that names the flag (no usage text, no traceback). A new flag is covered by adding
+its row; `test_the_table_covers_every_numeric_flag` fails until it has one. The rows run
+in-process (the parse functions, `cli.main`); two subprocess runs show the real exit status."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from minitf import cli
+from minitf.flags import numeric_actions
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+spec = importlib.util.spec_from_file_location("train_wmt", os.path.join(ROOT, "train_wmt.py"))
+train_wmt = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(train_wmt)
+
+# (a value the flag takes, [values it refuses])
+POSITIVE_INT = ("1", ["0", "-5", "2.5", "x"])
+ZERO_OR_MORE = ("0", ["-5", "2.5", "x"])                  # 0 means off / no limit
+POSITIVE_FLOAT = ("0.5", ["0", "-5", "nan", "inf", "x"])
+FRACTION = ("1", ["-0.1", "1.5", "nan", "x"])              # [0, 1]
+FRACTION_BELOW_1 = ("0", ["-0.1", "1", "nan", "x"])        # [0, 1)
+BEAM = ("1", ["0", "-3", "100000", "x"])
+ALPHA = ("0", ["-3", "nan", "inf", "x"])
+AT_LEAST_2 = ("2", ["1", "0", "-4", "x"])
+INDEX = ("0", ["-1", "x"])
+DATA = {"--vocab-size": POSITIVE_INT, "--max-len": POSITIVE_INT, "--max-ratio": ("0", ["-1", "0.5", "nan", "x"])}
+DECODE = {"--beam": BEAM, "--alpha": ALPHA, "--max-len-b": ("0", ["-100", "x"]), "--batch-size": POSITIVE_INT}
+
+TABLE = {
+    ("train_wmt.py",): {
+        **DATA, "--d-model": ("64", ["0", "-5", "2.5", "x"]), "--heads": POSITIVE_INT, "--d-ff": POSITIVE_INT,
+        "--layers": POSITIVE_INT, "--max-steps": ZERO_OR_MORE, "--time-budget": POSITIVE_FLOAT,
+        "--max-tokens": POSITIVE_INT, "--update-freq": POSITIVE_INT, "--warmup": POSITIVE_INT,
+        "--lr-factor": POSITIVE_FLOAT, "--lr-fade": FRACTION, "--dropout": FRACTION_BELOW_1,
+        "--label-smoothing": FRACTION_BELOW_1, "--seed": ("0", ["-1", str(2**32), "x"]),
+        "--log-every": POSITIVE_INT, "--valid-every": ZERO_OR_MORE, "--save-every": POSITIVE_INT,
+        "--save-every-minutes": POSITIVE_FLOAT, "--keep-last": POSITIVE_INT,
+        "--average-last": POSITIVE_INT, "--beam": BEAM, "--alpha": ALPHA, "--decode-batch": POSITIVE_INT,
+        "--max-nonfinite": POSITIVE_INT},
+    ("prepare",): DATA,
+    ("translate",): DECODE,
+    ("evaluate",): DECODE,
+    ("plot", "pe"): {"--max-len": AT_LEAST_2, "--d-model": AT_LEAST_2, "--table-n": AT_LEAST_2, "--table-d": AT_LEAST_2},
+    ("plot", "lr"): {"--d-model": POSITIVE_INT, "--warmup": POSITIVE_INT, "--factor": POSITIVE_FLOAT,
+                     "--steps": AT_LEAST_2, "--fade": FRACTION},
+    ("plot", "attention"): {"--layer": INDEX, "--head": INDEX, "--beam": BEAM, "--alpha": ALPHA,
+                            "--max-len-b": ("0", ["-100", "x"])},
+    ("plot", "masks"): {"--src-lens": POSITIVE_INT, "--tgt-lens": POSITIVE_INT},
+    ("plot", "packing"): {"--lens": POSITIVE_INT},
+}
+# what each command needs besides the flag under test (files need not exist: parsing comes first)
+NEEDS = {("average",): ["--inputs", "a.npz", "--output", "b.npz"], ("translate",): ["--checkpoint", "c.npz"],
+         ("evaluate",): ["--checkpoint", "c.npz", "--src", "s.txt", "--ref", "r.txt"],
+         ("plot", "attention"): ["--checkpoint", "c.npz", "--src", "a b", "--out", "x.png"]}
+ROWS = [(cmd, flag, bad) for cmd, flags in TABLE.items() for flag, (_, bads) in flags.items() for bad in bads]
+GOOD = [(cmd, flag, good) for cmd, flags in TABLE.items() for flag, (good, _) in flags.items()]
+
+
+def _argv(cmd, flag, value, tmp_path):
+    if cmd == ("train_wmt.py",):
+        return ["--out", str(tmp_path / "run"), flag, value]
+    return [*cmd, *NEEDS.get(cmd, ["--out", "x.png"] if cmd[0] == "plot" else []), flag, value]
+
+
+def test_the_table_covers_every_numeric_flag():
+    have = {(cmd, flag) for cmd, flags in TABLE.items() for flag in flags}
+    declared = {(("train_wmt.py",), flag) for (_, flag) in numeric_actions(train_wmt.build_parser())}
+    declared |= set(numeric_actions(cli.build_parser()))
+    assert declared - have == set(), "numeric flags without a row in TABLE"
+    assert have - declared == set(), "rows for flags that are not numeric options"
+
+
+@pytest.mark.parametrize("cmd, flag, value", ROWS, ids=[f"{' '.join(c)} {f} {v}" for c, f, v in ROWS])
+def test_a_bad_value_is_one_line_and_exit_2(cmd, flag, value, tmp_path, capsys):
+    argv = _argv(cmd, flag, value, tmp_path)
+    if cmd == ("train_wmt.py",):
+        with pytest.raises(SystemExit) as e:
+            train_wmt.parse_args(argv)
+        code = e.value.code
+    else:
+        code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and err.endswith("\n"), err
+    assert f"argument {flag}" in err and "Traceback" not in err and "usage:" not in err
+
+
+@pytest.mark.parametrize("cmd, flag, value", GOOD, ids=[f"{' '.join(c)} {f} {v}" for c, f, v in GOOD])
+def test_the_edge_of_each_range_is_taken(cmd, flag, value, tmp_path):
+    argv = _argv(cmd, flag, value, tmp_path)
+    if cmd == ("train_wmt.py",):
+        args = train_wmt.parse_args(argv)
+    else:
+        args = cli.build_parser().parse_args(argv)
+    got = getattr(args, flag.lstrip("-").replace("-", "_"))
+    assert (got[0] if isinstance(got, list) else got) == float(value)
+
+
+def test_the_real_exit_status_of_each_entry_point(tmp_path):
+    for cmd in ([os.path.join(ROOT, "train_wmt.py"), "--out", str(tmp_path / "run"), "--lr-factor", "0"],
+                ["-m", "minitf", "translate", "--checkpoint", "c.npz", "--beam", "0"]):
+        r = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert cmd[-2] in r.stderr and r.stdout == ""
