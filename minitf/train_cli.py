@@ -1,0 +1,118 @@
+"""Train the Transformer of "Attention Is All You Need" and report sacreBLEU.
+
+The paper's base model on WMT14 English->German (downloads the data, ~4.5M pairs):
+    python train_wmt.py --device gpu
+The paper's second task, WMT14 English->French (36M pairs, 32000 pieces):
+    python train_wmt.py --device gpu --src en --tgt fr --preset big
+Your own parallel corpus (PREFIX.<src> / PREFIX.<tgt>, plain or .gz), like fairseq's --trainpref:
+    python train_wmt.py --train data/train --valid data/dev --test news=data/test --src en --tgt de
+The corpus is tokenized and cleaned once into a binarized cache (~/.cache/minitf/bin, or
+--cache-dir) that every later start and --resume memory-maps; `python -m minitf prepare`
+(same data flags) builds it ahead of time.
+The small preset on Multi30k on a laptop CPU, offline, from a folder that holds the files:
+    python train_wmt.py --dataset multi30k --data-dir ../shared/data/multi30k --preset small \\
+        --device cpu --time-budget 1800 --out runs/m30k
+On N GPUs or CPU processes, one or several machines (pip install -e ".[dist]"; docs/distributed.md);
+the preset's tokens per update (base: 25000, as in the paper) are split over the N ranks:
+    mpiexec -n 8 python train_wmt.py --device gpu
+Continue an interrupted run (Ctrl-C saves a checkpoint) exactly where it stopped:
+    python train_wmt.py ... --out runs/m30k --resume
+Writes OUT/train_log.jsonl, OUT/checkpoint_*.npz (last K kept), OUT/averaged.npz,
+OUT/<testset>.hyp.<tgt> and OUT/results.json.
+"""
+import argparse
+import sys
+
+from minitf.config import ARCHS, ATTENTIONS, PRESETS, SIZE_FLAGS
+from minitf.data.pipeline import add_data_args, check_data_args
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_data_args(p)
+    p.add_argument("--preset", default="base", choices=sorted(PRESETS))
+    p.add_argument("--arch", choices=ARCHS,
+                   help="transformer (default), or rnn: the recurrent baseline with attention (docs/rnn_vs_transformer.md)")
+    p.add_argument("--attention", choices=ATTENTIONS,
+                   help="--arch rnn: Luong's general (default) or dot score, or Bahdanau's additive score")
+    p.add_argument("--d-model", type=int, help="model width D (default from the preset: base 512, small 256)")
+    p.add_argument("--heads", type=int, help="attention heads H (default from the preset: base 8, small 4)")
+    p.add_argument("--d-ff", type=int, help="feed-forward width F (default from the preset: base 2048, small 1024)")
+    p.add_argument("--layers", type=int, help="layers N of the encoder and of the decoder (default from the preset: base 6, small 3)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                   help="parameters and activations (float64: exact checks, e.g. one process against N ranks)")
+    p.add_argument("--fp16", action="store_true",
+                   help="mixed precision: float16 activations/matmuls, float32 master weights, dynamic loss scaling (for GPUs)")
+    p.add_argument("--out", default="runs/train", help="output folder")
+    p.add_argument("--max-steps", type=int, help="updates (default from the preset: base 100k, big 300k, as in the paper); 0 = no limit")
+    p.add_argument("--time-budget", type=float, help="stop training after this many seconds")
+    p.add_argument("--max-tokens", type=int,
+                   help="tokens per batch and side on each rank, padding included (fairseq's meaning); default: the "
+                        "preset's tokens per update (base/big 25000 as in the paper, small 2048) split over the "
+                        "ranks x --update-freq batches of an update, so any number of ranks makes the same update")
+    p.add_argument("--update-freq", type=int, default=1, help="batches accumulated per update on each rank")
+    p.add_argument("--warmup", type=int, help="warmup steps (paper: 4000; default from the preset)")
+    p.add_argument("--lr-factor", type=float, help="multiplies the paper's learning rate (default from the preset)")
+    p.add_argument("--lr-fade", type=float, metavar="FRACTION",
+                   help="fade the learning rate linearly to 0 over this last fraction of the run (of --time-budget "
+                        "or --max-steps, whichever ends it first); 0 = the paper's schedule (default from the preset)")
+    p.add_argument("--dropout", type=float, help="override the preset's dropout (paper: 0.1; small: 0.05)")
+    p.add_argument("--label-smoothing", type=float, help="override eps_ls (paper: 0.1)")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--log-every", type=int, default=50, help="steps between train_log.jsonl lines")
+    p.add_argument("--valid-every", type=int, default=500, help="steps between validation losses (0 = never)")
+    p.add_argument("--save-every", type=int, help="steps between checkpoints (default from the preset: small 80, tiny 10)")
+    p.add_argument("--save-every-minutes", type=float,
+                   help="minutes of training between checkpoints (default base/big: 10, the paper's spacing)")
+    p.add_argument("--keep-last", type=int, help="checkpoints kept (default: --average-last + 1)")
+    p.add_argument("--average-last", type=int,
+                   help="evenly spaced checkpoints averaged at the end (default from the preset: base 5, big 20, as in the paper)")
+    p.add_argument("--beam", type=int, default=4, help="beam size for the final evaluation (paper: 4)")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="length penalty alpha of beam search (paper: 0.6; default: the preset's, small 2.0)")
+    p.add_argument("--decode-batch", type=int, default=100, help="sentences decoded together")
+    p.add_argument("--max-nonfinite", type=int, default=5, help="stop after this many non-finite losses in a row")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    check_data_args(p, args)
+    for flag in ("d_ff", "heads"):
+        if getattr(args, flag) is not None and args.arch == "rnn":
+            p.error(f"--{flag.replace('_', '-')} sizes the Transformer's layers; --arch rnn has none "
+                    f"(its sizes: --d-model and --layers)")
+    if args.attention is not None and args.arch == "transformer":
+        p.error("--attention chooses the attention of --arch rnn; the Transformer's is multi-head scaled dot-product")
+    for name in (*SIZE_FLAGS, "max_tokens", "update_freq", "warmup", "save_every", "keep_last", "average_last", "beam", "log_every"):
+        v = getattr(args, name)
+        if v is not None and v <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive, got {v}")
+    if (args.d_model or args.heads) and args.arch != "rnn":
+        d, h = args.d_model or PRESETS[args.preset]["d_model"], args.heads or PRESETS[args.preset]["n_heads"]
+        if d % h:
+            p.error(f"--d-model {d} is not divisible by --heads {h} (each head gets d_model / heads); "
+                    f"change one of them")
+    if args.lr_fade is not None and not 0 <= args.lr_fade <= 1:
+        p.error(f"--lr-fade must be a fraction of the run in [0, 1], got {args.lr_fade}")
+    if args.save_every_minutes is not None and args.save_every_minutes <= 0:
+        p.error(f"--save-every-minutes must be positive, got {args.save_every_minutes}")
+    if args.save_every and args.save_every_minutes:
+        p.error("--save-every (steps) and --save-every-minutes: give one spacing")
+    if args.average_last and args.keep_last and args.average_last > args.keep_last:
+        p.error(f"--average-last {args.average_last} > --keep-last {args.keep_last}: keep at least as many as you average")
+    return args
+
+
+def main(argv=None):
+    from minitf.errors import Interrupted, MinitfError
+    from minitf.train import train
+    args = parse_args(argv)
+    try:
+        train(args)
+    except MinitfError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Interrupted as e:   # saved; 143 after SIGTERM, 130 after Ctrl-C, as a scheduler expects
+        return e.exit_code
+    return 0
+
