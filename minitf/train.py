@@ -1,17 +1,23 @@
 """The training loop behind train_wmt.py: data -> tokenizer -> batches -> Adam with the
 paper's schedule (5.3) -> checkpoints -> averaged model -> beam search -> sacreBLEU (6.1).
 
+`train` reads as its three steps: `set_up` (device, data, the checkpoint to resume, model,
+optimizer, the batch stream: a `Run`), `run_loop` (each update: `should_stop`, `take_step`,
+`after_step`), and `end` (the last checkpoint, then `finish`: averaging, decoding, scores).
+
 Resumable exactly: a checkpoint stores the parameters, Adam's moments and step, the data
 position (epoch, batch index), and the dropout stream position (model.forward_count), so
 `--resume` replays the same batches, masks and losses as a run that never stopped.
 """
-import glob
+import argparse
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+import glob
 import json
 import os
 import signal
-import sys
 import time
+from typing import Optional
 
 import numpy as np
 
@@ -27,9 +33,7 @@ from .errors import ConfigError, Interrupted, MinitfError
 from .models import build_model
 from .optim import Adam, LossScaler
 from .schedule import NoamSchedule, fade
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
+from .trainlog import Progress, TrainLog, log
 
 
 # ------------------------------------------------------------------------------ data
@@ -151,6 +155,76 @@ def evaluate_loss(model, batches):
     return tot_loss / max(tot_n, 1), tot_nll / max(tot_n, 1)
 
 
+# ------------------------------------------------------------------------------ the run
+@dataclass
+class Run:
+    """What the steps of a run pass along. `state` is what a checkpoint saves besides the model
+    and Adam: step, data position (epoch, batch), dropout stream position, wall time, ..."""
+    args: argparse.Namespace
+    world: distributed.World
+    data: object                   # data.pipeline.Data: tokenizer, training pairs, valid and test text
+    cfg: TransformerConfig
+    model: object
+    opt: Adam
+    scaler: Optional[LossScaler]
+    state: dict
+    resume_path: Optional[str] = None
+    stream: Optional["UpdateStream"] = None
+    epoch_len: int = 1             # batches in an epoch (for the log's fractional epoch)
+    valid: Optional[list] = None   # rank 0: the validation batches
+    log: Optional[TrainLog] = None
+    progress: Optional[Progress] = None
+    start_wall: float = 0.0
+    elapsed_mean: float = 0.0      # the ranks' mean seconds of training at the top of this update
+    window: dict = field(default_factory=dict)   # the losses since the last log record
+
+    @property
+    def lead(self):
+        """Rank 0: the one writer of logs, progress bar, checkpoints and results."""
+        return self.world.rank == 0
+
+    def elapsed(self):
+        """Seconds of training, earlier runs of a resumed one included."""
+        return time.time() - self.start_wall
+
+    def save(self, on_grid):
+        """A checkpoint of this step (rank 0 only); `on_grid`: on the --save-every spacing."""
+        self.state["train_wall_s"], self.state["on_grid"] = self.elapsed(), on_grid
+        return save(self.args.out, self.state["step"], self.model, self.opt, self.data.tokenizer, self.state,
+                    self.args.keep_last)
+
+
+class UpdateStream:
+    """The updates' batches in the global order, each collated on a background thread while the
+    update before it computes. An update is (epoch, index, total, micro): rank r takes the r-th
+    run of update_freq of the update's world size x update_freq batches, as micro [(j, batch)];
+    `total` is the update's GLOBAL number of non-pad target tokens (the loss is normalised by it);
+    (epoch, index) is the position of its last batch."""
+
+    def __init__(self, batches, pairs, tok, per_update, update_freq, rank):
+        self.batches, self.pairs, self.tok = batches, pairs, tok
+        self.per_update, self.update_freq, self.rank = per_update, update_freq, rank
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="minitf-batches")
+        self.pending = self.pool.submit(self._collate)
+
+    def _collate(self):
+        micro, total = [], 0
+        for j in range(self.per_update):
+            epoch, index, idx = next(self.batches)
+            total += int(self.pairs.tgt_lens[idx].sum(dtype=np.int64)) + len(idx)   # target + EOS
+            if j // self.update_freq == self.rank:
+                micro.append((j, to_batch(self.pairs, idx, self.tok)))
+        return epoch, index, total, micro
+
+    def next(self):
+        update = self.pending.result()
+        self.pending = self.pool.submit(self._collate)
+        return update
+
+    def close(self):
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
 def train(args):
     """Train as train_wmt.py's flags say; under mpiexec, on every rank (distributed.py). An error on
     any rank prints that rank's message and aborts the whole job (MPI Abort), never a hang."""
@@ -183,58 +257,32 @@ def _agree(world, **facts):
 
 
 def _train(args, world):
-    from tqdm import tqdm
+    """The run: set-up, the update loop, the end."""
+    run = set_up(args, world)
+    try:
+        stop = run_loop(run)
+    except KeyboardInterrupt:
+        stop = "SIGINT"
+    finally:
+        run.stream.close()
+        run.progress.close()
+    return end(run, stop)
 
-    from .data import iterate_batches, token_batches
-    lead = world.rank == 0   # the one writer: logs, progress bar, checkpoints, results
-    if args.device == "gpu" and world.size > 1:
-        world.use_gpu()   # the GPU of this rank's local rank, and the NCCL communicator
-    if args.device == "cpu" and world.size > 1:
-        threads = world.share_cores()   # this machine's cores split between its ranks' BLAS
-        if lead and threads:
-            log(f"{world.local_size} ranks on this machine: {threads} BLAS thread(s) each")
-    get_xp(args.device)  # fail fast (before data and tokenizer work) when the device is unusable
-    if lead and getattr(args, "fp16", False) and args.device == "cpu":
-        log("warning: --fp16 on the CPU is very slow (NumPy has no float16 BLAS); it is meant for GPUs")
-    os.makedirs(args.out, exist_ok=True)
+
+# ------------------------------------------------------------------------------ set-up
+def set_up(args, world):
+    """Device, data (and the checkpoint to resume), model, optimizer, the batch stream, the log."""
+    lead = world.rank == 0
+    _prepare_device(args, world)
     ckpts = checkpoint_paths(args.out)
     if ckpts and not args.resume:
         raise ConfigError(f"--out {args.out} already holds checkpoints: pass --resume to continue, "
                           f"or choose another --out")
     resume = load_checkpoint(ckpts[-1]) if args.resume and ckpts else None
-    # a resumed run encodes with its checkpoint's tokenizer, so its cache holds the same ids;
-    # rank 0 prepares the cache (and trains the tokenizer) once, the others then open it
-    for turn in range(2 if world.size > 1 else 1):
-        if (world.rank == 0) == (turn == 0):
-            try:
-                data = load_data(args, tokenizer=Tokenizer.from_bytes(resume.tokenizer) if resume and resume.tokenizer
-                                 else None, log=log if lead else (lambda msg: None),
-                                 expect_data_id=resume.train_state.get("data_id") if resume else None, notes=lead)
-            except StaleData as e:
-                raise ConfigError(f"--resume: {ckpts[-1]} was trained on other data: {e}; restore it, "
-                                  f"or start a new --out") from None
-        world.barrier()
-    tok, train_pairs = data.tokenizer, data.train
-    if resume is not None:
-        cfg = resume.config
-        for flag, field in (("arch", "arch"), ("attention", "attention"), *SIZE_FLAGS.items()):
-            asked = getattr(args, flag, None)
-            if asked is not None and asked != getattr(cfg, field):
-                name = flag.replace("_", "-")
-                raise ConfigError(f"--{name} {asked}: the checkpoint {ckpts[-1]} was trained with --{name} "
-                                  f"{getattr(cfg, field)}; drop the flag to resume it, or start a new --out")
-        trained_on = resume.train_state.get("data_id")
-        if trained_on is not None and trained_on != data.data_id:
-            raise ConfigError(f"--resume: {ckpts[-1]} was trained on the binarized corpus {trained_on}, but the "
-                              f"training data now gives {data.data_id} ({data.corpus.folder}); the corpus files or "
-                              f"the cleaning flags (--max-len, --max-ratio) changed: restore them, or start a new --out")
-        if lead:
-            log(f"resuming from {ckpts[-1]} (step {resume.train_state['step']})")
-    else:
-        cfg = build_config(args, tok.vocab_size)
-    resolve_recipe(args, cfg)
-    if cfg.vocab_size != tok.vocab_size:
-        raise ConfigError(f"the checkpoint's vocabulary ({cfg.vocab_size}) != the tokenizer's ({tok.vocab_size})")
+    data = _load_data(args, world, resume)
+    cfg = _config(args, data, resume)
+    if resume is not None and lead:
+        log(f"resuming from {resume.path} (step {resume.train_state['step']})")
     fp16 = getattr(args, "fp16", False)
     _agree(world, data_id=data.data_id, config=cfg.to_dict(), seed=args.seed, update_freq=args.update_freq,
            dtype=getattr(args, "dtype", "float32"), fp16=fp16, resume_step=resume.train_state["step"] if resume else 0,
@@ -242,167 +290,261 @@ def _train(args, world):
            time_budget=args.time_budget)
     model = build_model(cfg, device=args.device, dtype="float16" if fp16 else getattr(args, "dtype", "float32"),
                         seed=args.seed)
-    scaler = LossScaler() if fp16 else None
-    opt = Adam(model, lr=NoamSchedule(cfg.d_model, cfg.warmup, cfg.lr_factor))
-    state = {"step": 0, "epoch": 0, "batch": 0, "forward_count": 0, "train_wall_s": 0.0,
-             "train_tokens": 0, "nonfinite": 0, "data_id": data.data_id, "languages": [args.src, args.tgt]}
+    run = Run(args, world, data, cfg, model, Adam(model, lr=NoamSchedule(cfg.d_model, cfg.warmup, cfg.lr_factor)),
+              LossScaler() if fp16 else None, new_state(args, data), resume.path if resume else None)
     if resume is not None:
-        model.load_state_dict(resume.params)
-        opt.load_state_dict(resume.optimizer)
-        state.update(resume.train_state)
-        if scaler is not None and "loss_scale" in state:
-            scaler.scale, scaler.good_steps = state["loss_scale"], state["good_steps"]
+        _restore(run, resume)
     if lead:
-        cfg_path = os.path.join(args.out, "config.json")
-        atomic_write(cfg_path, lambda f: f.write(json.dumps({"model": cfg.to_dict(), "args": vars(args),
-                                                               "ranks": world.size}, indent=2).encode()))
+        atomic_write(os.path.join(args.out, "config.json"), lambda f: f.write(json.dumps(
+            {"model": cfg.to_dict(), "args": vars(args), "ranks": world.size}, indent=2).encode()))
         log(f"model: {cfg.arch}, {model.num_parameters():,} parameters, preset {args.preset}, device {args.device}"
             + (f", {world.size} ranks" if world.size > 1 else ""))
+    _open_stream(run)
+    run.log = TrainLog(os.path.join(args.out, "train_log.jsonl"), enabled=lead)
+    run.start_wall = time.time() - run.state["train_wall_s"]
+    run.progress = Progress(run.state, args.max_steps, args.time_budget, enabled=lead and not args.quiet)
+    run.window = new_window()
+    return run
 
-    src_lens, tgt_lens = train_pairs.src_lens, train_pairs.tgt_lens   # token_batches adds the EOS / BOS itself
+
+def _prepare_device(args, world):
+    if args.device == "gpu" and world.size > 1:
+        world.use_gpu()   # the GPU of this rank's local rank, and the NCCL communicator
+    if args.device == "cpu" and world.size > 1:
+        threads = world.share_cores()   # this machine's cores split between its ranks' BLAS
+        if world.rank == 0 and threads:
+            log(f"{world.local_size} ranks on this machine: {threads} BLAS thread(s) each")
+    get_xp(args.device)  # fail fast (before data and tokenizer work) when the device is unusable
+    if world.rank == 0 and getattr(args, "fp16", False) and args.device == "cpu":
+        log("warning: --fp16 on the CPU is very slow (NumPy has no float16 BLAS); it is meant for GPUs")
+    os.makedirs(args.out, exist_ok=True)
+
+
+def _load_data(args, world, resume):
+    """A resumed run encodes with its checkpoint's tokenizer, so its cache holds the same ids;
+    rank 0 prepares the cache (and trains the tokenizer) once, the others then open it."""
+    lead = world.rank == 0
+    for turn in range(2 if world.size > 1 else 1):
+        if lead == (turn == 0):
+            try:
+                data = load_data(args, tokenizer=Tokenizer.from_bytes(resume.tokenizer) if resume and resume.tokenizer
+                                 else None, log=log if lead else (lambda msg: None),
+                                 expect_data_id=resume.train_state.get("data_id") if resume else None, notes=lead)
+            except StaleData as e:
+                raise ConfigError(f"--resume: {resume.path} was trained on other data: {e}; restore it, "
+                                  f"or start a new --out") from None
+        world.barrier()
+    return data
+
+
+def _config(args, data, resume):
+    """The resumed checkpoint's config (a flag that would change it is an error), or the preset's
+    with the flags over it; then the recipe's flags left unset (resolve_recipe)."""
+    vocab_size = data.tokenizer.vocab_size
+    if resume is None:
+        cfg = build_config(args, vocab_size)
+    else:
+        cfg = resume.config
+        for flag, name in (("arch", "arch"), ("attention", "attention"), *SIZE_FLAGS.items()):
+            asked = getattr(args, flag, None)
+            if asked is not None and asked != getattr(cfg, name):
+                dashed = flag.replace("_", "-")
+                raise ConfigError(f"--{dashed} {asked}: the checkpoint {resume.path} was trained with --{dashed} "
+                                  f"{getattr(cfg, name)}; drop the flag to resume it, or start a new --out")
+        trained_on = resume.train_state.get("data_id")
+        if trained_on is not None and trained_on != data.data_id:
+            raise ConfigError(f"--resume: {resume.path} was trained on the binarized corpus {trained_on}, but the "
+                              f"training data now gives {data.data_id} ({data.corpus.folder}); the corpus files or "
+                              f"the cleaning flags (--max-len, --max-ratio) changed: restore them, or start a new --out")
+    resolve_recipe(args, cfg)
+    if cfg.vocab_size != vocab_size:
+        raise ConfigError(f"the checkpoint's vocabulary ({cfg.vocab_size}) != the tokenizer's ({vocab_size})")
+    return cfg
+
+
+def new_state(args, data):
+    return {"step": 0, "epoch": 0, "batch": 0, "forward_count": 0, "train_wall_s": 0.0, "train_tokens": 0,
+            "nonfinite": 0, "data_id": data.data_id, "languages": [args.src, args.tgt]}
+
+
+def _restore(run, resume):
+    """Parameters, Adam's moments and step, the train state (and the loss scale) of a checkpoint."""
+    run.model.load_state_dict(resume.params)
+    run.opt.load_state_dict(resume.optimizer)
+    run.state.update(resume.train_state)
+    if run.scaler is not None and "loss_scale" in run.state:
+        run.scaler.scale, run.scaler.good_steps = run.state["loss_scale"], run.state["good_steps"]
+
+
+def _open_stream(run):
+    """Plan the batches from the saved position on, and the stream of updates over them."""
+    from .data import iterate_batches, token_batches
+    args, world, pairs = run.args, run.world, run.data.train
     per_update = world.size * args.update_freq   # batches of one update, over all ranks
-    max_tokens = cfg.batch_tokens(world.size, args.update_freq)
-    if resume is not None and state.get("batch_tokens", max_tokens) != max_tokens:
-        raise ConfigError(f"--resume: {ckpts[-1]} was trained with batches of {state['batch_tokens']} tokens, but "
-                          f"{world.size} rank(s) x --update-freq {args.update_freq} make batches of {max_tokens} (the "
-                          f"preset's {cfg.update_tokens} tokens per update split over them): resume with the run's "
-                          f"ranks and --update-freq, or start a new --out")
-    state["batch_tokens"] = max_tokens
-    first = token_batches(src_lens, tgt_lens, max_tokens, args.seed, state["epoch"])
+    max_tokens = run.cfg.batch_tokens(world.size, args.update_freq)
+    if run.resume_path is not None and run.state.get("batch_tokens", max_tokens) != max_tokens:
+        raise ConfigError(f"--resume: {run.resume_path} was trained with batches of {run.state['batch_tokens']} "
+                          f"tokens, but {world.size} rank(s) x --update-freq {args.update_freq} make batches of "
+                          f"{max_tokens} (the preset's {run.cfg.update_tokens} tokens per update split over them): "
+                          f"resume with the run's ranks and --update-freq, or start a new --out")
+    run.state["batch_tokens"] = max_tokens
+    first = token_batches(pairs.src_lens, pairs.tgt_lens, max_tokens, args.seed, run.state["epoch"])
     release_freed_memory()   # the sort's temporaries: hundreds of MB for a 36M-pair corpus
-    epoch_len = len(first)   # for the log's fractional epoch (other epochs differ by a few batches)
-    batches = iterate_batches(src_lens, tgt_lens, max_tokens, args.seed, state["epoch"], state["batch"], first=first,
-                              after_plan=release_freed_memory)
-    if per_update > epoch_len:
+    run.epoch_len = len(first)   # for the log's fractional epoch (other epochs differ by a few batches)
+    if per_update > run.epoch_len:
         raise ConfigError(f"{world.size} ranks x --update-freq {args.update_freq} = {per_update} batches per update, "
-                          f"but an epoch has only {epoch_len}: use fewer ranks, a smaller --update-freq or --max-tokens")
-    if lead:
-        log(f"train: {len(src_lens):,} pairs in {epoch_len:,} batches per epoch; tokens per side (padding "
+                          f"but an epoch has only {run.epoch_len}: use fewer ranks, a smaller --update-freq or "
+                          f"--max-tokens")
+    batches = iterate_batches(pairs.src_lens, pairs.tgt_lens, max_tokens, args.seed, run.state["epoch"],
+                              run.state["batch"], first=first, after_plan=release_freed_memory)
+    if run.lead:
+        log(f"train: {len(pairs.src_lens):,} pairs in {run.epoch_len:,} batches per epoch; tokens per side (padding "
             f"included), at most: {max_tokens:,} per batch, {args.update_freq * max_tokens:,} per rank "
             f"({args.update_freq} batch{'es' if args.update_freq > 1 else ''}), {per_update * max_tokens:,} per update "
             f"({world.size} rank{'s' if world.size > 1 else ''})")
-    valid = _valid_batches(data.valid, tok, max_tokens) if lead else None
-    logf = open(os.path.join(args.out, "train_log.jsonl"), "a") if lead else None
+        run.valid = _valid_batches(run.data.valid, run.data.tokenizer, max_tokens)
+    run.stream = UpdateStream(batches, pairs, run.data.tokenizer, per_update, args.update_freq, world.rank)
 
-    def write_log(rec):
-        if logf is not None:
-            logf.write(json.dumps(rec) + "\n")
-            logf.flush()
 
-    interrupted = []
-    prev_handler = signal.signal(signal.SIGTERM, lambda *a: interrupted.append("SIGTERM"))
-    prev_int = None
-    if world.size > 1:   # Ctrl-C too becomes a flag the ranks agree on, never an exception mid all-reduce
-        prev_int = signal.signal(signal.SIGINT, lambda *a: interrupted.append("SIGINT"))
-    start_wall = time.time() - state["train_wall_s"]
-    # under --time-budget the bar shows the budget (elapsed / budget, its ETA), not max_steps
-    budget = args.time_budget
-    bar = tqdm(initial=round(min(state["train_wall_s"], budget)) if budget else state["step"],
-               total=round(budget) if budget else (args.max_steps or None), desc="train", file=sys.stderr,
-               unit="s" if budget else "it", disable=args.quiet or not lead, dynamic_ncols=True)
-    window = {"loss": 0.0, "nll": 0.0, "n": 0, "t0": time.time(), "tokens": 0}
-
-    def next_update():
-        """The next update's batches in the global order: rank r takes the r-th run of update_freq of
-        them, collated; `total` is the update's GLOBAL number of non-pad target tokens (the loss is
-        normalised by it). Runs on the prefetch thread, one update ahead of the one computing."""
-        micro, total = [], 0
-        for j in range(per_update):
-            epoch, index, idx = next(batches)
-            total += int(tgt_lens[idx].sum(dtype=np.int64)) + len(idx)   # target + EOS
-            if j // args.update_freq == world.rank:
-                micro.append((j, to_batch(train_pairs, idx, tok)))
-        return epoch, index, total, micro
-
-    prefetch = ThreadPoolExecutor(1, thread_name_prefix="minitf-batches")
-    pending = prefetch.submit(next_update)
-    stop_reason = "max_steps"
-    model.train()
-    try:
+# ------------------------------------------------------------------------------ the loop
+def run_loop(run):
+    """Updates until --max-steps, the --time-budget or a signal; returns why it stopped: "max_steps",
+    "time_budget", or the name of the signal."""
+    signals = StopSignals(catch_sigint=run.world.size > 1)
+    run.model.train()
+    with signals:
         while True:
-            if args.max_steps and state["step"] >= args.max_steps:
-                break
-            elapsed = time.time() - start_wall
-            over_budget, stop, elapsed_sum = world.allreduce_numbers(   # one decision on every rank
-                [bool(args.time_budget and elapsed >= args.time_budget), bool(interrupted), elapsed])
-            if over_budget:
-                stop_reason = "time_budget"
-                break
+            stop = should_stop(run, signals)
             if stop:
-                raise KeyboardInterrupt
-            epoch, index, total, micro = pending.result()   # collated while the last update computed
-            pending = prefetch.submit(next_update)
-            state["epoch"], state["batch"] = epoch, index + 1
-            loss_sum, nll_sum = forward_backward(model, micro, total, state["forward_count"], scaler)
-            state["forward_count"] += per_update
-            world.allreduce_sum(model.flat_grads)   # every rank now holds the update's whole gradient
-            loss_sum, nll_sum, grads_finite = step_stats(model, loss_sum, nll_sum)
-            loss_sum, nll_sum = world.allreduce_numbers([loss_sum, nll_sum])
-            if scaler is not None and np.isfinite(loss_sum) and not grads_finite:
-                scaler.update(False)  # float16 overflow: skip the step with a smaller scale
-                state["loss_scale"], state["good_steps"] = scaler.scale, scaler.good_steps
-                write_log({"step": state["step"], "event": "overflow_skipped", "loss_scale": scaler.scale})
-                continue
-            if not (np.isfinite(loss_sum) and grads_finite):
-                state["nonfinite"] += 1
-                write_log({"step": state["step"], "event": "nonfinite_loss_skipped", "count": state["nonfinite"]})
-                if state["nonfinite"] >= args.max_nonfinite:
-                    raise MinitfError(f"{state['nonfinite']} non-finite losses in a row at step {state['step']}: "
-                                      f"lower --lr-factor or raise --warmup, then --resume")
-                continue
-            state["nonfinite"] = 0
-            if scaler is not None:
-                scaler.update(True)
-                state["loss_scale"], state["good_steps"] = scaler.scale, scaler.good_steps
-            lr = opt.step(grad_divisor=scaler.scale if scaler else 1.0,
-                          lr_scale=fade(run_progress(args, state["step"], elapsed_sum / world.size), cfg.lr_fade))
-            state["step"] += 1
-            state["train_tokens"] += total
-            window["loss"] += loss_sum
-            window["nll"] += nll_sum
-            window["n"] += total
-            bar.update(round(min(time.time() - start_wall, budget)) - bar.n if budget else 1)
-            if state["step"] % args.log_every == 0:
-                dt = time.time() - window["t0"]
-                rec = {"step": state["step"], "epoch": round(state["epoch"] + state["batch"] / epoch_len, 3),
-                       "loss": round(window["loss"] / window["n"], 4), "nll": round(window["nll"] / window["n"], 4),
-                       "ppl": round(float(np.exp(min(window["nll"] / window["n"], 50))), 2), "lr": lr,
-                       "tokens_per_s": round(window["n"] / dt, 1), "wall_s": round(time.time() - start_wall, 1)}
-                write_log(rec)
-                bar.set_postfix(step=state["step"], loss=rec["loss"], ppl=rec["ppl"], lr=f"{lr:.2e}",
-                                tok_s=int(rec["tokens_per_s"]))
-                window = {"loss": 0.0, "nll": 0.0, "n": 0, "t0": time.time()}
-            if lead and args.valid_every and state["step"] % args.valid_every == 0:
-                vl, vnll = evaluate_loss(model, valid)
-                write_log({"step": state["step"], "valid_loss": round(vl, 4), "valid_nll": round(vnll, 4),
-                           "valid_ppl": round(float(np.exp(min(vnll, 50))), 2)})
-            if lead and on_save_grid(args, state, time.time() - start_wall):
-                state["train_wall_s"], state["on_grid"] = time.time() - start_wall, True
-                save(args.out, state["step"], model, opt, tok, state, args.keep_last)
-    except KeyboardInterrupt:
-        prefetch.shutdown(wait=False, cancel_futures=True)
-        bar.close()
-        _restore_signals(prev_handler, prev_int)
-        signame = interrupted[0] if interrupted else "SIGINT"
-        if lead:
-            state["train_wall_s"], state["on_grid"] = time.time() - start_wall, False
-            path = save(args.out, state["step"], model, opt, tok, state, args.keep_last)
-            logf.close()
-            log(f"interrupted ({signame}) at step {state['step']}: saved {path}; continue with --resume")
-        raise Interrupted(signame) from None
-    prefetch.shutdown(wait=False, cancel_futures=True)
-    bar.close()
-    _restore_signals(prev_handler, prev_int)
-    if not lead:
+                return stop
+            update = run.stream.next()   # collated while the last update computed
+            done = take_step(run, update)
+            if done is not None:
+                after_step(run, *done)
+
+
+def should_stop(run, signals):
+    """One decision on every rank, at the top of each update: the step limit, the time budget (any
+    rank over it stops them all), a signal on any rank."""
+    args = run.args
+    if args.max_steps and run.state["step"] >= args.max_steps:
+        return "max_steps"
+    elapsed = run.elapsed()
+    over_budget, signalled, elapsed_sum = run.world.allreduce_numbers(
+        [bool(args.time_budget and elapsed >= args.time_budget), bool(signals.received), elapsed])
+    run.elapsed_mean = elapsed_sum / run.world.size
+    if over_budget:
+        return "time_budget"
+    if signalled:
+        return signals.received[0] if signals.received else "SIGINT"
+    return None
+
+
+def take_step(run, update):
+    """Forward, backward, the all-reduce and Adam's step of one update. Returns (loss_sum, nll_sum,
+    tokens, lr), or None when the update was skipped (a float16 overflow, a non-finite loss)."""
+    args, state, model, scaler = run.args, run.state, run.model, run.scaler
+    epoch, index, total, micro = update
+    state["epoch"], state["batch"] = epoch, index + 1
+    loss_sum, nll_sum = forward_backward(model, micro, total, state["forward_count"], scaler)
+    state["forward_count"] += run.world.size * args.update_freq
+    run.world.allreduce_sum(model.flat_grads)   # every rank now holds the update's whole gradient
+    loss_sum, nll_sum, grads_finite = step_stats(model, loss_sum, nll_sum)
+    loss_sum, nll_sum = run.world.allreduce_numbers([loss_sum, nll_sum])
+    if scaler is not None and np.isfinite(loss_sum) and not grads_finite:
+        scaler.update(False)  # float16 overflow: skip the step with a smaller scale
+        state["loss_scale"], state["good_steps"] = scaler.scale, scaler.good_steps
+        run.log.write({"step": state["step"], "event": "overflow_skipped", "loss_scale": scaler.scale})
         return None
-    state["train_wall_s"] = time.time() - start_wall
-    if not checkpoint_paths(args.out) or not checkpoint_paths(args.out)[-1].endswith(f"{state['step']:07d}.npz"):
-        state["on_grid"] = False   # saved for --resume; off the spacing, so not averaged
-        save(args.out, state["step"], model, opt, tok, state, args.keep_last)
-    log(f"training stopped ({stop_reason}) at step {state['step']} after {state['train_wall_s']:.0f}s")
-    state["epochs"] = round(state["epoch"] + state["batch"] / epoch_len, 3)
+    if not (np.isfinite(loss_sum) and grads_finite):
+        state["nonfinite"] += 1
+        run.log.write({"step": state["step"], "event": "nonfinite_loss_skipped", "count": state["nonfinite"]})
+        if state["nonfinite"] >= args.max_nonfinite:
+            raise MinitfError(f"{state['nonfinite']} non-finite losses in a row at step {state['step']}: "
+                              f"lower --lr-factor or raise --warmup, then --resume")
+        return None
+    state["nonfinite"] = 0
+    if scaler is not None:
+        scaler.update(True)
+        state["loss_scale"], state["good_steps"] = scaler.scale, scaler.good_steps
+    lr = run.opt.step(grad_divisor=scaler.scale if scaler else 1.0,
+                      lr_scale=fade(run_progress(args, state["step"], run.elapsed_mean), run.cfg.lr_fade))
+    state["step"] += 1
+    state["train_tokens"] += total
+    return loss_sum, nll_sum, total, lr
+
+
+def after_step(run, loss_sum, nll_sum, tokens, lr):
+    """The log record every --log-every updates, the validation loss every --valid-every, the
+    checkpoint on the --save-every spacing."""
+    args, state, w = run.args, run.state, run.window
+    w["loss"] += loss_sum
+    w["nll"] += nll_sum
+    w["n"] += tokens
+    run.progress.update(run.elapsed())
+    if state["step"] % args.log_every == 0:
+        dt = time.time() - w["t0"]
+        rec = {"step": state["step"], "epoch": round(state["epoch"] + state["batch"] / run.epoch_len, 3),
+               "loss": round(w["loss"] / w["n"], 4), "nll": round(w["nll"] / w["n"], 4),
+               "ppl": round(float(np.exp(min(w["nll"] / w["n"], 50))), 2), "lr": lr,
+               "tokens_per_s": round(w["n"] / dt, 1), "wall_s": round(run.elapsed(), 1)}
+        run.log.write(rec)
+        run.progress.show(rec)
+        run.window = new_window()
+    if run.lead and args.valid_every and state["step"] % args.valid_every == 0:
+        vl, vnll = evaluate_loss(run.model, run.valid)
+        run.log.write({"step": state["step"], "valid_loss": round(vl, 4), "valid_nll": round(vnll, 4),
+                       "valid_ppl": round(float(np.exp(min(vnll, 50))), 2)})
+    if run.lead and on_save_grid(args, state, run.elapsed()):
+        run.save(on_grid=True)
+
+
+def new_window():
+    return {"loss": 0.0, "nll": 0.0, "n": 0, "t0": time.time()}
+
+
+class StopSignals:
+    """SIGTERM (and under mpiexec SIGINT) become a flag the loop reads at the top of each update,
+    so that every rank stops at the same update and none mid all-reduce; the handlers before
+    are back on leaving. `received`: the names of the signals that arrived, in order."""
+
+    def __init__(self, catch_sigint):
+        self.catch = [signal.SIGTERM] + ([signal.SIGINT] if catch_sigint else [])
+        self.received, self.before = [], {}
+
+    def _flag(self, signum, frame):
+        self.received.append(signal.Signals(signum).name)
+
+    def __enter__(self):
+        self.before = {s: signal.signal(s, self._flag) for s in self.catch}
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self.before.items():
+            signal.signal(s, handler)
+
+
+# ------------------------------------------------------------------------------ the end
+def end(run, stop):
+    """After the loop: on a signal, save and raise Interrupted; else the last checkpoint, then on
+    rank 0 the average, the translations and the scores (finish)."""
+    args, state = run.args, run.state
+    if stop not in ("max_steps", "time_budget"):
+        if run.lead:
+            path = run.save(on_grid=False)
+            run.log.close()
+            log(f"interrupted ({stop}) at step {state['step']}: saved {path}; continue with --resume")
+        raise Interrupted(stop)
+    if not run.lead:
+        return None
+    state["train_wall_s"] = run.elapsed()
+    last = checkpoint_paths(args.out)
+    if not last or not last[-1].endswith(f"{state['step']:07d}.npz"):
+        run.save(on_grid=False)   # saved for --resume; off the spacing, so not averaged
+    log(f"training stopped ({stop}) at step {state['step']} after {state['train_wall_s']:.0f}s")
+    state["epochs"] = round(state["epoch"] + state["batch"] / run.epoch_len, 3)
     try:
-        results = finish(args, model, tok, data, state, valid, write_log)
+        return finish(args, run.model, run.data.tokenizer, run.data, state, run.valid, run.log.write)
     except KeyboardInterrupt:   # Ctrl-C while averaging or translating: training itself is saved
         avg = os.path.join(args.out, "averaged.npz")
         log(f"interrupted during the final evaluation: the checkpoints in {args.out} are complete; score "
@@ -410,14 +552,7 @@ def _train(args, world):
             f"{avg if os.path.exists(avg) else checkpoint_paths(args.out)[-1]} --src ... --ref ...`")
         raise Interrupted("SIGINT") from None
     finally:
-        logf.close()
-    return results
-
-
-def _restore_signals(term, interrupt):
-    signal.signal(signal.SIGTERM, term)
-    if interrupt is not None:
-        signal.signal(signal.SIGINT, interrupt)
+        run.log.close()
 
 
 def _valid_batches(valid, tok, max_tokens):
