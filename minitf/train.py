@@ -10,6 +10,7 @@ position (epoch, batch index), and the dropout stream position (model.forward_co
 `--resume` replays the same batches, masks and losses as a run that never stopped.
 """
 import argparse
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 import glob
@@ -261,8 +262,13 @@ def _train(args, world):
     run = set_up(args, world)
     try:
         stop = run_loop(run)
-    except KeyboardInterrupt:
-        stop = "SIGINT"
+    except KeyboardInterrupt:   # a second Ctrl-C: stopped at once, mid-update, so nothing is saved
+        if run.lead:
+            run.log.close()
+            last = checkpoint_paths(args.out)
+            log(f"interrupted again (SIGINT) at step {run.state['step']}: stopped without saving; --resume "
+                f"continues from {last[-1] if last else 'the start'}")
+        raise Interrupted("SIGINT") from None
     finally:
         run.stream.close()
         run.progress.close()
@@ -409,8 +415,8 @@ def _open_stream(run):
 # ------------------------------------------------------------------------------ the loop
 def run_loop(run):
     """Updates until --max-steps, the --time-budget or a signal; returns why it stopped: "max_steps",
-    "time_budget", or the name of the signal."""
-    signals = StopSignals(catch_sigint=run.world.size > 1)
+    "time_budget", or the signal ("SIGTERM", or "SIGTERM on another rank" under mpiexec)."""
+    signals = StopSignals(run.world.size)
     run.model.train()
     with signals:
         while True:
@@ -430,13 +436,16 @@ def should_stop(run, signals):
     if args.max_steps and run.state["step"] >= args.max_steps:
         return "max_steps"
     elapsed = run.elapsed()
-    over_budget, signalled, elapsed_sum = run.world.allreduce_numbers(
-        [bool(args.time_budget and elapsed >= args.time_budget), bool(signals.received), elapsed])
+    over_budget, term, interrupt, elapsed_sum = run.world.allreduce_numbers(
+        [bool(args.time_budget and elapsed >= args.time_budget), "SIGTERM" in signals.received,
+         "SIGINT" in signals.received, elapsed])
     run.elapsed_mean = elapsed_sum / run.world.size
     if over_budget:
         return "time_budget"
-    if signalled:
-        return signals.received[0] if signals.received else "SIGINT"
+    if signals.received:
+        return signals.received[0]
+    if term or interrupt:
+        return f"{'SIGTERM' if term else 'SIGINT'} on another rank"
     return None
 
 
@@ -445,33 +454,43 @@ def take_step(run, update):
     tokens, lr), or None when the update was skipped (a float16 overflow, a non-finite loss)."""
     args, state, model, scaler = run.args, run.state, run.model, run.scaler
     epoch, index, total, micro = update
-    state["epoch"], state["batch"] = epoch, index + 1
     loss_sum, nll_sum = forward_backward(model, micro, total, state["forward_count"], scaler)
-    state["forward_count"] += run.world.size * args.update_freq
     run.world.allreduce_sum(model.flat_grads)   # every rank now holds the update's whole gradient
     loss_sum, nll_sum, grads_finite = step_stats(model, loss_sum, nll_sum)
     loss_sum, nll_sum = run.world.allreduce_numbers([loss_sum, nll_sum])
-    if scaler is not None and np.isfinite(loss_sum) and not grads_finite:
-        scaler.update(False)  # float16 overflow: skip the step with a smaller scale
+    done = not _skipped(run, np.isfinite(loss_sum), grads_finite)
+    if done:
+        if scaler is not None:
+            scaler.update(True)
+            state["loss_scale"], state["good_steps"] = scaler.scale, scaler.good_steps
+        lr = run.opt.step(grad_divisor=scaler.scale if scaler else 1.0,
+                          lr_scale=fade(run_progress(args, state["step"], run.elapsed_mean), run.cfg.lr_fade))
+        state["step"] += 1
+        state["train_tokens"] += total
+    # the update is complete (made or skipped): only now does the saved position move past its batches
+    state["epoch"], state["batch"] = epoch, index + 1
+    state["forward_count"] += run.world.size * args.update_freq
+    return (loss_sum, nll_sum, total, lr) if done else None
+
+
+def _skipped(run, loss_finite, grads_finite):
+    """The skip rules: a float16 overflow (smaller loss scale) or a non-finite loss (counted; too
+    many in a row end the run). Logs the skip; True when the update is not made."""
+    state, scaler = run.state, run.scaler
+    if scaler is not None and loss_finite and not grads_finite:
+        scaler.update(False)
         state["loss_scale"], state["good_steps"] = scaler.scale, scaler.good_steps
         run.log.write({"step": state["step"], "event": "overflow_skipped", "loss_scale": scaler.scale})
-        return None
-    if not (np.isfinite(loss_sum) and grads_finite):
+        return True
+    if not (loss_finite and grads_finite):
         state["nonfinite"] += 1
         run.log.write({"step": state["step"], "event": "nonfinite_loss_skipped", "count": state["nonfinite"]})
-        if state["nonfinite"] >= args.max_nonfinite:
+        if state["nonfinite"] >= run.args.max_nonfinite:
             raise MinitfError(f"{state['nonfinite']} non-finite losses in a row at step {state['step']}: "
                               f"lower --lr-factor or raise --warmup, then --resume")
-        return None
+        return True
     state["nonfinite"] = 0
-    if scaler is not None:
-        scaler.update(True)
-        state["loss_scale"], state["good_steps"] = scaler.scale, scaler.good_steps
-    lr = run.opt.step(grad_divisor=scaler.scale if scaler else 1.0,
-                      lr_scale=fade(run_progress(args, state["step"], run.elapsed_mean), run.cfg.lr_fade))
-    state["step"] += 1
-    state["train_tokens"] += total
-    return loss_sum, nll_sum, total, lr
+    return False
 
 
 def after_step(run, loss_sum, nll_sum, tokens, lr):
@@ -504,19 +523,23 @@ def new_window():
 
 
 class StopSignals:
-    """SIGTERM (and under mpiexec SIGINT) become a flag the loop reads at the top of each update,
-    so that every rank stops at the same update and none mid all-reduce; the handlers before
-    are back on leaving. `received`: the names of the signals that arrived, in order."""
+    """SIGTERM and Ctrl-C's SIGINT become a flag the loop reads at the top of each update: a run
+    stops between two updates, never inside one (so its checkpoint is the position after the last
+    completed update), and under mpiexec every rank at the same update, none mid all-reduce. In
+    one process a second Ctrl-C stops at once (KeyboardInterrupt), without saving. The handlers
+    before are back on leaving. `received`: the names of the signals that arrived, in order."""
 
-    def __init__(self, catch_sigint):
-        self.catch = [signal.SIGTERM] + ([signal.SIGINT] if catch_sigint else [])
+    def __init__(self, world_size):
+        self.second_interrupt_raises = world_size == 1
         self.received, self.before = [], {}
 
     def _flag(self, signum, frame):
         self.received.append(signal.Signals(signum).name)
+        if signum == signal.SIGINT and self.second_interrupt_raises:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def __enter__(self):
-        self.before = {s: signal.signal(s, self._flag) for s in self.catch}
+        self.before = {s: signal.signal(s, self._flag) for s in (signal.SIGTERM, signal.SIGINT)}
         return self
 
     def __exit__(self, *exc):
@@ -534,7 +557,7 @@ def end(run, stop):
             path = run.save(on_grid=False)
             run.log.close()
             log(f"interrupted ({stop}) at step {state['step']}: saved {path}; continue with --resume")
-        raise Interrupted(stop)
+        raise Interrupted(stop.split()[0])
     if not run.lead:
         return None
     state["train_wall_s"] = run.elapsed()
@@ -544,15 +567,30 @@ def end(run, stop):
     log(f"training stopped ({stop}) at step {state['step']} after {state['train_wall_s']:.0f}s")
     state["epochs"] = round(state["epoch"] + state["batch"] / run.epoch_len, 3)
     try:
-        return finish(args, run.model, run.data.tokenizer, run.data, state, run.valid, run.log.write)
-    except KeyboardInterrupt:   # Ctrl-C while averaging or translating: training itself is saved
+        with sigterm_raises():
+            return finish(args, run.model, run.data.tokenizer, run.data, state, run.valid, run.log.write)
+    except (KeyboardInterrupt, Interrupted) as e:   # while averaging or translating: training itself is saved
+        signame = e.signame if isinstance(e, Interrupted) else "SIGINT"
         avg = os.path.join(args.out, "averaged.npz")
-        log(f"interrupted during the final evaluation: the checkpoints in {args.out} are complete; score "
-            f"{'the average' if os.path.exists(avg) else 'one'} with `python -m minitf evaluate --checkpoint "
+        log(f"interrupted ({signame}) during the final evaluation: the checkpoints in {args.out} are complete; "
+            f"score {'the average' if os.path.exists(avg) else 'one'} with `python -m minitf evaluate --checkpoint "
             f"{avg if os.path.exists(avg) else checkpoint_paths(args.out)[-1]} --src ... --ref ...`")
-        raise Interrupted("SIGINT") from None
+        raise Interrupted(signame) from None
     finally:
         run.log.close()
+
+
+@contextlib.contextmanager
+def sigterm_raises():
+    """SIGTERM raises Interrupted("SIGTERM") wherever it lands, as Ctrl-C raises KeyboardInterrupt
+    (after training, where nothing is left to save)."""
+    def handler(signum, frame):
+        raise Interrupted("SIGTERM")
+    before = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _valid_batches(valid, tok, max_tokens):

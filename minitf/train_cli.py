@@ -114,5 +114,8 @@ def main(argv=None):
         return 2
     except Interrupted as e:   # saved; 143 after SIGTERM, 130 after Ctrl-C, as a scheduler expects
         return e.exit_code
+    except KeyboardInterrupt:  # Ctrl-C before training began (reading data, preparing the cache)
+        print("interrupted before training began", file=sys.stderr)
+        return 130
     return 0
 

@@ -162,7 +162,7 @@ def test_ctrl_c_in_the_final_evaluation_exits_130_in_one_line(corpus, tmp_path, 
                      "--device", "cpu", "--out", str(out), "--quiet", "--max-steps", "3", "--save-every", "3"])
     err = capsys.readouterr().err
     assert code == 130, err[-2000:]
-    assert "interrupted during the final evaluation" in err and "checkpoint_0000003.npz" in err
+    assert "interrupted (SIGINT) during the final evaluation" in err and "checkpoint_0000003.npz" in err
     assert "Traceback" not in err
 
 
@@ -303,3 +303,73 @@ def test_resume_with_other_batches_is_one_line(corpus, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     r = run_train(corpus, out, "--max-steps", 4, "--save-every", 2, "--update-freq", 2, "--resume")
     assert r.returncode == 2 and "batches of 512 tokens" in r.stderr and "Traceback" not in r.stderr
+
+
+def _start_train(corpus, out, cache, *extra):
+    env = dict(os.environ, MINITF_CACHE=str(cache), PYTHONHASHSEED="0")
+    cmd = [sys.executable, os.path.join(ROOT, "train_wmt.py"), "--dataset", "multi30k", "--data-dir", str(corpus),
+           "--preset", "tiny", "--vocab-size", "60", "--device", "cpu", "--out", str(out), "--quiet",
+           "--log-every", "1", *map(str, extra)]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_log_lines(p, out, n, timeout=300):
+    import time
+    deadline = time.time() + timeout
+    log = out / "train_log.jsonl"
+    while not log.exists() or log.read_text().count("\n") < n:
+        if p.poll() is not None:
+            raise AssertionError(p.stderr.read()[-2000:])
+        assert time.time() < deadline, "training did not start"
+        time.sleep(0.02)
+
+
+def test_ctrl_c_mid_training_then_resume_is_exact(corpus, tmp_path):
+    """Ctrl-C lands wherever the update is (forward, backward, Adam): the checkpoint it saves is
+    the position after the last COMPLETED update, so --resume gives the straight run bit for bit
+    (float64, dropout on)."""
+    import signal
+    split, straight, cache = tmp_path / "split", tmp_path / "straight", tmp_path / "cache"
+    flags = ("--dtype", "float64", "--dropout", 0.1, "--save-every", 100000, "--valid-every", 0,
+             "--average-last", 1, "--beam", 1)
+    assert run_train(corpus, tmp_path / "warm", "--max-steps", 1, *flags, cache=cache).returncode == 0   # the cache
+    p = _start_train(corpus, split, cache, "--max-steps", 0, *flags)
+    _wait_for_log_lines(p, split, 3)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 130 and "interrupted (SIGINT)" in err, err[-2000:]
+    saved, = split.glob("checkpoint_*.npz")
+    state = load_checkpoint(saved).train_state
+    k = state["step"]
+    assert state["forward_count"] == k                                 # one batch per update, all of them done
+    r = run_train(corpus, split, "--max-steps", k + 3, "--resume", *flags, cache=cache)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_train(corpus, straight, "--max-steps", k + 3, *flags, cache=cache)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a = load_checkpoint(straight / f"checkpoint_{k + 3:07d}.npz")
+    b = load_checkpoint(split / f"checkpoint_{k + 3:07d}.npz")
+    assert {n: a.train_state[n] for n in ("epoch", "batch", "forward_count")} == \
+        {n: b.train_state[n] for n in ("epoch", "batch", "forward_count")}
+    for name in a.params:
+        np.testing.assert_array_equal(a.params[name], b.params[name], err_msg=name)
+
+
+def test_sigterm_in_the_final_evaluation_exits_143_in_one_line(corpus, tmp_path):
+    script = f"""
+import os, signal, sys, time
+sys.path.insert(0, {ROOT!r})
+import minitf.train
+def finish(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(60)
+minitf.train.finish = finish
+from minitf.train_cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+    env = dict(os.environ, MINITF_CACHE=str(tmp_path / "cache"), PYTHONHASHSEED="0")
+    r = subprocess.run([sys.executable, "-c", script, "--dataset", "multi30k", "--data-dir", str(corpus), "--preset",
+                        "tiny", "--vocab-size", "60", "--device", "cpu", "--out", str(tmp_path / "run"), "--quiet",
+                        "--max-steps", "3", "--save-every", "3"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 143, r.stderr[-2000:]
+    assert "interrupted (SIGTERM) during the final evaluation" in r.stderr and "checkpoint_0000003.npz" in r.stderr
+    assert "Traceback" not in r.stderr
