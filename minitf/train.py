@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import glob
 import json
 import os
+import re
 import signal
 import time
 from typing import Optional
@@ -24,7 +25,7 @@ import numpy as np
 
 from .backend import get_xp, release_freed_memory, to_numpy
 from .checkpoint import average_checkpoints, load_checkpoint, read_train_state, save_checkpoint
-from .fileio import atomic_write
+from .fileio import atomic_write, leftover_temp_files
 from .config import SIZE_FLAGS, TransformerConfig
 from .data.binarized import StaleData
 from .data.pipeline import load_data
@@ -46,6 +47,10 @@ def to_batch(pairs, idx, tok):
 
 
 # ------------------------------------------------------------------------------ checkpoints
+# what a run writes into --out (atomic_write's temporary files of these are its leftovers)
+OUTPUT_NAMES = re.compile(r"checkpoint_\d+\.npz|averaged\.npz|config\.json|results\.json|[\w.-]+\.hyp\.[\w-]+")
+
+
 def checkpoint_paths(out):
     return sorted(glob.glob(os.path.join(out, "checkpoint_*.npz")))
 
@@ -301,12 +306,16 @@ def set_up(args, world):
     if resume is not None:
         _restore(run, resume)
     if lead:
+        _prepare_out(args.out)
         atomic_write(os.path.join(args.out, "config.json"), lambda f: f.write(json.dumps(
             {"model": cfg.to_dict(), "args": vars(args), "ranks": world.size}, indent=2).encode()))
         log(f"model: {cfg.arch}, {model.num_parameters():,} parameters, preset {args.preset}, device {args.device}"
             + (f", {world.size} ranks" if world.size > 1 else ""))
     _open_stream(run)
     run.log = TrainLog(os.path.join(args.out, "train_log.jsonl"), enabled=lead)
+    if lead and run.log.dropped:
+        log(f"{run.log.path}: dropped its torn last line ({run.log.dropped} bytes, a record cut by a kill or a "
+            f"full disk)")
     run.start_wall = time.time() - run.state["train_wall_s"]
     run.progress = Progress(run.state, args.max_steps, args.time_budget, enabled=lead and not args.quiet)
     run.window = new_window()
@@ -323,7 +332,18 @@ def _prepare_device(args, world):
     get_xp(args.device)  # fail fast (before data and tokenizer work) when the device is unusable
     if world.rank == 0 and getattr(args, "fp16", False) and args.device == "cpu":
         log("warning: --fp16 on the CPU is very slow (NumPy has no float16 BLAS); it is meant for GPUs")
-    os.makedirs(args.out, exist_ok=True)
+
+
+def _prepare_out(out):
+    """--out is made once the data is ready (a failed download leaves no empty folder); the temporary
+    files of a run killed while saving are removed."""
+    os.makedirs(out, exist_ok=True)
+    stale = leftover_temp_files(out, lambda name: bool(OUTPUT_NAMES.fullmatch(name)))
+    for path in stale:
+        os.unlink(path)
+    if stale:
+        log(f"removed {len(stale)} temporary file(s) of an earlier run killed while saving: "
+            f"{', '.join(os.path.basename(p) for p in stale)}")
 
 
 def _load_data(args, world, resume):

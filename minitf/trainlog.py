@@ -1,7 +1,12 @@
 """What a training run tells: OUT/train_log.jsonl (one JSON record a line) and the console's
 progress bar. Only rank 0 writes either; on the other ranks both are silent."""
+import errno
 import json
+import os
+import shutil
 import sys
+
+from .errors import MinitfError
 
 
 def log(msg):
@@ -9,22 +14,51 @@ def log(msg):
 
 
 class TrainLog:
-    """OUT/train_log.jsonl, appended to (a resumed run continues the file), flushed after
-    every record; `enabled=False` (ranks other than 0) writes nothing."""
+    """OUT/train_log.jsonl, appended to (a resumed run continues the file). Each record is one
+    line written whole by one write call and flushed to the OS; a full disk is a one-line
+    MinitfError naming the file. A torn last line (a kill or a full disk mid-write) is dropped
+    when the file is opened again, so the file stays valid JSONL. `enabled=False` (the ranks
+    other than 0) writes nothing."""
 
     def __init__(self, path, enabled=True):
-        self.path = path
-        self.f = open(path, "a") if enabled else None
+        self.path, self.fd = path, None
+        if enabled:
+            self.dropped = drop_torn_last_line(path)
+            self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
 
     def write(self, rec):
-        if self.f is not None:
-            self.f.write(json.dumps(rec) + "\n")
-            self.f.flush()
+        if self.fd is None:
+            return
+        data = (json.dumps(rec) + "\n").encode()
+        try:
+            while data:
+                data = data[os.write(self.fd, data):]
+        except OSError as e:
+            where = os.path.dirname(os.path.abspath(self.path))
+            free = f" ({shutil.disk_usage(where).free / 1e6:,.1f} MB free)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+            raise MinitfError(f"{self.path}: cannot append to the training log: {e.strerror}{free}; free some "
+                              f"space, then continue with --resume") from None
 
     def close(self):
-        if self.f is not None:
-            self.f.close()
-            self.f = None
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def drop_torn_last_line(path):
+    """Cut a regular file after its last newline; returns the bytes dropped (0 if none)."""
+    if not os.path.isfile(path):
+        return 0
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        start = max(0, size - (1 << 20))   # a record is a few hundred bytes
+        f.seek(start)
+        tail = f.read()
+        if not tail or tail.endswith(b"\n"):
+            return 0
+        keep = start + tail.rfind(b"\n") + 1 if b"\n" in tail else start
+        f.truncate(keep)
+        return size - keep
 
 
 class Progress:

@@ -373,3 +373,42 @@ sys.exit(main(sys.argv[1:]))
     assert r.returncode == 143, r.stderr[-2000:]
     assert "interrupted (SIGTERM) during the final evaluation" in r.stderr and "checkpoint_0000003.npz" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_full_disk_for_the_log_is_one_line_and_a_torn_line_is_dropped(corpus, tmp_path):
+    out = tmp_path / "full"
+    out.mkdir()
+    (out / "train_log.jsonl").symlink_to("/dev/full")            # every write: ENOSPC
+    r = run_train(corpus, out, "--max-steps", 3, "--save-every", 3, cache=tmp_path / "cache")
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "train_log.jsonl: cannot append to the training log: No space left on device" in r.stderr
+    assert "Traceback" not in r.stderr and r.stderr.strip().splitlines()[-1].startswith("error: ")
+    # a record cut mid-write (a kill, a full disk): the next start drops it, and the log stays JSONL
+    out = tmp_path / "torn"
+    args = ("--save-every", 2, "--valid-every", 0, "--average-last", 1, "--beam", 1)
+    assert run_train(corpus, out, "--max-steps", 2, *args, cache=tmp_path / "cache").returncode == 0
+    with open(out / "train_log.jsonl", "a") as f:
+        f.write('{"step": 3, "epoch": 0.2')
+    r = run_train(corpus, out, "--max-steps", 4, "--resume", *args, cache=tmp_path / "cache")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "dropped its torn last line (24 bytes" in r.stderr
+    records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [rec["step"] for rec in records if "loss" in rec] == [1, 2, 3, 4]
+
+
+def test_a_start_removes_temporary_checkpoints_of_a_killed_save(corpus, tmp_path):
+    out = tmp_path / "run"
+    args = ("--save-every", 2, "--valid-every", 0, "--average-last", 1, "--beam", 1)
+    assert run_train(corpus, out, "--max-steps", 2, *args).returncode == 0
+    (out / ".tmp-k1ll3d0xcheckpoint_0000004.npz").write_bytes(b"\0" * 1000)   # atomic_write's temp name
+    (out / ".tmp-abcdefghnotes.txt").write_bytes(b"not ours")
+    r = run_train(corpus, out, "--max-steps", 4, "--resume", *args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "removed 1 temporary file(s)" in r.stderr and ".tmp-k1ll3d0xcheckpoint_0000004.npz" in r.stderr
+    assert sorted(p.name for p in out.glob(".tmp-*")) == [".tmp-abcdefghnotes.txt"]
+
+
+def test_a_failed_data_download_leaves_no_out_folder(tmp_path):
+    r = run_train(tmp_path / "nowhere", tmp_path / "run", "--max-steps", 2, "--offline")
+    assert r.returncode == 2 and "nowhere" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "run").exists()
