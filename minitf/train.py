@@ -35,24 +35,20 @@ from .errors import ConfigError, Interrupted, MinitfError
 from .models import build_model
 from .optim import Adam, LossScaler
 from .schedule import NoamSchedule, fade
-from .trainlog import Progress, TrainLog, log
-
-
-# ------------------------------------------------------------------------------ data
-def to_batch(pairs, idx, tok):
-    """(src, tgt_in, tgt_out, n_target_tokens) of the pairs `idx` of a TokenPairs: host arrays
-    (forward_loss finds the non-pad rows on the host, then moves the ids itself)."""
-    src, tgt_in, tgt_out = pairs.collate(idx, tok.pad_id, tok.bos_id, tok.eos_id)
-    return src, tgt_in, tgt_out, int((tgt_out != tok.pad_id).sum())
+from .trainlog import Console, TrainLog, log
+from .validation import Validation, evaluate_loss, to_batch
 
 
 # ------------------------------------------------------------------------------ checkpoints
 # what a run writes into --out (atomic_write's temporary files of these are its leftovers)
-OUTPUT_NAMES = re.compile(r"checkpoint_\d+\.npz|averaged\.npz|config\.json|results\.json|[\w.-]+\.hyp\.[\w-]+")
+STEP_CHECKPOINT = re.compile(r"checkpoint_\d+\.npz")
+BEST = "checkpoint_best.npz"   # the model of the best validation BLEU so far (no optimizer state)
+OUTPUT_NAMES = re.compile(r"checkpoint_\d+\.npz|checkpoint_best\.npz|averaged\.npz|config\.json|results\.json|[\w.-]+\.hyp\.[\w-]+")
 
 
 def checkpoint_paths(out):
-    return sorted(glob.glob(os.path.join(out, "checkpoint_*.npz")))
+    """The training checkpoints in `out` (checkpoint_<step>.npz), oldest first; not checkpoint_best.npz."""
+    return sorted(p for p in glob.glob(os.path.join(out, "checkpoint_*.npz")) if STEP_CHECKPOINT.fullmatch(os.path.basename(p)))
 
 
 def save(out, step, model, opt, tok, state, keep_last):
@@ -61,6 +57,9 @@ def save(out, step, model, opt, tok, state, keep_last):
     for old in checkpoint_paths(out)[:-keep_last]:
         os.unlink(old)
     return path
+
+
+VALID_EVERY = 200   # updates between validations when checkpoints are spaced in steps (CPU presets)
 
 
 def resolve_recipe(args, cfg):
@@ -79,6 +78,11 @@ def resolve_recipe(args, cfg):
         args.save_every, args.save_every_minutes = cfg.save_every, cfg.save_every_minutes
     if args.save_every_minutes:
         args.save_every = None
+    if args.valid_every is None and args.valid_every_minutes is None:   # validate with the checkpoints' clock
+        if args.save_every_minutes:
+            args.valid_every_minutes = args.save_every_minutes
+        else:
+            args.valid_every = VALID_EVERY
     if cfg.lr_fade and not args.max_steps and not args.time_budget:
         raise ConfigError(f"--lr-fade {cfg.lr_fade} fades the learning rate to 0 at the run's end, but this run has "
                           f"none: give --time-budget or --max-steps, or --lr-fade 0")
@@ -113,13 +117,19 @@ def run_progress(args, step, wall_s):
 def on_save_grid(args, state, wall_s):
     """True when this step ends a checkpoint interval: every save_every steps, or the first step
     after each save_every_minutes of training (paper 6.1: 10-minute intervals)."""
-    if args.save_every_minutes:
-        interval = int(wall_s // (60 * args.save_every_minutes))
-        if interval > state.get("grid_interval", 0):
-            state["grid_interval"] = interval
+    return on_grid(state, "grid_interval", args.save_every, args.save_every_minutes, wall_s)
+
+
+def on_grid(state, key, every_steps, every_minutes, wall_s):
+    """True every `every_steps` steps, or at the first step after each `every_minutes` of training
+    (`state[key]`: the last interval that fired); never when both are unset or 0."""
+    if every_minutes:
+        interval = int(wall_s // (60 * every_minutes))
+        if interval > state.get(key, 0):
+            state[key] = interval
             return True
         return False
-    return state["step"] % args.save_every == 0
+    return bool(every_steps) and state["step"] % every_steps == 0
 
 
 def build_config(args, vocab_size):
@@ -146,21 +156,6 @@ def step_stats(model, loss_sum, nll_sum):
     return loss_sum, nll_sum, finite == 1.0
 
 
-def evaluate_loss(model, batches):
-    """Teacher-forced loss and per-token NLL over (src, tgt_in, tgt_out) batches, in eval mode
-    (the model's train/eval mode is restored afterwards)."""
-    was_training = model.training
-    model.eval()
-    tot_loss = tot_nll = tot_n = 0.0
-    for src, tgt_in, tgt_out, n in batches:
-        loss = model.forward_loss(src, tgt_in, tgt_out)
-        tot_loss += float(loss) * n
-        tot_nll += float(model.last_stats["nll_sum"])
-        tot_n += n
-    model.train(was_training)
-    return tot_loss / max(tot_n, 1), tot_nll / max(tot_n, 1)
-
-
 # ------------------------------------------------------------------------------ the run
 @dataclass
 class Run:
@@ -177,16 +172,16 @@ class Run:
     resume_path: Optional[str] = None
     stream: Optional["UpdateStream"] = None
     epoch_len: int = 1             # batches in an epoch (for the log's fractional epoch)
-    valid: Optional[list] = None   # rank 0: the validation batches
+    validation: Optional[Validation] = None   # rank 0
     log: Optional[TrainLog] = None
-    progress: Optional[Progress] = None
+    console: Optional[Console] = None
     start_wall: float = 0.0
     elapsed_mean: float = 0.0      # the ranks' mean seconds of training at the top of this update
     window: dict = field(default_factory=dict)   # the losses since the last log record
 
     @property
     def lead(self):
-        """Rank 0: the one writer of logs, progress bar, checkpoints and results."""
+        """Rank 0: the one writer of logs, console, checkpoints and results."""
         return self.world.rank == 0
 
     def elapsed(self):
@@ -276,7 +271,7 @@ def _train(args, world):
         raise Interrupted("SIGINT") from None
     finally:
         run.stream.close()
-        run.progress.close()
+        run.console.close()
     return end(run, stop)
 
 
@@ -317,7 +312,7 @@ def set_up(args, world):
         log(f"{run.log.path}: dropped its torn last line ({run.log.dropped} bytes, a record cut by a kill or a "
             f"full disk)")
     run.start_wall = time.time() - run.state["train_wall_s"]
-    run.progress = Progress(run.state, args.max_steps, args.time_budget, enabled=lead and not args.quiet)
+    run.console = Console(run.state, args.max_steps, args.time_budget, quiet=args.quiet, enabled=lead)
     run.window = new_window()
     return run
 
@@ -428,7 +423,9 @@ def _open_stream(run):
             f"included), at most: {max_tokens:,} per batch, {args.update_freq * max_tokens:,} per rank "
             f"({args.update_freq} batch{'es' if args.update_freq > 1 else ''}), {per_update * max_tokens:,} per update "
             f"({world.size} rank{'s' if world.size > 1 else ''})")
-        run.valid = _valid_batches(run.data.valid, run.data.tokenizer, max_tokens)
+        if len(run.data.valid[0]):
+            run.validation = Validation(run.data.valid, run.data.tokenizer, max_tokens, args.valid_bleu_sentences,
+                                        args.decode_batch)
     run.stream = UpdateStream(batches, pairs, run.data.tokenizer, per_update, args.update_freq, world.rank)
 
 
@@ -514,13 +511,13 @@ def _skipped(run, loss_finite, grads_finite):
 
 
 def after_step(run, loss_sum, nll_sum, tokens, lr):
-    """The log record every --log-every updates, the validation loss every --valid-every, the
-    checkpoint on the --save-every spacing."""
+    """The log record every --log-every updates, validation every --valid-every, the checkpoint on
+    the --save-every spacing."""
     args, state, w = run.args, run.state, run.window
     w["loss"] += loss_sum
     w["nll"] += nll_sum
     w["n"] += tokens
-    run.progress.update(run.elapsed())
+    run.console.update(state["step"], run.elapsed())
     if state["step"] % args.log_every == 0:
         dt = time.time() - w["t0"]
         rec = {"step": state["step"], "epoch": round(state["epoch"] + state["batch"] / run.epoch_len, 3),
@@ -528,14 +525,33 @@ def after_step(run, loss_sum, nll_sum, tokens, lr):
                "ppl": round(float(np.exp(min(w["nll"] / w["n"], 50))), 2), "lr": lr,
                "tokens_per_s": round(w["n"] / dt, 1), "wall_s": round(run.elapsed(), 1)}
         run.log.write(rec)
-        run.progress.show(rec)
+        run.console.show(rec)
         run.window = new_window()
-    if run.lead and args.valid_every and state["step"] % args.valid_every == 0:
-        vl, vnll = evaluate_loss(run.model, run.valid)
-        run.log.write({"step": state["step"], "valid_loss": round(vl, 4), "valid_nll": round(vnll, 4),
-                       "valid_ppl": round(float(np.exp(min(vnll, 50))), 2)})
+    if run.lead and run.validation and on_grid(state, "valid_interval", args.valid_every, args.valid_every_minutes,
+                                               run.elapsed()):
+        validate(run)
     if run.lead and on_save_grid(args, state, run.elapsed()):
         run.save(on_grid=True)
+
+
+def validate(run):
+    """Validation loss, perplexity and greedy BLEU, logged and printed; a new best BLEU (the loss
+    when BLEU is off) is saved as checkpoint_best.npz, without Adam's state."""
+    state = run.state
+    rec = {"step": state["step"], **run.validation.run(run.model)}
+    state["valid_s"] = round(state.get("valid_s", 0.0) + rec["valid_s"], 2)
+    metric = "valid_bleu" if rec["valid_bleu"] is not None else "valid_loss"
+    value = rec[metric] if metric == "valid_bleu" else -rec[metric]
+    best = state.get("best_valid")
+    note = ""
+    if best is None or best["metric"] != metric or value > best["value"]:
+        state["best_valid"] = {"metric": metric, "value": value, "step": state["step"], "valid_bleu": rec["valid_bleu"],
+                               "valid_loss": rec["valid_loss"]}
+        save_checkpoint(os.path.join(run.args.out, BEST), run.model, tokenizer=run.data.tokenizer.to_bytes(),
+                        train_state={**state, "best": True})
+        note = f" | best so far -> {BEST}"
+    run.log.write(rec)
+    run.console.line(run.validation.describe(rec) + note)
 
 
 def new_window():
@@ -588,7 +604,7 @@ def end(run, stop):
     state["epochs"] = round(state["epoch"] + state["batch"] / run.epoch_len, 3)
     try:
         with sigterm_raises():
-            return finish(args, run.model, run.data.tokenizer, run.data, state, run.valid, run.log.write)
+            return finish(run)
     except (KeyboardInterrupt, Interrupted) as e:   # while averaging or translating: training itself is saved
         signame = e.signame if isinstance(e, Interrupted) else "SIGINT"
         avg = os.path.join(args.out, "averaged.npz")
@@ -613,16 +629,10 @@ def sigterm_raises():
         signal.signal(signal.SIGTERM, before)
 
 
-def _valid_batches(valid, tok, max_tokens):
-    from .data import TokenPairs, token_batches
-    pairs = TokenPairs.from_lists(tok.encode(valid[0]), tok.encode(valid[1]))
-    idxs = token_batches(pairs.src_lens, pairs.tgt_lens, max_tokens, seed=0, epoch=0, shuffle=False)
-    return [to_batch(pairs, idx, tok) for idx in idxs]
-
-
-def finish(args, model, tok, data, state, valid, write_log):
+def finish(run):
     """Average the last checkpoints, translate valid + test sets with beam search, score them."""
     from .translate import score, translate_lines
+    args, model, tok, data, state = run.args, run.model, run.data.tokenizer, run.data, run.state
     every = checkpoint_paths(args.out)
     # paper 6.1: the last K checkpoints written at even intervals; a final save off that spacing
     # (a --time-budget stop, an interrupt) is averaged only if no checkpoint is on it
@@ -633,13 +643,14 @@ def finish(args, model, tok, data, state, valid, write_log):
     model.eval()
     spacing = (f"every {args.save_every_minutes:g} min" if args.save_every_minutes else f"every {args.save_every} steps")
     log(f"averaged {len(ckpts)} checkpoints ({spacing}: {', '.join(os.path.basename(c) for c in ckpts)}) -> {avg_path}")
-    vl, vnll = evaluate_loss(model, valid)
+    vl, vnll = evaluate_loss(model, run.validation.batches)
     results = {"steps": state["step"], "epochs": state["epochs"], "train_wall_s": round(state["train_wall_s"], 1),
                "train_tokens_per_s": round(state["train_tokens"] / max(state["train_wall_s"], 1e-9), 1),
                "averaged_checkpoints": [os.path.basename(c) for c in ckpts], "valid_loss": round(vl, 4),
                "valid_ppl": round(float(np.exp(min(vnll, 50))), 2), "beam": args.beam, "alpha": args.alpha,
                "bleu": {}, "chrf": {}, "sacrebleu_signature": None, "chrf_signature": None,
-               "bleu_paper": {}, "bleu_paper_method": None}
+               "bleu_paper": {}, "bleu_paper_method": None, "validation_s": state.get("valid_s", 0.0),
+               "best_valid": state.get("best_valid")}
     sets = {"valid": data.valid, **data.tests}
     for name, (src, ref) in sets.items():
         t0 = time.time()
@@ -649,8 +660,8 @@ def finish(args, model, tok, data, state, valid, write_log):
         results["bleu"][name], results["chrf"][name] = s["bleu"], s["chrf"]
         results["sacrebleu_signature"], results["chrf_signature"] = s["bleu_signature"], s["chrf_signature"]
         results["bleu_paper"][name], results["bleu_paper_method"] = s["bleu_paper"], s["bleu_paper_method"]
-        write_log({"step": state["step"], "eval": name, "bleu": s["bleu"], "chrf": s["chrf"],
-                   "bleu_paper": s["bleu_paper"], "decode_s": round(time.time() - t0, 1)})
+        run.log.write({"step": state["step"], "eval": name, "bleu": s["bleu"], "chrf": s["chrf"],
+                       "bleu_paper": s["bleu_paper"], "decode_s": round(time.time() - t0, 1)})
         paper = f" (paper's tokenized BLEU {s['bleu_paper']})" if s["bleu_paper"] is not None else ""
         log(f"{name}: BLEU {s['bleu']}{paper} chrF {s['chrf']} ({len(src)} sentences, {time.time() - t0:.0f}s)")
     if results["bleu_paper"] and None in results["bleu_paper"].values():

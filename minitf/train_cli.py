@@ -17,8 +17,9 @@ the preset's tokens per update (base: 25000, as in the paper) are split over the
     mpiexec -n 8 python train_wmt.py --device gpu
 Continue an interrupted run (Ctrl-C saves a checkpoint) exactly where it stopped:
     python train_wmt.py ... --out runs/m30k --resume
-Writes OUT/train_log.jsonl, OUT/checkpoint_*.npz (last K kept), OUT/averaged.npz,
-OUT/<testset>.hyp.<tgt> and OUT/results.json.
+Prints a validation line (loss, perplexity, greedy BLEU) every --valid-every updates.
+Writes OUT/train_log.jsonl, OUT/checkpoint_*.npz (last K kept), OUT/checkpoint_best.npz (best
+validation BLEU), OUT/averaged.npz, OUT/<testset>.hyp.<tgt> and OUT/results.json.
 """
 import argparse
 import sys
@@ -61,8 +62,18 @@ def parse_args(argv=None):
     p.add_argument("--label-smoothing", type=float, help="override eps_ls (paper: 0.1)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--log-every", type=int, default=50, help="steps between train_log.jsonl lines")
-    p.add_argument("--valid-every", type=int, default=500, help="steps between validation losses (0 = never)")
+    p.add_argument("--log-every", type=int, default=50,
+                   help="updates between train_log.jsonl records, and between progress lines when stderr is not a "
+                        "terminal")
+    p.add_argument("--valid-every", type=int,
+                   help="updates between validations: loss, perplexity and greedy BLEU on the validation set, on the "
+                        "console and in train_log.jsonl, and OUT/checkpoint_best.npz at a new best BLEU (default: "
+                        "200; with checkpoints spaced in minutes, base/big, at every checkpoint); 0 = never")
+    p.add_argument("--valid-every-minutes", type=float, help="minutes of training between validations (instead of "
+                                                              "--valid-every)")
+    p.add_argument("--valid-bleu-sentences", type=int, default=500,
+                   help="validation BLEU on this many sentences spread evenly over the validation set, always the "
+                        "same ones (all when it has fewer); 0 = loss only")
     p.add_argument("--save-every", type=int, help="steps between checkpoints (default from the preset: small 80, tiny 10)")
     p.add_argument("--save-every-minutes", type=float,
                    help="minutes of training between checkpoints (default base/big: 10, the paper's spacing)")
@@ -74,7 +85,9 @@ def parse_args(argv=None):
                    help="length penalty alpha of beam search (paper: 0.6; default: the preset's, small 2.0)")
     p.add_argument("--decode-batch", type=int, default=100, help="sentences decoded together")
     p.add_argument("--max-nonfinite", type=int, default=5, help="stop after this many non-finite losses in a row")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bar (on a terminal) or progress lines (elsewhere); validation results and "
+                        "messages are still printed")
     args = p.parse_args(argv)
     check_data_args(p, args)
     for flag in ("d_ff", "heads"):
@@ -96,6 +109,13 @@ def parse_args(argv=None):
         p.error(f"--lr-fade must be a fraction of the run in [0, 1], got {args.lr_fade}")
     if args.save_every_minutes is not None and args.save_every_minutes <= 0:
         p.error(f"--save-every-minutes must be positive, got {args.save_every_minutes}")
+    if args.valid_every_minutes is not None and args.valid_every_minutes <= 0:
+        p.error(f"--valid-every-minutes must be positive, got {args.valid_every_minutes}")
+    if args.valid_every is not None and args.valid_every_minutes is not None:
+        p.error("--valid-every (updates) and --valid-every-minutes: give one spacing")
+    for name in ("valid_every", "valid_bleu_sentences"):
+        if getattr(args, name) is not None and getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0 (0 = off), got {getattr(args, name)}")
     if args.save_every and args.save_every_minutes:
         p.error("--save-every (steps) and --save-every-minutes: give one spacing")
     if args.average_last and args.keep_last and args.average_last > args.keep_last:

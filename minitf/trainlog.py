@@ -1,10 +1,11 @@
-"""What a training run tells: OUT/train_log.jsonl (one JSON record a line) and the console's
-progress bar. Only rank 0 writes either; on the other ranks both are silent."""
+"""What a training run tells: OUT/train_log.jsonl (one JSON record a line) and the console (a
+progress bar on a terminal, plain lines elsewhere). Only rank 0 writes either."""
 import errno
 import json
 import os
 import shutil
 import sys
+import time
 
 from .errors import MinitfError
 
@@ -61,24 +62,62 @@ def drop_torn_last_line(path):
         return size - keep
 
 
-class Progress:
-    """The training progress bar on stderr: updates done of --max-steps, or under --time-budget
-    the seconds of the budget spent; its postfix shows the last logged record."""
+class Console:
+    """The run's progress on stderr (rank 0 only): on a terminal, a progress bar (the updates of
+    --max-steps, or under --time-budget the budget's time spent, with the update count and rate
+    beside it); elsewhere (a file, a pipe) one plain line per log record, every --log-every
+    updates. --quiet: neither. `line` prints a message (a validation result) in every case."""
 
-    def __init__(self, state, max_steps, budget, enabled):
-        from tqdm import tqdm
-        self.budget = budget
-        self.bar = tqdm(initial=round(min(state["train_wall_s"], budget)) if budget else state["step"],
-                        total=round(budget) if budget else (max_steps or None), desc="train", file=sys.stderr,
-                        unit="s" if budget else "it", disable=not enabled, dynamic_ncols=True)
+    def __init__(self, state, max_steps, budget, quiet, enabled=True, stream=None):
+        self.stream = stream or sys.stderr
+        self.enabled, self.budget = enabled, budget
+        self.mode = "off" if quiet or not enabled else "bar" if self.stream.isatty() else "lines"
+        self.bar = None
+        self.t0, self.step0 = time.time(), state["step"]
+        if self.mode == "bar":
+            from tqdm import tqdm
+            if budget:   # the bar is the budget's seconds; the postfix counts the updates
+                self.bar = tqdm(initial=round(min(state["train_wall_s"], budget)), total=round(budget), desc="train",
+                                file=self.stream, dynamic_ncols=True,
+                                bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}")
+            else:
+                self.bar = tqdm(initial=state["step"], total=max_steps or None, desc="train", unit="upd",
+                                file=self.stream, dynamic_ncols=True)
+        self.postfix = {}
 
-    def update(self, elapsed):
-        """After an update, `elapsed` seconds of training since the run began."""
-        self.bar.update(round(min(elapsed, self.budget)) - self.bar.n if self.budget else 1)
+    def update(self, step, elapsed):
+        """After an update: `step` updates done, `elapsed` seconds of training since the run began."""
+        if self.bar is None:
+            return
+        if self.budget:
+            rate = (step - self.step0) / max(time.time() - self.t0, 1e-9)
+            self.postfix.update(step=step, upd_s=f"{rate:.2f}")
+            self.bar.set_postfix(self.postfix, refresh=False)
+            self.bar.update(round(min(elapsed, self.budget)) - self.bar.n)
+        else:
+            self.bar.update(1)
 
     def show(self, rec):
-        self.bar.set_postfix(step=rec["step"], loss=rec["loss"], ppl=rec["ppl"], lr=f"{rec['lr']:.2e}",
-                             tok_s=int(rec["tokens_per_s"]))
+        """A training record of the log: the bar's postfix, or a plain line."""
+        if self.bar is not None:
+            self.postfix.update(loss=rec["loss"], ppl=rec["ppl"], lr=f"{rec['lr']:.2e}", tok_s=int(rec["tokens_per_s"]))
+            if self.budget:
+                self.postfix["step"] = rec["step"]
+            self.bar.set_postfix(self.postfix)
+        elif self.mode == "lines":
+            budget = f" of {self.budget:.0f}s" if self.budget else ""
+            self.line(f"train: step {rec['step']} | epoch {rec['epoch']:.3f} | loss {rec['loss']:.3f} | ppl "
+                      f"{rec['ppl']:.2f} | lr {rec['lr']:.2e} | {rec['tokens_per_s']:,.0f} tok/s | "
+                      f"{rec['wall_s']:.0f}s{budget}")
+
+    def line(self, text):
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
 
     def close(self):
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()

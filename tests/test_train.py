@@ -166,15 +166,82 @@ def test_ctrl_c_in_the_final_evaluation_exits_130_in_one_line(corpus, tmp_path, 
     assert "Traceback" not in err
 
 
-def test_under_a_time_budget_the_bar_shows_the_budget(corpus, tmp_path):
+def test_on_a_terminal_the_bar_counts_updates_under_a_time_budget(corpus, tmp_path):
+    """stderr a terminal: a progress bar; under --time-budget it fills with the budget's seconds and
+    counts the updates beside them (not a rate of seconds per second)."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
     env = dict(os.environ, MINITF_CACHE=str(tmp_path / "cache"), PYTHONHASHSEED="0")
     cmd = [sys.executable, os.path.join(ROOT, "train_wmt.py"), "--dataset", "multi30k", "--data-dir", str(corpus),
            "--preset", "tiny", "--vocab-size", "60", "--device", "cpu", "--out", str(tmp_path / "run"),
            "--time-budget", "3", "--beam", "1", "--valid-every", "0", "--average-last", "1"]
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))   # a 160-column terminal
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=follower)
+    os.close(follower)
+    chunks = []
+    try:
+        while True:
+            ready, _, _ = select.select([leader], [], [], 1.0)
+            if ready:
+                try:
+                    data = os.read(leader, 65536)
+                except OSError:   # the other end closed
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            elif p.poll() is not None:
+                break
+    finally:
+        os.close(leader)
+        p.wait(timeout=300)
+    err = b"".join(chunks).decode(errors="replace")
+    assert p.returncode == 0, err[-2000:]
+    bars = [s for s in err.replace("\r", "\n").splitlines() if s.startswith("train:") and "%|" in s]
+    assert bars and any("step=" in b and "upd_s=" in b for b in bars), err[-2000:]
+    assert not any("s/s" in b or "it/s" in b for b in bars)
+    assert not any(line.startswith("train: step") for line in err.splitlines())   # no plain lines on a terminal
+
+
+def test_off_a_terminal_progress_is_plain_lines_and_validation_is_printed(corpus, tmp_path):
+    """stderr a file or a pipe: one plain line every --log-every updates (no bar redrawn), and a
+    validation line (loss, perplexity, greedy BLEU, its seconds) every --valid-every; the best
+    BLEU's model is checkpoint_best.npz, beside --keep-last numbered checkpoints, never averaged."""
+    env = dict(os.environ, MINITF_CACHE=str(tmp_path / "cache"), PYTHONHASHSEED="0")
+    out = tmp_path / "run"
+    cmd = [sys.executable, os.path.join(ROOT, "train_wmt.py"), "--dataset", "multi30k", "--data-dir", str(corpus),
+           "--preset", "tiny", "--vocab-size", "60", "--device", "cpu", "--out", str(out), "--max-steps", "20",
+           "--log-every", "5", "--valid-every", "10", "--save-every", "5", "--keep-last", "2", "--average-last", "2",
+           "--beam", "1", "--valid-bleu-sentences", "12"]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    bars = [s for s in r.stderr.replace("\r", "\n").splitlines() if s.startswith("train:") and "|" in s]
-    assert bars and all("/3 [" in b for b in bars) and not any("100000" in b for b in bars)
+    training = r.stderr[r.stderr.index("\nmodel: "):r.stderr.index("\ntraining stopped")]
+    assert "\r" not in training and "%|" not in training
+    lines = training.splitlines()
+    assert [line.split(" | ")[0] for line in lines if line.startswith("train: step")] == \
+        [f"train: step {s}" for s in (5, 10, 15, 20)]
+    valid = [line for line in lines if line.startswith("valid: step")]
+    assert [v.split(" | ")[0] for v in valid] == ["valid: step 10", "valid: step 20"]
+    assert all(" | loss " in v and " | ppl " in v and "(greedy, 12 of 30 sentences)" in v for v in valid)
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    recs = [rec for rec in log if "valid_bleu" in rec]
+    assert [rec["step"] for rec in recs] == [10, 20] and all(rec["valid_s"] > 0 for rec in recs)
+    best = max(recs, key=lambda rec: (rec["valid_bleu"], -rec["step"]))
+    ckpt = load_checkpoint(out / "checkpoint_best.npz")
+    assert ckpt.optimizer is None and ckpt.train_state["step"] == best["step"]
+    assert sorted(p.name for p in out.glob("checkpoint_*.npz")) == \
+        ["checkpoint_0000015.npz", "checkpoint_0000020.npz", "checkpoint_best.npz"]
+    res = json.loads((out / "results.json").read_text())
+    assert "checkpoint_best.npz" not in res["averaged_checkpoints"]
+    assert res["best_valid"]["step"] == best["step"] and res["validation_s"] > 0
+    quiet = subprocess.run(cmd[:cmd.index("--out") + 1] + [str(tmp_path / "quiet")] + cmd[cmd.index("--out") + 2:]
+                           + ["--quiet"], capture_output=True, text=True, env=env, timeout=600)
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    assert "train: step" not in quiet.stderr and quiet.stderr.count("valid: step") == 2
 
 
 def test_only_evenly_spaced_checkpoints_are_averaged(corpus, tmp_path):
