@@ -43,7 +43,7 @@ from .validation import Validation, evaluate_loss, to_batch
 # what a run writes into --out (atomic_write's temporary files of these are its leftovers)
 STEP_CHECKPOINT = re.compile(r"checkpoint_\d+\.npz")
 BEST = "checkpoint_best.npz"   # the model of the best validation BLEU so far (no optimizer state)
-OUTPUT_NAMES = re.compile(r"checkpoint_\d+\.npz|checkpoint_best\.npz|averaged\.npz|config\.json|results\.json|[\w.-]+\.hyp\.[\w-]+")
+OUTPUT_NAMES = re.compile(r"checkpoint_\d+\.npz|checkpoint_best\.npz|averaged\.npz|model\.npz|config\.json|results\.json|[\w.-]+\.hyp\.[\w-]+")
 
 
 def checkpoint_paths(out):
@@ -607,10 +607,10 @@ def end(run, stop):
             return finish(run)
     except (KeyboardInterrupt, Interrupted) as e:   # while averaging or translating: training itself is saved
         signame = e.signame if isinstance(e, Interrupted) else "SIGINT"
-        avg = os.path.join(args.out, "averaged.npz")
+        chosen = os.path.join(args.out, "model.npz")
         log(f"interrupted ({signame}) during the final evaluation: the checkpoints in {args.out} are complete; "
-            f"score {'the average' if os.path.exists(avg) else 'one'} with `python -m minitf evaluate --checkpoint "
-            f"{avg if os.path.exists(avg) else checkpoint_paths(args.out)[-1]} --src ... --ref ...`")
+            f"score {'the model the run chose' if os.path.exists(chosen) else 'one'} with `python -m minitf evaluate "
+            f"--checkpoint {chosen if os.path.exists(chosen) else checkpoint_paths(args.out)[-1]} --src ... --ref ...`")
         raise Interrupted(signame) from None
     finally:
         run.log.close()
@@ -629,28 +629,78 @@ def sigterm_raises():
         signal.signal(signal.SIGTERM, before)
 
 
+def averaging_window(paths, average_last):
+    """The checkpoints averaged at the end: the run's final checkpoint and the evenly spaced ones
+    before it (paper 6.1: the last K written at even intervals; fairseq too averages the last K,
+    the final one included), at most `average_last` in all, and only from the second half of the
+    run: a short run's first checkpoints, made in the warmup, would pull the average back. An
+    off-spacing checkpoint before the final one (saved at an interrupt) is left out."""
+    final = paths[-1]
+    half = step_of(final) / 2
+    spaced = [p for p in paths[:-1] if step_of(p) >= half and read_train_state(p).get("on_grid", True)]
+    return (spaced[-(average_last - 1):] if average_last > 1 else []) + [final]
+
+
+def step_of(path):
+    return int(os.path.basename(path)[len("checkpoint_"):-len(".npz")])
+
+
+def choose_model(run):
+    """Average the window into OUT/averaged.npz, then report whichever of the average and the last
+    checkpoint has the lower validation loss, written as OUT/model.npz (without Adam's state) and
+    loaded into run.model. Returns what results.json says about it."""
+    args, model = run.args, run.model
+    last = checkpoint_paths(args.out)[-1]
+    window = averaging_window(checkpoint_paths(args.out), args.average_last)
+    avg_path = os.path.join(args.out, "averaged.npz")
+    average_checkpoints(window, avg_path)
+    candidates = {"averaged": load_checkpoint(avg_path)}
+    if len(window) > 1:
+        candidates["last"] = load_checkpoint(last)
+    losses = {}   # name -> (loss, nll) on the validation set
+    for name, ckpt in candidates.items() if run.validation else ():
+        model.load_state_dict(ckpt.params)
+        losses[name] = evaluate_loss(model, run.validation.batches)
+    chosen = min(losses, key=lambda name: (losses[name][0], name != "averaged")) if losses else "averaged"
+    ckpt, used = candidates[chosen], [os.path.basename(c) for c in (window if chosen == "averaged" else [last])]
+    model.load_state_dict(ckpt.params)
+    model.eval()
+    save_checkpoint(os.path.join(args.out, "model.npz"), params=ckpt.params, config=ckpt.config, tokenizer=ckpt.tokenizer,
+                    train_state={"model": chosen, "from": used, "step": run.state["step"],
+                                 "languages": run.state["languages"]})
+    spacing = f"every {args.save_every_minutes:g} min" if args.save_every_minutes else f"every {args.save_every} steps"
+    names = ", ".join(os.path.basename(c) for c in window)
+    log(f"averaged {plural(len(window), 'checkpoint')} ({spacing} and the final one, from the run's second half: "
+        f"{names}) -> {avg_path}")
+    if len(losses) > 1:
+        log(f"validation loss: {losses['averaged'][0]:.4f} the average, {losses['last'][0]:.4f} the last checkpoint "
+            f"({os.path.basename(last)}); the run reports {'the average' if chosen == 'averaged' else 'the last checkpoint'}"
+            f" (OUT/model.npz)")
+    loss = {name: round(losses[name][0], 4) if name in losses else None for name in ("averaged", "last")}
+    if len(window) == 1:
+        loss["last"] = loss["averaged"]   # the average of the last checkpoint alone
+    nll = losses[chosen][1] if losses else None
+    return {"model": chosen, "model_checkpoints": used, "averaged_checkpoints": [os.path.basename(c) for c in window],
+            "valid_loss_averaged": loss["averaged"], "valid_loss_last": loss["last"], "valid_loss": loss[chosen],
+            "valid_ppl": round(float(np.exp(min(nll, 50))), 2) if losses else None}
+
+
+def plural(n, word):
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def finish(run):
-    """Average the last checkpoints, translate valid + test sets with beam search, score them."""
+    """The model the run reports (choose_model), then the valid and test sets translated with
+    beam search and scored: OUT/<set>.hyp.<tgt>, OUT/results.json, which names the model."""
     from .translate import score, translate_lines
     args, model, tok, data, state = run.args, run.model, run.data.tokenizer, run.data, run.state
-    every = checkpoint_paths(args.out)
-    # paper 6.1: the last K checkpoints written at even intervals; a final save off that spacing
-    # (a --time-budget stop, an interrupt) is averaged only if no checkpoint is on it
-    ckpts = [c for c in every if read_train_state(c).get("on_grid", True)][-args.average_last:] or every[-1:]
-    avg_path = os.path.join(args.out, "averaged.npz")
-    average_checkpoints(ckpts, avg_path)
-    model.load_state_dict(load_checkpoint(avg_path).params)
-    model.eval()
-    spacing = (f"every {args.save_every_minutes:g} min" if args.save_every_minutes else f"every {args.save_every} steps")
-    log(f"averaged {len(ckpts)} checkpoints ({spacing}: {', '.join(os.path.basename(c) for c in ckpts)}) -> {avg_path}")
-    vl, vnll = evaluate_loss(model, run.validation.batches)
     results = {"steps": state["step"], "epochs": state["epochs"], "train_wall_s": round(state["train_wall_s"], 1),
                "train_tokens_per_s": round(state["train_tokens"] / max(state["train_wall_s"], 1e-9), 1),
-               "averaged_checkpoints": [os.path.basename(c) for c in ckpts], "valid_loss": round(vl, 4),
-               "valid_ppl": round(float(np.exp(min(vnll, 50))), 2), "beam": args.beam, "alpha": args.alpha,
+               **choose_model(run), "beam": args.beam, "alpha": args.alpha,
                "bleu": {}, "chrf": {}, "sacrebleu_signature": None, "chrf_signature": None,
                "bleu_paper": {}, "bleu_paper_method": None, "validation_s": state.get("valid_s", 0.0),
                "best_valid": state.get("best_valid")}
+    which = "the average" if results["model"] == "averaged" else f"the last checkpoint, {results['model_checkpoints'][0]}"
     sets = {"valid": data.valid, **data.tests}
     for name, (src, ref) in sets.items():
         t0 = time.time()
@@ -660,10 +710,11 @@ def finish(run):
         results["bleu"][name], results["chrf"][name] = s["bleu"], s["chrf"]
         results["sacrebleu_signature"], results["chrf_signature"] = s["bleu_signature"], s["chrf_signature"]
         results["bleu_paper"][name], results["bleu_paper_method"] = s["bleu_paper"], s["bleu_paper_method"]
-        run.log.write({"step": state["step"], "eval": name, "bleu": s["bleu"], "chrf": s["chrf"],
-                       "bleu_paper": s["bleu_paper"], "decode_s": round(time.time() - t0, 1)})
+        run.log.write({"step": state["step"], "eval": name, "model": results["model"], "bleu": s["bleu"],
+                       "chrf": s["chrf"], "bleu_paper": s["bleu_paper"], "decode_s": round(time.time() - t0, 1)})
         paper = f" (paper's tokenized BLEU {s['bleu_paper']})" if s["bleu_paper"] is not None else ""
-        log(f"{name}: BLEU {s['bleu']}{paper} chrF {s['chrf']} ({len(src)} sentences, {time.time() - t0:.0f}s)")
+        log(f"{name}: BLEU {s['bleu']}{paper} chrF {s['chrf']} ({len(src)} sentences, {time.time() - t0:.0f}s; "
+            f"{which})")
     if results["bleu_paper"] and None in results["bleu_paper"].values():
         log(f"note: the paper's tokenized BLEU was {results['bleu_paper_method']}")
     atomic_write(os.path.join(args.out, "results.json"), lambda f: f.write(json.dumps(results, indent=2).encode()))

@@ -19,7 +19,9 @@ Continue an interrupted run (Ctrl-C saves a checkpoint) exactly where it stopped
     python train_wmt.py ... --out runs/m30k --resume
 Prints a validation line (loss, perplexity, greedy BLEU) every --valid-every updates.
 Writes OUT/train_log.jsonl, OUT/checkpoint_*.npz (last K kept), OUT/checkpoint_best.npz (best
-validation BLEU), OUT/averaged.npz, OUT/<testset>.hyp.<tgt> and OUT/results.json.
+validation BLEU), OUT/averaged.npz (the last checkpoints, the final one included), OUT/model.npz
+(the average or the last checkpoint, whichever has the lower validation loss: the model scored),
+OUT/<testset>.hyp.<tgt> and OUT/results.json.
 """
 import argparse
 import sys
@@ -79,7 +81,8 @@ def parse_args(argv=None):
                    help="minutes of training between checkpoints (default base/big: 10, the paper's spacing)")
     p.add_argument("--keep-last", type=int, help="checkpoints kept (default: --average-last + 1)")
     p.add_argument("--average-last", type=int,
-                   help="evenly spaced checkpoints averaged at the end (default from the preset: base 5, big 20, as in the paper)")
+                   help="checkpoints averaged at the end: the final one and the evenly spaced ones before it from "
+                        "the run's second half (default from the preset: base 5, big 20, as in the paper)")
     p.add_argument("--beam", type=int, default=4, help="beam size for the final evaluation (paper: 4)")
     p.add_argument("--alpha", type=float, default=None,
                    help="length penalty alpha of beam search (paper: 0.6; default: the preset's, small 2.0)")

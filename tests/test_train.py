@@ -52,11 +52,15 @@ def test_end_to_end_writes_results(corpus, tmp_path):
     assert all(0 <= b <= 100 for b in res["bleu"].values())
     assert res["sacrebleu_signature"].startswith("nrefs:1|")
     assert set(res["bleu_paper"]) == set(res["bleu"]) and "compound splitting" in res["bleu_paper_method"]
-    assert len(res["averaged_checkpoints"]) == 3
+    assert res["averaged_checkpoints"] == ["checkpoint_0000020.npz", "checkpoint_0000030.npz"]   # the run's 2nd half
+    assert res["model"] in ("averaged", "last") and res["valid_loss"] == min(res["valid_loss_averaged"],
+                                                                             res["valid_loss_last"])
     assert res["alpha"] == minitf.TransformerConfig.preset("tiny").decode_alpha == 0.6   # --alpha from the preset
     assert minitf.TransformerConfig.preset("small").decode_alpha == 2.0                  # tuned on Multi30k val
     from minitf.checkpoint import read_train_state
     assert read_train_state(out / "averaged.npz")["languages"] == ["en", "de"]   # evaluate's default --lang
+    assert read_train_state(out / "model.npz")["languages"] == ["en", "de"]
+    assert read_train_state(out / "model.npz")["model"] == res["model"]
     assert len((out / "test_2016_flickr.hyp.de").read_text().splitlines()) == 20
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     train_lines = [r for r in log if "loss" in r]
@@ -244,14 +248,56 @@ def test_off_a_terminal_progress_is_plain_lines_and_validation_is_printed(corpus
     assert "train: step" not in quiet.stderr and quiet.stderr.count("valid: step") == 2
 
 
-def test_only_evenly_spaced_checkpoints_are_averaged(corpus, tmp_path):
+def test_the_average_ends_at_the_final_checkpoint_and_skips_off_spacing_ones(corpus, tmp_path):
+    """Evenly spaced checkpoints and the final one (here off the spacing, as a --time-budget stop
+    leaves it), from the run's second half; an earlier stop's checkpoint (step 14, off the spacing)
+    in the middle is left out."""
     out = tmp_path / "run"
-    r = run_train(corpus, out, "--max-steps", 25, "--save-every", 10, "--valid-every", 0)
+    args = ("--save-every", 5, "--valid-every", 0, "--average-last", 5, "--keep-last", 10, "--beam", 1)
+    assert run_train(corpus, out, "--max-steps", 14, *args).returncode == 0
+    r = run_train(corpus, out, "--max-steps", 27, "--resume", *args)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
-    assert (out / "checkpoint_0000025.npz").is_file()                  # the final save, kept for --resume
-    assert res["averaged_checkpoints"] == ["checkpoint_0000010.npz", "checkpoint_0000020.npz"]
-    assert "averaged 2 checkpoints (every 10 steps: checkpoint_0000010.npz, checkpoint_0000020.npz)" in r.stderr
+    assert (out / "checkpoint_0000014.npz").is_file() and (out / "checkpoint_0000027.npz").is_file()
+    names = ["checkpoint_0000015.npz", "checkpoint_0000020.npz", "checkpoint_0000025.npz", "checkpoint_0000027.npz"]
+    assert res["averaged_checkpoints"] == names
+    assert f"averaged 4 checkpoints (every 5 steps and the final one, from the run's second half: {', '.join(names)})" \
+        in r.stderr
+
+
+def test_a_short_run_reports_a_model_no_worse_than_its_last_checkpoint(corpus, tmp_path):
+    """40 updates with a checkpoint every 5 (the first ones in the warmup): the average spans the
+    run's second half, ends at the final checkpoint, and the run reports whichever of it and the
+    last checkpoint has the lower validation loss, says which (log, results.json, model.npz), and
+    scores that model. Averaging the 8 evenly spaced ones from step 5 would be worse."""
+    from minitf.checkpoint import average_checkpoints
+    from minitf.data.tokenizer import Tokenizer
+    from minitf.validation import Validation, evaluate_loss
+    out = tmp_path / "run"
+    r = run_train(corpus, out, "--max-steps", 40, "--save-every", 5, "--average-last", 8, "--valid-every", 0,
+                  "--beam", 1)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["averaged_checkpoints"] == [f"checkpoint_{s:07d}.npz" for s in (20, 25, 30, 35, 40)]
+    assert res["valid_loss"] == min(res["valid_loss_averaged"], res["valid_loss_last"])
+    assert res["model_checkpoints"] == (res["averaged_checkpoints"] if res["model"] == "averaged"
+                                        else ["checkpoint_0000040.npz"])
+    assert f"the run reports {'the average' if res['model'] == 'averaged' else 'the last checkpoint'}" in r.stderr
+    # the same losses measured here, and the old window's (evenly spaced from the first checkpoint)
+    last = load_checkpoint(out / "checkpoint_0000040.npz")
+    tok = Tokenizer.from_bytes(last.tokenizer)
+    valid = [(corpus / f"val.{lang}.gz") for lang in ("en", "de")]
+    lines = [gzip.open(v, "rt").read().splitlines() for v in valid]
+    batches = Validation(lines, tok, 512, 0, 50).batches
+    model = last.build_model()
+    assert round(evaluate_loss(model, batches)[0], 4) == res["valid_loss_last"]
+    average_checkpoints([out / f"checkpoint_{s:07d}.npz" for s in range(5, 45, 5)], tmp_path / "old.npz")
+    model.load_state_dict(load_checkpoint(tmp_path / "old.npz").params)
+    old = evaluate_loss(model, batches)[0]
+    print(f"valid loss: old window {old:.4f}, new average {res['valid_loss_averaged']}, "
+          f"last {res['valid_loss_last']}, reported {res['model']}")
+    assert old > res["valid_loss"]
+    assert load_checkpoint(out / "model.npz").optimizer is None
 
 
 def test_checkpoints_every_few_minutes_and_the_papers_presets():
@@ -271,11 +317,12 @@ def test_minute_spacing_saves_on_the_clock_and_averages_those(corpus, tmp_path):
     res = json.loads((out / "results.json").read_text())
     states = {p.name: read_train_state(p) for p in out.glob("checkpoint_*.npz")}
     assert len(states) == 3                                             # keep_last = average_last + 1
-    assert len(res["averaged_checkpoints"]) == 2
-    assert all(states[name]["on_grid"] for name in res["averaged_checkpoints"])
     last = max(states)
-    assert not states[last]["on_grid"] and last not in res["averaged_checkpoints"]
-    walls = sorted(states[name]["train_wall_s"] for name in res["averaged_checkpoints"])
+    assert not states[last]["on_grid"]                                  # the budget's stop, off the spacing
+    spaced, final = res["averaged_checkpoints"]                         # the last on the spacing, and the final one
+    assert states[spaced]["on_grid"] and final == last
+    on_grid = sorted(name for name in states if states[name]["on_grid"])
+    walls = [states[name]["train_wall_s"] for name in on_grid]
     assert walls[1] - walls[0] >= 1.2 * 0.9                             # about one interval apart
 
 
