@@ -1,4 +1,4 @@
-"""`python -m minitf COMMAND`: prepare, average, translate, evaluate, plot.
+"""minitf's commands (python -m minitf COMMAND, or minitf COMMAND once installed): train, prepare, average, translate, evaluate, plot.
 
 Every user error (a MinitfError) is printed as one line on stderr with exit status 2.
 """
@@ -99,9 +99,13 @@ def _decode_args(p):
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def build_parser():
-    parser = argparse.ArgumentParser(prog="python -m minitf", description=__doc__.splitlines()[0])
+def build_parser(prog="python -m minitf"):
+    from . import __version__
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"minitf {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("train", add_help=False, help="train a model and score it: the flags of train_wmt.py "
+                                                 f"(`{prog} train --help`; the minitf-train command)")
     p = sub.add_parser("prepare", help="tokenize and clean a training corpus once into its binarized, "
                                        "memory-mapped cache (train_wmt.py does it on its first run)")
     add_data_args(p)
@@ -135,7 +139,12 @@ def build_parser():
 
 
 def main(argv=None):
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    prog = "python -m minitf" if sys.argv[0].endswith("__main__.py") else "minitf"
+    if argv[:1] == ["train"]:
+        from .train_cli import main as train
+        return train(argv[1:], prog=f"{prog} train")
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if getattr(args, "check", None):
         args.check(parser, args)

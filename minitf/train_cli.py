@@ -1,4 +1,5 @@
-"""Train the Transformer of "Attention Is All You Need" and report sacreBLEU.
+"""Train the Transformer of "Attention Is All You Need" and report sacreBLEU (the same flags as
+`minitf-train` and `python -m minitf train` of an installed package).
 
 The paper's base model on WMT14 English->German (downloads the data, ~4.5M pairs):
     python train_wmt.py --device gpu
@@ -30,8 +31,10 @@ from minitf.config import ARCHS, ATTENTIONS, PRESETS, SIZE_FLAGS
 from minitf.data.pipeline import add_data_args, check_data_args
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv=None, prog=None):
+    from minitf import __version__
+    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"minitf {__version__}")
     add_data_args(p)
     p.add_argument("--preset", default="base", choices=sorted(PRESETS))
     p.add_argument("--arch", choices=ARCHS,
@@ -126,10 +129,12 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None):
+def main(argv=None, prog=None):
+    """train_wmt.py, `minitf-train` and `python -m minitf train`: parse the flags, train, score;
+    returns the exit status (2: a user error, in one line; 130/143: interrupted and saved)."""
     from minitf.errors import Interrupted, MinitfError
     from minitf.train import train
-    args = parse_args(argv)
+    args = parse_args(argv, prog)
     try:
         train(args)
     except MinitfError as e:
