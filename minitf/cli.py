@@ -1,4 +1,4 @@
-"""minitf's commands (python -m minitf COMMAND, or minitf COMMAND once installed): train, prepare, average, translate, evaluate, plot.
+"""minitf's commands (python -m minitf COMMAND, or minitf COMMAND once installed): train, prepare, average, translate, evaluate, export, plot.
 
 Every user error (a MinitfError) is printed as one line on stderr with exit status 2.
 """
@@ -27,21 +27,47 @@ def cmd_prepare(args):
 
 
 def cmd_average(args):
-    from .checkpoint import average_checkpoints
-    average_checkpoints(args.inputs, args.output)
-    print(f"averaged {len(args.inputs)} checkpoints -> {args.output}", file=sys.stderr)
+    """Average --inputs, or the last --last training checkpoints of --folder; models that are
+    not training checkpoints (an average, a run's model.npz, checkpoint_best.npz, the output
+    itself) are left out with a note."""
+    import os
+    from .checkpoint import average_checkpoints, read_train_state
+    if args.folder:
+        from .train import checkpoint_paths
+        paths = checkpoint_paths(args.folder)[-args.last:]
+        if not paths:
+            raise DataError(f"--folder {args.folder}: no training checkpoints (checkpoint_<step>.npz) in it")
+    else:
+        paths = []
+        for path in args.inputs:
+            state = read_train_state(path)
+            kind = ("the --output itself" if os.path.abspath(path) == os.path.abspath(args.output) else
+                    "an average" if "averaged_from" in state else "a run's chosen model" if "model" in state else
+                    "the best validation checkpoint" if state.get("best") else None)
+            if kind:
+                print(f"note: left out {path}: {kind}, not a training checkpoint", file=sys.stderr)
+            else:
+                paths.append(path)
+    average_checkpoints(paths, args.output)
+    print(f"averaged {len(paths)} checkpoint{'' if len(paths) == 1 else 's'} "
+          f"({', '.join(os.path.basename(p) for p in paths)}) -> {args.output}", file=sys.stderr)
+
+
+def cmd_export(args):
+    import os
+    from .checkpoint import export_safetensors
+    size = export_safetensors(args.checkpoint, args.output)
+    print(f"exported {args.checkpoint} ({os.path.getsize(args.checkpoint) / 1e6:,.1f} MB) -> {args.output} "
+          f"({size / 1e6:,.1f} MB: parameters, config and tokenizer; no optimizer state)", file=sys.stderr)
 
 
 def cmd_translate(args):
-    from .translate import load_for_inference, translate_lines
-    model, tok = load_for_inference(args.checkpoint, args.device)
-    args.alpha = model.cfg.decode_alpha if args.alpha is None else args.alpha
+    from .translate import load
+    translator = load(args.checkpoint, args.device)
     if args.input in (None, "-") and sys.stdin.isatty() and not args.output:
-        return _interactive(model, tok, args)
+        return _interactive(translator, args)
     lines = _read_input(args.input)
-    hyps = translate_lines(model, tok, lines, args.beam, args.alpha, args.batch_size, args.max_len_b,
-                           progress=not args.quiet)
-    text = "".join(h + "\n" for h in hyps)
+    text = "".join(_translations(translator, lines, args, progress=not args.quiet))
     if args.output:
         from .fileio import atomic_write
         atomic_write(args.output, lambda f: f.write(text.encode()))
@@ -49,30 +75,44 @@ def cmd_translate(args):
         sys.stdout.write(text)
 
 
-def _interactive(model, tok, args):
+def _translations(translator, lines, args, progress=False, first=0):
+    """The output lines of `lines` (numbered from `first`): one translation each, or with --nbest
+    or --scores the S-/H-/P- lines."""
+    opts = dict(beam=args.beam, alpha=args.alpha, max_len_b=args.max_len_b, batch_size=args.batch_size,
+                progress=progress)
+    if not (args.nbest or args.scores):
+        return [h + "\n" for h in translator.translate(lines, **opts)]
+    out = []
+    for i, (line, hyps) in enumerate(zip(lines, translator.nbest(lines, n=args.nbest or 1, **opts)), first):
+        out.append(f"S-{i}\t{line}\n")
+        for h in hyps:
+            out.append(f"H-{i}\t{h.score:.4f}\t{h.text}\n")
+            if args.scores:
+                out.append(f"P-{i}\t{' '.join(f'{p:.4f}' for p in h.positional)}\n")
+    return out
+
+
+def _interactive(translator, args):
     """A person typing at a terminal: translate each line as it is entered (as
     fairseq-interactive does) instead of waiting for the end of input; Ctrl-D ends."""
-    from .translate import translate_lines
     print("type a sentence and press Enter (Ctrl-D to end)", file=sys.stderr)
-    for line in sys.stdin:
-        out = translate_lines(model, tok, [line.rstrip("\r\n")], args.beam, args.alpha, 1, args.max_len_b,
-                              progress=False)
-        print(out[0], flush=True)
+    args.batch_size = 1
+    for n, line in enumerate(sys.stdin):
+        print("".join(_translations(translator, [line.rstrip("\r\n")], args, first=n)), end="", flush=True)
 
 
 def cmd_evaluate(args):
-    from .checkpoint import read_train_state
-    from .translate import load_for_inference, score, translate_lines
+    from .translate import load, score
     src, ref = _read_input(args.src), _read_input(args.ref)
     if len(src) != len(ref):
         raise DataError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
-    model, tok = load_for_inference(args.checkpoint, args.device)
-    args.alpha = model.cfg.decode_alpha if args.alpha is None else args.alpha
-    lang = args.lang or read_train_state(args.checkpoint).get("languages", [None, None])[1]
-    hyps = translate_lines(model, tok, src, args.beam, args.alpha, args.batch_size, args.max_len_b,
-                           progress=not args.quiet)
+    translator = load(args.checkpoint, args.device)
+    alpha = translator.alpha if args.alpha is None else args.alpha
+    lang = args.lang or (translator.languages or [None, None])[1]
+    hyps = translator.translate(src, beam=args.beam, alpha=alpha, max_len_b=args.max_len_b, batch_size=args.batch_size,
+                                progress=not args.quiet)
     result = score(hyps, ref, lang=lang)
-    result.update(checkpoint=args.checkpoint, beam=args.beam, alpha=args.alpha)
+    result.update(checkpoint=args.checkpoint, beam=args.beam, alpha=alpha)
     if lang is None:
         result.update(bleu_paper=None, bleu_paper_method="not computed: the checkpoint does not record its target "
                       "language; name it with --lang (e.g. --lang de)")
@@ -89,7 +129,8 @@ def cmd_evaluate(args):
 
 
 def _decode_args(p):
-    p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz) with its tokenizer")
+    p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz, or a .safetensors export) with "
+                                                       "its tokenizer")
     p.add_argument("--beam", type=int, default=4, help="beam size (paper: 4; 1 = greedy)")
     p.add_argument("--alpha", type=float, default=None,
                    help="length penalty alpha (paper: 0.6; default: the checkpoint's preset, small 2.0)")
@@ -97,6 +138,21 @@ def _decode_args(p):
     p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _check_average(p, args):
+    if args.last < 1:
+        p.error(f"--last must be positive, got {args.last}")
+
+
+def _check_translate(p, args):
+    if args.nbest is not None and not 1 <= args.nbest <= args.beam:
+        p.error(f"--nbest {args.nbest}: choose 1 to --beam ({args.beam})")
+
+
+def _check_export(p, args):
+    if not args.output.endswith(".safetensors"):
+        p.error(f"--output {args.output}: name it *.safetensors")
 
 
 def build_parser(prog="python -m minitf"):
@@ -111,24 +167,48 @@ def build_parser(prog="python -m minitf"):
     add_data_args(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_prepare, check=check_data_args)
-    p = sub.add_parser("average", help="parameter-wise mean of checkpoints (paper 6.1)")
-    p.add_argument("--inputs", nargs="+", required=True)
-    p.add_argument("--output", required=True)
-    p.set_defaults(func=cmd_average)
-    p = sub.add_parser("translate", help="translate raw sentences (file or stdin), one per line")
+    p = sub.add_parser("average", help="parameter-wise mean of checkpoints (paper 6.1)",
+                       description="The parameter-wise mean of training checkpoints (paper 6.1), written without "
+                                   "optimizer state.")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--inputs", nargs="+", metavar="CHECKPOINT",
+                       help="the checkpoints to average (e.g. runs/x/checkpoint_*.npz); an average, a run's model.npz "
+                            "or checkpoint_best.npz among them is left out, with a note")
+    which.add_argument("--folder", metavar="DIR", help="a run's --out folder: average its last --last training "
+                                                       "checkpoints (checkpoint_<step>.npz)")
+    p.add_argument("--last", type=int, default=5, metavar="N", help="with --folder: how many (default 5, the paper's)")
+    p.add_argument("--output", required=True, help="the averaged checkpoint (.npz)")
+    p.set_defaults(func=cmd_average, check=_check_average)
+    p = sub.add_parser("translate", help="translate raw sentences (file or stdin), one per line",
+                       description="Translate raw sentences, one per line (an empty line gives an empty one). With "
+                                   "--nbest or --scores the output is, per input line i (from 0): S-i<TAB>source, "
+                                   "then for each hypothesis, best first, H-i<TAB>score<TAB>translation (score: the "
+                                   "natural log-probability of its pieces and end of sentence over the length "
+                                   "penalty ((5 + length) / 6) ** alpha, as beam search ranks them) and, with "
+                                   "--scores, P-i<TAB>the log-probability of each piece and of the end of sentence.")
     _decode_args(p)
-    p.add_argument("--input", help="input file (plain or .gz); default stdin")
+    p.add_argument("--input", help="input file (plain or .gz, or a pipe); default stdin")
     p.add_argument("--output", help="output file; default stdout")
-    p.set_defaults(func=cmd_translate)
+    p.add_argument("--nbest", type=int, metavar="N", help="the N best translations of each line (N <= --beam), as "
+                                                          "H- lines with their scores")
+    p.add_argument("--scores", action="store_true", help="print S-, H- and P- lines (scores per hypothesis and per "
+                                                         "piece)")
+    p.set_defaults(func=cmd_translate, check=_check_translate)
     p = sub.add_parser("evaluate", help="translate --src and score against --ref with sacreBLEU and chrF, and "
                        "the paper's tokenized BLEU")
     _decode_args(p)
-    p.add_argument("--src", required=True)
-    p.add_argument("--ref", required=True)
+    p.add_argument("--src", required=True, help="source sentences (a file, plain or .gz, a pipe such as "
+                                                "<(zcat f.gz), or - for stdin)")
+    p.add_argument("--ref", required=True, help="reference translations, the same way")
     p.add_argument("--lang", help="target language of the paper's tokenized BLEU (Moses tokenizer; 'de' also "
                    "splits compounds); default: the one the checkpoint was trained on")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_evaluate)
+    p = sub.add_parser("export", help="a checkpoint's parameters as a .safetensors file, with its config and "
+                                      "tokenizer, without optimizer state (translate/evaluate read it)")
+    p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz)")
+    p.add_argument("--output", required=True, help="the .safetensors file to write")
+    p.set_defaults(func=cmd_export, check=_check_export)
     try:
         from .viz import add_plot_parser
     except ImportError:

@@ -29,12 +29,17 @@ def _is_gzip(path):
 
 
 def _read_bytes(path):
-    """The (decompressed) bytes of `path`; DataError if missing or unreadable."""
+    """The (decompressed) bytes of `path`, a file or a pipe (/dev/stdin, a shell's <(zcat f.gz));
+    DataError if missing or unreadable."""
     path = os.fspath(path)
-    if not os.path.isfile(path):
+    if not os.path.exists(path) or os.path.isdir(path):
         raise DataError(f"{path}: file not found; check the path or pass --data-dir "
                         f"with the corpus files")
     try:
+        if not os.path.isfile(path):   # a pipe can be read once: read it, then look for gzip's magic
+            with open(path, "rb") as f:
+                data = f.read()
+            return gzip.decompress(data) if data[:2] == _GZIP_MAGIC else data
         if _is_gzip(path):
             with gzip.open(path, "rb") as f:
                 return f.read()
