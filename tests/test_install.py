@@ -1,18 +1,15 @@
 """An installed minitf trains and translates from anywhere: `pip install .` (not editable) into a
 folder, then, from a folder that is not the clone (and holds an empty `minitf/` folder, as the
 clone's parent does), `python -m minitf train`, and the `minitf-train` and `minitf` commands."""
-import gzip
 import os
 import shutil
 import subprocess
 import sys
 
-import numpy as np
 import pytest
+from conftest import write_multi30k
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EN = "a the man woman dog cat sees eats red big small house runs".split()
-DE = "ein der mann frau hund katze sieht isst rot gross klein haus rennt".split()
 
 
 @pytest.fixture(scope="module")
@@ -36,14 +33,8 @@ def elsewhere(tmp_path):
     """A working folder outside the clone with an empty minitf/ in it (a namespace package
     candidate, as the clone's own folder is for its parent)."""
     (tmp_path / "minitf").mkdir()
-    rng = np.random.default_rng(0)
-    data = tmp_path / "data"
-    data.mkdir()
-    for split, n in (("train", 200), ("val", 10), ("test_2016_flickr", 5)):
-        rows = [rng.integers(0, len(EN), size=rng.integers(2, 6)) for _ in range(n)]
-        for lang, words in (("en", EN), ("de", DE)):
-            with gzip.open(data / f"{split}.{lang}.gz", "wt") as f:
-                f.write("".join(" ".join(words[i] for i in row) + "\n" for row in rows))
+    (tmp_path / "data").mkdir()
+    write_multi30k(tmp_path / "data", (("train", 200), ("val", 10), ("test_2016_flickr", 5)))
     return tmp_path
 
 

@@ -10,23 +10,15 @@ import pytest
 
 import minitf
 from minitf.checkpoint import load_checkpoint
+from conftest import write_multi30k
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EN = "a the man woman dog cat sees eats red big small house runs".split()
-DE = "ein der mann frau hund katze sieht isst rot gross klein haus rennt".split()
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """A Multi30k-shaped folder: word-by-word 'translations' so there is something to learn."""
-    d = tmp_path_factory.mktemp("m30k")
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 400), ("val", 30), ("test_2016_flickr", 20)):
-        idx = [rng.integers(0, len(EN), size=rng.integers(2, 7)) for _ in range(n)]
-        for lang, words in (("en", EN), ("de", DE)):
-            with gzip.open(d / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
-                f.write("".join(" ".join(words[i] for i in row) + "\n" for row in idx))
-    return d
+    return write_multi30k(tmp_path_factory.mktemp("m30k"))
 
 
 def run_train(corpus, out, *extra, cache=None):
