@@ -433,7 +433,7 @@ def _open_stream(run):
 def run_loop(run):
     """Updates until --max-steps, the --time-budget or a signal; returns why it stopped: "max_steps",
     "time_budget", or the signal ("SIGTERM", or "SIGTERM on another rank" under mpiexec)."""
-    signals = StopSignals(run.world.size)
+    signals = StopSignals(run.world.size, notify=run.console.line_from_a_signal_handler if run.lead else None)
     run.model.train()
     with signals:
         while True:
@@ -565,12 +565,16 @@ class StopSignals:
     one process a second Ctrl-C stops at once (KeyboardInterrupt), without saving. The handlers
     before are back on leaving. `received`: the names of the signals that arrived, in order."""
 
-    def __init__(self, world_size):
-        self.second_interrupt_raises = world_size == 1
+    def __init__(self, world_size, notify=None):
+        self.second_interrupt_raises, self.notify = world_size == 1, notify
         self.received, self.before = [], {}
 
     def _flag(self, signum, frame):
-        self.received.append(signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        self.received.append(name)
+        if self.notify is not None and len(self.received) == 1:
+            again = " (Ctrl-C again: stop at once, without saving)" if self.second_interrupt_raises else ""
+            self.notify(f"{name}: stopping after the update in progress, then saving{again}")
         if signum == signal.SIGINT and self.second_interrupt_raises:
             signal.signal(signal.SIGINT, signal.default_int_handler)
 

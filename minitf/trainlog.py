@@ -118,6 +118,12 @@ class Console:
         else:
             print(text, file=self.stream, flush=True)
 
+    def line_from_a_signal_handler(self, text):
+        """`line` for a signal handler: one unbuffered write (the handler may run while the main
+        thread is inside a write to stderr), off the bar's line when a bar is drawn."""
+        if self.enabled:
+            os.write(self.stream.fileno(), f"{chr(10) if self.bar is not None else ''}{text}\n".encode())
+
     def close(self):
         if self.bar is not None:
             self.bar.close()

@@ -444,6 +444,7 @@ def test_ctrl_c_mid_training_then_resume_is_exact(corpus, tmp_path):
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=300)
     assert p.returncode == 130 and "interrupted (SIGINT)" in err, err[-2000:]
+    assert "SIGINT: stopping after the update in progress, then saving (Ctrl-C again" in err
     saved, = split.glob("checkpoint_*.npz")
     state = load_checkpoint(saved).train_state
     k = state["step"]
