@@ -539,7 +539,7 @@ def validate(run):
     when BLEU is off) is saved as checkpoint_best.npz, without Adam's state."""
     state = run.state
     rec = {"step": state["step"], **run.validation.run(run.model)}
-    state["valid_s"] = round(state.get("valid_s", 0.0) + rec["valid_s"], 2)
+    state["valid_s"], state["valid_step"] = round(state.get("valid_s", 0.0) + rec["valid_s"], 2), state["step"]
     metric = "valid_bleu" if rec["valid_bleu"] is not None else "valid_loss"
     value = rec[metric] if metric == "valid_bleu" else -rec[metric]
     best = state.get("best_valid")
@@ -600,10 +600,15 @@ def end(run, stop):
         raise Interrupted(stop.split()[0])
     if not run.lead:
         return None
-    state["train_wall_s"] = run.elapsed()
     last = checkpoint_paths(args.out)
-    if not last or not last[-1].endswith(f"{state['step']:07d}.npz"):
-        run.save(on_grid=False)   # saved for --resume; off the spacing, so not averaged
+    saved = bool(last) and last[-1].endswith(f"{state['step']:07d}.npz")
+    validated = False
+    if run.validation and (args.valid_every or args.valid_every_minutes) and state.get("valid_step") != state["step"]:
+        validate(run)   # the final model too, so that checkpoint_best.npz is the best of the whole run
+        validated = True
+    state["train_wall_s"] = run.elapsed()
+    if not saved or validated:
+        run.save(on_grid=saved and state.get("on_grid", False))   # off the spacing unless it was saved on it
     log(f"training stopped ({stop}) at step {state['step']} after {state['train_wall_s']:.0f}s")
     state["epochs"] = round(state["epoch"] + state["batch"] / run.epoch_len, 3)
     try:

@@ -205,12 +205,13 @@ def test_on_a_terminal_the_bar_counts_updates_under_a_time_budget(corpus, tmp_pa
 
 def test_off_a_terminal_progress_is_plain_lines_and_validation_is_printed(corpus, tmp_path):
     """stderr a file or a pipe: one plain line every --log-every updates (no bar redrawn), and a
-    validation line (loss, perplexity, greedy BLEU, its seconds) every --valid-every; the best
-    BLEU's model is checkpoint_best.npz, beside --keep-last numbered checkpoints, never averaged."""
+    validation line (loss, perplexity, greedy BLEU, its seconds) every --valid-every and at the end;
+    the best BLEU's model is checkpoint_best.npz, beside --keep-last numbered checkpoints, never
+    averaged."""
     env = dict(os.environ, MINITF_CACHE=str(tmp_path / "cache"), PYTHONHASHSEED="0")
     out = tmp_path / "run"
     cmd = [sys.executable, os.path.join(ROOT, "train_wmt.py"), "--dataset", "multi30k", "--data-dir", str(corpus),
-           "--preset", "tiny", "--vocab-size", "60", "--device", "cpu", "--out", str(out), "--max-steps", "20",
+           "--preset", "tiny", "--vocab-size", "60", "--device", "cpu", "--out", str(out), "--max-steps", "22",
            "--log-every", "5", "--valid-every", "10", "--save-every", "5", "--keep-last", "2", "--average-last", "2",
            "--beam", "1", "--valid-bleu-sentences", "12"]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
@@ -221,23 +222,23 @@ def test_off_a_terminal_progress_is_plain_lines_and_validation_is_printed(corpus
     assert [line.split(" | ")[0] for line in lines if line.startswith("train: step")] == \
         [f"train: step {s}" for s in (5, 10, 15, 20)]
     valid = [line for line in lines if line.startswith("valid: step")]
-    assert [v.split(" | ")[0] for v in valid] == ["valid: step 10", "valid: step 20"]
+    assert [v.split(" | ")[0] for v in valid] == ["valid: step 10", "valid: step 20", "valid: step 22"]
     assert all(" | loss " in v and " | ppl " in v and "(greedy, 12 of 30 sentences)" in v for v in valid)
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     recs = [rec for rec in log if "valid_bleu" in rec]
-    assert [rec["step"] for rec in recs] == [10, 20] and all(rec["valid_s"] > 0 for rec in recs)
+    assert [rec["step"] for rec in recs] == [10, 20, 22] and all(rec["valid_s"] > 0 for rec in recs)
     best = max(recs, key=lambda rec: (rec["valid_bleu"], -rec["step"]))
     ckpt = load_checkpoint(out / "checkpoint_best.npz")
     assert ckpt.optimizer is None and ckpt.train_state["step"] == best["step"]
     assert sorted(p.name for p in out.glob("checkpoint_*.npz")) == \
-        ["checkpoint_0000015.npz", "checkpoint_0000020.npz", "checkpoint_best.npz"]
+        ["checkpoint_0000020.npz", "checkpoint_0000022.npz", "checkpoint_best.npz"]
     res = json.loads((out / "results.json").read_text())
     assert "checkpoint_best.npz" not in res["averaged_checkpoints"]
     assert res["best_valid"]["step"] == best["step"] and res["validation_s"] > 0
     quiet = subprocess.run(cmd[:cmd.index("--out") + 1] + [str(tmp_path / "quiet")] + cmd[cmd.index("--out") + 2:]
                            + ["--quiet"], capture_output=True, text=True, env=env, timeout=600)
     assert quiet.returncode == 0, quiet.stderr[-2000:]
-    assert "train: step" not in quiet.stderr and quiet.stderr.count("valid: step") == 2
+    assert "train: step" not in quiet.stderr and quiet.stderr.count("valid: step") == 3
 
 
 def test_the_average_ends_at_the_final_checkpoint_and_skips_off_spacing_ones(corpus, tmp_path):
