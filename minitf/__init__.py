@@ -5,7 +5,8 @@ from .errors import CheckpointError, ConfigError, DataError, DeviceError, Minitf
 from .model import Transformer
 from .optim import Adam, LossScaler
 from .schedule import NoamSchedule, noam
+from .translate import Hypothesis, Translator, load
 
 __version__ = "0.1.0"
 __all__ = ["TransformerConfig", "PRESETS", "Transformer", "Adam", "LossScaler", "noam", "NoamSchedule",
-           "MinitfError", "DeviceError", "DataError", "CheckpointError", "ConfigError"]
+           "load", "Translator", "Hypothesis", "MinitfError", "DeviceError", "DataError", "CheckpointError", "ConfigError"]

@@ -7,10 +7,13 @@ Layout (format version 1), every entry an array loaded with `allow_pickle=False`
   `optim/m/<name>`, `optim/v/<name>`   Adam moments (training checkpoints only)
   `tokenizer`           uint8, the SentencePiece model proto (optional)
 The SHA-256 of every entry is stored in the meta, so a tampered or partly written file is
-rejected with a CheckpointError. Arrays are saved from the host, so a checkpoint written on
+rejected with a CheckpointError. `export_safetensors` writes a checkpoint's parameters (not
+Adam's state) as a `.safetensors` file with the config and tokenizer in its metadata
+(safetensors.py); `load_checkpoint` reads that back too. Arrays are saved from the host, so a checkpoint written on
 a GPU loads on a machine without CuPy and the other way round. Paper 6.1's checkpoint
 averaging is `average_checkpoints`.
 """
+import base64
 import hashlib
 import json
 import os
@@ -70,14 +73,17 @@ class Checkpoint:
 
 
 def load_checkpoint(path):
-    """Read and verify a checkpoint; any defect is a CheckpointError naming the file."""
+    """Read and verify a checkpoint (.npz, or a .safetensors export); any defect is a
+    CheckpointError naming the file."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path} " + ("is a folder, not a file" if os.path.isdir(path) else "does not exist"))
+    if path.endswith(".safetensors"):
+        return _load_safetensors(path)
     with open(path, "rb") as f:
         if f.read(4) != ZIP_MAGIC:
             raise CheckpointError(f"{path} is not a minitf checkpoint (those are .npz archives that "
-                                  f"train_wmt.py or `python -m minitf average` wrote)")
+                                  f"train_wmt.py or `python -m minitf average` wrote, or .safetensors exports)")
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
@@ -123,6 +129,11 @@ def load_checkpoint(path):
 def read_train_state(path):
     """The train_state of a checkpoint from its metadata entry alone (no arrays read, no digests
     checked: for choosing which checkpoints to load); {} if unreadable."""
+    if os.fspath(path).endswith(".safetensors"):
+        try:
+            return _load_safetensors(os.fspath(path)).train_state
+        except (OSError, MinitfError):
+            return {}
     try:
         with np.load(os.fspath(path), allow_pickle=False) as z:
             return json.loads(z["__meta__"].tobytes().decode()).get("train_state", {})
@@ -158,3 +169,35 @@ def average_checkpoints(paths, output):
                     train_state={"averaged_from": [os.path.abspath(p) for p in paths],
                                  **{k: ckpts[-1].train_state[k] for k in ("languages",) if k in ckpts[-1].train_state}})
     return output
+
+
+SAFETENSORS_STATE = ("step", "languages", "model", "from", "averaged_from")   # the train_state an export keeps
+
+
+def export_safetensors(checkpoint, output):
+    """The parameters of a checkpoint (no optimizer state) as a .safetensors file, with its config,
+    tokenizer and a few facts of its train_state in the metadata; returns the output's size."""
+    from .safetensors import save_safetensors
+    ckpt = load_checkpoint(checkpoint)
+    state = {k: ckpt.train_state[k] for k in SAFETENSORS_STATE if k in ckpt.train_state}
+    meta = {"format": "minitf", "format_version": str(VERSION), "config": json.dumps(ckpt.config.to_dict()),
+            "train_state": json.dumps(state)}
+    if ckpt.tokenizer is not None:
+        meta["tokenizer"] = base64.b64encode(ckpt.tokenizer).decode()
+    save_safetensors(output, ckpt.params, meta)
+    return os.path.getsize(output)
+
+
+def _load_safetensors(path):
+    from .safetensors import load_safetensors
+    params, meta = load_safetensors(path)
+    if meta.get("format") != "minitf" or "config" not in meta:
+        raise CheckpointError(f"{path}: a safetensors file without minitf's metadata (its config and tokenizer); "
+                              f"export minitf checkpoints with `python -m minitf export`")
+    try:
+        config = TransformerConfig.from_dict(json.loads(meta["config"]))
+        state = json.loads(meta.get("train_state", "{}"))
+        tok = base64.b64decode(meta["tokenizer"], validate=True) if "tokenizer" in meta else None
+    except (ValueError, MinitfError) as e:
+        raise CheckpointError(f"{path}: bad minitf metadata ({e})") from None
+    return Checkpoint(path, config, params, None, tok, state)

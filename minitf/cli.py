@@ -1,4 +1,4 @@
-"""`python -m minitf COMMAND`: prepare, average, translate, evaluate, plot.
+"""minitf's commands (python -m minitf COMMAND, or minitf COMMAND once installed): train, prepare, average, translate, evaluate, export, plot.
 
 Every user error (a bad flag, a MinitfError) is printed as one line on stderr with exit status 2.
 """
@@ -37,24 +37,51 @@ def cmd_prepare(args):
 
 
 def cmd_average(args):
-    from .checkpoint import average_checkpoints
+    """Average --inputs, or the last --last training checkpoints of --folder; models that are
+    not training checkpoints (an average, a run's model.npz, checkpoint_best.npz) are left out
+    with a note; the output must not be one of the inputs."""
+    from .checkpoint import average_checkpoints, read_train_state
     _output_file(args.output, "--output")
-    average_checkpoints(args.inputs, args.output)
-    print(f"averaged {len(args.inputs)} checkpoints -> {args.output}", file=sys.stderr)
+    if args.folder:
+        from .train import checkpoint_paths
+        paths = checkpoint_paths(args.folder)[-args.last:]
+        if not paths:
+            raise DataError(f"--folder {args.folder}: no training checkpoints (checkpoint_<step>.npz) in it")
+    else:
+        paths = []
+        for path in args.inputs:
+            if os.path.abspath(path) == os.path.abspath(args.output):   # average_checkpoints refuses it
+                paths.append(path)
+                continue
+            state = read_train_state(path)
+            kind = ("an average" if "averaged_from" in state else "a run's chosen model" if "model" in state else
+                    "the best validation checkpoint" if state.get("best") else None)
+            if kind:
+                print(f"note: left out {path}: {kind}, not a training checkpoint", file=sys.stderr)
+            else:
+                paths.append(path)
+    average_checkpoints(paths, args.output)
+    print(f"averaged {len(paths)} checkpoint{'' if len(paths) == 1 else 's'} "
+          f"({', '.join(os.path.basename(p) for p in paths)}) -> {args.output}", file=sys.stderr)
+
+
+def cmd_export(args):
+    from .checkpoint import export_safetensors
+    _output_file(args.output, "--output")
+    size = export_safetensors(args.checkpoint, args.output)
+    print(f"exported {args.checkpoint} ({os.path.getsize(args.checkpoint) / 1e6:,.1f} MB) -> {args.output} "
+          f"({size / 1e6:,.1f} MB: parameters, config and tokenizer; no optimizer state)", file=sys.stderr)
 
 
 def cmd_translate(args):
-    from .translate import load_for_inference, translate_lines
+    from .translate import load
     if args.output:
         _output_file(args.output, "--output")
-    model, tok = load_for_inference(args.checkpoint, args.device)
-    args.alpha = model.cfg.decode_alpha if args.alpha is None else args.alpha
+    translator = load(args.checkpoint, args.device)
     if args.input in (None, "-") and sys.stdin.isatty() and not args.output:
-        return _interactive(model, tok, args)
+        return _interactive(translator, args)
     lines = _read_input(args.input)
-    hyps = translate_lines(model, tok, lines, args.beam, args.alpha, args.batch_size, args.max_len_b,
-                           progress=not args.quiet)
-    text = "".join(h + "\n" for h in hyps)
+    text = "".join(_translations(translator, lines, args, progress=not args.quiet))
     if args.output:
         from .fileio import atomic_write
         atomic_write(args.output, lambda f: f.write(text.encode()))
@@ -62,32 +89,46 @@ def cmd_translate(args):
         sys.stdout.write(text)
 
 
-def _interactive(model, tok, args):
+def _translations(translator, lines, args, progress=False, first=0):
+    """The output lines of `lines` (numbered from `first`): one translation each, or with --nbest
+    or --scores the S-/H-/P- lines."""
+    opts = dict(beam=args.beam, alpha=args.alpha, max_len_b=args.max_len_b, batch_size=args.batch_size,
+                progress=progress)
+    if not (args.nbest or args.scores):
+        return [h + "\n" for h in translator.translate(lines, **opts)]
+    out = []
+    for i, (line, hyps) in enumerate(zip(lines, translator.nbest(lines, n=args.nbest or 1, **opts)), first):
+        out.append(f"S-{i}\t{line}\n")
+        for h in hyps:
+            out.append(f"H-{i}\t{h.score:.4f}\t{h.text}\n")
+            if args.scores:
+                out.append(f"P-{i}\t{' '.join(f'{p:.4f}' for p in h.positional)}\n")
+    return out
+
+
+def _interactive(translator, args):
     """A person typing at a terminal: translate each line as it is entered (as
     fairseq-interactive does) instead of waiting for the end of input; Ctrl-D ends."""
-    from .translate import translate_lines
     print("type a sentence and press Enter (Ctrl-D to end)", file=sys.stderr)
-    for line in sys.stdin:
-        out = translate_lines(model, tok, [line.rstrip("\r\n")], args.beam, args.alpha, 1, args.max_len_b,
-                              progress=False)
-        print(out[0], flush=True)
+    args.batch_size = 1
+    for n, line in enumerate(sys.stdin):
+        print("".join(_translations(translator, [line.rstrip("\r\n")], args, first=n)), end="", flush=True)
 
 
 def cmd_evaluate(args):
-    from .checkpoint import read_train_state
-    from .translate import load_for_inference, score, translate_lines
+    from .translate import load, score
     src, ref = _read_input(args.src), _read_input(args.ref)
     if len(src) != len(ref):
         raise DataError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
     if not src:
         raise DataError(f"--src {args.src} and --ref {args.ref} are empty: there is nothing to translate and score")
-    model, tok = load_for_inference(args.checkpoint, args.device)
-    args.alpha = model.cfg.decode_alpha if args.alpha is None else args.alpha
-    lang = args.lang or read_train_state(args.checkpoint).get("languages", [None, None])[1]
-    hyps = translate_lines(model, tok, src, args.beam, args.alpha, args.batch_size, args.max_len_b,
-                           progress=not args.quiet)
+    translator = load(args.checkpoint, args.device)
+    alpha = translator.alpha if args.alpha is None else args.alpha
+    lang = args.lang or (translator.languages or [None, None])[1]
+    hyps = translator.translate(src, beam=args.beam, alpha=alpha, max_len_b=args.max_len_b, batch_size=args.batch_size,
+                                progress=not args.quiet)
     result = score(hyps, ref, lang=lang)
-    result.update(checkpoint=args.checkpoint, beam=args.beam, alpha=args.alpha)
+    result.update(checkpoint=args.checkpoint, beam=args.beam, alpha=alpha)
     if lang is None:
         result.update(bleu_paper=None, bleu_paper_method="not computed: the checkpoint does not record its target "
                       "language; name it with --lang (e.g. --lang de)")
@@ -104,7 +145,8 @@ def cmd_evaluate(args):
 
 
 def _decode_args(p):
-    p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz) with its tokenizer")
+    p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz, or a .safetensors export) with "
+                                                       "its tokenizer")
     p.add_argument("--beam", type=Number(int, 1, MAX_BEAM), default=4, help="beam size (paper: 4; 1 = greedy)")
     p.add_argument("--alpha", type=Number(float, 0), default=None,
                    help="length penalty alpha (paper: 0.6; default: the checkpoint's preset, small 2.0)")
@@ -114,9 +156,23 @@ def _decode_args(p):
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def build_parser():
-    parser = Parser(prog="python -m minitf", description=__doc__.splitlines()[0])
+def _check_translate(p, args):
+    if args.nbest is not None and not 1 <= args.nbest <= args.beam:
+        p.error(f"--nbest {args.nbest}: choose 1 to --beam ({args.beam})")
+
+
+def _check_export(p, args):
+    if not args.output.endswith(".safetensors"):
+        p.error(f"--output {args.output}: name it *.safetensors")
+
+
+def build_parser(prog="python -m minitf"):
+    from . import __version__
+    parser = Parser(prog=prog, description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"minitf {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("train", add_help=False, help="train a model and score it: the flags of train_wmt.py "
+                                                 f"(`{prog} train --help`; the minitf-train command)")
     p = sub.add_parser("prepare", help="tokenize and clean a training corpus once into its binarized, "
                                        "memory-mapped cache (train_wmt.py does it on its first run)")
     add_data_args(p)
@@ -125,24 +181,48 @@ def build_parser():
                    help="also read the whole cache back and check every array against the SHA-256 recorded when "
                         "it was built (a start checks only cheap invariants); a cache that fails is rebuilt")
     p.set_defaults(func=cmd_prepare, check=lambda args, p=p: check_data_args(p, args))
-    p = sub.add_parser("average", help="parameter-wise mean of checkpoints (paper 6.1)")
-    p.add_argument("--inputs", nargs="+", required=True)
-    p.add_argument("--output", required=True)
+    p = sub.add_parser("average", help="parameter-wise mean of checkpoints (paper 6.1)",
+                       description="The parameter-wise mean of training checkpoints (paper 6.1), written without "
+                                   "optimizer state.")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--inputs", nargs="+", metavar="CHECKPOINT",
+                       help="the checkpoints to average (e.g. runs/x/checkpoint_*.npz); an average, a run's model.npz "
+                            "or checkpoint_best.npz among them is left out, with a note")
+    which.add_argument("--folder", metavar="DIR", help="a run's --out folder: average its last --last training "
+                                                       "checkpoints (checkpoint_<step>.npz)")
+    p.add_argument("--last", type=positive(), default=5, metavar="N", help="with --folder: how many (default 5, the paper's)")
+    p.add_argument("--output", required=True, help="the averaged checkpoint (.npz)")
     p.set_defaults(func=cmd_average)
-    p = sub.add_parser("translate", help="translate raw sentences (file or stdin), one per line")
+    p = sub.add_parser("translate", help="translate raw sentences (file or stdin), one per line",
+                       description="Translate raw sentences, one per line (an empty line gives an empty one). With "
+                                   "--nbest or --scores the output is, per input line i (from 0): S-i<TAB>source, "
+                                   "then for each hypothesis, best first, H-i<TAB>score<TAB>translation (score: the "
+                                   "natural log-probability of its pieces and end of sentence over the length "
+                                   "penalty ((5 + length) / 6) ** alpha, as beam search ranks them) and, with "
+                                   "--scores, P-i<TAB>the log-probability of each piece and of the end of sentence.")
     _decode_args(p)
-    p.add_argument("--input", help="input file (plain or .gz); default stdin")
+    p.add_argument("--input", help="input file (plain or .gz, or a pipe); default stdin")
     p.add_argument("--output", help="output file; default stdout")
-    p.set_defaults(func=cmd_translate, memory="--batch-size or --beam")
+    p.add_argument("--nbest", type=positive(), metavar="N", help="the N best translations of each line (N <= --beam), as "
+                                                          "H- lines with their scores")
+    p.add_argument("--scores", action="store_true", help="print S-, H- and P- lines (scores per hypothesis and per "
+                                                         "piece)")
+    p.set_defaults(func=cmd_translate, check=lambda args, p=p: _check_translate(p, args), memory="--batch-size or --beam")
     p = sub.add_parser("evaluate", help="translate --src and score against --ref with sacreBLEU and chrF, and "
                        "the paper's tokenized BLEU")
     _decode_args(p)
-    p.add_argument("--src", required=True)
-    p.add_argument("--ref", required=True)
+    p.add_argument("--src", required=True, help="source sentences (a file, plain or .gz, a pipe such as "
+                                                "<(zcat f.gz), or - for stdin)")
+    p.add_argument("--ref", required=True, help="reference translations, the same way")
     p.add_argument("--lang", help="target language of the paper's tokenized BLEU (Moses tokenizer; 'de' also "
                    "splits compounds); default: the one the checkpoint was trained on")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_evaluate, memory="--batch-size or --beam")
+    p = sub.add_parser("export", help="a checkpoint's parameters as a .safetensors file, with its config and "
+                                      "tokenizer, without optimizer state (translate/evaluate read it)")
+    p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz)")
+    p.add_argument("--output", required=True, help="the .safetensors file to write")
+    p.set_defaults(func=cmd_export, check=lambda args, p=p: _check_export(p, args))
     try:
         from .viz import add_plot_parser
     except ImportError:
@@ -153,12 +233,17 @@ def build_parser():
 
 
 def main(argv=None):
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    prog = "python -m minitf" if sys.argv[0].endswith("__main__.py") else "minitf"
+    if argv[:1] == ["train"]:
+        from .train_cli import main as train
+        return train(argv[1:], prog=f"{prog} train")
+    parser = build_parser(prog)
     try:
         args = parser.parse_args(argv)
         if getattr(args, "check", None):
             args.check(args)
-    except SystemExit as e:   # a bad flag (one line printed, status 2), or --help (0)
+    except SystemExit as e:   # a bad flag (one line printed, status 2), or --help / --version (0)
         return e.code
     try:
         args.func(args)

@@ -75,9 +75,12 @@ class _Waiting:
 
 
 @_restores_mode
-def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True, batch_size=None, progress=None):
+def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True, batch_size=None, progress=None,
+                  scores=False):
     """src [B, S] -> list of B token-id lists (no BOS, no EOS); the argmax at every step. At
-    most `batch_size` sentences (default: all) at once, with continuous batching (_Waiting)."""
+    most `batch_size` sentences (default: all) at once, with continuous batching (_Waiting).
+    scores=True: each sentence's [(tokens, positional)] instead, positional the log-probability
+    of each token and of the EOS that ends it (at the length limit, the EOS's there)."""
     cfg, xp = model.cfg, model.xp
     src, src_len = _host_and_device_src(model, src)
     max_lens = _max_lengths(model, src_len, max_len_a, max_len_b)
@@ -87,12 +90,20 @@ def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True, batch
     steps = np.zeros(len(alive), dtype=np.int64)   # [n] the step each sentence is at
     cohort = np.zeros(len(alive), dtype=np.int64)  # [n] which admission (decoder group) each came in
     out = [[] for _ in range(src.shape[0])]
+    logp = [[] for _ in range(src.shape[0])] if scores else None
     tokens = np.full(len(alive), cfg.bos_id)
     while len(alive):
         logits = dec.logits(xp.asarray(tokens, dtype=src.dtype))   # argmax log p = argmax logits: no softmax
+        lse = _logsumexp(as_float32_if_half(logits)) if scores else None
         _ban(logits, cfg, steps == 0)
         best = to_numpy(logits.argmax(axis=1))
-        keep = _compact((best != cfg.eos_id) & (steps < max_lens[alive]), cohort)   # EOS, or the length limit: done
+        ends = (best == cfg.eos_id) | (steps >= max_lens[alive])
+        keep = _compact(~ends, cohort)   # EOS, or the length limit: done
+        if scores:   # the chosen token's log p, or the EOS's where the sentence ends
+            chosen = np.where(ends, cfg.eos_id, best)
+            step_logp = to_numpy(logits[xp.arange(len(alive)), xp.asarray(chosen)] - lse)
+            for row, sent in enumerate(alive):
+                logp[sent].append(float(step_logp[row]))
         for row in keep:
             out[alive[row]].append(int(best[row]))
         if progress is not None and len(keep) < len(alive):
@@ -106,7 +117,7 @@ def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True, batch
             alive = np.concatenate([alive, new])
             steps = np.concatenate([steps, np.zeros(len(new), dtype=np.int64)])
             tokens = np.concatenate([tokens, np.full(len(new), cfg.bos_id)])
-    return out
+    return [[(o, p)] for o, p in zip(out, logp)] if scores else out
 
 
 def _ban(logits, cfg, first):
@@ -221,7 +232,7 @@ def top_candidates(logits, offset, k, n_best):
 
 @_restores_mode
 def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50, use_cache=True, batch_size=None,
-                progress=None, stop="fairseq"):
+                progress=None, stop="fairseq", nbest=None):
     """src [B, S] -> list of B token-id lists: the best finished hypothesis of each sentence
     by score / length_penalty. Each step ranks the 2k best continuations of a sentence
     (k = beam_size; a continuation: a live beam plus one token); an EOS among the k best
@@ -239,6 +250,10 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
     At most `batch_size` sentences (default: all) are decoded at once, in the order given;
     as they finish, the next ones take their places (continuous batching, _Waiting).
     `progress.update(n)` is called as sentences finish.
+
+    nbest=N: each sentence's N best finished hypotheses instead, best first, as (tokens,
+    positional): positional the log-probability of each token and of the EOS (their sum over
+    length_penalty is the search's score).
     """
     cfg, xp = model.cfg, model.xp
     src, src_len = _host_and_device_src(model, src)
@@ -254,6 +269,8 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
     scores = _first_scores(len(alive), k)         # [n, k] their log-probabilities
     n_done = np.zeros(b, dtype=int)               # finished hypotheses per sentence
     best, best_score = [[] for _ in range(b)], np.full(b, -np.inf)
+    paths = np.zeros_like(hyps, dtype=np.float64) if nbest else None   # [rows, T] the score after each token
+    finished = [[] for _ in range(b)] if nbest else None               # [(score, tokens, positional)]
     next_tokens = np.full(len(alive), cfg.bos_id)   # one row a sentence at its first step
     while len(alive):
         logits = as_float32_if_half(dec.logits(xp.asarray(next_tokens, dtype=src.dtype)))   # [rows, V]
@@ -285,6 +302,9 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
                 s = values[i, r] / length_penalty(steps[i] + 1, alpha)
                 if s > best_score[sent]:
                     best_score[sent], best[sent] = s, hyps[i * k + beam[i, r], : steps[i]].tolist()
+                if nbest:
+                    path = np.concatenate([[0.0], paths[i * k + beam[i, r], : steps[i]], [values[i, r]]])
+                    finished[sent].append((s, hyps[i * k + beam[i, r], : steps[i]].tolist(), np.diff(path).tolist()))
         # the next beams: the first k continuations that are not EOS, in rank order
         cont = ~is_eos & finite
         pick = np.argsort(~cont, axis=1, kind="stable")[:, :k]               # continuations first
@@ -306,6 +326,9 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
         hyps = hyps[parents]
         hyps[np.arange(len(parents)), np.repeat(steps[still], k)] = next_tokens
         scores = np.where(live, np.take_along_axis(values[still], pick, axis=1), -np.inf)
+        if nbest:
+            paths = paths[parents]
+            paths[np.arange(len(parents)), np.repeat(steps[still], k)] = scores.reshape(-1)
         first_row = np.where(np.arange(n) < n_old, np.arange(n) * k, n_old * (k - 1) + np.arange(n))
         dec.reorder((first_row[still][:, None] + new_beam).reshape(-1))        # ... and its decoder row
         alive, steps, cohort = alive[still], steps[still] + 1, cohort[still]
@@ -317,7 +340,12 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
             steps = np.concatenate([steps, np.zeros(len(new), dtype=np.int64)])
             scores = np.concatenate([scores, _first_scores(len(new), k)]).astype(scores.dtype)
             hyps = np.concatenate([hyps, np.zeros((len(new) * k, steps_max), dtype=np.int64)])
+            if nbest:
+                paths = np.concatenate([paths, np.zeros((len(new) * k, steps_max))])
             next_tokens = np.concatenate([next_tokens, np.full(len(new), cfg.bos_id)])   # one row each
+    if nbest:
+        return [[(tokens, positional) for _, tokens, positional in sorted(f, key=lambda h: -h[0])[:nbest]]
+                for f in finished]
     return best
 
 
@@ -384,7 +412,7 @@ def decode_streams(model, n_sentences):
 
 @_restores_mode
 def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len_b=50, progress=None, stop="fairseq",
-                  use_cache=True, streams=None):
+                  use_cache=True, streams=None, nbest=None):
     """Decode lists of source ids (with EOS), sorted by length (little padding), at most
     `batch_size` sentences at a time per stream (continuous batching); returns id lists in input order.
 
@@ -393,7 +421,9 @@ def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len
     search step on a CPU is NumPy work outside the matrix products (the exp of the
     logsumexp, attention over small groups, moving cache rows, the search's bookkeeping),
     which runs on one core, so one search leaves the others mostly idle (docs/performance.md).
-    Every sentence is decoded exactly as alone: the streams only split the list."""
+    Every sentence is decoded exactly as alone: the streams only split the list.
+    nbest=N: each sentence's N best hypotheses with their scores (beam_search's nbest; with
+    beam_size 1, greedy_search's one with scores)."""
     if not len(src_ids):
         return []
     model.eval()   # here, not in each thread: their searches then all restore eval mode
@@ -405,9 +435,9 @@ def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len
         src = pad_ids([src_ids[i] for i in part], model.cfg.pad_id)
         if beam_size == 1:
             return greedy_search(model, src, max_len_b=max_len_b, use_cache=use_cache, batch_size=batch_size,
-                                 progress=progress)
+                                 progress=progress, scores=bool(nbest))
         return beam_search(model, src, beam_size, alpha, max_len_b=max_len_b, use_cache=use_cache,
-                           batch_size=batch_size, progress=progress, stop=stop)
+                           batch_size=batch_size, progress=progress, stop=stop, nbest=nbest)
 
     if streams == 1:
         results = [search(parts[0], progress)]

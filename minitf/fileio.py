@@ -7,6 +7,21 @@ import tempfile
 from .errors import MinitfError
 
 
+TMP_PREFIX = ".tmp-"   # atomic_write's temporary file beside `path`: TMP_PREFIX + 8 random characters + its name
+
+
+def leftover_temp_files(folder, is_ours):
+    """The temporary files atomic_write left in `folder` when its process was killed mid-write,
+    for the final names `is_ours(name)` accepts (a later start removes its own kind's)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    return [os.path.join(folder, n) for n in sorted(names)
+            if n.startswith(TMP_PREFIX) and len(n) > len(TMP_PREFIX) + 8 and is_ours(n[len(TMP_PREFIX) + 8:])
+            and os.path.isfile(os.path.join(folder, n))]
+
+
 def _umask():
     mask = os.umask(0)
     os.umask(mask)
@@ -39,7 +54,7 @@ def atomic_write(path, write, size_hint=None, advice=None):
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=os.path.basename(path), dir=folder)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:

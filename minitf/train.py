@@ -1,23 +1,31 @@
 """The training loop behind train_wmt.py: data -> tokenizer -> batches -> Adam with the
 paper's schedule (5.3) -> checkpoints -> averaged model -> beam search -> sacreBLEU (6.1).
 
+`train` reads as its three steps: `set_up` (device, data, the checkpoint to resume, model,
+optimizer, the batch stream: a `Run`), `run_loop` (each update: `should_stop`, `take_step`,
+`after_step`), and `end` (the last checkpoint, then `finish`: averaging, decoding, scores).
+
 Resumable exactly: a checkpoint stores the parameters, Adam's moments and step, the data
 position (epoch, batch index), and the dropout stream position (model.forward_count), so
 `--resume` replays the same batches, masks and losses as a run that never stopped.
 """
-import glob
+import argparse
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+import glob
 import json
 import os
+import re
 import signal
-import sys
 import time
+from typing import Optional
 
 import numpy as np
 
 from .backend import get_xp, is_gpu, release_freed_memory, to_numpy
 from .checkpoint import average_checkpoints, load_checkpoint, read_train_state, save_checkpoint
-from .fileio import atomic_write
+from .fileio import atomic_write, leftover_temp_files
 from .config import SIZE_FLAGS, TransformerConfig
 from .data.binarized import StaleData
 from .data.pipeline import load_data
@@ -28,23 +36,20 @@ from .kernels import accum_dtype
 from .models import build_model
 from .optim import Adam, LossScaler
 from .schedule import NoamSchedule, fade
-
-def log(msg):
-    sys.stderr.write(f"{msg}\n")   # one write: the lines of several ranks never run into each other
-    sys.stderr.flush()
-
-
-# ------------------------------------------------------------------------------ data
-def to_batch(pairs, idx, tok):
-    """(src, tgt_in, tgt_out, n_target_tokens) of the pairs `idx` of a TokenPairs: host arrays
-    (forward_loss finds the non-pad rows on the host, then moves the ids itself)."""
-    src, tgt_in, tgt_out = pairs.collate(idx, tok.pad_id, tok.bos_id, tok.eos_id)
-    return src, tgt_in, tgt_out, int((tgt_out != tok.pad_id).sum())
+from .trainlog import Console, TrainLog, log
+from .validation import Validation, evaluate_loss, to_batch
 
 
 # ------------------------------------------------------------------------------ checkpoints
+# what a run writes into --out (atomic_write's temporary files of these are its leftovers)
+STEP_CHECKPOINT = re.compile(r"checkpoint_\d+\.npz")
+BEST = "checkpoint_best.npz"   # the model of the best validation BLEU so far (no optimizer state)
+OUTPUT_NAMES = re.compile(r"checkpoint_\d+\.npz|checkpoint_best\.npz|averaged\.npz|model\.npz|config\.json|results\.json|[\w.-]+\.hyp\.[\w-]+")
+
+
 def checkpoint_paths(out):
-    return sorted(glob.glob(os.path.join(out, "checkpoint_*.npz")))
+    """The training checkpoints in `out` (checkpoint_<step>.npz), oldest first; not checkpoint_best.npz."""
+    return sorted(p for p in glob.glob(os.path.join(out, "checkpoint_*.npz")) if STEP_CHECKPOINT.fullmatch(os.path.basename(p)))
 
 
 def save(out, step, model, opt, tok, state, keep_last):
@@ -53,6 +58,9 @@ def save(out, step, model, opt, tok, state, keep_last):
     for old in checkpoint_paths(out)[:-keep_last]:
         os.unlink(old)
     return path
+
+
+VALID_EVERY = 200   # updates between validations when checkpoints are spaced in steps (CPU presets)
 
 
 def resolve_recipe(args, cfg):
@@ -71,6 +79,11 @@ def resolve_recipe(args, cfg):
         args.save_every, args.save_every_minutes = cfg.save_every, cfg.save_every_minutes
     if args.save_every_minutes:
         args.save_every = None
+    if args.valid_every is None and args.valid_every_minutes is None:   # validate with the checkpoints' clock
+        if args.save_every_minutes:
+            args.valid_every_minutes = args.save_every_minutes
+        else:
+            args.valid_every = VALID_EVERY
     if cfg.lr_fade and not args.max_steps and not args.time_budget:
         raise ConfigError(f"--lr-fade {cfg.lr_fade} fades the learning rate to 0 at the run's end, but this run has "
                           f"none: give --time-budget or --max-steps, or --lr-fade 0")
@@ -105,13 +118,19 @@ def run_progress(args, step, wall_s):
 def on_save_grid(args, state, wall_s):
     """True when this step ends a checkpoint interval: every save_every steps, or the first step
     after each save_every_minutes of training (paper 6.1: 10-minute intervals)."""
-    if args.save_every_minutes:
-        interval = int(wall_s // (60 * args.save_every_minutes))
-        if interval > state.get("grid_interval", 0):
-            state["grid_interval"] = interval
+    return on_grid(state, "grid_interval", args.save_every, args.save_every_minutes, wall_s)
+
+
+def on_grid(state, key, every_steps, every_minutes, wall_s):
+    """True every `every_steps` steps, or at the first step after each `every_minutes` of training
+    (`state[key]`: the last interval that fired); never when both are unset or 0."""
+    if every_minutes:
+        interval = int(wall_s // (60 * every_minutes))
+        if interval > state.get(key, 0):
+            state[key] = interval
             return True
         return False
-    return state["step"] % args.save_every == 0
+    return bool(every_steps) and state["step"] % every_steps == 0
 
 
 def build_config(args, vocab_size):
@@ -139,19 +158,74 @@ def step_stats(model, loss_sum, nll_sum):
     return loss_sum, nll_sum, finite == 1.0
 
 
-def evaluate_loss(model, batches):
-    """Teacher-forced loss and per-token NLL over (src, tgt_in, tgt_out) batches, in eval mode
-    (the model's train/eval mode is restored afterwards)."""
-    was_training = model.training
-    model.eval()
-    tot_loss = tot_nll = tot_n = 0.0
-    for src, tgt_in, tgt_out, n in batches:
-        loss = model.forward_loss(src, tgt_in, tgt_out)
-        tot_loss += float(loss) * n
-        tot_nll += float(model.last_stats["nll_sum"])
-        tot_n += n
-    model.train(was_training)
-    return tot_loss / max(tot_n, 1), tot_nll / max(tot_n, 1)
+# ------------------------------------------------------------------------------ the run
+@dataclass
+class Run:
+    """What the steps of a run pass along. `state` is what a checkpoint saves besides the model
+    and Adam: step, data position (epoch, batch), dropout stream position, wall time, ..."""
+    args: argparse.Namespace
+    world: distributed.World
+    data: object                   # data.pipeline.Data: tokenizer, training pairs, valid and test text
+    cfg: TransformerConfig
+    model: object
+    opt: Adam
+    scaler: Optional[LossScaler]
+    state: dict
+    resume_path: Optional[str] = None
+    stream: Optional["UpdateStream"] = None
+    epoch_len: int = 1             # batches in an epoch (for the log's fractional epoch)
+    validation: Optional[Validation] = None   # rank 0
+    log: Optional[TrainLog] = None
+    console: Optional[Console] = None
+    start_wall: float = 0.0
+    elapsed_mean: float = 0.0      # the ranks' mean seconds of training at the top of this update
+    window: dict = field(default_factory=dict)   # the losses since the last log record
+
+    @property
+    def lead(self):
+        """Rank 0: the one writer of logs, console, checkpoints and results."""
+        return self.world.rank == 0
+
+    def elapsed(self):
+        """Seconds of training, earlier runs of a resumed one included."""
+        return time.time() - self.start_wall
+
+    def save(self, on_grid):
+        """A checkpoint of this step (rank 0 only); `on_grid`: on the --save-every spacing."""
+        self.state["train_wall_s"], self.state["on_grid"] = self.elapsed(), on_grid
+        return save(self.args.out, self.state["step"], self.model, self.opt, self.data.tokenizer, self.state,
+                    self.args.keep_last)
+
+
+class UpdateStream:
+    """The updates' batches in the global order, each collated on a background thread while the
+    update before it computes. An update is (epoch, index, total, micro): rank r takes the r-th
+    run of update_freq of the update's world size x update_freq batches, as micro [(j, batch)];
+    `total` is the update's GLOBAL number of non-pad target tokens (the loss is normalised by it);
+    (epoch, index) is the position of its last batch."""
+
+    def __init__(self, batches, pairs, tok, per_update, update_freq, rank):
+        self.batches, self.pairs, self.tok = batches, pairs, tok
+        self.per_update, self.update_freq, self.rank = per_update, update_freq, rank
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="minitf-batches")
+        self.pending = self.pool.submit(self._collate)
+
+    def _collate(self):
+        micro, total = [], 0
+        for j in range(self.per_update):
+            epoch, index, idx = next(self.batches)
+            total += int(self.pairs.tgt_lens[idx].sum(dtype=np.int64)) + len(idx)   # target + EOS
+            if j // self.update_freq == self.rank:
+                micro.append((j, to_batch(self.pairs, idx, self.tok)))
+        return epoch, index, total, micro
+
+    def next(self):
+        update = self.pending.result()
+        self.pending = self.pool.submit(self._collate)
+        return update
+
+    def close(self):
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def train(args):
@@ -196,58 +270,37 @@ def _agree(world, **facts):
 
 
 def _train(args, world):
-    from tqdm import tqdm
+    """The run: set-up, the update loop, the end."""
+    run = set_up(args, world)
+    try:
+        stop = run_loop(run)
+    except KeyboardInterrupt:   # a second Ctrl-C: stopped at once, mid-update, so nothing is saved
+        if run.lead:
+            run.log.close()
+            last = checkpoint_paths(args.out)
+            log(f"interrupted again (SIGINT) at step {run.state['step']}: stopped without saving; --resume "
+                f"continues from {last[-1] if last else 'the start'}")
+        raise Interrupted("SIGINT") from None
+    finally:
+        run.stream.close()
+        run.console.close()
+    return end(run, stop)
 
-    from .data import iterate_batches, token_batches
-    lead = world.rank == 0   # the one writer: logs, progress bar, checkpoints, results
-    if args.device == "gpu" and world.size > 1:
-        world.use_gpu()   # the GPU of this rank's local rank, and the NCCL communicator
-    if args.device == "cpu" and world.size > 1:
-        threads = world.share_cores()   # this machine's cores split between its ranks' BLAS
-        if lead and threads:
-            log(f"{world.local_size} ranks on this machine: {threads} BLAS thread(s) each")
-    get_xp(args.device)  # fail fast (before data and tokenizer work) when the device is unusable
-    if lead and getattr(args, "fp16", False) and args.device == "cpu":
-        log("warning: --fp16 on the CPU is very slow (NumPy has no float16 BLAS); it is meant for GPUs")
-    os.makedirs(args.out, exist_ok=True)
+
+# ------------------------------------------------------------------------------ set-up
+def set_up(args, world):
+    """Device, data (and the checkpoint to resume), model, optimizer, the batch stream, the log."""
+    lead = world.rank == 0
+    _prepare_device(args, world)
     ckpts = checkpoint_paths(args.out)
     if ckpts and not args.resume:
         raise ConfigError(f"--out {args.out} already holds checkpoints: pass --resume to continue, "
                           f"or choose another --out")
     resume = load_checkpoint(ckpts[-1]) if args.resume and ckpts else None
-    # a resumed run encodes with its checkpoint's tokenizer, so its cache holds the same ids;
-    # rank 0 prepares the cache (and trains the tokenizer) once, the others then open it
-    for turn in range(2 if world.size > 1 else 1):
-        if (world.rank == 0) == (turn == 0):
-            try:
-                data = load_data(args, tokenizer=Tokenizer.from_bytes(resume.tokenizer) if resume and resume.tokenizer
-                                 else None, log=log if lead else (lambda msg: None),
-                                 expect_data_id=resume.train_state.get("data_id") if resume else None, notes=lead)
-            except StaleData as e:
-                raise ConfigError(f"--resume: {ckpts[-1]} was trained on other data: {e}; restore it, "
-                                  f"or start a new --out") from None
-        world.barrier()
-    tok, train_pairs = data.tokenizer, data.train
-    if resume is not None:
-        cfg = resume.config
-        for flag, field in (("arch", "arch"), ("attention", "attention"), *SIZE_FLAGS.items()):
-            asked = getattr(args, flag, None)
-            if asked is not None and asked != getattr(cfg, field):
-                name = flag.replace("_", "-")
-                raise ConfigError(f"--{name} {asked}: the checkpoint {ckpts[-1]} was trained with --{name} "
-                                  f"{getattr(cfg, field)}; drop the flag to resume it, or start a new --out")
-        trained_on = resume.train_state.get("data_id")
-        if trained_on is not None and trained_on != data.data_id:
-            raise ConfigError(f"--resume: {ckpts[-1]} was trained on the binarized corpus {trained_on}, but the "
-                              f"training data now gives {data.data_id} ({data.corpus.folder}); the corpus files or "
-                              f"the cleaning flags (--max-len, --max-ratio) changed: restore them, or start a new --out")
-        if lead:
-            log(f"resuming from {ckpts[-1]} (step {resume.train_state['step']})")
-    else:
-        cfg = build_config(args, tok.vocab_size)
-    resolve_recipe(args, cfg)
-    if cfg.vocab_size != tok.vocab_size:
-        raise ConfigError(f"the checkpoint's vocabulary ({cfg.vocab_size}) != the tokenizer's ({tok.vocab_size})")
+    data = _load_data(args, world, resume)
+    cfg = _config(args, data, resume)
+    if resume is not None and lead:
+        log(f"resuming from {resume.path} (step {resume.train_state['step']})")
     fp16 = getattr(args, "fp16", False)
     _agree(world, data_id=data.data_id, config=cfg.to_dict(), seed=args.seed, update_freq=args.update_freq,
            dtype=getattr(args, "dtype", "float32"), fp16=fp16, resume_step=resume.train_state["step"] if resume else 0,
@@ -255,211 +308,420 @@ def _train(args, world):
            time_budget=args.time_budget)
     model = build_model(cfg, device=args.device, dtype="float16" if fp16 else getattr(args, "dtype", "float32"),
                         seed=args.seed)
-    scaler = LossScaler() if fp16 else None
-    opt = Adam(model, lr=NoamSchedule(cfg.d_model, cfg.warmup, cfg.lr_factor))
-    state = {"step": 0, "epoch": 0, "batch": 0, "forward_count": 0, "train_wall_s": 0.0,
-             "train_tokens": 0, "nonfinite": 0, "data_id": data.data_id, "languages": [args.src, args.tgt]}
+    run = Run(args, world, data, cfg, model, Adam(model, lr=NoamSchedule(cfg.d_model, cfg.warmup, cfg.lr_factor)),
+              LossScaler() if fp16 else None, new_state(args, data), resume.path if resume else None)
     if resume is not None:
-        model.load_state_dict(resume.params)
-        opt.load_state_dict(resume.optimizer)
-        state.update(resume.train_state)
-        if scaler is not None and "loss_scale" in state:
-            scaler.scale, scaler.good_steps = state["loss_scale"], state["good_steps"]
+        _restore(run, resume)
     if lead:
-        cfg_path = os.path.join(args.out, "config.json")
-        atomic_write(cfg_path, lambda f: f.write(json.dumps({"model": cfg.to_dict(), "args": vars(args),
-                                                               "ranks": world.size}, indent=2).encode()))
+        _prepare_out(args.out)
+        atomic_write(os.path.join(args.out, "config.json"), lambda f: f.write(json.dumps(
+            {"model": cfg.to_dict(), "args": vars(args), "ranks": world.size}, indent=2).encode()))
         log(f"model: {cfg.arch}, {model.num_parameters():,} parameters, preset {args.preset}, device {args.device}"
             + (f", {world.size} ranks" if world.size > 1 else ""))
+    _open_stream(run)
+    run.log = TrainLog(os.path.join(args.out, "train_log.jsonl"), enabled=lead)
+    if lead and run.log.dropped:
+        log(f"{run.log.path}: dropped its torn last line ({run.log.dropped} bytes, a record cut by a kill or a "
+            f"full disk)")
+    run.start_wall = time.time() - run.state["train_wall_s"]
+    run.console = Console(run.state, args.max_steps, args.time_budget, quiet=args.quiet, enabled=lead)
+    run.window = new_window()
+    return run
 
-    src_lens, tgt_lens = train_pairs.src_lens, train_pairs.tgt_lens   # token_batches adds the EOS / BOS itself
+
+def _prepare_device(args, world):
+    if args.device == "gpu" and world.size > 1:
+        world.use_gpu()   # the GPU of this rank's local rank, and the NCCL communicator
+    if args.device == "cpu" and world.size > 1:
+        threads = world.share_cores()   # this machine's cores split between its ranks' BLAS
+        if world.rank == 0 and threads:
+            log(f"{world.local_size} ranks on this machine: {threads} BLAS thread(s) each")
+    get_xp(args.device)  # fail fast (before data and tokenizer work) when the device is unusable
+    if world.rank == 0 and getattr(args, "fp16", False) and args.device == "cpu":
+        log("warning: --fp16 on the CPU is very slow (NumPy has no float16 BLAS); it is meant for GPUs")
+
+
+def _prepare_out(out):
+    """--out is made once the data is ready (a failed download leaves no empty folder); the temporary
+    files of a run killed while saving are removed."""
+    os.makedirs(out, exist_ok=True)
+    stale = leftover_temp_files(out, lambda name: bool(OUTPUT_NAMES.fullmatch(name)))
+    for path in stale:
+        os.unlink(path)
+    if stale:
+        log(f"removed {len(stale)} temporary file(s) of an earlier run killed while saving: "
+            f"{', '.join(os.path.basename(p) for p in stale)}")
+
+
+def _load_data(args, world, resume):
+    """A resumed run encodes with its checkpoint's tokenizer, so its cache holds the same ids;
+    rank 0 prepares the cache (and trains the tokenizer) once, the others then open it."""
+    lead = world.rank == 0
+    for turn in range(2 if world.size > 1 else 1):
+        if lead == (turn == 0):
+            try:
+                data = load_data(args, tokenizer=Tokenizer.from_bytes(resume.tokenizer) if resume and resume.tokenizer
+                                 else None, log=log if lead else (lambda msg: None),
+                                 expect_data_id=resume.train_state.get("data_id") if resume else None, notes=lead)
+            except StaleData as e:
+                raise ConfigError(f"--resume: {resume.path} was trained on other data: {e}; restore it, "
+                                  f"or start a new --out") from None
+        world.barrier()
+    return data
+
+
+def _config(args, data, resume):
+    """The resumed checkpoint's config (a flag that would change it is an error), or the preset's
+    with the flags over it; then the recipe's flags left unset (resolve_recipe)."""
+    vocab_size = data.tokenizer.vocab_size
+    if resume is None:
+        cfg = build_config(args, vocab_size)
+    else:
+        cfg = resume.config
+        for flag, name in (("arch", "arch"), ("attention", "attention"), *SIZE_FLAGS.items()):
+            asked = getattr(args, flag, None)
+            if asked is not None and asked != getattr(cfg, name):
+                dashed = flag.replace("_", "-")
+                raise ConfigError(f"--{dashed} {asked}: the checkpoint {resume.path} was trained with --{dashed} "
+                                  f"{getattr(cfg, name)}; drop the flag to resume it, or start a new --out")
+        trained_on = resume.train_state.get("data_id")
+        if trained_on is not None and trained_on != data.data_id:
+            raise ConfigError(f"--resume: {resume.path} was trained on the binarized corpus {trained_on}, but the "
+                              f"training data now gives {data.data_id} ({data.corpus.folder}); the corpus files or "
+                              f"the cleaning flags (--max-len, --max-ratio) changed: restore them, or start a new --out")
+    resolve_recipe(args, cfg)
+    if cfg.vocab_size != vocab_size:
+        raise ConfigError(f"the checkpoint's vocabulary ({cfg.vocab_size}) != the tokenizer's ({vocab_size})")
+    return cfg
+
+
+def new_state(args, data):
+    return {"step": 0, "epoch": 0, "batch": 0, "forward_count": 0, "train_wall_s": 0.0, "train_tokens": 0,
+            "nonfinite": 0, "data_id": data.data_id, "languages": [args.src, args.tgt]}
+
+
+def _restore(run, resume):
+    """Parameters, Adam's moments and step, the train state (and the loss scale) of a checkpoint."""
+    run.model.load_state_dict(resume.params)
+    run.opt.load_state_dict(resume.optimizer)
+    run.state.update(resume.train_state)
+    if run.scaler is not None and "loss_scale" in run.state:
+        run.scaler.scale, run.scaler.good_steps = run.state["loss_scale"], run.state["good_steps"]
+
+
+def _open_stream(run):
+    """Plan the batches from the saved position on, and the stream of updates over them."""
+    from .data import iterate_batches, token_batches
+    args, world, pairs = run.args, run.world, run.data.train
     per_update = world.size * args.update_freq   # batches of one update, over all ranks
-    max_tokens = cfg.batch_tokens(world.size, args.update_freq)
-    if resume is not None and state.get("batch_tokens", max_tokens) != max_tokens:
-        raise ConfigError(f"--resume: {ckpts[-1]} was trained with batches of {state['batch_tokens']} tokens, but "
-                          f"{world.size} rank(s) x --update-freq {args.update_freq} make batches of {max_tokens} (the "
-                          f"preset's {cfg.update_tokens} tokens per update split over them): resume with the run's "
-                          f"ranks and --update-freq, or start a new --out")
-    state["batch_tokens"] = max_tokens
-    first = token_batches(src_lens, tgt_lens, max_tokens, args.seed, state["epoch"])
+    max_tokens = run.cfg.batch_tokens(world.size, args.update_freq)
+    if run.resume_path is not None and run.state.get("batch_tokens", max_tokens) != max_tokens:
+        raise ConfigError(f"--resume: {run.resume_path} was trained with batches of {run.state['batch_tokens']} "
+                          f"tokens, but {world.size} rank(s) x --update-freq {args.update_freq} make batches of "
+                          f"{max_tokens} (the preset's {run.cfg.update_tokens} tokens per update split over them): "
+                          f"resume with the run's ranks and --update-freq, or start a new --out")
+    run.state["batch_tokens"] = max_tokens
+    first = token_batches(pairs.src_lens, pairs.tgt_lens, max_tokens, args.seed, run.state["epoch"])
     release_freed_memory()   # the sort's temporaries: hundreds of MB for a 36M-pair corpus
-    epoch_len = len(first)   # for the log's fractional epoch (other epochs differ by a few batches)
-    batches = iterate_batches(src_lens, tgt_lens, max_tokens, args.seed, state["epoch"], state["batch"], first=first,
-                              after_plan=release_freed_memory)
-    if per_update > epoch_len:
+    run.epoch_len = len(first)   # for the log's fractional epoch (other epochs differ by a few batches)
+    if per_update > run.epoch_len:
         raise ConfigError(f"{world.size} ranks x --update-freq {args.update_freq} = {per_update} batches per update, "
-                          f"but an epoch has only {epoch_len}: use fewer ranks, a smaller --update-freq or --max-tokens")
-    if lead:
-        log(f"train: {len(src_lens):,} pairs in {epoch_len:,} batches per epoch; tokens per side (padding "
+                          f"but an epoch has only {run.epoch_len}: use fewer ranks, a smaller --update-freq or "
+                          f"--max-tokens")
+    batches = iterate_batches(pairs.src_lens, pairs.tgt_lens, max_tokens, args.seed, run.state["epoch"],
+                              run.state["batch"], first=first, after_plan=release_freed_memory)
+    if run.lead:
+        log(f"train: {len(pairs.src_lens):,} pairs in {run.epoch_len:,} batches per epoch; tokens per side (padding "
             f"included), at most: {max_tokens:,} per batch, {args.update_freq * max_tokens:,} per rank "
             f"({args.update_freq} batch{'es' if args.update_freq > 1 else ''}), {per_update * max_tokens:,} per update "
             f"({world.size} rank{'s' if world.size > 1 else ''})")
-    valid = _valid_batches(data.valid, tok, max_tokens) if lead else None
-    logf = open(os.path.join(args.out, "train_log.jsonl"), "a") if lead else None
+        if len(run.data.valid[0]):
+            run.validation = Validation(run.data.valid, run.data.tokenizer, max_tokens, args.valid_bleu_sentences,
+                                        args.decode_batch)
+    run.stream = UpdateStream(batches, pairs, run.data.tokenizer, per_update, args.update_freq, world.rank)
 
-    def write_log(rec):
-        if logf is not None:
-            logf.write(json.dumps(rec) + "\n")
-            logf.flush()
 
-    interrupted = []
-    prev_handler = signal.signal(signal.SIGTERM, lambda *a: interrupted.append("SIGTERM"))
-    prev_int = None
-    if world.size > 1:   # Ctrl-C too becomes a flag the ranks agree on, never an exception mid all-reduce
-        prev_int = signal.signal(signal.SIGINT, lambda *a: interrupted.append("SIGINT"))
-    start_wall = time.time() - state["train_wall_s"]
-    # under --time-budget the bar shows the budget (elapsed / budget, its ETA), not max_steps
-    budget = args.time_budget
-    bar = tqdm(initial=round(min(state["train_wall_s"], budget)) if budget else state["step"],
-               total=round(budget) if budget else (args.max_steps or None), desc="train", file=sys.stderr,
-               unit="s" if budget else "it", disable=args.quiet or not lead, dynamic_ncols=True)
-    window = {"loss": 0.0, "nll": 0.0, "n": 0, "t0": time.time(), "tokens": 0}
-
-    def next_update():
-        """The next update's batches in the global order: rank r takes the r-th run of update_freq of
-        them, collated; `total` is the update's GLOBAL number of non-pad target tokens (the loss is
-        normalised by it). Runs on the prefetch thread, one update ahead of the one computing."""
-        micro, total = [], 0
-        for j in range(per_update):
-            epoch, index, idx = next(batches)
-            total += int(tgt_lens[idx].sum(dtype=np.int64)) + len(idx)   # target + EOS
-            if j // args.update_freq == world.rank:
-                micro.append((j, to_batch(train_pairs, idx, tok)))
-        return epoch, index, total, micro
-
-    prefetch = ThreadPoolExecutor(1, thread_name_prefix="minitf-batches")
-    pending = prefetch.submit(next_update)
-    stop_reason = "max_steps"
-    model.train()
-    try:
+# ------------------------------------------------------------------------------ the loop
+def run_loop(run):
+    """Updates until --max-steps, the --time-budget or a signal; returns why it stopped: "max_steps",
+    "time_budget", or the signal ("SIGTERM", or "SIGTERM on another rank" under mpiexec)."""
+    signals = StopSignals(run.world.size, notify=run.console.line_from_a_signal_handler if run.lead else None)
+    run.model.train()
+    with signals:
         while True:
-            if args.max_steps and state["step"] >= args.max_steps:
-                break
-            elapsed = time.time() - start_wall
-            over_budget, stop, elapsed_sum = world.allreduce_numbers(   # one decision on every rank
-                [bool(args.time_budget and elapsed >= args.time_budget), bool(interrupted), elapsed])
-            if over_budget:
-                stop_reason = "time_budget"
-                break
+            stop = should_stop(run, signals)
             if stop:
-                raise KeyboardInterrupt
-            epoch, index, total, micro = pending.result()   # collated while the last update computed
-            pending = prefetch.submit(next_update)
-            state["epoch"], state["batch"] = epoch, index + 1
-            loss_sum, nll_sum = forward_backward(model, micro, total, state["forward_count"], scaler)
-            state["forward_count"] += per_update
-            world.allreduce_sum(model.flat_grads)   # every rank now holds the update's whole gradient
-            loss_sum, nll_sum, grads_finite = step_stats(model, loss_sum, nll_sum)
-            loss_sum, nll_sum = world.allreduce_numbers([loss_sum, nll_sum])
-            if scaler is not None and np.isfinite(loss_sum) and not grads_finite:
-                scaler.update(False)  # float16 overflow: skip the step with a smaller scale
-                state["loss_scale"], state["good_steps"] = scaler.scale, scaler.good_steps
-                write_log({"step": state["step"], "event": "overflow_skipped", "loss_scale": scaler.scale})
-                continue
-            if not (np.isfinite(loss_sum) and grads_finite):
-                state["nonfinite"] += 1
-                write_log({"step": state["step"], "event": "nonfinite_loss_skipped", "count": state["nonfinite"]})
-                if state["nonfinite"] >= args.max_nonfinite:
-                    raise MinitfError(f"{state['nonfinite']} non-finite losses in a row at step {state['step']}: "
-                                      f"lower --lr-factor or raise --warmup, then --resume")
-                continue
-            state["nonfinite"] = 0
-            if scaler is not None:
-                scaler.update(True)
-                state["loss_scale"], state["good_steps"] = scaler.scale, scaler.good_steps
-            lr = opt.step(grad_divisor=scaler.scale if scaler else 1.0,
-                          lr_scale=fade(run_progress(args, state["step"], elapsed_sum / world.size), cfg.lr_fade))
-            state["step"] += 1
-            state["train_tokens"] += total
-            window["loss"] += loss_sum
-            window["nll"] += nll_sum
-            window["n"] += total
-            bar.update(round(min(time.time() - start_wall, budget)) - bar.n if budget else 1)
-            if state["step"] % args.log_every == 0:
-                dt = time.time() - window["t0"]
-                rec = {"step": state["step"], "epoch": round(state["epoch"] + state["batch"] / epoch_len, 3),
-                       "loss": round(window["loss"] / window["n"], 4), "nll": round(window["nll"] / window["n"], 4),
-                       "ppl": round(float(np.exp(min(window["nll"] / window["n"], 50))), 2), "lr": lr,
-                       "tokens_per_s": round(window["n"] / dt, 1), "wall_s": round(time.time() - start_wall, 1)}
-                write_log(rec)
-                bar.set_postfix(step=state["step"], loss=rec["loss"], ppl=rec["ppl"], lr=f"{lr:.2e}",
-                                tok_s=int(rec["tokens_per_s"]))
-                window = {"loss": 0.0, "nll": 0.0, "n": 0, "t0": time.time()}
-            if lead and args.valid_every and state["step"] % args.valid_every == 0:
-                vl, vnll = evaluate_loss(model, valid)
-                write_log({"step": state["step"], "valid_loss": round(vl, 4), "valid_nll": round(vnll, 4),
-                           "valid_ppl": round(float(np.exp(min(vnll, 50))), 2)})
-            if lead and on_save_grid(args, state, time.time() - start_wall):
-                state["train_wall_s"], state["on_grid"] = time.time() - start_wall, True
-                save(args.out, state["step"], model, opt, tok, state, args.keep_last)
-    except KeyboardInterrupt:
-        prefetch.shutdown(wait=False, cancel_futures=True)
-        bar.close()
-        _restore_signals(prev_handler, prev_int)
-        signame = interrupted[0] if interrupted else "SIGINT"
-        if lead:
-            state["train_wall_s"], state["on_grid"] = time.time() - start_wall, False
-            path = save(args.out, state["step"], model, opt, tok, state, args.keep_last)
-            logf.close()
-            log(f"interrupted ({signame}) at step {state['step']}: saved {path}; continue with --resume")
-        raise Interrupted(signame) from None
-    prefetch.shutdown(wait=False, cancel_futures=True)
-    bar.close()
-    _restore_signals(prev_handler, prev_int)
-    if not lead:
+                return stop
+            update = run.stream.next()   # collated while the last update computed
+            done = take_step(run, update)
+            if done is not None:
+                after_step(run, *done)
+
+
+def should_stop(run, signals):
+    """One decision on every rank, at the top of each update: the step limit, the time budget (any
+    rank over it stops them all), a signal on any rank."""
+    args = run.args
+    if args.max_steps and run.state["step"] >= args.max_steps:
+        return "max_steps"
+    elapsed = run.elapsed()
+    over_budget, term, interrupt, elapsed_sum = run.world.allreduce_numbers(
+        [bool(args.time_budget and elapsed >= args.time_budget), "SIGTERM" in signals.received,
+         "SIGINT" in signals.received, elapsed])
+    run.elapsed_mean = elapsed_sum / run.world.size
+    if over_budget:
+        return "time_budget"
+    if signals.received:
+        return signals.received[0]
+    if term or interrupt:
+        return f"{'SIGTERM' if term else 'SIGINT'} on another rank"
+    return None
+
+
+def take_step(run, update):
+    """Forward, backward, the all-reduce and Adam's step of one update. Returns (loss_sum, nll_sum,
+    tokens, lr), or None when the update was skipped (a float16 overflow, a non-finite loss)."""
+    args, state, model, scaler = run.args, run.state, run.model, run.scaler
+    epoch, index, total, micro = update
+    loss_sum, nll_sum = forward_backward(model, micro, total, state["forward_count"], scaler)
+    run.world.allreduce_sum(model.flat_grads)   # every rank now holds the update's whole gradient
+    loss_sum, nll_sum, grads_finite = step_stats(model, loss_sum, nll_sum)
+    loss_sum, nll_sum = run.world.allreduce_numbers([loss_sum, nll_sum])
+    done = not _skipped(run, np.isfinite(loss_sum), grads_finite)
+    if done:
+        if scaler is not None:
+            scaler.update(True)
+            state["loss_scale"], state["good_steps"] = scaler.scale, scaler.good_steps
+        lr = run.opt.step(grad_divisor=scaler.scale if scaler else 1.0,
+                          lr_scale=fade(run_progress(args, state["step"], run.elapsed_mean), run.cfg.lr_fade))
+        state["step"] += 1
+        state["train_tokens"] += total
+    # the update is complete (made or skipped): only now does the saved position move past its batches
+    state["epoch"], state["batch"] = epoch, index + 1
+    state["forward_count"] += run.world.size * args.update_freq
+    return (loss_sum, nll_sum, total, lr) if done else None
+
+
+def _skipped(run, loss_finite, grads_finite):
+    """The skip rules: a float16 overflow (smaller loss scale) or a non-finite loss (counted; too
+    many in a row end the run). Logs the skip; True when the update is not made."""
+    state, scaler = run.state, run.scaler
+    if scaler is not None and loss_finite and not grads_finite:
+        scaler.update(False)
+        state["loss_scale"], state["good_steps"] = scaler.scale, scaler.good_steps
+        run.log.write({"step": state["step"], "event": "overflow_skipped", "loss_scale": scaler.scale})
+        return True
+    if not (loss_finite and grads_finite):
+        state["nonfinite"] += 1
+        run.log.write({"step": state["step"], "event": "nonfinite_loss_skipped", "count": state["nonfinite"]})
+        if state["nonfinite"] >= run.args.max_nonfinite:
+            raise MinitfError(f"{state['nonfinite']} non-finite losses in a row at step {state['step']}: "
+                              f"lower --lr-factor or raise --warmup, then --resume")
+        return True
+    state["nonfinite"] = 0
+    return False
+
+
+def after_step(run, loss_sum, nll_sum, tokens, lr):
+    """The log record every --log-every updates, validation every --valid-every, the checkpoint on
+    the --save-every spacing."""
+    args, state, w = run.args, run.state, run.window
+    w["loss"] += loss_sum
+    w["nll"] += nll_sum
+    w["n"] += tokens
+    run.console.update(state["step"], run.elapsed())
+    if state["step"] % args.log_every == 0:
+        dt = time.time() - w["t0"]
+        rec = {"step": state["step"], "epoch": round(state["epoch"] + state["batch"] / run.epoch_len, 3),
+               "loss": round(w["loss"] / w["n"], 4), "nll": round(w["nll"] / w["n"], 4),
+               "ppl": round(float(np.exp(min(w["nll"] / w["n"], 50))), 2), "lr": lr,
+               "tokens_per_s": round(w["n"] / dt, 1), "wall_s": round(run.elapsed(), 1)}
+        run.log.write(rec)
+        run.console.show(rec)
+        run.window = new_window()
+    if run.lead and run.validation and on_grid(state, "valid_interval", args.valid_every, args.valid_every_minutes,
+                                               run.elapsed()):
+        validate(run)
+    if run.lead and on_save_grid(args, state, run.elapsed()):
+        run.save(on_grid=True)
+
+
+def validate(run):
+    """Validation loss, perplexity and greedy BLEU, logged and printed; a new best BLEU (the loss
+    when BLEU is off) is saved as checkpoint_best.npz, without Adam's state."""
+    state = run.state
+    rec = {"step": state["step"], **run.validation.run(run.model)}
+    state["valid_s"], state["valid_step"] = round(state.get("valid_s", 0.0) + rec["valid_s"], 2), state["step"]
+    metric = "valid_bleu" if rec["valid_bleu"] is not None else "valid_loss"
+    value = rec[metric] if metric == "valid_bleu" else -rec[metric]
+    best = state.get("best_valid")
+    note = ""
+    if best is None or best["metric"] != metric or value > best["value"]:
+        state["best_valid"] = {"metric": metric, "value": value, "step": state["step"], "valid_bleu": rec["valid_bleu"],
+                               "valid_loss": rec["valid_loss"]}
+        save_checkpoint(os.path.join(run.args.out, BEST), run.model, tokenizer=run.data.tokenizer.to_bytes(),
+                        train_state={**state, "best": True})
+        note = f" | best so far -> {BEST}"
+    run.log.write(rec)
+    run.console.line(run.validation.describe(rec) + note)
+
+
+def new_window():
+    return {"loss": 0.0, "nll": 0.0, "n": 0, "t0": time.time()}
+
+
+class StopSignals:
+    """SIGTERM and Ctrl-C's SIGINT become a flag the loop reads at the top of each update: a run
+    stops between two updates, never inside one (so its checkpoint is the position after the last
+    completed update), and under mpiexec every rank at the same update, none mid all-reduce. In
+    one process a second Ctrl-C stops at once (KeyboardInterrupt), without saving. The handlers
+    before are back on leaving. `received`: the names of the signals that arrived, in order."""
+
+    def __init__(self, world_size, notify=None):
+        self.second_interrupt_raises, self.notify = world_size == 1, notify
+        self.received, self.before = [], {}
+
+    def _flag(self, signum, frame):
+        name = signal.Signals(signum).name
+        self.received.append(name)
+        if self.notify is not None and len(self.received) == 1:
+            again = " (Ctrl-C again: stop at once, without saving)" if self.second_interrupt_raises else ""
+            self.notify(f"{name}: stopping after the update in progress, then saving{again}")
+        if signum == signal.SIGINT and self.second_interrupt_raises:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __enter__(self):
+        self.before = {s: signal.signal(s, self._flag) for s in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self.before.items():
+            signal.signal(s, handler)
+
+
+# ------------------------------------------------------------------------------ the end
+def end(run, stop):
+    """After the loop: on a signal, save and raise Interrupted; else the last checkpoint, then on
+    rank 0 the average, the translations and the scores (finish)."""
+    args, state = run.args, run.state
+    if stop not in ("max_steps", "time_budget"):
+        if run.lead:
+            path = run.save(on_grid=False)
+            run.log.close()
+            log(f"interrupted ({stop}) at step {state['step']}: saved {path}; continue with --resume")
+        raise Interrupted(stop.split()[0])
+    if not run.lead:
         return None
-    state["train_wall_s"] = time.time() - start_wall
-    if not checkpoint_paths(args.out) or not checkpoint_paths(args.out)[-1].endswith(f"{state['step']:07d}.npz"):
-        state["on_grid"] = False   # saved for --resume; off the spacing, so not averaged
-        save(args.out, state["step"], model, opt, tok, state, args.keep_last)
-    log(f"training stopped ({stop_reason}) at step {state['step']} after {state['train_wall_s']:.0f}s")
-    state["epochs"] = round(state["epoch"] + state["batch"] / epoch_len, 3)
+    last = checkpoint_paths(args.out)
+    saved = bool(last) and last[-1].endswith(f"{state['step']:07d}.npz")
+    validated = False
+    if run.validation and (args.valid_every or args.valid_every_minutes) and state.get("valid_step") != state["step"]:
+        validate(run)   # the final model too, so that checkpoint_best.npz is the best of the whole run
+        validated = True
+    state["train_wall_s"] = run.elapsed()
+    if not saved or validated:
+        run.save(on_grid=saved and state.get("on_grid", False))   # off the spacing unless it was saved on it
+    log(f"training stopped ({stop}) at step {state['step']} after {state['train_wall_s']:.0f}s")
+    state["epochs"] = round(state["epoch"] + state["batch"] / run.epoch_len, 3)
     try:
-        results = finish(args, model, tok, data, state, valid, write_log)
-    except KeyboardInterrupt:   # Ctrl-C while averaging or translating: training itself is saved
-        avg = os.path.join(args.out, "averaged.npz")
-        log(f"interrupted during the final evaluation: the checkpoints in {args.out} are complete; score "
-            f"{'the average' if os.path.exists(avg) else 'one'} with `python -m minitf evaluate --checkpoint "
-            f"{avg if os.path.exists(avg) else checkpoint_paths(args.out)[-1]} --src ... --ref ...`")
-        raise Interrupted("SIGINT") from None
+        with sigterm_raises():
+            return finish(run)
+    except (KeyboardInterrupt, Interrupted) as e:   # while averaging or translating: training itself is saved
+        signame = e.signame if isinstance(e, Interrupted) else "SIGINT"
+        chosen = os.path.join(args.out, "model.npz")
+        log(f"interrupted ({signame}) during the final evaluation: the checkpoints in {args.out} are complete; "
+            f"score {'the model the run chose' if os.path.exists(chosen) else 'one'} with `python -m minitf evaluate "
+            f"--checkpoint {chosen if os.path.exists(chosen) else checkpoint_paths(args.out)[-1]} --src ... --ref ...`")
+        raise Interrupted(signame) from None
     finally:
-        logf.close()
-    return results
+        run.log.close()
 
 
-def _restore_signals(term, interrupt):
-    signal.signal(signal.SIGTERM, term)
-    if interrupt is not None:
-        signal.signal(signal.SIGINT, interrupt)
+@contextlib.contextmanager
+def sigterm_raises():
+    """SIGTERM raises Interrupted("SIGTERM") wherever it lands, as Ctrl-C raises KeyboardInterrupt
+    (after training, where nothing is left to save)."""
+    def handler(signum, frame):
+        raise Interrupted("SIGTERM")
+    before = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
-def _valid_batches(valid, tok, max_tokens):
-    from .data import TokenPairs, token_batches
-    pairs = TokenPairs.from_lists(tok.encode(valid[0]), tok.encode(valid[1]))
-    idxs = token_batches(pairs.src_lens, pairs.tgt_lens, max_tokens, seed=0, epoch=0, shuffle=False)
-    return [to_batch(pairs, idx, tok) for idx in idxs]
+def averaging_window(paths, average_last):
+    """The checkpoints averaged at the end: the run's final checkpoint and the evenly spaced ones
+    before it (paper 6.1: the last K written at even intervals; fairseq too averages the last K,
+    the final one included), at most `average_last` in all, and only from the second half of the
+    run: a short run's first checkpoints, made in the warmup, would pull the average back. An
+    off-spacing checkpoint before the final one (saved at an interrupt) is left out."""
+    final = paths[-1]
+    half = step_of(final) / 2
+    spaced = [p for p in paths[:-1] if step_of(p) >= half and read_train_state(p).get("on_grid", True)]
+    return (spaced[-(average_last - 1):] if average_last > 1 else []) + [final]
 
 
-def finish(args, model, tok, data, state, valid, write_log):
-    """Average the last checkpoints, translate valid + test sets with beam search, score them."""
-    from .translate import score, translate_lines
-    every = checkpoint_paths(args.out)
-    # paper 6.1: the last K checkpoints written at even intervals; a final save off that spacing
-    # (a --time-budget stop, an interrupt) is averaged only if no checkpoint is on it
-    ckpts = [c for c in every if read_train_state(c).get("on_grid", True)][-args.average_last:] or every[-1:]
+def step_of(path):
+    return int(os.path.basename(path)[len("checkpoint_"):-len(".npz")])
+
+
+def choose_model(run):
+    """Average the window into OUT/averaged.npz, then report whichever of the average and the last
+    checkpoint has the lower validation loss, written as OUT/model.npz (without Adam's state) and
+    loaded into run.model. Returns what results.json says about it."""
+    args, model = run.args, run.model
+    last = checkpoint_paths(args.out)[-1]
+    window = averaging_window(checkpoint_paths(args.out), args.average_last)
     avg_path = os.path.join(args.out, "averaged.npz")
-    average_checkpoints(ckpts, avg_path)
-    model.load_state_dict(load_checkpoint(avg_path).params)
+    average_checkpoints(window, avg_path)
+    candidates = {"averaged": load_checkpoint(avg_path)}
+    if len(window) > 1:
+        candidates["last"] = load_checkpoint(last)
+    losses = {}   # name -> (loss, nll) on the validation set
+    for name, ckpt in candidates.items() if run.validation else ():
+        model.load_state_dict(ckpt.params)
+        losses[name] = evaluate_loss(model, run.validation.batches)
+    chosen = min(losses, key=lambda name: (losses[name][0], name != "averaged")) if losses else "averaged"
+    ckpt, used = candidates[chosen], [os.path.basename(c) for c in (window if chosen == "averaged" else [last])]
+    model.load_state_dict(ckpt.params)
     model.eval()
-    spacing = (f"every {args.save_every_minutes:g} min" if args.save_every_minutes else f"every {args.save_every} steps")
-    log(f"averaged {len(ckpts)} checkpoints ({spacing}: {', '.join(os.path.basename(c) for c in ckpts)}) -> {avg_path}")
-    vl, vnll = evaluate_loss(model, valid)
+    save_checkpoint(os.path.join(args.out, "model.npz"), params=ckpt.params, config=ckpt.config, tokenizer=ckpt.tokenizer,
+                    train_state={"model": chosen, "from": used, "step": run.state["step"],
+                                 "languages": run.state["languages"]})
+    spacing = f"every {args.save_every_minutes:g} min" if args.save_every_minutes else f"every {args.save_every} steps"
+    names = ", ".join(os.path.basename(c) for c in window)
+    log(f"averaged {plural(len(window), 'checkpoint')} ({spacing} and the final one, from the run's second half: "
+        f"{names}) -> {avg_path}")
+    if len(losses) > 1:
+        log(f"validation loss: {losses['averaged'][0]:.4f} the average, {losses['last'][0]:.4f} the last checkpoint "
+            f"({os.path.basename(last)}); the run reports {'the average' if chosen == 'averaged' else 'the last checkpoint'}"
+            f" (OUT/model.npz)")
+    loss = {name: round(losses[name][0], 4) if name in losses else None for name in ("averaged", "last")}
+    if len(window) == 1:
+        loss["last"] = loss["averaged"]   # the average of the last checkpoint alone
+    nll = losses[chosen][1] if losses else None
+    return {"model": chosen, "model_checkpoints": used, "averaged_checkpoints": [os.path.basename(c) for c in window],
+            "valid_loss_averaged": loss["averaged"], "valid_loss_last": loss["last"], "valid_loss": loss[chosen],
+            "valid_ppl": round(float(np.exp(min(nll, 50))), 2) if losses else None}
+
+
+def plural(n, word):
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def finish(run):
+    """The model the run reports (choose_model), then the valid and test sets translated with
+    beam search and scored: OUT/<set>.hyp.<tgt>, OUT/results.json, which names the model."""
+    from .translate import score, translate_lines
+    args, model, tok, data, state = run.args, run.model, run.data.tokenizer, run.data, run.state
     results = {"steps": state["step"], "epochs": state["epochs"], "train_wall_s": round(state["train_wall_s"], 1),
                "train_tokens_per_s": round(state["train_tokens"] / max(state["train_wall_s"], 1e-9), 1),
-               "averaged_checkpoints": [os.path.basename(c) for c in ckpts], "valid_loss": round(vl, 4),
-               "valid_ppl": round(float(np.exp(min(vnll, 50))), 2), "beam": args.beam, "alpha": args.alpha,
+               **choose_model(run), "beam": args.beam, "alpha": args.alpha,
                "bleu": {}, "chrf": {}, "sacrebleu_signature": None, "chrf_signature": None,
-               "bleu_paper": {}, "bleu_paper_method": None}
+               "bleu_paper": {}, "bleu_paper_method": None, "validation_s": state.get("valid_s", 0.0),
+               "best_valid": state.get("best_valid")}
+    which = "the average" if results["model"] == "averaged" else f"the last checkpoint, {results['model_checkpoints'][0]}"
     sets = {"valid": data.valid, **data.tests}
     for name, (src, ref) in sets.items():
         t0 = time.time()
@@ -469,10 +731,11 @@ def finish(args, model, tok, data, state, valid, write_log):
         results["bleu"][name], results["chrf"][name] = s["bleu"], s["chrf"]
         results["sacrebleu_signature"], results["chrf_signature"] = s["bleu_signature"], s["chrf_signature"]
         results["bleu_paper"][name], results["bleu_paper_method"] = s["bleu_paper"], s["bleu_paper_method"]
-        write_log({"step": state["step"], "eval": name, "bleu": s["bleu"], "chrf": s["chrf"],
-                   "bleu_paper": s["bleu_paper"], "decode_s": round(time.time() - t0, 1)})
+        run.log.write({"step": state["step"], "eval": name, "model": results["model"], "bleu": s["bleu"],
+                       "chrf": s["chrf"], "bleu_paper": s["bleu_paper"], "decode_s": round(time.time() - t0, 1)})
         paper = f" (paper's tokenized BLEU {s['bleu_paper']})" if s["bleu_paper"] is not None else ""
-        log(f"{name}: BLEU {s['bleu']}{paper} chrF {s['chrf']} ({len(src)} sentences, {time.time() - t0:.0f}s)")
+        log(f"{name}: BLEU {s['bleu']}{paper} chrF {s['chrf']} ({len(src)} sentences, {time.time() - t0:.0f}s; "
+            f"{which})")
     if results["bleu_paper"] and None in results["bleu_paper"].values():
         log(f"note: the paper's tokenized BLEU was {results['bleu_paper_method']}")
     atomic_write(os.path.join(args.out, "results.json"), lambda f: f.write(json.dumps(results, indent=2).encode()))

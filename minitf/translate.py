@@ -1,22 +1,55 @@
-"""Text in, text out: translate raw sentences with a checkpoint and score them with sacreBLEU."""
+"""Text in, text out: translate raw sentences with a checkpoint and score them with sacreBLEU.
+
+The library's one call: `minitf.load("model.npz").translate(["A man is riding a bike."])`, with
+the command line's defaults (beam 4, the length penalty alpha of the checkpoint's preset).
+"""
 import re
 import sys
+from typing import NamedTuple
 
-from .decode import translate_ids
+from .decode import length_penalty, translate_ids
 from .errors import CheckpointError
 
 
-def progress_bar(total, desc, enabled=True):
+def progress_bar(total, desc, enabled=True, stream=None):
+    """A bar of sentences on stderr, drawn only on a terminal, for more than one sentence, and
+    once the work has taken a second (a pipe, a log file or a quick job gets none)."""
     from tqdm import tqdm
-    return tqdm(total=total, desc=desc, unit="sent", file=sys.stderr, disable=not enabled, leave=False)
+    stream = stream or sys.stderr
+    show = enabled and total > 1 and stream.isatty()
+    return tqdm(total=total, desc=desc, unit="sent", file=stream, disable=not show, leave=False, delay=1.0)
 
 
-def translate_lines(model, tokenizer, lines, beam_size=4, alpha=0.6, batch_size=64, max_len_b=50, progress=True):
-    """Raw sentences -> detokenized translations (paper 6.1 defaults: beam 4, alpha 0.6, +50)."""
-    src_ids = [ids + [tokenizer.eos_id] for ids in tokenizer.encode(lines)]   # never cut: see _check_ids
+class Hypothesis(NamedTuple):
+    """One translation of an n-best list: the detokenized text, the search's score (the sum of
+    `positional` over the length penalty), and `positional`, the natural log-probability of each
+    piece and of the end of sentence."""
+    text: str
+    score: float
+    positional: list
+
+
+def translate_lines(model, tokenizer, lines, beam_size=4, alpha=None, batch_size=64, max_len_b=50, progress=True,
+                    nbest=None):
+    """Raw sentences -> detokenized translations (paper 6.1: beam 4, max length input + 50); alpha
+    None: the checkpoint preset's (model.cfg.decode_alpha; the paper's 0.6, small's 2.0), as the
+    command line. An empty line (or one of spaces) comes back empty. nbest=N: each line's N best
+    Hypothesis instead (an empty line: one, empty, score 0)."""
+    alpha = model.cfg.decode_alpha if alpha is None else alpha
+    todo = [i for i, line in enumerate(lines) if line.strip()]
+    src_ids = [ids + [tokenizer.eos_id] for ids in tokenizer.encode([lines[i] for i in todo])]   # never cut: see _check_ids
     with progress_bar(len(src_ids), "translate", progress) as bar:
-        out = translate_ids(model, src_ids, beam_size, alpha, batch_size, max_len_b, progress=bar)
-    return tokenizer.decode(out)
+        out = translate_ids(model, src_ids, beam_size, alpha, batch_size, max_len_b, progress=bar, nbest=nbest)
+    if nbest is None:
+        texts = [""] * len(lines)
+        for i, text in zip(todo, tokenizer.decode(out)):
+            texts[i] = text
+        return texts
+    result = [[Hypothesis("", 0.0, [])] for _ in lines]
+    for i, hyps in zip(todo, out):
+        texts = tokenizer.decode([tokens for tokens, _ in hyps])
+        result[i] = [Hypothesis(text, sum(p) / length_penalty(len(p), alpha), p) for text, (_, p) in zip(texts, hyps)]
+    return result
 
 
 def score(hyps, refs, lang=None):
@@ -59,9 +92,51 @@ def paper_bleu(hyps, refs, lang):
 
 def load_for_inference(path, device="cpu"):
     """(model, tokenizer) from a checkpoint that carries its tokenizer."""
+    model, tokenizer, _ = _load(path, device)
+    return model, tokenizer
+
+
+def _load(path, device):
     from .checkpoint import load_checkpoint
     from .data.tokenizer import Tokenizer
     ckpt = load_checkpoint(path)
     if ckpt.tokenizer is None:
         raise CheckpointError(f"checkpoint {path} has no tokenizer inside: it cannot translate text")
-    return ckpt.build_model(device=device), Tokenizer.from_bytes(ckpt.tokenizer)
+    return ckpt.build_model(device=device), Tokenizer.from_bytes(ckpt.tokenizer), ckpt.train_state
+
+
+def load(path, device="cpu"):
+    """A checkpoint ready to translate: `minitf.load("runs/m30k/model.npz").translate(lines)`.
+    `device`: "cpu" or "gpu"."""
+    model, tokenizer, train_state = _load(path, device)
+    return Translator(model, tokenizer, train_state.get("languages"))
+
+
+class Translator:
+    """A trained model and its tokenizer. `translate` and `nbest` decode with the command line's
+    defaults: beam 4 (paper 6.1), the length penalty alpha of the checkpoint's preset (`alpha`:
+    the paper's 0.6; small 2.0), max length input + 50, 64 sentences at a time."""
+
+    def __init__(self, model, tokenizer, languages=None):
+        self.model, self.tokenizer = model, tokenizer
+        self.languages = languages   # [source, target] the model was trained on, when recorded
+
+    @property
+    def alpha(self):
+        return self.model.cfg.decode_alpha
+
+    def translate(self, lines, beam=4, alpha=None, max_len_b=50, batch_size=64, progress=False):
+        """A list of sentences -> their translations (a single string -> a string). An empty
+        line comes back empty."""
+        one = isinstance(lines, str)
+        out = translate_lines(self.model, self.tokenizer, [lines] if one else list(lines), beam, alpha, batch_size,
+                              max_len_b, progress)
+        return out[0] if one else out
+
+    def nbest(self, lines, n=4, beam=4, alpha=None, max_len_b=50, batch_size=64, progress=False):
+        """Each sentence's n best translations (n <= beam) as Hypothesis(text, score, positional),
+        best first."""
+        if not 1 <= n <= beam:
+            raise ValueError(f"n-best {n}: choose 1 to the beam size ({beam})")
+        return translate_lines(self.model, self.tokenizer, list(lines), beam, alpha, batch_size, max_len_b, progress,
+                               nbest=n)

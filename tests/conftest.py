@@ -1,4 +1,6 @@
 """Shared fixtures: a tiny tokenizer + model checkpoint made on the spot (no shared data)."""
+import gzip
+
 import numpy as np
 
 import minitf
@@ -17,3 +19,19 @@ def make_tiny_checkpoint(folder, n_layers=1, n_lines=300, seed=0):
     cfg = minitf.TransformerConfig(vocab_size=tok.vocab_size, d_model=16, n_heads=2, d_ff=24, n_layers=n_layers)
     save_checkpoint(folder / "model.npz", minitf.Transformer(cfg, seed=0), tokenizer=tok.to_bytes())
     return folder / "model.npz", lines
+
+
+EN = "a the man woman dog cat sees eats red big small house runs".split()
+DE = "ein der mann frau hund katze sieht isst rot gross klein haus rennt".split()
+
+
+def write_multi30k(folder, sizes=(("train", 400), ("val", 30), ("test_2016_flickr", 20)), seed=0):
+    """A Multi30k-shaped folder of gzipped files: word-by-word 'translations' of 2-6 words, so
+    there is something to learn. Returns the folder."""
+    rng = np.random.default_rng(seed)
+    for split, n in sizes:
+        idx = [rng.integers(0, len(EN), size=rng.integers(2, 7)) for _ in range(n)]
+        for lang, words in (("en", EN), ("de", DE)):
+            with gzip.open(folder / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
+                f.write("".join(" ".join(words[i] for i in row) + "\n" for row in idx))
+    return folder

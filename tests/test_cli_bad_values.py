@@ -9,13 +9,14 @@ import sys
 
 import pytest
 
-from minitf import cli
+from minitf import cli, train_cli
 from minitf.flags import numeric_actions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 spec = importlib.util.spec_from_file_location("train_wmt", os.path.join(ROOT, "train_wmt.py"))
 train_wmt = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(train_wmt)
+spec.loader.exec_module(train_wmt)       # the script: its flags are minitf.train_cli's
+train_wmt.build_parser = train_cli.build_parser
 
 # (a value the flag takes, [values it refuses])
 POSITIVE_INT = ("1", ["0", "-5", "2.5", "x"])
@@ -40,9 +41,11 @@ TABLE = {
         "--log-every": POSITIVE_INT, "--valid-every": ZERO_OR_MORE, "--save-every": POSITIVE_INT,
         "--save-every-minutes": POSITIVE_FLOAT, "--keep-last": POSITIVE_INT,
         "--average-last": POSITIVE_INT, "--beam": BEAM, "--alpha": ALPHA, "--decode-batch": POSITIVE_INT,
-        "--max-nonfinite": POSITIVE_INT},
+        "--max-nonfinite": POSITIVE_INT, "--valid-every-minutes": POSITIVE_FLOAT,
+        "--valid-bleu-sentences": ZERO_OR_MORE},
     ("prepare",): DATA,
-    ("translate",): DECODE,
+    ("average",): {"--last": POSITIVE_INT},
+    ("translate",): {**DECODE, "--nbest": POSITIVE_INT},
     ("evaluate",): DECODE,
     ("plot", "pe"): {"--max-len": AT_LEAST_2, "--d-model": AT_LEAST_2, "--table-n": AT_LEAST_2, "--table-d": AT_LEAST_2},
     ("plot", "lr"): {"--d-model": POSITIVE_INT, "--warmup": POSITIVE_INT, "--factor": POSITIVE_FLOAT,

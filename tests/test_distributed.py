@@ -156,3 +156,56 @@ def test_two_gpu_ranks_over_nccl_equal_one_gpu_with_twice_the_update_freq(corpus
                     "--save-every", 3)
     two = _train_ok(corpus, tmp_path, 2, "two", "--device", "gpu", "--max-steps", 3, "--save-every", 3)
     _same(_params(one / "checkpoint_0000003.npz"), _params(two / "checkpoint_0000003.npz"))
+
+
+def _rank_pid(launcher_pid, rank):
+    """The pid of the process of `rank` among the descendants of the launcher (its environment
+    names the rank, as every MPI launcher sets it)."""
+    children = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(pid))
+    todo, found = [launcher_pid], []
+    while todo:
+        for child in children.get(todo.pop(), []):
+            todo.append(child)
+            try:
+                with open(f"/proc/{child}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+            except OSError:
+                continue
+            if f"PMI_RANK={rank}".encode() in env and b"python" in open(f"/proc/{child}/cmdline", "rb").read():
+                found.append(child)
+    return found[0] if found else None
+
+
+def test_sigterm_to_one_rank_is_named_by_every_rank(corpus, tmp_path):
+    """SIGTERM to rank 1 alone: the ranks agree to stop at the same update, rank 0 saves and says
+    the signal was SIGTERM on another rank, and the job exits 143 (as after SIGTERM to all)."""
+    import signal
+    import time
+    out = tmp_path / "run"
+    env = dict(os.environ, MINITF_CACHE=str(tmp_path / "cache"), PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
+    p = subprocess.Popen([str(c) for c in [MPIEXEC, "-n", 2, sys.executable, *_args(corpus, out, "--max-steps", 0,
+                                                                                      "--save-every", 100000)]],
+                         env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (out / "train_log.jsonl").exists() or (out / "train_log.jsonl").read_text().count("\n") < 2:
+            assert p.poll() is None, p.stderr.read()[-2000:]
+            assert time.time() < deadline, "training did not start"
+            time.sleep(0.05)
+        pid = _rank_pid(p.pid, 1)
+        assert pid is not None, "rank 1's process not found"
+        os.kill(pid, signal.SIGTERM)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 143, err[-2000:]
+    assert "interrupted (SIGTERM on another rank)" in err and "SIGINT" not in err
+    assert len(list(out.glob("checkpoint_*.npz"))) == 1

@@ -10,23 +10,15 @@ import pytest
 
 import minitf
 from minitf.checkpoint import load_checkpoint
+from conftest import write_multi30k
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EN = "a the man woman dog cat sees eats red big small house runs".split()
-DE = "ein der mann frau hund katze sieht isst rot gross klein haus rennt".split()
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """A Multi30k-shaped folder: word-by-word 'translations' so there is something to learn."""
-    d = tmp_path_factory.mktemp("m30k")
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 400), ("val", 30), ("test_2016_flickr", 20)):
-        idx = [rng.integers(0, len(EN), size=rng.integers(2, 7)) for _ in range(n)]
-        for lang, words in (("en", EN), ("de", DE)):
-            with gzip.open(d / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
-                f.write("".join(" ".join(words[i] for i in row) + "\n" for row in idx))
-    return d
+    return write_multi30k(tmp_path_factory.mktemp("m30k"))
 
 
 def run_train(corpus, out, *extra, cache=None):
@@ -52,11 +44,15 @@ def test_end_to_end_writes_results(corpus, tmp_path):
     assert all(0 <= b <= 100 for b in res["bleu"].values())
     assert res["sacrebleu_signature"].startswith("nrefs:1|")
     assert set(res["bleu_paper"]) == set(res["bleu"]) and "compound splitting" in res["bleu_paper_method"]
-    assert len(res["averaged_checkpoints"]) == 3
+    assert res["averaged_checkpoints"] == ["checkpoint_0000020.npz", "checkpoint_0000030.npz"]   # the run's 2nd half
+    assert res["model"] in ("averaged", "last") and res["valid_loss"] == min(res["valid_loss_averaged"],
+                                                                             res["valid_loss_last"])
     assert res["alpha"] == minitf.TransformerConfig.preset("tiny").decode_alpha == 0.6   # --alpha from the preset
     assert minitf.TransformerConfig.preset("small").decode_alpha == 2.0                  # tuned on Multi30k val
     from minitf.checkpoint import read_train_state
     assert read_train_state(out / "averaged.npz")["languages"] == ["en", "de"]   # evaluate's default --lang
+    assert read_train_state(out / "model.npz")["languages"] == ["en", "de"]
+    assert read_train_state(out / "model.npz")["model"] == res["model"]
     assert len((out / "test_2016_flickr.hyp.de").read_text().splitlines()) == 20
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     train_lines = [r for r in log if "loss" in r]
@@ -162,29 +158,139 @@ def test_ctrl_c_in_the_final_evaluation_exits_130_in_one_line(corpus, tmp_path, 
                      "--device", "cpu", "--out", str(out), "--quiet", "--max-steps", "3", "--save-every", "3"])
     err = capsys.readouterr().err
     assert code == 130, err[-2000:]
-    assert "interrupted during the final evaluation" in err and "checkpoint_0000003.npz" in err
+    assert "interrupted (SIGINT) during the final evaluation" in err and "checkpoint_0000003.npz" in err
     assert "Traceback" not in err
 
 
-def test_under_a_time_budget_the_bar_shows_the_budget(corpus, tmp_path):
+def test_on_a_terminal_the_bar_counts_updates_under_a_time_budget(corpus, tmp_path):
+    """stderr a terminal: a progress bar; under --time-budget it fills with the budget's seconds and
+    counts the updates beside them (not a rate of seconds per second)."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
     env = dict(os.environ, MINITF_CACHE=str(tmp_path / "cache"), PYTHONHASHSEED="0")
     cmd = [sys.executable, os.path.join(ROOT, "train_wmt.py"), "--dataset", "multi30k", "--data-dir", str(corpus),
            "--preset", "tiny", "--vocab-size", "60", "--device", "cpu", "--out", str(tmp_path / "run"),
            "--time-budget", "3", "--beam", "1", "--valid-every", "0", "--average-last", "1"]
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))   # a 160-column terminal
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=follower)
+    os.close(follower)
+    chunks = []
+    try:
+        while True:
+            ready, _, _ = select.select([leader], [], [], 1.0)
+            if ready:
+                try:
+                    data = os.read(leader, 65536)
+                except OSError:   # the other end closed
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            elif p.poll() is not None:
+                break
+    finally:
+        os.close(leader)
+        p.wait(timeout=300)
+    err = b"".join(chunks).decode(errors="replace")
+    assert p.returncode == 0, err[-2000:]
+    bars = [s for s in err.replace("\r", "\n").splitlines() if s.startswith("train:") and "%|" in s]
+    assert bars and any("step=" in b and "upd_s=" in b for b in bars), err[-2000:]
+    assert not any("s/s" in b or "it/s" in b for b in bars)
+    assert not any(line.startswith("train: step") for line in err.splitlines())   # no plain lines on a terminal
+
+
+def test_off_a_terminal_progress_is_plain_lines_and_validation_is_printed(corpus, tmp_path):
+    """stderr a file or a pipe: one plain line every --log-every updates (no bar redrawn), and a
+    validation line (loss, perplexity, greedy BLEU, its seconds) every --valid-every and at the end;
+    the best BLEU's model is checkpoint_best.npz, beside --keep-last numbered checkpoints, never
+    averaged."""
+    env = dict(os.environ, MINITF_CACHE=str(tmp_path / "cache"), PYTHONHASHSEED="0")
+    out = tmp_path / "run"
+    cmd = [sys.executable, os.path.join(ROOT, "train_wmt.py"), "--dataset", "multi30k", "--data-dir", str(corpus),
+           "--preset", "tiny", "--vocab-size", "60", "--device", "cpu", "--out", str(out), "--max-steps", "22",
+           "--log-every", "5", "--valid-every", "10", "--save-every", "5", "--keep-last", "2", "--average-last", "2",
+           "--beam", "1", "--valid-bleu-sentences", "12"]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    bars = [s for s in r.stderr.replace("\r", "\n").splitlines() if s.startswith("train:") and "|" in s]
-    assert bars and all("/3 [" in b for b in bars) and not any("100000" in b for b in bars)
+    training = r.stderr[r.stderr.index("\nmodel: "):r.stderr.index("\ntraining stopped")]
+    assert "\r" not in training and "%|" not in training
+    lines = training.splitlines()
+    assert [line.split(" | ")[0] for line in lines if line.startswith("train: step")] == \
+        [f"train: step {s}" for s in (5, 10, 15, 20)]
+    valid = [line for line in lines if line.startswith("valid: step")]
+    assert [v.split(" | ")[0] for v in valid] == ["valid: step 10", "valid: step 20", "valid: step 22"]
+    assert all(" | loss " in v and " | ppl " in v and "(greedy, 12 of 30 sentences)" in v for v in valid)
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    recs = [rec for rec in log if "valid_bleu" in rec]
+    assert [rec["step"] for rec in recs] == [10, 20, 22] and all(rec["valid_s"] > 0 for rec in recs)
+    best = max(recs, key=lambda rec: (rec["valid_bleu"], -rec["step"]))
+    ckpt = load_checkpoint(out / "checkpoint_best.npz")
+    assert ckpt.optimizer is None and ckpt.train_state["step"] == best["step"]
+    assert sorted(p.name for p in out.glob("checkpoint_*.npz")) == \
+        ["checkpoint_0000020.npz", "checkpoint_0000022.npz", "checkpoint_best.npz"]
+    res = json.loads((out / "results.json").read_text())
+    assert "checkpoint_best.npz" not in res["averaged_checkpoints"]
+    assert res["best_valid"]["step"] == best["step"] and res["validation_s"] > 0
+    quiet = subprocess.run(cmd[:cmd.index("--out") + 1] + [str(tmp_path / "quiet")] + cmd[cmd.index("--out") + 2:]
+                           + ["--quiet"], capture_output=True, text=True, env=env, timeout=600)
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    assert "train: step" not in quiet.stderr and quiet.stderr.count("valid: step") == 3
 
 
-def test_only_evenly_spaced_checkpoints_are_averaged(corpus, tmp_path):
+def test_the_average_ends_at_the_final_checkpoint_and_skips_off_spacing_ones(corpus, tmp_path):
+    """Evenly spaced checkpoints and the final one (here off the spacing, as a --time-budget stop
+    leaves it), from the run's second half; an earlier stop's checkpoint (step 14, off the spacing)
+    in the middle is left out."""
     out = tmp_path / "run"
-    r = run_train(corpus, out, "--max-steps", 25, "--save-every", 10, "--valid-every", 0)
+    args = ("--save-every", 5, "--valid-every", 0, "--average-last", 5, "--keep-last", 10, "--beam", 1)
+    assert run_train(corpus, out, "--max-steps", 14, *args).returncode == 0
+    r = run_train(corpus, out, "--max-steps", 27, "--resume", *args)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
-    assert (out / "checkpoint_0000025.npz").is_file()                  # the final save, kept for --resume
-    assert res["averaged_checkpoints"] == ["checkpoint_0000010.npz", "checkpoint_0000020.npz"]
-    assert "averaged 2 checkpoints (every 10 steps: checkpoint_0000010.npz, checkpoint_0000020.npz)" in r.stderr
+    assert (out / "checkpoint_0000014.npz").is_file() and (out / "checkpoint_0000027.npz").is_file()
+    names = ["checkpoint_0000015.npz", "checkpoint_0000020.npz", "checkpoint_0000025.npz", "checkpoint_0000027.npz"]
+    assert res["averaged_checkpoints"] == names
+    assert f"averaged 4 checkpoints (every 5 steps and the final one, from the run's second half: {', '.join(names)})" \
+        in r.stderr
+
+
+def test_a_short_run_reports_a_model_no_worse_than_its_last_checkpoint(corpus, tmp_path):
+    """40 updates with a checkpoint every 5 (the first ones in the warmup): the average spans the
+    run's second half, ends at the final checkpoint, and the run reports whichever of it and the
+    last checkpoint has the lower validation loss, says which (log, results.json, model.npz), and
+    scores that model. Averaging the 8 evenly spaced ones from step 5 would be worse."""
+    from minitf.checkpoint import average_checkpoints
+    from minitf.data.tokenizer import Tokenizer
+    from minitf.validation import Validation, evaluate_loss
+    out = tmp_path / "run"
+    r = run_train(corpus, out, "--max-steps", 40, "--save-every", 5, "--average-last", 8, "--valid-every", 0,
+                  "--beam", 1)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["averaged_checkpoints"] == [f"checkpoint_{s:07d}.npz" for s in (20, 25, 30, 35, 40)]
+    assert res["valid_loss"] == min(res["valid_loss_averaged"], res["valid_loss_last"])
+    assert res["model_checkpoints"] == (res["averaged_checkpoints"] if res["model"] == "averaged"
+                                        else ["checkpoint_0000040.npz"])
+    assert f"the run reports {'the average' if res['model'] == 'averaged' else 'the last checkpoint'}" in r.stderr
+    # the same losses measured here, and the old window's (evenly spaced from the first checkpoint)
+    last = load_checkpoint(out / "checkpoint_0000040.npz")
+    tok = Tokenizer.from_bytes(last.tokenizer)
+    valid = [(corpus / f"val.{lang}.gz") for lang in ("en", "de")]
+    lines = [gzip.open(v, "rt").read().splitlines() for v in valid]
+    batches = Validation(lines, tok, 512, 0, 50).batches
+    model = last.build_model()
+    assert round(evaluate_loss(model, batches)[0], 4) == res["valid_loss_last"]
+    average_checkpoints([out / f"checkpoint_{s:07d}.npz" for s in range(5, 45, 5)], tmp_path / "old.npz")
+    model.load_state_dict(load_checkpoint(tmp_path / "old.npz").params)
+    old = evaluate_loss(model, batches)[0]
+    print(f"valid loss: old window {old:.4f}, new average {res['valid_loss_averaged']}, "
+          f"last {res['valid_loss_last']}, reported {res['model']}")
+    assert old > res["valid_loss"]
+    assert load_checkpoint(out / "model.npz").optimizer is None
 
 
 def test_checkpoints_every_few_minutes_and_the_papers_presets():
@@ -204,11 +310,12 @@ def test_minute_spacing_saves_on_the_clock_and_averages_those(corpus, tmp_path):
     res = json.loads((out / "results.json").read_text())
     states = {p.name: read_train_state(p) for p in out.glob("checkpoint_*.npz")}
     assert len(states) == 3                                             # keep_last = average_last + 1
-    assert len(res["averaged_checkpoints"]) == 2
-    assert all(states[name]["on_grid"] for name in res["averaged_checkpoints"])
     last = max(states)
-    assert not states[last]["on_grid"] and last not in res["averaged_checkpoints"]
-    walls = sorted(states[name]["train_wall_s"] for name in res["averaged_checkpoints"])
+    assert not states[last]["on_grid"]                                  # the budget's stop, off the spacing
+    spaced, final = res["averaged_checkpoints"]                         # the last on the spacing, and the final one
+    assert states[spaced]["on_grid"] and final == last
+    on_grid = sorted(name for name in states if states[name]["on_grid"])
+    walls = [states[name]["train_wall_s"] for name in on_grid]
     assert walls[1] - walls[0] >= 1.2 * 0.9                             # about one interval apart
 
 
@@ -348,8 +455,8 @@ def test_ctrl_c_while_the_cache_is_built_is_one_line_and_keeps_nothing(corpus, t
     err = capsys.readouterr().err
     assert code == 130 and "Traceback" not in err
     assert [x for x in err.splitlines() if "interrupted" in x] == [
-        "interrupted: nothing half-written was kept (the cache and checkpoints are written whole or not at all); "
-        "run the command again"]
+        "interrupted before training began: nothing half-written was kept (the cache and checkpoints are written "
+        "whole or not at all); run the command again"]
     assert os.listdir(tmp_path / "cache" / "bin") == []          # no half-built cache, not even a temporary one
 
 
@@ -400,3 +507,113 @@ def test_a_full_disk_while_preparing_the_data_is_one_line(corpus, tmp_path, monk
     lines = [x for x in err.splitlines() if x.startswith("error:")]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err
     assert "disk is full" in lines[0] and str(tmp_path / "cache" / "bin") in lines[0] and "--keep-last" not in lines[0]
+
+
+def _start_train(corpus, out, cache, *extra):
+    env = dict(os.environ, MINITF_CACHE=str(cache), PYTHONHASHSEED="0")
+    cmd = [sys.executable, os.path.join(ROOT, "train_wmt.py"), "--dataset", "multi30k", "--data-dir", str(corpus),
+           "--preset", "tiny", "--vocab-size", "60", "--device", "cpu", "--out", str(out), "--quiet",
+           "--log-every", "1", *map(str, extra)]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_log_lines(p, out, n, timeout=300):
+    import time
+    deadline = time.time() + timeout
+    log = out / "train_log.jsonl"
+    while not log.exists() or log.read_text().count("\n") < n:
+        if p.poll() is not None:
+            raise AssertionError(p.stderr.read()[-2000:])
+        assert time.time() < deadline, "training did not start"
+        time.sleep(0.02)
+
+
+def test_ctrl_c_mid_training_then_resume_is_exact(corpus, tmp_path):
+    """Ctrl-C lands wherever the update is (forward, backward, Adam): the checkpoint it saves is
+    the position after the last COMPLETED update, so --resume gives the straight run bit for bit
+    (float64, dropout on)."""
+    import signal
+    split, straight, cache = tmp_path / "split", tmp_path / "straight", tmp_path / "cache"
+    flags = ("--dtype", "float64", "--dropout", 0.1, "--save-every", 100000, "--valid-every", 0,
+             "--average-last", 1, "--beam", 1)
+    assert run_train(corpus, tmp_path / "warm", "--max-steps", 1, *flags, cache=cache).returncode == 0   # the cache
+    p = _start_train(corpus, split, cache, "--max-steps", 0, *flags)
+    _wait_for_log_lines(p, split, 3)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 130 and "interrupted (SIGINT)" in err, err[-2000:]
+    assert "SIGINT: stopping after the update in progress, then saving (Ctrl-C again" in err
+    saved, = split.glob("checkpoint_*.npz")
+    state = load_checkpoint(saved).train_state
+    k = state["step"]
+    assert state["forward_count"] == k                                 # one batch per update, all of them done
+    r = run_train(corpus, split, "--max-steps", k + 3, "--resume", *flags, cache=cache)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_train(corpus, straight, "--max-steps", k + 3, *flags, cache=cache)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a = load_checkpoint(straight / f"checkpoint_{k + 3:07d}.npz")
+    b = load_checkpoint(split / f"checkpoint_{k + 3:07d}.npz")
+    assert {n: a.train_state[n] for n in ("epoch", "batch", "forward_count")} == \
+        {n: b.train_state[n] for n in ("epoch", "batch", "forward_count")}
+    for name in a.params:
+        np.testing.assert_array_equal(a.params[name], b.params[name], err_msg=name)
+
+
+def test_sigterm_in_the_final_evaluation_exits_143_in_one_line(corpus, tmp_path):
+    script = f"""
+import os, signal, sys, time
+sys.path.insert(0, {ROOT!r})
+import minitf.train
+def finish(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(60)
+minitf.train.finish = finish
+from minitf.train_cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+    env = dict(os.environ, MINITF_CACHE=str(tmp_path / "cache"), PYTHONHASHSEED="0")
+    r = subprocess.run([sys.executable, "-c", script, "--dataset", "multi30k", "--data-dir", str(corpus), "--preset",
+                        "tiny", "--vocab-size", "60", "--device", "cpu", "--out", str(tmp_path / "run"), "--quiet",
+                        "--max-steps", "3", "--save-every", "3"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 143, r.stderr[-2000:]
+    assert "interrupted (SIGTERM) during the final evaluation" in r.stderr and "checkpoint_0000003.npz" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_full_disk_for_the_log_is_one_line_and_a_torn_line_is_dropped(corpus, tmp_path):
+    out = tmp_path / "full"
+    out.mkdir()
+    (out / "train_log.jsonl").symlink_to("/dev/full")            # every write: ENOSPC
+    r = run_train(corpus, out, "--max-steps", 3, "--save-every", 3, cache=tmp_path / "cache")
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "train_log.jsonl: cannot append to the training log: No space left on device" in r.stderr
+    assert "Traceback" not in r.stderr and r.stderr.strip().splitlines()[-1].startswith("error: ")
+    # a record cut mid-write (a kill, a full disk): the next start drops it, and the log stays JSONL
+    out = tmp_path / "torn"
+    args = ("--save-every", 2, "--valid-every", 0, "--average-last", 1, "--beam", 1)
+    assert run_train(corpus, out, "--max-steps", 2, *args, cache=tmp_path / "cache").returncode == 0
+    with open(out / "train_log.jsonl", "a") as f:
+        f.write('{"step": 3, "epoch": 0.2')
+    r = run_train(corpus, out, "--max-steps", 4, "--resume", *args, cache=tmp_path / "cache")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "dropped its torn last line (24 bytes" in r.stderr
+    records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [rec["step"] for rec in records if "loss" in rec] == [1, 2, 3, 4]
+
+
+def test_a_start_removes_temporary_checkpoints_of_a_killed_save(corpus, tmp_path):
+    out = tmp_path / "run"
+    args = ("--save-every", 2, "--valid-every", 0, "--average-last", 1, "--beam", 1)
+    assert run_train(corpus, out, "--max-steps", 2, *args).returncode == 0
+    (out / ".tmp-k1ll3d0xcheckpoint_0000004.npz").write_bytes(b"\0" * 1000)   # atomic_write's temp name
+    (out / ".tmp-abcdefghnotes.txt").write_bytes(b"not ours")
+    r = run_train(corpus, out, "--max-steps", 4, "--resume", *args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "removed 1 temporary file(s)" in r.stderr and ".tmp-k1ll3d0xcheckpoint_0000004.npz" in r.stderr
+    assert sorted(p.name for p in out.glob(".tmp-*")) == [".tmp-abcdefghnotes.txt"]
+
+
+def test_a_failed_data_download_leaves_no_out_folder(tmp_path):
+    r = run_train(tmp_path / "nowhere", tmp_path / "run", "--max-steps", 2, "--offline")
+    assert r.returncode == 2 and "nowhere" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "run").exists()

@@ -126,3 +126,178 @@ def test_out_of_memory_is_one_line(setup, monkeypatch, capsys):
     code = cli.main(["translate", "--checkpoint", str(d / "model.npz"), "--input", str(d / "src.txt"), "--quiet"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "out of memory" in err and "--beam" in err and "29.8 GiB" in err
+
+
+@pytest.fixture(scope="module")
+def alpha2(tmp_path_factory):
+    """A tiny checkpoint whose preset's length penalty is 2.0 (as small's), and lines to translate."""
+    import minitf
+    from minitf.checkpoint import save_checkpoint
+    d = tmp_path_factory.mktemp("alpha2")
+    path, lines = make_tiny_checkpoint(d)
+    ckpt = minitf.checkpoint.load_checkpoint(path)
+    cfg = minitf.TransformerConfig.from_dict({**ckpt.config.to_dict(), "decode_alpha": 2.0})
+    model = minitf.Transformer(cfg, seed=3)
+    save_checkpoint(d / "alpha2.npz", model, tokenizer=ckpt.tokenizer, train_state={"languages": ["en", "de"]})
+    return d / "alpha2.npz", lines[:12]
+
+
+def test_the_library_translates_in_one_call_as_the_cli_does(alpha2):
+    import minitf
+    path, lines = alpha2
+    assert "load" in minitf.__all__ and "Translator" in minitf.__all__
+    translator = minitf.load(path)
+    assert translator.alpha == 2.0
+    ours = translator.translate(lines, max_len_b=8)
+    cli = run("translate", "--checkpoint", path, "--max-len-b", 8, stdin="".join(line + "\n" for line in lines))
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout.splitlines() == ours
+    assert translator.translate(lines, max_len_b=8, alpha=0.6) != ours     # the checkpoint's alpha matters here
+    assert translator.translate(lines[0], max_len_b=8) == ours[0]          # one string in, one out
+
+
+def test_empty_lines_stay_empty_and_no_bar_is_drawn_off_a_terminal(setup):
+    d = setup
+    src = (d / "src.txt").read_text().splitlines()
+    text = f"{src[0]}\n\n   \n{src[1]}\n"
+    out = run("translate", "--checkpoint", d / "model.npz", "--beam", 2, "--max-len-b", 3, stdin=text)
+    assert out.returncode == 0, out.stderr
+    got = out.stdout.split("\n")
+    assert len(got) == 5 and got[1] == "" and got[2] == "" and got[0] and got[3] and got[4] == ""
+    assert out.stderr == ""                                  # stderr is a pipe here: no progress bar
+    from minitf.translate import progress_bar
+
+    class Terminal:
+        def isatty(self):
+            return True
+    assert progress_bar(1, "translate", stream=Terminal()).disable          # one sentence: no bar
+    assert not progress_bar(100, "translate", stream=Terminal()).disable
+
+
+def test_evaluate_reads_pipes(setup, tmp_path):
+    import gzip
+    import shutil
+    d = setup
+    with gzip.open(tmp_path / "ref.txt.gz", "wt") as f:
+        f.write((d / "ref.txt").read_text())
+    want = run("evaluate", "--checkpoint", d / "model.npz", "--src", d / "src.txt", "--ref", d / "ref.txt",
+               "--beam", 1, "--max-len-b", 3, "--json", "--quiet")
+    assert want.returncode == 0, want.stderr
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash for a process substitution")
+    cmd = (f"{sys.executable} -m minitf evaluate --checkpoint {d / 'model.npz'} --src <(cat {d / 'src.txt'}) "
+           f"--ref <(cat {tmp_path / 'ref.txt.gz'}) --beam 1 --max-len-b 3 --json --quiet")
+    got = subprocess.run([bash, "-c", cmd], capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout)["bleu"] == json.loads(want.stdout)["bleu"]
+
+
+def test_nbest_and_scores_lines(setup):
+    """--nbest N --scores: S-, H- (best first, the first one the plain translation) and P- lines;
+    the P- values are the model's log-probabilities of each piece and the end of sentence (checked
+    by teacher forcing), and H = their sum over the length penalty."""
+    import numpy as np
+    import minitf
+    from minitf.decode import length_penalty
+    d = setup
+    src = (d / "src.txt").read_text().splitlines()[:3]
+    out = run("translate", "--checkpoint", d / "model.npz", "--beam", 3, "--nbest", 2, "--scores", "--max-len-b", 4,
+              stdin="".join(s + "\n" for s in src))
+    assert out.returncode == 0, out.stderr
+    plain = run("translate", "--checkpoint", d / "model.npz", "--beam", 3, "--max-len-b", 4,
+                stdin="".join(s + "\n" for s in src)).stdout.splitlines()
+    translator = minitf.load(d / "model.npz")
+    model, tok = translator.model, translator.tokenizer
+    lines = out.stdout.splitlines()
+    for i, s in enumerate(src):
+        mine = [line for line in lines if line.split("\t")[0][2:] == str(i)]
+        assert mine[0] == f"S-{i}\t{s}"
+        h = [m.split("\t") for m in mine if m.startswith("H-")]
+        p = [m.split("\t")[1].split() for m in mine if m.startswith("P-")]
+        assert len(h) == len(p) == 2 and h[0][2] == plain[i]
+        assert float(h[0][1]) >= float(h[1][1])
+        for (_, score, text), pos in zip(h, p):
+            pos = [float(v) for v in pos]
+            assert float(score) == pytest.approx(sum(pos) / length_penalty(len(pos), 0.6), abs=2e-4)
+        hyp = translator.nbest([s], n=1, beam=3, max_len_b=4)[0][0]
+        ids = tok.encode([hyp.text])[0]
+        logits = model.forward(np.array([tok.encode([s])[0] + [tok.eos_id]]), np.array([[tok.bos_id] + ids]))
+        logp = logits[0] - np.log(np.exp(logits[0] - logits[0].max(1, keepdims=True)).sum(1, keepdims=True)) \
+            - logits[0].max(1, keepdims=True)
+        forced = [logp[t, tok_id] for t, tok_id in enumerate(ids + [tok.eos_id])]
+        np.testing.assert_allclose(hyp.positional, forced, atol=1e-4)
+    greedy = run("translate", "--checkpoint", d / "model.npz", "--beam", 1, "--scores", "--max-len-b", 4,
+                 stdin=src[0] + "\n")
+    assert greedy.returncode == 0 and [line[:2] for line in greedy.stdout.splitlines()] == ["S-", "H-", "P-"]
+    bad = run("translate", "--checkpoint", d / "model.npz", "--beam", 2, "--nbest", 3, stdin=src[0] + "\n")
+    assert bad.returncode == 2 and "--nbest 3" in bad.stderr
+
+
+def test_average_leaves_out_what_is_not_a_training_checkpoint_and_takes_the_last_of_a_folder(setup, tmp_path):
+    import minitf
+    from minitf.checkpoint import average_checkpoints, load_checkpoint, save_checkpoint
+    ckpt = load_checkpoint(setup / "model.npz")
+    for step in (1, 2, 3):
+        model = minitf.Transformer(ckpt.config, seed=step)
+        save_checkpoint(tmp_path / f"checkpoint_{step:07d}.npz", model, tokenizer=ckpt.tokenizer,
+                        train_state={"step": step})
+    average_checkpoints([tmp_path / "checkpoint_0000001.npz"], tmp_path / "averaged.npz")
+    save_checkpoint(tmp_path / "checkpoint_best.npz", minitf.Transformer(ckpt.config, seed=9), train_state={"best": True})
+    names = sorted(str(p) for p in tmp_path.glob("*.npz"))
+    out = run("average", "--inputs", *names, "--output", tmp_path / "all.npz")
+    assert out.returncode == 0, out.stderr
+    assert "left out" in out.stderr and "averaged.npz: an average" in out.stderr
+    assert "checkpoint_best.npz: the best validation checkpoint" in out.stderr
+    assert "averaged 3 checkpoints (checkpoint_0000001.npz, checkpoint_0000002.npz, checkpoint_0000003.npz)" \
+        in out.stderr
+    out = run("average", "--folder", tmp_path, "--last", 2, "--output", tmp_path / "last2.npz")
+    assert out.returncode == 0 and "averaged 2 checkpoints (checkpoint_0000002.npz, checkpoint_0000003.npz)" \
+        in out.stderr, out.stderr
+    out = run("average", "--folder", tmp_path, "--last", 1, "--output", tmp_path / "last1.npz")
+    assert "averaged 1 checkpoint (checkpoint_0000003.npz)" in out.stderr
+    helped = run("average", "--help").stdout
+    assert "--inputs" in helped and "--folder" in helped and "--last" in helped and "training checkpoint" in helped
+
+
+def test_export_safetensors_without_adam_state_and_translate_from_it(setup, tmp_path):
+    import struct
+    import numpy as np
+    import minitf
+    from minitf.checkpoint import load_checkpoint, save_checkpoint
+    ckpt = load_checkpoint(setup / "model.npz")
+    model = ckpt.build_model()
+    opt = minitf.Adam(model)
+    model.zero_grad()
+    opt.step()                                            # Adam's moments exist after a step
+    save_checkpoint(tmp_path / "train.npz", model, optimizer=opt, tokenizer=ckpt.tokenizer,
+                    train_state={"step": 7, "languages": ["en", "de"]})
+    assert any(k.startswith("m.") for k in load_checkpoint(tmp_path / "train.npz").optimizer)
+    out = run("export", "--checkpoint", tmp_path / "train.npz", "--output", tmp_path / "m.safetensors")
+    assert out.returncode == 0, out.stderr
+    data = (tmp_path / "m.safetensors").read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]                  # the format, read here by hand
+    header = json.loads(data[8:8 + n])
+    meta = header.pop("__metadata__")
+    assert set(header) == set(ckpt.params) and (8 + n) % 8 == 0
+    for name, info in header.items():
+        a, b = info["data_offsets"]
+        assert info["dtype"] == "F32"
+        got = np.frombuffer(data[8 + n + a:8 + n + b], dtype="<f4").reshape(info["shape"])
+        np.testing.assert_array_equal(got, ckpt.params[name])
+    assert json.loads(meta["config"]) == ckpt.config.to_dict() and json.loads(meta["train_state"])["step"] == 7
+    params = sum(a.nbytes for a in ckpt.params.values())
+    assert len(data) - (8 + n) == params                 # the parameters' bytes and nothing else (no Adam moments)
+    lines = (setup / "src.txt").read_text()
+    a = run("translate", "--checkpoint", setup / "model.npz", "--max-len-b", 3, stdin=lines)
+    b = run("translate", "--checkpoint", tmp_path / "m.safetensors", "--max-len-b", 3, stdin=lines)
+    assert a.returncode == b.returncode == 0 and a.stdout == b.stdout, b.stderr
+    assert minitf.load(tmp_path / "m.safetensors").languages == ["en", "de"]
+    bad = run("export", "--checkpoint", tmp_path / "train.npz", "--output", tmp_path / "m.bin")
+    assert bad.returncode == 2 and "safetensors" in bad.stderr
+
+
+def test_version():
+    import minitf
+    out = run("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"minitf {minitf.__version__}"

@@ -37,10 +37,16 @@ def _must_be_a_file(path):
 
 
 def _read_bytes(path):
-    """The (decompressed) bytes of `path`; DataError if missing or unreadable."""
+    """The (decompressed) bytes of `path`, a file or a pipe (/dev/stdin, a shell's <(zcat f.gz));
+    DataError if missing or unreadable."""
     path = os.fspath(path)
-    _must_be_a_file(path)
+    if os.path.isdir(path) or not os.path.exists(path):   # a pipe (not a regular file) is read below
+        _must_be_a_file(path)
     try:
+        if not os.path.isfile(path):   # a pipe can be read once: read it, then look for gzip's magic
+            with open(path, "rb") as f:
+                data = f.read()
+            return gzip.decompress(data) if data[:2] == _GZIP_MAGIC else data
         if _is_gzip(path):
             with gzip.open(path, "rb") as f:
                 return f.read()

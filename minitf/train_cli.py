@@ -1,0 +1,163 @@
+"""Train the Transformer of "Attention Is All You Need" and report sacreBLEU (the same flags as
+`minitf-train` and `python -m minitf train` of an installed package).
+
+The paper's base model on WMT14 English->German (downloads the data, ~4.5M pairs):
+    python train_wmt.py --device gpu
+The paper's second task, WMT14 English->French (36M pairs, 32000 pieces):
+    python train_wmt.py --device gpu --src en --tgt fr --preset big
+Your own parallel corpus (PREFIX.<src> / PREFIX.<tgt>, plain or .gz), like fairseq's --trainpref:
+    python train_wmt.py --train data/train --valid data/dev --test news=data/test --src en --tgt de
+The corpus is tokenized and cleaned once into a binarized cache (~/.cache/minitf/bin, or
+--cache-dir) that every later start and --resume memory-maps; `python -m minitf prepare`
+(same data flags) builds it ahead of time.
+The small preset on Multi30k on a laptop CPU, offline, from a folder that holds the files:
+    python train_wmt.py --dataset multi30k --data-dir ../shared/data/multi30k --preset small \\
+        --device cpu --time-budget 1800 --out runs/m30k
+On N GPUs or CPU processes, one or several machines (pip install -e ".[dist]"; docs/distributed.md);
+the preset's tokens per update (base: 25000, as in the paper) are split over the N ranks:
+    mpiexec -n 8 python train_wmt.py --device gpu
+Continue an interrupted run (Ctrl-C saves a checkpoint) exactly where it stopped:
+    python train_wmt.py ... --out runs/m30k --resume
+Prints a validation line (loss, perplexity, greedy BLEU) every --valid-every updates.
+Writes OUT/train_log.jsonl, OUT/checkpoint_*.npz (last K kept), OUT/checkpoint_best.npz (best
+validation BLEU), OUT/averaged.npz (the last checkpoints, the final one included), OUT/model.npz
+(the average or the last checkpoint, whichever has the lower validation loss: the model scored),
+OUT/<testset>.hyp.<tgt> and OUT/results.json.
+"""
+import argparse
+import os
+
+from minitf.config import ARCHS, ATTENTIONS, PRESETS
+from minitf.data.pipeline import add_data_args, check_data_args
+from minitf.flags import MAX_BEAM, Number, Parser, fraction, positive
+
+
+def build_parser(prog=None):
+    from minitf import __version__
+    p = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"minitf {__version__}")
+    add_data_args(p)
+    p.add_argument("--preset", default="base", choices=sorted(PRESETS))
+    p.add_argument("--arch", choices=ARCHS,
+                   help="transformer (default), or rnn: the recurrent baseline with attention (docs/rnn_vs_transformer.md)")
+    p.add_argument("--attention", choices=ATTENTIONS,
+                   help="--arch rnn: Luong's general (default) or dot score, or Bahdanau's additive score")
+    p.add_argument("--d-model", type=positive(), help="model width D (default from the preset: base 512, small 256)")
+    p.add_argument("--heads", type=positive(), help="attention heads H (default from the preset: base 8, small 4)")
+    p.add_argument("--d-ff", type=positive(), help="feed-forward width F (default from the preset: base 2048, small 1024)")
+    p.add_argument("--layers", type=positive(), help="layers N of the encoder and of the decoder (default from the preset: base 6, small 3)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                   help="parameters and activations (float64: exact checks, e.g. one process against N ranks)")
+    p.add_argument("--fp16", action="store_true",
+                   help="mixed precision: float16 activations/matmuls, float32 master weights, dynamic loss scaling (for GPUs)")
+    p.add_argument("--out", default="runs/train", help="output folder")
+    p.add_argument("--max-steps", type=Number(int, 0, meaning=" (0 = no limit)"),
+                   help="updates (default from the preset: base 100k, big 300k, as in the paper); 0 = no limit")
+    p.add_argument("--time-budget", type=positive(float), help="stop training after this many seconds")
+    p.add_argument("--max-tokens", type=positive(),
+                   help="tokens per batch and side on each rank, padding included (fairseq's meaning); default: the "
+                        "preset's tokens per update (base/big 25000 as in the paper, small 2048) split over the "
+                        "ranks x --update-freq batches of an update, so any number of ranks makes the same update")
+    p.add_argument("--update-freq", type=positive(), default=1, help="batches accumulated per update on each rank")
+    p.add_argument("--warmup", type=positive(), help="warmup steps (paper: 4000; default from the preset)")
+    p.add_argument("--lr-factor", type=positive(float), help="multiplies the paper's learning rate (default from the preset)")
+    p.add_argument("--lr-fade", type=fraction(), metavar="FRACTION",
+                   help="fade the learning rate linearly to 0 over this last fraction of the run (of --time-budget "
+                        "or --max-steps, whichever ends it first); 0 = the paper's schedule (default from the preset)")
+    p.add_argument("--dropout", type=fraction(closed=False), help="override the preset's dropout (paper: 0.1; small: 0.05)")
+    p.add_argument("--label-smoothing", type=fraction(closed=False), help="override eps_ls (paper: 0.1)")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
+    p.add_argument("--seed", type=Number(int, 0, 2**32 - 1), default=1)
+    p.add_argument("--log-every", type=positive(), default=50,
+                   help="updates between train_log.jsonl records, and between progress lines when stderr is not a "
+                        "terminal")
+    p.add_argument("--valid-every", type=Number(int, 0, meaning=" (0 = never)"),
+                   help="updates between validations: loss, perplexity and greedy BLEU on the validation set, on the "
+                        "console and in train_log.jsonl, and OUT/checkpoint_best.npz at a new best BLEU (default: "
+                        "200; with checkpoints spaced in minutes, base/big, at every checkpoint); 0 = never")
+    p.add_argument("--valid-every-minutes", type=positive(float), help="minutes of training between validations (instead of "
+                                                              "--valid-every)")
+    p.add_argument("--valid-bleu-sentences", type=Number(int, 0, meaning=" (0 = loss only)"), default=500,
+                   help="validation BLEU on this many sentences spread evenly over the validation set, always the "
+                        "same ones (all when it has fewer); 0 = loss only")
+    p.add_argument("--save-every", type=positive(), help="steps between checkpoints (default from the preset: small 80, tiny 10)")
+    p.add_argument("--save-every-minutes", type=positive(float),
+                   help="minutes of training between checkpoints (default base/big: 10, the paper's spacing)")
+    p.add_argument("--keep-last", type=positive(), help="checkpoints kept (default: --average-last + 1)")
+    p.add_argument("--average-last", type=positive(),
+                   help="checkpoints averaged at the end: the final one and the evenly spaced ones before it from "
+                        "the run's second half (default from the preset: base 5, big 20, as in the paper)")
+    p.add_argument("--beam", type=Number(int, 1, MAX_BEAM), default=4,
+                   help="beam size for the final evaluation (paper: 4; 1 = greedy)")
+    p.add_argument("--alpha", type=Number(float, 0), default=None,
+                   help="length penalty alpha of beam search (paper: 0.6; default: the preset's, small 2.0)")
+    p.add_argument("--decode-batch", type=positive(), default=100, help="sentences decoded together")
+    p.add_argument("--max-nonfinite", type=positive(), default=5, help="stop after this many non-finite losses in a row")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bar (on a terminal) or progress lines (elsewhere); validation results and "
+                        "messages are still printed")
+    return p
+
+
+def parse_args(argv=None, prog=None):
+    """The flags, checked: a bad value or combination is one line on stderr and exit status 2."""
+    p = build_parser(prog)
+    args = p.parse_args(argv)
+    check_data_args(p, args)
+    for flag in ("d_ff", "heads"):
+        if getattr(args, flag) is not None and args.arch == "rnn":
+            p.error(f"--{flag.replace('_', '-')} sizes the Transformer's layers; --arch rnn has none "
+                    f"(its sizes: --d-model and --layers)")
+    if args.attention is not None and args.arch == "transformer":
+        p.error("--attention chooses the attention of --arch rnn; the Transformer's is multi-head scaled dot-product")
+    if (args.d_model or args.heads) and args.arch != "rnn":
+        d, h = args.d_model or PRESETS[args.preset]["d_model"], args.heads or PRESETS[args.preset]["n_heads"]
+        if d % h:
+            p.error(f"--d-model {d} is not divisible by --heads {h} (each head gets d_model / heads); "
+                    f"change one of them")
+    if args.valid_every is not None and args.valid_every_minutes is not None:
+        p.error("--valid-every (updates) and --valid-every-minutes: give one spacing")
+    if args.save_every and args.save_every_minutes:
+        p.error("--save-every (steps) and --save-every-minutes: give one spacing")
+    if args.average_last and args.keep_last and args.average_last > args.keep_last:
+        p.error(f"--average-last {args.average_last} > --keep-last {args.keep_last}: keep at least as many as you average")
+    _check_out(p, args)
+    return args
+
+
+def _check_out(p, args):
+    """--out must be (or become) a folder; --resume needs a checkpoint in it."""
+    above = os.path.abspath(args.out)
+    while not os.path.exists(above):
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        p.error(f"--out {args.out}: {above} is a file, not a folder; choose another --out")
+    from minitf.train import checkpoint_paths
+    if args.resume and not checkpoint_paths(args.out):   # a typo in --out would otherwise start from scratch
+        p.error(f"--resume: --out {args.out} holds no checkpoint_*.npz to continue from; "
+                f"drop --resume to start a new run there, or name the run's folder")
+
+
+def main(argv=None, prog=None):
+    """train_wmt.py, `minitf-train` and `python -m minitf train`: parse the flags, train, score;
+    returns the exit status (2: a user error, in one line; 130/143: interrupted and saved)."""
+    from minitf.errors import Interrupted, MinitfError, out_of_memory, report
+    from minitf.train import checkpoint_paths, train
+    args = parse_args(argv, prog)
+    try:
+        train(args)
+    except MinitfError as e:
+        report(f"error: {e}")
+        return 2
+    except Interrupted as e:   # saved; 143 after SIGTERM, 130 after Ctrl-C, as a scheduler expects
+        return e.exit_code
+    except KeyboardInterrupt:  # Ctrl-C before training began (reading data, preparing the cache)
+        report("interrupted before training began: nothing half-written was kept (the cache and checkpoints are "
+               "written whole or not at all); " + ("continue with --resume" if checkpoint_paths(args.out)
+                                                   else "run the command again"))
+        return 130
+    except MemoryError as e:
+        report(f"error: {out_of_memory(e, '--max-tokens, the model size (--preset, --d-model, ...) or --decode-batch')}")
+        return 2
+    return 0

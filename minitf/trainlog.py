@@ -1,0 +1,130 @@
+"""What a training run tells: OUT/train_log.jsonl (one JSON record a line) and the console (a
+progress bar on a terminal, plain lines elsewhere). Only rank 0 writes either."""
+import errno
+import json
+import os
+import shutil
+import sys
+import time
+
+from .errors import MinitfError
+
+
+def log(msg):
+    sys.stderr.write(f"{msg}\n")   # one write: the lines of several ranks never run into each other
+    sys.stderr.flush()
+
+
+class TrainLog:
+    """OUT/train_log.jsonl, appended to (a resumed run continues the file). Each record is one
+    line written whole by one write call and flushed to the OS; a full disk is a one-line
+    MinitfError naming the file. A torn last line (a kill or a full disk mid-write) is dropped
+    when the file is opened again, so the file stays valid JSONL. `enabled=False` (the ranks
+    other than 0) writes nothing."""
+
+    def __init__(self, path, enabled=True):
+        self.path, self.fd = path, None
+        if enabled:
+            self.dropped = drop_torn_last_line(path)
+            self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+
+    def write(self, rec):
+        if self.fd is None:
+            return
+        data = (json.dumps(rec) + "\n").encode()
+        try:
+            while data:
+                data = data[os.write(self.fd, data):]
+        except OSError as e:
+            where = os.path.dirname(os.path.abspath(self.path))
+            free = f" ({shutil.disk_usage(where).free / 1e6:,.1f} MB free)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+            raise MinitfError(f"{self.path}: cannot append to the training log: {e.strerror}{free}; free some "
+                              f"space, then continue with --resume") from None
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def drop_torn_last_line(path):
+    """Cut a regular file after its last newline; returns the bytes dropped (0 if none)."""
+    if not os.path.isfile(path):
+        return 0
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        start = max(0, size - (1 << 20))   # a record is a few hundred bytes
+        f.seek(start)
+        tail = f.read()
+        if not tail or tail.endswith(b"\n"):
+            return 0
+        keep = start + tail.rfind(b"\n") + 1 if b"\n" in tail else start
+        f.truncate(keep)
+        return size - keep
+
+
+class Console:
+    """The run's progress on stderr (rank 0 only): on a terminal, a progress bar (the updates of
+    --max-steps, or under --time-budget the budget's time spent, with the update count and rate
+    beside it); elsewhere (a file, a pipe) one plain line per log record, every --log-every
+    updates. --quiet: neither. `line` prints a message (a validation result) in every case."""
+
+    def __init__(self, state, max_steps, budget, quiet, enabled=True, stream=None):
+        self.stream = stream or sys.stderr
+        self.enabled, self.budget = enabled, budget
+        self.mode = "off" if quiet or not enabled else "bar" if self.stream.isatty() else "lines"
+        self.bar = None
+        self.t0, self.step0 = time.time(), state["step"]
+        if self.mode == "bar":
+            from tqdm import tqdm
+            if budget:   # the bar is the budget's seconds; the postfix counts the updates
+                self.bar = tqdm(initial=round(min(state["train_wall_s"], budget)), total=round(budget), desc="train",
+                                file=self.stream, dynamic_ncols=True,
+                                bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}")
+            else:
+                self.bar = tqdm(initial=state["step"], total=max_steps or None, desc="train", unit="upd",
+                                file=self.stream, dynamic_ncols=True)
+        self.postfix = {}
+
+    def update(self, step, elapsed):
+        """After an update: `step` updates done, `elapsed` seconds of training since the run began."""
+        if self.bar is None:
+            return
+        if self.budget:
+            rate = (step - self.step0) / max(time.time() - self.t0, 1e-9)
+            self.postfix.update(step=step, upd_s=f"{rate:.2f}")
+            self.bar.set_postfix(self.postfix, refresh=False)
+            self.bar.update(round(min(elapsed, self.budget)) - self.bar.n)
+        else:
+            self.bar.update(1)
+
+    def show(self, rec):
+        """A training record of the log: the bar's postfix, or a plain line."""
+        if self.bar is not None:
+            self.postfix.update(loss=rec["loss"], ppl=rec["ppl"], lr=f"{rec['lr']:.2e}", tok_s=int(rec["tokens_per_s"]))
+            if self.budget:
+                self.postfix["step"] = rec["step"]
+            self.bar.set_postfix(self.postfix)
+        elif self.mode == "lines":
+            budget = f" of {self.budget:.0f}s" if self.budget else ""
+            self.line(f"train: step {rec['step']} | epoch {rec['epoch']:.3f} | loss {rec['loss']:.3f} | ppl "
+                      f"{rec['ppl']:.2f} | lr {rec['lr']:.2e} | {rec['tokens_per_s']:,.0f} tok/s | "
+                      f"{rec['wall_s']:.0f}s{budget}")
+
+    def line(self, text):
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def line_from_a_signal_handler(self, text):
+        """`line` for a signal handler: one unbuffered write (the handler may run while the main
+        thread is inside a write to stderr), off the bar's line when a bar is drawn."""
+        if self.enabled:
+            os.write(self.stream.fileno(), f"{chr(10) if self.bar is not None else ''}{text}\n".encode())
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,76 @@
+"""Validation during training: the loss and perplexity on the validation set (teacher-forced),
+and the BLEU of greedy translations of a fixed sample of it, with the seconds it took."""
+import time
+
+import numpy as np
+
+
+def to_batch(pairs, idx, tok):
+    """(src, tgt_in, tgt_out, n_target_tokens) of the pairs `idx` of a TokenPairs: host arrays
+    (forward_loss finds the non-pad rows on the host, then moves the ids itself)."""
+    src, tgt_in, tgt_out = pairs.collate(idx, tok.pad_id, tok.bos_id, tok.eos_id)
+    return src, tgt_in, tgt_out, int((tgt_out != tok.pad_id).sum())
+
+
+def evaluate_loss(model, batches):
+    """Teacher-forced loss and per-token NLL over (src, tgt_in, tgt_out) batches, in eval mode
+    (the model's train/eval mode is restored afterwards)."""
+    was_training = model.training
+    model.eval()
+    tot_loss = tot_nll = tot_n = 0.0
+    for src, tgt_in, tgt_out, n in batches:
+        loss = model.forward_loss(src, tgt_in, tgt_out)
+        tot_loss += float(loss) * n
+        tot_nll += float(model.last_stats["nll_sum"])
+        tot_n += n
+    model.train(was_training)
+    return tot_loss / max(tot_n, 1), tot_nll / max(tot_n, 1)
+
+
+def valid_batches(valid, tok, max_tokens):
+    """The (src, tgt) lines of the validation set as batches of at most max_tokens per side."""
+    from .data import TokenPairs, token_batches
+    pairs = TokenPairs.from_lists(tok.encode(valid[0]), tok.encode(valid[1]))
+    idxs = token_batches(pairs.src_lens, pairs.tgt_lens, max_tokens, seed=0, epoch=0, shuffle=False)
+    return [to_batch(pairs, idx, tok) for idx in idxs]
+
+
+def even_sample(n, k):
+    """k indices spread evenly over range(n) (all of them when k >= n), always the same ones."""
+    if k >= n:
+        return np.arange(n)
+    return np.unique(np.linspace(0, n - 1, k).round().astype(np.int64))
+
+
+class Validation:
+    """The validation set of a run: `run(model)` -> a record with valid_loss, valid_nll and
+    valid_ppl over the whole set, valid_bleu (sacreBLEU) of greedy translations of
+    `bleu_sentences` of its sentences spread evenly over it (None with 0), and valid_s."""
+
+    def __init__(self, valid, tok, max_tokens, bleu_sentences, decode_batch):
+        self.tok, self.decode_batch = tok, decode_batch
+        self.batches = valid_batches(valid, tok, max_tokens)
+        self.size = len(valid[0])
+        pick = even_sample(self.size, bleu_sentences)
+        self.src_ids = [ids + [tok.eos_id] for ids in tok.encode([valid[0][i] for i in pick])]
+        self.refs = [valid[1][i] for i in pick]
+
+    def run(self, model):
+        from .decode import translate_ids
+        from .translate import score
+        t0 = time.time()
+        loss, nll = evaluate_loss(model, self.batches)
+        rec = {"valid_loss": round(loss, 4), "valid_nll": round(nll, 4),
+               "valid_ppl": round(float(np.exp(min(nll, 50))), 2), "valid_bleu": None}
+        if self.src_ids:
+            hyps = self.tok.decode(translate_ids(model, self.src_ids, beam_size=1, batch_size=self.decode_batch))
+            rec["valid_bleu"] = score(hyps, self.refs)["bleu"]
+        rec.update(valid_bleu_sentences=len(self.src_ids), valid_s=round(time.time() - t0, 2))
+        return rec
+
+    def describe(self, rec):
+        """One console line of a record of `run`."""
+        bleu = (f" | BLEU {rec['valid_bleu']:.2f} (greedy, {rec['valid_bleu_sentences']:,} of {self.size:,} "
+                f"sentences)" if rec["valid_bleu"] is not None else "")
+        return (f"valid: step {rec['step']} | loss {rec['valid_loss']:.3f} | ppl {rec['valid_ppl']:.2f}{bleu} | "
+                f"{rec['valid_s']:.1f}s")
