@@ -20,7 +20,7 @@ With --synthetic N it also writes a cache of N random pairs straight through the
 (lengths drawn like the real corpus, no SentencePiece: 36M pairs would take an hour to encode on
 2 cores) and measures start, RSS and planning on it: En-Fr's 36M pairs.
 
-usage: python bench/data.py --multi30k ../shared/data/multi30k --sizes 100000 1000000 4500000 \\
+usage: python bench/data.py --multi30k $MULTI30K --sizes 100000 1000000 4500000 \\
            --synthetic 36000000 --work /tmp/minitf-data-bench --json docs/data_bench.json
 """
 import argparse
@@ -232,7 +232,8 @@ def markdown(results):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--multi30k", default=os.path.join(ROOT, "..", "shared", "data", "multi30k"))
+    p.add_argument("--multi30k", default=os.environ.get("MULTI30K"), required="MULTI30K" not in os.environ,
+                   help="a folder holding Multi30k's train/val .en/.de[.gz] (default: $MULTI30K)")
     p.add_argument("--sizes", type=int, nargs="*", default=[100_000, 1_000_000, 4_500_000])
     p.add_argument("--synthetic", type=int, nargs="*", default=[], help="pair counts of synthetic caches")
     p.add_argument("--work", default="/tmp/minitf-data-bench")

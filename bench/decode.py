@@ -2,7 +2,7 @@
 
     # minitf against a PyTorch KV-cached beam search of the same algorithm (bench/torch_decode.py)
     python bench/decode.py --vs-torch --checkpoint runs/m30k/averaged.npz \\
-        --src ../shared/data/multi30k/test_2016_flickr.en.gz --beams 1 4
+        --src $MULTI30K/test_2016_flickr.en.gz --beams 1 4
     # where minitf's step spends its time (one stream)
     python bench/decode.py --profile --checkpoint runs/m30k/averaged.npz --src ...
     # minitf with and without the KV cache

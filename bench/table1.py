@@ -6,7 +6,7 @@
     # plus the maximum path length made visible on two trained models: the gradient norm of the
     # encoder output at position n with respect to the input at position 1, against n
     python bench/table1.py --out docs/img/table1.json --rnn runs/m30k_rnn/averaged.npz \\
-        --transformer runs/m30k/averaged.npz --sentences ../shared/data/multi30k/val.en.gz
+        --transformer runs/m30k/averaged.npz --sentences $MULTI30K/val.en.gz
     python -m minitf plot table1 --results docs/img/table1.json --out docs/img/table1.png
 
 Layers (float32, a batch of --batch sequences, width d in and out):

@@ -318,6 +318,10 @@ def set_up(args, world):
             {"model": cfg.to_dict(), "args": vars(args), "ranks": world.size}, indent=2).encode()))
         log(f"model: {cfg.arch}, {model.num_parameters():,} parameters, preset {args.preset}, device {args.device}"
             + (f", {world.size} ranks" if world.size > 1 else ""))
+        if getattr(args, "preset_chosen", False) and resume is None:
+            log(f"note: no --preset given: {args.preset}, the preset for --device {args.device} "
+                + ("(sized for minutes on a CPU; --preset base is the paper's model, for GPUs)" if args.device == "cpu"
+                   else "(the paper's base model)"))
     _open_stream(run)
     run.log = TrainLog(os.path.join(args.out, "train_log.jsonl"), enabled=lead)
     if lead and run.log.dropped:

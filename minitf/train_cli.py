@@ -10,9 +10,9 @@ Your own parallel corpus (PREFIX.<src> / PREFIX.<tgt>, plain or .gz), like fairs
 The corpus is tokenized and cleaned once into a binarized cache (~/.cache/minitf/bin, or
 --cache-dir) that every later start and --resume memory-maps; `python -m minitf prepare`
 (same data flags) builds it ahead of time.
-The small preset on Multi30k on a laptop CPU, offline, from a folder that holds the files:
-    python train_wmt.py --dataset multi30k --data-dir ../shared/data/multi30k --preset small \\
-        --device cpu --time-budget 1800 --out runs/m30k
+Multi30k on a laptop CPU for 30 minutes (the small preset, chosen for --device cpu; it downloads
+Multi30k, or offline reads it from --data-dir FOLDER holding train/val/test_2016_flickr .en/.de):
+    python train_wmt.py --dataset multi30k --device cpu --time-budget 1800 --out runs/m30k
 On N GPUs or CPU processes, one or several machines (pip install -e ".[dist]"; docs/distributed.md);
 the preset's tokens per update (base: 25000, as in the paper) are split over the N ranks:
     mpiexec -n 8 python train_wmt.py --device gpu
@@ -37,7 +37,9 @@ def build_parser(prog=None):
     p = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"minitf {__version__}")
     add_data_args(p)
-    p.add_argument("--preset", default="base", choices=sorted(PRESETS))
+    p.add_argument("--preset", choices=sorted(PRESETS),
+                   help="model size and recipe: base and big are the paper's; small trains on a CPU in minutes "
+                        "(default: base with --device gpu, small with --device cpu)")
     p.add_argument("--arch", choices=ARCHS,
                    help="transformer (default), or rnn: the recurrent baseline with attention (docs/rnn_vs_transformer.md)")
     p.add_argument("--attention", choices=ATTENTIONS,
@@ -104,6 +106,9 @@ def parse_args(argv=None, prog=None):
     """The flags, checked: a bad value or combination is one line on stderr and exit status 2."""
     p = build_parser(prog)
     args = p.parse_args(argv)
+    args.preset_chosen = args.preset is None   # chosen for the device (the run says so in one line)
+    if args.preset is None:
+        args.preset = "small" if args.device == "cpu" else "base"
     check_data_args(p, args)
     for flag in ("d_ff", "heads"):
         if getattr(args, flag) is not None and args.arch == "rnn":

@@ -445,3 +445,18 @@ def test_prepare_verify_through_the_cli(tmp_path):
     assert r.returncode == 0, r.stderr
     assert [m for m in r.stderr.splitlines() if m.startswith("error:")] == [
         f"error: cache file {tokens} is corrupt (its contents fail the SHA-256 recorded when it was built); rebuilding it"]
+
+
+def test_a_ratio_rule_that_drops_many_short_pairs_says_how_to_keep_them(tmp_path):
+    short = ["a cat", "the red house", "a dog runs", "the man", "a big tree"] * 20
+    longer = ["ein kleiner roter kater sieht", "das haus", "ein hund rennt schnell weg", "der mann", "ein baum"] * 20
+    paths = (tmp_path / "s.en", tmp_path / "s.de")
+    _write(paths[0], short)
+    _write(paths[1], longer)
+    log = Log()
+    _prepare(tmp_path, paths, log)
+    note = [m for m in log if m.startswith("note: the length-ratio rule")]
+    assert len(note) == 1 and "--max-ratio" in note[0] and "%" in note[0], log
+    log = Log()
+    _prepare(tmp_path, paths, log, max_ratio=None)
+    assert not [m for m in log if m.startswith("note:")]

@@ -617,3 +617,19 @@ def test_a_failed_data_download_leaves_no_out_folder(tmp_path):
     r = run_train(tmp_path / "nowhere", tmp_path / "run", "--max-steps", 2, "--offline")
     assert r.returncode == 2 and "nowhere" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_without_preset_the_device_chooses_it_and_the_run_says_so(corpus, tmp_path):
+    from minitf.train_cli import parse_args
+    cpu = parse_args(["--out", str(tmp_path / "a")])
+    gpu = parse_args(["--out", str(tmp_path / "b"), "--device", "gpu"])
+    given = parse_args(["--out", str(tmp_path / "c"), "--preset", "base"])
+    assert (cpu.preset, cpu.preset_chosen, gpu.preset, given.preset, given.preset_chosen) == (
+        "small", True, "base", "base", False)
+    env = dict(os.environ, MINITF_CACHE=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "train_wmt.py"), "--dataset", "multi30k", "--data-dir",
+                        str(corpus), "--vocab-size", "60", "--out", str(tmp_path / "run"), "--quiet", "--max-steps", "1",
+                        "--valid-every", "0", "--beam", "1", "--max-nonfinite", "1"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "note: no --preset given: small, the preset for --device cpu" in r.stderr
