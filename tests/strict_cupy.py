@@ -109,14 +109,17 @@ def _transfer(kind, what):
 
 
 @contextlib.contextmanager
-def count_transfers():
-    """Collects the transfers made inside the block: `with count_transfers() as t: ...; len(t.d2h)`."""
-    rec = Transfers()
-    _RECORDERS.append(rec)
+def _recording(registry, rec):
+    registry.append(rec)
     try:
         yield rec
     finally:
-        _RECORDERS.remove(rec)
+        registry.remove(rec)
+
+
+def count_transfers():
+    """Collects the transfers made inside the block: `with count_transfers() as t: ...; len(t.d2h)`."""
+    return _recording(_RECORDERS, Transfers())
 
 
 def mark(label):
@@ -125,15 +128,9 @@ def mark(label):
         rec.events.append(("mark", label, None))
 
 
-@contextlib.contextmanager
 def record_dtypes():
     """Collects {dtype name: site of the first array of that dtype} of the arrays created inside."""
-    rec = {}
-    _DTYPE_RECORDERS.append(rec)
-    try:
-        yield rec
-    finally:
-        _DTYPE_RECORDERS.remove(rec)
+    return _recording(_DTYPE_RECORDERS, {})
 
 
 def _report_at_exit(path):
