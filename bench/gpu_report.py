@@ -17,7 +17,8 @@ reported even when another fails:
           target tokens/s (median of alternating rounds), MFU against the GPU's dense tensor-core
           peak (bf16/fp16 for --fp16, TF32 for float32), peak memory, and, under the PyTorch
           profiler (CUPTI sees CuPy's kernels too), kernel launches, device-to-host copies and
-          synchronisations per step
+          synchronisations per step (the step alone: train_wmt.py's loop adds one copy per update,
+          its loss and overflow flag, as tests/test_gpu_standin.py counts)
   beam    beam 4 on 3,000 sentences of WMT14-shaped length (random `base` weights, so every
           output runs to its cap: source length + 5), sentences/s
   wmt     `train_wmt.py --device gpu --preset base` on a 4.5M-pair corpus it builds (a small
@@ -137,7 +138,7 @@ def profile_step(runner, torch):
             kernels += 1
         elif not on_device and re.search(r"(cuda|cu)(Stream|Device|Ctx|Event)Synchronize", name):
             syncs += 1
-    return {"kernels": kernels, "d2h_copies": d2h, "syncs": syncs - 1}   # less the profiler's own final sync
+    return {"kernels": kernels, "d2h_copies": d2h, "syncs": syncs - 1}   # less runner.sync() above, ours
 
 
 def measure_pair(cfg, batch, fp16, args, torch):
