@@ -176,6 +176,13 @@ def prepare(prefix, cache, extra=()):
         return wall, peak, folder, json.load(f)
 
 
+def wmt_lengths(rng, n):
+    """n source and target lengths in pieces, shaped like the WMT14-shaped corpus: source
+    ~N(33, 10), target 1.05x it (+-10%), both clipped to [1, 250]."""
+    s = np.clip(rng.normal(33, 10, n), 1, 250).astype(np.int64)
+    return s, np.clip((s * rng.normal(1.05, 0.1, n)).astype(np.int64), 1, 250)
+
+
 def make_synthetic(folder, manifest, n, seed=0, chunk=2_000_000):
     """Swap the arrays of a real cache for n random pairs (lengths like the WMT-shaped corpus, ids
     below its vocabulary), written by the cache's own writer; the manifest is updated to match, so
@@ -192,8 +199,8 @@ def make_synthetic(folder, manifest, n, seed=0, chunk=2_000_000):
         writers[lang, "offsets"].append(np.zeros(1, np.int64))
     for i in range(0, n, chunk):
         m = min(chunk, n - i)
-        s = np.clip(rng.normal(33, 10, m), 1, 250).astype(np.int64)
-        lens = {"en": s, "de": np.clip((s * rng.normal(1.05, 0.1, m)).astype(np.int64), 1, 250)}
+        s, t = wmt_lengths(rng, m)
+        lens = {"en": s, "de": t}
         for lang, ln in lens.items():
             writers[lang, "tokens"].append(rng.integers(4, vocab, int(ln.sum())).astype(np.uint16))
             writers[lang, "lengths"].append(ln)

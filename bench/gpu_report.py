@@ -48,6 +48,7 @@ import numpy as np  # noqa: E402
 
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
+from bench.data import make_synthetic, wmt_lengths  # noqa: E402
 from bench.train_step import MinitfRunner, TorchRunner, step_flops, timed_round  # noqa: E402
 
 # dense (no sparsity) tensor-core peaks, TFLOP/s, from NVIDIA's data sheets: (tf32, fp16/bf16)
@@ -60,12 +61,6 @@ def log(msg):
 
 
 # ----------------------------------------------------------------------------- batches of WMT14 shape
-def wmt_lengths(rng, n):
-    """Source and target lengths in pieces, as bench/data.py's synthetic WMT14-shaped corpus."""
-    s = np.clip(rng.normal(33, 10, n), 1, 250).astype(np.int64)
-    return s, np.clip((s * rng.normal(1.05, 0.1, n)).astype(np.int64), 1, 250)
-
-
 def wmt_batch(cfg, tokens, seed=0):
     """One batch of a token_batches epoch over WMT14-shaped lengths (+EOS / +BOS), <= `tokens`
     padded tokens a side: host arrays src [B, S], tgt_in, tgt_out [B, T] with random ids."""
@@ -233,7 +228,6 @@ def write_small_corpus(folder, n, n_valid, seed=0):
 
 
 def section_wmt(args):
-    from bench.data import make_synthetic
     work = Path(tempfile.mkdtemp(prefix="minitf-gpu-wmt-"))
     try:
         write_small_corpus(work, args.wmt_seed_pairs, args.wmt_valid)

@@ -828,19 +828,19 @@ class _Generator:
     def __init__(self, seed):
         self._rng = numpy.random.default_rng(seed)
 
-    def random(self, size=None, dtype=numpy.float64, out=None):
+    def _float_draw(self, name, size, dtype, out):
+        """CuPy's float distributions: float32/float64 only; `out=` is not emulated."""
         if out is not None:
-            raise TypeError("strict_cupy: random(out=) is not emulated")
+            raise TypeError(f"strict_cupy: {name}(out=) is not emulated")
         if numpy.dtype(dtype).char not in "fd":
-            raise TypeError(f"Unsupported dtype {numpy.dtype(dtype).name} for random")
-        return _new(numpy.asarray(self._rng.random(size, dtype=dtype)))
+            raise TypeError(f"Unsupported dtype {numpy.dtype(dtype).name} for {name}")
+        return _new(numpy.asarray(getattr(self._rng, name)(size, dtype=dtype)))
+
+    def random(self, size=None, dtype=numpy.float64, out=None):
+        return self._float_draw("random", size, dtype, out)
 
     def standard_normal(self, size=None, dtype=numpy.float64, out=None):
-        if out is not None:
-            raise TypeError("strict_cupy: standard_normal(out=) is not emulated")
-        if numpy.dtype(dtype).char not in "fd":
-            raise TypeError(f"Unsupported dtype {numpy.dtype(dtype).name} for standard_normal")
-        return _new(numpy.asarray(self._rng.standard_normal(size, dtype=dtype)))
+        return self._float_draw("standard_normal", size, dtype, out)
 
     def integers(self, low, high=None, size=None, dtype=numpy.int64, endpoint=False):
         return _new(numpy.asarray(self._rng.integers(low, high, size, dtype=dtype, endpoint=endpoint)))
