@@ -469,14 +469,18 @@ def should_stop(run, signals):
     if args.max_steps and run.state["step"] >= args.max_steps:
         return "max_steps"
     elapsed = run.elapsed()
+    # One snapshot of the signals, read before the all-reduce and used after it: a signal landing
+    # during the all-reduce is seen by every rank at the next update, never by this rank alone now
+    # (which would leave the others waiting in the next update's all-reduce).
+    received = list(signals.received)
     over_budget, term, interrupt, elapsed_sum = run.world.allreduce_numbers(
-        [bool(args.time_budget and elapsed >= args.time_budget), "SIGTERM" in signals.received,
-         "SIGINT" in signals.received, elapsed])
+        [bool(args.time_budget and elapsed >= args.time_budget), "SIGTERM" in received, "SIGINT" in received,
+         elapsed])
     run.elapsed_mean = elapsed_sum / run.world.size
     if over_budget:
         return "time_budget"
-    if signals.received:
-        return signals.received[0]
+    if received:
+        return received[0]
     if term or interrupt:
         return f"{'SIGTERM' if term else 'SIGINT'} on another rank"
     return None

@@ -493,6 +493,28 @@ def test_ranks_that_disagree_are_told_only_what_differs():
     assert "--heads 2 (rank 0) vs 4 (rank 1)" in msg and "d_model" not in msg and len(msg) < 300
 
 
+def test_a_signal_landing_during_the_stop_vote_is_acted_on_by_every_rank_at_the_next_update():
+    """SIGTERM arriving on one rank while the ranks sum their stop votes: the other ranks voted on
+    a sum without it, so this rank must not stop alone now (they would wait for it in the next
+    update's all-reduce forever); all stop together at the next vote."""
+    import types
+    from minitf.train import StopSignals, should_stop
+
+    signals = StopSignals(2)
+
+    class World:   # rank 1 of two; rank 0 has no signal
+        size = 2
+
+        def allreduce_numbers(self, values):
+            signals.received.append("SIGTERM")   # lands while the sum is on the wire
+            return [float(v) for v in values[:3]] + [2 * values[3]]
+    run = types.SimpleNamespace(args=types.SimpleNamespace(max_steps=0, time_budget=0), state={"step": 5},
+                                elapsed=lambda: 1.0, world=World())
+    assert should_stop(run, signals) is None   # what rank 0 decides on the same sum
+    World.allreduce_numbers = lambda self, values: [float(v) for v in values[:3]] + [2 * values[3]]
+    assert should_stop(run, signals) == "SIGTERM"
+
+
 def test_a_full_disk_while_preparing_the_data_is_one_line(corpus, tmp_path, monkeypatch, capsys):
     import errno
     from minitf.data import binarized
