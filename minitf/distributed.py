@@ -12,6 +12,7 @@ trained on 8 GPUs of one machine.
 """
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -112,7 +113,10 @@ class MPIWorld(World):
         self.comm.Barrier()
 
     def abort(self, code=1):
+        # The launcher forwards each rank's output through a pipe, and MPI_Abort kills every rank
+        # at once: give it a moment to read this rank's message first, or the job can end silently.
         sys.stderr.flush()
+        time.sleep(0.5)
         self.comm.Abort(code)
 
 
