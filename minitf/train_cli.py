@@ -59,7 +59,7 @@ def build_parser(prog=None):
     p.add_argument("--time-budget", type=positive(float), help="stop training after this many seconds")
     p.add_argument("--max-tokens", type=positive(),
                    help="tokens per batch and side on each rank, padding included (fairseq's meaning); default: the "
-                        "preset's tokens per update (base/big 25000 as in the paper, small 2048) split over the "
+                        "preset's tokens per update (base/big 25000 as in the paper, small 4096) split over the "
                         "ranks x --update-freq batches of an update, so any number of ranks makes the same update")
     p.add_argument("--update-freq", type=positive(), default=1, help="batches accumulated per update on each rank")
     p.add_argument("--warmup", type=positive(), help="warmup steps (paper: 4000; default from the preset)")
@@ -67,7 +67,7 @@ def build_parser(prog=None):
     p.add_argument("--lr-fade", type=fraction(), metavar="FRACTION",
                    help="fade the learning rate linearly to 0 over this last fraction of the run (of --time-budget "
                         "or --max-steps, whichever ends it first); 0 = the paper's schedule (default from the preset)")
-    p.add_argument("--dropout", type=fraction(closed=False), help="override the preset's dropout (paper: 0.1; small: 0.05)")
+    p.add_argument("--dropout", type=fraction(closed=False), help="override the preset's dropout (paper: 0.1; big: 0.3)")
     p.add_argument("--label-smoothing", type=fraction(closed=False), help="override eps_ls (paper: 0.1)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--seed", type=Number(int, 0, 2**32 - 1), default=1)

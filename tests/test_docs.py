@@ -381,17 +381,19 @@ def _facts():
         ("deviations.md", r"$= -10^9$", NEG_INF == -1e9),
         ("derivations/adam.md", r"\beta_2 = 0.98", adam["betas"].default == (0.9, 0.98)),
         ("derivations/adam.md", r"\epsilon = 10^{-9}", adam["eps"].default == 1e-9),
-        ("deviations.md", "warmup 400, `lr_factor` 0.5", (small["warmup"], small["lr_factor"]) == (400, 0.5)),
-        ("deviations.md", r"$P_\text{drop} = 0.05$", small["dropout"] == 0.05
-         and TransformerConfig.preset("small", arch="rnn").dropout == 0.1),
+        ("deviations.md", "warmup 800, `lr_factor` 1.0", (small["warmup"], small["lr_factor"]) == (800, 1.0)),
+        ("deviations.md", r"$P_\text{drop} = 0.1$", small["dropout"] == 0.1),
+        ("deviations.md", "(dropout 0.1, warmup 400, factor 0.5, 2048 tokens per update",
+         (lambda r: (r.dropout, r.warmup, r.lr_factor, r.update_tokens) == (0.1, 400, 0.5, 2048))(
+             TransformerConfig.preset("small", arch="rnn"))),
         ("deviations.md", "(off, the paper's schedule) in every preset", all(not p.get("lr_fade") for p in PRESETS.values())
          and TransformerConfig().lr_fade == 0),
         ("deviations.md", "base and big\n25000, as in the paper", PRESETS["base"]["update_tokens"] == PRESETS["big"]["update_tokens"]
          == 25000 and TransformerConfig.preset("base").batch_tokens(8) == 3125),
-        ("deviations.md", "2048 tokens per update", small["update_tokens"] == 2048),
+        ("deviations.md", "4096 tokens per update", small["update_tokens"] == 4096),
         ("derivations/schedule.md", "6.99", f"{_peak('base')[0]:.2e}" == "6.99e-04"),
         ("derivations/schedule.md", "4.94", f"{_peak('big')[0]:.2e}" == "4.94e-04"),
-        ("derivations/schedule.md", "1.5625", _peak("small")[0] == 1.5625e-3),
+        ("derivations/schedule.md", "2.21", f"{_peak('small')[0]:.2e}" == "2.21e-03"),
         ("derivations/schedule.md", "peak", noam(3999, 512, 4000) < noam(4000, 512, 4000) > noam(4001, 512, 4000)),
     ]
 
