@@ -37,7 +37,7 @@ from .models import build_model
 from .optim import Adam, LossScaler
 from .schedule import NoamSchedule, fade
 from .trainlog import Console, TrainLog, log
-from .validation import Validation, evaluate_loss, to_batch
+from .validation import Validation, evaluate_loss, perplexity, to_batch
 
 
 # ------------------------------------------------------------------------------ checkpoints
@@ -542,7 +542,7 @@ def after_step(run, loss_sum, nll_sum, tokens, lr):
         dt = time.time() - w["t0"]
         rec = {"step": state["step"], "epoch": round(state["epoch"] + state["batch"] / run.epoch_len, 3),
                "loss": round(w["loss"] / w["n"], 4), "nll": round(w["nll"] / w["n"], 4),
-               "ppl": round(float(np.exp(min(w["nll"] / w["n"], 50))), 2), "lr": lr,
+               "ppl": perplexity(w["nll"] / w["n"]), "lr": lr,
                "tokens_per_s": round(w["n"] / dt, 1), "wall_s": round(run.elapsed(), 1)}
         run.log.write(rec)
         run.console.show(rec)
@@ -679,8 +679,8 @@ def choose_model(run):
     checkpoint has the lower validation loss, written as OUT/model.npz (without Adam's state) and
     loaded into run.model. Returns what results.json says about it."""
     args, model = run.args, run.model
-    last = checkpoint_paths(args.out)[-1]
-    window = averaging_window(checkpoint_paths(args.out), args.average_last)
+    paths = checkpoint_paths(args.out)
+    last, window = paths[-1], averaging_window(paths, args.average_last)
     avg_path = os.path.join(args.out, "averaged.npz")
     average_checkpoints(window, avg_path)
     candidates = {"averaged": load_checkpoint(avg_path)}
@@ -711,7 +711,7 @@ def choose_model(run):
     nll = losses[chosen][1] if losses else None
     return {"model": chosen, "model_checkpoints": used, "averaged_checkpoints": [os.path.basename(c) for c in window],
             "valid_loss_averaged": loss["averaged"], "valid_loss_last": loss["last"], "valid_loss": loss[chosen],
-            "valid_ppl": round(float(np.exp(min(nll, 50))), 2) if losses else None}
+            "valid_ppl": perplexity(nll) if losses else None}
 
 
 def plural(n, word):

@@ -12,6 +12,11 @@ def to_batch(pairs, idx, tok):
     return src, tgt_in, tgt_out, int((tgt_out != tok.pad_id).sum())
 
 
+def perplexity(nll):
+    """exp of a per-token NLL, capped at exp(50) (a diverged model's loss must not overflow the log)."""
+    return round(float(np.exp(min(nll, 50))), 2)
+
+
 def evaluate_loss(model, batches):
     """Teacher-forced loss and per-token NLL over (src, tgt_in, tgt_out) batches, in eval mode
     (the model's train/eval mode is restored afterwards)."""
@@ -61,7 +66,7 @@ class Validation:
         t0 = time.time()
         loss, nll = evaluate_loss(model, self.batches)
         rec = {"valid_loss": round(loss, 4), "valid_nll": round(nll, 4),
-               "valid_ppl": round(float(np.exp(min(nll, 50))), 2), "valid_bleu": None}
+               "valid_ppl": perplexity(nll), "valid_bleu": None}
         if self.src_ids:
             hyps = self.tok.decode(translate_ids(model, self.src_ids, beam_size=1, batch_size=self.decode_batch))
             rec["valid_bleu"] = score(hyps, self.refs)["bleu"]
