@@ -44,7 +44,8 @@ def build_parser(prog=None):
     p.add_argument("--arch", choices=ARCHS,
                    help="transformer (default), or rnn: the recurrent baseline with attention (docs/rnn_vs_transformer.md)")
     p.add_argument("--attention", choices=ATTENTIONS,
-                   help="--arch rnn: Luong's general (default) or dot score, or Bahdanau's additive score")
+                   help="--arch rnn: Luong's general or dot score, or Bahdanau's additive score "
+                        "(default from the preset: small additive, base and big general)")
     p.add_argument("--d-model", type=positive(), help="model width D (default from the preset: base 512, small 256)")
     p.add_argument("--heads", type=positive(), help="attention heads H (default from the preset: base 8, small 4)")
     p.add_argument("--d-ff", type=positive(), help="feed-forward width F (default from the preset: base 2048, small 1024)")
@@ -94,7 +95,8 @@ def build_parser(prog=None):
     p.add_argument("--beam", type=Number(int, 1, MAX_BEAM), default=4,
                    help="beam size for the final evaluation (paper: 4; 1 = greedy)")
     p.add_argument("--alpha", type=Number(float, 0), default=None,
-                   help="length penalty alpha of beam search (paper: 0.6; default: the preset's, small 2.0)")
+                   help="length penalty alpha of beam search (paper: 0.6; default: the preset's, small 2.0, "
+                        "small with --arch rnn 1.5)")
     p.add_argument("--decode-batch", type=positive(), default=100, help="sentences decoded together")
     p.add_argument("--max-nonfinite", type=positive(), default=5, help="stop after this many non-finite losses in a row")
     p.add_argument("--quiet", action="store_true",

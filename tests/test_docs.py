@@ -383,9 +383,11 @@ def _facts():
         ("derivations/adam.md", r"\epsilon = 10^{-9}", adam["eps"].default == 1e-9),
         ("deviations.md", "warmup 800, `lr_factor` 1.0", (small["warmup"], small["lr_factor"]) == (800, 1.0)),
         ("deviations.md", r"$P_\text{drop} = 0.1$", small["dropout"] == 0.1),
-        ("deviations.md", "(dropout 0.1, warmup 400, factor 0.5, 2048 tokens per update",
-         (lambda r: (r.dropout, r.warmup, r.lr_factor, r.update_tokens) == (0.1, 400, 0.5, 2048))(
+        ("deviations.md", "(dropout 0.1, warmup 800, factor 1.0, 4096 tokens per update)",
+         (lambda r: (r.dropout, r.warmup, r.lr_factor, r.update_tokens) == (0.1, 800, 1.0, 4096))(
              TransformerConfig.preset("small", arch="rnn"))),
+        ("deviations.md", "additive attention and its own length penalty, $\\alpha = 1.5$",
+         (lambda r: (r.attention, r.decode_alpha) == ("additive", 1.5))(TransformerConfig.preset("small", arch="rnn"))),
         ("deviations.md", "(off, the paper's schedule) in every preset", all(not p.get("lr_fade") for p in PRESETS.values())
          and TransformerConfig().lr_fade == 0),
         ("deviations.md", "base and big\n25000, as in the paper", PRESETS["base"]["update_tokens"] == PRESETS["big"]["update_tokens"]
