@@ -374,6 +374,7 @@ def _facts():
     from minitf.schedule import noam
     adam = inspect.signature(Adam).parameters
     small = PRESETS["small"]
+    rnn_small = TransformerConfig.preset("small", arch="rnn")
     return [
         ("derivations/layernorm.md", r"\epsilon = 10^{-5}", TransformerConfig().layer_norm_eps == 1e-5),
         ("deviations.md", r"$= 10^{-5}$", TransformerConfig().layer_norm_eps == 1e-5),
@@ -384,10 +385,9 @@ def _facts():
         ("deviations.md", "warmup 800, `lr_factor` 1.0", (small["warmup"], small["lr_factor"]) == (800, 1.0)),
         ("deviations.md", r"$P_\text{drop} = 0.1$", small["dropout"] == 0.1),
         ("deviations.md", "(dropout 0.1, warmup 800, factor 1.0, 4096 tokens per update)",
-         (lambda r: (r.dropout, r.warmup, r.lr_factor, r.update_tokens) == (0.1, 800, 1.0, 4096))(
-             TransformerConfig.preset("small", arch="rnn"))),
+         (rnn_small.dropout, rnn_small.warmup, rnn_small.lr_factor, rnn_small.update_tokens) == (0.1, 800, 1.0, 4096)),
         ("deviations.md", "additive attention and its own length penalty, $\\alpha = 1.5$",
-         (lambda r: (r.attention, r.decode_alpha) == ("additive", 1.5))(TransformerConfig.preset("small", arch="rnn"))),
+         (rnn_small.attention, rnn_small.decode_alpha) == ("additive", 1.5)),
         ("deviations.md", "(off, the paper's schedule) in every preset", all(not p.get("lr_fade") for p in PRESETS.values())
          and TransformerConfig().lr_fade == 0),
         ("deviations.md", "base and big\n25000, as in the paper", PRESETS["base"]["update_tokens"] == PRESETS["big"]["update_tokens"]
