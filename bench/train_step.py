@@ -201,6 +201,7 @@ def timed_round(runner, steps):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="small", choices=sorted(minitf.PRESETS))
+    ap.add_argument("--layers", type=int, help="encoder and decoder layers each (default: the preset's)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     ap.add_argument("--fp16", action="store_true", help="torch under autocast float16 (+GradScaler on GPU); "
                     "minitf in float16 only if it supports that dtype, else float32")
@@ -224,7 +225,8 @@ def main(argv=None):
                     help="instead of timing, run minitf's steps under cProfile and print the top functions")
     args = ap.parse_args(argv)
 
-    cfg = minitf.TransformerConfig.preset(args.preset, vocab_size=args.vocab)
+    cfg = minitf.TransformerConfig.preset(args.preset, vocab_size=args.vocab,
+                                          **({"n_layers": args.layers} if args.layers else {}))
     batch = make_batch(cfg, args.batch_sentences, args.src_len, args.tgt_len, full_length=args.full_length)
     src, tgt_in, tgt_out = batch
     tgt_tokens = int((tgt_out != cfg.pad_id).sum())

@@ -370,6 +370,7 @@ def _peak(preset):
 def _facts():
     from minitf.config import PRESETS, TransformerConfig
     from minitf.masks import NEG_INF
+    from minitf.model import Transformer
     from minitf.optim import Adam
     from minitf.schedule import noam
     adam = inspect.signature(Adam).parameters
@@ -384,6 +385,10 @@ def _facts():
         ("derivations/adam.md", r"\epsilon = 10^{-9}", adam["eps"].default == 1e-9),
         ("deviations.md", "warmup 800, `lr_factor` 1.0", (small["warmup"], small["lr_factor"]) == (800, 1.0)),
         ("deviations.md", r"$P_\text{drop} = 0.1$", small["dropout"] == 0.1),
+        ("deviations.md", "$D = 256$, $H = 4$, $F = 1024$, $N = 2$",
+         (small["d_model"], small["n_heads"], small["d_ff"], small["n_layers"]) == (256, 4, 1024, 2)),
+        ("deviations.md", "5.73M parameters with 8,000 pieces",
+         f"{Transformer(TransformerConfig.preset('small', vocab_size=8000)).num_parameters() / 1e6:.2f}M" == "5.73M"),
         ("deviations.md", "(dropout 0.1, warmup 800, factor 1.0, 4096 tokens per update)",
          (rnn_small.dropout, rnn_small.warmup, rnn_small.lr_factor, rnn_small.update_tokens) == (0.1, 800, 1.0, 4096)),
         ("deviations.md", "additive attention and its own length penalty, $\\alpha = 1.5$",
