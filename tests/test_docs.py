@@ -384,7 +384,7 @@ def _facts():
         ("derivations/adam.md", r"\beta_2 = 0.98", adam["betas"].default == (0.9, 0.98)),
         ("derivations/adam.md", r"\epsilon = 10^{-9}", adam["eps"].default == 1e-9),
         ("deviations.md", "warmup 800, `lr_factor` 1.0", (small["warmup"], small["lr_factor"]) == (800, 1.0)),
-        ("deviations.md", r"$P_\text{drop} = 0.1$", small["dropout"] == 0.1),
+        ("deviations.md", r"$P_\text{drop} = 0.2$", small["dropout"] == 0.2),
         ("deviations.md", "$D = 256$, $H = 4$, $F = 1024$, $N = 2$",
          (small["d_model"], small["n_heads"], small["d_ff"], small["n_layers"]) == (256, 4, 1024, 2)),
         ("deviations.md", "5.73M parameters with 8,000 pieces",
