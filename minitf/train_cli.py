@@ -49,7 +49,7 @@ def build_parser(prog=None):
     p.add_argument("--d-model", type=positive(), help="model width D (default from the preset: base 512, small 256)")
     p.add_argument("--heads", type=positive(), help="attention heads H (default from the preset: base 8, small 4)")
     p.add_argument("--d-ff", type=positive(), help="feed-forward width F (default from the preset: base 2048, small 1024)")
-    p.add_argument("--layers", type=positive(), help="layers N of the encoder and of the decoder (default from the preset: base 6, small 3)")
+    p.add_argument("--layers", type=positive(), help="layers N of the encoder and of the decoder (default from the preset: base 6, small 2)")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                    help="parameters and activations (float64: exact checks, e.g. one process against N ranks)")

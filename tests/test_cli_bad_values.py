@@ -109,3 +109,24 @@ def test_the_real_exit_status_of_each_entry_point(tmp_path):
         r = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
         assert cmd[-2] in r.stderr and r.stdout == ""
+
+
+def test_help_texts_quote_the_presets_defaults():
+    """Every "default from the preset: base 6, small 2" in train_wmt.py --help is the preset's value."""
+    import re
+    from minitf.config import PRESETS, RNN_PRESETS
+    fields = {"d_model": "d_model", "heads": "n_heads", "d_ff": "d_ff", "layers": "n_layers",
+              "save_every": "save_every", "average_last": "average_last", "max_steps": "max_steps"}
+    checked = 0
+    for action in train_cli.build_parser()._actions:
+        m = re.search(r"default from the preset: ([^)]*)\)", action.help or "")
+        if not m or action.dest not in fields:
+            continue
+        for name, value in re.findall(r"\b(base|big|small|tiny) (\d+k?)\b", m.group(1)):
+            quoted = int(value[:-1]) * 1000 if value.endswith("k") else int(value)
+            assert quoted == PRESETS[name][fields[action.dest]], (action.dest, name, value)
+            checked += 1
+    assert checked >= 12
+    alpha = next(a for a in train_cli.build_parser()._actions if a.dest == "alpha")
+    assert f"small {PRESETS['small']['decode_alpha']}," in alpha.help
+    assert f"small with --arch rnn {RNN_PRESETS['small']['decode_alpha']})" in alpha.help
