@@ -1,7 +1,9 @@
 """Post-norm residual blocks and the encoder/decoder stacks (paper 3.1).
 
 Every sublayer is wrapped as LayerNorm(x + Dropout(Sublayer(x))). There is no final
-LayerNorm after either stack (the paper's post-norm; see docs/deviations.md).
+LayerNorm after either stack (the paper's post-norm; see docs/deviations.md). Attention and
+ReLU dropout inside the sublayers (cfg.attention_dropout, cfg.relu_dropout; 0 in the paper)
+draw their masks from the same stream, before the sublayer's residual dropout.
 """
 from typing import NamedTuple
 
@@ -21,17 +23,18 @@ class EncoderLayer(Layer):
     def __init__(self, cfg, rng):
         super().__init__()
         d = cfg.d_model
-        self.self_attn = self.add("self_attn", MultiHeadAttention(d, cfg.n_heads, cfg.d_k, rng))
+        self.self_attn = self.add("self_attn", MultiHeadAttention(d, cfg.n_heads, cfg.d_k, rng, cfg.attention_dropout))
         self.norm1 = self.add("norm1", LayerNorm(d, cfg.layer_norm_eps))
-        self.ffn = self.add("ffn", FeedForward(d, cfg.d_ff, rng))
+        self.ffn = self.add("ffn", FeedForward(d, cfg.d_ff, rng, cfg.relu_dropout))
         self.norm2 = self.add("norm2", LayerNorm(d, cfg.layer_norm_eps))
         self.drop1 = self.add("drop1", Dropout(cfg.dropout))
         self.drop2 = self.add("drop2", Dropout(cfg.dropout))
 
     def forward(self, x, src_bias, stream=None, rows=None):
         """x [B, S, D], src_bias [B, 1, 1, S] -> [B, S, D] (x [Ns, D] -> [Ns, D] with `rows`)."""
-        h = self.norm1.forward(residual(x, self.drop1, self.self_attn.forward(x, x, src_bias, rows, rows), stream, rows))
-        return self.norm2.forward(residual(h, self.drop2, self.ffn.forward(h), stream, rows))
+        a = self.self_attn.forward(x, x, src_bias, rows, rows, stream)
+        h = self.norm1.forward(residual(x, self.drop1, a, stream, rows))
+        return self.norm2.forward(residual(h, self.drop2, self.ffn.forward(h, stream, rows), stream, rows))
 
     def backward(self, dy):
         # y = norm2(h + drop2(ffn(h)))
@@ -50,11 +53,11 @@ class DecoderLayer(Layer):
     def __init__(self, cfg, rng):
         super().__init__()
         d = cfg.d_model
-        self.self_attn = self.add("self_attn", MultiHeadAttention(d, cfg.n_heads, cfg.d_k, rng))
+        self.self_attn = self.add("self_attn", MultiHeadAttention(d, cfg.n_heads, cfg.d_k, rng, cfg.attention_dropout))
         self.norm1 = self.add("norm1", LayerNorm(d, cfg.layer_norm_eps))
-        self.cross_attn = self.add("cross_attn", MultiHeadAttention(d, cfg.n_heads, cfg.d_k, rng))
+        self.cross_attn = self.add("cross_attn", MultiHeadAttention(d, cfg.n_heads, cfg.d_k, rng, cfg.attention_dropout))
         self.norm2 = self.add("norm2", LayerNorm(d, cfg.layer_norm_eps))
-        self.ffn = self.add("ffn", FeedForward(d, cfg.d_ff, rng))
+        self.ffn = self.add("ffn", FeedForward(d, cfg.d_ff, rng, cfg.relu_dropout))
         self.norm3 = self.add("norm3", LayerNorm(d, cfg.layer_norm_eps))
         self.drop1 = self.add("drop1", Dropout(cfg.dropout))
         self.drop2 = self.add("drop2", Dropout(cfg.dropout))
@@ -63,11 +66,11 @@ class DecoderLayer(Layer):
     def forward(self, y, memory, src_bias, tgt_bias, stream=None, tgt_rows=None, src_rows=None):
         """y [B, T, D], memory [B, S, D] (encoder output), tgt_bias [B, 1, T, T] -> [B, T, D]
         (packed: y [Nt, D], memory [Ns, D] -> [Nt, D] with `tgt_rows`/`src_rows`)."""
-        h1 = self.norm1.forward(residual(y, self.drop1, self.self_attn.forward(y, y, tgt_bias, tgt_rows, tgt_rows),
-                                         stream, tgt_rows))
-        h2 = self.norm2.forward(residual(h1, self.drop2, self.cross_attn.forward(h1, memory, src_bias, tgt_rows, src_rows),
-                                         stream, tgt_rows))
-        return self.norm3.forward(residual(h2, self.drop3, self.ffn.forward(h2), stream, tgt_rows))
+        a = self.self_attn.forward(y, y, tgt_bias, tgt_rows, tgt_rows, stream)
+        h1 = self.norm1.forward(residual(y, self.drop1, a, stream, tgt_rows))
+        a = self.cross_attn.forward(h1, memory, src_bias, tgt_rows, src_rows, stream)
+        h2 = self.norm2.forward(residual(h1, self.drop2, a, stream, tgt_rows))
+        return self.norm3.forward(residual(h2, self.drop3, self.ffn.forward(h2, stream, tgt_rows), stream, tgt_rows))
 
     def backward(self, dout):
         """Returns (dy, dmemory)."""

@@ -16,7 +16,7 @@ from .errors import ConfigError
 
 # how a model is trained and decoded, not what it computes: checkpoints that differ only in these hold
 # the same model (checkpoint averaging compares the other fields, `TransformerConfig.model_fields`)
-TRAINING_FIELDS = ("dropout", "label_smoothing", "warmup", "lr_factor", "lr_fade", "max_tokens", "save_every",
+TRAINING_FIELDS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "warmup", "lr_factor", "lr_fade", "max_tokens", "save_every",
                    "save_every_minutes", "average_last", "max_steps", "decode_alpha")
 ARCHS = ("transformer", "rnn")                  # the classes: models.ARCHS
 ATTENTIONS = ("general", "dot", "additive")     # arch "rnn": layers.rnn_attention.RecurrentAttention.KINDS
@@ -33,6 +33,8 @@ class TransformerConfig:
     n_layers: int = 6                # N, for both the encoder and the decoder stack
     d_k: int = None                  # K = d_k = d_v; None -> d_model // n_heads
     dropout: float = 0.1             # P_drop (5.4)
+    attention_dropout: float = 0.0   # on the attention weights (not in the paper; deviations.md)
+    relu_dropout: float = 0.0        # on the FFN's hidden ReLU output (not in the paper; deviations.md)
     label_smoothing: float = 0.1     # eps_ls (5.4)
     pad_id: int = 0
     bos_id: int = 2
@@ -75,8 +77,12 @@ class TransformerConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.max_tokens is not None and int(self.max_tokens) <= 0:
             raise ConfigError(f"max_tokens must be a positive integer or None, got {self.max_tokens!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
+        for name in ("dropout", "attention_dropout", "relu_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.arch == "rnn" and (self.attention_dropout or self.relu_dropout):
+            raise ConfigError("attention_dropout and relu_dropout are the Transformer's (arch 'transformer'); "
+                              "the recurrent baseline has only dropout")
         if not 0.0 <= self.lr_fade <= 1.0:
             raise ConfigError(f"lr_fade must be in [0, 1] (a fraction of the run), got {self.lr_fade}")
         if not 0.0 <= self.label_smoothing < 1.0:

@@ -227,11 +227,13 @@ def dropout_backward(dy, mask):
 
 
 # ----------------------------------------------------------------------------- attention
-def attention_forward(q, k, v, bias, scale):
+def attention_forward(q, k, v, bias, scale, drop_mask=None):
     """Scaled dot-product attention (paper 3.2.1): softmax(q k^T * scale + bias) v.
 
     q [B, H, T, K], k and v [B, H, S, K], bias broadcastable to [B, H, T, S] (0 where
-    attending is allowed, a large negative number where it is masked).
+    attending is allowed, a large negative number where it is masked). `drop_mask` [B, H, T,
+    S] (an inverted-dropout mask, dropout_mask): attention dropout, (p * drop_mask) v, not in
+    the paper (docs/deviations.md).
     Returns out [B, H, T, K] and p [B, H, T, S] (the softmax output, kept for backward).
     """
     scores = (q * scale) @ k.swapaxes(-1, -2)
@@ -240,14 +242,16 @@ def attention_forward(q, k, v, bias, scale):
     else:
         scores += bias
         p = softmax_forward(scores)
-    return p @ v, p
+    return (p @ v if drop_mask is None else (p * drop_mask) @ v), p
 
 
-def attention_backward(dout, q, k, v, p, scale):
-    """Returns dq, dk, dv for attention_forward."""
-    # out = p @ v
-    dv = p.swapaxes(-1, -2) @ dout
+def attention_backward(dout, q, k, v, p, scale, drop_mask=None):
+    """Returns dq, dk, dv for attention_forward (the same drop_mask)."""
+    # out = p @ v, or (p * drop_mask) @ v
+    dv = (p if drop_mask is None else p * drop_mask).swapaxes(-1, -2) @ dout
     dp = dout @ v.swapaxes(-1, -2)
+    if drop_mask is not None:
+        dp *= drop_mask
     # p = softmax(scores)
     ds = kernels.softmax_backward(dp, p, out=dp) if kernels.enabled(dp) else softmax_backward(dp, p)
     # scores = (q * scale) @ k^T + bias

@@ -8,7 +8,9 @@ a comment quoting the forward line it differentiates, as in llm.c's train_gpt2.c
 no fused kernels, no flat buffers, no activation overwritten in place. It imports nothing
 but NumPy; `python minitf/reference.py` trains it for a few steps on a toy batch.
 tests/test_reference.py holds it equal to the engine in float64: loss, logits and every
-gradient, dropout off and on, and Adam steps. The derivations: docs/derivations/.
+gradient, dropout off and on, and Adam steps. The derivations: docs/derivations/. The
+engine's attention and ReLU dropout (options outside the paper, off in every preset;
+docs/deviations.md item 10) are not here.
 
 Shapes: B batch, S source length, T target length (padding included; L for either),
 D d_model, H heads, K d_k = d_v, F d_ff, V vocabulary, N target tokens with a loss (non-pad

@@ -60,7 +60,7 @@ class Seq2Seq(Layer):
     def _dropout_stream(self):
         """The dropout masks of this forward (None in eval mode or without dropout). Nothing is
         set up: a mask is a function of (seed, forward index, site, position)."""
-        if not self.training or self.cfg.dropout == 0.0:
+        if not self.training or not (self.cfg.dropout or self.cfg.attention_dropout or self.cfg.relu_dropout):
             return None
         stream = DropoutStream(self.seed, self.forward_count)
         self.forward_count += 1

@@ -134,9 +134,9 @@ def on_grid(state, key, every_steps, every_minutes, wall_s):
 
 
 def build_config(args, vocab_size):
-    over = {k: getattr(args, k) for k in ("dropout", "label_smoothing", "warmup", "lr_factor", "lr_fade", "max_tokens", "save_every",
-                                          "save_every_minutes", "average_last", "max_steps")
-            if getattr(args, k, None) is not None}
+    recipe = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "warmup", "lr_factor", "lr_fade",
+              "max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps")
+    over = {k: getattr(args, k) for k in recipe if getattr(args, k, None) is not None}
     over.update({field: getattr(args, flag) for flag, field in SIZE_FLAGS.items() if getattr(args, flag, None) is not None})
     if args.save_every is not None and args.save_every_minutes is None:
         over["save_every_minutes"] = None   # spacing in steps asked for: a resumed run keeps it

@@ -70,6 +70,11 @@ def build_parser(prog=None):
                    help="fade the learning rate linearly to 0 over this last fraction of the run (of --time-budget "
                         "or --max-steps, whichever ends it first); 0 = the paper's schedule (default from the preset)")
     p.add_argument("--dropout", type=fraction(closed=False), help="override the preset's dropout (paper: 0.1; big: 0.3)")
+    p.add_argument("--attention-dropout", type=fraction(closed=False),
+                   help="dropout on the attention weights (not in the paper, which has none; default from the preset: 0)")
+    p.add_argument("--relu-dropout", type=fraction(closed=False),
+                   help="dropout on the feed-forward layer's hidden ReLU output (not in the paper; default from the "
+                        "preset: 0)")
     p.add_argument("--label-smoothing", type=fraction(closed=False), help="override eps_ls (paper: 0.1)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--seed", type=Number(int, 0, 2**32 - 1), default=1)
@@ -117,6 +122,9 @@ def parse_args(argv=None, prog=None):
         if getattr(args, flag) is not None and args.arch == "rnn":
             p.error(f"--{flag.replace('_', '-')} sizes the Transformer's layers; --arch rnn has none "
                     f"(its sizes: --d-model and --layers)")
+    for flag in ("attention_dropout", "relu_dropout"):
+        if getattr(args, flag) and args.arch == "rnn":
+            p.error(f"--{flag.replace('_', '-')} is the Transformer's; --arch rnn has only --dropout")
     if args.attention is not None and args.arch == "transformer":
         p.error("--attention chooses the attention of --arch rnn; the Transformer's is multi-head scaled dot-product")
     if (args.d_model or args.heads) and args.arch != "rnn":

@@ -393,6 +393,9 @@ def _facts():
          (rnn_small.dropout, rnn_small.warmup, rnn_small.lr_factor, rnn_small.update_tokens) == (0.1, 800, 1.0, 4096)),
         ("deviations.md", "additive attention and its own length penalty, $\\alpha = 1.5$",
          (rnn_small.attention, rnn_small.decode_alpha) == ("additive", 1.5)),
+        ("deviations.md", "off in every preset\n(`attention_dropout`, `relu_dropout`",
+         all(TransformerConfig.preset(name).attention_dropout == TransformerConfig.preset(name).relu_dropout == 0
+             for name in PRESETS)),
         ("deviations.md", "(off, the paper's schedule) in every preset", all(not p.get("lr_fade") for p in PRESETS.values())
          and TransformerConfig().lr_fade == 0),
         ("deviations.md", "base and big\n25000, as in the paper", PRESETS["base"]["update_tokens"] == PRESETS["big"]["update_tokens"]

@@ -185,6 +185,25 @@ def test_dropout_is_deterministic_per_seed_and_off_in_eval():
     assert a.forward_loss(src, tgt_in, tgt_out) == a.forward_loss(src, tgt_in, tgt_out)
 
 
+@pytest.mark.parametrize("knob", ["attention_dropout", "relu_dropout"])
+def test_attention_and_relu_dropout_alone_drop_and_eval_does_not(knob):
+    """Either knob alone makes training forwards differ (a stream is drawn without residual
+    dropout) and drops about its rate; eval mode is deterministic; bad values are errors."""
+    src, tgt_in, tgt_out = batch()
+    model = minitf.Transformer(tiny(**{knob: 0.3}), seed=5)
+    losses = [model.forward_loss(src, tgt_in, tgt_out) for _ in range(2)]
+    assert losses[0] != losses[1] and model.forward_count == 2
+    layer = model.encoder.layer_list[0]
+    mask = layer.self_attn.cache.drop_mask if knob == "attention_dropout" else layer.ffn.cache[1]
+    assert mask is not None and 0.1 < (mask == 0).mean() < 0.5
+    model.eval()
+    assert model.forward_loss(src, tgt_in, tgt_out) == model.forward_loss(src, tgt_in, tgt_out)
+    with pytest.raises(minitf.ConfigError, match=knob):
+        tiny(**{knob: 1.0})
+    with pytest.raises(minitf.ConfigError, match="Transformer"):
+        tiny(arch="rnn", **{knob: 0.1})
+
+
 def test_bad_inputs_raise_clear_errors():
     with pytest.raises(minitf.DeviceError, match="unknown device"):
         get_xp("tpu")
@@ -365,13 +384,16 @@ def test_a_layer_built_on_its_own_runs_forward_and_backward():
     np.testing.assert_allclose(lin.grads["weight"], 2 * x.T @ dy)      # accumulated
 
 
-@pytest.mark.parametrize("dropout", [0.0, 0.3])
+@pytest.mark.parametrize("dropouts", [dict(dropout=0.0), dict(dropout=0.3),
+                                      dict(dropout=0.1, attention_dropout=0.3, relu_dropout=0.3)],
+                         ids=["none", "residual", "all"])
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
-def test_the_plain_path_gives_the_packed_loss_and_every_gradient(positional, dropout):
+def test_the_plain_path_gives_the_packed_loss_and_every_gradient(positional, dropouts):
     # forward_loss(packed=False) runs every layer on [B, L, D] with the pads, as the
     # derivation pages write it; loss and all gradients equal the packed default's, with
-    # dropout too (a mask is a function of the position in the padded batch)
-    cfg = tiny(positional=positional, dropout=dropout)
+    # dropout too (a mask is a function of the position in the padded batch; attention
+    # dropout's is drawn on [B, H, T, S] in both layouts, ReLU dropout's like the residual's)
+    cfg = tiny(positional=positional, **dropouts)
     src, tgt_in, tgt_out = batch()
     assert (src == 0).any() and (tgt_out == 0).any()          # the batch has padding to skip
     model = minitf.Transformer(cfg, dtype="float64")

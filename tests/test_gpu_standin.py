@@ -76,6 +76,33 @@ def test_training_with_dropout_sets_up_no_generator_and_both_paths_drop_the_same
             np.testing.assert_array_equal(backend.to_numpy(layer.drop1.cache), m)
 
 
+@pytest.mark.parametrize("fused", ["1", "0"])
+def test_attention_and_relu_dropout_on_the_device_draw_hashed_masks(standin, monkeypatch, fused):
+    """Attention dropout ([B, H, T, S] weights) and ReLU dropout (the packed [N, F] hidden rows)
+    take the hashed masks on the device too: no generator, about the rate dropped, and the same
+    loss and gradients with and without the fused kernels."""
+    monkeypatch.setattr(strict_cupy, "random", NoRandom())
+    monkeypatch.setenv("MINITF_FUSED", fused)
+    model = tiny(dtype="float64", attention_dropout=0.3, relu_dropout=0.3)
+    model.forward_count = 4
+    model.zero_grad()
+    loss = float(model.forward_loss(SRC[:, 1:], SRC[:, :-1], SRC[:, 1:]))
+    layer = model.decoder.layer_list[0]
+    masks = [backend.to_numpy(layer.self_attn.cache.drop_mask), backend.to_numpy(layer.ffn.cache[1])]
+    model.backward()
+    assert all(0.15 < (m == 0).mean() < 0.45 for m in masks)
+    grads = backend.to_numpy(model.flat_grads)
+    assert np.isfinite(grads).all()
+    if fused == "1":
+        monkeypatch.setenv("MINITF_FUSED", "0")
+        generic = tiny(dtype="float64", attention_dropout=0.3, relu_dropout=0.3)
+        generic.forward_count = 4
+        generic.zero_grad()
+        assert float(generic.forward_loss(SRC[:, 1:], SRC[:, :-1], SRC[:, 1:])) == pytest.approx(loss, rel=1e-12)
+        generic.backward()
+        np.testing.assert_allclose(backend.to_numpy(generic.flat_grads), grads, rtol=1e-9, atol=1e-12)
+
+
 # ----------------------------------------------------------------------------- decoding
 SRC = np.array([[5, 6, 7, 8, 3, 0, 0], [9, 10, 5, 6, 7, 8, 3], [4, 3, 0, 0, 0, 0, 0], [6, 7, 8, 9, 10, 11, 3],
                 [12, 13, 3, 0, 0, 0, 0]])

@@ -139,6 +139,39 @@ def test_gradcheck_multihead_cross_attention(rng):
     check_layer(layer, inputs, lambda y, m: layer.forward(y, m, bias), layer.backward, rng)
 
 
+@pytest.mark.parametrize("kind", ["self", "cross"])
+def test_gradcheck_multihead_attention_with_attention_dropout(rng, kind):
+    layer = MultiHeadAttention(D, H, K, rng, dropout=0.3)
+    src = np.array([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])
+    bias = padding_bias(src, 0, np.float64)
+    # a fresh stream of the same forward on every call: the same mask each time
+    if kind == "self":
+        inputs = [rng.standard_normal((B, S, D))]
+        fwd = lambda x: layer.forward(x, x, bias, stream=F.DropoutStream(7, 0))  # noqa: E731
+
+        def bwd(d):
+            dx_q, dx_kv = layer.backward(d)
+            return dx_q + dx_kv
+    else:
+        inputs = [rng.standard_normal((B, T, D)), rng.standard_normal((B, S, D))]
+        fwd = lambda y, m: layer.forward(y, m, bias, stream=F.DropoutStream(7, 0))  # noqa: E731
+        bwd = layer.backward
+    fwd(*inputs)
+    mask = layer.cache.drop_mask
+    assert mask.shape == (B, H, inputs[0].shape[1], S) and 0.1 < (mask == 0).mean() < 0.5
+    check_layer(layer, inputs, fwd, bwd, rng)
+
+
+def test_gradcheck_feedforward_with_relu_dropout(rng):
+    layer = FeedForward(D, FF, rng, dropout=0.3)
+    fwd = lambda x: layer.forward(x, F.DropoutStream(7, 0))  # noqa: E731
+    x = rng.standard_normal((B, T, D))
+    fwd(x)
+    mask = layer.cache[1]
+    assert mask.shape == (B, T, FF) and 0.1 < (mask == 0).mean() < 0.5
+    check_layer(layer, [x], fwd, layer.backward, rng)
+
+
 def test_gradcheck_feedforward(rng):
     layer = FeedForward(D, FF, rng)
     check_layer(layer, [rng.standard_normal((B, T, D))], layer.forward, layer.backward, rng)
@@ -152,8 +185,12 @@ def test_gradcheck_dropout_with_fixed_mask(rng):
     check_layer(layer, [x], lambda x: layer.forward(x, mask=mask), layer.backward, rng)
 
 
-def test_gradcheck_encoder_layer_with_dropout(rng):
-    layer = EncoderLayer(small_cfg(dropout=0.2), rng)
+ALL_DROPOUTS = dict(dropout=0.2, attention_dropout=0.2, relu_dropout=0.2)
+
+
+@pytest.mark.parametrize("dropouts", [dict(dropout=0.2), ALL_DROPOUTS], ids=["residual", "all"])
+def test_gradcheck_encoder_layer_with_dropout(rng, dropouts):
+    layer = EncoderLayer(small_cfg(**dropouts), rng)
     src = np.array([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])
     bias = padding_bias(src, 0, np.float64)
     # a fresh stream of the same forward on every call: the same dropout masks each time
@@ -161,8 +198,9 @@ def test_gradcheck_encoder_layer_with_dropout(rng):
     check_layer(layer, [rng.standard_normal((B, S, D))], fwd, layer.backward, rng)
 
 
-def test_gradcheck_decoder_layer_with_dropout(rng):
-    layer = DecoderLayer(small_cfg(dropout=0.2), rng)
+@pytest.mark.parametrize("dropouts", [dict(dropout=0.2), ALL_DROPOUTS], ids=["residual", "all"])
+def test_gradcheck_decoder_layer_with_dropout(rng, dropouts):
+    layer = DecoderLayer(small_cfg(**dropouts), rng)
     src = np.array([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])
     tgt = np.array([[5, 6, 7, 0], [5, 6, 7, 8]])
     src_bias = padding_bias(src, 0, np.float64)
@@ -192,12 +230,13 @@ def _batch():
     return src, tgt_in, tgt_out
 
 
-@pytest.mark.parametrize("variant", ["sinusoidal", "learned", "dropout", "unpadded"])
+@pytest.mark.parametrize("variant", ["sinusoidal", "learned", "dropout", "all dropouts", "unpadded"])
 def test_gradcheck_transformer_every_parameter(variant):
     """Padded batches take the pad-free packed layout (packing.py); "unpadded" (no pad
-    anywhere) takes the plain [B, L, D] layout with no row index."""
-    cfg = small_cfg(positional="learned" if variant == "learned" else "sinusoidal",
-                    dropout=0.2 if variant == "dropout" else 0.0)
+    anywhere) takes the plain [B, L, D] layout with no row index. "all dropouts": residual,
+    attention and ReLU dropout."""
+    dropouts = {"dropout": dict(dropout=0.2), "all dropouts": ALL_DROPOUTS}.get(variant, dict(dropout=0.0))
+    cfg = small_cfg(positional="learned" if variant == "learned" else "sinusoidal", **dropouts)
     model = minitf.Transformer(cfg, dtype="float64", seed=3)
     src, tgt_in, tgt_out = _batch()
     if variant == "unpadded":

@@ -387,6 +387,13 @@ def test_model_size_flags_override_the_preset_and_a_resume_keeps_them(corpus, tm
     assert r.returncode == 2 and "--d-model 51 is not divisible by --heads 2" in r.stderr
     r = run_train(corpus, tmp_path / "bad", "--max-steps", 2, "--arch", "rnn", "--d-ff", 64)
     assert r.returncode == 2 and "--d-ff sizes the Transformer's layers; --arch rnn has none" in r.stderr
+    r = run_train(corpus, tmp_path / "bad", "--max-steps", 2, "--arch", "rnn", "--attention-dropout", 0.1)
+    assert r.returncode == 2 and "--attention-dropout is the Transformer's; --arch rnn has only --dropout" in r.stderr
+    r = run_train(corpus, tmp_path / "drops", "--max-steps", 2, "--attention-dropout", 0.15, "--relu-dropout", 0.25,
+                  "--valid-every", 0, "--save-every", 1, "--average-last", 1)
+    assert r.returncode == 0, r.stderr[-3000:]
+    cfg = load_checkpoint(tmp_path / "drops" / "averaged.npz").config
+    assert (cfg.attention_dropout, cfg.relu_dropout) == (0.15, 0.25)
 
 
 @pytest.mark.parametrize("preset,update", [("base", 25000), ("big", 25000), ("small", 4096), ("tiny", 512)])

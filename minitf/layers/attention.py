@@ -3,7 +3,8 @@
 Head i uses columns i*K..(i+1)*K-1 of the q/k/v projections and the same rows of `out`.
 Used three ways (3.2.3): encoder self-attention, masked decoder self-attention and
 encoder-decoder attention. `backward` returns (dx_q, dx_kv) so the encoder output receives
-the gradient of every decoder layer's cross-attention.
+the gradient of every decoder layer's cross-attention. `dropout` > 0: attention dropout on
+the softmax weights while training (not in the paper; docs/deviations.md).
 """
 import math
 from typing import NamedTuple
@@ -16,46 +17,54 @@ from .linear import Linear
 
 class AttentionCache(NamedTuple):
     """What MultiHeadAttention.backward needs: q [B, H, T, K], k and v [B, H, S, K] (heads
-    split), p [B, H, T, S], and the packing of the query and key rows (or None)."""
+    split), p [B, H, T, S], the attention-dropout mask [B, H, T, S] (or None), and the packing
+    of the query and key rows (or None)."""
     q: object
     k: object
     v: object
     p: object
+    drop_mask: object
     rows_q: object
     rows_kv: object
 
 
 class MultiHeadAttention(Layer):
-    def __init__(self, d_model, n_heads, d_k, rng):
+    def __init__(self, d_model, n_heads, d_k, rng, dropout=0.0):
         super().__init__()
-        self.n_heads, self.d_k = n_heads, d_k
+        self.n_heads, self.d_k, self.dropout = n_heads, d_k, dropout
         self.scale = 1.0 / math.sqrt(d_k)
         self.q = self.add("q", Linear(d_model, n_heads * d_k, rng))
         self.k = self.add("k", Linear(d_model, n_heads * d_k, rng))
         self.v = self.add("v", Linear(d_model, n_heads * d_k, rng))
         self.out = self.add("out", Linear(n_heads * d_k, d_model, rng))
 
-    def forward(self, x_q, x_kv, bias, rows_q=None, rows_kv=None):
+    def forward(self, x_q, x_kv, bias, rows_q=None, rows_kv=None, stream=None):
         """x_q [B, T, D] queries, x_kv [B, S, D] keys/values, bias broadcastable to [B, H, T, S].
 
         With `rows_q`/`rows_kv` (packing.Rows) x_q is [Nq, D] and x_kv [Nkv, D]: only the
-        non-pad positions, unpacked to [B, ., .] around the attention itself.
+        non-pad positions, unpacked to [B, ., .] around the attention itself. `stream`
+        (functional.DropoutStream): the attention-dropout mask, drawn on [B, H, T, S] in
+        either layout, when training with dropout > 0.
         """
         h = self.n_heads
         q = F.split_heads(unpack(rows_q, self.q.forward(x_q)), h)
         k = F.split_heads(unpack(rows_kv, self.k.forward(x_kv)), h)
         v = F.split_heads(unpack(rows_kv, self.v.forward(x_kv)), h)
-        ctx, p = F.attention_forward(q, k, v, bias, self.scale)
-        self.cache = AttentionCache(q, k, v, p, rows_q, rows_kv)
+        mask = None
+        if self.training and self.dropout > 0.0 and stream is not None:
+            mask = F.dropout_mask(stream, q.shape[:-1] + k.shape[-2:-1], self.dropout, q.dtype, F.xp_of(q))
+        ctx, p = F.attention_forward(q, k, v, bias, self.scale, mask)
+        self.cache = AttentionCache(q, k, v, p, mask, rows_q, rows_kv)
         return self.out.forward(pack(rows_q, F.merge_heads(ctx)))
 
     def backward(self, dy):
-        q, k, v, p, rows_q, rows_kv = self.cache
+        q, k, v, p, mask, rows_q, rows_kv = self.cache
         self.cache = None
         h = self.n_heads
         # y = out(pack(merge_heads(ctx)))
         dctx = F.split_heads(unpack(rows_q, self.out.backward(dy)), h)
-        dq, dk, dv = F.attention_backward(dctx, q, k, v, p, self.scale)
+        # ctx = attention(q, k, v), with the forward's dropout mask
+        dq, dk, dv = F.attention_backward(dctx, q, k, v, p, self.scale, mask)
         # q = split(unpack(q(x_q))), k = split(unpack(k(x_kv))), v = split(unpack(v(x_kv)))
         dx_q = self.q.backward(pack(rows_q, F.merge_heads(dq)))
         dx_kv = self.k.backward(pack(rows_kv, F.merge_heads(dk)))
