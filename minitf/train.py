@@ -382,7 +382,8 @@ def _config(args, data, resume):
         cfg = build_config(args, vocab_size)
     else:
         cfg = resume.config
-        for flag, name in (("arch", "arch"), ("attention", "attention"), *SIZE_FLAGS.items()):
+        recipe = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "warmup", "lr_factor", "lr_fade")
+        for flag, name in (("arch", "arch"), ("attention", "attention"), *SIZE_FLAGS.items(), *zip(recipe, recipe)):
             asked = getattr(args, flag, None)
             if asked is not None and asked != getattr(cfg, name):
                 dashed = flag.replace("_", "-")

@@ -380,6 +380,9 @@ def test_model_size_flags_override_the_preset_and_a_resume_keeps_them(corpus, tm
     r = run_train(corpus, out, "--max-steps", 3, "--resume", "--d-ff", 64, "--valid-every", 0, "--save-every", 1,
                   "--average-last", 1)
     assert r.returncode != 0 and "--d-ff 64: the checkpoint" in r.stderr and "--d-ff 40" in r.stderr
+    r = run_train(corpus, out, "--max-steps", 3, "--resume", "--dropout", 0.3, "--valid-every", 0, "--save-every", 1,
+                  "--average-last", 1)   # a recipe flag the checkpoint would silently override
+    assert r.returncode != 0 and "--dropout 0.3: the checkpoint" in r.stderr and "--dropout 0.1" in r.stderr
     assert "Traceback" not in r.stderr
     r = run_train(corpus, tmp_path / "bad", "--max-steps", 2, "--layers", 0)
     assert r.returncode == 2 and "argument --layers: must be an integer >= 1, got 0" in r.stderr
