@@ -16,8 +16,8 @@ from .errors import ConfigError
 
 # how a model is trained and decoded, not what it computes: checkpoints that differ only in these hold
 # the same model (checkpoint averaging compares the other fields, `TransformerConfig.model_fields`)
-TRAINING_FIELDS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "warmup", "lr_factor", "lr_fade", "max_tokens", "save_every",
-                   "save_every_minutes", "average_last", "max_steps", "decode_alpha")
+TRAINING_FIELDS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "warmup", "lr_factor", "lr_fade",
+                   "max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps", "decode_alpha")
 ARCHS = ("transformer", "rnn")                  # the classes: models.ARCHS
 ATTENTIONS = ("general", "dot", "additive")     # arch "rnn": layers.rnn_attention.RecurrentAttention.KINDS
 # train_wmt.py's model-size flags (argparse names) -> the fields they override

@@ -133,10 +133,13 @@ def on_grid(state, key, every_steps, every_minutes, wall_s):
     return bool(every_steps) and state["step"] % every_steps == 0
 
 
+# flags that set a config field of the same name and change what training does: a resume must not differ in them
+RECIPE_FLAGS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "warmup", "lr_factor", "lr_fade")
+
+
 def build_config(args, vocab_size):
-    recipe = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "warmup", "lr_factor", "lr_fade",
-              "max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps")
-    over = {k: getattr(args, k) for k in recipe if getattr(args, k, None) is not None}
+    flags = RECIPE_FLAGS + ("max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps")
+    over = {k: getattr(args, k) for k in flags if getattr(args, k, None) is not None}
     over.update({field: getattr(args, flag) for flag, field in SIZE_FLAGS.items() if getattr(args, flag, None) is not None})
     if args.save_every is not None and args.save_every_minutes is None:
         over["save_every_minutes"] = None   # spacing in steps asked for: a resumed run keeps it
@@ -382,8 +385,8 @@ def _config(args, data, resume):
         cfg = build_config(args, vocab_size)
     else:
         cfg = resume.config
-        recipe = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "warmup", "lr_factor", "lr_fade")
-        for flag, name in (("arch", "arch"), ("attention", "attention"), *SIZE_FLAGS.items(), *zip(recipe, recipe)):
+        for flag, name in (("arch", "arch"), ("attention", "attention"), *SIZE_FLAGS.items(),
+                           *zip(RECIPE_FLAGS, RECIPE_FLAGS)):
             asked = getattr(args, flag, None)
             if asked is not None and asked != getattr(cfg, name):
                 dashed = flag.replace("_", "-")

@@ -194,7 +194,7 @@ def test_attention_and_relu_dropout_alone_drop_and_eval_does_not(knob):
     losses = [model.forward_loss(src, tgt_in, tgt_out) for _ in range(2)]
     assert losses[0] != losses[1] and model.forward_count == 2
     layer = model.encoder.layer_list[0]
-    mask = layer.self_attn.cache.drop_mask if knob == "attention_dropout" else layer.ffn.cache[1]
+    mask = layer.self_attn.cache.drop_mask if knob == "attention_dropout" else layer.ffn.drop.cache
     assert mask is not None and 0.1 < (mask == 0).mean() < 0.5
     model.eval()
     assert model.forward_loss(src, tgt_in, tgt_out) == model.forward_loss(src, tgt_in, tgt_out)

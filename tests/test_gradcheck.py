@@ -167,7 +167,7 @@ def test_gradcheck_feedforward_with_relu_dropout(rng):
     fwd = lambda x: layer.forward(x, F.DropoutStream(7, 0))  # noqa: E731
     x = rng.standard_normal((B, T, D))
     fwd(x)
-    mask = layer.cache[1]
+    mask = layer.drop.cache
     assert mask.shape == (B, T, FF) and 0.1 < (mask == 0).mean() < 0.5
     check_layer(layer, [x], fwd, layer.backward, rng)
 

@@ -12,6 +12,7 @@ from typing import NamedTuple
 from .. import functional as F
 from ..packing import pack, unpack
 from .base import Layer
+from .dropout import Dropout
 from .linear import Linear
 
 
@@ -31,12 +32,13 @@ class AttentionCache(NamedTuple):
 class MultiHeadAttention(Layer):
     def __init__(self, d_model, n_heads, d_k, rng, dropout=0.0):
         super().__init__()
-        self.n_heads, self.d_k, self.dropout = n_heads, d_k, dropout
+        self.n_heads, self.d_k = n_heads, d_k
         self.scale = 1.0 / math.sqrt(d_k)
         self.q = self.add("q", Linear(d_model, n_heads * d_k, rng))
         self.k = self.add("k", Linear(d_model, n_heads * d_k, rng))
         self.v = self.add("v", Linear(d_model, n_heads * d_k, rng))
         self.out = self.add("out", Linear(n_heads * d_k, d_model, rng))
+        self.drop = self.add("drop", Dropout(dropout))   # its mask is applied inside attention_forward
 
     def forward(self, x_q, x_kv, bias, rows_q=None, rows_kv=None, stream=None):
         """x_q [B, T, D] queries, x_kv [B, S, D] keys/values, bias broadcastable to [B, H, T, S].
@@ -50,9 +52,7 @@ class MultiHeadAttention(Layer):
         q = F.split_heads(unpack(rows_q, self.q.forward(x_q)), h)
         k = F.split_heads(unpack(rows_kv, self.k.forward(x_kv)), h)
         v = F.split_heads(unpack(rows_kv, self.v.forward(x_kv)), h)
-        mask = None
-        if self.training and self.dropout > 0.0 and stream is not None:
-            mask = F.dropout_mask(stream, q.shape[:-1] + k.shape[-2:-1], self.dropout, q.dtype, F.xp_of(q))
+        mask = self.drop.draw(stream, q.shape[:-1] + k.shape[-2:-1], q.dtype, F.xp_of(q))
         ctx, p = F.attention_forward(q, k, v, bias, self.scale, mask)
         self.cache = AttentionCache(q, k, v, p, mask, rows_q, rows_kv)
         return self.out.forward(pack(rows_q, F.merge_heads(ctx)))

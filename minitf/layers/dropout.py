@@ -15,20 +15,29 @@ class Dropout(Layer):
         super().__init__()
         self.p = p
 
+    def active(self, stream):
+        """Whether this forward drops: training, p > 0 and a stream (otherwise no site is spent)."""
+        return self.training and self.p != 0.0 and stream is not None
+
+    def draw(self, stream, shape, dtype, xp, rows=None):
+        """The next mask of `stream` for an activation of `shape`, or None when not active (for a
+        layer that applies the mask itself: the attention weights)."""
+        return F.dropout_mask(stream, shape, self.p, dtype, xp, rows) if self.active(stream) else None
+
     def forward(self, x, stream=None, mask=None, rows=None):
         """x * mask (the next mask of `stream` unless `mask` is given); identity in eval mode."""
         if mask is None:
-            if not self.training or self.p == 0.0 or stream is None:
+            mask = self.draw(stream, x.shape, x.dtype, F.xp_of(x), rows)
+            if mask is None:
                 self.cache = None
                 return x
-            mask = F.dropout_mask(stream, x.shape, self.p, x.dtype, F.xp_of(x), rows)
         self.cache = mask
         return F.dropout_forward(x, mask)
 
     def forward_add(self, x, residual, stream=None, rows=None):
         """residual + Dropout(x), written into x (the dropout's input: a sublayer output nothing
         else holds); backward returns the gradient of x (the residual's is the sum's own)."""
-        if not self.training or self.p == 0.0 or stream is None:
+        if not self.active(stream):
             self.cache = None
             x += residual
             return x

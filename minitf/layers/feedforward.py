@@ -4,15 +4,16 @@
 paper; docs/deviations.md)."""
 from .. import functional as F
 from .base import Layer
+from .dropout import Dropout
 from .linear import Linear
 
 
 class FeedForward(Layer):
     def __init__(self, d_model, d_ff, rng, dropout=0.0):
         super().__init__()
-        self.dropout = dropout
         self.fc1 = self.add("fc1", Linear(d_model, d_ff, rng))
         self.fc2 = self.add("fc2", Linear(d_ff, d_model, rng))
+        self.drop = self.add("drop", Dropout(dropout))
 
     def forward(self, x, stream=None, rows=None):
         """x [..., D] -> [..., D], hidden [..., F]: [B, L, D] padded, [N, D] packed (training's
@@ -20,18 +21,13 @@ class FeedForward(Layer):
         `stream`/`rows` (functional.DropoutStream, packing.Rows): the ReLU-dropout mask, when
         training with dropout > 0."""
         h = F.relu_forward(self.fc1.forward(x))
-        mask = None
-        if self.training and self.dropout > 0.0 and stream is not None:
-            mask = F.dropout_mask(stream, h.shape, self.dropout, h.dtype, F.xp_of(h), rows)
-        self.cache = h, mask
-        return self.fc2.forward(h if mask is None else F.dropout_forward(h, mask))
+        self.cache = h
+        return self.fc2.forward(self.drop.forward(h, stream, rows=rows))
 
     def backward(self, dy):
-        (h, mask), self.cache = self.cache, None
-        # y = fc2(h), or fc2(h * mask)
-        dh = self.fc2.backward(dy)
-        if mask is not None:
-            dh = F.dropout_backward(dh, mask)
+        h, self.cache = self.cache, None
+        # y = fc2(drop(h))
+        dh = self.drop.backward(self.fc2.backward(dy))
         # h = relu(fc1(x))
         return self.fc1.backward(F.relu_backward(dh, h))
 
