@@ -16,8 +16,8 @@ from .errors import ConfigError
 
 # how a model is trained and decoded, not what it computes: checkpoints that differ only in these hold
 # the same model (checkpoint averaging compares the other fields, `TransformerConfig.model_fields`)
-TRAINING_FIELDS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "warmup", "lr_factor", "lr_fade",
-                   "max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps", "decode_alpha")
+TRAINING_FIELDS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "bpe_dropout_source",
+                   "bpe_dropout_target", "warmup", "lr_factor", "lr_fade", "max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps", "decode_alpha")
 ARCHS = ("transformer", "rnn")                  # the classes: models.ARCHS
 ATTENTIONS = ("general", "dot", "additive")     # arch "rnn": layers.rnn_attention.RecurrentAttention.KINDS
 # train_wmt.py's model-size flags (argparse names) -> the fields they override
@@ -36,6 +36,8 @@ class TransformerConfig:
     attention_dropout: float = 0.0   # on the attention weights (not in the paper; deviations.md)
     relu_dropout: float = 0.0        # on the FFN's hidden ReLU output (not in the paper; deviations.md)
     label_smoothing: float = 0.1     # eps_ls (5.4)
+    bpe_dropout_source: float = 0.0  # BPE-dropout: training sentences segmented anew each epoch, each merge
+    bpe_dropout_target: float = 0.0  # skipped with this probability (not in the paper; data/resegment.py)
     pad_id: int = 0
     bos_id: int = 2
     eos_id: int = 3
@@ -77,7 +79,7 @@ class TransformerConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.max_tokens is not None and int(self.max_tokens) <= 0:
             raise ConfigError(f"max_tokens must be a positive integer or None, got {self.max_tokens!r}")
-        for name in ("dropout", "attention_dropout", "relu_dropout"):
+        for name in ("dropout", "attention_dropout", "relu_dropout", "bpe_dropout_source", "bpe_dropout_target"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.arch == "rnn" and (self.attention_dropout or self.relu_dropout):

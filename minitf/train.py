@@ -134,7 +134,8 @@ def on_grid(state, key, every_steps, every_minutes, wall_s):
 
 
 # flags that set a config field of the same name and change what training does: a resume must not differ in them
-RECIPE_FLAGS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "warmup", "lr_factor", "lr_fade")
+RECIPE_FLAGS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "bpe_dropout_source",
+                "bpe_dropout_target", "warmup", "lr_factor", "lr_fade")
 
 
 def build_config(args, vocab_size):
@@ -207,8 +208,8 @@ class UpdateStream:
     `total` is the update's GLOBAL number of non-pad target tokens (the loss is normalised by it);
     (epoch, index) is the position of its last batch."""
 
-    def __init__(self, batches, pairs, tok, per_update, update_freq, rank):
-        self.batches, self.pairs, self.tok = batches, pairs, tok
+    def __init__(self, batches, pairs_of, tok, per_update, update_freq, rank):
+        self.batches, self.pairs_of, self.tok = batches, pairs_of, tok   # pairs_of(epoch): the epoch's TokenPairs
         self.per_update, self.update_freq, self.rank = per_update, update_freq, rank
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="minitf-batches")
         self.pending = self.pool.submit(self._collate)
@@ -217,9 +218,10 @@ class UpdateStream:
         micro, total = [], 0
         for j in range(self.per_update):
             epoch, index, idx = next(self.batches)
-            total += int(self.pairs.tgt_lens[idx].sum(dtype=np.int64)) + len(idx)   # target + EOS
+            pairs = self.pairs_of(epoch)
+            total += int(pairs.tgt_lens[idx].sum(dtype=np.int64)) + len(idx)   # target + EOS
             if j // self.update_freq == self.rank:
-                micro.append((j, to_batch(self.pairs, idx, self.tok)))
+                micro.append((j, to_batch(pairs, idx, self.tok)))
         return epoch, index, total, micro
 
     def next(self):
@@ -429,7 +431,9 @@ def _open_stream(run):
                           f"{max_tokens} (the preset's {run.cfg.update_tokens} tokens per update split over them): "
                           f"resume with the run's ranks and --update-freq, or start a new --out")
     run.state["batch_tokens"] = max_tokens
-    first = token_batches(pairs.src_lens, pairs.tgt_lens, max_tokens, args.seed, run.state["epoch"])
+    resegment = _bpe_dropout(run)
+    lengths = resegment.lengths if resegment else (lambda epoch: (pairs.src_lens, pairs.tgt_lens))
+    first = token_batches(*lengths(run.state["epoch"]), max_tokens, args.seed, run.state["epoch"])
     release_freed_memory()   # the sort's temporaries: hundreds of MB for a 36M-pair corpus
     run.epoch_len = len(first)   # for the log's fractional epoch (other epochs differ by a few batches)
     if per_update > run.epoch_len:
@@ -437,7 +441,7 @@ def _open_stream(run):
                           f"but an epoch has only {run.epoch_len}: use fewer ranks, a smaller --update-freq or "
                           f"--max-tokens")
     batches = iterate_batches(pairs.src_lens, pairs.tgt_lens, max_tokens, args.seed, run.state["epoch"],
-                              run.state["batch"], first=first, after_plan=release_freed_memory)
+                              run.state["batch"], first=first, after_plan=release_freed_memory, lengths=lengths)
     if run.lead:
         log(f"train: {len(pairs.src_lens):,} pairs in {run.epoch_len:,} batches per epoch; tokens per side (padding "
             f"included), at most: {max_tokens:,} per batch, {args.update_freq * max_tokens:,} per rank "
@@ -446,7 +450,24 @@ def _open_stream(run):
         if len(run.data.valid[0]):
             run.validation = Validation(run.data.valid, run.data.tokenizer, max_tokens, args.valid_bleu_sentences,
                                         args.decode_batch)
-    run.stream = UpdateStream(batches, pairs, run.data.tokenizer, per_update, args.update_freq, world.rank)
+    run.stream = UpdateStream(batches, resegment.epoch if resegment else (lambda epoch: pairs), run.data.tokenizer,
+                              per_update, args.update_freq, world.rank)
+
+
+def _bpe_dropout(run):
+    """The BPE-dropout resegmenter of the training pairs (None when the config's p are 0)."""
+    p = (run.cfg.bpe_dropout_source, run.cfg.bpe_dropout_target)
+    if not any(p):
+        return None
+    from .data.resegment import BPEDropout
+    t0 = time.time()
+    resegment = BPEDropout(run.data.train, run.data.tokenizer, p, run.args.seed)
+    growth = resegment.growth(run.state["epoch"])
+    if run.lead:
+        log(f"BPE-dropout: {', '.join(f'{side} p {q}' for side, q in zip(('source', 'target'), p) if q)}; each epoch "
+            f"segments the training sentences anew ({', '.join(f'{side} {g:.2f}x' for side, g in growth.items())} the "
+            f"pieces of plain BPE in epoch {run.state['epoch']}; {time.time() - t0:.1f} s)")
+    return resegment
 
 
 # ------------------------------------------------------------------------------ the loop

@@ -76,9 +76,14 @@ def build_parser(prog=None):
                    help="dropout on the feed-forward layer's hidden ReLU output (not in the paper; default from the "
                         "preset: 0)")
     p.add_argument("--label-smoothing", type=fraction(closed=False), help="override eps_ls (paper: 0.1)")
+    p.add_argument("--bpe-dropout-source", type=fraction(closed=False), metavar="P",
+                   help="BPE-dropout on the source side: each epoch segments the training sentences anew, each merge "
+                        "skipped with probability P (not in the paper; default from the preset: 0)")
+    p.add_argument("--bpe-dropout-target", type=fraction(closed=False), metavar="P",
+                   help="the same on the target side (default from the preset: 0)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the last checkpoint in --out, with its model and recipe (a model-size, dropout, "
-                        "label-smoothing, warmup or rate flag that differs from the checkpoint's is an error)")
+                        "label-smoothing, BPE-dropout, warmup or rate flag that differs from the checkpoint's is an error)")
     p.add_argument("--seed", type=Number(int, 0, 2**32 - 1), default=1)
     p.add_argument("--log-every", type=positive(), default=50,
                    help="updates between train_log.jsonl records, and between progress lines when stderr is not a "

@@ -38,6 +38,7 @@ TABLE = {
         "--max-tokens": POSITIVE_INT, "--update-freq": POSITIVE_INT, "--warmup": POSITIVE_INT,
         "--lr-factor": POSITIVE_FLOAT, "--lr-fade": FRACTION, "--dropout": FRACTION_BELOW_1,
         "--attention-dropout": FRACTION_BELOW_1, "--relu-dropout": FRACTION_BELOW_1,
+        "--bpe-dropout-source": FRACTION_BELOW_1, "--bpe-dropout-target": FRACTION_BELOW_1,
         "--label-smoothing": FRACTION_BELOW_1, "--seed": ("0", ["-1", str(2**32), "x"]),
         "--log-every": POSITIVE_INT, "--valid-every": ZERO_OR_MORE, "--save-every": POSITIVE_INT,
         "--save-every-minutes": POSITIVE_FLOAT, "--keep-last": POSITIVE_INT,

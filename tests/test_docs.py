@@ -369,6 +369,7 @@ def _peak(preset):
 
 def _facts():
     from minitf.config import PRESETS, TransformerConfig
+    from minitf.data.resegment import POOL
     from minitf.masks import NEG_INF
     from minitf.model import Transformer
     from minitf.optim import Adam
@@ -396,6 +397,11 @@ def _facts():
         ("deviations.md", "off in every preset\n(`attention_dropout`, `relu_dropout`",
          all(TransformerConfig.preset(name).attention_dropout == TransformerConfig.preset(name).relu_dropout == 0
              for name in PRESETS)),
+        ("deviations.md", "off in every preset\n(`bpe_dropout_source`, `bpe_dropout_target`",
+         all(TransformerConfig.preset(name).bpe_dropout_source == TransformerConfig.preset(name).bpe_dropout_target == 0
+             for name in PRESETS)),
+        ("deviations.md", "occurrence takes one of 16 segmentations", POOL == 16),
+        ("data.md", "16 segmentations drawn once", POOL == 16),
         ("deviations.md", "(off, the paper's schedule) in every preset", all(not p.get("lr_fade") for p in PRESETS.values())
          and TransformerConfig().lr_fade == 0),
         ("deviations.md", "base and big\n25000, as in the paper", PRESETS["base"]["update_tokens"] == PRESETS["big"]["update_tokens"]

@@ -146,20 +146,23 @@ def token_batches(src_lens, tgt_lens, max_tokens, seed, epoch, shuffle=True):
 
 
 def iterate_batches(src_lens, tgt_lens, max_tokens, seed, start_epoch=0,
-                    start_index=0, shuffle=True, first=None, after_plan=None):
+                    start_index=0, shuffle=True, first=None, after_plan=None, lengths=None):
     """Yield ``(epoch, index, idx_array)`` forever, epoch after epoch.
 
     Epoch e uses ``token_batches(..., seed, e)``. To resume exactly, pass the
     position of the next batch to run: after a yielded (epoch, index), that is
     (epoch, index + 1); an index at or past the end of an epoch starts the next.
     `first`: the batches of `start_epoch` if the caller already planned them;
-    `after_plan()` is called after each epoch is planned (to free the planning's memory).
+    `after_plan()` is called after each epoch is planned (to free the planning's memory);
+    `lengths(epoch)`: that epoch's (src_lens, tgt_lens) when they change from epoch to epoch
+    (BPE-dropout, resegment.py), instead of `src_lens, tgt_lens`.
     """
     _check_lens(src_lens, tgt_lens)
     epoch, index = int(start_epoch), int(start_index)
     while True:
         if first is None:
-            batches = token_batches(src_lens, tgt_lens, max_tokens, seed, epoch, shuffle)
+            src, tgt = lengths(epoch) if lengths is not None else (src_lens, tgt_lens)
+            batches = token_batches(src, tgt, max_tokens, seed, epoch, shuffle)
             if after_plan is not None:
                 after_plan()
         else:

@@ -100,6 +100,20 @@ class Tokenizer:
             raise TypeError("Tokenizer.encode takes a list of strings")
         return self._sp.encode(list(lines), out_type=int, num_threads=int(num_threads))
 
+    def merges(self):
+        """({piece: priority} of the BPE merges, {piece: id} of every normal piece). A merge is a piece
+        of two or more characters; SentencePiece's BPE applies the one of lowest priority (its score,
+        negated: the order the merges were learnt in) first. Unknown and control ids are left out."""
+        sp, merges, ids = self._sp, {}, {}
+        for i in range(sp.get_piece_size()):
+            if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i):
+                continue
+            piece = sp.id_to_piece(i)
+            ids[piece] = i
+            if len(piece) > 1:
+                merges[piece] = -sp.get_score(i)
+        return merges, ids
+
     def decode(self, id_lists):
         """list[list[int]] -> list[str]; stops at the first EOS, drops pad/bos."""
         out = []

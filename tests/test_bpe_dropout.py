@@ -1,0 +1,115 @@
+"""BPE-dropout (--bpe-dropout-source / --bpe-dropout-target): each epoch segments the training
+sentences anew, reproducibly from (seed, epoch), so a resumed run is exact."""
+import json
+import random
+
+import numpy as np
+import pytest
+
+from minitf.checkpoint import load_checkpoint
+from minitf.data import TokenPairs, Tokenizer
+from minitf.data.resegment import POOL, BPEDropout, segment
+from conftest import write_multi30k
+from test_train import losses, run_train
+
+WORDS = ("translation segmentation regularisation transformer attention multilingual "
+         "understanding preprocessing tokenization generalisation").split()
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    lines = [" ".join(rng.choice(WORDS, size=6)) for _ in range(300)]
+    return Tokenizer.train(lines, tmp_path_factory.mktemp("tok") / "t.model", vocab_size=80)
+
+
+def _lines(n=40, seed=1):
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=5)) for _ in range(n)]
+
+
+def _words(tok, line):
+    """The plain-BPE pieces of a line, grouped into words."""
+    words = []
+    for piece in tok.encode([line])[0]:
+        text = tok.id_to_piece(piece)
+        if text.startswith("\u2581") or not words:
+            words.append([])
+        words[-1].append(text)
+    return words
+
+
+def test_plain_bpe_is_sentencepieces_segmentation_and_dropout_only_splits_further(tok):
+    merges, ids = tok.merges()
+    assert merges and all(len(piece) > 1 for piece in merges) and "\u2581" in ids
+    rnd = random.Random(0)
+    for line in _lines(60):
+        for pieces in _words(tok, line):
+            word = "".join(pieces)
+            assert segment(word, merges, 0.0, None) == pieces           # p 0: SentencePiece's own pieces
+            dropped = segment(word, merges, 0.3, rnd.random)
+            assert "".join(dropped) == word and all(piece in ids for piece in dropped)
+            assert len(dropped) >= len(pieces)
+    long = max(merges, key=len)
+    counts = {p: np.mean([len(segment(long, merges, p, rnd.random)) for _ in range(300)]) for p in (0.0, 0.1, 0.5)}
+    assert counts[0.0] == 1 < counts[0.1] < counts[0.5] <= len(long)   # the more dropout, the smaller the pieces
+    assert segment(long, merges, 0.5, lambda: 0.0) == list(long)   # every merge dropped: the characters
+
+
+def _pairs(tok, n=40):
+    return TokenPairs.from_lists(tok.encode(_lines(n, 1)), tok.encode(_lines(n, 2)))
+
+
+def test_each_epoch_resegments_the_sampled_side_reproducibly(tok):
+    pairs = _pairs(tok)
+    one, other = BPEDropout(pairs, tok, (0.2, 0.0), seed=3), BPEDropout(pairs, tok, (0.2, 0.0), seed=3)
+    e0, e1 = one.epoch(0), one.epoch(1)
+    assert one.epoch(1) is e1                                         # the epoch's pairs are kept
+    for e, got in ((0, e0), (1, e1)):
+        again = other.epoch(e)                                        # another instance (a resumed run)
+        np.testing.assert_array_equal(again.src_tokens, got.src_tokens)
+        np.testing.assert_array_equal(again.src_lens, got.src_lens)
+    assert not np.array_equal(e0.src_lens, e1.src_lens) or not np.array_equal(e0.src_tokens, e1.src_tokens)
+    assert e0.tgt_tokens is pairs.tgt_tokens and e0.tgt_lens is pairs.tgt_lens   # p 0: the cache's ids as they are
+    assert one.growth(0)["source"] == e0.src_lens.sum() / pairs.src_lens.sum() > 1.0 and "target" not in one.growth(0)
+    for i in range(len(pairs)):                                       # the same sentences, other pieces
+        src, tgt = e1.ids(i)
+        src0, tgt0 = pairs.ids(i)
+        assert tok.decode([src.tolist()]) == tok.decode([src0.tolist()])
+        np.testing.assert_array_equal(tgt, tgt0)
+    # the collated batch holds the epoch's pieces
+    src, tgt_in, tgt_out = e1.collate(np.array([0, 1]))
+    assert src[0, :e1.src_lens[0]].tolist() == e1.ids(0)[0].tolist() and src[0, e1.src_lens[0]] == tok.eos_id
+    both = BPEDropout(pairs, tok, (0.2, 0.2), seed=3).epoch(0)
+    np.testing.assert_array_equal(both.src_tokens, e0.src_tokens)    # a side's stream does not depend on the other's
+    assert both.tgt_lens.sum() > pairs.tgt_lens.sum()
+    with pytest.raises(ValueError, match="one of them > 0"):
+        BPEDropout(pairs, tok, (0.0, 0.0), seed=3)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_multi30k(tmp_path_factory.mktemp("m30k"))
+
+
+def test_training_with_bpe_dropout_resumes_exactly_across_epochs(corpus, tmp_path):
+    straight, split, cache = tmp_path / "straight", tmp_path / "split", tmp_path / "cache"
+    args = ("--bpe-dropout-source", 0.1, "--bpe-dropout-target", 0.05, "--vocab-size", 120, "--max-tokens", 1024,
+            "--save-every", 5, "--valid-every", 0, "--keep-last", 5, "--average-last", 1)
+    r = run_train(corpus, straight, "--max-steps", 15, *args, cache=cache)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "BPE-dropout: source p 0.1, target p 0.05; each epoch segments the training sentences anew" in r.stderr
+    log = [json.loads(line) for line in (straight / "train_log.jsonl").read_text().splitlines()]
+    assert max(rec.get("epoch", 0) for rec in log) > 2                # the resume below crosses epochs
+    assert run_train(corpus, split, "--max-steps", 7, *args, cache=cache).returncode == 0
+    r = run_train(corpus, split, "--max-steps", 15, "--resume", *args, cache=cache)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = losses(straight), losses(split)
+    assert [a[s] for s in range(8, 16)] == [b[s] for s in range(8, 16)]
+    cfg = load_checkpoint(straight / "model.npz").config
+    assert (cfg.bpe_dropout_source, cfg.bpe_dropout_target) == (0.1, 0.05)
+    plain = tmp_path / "plain"                                         # the same run without it learns from other pieces
+    assert run_train(corpus, plain, "--max-steps", 15, *args[4:], cache=cache).returncode == 0
+    assert losses(plain)[1] != a[1]
+    r = run_train(corpus, split, "--max-steps", 16, "--resume", "--bpe-dropout-source", 0.2, *args[2:], cache=cache)
+    assert r.returncode == 2 and "--bpe-dropout-source 0.2: the checkpoint" in r.stderr and "Traceback" not in r.stderr
