@@ -29,7 +29,7 @@ WORD_START = "\u2581"   # SentencePiece's mark of a word's first piece
 def segment(chars, merges, p, draw):
     """BPE-dropout of one word (Provilkov et al. 2020, Algorithm 1): start from its characters; at every
     step, among the adjacent pairs whose concatenation is a merge, each is left out of this step with
-    probability p (`draw()`: uniform in [0, 1)), and the one of lowest priority (`merges[piece]`; the
+    probability p (`draw()`: uniform in [0, 1)), and the one of lowest rank (`merges[piece]`; the
     leftmost among equals) is merged; stop when no pair is left. p = 0 is plain BPE: SentencePiece's
     own segmentation (tested on every word of a corpus). Returns the list of pieces."""
     symbols = list(chars)

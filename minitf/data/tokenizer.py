@@ -101,9 +101,10 @@ class Tokenizer:
         return self._sp.encode(list(lines), out_type=int, num_threads=int(num_threads))
 
     def merges(self):
-        """({piece: priority} of the BPE merges, {piece: id} of every normal piece). A merge is a piece
-        of two or more characters; SentencePiece's BPE applies the one of lowest priority (its score,
-        negated: the order the merges were learnt in) first. Unknown and control ids are left out."""
+        """({piece: rank} of the BPE merges, {piece: id} of every normal piece). A merge is a piece of
+        two or more characters; its rank is its score negated, the order the merges were learnt in:
+        SentencePiece's BPE applies the applicable merge of lowest rank first. Unknown and control
+        ids are left out."""
         sp, merges, ids = self._sp, {}, {}
         for i in range(sp.get_piece_size()):
             if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i):
