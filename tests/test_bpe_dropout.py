@@ -71,6 +71,8 @@ def test_each_epoch_resegments_the_sampled_side_reproducibly(tok):
         np.testing.assert_array_equal(again.src_lens, got.src_lens)
     assert not np.array_equal(e0.src_lens, e1.src_lens) or not np.array_equal(e0.src_tokens, e1.src_tokens)
     assert e0.tgt_tokens is pairs.tgt_tokens and e0.tgt_lens is pairs.tgt_lens   # p 0: the cache's ids as they are
+    words = one.words[0]                                              # POOL segmentations per distinct word
+    assert words.pool_len.size == POOL * len(set(words.word_type.tolist())) and one.words[1] is None
     assert one.growth(0)["source"] == e0.src_lens.sum() / pairs.src_lens.sum() > 1.0 and "target" not in one.growth(0)
     for i in range(len(pairs)):                                       # the same sentences, other pieces
         src, tgt = e1.ids(i)
