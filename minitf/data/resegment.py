@@ -60,9 +60,9 @@ class _Words:
         piece_of = {i: piece for piece, i in piece_ids.items()}
         tokens = np.asarray(tokens, dtype=np.int64)
         offsets, lens = np.asarray(offsets, dtype=np.int64), np.asarray(lens, dtype=np.int64)
-        starts = np.zeros(tokens.size, dtype=bool)
-        is_start = np.array([tokenizer.id_to_piece(i).startswith(WORD_START) for i in range(tokenizer.vocab_size)])
-        starts[:] = is_start[tokens]
+        is_start = np.zeros(tokenizer.vocab_size, dtype=bool)   # unknown and control ids start no word
+        is_start[[i for i, piece in piece_of.items() if piece.startswith(WORD_START)]] = True
+        starts = is_start[tokens]
         starts[offsets[:-1][lens > 0]] = True        # a sentence's first piece starts a word
         word_pos = np.flatnonzero(starts)
         self.first_word = np.searchsorted(word_pos, offsets[:-1])
