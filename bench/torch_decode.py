@@ -43,8 +43,8 @@ class TorchDecoder:
             x = tm._norm(n + ".norm1", x + tm._attention(n + ".self_attn", x, x, self.blocked))
             x = tm._norm(n + ".norm2", x + tm._ffn(n + ".ffn", x))
         self.cross = [(self._heads(tm._linear(f"decoder.layers.{i}.cross_attn.k", x)),
-                       self._heads(tm._linear(f"decoder.layers.{i}.cross_attn.v", x))) for i in range(cfg.n_layers)]
-        self.self_kv = [None] * cfg.n_layers
+                       self._heads(tm._linear(f"decoder.layers.{i}.cross_attn.v", x))) for i in range(cfg.n_decoder_layers)]
+        self.self_kv = [None] * cfg.n_decoder_layers
         self.t = 0
         self.emb, self.scale = p["embedding.weight"], math.sqrt(cfg.d_model)
         self.pe = sinusoids(1024, cfg.d_model, x.dtype, x.device)
@@ -66,7 +66,7 @@ class TorchDecoder:
         if self.t >= self.pe.shape[0]:
             self.pe = sinusoids(2 * self.pe.shape[0], self.pe.shape[1], self.pe.dtype, self.pe.device)
         y = (self.emb[tokens] * self.scale + self.pe[t])[:, None]           # [N, 1, D]
-        for i in range(tm.cfg.n_layers):
+        for i in range(tm.cfg.n_decoder_layers):
             n = f"decoder.layers.{i}"
             k, v = self._heads(tm._linear(n + ".self_attn.k", y)), self._heads(tm._linear(n + ".self_attn.v", y))
             if self.self_kv[i] is not None:

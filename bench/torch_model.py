@@ -112,7 +112,7 @@ class TorchTransformer:
             memory = x
 
             y = self._embed(tgt_in)
-            for i in range(cfg.n_layers):
+            for i in range(cfg.n_decoder_layers):
                 n = f"decoder.layers.{i}"
                 y = self._norm(n + ".norm1", y + self._drop(self._attention(n + ".self_attn", y, y, tgt_blocked)))
                 y = self._norm(n + ".norm2", y + self._drop(self._attention(n + ".cross_attn", y, memory, src_pad)))

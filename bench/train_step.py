@@ -63,13 +63,14 @@ def make_batch(cfg, b, s, t, seed=0, full_length=False):
 def step_flops(cfg, src_lens, tgt_lens):
     """(total, dense, attention) FLOPs of one training step over sentences of the given
     source and target lengths (tokens per sentence)."""
-    d, f, n, v, hk = cfg.d_model, cfg.d_ff, cfg.n_layers, cfg.vocab_size, cfg.n_heads * cfg.d_k
+    d, f, v, hk = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.n_heads * cfg.d_k
+    n, nd = cfg.n_layers, cfg.n_decoder_layers
     s, t = np.asarray(src_lens, dtype=np.float64), np.asarray(tgt_lens, dtype=np.float64)
     enc_per_src_tok = n * (4 * d * hk + 2 * d * f)                       # q k v out, fc1 fc2
-    cross_kv_per_src_tok = n * 2 * d * hk                               # decoder cross-attn k, v on memory
-    dec_per_tgt_tok = n * (4 * d * hk + 2 * d * hk + 2 * d * f) + d * v  # self q k v out, cross q out, ffn; logits
+    cross_kv_per_src_tok = nd * 2 * d * hk                              # decoder cross-attn k, v on memory
+    dec_per_tgt_tok = nd * (4 * d * hk + 2 * d * hk + 2 * d * f) + d * v  # self q k v out, cross q out, ffn; logits
     dense = 6 * (s.sum() * (enc_per_src_tok + cross_kv_per_src_tok) + t.sum() * dec_per_tgt_tok)
-    attention = 3 * 4 * hk * n * (s * s + t * t + t * s).sum()          # enc self, dec self, dec cross
+    attention = 3 * 4 * hk * (n * s * s + nd * (t * t + t * s)).sum()   # enc self, dec self, dec cross
     return float(dense + attention), float(dense), float(attention)
 
 
@@ -201,7 +202,9 @@ def timed_round(runner, steps):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="small", choices=sorted(minitf.PRESETS))
-    ap.add_argument("--layers", type=int, help="encoder and decoder layers each (default: the preset's)")
+    ap.add_argument("--layers", type=int, help="encoder layers, and decoder layers unless --decoder-layers "
+                                               "(default: the preset's)")
+    ap.add_argument("--decoder-layers", type=int, help="decoder layers (default: as the encoder's)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     ap.add_argument("--fp16", action="store_true", help="torch under autocast float16 (+GradScaler on GPU); "
                     "minitf in float16 only if it supports that dtype, else float32")
@@ -225,8 +228,9 @@ def main(argv=None):
                     help="instead of timing, run minitf's steps under cProfile and print the top functions")
     args = ap.parse_args(argv)
 
-    cfg = minitf.TransformerConfig.preset(args.preset, vocab_size=args.vocab,
-                                          **({"n_layers": args.layers} if args.layers else {}))
+    sizes = {**({"n_layers": args.layers} if args.layers else {}),
+             **({"n_decoder_layers": args.decoder_layers} if args.decoder_layers else {})}
+    cfg = minitf.TransformerConfig.preset(args.preset, vocab_size=args.vocab, **sizes)
     batch = make_batch(cfg, args.batch_sentences, args.src_len, args.tgt_len, full_length=args.full_length)
     src, tgt_in, tgt_out = batch
     tgt_tokens = int((tgt_out != cfg.pad_id).sum())
@@ -245,8 +249,8 @@ def main(argv=None):
                                                                     "MKL_NUM_THREADS") if k in os.environ},
                     "python": platform.python_version(), "numpy": np.__version__, "numpy_blas": blas_name()},
         "args": vars(args),
-        "config": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "d_k", "d_ff", "n_layers", "vocab_size",
-                                                "dropout", "label_smoothing", "positional")},
+        "config": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "d_k", "d_ff", "n_layers", "n_decoder_layers",
+                                                "vocab_size", "dropout", "label_smoothing", "positional")},
         "batch": {"sentences": src.shape[0], "src_len": src.shape[1], "tgt_len": tgt_in.shape[1],
                   "src_tokens": src_tokens, "tgt_tokens": tgt_tokens,
                   "padded_positions": int(src.size + tgt_in.size)},
@@ -360,7 +364,7 @@ def report(info):
           f"thread env {m['blas_threads_env'] or 'unset (libraries use all cores)'}")
     c, a = info["config"], info["args"]
     print(f"preset {a['preset']} on {a['device']}: D={c['d_model']} H={c['n_heads']} d_k={c['d_k']} F={c['d_ff']} "
-          f"N={c['n_layers']} V={c['vocab_size']} dropout={c['dropout']}; minitf {info['minitf_params']:,} params "
+          f"N={c['n_layers']}+{c['n_decoder_layers']} V={c['vocab_size']} dropout={c['dropout']}; minitf {info['minitf_params']:,} params "
           f"({info['minitf_dtype']})")
     print(f"batch {b['sentences']} x src {b['src_len']} / tgt {b['tgt_len']}: {b['src_tokens']} src + "
           f"{b['tgt_tokens']} tgt non-pad tokens; {a['rounds']} rounds x {a['steps_per_round']} step(s) "

@@ -194,11 +194,12 @@ class Encoder(Layer):
 
 
 class Decoder(Layer):
-    """N identical DecoderLayers (3.1); every layer attends to the same encoder output."""
+    """N identical DecoderLayers (3.1; N = cfg.n_decoder_layers, the encoder's unless set apart);
+    every layer attends to the same encoder output."""
 
     def __init__(self, cfg, rng):
         super().__init__()
-        self.layer_list = add_layer_list(self, [DecoderLayer(cfg, rng) for _ in range(cfg.n_layers)])
+        self.layer_list = add_layer_list(self, [DecoderLayer(cfg, rng) for _ in range(cfg.n_decoder_layers)])
 
     def forward(self, y, memory, src_bias, tgt_bias, stream=None, tgt_rows=None, src_rows=None):
         for layer in self.layer_list:

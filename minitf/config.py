@@ -21,7 +21,8 @@ TRAINING_FIELDS = ("dropout", "attention_dropout", "relu_dropout", "label_smooth
 ARCHS = ("transformer", "rnn")                  # the classes: models.ARCHS
 ATTENTIONS = ("general", "dot", "additive")     # arch "rnn": layers.rnn_attention.RecurrentAttention.KINDS
 # train_wmt.py's model-size flags (argparse names) -> the fields they override
-SIZE_FLAGS = {"d_model": "d_model", "heads": "n_heads", "d_ff": "d_ff", "layers": "n_layers"}
+SIZE_FLAGS = {"d_model": "d_model", "heads": "n_heads", "d_ff": "d_ff", "layers": "n_layers",
+              "decoder_layers": "n_decoder_layers"}
 
 
 @dataclass
@@ -30,7 +31,8 @@ class TransformerConfig:
     d_model: int = 512               # D
     n_heads: int = 8                 # H
     d_ff: int = 2048                 # F
-    n_layers: int = 6                # N, for both the encoder and the decoder stack
+    n_layers: int = 6                # N, for the encoder stack and (unless n_decoder_layers) the decoder's
+    n_decoder_layers: int = None     # the decoder's N; None -> n_layers (the paper's: equal stacks)
     d_k: int = None                  # K = d_k = d_v; None -> d_model // n_heads
     dropout: float = 0.1             # P_drop (5.4)
     attention_dropout: float = 0.0   # on the attention weights (not in the paper; deviations.md)
@@ -65,6 +67,11 @@ class TransformerConfig:
             if self.d_model % self.n_heads:
                 raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set d_k explicitly")
             self.d_k = self.d_model // self.n_heads
+        if self.n_decoder_layers is None:
+            self.n_decoder_layers = self.n_layers
+        if self.arch == "rnn" and self.n_decoder_layers != self.n_layers:
+            raise ConfigError("n_decoder_layers is the Transformer's (arch 'transformer'); the recurrent baseline's "
+                              "n_layers sizes its encoder and decoder alike")
         if self.rnn_hidden is None:
             self.rnn_hidden = 2 * self.d_model
         if self.arch not in ARCHS:
@@ -73,7 +80,7 @@ class TransformerConfig:
             raise ConfigError(f"rnn_hidden must be even (two encoder directions of rnn_hidden / 2), got {self.rnn_hidden}")
         if self.attention not in ATTENTIONS:
             raise ConfigError(f"attention must be one of {', '.join(ATTENTIONS)}, got {self.attention!r}")
-        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "d_k", "max_len", "rnn_hidden",
+        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "n_decoder_layers", "d_k", "max_len", "rnn_hidden",
                      "update_tokens"):
             if int(getattr(self, name)) <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")

@@ -33,10 +33,11 @@ NEG_INF = -1e9   # additive mask bias: exp(NEG_INF - max) underflows to exactly 
 
 
 # ---------------------------------------------------------------------------- parameters
-def init_params(V, D, F, n_layers, rng, learned_max_len=None):
+def init_params(V, D, F, n_layers, rng, learned_max_len=None, n_decoder_layers=None):
     """{name: array}: the tied embedding [V, D], N(0, D^-1/2); every linear layer's weight
     [d_in, d_out] Xavier-uniform and bias zero; LayerNorm gain 1, bias 0. With
-    learned_max_len, learned positions [max_len, D] (Table 3 row E) instead of sinusoids."""
+    learned_max_len, learned positions [max_len, D] (Table 3 row E) instead of sinusoids.
+    n_layers encoder layers, and n_decoder_layers (default: as many) decoder layers."""
     p = {"embedding.weight": rng.normal(0.0, D ** -0.5, size=(V, D))}
     if learned_max_len:
         p["positional.weight"] = rng.normal(0.0, D ** -0.5, size=(learned_max_len, D))
@@ -62,7 +63,7 @@ def init_params(V, D, F, n_layers, rng, learned_max_len=None):
         layernorm(f"encoder.layers.{l}.norm1")
         ffn(f"encoder.layers.{l}.ffn")
         layernorm(f"encoder.layers.{l}.norm2")
-    for l in range(n_layers):
+    for l in range(n_layers if n_decoder_layers is None else n_decoder_layers):
         attention(f"decoder.layers.{l}.self_attn")
         layernorm(f"decoder.layers.{l}.norm1")
         attention(f"decoder.layers.{l}.cross_attn")

@@ -49,7 +49,10 @@ def build_parser(prog=None):
     p.add_argument("--d-model", type=positive(), help="model width D (default from the preset: base 512, small 256)")
     p.add_argument("--heads", type=positive(), help="attention heads H (default from the preset: base 8, small 4)")
     p.add_argument("--d-ff", type=positive(), help="feed-forward width F (default from the preset: base 2048, small 1024)")
-    p.add_argument("--layers", type=positive(), help="layers N of the encoder and of the decoder (default from the preset: base 6, small 2)")
+    p.add_argument("--layers", type=positive(), help="layers N of the encoder, and of the decoder unless --decoder-layers "
+                                                      "(default from the preset: base 6, small 2)")
+    p.add_argument("--decoder-layers", type=positive(),
+                   help="layers of the decoder when it differs from the encoder's --layers (default: the same)")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                    help="parameters and activations (float64: exact checks, e.g. one process against N ranks)")
@@ -125,6 +128,8 @@ def parse_args(argv=None, prog=None):
     if args.preset is None:
         args.preset = "small" if args.device == "cpu" else "base"
     check_data_args(p, args)
+    if args.decoder_layers is not None and args.arch == "rnn":
+        p.error("--decoder-layers is the Transformer's; --arch rnn's --layers sizes its encoder and decoder alike")
     for flag in ("d_ff", "heads"):
         if getattr(args, flag) is not None and args.arch == "rnn":
             p.error(f"--{flag.replace('_', '-')} sizes the Transformer's layers; --arch rnn has none "

@@ -363,9 +363,12 @@ def _check_layer_head(model, layer, head):
     if model.cfg.arch != "transformer":
         raise ConfigError(f"plot attention draws the Transformer's multi-head attention; this checkpoint is "
                           f"--arch {model.cfg.arch}")
-    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    n_heads = model.cfg.n_heads
+    n_layers = min(model.cfg.n_layers, model.cfg.n_decoder_layers)   # layer l of each stack is drawn
     if not 0 <= layer < n_layers:
-        raise ConfigError(f"--layer {layer} is out of range: this model has {n_layers} layers, "
+        stacks = (f"{n_layers} layers" if model.cfg.n_layers == model.cfg.n_decoder_layers else
+                  f"{model.cfg.n_layers} encoder and {model.cfg.n_decoder_layers} decoder layers")
+        raise ConfigError(f"--layer {layer} is out of range: this model has {stacks}, "
                           f"valid --layer is 0..{n_layers - 1}")
     if not 0 <= head < n_heads:
         raise ConfigError(f"--head {head} is out of range: this model has {n_heads} heads, "
@@ -445,7 +448,7 @@ def plot_attention(checkpoint, src, out, layer=0, head=0, tgt=None, beam_size=4,
         ax.set_title(title, fontsize=10)
     fig.colorbar(im, ax=list(axes), fraction=0.02, pad=0.01, label="attention probability")
     fig.suptitle(f"{os.path.basename(os.fspath(checkpoint))}: layer {layer}, head {head} "
-                 f"(of {model.cfg.n_layers} layers x {model.cfg.n_heads} heads); target: {how}", fontsize=10)
+                 f"(of {model.cfg.n_layers}+{model.cfg.n_decoder_layers} layers x {model.cfg.n_heads} heads); target: {how}", fontsize=10)
     _save(fig, out)
 
 

@@ -106,7 +106,7 @@ def ref_forward(P, cfg, src, tgt_in):
             x = norm(n + ".norm2", x + ffn(n + ".ffn", x))
         y = E[t_ids] * math.sqrt(D) + positions(len(t_ids))
         tgt_ok = lambda i, j: j <= i and t_ids[j] != PAD
-        for l in range(cfg.n_layers):
+        for l in range(cfg.n_decoder_layers):
             n = f"decoder.layers.{l}"
             y = norm(n + ".norm1", y + attn(n + ".self_attn", y, y, tgt_ok))
             y = norm(n + ".norm2", y + attn(n + ".cross_attn", y, x, src_ok))

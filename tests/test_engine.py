@@ -225,6 +225,24 @@ def test_presets_follow_the_paper():
     small = minitf.TransformerConfig.preset("small", vocab_size=8000)
     assert (small.d_model, small.n_heads, small.d_ff, small.n_layers) == (256, 4, 1024, 2)
     assert minitf.TransformerConfig(vocab_size=100).d_model == 512
+    assert base.n_decoder_layers == base.n_layers == 6
+
+
+def test_the_decoder_stack_depth_defaults_to_the_encoders():
+    """n_decoder_layers None (and a config written before the field existed) is n_layers; a
+    different depth builds that many decoder layers; the recurrent baseline refuses one."""
+    old = minitf.TransformerConfig(vocab_size=13, n_layers=3).to_dict()
+    del old["n_decoder_layers"]
+    assert minitf.TransformerConfig.from_dict(old).n_decoder_layers == 3
+    cfg = minitf.TransformerConfig.preset("tiny", vocab_size=13, n_layers=2, n_decoder_layers=3)
+    model = minitf.Transformer(cfg, seed=0)
+    assert (len(model.encoder.layer_list), len(model.decoder.layer_list)) == (2, 3)
+    assert "decoder.layers.2.cross_attn.q.weight" in model.state_dict()
+    assert "encoder.layers.2.self_attn.q.weight" not in model.state_dict()
+    with pytest.raises(minitf.ConfigError, match="n_decoder_layers is the Transformer's"):
+        minitf.TransformerConfig(vocab_size=13, arch="rnn", n_layers=1, n_decoder_layers=2)
+    with pytest.raises(minitf.ConfigError, match="n_decoder_layers must be a positive integer"):
+        minitf.TransformerConfig(vocab_size=13, n_decoder_layers=0)
 
 
 def test_gpu_request_without_gpu_is_one_clear_error():

@@ -230,14 +230,21 @@ def _batch():
     return src, tgt_in, tgt_out
 
 
-@pytest.mark.parametrize("variant", ["sinusoidal", "learned", "dropout", "all dropouts", "unpadded"])
+@pytest.mark.parametrize("variant", ["sinusoidal", "learned", "dropout", "all dropouts", "unpadded",
+                                     "2+1 layers", "1+2 layers"])
 def test_gradcheck_transformer_every_parameter(variant):
     """Padded batches take the pad-free packed layout (packing.py); "unpadded" (no pad
     anywhere) takes the plain [B, L, D] layout with no row index. "all dropouts": residual,
-    attention and ReLU dropout."""
+    attention and ReLU dropout. "2+1 layers" / "1+2 layers": encoder and decoder stacks of
+    different depths (n_decoder_layers)."""
     dropouts = {"dropout": dict(dropout=0.2), "all dropouts": ALL_DROPOUTS}.get(variant, dict(dropout=0.0))
-    cfg = small_cfg(positional="learned" if variant == "learned" else "sinusoidal", **dropouts)
+    stacks = {"2+1 layers": dict(n_layers=2, n_decoder_layers=1),
+              "1+2 layers": dict(n_layers=1, n_decoder_layers=2)}.get(variant, {})
+    cfg = small_cfg(positional="learned" if variant == "learned" else "sinusoidal", **dropouts, **stacks)
     model = minitf.Transformer(cfg, dtype="float64", seed=3)
+    if stacks:
+        assert (len(model.encoder.layer_list), len(model.decoder.layer_list)) == (
+            stacks["n_layers"], stacks["n_decoder_layers"])
     src, tgt_in, tgt_out = _batch()
     if variant == "unpadded":
         src, tgt_in, tgt_out = src[1:, :5], tgt_in[:1, :4], tgt_out[:1, :4]

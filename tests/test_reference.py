@@ -13,9 +13,10 @@ from minitf.functional import DropoutStream, dropout_mask
 TOL = 1e-10
 
 
-def config(positional="sinusoidal", dropout=0.0):
-    return minitf.TransformerConfig(vocab_size=17, d_model=16, n_heads=2, d_ff=24, n_layers=2, dropout=dropout,
-                                    label_smoothing=0.1, positional=positional, max_len=12)
+def config(positional="sinusoidal", dropout=0.0, n_layers=2, n_decoder_layers=None):
+    return minitf.TransformerConfig(vocab_size=17, d_model=16, n_heads=2, d_ff=24, n_layers=n_layers,
+                                    n_decoder_layers=n_decoder_layers, dropout=dropout, label_smoothing=0.1,
+                                    positional=positional, max_len=12)
 
 
 def batch():
@@ -45,7 +46,8 @@ def reference_step(cfg, params, forward_index, seed):
     loss, logits, cache = ref.forward(params, *batch(), cfg.n_heads, mask_fn, cfg.label_smoothing, cfg.pad_id,
                                       cfg.layer_norm_eps)
     if stream is not None:
-        assert stream.site == 2 + 5 * cfg.n_layers   # every site of the engine's forward, in its order
+        # every site of the engine's forward, in its order: 2 embeddings, 2 per encoder and 3 per decoder layer
+        assert stream.site == 2 + 2 * cfg.n_layers + 3 * cfg.n_decoder_layers
     return loss, logits, ref.backward(params, cache)
 
 
@@ -91,6 +93,24 @@ def test_the_reference_gives_the_engines_loss_logits_and_every_gradient(position
     assert_same_grads(ref_grads, {n: g.copy() for n, g in model.grad_dict().items()})
     if dropout:   # the masks matter: without them the loss is another
         assert abs(ref.forward(params, *batch(), cfg.n_heads)[0] - loss) > 1e-3
+
+
+@pytest.mark.parametrize("stacks", [(2, 1), (1, 3)])
+def test_stacks_of_different_depths_give_the_engines_step(stacks):
+    """n_decoder_layers: the reference counts each stack's layers in the parameters."""
+    cfg = config(dropout=0.3, n_layers=stacks[0], n_decoder_layers=stacks[1])
+    model = minitf.Transformer(cfg, dtype="float64", seed=5)
+    params = {n: p.copy() for n, p in model.state_dict().items()}
+    assert (ref.n_layers(params, "encoder"), ref.n_layers(params, "decoder")) == stacks
+    fresh = ref.init_params(cfg.vocab_size, cfg.d_model, cfg.d_ff, cfg.n_layers, np.random.default_rng(0),
+                            n_decoder_layers=cfg.n_decoder_layers)
+    assert [(n, p.shape) for n, p in fresh.items()] == [(n, p.shape) for n, p in params.items()]
+    model.zero_grad()
+    loss = model.forward_loss(*batch())
+    model.backward()
+    ref_loss, _, ref_grads = reference_step(cfg, params, 0, model.seed)
+    assert abs(ref_loss - loss) <= TOL * abs(loss)
+    assert_same_grads(ref_grads, {n: g.copy() for n, g in model.grad_dict().items()})
 
 
 def test_the_tied_embedding_collects_three_shares():

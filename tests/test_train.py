@@ -373,10 +373,13 @@ def test_lr_fade_needs_an_end_and_a_fraction(corpus, tmp_path):
 def test_model_size_flags_override_the_preset_and_a_resume_keeps_them(corpus, tmp_path):
     out = tmp_path / "run"
     r = run_train(corpus, out, "--max-steps", 2, "--d-model", 48, "--heads", 3, "--d-ff", 40, "--layers", 2,
-                  "--valid-every", 0, "--save-every", 1, "--average-last", 1)
+                  "--decoder-layers", 1, "--valid-every", 0, "--save-every", 1, "--average-last", 1)
     assert r.returncode == 0, r.stderr[-3000:]
     cfg = load_checkpoint(out / "averaged.npz").config
-    assert (cfg.d_model, cfg.n_heads, cfg.d_k, cfg.d_ff, cfg.n_layers) == (48, 3, 16, 40, 2)
+    assert (cfg.d_model, cfg.n_heads, cfg.d_k, cfg.d_ff, cfg.n_layers, cfg.n_decoder_layers) == (48, 3, 16, 40, 2, 1)
+    r = run_train(corpus, out, "--max-steps", 3, "--resume", "--decoder-layers", 2, "--valid-every", 0,
+                  "--save-every", 1, "--average-last", 1)
+    assert r.returncode != 0 and "--decoder-layers 2: the checkpoint" in r.stderr and "--decoder-layers 1" in r.stderr
     r = run_train(corpus, out, "--max-steps", 3, "--resume", "--d-ff", 64, "--valid-every", 0, "--save-every", 1,
                   "--average-last", 1)
     assert r.returncode != 0 and "--d-ff 64: the checkpoint" in r.stderr and "--d-ff 40" in r.stderr
@@ -390,6 +393,8 @@ def test_model_size_flags_override_the_preset_and_a_resume_keeps_them(corpus, tm
     assert r.returncode == 2 and "--d-model 51 is not divisible by --heads 2" in r.stderr
     r = run_train(corpus, tmp_path / "bad", "--max-steps", 2, "--arch", "rnn", "--d-ff", 64)
     assert r.returncode == 2 and "--d-ff sizes the Transformer's layers; --arch rnn has none" in r.stderr
+    r = run_train(corpus, tmp_path / "bad", "--max-steps", 2, "--arch", "rnn", "--decoder-layers", 2)
+    assert r.returncode == 2 and "--decoder-layers is the Transformer's" in r.stderr
     r = run_train(corpus, tmp_path / "bad", "--max-steps", 2, "--arch", "rnn", "--attention-dropout", 0.1)
     assert r.returncode == 2 and "--attention-dropout is the Transformer's; --arch rnn has only --dropout" in r.stderr
     r = run_train(corpus, tmp_path / "drops", "--max-steps", 2, "--attention-dropout", 0.15, "--relu-dropout", 0.25,
