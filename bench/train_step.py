@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
 from minitf.backend import get_xp, synchronize, to_numpy  # noqa: E402
+from minitf.config import id_ranges  # noqa: E402
 from minitf.errors import ConfigError  # noqa: E402
 
 
@@ -43,9 +44,11 @@ from minitf.errors import ConfigError  # noqa: E402
 def make_batch(cfg, b, s, t, seed=0, full_length=False):
     """src [b, s], tgt_in / tgt_out [b, t] with trailing padding; each sentence's length is
     uniform in [len/2, len] (or exactly len with full_length: no padding at all). Source: tokens + EOS; target y = tokens + EOS, fed as
-    tgt_in = BOS + y[:-1] and predicted as tgt_out = y."""
+    tgt_in = BOS + y[:-1] and predicted as tgt_out = y. Target tokens come from the output vocabulary
+    when the config has one (its ids 1..K: --output-pieces)."""
     rng = np.random.default_rng(seed)
     first = 4 if cfg.vocab_size > 4 else 1  # skip pad/unk/bos/eos ids
+    out_v = output_size(cfg)
     src = np.full((b, s), cfg.pad_id, dtype=np.int64)
     tgt_in, tgt_out = np.full((b, t), cfg.pad_id, dtype=np.int64), np.full((b, t), cfg.pad_id, dtype=np.int64)
     for i in range(b):
@@ -54,16 +57,21 @@ def make_batch(cfg, b, s, t, seed=0, full_length=False):
             ls, lt = s, t
         src[i, :ls] = rng.integers(first, cfg.vocab_size, ls)
         src[i, ls - 1] = cfg.eos_id
-        y = np.append(rng.integers(first, cfg.vocab_size, lt - 1), cfg.eos_id)
+        y = np.append(rng.integers(first, out_v + 1 if cfg.output_vocab else cfg.vocab_size, lt - 1), cfg.eos_id)
         tgt_in[i, :lt] = np.append(cfg.bos_id, y[:-1])
         tgt_out[i, :lt] = y
     return src, tgt_in, tgt_out
 
 
+def output_size(cfg):
+    """The pieces the output layer scores: K of an output vocabulary, else V."""
+    return cfg.vocab_size if cfg.output_vocab is None else int(cfg.output_ids().size)
+
+
 def step_flops(cfg, src_lens, tgt_lens):
     """(total, dense, attention) FLOPs of one training step over sentences of the given
     source and target lengths (tokens per sentence)."""
-    d, f, v, hk = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.n_heads * cfg.d_k
+    d, f, v, hk = cfg.d_model, cfg.d_ff, output_size(cfg), cfg.n_heads * cfg.d_k
     n, nd = cfg.n_layers, cfg.n_decoder_layers
     s, t = np.asarray(src_lens, dtype=np.float64), np.asarray(tgt_lens, dtype=np.float64)
     enc_per_src_tok = n * (4 * d * hk + 2 * d * f)                       # q k v out, fc1 fc2
@@ -130,10 +138,10 @@ def rss_peak_mib():
 
 # ----------------------------------------------------------------------------- the two contenders
 class MinitfRunner:
-    name = "minitf"
     FP16_LOSS_SCALE = 1024.0  # static: enough for timing (training uses dynamic scaling)
 
-    def __init__(self, cfg, device, batch, lr, fp16):
+    def __init__(self, cfg, device, batch, lr, fp16, name="minitf"):
+        self.name, self.cfg = name, cfg
         self.xp = get_xp(device)
         self.dtype, self.model = "float32", None
         if fp16:
@@ -216,6 +224,11 @@ def main(argv=None):
     ap.add_argument("--src-len", type=int, default=24)
     ap.add_argument("--tgt-len", type=int, default=24)
     ap.add_argument("--vocab", type=int, default=8000)
+    ap.add_argument("--output-pieces", type=int, metavar="K",
+                    help="an output vocabulary of K of the --vocab pieces (ids 1..K; the targets drawn from them): "
+                         "train_wmt.py --output-vocab target")
+    ap.add_argument("--vs-joint", action="store_true",
+                    help="with --output-pieces: also time the same model scoring all --vocab pieces (rounds alternate)")
     ap.add_argument("--full-length", action="store_true",
                     help="every sentence exactly --src-len/--tgt-len long: no padding, so minitf's pad-free "
                          "rows save nothing (the like-for-like kernel comparison)")
@@ -230,7 +243,18 @@ def main(argv=None):
 
     sizes = {**({"n_layers": args.layers} if args.layers else {}),
              **({"n_decoder_layers": args.decoder_layers} if args.decoder_layers else {})}
-    cfg = minitf.TransformerConfig.preset(args.preset, vocab_size=args.vocab, **sizes)
+    if args.vs_joint and not args.output_pieces:
+        ap.error("--vs-joint compares with --output-pieces K: give it")
+    if args.vs_torch and args.output_pieces:
+        ap.error("--vs-torch times the paper's joint output (the PyTorch model has no output vocabulary): "
+                 "drop --output-pieces")
+    joint_cfg = minitf.TransformerConfig.preset(args.preset, vocab_size=args.vocab, **sizes)
+    cfg = joint_cfg
+    if args.output_pieces:
+        if not 4 <= args.output_pieces < args.vocab:
+            ap.error(f"--output-pieces must be in [4, --vocab {args.vocab}), got {args.output_pieces}")
+        cfg = minitf.TransformerConfig.preset(args.preset, vocab_size=args.vocab,
+                                              output_vocab=id_ranges(range(1, args.output_pieces + 1)), **sizes)
     batch = make_batch(cfg, args.batch_sentences, args.src_len, args.tgt_len, full_length=args.full_length)
     src, tgt_in, tgt_out = batch
     tgt_tokens = int((tgt_out != cfg.pad_id).sum())
@@ -250,7 +274,8 @@ def main(argv=None):
                     "python": platform.python_version(), "numpy": np.__version__, "numpy_blas": blas_name()},
         "args": vars(args),
         "config": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "d_k", "d_ff", "n_layers", "n_decoder_layers",
-                                                "vocab_size", "dropout", "label_smoothing", "positional")},
+                                                "vocab_size", "dropout", "label_smoothing", "positional")}
+                  | {"output_pieces": output_size(cfg)},
         "batch": {"sentences": src.shape[0], "src_len": src.shape[1], "tgt_len": tgt_in.shape[1],
                   "src_tokens": src_tokens, "tgt_tokens": tgt_tokens,
                   "padded_positions": int(src.size + tgt_in.size)},
@@ -276,6 +301,10 @@ def main(argv=None):
     for _ in range(args.warmup_rounds):
         timed_round(runners[0], args.steps_per_round)
     rss_minitf = rss_peak_mib()  # before torch is even imported: minitf's own high-water mark
+    if args.vs_joint:
+        runners.append(MinitfRunner(joint_cfg, args.device, batch, args.lr, args.fp16, name="joint"))
+        for _ in range(args.warmup_rounds):
+            timed_round(runners[-1], args.steps_per_round)
 
     if args.vs_torch:
         import torch
@@ -309,9 +338,13 @@ def main(argv=None):
     results = {}
     for r in runners:
         med = statistics.median(times[r.name])
+        r_flops = step_flops(r.cfg, src_lens, tgt_lens)[0] if r.name == "joint" else flops
         results[r.name] = {"step_s_median": med, "step_s_all": times[r.name],
-                           "tgt_tokens_per_s": tgt_tokens / med, "mfu": flops / med / peak,
-                           "achieved_flops": flops / med, "last_loss": losses[r.name][-1]}
+                           "tgt_tokens_per_s": tgt_tokens / med, "mfu": r_flops / med / peak,
+                           "achieved_flops": r_flops / med, "last_loss": losses[r.name][-1]}
+    if args.vs_joint:
+        results["ratio_output_vocab_over_joint"] = (results["minitf"]["tgt_tokens_per_s"]
+                                                    / results["joint"]["tgt_tokens_per_s"])
 
     # memory
     if args.device == "cpu":
@@ -364,7 +397,7 @@ def report(info):
           f"thread env {m['blas_threads_env'] or 'unset (libraries use all cores)'}")
     c, a = info["config"], info["args"]
     print(f"preset {a['preset']} on {a['device']}: D={c['d_model']} H={c['n_heads']} d_k={c['d_k']} F={c['d_ff']} "
-          f"N={c['n_layers']}+{c['n_decoder_layers']} V={c['vocab_size']} dropout={c['dropout']}; minitf {info['minitf_params']:,} params "
+          f"N={c['n_layers']}+{c['n_decoder_layers']} V={c['vocab_size']} output {c['output_pieces']} dropout={c['dropout']}; minitf {info['minitf_params']:,} params "
           f"({info['minitf_dtype']})")
     print(f"batch {b['sentences']} x src {b['src_len']} / tgt {b['tgt_len']}: {b['src_tokens']} src + "
           f"{b['tgt_tokens']} tgt non-pad tokens; {a['rounds']} rounds x {a['steps_per_round']} step(s) "
@@ -374,7 +407,7 @@ def report(info):
     print(f"model FLOPs/step on non-pad tokens {f['total'] / 1e9:.2f} G (dense {f['dense'] / 1e9:.2f} + attention "
           f"{f['attention'] / 1e9:.2f}; {f['padded'] / 1e9:.2f} G if padding counted); "
           f"float32 2048^3 matmul peak GFLOP/s: {peaks} (MFU uses the max)")
-    for name in ("minitf", "torch"):
+    for name in ("minitf", "joint", "torch"):
         if name not in res:
             continue
         r = res[name]
@@ -388,6 +421,9 @@ def report(info):
     if "eval_loss_same_weights" in info:
         e = info["eval_loss_same_weights"]
         print(f"setup check, same weights without dropout: loss minitf {e['minitf']:.6f} torch {e['torch']:.6f}")
+    if "ratio_output_vocab_over_joint" in res:
+        print(f"ratio output vocabulary of {c['output_pieces']} / joint {c['vocab_size']} (tokens/s): "
+              f"{res['ratio_output_vocab_over_joint']:.3f}")
     if "ratio_minitf_over_torch" in res:
         print(f"ratio minitf/torch (tokens/s): {res['ratio_minitf_over_torch']:.3f}")
 

@@ -11,6 +11,9 @@ same training recipe fields.
 """
 import dataclasses
 from dataclasses import dataclass
+import re
+
+import numpy as np
 
 from .errors import ConfigError
 
@@ -23,6 +26,30 @@ ATTENTIONS = ("general", "dot", "additive")     # arch "rnn": layers.rnn_attenti
 # train_wmt.py's model-size flags (argparse names) -> the fields they override
 SIZE_FLAGS = {"d_model": "d_model", "heads": "n_heads", "d_ff": "d_ff", "layers": "n_layers",
               "decoder_layers": "n_decoder_layers"}
+
+
+def id_ranges(ids):
+    """Sorted distinct ids -> "a-b,c,..." (runs of consecutive ids as ranges): the config's output_vocab."""
+    ids = [int(i) for i in ids]
+    runs, start = [], 0
+    for k in range(1, len(ids) + 1):
+        if k == len(ids) or ids[k] != ids[k - 1] + 1:
+            runs.append(f"{ids[start]}" if k - 1 == start else f"{ids[start]}-{ids[k - 1]}")
+            start = k
+    return ",".join(runs)
+
+
+def parse_id_ranges(text, vocab_size):
+    """"a-b,c,..." -> the ids as a sorted int64 array; a ConfigError unless they are distinct, ascending and
+    inside the vocabulary."""
+    parts = [re.fullmatch(r"(\d+)(?:-(\d+))?", part) for part in str(text).split(",")]
+    if not all(parts):
+        raise ConfigError(f"output_vocab must be id ranges like '3-1207,1209', got {str(text)[:60]!r}")
+    ids = np.asarray([i for m in parts for i in range(int(m[1]), int(m[2] or m[1]) + 1)], dtype=np.int64)
+    if ids.size == 0 or (np.diff(ids) <= 0).any() or ids[0] < 0 or ids[-1] >= vocab_size:
+        raise ConfigError(f"output_vocab must list distinct ascending piece ids in [0, {vocab_size}), "
+                          f"got {str(text)[:60]!r}")
+    return ids
 
 
 @dataclass
@@ -41,8 +68,11 @@ class TransformerConfig:
     bpe_dropout_source: float = 0.0  # BPE-dropout: training sentences segmented anew each epoch, each merge
     bpe_dropout_target: float = 0.0  # skipped with this probability (not in the paper; data/resegment.py)
     pad_id: int = 0
+    unk_id: int = 1
     bos_id: int = 2
     eos_id: int = 3
+    output_vocab: str = None         # the pieces the output layer scores, as id ranges "3-1207,1209,..."; None: all V
+                                     # (the paper's joint vocabulary; not the paper's otherwise: deviations.md)
     layer_norm_eps: float = 1e-5
     positional: str = "sinusoidal"   # or "learned" (Table 3 row E)
     max_len: int = 1024              # learned positions: the longest input; sinusoids: the first table (it grows)
@@ -98,9 +128,22 @@ class TransformerConfig:
             raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.positional not in ("sinusoidal", "learned"):
             raise ConfigError(f"positional must be 'sinusoidal' or 'learned', got {self.positional!r}")
-        for name in ("pad_id", "bos_id", "eos_id"):
+        for name in ("pad_id", "unk_id", "bos_id", "eos_id"):
             if not 0 <= getattr(self, name) < self.vocab_size:
                 raise ConfigError(f"{name}={getattr(self, name)} is outside the vocabulary of {self.vocab_size}")
+        if self.output_vocab is not None:
+            ids = parse_id_ranges(self.output_vocab, self.vocab_size)
+            missing = [name for name in ("eos_id", "unk_id") if getattr(self, name) not in set(ids.tolist())]
+            if missing:
+                raise ConfigError(f"output_vocab must hold {' and '.join(missing)} (it scores the end of a sentence, and "
+                                  f"a reference piece outside it as the unknown piece)")
+            if self.bpe_dropout_target:
+                raise ConfigError("output_vocab holds the pieces of the target side's plain segmentation; "
+                                  "bpe_dropout_target makes smaller ones: use one or the other")
+
+    def output_ids(self):
+        """The sorted piece ids [K] the output layer scores (int64), or None: all V of them."""
+        return None if self.output_vocab is None else parse_id_ranges(self.output_vocab, self.vocab_size)
 
     def batch_tokens(self, ranks=1, update_freq=1):
         """Tokens per batch and side on one rank. An explicit `max_tokens` is that (fairseq's

@@ -11,6 +11,7 @@ import numpy as np
 
 from .backend import to_numpy
 from .blocks import StepCache, StepGroup, decoder_layer_step, fused_qkv
+from .layers.embedding import decoding_logits
 from .loss import log_softmax
 from .masks import causal_bias
 
@@ -50,6 +51,7 @@ class IncrementalDecoder:
         model.eval()
         self.qkv = [fused_qkv(layer) for layer in model.decoder.layer_list] if use_cache else None
         self.w_out = model.embedding.output_weight()
+        self.out_bias = model.embedding.output_bias()     # -inf outside an output vocabulary (None: none)
         self.groups = []
         self.admit(src)
 
@@ -92,7 +94,7 @@ class IncrementalDecoder:
             h = xp.concatenate(parts)
         for g in self.groups:
             g.t += 1
-        return h @ self.w_out
+        return decoding_logits(h, self.w_out, self.out_bias)
 
     def reorder(self, rows):
         """Keep rows `rows` (an int array into the current rows), in that order.

@@ -66,9 +66,9 @@ class Transformer(Seq2Seq):
         return h
 
     def forward(self, src, tgt_in):
-        """src [B, S], tgt_in [B, T] int -> logits [B, T, V] = h @ embedding^T (3.4)."""
-        logits, _ = self.embedding.project(self.decoder_hidden(src, tgt_in))
-        return logits
+        """src [B, S], tgt_in [B, T] int -> logits [B, T, V] = h @ embedding^T (3.4); -inf outside
+        an output vocabulary."""
+        return self.embedding.project_all(self.decoder_hidden(src, tgt_in))
 
     def forward_loss(self, src, tgt_in, tgt_out, packed=True):
         """Label-smoothed loss averaged over non-pad tokens of tgt_out [B, T].

@@ -23,6 +23,7 @@ from .backend import to_numpy
 from .errors import ConfigError
 from .incremental import check_step_rows
 from .layers import BiLSTM, Dropout, Linear, LSTM, RecurrentAttention, TokenEmbedding
+from .layers.embedding import decoding_logits
 from .layers.recurrent import cell_backward, cell_forward
 from .loss import log_softmax
 from .masks import padding_bias
@@ -88,10 +89,10 @@ class RNNSearch(Seq2Seq):
         return xp.ascontiguousarray(feeds[1:].transpose(1, 0, 2))
 
     def forward(self, src, tgt_in):
-        """src [B, S], tgt_in [B, T] int -> logits [B, T, V] (no dropout in eval mode)."""
+        """src [B, S], tgt_in [B, T] int -> logits [B, T, V] (no dropout in eval mode; -inf outside an
+        output vocabulary)."""
         stream = self._dropout_stream()
-        logits, _ = self.embedding.project(self.out_dropout.forward(self.decoder_hidden(src, tgt_in, stream), stream))
-        return logits
+        return self.embedding.project_all(self.out_dropout.forward(self.decoder_hidden(src, tgt_in, stream), stream))
 
     def forward_loss(self, src, tgt_in, tgt_out, packed=True):
         """Label-smoothed loss averaged over the non-pad tokens of tgt_out [B, T], as the
@@ -180,6 +181,7 @@ class RecurrentDecoder:
         self.model, self.beam = model, beam
         model.eval()
         self.w_out = model.embedding.output_weight()
+        self.out_bias = model.embedding.output_bias()     # -inf outside an output vocabulary (None: none)
         self.groups, self.h, self.c, self.feed = [], None, None, None
         self.admit(src)
 
@@ -218,7 +220,7 @@ class RecurrentDecoder:
             ctx.append(m.attention.attend(q, g.keys, g.memory, g.bias)[0].reshape(rows, -1))
             start += rows
         self.feed = xp.tanh(m.combine.apply(xp.concatenate([xp.concatenate(ctx), x], axis=1)))
-        return self.feed @ self.w_out                                             # = embedding.project
+        return decoding_logits(self.feed, self.w_out, self.out_bias)              # = embedding.project_all
 
     def reorder(self, rows):
         """Keep rows `rows` (groups of `beam` rows from one sentence each, in sentence order; a

@@ -39,6 +39,7 @@ class Seq2Seq(Layer):
         if self.dtype == np.float16:
             self.master_params = flatten_parameters(self, self.xp, np.float32)[1]
         self.names, self.flat_params, self.flat_grads, self.slices = flatten_parameters(self, self.xp, self.dtype)
+        self.embedding.use_output_vocabulary(self.cfg.output_ids(), self.cfg.unk_id, self.xp)
 
     # ------------------------------------------------------------------ inputs, dropout
     def _check_ids(self, name, ids, host=False):
@@ -70,14 +71,16 @@ class Seq2Seq(Layer):
     def loss_head(self, h, gold):
         """h [Nh, D] decoder outputs, gold [Nh] host ids (pad: no loss) -> loss averaged over the
         non-pad tokens. Only the rows with a loss are projected to the vocabulary (logits
-        [N, V]). Returns a float on CPU; on GPU a 0-d array (no host sync). Sets last_stats."""
+        [N, V], or [N, K] over an output vocabulary, which the gold ids become columns of).
+        Returns a float on CPU; on GPU a 0-d array (no host sync). Sets last_stats."""
         pad, loss_rows = self.cfg.pad_id, None                       # the rows of h with a loss ([N])
         if (gold == pad).any():
             host_rows = np.flatnonzero(gold != pad)
             loss_rows = to_device(host_rows, self.xp)
             h, gold = h[loss_rows], gold[host_rows]
-        logits, _ = self.embedding.project(h)                                               # [N, V]
-        loss, nll_sum, n, cache = label_smoothed_nll(logits, to_device(gold, self.xp), self.cfg.label_smoothing, pad)
+        logits, _ = self.embedding.project(h)                                               # [N, K]
+        gold = to_device(self.embedding.columns(gold), self.xp)      # the pad rows are gone: pad id -1 below
+        loss, nll_sum, n, cache = label_smoothed_nll(logits, gold, self.cfg.label_smoothing, -1)
         self._head = {"loss": cache, "loss_rows": loss_rows, "h_rows": h}
         self.last_stats = {"loss": loss, "nll_sum": nll_sum, "n_tokens": n}
         return float(loss) if self.xp is np else loss
@@ -88,7 +91,7 @@ class Seq2Seq(Layer):
             raise RuntimeError("backward() needs a forward_loss() first (and only one backward per forward)")
         c, self._head = self._head, None
         dlogits = label_smoothed_nll_backward(c["loss"], loss_weight)
-        # logits = h[loss_rows] @ embedding^T
+        # logits = h[loss_rows] @ embedding[output ids]^T
         dh = self.embedding.project_backward(dlogits, c["h_rows"])
         if c["loss_rows"] is not None:
             dh_all = self.xp.zeros((n_rows, dh.shape[-1]), dtype=self.dtype)

@@ -26,10 +26,10 @@ import numpy as np
 from .backend import get_xp, is_gpu, release_freed_memory, to_numpy
 from .checkpoint import average_checkpoints, load_checkpoint, read_train_state, save_checkpoint
 from .fileio import atomic_write, leftover_temp_files
-from .config import SIZE_FLAGS, TransformerConfig
+from .config import SIZE_FLAGS, TransformerConfig, id_ranges
 from .data.binarized import StaleData
 from .data.pipeline import load_data
-from .data.tokenizer import Tokenizer
+from .data.tokenizer import EOS_ID, UNK_ID, Tokenizer
 from . import distributed
 from .errors import ConfigError, Interrupted, MinitfError
 from .kernels import accum_dtype
@@ -138,7 +138,7 @@ RECIPE_FLAGS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing
                 "bpe_dropout_target", "warmup", "lr_factor", "lr_fade")
 
 
-def build_config(args, vocab_size):
+def build_config(args, vocab_size, output_vocab=None):
     flags = RECIPE_FLAGS + ("max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps")
     over = {k: getattr(args, k) for k in flags if getattr(args, k, None) is not None}
     over.update({field: getattr(args, flag) for flag, field in SIZE_FLAGS.items() if getattr(args, flag, None) is not None})
@@ -147,7 +147,7 @@ def build_config(args, vocab_size):
     if getattr(args, "attention", None) is not None:
         over["attention"] = args.attention
     return TransformerConfig.preset(args.preset, arch=getattr(args, "arch", None) or "transformer",
-                                    vocab_size=vocab_size, **over)
+                                    vocab_size=vocab_size, output_vocab=output_vocab, **over)
 
 
 # ------------------------------------------------------------------------------ the loop
@@ -322,7 +322,9 @@ def set_up(args, world):
         atomic_write(os.path.join(args.out, "config.json"), lambda f: f.write(json.dumps(
             {"model": cfg.to_dict(), "args": vars(args), "ranks": world.size}, indent=2).encode()))
         log(f"model: {cfg.arch}, {model.num_parameters():,} parameters, preset {args.preset}, device {args.device}"
-            + (f", {world.size} ranks" if world.size > 1 else ""))
+            + (f", {world.size} ranks" if world.size > 1 else "")
+            + (f"; output layer over {cfg.output_ids().size:,} of the {cfg.vocab_size:,} pieces (--output-vocab target)"
+               if cfg.output_vocab else ""))
         if getattr(args, "preset_chosen", False) and resume is None:
             log(f"note: no --preset given: {args.preset}, the preset for --device {args.device} "
                 + ("(sized for minutes on a CPU; --preset base is the paper's model, for GPUs)" if args.device == "cpu"
@@ -384,7 +386,7 @@ def _config(args, data, resume):
     with the flags over it; then the recipe's flags left unset (resolve_recipe)."""
     vocab_size = data.tokenizer.vocab_size
     if resume is None:
-        cfg = build_config(args, vocab_size)
+        cfg = build_config(args, vocab_size, output_vocab=_output_vocab(args, data, vocab_size))
     else:
         cfg = resume.config
         for flag, name in (("arch", "arch"), ("attention", "attention"), *SIZE_FLAGS.items(),
@@ -394,6 +396,10 @@ def _config(args, data, resume):
                 dashed = flag.replace("_", "-")
                 raise ConfigError(f"--{dashed} {asked}: the checkpoint {resume.path} was trained with --{dashed} "
                                   f"{getattr(cfg, name)}; drop the flag to resume it, or start a new --out")
+        kind = "joint" if cfg.output_vocab is None else "target"
+        if args.output_vocab not in (None, kind):
+            raise ConfigError(f"--output-vocab {args.output_vocab}: the checkpoint {resume.path} was trained with "
+                              f"--output-vocab {kind}; drop the flag to resume it, or start a new --out")
         trained_on = resume.train_state.get("data_id")
         if trained_on is not None and trained_on != data.data_id:
             raise ConfigError(f"--resume: {resume.path} was trained on the binarized corpus {trained_on}, but the "
@@ -403,6 +409,16 @@ def _config(args, data, resume):
     if cfg.vocab_size != vocab_size:
         raise ConfigError(f"the checkpoint's vocabulary ({cfg.vocab_size}) != the tokenizer's ({vocab_size})")
     return cfg
+
+
+def _output_vocab(args, data, vocab_size):
+    """--output-vocab target: the pieces of the training data's target side, with EOS (every sentence's
+    last target) and the unknown piece (how a reference piece outside them is scored), as the config's
+    id ranges; None for the joint vocabulary."""
+    if args.output_vocab != "target":
+        return None
+    ids = set(data.train.target_pieces(vocab_size).tolist()) | {UNK_ID, EOS_ID}
+    return id_ranges(sorted(ids))
 
 
 def new_state(args, data):

@@ -84,6 +84,10 @@ def build_parser(prog=None):
                         "skipped with probability P (not in the paper; default from the preset: 0)")
     p.add_argument("--bpe-dropout-target", type=fraction(closed=False), metavar="P",
                    help="the same on the target side (default from the preset: 0)")
+    p.add_argument("--output-vocab", choices=("joint", "target"),
+                   help="the pieces the output layer scores: joint, all of the joint vocabulary (the paper's), or "
+                        "target, only those on the target side of the training data (a smaller, faster output layer; "
+                        "docs/deviations.md; default: joint)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the last checkpoint in --out, with its model and recipe (a model-size, dropout, "
                         "label-smoothing, BPE-dropout, warmup or rate flag that differs from the checkpoint's is an error)")
@@ -137,6 +141,9 @@ def parse_args(argv=None, prog=None):
     for flag in ("attention_dropout", "relu_dropout"):
         if getattr(args, flag) and args.arch == "rnn":
             p.error(f"--{flag.replace('_', '-')} is the Transformer's; --arch rnn has only --dropout")
+    if args.output_vocab == "target" and args.bpe_dropout_target:
+        p.error("--output-vocab target scores the pieces of the target side's plain segmentation; "
+                "--bpe-dropout-target makes smaller ones: use one or the other")
     if args.attention is not None and args.arch == "transformer":
         p.error("--attention chooses the attention of --arch rnn; the Transformer's is multi-head scaled dot-product")
     if (args.d_model or args.heads) and args.arch != "rnn":

@@ -48,6 +48,19 @@ def test_gradcheck_embedding_projection(rng):
     check_layer(layer, [h], lambda x: layer.project(x)[0], lambda d: layer.project_backward(d, h), rng)
 
 
+def test_gradcheck_embedding_projection_over_an_output_vocabulary(rng):
+    """logits = h @ weight[ids]^T: d weight on the rows ids only (the others stay 0), and dh."""
+    layer = TokenEmbedding(V, D, rng)
+    ids = np.array([1, 3, 4, 7, 9])
+    layer.use_output_vocabulary(ids, 1, np)
+    h = rng.standard_normal((B, T, D))
+    assert layer.project(h)[0].shape == (B, T, ids.size)
+    errs = check_layer(layer, [h], lambda x: layer.project(x)[0], lambda d: layer.project_backward(d, h), rng)
+    assert set(errs) == {"weight", "input0"}
+    others = np.setdiff1d(np.arange(V), ids)
+    assert np.all(layer.grads["weight"][others] == 0) and np.abs(layer.grads["weight"][ids]).min() > 0
+
+
 def test_gradcheck_positional_sinusoidal(rng):
     layer = SinusoidalPositional(16, D)
     check_layer(layer, [rng.standard_normal((B, T, D))], layer.forward, layer.backward, rng)
@@ -231,13 +244,16 @@ def _batch():
 
 
 @pytest.mark.parametrize("variant", ["sinusoidal", "learned", "dropout", "all dropouts", "unpadded",
-                                     "2+1 layers", "1+2 layers"])
+                                     "2+1 layers", "1+2 layers", "output vocabulary"])
 def test_gradcheck_transformer_every_parameter(variant):
     """Padded batches take the pad-free packed layout (packing.py); "unpadded" (no pad
     anywhere) takes the plain [B, L, D] layout with no row index. "all dropouts": residual,
     attention and ReLU dropout. "2+1 layers" / "1+2 layers": encoder and decoder stacks of
-    different depths (n_decoder_layers)."""
+    different depths (n_decoder_layers). "output vocabulary": logits over 7 of the 11 pieces, one
+    reference piece (5) outside them (scored as the unknown piece, 1)."""
     dropouts = {"dropout": dict(dropout=0.2), "all dropouts": ALL_DROPOUTS}.get(variant, dict(dropout=0.0))
+    if variant == "output vocabulary":
+        dropouts["output_vocab"] = "1,3-4,6-8,10"
     stacks = {"2+1 layers": dict(n_layers=2, n_decoder_layers=1),
               "1+2 layers": dict(n_layers=1, n_decoder_layers=2)}.get(variant, {})
     cfg = small_cfg(positional="learned" if variant == "learned" else "sinusoidal", **dropouts, **stacks)

@@ -84,6 +84,14 @@ class TokenPairs:
     def __len__(self):
         return int(self.src_lens.size)
 
+    def target_pieces(self, vocab_size, chunk=1 << 24):
+        """The sorted distinct piece ids [K] of the target side (read in chunks: a memory-mapped side
+        is never loaded whole)."""
+        seen = np.zeros(vocab_size, dtype=bool)
+        for start in range(0, self.tgt_tokens.size, chunk):
+            seen[np.unique(np.asarray(self.tgt_tokens[start: start + chunk]))] = True
+        return np.flatnonzero(seen)
+
     def ids(self, i):
         """(source ids, target ids) of pair i, as int64 arrays."""
         return tuple(self._rows(*side, np.array([i]))[0] for side in self._sides())

@@ -2,6 +2,12 @@
 source lookup, target lookup (both multiplied by sqrt(d_model)) and the pre-softmax
 projection logits = h @ weight^T. Each use caches its own inputs in the object it returns;
 each backward ACCUMULATES into the same gradient, so tying needs no special code.
+
+An output vocabulary (config `output_vocab`, not the paper's: docs/deviations.md) restricts the
+projection to K of the V rows, ids [K]: logits = h @ weight[ids]^T, [N, K]. A joint vocabulary
+holds the pieces of both languages, and the target side of the training data uses only some of
+them (5,473 of 8,000 on Multi30k's German side): the others can never be the right answer, and
+scoring them is a third of the projection's work. Decoding sees them at -inf (`output_bias`).
 """
 import numpy as np
 
@@ -25,12 +31,40 @@ def segment_sum_rows(ids, rows, out):
     out[sorted_ids[starts]] += xp.add.reduceat(rows[order], starts, axis=0)
 
 
+def decoding_logits(h, w_out, bias):
+    """h [N, D] @ w_out [D, V] (TokenEmbedding.output_weight) + bias [V] (output_bias, or None):
+    a decoding step's logits over all V pieces, -inf outside an output vocabulary."""
+    logits = h @ w_out
+    if bias is not None:
+        logits += bias
+    return logits
+
+
 class TokenEmbedding(Layer):
     def __init__(self, vocab_size, d_model, rng):
         super().__init__()
         self.scale = float(np.sqrt(d_model))
         # N(0, d_model^-0.5): after the sqrt(d_model) scale the embeddings have unit variance
         self.params["weight"] = rng.normal(0.0, d_model ** -0.5, size=(vocab_size, d_model))
+        self.output_ids = None     # [K] device ids the projection scores; None: all V
+        self.column_of = None      # [V] host: each piece's column of the logits (None: the id itself)
+
+    def use_output_vocabulary(self, ids, unk_id, xp):
+        """Score only the pieces `ids` (sorted, distinct host int array [K], or None: all V). A gold
+        piece outside them is scored as `unk_id`'s column (which must be among them): like every
+        piece the training targets never hold, the model can only give it the smoothing's share."""
+        if ids is None:
+            self.output_ids = self.column_of = None
+            return
+        ids = np.asarray(ids, dtype=np.int64)
+        self.column_of = np.full(self.params["weight"].shape[0], int(np.searchsorted(ids, unk_id)), dtype=np.int64)
+        self.column_of[ids] = np.arange(ids.size)
+        self.output_ids = xp.asarray(ids)
+
+    def columns(self, gold):
+        """Host piece ids [N] -> their columns of project's logits (the ids themselves without an
+        output vocabulary)."""
+        return gold if self.column_of is None else self.column_of[gold]
 
     def lookup(self, ids):
         """ids [B, L] int -> (x [B, L, D] = weight[ids] * sqrt(D), cache)."""
@@ -41,22 +75,48 @@ class TokenEmbedding(Layer):
         d = dx.shape[-1]
         segment_sum_rows(ids.reshape(-1), dx.reshape(-1, d) * self.scale, self.grads["weight"])
 
+    def _out_rows(self):
+        """weight[ids] [K, D] (a gathered copy), or weight itself [V, D] without an output vocabulary."""
+        w = self.params["weight"]
+        return w if self.output_ids is None else w[self.output_ids]
+
     def project(self, h):
-        """h [B, T, D] -> (logits [B, T, V] = h @ weight^T, cache)."""
+        """h [B, T, D] -> (logits [B, T, K] = h @ weight[ids]^T, cache); K = V and ids = all
+        without an output vocabulary: logits = h @ weight^T."""
         d = h.shape[-1]
-        logits = h.reshape(-1, d) @ self.params["weight"].T
+        logits = h.reshape(-1, d) @ self._out_rows().T
         return logits.reshape(*h.shape[:-1], -1), h
 
     def output_weight(self):
         """weight^T [D, V] as an array of its own (row-major), for decoding: h @ output_weight()
-        = project(h) without the transposed view (measured faster for the few rows of a
-        decoding step: docs/benchmarks.md). A copy: take it again after the weights change."""
+        (+ output_bias()) = project_all(h) without the transposed view (measured faster for the few
+        rows of a decoding step: docs/benchmarks.md). A copy: take it again after the weights change."""
         return xp_of(self.params["weight"]).ascontiguousarray(self.params["weight"].T)
 
+    def output_bias(self):
+        """[V]: 0 on the output vocabulary's pieces, -inf on the others; None without one."""
+        if self.output_ids is None:
+            return None
+        w = self.params["weight"]
+        bias = xp_of(w).full(w.shape[0], -np.inf, dtype=w.dtype)
+        bias[self.output_ids] = 0
+        return bias
+
+    def project_all(self, h):
+        """h [B, T, D] -> logits [B, T, V] over every piece, -inf outside the output vocabulary
+        (the log-softmax of these is the model's distribution over all V)."""
+        logits = decoding_logits(h.reshape(-1, h.shape[-1]), self.params["weight"].T, self.output_bias())
+        return logits.reshape(*h.shape[:-1], -1)
+
     def project_backward(self, dlogits, h):
-        """Returns dh; accumulates the projection's share of d weight."""
-        v, d = self.params["weight"].shape
-        dl2 = dlogits.reshape(-1, v)
-        # logits = h @ weight^T
-        self.grads["weight"] += dl2.T @ h.reshape(-1, d)
-        return (dl2 @ self.params["weight"]).reshape(h.shape)
+        """Returns dh; accumulates the projection's share of d weight (its rows ids only)."""
+        w = self._out_rows()
+        d = w.shape[1]
+        dl2 = dlogits.reshape(-1, w.shape[0])
+        # logits = h @ weight[ids]^T
+        dw = dl2.T @ h.reshape(-1, d)                                   # [K, D]
+        if self.output_ids is None:
+            self.grads["weight"] += dw
+        else:
+            self.grads["weight"][self.output_ids] += dw                 # ids distinct: no repeats to add up
+        return (dl2 @ w).reshape(h.shape)

@@ -1,0 +1,151 @@
+"""An output vocabulary (config `output_vocab`, `--output-vocab target`): the output layer scores K of
+the V joint pieces. The loss is the label-smoothed loss over those K columns of the joint model's
+logits, decoding never emits another piece, and a training run takes the target side's pieces."""
+import json
+
+import numpy as np
+import pytest
+
+import minitf
+from minitf.checkpoint import load_checkpoint
+from minitf.config import id_ranges, parse_id_ranges
+from minitf.data.tokenizer import Tokenizer
+from minitf.decode import beam_search, greedy_search
+from minitf.models import build_model
+from minitf.errors import ConfigError
+from minitf.loss import label_smoothed_nll
+
+from test_train import corpus, run_train   # noqa: F401 (the module's corpus fixture)
+
+V = 13
+IDS = np.array([1, 3, 4, 5, 7, 8, 11])          # UNK 1 and EOS 3 among them
+
+
+def cfg(**kw):
+    return minitf.TransformerConfig(**{**dict(vocab_size=V, d_model=8, n_heads=2, d_ff=12, n_layers=1, dropout=0.0,
+                                              label_smoothing=0.1, max_len=16), **kw})
+
+
+def batch():
+    src = np.array([[5, 6, 7, 9, 3], [9, 10, 5, 3, 0]])
+    tgt_in = np.array([[2, 4, 6, 8], [2, 7, 11, 0]])   # 6 is outside IDS
+    tgt_out = np.array([[4, 6, 8, 3], [7, 11, 3, 0]])
+    return src, tgt_in, tgt_out
+
+
+def pair(**kw):
+    """A joint model and the same weights with the output vocabulary IDS."""
+    joint = minitf.Transformer(cfg(**kw), dtype="float64", seed=4)
+    restricted = minitf.Transformer(cfg(output_vocab=id_ranges(IDS), **kw), dtype="float64", seed=4)
+    restricted.load_state_dict(joint.state_dict())
+    return joint, restricted
+
+
+def test_id_ranges_round_trip_and_bad_values_are_config_errors():
+    ids = [1, 3, 4, 5, 9, 10, 12]
+    assert id_ranges(ids) == "1,3-5,9-10,12"
+    assert parse_id_ranges("1,3-5,9-10,12", 13).tolist() == ids
+    for bad in ("", "3-1", "1,1", "4,2", "1-13", "-1", "x", "1-"):
+        with pytest.raises(ConfigError, match="output_vocab"):
+            parse_id_ranges(bad, 13)
+    with pytest.raises(ConfigError, match="must hold eos_id"):
+        cfg(output_vocab="1,4-5")
+    with pytest.raises(ConfigError, match="must hold unk_id"):
+        cfg(output_vocab="3-5")
+    with pytest.raises(ConfigError, match="bpe_dropout_target"):
+        cfg(output_vocab="1,3", bpe_dropout_target=0.1)
+
+
+def test_the_loss_is_the_joint_models_logits_over_the_output_columns():
+    """loss(restricted) = label-smoothed loss of the joint model's logits[..., IDS], a reference piece
+    outside IDS (6) scored as UNK's column; the restricted forward's logits are the joint ones on IDS
+    and -inf elsewhere."""
+    joint, restricted = pair()
+    src, tgt_in, tgt_out = batch()
+    full = joint.forward(src, tgt_in)                                          # [B, T, V]
+    columns = np.full(V, np.searchsorted(IDS, 1))
+    columns[IDS] = np.arange(IDS.size)
+    gold = np.where(tgt_out == 0, -1, columns[tgt_out])
+    expected = float(label_smoothed_nll(full[..., IDS], gold, 0.1, -1)[0])
+    assert restricted.forward_loss(src, tgt_in, tgt_out) == pytest.approx(expected, rel=1e-12)
+    assert restricted.forward_loss(src, tgt_in, tgt_out, packed=False) == pytest.approx(expected, rel=1e-12)
+    assert restricted.last_stats["n_tokens"] == 7
+    logits = restricted.forward(src, tgt_in)
+    np.testing.assert_allclose(logits[..., IDS], full[..., IDS], rtol=1e-12)
+    assert np.isneginf(np.delete(logits, IDS, axis=-1)).all()
+    # without the restriction the loss differs (it also scores the 6 other pieces)
+    assert joint.forward_loss(src, tgt_in, tgt_out) != pytest.approx(expected, rel=1e-3)
+
+
+def test_gradients_reach_only_the_output_rows_through_the_projection():
+    """With no input using them, the rows outside IDS get no gradient at all; the others do."""
+    _, restricted = pair()
+    src = np.array([[5, 7, 3]])
+    tgt_in, tgt_out = np.array([[2, 4, 8]]), np.array([[4, 8, 3]])
+    restricted.zero_grad()
+    restricted.forward_loss(src, tgt_in, tgt_out)
+    restricted.backward()
+    d = restricted.grad_dict()["embedding.weight"]
+    unused = np.setdiff1d(np.arange(V), np.concatenate([IDS, [2]]))              # 2: BOS, an input
+    assert np.all(d[unused] == 0) and np.abs(d[IDS]).sum(axis=1).min() > 0
+
+
+@pytest.mark.parametrize("arch", ["transformer", "rnn"])
+def test_decoding_emits_only_output_pieces_and_the_cache_gives_the_forwards_logits(arch):
+    model = build_model(cfg(arch=arch, output_vocab=id_ranges(IDS)), dtype="float64", seed=5)
+    # push the pieces outside IDS up: a joint output would emit them
+    w = model.state_dict()["embedding.weight"]
+    outside = np.setdiff1d(np.arange(V), IDS)
+    w[outside] *= 50
+    src = np.array([[5, 6, 7, 9, 3], [9, 10, 5, 3, 0]])
+    hyps = greedy_search(model, src, max_len_a=0, max_len_b=6) + beam_search(model, src, 3, max_len_a=0, max_len_b=6)
+    assert sum(map(len, hyps)) > 4
+    for hyp in hyps:
+        assert set(hyp) <= set(IDS.tolist()), hyp
+    dec = model.incremental_decoder(src, 4)
+    tokens = np.array([2, 2])
+    step = dec.logits(tokens)
+    full = model.forward(src, tokens[:, None])[:, 0]
+    np.testing.assert_allclose(step, full, rtol=1e-9)
+    assert np.isneginf(step[:, outside]).all()
+
+
+def test_checkpoint_and_average_keep_the_output_vocabulary(tmp_path):
+    model = minitf.Transformer(cfg(output_vocab=id_ranges(IDS)), seed=1)
+    from minitf.checkpoint import average_checkpoints, save_checkpoint
+    for i in range(2):
+        save_checkpoint(tmp_path / f"c{i}.npz", model)
+    average_checkpoints([tmp_path / "c0.npz", tmp_path / "c1.npz"], tmp_path / "avg.npz")
+    back = load_checkpoint(tmp_path / "avg.npz")
+    assert back.config.output_ids().tolist() == IDS.tolist()
+    assert back.build_model().embedding.output_ids.tolist() == IDS.tolist()
+    other = minitf.Transformer(cfg(), seed=1)
+    save_checkpoint(tmp_path / "joint.npz", other)
+    with pytest.raises(minitf.errors.CheckpointError, match="output_vocab"):
+        average_checkpoints([tmp_path / "c0.npz", tmp_path / "joint.npz"], tmp_path / "bad.npz")
+
+
+def test_training_with_output_vocab_target(corpus, tmp_path):   # noqa: F811
+    """The run's output vocabulary is the target side's pieces with UNK and EOS; it trains, scores,
+    resumes with it, and refuses a resume that asks for the joint one."""
+    out = tmp_path / "run"
+    r = run_train(corpus, out, "--max-steps", 4, "--output-vocab", "target", "--valid-every", 2, "--save-every", 2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ckpt = load_checkpoint(out / "checkpoint_0000004.npz")
+    ids = ckpt.config.output_ids()
+    tok = Tokenizer.from_bytes(ckpt.tokenizer)
+    import gzip
+    with gzip.open(corpus / "train.de.gz", "rt") as f:
+        pieces = {i for ids in tok.encode([line.strip() for line in f]) for i in ids}
+    assert set(ids.tolist()) == pieces | {1, 3} and ids.size < tok.vocab_size
+    assert json.loads((out / "config.json").read_text())["model"]["output_vocab"] == ckpt.config.output_vocab
+    assert f"output layer over {ids.size:,} of the {tok.vocab_size:,} pieces" in r.stderr
+    res = json.loads((out / "results.json").read_text())
+    assert 0 <= res["bleu"]["valid"] <= 100
+    r = run_train(corpus, out, "--max-steps", 5, "--resume", "--output-vocab", "joint", "--valid-every", 0)
+    assert r.returncode == 2 and "--output-vocab joint: the checkpoint" in r.stderr and "Traceback" not in r.stderr
+    r = run_train(corpus, out, "--max-steps", 6, "--resume", "--valid-every", 0, "--save-every", 2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert load_checkpoint(out / "checkpoint_0000006.npz").config.output_vocab == ckpt.config.output_vocab
+    r = run_train(corpus, tmp_path / "bad", "--max-steps", 2, "--output-vocab", "target", "--bpe-dropout-target", 0.1)
+    assert r.returncode == 2 and "use one or the other" in r.stderr
