@@ -20,7 +20,7 @@ from .errors import ConfigError
 # how a model is trained and decoded, not what it computes: checkpoints that differ only in these hold
 # the same model (checkpoint averaging compares the other fields, `TransformerConfig.model_fields`)
 TRAINING_FIELDS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "bpe_dropout_source",
-                   "bpe_dropout_target", "warmup", "lr_factor", "lr_fade", "max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps", "decode_alpha")
+                   "bpe_dropout_target", "output_layer", "warmup", "lr_factor", "lr_fade", "max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps", "decode_alpha")
 ARCHS = ("transformer", "rnn")                  # the classes: models.ARCHS
 ATTENTIONS = ("general", "dot", "additive")     # arch "rnn": layers.rnn_attention.RecurrentAttention.KINDS
 # train_wmt.py's model-size flags (argparse names) -> the fields they override
@@ -73,6 +73,8 @@ class TransformerConfig:
     eos_id: int = 3
     output_vocab: str = None         # the pieces the output layer scores, as id ranges "3-1207,1209,..."; None: all V
                                      # (the paper's joint vocabulary; not the paper's otherwise: deviations.md)
+    output_layer: str = "joint"      # train_wmt.py's --output-vocab default: "target" fills output_vocab with the
+                                     # pieces of the training data's target side (the model reads only output_vocab)
     layer_norm_eps: float = 1e-5
     positional: str = "sinusoidal"   # or "learned" (Table 3 row E)
     max_len: int = 1024              # learned positions: the longest input; sinusoids: the first table (it grows)
@@ -131,6 +133,8 @@ class TransformerConfig:
         for name in ("pad_id", "unk_id", "bos_id", "eos_id"):
             if not 0 <= getattr(self, name) < self.vocab_size:
                 raise ConfigError(f"{name}={getattr(self, name)} is outside the vocabulary of {self.vocab_size}")
+        if self.output_layer not in ("joint", "target"):
+            raise ConfigError(f"output_layer must be 'joint' or 'target', got {self.output_layer!r}")
         if self.output_vocab is not None:
             ids = parse_id_ranges(self.output_vocab, self.vocab_size)
             missing = [name for name in ("eos_id", "unk_id") if getattr(self, name) not in set(ids.tolist())]

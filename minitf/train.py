@@ -11,6 +11,7 @@ position (epoch, batch index), and the dropout stream position (model.forward_co
 """
 import argparse
 import contextlib
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 import glob
@@ -138,7 +139,10 @@ RECIPE_FLAGS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing
                 "bpe_dropout_target", "warmup", "lr_factor", "lr_fade")
 
 
-def build_config(args, vocab_size, output_vocab=None):
+def build_config(args, vocab_size, target_pieces=None, note=None):
+    """The preset's config with the flags over it; `target_pieces()`: the training data's target-side
+    pieces, called when the run's output layer (--output-vocab, or the preset's) is "target"; `note`
+    (rank 0's log) is told when the preset's choice gives way to a flag."""
     flags = RECIPE_FLAGS + ("max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps")
     over = {k: getattr(args, k) for k in flags if getattr(args, k, None) is not None}
     over.update({field: getattr(args, flag) for flag, field in SIZE_FLAGS.items() if getattr(args, flag, None) is not None})
@@ -146,8 +150,17 @@ def build_config(args, vocab_size, output_vocab=None):
         over["save_every_minutes"] = None   # spacing in steps asked for: a resumed run keeps it
     if getattr(args, "attention", None) is not None:
         over["attention"] = args.attention
-    return TransformerConfig.preset(args.preset, arch=getattr(args, "arch", None) or "transformer",
-                                    vocab_size=vocab_size, output_vocab=output_vocab, **over)
+    cfg = TransformerConfig.preset(args.preset, arch=getattr(args, "arch", None) or "transformer",
+                                   vocab_size=vocab_size, **over)
+    layer = getattr(args, "output_vocab", None) or cfg.output_layer
+    if layer == "target" and cfg.bpe_dropout_target:   # only the preset's choice gets here (the flags exclude it)
+        if note:
+            note("note: --bpe-dropout-target makes pieces the plain segmentation does not: the output layer scores "
+                 "the joint vocabulary (--output-vocab joint) instead of the preset's target side")
+        layer = "joint"
+    if layer == "target" and target_pieces is not None:
+        return dataclasses.replace(cfg, output_layer=layer, output_vocab=target_pieces())
+    return dataclasses.replace(cfg, output_layer=layer)
 
 
 # ------------------------------------------------------------------------------ the loop
@@ -303,7 +316,7 @@ def set_up(args, world):
                           f"or choose another --out")
     resume = load_checkpoint(ckpts[-1]) if args.resume and ckpts else None
     data = _load_data(args, world, resume)
-    cfg = _config(args, data, resume)
+    cfg = _config(args, data, resume, lead)
     if resume is not None and lead:
         log(f"resuming from {resume.path} (step {resume.train_state['step']})")
     fp16 = getattr(args, "fp16", False)
@@ -381,12 +394,12 @@ def _load_data(args, world, resume):
     return data
 
 
-def _config(args, data, resume):
+def _config(args, data, resume, lead=True):
     """The resumed checkpoint's config (a flag that would change it is an error), or the preset's
     with the flags over it; then the recipe's flags left unset (resolve_recipe)."""
     vocab_size = data.tokenizer.vocab_size
     if resume is None:
-        cfg = build_config(args, vocab_size, output_vocab=_output_vocab(args, data, vocab_size))
+        cfg = build_config(args, vocab_size, lambda: _target_pieces(data, vocab_size), note=log if lead else None)
     else:
         cfg = resume.config
         for flag, name in (("arch", "arch"), ("attention", "attention"), *SIZE_FLAGS.items(),
@@ -411,12 +424,9 @@ def _config(args, data, resume):
     return cfg
 
 
-def _output_vocab(args, data, vocab_size):
-    """--output-vocab target: the pieces of the training data's target side, with EOS (every sentence's
-    last target) and the unknown piece (how a reference piece outside them is scored), as the config's
-    id ranges; None for the joint vocabulary."""
-    if args.output_vocab != "target":
-        return None
+def _target_pieces(data, vocab_size):
+    """The pieces of the training data's target side, with EOS (every sentence's last target) and the
+    unknown piece (how a reference piece outside them is scored), as the config's output_vocab ranges."""
     ids = set(data.train.target_pieces(vocab_size).tolist()) | {UNK_ID, EOS_ID}
     return id_ranges(sorted(ids))
 

@@ -116,7 +116,7 @@ def test_the_real_exit_status_of_each_entry_point(tmp_path):
 def test_help_texts_quote_the_presets_defaults():
     """Every "default from the preset: base 6, small 2" in train_wmt.py --help is the preset's value."""
     import re
-    from minitf.config import PRESETS, RNN_PRESETS
+    from minitf.config import PRESETS, RNN_PRESETS, TransformerConfig
     fields = {"d_model": "d_model", "heads": "n_heads", "d_ff": "d_ff", "layers": "n_layers",
               "save_every": "save_every", "average_last": "average_last", "max_steps": "max_steps"}
     checked = 0
@@ -129,6 +129,14 @@ def test_help_texts_quote_the_presets_defaults():
             assert quoted == PRESETS[name][fields[action.dest]], (action.dest, name, value)
             checked += 1
     assert checked >= 12
+    output = next(a for a in train_cli.build_parser()._actions if a.dest == "output_vocab")
+    quoted = re.search(r"default from the preset: ([^)]*)\)", output.help).group(1)
+    layers = {name: TransformerConfig.preset(name).output_layer for name in PRESETS}
+    if quoted == "joint for all":
+        assert set(layers.values()) == {"joint"}, layers
+    else:
+        assert quoted == ", ".join(f"{name} {layer}" for name, layer in layers.items() if layer != "joint") + \
+            ", the others joint", (quoted, layers)
     alpha = next(a for a in train_cli.build_parser()._actions if a.dest == "alpha")
     assert f"small {PRESETS['small']['decode_alpha']}," in alpha.help
     assert f"small with --arch rnn {RNN_PRESETS['small']['decode_alpha']})" in alpha.help

@@ -149,3 +149,28 @@ def test_training_with_output_vocab_target(corpus, tmp_path):   # noqa: F811
     assert load_checkpoint(out / "checkpoint_0000006.npz").config.output_vocab == ckpt.config.output_vocab
     r = run_train(corpus, tmp_path / "bad", "--max-steps", 2, "--output-vocab", "target", "--bpe-dropout-target", 0.1)
     assert r.returncode == 2 and "use one or the other" in r.stderr
+
+
+def test_the_output_layer_comes_from_the_flag_or_else_the_preset(monkeypatch, tmp_path):
+    """build_config: --output-vocab, else the preset's output_layer; "target" fills output_vocab from the
+    data; a preset's "target" gives way to --bpe-dropout-target (with a note), an explicit one cannot."""
+    from minitf.config import PRESETS
+    from minitf.train import build_config
+    from minitf.train_cli import parse_args
+    pieces = lambda: "1,3-9"                                               # noqa: E731
+    base = ["--dataset", "multi30k", "--data-dir", str(tmp_path), "--preset", "tiny", "--out", str(tmp_path / "o")]
+    c = build_config(parse_args(base), V, pieces)
+    assert (c.output_layer, c.output_vocab) == ("joint", None)
+    c = build_config(parse_args(base + ["--output-vocab", "target"]), V, pieces)
+    assert (c.output_layer, c.output_vocab) == ("target", "1,3-9")
+    monkeypatch.setitem(PRESETS, "tiny", {**PRESETS["tiny"], "output_layer": "target"})
+    c = build_config(parse_args(base), V, pieces)
+    assert (c.output_layer, c.output_vocab) == ("target", "1,3-9")
+    c = build_config(parse_args(base + ["--output-vocab", "joint"]), V, pieces)
+    assert (c.output_layer, c.output_vocab) == ("joint", None)
+    notes = []
+    c = build_config(parse_args(base + ["--bpe-dropout-target", "0.1"]), V, pieces, note=notes.append)
+    assert (c.output_layer, c.output_vocab, c.bpe_dropout_target) == ("joint", None, 0.1)
+    assert len(notes) == 1 and "--output-vocab joint" in notes[0]
+    with pytest.raises(SystemExit):
+        parse_args(base + ["--bpe-dropout-target", "0.1", "--output-vocab", "target"])
