@@ -144,6 +144,9 @@ def from_minitf_state(state_dict, cfg, dtype="float32", device="cpu", autocast_f
     dtype: 'float32' or 'float64' (the master weights); autocast_fp16 runs the forward under
     torch.autocast(float16) (mixed precision, for speed benches).
     """
+    if getattr(cfg, "output_vocab", None):
+        raise SystemExit("the PyTorch model scores the paper's joint vocabulary; this minitf model has an output "
+                         "vocabulary (--output-vocab target): compare a model trained with --output-vocab joint")
     tdtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     params = {}
     for name, arr in state_dict.items():
