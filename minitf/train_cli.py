@@ -87,7 +87,7 @@ def build_parser(prog=None):
     p.add_argument("--output-vocab", choices=("joint", "target"),
                    help="the pieces the output layer scores: joint, all of the joint vocabulary (the paper's), or "
                         "target, only those on the target side of the training data (a smaller, faster output layer; "
-                        "docs/deviations.md; default from the preset: joint for all)")
+                        "docs/deviations.md; default from the preset: small target, the others joint; --arch rnn joint)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the last checkpoint in --out, with its model and recipe (a model-size, dropout, "
                         "label-smoothing, BPE-dropout, warmup or rate flag that differs from the checkpoint's is an error)")

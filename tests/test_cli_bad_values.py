@@ -132,11 +132,9 @@ def test_help_texts_quote_the_presets_defaults():
     output = next(a for a in train_cli.build_parser()._actions if a.dest == "output_vocab")
     quoted = re.search(r"default from the preset: ([^)]*)\)", output.help).group(1)
     layers = {name: TransformerConfig.preset(name).output_layer for name in PRESETS}
-    if quoted == "joint for all":
-        assert set(layers.values()) == {"joint"}, layers
-    else:
-        assert quoted == ", ".join(f"{name} {layer}" for name, layer in layers.items() if layer != "joint") + \
-            ", the others joint", (quoted, layers)
+    assert quoted == ", ".join(f"{name} {layer}" for name, layer in layers.items() if layer != "joint") + \
+        ", the others joint; --arch rnn joint", (quoted, layers)
+    assert {TransformerConfig.preset(name, arch="rnn").output_layer for name in PRESETS} == {"joint"}
     alpha = next(a for a in train_cli.build_parser()._actions if a.dest == "alpha")
     assert f"small {PRESETS['small']['decode_alpha']}," in alpha.help
     assert f"small with --arch rnn {RNN_PRESETS['small']['decode_alpha']})" in alpha.help

@@ -670,3 +670,5 @@ def test_without_preset_the_device_chooses_it_and_the_run_says_so(corpus, tmp_pa
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "note: no --preset given: small, the preset for --device cpu" in r.stderr
+    assert "pieces (--output-vocab target)" in r.stderr                       # small's output layer
+    assert load_checkpoint(tmp_path / "run" / "model.npz").config.output_layer == "target"
