@@ -402,17 +402,13 @@ def _config(args, data, resume, lead=True):
         cfg = build_config(args, vocab_size, lambda: _target_pieces(data, vocab_size), note=log if lead else None)
     else:
         cfg = resume.config
-        for flag, name in (("arch", "arch"), ("attention", "attention"), *SIZE_FLAGS.items(),
-                           *zip(RECIPE_FLAGS, RECIPE_FLAGS)):
+        for flag, name in (("arch", "arch"), ("attention", "attention"), ("output_vocab", "output_layer"),
+                           *SIZE_FLAGS.items(), *zip(RECIPE_FLAGS, RECIPE_FLAGS)):
             asked = getattr(args, flag, None)
             if asked is not None and asked != getattr(cfg, name):
                 dashed = flag.replace("_", "-")
                 raise ConfigError(f"--{dashed} {asked}: the checkpoint {resume.path} was trained with --{dashed} "
                                   f"{getattr(cfg, name)}; drop the flag to resume it, or start a new --out")
-        kind = "joint" if cfg.output_vocab is None else "target"
-        if args.output_vocab not in (None, kind):
-            raise ConfigError(f"--output-vocab {args.output_vocab}: the checkpoint {resume.path} was trained with "
-                              f"--output-vocab {kind}; drop the flag to resume it, or start a new --out")
         trained_on = resume.train_state.get("data_id")
         if trained_on is not None and trained_on != data.data_id:
             raise ConfigError(f"--resume: {resume.path} was trained on the binarized corpus {trained_on}, but the "

@@ -90,7 +90,7 @@ def build_parser(prog=None):
                         "docs/deviations.md; default from the preset: small target, the others joint; --arch rnn joint)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the last checkpoint in --out, with its model and recipe (a model-size, dropout, "
-                        "label-smoothing, BPE-dropout, warmup or rate flag that differs from the checkpoint's is an error)")
+                        "label-smoothing, BPE-dropout, output-vocab, warmup or rate flag that differs from the checkpoint's is an error)")
     p.add_argument("--seed", type=Number(int, 0, 2**32 - 1), default=1)
     p.add_argument("--log-every", type=positive(), default=50,
                    help="updates between train_log.jsonl records, and between progress lines when stderr is not a "
