@@ -147,6 +147,9 @@ def from_minitf_state(state_dict, cfg, dtype="float32", device="cpu", autocast_f
     if getattr(cfg, "output_vocab", None):
         raise SystemExit("the PyTorch model scores the paper's joint vocabulary; this minitf model has an output "
                          "vocabulary (--output-vocab target): compare a model trained with --output-vocab joint")
+    if getattr(cfg, "norm_position", "post") != "post":
+        raise SystemExit("the PyTorch model is the paper's post-norm Transformer; this minitf model is pre-norm "
+                         "(--norm pre): compare a model trained with --norm post")
     tdtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     params = {}
     for name, arr in state_dict.items():

@@ -1,9 +1,12 @@
-"""Post-norm residual blocks and the encoder/decoder stacks (paper 3.1).
+"""Residual blocks and the encoder/decoder stacks (paper 3.1).
 
-Every sublayer is wrapped as LayerNorm(x + Dropout(Sublayer(x))). There is no final
-LayerNorm after either stack (the paper's post-norm; see docs/deviations.md). Attention and
-ReLU dropout inside the sublayers (cfg.attention_dropout, cfg.relu_dropout; 0 in the paper)
-draw their masks from the same stream, before the sublayer's residual dropout.
+Every sublayer is wrapped as LayerNorm(x + Dropout(Sublayer(x))), and there is no LayerNorm
+after either stack: the paper's post-norm. cfg.norm_position "pre" (not in the paper;
+docs/deviations.md) wraps it as x + Dropout(Sublayer(LayerNorm(x))) instead and ends each
+stack with a LayerNorm (`norm`), the arrangement of tensor2tensor's later versions and of
+Xiong et al. (2020). Attention and ReLU dropout inside the sublayers (cfg.attention_dropout,
+cfg.relu_dropout; 0 in the paper) draw their masks from the same stream, before the
+sublayer's residual dropout.
 """
 from typing import NamedTuple
 
@@ -29,14 +32,21 @@ class EncoderLayer(Layer):
         self.norm2 = self.add("norm2", LayerNorm(d, cfg.layer_norm_eps))
         self.drop1 = self.add("drop1", Dropout(cfg.dropout))
         self.drop2 = self.add("drop2", Dropout(cfg.dropout))
+        self.pre = cfg.norm_position == "pre"
 
     def forward(self, x, src_bias, stream=None, rows=None):
         """x [B, S, D], src_bias [B, 1, 1, S] -> [B, S, D] (x [Ns, D] -> [Ns, D] with `rows`)."""
+        if self.pre:
+            n = self.norm1.forward(x)
+            h = residual(x, self.drop1, self.self_attn.forward(n, n, src_bias, rows, rows, stream), stream, rows)
+            return residual(h, self.drop2, self.ffn.forward(self.norm2.forward(h), stream, rows), stream, rows)
         a = self.self_attn.forward(x, x, src_bias, rows, rows, stream)
         h = self.norm1.forward(residual(x, self.drop1, a, stream, rows))
         return self.norm2.forward(residual(h, self.drop2, self.ffn.forward(h, stream, rows), stream, rows))
 
     def backward(self, dy):
+        if self.pre:
+            return self._backward_pre(dy)
         # y = norm2(h + drop2(ffn(h)))
         dsum = self.norm2.backward(dy)
         dh = self.ffn.backward(self.drop2.backward(dsum))
@@ -47,6 +57,17 @@ class EncoderLayer(Layer):
         dx_q += dx_kv
         dx_q += dsum
         return dx_q
+
+    def _backward_pre(self, dy):
+        # y = h + drop2(ffn(norm2(h)))
+        dh = self.norm2.backward(self.ffn.backward(self.drop2.backward(dy)))
+        dh += dy
+        # h = x + drop1(self_attn(norm1(x), norm1(x)))
+        dn_q, dn_kv = self.self_attn.backward(self.drop1.backward(dh))
+        dn_q += dn_kv
+        dx = self.norm1.backward(dn_q)
+        dx += dh
+        return dx
 
 
 class DecoderLayer(Layer):
@@ -62,10 +83,18 @@ class DecoderLayer(Layer):
         self.drop1 = self.add("drop1", Dropout(cfg.dropout))
         self.drop2 = self.add("drop2", Dropout(cfg.dropout))
         self.drop3 = self.add("drop3", Dropout(cfg.dropout))
+        self.pre = cfg.norm_position == "pre"
 
     def forward(self, y, memory, src_bias, tgt_bias, stream=None, tgt_rows=None, src_rows=None):
         """y [B, T, D], memory [B, S, D] (encoder output), tgt_bias [B, 1, T, T] -> [B, T, D]
         (packed: y [Nt, D], memory [Ns, D] -> [Nt, D] with `tgt_rows`/`src_rows`)."""
+        if self.pre:
+            n = self.norm1.forward(y)
+            h1 = residual(y, self.drop1, self.self_attn.forward(n, n, tgt_bias, tgt_rows, tgt_rows, stream),
+                          stream, tgt_rows)
+            a = self.cross_attn.forward(self.norm2.forward(h1), memory, src_bias, tgt_rows, src_rows, stream)
+            h2 = residual(h1, self.drop2, a, stream, tgt_rows)
+            return residual(h2, self.drop3, self.ffn.forward(self.norm3.forward(h2), stream, tgt_rows), stream, tgt_rows)
         a = self.self_attn.forward(y, y, tgt_bias, tgt_rows, tgt_rows, stream)
         h1 = self.norm1.forward(residual(y, self.drop1, a, stream, tgt_rows))
         a = self.cross_attn.forward(h1, memory, src_bias, tgt_rows, src_rows, stream)
@@ -74,6 +103,8 @@ class DecoderLayer(Layer):
 
     def backward(self, dout):
         """Returns (dy, dmemory)."""
+        if self.pre:
+            return self._backward_pre(dout)
         # out = norm3(h2 + drop3(ffn(h2)))
         dsum = self.norm3.backward(dout)
         dh2 = self.ffn.backward(self.drop3.backward(dsum))
@@ -88,6 +119,21 @@ class DecoderLayer(Layer):
         dx_q += dx_kv
         dx_q += dsum
         return dx_q, dmemory
+
+    def _backward_pre(self, dout):
+        # out = h2 + drop3(ffn(norm3(h2)))
+        dh2 = self.norm3.backward(self.ffn.backward(self.drop3.backward(dout)))
+        dh2 += dout
+        # h2 = h1 + drop2(cross_attn(norm2(h1), memory))
+        dn, dmemory = self.cross_attn.backward(self.drop2.backward(dh2))
+        dh1 = self.norm2.backward(dn)
+        dh1 += dh2
+        # h1 = y + drop1(self_attn(norm1(y), norm1(y)))
+        dn_q, dn_kv = self.self_attn.backward(self.drop1.backward(dh1))
+        dn_q += dn_kv
+        dy = self.norm1.backward(dn_q)
+        dy += dh1
+        return dy, dmemory
 
 
 class StepCache:
@@ -143,24 +189,28 @@ def decoder_layer_step(layer, i, x, qkv, groups):
     """
     sa, ca = layer.self_attn, layer.cross_attn
     n_rows, _, d = x.shape
+    # a sublayer reads norm(x) (pre-norm) or x, and the sum is norm(x + ...) (post-norm) or x + ...
+    read = (lambda norm, a: norm.apply(a)) if layer.pre else (lambda norm, a: a)
+    out = (lambda norm, a: a) if layer.pre else (lambda norm, a: norm.apply(a))
     # q, k, v = x Wq, x Wk, x Wv in one matmul; k, v of the new position join the cache
-    q, k, v = (F.split_heads(part, sa.n_heads) for part in F.split_last(F.linear_forward(x, *qkv), 3))  # [N, H, 1, K]
+    q, k, v = (F.split_heads(part, sa.n_heads)
+               for part in F.split_last(F.linear_forward(read(layer.norm1, x), *qkv), 3))             # [N, H, 1, K]
     heads = []
     for g in groups:
         keys, values = g.cache.kv[: g.b - g.a, i, 0], g.cache.kv[: g.b - g.a, i, 1]            # [rows, T_max, H, K]
         keys[:, g.t], values[:, g.t] = k[g.a: g.b, :, 0], v[g.a: g.b, :, 0]
         heads.append(F.attention_forward(q[g.a: g.b], keys[:, : g.t + 1].transpose(0, 2, 1, 3),
                                          values[:, : g.t + 1].transpose(0, 2, 1, 3), 0.0, sa.scale)[0])
-    h1 = layer.norm1.apply(x + sa.out.apply(F.merge_heads(_join(heads))))                    # [N, 1, D]
+    h1 = out(layer.norm1, x + sa.out.apply(F.merge_heads(_join(heads))))                      # [N, 1, D]
     # cross-attention: the beams of a sentence are the queries of one [beam, S] attention
-    q = ca.q.apply(h1)                                                                            # [N, 1, HK]
+    q = ca.q.apply(read(layer.norm2, h1))                                                                          # [N, 1, HK]
     heads = []
     for g in groups:
         q_g = F.split_heads(q[g.a: g.b].reshape((g.b - g.a) // g.beam, g.beam, -1), ca.n_heads)  # [n, H, beam, K]
         ctx = F.attention_forward(q_g, g.cache.ckv[i, 0], g.cache.ckv[i, 1], g.src_bias, ca.scale)[0]
         heads.append(F.merge_heads(ctx).reshape(g.b - g.a, 1, -1))                              # [rows, 1, HK]
-    h2 = layer.norm2.apply(h1 + ca.out.apply(_join(heads)))
-    return layer.norm3.apply(h2 + layer.ffn.apply(h2))
+    h2 = out(layer.norm2, h1 + ca.out.apply(_join(heads)))
+    return out(layer.norm3, h2 + layer.ffn.apply(read(layer.norm3, h2)))
 
 
 def _join(parts):
@@ -175,19 +225,28 @@ def add_layer_list(parent, layers):
     return layers
 
 
+def final_norm(parent, cfg):
+    """The LayerNorm after a pre-norm stack (`norm`: its last sum is otherwise unnormalised); None
+    for the paper's post-norm, whose layers end in one."""
+    return parent.add("norm", LayerNorm(cfg.d_model, cfg.layer_norm_eps)) if cfg.norm_position == "pre" else None
+
+
 class Encoder(Layer):
-    """N identical EncoderLayers (3.1)."""
+    """N identical EncoderLayers (3.1), and with pre-norm a final LayerNorm."""
 
     def __init__(self, cfg, rng):
         super().__init__()
         self.layer_list = add_layer_list(self, [EncoderLayer(cfg, rng) for _ in range(cfg.n_layers)])
+        self.norm = final_norm(self, cfg)
 
     def forward(self, x, src_bias, stream=None, rows=None):
         for layer in self.layer_list:
             x = layer.forward(x, src_bias, stream, rows)
-        return x
+        return x if self.norm is None else self.norm.forward(x)
 
     def backward(self, dy):
+        if self.norm is not None:   # memory = norm(x)
+            dy = self.norm.backward(dy)
         for layer in reversed(self.layer_list):
             dy = layer.backward(dy)
         return dy
@@ -195,19 +254,22 @@ class Encoder(Layer):
 
 class Decoder(Layer):
     """N identical DecoderLayers (3.1; N = cfg.n_decoder_layers, the encoder's unless set apart);
-    every layer attends to the same encoder output."""
+    every layer attends to the same encoder output; with pre-norm a final LayerNorm."""
 
     def __init__(self, cfg, rng):
         super().__init__()
         self.layer_list = add_layer_list(self, [DecoderLayer(cfg, rng) for _ in range(cfg.n_decoder_layers)])
+        self.norm = final_norm(self, cfg)
 
     def forward(self, y, memory, src_bias, tgt_bias, stream=None, tgt_rows=None, src_rows=None):
         for layer in self.layer_list:
             y = layer.forward(y, memory, src_bias, tgt_bias, stream, tgt_rows, src_rows)
-        return y
+        return y if self.norm is None else self.norm.forward(y)
 
     def backward(self, dy):
         """Returns (dy_embedded, dmemory) with dmemory summed over all layers."""
+        if self.norm is not None:   # h = norm(y)
+            dy = self.norm.backward(dy)
         dmemory = None
         for layer in reversed(self.layer_list):
             dy, dm = layer.backward(dy)

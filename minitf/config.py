@@ -23,9 +23,10 @@ TRAINING_FIELDS = ("dropout", "attention_dropout", "relu_dropout", "label_smooth
                    "bpe_dropout_target", "output_layer", "warmup", "lr_factor", "lr_fade", "max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps", "decode_alpha")
 ARCHS = ("transformer", "rnn")                  # the classes: models.ARCHS
 ATTENTIONS = ("general", "dot", "additive")     # arch "rnn": layers.rnn_attention.RecurrentAttention.KINDS
-# train_wmt.py's model-size flags (argparse names) -> the fields they override
+NORM_POSITIONS = ("post", "pre")                # the Transformer's LayerNorm: after the residual sum (3.1) or before the sublayer
+# train_wmt.py's model-shape flags (argparse names) -> the fields they override
 SIZE_FLAGS = {"d_model": "d_model", "heads": "n_heads", "d_ff": "d_ff", "layers": "n_layers",
-              "decoder_layers": "n_decoder_layers"}
+              "decoder_layers": "n_decoder_layers", "norm": "norm_position"}
 
 
 def id_ranges(ids):
@@ -76,6 +77,8 @@ class TransformerConfig:
     output_layer: str = "joint"      # train_wmt.py's --output-vocab default: "target" fills output_vocab with the
                                      # pieces of the training data's target side (the model reads only output_vocab)
     layer_norm_eps: float = 1e-5
+    norm_position: str = "post"      # "post": LayerNorm(x + Sublayer(x)) (3.1); "pre": x + Sublayer(LayerNorm(x))
+                                     # and a LayerNorm after each stack (not the paper's; deviations.md)
     positional: str = "sinusoidal"   # or "learned" (Table 3 row E)
     max_len: int = 1024              # learned positions: the longest input; sinusoids: the first table (it grows)
     arch: str = "transformer"        # or "rnn" (models.ARCHS)
@@ -128,6 +131,11 @@ class TransformerConfig:
             raise ConfigError(f"lr_fade must be in [0, 1] (a fraction of the run), got {self.lr_fade}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.norm_position not in NORM_POSITIONS:
+            raise ConfigError(f"norm_position must be one of {', '.join(NORM_POSITIONS)}, got {self.norm_position!r}")
+        if self.arch == "rnn" and self.norm_position != "post":
+            raise ConfigError("norm_position is the Transformer's (arch 'transformer'); the recurrent baseline has no "
+                              "residual blocks")
         if self.positional not in ("sinusoidal", "learned"):
             raise ConfigError(f"positional must be 'sinusoidal' or 'learned', got {self.positional!r}")
         for name in ("pad_id", "unk_id", "bos_id", "eos_id"):

@@ -83,7 +83,7 @@ class IncrementalDecoder:
             x = m.positional.forward(m.embedding.lookup(tokens[:, None])[0], offset=positions)    # [N, 1, D]
             for i, layer in enumerate(m.decoder.layer_list):
                 x = decoder_layer_step(layer, i, x, self.qkv[i], at)
-            h = x[:, 0]
+            h = x[:, 0] if m.decoder.norm is None else m.decoder.norm.apply(x[:, 0])
         else:   # each group's whole prefix again, causal mask and all
             parts = []
             for g, s in zip(self.groups, at):

@@ -337,7 +337,8 @@ def set_up(args, world):
         log(f"model: {cfg.arch}, {model.num_parameters():,} parameters, preset {args.preset}, device {args.device}"
             + (f", {world.size} ranks" if world.size > 1 else "")
             + (f"; output layer over {cfg.output_ids().size:,} of the {cfg.vocab_size:,} pieces (--output-vocab target)"
-               if cfg.output_vocab else ""))
+               if cfg.output_vocab else "")
+            + ("; pre-norm (--norm pre)" if cfg.norm_position == "pre" else ""))
         if getattr(args, "preset_chosen", False) and resume is None:
             log(f"note: no --preset given: {args.preset}, the preset for --device {args.device} "
                 + ("(sized for minutes on a CPU; --preset base is the paper's model, for GPUs)" if args.device == "cpu"

@@ -28,7 +28,7 @@ OUT/<testset>.hyp.<tgt> and OUT/results.json.
 import argparse
 import os
 
-from minitf.config import ARCHS, ATTENTIONS, PRESETS
+from minitf.config import ARCHS, ATTENTIONS, NORM_POSITIONS, PRESETS
 from minitf.data.pipeline import add_data_args, check_data_args
 from minitf.flags import MAX_BEAM, Number, Parser, fraction, positive
 
@@ -53,6 +53,10 @@ def build_parser(prog=None):
                                                       "(default from the preset: base 6, small 2)")
     p.add_argument("--decoder-layers", type=positive(),
                    help="layers of the decoder when it differs from the encoder's --layers (default: the same)")
+    p.add_argument("--norm", choices=NORM_POSITIONS,
+                   help="where each sublayer's LayerNorm sits: post, LayerNorm(x + Sublayer(x)) (the paper's), or pre, "
+                        "x + Sublayer(LayerNorm(x)) with a LayerNorm after each stack (not in the paper; "
+                        "docs/deviations.md) (default from the preset: post)")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                    help="parameters and activations (float64: exact checks, e.g. one process against N ranks)")
@@ -89,7 +93,7 @@ def build_parser(prog=None):
                         "target, only those on the target side of the training data (a smaller, faster output layer; "
                         "docs/deviations.md; default from the preset: small target, the others joint; --arch rnn joint)")
     p.add_argument("--resume", action="store_true",
-                   help="continue from the last checkpoint in --out, with its model and recipe (a model-size, dropout, "
+                   help="continue from the last checkpoint in --out, with its model and recipe (a model-size or --norm, dropout, "
                         "label-smoothing, BPE-dropout, output-vocab, warmup or rate flag that differs from the checkpoint's is an error)")
     p.add_argument("--seed", type=Number(int, 0, 2**32 - 1), default=1)
     p.add_argument("--log-every", type=positive(), default=50,
@@ -138,6 +142,8 @@ def parse_args(argv=None, prog=None):
         if getattr(args, flag) is not None and args.arch == "rnn":
             p.error(f"--{flag.replace('_', '-')} sizes the Transformer's layers; --arch rnn has none "
                     f"(its sizes: --d-model and --layers)")
+    if args.norm is not None and args.arch == "rnn":
+        p.error("--norm places the LayerNorms of the Transformer's residual blocks; --arch rnn has none")
     for flag in ("attention_dropout", "relu_dropout"):
         if getattr(args, flag) and args.arch == "rnn":
             p.error(f"--{flag.replace('_', '-')} is the Transformer's; --arch rnn has only --dropout")

@@ -11,18 +11,21 @@ from minitf.loss import log_softmax
 from plain_beam import mixed_length_sources, plain_beam_search
 
 
-def model_and_src(vocab=13, seed=0, dtype="float64", n_decoder_layers=None):
+def model_and_src(vocab=13, seed=0, dtype="float64", n_decoder_layers=None, norm_position="post"):
     cfg = minitf.TransformerConfig(vocab_size=vocab, d_model=16, n_heads=2, d_ff=24, n_layers=2,
-                                   n_decoder_layers=n_decoder_layers, dropout=0.1, max_len=64)
+                                   n_decoder_layers=n_decoder_layers, dropout=0.1, max_len=64,
+                                   norm_position=norm_position)
     model = minitf.Transformer(cfg, dtype=dtype, seed=seed)
     src = np.array([[5, 6, 7, 8, 3, 0], [9, 10, 5, 6, 7, 3], [4, 3, 0, 0, 0, 0]])
     return model, src
 
 
-@pytest.mark.parametrize("n_decoder_layers", [None, 1, 3])
+@pytest.mark.parametrize("n_decoder_layers,norm_position", [(None, "post"), (1, "post"), (3, "post"), (None, "pre")])
 @pytest.mark.parametrize("use_cache", [True, False])
-def test_incremental_logits_equal_full_forward_at_every_step(use_cache, n_decoder_layers):
-    model, src = model_and_src(n_decoder_layers=n_decoder_layers)
+def test_incremental_logits_equal_full_forward_at_every_step(use_cache, n_decoder_layers, norm_position):
+    model, src = model_and_src(n_decoder_layers=n_decoder_layers, norm_position=norm_position)
+    if norm_position == "pre":   # a final LayerNorm that is not the identity, so leaving it out would show
+        model.decoder.norm.params["weight"][:] = np.linspace(0.5, 1.5, 16)
     tgt = np.array([[2, 4, 6, 8, 9, 5, 3], [2, 7, 5, 11, 12, 4, 4], [2, 9, 9, 9, 1, 4, 5]])
     model.eval()
     full = log_softmax(model.forward(src, tgt))

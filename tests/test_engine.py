@@ -403,8 +403,9 @@ def test_a_layer_built_on_its_own_runs_forward_and_backward():
 
 
 @pytest.mark.parametrize("dropouts", [dict(dropout=0.0), dict(dropout=0.3),
-                                      dict(dropout=0.1, attention_dropout=0.3, relu_dropout=0.3)],
-                         ids=["none", "residual", "all"])
+                                      dict(dropout=0.1, attention_dropout=0.3, relu_dropout=0.3),
+                                      dict(dropout=0.3, norm_position="pre")],
+                         ids=["none", "residual", "all", "pre-norm"])
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
 def test_the_plain_path_gives_the_packed_loss_and_every_gradient(positional, dropouts):
     # forward_loss(packed=False) runs every layer on [B, L, D] with the pads, as the

@@ -172,6 +172,29 @@ def test_an_output_vocabulary_on_the_device_gives_the_cpus_loss_gradients_and_de
     assert all(set(h) <= set(range(1, 18)) - {2, 12} for h in hyps[0])
 
 
+@pytest.mark.parametrize("fused", ["1", "0"])
+def test_a_pre_norm_model_on_the_device_gives_the_cpus_loss_gradients_and_decoding(standin, monkeypatch, fused):
+    """--norm pre on the device path (fused LayerNorm kernels, or the generic xp ones): the CPU
+    model's loss and every gradient (the stacks' final LayerNorms included), and its beam search."""
+    from minitf.decode import beam_search
+    from minitf.models import build_model
+    monkeypatch.setenv("MINITF_FUSED", fused)
+    gpu = tiny(dropout=0.0, norm_position="pre")
+    cpu = build_model(gpu.cfg, device="cpu", seed=0)
+    cpu.load_state_dict({n: backend.to_numpy(a) for n, a in gpu.state_dict().items()})
+    tgt = np.array([[5, 12, 7, 3], [9, 6, 3, 0]])
+    src, tgt_in = SRC[:2, :5], np.concatenate([np.full((2, 1), 2), tgt[:, :-1]], axis=1)
+    losses = []
+    for model in (gpu, cpu):
+        model.zero_grad()
+        losses.append(float(model.forward_loss(src, tgt_in, tgt)))
+        model.backward()
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    np.testing.assert_allclose(backend.to_numpy(gpu.flat_grads), cpu.flat_grads, rtol=1e-4, atol=1e-6)
+    assert np.abs(cpu.grad_dict()["decoder.norm.weight"]).max() > 0
+    assert beam_search(gpu, SRC, beam_size=3, max_len_b=5) == beam_search(cpu, SRC, beam_size=3, max_len_b=5)
+
+
 # ----------------------------------------------------------------------------- training
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):

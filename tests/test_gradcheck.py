@@ -201,7 +201,8 @@ def test_gradcheck_dropout_with_fixed_mask(rng):
 ALL_DROPOUTS = dict(dropout=0.2, attention_dropout=0.2, relu_dropout=0.2)
 
 
-@pytest.mark.parametrize("dropouts", [dict(dropout=0.2), ALL_DROPOUTS], ids=["residual", "all"])
+@pytest.mark.parametrize("dropouts", [dict(dropout=0.2), ALL_DROPOUTS, dict(ALL_DROPOUTS, norm_position="pre")],
+                         ids=["residual", "all", "pre-norm"])
 def test_gradcheck_encoder_layer_with_dropout(rng, dropouts):
     layer = EncoderLayer(small_cfg(**dropouts), rng)
     src = np.array([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])
@@ -211,7 +212,8 @@ def test_gradcheck_encoder_layer_with_dropout(rng, dropouts):
     check_layer(layer, [rng.standard_normal((B, S, D))], fwd, layer.backward, rng)
 
 
-@pytest.mark.parametrize("dropouts", [dict(dropout=0.2), ALL_DROPOUTS], ids=["residual", "all"])
+@pytest.mark.parametrize("dropouts", [dict(dropout=0.2), ALL_DROPOUTS, dict(ALL_DROPOUTS, norm_position="pre")],
+                         ids=["residual", "all", "pre-norm"])
 def test_gradcheck_decoder_layer_with_dropout(rng, dropouts):
     layer = DecoderLayer(small_cfg(**dropouts), rng)
     src = np.array([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])
@@ -244,14 +246,19 @@ def _batch():
 
 
 @pytest.mark.parametrize("variant", ["sinusoidal", "learned", "dropout", "all dropouts", "unpadded",
-                                     "2+1 layers", "1+2 layers", "output vocabulary"])
+                                     "2+1 layers", "1+2 layers", "output vocabulary", "pre-norm", "pre-norm unpadded"])
 def test_gradcheck_transformer_every_parameter(variant):
     """Padded batches take the pad-free packed layout (packing.py); "unpadded" (no pad
     anywhere) takes the plain [B, L, D] layout with no row index. "all dropouts": residual,
     attention and ReLU dropout. "2+1 layers" / "1+2 layers": encoder and decoder stacks of
     different depths (n_decoder_layers). "output vocabulary": logits over 7 of the 11 pieces, one
-    reference piece (5) outside them (scored as the unknown piece, 1)."""
-    dropouts = {"dropout": dict(dropout=0.2), "all dropouts": ALL_DROPOUTS}.get(variant, dict(dropout=0.0))
+    reference piece (5) outside them (scored as the unknown piece, 1). "pre-norm": the LayerNorm
+    before each sublayer and after each stack (norm_position "pre"), with all dropouts; packed and
+    plain."""
+    dropouts = {"dropout": dict(dropout=0.2), "all dropouts": ALL_DROPOUTS, "pre-norm": ALL_DROPOUTS,
+                "pre-norm unpadded": ALL_DROPOUTS}.get(variant, dict(dropout=0.0))
+    if variant.startswith("pre-norm"):
+        dropouts = dict(dropouts, norm_position="pre")
     if variant == "output vocabulary":
         dropouts["output_vocab"] = "1,3-4,6-8,10"
     stacks = {"2+1 layers": dict(n_layers=2, n_decoder_layers=1),
@@ -262,7 +269,9 @@ def test_gradcheck_transformer_every_parameter(variant):
         assert (len(model.encoder.layer_list), len(model.decoder.layer_list)) == (
             stacks["n_layers"], stacks["n_decoder_layers"])
     src, tgt_in, tgt_out = _batch()
-    if variant == "unpadded":
+    if variant.startswith("pre-norm"):
+        assert {"encoder.norm.weight", "decoder.norm.bias"} <= set(model.state_dict())
+    if variant.endswith("unpadded"):
         src, tgt_in, tgt_out = src[1:, :5], tgt_in[:1, :4], tgt_out[:1, :4]
         assert (src != 0).all() and (tgt_in != 0).all() and (tgt_out != 0).all()
     assert check_model(model, src, tgt_in, tgt_out) > 50

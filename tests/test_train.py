@@ -404,6 +404,27 @@ def test_model_size_flags_override_the_preset_and_a_resume_keeps_them(corpus, tm
     assert (cfg.attention_dropout, cfg.relu_dropout) == (0.15, 0.25)
 
 
+def test_norm_pre_trains_a_pre_norm_model_that_a_resume_and_the_translation_keep(corpus, tmp_path):
+    out = tmp_path / "pre"
+    r = run_train(corpus, out, "--max-steps", 2, "--norm", "pre", "--save-every", 1, "--average-last", 1,
+                  "--valid-every", 0)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "; pre-norm (--norm pre)" in r.stderr
+    ck = load_checkpoint(out / "averaged.npz")
+    assert ck.config.norm_position == "pre" and "encoder.norm.weight" in ck.params
+    r = run_train(corpus, out, "--max-steps", 3, "--resume", "--norm", "post", "--save-every", 1, "--average-last", 1,
+                  "--valid-every", 0)
+    assert r.returncode != 0 and "--norm post: the checkpoint" in r.stderr and "--norm pre" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = run_train(corpus, out, "--max-steps", 3, "--resume", "--save-every", 1, "--average-last", 1, "--valid-every", 0)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert load_checkpoint(out / "averaged.npz").config.norm_position == "pre"
+    r = run_train(corpus, tmp_path / "bad", "--max-steps", 2, "--arch", "rnn", "--norm", "pre")
+    assert r.returncode == 2 and "--norm places the LayerNorms of the Transformer's residual blocks" in r.stderr
+    r = run_train(corpus, tmp_path / "bad", "--max-steps", 2, "--norm", "middle")
+    assert r.returncode == 2 and "argument --norm: invalid choice: 'middle'" in r.stderr
+
+
 @pytest.mark.parametrize("preset,update", [("base", 25000), ("big", 25000), ("small", 4096), ("tiny", 512)])
 def test_a_presets_update_holds_the_same_tokens_on_any_number_of_ranks(preset, update):
     """Paper 5.1: ~25000 source and target tokens per update, on 8 GPUs (5.2). A preset states the
