@@ -189,28 +189,31 @@ def decoder_layer_step(layer, i, x, qkv, groups):
     """
     sa, ca = layer.self_attn, layer.cross_attn
     n_rows, _, d = x.shape
-    # a sublayer reads norm(x) (pre-norm) or x, and the sum is norm(x + ...) (post-norm) or x + ...
-    read = (lambda norm, a: norm.apply(a)) if layer.pre else (lambda norm, a: a)
-    out = (lambda norm, a: a) if layer.pre else (lambda norm, a: norm.apply(a))
+    pre = layer.pre   # a sublayer reads norm(x) (pre-norm) or x; a block's sum is x + ... (pre) or norm(x + ...)
     # q, k, v = x Wq, x Wk, x Wv in one matmul; k, v of the new position join the cache
     q, k, v = (F.split_heads(part, sa.n_heads)
-               for part in F.split_last(F.linear_forward(read(layer.norm1, x), *qkv), 3))             # [N, H, 1, K]
+               for part in F.split_last(F.linear_forward(_norm_if(pre, layer.norm1, x), *qkv), 3))   # [N, H, 1, K]
     heads = []
     for g in groups:
         keys, values = g.cache.kv[: g.b - g.a, i, 0], g.cache.kv[: g.b - g.a, i, 1]            # [rows, T_max, H, K]
         keys[:, g.t], values[:, g.t] = k[g.a: g.b, :, 0], v[g.a: g.b, :, 0]
         heads.append(F.attention_forward(q[g.a: g.b], keys[:, : g.t + 1].transpose(0, 2, 1, 3),
                                          values[:, : g.t + 1].transpose(0, 2, 1, 3), 0.0, sa.scale)[0])
-    h1 = out(layer.norm1, x + sa.out.apply(F.merge_heads(_join(heads))))                      # [N, 1, D]
+    h1 = _norm_if(not pre, layer.norm1, x + sa.out.apply(F.merge_heads(_join(heads))))        # [N, 1, D]
     # cross-attention: the beams of a sentence are the queries of one [beam, S] attention
-    q = ca.q.apply(read(layer.norm2, h1))                                                                          # [N, 1, HK]
+    q = ca.q.apply(_norm_if(pre, layer.norm2, h1))                                                # [N, 1, HK]
     heads = []
     for g in groups:
         q_g = F.split_heads(q[g.a: g.b].reshape((g.b - g.a) // g.beam, g.beam, -1), ca.n_heads)  # [n, H, beam, K]
         ctx = F.attention_forward(q_g, g.cache.ckv[i, 0], g.cache.ckv[i, 1], g.src_bias, ca.scale)[0]
         heads.append(F.merge_heads(ctx).reshape(g.b - g.a, 1, -1))                              # [rows, 1, HK]
-    h2 = out(layer.norm2, h1 + ca.out.apply(_join(heads)))
-    return out(layer.norm3, h2 + layer.ffn.apply(read(layer.norm3, h2)))
+    h2 = _norm_if(not pre, layer.norm2, h1 + ca.out.apply(_join(heads)))
+    return _norm_if(not pre, layer.norm3, h2 + layer.ffn.apply(_norm_if(pre, layer.norm3, h2)))
+
+
+def _norm_if(cond, norm, a):
+    """norm(a) (inference: LayerNorm.apply) when cond, else a."""
+    return norm.apply(a) if cond else a
 
 
 def _join(parts):
