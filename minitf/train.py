@@ -191,11 +191,12 @@ class Run:
     resume_path: Optional[str] = None
     stream: Optional["UpdateStream"] = None
     epoch_len: int = 1             # batches in an epoch (for the log's fractional epoch)
-    validation: Optional[Validation] = None   # rank 0
+    validation: Optional[Validation] = None   # on every rank: each validates its share
     log: Optional[TrainLog] = None
     console: Optional[Console] = None
     start_wall: float = 0.0
     elapsed_mean: float = 0.0      # the ranks' mean seconds of training at the top of this update
+    elapsed_lead: float = 0.0      # rank 0's, the same number on every rank (the validations' clock)
     window: dict = field(default_factory=dict)   # the losses since the last log record
 
     @property
@@ -470,9 +471,9 @@ def _open_stream(run):
             f"included), at most: {max_tokens:,} per batch, {args.update_freq * max_tokens:,} per rank "
             f"({args.update_freq} batch{'es' if args.update_freq > 1 else ''}), {per_update * max_tokens:,} per update "
             f"({world.size} rank{'s' if world.size > 1 else ''})")
-        if len(run.data.valid[0]):
-            run.validation = Validation(run.data.valid, run.data.tokenizer, max_tokens, args.valid_bleu_sentences,
-                                        args.decode_batch)
+    if len(run.data.valid[0]):
+        run.validation = Validation(run.data.valid, run.data.tokenizer, max_tokens, args.valid_bleu_sentences,
+                                    args.decode_batch, world)
     run.stream = UpdateStream(batches, resegment.epoch if resegment else (lambda epoch: pairs), run.data.tokenizer,
                               per_update, args.update_freq, world.rank)
 
@@ -521,10 +522,11 @@ def should_stop(run, signals):
     # during the all-reduce is seen by every rank at the next update, never by this rank alone now
     # (which would leave the others waiting in the next update's all-reduce).
     received = list(signals.received)
-    over_budget, term, interrupt, elapsed_sum = run.world.allreduce_numbers(
+    over_budget, term, interrupt, elapsed_sum, elapsed_lead = run.world.allreduce_numbers(
         [bool(args.time_budget and elapsed >= args.time_budget), "SIGTERM" in received, "SIGINT" in received,
-         elapsed])
+         elapsed, elapsed if run.lead else 0.0])
     run.elapsed_mean = elapsed_sum / run.world.size
+    run.elapsed_lead = elapsed_lead   # rank 0's plus zeros: exactly rank 0's on every rank
     if over_budget:
         return "time_budget"
     if received:
@@ -595,16 +597,18 @@ def after_step(run, loss_sum, nll_sum, tokens, lr):
         run.log.write(rec)
         run.console.show(rec)
         run.window = new_window()
-    if run.lead and run.validation and on_grid(state, "valid_interval", args.valid_every, args.valid_every_minutes,
-                                               run.elapsed()):
+    # every rank validates (its share) at the same steps: the minutes' grid reads rank 0's clock
+    if run.validation and on_grid(state, "valid_interval", args.valid_every, args.valid_every_minutes,
+                                  run.elapsed_lead):
         validate(run)
     if run.lead and on_save_grid(args, state, run.elapsed()):
         run.save(on_grid=True)
 
 
 def validate(run):
-    """Validation loss, perplexity and greedy BLEU, logged and printed; a new best BLEU (the loss
-    when BLEU is off) is saved as checkpoint_best.npz, without Adam's state."""
+    """Validation loss, perplexity and greedy BLEU (every rank its share), logged and printed; a
+    new best BLEU (the loss when BLEU is off) is saved by rank 0 as checkpoint_best.npz, without
+    Adam's state."""
     state = run.state
     rec = {"step": state["step"], **run.validation.run(run.model)}
     state["valid_s"], state["valid_step"] = round(state.get("valid_s", 0.0) + rec["valid_s"], 2), state["step"]
@@ -615,8 +619,9 @@ def validate(run):
     if best is None or best["metric"] != metric or value > best["value"]:
         state["best_valid"] = {"metric": metric, "value": value, "step": state["step"], "valid_bleu": rec["valid_bleu"],
                                "valid_loss": rec["valid_loss"]}
-        save_checkpoint(os.path.join(run.args.out, BEST), run.model, tokenizer=run.data.tokenizer.to_bytes(),
-                        train_state={**state, "best": True})
+        if run.lead:
+            save_checkpoint(os.path.join(run.args.out, BEST), run.model, tokenizer=run.data.tokenizer.to_bytes(),
+                            train_state={**state, "best": True})
         note = f" | best so far -> {BEST}"
     run.log.write(rec)
     run.console.line(run.validation.describe(rec) + note)
@@ -666,14 +671,14 @@ def end(run, stop):
             run.log.close()
             log(f"interrupted ({stop}) at step {state['step']}: saved {path}; continue with --resume")
         raise Interrupted(stop.split()[0])
+    validated = False
+    if run.validation and (args.valid_every or args.valid_every_minutes) and state.get("valid_step") != state["step"]:
+        validate(run)   # the final model too (every rank), so that checkpoint_best.npz is the best of the whole run
+        validated = True
     if not run.lead:
         return None
     last = checkpoint_paths(args.out)
     saved = bool(last) and last[-1].endswith(f"{state['step']:07d}.npz")
-    validated = False
-    if run.validation and (args.valid_every or args.valid_every_minutes) and state.get("valid_step") != state["step"]:
-        validate(run)   # the final model too, so that checkpoint_best.npz is the best of the whole run
-        validated = True
     state["train_wall_s"] = run.elapsed()
     if not saved or validated:
         run.save(on_grid=saved and state.get("on_grid", False))   # off the spacing unless it was saved on it

@@ -2,6 +2,7 @@
 as one process, resume with another N, one rank failing ends the job. Every run has a timeout,
 so a hang fails the test instead of stalling CI. Skipped (with the reason) where mpi4py or
 mpiexec is missing: `pip install -e ".[dist]"` brings both."""
+import json
 import os
 import shutil
 import subprocess
@@ -83,6 +84,30 @@ def test_two_ranks_equal_one_process_with_twice_the_update_freq(corpus, tmp_path
     _same(_params(one / "checkpoint_0000003.npz"), _params(two / "checkpoint_0000003.npz"))
     log = (two / "train_log.jsonl").read_text().splitlines()
     assert len([line for line in log if '"loss"' in line]) == 3          # one writer: rank 0 alone logs
+
+
+def test_two_ranks_validate_as_one_process_does(corpus, tmp_path):
+    """Each rank validates its share (every other batch and sentence); rank 0 logs the whole set's
+    loss and BLEU, those of one process with the same updates, and keeps the best checkpoint."""
+    def records(out):
+        lines = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+        return [r for r in lines if "valid_loss" in r]
+    one = _train_ok(corpus, tmp_path, 1, "one_v", "--max-steps", 3, "--update-freq", 2, "--valid-every", 1)
+    two = _train_ok(corpus, tmp_path, 2, "two_v", "--max-steps", 3, "--valid-every", 1)
+    a, b = records(one), records(two)
+    assert [r["step"] for r in b] == [1, 2, 3] == [r["step"] for r in a]
+    for ra, rb in zip(a, b):
+        for key in ("valid_loss", "valid_ppl", "valid_bleu", "valid_bleu_sentences"):
+            assert rb[key] == pytest.approx(ra[key], abs=1e-4), (ra["step"], key)
+    assert (two / "checkpoint_best.npz").exists()
+    # on the minutes' grid every rank reads rank 0's clock: they validate at the same steps (or hang)
+    args = [str(a) for a in _args(corpus, tmp_path / "two_m", "--max-steps", 3, "--valid-every-minutes", 0.0001)]
+    i = args.index("--valid-every")
+    del args[i:i + 2]
+    r = _run([MPIEXEC, "-n", 2, sys.executable, *args], tmp_path / "cache")
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [r["step"] for r in records(tmp_path / "two_m")]   # from the first update after 6 ms, and the end
+    assert len(steps) >= 2 and steps == sorted(set(steps)) and steps[-1] == 3
 
 
 def test_resume_with_another_number_of_ranks_continues_the_same_stream(corpus, tmp_path):
