@@ -48,6 +48,13 @@ def _args(corpus, out, *extra):
             "--average-last", 1, "--out", out, *extra]
 
 
+def _without(args, flag):
+    """_args' list as strings, without `flag` and its value (to leave it to the preset, or give another)."""
+    args = [str(a) for a in args]
+    i = args.index(flag)
+    return args[:i] + args[i + 2:]
+
+
 def _run(cmd, cache, timeout=240):
     env = dict(os.environ, MINITF_CACHE=str(cache), PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, timeout=timeout,
@@ -101,12 +108,10 @@ def test_two_ranks_validate_as_one_process_does(corpus, tmp_path):
             assert rb[key] == pytest.approx(ra[key], abs=1e-4), (ra["step"], key)
     assert (two / "checkpoint_best.npz").exists()
     # on the minutes' grid every rank reads rank 0's clock: they validate at the same steps (or hang)
-    args = [str(a) for a in _args(corpus, tmp_path / "two_m", "--max-steps", 3, "--valid-every-minutes", 0.0001)]
-    i = args.index("--valid-every")
-    del args[i:i + 2]
-    r = _run([MPIEXEC, "-n", 2, sys.executable, *args], tmp_path / "cache")
-    assert r.returncode == 0, r.stderr[-3000:]
-    steps = [r["step"] for r in records(tmp_path / "two_m")]   # from the first update after 6 ms, and the end
+    args = _without(_args(corpus, tmp_path / "two_m", "--max-steps", 3, "--valid-every-minutes", 0.0001), "--valid-every")
+    done = _run([MPIEXEC, "-n", 2, sys.executable, *args], tmp_path / "cache")
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = [rec["step"] for rec in records(tmp_path / "two_m")]   # from the first update after 6 ms, and the end
     assert len(steps) >= 2 and steps == sorted(set(steps)) and steps[-1] == 3
 
 
@@ -123,9 +128,7 @@ def test_the_presets_tokens_per_update_do_not_grow_with_the_ranks(corpus, tmp_pa
     make batches of 256 and the same 512-token update as one process; --max-tokens stays per batch."""
     def start_line(ranks, *extra):
         out = tmp_path / f"r{ranks}{'_'.join(map(str, extra))}"
-        args = [str(a) for a in _args(corpus, out, "--max-steps", 1, *extra)]
-        i = args.index("--max-tokens")
-        del args[i:i + 2]
+        args = _without(_args(corpus, out, "--max-steps", 1, *extra), "--max-tokens")
         launch = [sys.executable] if ranks == 1 else [MPIEXEC, "-n", ranks, sys.executable]
         r = _run([*launch, *args], tmp_path / "cache")
         assert r.returncode == 0, r.stderr[-3000:]
