@@ -17,20 +17,20 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import minitf  # noqa: E402
 from minitf import optim  # noqa: E402
+from bench.shape import add_shape_flags, shape_overrides  # noqa: E402
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="small", choices=sorted(minitf.PRESETS))
-    ap.add_argument("--layers", type=int, help="encoder and decoder layers each (default: the preset's)")
+    add_shape_flags(ap)
     ap.add_argument("--vocab", type=int, default=8000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps-per-round", type=int, default=5)
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.steps_per_round < 1:
         ap.error("--rounds and --steps-per-round must be positive")
-    cfg = minitf.TransformerConfig.preset(args.preset, vocab_size=args.vocab,
-                                          **({"n_layers": args.layers} if args.layers else {}))
+    cfg = minitf.TransformerConfig.preset(args.preset, vocab_size=args.vocab, **shape_overrides(args))
     model = minitf.Transformer(cfg, seed=0)
     model.flat_grads[...] = np.random.default_rng(0).standard_normal(model.flat_grads.size) * 1e-3
     opt = minitf.Adam(model, lr=1e-4)

@@ -21,6 +21,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from bench.shape import add_shape_flags, shape_overrides  # noqa: E402
 
 
 def worker(args):
@@ -34,8 +35,7 @@ def worker(args):
     world = distributed.init()
     if args.device == "gpu" and world.size > 1:
         world.use_gpu()
-    cfg = TransformerConfig.preset(args.preset, vocab_size=args.vocab,
-                                   **({"n_layers": args.layers} if args.layers else {}))
+    cfg = TransformerConfig.preset(args.preset, vocab_size=args.vocab, **shape_overrides(args))
     model = Transformer(cfg, device=args.device, dtype="float32", seed=1)
     opt = Adam(model, lr=NoamSchedule(cfg.d_model, cfg.warmup, cfg.lr_factor))
     rng = np.random.default_rng(world.rank)
@@ -78,7 +78,7 @@ def worker(args):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="small")
-    p.add_argument("--layers", type=int, help="encoder and decoder layers each (default: the preset's)")
+    add_shape_flags(p)
     p.add_argument("--vocab", type=int, default=8000)
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2])

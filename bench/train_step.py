@@ -38,6 +38,7 @@ from minitf import backend  # noqa: E402
 from minitf.backend import get_xp, synchronize, to_numpy  # noqa: E402
 from minitf.config import id_ranges  # noqa: E402
 from minitf.errors import ConfigError  # noqa: E402
+from bench.shape import add_shape_flags, shape_overrides  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- batch and FLOPs
@@ -210,9 +211,7 @@ def timed_round(runner, steps):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="small", choices=sorted(minitf.PRESETS))
-    ap.add_argument("--layers", type=int, help="encoder layers, and decoder layers unless --decoder-layers "
-                                               "(default: the preset's)")
-    ap.add_argument("--decoder-layers", type=int, help="decoder layers (default: as the encoder's)")
+    add_shape_flags(ap)
     ap.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     ap.add_argument("--fp16", action="store_true", help="torch under autocast float16 (+GradScaler on GPU); "
                     "minitf in float16 only if it supports that dtype, else float32")
@@ -241,8 +240,7 @@ def main(argv=None):
                     help="instead of timing, run minitf's steps under cProfile and print the top functions")
     args = ap.parse_args(argv)
 
-    sizes = {**({"n_layers": args.layers} if args.layers else {}),
-             **({"n_decoder_layers": args.decoder_layers} if args.decoder_layers else {})}
+    sizes = shape_overrides(args)
     if args.vs_joint and not args.output_pieces:
         ap.error("--vs-joint compares with --output-pieces K: give it")
     if args.vs_torch and args.output_pieces:

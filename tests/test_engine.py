@@ -223,7 +223,7 @@ def test_presets_follow_the_paper():
     big = minitf.TransformerConfig.preset("big", vocab_size=37000)
     assert (big.d_model, big.d_ff, big.n_heads, big.dropout) == (1024, 4096, 16, 0.3)
     small = minitf.TransformerConfig.preset("small", vocab_size=8000)
-    assert (small.d_model, small.n_heads, small.d_ff, small.n_layers) == (256, 4, 1024, 2)
+    assert (small.d_model, small.n_heads, small.d_ff, small.n_layers) == (192, 4, 768, 2)
     assert minitf.TransformerConfig(vocab_size=100).d_model == 512
     assert base.n_decoder_layers == base.n_layers == 6
 
