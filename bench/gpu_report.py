@@ -19,6 +19,9 @@ reported even when another fails:
           profiler (CUPTI sees CuPy's kernels too), kernel launches, device-to-host copies and
           synchronisations per step (the step alone: train_wmt.py's loop adds one copy per update,
           its loss and overflow flag, as tests/test_gpu_standin.py counts)
+  kernels where one `base` float32 step's GPU time goes, minitf and PyTorch (bench/gpu_kernels.py):
+          wall and GPU-busy ms per step, kernels per step, the largest kernels by name (needs
+          PyTorch with CUDA, whose profiler records the kernels; skipped, and said so, without it)
   beam    beam 4 on 3,000 sentences of WMT14-shaped length (random `base` weights, so every
           output runs to its cap: source length + 5), sentences/s
   wmt     `train_wmt.py --device gpu --preset base` on a 4.5M-pair corpus it builds (a small
@@ -198,6 +201,29 @@ def section_step(args, env):
     return results
 
 
+def section_kernels(args):
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is None or not torch.cuda.is_available():
+        return {"skipped": "needs PyTorch with CUDA (its profiler records the kernels)"}
+    from bench.gpu_kernels import profile, top_kernels
+    cfg = minitf.TransformerConfig.preset(args.presets[0], vocab_size=args.vocab)
+    batch = wmt_batch(cfg, args.step_tokens)
+    backend.cupy.get_default_memory_pool().free_all_blocks()
+    m = MinitfRunner(cfg, "gpu", batch, args.lr, False)
+    state = {n: backend.to_numpy(a).copy() for n, a in m.model.state_dict().items()}
+    out = {"preset": args.presets[0], "mode": "float32", "steps": args.kernel_steps}
+    for name, runner in (("minitf", m), ("torch", TorchRunner(cfg, "gpu", batch, args.lr, False, state))):
+        res = profile(runner, args.kernel_steps, torch)
+        out[name] = {"wall_ms": round(res["wall_ms"], 2), "busy_ms": round(res["busy_ms"], 2),
+                     "kernels": round(res["kernels"]),
+                     "top": [[k, round(ms, 3), round(share, 4), round(calls, 1)]
+                             for k, ms, share, calls in top_kernels(res, args.kernel_steps, args.kernel_top)]}
+    return out
+
+
 def section_beam(args):
     from minitf.decode import translate_ids
     cfg = minitf.TransformerConfig.preset(args.beam_preset, vocab_size=args.vocab)
@@ -308,6 +334,20 @@ def markdown(rep):
                     f"{m.get('kernels', '-')} / {t.get('kernels', '-')} | {m.get('d2h_copies', '-')}, "
                     f"{m.get('syncs', '-')} / {t.get('d2h_copies', '-')}, {t.get('syncs', '-')} |")
         lines.append("")
+    k = rep["sections"].get("kernels", {})
+    if "minitf" in k:
+        lines += [f"**Where a step's GPU time goes** (`{k['preset']}`, {k['mode']}, {k['steps']} steps under the PyTorch "
+                  f"profiler, `python bench/gpu_kernels.py` for more): minitf {k['minitf']['wall_ms']} ms per step, the GPU "
+                  f"busy {k['minitf']['busy_ms']} ms of it, {k['minitf']['kernels']} kernels; PyTorch "
+                  f"{k['torch']['wall_ms']} ms, busy {k['torch']['busy_ms']} ms, {k['torch']['kernels']} kernels.", "",
+                  "| minitf kernel | ms per step | share | calls | PyTorch kernel | ms per step | share | calls |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for a, b_ in zip(k["minitf"]["top"], k["torch"]["top"]):
+            lines.append(f"| `{a[0][:60]}` | {a[1]:.2f} | {_pct(a[2])} | {a[3]:g} | `{b_[0][:60]}` | {b_[1]:.2f} | "
+                         f"{_pct(b_[2])} | {b_[3]:g} |")
+        lines.append("")
+    elif "skipped" in k:
+        lines += [f"**Where a step's GPU time goes**: skipped ({k['skipped']}).", ""]
     b = rep["sections"].get("beam", {})
     if "sentences_per_s" in b:
         lines += [f"**Beam search** (beam 4, `{b['preset']}` with random weights, {b['sentences']:,} sentences of "
@@ -334,7 +374,7 @@ def _pct(x):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", help="folder for report.md and report.json")
-    p.add_argument("--skip", default="", help="comma-separated sections to leave out: suite,step,beam,wmt")
+    p.add_argument("--skip", default="", help="comma-separated sections to leave out: suite,step,kernels,beam,wmt")
     p.add_argument("--smoke", action="store_true", help="tiny sizes (checks this script, e.g. under the CuPy stand-in)")
     p.add_argument("--fp16", action="store_true", help="the WMT14-shaped run with --fp16")
     p.add_argument("--budget", type=float, default=510.0,
@@ -344,6 +384,7 @@ def main(argv=None):
     args.presets = ["base", "big"] if big else ["tiny"]
     args.vocab, args.step_tokens = (37000, 25000) if big else (64, 256)
     args.rounds, args.warmup_rounds, args.lr = (5, 2, 1e-4) if big else (2, 1, 1e-4)
+    args.kernel_steps, args.kernel_top = (3, 12) if big else (1, 5)
     args.beam_preset, args.beam_sentences, args.beam_extra = ("base", 3000, 5) if big else ("tiny", 20, 3)
     args.wmt_preset, args.wmt_pairs, args.wmt_seed_pairs, args.wmt_valid = (
         ("base", 4_500_000, 20_000, 200) if big else ("tiny", 5000, 500, 4))
@@ -356,7 +397,8 @@ def main(argv=None):
     rep = {"env": section_env(), "sections": {}}
     log(f"{rep['env'].get('gpu')}, CuPy {rep['env']['cupy']}, torch {rep['env']['torch']}")
     for name, fn in (("suite", lambda: section_suite(args)), ("step", lambda: section_step(args, rep["env"])),
-                     ("beam", lambda: section_beam(args)), ("wmt", lambda: section_wmt(args))):
+                     ("kernels", lambda: section_kernels(args)), ("beam", lambda: section_beam(args)),
+                     ("wmt", lambda: section_wmt(args))):
         if name in skip:
             continue
         if name == "wmt":   # the run takes what the budget leaves (corpus, start and the final evaluation: ~90 s)

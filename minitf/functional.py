@@ -24,6 +24,15 @@ def as_float32_if_half(x):
     return x.astype(np.float32) if x.dtype == np.float16 else x
 
 
+def column_sum(x2, y2=None):
+    """The sum over the rows of x2 [N, D] (of x2 * y2 when given): a bias's or a LayerNorm
+    parameter's gradient. On a GPU one deterministic two-pass kernel (kernels.column_sums) in
+    the accumulation dtype."""
+    if kernels.enabled(x2):
+        return kernels.column_sums(x2, y2)
+    return (x2 if y2 is None else x2 * y2).sum(axis=0)
+
+
 # ----------------------------------------------------------------------------- linear
 def linear_forward(x, w, b):
     """y = x @ w + b.  x [..., I], w [I, O], b [O] -> y [..., O]."""
@@ -38,7 +47,7 @@ def linear_backward(dy, x, w, dw, db):
     dy2 = dy.reshape(-1, dy.shape[-1])
     # y = x @ w + b
     dw += x2.T @ dy2
-    db += dy2.sum(axis=0)
+    db += column_sum(dy2)
     return (dy2 @ w.T).reshape(x.shape)
 
 
@@ -106,15 +115,17 @@ def layernorm_backward(dy, cache, g, dg, db):
     """Accumulates dg, db [D]; returns dx with the compact form
     dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))."""
     xhat, rstd = cache
-    fused = kernels.layernorm_backward_input(dy, xhat, rstd, g) if kernels.enabled(dy) else None
-    out_dtype, dy = dy.dtype, as_float32_if_half(dy)
     d = dy.shape[-1]
+    if kernels.enabled(dy):   # the same three lines as below, fused (dy read in its own dtype)
+        dy2 = dy.reshape(-1, d)
+        dg += kernels.column_sums(dy2, xhat.reshape(-1, d))
+        db += kernels.column_sums(dy2)
+        return kernels.layernorm_backward_input(dy, xhat, rstd, g)
+    out_dtype, dy = dy.dtype, as_float32_if_half(dy)
     dy2 = dy.reshape(-1, d)
     # y = xhat * g + b
     dg += (dy2 * xhat.reshape(-1, d)).sum(axis=0)
     db += dy2.sum(axis=0)
-    if fused is not None:
-        return fused
     dxhat = dy * g
     # xhat = (x - mean) * rstd, rstd = (var + eps)^-1/2
     dx = dxhat - dxhat.mean(axis=-1, keepdims=True)

@@ -13,6 +13,8 @@ that reduces in shared memory and writes its outputs once.
   dropout_add           out = y * mask + x, mask = (u >= p) / (1 - p), u hashed from (key, position)
   smoothed_nll_rows     per row: logsumexp, -log p[gold], mean_v -log p[v]
   smoothed_nll_backward dlogits = (softmax - q) * w, q = (1 - eps) onehot + eps / V
+  column_partial_sums   the bias and LayerNorm parameter gradients: sums over the rows of
+  column_sums_finish    x [N, D] (or of x * y), in two passes of fixed order (deterministic)
 
 Every kernel reads and writes the storage dtype T (float16, float32 or float64) and
 computes in A (float32, or float64 for float64 arrays), like functional.py's generic path,
@@ -32,6 +34,9 @@ from . import backend
 
 BLOCK = {"softmax": 128, "layernorm": 256, "nll": 512}   # most threads per row (powers of 2)
 MIN_BLOCK = 32                                            # one warp
+COLUMN_BLOCK = 256           # column sums: 8 groups of 32 columns a block
+COLUMN_BLOCKS = 1024         # column sums: about this many blocks (several per multiprocessor) ...
+COLUMN_MIN_ROWS = 64         # ... each over at least this many rows
 
 
 def block_size(kind, n):
@@ -227,6 +232,45 @@ extern "C" __global__ void dropout_add(const long long* rowpos, int has_rows, un
         out[i] = (T)((A)y[i] * m + (A)x[i]);
     }
 }
+
+// Column sums of x [n, d], or of x * y (has_y), pass 1 of 2. Block b sums the 32 columns from
+// c0 = (b % chunks) * 32 over one slab of rows [slab * rows_per_slab, +rows_per_slab), slab = b / chunks:
+// its threads are groups of 32 (a warp reads 32 neighbouring values of a row), group g taking the
+// slab's rows g, g + groups, ...; the groups' sums are added in order into partial[slab * d + c].
+extern "C" __global__ void column_partial_sums(const T* x, const A* y, int has_y, A* partial, long long n, int d,
+                                               long long rows_per_slab) {
+    __shared__ A buf[1024];
+    int chunks = (d + 31) / 32;
+    int lane = threadIdx.x % 32, group = threadIdx.x / 32, groups = blockDim.x / 32;
+    int c = (blockIdx.x % chunks) * 32 + lane;
+    long long slab = blockIdx.x / chunks;
+    long long r0 = slab * rows_per_slab;
+    long long r1 = r0 + rows_per_slab < n ? r0 + rows_per_slab : n;
+    A s = 0;
+    if (c < d) {
+        for (long long r = r0 + group; r < r1; r += groups) {
+            long long i = r * d + c;
+            s += has_y ? (A)x[i] * y[i] : (A)x[i];
+        }
+    }
+    buf[threadIdx.x] = s;
+    __syncthreads();
+    if (group == 0 && c < d) {
+        A t = 0;
+        for (int k = 0; k < groups; k++) t += buf[k * 32 + lane];
+        partial[slab * d + c] = t;
+    }
+}
+
+// Pass 2: out[c] = the sum of partial[slab * d + c] over the slabs, in slab order; a thread per column.
+extern "C" __global__ void column_sums_finish(const A* partial, A* out, int slabs, int d) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c < d) {
+        A t = 0;
+        for (int k = 0; k < slabs; k++) t += partial[(long long)k * d + c];
+        out[c] = t;
+    }
+}
 """
 
 # kernel name -> C types of its arguments (the emulator's launcher needs them)
@@ -238,6 +282,8 @@ SIGNATURES = {
     "smoothed_nll_rows": ["T*", "long long*", "A*", "A*", "A*", "int"],
     "smoothed_nll_backward": ["T*", "long long*", "A*", "A*", "T*", "int", "A"],
     "dropout_add": ["long long*", "int", "unsigned long long", "T*", "T*", "T*", "T*", "long long", "int", "int", "A"],
+    "column_partial_sums": ["T*", "A*", "int", "A*", "long long", "int", "long long"],
+    "column_sums_finish": ["A*", "A*", "int", "int"],
 }
 
 C_TYPES = {"float16": ("half_t", "float"), "float32": ("float", "float"), "float64": ("double", "double")}
@@ -408,3 +454,28 @@ def dropout_add(key, rowpos, y, x, p):
             (rows, np.int32(rowpos is not None), np.uint64(key), y, x, mask, y, np.int64(n), np.int32(y.shape[-1]),
              np.int32(keep_threshold(p)), accum_dtype(y.dtype)(1.0 / (1.0 - p))))
     return y, mask
+
+
+def column_sums(x, y=None):
+    """x [..., D] summed over every axis but the last (of x * y, y [..., D] in the accumulation
+    dtype, when given) -> [D] in the accumulation dtype: the bias and LayerNorm parameter
+    gradients. Two launches: partial sums over slabs of rows, then the slabs added in order, so
+    the result is the same on every run."""
+    xp = backend.xp_of(x)
+    x = xp.ascontiguousarray(x)
+    a = accum_dtype(x.dtype)
+    n, d = _rows(x)
+    chunks = (d + 31) // 32
+    slabs = max(1, min(COLUMN_BLOCKS // max(chunks, 1), -(-n // COLUMN_MIN_ROWS)))
+    rows_per_slab = max(1, -(-n // slabs))
+    slabs = max(1, -(-n // rows_per_slab))
+    if n == 0:
+        return xp.zeros(d, dtype=a)
+    partial = xp.empty((slabs, d), dtype=a)    # every entry written by pass 1
+    out = xp.empty(d, dtype=a)
+    yy = partial if y is None else xp.ascontiguousarray(y, dtype=a)
+    _launch("column_partial_sums", x.dtype, chunks * slabs, COLUMN_BLOCK,
+            (x, yy, np.int32(y is not None), partial, np.int64(n), np.int32(d), np.int64(rows_per_slab)))
+    _launch("column_sums_finish", x.dtype, -(-d // COLUMN_BLOCK), COLUMN_BLOCK, (partial, out, np.int32(slabs),
+                                                                               np.int32(d)))
+    return out

@@ -46,9 +46,9 @@ def build_parser(prog=None):
     p.add_argument("--attention", choices=ATTENTIONS,
                    help="--arch rnn: Luong's general or dot score, or Bahdanau's additive score "
                         "(default from the preset: small additive, base and big general)")
-    p.add_argument("--d-model", type=positive(), help="model width D (default from the preset: base 512, small 192)")
+    p.add_argument("--d-model", type=positive(), help="model width D (default from the preset: base 512, small 192; with --arch rnn: base 512, small 256)")
     p.add_argument("--heads", type=positive(), help="attention heads H (default from the preset: base 8, small 4)")
-    p.add_argument("--d-ff", type=positive(), help="feed-forward width F (default from the preset: base 2048, small 768)")
+    p.add_argument("--d-ff", type=positive(), help="feed-forward width F (default from the preset: base 2048, small 768; --arch rnn has none)")
     p.add_argument("--layers", type=positive(), help="layers N of the encoder, and of the decoder unless --decoder-layers "
                                                       "(default from the preset: base 6, small 2)")
     p.add_argument("--decoder-layers", type=positive(),

@@ -1,11 +1,18 @@
 """Shared fixtures: a tiny tokenizer + model checkpoint made on the spot (no shared data)."""
 import gzip
+import os
 
 import numpy as np
 
 import minitf
 from minitf.checkpoint import save_checkpoint
 from minitf.data.tokenizer import Tokenizer
+
+# Open MPI's mpiexec refuses to start as root (containers, GPU machines) unless told to; the tests' mpiexec
+# runs inherit this (MPICH ignores it).
+if hasattr(os, "geteuid") and os.geteuid() == 0:
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
 
 WORDS = "the a cat dog sees runs small big red house tree man woman eats".split()
 

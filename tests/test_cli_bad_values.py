@@ -114,7 +114,8 @@ def test_the_real_exit_status_of_each_entry_point(tmp_path):
 
 
 def test_help_texts_quote_the_presets_defaults():
-    """Every "default from the preset: base 6, small 2" in train_wmt.py --help is the preset's value."""
+    """Every "default from the preset: base 6, small 2" in train_wmt.py --help is the preset's value (after
+    "with --arch rnn:", the recurrent preset's)."""
     import re
     from minitf.config import PRESETS, RNN_PRESETS, TransformerConfig
     fields = {"d_model": "d_model", "heads": "n_heads", "d_ff": "d_ff", "layers": "n_layers",
@@ -124,10 +125,13 @@ def test_help_texts_quote_the_presets_defaults():
         m = re.search(r"default from the preset: ([^)]*)\)", action.help or "")
         if not m or action.dest not in fields:
             continue
-        for name, value in re.findall(r"\b(base|big|small|tiny) (\d+k?)\b", m.group(1)):
-            quoted = int(value[:-1]) * 1000 if value.endswith("k") else int(value)
-            assert quoted == PRESETS[name][fields[action.dest]], (action.dest, name, value)
-            checked += 1
+        transformer, _, rnn = m.group(1).partition("with --arch rnn:")
+        for text, sizes in ((transformer, {}), (rnn, RNN_PRESETS)):
+            for name, value in re.findall(r"\b(base|big|small|tiny) (\d+k?)\b", text):
+                quoted = int(value[:-1]) * 1000 if value.endswith("k") else int(value)
+                preset = {**PRESETS[name], **sizes.get(name, {})}
+                assert quoted == preset[fields[action.dest]], (action.dest, name, value, "rnn" if sizes else "")
+                checked += 1
     assert checked >= 12
     output = next(a for a in train_cli.build_parser()._actions if a.dest == "output_vocab")
     quoted = re.search(r"default from the preset: ([^)]*)\)", output.help).group(1)

@@ -167,6 +167,14 @@ def test_gpu_kernels_match_generic_at_real_sizes(dtype, tol, monkeypatch, cp):
             return y, F.layernorm_backward(dy, cache, g.astype(dtype), dg, db), dg, db
         for a, b_ in zip(*_both_paths(monkeypatch, layernorm)):
             assert _rel(a, b_) <= tol
+        # a linear layer's backward: its bias gradient is the column sum of dy
+        w = rs.standard_normal((d, d), dtype=cp.float32).astype(dtype)
+
+        def linear():
+            dw, db = cp.zeros((d, d), dtype=dtype), cp.zeros(d, dtype=dtype)
+            return F.linear_backward(dy, x, w, dw, db), dw, db
+        for a, b_ in zip(*_both_paths(monkeypatch, linear)):
+            assert _rel(a, b_) <= tol
     # the loss over a vocabulary with pad rows
     logits = (rs.standard_normal((z["rows"], z["vocab"]), dtype=cp.float32) * 3).astype(dtype)
     gold = rs.integers(4, z["vocab"], z["rows"])

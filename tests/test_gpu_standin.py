@@ -351,9 +351,12 @@ def test_the_gpu_report_runs_its_sections(tmp_path):
                        env=standin_env(tmp_path), timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     rep = json.loads((tmp_path / "report" / "report.json").read_text())
-    assert set(rep["sections"]) == {"step", "beam", "wmt"}
+    assert set(rep["sections"]) == {"step", "kernels", "beam", "wmt"}
     assert not [name for name, sec in rep["sections"].items() if "error" in sec], rep["sections"]
+    kern = rep["sections"]["kernels"]   # PyTorch's profiler needs CUDA: skipped here unless a GPU is present
+    assert ("minitf" in kern and kern["minitf"]["top"]) or "PyTorch with CUDA" in kern["skipped"], kern
     assert rep["sections"]["step"]["tiny"]["fp16"]["minitf"]["tgt_tokens_per_s"] > 0
     assert rep["sections"]["beam"]["sentences_per_s"] > 0 and rep["sections"]["wmt"]["updates_per_s"] > 0
     md = (tmp_path / "report" / "report.md").read_text()
     assert "**Training step**" in md and "**Beam search**" in md and "**A WMT14-shaped run**" in md
+    assert "**Where a step's GPU time goes**" in md

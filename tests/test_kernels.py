@@ -146,6 +146,26 @@ def test_dropout_add(dtype, packed):
     assert 0.8 < (mask != 0).mean() < 0.97
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,d", [(1, 5), (7, 33), (70, 64), (1000, 100), ((4, 5), 40)])
+def test_column_sums_with_and_without_a_factor(dtype, n, d):
+    """The bias / LayerNorm-weight gradients: sums over every axis but the last, of x or of
+    x * y (y in the accumulation dtype), against NumPy in float64; columns not a multiple of
+    a warp, one slab and several (1,000 rows), rows fewer than a block's groups; the same bits
+    on a second call (the slabs are added in a fixed order)."""
+    rng = np.random.default_rng(d)
+    shape = (*n, d) if isinstance(n, tuple) else (n, d)
+    x = rng.normal(size=shape).astype(dtype)
+    y = rng.normal(size=shape).astype(kernels.accum_dtype(dtype))
+    x64 = x.astype(np.float64).reshape(-1, d)
+    for got, want in ((kernels.column_sums(x), x64.sum(axis=0)),
+                      (kernels.column_sums(x, y), (x64 * y.reshape(-1, d)).sum(axis=0))):
+        assert got.shape == (d,) and got.dtype == kernels.accum_dtype(dtype)
+        close(got, want, np.float32 if dtype == np.float16 else dtype, scale=np.sqrt(x64.shape[0]))
+    np.testing.assert_array_equal(kernels.column_sums(x, y), kernels.column_sums(x, y))
+    assert np.all(kernels.column_sums(np.zeros((0, d), dtype=dtype)) == 0)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA syntax check needs it")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cuda_source_compiles_with_nvcc(dtype, tmp_path):

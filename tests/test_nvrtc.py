@@ -70,14 +70,23 @@ def cupy_options(arch):
 
 # ----------------------------------------------------------------------------- libnvrtc via ctypes
 def find_libnvrtc():
-    """The path of libnvrtc.so.* inside the installed nvidia-cuda-nvrtc-cu12 wheel, or None."""
-    try:
-        spec = importlib.util.find_spec("nvidia.cuda_nvrtc")   # a namespace package: no __init__.py
-    except ImportError:                                         # no nvidia.* package at all
-        spec = None
-    folders = list(spec.submodule_search_locations or []) if spec else []
-    found = sorted(path for folder in folders for path in glob.glob(os.path.join(folder, "lib", "libnvrtc.so.*")))
-    return found[0] if found else None
+    """The path of a libnvrtc.so.*, or None: the nvidia-cuda-nvrtc-cu12 wheel's (nvidia/cuda_nvrtc/lib) first,
+    then CUDA 13's wheels (nvidia/cu13/lib), then a CUDA toolkit's (CUDA_PATH, CUDA_HOME, /usr/local/cuda)."""
+    def locations(name):
+        try:
+            spec = importlib.util.find_spec(name)   # namespace packages: no __init__.py
+        except ImportError:                         # no nvidia.* package at all
+            spec = None
+        return list(spec.submodule_search_locations or []) if spec else []
+    patterns = [os.path.join(folder, "lib", "libnvrtc.so.*") for folder in locations("nvidia.cuda_nvrtc")]
+    patterns += [os.path.join(folder, "*", "lib", "libnvrtc.so.*") for folder in locations("nvidia")]
+    patterns += [os.path.join(root, "lib64", "libnvrtc.so.*") for root in
+                 (os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda") if root]
+    for pattern in patterns:
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
 
 
 class NVRTC:
