@@ -6,6 +6,7 @@ FLAGS = {  # flag -> (config field, help)
     "--decoder-layers": ("n_decoder_layers", "decoder layers (default: as the encoder's)"),
     "--d-model": ("d_model", "model width D (default: the preset's)"),
     "--d-ff": ("d_ff", "feed-forward width F (default: the preset's)"),
+    "--heads": ("n_heads", "attention heads H (default: the preset's)"),
 }
 
 
