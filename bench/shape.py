@@ -11,7 +11,7 @@ FLAGS = {  # flag -> (config field, help)
 
 
 def add_shape_flags(ap):
-    """--layers, --decoder-layers, --d-model, --d-ff on an argparse parser."""
+    """The flags of FLAGS (--layers, --decoder-layers, --d-model, --d-ff, --heads) on an argparse parser."""
     for flag, (_, help_text) in FLAGS.items():
         ap.add_argument(flag, type=int, help=help_text)
 
