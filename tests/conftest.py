@@ -4,9 +4,14 @@ import os
 
 import numpy as np
 
-import minitf
-from minitf.checkpoint import save_checkpoint
-from minitf.data.tokenizer import Tokenizer
+# CuPy reads CUPY_TF32 when it is imported (by minitf, below): with it set, float32 matmuls run on TF32
+# tensor cores (10-bit mantissas) and the GPU tests' float32 tolerances, set for float32 arithmetic, fail.
+# The benchmarks set it for speed; the tests always run without it.
+os.environ.pop("CUPY_TF32", None)
+
+import minitf  # noqa: E402
+from minitf.checkpoint import save_checkpoint  # noqa: E402
+from minitf.data.tokenizer import Tokenizer  # noqa: E402
 
 # Open MPI's mpiexec refuses to start as root (containers, GPU machines) unless told to; the tests' mpiexec
 # runs inherit this (MPICH ignores it).
