@@ -110,8 +110,8 @@ def section_suite(args):
     files = [f for f in ("tests/test_gpu.py", "tests/test_nvrtc.py") if (ROOT / f).exists()]
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
     t0 = time.time()
-    # without this script's CUPY_TF32 (tests/conftest.py drops it too); wide lines keep the failure summaries whole
-    env = {k: v for k, v in os.environ.items() if k != "CUPY_TF32"} | {"COLUMNS": "250"}
+    # wide lines keep the failure summaries whole (tests/conftest.py drops this script's CUPY_TF32)
+    env = os.environ | {"COLUMNS": "250"}
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.suite_timeout)
     tail = (r.stdout + r.stderr).strip().splitlines()
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", tail[-1] if tail else "")}
