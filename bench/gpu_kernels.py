@@ -25,8 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
-from bench.gpu_report import wmt_batch  # noqa: E402
-from bench.train_step import MinitfRunner, TorchRunner  # noqa: E402
+from bench.gpu_report import make_runners, wmt_batch  # noqa: E402
 
 
 def kernel_intervals(prof):
@@ -112,9 +111,7 @@ def main(argv=None):
           f"{int((batch[2] != cfg.pad_id).sum()):,} target tokens")
     for mode in args.modes.split(","):
         fp16 = mode == "fp16"
-        m = MinitfRunner(cfg, "gpu", batch, 1e-4, fp16)
-        state = {n: backend.to_numpy(a).copy() for n, a in m.model.state_dict().items()}
-        t = TorchRunner(cfg, "gpu", batch, 1e-4, fp16, state)
+        m, t = make_runners(cfg, batch, 1e-4, fp16)
         for label, runner in (("minitf " + mode, m), ("torch " + mode, t)):
             report(label, profile(runner, args.steps, torch), args.steps, args.top)
         del m, t

@@ -141,18 +141,26 @@ def profile_step(runner, torch):
     return {"kernels": kernels, "d2h_copies": d2h, "syncs": syncs - 1}   # less runner.sync() above, ours
 
 
+def make_runners(cfg, batch, lr, fp16, with_torch=True):
+    """[minitf's runner of one training step on the GPU] and, with_torch, PyTorch's, holding
+    minitf's initial weights so that both start from the same point."""
+    runners = [MinitfRunner(cfg, "gpu", batch, lr, fp16)]
+    if with_torch:
+        state = {n: backend.to_numpy(a).copy() for n, a in runners[0].model.state_dict().items()}
+        runners.append(TorchRunner(cfg, "gpu", batch, lr, fp16, state))
+    return runners
+
+
 def measure_pair(cfg, batch, fp16, args, torch):
     """minitf against torch (same weights, same batch), rounds alternating; per contender:
     tokens/s, step ms, peak memory MiB and the profile of one step."""
     cupy = backend.cupy
     cupy.get_default_memory_pool().free_all_blocks()
-    runners = [MinitfRunner(cfg, "gpu", batch, args.lr, fp16)]
     out = {}
     if torch is not None:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        state = {n: backend.to_numpy(a).copy() for n, a in runners[0].model.state_dict().items()}
-        runners.append(TorchRunner(cfg, "gpu", batch, args.lr, fp16, state))
+    runners = make_runners(cfg, batch, args.lr, fp16, with_torch=torch is not None)
     for r in runners:
         for _ in range(args.warmup_rounds):
             timed_round(r, 1)
@@ -214,10 +222,8 @@ def section_kernels(args):
     cfg = minitf.TransformerConfig.preset(args.presets[0], vocab_size=args.vocab)
     batch = wmt_batch(cfg, args.step_tokens)
     backend.cupy.get_default_memory_pool().free_all_blocks()
-    m = MinitfRunner(cfg, "gpu", batch, args.lr, False)
-    state = {n: backend.to_numpy(a).copy() for n, a in m.model.state_dict().items()}
     out = {"preset": args.presets[0], "mode": "float32", "steps": args.kernel_steps}
-    for name, runner in (("minitf", m), ("torch", TorchRunner(cfg, "gpu", batch, args.lr, False, state))):
+    for name, runner in zip(("minitf", "torch"), make_runners(cfg, batch, args.lr, False)):
         res = profile(runner, args.kernel_steps, torch)
         out[name] = {"wall_ms": round(res["wall_ms"], 2), "busy_ms": round(res["busy_ms"], 2),
                      "kernels": round(res["kernels"]),
