@@ -52,7 +52,7 @@ import numpy as np  # noqa: E402
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
 from bench.data import make_synthetic, wmt_lengths  # noqa: E402
-from bench.train_step import MinitfRunner, TorchRunner, step_flops, timed_round  # noqa: E402
+from bench.train_step import MinitfRunner, step_flops, timed_round, torch_runner_like  # noqa: E402
 
 # dense (no sparsity) tensor-core peaks, TFLOP/s, from NVIDIA's data sheets: (tf32, fp16/bf16)
 PEAKS = [("H200", (494.7, 989.4)), ("H100 NVL", (417.5, 835.0)), ("H100 PCIe", (378.0, 756.0)),
@@ -146,8 +146,7 @@ def make_runners(cfg, batch, lr, fp16, with_torch=True):
     minitf's initial weights so that both start from the same point."""
     runners = [MinitfRunner(cfg, "gpu", batch, lr, fp16)]
     if with_torch:
-        state = {n: backend.to_numpy(a).copy() for n, a in runners[0].model.state_dict().items()}
-        runners.append(TorchRunner(cfg, "gpu", batch, lr, fp16, state))
+        runners.append(torch_runner_like(runners[0], "gpu", batch, lr, fp16))
     return runners
 
 
@@ -223,12 +222,12 @@ def section_kernels(args):
     batch = wmt_batch(cfg, args.step_tokens)
     backend.cupy.get_default_memory_pool().free_all_blocks()
     out = {"preset": args.presets[0], "mode": "float32", "steps": args.kernel_steps}
-    for name, runner in zip(("minitf", "torch"), make_runners(cfg, batch, args.lr, False)):
+    for runner in make_runners(cfg, batch, args.lr, False):
         res = profile(runner, args.kernel_steps, torch)
-        out[name] = {"wall_ms": round(res["wall_ms"], 2), "busy_ms": round(res["busy_ms"], 2),
-                     "kernels": round(res["kernels"]),
-                     "top": [[k, round(ms, 3), round(share, 4), round(calls, 1)]
-                             for k, ms, share, calls in top_kernels(res, args.kernel_steps, args.kernel_top)]}
+        out[runner.name] = {"wall_ms": round(res["wall_ms"], 2), "busy_ms": round(res["busy_ms"], 2),
+                            "kernels": round(res["kernels"]),
+                            "top": [[k, round(ms, 3), round(share, 4), round(calls, 1)]
+                                    for k, ms, share, calls in top_kernels(res, args.kernel_steps, args.kernel_top)]}
     return out
 
 

@@ -198,6 +198,12 @@ class TorchRunner:
             self.torch.cuda.synchronize()
 
 
+def torch_runner_like(runner, device, batch, lr, fp16):
+    """PyTorch's runner holding the weights of minitf's `runner`, so that both start from the same point."""
+    state = {n: to_numpy(a).copy() for n, a in runner.model.state_dict().items()}
+    return TorchRunner(runner.cfg, device, batch, lr, fp16, state)
+
+
 def timed_round(runner, steps):
     runner.sync()
     t0 = time.perf_counter()
@@ -311,8 +317,7 @@ def main(argv=None):
         peaks["torch"] = torch_matmul_peak(torch, "cuda" if args.device == "gpu" else "cpu")
         if args.device == "gpu":
             torch.cuda.reset_peak_memory_stats()
-        state = {n: to_numpy(a).copy() for n, a in runners[0].model.state_dict().items()}
-        runners.append(TorchRunner(cfg, args.device, batch, args.lr, args.fp16, state))
+        runners.append(torch_runner_like(runners[0], args.device, batch, args.lr, args.fp16))
         # same weights, same batch: without dropout the two losses agree (a setup check, untimed)
         runners[0].model.eval()
         runners[1].model.eval()
