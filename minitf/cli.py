@@ -32,7 +32,7 @@ def cmd_prepare(args):
     data = load_data(args, verify=args.verify)
     m = data.corpus.manifest
     print(f"{data.corpus.folder}: {m['counts']['kept']:,} pairs, {sum(m['tokens'].values()):,} tokens, "
-          f"vocabulary {m['tokenizer']['vocab_size']}, data_id {m['data_id']}; valid {len(data.valid[0]):,} "
+          f"vocabulary {m['tokenizer']['vocab_size']} ({data.tokenizer.model_type}), data_id {m['data_id']}; valid {len(data.valid[0]):,} "
           f"pairs, tests: {', '.join(data.tests) or 'none'}")
 
 

@@ -205,7 +205,8 @@ PRESETS = {
     # updates in the time than 3+3 (val BLEU 39.29 against 38.68 over three seeds, dropout 0.1); dropout 0.2
     # for the ~16 epochs those updates make (val BLEU 39.65 over three seeds against 39.29); the output layer over
     # the target side's pieces: the same learning per update, 11-13% more updates in the time; D 192 and F 768
-    # (from 256 and 1024): less learned per update, 1.7x the updates in the time (docs/deviations.md 17)
+    # (from 256 and 1024): less learned per update, 1.7x the updates in the time (docs/deviations.md 17); on Multi30k
+    # the tokenizer is a unigram model (the dataset's default, minitf.data.datasets; deviations.md 12)
     "small": dict(d_model=192, n_heads=4, d_ff=768, n_layers=2, dropout=0.2,
                   warmup=800, lr_factor=1.0, update_tokens=4096, save_every=80, output_layer="target",
                   decode_alpha=2.0),   # chosen on Multi30k val over three runs: 0.6 left translations 7-10% short (benchmarks.md)

@@ -29,6 +29,7 @@ import argparse
 import os
 
 from minitf.config import ARCHS, ATTENTIONS, NORM_POSITIONS, PRESETS
+from minitf.data.datasets import dataset_default
 from minitf.data.pipeline import add_data_args, check_data_args
 from minitf.flags import MAX_BEAM, Number, Parser, fraction, positive
 
@@ -150,6 +151,11 @@ def parse_args(argv=None, prog=None):
     if args.output_vocab == "target" and args.bpe_dropout_target:
         p.error("--output-vocab target scores the pieces of the target side's plain segmentation; "
                 "--bpe-dropout-target makes smaller ones: use one or the other")
+    if (args.bpe_dropout_source or args.bpe_dropout_target) and not args.tokenizer and not args.resume:
+        subword = args.subword or ("bpe" if args.train else dataset_default(args.dataset, "subword", args.src, args.tgt))
+        if subword != "bpe":
+            p.error(f"BPE-dropout resegments with BPE merges, and this run would train a {subword} tokenizer ("
+                    f"{'--subword ' + subword if args.subword else 'the ' + args.dataset + ' default'}): add --subword bpe")
     if args.attention is not None and args.arch == "transformer":
         p.error("--attention chooses the attention of --arch rnn; the Transformer's is multi-head scaled dot-product")
     if (args.d_model or args.heads) and args.arch != "rnn":

@@ -96,8 +96,8 @@ def corpus(tmp_path_factory):
 
 def test_training_with_bpe_dropout_resumes_exactly_across_epochs(corpus, tmp_path):
     straight, split, cache = tmp_path / "straight", tmp_path / "split", tmp_path / "cache"
-    args = ("--bpe-dropout-source", 0.1, "--bpe-dropout-target", 0.05, "--vocab-size", 120, "--max-tokens", 1024,
-            "--save-every", 5, "--valid-every", 0, "--keep-last", 5, "--average-last", 1)
+    args = ("--bpe-dropout-source", 0.1, "--bpe-dropout-target", 0.05, "--vocab-size", 120, "--subword", "bpe",
+            "--max-tokens", 1024, "--save-every", 5, "--valid-every", 0, "--keep-last", 5, "--average-last", 1)
     r = run_train(corpus, straight, "--max-steps", 15, *args, cache=cache)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "BPE-dropout: source p 0.1, target p 0.05; each epoch segments the training sentences anew" in r.stderr

@@ -142,3 +142,24 @@ def test_help_texts_quote_the_presets_defaults():
     alpha = next(a for a in train_cli.build_parser()._actions if a.dest == "alpha")
     assert f"small {PRESETS['small']['decode_alpha']}," in alpha.help
     assert f"small with --arch rnn {RNN_PRESETS['small']['decode_alpha']})" in alpha.help
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--dataset", "multi30k", "--bpe-dropout-source", "0.1"],
+     "BPE-dropout resegments with BPE merges, and this run would train a unigram tokenizer (the multi30k default): "
+     "add --subword bpe"),
+    (["--dataset", "wmt14", "--subword", "unigram", "--bpe-dropout-target", "0.1", "--output-vocab", "joint"],
+     "(--subword unigram): add --subword bpe"),
+    (["--subword", "unigram", "--tokenizer", "TOK"], "--subword unigram trains a tokenizer and --tokenizer gives one"),
+    (["--subword", "wordpiece"], "argument --subword: invalid choice: 'wordpiece'"),
+])
+def test_the_subword_flag_against_bpe_dropout_and_a_given_tokenizer(argv, says, tmp_path, capsys):
+    (tmp_path / "TOK").write_bytes(b"")
+    argv = [str(tmp_path / a) if a == "TOK" else a for a in argv]
+    with pytest.raises(SystemExit) as e:
+        train_cli.parse_args(["--out", str(tmp_path / "run"), *argv])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and says in err and len(err.splitlines()) == 1, err
+    for fine in (["--dataset", "multi30k", "--subword", "bpe", "--bpe-dropout-source", "0.1"],
+                 ["--dataset", "wmt14", "--bpe-dropout-source", "0.1"], ["--dataset", "multi30k", "--subword", "unigram"]):
+        assert train_cli.parse_args(["--out", str(tmp_path / "run"), *fine]).out == str(tmp_path / "run")

@@ -155,6 +155,36 @@ def test_reuse_and_each_reason_to_rebuild(tmp_path):
     assert "language pair de-en -> en-fr" in log.built()[0]
 
 
+def test_the_subword_model_trained_is_the_one_asked_for_and_a_change_rebuilds(tmp_path):
+    paths, en, de = _corpus(tmp_path / "data")
+    log = Log()
+    uni = _prepare(tmp_path, paths, log, model_type="unigram", vocab_size=45)
+    assert uni.tokenizer.model_type == "unigram"
+    assert any(m.startswith("tokenizer: training a joint SentencePiece unigram model of 45 pieces") for m in log)
+    log = Log()
+    assert _prepare(tmp_path, paths, log, model_type="unigram", vocab_size=45).data_id == uni.data_id and not log.built()
+
+    log = Log()
+    bpe = _prepare(tmp_path, paths, log, model_type="bpe", vocab_size=45)
+    assert log.built() == [f"cache: building {uni.folder} (subword model unigram -> bpe)"]
+    assert bpe.tokenizer.model_type == "bpe" and bpe.data_id != uni.data_id
+
+    manifest = os.path.join(bpe.folder, "manifest.json")
+    m = json.loads(open(manifest).read())
+    del m["tokenizer"]["trained"]                     # a cache written before the field: trained as BPE
+    open(manifest, "w").write(json.dumps(m))
+    log = Log()
+    assert _prepare(tmp_path, paths, log, vocab_size=45).data_id == bpe.data_id and not log.built()
+
+    given = Tokenizer.train(EN + DE, tmp_path / "given.model", 40, model_type="unigram")
+    log = Log()
+    assert _prepare(tmp_path, paths, log, tokenizer=given, vocab_size=45).tokenizer.sha256 == given.sha256
+    log = Log()                                       # the next run without --tokenizer trains its own again
+    again = _prepare(tmp_path, paths, log, model_type="unigram", vocab_size=45)
+    assert log.built() == [f"cache: building {uni.folder} (its tokenizer was given then (--tokenizer); training one)"]
+    assert again.tokenizer.sha256 == uni.tokenizer.sha256 and again.data_id == uni.data_id
+
+
 @pytest.mark.parametrize("damage", ["truncate tokens", "garbage offsets", "delete lengths", "bad manifest",
                                     "manifest without entries", "swap tokenizer", "offsets do not span"])
 def test_a_corrupt_cache_is_named_and_rebuilt(tmp_path, damage):

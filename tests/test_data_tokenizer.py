@@ -68,3 +68,19 @@ def test_too_large_vocab_falls_back_with_warning(tmp_path):
         tok = Tokenizer.train(_corpus(_EN, 50), tmp_path / "small.model", 5000)
     assert 4 < tok.vocab_size < 5000
     assert tok.decode(tok.encode(["the big dog"])) == ["the big dog"]
+
+
+def test_a_unigram_model_is_trained_when_asked_and_says_so(trained, tmp_path):
+    bpe, _ = trained
+    uni = Tokenizer.train(_corpus(_EN) + _corpus(_DE, seed=1), tmp_path / "uni.model", vocab_size=50, model_type="unigram")
+    assert (bpe.model_type, uni.model_type) == ("bpe", "unigram")   # read from the model's own TrainerSpec
+    assert Tokenizer.from_bytes(uni.to_bytes()).model_type == "unigram"
+    assert uni.sha256 != bpe.sha256 and (uni.pad_id, uni.unk_id, uni.bos_id, uni.eos_id) == (0, 1, 2, 3)
+    lines = _corpus(_EN, 20, seed=5) + _corpus(_DE, 20, seed=6)
+    assert uni.decode(uni.encode(lines)) == lines
+    merges, _ = bpe.merges()
+    assert merges
+    with pytest.raises(DataError, match="unigram model: it has no BPE merges.*--subword bpe"):
+        uni.merges()
+    with pytest.raises(DataError, match="subword model 'word': choose one of bpe, unigram"):
+        Tokenizer.train(_corpus(_EN), tmp_path / "word.model", vocab_size=40, model_type="word")

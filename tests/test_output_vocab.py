@@ -169,7 +169,7 @@ def test_the_output_layer_comes_from_the_flag_or_else_the_preset(monkeypatch, tm
     c = build_config(parse_args(base + ["--output-vocab", "joint"]), V, pieces)
     assert (c.output_layer, c.output_vocab) == ("joint", None)
     notes = []
-    c = build_config(parse_args(base + ["--bpe-dropout-target", "0.1"]), V, pieces, note=notes.append)
+    c = build_config(parse_args(base + ["--bpe-dropout-target", "0.1", "--subword", "bpe"]), V, pieces, note=notes.append)
     assert (c.output_layer, c.output_vocab, c.bpe_dropout_target) == ("joint", None, 0.1)
     assert len(notes) == 1 and "--output-vocab joint" in notes[0]
     with pytest.raises(SystemExit):

@@ -19,8 +19,8 @@ language, so en->de and de->en share it)::
     train.<lang>.lengths.npy    uint16 [n] (int32 past 65535): offsets[i + 1] - offsets[i]
 
 The manifest holds the format version, the corpus fingerprint (per file: size, mtime and the
-SHA-256 of its bytes, hashed while reading), the tokenizer's SHA-256 and vocabulary size, the
-cleaning parameters, the pair counts, every array's dtype, shape, byte size and the SHA-256 of
+SHA-256 of its bytes, hashed while reading), the tokenizer's SHA-256 and vocabulary size (and
+the subword model it was trained as, or that it was given), the cleaning parameters, the pair counts, every array's dtype, shape, byte size and the SHA-256 of
 its contents, and `data_id`: a hash of everything the arrays depend on, which checkpoints record
 so that `--resume` never continues on other data. The folder is built under a temporary name,
 read back against those checksums, and renamed into place, so a kill -9 at any moment leaves
@@ -376,6 +376,12 @@ def _why_stale(manifest, files, languages, wanted):
     tok = wanted["tokenizer"]
     if tok.get("sha256") and manifest["tokenizer"]["sha256"] != tok["sha256"]:
         return "another tokenizer was given"
+    if not tok.get("sha256"):
+        trained = manifest["tokenizer"].get("trained", "bpe")   # caches before the field: BPE trained here
+        if trained is None:
+            return "its tokenizer was given then (--tokenizer); training one"
+        if trained != tok["trained"]:
+            return f"subword model {trained} -> {tok['trained']}"
     if not tok.get("sha256") and manifest["tokenizer"]["requested_vocab_size"] != tok["requested_vocab_size"]:
         return f"vocabulary size {manifest['tokenizer']['requested_vocab_size']} -> {tok['requested_vocab_size']}"
     return _corpus_changes(manifest["corpus"], files)
@@ -386,16 +392,16 @@ def cache_folder(cache_root, name, languages):
     return os.path.join(os.fspath(cache_root), f"{name}.{'-'.join(sorted(languages))}")
 
 
-def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max_len=250, max_ratio=1.5,
+def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max_len=250, max_ratio=1.5, model_type="bpe",
                   progress=True, log=None, sample_size=2_000_000, seed=0, chunk_lines=20_000, threads=None,
                   expect_data_id=None, verify=False):
     """The binarized training corpus in `folder`: reused if it matches, (re)built otherwise.
 
     `files`: [(path_lang0, path_lang1), ...] line-aligned text files (plain or .gz), in the order
     of `languages` (two codes; stored sorted). `tokenizer`: a Tokenizer to encode with (e.g. a
-    resumed checkpoint's); None trains a joint BPE model of `vocab_size` pieces on a sample of
-    `sample_size` sentences, or reuses the previous cache's when the corpus and vocabulary did not
-    change. `max_ratio` None disables the ratio rule. One log line says why a cache is (re)built.
+    resumed checkpoint's); None trains a joint SentencePiece model of `vocab_size` pieces
+    (`model_type` "bpe" or "unigram") on a sample of `sample_size` sentences, or reuses the previous
+    cache's when the corpus, subword model and vocabulary did not change. `max_ratio` None disables the ratio rule. One log line says why a cache is (re)built.
     `expect_data_id` (a resumed checkpoint's): when the cache holds exactly that data but its
     inputs changed, StaleData is raised BEFORE rebuilding, naming the change (a defective cache
     is rebuilt: the same inputs give the same data). `verify`: a cache that is reused is first read
@@ -409,7 +415,8 @@ def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max
     flat_files = [p for pair in files for p in pair]
     wanted = {"cleaning": {"max_len": int(max_len), "max_ratio": None if max_ratio in (None, float("inf")) else float(max_ratio)},
               "tokenizer": {"sha256": tokenizer.sha256 if tokenizer else None,
-                            "requested_vocab_size": int(vocab_size)}}
+                            "requested_vocab_size": int(vocab_size),
+                            "trained": None if tokenizer else model_type}}
     try:
         manifest = _read_manifest(folder)
         try:
@@ -438,7 +445,7 @@ def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max
         except DataError:
             tokenizer = None
     return _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, log, sample_size, seed,
-                  chunk_lines, threads)
+                  chunk_lines, threads, model_type)
 
 
 # ------------------------------------------------------------------------------ building
@@ -549,7 +556,7 @@ def _data_id(manifest):
 
 
 def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, log, sample_size, seed,
-           chunk_lines, threads):
+           chunk_lines, threads, model_type="bpe"):
     parent = os.path.dirname(os.path.abspath(folder))
     os.makedirs(parent, exist_ok=True)
     base = os.path.basename(folder)
@@ -565,9 +572,9 @@ def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, lo
             sample, fingerprint = _sample_for_tokenizer(files, progress, sample_size, seed, chunk_lines)
             if not sample:
                 raise DataError(f"{files[0][0]}: no non-empty text to train the tokenizer on; check the training files")
-            log(f"tokenizer: training a joint SentencePiece BPE model of {vocab_size} pieces on "
-                f"{len(sample):,} sampled sentences")
-            tokenizer = Tokenizer.train(sample, os.path.join(tmp, TOKENIZER), vocab_size,
+            log(f"tokenizer: training a joint SentencePiece {'BPE' if model_type == 'bpe' else model_type} model of "
+                f"{vocab_size} pieces on {len(sample):,} sampled sentences")
+            tokenizer = Tokenizer.train(sample, os.path.join(tmp, TOKENIZER), vocab_size, model_type=model_type,
                                         sample_size=sample_size, seed=seed)
             del sample
         else:
@@ -640,6 +647,7 @@ def _encode_all(tmp, files, languages, wanted, tokenizer, progress, chunk_lines,
     return {"format": FORMAT, "version": VERSION, "languages": languages,
             "corpus": _fingerprint(files, streams), "cleaning": cleaning,
             "tokenizer": {"sha256": tokenizer.sha256, "vocab_size": vocab,
-                          "requested_vocab_size": wanted["tokenizer"]["requested_vocab_size"]},
+                          "requested_vocab_size": wanted["tokenizer"]["requested_vocab_size"],
+                          "trained": wanted["tokenizer"]["trained"]},
             "counts": counts, "tokens": {lang: ends[lang] for lang in languages}, "files": info,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S")}

@@ -92,6 +92,7 @@ DATASETS = {
         "languages": ("en", "de", "fr", "cs"),
         "pairs": None,  # any two different languages
         "vocab_size": 8000,
+        "subword": "unigram",   # chosen on val for the 30-minute CPU recipe (docs/benchmarks.md)
         "max_ratio": None,
         "splits": {
             "train": [_direct("train")],
@@ -119,6 +120,7 @@ DATASETS = {
         "languages": ("en", "de", "fr"),
         "pairs": (("en", "de"), ("de", "en"), ("en", "fr"), ("fr", "en")),
         "vocab_size": {"de-en": 37000, "en-fr": 32000},   # paper 5.1
+        "subword": "bpe",                                  # paper 5.1: byte-pair encoding
         "max_ratio": 1.5,
         "splits": {
             # fairseq's prepare-wmt14en2de.sh corpora (4.5M pairs)
@@ -148,7 +150,7 @@ def pair_key(src, tgt):
 
 
 def dataset_default(name, key, src, tgt):
-    """A dataset's default for `key` ("vocab_size", "max_ratio") for this language pair."""
+    """A dataset's default for `key` ("vocab_size", "subword", "max_ratio") for this language pair."""
     value = DATASETS[name][key]
     return value[pair_key(src, tgt)] if isinstance(value, dict) else value
 

@@ -10,6 +10,7 @@ from minitf.errors import DataError
 from minitf.flags import Number, positive
 from minitf.data.binarized import BinarizedCorpus, cache_folder, prepare_cache
 from minitf.data.datasets import DATASETS, dataset_default, default_data_dir, prepare_dataset, user_dataset
+from minitf.data.tokenizer import MODEL_TYPES
 
 
 def _test_arg(text):
@@ -34,7 +35,10 @@ def add_data_args(p):
     g.add_argument("--test", metavar="NAME=PREFIX", action="append", type=_test_arg, default=[],
                    help="your own test set, scored at the end (repeatable; with --train)")
     g.add_argument("--vocab-size", type=positive(),
-                   help="joint BPE pieces (default: wmt14 en-de 37000, en-fr 32000; multi30k and own data 8000)")
+                   help="joint subword pieces (default: wmt14 en-de 37000, en-fr 32000; multi30k and own data 8000)")
+    g.add_argument("--subword", choices=MODEL_TYPES,
+                   help="the joint SentencePiece model to train: bpe (byte-pair encoding, the paper's) or unigram "
+                        "(a unigram language model); default: multi30k unigram, wmt14 and own data bpe")
     g.add_argument("--tokenizer", metavar="MODEL", help="encode with this SentencePiece model (ids pad,unk,bos,eos = 0,1,2,3) "
                                                         "instead of training one")
     g.add_argument("--max-len", type=positive(), default=250, help="drop training pairs with a side longer than this many pieces")
@@ -55,6 +59,8 @@ def check_data_args(p, args):
         p.error(f"--src and --tgt are both {args.src!r}")
     if args.tokenizer and not os.path.isfile(args.tokenizer):
         p.error(f"--tokenizer {args.tokenizer}: file not found")
+    if args.tokenizer and getattr(args, "subword", None):
+        p.error(f"--subword {args.subword} trains a tokenizer and --tokenizer gives one: use one or the other")
 
 
 @dataclass
@@ -82,14 +88,16 @@ def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True, v
     progress = not getattr(args, "quiet", False)
     if args.train:
         data = user_dataset(args.train, args.valid, args.test, args.src, args.tgt)
-        vocab, max_ratio = 8000, 1.5
+        vocab, subword, max_ratio = 8000, "bpe", 1.5
     else:
         data = prepare_dataset(args.dataset, args.data_dir or default_data_dir(args.dataset), args.src, args.tgt,
                                download=not args.offline, progress=progress, notes=notes)
         vocab = dataset_default(args.dataset, "vocab_size", args.src, args.tgt)
+        subword = dataset_default(args.dataset, "subword", args.src, args.tgt)
         max_ratio = dataset_default(args.dataset, "max_ratio", args.src, args.tgt)
     if args.vocab_size:
         vocab = args.vocab_size
+    subword = getattr(args, "subword", None) or subword
     if args.max_ratio is not None:
         max_ratio = args.max_ratio or None
     if tokenizer is None and getattr(args, "tokenizer", None):
@@ -102,7 +110,7 @@ def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True, v
     where = hashlib.sha256("\n".join(os.path.abspath(p) for pair in files for p in sorted(pair)).encode()).hexdigest()[:8]
     root = args.cache_dir or default_data_dir("bin")   # $MINITF_CACHE/bin or ~/.cache/minitf/bin
     folder = cache_folder(root, f"{'own' if args.train else args.dataset}.{where}", (args.src, args.tgt))
-    corpus = prepare_cache(folder, files, (args.src, args.tgt), vocab_size=vocab, tokenizer=tokenizer,
+    corpus = prepare_cache(folder, files, (args.src, args.tgt), vocab_size=vocab, tokenizer=tokenizer, model_type=subword,
                            max_len=args.max_len, max_ratio=max_ratio, progress=progress, log=log,
                            expect_data_id=expect_data_id, verify=verify)
     if len(corpus) == 0:

@@ -19,6 +19,40 @@ from minitf.fileio import atomic_write_bytes
 from minitf.data.readers import read_text
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+MODEL_TYPES = ("bpe", "unigram")   # the subword models Tokenizer.train makes
+_PROTO_MODEL_TYPE = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}   # sentencepiece_model.proto TrainerSpec.ModelType
+
+
+def _varint(buf, i):
+    """The protobuf varint at buf[i:], and the index after it."""
+    value = shift = 0
+    while True:
+        byte = buf[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, i
+        shift += 7
+
+
+def _proto_fields(buf):
+    """(field number, value) of a protobuf message's top-level fields: an int for a varint, bytes
+    for a length-delimited field (fixed-width fields are skipped over as bytes)."""
+    i = 0
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _varint(buf, i)
+        elif wire == 2:
+            size, i = _varint(buf, i)
+            value, i = buf[i:i + size], i + size
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
+            value, i = buf[i:i + size], i + size
+        else:
+            raise ValueError(f"protobuf wire type {wire}")
+        yield number, value
 
 
 def _iter_lines(inputs):
@@ -89,6 +123,20 @@ class Tokenizer:
         return hashlib.sha256(self._proto).hexdigest()
 
     @property
+    def model_type(self):
+        """The SentencePiece model: "bpe", "unigram" ("word", "char"), read from the model's
+        TrainerSpec (ModelProto field 2, its field 3; unigram when unset, as in SentencePiece)."""
+        try:
+            for number, spec in _proto_fields(self._proto):
+                if number == 2:
+                    for field, value in _proto_fields(spec):
+                        if field == 3:
+                            return _PROTO_MODEL_TYPE.get(value, f"type {value}")
+        except (ValueError, IndexError):
+            pass
+        return "unigram"
+
+    @property
     def vocab_size(self):
         """Number of pieces, special ids included."""
         return self._sp.get_piece_size()
@@ -104,7 +152,10 @@ class Tokenizer:
         """({piece: rank} of the BPE merges, {piece: id} of every normal piece). A merge is a piece of
         two or more characters; its rank is its score negated, the order the merges were learnt in:
         SentencePiece's BPE applies the applicable merge of lowest rank first. Unknown and control
-        ids are left out."""
+        ids are left out. Only a BPE model has merges: any other is a DataError."""
+        if self.model_type != "bpe":
+            raise DataError(f"{self.model_path or 'this tokenizer'} is a SentencePiece {self.model_type} model: it has no "
+                            f"BPE merges to resegment with (BPE-dropout needs a BPE model: --subword bpe)")
         sp, merges, ids = self._sp, {}, {}
         for i in range(sp.get_piece_size()):
             if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i):
@@ -139,8 +190,11 @@ class Tokenizer:
         for a joint vocabulary). At most `sample_size` sentences, drawn at random
         with `seed`, are used. If the corpus is too small for `vocab_size`, the
         model is retrained with a soft limit (a smaller vocabulary) and a warning
-        says so. Returns the Tokenizer.
+        says so. `model_type`: "bpe" (byte-pair encoding, the paper's) or "unigram"
+        (Kudo 2018's unigram language model). Returns the Tokenizer.
         """
+        if model_type not in MODEL_TYPES:
+            raise DataError(f"{model_path}: subword model {model_type!r}: choose one of {', '.join(MODEL_TYPES)}")
         lines = [line for line in _iter_lines(input_files_or_lines) if line.strip()]
         if not lines:
             raise DataError(f"{model_path}: no non-empty text to train the tokenizer "
