@@ -29,8 +29,7 @@ import argparse
 import os
 
 from minitf.config import ARCHS, ATTENTIONS, NORM_POSITIONS, PRESETS
-from minitf.data.datasets import dataset_default
-from minitf.data.pipeline import add_data_args, check_data_args
+from minitf.data.pipeline import add_data_args, check_data_args, subword_model
 from minitf.flags import MAX_BEAM, Number, Parser, fraction, positive
 
 
@@ -152,7 +151,7 @@ def parse_args(argv=None, prog=None):
         p.error("--output-vocab target scores the pieces of the target side's plain segmentation; "
                 "--bpe-dropout-target makes smaller ones: use one or the other")
     if (args.bpe_dropout_source or args.bpe_dropout_target) and not args.tokenizer and not args.resume:
-        subword = args.subword or ("bpe" if args.train else dataset_default(args.dataset, "subword", args.src, args.tgt))
+        subword = subword_model(args)
         if subword != "bpe":
             p.error(f"BPE-dropout resegments with BPE merges, and this run would train a {subword} tokenizer ("
                     f"{'--subword ' + subword if args.subword else 'the ' + args.dataset + ' default'}): add --subword bpe")

@@ -20,8 +20,8 @@ language, so en->de and de->en share it)::
 
 The manifest holds the format version, the corpus fingerprint (per file: size, mtime and the
 SHA-256 of its bytes, hashed while reading), the tokenizer's SHA-256 and vocabulary size (and
-the subword model it was trained as, or that it was given), the cleaning parameters, the pair counts, every array's dtype, shape, byte size and the SHA-256 of
-its contents, and `data_id`: a hash of everything the arrays depend on, which checkpoints record
+the subword model it was trained as, or that it was given), the cleaning parameters, the pair
+counts, every array's dtype, shape, byte size and the SHA-256 of its contents, and `data_id`: a hash of everything the arrays depend on, which checkpoints record
 so that `--resume` never continues on other data. The folder is built under a temporary name,
 read back against those checksums, and renamed into place, so a kill -9 at any moment leaves
 either the old cache, no cache, or the new one.
@@ -382,8 +382,8 @@ def _why_stale(manifest, files, languages, wanted):
             return "its tokenizer was given then (--tokenizer); training one"
         if trained != tok["trained"]:
             return f"subword model {trained} -> {tok['trained']}"
-    if not tok.get("sha256") and manifest["tokenizer"]["requested_vocab_size"] != tok["requested_vocab_size"]:
-        return f"vocabulary size {manifest['tokenizer']['requested_vocab_size']} -> {tok['requested_vocab_size']}"
+        if manifest["tokenizer"]["requested_vocab_size"] != tok["requested_vocab_size"]:
+            return f"vocabulary size {manifest['tokenizer']['requested_vocab_size']} -> {tok['requested_vocab_size']}"
     return _corpus_changes(manifest["corpus"], files)
 
 
@@ -401,7 +401,8 @@ def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max
     of `languages` (two codes; stored sorted). `tokenizer`: a Tokenizer to encode with (e.g. a
     resumed checkpoint's); None trains a joint SentencePiece model of `vocab_size` pieces
     (`model_type` "bpe" or "unigram") on a sample of `sample_size` sentences, or reuses the previous
-    cache's when the corpus, subword model and vocabulary did not change. `max_ratio` None disables the ratio rule. One log line says why a cache is (re)built.
+    cache's when the corpus, subword model and vocabulary did not change. `max_ratio` None disables
+    the ratio rule. One log line says why a cache is (re)built.
     `expect_data_id` (a resumed checkpoint's): when the cache holds exactly that data but its
     inputs changed, StaleData is raised BEFORE rebuilding, naming the change (a defective cache
     is rebuilt: the same inputs give the same data). `verify`: a cache that is reused is first read
@@ -445,7 +446,7 @@ def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max
         except DataError:
             tokenizer = None
     return _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, log, sample_size, seed,
-                  chunk_lines, threads, model_type)
+                  chunk_lines, threads)
 
 
 # ------------------------------------------------------------------------------ building
@@ -556,7 +557,7 @@ def _data_id(manifest):
 
 
 def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, log, sample_size, seed,
-           chunk_lines, threads, model_type="bpe"):
+           chunk_lines, threads):
     parent = os.path.dirname(os.path.abspath(folder))
     os.makedirs(parent, exist_ok=True)
     base = os.path.basename(folder)
@@ -572,6 +573,7 @@ def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, lo
             sample, fingerprint = _sample_for_tokenizer(files, progress, sample_size, seed, chunk_lines)
             if not sample:
                 raise DataError(f"{files[0][0]}: no non-empty text to train the tokenizer on; check the training files")
+            model_type = wanted["tokenizer"]["trained"]   # the model asked for (no tokenizer was given)
             log(f"tokenizer: training a joint SentencePiece {'BPE' if model_type == 'bpe' else model_type} model of "
                 f"{vocab_size} pieces on {len(sample):,} sampled sentences")
             tokenizer = Tokenizer.train(sample, os.path.join(tmp, TOKENIZER), vocab_size, model_type=model_type,

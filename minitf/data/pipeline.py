@@ -63,6 +63,13 @@ def check_data_args(p, args):
         p.error(f"--subword {args.subword} trains a tokenizer and --tokenizer gives one: use one or the other")
 
 
+def subword_model(args):
+    """The SentencePiece model a run trains: --subword, else the dataset's default (own data: BPE)."""
+    if getattr(args, "subword", None):
+        return args.subword
+    return "bpe" if args.train else dataset_default(args.dataset, "subword", args.src, args.tgt)
+
+
 @dataclass
 class Data:
     """What training needs: the tokenizer, the memory-mapped training pairs, the valid/test text."""
@@ -88,16 +95,14 @@ def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True, v
     progress = not getattr(args, "quiet", False)
     if args.train:
         data = user_dataset(args.train, args.valid, args.test, args.src, args.tgt)
-        vocab, subword, max_ratio = 8000, "bpe", 1.5
+        vocab, max_ratio = 8000, 1.5
     else:
         data = prepare_dataset(args.dataset, args.data_dir or default_data_dir(args.dataset), args.src, args.tgt,
                                download=not args.offline, progress=progress, notes=notes)
         vocab = dataset_default(args.dataset, "vocab_size", args.src, args.tgt)
-        subword = dataset_default(args.dataset, "subword", args.src, args.tgt)
         max_ratio = dataset_default(args.dataset, "max_ratio", args.src, args.tgt)
     if args.vocab_size:
         vocab = args.vocab_size
-    subword = getattr(args, "subword", None) or subword
     if args.max_ratio is not None:
         max_ratio = args.max_ratio or None
     if tokenizer is None and getattr(args, "tokenizer", None):
@@ -110,7 +115,7 @@ def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True, v
     where = hashlib.sha256("\n".join(os.path.abspath(p) for pair in files for p in sorted(pair)).encode()).hexdigest()[:8]
     root = args.cache_dir or default_data_dir("bin")   # $MINITF_CACHE/bin or ~/.cache/minitf/bin
     folder = cache_folder(root, f"{'own' if args.train else args.dataset}.{where}", (args.src, args.tgt))
-    corpus = prepare_cache(folder, files, (args.src, args.tgt), vocab_size=vocab, tokenizer=tokenizer, model_type=subword,
+    corpus = prepare_cache(folder, files, (args.src, args.tgt), vocab_size=vocab, tokenizer=tokenizer, model_type=subword_model(args),
                            max_len=args.max_len, max_ratio=max_ratio, progress=progress, log=log,
                            expect_data_id=expect_data_id, verify=verify)
     if len(corpus) == 0:
