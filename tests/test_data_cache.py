@@ -3,6 +3,7 @@ corrupt files, interrupted builds, and the user's own files through train_wmt.py
 import gzip
 import json
 import os
+import platform
 import subprocess
 import sys
 
@@ -37,6 +38,11 @@ def _corpus(folder, n=300, seed=0, stem="train", gz=(True, False)):
     _write(paths[0], en)
     _write(paths[1], de)
     return paths, en, de
+
+
+def _left(folder):
+    """What a cache's parent folder holds, less the caches' lock files (`.<name>.lock`, kept for good)."""
+    return sorted(p for p in os.listdir(folder) if not (p.startswith(".") and p.endswith(".lock")))
 
 
 class Log(list):
@@ -245,11 +251,90 @@ def test_an_interrupted_build_never_leaves_a_cache_that_looks_whole(tmp_path, mo
     monkeypatch.setattr(binarized, "_encode_all", killed)
     with pytest.raises(KeyboardInterrupt):
         _prepare(tmp_path, paths)
-    assert sorted(os.listdir(parent)) == [os.path.basename(folder)]   # no temporary folders left
+    assert _left(parent) == [os.path.basename(folder)]                # no temporary folders left
     assert open_cache(folder).data_id == first.data_id                # the old cache is still whole
     monkeypatch.undo()
     log = Log()
     assert _prepare(tmp_path, paths, log).data_id != first.data_id and "train.en" in log.built()[0]
+
+
+def _kept_ids(corpus, en, de):
+    """What `corpus.pairs("en", "de")` must hold: the sentences its cleaning kept, encoded with its tokenizer."""
+    tok = corpus.tokenizer
+    src, tgt = tok.encode(en), tok.encode(de)
+    kept, _ = clean_pairs(en, de, [len(x) for x in src], [len(x) for x in tgt], 250, 1.5)
+    return [src[i] for i in kept], [tgt[i] for i in kept]
+
+
+def _assert_holds(pairs, src, tgt):
+    assert len(pairs) == len(src)
+    for got, want in zip(pairs.collate(np.arange(len(src))), collate(src, tgt)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_cache_opened_reads_its_own_data_after_another_run_rebuilds_the_folder(tmp_path):
+    """Two runs of one corpus, the second with another vocabulary: it rebuilds the folder while the first
+    trains. The first run's rows still come from the files it opened and checked, not from the new
+    folder's files under the same names (read against the old lengths, those made a corrupt-cache error)."""
+    paths, en, de = _corpus(tmp_path / "data")
+    first = _prepare(tmp_path, paths, vocab_size=60)
+    pairs = first.pairs("en", "de")                   # no row read yet
+    log = Log()
+    second = _prepare(tmp_path, paths, log, vocab_size=45)
+    assert log.built() == [f"cache: building {first.folder} (vocabulary size 60 -> 45)"]
+    assert second.tokenizer.sha256 != first.tokenizer.sha256
+    _assert_holds(pairs, *_kept_ids(first, en, de))
+    _assert_holds(first.pairs("en", "de"), *_kept_ids(first, en, de))   # pairs made after the rebuild too
+    _assert_holds(second.pairs("en", "de"), *_kept_ids(second, en, de))
+
+
+def test_a_run_waits_for_the_cache_another_process_holds(tmp_path):
+    import threading
+    paths, en, de = _corpus(tmp_path / "data")
+    folder = cache_folder(tmp_path / "cache", "toy", ("en", "de"))
+    log, done = Log(), []
+    with binarized.cache_lock(folder, Log()):
+        t = threading.Thread(target=lambda: done.append(_prepare(tmp_path, paths, log)))
+        t.start()
+        for _ in range(500):
+            if log:
+                break
+            t.join(0.01)
+        assert log == [f"cache: waiting for process {os.getpid()} on {platform.node()}, which is preparing or "
+                       f"opening {folder}"]
+        t.join(0.2)
+        assert t.is_alive() and not done and not os.path.exists(folder)
+    t.join(60)
+    assert not t.is_alive() and log.built() == [f"cache: building {folder} (no cache yet)"]
+    _assert_holds(done[0].pairs("en", "de"), *_kept_ids(done[0], en, de))
+
+
+def test_runs_started_together_with_different_vocabularies_each_get_their_own(tmp_path):
+    """Three processes prepare one corpus's cache at once, two vocabulary sizes, and read their rows
+    2 s later, after the others rebuilt the folder: each one's rows are its own tokenizer's ids (they
+    take turns at the folder's lock and keep the files they opened)."""
+    paths, en, de = _corpus(tmp_path / "data")
+    script = (
+        "import sys, numpy as np\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from minitf.data.binarized import prepare_cache, cache_folder\n"
+        "c = prepare_cache(cache_folder(sys.argv[2], 'toy', ('en', 'de')), [(sys.argv[3], sys.argv[4])], ('en', 'de'),\n"
+        "                  vocab_size=int(sys.argv[5]), progress=False, log=lambda m: print(m, file=sys.stderr))\n"
+        "import time; time.sleep(2)   # the others rebuild the folder meanwhile: one run's batches, later\n"
+        "p = c.pairs('en', 'de')\n"
+        "src, tgt_in, _ = p.collate(np.arange(len(p)))\n"
+        "print(c.tokenizer.sha256, src.tolist(), tgt_in.tolist())\n")
+    procs = [subprocess.Popen([sys.executable, "-c", script, ROOT, str(tmp_path / "cache"), *map(str, paths), str(v)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for v in (60, 45, 60)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in outs]
+    alone = {v: prepare_cache(cache_folder(tmp_path / f"alone{v}", "toy", ("en", "de")), [paths], ("en", "de"),
+                              vocab_size=v, progress=False, log=Log()) for v in (60, 45)}
+    assert alone[60].tokenizer.sha256 != alone[45].tokenizer.sha256
+    for (out, err), v in zip(outs, (60, 45, 60)):
+        sha, rows = out.split(" ", 1)
+        want_src, want_tgt, _ = collate(*_kept_ids(alone[v], en, de))
+        assert sha == alone[v].tokenizer.sha256 and rows.strip() == f"{want_src.tolist()} {want_tgt.tolist()}"
 
 
 def test_misaligned_files_and_no_text_are_one_line_errors(tmp_path):
@@ -263,7 +348,7 @@ def test_misaligned_files_and_no_text_are_one_line_errors(tmp_path):
     _write(paths[1], ["", ""])
     with pytest.raises(DataError, match="no non-empty text"):
         _prepare(tmp_path, paths)
-    assert not [p for p in os.listdir(tmp_path / "cache") if p.startswith(".")]
+    assert not [p for p in _left(tmp_path / "cache") if p.startswith(".")]
 
 
 # ------------------------------------------------------------------------------ through the CLIs
@@ -377,7 +462,7 @@ def test_a_build_that_reads_back_different_is_refused_and_the_old_cache_kept(tmp
     monkeypatch.setattr(binarized, "_content_sha256", lambda path, entry: "0" * 64)   # what a failing disk does
     with pytest.raises(DataError, match="reads back different"):
         _prepare(tmp_path, paths)
-    assert sorted(os.listdir(os.path.dirname(first.folder))) == [os.path.basename(first.folder)]
+    assert _left(os.path.dirname(first.folder)) == [os.path.basename(first.folder)]
     assert open_cache(first.folder).data_id == first.data_id
 
 
@@ -436,7 +521,7 @@ def test_a_full_disk_while_writing_the_cache_is_one_line(tmp_path, monkeypatch):
     msg = str(e.value)
     folder = cache_folder(tmp_path / "cache", "toy", ("en", "de"))
     assert folder in msg and "disk is full" in msg and "--cache-dir" in msg and "--keep-last" not in msg
-    assert "\n" not in msg and not os.listdir(tmp_path / "cache")    # no temporary folder left
+    assert "\n" not in msg and not _left(tmp_path / "cache")         # no temporary folder left
     monkeypatch.undo()
 
     def full_tokenizer(path, data):   # the tokenizer is written first, through fileio.atomic_write
@@ -464,7 +549,7 @@ def test_prepare_verify_through_the_cli(tmp_path):
     d = _own(tmp_path)
     own = ["--train", d / "train", "--valid", d / "dev", "--vocab-size", 60, "--quiet"]
     assert _run(["prepare", *own], tmp_path / "cache", module="minitf").returncode == 0
-    folder = next(p for p in (tmp_path / "cache" / "bin").iterdir())
+    folder = next(p for p in (tmp_path / "cache" / "bin").iterdir() if p.is_dir())
     r = _run(["prepare", *own, "--verify"], tmp_path / "cache", module="minitf")
     assert r.returncode == 0 and "match their SHA-256" in r.stderr and "building" not in r.stderr
     tokens = folder / "train.de.tokens.npy"

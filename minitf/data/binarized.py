@@ -24,7 +24,9 @@ the subword model it was trained as, or that it was given), the cleaning paramet
 counts, every array's dtype, shape, byte size and the SHA-256 of its contents, and `data_id`: a hash of everything the arrays depend on, which checkpoints record
 so that `--resume` never continues on other data. The folder is built under a temporary name,
 read back against those checksums, and renamed into place, so a kill -9 at any moment leaves
-either the old cache, no cache, or the new one.
+either the old cache, no cache, or the new one. One process at a time checks, builds and opens a
+folder (`cache_lock`); an opened cache keeps its files open, so a rebuild that renames a new
+folder into place afterwards does not change what a running process reads.
 
 Corrupt contents are caught in three places, by cost: every start checks invariants that need
 no scan of the tokens (`open_cache`: each sentence's length in [1, max_len], the lengths adding
@@ -32,10 +34,12 @@ up to the tokens); every batch read checks its own rows (`TokenPairs.collate`: o
 within the token array and matching the lengths; ids below the vocabulary); `python -m minitf
 prepare --verify` reads everything back against the checksums (`verify_cache`).
 """
+import contextlib
 import hashlib
 import itertools
 import json
 import os
+import platform
 import shutil
 import struct
 import sys
@@ -69,12 +73,12 @@ class TokenPairs:
     36M-pair cache. pread copies just the row's bytes out of the page cache: the process maps
     none of the corpus (docs/data.md)."""
 
-    def __init__(self, src, tgt, vocab_size=None):
+    def __init__(self, src, tgt, vocab_size=None, files=None):
         (self.src_tokens, self.src_offsets, self.src_lens), (self.tgt_tokens, self.tgt_offsets, self.tgt_lens) = src, tgt
         if self.src_lens.shape != self.tgt_lens.shape:
             raise DataError(f"TokenPairs: {self.src_lens.size} source but {self.tgt_lens.size} target sentences")
         self.vocab_size = vocab_size   # rows read from disk are checked against it (None: not checked)
-        self._files = {}
+        self.files = files if files is not None else _OpenFiles()   # the maps' files, by name (see _OpenFiles)
 
     @classmethod
     def from_lists(cls, src_ids, tgt_ids):
@@ -139,13 +143,28 @@ class TokenPairs:
 
     def _file(self, a):
         """(file descriptor, byte offset of element 0) of a memory-mapped array."""
-        key = a.filename
-        if key not in self._files:
-            self._files[key] = (os.open(key, os.O_RDONLY), a.offset)
-        return self._files[key]
+        return self.files.open(a)
+
+
+class _OpenFiles:
+    """File descriptors of memory-mapped arrays, by file name, closed when the last holder goes.
+
+    `open_cache` opens them together with the maps, under the cache's lock: a process that rebuilds
+    the cache afterwards renames a new folder into place, and a descriptor opened by name later would
+    read the new folder's files against the old folder's lengths. Opened then, the descriptors and
+    the maps keep reading the files this process checked, whatever happens to their names."""
+
+    def __init__(self):
+        self.fds = {}
+
+    def open(self, a):
+        """(file descriptor, byte offset of element 0) of the memory-mapped array `a`."""
+        if a.filename not in self.fds:
+            self.fds[a.filename] = (os.open(a.filename, os.O_RDONLY), a.offset)
+        return self.fds[a.filename]
 
     def __del__(self):
-        for fd, _ in getattr(self, "_files", {}).values():
+        for fd, _ in self.fds.values():
             os.close(fd)
 
 
@@ -198,6 +217,7 @@ class BinarizedCorpus:
 
     def __init__(self, folder, manifest, tokenizer):
         self.folder, self.manifest, self.tokenizer = folder, manifest, tokenizer
+        self._maps, self._files = {}, _OpenFiles()   # lang -> (tokens, offsets, lengths) maps, and their files
 
     @property
     def data_id(self):
@@ -208,15 +228,21 @@ class BinarizedCorpus:
 
     def pairs(self, src, tgt):
         """TokenPairs of the direction src -> tgt (the arrays memory-mapped, lengths in memory)."""
-        return TokenPairs(*(self._side(lang) for lang in (src, tgt)), vocab_size=self.manifest["tokenizer"]["vocab_size"])
+        sides = [self._side(lang) for lang in (src, tgt)]
+        return TokenPairs(*((tokens, offsets, np.array(lens)) for tokens, offsets, lens in sides),
+                          vocab_size=self.manifest["tokenizer"]["vocab_size"], files=self._files)
 
-    def _side(self, lang, lengths_in_memory=True):
+    def _side(self, lang):
+        """(tokens, offsets, lengths) of one language, memory-mapped: mapped once (by `open_cache`), with
+        the tokens' and offsets' files opened for reading then too."""
         if lang not in self.manifest["languages"]:
             raise DataError(f"{self.folder}: the cache holds {'-'.join(self.manifest['languages'])}, not {lang}")
-        tokens, offsets, lens = (_load(self.folder, self.manifest, f"train.{lang}.{kind}.npy", mmap)
-                                 for kind, mmap in (("tokens", True), ("offsets", True),
-                                                    ("lengths", not lengths_in_memory)))
-        return tokens, offsets, lens
+        if lang not in self._maps:
+            self._maps[lang] = tuple(_load(self.folder, self.manifest, f"train.{lang}.{kind}.npy", mmap=True)
+                                     for kind in ("tokens", "offsets", "lengths"))
+            for a in self._maps[lang][:2]:
+                self._files.open(a)
+        return self._maps[lang]
 
 
 def _load(folder, manifest, name, mmap):
@@ -271,7 +297,7 @@ def open_cache(folder):
     corpus = BinarizedCorpus(folder, manifest, None)
     try:
         for lang in manifest["languages"]:   # checked through maps: `pairs` reads the lengths once, later
-            tokens, offsets, lens = corpus._side(lang, lengths_in_memory=False)
+            tokens, offsets, lens = corpus._side(lang)
             if int(offsets[0]) != 0 or int(offsets[-1]) != tokens.size or lens.size != manifest["counts"]["kept"]:
                 raise CacheDefect(f"cache file {os.path.join(folder, f'train.{lang}.offsets.npy')} is corrupt "
                                   f"(its offsets do not span train.{lang}.tokens.npy)")
@@ -387,6 +413,45 @@ def _why_stale(manifest, files, languages, wanted):
     return _corpus_changes(manifest["corpus"], files)
 
 
+def lock_path(folder):
+    """The lock file of a cache folder: `.<name>.lock` beside it (its parent made if need be)."""
+    parent, name = os.path.split(os.path.abspath(folder))
+    os.makedirs(parent, exist_ok=True)
+    return os.path.join(parent, f".{name}.lock")
+
+
+@contextlib.contextmanager
+def cache_lock(folder, log):
+    """Hold `folder`'s lock (an exclusive `flock` on the file `lock_path(folder)`) for the block.
+
+    `prepare_cache` checks, (re)builds and opens a cache under it, so runs started together that
+    want different caches of one corpus (another --vocab-size, --subword or --max-len) take turns:
+    each opens the cache it asked for (its maps and files stay valid when the next one renames a
+    rebuilt folder into place) instead of reading half of one and half of another. A process that
+    has to wait says so, naming the holder. Where the file system cannot lock (no `fcntl`, a
+    read-only or lockless mount) the block runs unlocked, as before locks existed."""
+    try:
+        import fcntl
+        fd = os.open(lock_path(folder), os.O_RDWR | os.O_CREAT, 0o644)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            log(f"cache: waiting for {holder}, which is preparing or opening {folder}")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:   # ENOLCK, EOPNOTSUPP: this file system does not lock
+            pass
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"process {os.getpid()} on {platform.node()}".encode(), 0)
+        yield
+    finally:
+        os.close(fd)   # releases the lock
+
+
 def cache_folder(cache_root, name, languages):
     """Where the cache of corpus `name` for an unordered language pair lives."""
     return os.path.join(os.fspath(cache_root), f"{name}.{'-'.join(sorted(languages))}")
@@ -418,35 +483,36 @@ def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max
               "tokenizer": {"sha256": tokenizer.sha256 if tokenizer else None,
                             "requested_vocab_size": int(vocab_size),
                             "trained": None if tokenizer else model_type}}
-    try:
-        manifest = _read_manifest(folder)
+    with cache_lock(folder, log):   # one process at a time checks, builds and opens a cache folder
         try:
-            reason = "no cache yet" if manifest is None else _why_stale(manifest, flat_files, languages, wanted)
-        except (KeyError, TypeError, IndexError, AttributeError) as e:
-            raise CacheDefect(f"cache file {os.path.join(folder, MANIFEST)} lacks an entry ({e!r})") from None
-        if reason is not None and expect_data_id is not None and manifest is not None \
-                and manifest.get("data_id") == expect_data_id:
-            raise StaleData(f"the training data changed since it was cached for this run: {reason}")
-        if reason is None:
-            corpus = open_cache(folder)
-            if verify:
-                t0, n = time.time(), verify_cache(folder, manifest)
-                log(f"cache: {len(manifest['files'])} arrays ({n / 1e6:,.1f} MB) match their SHA-256 "
-                    f"({time.time() - t0:.1f}s): {folder}")
-            if manifest["corpus"] != corpus.manifest["corpus"]:   # a touched file, content unchanged
-                atomic_write_bytes(os.path.join(folder, MANIFEST), json.dumps(manifest, indent=1).encode())
-            return corpus
-    except CacheDefect as e:
-        manifest, reason = None, str(e)
-        log(f"error: {e}; rebuilding it")
-    log(f"cache: building {folder} ({reason})")
-    if tokenizer is None and manifest is not None and reason.startswith("cleaning rule"):
-        try:   # the corpus and vocabulary did not change: keep the tokenizer (and its ids)
-            tokenizer = Tokenizer(os.path.join(folder, TOKENIZER))
-        except DataError:
-            tokenizer = None
-    return _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, log, sample_size, seed,
-                  chunk_lines, threads)
+            manifest = _read_manifest(folder)
+            try:
+                reason = "no cache yet" if manifest is None else _why_stale(manifest, flat_files, languages, wanted)
+            except (KeyError, TypeError, IndexError, AttributeError) as e:
+                raise CacheDefect(f"cache file {os.path.join(folder, MANIFEST)} lacks an entry ({e!r})") from None
+            if reason is not None and expect_data_id is not None and manifest is not None \
+                    and manifest.get("data_id") == expect_data_id:
+                raise StaleData(f"the training data changed since it was cached for this run: {reason}")
+            if reason is None:
+                corpus = open_cache(folder)
+                if verify:
+                    t0, n = time.time(), verify_cache(folder, manifest)
+                    log(f"cache: {len(manifest['files'])} arrays ({n / 1e6:,.1f} MB) match their SHA-256 "
+                        f"({time.time() - t0:.1f}s): {folder}")
+                if manifest["corpus"] != corpus.manifest["corpus"]:   # a touched file, content unchanged
+                    atomic_write_bytes(os.path.join(folder, MANIFEST), json.dumps(manifest, indent=1).encode())
+                return corpus
+        except CacheDefect as e:
+            manifest, reason = None, str(e)
+            log(f"error: {e}; rebuilding it")
+        log(f"cache: building {folder} ({reason})")
+        if tokenizer is None and manifest is not None and reason.startswith("cleaning rule"):
+            try:   # the corpus and vocabulary did not change: keep the tokenizer (and its ids)
+                tokenizer = Tokenizer(os.path.join(folder, TOKENIZER))
+            except DataError:
+                tokenizer = None
+        return _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, log, sample_size, seed,
+                      chunk_lines, threads)
 
 
 # ------------------------------------------------------------------------------ building
