@@ -123,8 +123,8 @@ class TokenPairs:
             np.cumsum(lens, out=local[1:])
             pos = np.repeat(starts - local[:-1], lens) + np.arange(int(local[-1]))
             return tokens[pos], local
-        fo, fo_base = self._file(offsets)
-        ft, ft_base = self._file(tokens)
+        fo, fo_base = self.files.open(offsets)
+        ft, ft_base = self.files.open(tokens)
         item = tokens.dtype.itemsize
         bounds = np.frombuffer(b"".join(os.pread(fo, 16, fo_base + 8 * int(i)) for i in idx),
                                dtype=offsets.dtype).reshape(-1, 2).astype(np.int64)
@@ -140,10 +140,6 @@ class TokenPairs:
             raise _corrupt(tokens.filename, f"sentence {row} holds id {int(ids.max())}, beyond the vocabulary of "
                                             f"{self.vocab_size}")
         return ids, local
-
-    def _file(self, a):
-        """(file descriptor, byte offset of element 0) of a memory-mapped array."""
-        return self.files.open(a)
 
 
 class _OpenFiles:
@@ -414,9 +410,8 @@ def _why_stale(manifest, files, languages, wanted):
 
 
 def lock_path(folder):
-    """The lock file of a cache folder: `.<name>.lock` beside it (its parent made if need be)."""
+    """The lock file of a cache folder: `.<name>.lock` beside it."""
     parent, name = os.path.split(os.path.abspath(folder))
-    os.makedirs(parent, exist_ok=True)
     return os.path.join(parent, f".{name}.lock")
 
 
@@ -432,7 +427,9 @@ def cache_lock(folder, log):
     read-only or lockless mount) the block runs unlocked, as before locks existed."""
     try:
         import fcntl
-        fd = os.open(lock_path(folder), os.O_RDWR | os.O_CREAT, 0o644)
+        path = lock_path(folder)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except (ImportError, OSError):
         yield
         return
