@@ -84,3 +84,14 @@ def test_a_unigram_model_is_trained_when_asked_and_says_so(trained, tmp_path):
         uni.merges()
     with pytest.raises(DataError, match="subword model 'word': choose one of bpe, unigram"):
         Tokenizer.train(_corpus(_EN), tmp_path / "word.model", vocab_size=40, model_type="word")
+
+
+@pytest.mark.parametrize("model_type", ["bpe", "unigram"])
+def test_the_same_text_trains_the_same_model_whatever_the_core_count(model_type, tmp_path, monkeypatch):
+    # SentencePiece's result depends on its thread count; the model must not depend on the machine
+    lines = _corpus(_EN, 400) + _corpus(_DE, 400, seed=1)
+    models = []
+    for cores in (1, 2, 16):
+        monkeypatch.setattr(os, "cpu_count", lambda: cores)
+        models.append(Tokenizer.train(lines, tmp_path / f"{cores}.model", vocab_size=50, model_type=model_type).to_bytes())
+    assert models[0] == models[1] == models[2]

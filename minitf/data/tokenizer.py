@@ -21,6 +21,10 @@ from minitf.data.readers import read_text
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 MODEL_TYPES = ("bpe", "unigram")   # the subword models Tokenizer.train makes
 _PROTO_MODEL_TYPE = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}   # sentencepiece_model.proto TrainerSpec.ModelType
+# SentencePiece's trainer splits its work by thread, and what it trains depends on how many (the
+# pieces' order and scores, and the TrainerSpec it records): a fixed count makes the same text train
+# the same model, byte for byte, on every machine. 2: the models behind docs/benchmarks.md's figures.
+TRAIN_THREADS = 2
 
 
 def _varint(buf, i):
@@ -203,7 +207,7 @@ class Tokenizer:
                        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
                        character_coverage=1.0, input_sentence_size=int(sample_size),
                        shuffle_input_sentence=True, minloglevel=100,
-                       num_threads=max(1, min(os.cpu_count() or 1, 16)))
+                       num_threads=TRAIN_THREADS)
 
         def run(**extra):
             spm.set_random_generator_seed(int(seed))
