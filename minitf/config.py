@@ -20,7 +20,7 @@ from .errors import ConfigError
 # how a model is trained and decoded, not what it computes: checkpoints that differ only in these hold
 # the same model (checkpoint averaging compares the other fields, `TransformerConfig.model_fields`)
 TRAINING_FIELDS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "bpe_dropout_source",
-                   "bpe_dropout_target", "output_layer", "warmup", "lr_factor", "lr_fade", "max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps", "decode_alpha")
+                   "bpe_dropout_target", "output_layer", "warmup", "lr_factor", "lr_fade", "weight_decay", "max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps", "decode_alpha")
 ARCHS = ("transformer", "rnn")                  # the classes: models.ARCHS
 ATTENTIONS = ("general", "dot", "additive")     # arch "rnn": layers.rnn_attention.RecurrentAttention.KINDS
 NORM_POSITIONS = ("post", "pre")                # the Transformer's LayerNorm: after the residual sum (3.1) or before the sublayer
@@ -88,6 +88,7 @@ class TransformerConfig:
     warmup: int = 4000
     lr_factor: float = 1.0
     lr_fade: float = 0.0             # last fraction of the run over which the lr fades linearly to 0 (0: the paper's)
+    weight_decay: float = 0.0        # decoupled weight decay (AdamW): p -= lr * weight_decay * p each update (0: the paper's)
     update_tokens: int = 4096        # tokens per UPDATE and side, padding included (5.1: ~25000)
     max_tokens: int = None           # tokens per batch and side on one rank; None: update_tokens split
                                      # over ranks x update_freq (batch_tokens)
@@ -129,6 +130,8 @@ class TransformerConfig:
                               "the recurrent baseline has only dropout")
         if not 0.0 <= self.lr_fade <= 1.0:
             raise ConfigError(f"lr_fade must be in [0, 1] (a fraction of the run), got {self.lr_fade}")
+        if not 0.0 <= self.weight_decay < 1.0:
+            raise ConfigError(f"weight_decay must be in [0, 1), got {self.weight_decay}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.norm_position not in NORM_POSITIONS:

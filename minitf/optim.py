@@ -1,4 +1,5 @@
-"""Adam (Kingma & Ba 2015) with the paper's beta1 0.9, beta2 0.98, eps 1e-9 (5.3).
+"""Adam (Kingma & Ba 2015) with the paper's beta1 0.9, beta2 0.98, eps 1e-9 (5.3), and optional
+decoupled weight decay (AdamW, Loshchilov & Hutter 2019; off in the paper and in every preset).
 
 State is keyed by parameter name (`state['m'][name]`), with ONE step counter for the
 whole model. The moments are stored in flat buffers parallel to the model's flat
@@ -35,11 +36,12 @@ def _chunks(xp, n, min_chunk=1 << 20):
 
 
 class Adam:
-    def __init__(self, model, lr=1e-3, betas=(0.9, 0.98), eps=1e-9):
+    def __init__(self, model, lr=1e-3, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0):
         self.model = model
         self.lr = lr                      # a float, or a callable step -> lr (e.g. NoamSchedule)
         self.beta1, self.beta2 = betas
         self.eps = eps
+        self.weight_decay = weight_decay  # AdamW's lambda: every weight shrinks by lr * lambda per update
         self.step_count = 0
         xp = model.xp
         self._m = xp.zeros_like(model.weights)          # float32 under mixed precision
@@ -103,6 +105,9 @@ class Adam:
         xp.multiply(g, g, out=tmp)
         tmp *= 1.0 - self.beta2
         v += tmp
+        # p -= lr * lambda * p (AdamW: the decay acts on the weights, not through the moments)
+        if self.weight_decay:
+            p *= 1.0 - lr * self.weight_decay
         # p -= lr * m_hat / (sqrt(v_hat) + eps), m_hat = m / (1 - b1^t), v_hat = v / (1 - b2^t)
         xp.sqrt(v, out=tmp)
         tmp *= 1.0 / math.sqrt(bc2)

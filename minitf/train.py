@@ -136,7 +136,7 @@ def on_grid(state, key, every_steps, every_minutes, wall_s):
 
 # flags that set a config field of the same name and change what training does: a resume must not differ in them
 RECIPE_FLAGS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "bpe_dropout_source",
-                "bpe_dropout_target", "warmup", "lr_factor", "lr_fade")
+                "bpe_dropout_target", "warmup", "lr_factor", "lr_fade", "weight_decay")
 
 
 def build_config(args, vocab_size, target_pieces=None, note=None):
@@ -327,7 +327,8 @@ def set_up(args, world):
            time_budget=args.time_budget)
     model = build_model(cfg, device=args.device, dtype="float16" if fp16 else getattr(args, "dtype", "float32"),
                         seed=args.seed)
-    run = Run(args, world, data, cfg, model, Adam(model, lr=NoamSchedule(cfg.d_model, cfg.warmup, cfg.lr_factor)),
+    run = Run(args, world, data, cfg, model, Adam(model, lr=NoamSchedule(cfg.d_model, cfg.warmup, cfg.lr_factor),
+                                                 weight_decay=cfg.weight_decay),
               LossScaler() if fp16 else None, new_state(args, data), resume.path if resume else None)
     if resume is not None:
         _restore(run, resume)

@@ -76,6 +76,9 @@ def build_parser(prog=None):
     p.add_argument("--lr-fade", type=fraction(), metavar="FRACTION",
                    help="fade the learning rate linearly to 0 over this last fraction of the run (of --time-budget "
                         "or --max-steps, whichever ends it first); 0 = the paper's schedule (default from the preset)")
+    p.add_argument("--weight-decay", type=fraction(closed=False), metavar="LAMBDA",
+                   help="decoupled weight decay (AdamW, Loshchilov & Hutter 2019): every update also shrinks each "
+                        "weight by learning rate x LAMBDA; 0 = the paper's Adam (default from the preset)")
     p.add_argument("--dropout", type=fraction(closed=False), help="override the preset's dropout (paper: 0.1; big: 0.3)")
     p.add_argument("--attention-dropout", type=fraction(closed=False),
                    help="dropout on the attention weights (not in the paper, which has none; default from the preset: 0)")

@@ -36,7 +36,7 @@ TABLE = {
         **DATA, "--d-model": ("64", ["0", "-5", "2.5", "x"]), "--heads": POSITIVE_INT, "--d-ff": POSITIVE_INT,
         "--layers": POSITIVE_INT, "--decoder-layers": POSITIVE_INT, "--max-steps": ZERO_OR_MORE, "--time-budget": POSITIVE_FLOAT,
         "--max-tokens": POSITIVE_INT, "--update-freq": POSITIVE_INT, "--warmup": POSITIVE_INT,
-        "--lr-factor": POSITIVE_FLOAT, "--lr-fade": FRACTION, "--dropout": FRACTION_BELOW_1,
+        "--lr-factor": POSITIVE_FLOAT, "--lr-fade": FRACTION, "--weight-decay": FRACTION_BELOW_1, "--dropout": FRACTION_BELOW_1,
         "--attention-dropout": FRACTION_BELOW_1, "--relu-dropout": FRACTION_BELOW_1,
         "--bpe-dropout-source": FRACTION_BELOW_1, "--bpe-dropout-target": FRACTION_BELOW_1,
         "--label-smoothing": FRACTION_BELOW_1, "--seed": ("0", ["-1", str(2**32), "x"]),

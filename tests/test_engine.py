@@ -88,6 +88,27 @@ def test_adam_matches_hand_computed_update():
     np.testing.assert_array_equal(model.state_dict()[other], np.ones(16))
 
 
+def test_adam_weight_decay_is_decoupled_from_the_moments():
+    """AdamW: p <- p * (1 - lr * lambda) - lr * m_hat / (sqrt(v_hat) + eps); a weight with no gradient
+    only shrinks, and lambda 0 is the paper's Adam to the last bit."""
+    model = minitf.Transformer(tiny(), dtype="float64")
+    name, other = "decoder.layers.1.ffn.fc2.weight", "encoder.layers.0.norm1.weight"
+    p0, q0 = model.state_dict()[name].copy(), model.state_dict()[other].copy()
+    plain = minitf.Transformer(tiny(), dtype="float64")
+    opt, opt0 = minitf.Adam(model, lr=0.1, weight_decay=0.3), minitf.Adam(plain, lr=0.1)
+    for m in (model, plain):
+        m.zero_grad()
+        m.grad_dict()[name][...] = 0.5
+    opt.step()
+    opt0.step()
+    # step 1: m_hat = 0.5, v_hat = 0.25
+    np.testing.assert_allclose(model.state_dict()[name], p0 * (1 - 0.1 * 0.3) - 0.1 * 0.5 / (0.5 + 1e-9), rtol=1e-14)
+    np.testing.assert_allclose(model.state_dict()[other], q0 * (1 - 0.1 * 0.3), rtol=1e-15)
+    np.testing.assert_array_equal(plain.state_dict()[name], p0 - 0.1 * 0.5 / (0.5 + 1e-9))
+    np.testing.assert_array_equal(plain.state_dict()[other], q0)
+    np.testing.assert_array_equal(opt.state["m"][name], opt0.state["m"][name])   # the moments never see the decay
+
+
 def test_adam_with_schedule_uses_step_count():
     model = minitf.Transformer(tiny(), dtype="float64")
     opt = minitf.Adam(model, lr=minitf.NoamSchedule(16, 10, factor=2.0))

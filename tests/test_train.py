@@ -362,6 +362,24 @@ def test_lr_fade_brings_the_learning_rate_to_zero_at_the_runs_end(corpus, tmp_pa
     assert lrs[12] == pytest.approx(noam(12, cfg.d_model, cfg.warmup, cfg.lr_factor) / 6)   # (1 - 11/12) / 0.5
 
 
+def test_weight_decay_shrinks_the_weights_and_a_resume_keeps_it(corpus, tmp_path):
+    """--weight-decay reaches Adam: the same seed and data with the decay end with a smaller weight
+    norm, the checkpoint records it, and a resume with another value is refused, naming both."""
+    norms = {}
+    for wd in (0, 0.5):
+        out = tmp_path / f"wd{wd}"
+        r = run_train(corpus, out, "--max-steps", 4, "--weight-decay", wd, "--valid-every", 0, "--save-every", 4,
+                      "--average-last", 1)
+        assert r.returncode == 0, r.stderr[-3000:]
+        ck = load_checkpoint(out / "averaged.npz")
+        assert ck.config.weight_decay == wd
+        norms[wd] = sum(float(np.sum(np.square(v))) for v in ck.params.values())
+    assert norms[0.5] < 0.99 * norms[0]
+    r = run_train(corpus, tmp_path / "wd0.5", "--max-steps", 5, "--resume", "--weight-decay", 0.1, "--valid-every", 0)
+    assert r.returncode != 0 and "--weight-decay 0.1: the checkpoint" in r.stderr and "--weight-decay 0.5" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_lr_fade_needs_an_end_and_a_fraction(corpus, tmp_path):
     r = run_train(corpus, tmp_path / "a", "--max-steps", 0, "--lr-fade", 0.3)
     assert r.returncode != 0 and "--lr-fade 0.3" in r.stderr and "--time-budget or --max-steps" in r.stderr
