@@ -399,9 +399,10 @@ def adam_state(params):
             "v": {n: np.zeros_like(p) for n, p in params.items()}}
 
 
-def adam_step(params, grads, state, lr, beta1=0.9, beta2=0.98, eps=1e-9):
-    """One Adam update (Kingma & Ba 2015, with bias correction; the paper's betas and eps, 5.3):
-    returns the new params dict (the old arrays are left as they were)."""
+def adam_step(params, grads, state, lr, beta1=0.9, beta2=0.98, eps=1e-9, weight_decay=0.0):
+    """One Adam update (Kingma & Ba 2015, with bias correction; the paper's betas and eps, 5.3), with
+    AdamW's decoupled weight decay when weight_decay > 0 (not in the paper): returns the new params
+    dict (the old arrays are left as they were)."""
     state["t"] += 1
     t = state["t"]
     new = {}
@@ -411,18 +412,19 @@ def adam_step(params, grads, state, lr, beta1=0.9, beta2=0.98, eps=1e-9):
         state["v"][name] = beta2 * state["v"][name] + (1 - beta2) * g * g
         m_hat = state["m"][name] / (1 - beta1 ** t)
         v_hat = state["v"][name] / (1 - beta2 ** t)
-        new[name] = p - lr * m_hat / (np.sqrt(v_hat) + eps)
+        new[name] = p * (1 - lr * weight_decay) - lr * m_hat / (np.sqrt(v_hat) + eps)
     return new
 
 
 # ---------------------------------------------------------------------------- one training step
-def train_step(params, state, src, tgt_in, tgt_out, n_heads, warmup, lr_factor=1.0, mask_fn=None, **loss_kw):
+def train_step(params, state, src, tgt_in, tgt_out, n_heads, warmup, lr_factor=1.0, mask_fn=None, weight_decay=0.0,
+               **loss_kw):
     """Forward, backward, Adam at the learning rate of eq. 3 for the coming step:
     returns (new params, loss). `loss_kw`: label_smoothing, pad_id, ln_eps of forward."""
     loss, _, cache = forward(params, src, tgt_in, tgt_out, n_heads, mask_fn, **loss_kw)
     grads = backward(params, cache)
     lr = noam(state["t"] + 1, params["embedding.weight"].shape[1], warmup, lr_factor)
-    return adam_step(params, grads, state, lr), loss
+    return adam_step(params, grads, state, lr, weight_decay=weight_decay), loss
 
 
 if __name__ == "__main__":   # python minitf/reference.py: a toy batch, 60 steps, the loss falls

@@ -132,13 +132,13 @@ def test_the_tied_embedding_collects_three_shares():
     assert lookups[np.r_[only_src, only_tgt]].min() > 1e-4
 
 
-@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
-def test_adam_steps_with_the_schedule_give_the_engines_parameters(positional):
+@pytest.mark.parametrize("positional, weight_decay", [("sinusoidal", 0.0), ("learned", 0.0), ("sinusoidal", 0.1)])
+def test_adam_steps_with_the_schedule_give_the_engines_parameters(positional, weight_decay):
     cfg = config(positional, dropout=0.3)
     model = minitf.Transformer(cfg, dtype="float64", seed=2)
     params = {n: p.copy() for n, p in model.state_dict().items()}
     warmup, factor = 3, 2.0
-    opt = minitf.Adam(model, lr=minitf.NoamSchedule(cfg.d_model, warmup, factor))
+    opt = minitf.Adam(model, lr=minitf.NoamSchedule(cfg.d_model, warmup, factor), weight_decay=weight_decay)
     state = ref.adam_state(params)
     for step in range(3):
         model.zero_grad()
@@ -146,7 +146,7 @@ def test_adam_steps_with_the_schedule_give_the_engines_parameters(positional):
         model.backward()
         lr = opt.step()
         mask_fn, _ = engine_masks(cfg, model.seed, step)
-        params, ref_loss = ref.train_step(params, state, *batch(), cfg.n_heads, warmup, factor, mask_fn,
+        params, ref_loss = ref.train_step(params, state, *batch(), cfg.n_heads, warmup, factor, mask_fn, weight_decay,
                                           label_smoothing=cfg.label_smoothing, pad_id=cfg.pad_id,
                                           ln_eps=cfg.layer_norm_eps)
         assert lr == ref.noam(step + 1, cfg.d_model, warmup, factor)
