@@ -390,8 +390,9 @@ def _facts():
          (small["d_model"], small["n_heads"], small["d_ff"], small["n_layers"]) == (192, 4, 768, 2)),
         ("deviations.md", "3.61M parameters with 8,000 pieces",
          f"{Transformer(TransformerConfig.preset('small', vocab_size=8000)).num_parameters() / 1e6:.2f}M" == "3.61M"),
-        ("deviations.md", "(dropout 0.1, warmup 800, factor 1.0, 4096 tokens per update)",
-         (rnn_small.dropout, rnn_small.warmup, rnn_small.lr_factor, rnn_small.update_tokens) == (0.1, 800, 1.0, 4096)),
+        ("deviations.md", "(dropout 0.1, no weight decay, warmup 800, factor 1.0, 4096 tokens per update)",
+         (rnn_small.dropout, rnn_small.weight_decay, rnn_small.warmup, rnn_small.lr_factor, rnn_small.update_tokens)
+         == (0.1, 0, 800, 1.0, 4096)),
         ("deviations.md", "additive attention and its own length penalty, $\\alpha = 1.5$",
          (rnn_small.attention, rnn_small.decode_alpha) == ("additive", 1.5)),
         ("deviations.md", "off in every preset\n(`attention_dropout`, `relu_dropout`",
@@ -402,6 +403,12 @@ def _facts():
              for name in PRESETS)),
         ("deviations.md", "occurrence takes one of 16 segmentations", POOL == 16),
         ("data.md", "16 segmentations drawn once", POOL == 16),
+        ("deviations.md", "is 0 in base and big, as in the paper, and 0.1 in `small`",
+         TransformerConfig().weight_decay == 0 and all(not PRESETS[n].get("weight_decay") for n in ("base", "big"))
+         and small["weight_decay"] == 0.1),
+        ("deviations.md", "decoupled weight decay $\\lambda = 0.1$", small["weight_decay"] == 0.1),
+        ("derivations/adam.md", "0 in the paper's presets and 0.1 in `small`",
+         all(not PRESETS[n].get("weight_decay") for n in ("base", "big")) and small["weight_decay"] == 0.1),
         ("deviations.md", "(off, the paper's schedule) in every preset", all(not p.get("lr_fade") for p in PRESETS.values())
          and TransformerConfig().lr_fade == 0),
         ("deviations.md", "base and big\n25000, as in the paper", PRESETS["base"]["update_tokens"] == PRESETS["big"]["update_tokens"]
