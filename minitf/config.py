@@ -122,7 +122,8 @@ class TransformerConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.max_tokens is not None and int(self.max_tokens) <= 0:
             raise ConfigError(f"max_tokens must be a positive integer or None, got {self.max_tokens!r}")
-        for name in ("dropout", "attention_dropout", "relu_dropout", "bpe_dropout_source", "bpe_dropout_target"):
+        for name in ("dropout", "attention_dropout", "relu_dropout", "bpe_dropout_source", "bpe_dropout_target",
+                     "weight_decay", "label_smoothing"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.arch == "rnn" and (self.attention_dropout or self.relu_dropout):
@@ -130,10 +131,6 @@ class TransformerConfig:
                               "the recurrent baseline has only dropout")
         if not 0.0 <= self.lr_fade <= 1.0:
             raise ConfigError(f"lr_fade must be in [0, 1] (a fraction of the run), got {self.lr_fade}")
-        if not 0.0 <= self.weight_decay < 1.0:
-            raise ConfigError(f"weight_decay must be in [0, 1), got {self.weight_decay}")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.norm_position not in NORM_POSITIONS:
             raise ConfigError(f"norm_position must be one of {', '.join(NORM_POSITIONS)}, got {self.norm_position!r}")
         if self.arch == "rnn" and self.norm_position != "post":

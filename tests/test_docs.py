@@ -377,6 +377,8 @@ def _facts():
     adam = inspect.signature(Adam).parameters
     small = PRESETS["small"]
     rnn_small = TransformerConfig.preset("small", arch="rnn")
+    decay_only_in_small = (TransformerConfig().weight_decay == 0 and small["weight_decay"] == 0.1
+                           and all(not PRESETS[n].get("weight_decay") for n in ("base", "big")))
     return [
         ("derivations/layernorm.md", r"\epsilon = 10^{-5}", TransformerConfig().layer_norm_eps == 1e-5),
         ("deviations.md", r"$= 10^{-5}$", TransformerConfig().layer_norm_eps == 1e-5),
@@ -403,12 +405,9 @@ def _facts():
              for name in PRESETS)),
         ("deviations.md", "occurrence takes one of 16 segmentations", POOL == 16),
         ("data.md", "16 segmentations drawn once", POOL == 16),
-        ("deviations.md", "is 0 in base and big, as in the paper, and 0.1 in `small`",
-         TransformerConfig().weight_decay == 0 and all(not PRESETS[n].get("weight_decay") for n in ("base", "big"))
-         and small["weight_decay"] == 0.1),
+        ("deviations.md", "is 0 in base and big, as in the paper, and 0.1 in `small`", decay_only_in_small),
         ("deviations.md", "decoupled weight decay $\\lambda = 0.1$", small["weight_decay"] == 0.1),
-        ("derivations/adam.md", "0 in the paper's presets and 0.1 in `small`",
-         all(not PRESETS[n].get("weight_decay") for n in ("base", "big")) and small["weight_decay"] == 0.1),
+        ("derivations/adam.md", "0 in the paper's presets and 0.1 in `small`", decay_only_in_small),
         ("deviations.md", "(off, the paper's schedule) in every preset", all(not p.get("lr_fade") for p in PRESETS.values())
          and TransformerConfig().lr_fade == 0),
         ("deviations.md", "base and big\n25000, as in the paper", PRESETS["base"]["update_tokens"] == PRESETS["big"]["update_tokens"]
