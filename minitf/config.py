@@ -20,7 +20,7 @@ from .errors import ConfigError
 # how a model is trained and decoded, not what it computes: checkpoints that differ only in these hold
 # the same model (checkpoint averaging compares the other fields, `TransformerConfig.model_fields`)
 TRAINING_FIELDS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "bpe_dropout_source",
-                   "bpe_dropout_target", "output_layer", "warmup", "lr_factor", "lr_fade", "weight_decay", "max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps", "decode_alpha")
+                   "bpe_dropout_target", "bidirectional_epochs", "output_layer", "warmup", "lr_factor", "lr_fade", "weight_decay", "max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps", "decode_alpha")
 ARCHS = ("transformer", "rnn")                  # the classes: models.ARCHS
 ATTENTIONS = ("general", "dot", "additive")     # arch "rnn": layers.rnn_attention.RecurrentAttention.KINDS
 NORM_POSITIONS = ("post", "pre")                # the Transformer's LayerNorm: after the residual sum (3.1) or before the sublayer
@@ -68,6 +68,8 @@ class TransformerConfig:
     label_smoothing: float = 0.1     # eps_ls (5.4)
     bpe_dropout_source: float = 0.0  # BPE-dropout: training sentences segmented anew each epoch, each merge
     bpe_dropout_target: float = 0.0  # skipped with this probability (not in the paper; data/resegment.py)
+    bidirectional_epochs: int = 0    # the first epochs train on the pairs in both directions, source -> target and
+                                     # target -> source (Ding et al. 2021; not in the paper; data/bidirectional.py)
     pad_id: int = 0
     unk_id: int = 1
     bos_id: int = 2
@@ -126,6 +128,12 @@ class TransformerConfig:
                      "weight_decay", "label_smoothing"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if isinstance(self.bidirectional_epochs, bool) or int(self.bidirectional_epochs) != self.bidirectional_epochs \
+                or self.bidirectional_epochs < 0:
+            raise ConfigError(f"bidirectional_epochs must be a whole number of epochs >= 0, got {self.bidirectional_epochs!r}")
+        if self.bidirectional_epochs and (self.bpe_dropout_source or self.bpe_dropout_target):
+            raise ConfigError("bidirectional_epochs and BPE-dropout each choose an epoch's training pairs: use one or "
+                              "the other")
         if self.arch == "rnn" and (self.attention_dropout or self.relu_dropout):
             raise ConfigError("attention_dropout and relu_dropout are the Transformer's (arch 'transformer'); "
                               "the recurrent baseline has only dropout")

@@ -136,12 +136,13 @@ def on_grid(state, key, every_steps, every_minutes, wall_s):
 
 # flags that set a config field of the same name and change what training does: a resume must not differ in them
 RECIPE_FLAGS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "bpe_dropout_source",
-                "bpe_dropout_target", "warmup", "lr_factor", "lr_fade", "weight_decay")
+                "bpe_dropout_target", "bidirectional_epochs", "warmup", "lr_factor", "lr_fade", "weight_decay")
 
 
 def build_config(args, vocab_size, target_pieces=None, note=None):
-    """The preset's config with the flags over it; `target_pieces()`: the training data's target-side
-    pieces, called when the run's output layer (--output-vocab, or the preset's) is "target"; `note`
+    """The preset's config with the flags over it; `target_pieces(both_sides)`: the pieces the training
+    data's targets hold (both sides' with bidirectional training, whose targets are both languages),
+    called when the run's output layer (--output-vocab, or the preset's) is "target"; `note`
     (rank 0's log) is told when the preset's choice gives way to a flag."""
     flags = RECIPE_FLAGS + ("max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps")
     over = {k: getattr(args, k) for k in flags if getattr(args, k, None) is not None}
@@ -159,7 +160,7 @@ def build_config(args, vocab_size, target_pieces=None, note=None):
                  "the joint vocabulary (--output-vocab joint) instead of the preset's target side")
         layer = "joint"
     if layer == "target" and target_pieces is not None:
-        return dataclasses.replace(cfg, output_layer=layer, output_vocab=target_pieces())
+        return dataclasses.replace(cfg, output_layer=layer, output_vocab=target_pieces(bool(cfg.bidirectional_epochs)))
     return dataclasses.replace(cfg, output_layer=layer)
 
 
@@ -198,6 +199,12 @@ class Run:
     elapsed_mean: float = 0.0      # the ranks' mean seconds of training at the top of this update
     elapsed_lead: float = 0.0      # rank 0's, the same number on every rank (the validations' clock)
     window: dict = field(default_factory=dict)   # the losses since the last log record
+
+    def epochs(self):
+        """Epochs trained, with the fraction of the current one (an epoch of both directions, bidirectional
+        training's, has about twice the batches of one direction's)."""
+        epoch, batch = self.state["epoch"], self.state["batch"]
+        return round(epoch + batch / (self.epoch_len * (2 if epoch < self.cfg.bidirectional_epochs else 1)), 3)
 
     @property
     def lead(self):
@@ -402,7 +409,7 @@ def _config(args, data, resume, lead=True):
     with the flags over it; then the recipe's flags left unset (resolve_recipe)."""
     vocab_size = data.tokenizer.vocab_size
     if resume is None:
-        cfg = build_config(args, vocab_size, lambda: _target_pieces(data, vocab_size), note=log if lead else None)
+        cfg = build_config(args, vocab_size, lambda both: _target_pieces(data, vocab_size, both), note=log if lead else None)
     else:
         cfg = resume.config
         for flag, name in (("arch", "arch"), ("attention", "attention"), ("output_vocab", "output_layer"),
@@ -423,10 +430,13 @@ def _config(args, data, resume, lead=True):
     return cfg
 
 
-def _target_pieces(data, vocab_size):
-    """The pieces of the training data's target side, with EOS (every sentence's last target) and the
-    unknown piece (how a reference piece outside them is scored), as the config's output_vocab ranges."""
-    ids = set(data.train.target_pieces(vocab_size).tolist()) | {UNK_ID, EOS_ID}
+def _target_pieces(data, vocab_size, both_sides=False):
+    """The pieces of the training data's target side (and source side, `both_sides`), with EOS (every
+    sentence's last target) and the unknown piece (how a reference piece outside them is scored), as
+    the config's output_vocab ranges."""
+    ids = set(data.train.pieces(vocab_size).tolist()) | {UNK_ID, EOS_ID}
+    if both_sides:
+        ids |= set(data.train.pieces(vocab_size, side="source").tolist())
     return id_ranges(sorted(ids))
 
 
@@ -456,11 +466,13 @@ def _open_stream(run):
                           f"{max_tokens} (the preset's {run.cfg.update_tokens} tokens per update split over them): "
                           f"resume with the run's ranks and --update-freq, or start a new --out")
     run.state["batch_tokens"] = max_tokens
-    resegment = _bpe_dropout(run)
-    lengths = resegment.lengths if resegment else (lambda epoch: (pairs.src_lens, pairs.tgt_lens))
+    corpus = _bpe_dropout(run) or _both_directions(run)   # the pairs of each epoch, when they change
+    lengths = corpus.lengths if corpus else (lambda epoch: (pairs.src_lens, pairs.tgt_lens))
     first = token_batches(*lengths(run.state["epoch"]), max_tokens, args.seed, run.state["epoch"])
     release_freed_memory()   # the sort's temporaries: hundreds of MB for a 36M-pair corpus
     run.epoch_len = len(first)   # for the log's fractional epoch (other epochs differ by a few batches)
+    if run.state["epoch"] < run.cfg.bidirectional_epochs:
+        run.epoch_len = (len(first) + 1) // 2   # of an epoch of one direction (an epoch of both has twice the batches)
     if per_update > run.epoch_len:
         raise ConfigError(f"{world.size} ranks x --update-freq {args.update_freq} = {per_update} batches per update, "
                           f"but an epoch has only {run.epoch_len}: use fewer ranks, a smaller --update-freq or "
@@ -475,8 +487,21 @@ def _open_stream(run):
     if len(run.data.valid[0]):
         run.validation = Validation(run.data.valid, run.data.tokenizer, max_tokens, args.valid_bleu_sentences,
                                     args.decode_batch, world)
-    run.stream = UpdateStream(batches, resegment.epoch if resegment else (lambda epoch: pairs), run.data.tokenizer,
+    run.stream = UpdateStream(batches, corpus.epoch if corpus else (lambda epoch: pairs), run.data.tokenizer,
                               per_update, args.update_freq, world.rank)
+
+
+def _both_directions(run):
+    """Bidirectional training's pairs of each epoch (None when the config's bidirectional_epochs is 0)."""
+    epochs = run.cfg.bidirectional_epochs
+    if not epochs:
+        return None
+    from .data.bidirectional import Bidirectional
+    if run.lead:
+        log(f"bidirectional training: {'epoch 1' if epochs == 1 else f'epochs 1-{epochs}'} on the {len(run.data.train):,} pairs in both directions "
+            f"({run.args.src} -> {run.args.tgt} and {run.args.tgt} -> {run.args.src}, {2 * len(run.data.train):,} pairs "
+            f"an epoch), then {run.args.src} -> {run.args.tgt} alone")
+    return Bidirectional(run.data.train, epochs)
 
 
 def _bpe_dropout(run):
@@ -591,7 +616,7 @@ def after_step(run, loss_sum, nll_sum, tokens, lr):
     run.console.update(state["step"], run.elapsed())
     if state["step"] % args.log_every == 0:
         dt = time.time() - w["t0"]
-        rec = {"step": state["step"], "epoch": round(state["epoch"] + state["batch"] / run.epoch_len, 3),
+        rec = {"step": state["step"], "epoch": run.epochs(),
                "loss": round(w["loss"] / w["n"], 4), "nll": round(w["nll"] / w["n"], 4),
                "ppl": perplexity(w["nll"] / w["n"]), "lr": lr,
                "tokens_per_s": round(w["n"] / dt, 1), "wall_s": round(run.elapsed(), 1)}
@@ -684,7 +709,7 @@ def end(run, stop):
     if not saved or validated:
         run.save(on_grid=saved and state.get("on_grid", False))   # off the spacing unless it was saved on it
     log(f"training stopped ({stop}) at step {state['step']} after {state['train_wall_s']:.0f}s")
-    state["epochs"] = round(state["epoch"] + state["batch"] / run.epoch_len, 3)
+    state["epochs"] = run.epochs()
     try:
         with sigterm_raises():
             return finish(run)

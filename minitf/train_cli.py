@@ -91,6 +91,11 @@ def build_parser(prog=None):
                         "skipped with probability P (not in the paper; default from the preset: 0)")
     p.add_argument("--bpe-dropout-target", type=fraction(closed=False), metavar="P",
                    help="the same on the target side (default from the preset: 0)")
+    p.add_argument("--bidirectional-epochs", type=Number(int, 0, meaning=" (0 = one direction)"), metavar="EPOCHS",
+                   help="bidirectional training: the first EPOCHS epochs train on the pairs in both directions, source "
+                        "-> target and target -> source (twice the pairs an epoch), the rest on source -> target alone "
+                        "(Ding et al. 2021; not in the paper; --output-vocab target then scores both sides' pieces; "
+                        "default from the preset: 0)")
     p.add_argument("--output-vocab", choices=("joint", "target"),
                    help="the pieces the output layer scores: joint, all of the joint vocabulary (the paper's), or "
                         "target, only those on the target side of the training data (a smaller, faster output layer; "
@@ -153,6 +158,8 @@ def parse_args(argv=None, prog=None):
     if args.output_vocab == "target" and args.bpe_dropout_target:
         p.error("--output-vocab target scores the pieces of the target side's plain segmentation; "
                 "--bpe-dropout-target makes smaller ones: use one or the other")
+    if args.bidirectional_epochs and (args.bpe_dropout_source or args.bpe_dropout_target):
+        p.error("--bidirectional-epochs and BPE-dropout each choose an epoch's training pairs: use one or the other")
     if (args.bpe_dropout_source or args.bpe_dropout_target) and not args.tokenizer and not args.resume:
         subword = subword_model(args)
         if subword != "bpe":

@@ -157,7 +157,7 @@ def test_the_output_layer_comes_from_the_flag_or_else_the_preset(monkeypatch, tm
     from minitf.config import PRESETS
     from minitf.train import build_config
     from minitf.train_cli import parse_args
-    pieces = lambda: "1,3-9"                                               # noqa: E731
+    pieces = lambda both: "1,3-9"                                             # noqa: E731
     base = ["--dataset", "multi30k", "--data-dir", str(tmp_path), "--preset", "tiny", "--out", str(tmp_path / "o")]
     c = build_config(parse_args(base), V, pieces)
     assert (c.output_layer, c.output_vocab) == ("joint", None)

@@ -88,12 +88,13 @@ class TokenPairs:
     def __len__(self):
         return int(self.src_lens.size)
 
-    def target_pieces(self, vocab_size, chunk=1 << 24):
-        """The sorted distinct piece ids [K] of the target side (read in chunks: a memory-mapped side
-        is never loaded whole)."""
+    def pieces(self, vocab_size, side="target", chunk=1 << 24):
+        """The sorted distinct piece ids [K] of one side, "target" or "source" (read in chunks: a
+        memory-mapped side is never loaded whole)."""
+        tokens = self.tgt_tokens if side == "target" else self.src_tokens
         seen = np.zeros(vocab_size, dtype=bool)
-        for start in range(0, self.tgt_tokens.size, chunk):
-            seen[np.unique(np.asarray(self.tgt_tokens[start: start + chunk]))] = True
+        for start in range(0, tokens.size, chunk):
+            seen[np.unique(np.asarray(tokens[start: start + chunk]))] = True
         return np.flatnonzero(seen)
 
     def ids(self, i):
