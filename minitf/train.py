@@ -409,7 +409,8 @@ def _config(args, data, resume, lead=True):
     with the flags over it; then the recipe's flags left unset (resolve_recipe)."""
     vocab_size = data.tokenizer.vocab_size
     if resume is None:
-        cfg = build_config(args, vocab_size, lambda both: _target_pieces(data, vocab_size, both), note=log if lead else None)
+        cfg = build_config(args, vocab_size, lambda both: _target_pieces(data, vocab_size, both),
+                           note=log if lead else None)
     else:
         cfg = resume.config
         for flag, name in (("arch", "arch"), ("attention", "attention"), ("output_vocab", "output_layer"),
@@ -498,9 +499,9 @@ def _both_directions(run):
         return None
     from .data.bidirectional import Bidirectional
     if run.lead:
-        log(f"bidirectional training: {'epoch 1' if epochs == 1 else f'epochs 1-{epochs}'} on the {len(run.data.train):,} pairs in both directions "
-            f"({run.args.src} -> {run.args.tgt} and {run.args.tgt} -> {run.args.src}, {2 * len(run.data.train):,} pairs "
-            f"an epoch), then {run.args.src} -> {run.args.tgt} alone")
+        src, tgt, n = run.args.src, run.args.tgt, len(run.data.train)
+        log(f"bidirectional training: {'epoch 1' if epochs == 1 else f'epochs 1-{epochs}'} on the {n:,} pairs in both "
+            f"directions ({src} -> {tgt} and {tgt} -> {src}, {2 * n:,} pairs an epoch), then {src} -> {tgt} alone")
     return Bidirectional(run.data.train, epochs)
 
 
