@@ -72,7 +72,9 @@ def build_parser(prog=None):
                         "ranks x --update-freq batches of an update, so any number of ranks makes the same update")
     p.add_argument("--update-freq", type=positive(), default=1, help="batches accumulated per update on each rank")
     p.add_argument("--warmup", type=positive(), help="warmup steps (paper: 4000; default from the preset)")
-    p.add_argument("--lr-factor", type=positive(float), help="multiplies the paper's learning rate (default from the preset)")
+    p.add_argument("--lr-factor", type=positive(float),
+                   help="multiplies the paper's learning rate (default from the preset: small 1.4, the "
+                        "others and --arch rnn 1.0)")
     p.add_argument("--lr-fade", type=fraction(), metavar="FRACTION",
                    help="fade the learning rate linearly to 0 over this last fraction of the run (of --time-budget "
                         "or --max-steps, whichever ends it first); 0 = the paper's schedule (default from the preset)")
@@ -85,7 +87,9 @@ def build_parser(prog=None):
     p.add_argument("--relu-dropout", type=fraction(closed=False),
                    help="dropout on the feed-forward layer's hidden ReLU output (not in the paper; default from the "
                         "preset: 0)")
-    p.add_argument("--label-smoothing", type=fraction(closed=False), help="override eps_ls (paper: 0.1)")
+    p.add_argument("--label-smoothing", type=fraction(closed=False),
+                   help="override eps_ls (paper: 0.1; default from the preset: small 0.2, the others "
+                        "and --arch rnn 0.1)")
     p.add_argument("--bpe-dropout-source", type=fraction(closed=False), metavar="P",
                    help="BPE-dropout on the source side: each epoch segments the training sentences anew, each merge "
                         "skipped with probability P (not in the paper; default from the preset: 0)")
