@@ -218,8 +218,8 @@ PRESETS = {
     # weight decay 0.1: val BLEU 40.66 over three seeds against 39.86 at equal updates (deviations.md 17); label
     # smoothing 0.2 with a 40% higher rate: val BLEU 40.38 over three seeds against 40.00 at equal updates (ibid.)
     "small": dict(d_model=192, n_heads=4, d_ff=768, n_layers=2, dropout=0.2, weight_decay=0.1,
-                  label_smoothing=0.2, warmup=800, lr_factor=1.4, update_tokens=4096, save_every=80, output_layer="target",
-                  decode_alpha=2.0),   # chosen on Multi30k val over three runs: 0.6 left translations 7-10% short (benchmarks.md)
+                  label_smoothing=0.2, warmup=800, lr_factor=1.4, update_tokens=4096, save_every=80,
+                  output_layer="target", decode_alpha=2.0),   # chosen on Multi30k val over three runs: 0.6 left translations 7-10% short (benchmarks.md)
     # for tests and smoke runs only
     "tiny": dict(d_model=32, n_heads=2, d_ff=64, n_layers=1, dropout=0.1,
                  warmup=10, lr_factor=1.0, update_tokens=512, save_every=10),
