@@ -142,6 +142,14 @@ def test_help_texts_quote_the_presets_defaults():
     alpha = next(a for a in train_cli.build_parser()._actions if a.dest == "alpha")
     assert f"small {PRESETS['small']['decode_alpha']}," in alpha.help
     assert f"small with --arch rnn {RNN_PRESETS['small']['decode_alpha']})" in alpha.help
+    for dest in ("lr_factor", "label_smoothing"):   # "small 1.4, the others and --arch rnn 1.0"
+        action = next(a for a in train_cli.build_parser()._actions if a.dest == dest)
+        quoted = re.search(r"default from the preset: ([^)]*)\)", action.help).group(1)
+        values = {name: getattr(TransformerConfig.preset(name), dest) for name in PRESETS}
+        usual = values["base"]
+        assert quoted == "".join(f"{name} {value}, " for name, value in values.items() if value != usual) + \
+            f"the others and --arch rnn {usual}", (dest, quoted, values)
+        assert {getattr(TransformerConfig.preset(name, arch="rnn"), dest) for name in PRESETS} == {usual}, dest
 
 
 @pytest.mark.parametrize("argv, says", [
