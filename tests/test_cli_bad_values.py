@@ -120,12 +120,18 @@ def test_help_texts_quote_the_presets_defaults():
     from minitf.config import PRESETS, RNN_PRESETS, TransformerConfig
     fields = {"d_model": "d_model", "heads": "n_heads", "d_ff": "d_ff", "layers": "n_layers",
               "save_every": "save_every", "average_last": "average_last", "max_steps": "max_steps"}
-    checked = 0
-    for action in train_cli.build_parser()._actions:
+    actions = {a.dest: a for a in train_cli.build_parser()._actions}
+
+    def quoted_default(action):
         m = re.search(r"default from the preset: ([^)]*)\)", action.help or "")
+        return m and m.group(1)
+
+    checked = 0
+    for action in actions.values():
+        m = quoted_default(action)
         if not m or action.dest not in fields:
             continue
-        transformer, _, rnn = m.group(1).partition("with --arch rnn:")
+        transformer, _, rnn = m.partition("with --arch rnn:")
         for text, sizes in ((transformer, {}), (rnn, RNN_PRESETS)):
             for name, value in re.findall(r"\b(base|big|small|tiny) (\d+k?)\b", text):
                 quoted = int(value[:-1]) * 1000 if value.endswith("k") else int(value)
@@ -133,18 +139,16 @@ def test_help_texts_quote_the_presets_defaults():
                 assert quoted == preset[fields[action.dest]], (action.dest, name, value, "rnn" if sizes else "")
                 checked += 1
     assert checked >= 12
-    output = next(a for a in train_cli.build_parser()._actions if a.dest == "output_vocab")
-    quoted = re.search(r"default from the preset: ([^)]*)\)", output.help).group(1)
+    quoted = quoted_default(actions["output_vocab"])
     layers = {name: TransformerConfig.preset(name).output_layer for name in PRESETS}
     assert quoted == ", ".join(f"{name} {layer}" for name, layer in layers.items() if layer != "joint") + \
         ", the others joint; --arch rnn joint", (quoted, layers)
     assert {TransformerConfig.preset(name, arch="rnn").output_layer for name in PRESETS} == {"joint"}
-    alpha = next(a for a in train_cli.build_parser()._actions if a.dest == "alpha")
+    alpha = actions["alpha"]
     assert f"small {PRESETS['small']['decode_alpha']}," in alpha.help
     assert f"small with --arch rnn {RNN_PRESETS['small']['decode_alpha']})" in alpha.help
     for dest in ("lr_factor", "label_smoothing"):   # "small 1.4, the others and --arch rnn 1.0"
-        action = next(a for a in train_cli.build_parser()._actions if a.dest == dest)
-        quoted = re.search(r"default from the preset: ([^)]*)\)", action.help).group(1)
+        quoted = quoted_default(actions[dest])
         values = {name: getattr(TransformerConfig.preset(name), dest) for name in PRESETS}
         usual = values["base"]
         assert quoted == "".join(f"{name} {value}, " for name, value in values.items() if value != usual) + \
