@@ -68,7 +68,7 @@ def build_parser(prog=None):
     p.add_argument("--time-budget", type=positive(float), help="stop training after this many seconds")
     p.add_argument("--max-tokens", type=positive(),
                    help="tokens per batch and side on each rank, padding included (fairseq's meaning); default: the "
-                        "preset's tokens per update (base/big 25000 as in the paper, small 4096) split over the "
+                        "preset's tokens per update (base/big 25000 as in the paper, small 3072) split over the "
                         "ranks x --update-freq batches of an update, so any number of ranks makes the same update")
     p.add_argument("--update-freq", type=positive(), default=1, help="batches accumulated per update on each rank")
     p.add_argument("--warmup", type=positive(), help="warmup steps (paper: 4000; default from the preset)")

@@ -386,7 +386,7 @@ def _facts():
         ("deviations.md", r"$= -10^9$", NEG_INF == -1e9),
         ("derivations/adam.md", r"\beta_2 = 0.98", adam["betas"].default == (0.9, 0.98)),
         ("derivations/adam.md", r"\epsilon = 10^{-9}", adam["eps"].default == 1e-9),
-        ("deviations.md", "warmup 800, `lr_factor` 1.4", (small["warmup"], small["lr_factor"]) == (800, 1.4)),
+        ("deviations.md", "warmup 1067, `lr_factor` 1.4", (small["warmup"], small["lr_factor"]) == (1067, 1.4)),
         ("deviations.md", r"label smoothing $\epsilon_{ls} = 0.2$", small["label_smoothing"] == 0.2),
         ("deviations.md", r"$P_\text{drop} = 0.2$", small["dropout"] == 0.2),
         ("deviations.md", "$D = 192$, $H = 4$, $F = 768$, $N = 2$",
@@ -413,10 +413,10 @@ def _facts():
          and TransformerConfig().lr_fade == 0),
         ("deviations.md", "base and big\n25000, as in the paper", PRESETS["base"]["update_tokens"] == PRESETS["big"]["update_tokens"]
          == 25000 and TransformerConfig.preset("base").batch_tokens(8) == 3125),
-        ("deviations.md", "4096 tokens per update", small["update_tokens"] == 4096),
+        ("deviations.md", "3072 tokens per update", small["update_tokens"] == 3072),
         ("derivations/schedule.md", "6.99", f"{_peak('base')[0]:.2e}" == "6.99e-04"),
         ("derivations/schedule.md", "4.94", f"{_peak('big')[0]:.2e}" == "4.94e-04"),
-        ("derivations/schedule.md", "3.57", f"{_peak('small')[0]:.2e}" == "3.57e-03"),
+        ("derivations/schedule.md", "3.09", f"{_peak('small')[0]:.2e}" == "3.09e-03"),
         ("derivations/schedule.md", "peak", noam(3999, 512, 4000) < noam(4000, 512, 4000) > noam(4001, 512, 4000)),
     ]
 

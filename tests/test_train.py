@@ -443,7 +443,7 @@ def test_norm_pre_trains_a_pre_norm_model_that_a_resume_and_the_translation_keep
     assert r.returncode == 2 and "argument --norm: invalid choice: 'middle'" in r.stderr
 
 
-@pytest.mark.parametrize("preset,update", [("base", 25000), ("big", 25000), ("small", 4096), ("tiny", 512)])
+@pytest.mark.parametrize("preset,update", [("base", 25000), ("big", 25000), ("small", 3072), ("tiny", 512)])
 def test_a_presets_update_holds_the_same_tokens_on_any_number_of_ranks(preset, update):
     """Paper 5.1: ~25000 source and target tokens per update, on 8 GPUs (5.2). A preset states the
     update; ranks x --update-freq split it, and an explicit --max-tokens stays per batch per rank."""
