@@ -209,8 +209,8 @@ PRESETS = {
                 warmup=4000, lr_factor=1.0, update_tokens=25000, save_every_minutes=10.0, average_last=20,
                 max_steps=300_000),
     # recipe chosen on Multi30k val for 30 minutes on 2 CPU cores (docs/benchmarks.md, deviations.md 17):
-    # 4096-token updates at twice the rate of 2048 (the same schedule in tokens; 3072 since, below); 2+2 layers, a third more
-    # updates in the time than 3+3 (val BLEU 39.29 against 38.68 over three seeds, dropout 0.1); dropout 0.2
+    # 4096-token updates at twice the rate of 2048 (the same schedule in tokens; 3072 since, below); 2+2 layers,
+    # a third more updates in the time than 3+3 (val BLEU 39.29 against 38.68 over three seeds, dropout 0.1); dropout 0.2
     # for the ~16 epochs those updates make (val BLEU 39.65 over three seeds against 39.29); the output layer over
     # the target side's pieces: the same learning per update, 11-13% more updates in the time; D 192 and F 768
     # (from 256 and 1024): less learned per update, 1.7x the updates in the time (docs/deviations.md 17); on Multi30k
