@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import kernels
+from . import gemm, kernels
 from .backend import xp_of
 
 
@@ -46,7 +46,10 @@ def linear_backward(dy, x, w, dw, db):
     x2 = x.reshape(-1, x.shape[-1])
     dy2 = dy.reshape(-1, dy.shape[-1])
     # y = x @ w + b
-    dw += x2.T @ dy2
+    if gemm.enabled(dw) and x2.dtype == dy2.dtype == dw.dtype and all(a.flags.c_contiguous for a in (x2, dy2, dw)):
+        gemm.accumulate_xt_dy(dw, x2, dy2)      # one GEMM with beta = 1: the same sum, no temporary
+    else:
+        dw += x2.T @ dy2
     db += column_sum(dy2)
     return (dy2 @ w.T).reshape(x.shape)
 

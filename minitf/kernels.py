@@ -15,6 +15,9 @@ that reduces in shared memory and writes its outputs once.
   smoothed_nll_backward dlogits = (softmax - q) * w, q = (1 - eps) onehot + eps / V
   column_partial_sums   the bias and LayerNorm parameter gradients: sums over the rows of
   column_sums_finish    x [N, D] (or of x * y), in two passes of fixed order (deterministic)
+  unpack_heads          x [N, H*K] (+ bias) -> [B, H, L, K]: a projection's kept rows put back
+                        in the padded batch and split into heads, zeros at the pads, one pass
+  pack_heads            x [B, H, L, K] -> [N, H*K]: the heads merged and the kept rows taken
 
 Every kernel reads and writes the storage dtype T (float16, float32 or float64) and
 computes in A (float32, or float64 for float64 arrays), like functional.py's generic path,
@@ -262,6 +265,46 @@ extern "C" __global__ void column_partial_sums(const T* x, const A* y, int has_y
     }
 }
 
+// out[b, h, l, k] = x[r, h * K + k] + bias[h * K + k] with r = inv[b * L + l] (has_inv; else r = b * L + l),
+// 0 where r < 0 (a pad position): the rows of a projection x [N, H*K], unpacked to the padded batch,
+// split into heads and given their bias in one pass. One thread per element of out [B, H, L, K].
+extern "C" __global__ void unpack_heads(const T* x, const T* bias, int has_bias, const int* inv, int has_inv, T* out,
+                                        long long n, int H, int L, int K) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        int k = (int)(i % K);
+        long long j = i / K;
+        int l = (int)(j % L);
+        j /= L;
+        int h = (int)(j % H);
+        long long pos = (j / H) * L + l;
+        long long r = has_inv ? (long long)inv[pos] : pos;
+        A v = 0;
+        if (r >= 0) {
+            int c = h * K + k;
+            v = (A)x[r * ((long long)H * K) + c];
+            if (has_bias) v += (A)bias[c];
+        }
+        out[i] = (T)v;
+    }
+}
+
+// out[r, h * K + k] = x[b, h, l, k] with b * L + l = index[r] (has_index; else r): the inverse of
+// unpack_heads on the kept rows, heads merged. One thread per element of out [N, H*K].
+extern "C" __global__ void pack_heads(const T* x, const long long* index, int has_index, T* out, long long n, int H,
+                                      int L, int K) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        long long hk = (long long)H * K;
+        long long r = i / hk;
+        int c = (int)(i - r * hk);
+        int h = c / K, k = c - h * K;
+        long long pos = has_index ? index[r] : r;
+        long long b = pos / L, l = pos - (pos / L) * L;
+        out[i] = x[((b * H + h) * L + l) * K + k];
+    }
+}
+
 // Pass 2: out[c] = the sum of partial[slab * d + c] over the slabs, in slab order; a thread per column.
 extern "C" __global__ void column_sums_finish(const A* partial, A* out, int slabs, int d) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -284,6 +327,8 @@ SIGNATURES = {
     "dropout_add": ["long long*", "int", "unsigned long long", "T*", "T*", "T*", "T*", "long long", "int", "int", "A"],
     "column_partial_sums": ["T*", "A*", "int", "A*", "long long", "int", "long long"],
     "column_sums_finish": ["A*", "A*", "int", "int"],
+    "unpack_heads": ["T*", "T*", "int", "int*", "int", "T*", "long long", "int", "int", "int"],
+    "pack_heads": ["T*", "long long*", "int", "T*", "long long", "int", "int", "int"],
 }
 
 C_TYPES = {"float16": ("half_t", "float"), "float32": ("float", "float"), "float64": ("double", "double")}
@@ -478,4 +523,45 @@ def column_sums(x, y=None):
             (x, yy, np.int32(y is not None), partial, np.int64(n), np.int32(d), np.int64(rows_per_slab)))
     _launch("column_sums_finish", x.dtype, -(-d // COLUMN_BLOCK), COLUMN_BLOCK, (partial, out, np.int32(slabs),
                                                                                np.int32(d)))
+    return out
+
+
+ELEMENTWISE_BLOCK = 256      # threads a block for the one-thread-per-element kernels
+_PLACEHOLDERS = {}           # (array module, dtype) -> a 1-element array for an argument a kernel does not read
+
+
+def _placeholder(xp, dtype):
+    key = (id(xp), np.dtype(dtype).name)
+    if key not in _PLACEHOLDERS:
+        _PLACEHOLDERS[key] = (xp, xp.zeros(1, dtype=dtype))
+    return _PLACEHOLDERS[key][1]
+
+
+def unpack_heads(x, bias, inverse, b, length, h):
+    """x [N, H*K] (N = kept rows, or b * length) -> [b, h, length, K] with bias [H*K] added
+    (None: nothing added), zeros at the positions `inverse` [b * length] (int32, -1 at a pad;
+    None: every position kept, row r = position r) marks as dropped. One pass."""
+    xp = backend.xp_of(x)
+    x = xp.ascontiguousarray(x)
+    k = x.shape[-1] // h
+    out = xp.empty((b, h, length, k), dtype=x.dtype)
+    n = out.size
+    dummy_inv = inverse if inverse is not None else _placeholder(xp, np.int32)
+    _launch("unpack_heads", x.dtype, -(-n // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
+            (x, x if bias is None else bias, np.int32(bias is not None), dummy_inv, np.int32(inverse is not None), out,
+             np.int64(n), np.int32(h), np.int32(length), np.int32(k)))
+    return out
+
+
+def pack_heads(x, index):
+    """x [B, H, L, K] -> [N, H*K]: row r is position index[r] (int64 [N], positions b * L + l;
+    None: every position, N = B * L) with its heads side by side. One pass."""
+    xp = backend.xp_of(x)
+    bb, h, length, k = x.shape
+    rows = bb * length if index is None else index.shape[0]
+    out = xp.empty((rows, h * k), dtype=x.dtype)
+    n = out.size
+    idx = index if index is not None else _placeholder(xp, np.int64)
+    _launch("pack_heads", x.dtype, -(-n // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
+            (x, idx, np.int32(index is not None), out, np.int64(n), np.int32(h), np.int32(length), np.int32(k)))
     return out

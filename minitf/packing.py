@@ -30,6 +30,17 @@ class Rows:
         self.shape = keep.shape
         self.host_index = np.flatnonzero(keep.reshape(-1))      # [N] positions b * L + l
         self.index = to_device(self.host_index, xp)
+        self._inverse = None
+
+    @property
+    def inverse(self):
+        """int32 [B*L] on the device: position p's row in the packed layout, -1 where dropped
+        (what kernels.unpack_heads reads); built on the host once per batch."""
+        if self._inverse is None:
+            inv = np.full(int(np.prod(self.shape)), -1, dtype=np.int32)
+            inv[self.host_index] = np.arange(len(self.host_index), dtype=np.int32)
+            self._inverse = to_device(inv, xp_of(self.index))
+        return self._inverse
 
     def pack(self, x):
         """x [B, L, C] -> [N, C] (a copy)."""

@@ -194,7 +194,7 @@ class Emulator:
                 # kernels index arrays as C-contiguous, except broadcast views read through strides
                 assert isinstance(a, np.ndarray) and (a.flags.c_contiguous or 0 in a.strides), (name, c)
                 want = {"half_t*": np.float16, "float*": np.float32, "double*": np.float64,
-                        "long long*": np.int64}[c]
+                        "long long*": np.int64, "int*": np.int32}[c]
                 assert a.dtype == want, (name, c, a.dtype)   # the kernel would misread other dtypes
                 cargs.append(ctypes.c_void_p(a.ctypes.data))
             else:

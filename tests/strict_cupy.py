@@ -30,6 +30,13 @@ _scalar.pyx, _routines_indexing.pyx, cuda/function.pyx, _core/raw.pyx):
   tests/cuda_emulator.py after checking each argument as CuPy's launcher converts it (a
   Python int becomes int64, a float float64, NumPy scalars keep their dtype) against the
   kernel's C signature, parsed from the code (T and A from its typedefs).
+- cuda.cublas.gemmEx / gemmStridedBatchedEx (and cuda.device.get_cublas_handle()): computed
+  with NumPy from the raw pointers as cuBLAS reads them (column-major, leading dimensions,
+  batch strides, pointer offsets into live buffers, transpose flags, alpha and beta read from
+  host memory in the compute type's precision, C not read when beta is 0), refusing what
+  cuBLAS refuses or leaves undefined: a leading dimension below the row count, a pointer into
+  no buffer or misaligned, a read past the buffer's end, a declared type unlike the memory's,
+  type combinations the compute type does not take, C overlapping A or B.
 - cuda: runtime.getDeviceCount() (1, or STRICT_CUPY_DEVICES), getDeviceProperties,
   Device(i).use(), Device().id, get_current_stream(), and cuda.nccl: NCCL's all-reduce over
   MPI (mpi4py COMM_WORLD) on the arrays whose `.data.ptr` was taken.
@@ -160,6 +167,7 @@ if os.environ.get("STRICT_CUPY_REPORT"):
 _CUPY_DTYPES = {numpy.dtype(c) for c in "?bhilqBHILQefdFD"}   # _scalar.pyx _typenames_base
 _PTRS = weakref.WeakValueDictionary()   # data pointer -> the NumPy array behind it (cuda.nccl)
 _LIVE = weakref.WeakValueDictionary()   # id -> the NumPy buffer of a live device array (memory pool)
+_BUFFERS = weakref.WeakValueDictionary()  # start address -> the NumPy buffer owning it (`.data` was taken)
 
 
 def _new(a):
@@ -252,12 +260,17 @@ class _Flags:
 
 
 class _MemoryPointer:
-    """`array.data`: `.ptr` is the address of the array's first element."""
+    """`array.data`: `.ptr` is the address of the array's first element. The buffer that owns
+    the memory is remembered, so a raw pointer into it (cuBLAS's, with an offset) can be resolved."""
 
     def __init__(self, a):
         self.ptr = int(a.__array_interface__["data"][0])
         self.device_id = _CURRENT_DEVICE[0]
         _PTRS[self.ptr] = a
+        root = a
+        while isinstance(root.base, numpy.ndarray):
+            root = root.base
+        _BUFFERS[int(root.__array_interface__["data"][0])] = root
 
 
 def _binary(op, reflected=False):
@@ -1049,6 +1062,121 @@ _runtime.getDevice = lambda: _CURRENT_DEVICE[0]
 _runtime.getDeviceProperties = lambda device: {"name": b"strict_cupy (NumPy)", "totalGlobalMem": 1 << 34,
                                               "multiProcessorCount": 1, "major": 9, "minor": 0}
 
+# ---------------------------------------------------------------------------- cuBLAS
+# cupy_backends/cuda/libs/cublas.pyx: gemmEx and gemmStridedBatchedEx take raw pointers and
+# column-major sizes; cuBLAS's documented rules (cublas docs, "cublasGemmEx") are checked here.
+_cublas = types.ModuleType(__name__ + ".cuda.cublas")
+_cublas.CUBLAS_OP_N, _cublas.CUBLAS_OP_T = 0, 1
+_cublas.CUBLAS_COMPUTE_32F, _cublas.CUBLAS_COMPUTE_32F_FAST_TF32, _cublas.CUBLAS_COMPUTE_64F = 68, 77, 70
+_cublas.CUBLAS_GEMM_DEFAULT, _cublas.CUBLAS_GEMM_DEFAULT_TENSOR_OP = -1, 99
+_CUBLAS_HANDLE = 0x5ca1ab1e
+_CUDA_DTYPES = {0: numpy.float32, 1: numpy.float64, 2: numpy.float16}   # CUDA_R_32F, _64F, _16F (16BF: none in NumPy)
+# compute type -> (alpha/beta C type, the (A, B, C) storage types cuBLAS accepts with it)
+_COMPUTE = {68: ("f", {(2, 2, 2), (2, 2, 0), (0, 0, 0)}),       # CUBLAS_COMPUTE_32F
+            77: ("f", {(0, 0, 0)}),                             # CUBLAS_COMPUTE_32F_FAST_TF32
+            70: ("d", {(1, 1, 1)})}                             # CUBLAS_COMPUTE_64F
+CUBLAS_CALLS = []   # (function, m, n, k, batch, dtype name) of every GEMM, for tests
+
+
+def _cublas_operand(what, ptr, dtype, rows, cols, ld, stride, batch, writable=False):
+    """The column-major rows x cols matrices (batch of them, `stride` elements apart) at raw
+    pointer ptr, as a NumPy view [batch, rows, cols]; refuses a pointer into no live buffer, a
+    wrong or misaligned dtype, a leading dimension below the row count, and reads past the end."""
+    if ld < max(1, rows):
+        raise RuntimeError(f"CUBLAS_STATUS_INVALID_VALUE: {what}: leading dimension {ld} < max(1, rows {rows})")
+    if batch == 0 or rows == 0 or cols == 0:
+        return numpy.zeros((batch, rows, cols), dtype=dtype), (ptr, ptr)
+    root = next((b for start, b in list(_BUFFERS.items()) if start <= ptr < start + b.nbytes), None)
+    if root is None:
+        raise RuntimeError(f"cuBLAS {what}: {ptr:#x} points into no live device array whose .data was taken")
+    if root.dtype != dtype:
+        raise RuntimeError(f"cuBLAS {what}: declared {numpy.dtype(dtype).name}, but the memory holds {root.dtype}")
+    if not root.flags.c_contiguous:
+        raise RuntimeError(f"strict_cupy: {what}: the buffer is not C-contiguous")
+    start = int(root.__array_interface__["data"][0])
+    item = root.itemsize
+    if (ptr - start) % item:
+        raise RuntimeError(f"cuBLAS {what}: pointer {ptr:#x} is not aligned to its {item}-byte elements")
+    first = (ptr - start) // item
+    last = first + (batch - 1) * stride + (cols - 1) * ld + rows - 1
+    if last >= root.size or (batch > 1 and stride < 0):
+        raise RuntimeError(f"cuBLAS {what}: reads elements {first}..{last} of a buffer of {root.size} "
+                           f"(rows {rows}, cols {cols}, ld {ld}, stride {stride}, batch {batch}): out of bounds")
+    flat = root.reshape(-1)
+    view = numpy.lib.stride_tricks.as_strided(flat[first:], shape=(batch, cols, rows),
+                                              strides=(stride * item, ld * item, item), writeable=writable)
+    return view.transpose(0, 2, 1), (start + first * item, start + (last + 1) * item)
+
+
+def _cublas_scalar(ptr, ctype):
+    import ctypes
+    return (ctypes.c_float if ctype == "f" else ctypes.c_double).from_address(ptr).value
+
+
+def _cublas_gemm(fn, handle, transa, transb, m, n, k, alpha, A, Atype, lda, sA, B, Btype, ldb, sB, beta, C, Ctype,
+                 ldc, sC, batch, computeType, algo):
+    args = dict(handle=handle, transa=transa, transb=transb, m=m, n=n, k=k, alpha=alpha, A=A, Atype=Atype, lda=lda,
+                strideA=sA, B=B, Btype=Btype, ldb=ldb, strideB=sB, beta=beta, C=C, Ctype=Ctype, ldc=ldc, strideC=sC,
+                batchCount=batch, computeType=computeType, algo=algo)
+    for name, v in args.items():   # Cython's int / size_t / long long parameters
+        if not isinstance(v, (int, numpy.integer)) or isinstance(v, bool):
+            raise TypeError(f"cublas.{fn}: {name} must be an int, got {type(v).__name__}")
+        if name in ("m", "n", "k", "lda", "ldb", "ldc", "batchCount", "transa", "transb", "Atype", "Btype", "Ctype",
+                    "computeType", "algo") and not -2 ** 31 <= v < 2 ** 31:
+            raise OverflowError(f"cublas.{fn}: {name}={v} does not fit a C int")
+    if handle != _CUBLAS_HANDLE:
+        raise RuntimeError(f"CUBLAS_STATUS_NOT_INITIALIZED: cublas.{fn}: {handle:#x} is not a cuBLAS handle "
+                           f"(cupy.cuda.device.get_cublas_handle())")
+    if transa not in (0, 1) or transb not in (0, 1):
+        raise RuntimeError(f"CUBLAS_STATUS_INVALID_VALUE: cublas.{fn}: transa/transb {transa}/{transb} (OP_N 0, OP_T 1)")
+    if min(m, n, k, batch) < 0:
+        raise RuntimeError(f"CUBLAS_STATUS_INVALID_VALUE: cublas.{fn}: m, n, k, batchCount {m}, {n}, {k}, {batch}")
+    if algo not in (-1, 99):
+        raise RuntimeError(f"strict_cupy: cublas.{fn}: algo {algo} (CUBLAS_GEMM_DEFAULT -1 or _TENSOR_OP 99)")
+    if computeType not in _COMPUTE:
+        raise RuntimeError(f"CUBLAS_STATUS_INVALID_VALUE: cublas.{fn}: compute type {computeType} not emulated")
+    ctype, allowed = _COMPUTE[computeType]
+    if (Atype, Btype, Ctype) not in allowed:
+        raise RuntimeError(f"CUBLAS_STATUS_NOT_SUPPORTED: cublas.{fn}: types A {Atype}, B {Btype}, C {Ctype} with "
+                           f"compute type {computeType}")
+    a_rows, a_cols = (m, k) if transa == 0 else (k, m)
+    b_rows, b_cols = (k, n) if transb == 0 else (n, k)
+    a, ra = _cublas_operand("A", A, _CUDA_DTYPES[Atype], a_rows, a_cols, lda, sA, batch)
+    b, rb = _cublas_operand("B", B, _CUDA_DTYPES[Btype], b_rows, b_cols, ldb, sB, batch)
+    c, rc = _cublas_operand("C", C, _CUDA_DTYPES[Ctype], m, n, ldc, sC, batch, writable=True)
+    for r, what in ((ra, "A"), (rb, "B")):
+        if r[0] < rc[1] and rc[0] < r[1] and rc[0] != rc[1]:
+            raise RuntimeError(f"cuBLAS {fn}: C overlaps {what} (undefined in cuBLAS)")
+    if batch > 1 and sC < m + (n - 1) * ldc and n * m:
+        raise RuntimeError(f"cuBLAS {fn}: strideC {sC} makes the batch's C matrices overlap")
+    acc = numpy.float64 if ctype == "d" else numpy.float32
+    al, be = _cublas_scalar(alpha, ctype), _cublas_scalar(beta, ctype)
+    opa = a.astype(acc) if transa == 0 else a.astype(acc).transpose(0, 2, 1)
+    opb = b.astype(acc) if transb == 0 else b.astype(acc).transpose(0, 2, 1)
+    out = acc(al) * numpy.matmul(opa, opb)
+    if be != 0:   # beta == 0: C is not read (cuBLAS: "C need not be a valid input")
+        out += acc(be) * c.astype(acc)
+    c[...] = out
+    CUBLAS_CALLS.append((fn, m, n, k, batch, c.dtype.name))
+    LAUNCHES[f"cublas.{fn}"] = LAUNCHES.get(f"cublas.{fn}", 0) + 1
+
+
+def _gemmEx(handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc, computeType,
+            algo):
+    _cublas_gemm("gemmEx", handle, transa, transb, m, n, k, alpha, A, Atype, lda, 0, B, Btype, ldb, 0, beta, C, Ctype,
+                 ldc, 0, 1, computeType, algo)
+
+
+def _gemmStridedBatchedEx(handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb, strideB,
+                          beta, C, Ctype, ldc, strideC, batchCount, computeType, algo):
+    _cublas_gemm("gemmStridedBatchedEx", handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype,
+                 ldb, strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType, algo)
+
+
+_cublas.gemmEx, _cublas.gemmStridedBatchedEx = _gemmEx, _gemmStridedBatchedEx
+_device_module = types.ModuleType(__name__ + ".cuda.device")
+_device_module.get_cublas_handle = lambda: _CUBLAS_HANDLE
+
 _nccl = types.ModuleType(__name__ + ".cuda.nccl")
 _nccl.available = True
 for _i, _n in enumerate(("NCCL_SUM", "NCCL_PROD", "NCCL_MAX", "NCCL_MIN", "NCCL_AVG")):
@@ -1110,6 +1238,7 @@ _nccl.NcclCommunicator = _NcclCommunicator
 
 cuda = types.ModuleType(__name__ + ".cuda")
 cuda.runtime, cuda.nccl, cuda.Device, cuda.Stream = _runtime, _nccl, _Device, _Stream
+cuda.cublas, cuda.device, cuda.get_cublas_handle = _cublas, _device_module, _device_module.get_cublas_handle
 cuda.MemoryPointer = _MemoryPointer
 cuda.get_current_stream = lambda: _Stream()
 cuda.is_available = lambda: _device_count() > 0

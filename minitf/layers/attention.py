@@ -5,11 +5,19 @@ Used three ways (3.2.3): encoder self-attention, masked decoder self-attention a
 encoder-decoder attention. `backward` returns (dx_q, dx_kv) so the encoder output receives
 the gradient of every decoder layer's cross-attention. `dropout` > 0: attention dropout on
 the softmax weights while training (not in the paper; docs/deviations.md).
+
+On a GPU (gemm.enabled) training takes `_forward_gpu`/`_backward_gpu`: the same maths with
+each step one kernel. The projections' rows go straight into the head-major [B, H, L, K]
+layout with their bias (kernels.unpack_heads: unpack, split heads and bias add in one pass),
+the four batched products are single cuBLAS calls over the B*H heads with the transposes as
+flags and 1/sqrt(d_k) as alpha (gemm.matmul), and the context comes back to packed rows with
+its heads merged in one pass (kernels.pack_heads). docs/performance.md measures it.
 """
 import math
 from typing import NamedTuple
 
 from .. import functional as F
+from .. import gemm, kernels
 from ..packing import pack, unpack
 from .base import Layer
 from .dropout import Dropout
@@ -48,6 +56,8 @@ class MultiHeadAttention(Layer):
         (functional.DropoutStream): the attention-dropout mask, drawn on [B, H, T, S] in
         either layout, when training with dropout > 0.
         """
+        if gemm.enabled(x_q):
+            return self._forward_gpu(x_q, x_kv, bias, rows_q, rows_kv, stream)
         h = self.n_heads
         q = F.split_heads(unpack(rows_q, self.q.forward(x_q)), h)
         k = F.split_heads(unpack(rows_kv, self.k.forward(x_kv)), h)
@@ -58,6 +68,8 @@ class MultiHeadAttention(Layer):
         return self.out.forward(pack(rows_q, F.merge_heads(ctx)))
 
     def backward(self, dy):
+        if gemm.enabled(dy):
+            return self._backward_gpu(dy)
         q, k, v, p, mask, rows_q, rows_kv = self.cache
         self.cache = None
         h = self.n_heads
@@ -69,6 +81,55 @@ class MultiHeadAttention(Layer):
         dx_q = self.q.backward(pack(rows_q, F.merge_heads(dq)))
         dx_kv = self.k.backward(pack(rows_kv, F.merge_heads(dk)))
         dx_kv += self.v.backward(pack(rows_kv, F.merge_heads(dv)))
+        return dx_q, dx_kv
+
+    # -- the GPU training path: the forward and backward above, one kernel a step --
+    def _heads(self, linear, x, rows):
+        """x [N, D] packed (rows) or [B, L, D] -> the projection's heads [B, H, L, K], bias added."""
+        b, length = rows.shape if rows is not None else x.shape[:2]
+        return kernels.unpack_heads(linear.project(x), linear.params["bias"], None if rows is None else rows.inverse,
+                                    b, length, self.n_heads)
+
+    def _merged(self, x, rows, like):
+        """x [B, H, L, K] -> packed rows [N, H*K] (rows), or [B, L, H*K] shaped like `like`."""
+        out = kernels.pack_heads(x, None if rows is None else rows.index)
+        return out if rows is not None else out.reshape(like.shape[:-1] + out.shape[-1:])
+
+    def _forward_gpu(self, x_q, x_kv, bias, rows_q, rows_kv, stream):
+        q, k, v = self._heads(self.q, x_q, rows_q), self._heads(self.k, x_kv, rows_kv), self._heads(self.v, x_kv, rows_kv)
+        xp = F.xp_of(q)
+        b, h, t, s = q.shape[:3] + k.shape[2:3]
+        mask = self.drop.draw(stream, (b, h, t, s), q.dtype, xp)
+        # scores = (q * scale) @ k^T, then p = softmax(scores + bias) in place
+        p = gemm.matmul(q, k, xp.empty((b, h, t, s), dtype=q.dtype), trans_b=True, alpha=self.scale, batch=b * h)
+        kernels.masked_softmax(p, bias, out=p)
+        # ctx = p @ v, or (p * mask) @ v
+        ctx = gemm.matmul(p if mask is None else p * mask, v, xp.empty_like(q), batch=b * h)
+        self.cache = AttentionCache(q, k, v, p, mask, rows_q, rows_kv)
+        return self.out.forward(self._merged(ctx, rows_q, x_q))
+
+    def _backward_gpu(self, dy):
+        q, k, v, p, mask, rows_q, rows_kv = self.cache
+        self.cache = None
+        xp = F.xp_of(q)
+        b, h, t, s = p.shape
+        # y = out(pack_heads(ctx))
+        dctx = kernels.unpack_heads(self.out.backward(dy), None, None if rows_q is None else rows_q.inverse, b, t, h)
+        # ctx = pm @ v with pm = p (or p * mask)
+        pm = p if mask is None else p * mask
+        dv = gemm.matmul(pm, dctx, xp.empty_like(v), trans_a=True, batch=b * h)
+        dp = gemm.matmul(dctx, v, xp.empty_like(p), trans_b=True, batch=b * h)
+        if mask is not None:
+            dp *= mask
+        # p = softmax(scores + bias)
+        ds = kernels.softmax_backward(dp, p, out=dp)
+        # scores = (q * scale) @ k^T
+        dq = gemm.matmul(ds, k, xp.empty_like(q), alpha=self.scale, batch=b * h)
+        dk = gemm.matmul(ds, q, xp.empty_like(k), trans_a=True, alpha=self.scale, batch=b * h)
+        # q, k, v = unpack_heads(q(x_q)), unpack_heads(k(x_kv)), unpack_heads(v(x_kv))
+        dx_q = self.q.backward(self._merged(dq, rows_q, dq[:, 0]))
+        dx_kv = self.k.backward(self._merged(dk, rows_kv, dk[:, 0]))
+        dx_kv += self.v.backward(self._merged(dv, rows_kv, dv[:, 0]))
         return dx_q, dx_kv
 
     # -- inference (blocks.decoder_layer_step): keys/values computed once and reused, no caches kept --

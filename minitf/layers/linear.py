@@ -17,6 +17,13 @@ class Linear(Layer):
         self.cache = x
         return F.linear_forward(x, self.params["weight"], self.params["bias"])
 
+    def project(self, x):
+        """The forward without the bias add, x [..., in] -> x @ weight [..., out]: for a caller
+        that adds the bias in its next pass over the rows (attention's kernels.unpack_heads).
+        Backward is `backward`, as for `forward` (db is the sum of dy either way)."""
+        self.cache = x
+        return x.reshape(-1, x.shape[-1]) @ self.params["weight"]
+
     def apply(self, x):
         """Inference: the forward without keeping a cache (decoding)."""
         return F.linear_forward(x, self.params["weight"], self.params["bias"])

@@ -1,0 +1,120 @@
+"""Matrix products on the GPU as single cuBLAS calls, addressed in place.
+
+CuPy's `a @ b` on 4-d arrays copies every non-contiguous operand to contiguous memory, and for
+float16 converts both operands to float32 and back around a float32 batched GEMM (CuPy 14,
+`cupy/_core/_routines_linalg.pyx`). `matmul` below calls cuBLAS directly instead:
+
+    c[i] = alpha * op(a[i]) @ op(b[i]) + beta * c[i]      for i < batch
+
+on row-major matrices described by where they lie (`Mat`: array, first element, rows,
+columns, leading dimension, batch stride), with op = transpose or not as a cuBLAS flag, so
+a transpose costs nothing, a scale goes into alpha, and beta = 1 accumulates into a gradient
+buffer without a separate add. float16 and bfloat16 run on tensor cores with float32
+accumulation (CUBLAS_COMPUTE_32F); float32 uses TF32 tensor cores when CUPY_TF32 is set (as
+CuPy's own matmul does), else full float32; float64 stays float64.
+
+cuBLAS is column-major: a row-major R x C matrix with leading dimension ld is the
+column-major C x R matrix with the same ld. So the row-major C = op(A) op(B) is asked of
+cuBLAS as the column-major C^T = op(B)^T op(A)^T: the operands swap places, each keeps its
+own transpose flag, m is C's column count and n its row count.
+
+`enabled(x)`: CuPy arrays on the fused path (kernels.enabled) unless the environment sets
+MINITF_CUBLAS=0 (then CuPy's matmul runs, as before, for comparisons). tests/strict_cupy.py
+models these cuBLAS calls on NumPy (column-major semantics, leading dimensions, strides,
+pointer offsets, alpha and beta, transpose flags, compute type) and refuses misuse.
+"""
+import os
+from typing import NamedTuple
+
+import numpy as np
+
+from . import backend, kernels
+
+# cuBLAS's and CUDA's enumerations (cublas_api.h, library_types.h)
+OP_N, OP_T = 0, 1
+CUDA_TYPE = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}
+COMPUTE_32F, COMPUTE_32F_FAST_TF32, COMPUTE_64F = 68, 77, 70
+GEMM_DEFAULT = -1
+
+
+class Mat(NamedTuple):
+    """A batch of row-major matrices inside `array`: matrix i's element (r, c) is element
+    offset + i * stride + r * ld + c of the array's memory (in elements)."""
+    array: object
+    rows: int
+    cols: int
+    ld: int
+    stride: int = 0
+    offset: int = 0
+
+
+def mat(a):
+    """The matrices of a C-contiguous [..., R, C] array (batch = the product of the leading axes)."""
+    if not a.flags.c_contiguous:
+        raise ValueError(f"gemm.mat needs a C-contiguous array (got strides {a.strides} for shape {a.shape})")
+    r, c = a.shape[-2:]
+    return Mat(a, r, c, c, r * c, 0)
+
+
+def enabled(x):
+    """Whether products on x go through `matmul` (CuPy arrays on the fused path)."""
+    return backend.is_gpu(backend.xp_of(x)) and os.environ.get("MINITF_CUBLAS", "1") != "0" and kernels.enabled(x)
+
+
+def _dtype_name(a):
+    name = a.dtype.name
+    if name not in CUDA_TYPE:
+        raise TypeError(f"gemm: no cuBLAS type for {name}")
+    return name
+
+
+def compute_type(dtype_name):
+    """The cuBLAS compute type and the dtype of alpha/beta for a storage dtype."""
+    if dtype_name == "float64":
+        return COMPUTE_64F, np.float64
+    if dtype_name == "float32" and int(os.environ.get("CUPY_TF32", "0") or 0) > 0:
+        return COMPUTE_32F_FAST_TF32, np.float32
+    return COMPUTE_32F, np.float32
+
+
+def _shape(m, trans):
+    return (m.cols, m.rows) if trans else (m.rows, m.cols)
+
+
+def _ptr(m):
+    return m.array.data.ptr + m.offset * m.array.itemsize
+
+
+def matmul(a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, batch=1):
+    """c[i] = alpha * op(a[i]) @ op(b[i]) + beta * c[i] for i < batch: ONE cuBLAS call.
+    a, b, c: Mat (or C-contiguous arrays, taken whole by `mat`) of one dtype; c is written in
+    place (with beta = 0 its old contents are never read) and returned."""
+    a, b, c = (x if isinstance(x, Mat) else mat(x) for x in (a, b, c))
+    rows, inner = _shape(a, trans_a)
+    inner_b, cols = _shape(b, trans_b)
+    if inner != inner_b or (c.rows, c.cols) != (rows, cols):
+        raise ValueError(f"gemm.matmul: op(a) {rows}x{inner} @ op(b) {inner_b}x{cols} -> c {c.rows}x{c.cols}")
+    name = _dtype_name(c.array)
+    if _dtype_name(a.array) != name or _dtype_name(b.array) != name:
+        raise TypeError(f"gemm.matmul: one dtype for a, b, c (got {a.array.dtype}, {b.array.dtype}, {c.array.dtype})")
+    ctype, scalar = compute_type(name)
+    dtype = CUDA_TYPE[name]
+    cupy = backend.cupy
+    cublas, handle = cupy.cuda.cublas, cupy.cuda.device.get_cublas_handle()
+    one, zero = np.array(alpha, dtype=scalar), np.array(beta, dtype=scalar)   # host scalars (pointer mode host)
+    # row-major C = op(A) op(B)  <=>  column-major C^T = op(B)^T op(A)^T: B first, A second
+    head = (handle, OP_T if trans_b else OP_N, OP_T if trans_a else OP_N, cols, rows, inner, one.ctypes.data)
+    if batch == 1:
+        cublas.gemmEx(*head, _ptr(b), dtype, b.ld, _ptr(a), dtype, a.ld, zero.ctypes.data, _ptr(c), dtype, c.ld,
+                      ctype, GEMM_DEFAULT)
+    else:
+        cublas.gemmStridedBatchedEx(*head, _ptr(b), dtype, b.ld, b.stride, _ptr(a), dtype, a.ld, a.stride,
+                                    zero.ctypes.data, _ptr(c), dtype, c.ld, c.stride, batch, ctype, GEMM_DEFAULT)
+    return c.array
+
+
+def accumulate_xt_dy(dw, x2, dy2):
+    """dw += x2^T @ dy2 (a Linear's weight gradient) as one GEMM with beta = 1: no product
+    array, no separate add. dw [I, O], x2 [N, I], dy2 [N, O], all C-contiguous, one dtype."""
+    matmul(x2, dy2, dw, trans_a=True, beta=1.0)
+    return dw
