@@ -1,0 +1,215 @@
+#!/usr/bin/env python
+"""One GPU code path against another in the same process: same weights, same batch, same card.
+
+    python bench/gpu_ab.py                         # base, float32 (TF32) and --fp16: MINITF_CUBLAS=1 vs 0
+    python bench/gpu_ab.py --presets base,big --out runs/ab
+    python bench/gpu_ab.py --smoke                 # tiny sizes (checks this script, e.g. under the CuPy stand-in)
+
+The variants differ only in environment variables that minitf reads on every call
+(`--variant name=VAR=value[,VAR=value]`; default: `cublas=MINITF_CUBLAS=1` against
+`cupy=MINITF_CUBLAS=0`, the attention products and weight gradients through gemm.matmul
+against CuPy's matmul), so one process runs them all, alternating, with PyTorch eager beside
+them (bench/train_step.py's TorchRunner, same weights) when torch with CUDA is there. For each
+preset and mode it prints and writes (--out):
+
+  same     the loss and every gradient of one step of each variant against the first, on the
+           same weights and batch: ||g - g0|| / ||g0|| over the flat gradient buffer
+  time     the step (forward, backward, Adam) in ms: median of --rounds alternating rounds,
+           target tokens/s, and the ratio to the first variant and to PyTorch
+  kernels  under the PyTorch profiler (CUPTI records CuPy's kernels too): kernels per step,
+           GPU-busy ms per step, and the --top kernels by time (bench/gpu_kernels.py)
+
+The batch is bench/gpu_report.py's: ~25,000 padded target tokens of WMT14-shaped lengths.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("CUPY_TF32", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+import minitf  # noqa: E402
+from minitf import backend  # noqa: E402
+from bench.gpu_report import wmt_batch  # noqa: E402
+from bench.train_step import MinitfRunner, timed_round, torch_runner_like  # noqa: E402
+
+
+def log(msg):
+    print(f"[gpu_ab {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def parse_variant(text):
+    """'name=VAR=value,VAR2=value' -> (name, {VAR: value, ...})."""
+    name, _, rest = text.partition("=")
+    env = {}
+    for part in filter(None, rest.split(",")):
+        var, eq, value = part.partition("=")
+        if not eq or not var:
+            raise SystemExit(f"gpu_ab: --variant {text!r}: expected name=VAR=value[,VAR=value]")
+        env[var] = value
+    if not name:
+        raise SystemExit(f"gpu_ab: --variant {text!r}: the variant needs a name")
+    return name, env
+
+
+class Env:
+    """Sets a variant's environment variables for the block, restores them after."""
+
+    def __init__(self, env):
+        self.env, self.saved = env, {}
+
+    def __enter__(self):
+        self.saved = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def one_step_grads(runner):
+    """Loss and flat gradients of one forward/backward (no update) on the runner's batch."""
+    m = runner.model
+    m.zero_grad()
+    loss = float(m.forward_loss(*runner.batch))
+    m.backward(loss_weight=runner.scale)
+    return loss, backend.to_numpy(m.flat_grads).astype(np.float64) / runner.scale
+
+
+def compare(cfg, batch, fp16, variants):
+    out, ref = {}, None
+    for name, env in variants:
+        with Env(env):
+            runner = MinitfRunner(cfg, "gpu", batch, 1e-4, fp16, name=name)
+            loss, g = one_step_grads(runner)
+        if ref is None:
+            ref = (loss, g)
+        out[name] = {"loss": loss, "loss_rel_diff": abs(loss - ref[0]) / abs(ref[0]),
+                     "grad_rel_diff": float(np.linalg.norm(g - ref[1]) / np.linalg.norm(ref[1])),
+                     "finite": bool(np.isfinite(g).all())}
+        del runner
+    return out
+
+
+def timing(cfg, batch, fp16, variants, args, torch):
+    runners = []
+    for name, env in variants:
+        with Env(env):
+            runners.append((env, MinitfRunner(cfg, "gpu", batch, 1e-4, fp16, name=name)))
+    if torch is not None:
+        runners.append(({}, torch_runner_like(runners[0][1], "gpu", batch, 1e-4, fp16)))
+    for env, r in runners:
+        with Env(env):
+            for _ in range(args.warmup):
+                timed_round(r, 1)
+    times = {r.name: [] for _, r in runners}
+    for _ in range(args.rounds):
+        for env, r in runners:
+            with Env(env):
+                times[r.name].append(timed_round(r, 1)[0])
+    tokens = int((batch[2] != cfg.pad_id).sum())
+    res = {}
+    first = runners[0][1].name
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        res[name] = {"step_ms": round(med * 1e3, 2), "min_ms": round(min(ts) * 1e3, 2),
+                     "max_ms": round(max(ts) * 1e3, 2), "tgt_tokens_per_s": round(tokens / med)}
+    for name in res:
+        res[name]["speed_vs_" + first] = round(res[first]["step_ms"] / res[name]["step_ms"], 3)
+        if "torch" in res:
+            res[name]["speed_vs_torch"] = round(res["torch"]["step_ms"] / res[name]["step_ms"], 3)
+    kernels = {}
+    if torch is not None and args.kernel_steps:
+        from bench.gpu_kernels import profile, top_kernels
+        for env, r in runners:
+            with Env(env):
+                p = profile(r, args.kernel_steps, torch)
+            kernels[r.name] = {"wall_ms": round(p["wall_ms"], 2), "busy_ms": round(p["busy_ms"], 2),
+                               "kernels": round(p["kernels"]),
+                               "top": [[k[:80], round(ms, 3), round(share, 4), round(calls, 1)]
+                                       for k, ms, share, calls in top_kernels(p, args.kernel_steps, args.top)]}
+    for _, r in runners:
+        del r
+    backend.cupy.get_default_memory_pool().free_all_blocks()
+    return res, kernels
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variant", action="append", help="name=VAR=value[,VAR=value] (repeat; the first is the baseline "
+                   "of the ratios)")
+    p.add_argument("--presets", default="base")
+    p.add_argument("--modes", default="float32,fp16")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--kernel-steps", type=int, default=2)
+    p.add_argument("--top", type=int, default=15)
+    p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--out")
+    args = p.parse_args(argv)
+    variants = [parse_variant(v) for v in (args.variant or ["cublas=MINITF_CUBLAS=1", "cupy=MINITF_CUBLAS=0"])]
+    ok, why = backend.gpu_available()
+    if not ok:
+        sys.exit(f"gpu_ab: no GPU: {why}")
+    torch = None
+    if not args.no_torch:
+        try:
+            import torch as _torch
+            torch = _torch if _torch.cuda.is_available() else None
+        except ImportError:
+            torch = None
+    presets = ["tiny"] if args.smoke else args.presets.split(",")
+    vocab, tokens = (64, 256) if args.smoke else (37000, 25000)
+    if args.smoke:
+        args.rounds, args.warmup, args.kernel_steps = 2, 1, 0
+    report = {"variants": dict(variants), "cupy": getattr(backend.cupy, "__version__", "?"),
+              "torch": getattr(torch, "__version__", None), "results": {}}
+    try:
+        props = backend.cupy.cuda.runtime.getDeviceProperties(0)
+        report["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    except Exception as e:
+        report["gpu"] = f"unknown ({type(e).__name__})"
+    log(f"{report['gpu']}: {', '.join(n for n, _ in variants)}")
+    for preset in presets:
+        cfg = minitf.TransformerConfig.preset(preset, vocab_size=vocab)
+        batch = wmt_batch(cfg, tokens)
+        for mode in args.modes.split(","):
+            fp16 = mode == "fp16"
+            key = f"{preset} {mode}"
+            log(f"{key}: same ...")
+            entry = {"same": compare(cfg, batch, fp16, variants)}
+            log(f"{key}: time ...")
+            entry["time"], entry["kernels"] = timing(cfg, batch, fp16, variants, args, torch)
+            report["results"][key] = entry
+            print(f"## {key} ({len(batch[0])} sentences, {int((batch[2] != cfg.pad_id).sum())} target tokens)")
+            for name, t in entry["time"].items():
+                s = entry["same"].get(name, {})
+                k = entry["kernels"].get(name, {})
+                print(f"  {name:8s} {t['step_ms']:9.2f} ms ({t['min_ms']:.2f}-{t['max_ms']:.2f})  "
+                      f"{t['tgt_tokens_per_s']:>9,} tok/s  x{t.get('speed_vs_' + variants[0][0], 1):.3f}"
+                      + (f"  vs torch x{t['speed_vs_torch']:.3f}" if "speed_vs_torch" in t else "")
+                      + (f"  grad diff {s['grad_rel_diff']:.2e}" if s else "")
+                      + (f"  kernels {k['kernels']} busy {k['busy_ms']} ms" if k else ""), flush=True)
+            if args.out:
+                os.makedirs(args.out, exist_ok=True)
+                Path(args.out, "ab.json").write_text(json.dumps(report, indent=1, default=str))
+    for key, entry in report["results"].items():
+        for name, k in entry["kernels"].items():
+            print(f"### {key} {name}: top kernels (ms/step, share of busy, calls/step)")
+            for row in k["top"]:
+                print(f"    {row[1]:8.3f} {row[2]:6.1%} {row[3]:6.1f}  {row[0]}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
