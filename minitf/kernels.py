@@ -18,6 +18,9 @@ that reduces in shared memory and writes its outputs once.
   unpack_heads          x [N, H*K] (+ bias) -> [B, H, L, K]: a projection's kept rows put back
                         in the padded batch and split into heads, zeros at the pads, one pass
   pack_heads            x [B, H, L, K] -> [N, H*K]: the heads merged and the kept rows taken
+  bias_relu             x = max(x + b, 0) in place (the feed-forward's first layer and its ReLU)
+  relu_backward         dy = dy * (y > 0) in place
+  adam_update           one Adam(W) update over the flat buffers (+ the float16 copy of the weights)
 
 Every kernel reads and writes the storage dtype T (float16, float32 or float64) and
 computes in A (float32, or float64 for float64 arrays), like functional.py's generic path,
@@ -267,41 +270,71 @@ extern "C" __global__ void column_partial_sums(const T* x, const A* y, int has_y
 
 // out[b, h, l, k] = x[r, h * K + k] + bias[h * K + k] with r = inv[b * L + l] (has_inv; else r = b * L + l),
 // 0 where r < 0 (a pad position): the rows of a projection x [N, H*K], unpacked to the padded batch,
-// split into heads and given their bias in one pass. One thread per element of out [B, H, L, K].
+// split into heads and given their bias in one pass. One block per position b * L + l: its threads read
+// the row's H*K values in order and write H runs of K neighbouring values.
 extern "C" __global__ void unpack_heads(const T* x, const T* bias, int has_bias, const int* inv, int has_inv, T* out,
-                                        long long n, int H, int L, int K) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        int k = (int)(i % K);
-        long long j = i / K;
-        int l = (int)(j % L);
-        j /= L;
-        int h = (int)(j % H);
-        long long pos = (j / H) * L + l;
-        long long r = has_inv ? (long long)inv[pos] : pos;
+                                        int H, int L, int K) {
+    int pos = blockIdx.x, hk = H * K;
+    int b = pos / L, l = pos - b * L;
+    int r = has_inv ? inv[pos] : pos;
+    for (int c = threadIdx.x; c < hk; c += blockDim.x) {
+        int h = c / K, k = c - h * K;
         A v = 0;
         if (r >= 0) {
-            int c = h * K + k;
-            v = (A)x[r * ((long long)H * K) + c];
+            v = (A)x[(long long)r * hk + c];
             if (has_bias) v += (A)bias[c];
         }
-        out[i] = (T)v;
+        out[(((long long)b * H + h) * L + l) * K + k] = (T)v;
     }
 }
 
 // out[r, h * K + k] = x[b, h, l, k] with b * L + l = index[r] (has_index; else r): the inverse of
-// unpack_heads on the kept rows, heads merged. One thread per element of out [N, H*K].
-extern "C" __global__ void pack_heads(const T* x, const long long* index, int has_index, T* out, long long n, int H,
-                                      int L, int K) {
+// unpack_heads on the kept rows, heads merged. One block per row r of out [N, H*K].
+extern "C" __global__ void pack_heads(const T* x, const long long* index, int has_index, T* out, int H, int L, int K) {
+    int r = blockIdx.x, hk = H * K;
+    long long pos = has_index ? index[r] : r;
+    long long b = pos / L, l = pos - b * L;
+    for (int c = threadIdx.x; c < hk; c += blockDim.x) {
+        int h = c / K, k = c - h * K;
+        out[(long long)r * hk + c] = x[((b * H + h) * L + l) * K + k];
+    }
+}
+
+// x = max(x + bias[c], 0) in place over x [n / f, f] (a Linear's output and the ReLU after it);
+// one thread per element.
+extern "C" __global__ void bias_relu(T* x, const T* bias, long long n, int f) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
-        long long hk = (long long)H * K;
-        long long r = i / hk;
-        int c = (int)(i - r * hk);
-        int h = c / K, k = c - h * K;
-        long long pos = has_index ? index[r] : r;
-        long long b = pos / L, l = pos - (pos / L) * L;
-        out[i] = x[((b * H + h) * L + l) * K + k];
+        T y = (T)((A)x[i] + (A)bias[i % f]);
+        A yv = (A)y;
+        x[i] = (yv > (A)0 || yv != yv) ? y : (T)(A)0;   // NaN stays NaN, as in maximum(x, 0)
+    }
+}
+
+// dy = y > 0 ? dy : 0 in place: the ReLU's gradient, read off its output y.
+extern "C" __global__ void relu_backward(T* dy, const T* y, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && !((A)y[i] > (A)0)) dy[i] = (T)(A)0;
+}
+
+// One Adam(W) update of element i of the flat buffers, optim.Adam._update's passes in one:
+// g = grad * inv_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p *= decay (1 - lr * lambda);
+// p -= (m / (sqrt(v) * rbc2 + eps)) * step (rbc2 = 1 / sqrt(1 - b2^t), step = lr / (1 - b1^t));
+// copy = p (has_copy: the float16 compute copy of the float32 master weights).
+extern "C" __global__ void adam_update(const T* grad, A* m, A* v, A* p, T* copy, int has_copy, long long n,
+                                       A inv_scale, A b1, A one_minus_b1, A b2, A one_minus_b2, A decay,
+                                       A rbc2, A eps, A step) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        A g = (A)grad[i] * inv_scale;
+        A mi = m[i] * b1 + g * one_minus_b1;
+        A vi = v[i] * b2 + (g * g) * one_minus_b2;
+        m[i] = mi;
+        v[i] = vi;
+        A pi = p[i] * decay;
+        pi -= (mi / (a_sqrt(vi) * rbc2 + eps)) * step;
+        p[i] = pi;
+        if (has_copy) copy[i] = (T)pi;
     }
 }
 
@@ -327,8 +360,11 @@ SIGNATURES = {
     "dropout_add": ["long long*", "int", "unsigned long long", "T*", "T*", "T*", "T*", "long long", "int", "int", "A"],
     "column_partial_sums": ["T*", "A*", "int", "A*", "long long", "int", "long long"],
     "column_sums_finish": ["A*", "A*", "int", "int"],
-    "unpack_heads": ["T*", "T*", "int", "int*", "int", "T*", "long long", "int", "int", "int"],
-    "pack_heads": ["T*", "long long*", "int", "T*", "long long", "int", "int", "int"],
+    "unpack_heads": ["T*", "T*", "int", "int*", "int", "T*", "int", "int", "int"],
+    "pack_heads": ["T*", "long long*", "int", "T*", "int", "int", "int"],
+    "bias_relu": ["T*", "T*", "long long", "int"],
+    "relu_backward": ["T*", "T*", "long long"],
+    "adam_update": ["T*", "A*", "A*", "A*", "T*", "int", "long long", "A", "A", "A", "A", "A", "A", "A", "A", "A"],
 }
 
 C_TYPES = {"float16": ("half_t", "float"), "float32": ("float", "float"), "float64": ("double", "double")}
@@ -352,6 +388,12 @@ def enabled(x):
     if not backend.is_gpu(backend.xp_of(x)) or os.environ.get("MINITF_FUSED", "1") == "0":
         return False
     return _module(x.dtype) is not None
+
+
+def fused(x, name):
+    """Whether x takes the fusion `name` ('relu', 'adam'): `enabled(x)`, unless the environment
+    sets MINITF_FUSED_<NAME>=0 (that operation then runs as separate CuPy passes, for comparisons)."""
+    return enabled(x) and os.environ.get(f"MINITF_FUSED_{name.upper()}", "1") != "0"
 
 
 # ----------------------------------------------------------------------------- launching
@@ -537,19 +579,24 @@ def _placeholder(xp, dtype):
     return _PLACEHOLDERS[key][1]
 
 
+def _row_block(n):
+    """Threads for a block that walks a row of n values (a warp at least, 256 at most)."""
+    return min(256, max(MIN_BLOCK, 1 << max(n - 1, 0).bit_length()))
+
+
 def unpack_heads(x, bias, inverse, b, length, h):
     """x [N, H*K] (N = kept rows, or b * length) -> [b, h, length, K] with bias [H*K] added
     (None: nothing added), zeros at the positions `inverse` [b * length] (int32, -1 at a pad;
     None: every position kept, row r = position r) marks as dropped. One pass."""
     xp = backend.xp_of(x)
     x = xp.ascontiguousarray(x)
-    k = x.shape[-1] // h
+    hk = x.shape[-1]
+    k = hk // h
     out = xp.empty((b, h, length, k), dtype=x.dtype)
-    n = out.size
-    dummy_inv = inverse if inverse is not None else _placeholder(xp, np.int32)
-    _launch("unpack_heads", x.dtype, -(-n // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
-            (x, x if bias is None else bias, np.int32(bias is not None), dummy_inv, np.int32(inverse is not None), out,
-             np.int64(n), np.int32(h), np.int32(length), np.int32(k)))
+    _launch("unpack_heads", x.dtype, b * length, _row_block(hk),
+            (x, x if bias is None else bias, np.int32(bias is not None),
+             inverse if inverse is not None else _placeholder(xp, np.int32), np.int32(inverse is not None), out,
+             np.int32(h), np.int32(length), np.int32(k)))
     return out
 
 
@@ -560,8 +607,34 @@ def pack_heads(x, index):
     bb, h, length, k = x.shape
     rows = bb * length if index is None else index.shape[0]
     out = xp.empty((rows, h * k), dtype=x.dtype)
-    n = out.size
-    idx = index if index is not None else _placeholder(xp, np.int64)
-    _launch("pack_heads", x.dtype, -(-n // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
-            (x, idx, np.int32(index is not None), out, np.int64(n), np.int32(h), np.int32(length), np.int32(k)))
+    _launch("pack_heads", x.dtype, rows, _row_block(h * k),
+            (x, index if index is not None else _placeholder(xp, np.int64), np.int32(index is not None), out,
+             np.int32(h), np.int32(length), np.int32(k)))
     return out
+
+
+def bias_relu(x, bias):
+    """x = max(x + bias, 0) in place (x [..., F] C-contiguous, bias [F]); returns x."""
+    n = x.size
+    _launch("bias_relu", x.dtype, -(-n // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
+            (x, bias, np.int64(n), np.int32(x.shape[-1])))
+    return x
+
+
+def relu_backward(dy, y):
+    """dy = dy where y > 0, else 0, in place (dy, y C-contiguous, one shape); returns dy."""
+    n = dy.size
+    _launch("relu_backward", dy.dtype, -(-n // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK, (dy, y, np.int64(n)))
+    return dy
+
+
+def adam_update(grad, m, v, p, copy, coef):
+    """One fused Adam(W) update of the flat buffers: grad (the model's dtype), m, v, p (the
+    accumulation dtype: the master weights), and copy (the float16 compute copy of p, or None).
+    coef = (inv_scale, b1, b2, decay, rbc2, eps, step) as optim.Adam computes them."""
+    inv_scale, b1, b2, decay, rbc2, eps, step = coef
+    a = accum_dtype(grad.dtype)
+    n = grad.size
+    _launch("adam_update", grad.dtype, -(-n // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
+            (grad, m, v, p, grad if copy is None else copy, np.int32(copy is not None), np.int64(n), a(inv_scale),
+             a(b1), a(1.0 - b1), a(b2), a(1.0 - b2), a(decay), a(rbc2), a(eps), a(step)))

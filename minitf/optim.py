@@ -10,6 +10,7 @@ import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+from . import kernels
 from .backend import is_gpu
 from .errors import CheckpointError
 
@@ -63,6 +64,9 @@ class Adam:
         t = self.step_count
         lr = self.current_lr(t) * lr_scale
         coef = (1.0 / grad_divisor, lr, 1.0 - self.beta1 ** t, 1.0 - self.beta2 ** t)
+        if kernels.fused(self._m, "adam"):   # one kernel over the flat buffers (+ the float16 copy)
+            self._fused_update(coef)
+            return lr
         bufs = (self.model.flat_grads, self._m, self._v, self.model.weights, self._tmp, self._g)
         chunks = _chunks(self.model.xp, bufs[0].size)
         block = None if is_gpu(self.model.xp) else _BLOCK
@@ -72,6 +76,16 @@ class Adam:
             list(_pool().map(lambda c: self._update_blocks([b[c] for b in bufs], coef, block), chunks))
         self.model.sync_weights()
         return lr
+
+    def _fused_update(self, coef):
+        """_update's passes and sync_weights as one kernel (kernels.adam_update): the same
+        operations per element, in the master weights' precision."""
+        inv_scale, lr, bc1, bc2 = coef
+        m = self.model
+        copy = m.flat_params if m.master_params is not None else None
+        kernels.adam_update(m.flat_grads, self._m, self._v, m.weights, copy,
+                            (inv_scale, self.beta1, self.beta2, 1.0 - lr * self.weight_decay, 1.0 / math.sqrt(bc2),
+                             self.eps, lr / bc1))
 
     def _update_blocks(self, bufs, coef, block):
         """The update of one slice, `block` elements at a time on a CPU: its dozen elementwise

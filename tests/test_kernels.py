@@ -166,6 +166,87 @@ def test_column_sums_with_and_without_a_factor(dtype, n, d):
     assert np.all(kernels.column_sums(np.zeros((0, d), dtype=dtype)) == 0)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("packed", [False, True])
+def test_unpack_heads_and_pack_heads_are_unpack_split_and_merge_pack(dtype, packed):
+    """unpack_heads = split_heads(unpack(rows, x + bias)) with zeros at the pads (the layer's
+    generic path), pack_heads = pack(rows, merge_heads(x)); heads of 5 (not a warp's multiple),
+    rows of 3 heads * 5 shorter than a block, and the bias optional."""
+    from minitf.packing import Rows
+    rng = np.random.default_rng(7)
+    b, length, h, k = 3, 6, 3, 5
+    keep = rng.random((b, length)) < 0.7 if packed else np.ones((b, length), dtype=bool)
+    keep[:, 0] = True
+    rows = Rows(keep)
+    n = len(rows.host_index) if packed else b * length
+    x = rng.normal(size=(n, h * k)).astype(dtype)
+    bias = rng.normal(size=h * k).astype(dtype)
+    inverse = rows.inverse if packed else None
+    index = rows.index if packed else None
+    want = F.split_heads((rows.unpack(x + bias) if packed else (x + bias).reshape(b, length, -1)), h)
+    if packed:    # the pads are zeros, not the bias
+        want = F.split_heads(rows.unpack(x + bias), h) * keep[:, None, :, None]
+    got = kernels.unpack_heads(x, bias, inverse, b, length, h)
+    assert got.shape == (b, h, length, k) and got.dtype == dtype
+    close(got, want, dtype)
+    np.testing.assert_array_equal(kernels.unpack_heads(x, None, inverse, b, length, h),
+                                  F.split_heads(rows.unpack(x) if packed else x.reshape(b, length, -1), h))
+    y = rng.normal(size=(b, h, length, k)).astype(dtype)
+    merged = F.merge_heads(y)
+    np.testing.assert_array_equal(kernels.pack_heads(y, index), rows.pack(merged) if packed else merged.reshape(n, -1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bias_relu_and_relu_backward_in_place(dtype):
+    """bias_relu(x, b) = relu_forward(x + b) in x's memory; relu_backward(dy, y) = dy * (y > 0) in
+    dy's memory; NaN stays NaN in the forward as in maximum(x, 0)."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(7, 37)).astype(dtype)
+    x[0, 0] = np.nan
+    bias = rng.normal(size=37).astype(dtype)
+    want = F.relu_forward(x + bias)
+    out = kernels.bias_relu(x, bias)
+    assert out is x
+    np.testing.assert_array_equal(out, want)
+    dy = rng.normal(size=x.shape).astype(dtype)
+    want_dy = F.relu_backward(dy, out)
+    got = kernels.relu_backward(dy, out)
+    assert got is dy
+    np.testing.assert_array_equal(got, want_dy)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_adam_update_is_adams_passes_in_one(dtype, weight_decay):
+    """Three steps of the fused update equal the generic Adam's (optim.Adam._update, then
+    sync_weights): moments and master weights in the accumulation dtype, the float16 copy
+    refreshed, a loss scale divided out."""
+    from minitf.optim import Adam
+    model = tiny_model("float16" if dtype == np.float16 else np.dtype(dtype).name)
+    rng = np.random.default_rng(5)
+    fused, generic = Adam(model, lr=3e-3, weight_decay=weight_decay), Adam(model, lr=3e-3, weight_decay=weight_decay)
+    start = model.weights.copy()
+    grads = [rng.normal(size=model.flat_grads.size) * 512.0 for _ in range(3)]
+    ends = []
+    for opt, use_kernel in ((fused, True), (generic, False)):
+        model.weights[...] = start
+        model.sync_weights()
+        for step in range(3):
+            model.flat_grads[...] = grads[step]
+            if use_kernel:
+                kernels.adam_update(model.flat_grads, opt._m, opt._v, model.weights,
+                                    model.flat_params if model.master_params is not None else None,
+                                    (1 / 512.0, opt.beta1, opt.beta2, 1.0 - 3e-3 * weight_decay,
+                                     1 / np.sqrt(1 - opt.beta2 ** (step + 1)), opt.eps, 3e-3 / (1 - opt.beta1 ** (step + 1))))
+            else:
+                opt.step_count = step
+                opt.step(grad_divisor=512.0)
+        ends.append((model.weights.copy(), opt._m.copy(), opt._v.copy(), model.flat_params.copy()))
+    acc = np.float64 if dtype == np.float64 else np.float32
+    for got, want in zip(*ends):
+        close(got, want, acc if dtype != np.float16 else np.float32)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA syntax check needs it")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cuda_source_compiles_with_nvcc(dtype, tmp_path):

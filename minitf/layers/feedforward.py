@@ -3,6 +3,7 @@
 `dropout` > 0: dropout on the hidden ReLU output while training ("ReLU dropout", not in the
 paper; docs/deviations.md)."""
 from .. import functional as F
+from .. import kernels
 from .base import Layer
 from .dropout import Dropout
 from .linear import Linear
@@ -20,7 +21,10 @@ class FeedForward(Layer):
         kept positions, packing.Rows); position-wise, so the leading axes do not matter.
         `stream`/`rows` (functional.DropoutStream, packing.Rows): the ReLU-dropout mask, when
         training with dropout > 0."""
-        h = F.relu_forward(self.fc1.forward(x))
+        if kernels.fused(x, "relu"):    # one pass: h = max(x W1 + b1, 0) in place
+            h = kernels.bias_relu(self.fc1.project(x), self.fc1.params["bias"]).reshape(x.shape[:-1] + (-1,))
+        else:
+            h = F.relu_forward(self.fc1.forward(x))
         self.cache = h
         return self.fc2.forward(self.drop.forward(h, stream, rows=rows))
 
@@ -29,6 +33,8 @@ class FeedForward(Layer):
         # y = fc2(drop(h))
         dh = self.drop.backward(self.fc2.backward(dy))
         # h = relu(fc1(x))
+        if kernels.fused(dh, "relu") and dh.flags.c_contiguous:
+            return self.fc1.backward(kernels.relu_backward(dh, h))      # in place: dh is this layer's own
         return self.fc1.backward(F.relu_backward(dh, h))
 
     def apply(self, x):
