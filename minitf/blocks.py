@@ -47,13 +47,11 @@ class EncoderLayer(Layer):
     def backward(self, dy):
         if self.pre:
             return self._backward_pre(dy)
-        # y = norm2(h + drop2(ffn(h)))
-        dsum = self.norm2.backward(dy)
-        dh = self.ffn.backward(self.drop2.backward(dsum))
-        dh += dsum
-        # h = norm1(x + drop1(self_attn(x, x)))
-        dsum = self.norm1.backward(dh)
-        dx_q, dx_kv = self.self_attn.backward(self.drop1.backward(dsum))
+        # y = norm2(h + drop2(ffn(h))): dsum for h + drop2(ffn(h)), dffn = drop2's backward of it
+        dsum, dffn = self.norm2.backward(dy, dropout=self.drop2)
+        # h = norm1(x + drop1(self_attn(x, x))); dL/dh = ffn's gradient + the residual's dsum
+        dsum, dattn = self.norm1.backward(self.ffn.backward(dffn), dy_residual=dsum, dropout=self.drop1)
+        dx_q, dx_kv = self.self_attn.backward(dattn)
         dx_q += dx_kv
         dx_q += dsum
         return dx_q
@@ -105,17 +103,14 @@ class DecoderLayer(Layer):
         """Returns (dy, dmemory)."""
         if self.pre:
             return self._backward_pre(dout)
-        # out = norm3(h2 + drop3(ffn(h2)))
-        dsum = self.norm3.backward(dout)
-        dh2 = self.ffn.backward(self.drop3.backward(dsum))
-        dh2 += dsum
-        # h2 = norm2(h1 + drop2(cross_attn(h1, memory)))
-        dsum = self.norm2.backward(dh2)
-        dh1, dmemory = self.cross_attn.backward(self.drop2.backward(dsum))
-        dh1 += dsum
-        # h1 = norm1(y + drop1(self_attn(y, y)))
-        dsum = self.norm1.backward(dh1)
-        dx_q, dx_kv = self.self_attn.backward(self.drop1.backward(dsum))
+        # out = norm3(h2 + drop3(ffn(h2))): dsum for h2 + drop3(ffn(h2)), dffn = drop3's backward of it
+        dsum, dffn = self.norm3.backward(dout, dropout=self.drop3)
+        # h2 = norm2(h1 + drop2(cross_attn(h1, memory))); dL/dh2 = ffn's gradient + the residual's dsum
+        dsum, dcross = self.norm2.backward(self.ffn.backward(dffn), dy_residual=dsum, dropout=self.drop2)
+        dh1, dmemory = self.cross_attn.backward(dcross)
+        # h1 = norm1(y + drop1(self_attn(y, y))); dL/dh1 = cross-attention's gradient + dsum
+        dsum, dattn = self.norm1.backward(dh1, dy_residual=dsum, dropout=self.drop1)
+        dx_q, dx_kv = self.self_attn.backward(dattn)
         dx_q += dx_kv
         dx_q += dsum
         return dx_q, dmemory

@@ -50,7 +50,10 @@ def linear_backward(dy, x, w, dw, db):
         gemm.accumulate_xt_dy(dw, x2, dy2)      # one GEMM with beta = 1: the same sum, no temporary
     else:
         dw += x2.T @ dy2
-    db += column_sum(dy2)
+    if kernels.fused(dy2, "grads") and db.dtype == dy2.dtype and db.flags.c_contiguous:
+        kernels.column_sums(dy2, out=db)        # the sum added into db by the kernel: no separate add
+    else:
+        db += column_sum(dy2)
     return (dy2 @ w.T).reshape(x.shape)
 
 
@@ -114,16 +117,32 @@ def layernorm_forward(x, g, b, eps):
     return y.astype(x.dtype, copy=False), LayerNormCache(xhat, rstd)
 
 
-def layernorm_backward(dy, cache, g, dg, db):
+def layernorm_backward(dy, cache, g, dg, db, dy_residual=None, mask=None):
     """Accumulates dg, db [D]; returns dx with the compact form
-    dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))."""
+    dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
+
+    dy_residual: a second gradient of the same output (the residual branch's, in a post-norm
+    block y = LN(s) whose y also feeds the next sum): the upstream gradient is dy + dy_residual.
+    mask: the dropout mask of the sublayer output inside s = x + dropout(sublayer(x)): returns
+    (dx, dx * mask), the gradients of s (= of the residual x) and of the sublayer's output."""
     xhat, rstd = cache
     d = dy.shape[-1]
-    if kernels.enabled(dy):   # the same three lines as below, fused (dy read in its own dtype)
+    if kernels.enabled(dy) and not kernels.fused(dy, "grads"):   # the kernels as separate passes (comparisons)
+        dy = dy if dy_residual is None else dy + dy_residual
         dy2 = dy.reshape(-1, d)
         dg += kernels.column_sums(dy2, xhat.reshape(-1, d))
         db += kernels.column_sums(dy2)
-        return kernels.layernorm_backward_input(dy, xhat, rstd, g)
+        dx = kernels.layernorm_backward_input(dy, xhat, rstd, g)
+        return dx if mask is None else (dx, dx * mask)
+    if kernels.enabled(dy):   # the same lines as below, fused (dy read in its own dtype)
+        own = dy_residual is not None and dy.flags.c_contiguous
+        if dy_residual is not None and not own:
+            dy = dy + dy_residual
+        out = kernels.layernorm_backward_input(dy, xhat, rstd, g, dy_residual if own else None, mask)
+        kernels.column_sums_pair(dy.reshape(-1, d), xhat.reshape(-1, d), dg, db)   # dy now holds the sum
+        return out
+    if dy_residual is not None:
+        dy = dy + dy_residual
     out_dtype, dy = dy.dtype, as_float32_if_half(dy)
     dy2 = dy.reshape(-1, d)
     # y = xhat * g + b
@@ -134,7 +153,9 @@ def layernorm_backward(dy, cache, g, dg, db):
     dx = dxhat - dxhat.mean(axis=-1, keepdims=True)
     dx -= xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
     dx *= rstd
-    return dx.astype(out_dtype, copy=False)
+    dx = dx.astype(out_dtype, copy=False)
+    # s = x + dropout(sublayer(x)) = x + mask * sublayer(x)
+    return dx if mask is None else (dx, dx * mask)
 
 
 # ----------------------------------------------------------------------------- dropout

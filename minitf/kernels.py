@@ -143,7 +143,7 @@ extern "C" __global__ void softmax_backward(const T* dp, const T* p, T* dx, int 
 
 // Per row of length d: mean, rstd = (var + eps)^-1/2 (biased variance, two passes over the row),
 // xhat = (x - mean) * rstd (kept for backward, in A), y = xhat * g + b.
-extern "C" __global__ void layernorm_forward(const T* x, const A* g, const A* bvec, T* y, A* xhat, A* rstd,
+extern "C" __global__ void layernorm_forward(const T* x, const T* g, const T* bvec, T* y, A* xhat, A* rstd,
                                              int d, A eps) {
     __shared__ A buf[1024];
     long long off = (long long)blockIdx.x * d;
@@ -156,18 +156,23 @@ extern "C" __global__ void layernorm_forward(const T* x, const A* g, const A* bv
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         A xh = ((A)x[off + j] - mean) * rs;
         xhat[off + j] = xh;
-        y[off + j] = (T)(xh * g[j] + bvec[j]);
+        y[off + j] = (T)(xh * (A)g[j] + (A)bvec[j]);
     }
     if (threadIdx.x == 0) rstd[blockIdx.x] = rs;
 }
 
 // dxhat = dy * g; dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) per row.
-extern "C" __global__ void layernorm_backward(const T* dy, const A* xhat, const A* rstd, const A* g, T* dx, int d) {
+// has_dy2: the upstream gradient is dy + dy2 (a residual branch's gradient of the same output),
+// rounded to T and written back into dy (the parameter gradients' column sums read it there).
+// has_mask: also dxm = dx * mask (the gradient of the dropout's input before this LayerNorm).
+extern "C" __global__ void layernorm_backward(T* dy, const T* dy2, int has_dy2, const A* xhat, const A* rstd,
+                                              const T* g, T* dx, const T* mask, int has_mask, T* dxm, int d) {
     __shared__ A buf[1024];
     long long off = (long long)blockIdx.x * d;
     A s1 = 0, s2 = 0;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        A dxh = (A)dy[off + j] * g[j];
+        if (has_dy2) dy[off + j] = (T)((A)dy[off + j] + (A)dy2[off + j]);
+        A dxh = (A)dy[off + j] * (A)g[j];
         s1 += dxh;
         s2 += dxh * xhat[off + j];
     }
@@ -175,8 +180,10 @@ extern "C" __global__ void layernorm_backward(const T* dy, const A* xhat, const 
     A m2 = block_sum(s2, buf) / d;
     A rs = rstd[blockIdx.x];
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        A dxh = (A)dy[off + j] * g[j];
-        dx[off + j] = (T)(rs * (dxh - m1 - xhat[off + j] * m2));
+        A dxh = (A)dy[off + j] * (A)g[j];
+        T v = (T)(rs * (dxh - m1 - xhat[off + j] * m2));
+        dx[off + j] = v;
+        if (has_mask) dxm[off + j] = (T)((A)v * (A)mask[off + j]);
     }
 }
 
@@ -347,19 +354,67 @@ extern "C" __global__ void column_sums_finish(const A* partial, A* out, int slab
         out[c] = t;
     }
 }
+
+// Pass 2, accumulating: out1[c] += the sum over the slabs of partial[slab * w + c] for c < d1, and
+// out2[c - d1] += the same for d1 <= c < w (has_out2; w = d1 + d2): the slab partials of column_partial_sums
+// (w = d) or of column_partial_sums_pair (w = 2 d), added into gradient buffers of the storage dtype.
+extern "C" __global__ void column_sums_accumulate(const A* partial, T* out1, T* out2, int has_out2, int slabs, int d1,
+                                                  int w) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c < w) {
+        A t = 0;
+        for (int k = 0; k < slabs; k++) t += partial[(long long)k * w + c];
+        if (c < d1) out1[c] = (T)((A)out1[c] + t);
+        else if (has_out2) out2[c - d1] = (T)((A)out2[c - d1] + t);
+    }
+}
+
+// Pass 1 for two sums at once, of x * y and of x (a LayerNorm's weight and bias gradients): as
+// column_partial_sums, writing partial[slab * 2d + c] (x * y) and partial[slab * 2d + d + c] (x).
+extern "C" __global__ void column_partial_sums_pair(const T* x, const A* y, A* partial, long long n, int d,
+                                                    long long rows_per_slab) {
+    __shared__ A buf[1024];
+    __shared__ A buf2[1024];
+    int chunks = (d + 31) / 32;
+    int lane = threadIdx.x % 32, group = threadIdx.x / 32, groups = blockDim.x / 32;
+    int c = (blockIdx.x % chunks) * 32 + lane;
+    long long slab = blockIdx.x / chunks;
+    long long r0 = slab * rows_per_slab;
+    long long r1 = r0 + rows_per_slab < n ? r0 + rows_per_slab : n;
+    A s = 0, s2 = 0;
+    if (c < d) {
+        for (long long r = r0 + group; r < r1; r += groups) {
+            long long i = r * d + c;
+            A xv = (A)x[i];
+            s += xv * y[i];
+            s2 += xv;
+        }
+    }
+    buf[threadIdx.x] = s;
+    buf2[threadIdx.x] = s2;
+    __syncthreads();
+    if (group == 0 && c < d) {
+        A t = 0, t2 = 0;
+        for (int k = 0; k < groups; k++) { t += buf[k * 32 + lane]; t2 += buf2[k * 32 + lane]; }
+        partial[slab * 2 * d + c] = t;
+        partial[slab * 2 * d + d + c] = t2;
+    }
+}
 """
 
 # kernel name -> C types of its arguments (the emulator's launcher needs them)
 SIGNATURES = {
     "masked_softmax": ["T*", "T*", "T*", "int", "int", "int", "long long", "long long", "long long", "long long"],
     "softmax_backward": ["T*", "T*", "T*", "int"],
-    "layernorm_forward": ["T*", "A*", "A*", "T*", "A*", "A*", "int", "A"],
-    "layernorm_backward": ["T*", "A*", "A*", "A*", "T*", "int"],
+    "layernorm_forward": ["T*", "T*", "T*", "T*", "A*", "A*", "int", "A"],
+    "layernorm_backward": ["T*", "T*", "int", "A*", "A*", "T*", "T*", "T*", "int", "T*", "int"],
     "smoothed_nll_rows": ["T*", "long long*", "A*", "A*", "A*", "int"],
     "smoothed_nll_backward": ["T*", "long long*", "A*", "A*", "T*", "int", "A"],
     "dropout_add": ["long long*", "int", "unsigned long long", "T*", "T*", "T*", "T*", "long long", "int", "int", "A"],
     "column_partial_sums": ["T*", "A*", "int", "A*", "long long", "int", "long long"],
     "column_sums_finish": ["A*", "A*", "int", "int"],
+    "column_sums_accumulate": ["A*", "T*", "T*", "int", "int", "int", "int"],
+    "column_partial_sums_pair": ["T*", "A*", "A*", "long long", "int", "long long"],
     "unpack_heads": ["T*", "T*", "int", "int*", "int", "T*", "int", "int", "int"],
     "pack_heads": ["T*", "long long*", "int", "T*", "int", "int", "int"],
     "bias_relu": ["T*", "T*", "long long", "int"],
@@ -391,8 +446,11 @@ def enabled(x):
 
 
 def fused(x, name):
-    """Whether x takes the fusion `name` ('relu', 'adam'): `enabled(x)`, unless the environment
-    sets MINITF_FUSED_<NAME>=0 (that operation then runs as separate CuPy passes, for comparisons)."""
+    """Whether x takes the fusion `name`: `enabled(x)`, unless the environment sets
+    MINITF_FUSED_<NAME>=0 (then that part runs as separate passes, as before it was fused, for
+    comparisons: bench/gpu_ab.py). The names: 'relu' (bias + ReLU, and its backward, in place),
+    'adam' (one Adam kernel), 'grads' (gradient sums added where they go: a LayerNorm's
+    backward with its residual gradient, dropout mask and parameter sums; a bias's sum)."""
     return enabled(x) and os.environ.get(f"MINITF_FUSED_{name.upper()}", "1") != "0"
 
 
@@ -486,21 +544,31 @@ def layernorm_forward(x, g, b, eps):
     xhat = xp.empty(x.shape, dtype=a)
     rstd = xp.empty(x.shape[:-1] + (1,), dtype=a)
     _launch("layernorm_forward", x.dtype, rows, block_size("layernorm", d),
-            (x, xp.ascontiguousarray(g, dtype=a), xp.ascontiguousarray(b, dtype=a), y, xhat, rstd, np.int32(d),
-             a(eps)))
+            (x, _as(g, x.dtype), _as(b, x.dtype), y, xhat, rstd, np.int32(d), a(eps)))
     return y, (xhat, rstd)
 
 
-def layernorm_backward_input(dy, xhat, rstd, g):
-    """dx for layernorm_forward (the parameter gradients are column sums, left to the caller)."""
+def _as(p, dtype):
+    """A parameter vector in the kernel's storage dtype: itself when it already is (the model's)."""
+    xp = backend.xp_of(p)
+    return p if p.dtype == dtype and p.flags.c_contiguous else xp.ascontiguousarray(p, dtype=dtype)
+
+
+def layernorm_backward_input(dy, xhat, rstd, g, dy2=None, mask=None):
+    """dx for layernorm_forward (the parameter gradients are column sums, left to the caller).
+    dy2: a second upstream gradient: dy + dy2 is used, and written into dy (which must then be
+    the caller's own, C-contiguous). mask: returns (dx, dx * mask) instead of dx."""
     xp = backend.xp_of(dy)
-    dy = xp.ascontiguousarray(dy)
-    a = accum_dtype(dy.dtype)
+    if dy2 is None:
+        dy = xp.ascontiguousarray(dy)
     rows, d = _rows(dy)
     dx = xp.empty_like(dy)
+    dxm = None if mask is None else xp.empty_like(dy)
     _launch("layernorm_backward", dy.dtype, rows, block_size("layernorm", d),
-            (dy, xhat, rstd, xp.ascontiguousarray(g, dtype=a), dx, np.int32(d)))
-    return dx
+            (dy, dy if dy2 is None else xp.ascontiguousarray(dy2), np.int32(dy2 is not None), xhat, rstd,
+             _as(g, dy.dtype), dx, dy if mask is None else xp.ascontiguousarray(mask), np.int32(mask is not None),
+             dx if dxm is None else dxm, np.int32(d)))
+    return dx if mask is None else (dx, dxm)
 
 
 def smoothed_nll_rows(logits, gold):
@@ -543,29 +611,59 @@ def dropout_add(key, rowpos, y, x, p):
     return y, mask
 
 
-def column_sums(x, y=None):
+def _slabs(n, d):
+    """(slabs, rows per slab) of the column sums over n rows of d columns."""
+    chunks = (d + 31) // 32
+    slabs = max(1, min(COLUMN_BLOCKS // max(chunks, 1), -(-n // COLUMN_MIN_ROWS)))
+    rows_per_slab = max(1, -(-n // slabs))
+    return max(1, -(-n // rows_per_slab)), rows_per_slab
+
+
+def column_sums(x, y=None, out=None):
     """x [..., D] summed over every axis but the last (of x * y, y [..., D] in the accumulation
     dtype, when given) -> [D] in the accumulation dtype: the bias and LayerNorm parameter
     gradients. Two launches: partial sums over slabs of rows, then the slabs added in order, so
-    the result is the same on every run."""
+    the result is the same on every run. `out` ([D], x's dtype, C-contiguous): the sums are
+    ADDED into it by the second launch (a gradient buffer: no separate add) and it is returned."""
     xp = backend.xp_of(x)
     x = xp.ascontiguousarray(x)
     a = accum_dtype(x.dtype)
     n, d = _rows(x)
     chunks = (d + 31) // 32
-    slabs = max(1, min(COLUMN_BLOCKS // max(chunks, 1), -(-n // COLUMN_MIN_ROWS)))
-    rows_per_slab = max(1, -(-n // slabs))
-    slabs = max(1, -(-n // rows_per_slab))
+    slabs, rows_per_slab = _slabs(n, d)
     if n == 0:
-        return xp.zeros(d, dtype=a)
+        return xp.zeros(d, dtype=a) if out is None else out
     partial = xp.empty((slabs, d), dtype=a)    # every entry written by pass 1
-    out = xp.empty(d, dtype=a)
     yy = partial if y is None else xp.ascontiguousarray(y, dtype=a)
     _launch("column_partial_sums", x.dtype, chunks * slabs, COLUMN_BLOCK,
             (x, yy, np.int32(y is not None), partial, np.int64(n), np.int32(d), np.int64(rows_per_slab)))
+    if out is not None:
+        _launch("column_sums_accumulate", x.dtype, -(-d // COLUMN_BLOCK), COLUMN_BLOCK,
+                (partial, out, out, np.int32(0), np.int32(slabs), np.int32(d), np.int32(d)))
+        return out
+    out = xp.empty(d, dtype=a)
     _launch("column_sums_finish", x.dtype, -(-d // COLUMN_BLOCK), COLUMN_BLOCK, (partial, out, np.int32(slabs),
                                                                                np.int32(d)))
     return out
+
+
+def column_sums_pair(x, y, out_xy, out_x):
+    """out_xy += sum over rows of x * y, out_x += sum over rows of x (x [..., D] storage dtype, y
+    [..., D] accumulation dtype, outs [D] in x's dtype): a LayerNorm's two parameter gradients in
+    two launches, the same sums (and bits) as two column_sums calls."""
+    xp = backend.xp_of(x)
+    x = xp.ascontiguousarray(x)
+    a = accum_dtype(x.dtype)
+    n, d = _rows(x)
+    if n == 0:
+        return
+    chunks = (d + 31) // 32
+    slabs, rows_per_slab = _slabs(n, d)
+    partial = xp.empty((slabs, 2 * d), dtype=a)
+    _launch("column_partial_sums_pair", x.dtype, chunks * slabs, COLUMN_BLOCK,
+            (x, xp.ascontiguousarray(y, dtype=a), partial, np.int64(n), np.int32(d), np.int64(rows_per_slab)))
+    _launch("column_sums_accumulate", x.dtype, -(-2 * d // COLUMN_BLOCK), COLUMN_BLOCK,
+            (partial, out_xy, out_x, np.int32(1), np.int32(slabs), np.int32(d), np.int32(2 * d)))
 
 
 ELEMENTWISE_BLOCK = 256      # threads a block for the one-thread-per-element kernels

@@ -24,7 +24,9 @@ _scalar.pyx, _routines_indexing.pyx, cuda/function.pyx, _core/raw.pyx):
   data-dependent shapes (nonzero, flatnonzero, boolean-mask indexing) read a count back.
   Host->device copies (asarray of host data, host index arrays) are counted apart.
   `count_transfers()` collects them; `record_dtypes()` collects the dtypes of the arrays
-  created; STRICT_CUPY_REPORT=path writes both for the whole process at its exit (JSON, with
+  created; LAUNCHES counts every kernel CuPy would launch, by name (one per elementwise or
+  reduction call, advanced index, assignment, copy or conversion; CuPy matmul's copies and
+  GEMM; the RawKernels; cuBLAS calls; NCCL calls), and `launches()` snapshots it; STRICT_CUPY_REPORT=path writes both for the whole process at its exit (JSON, with
   LAUNCHES: the kernels and NCCL calls run).
 - RawModule(code=, options=).get_function(name)(grid, block, args) runs the kernel through
   tests/cuda_emulator.py after checking each argument as CuPy's launcher converts it (a
@@ -92,6 +94,23 @@ _RECORDERS = []         # active Transfers
 _DTYPE_RECORDERS = []   # active {dtype name: first site}
 TOTALS = {"d2h": 0, "h2d": 0}
 LAUNCHES = {}           # kernel name -> launches, and "nccl.allReduce" -> calls
+
+
+def _launched(name, n=1):
+    """Counts n kernel launches of `name` (CuPy's kernel names: cupy_add, cupy_copy, ...)."""
+    if n:
+        LAUNCHES[name] = LAUNCHES.get(name, 0) + n
+
+
+def launches():
+    """The launches counted so far, by name (a copy): diff two of them around a block of code."""
+    return dict(LAUNCHES)
+
+
+def launches_between(before, after):
+    """{name: launches} made between two `launches()` snapshots, and their total."""
+    diff = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    return diff, sum(diff.values())
 
 
 def _site():
@@ -413,6 +432,8 @@ class ndarray:
     def __getitem__(self, idx):
         idx = _index(idx)
         r = self._a[idx]
+        if any(isinstance(p, numpy.ndarray) for p in (idx if isinstance(idx, tuple) else (idx,))):
+            _launched("cupy_take")   # advanced indexing: a gather kernel
         if isinstance(r, numpy.generic):   # integer indexing: CuPy gives a 0-d VIEW
             r = self._a[(idx if isinstance(idx, tuple) else (idx,)) + (Ellipsis,)]
         return _new(r)
@@ -430,6 +451,7 @@ class ndarray:
             value = numpy.array(value)
         else:
             _operand(value, "cupy.ndarray.__setitem__")
+        _launched("cupy_scatter_update" if advanced else "cupy_copy (setitem)")
         self._a[_index(idx)] = value
 
     def __copy__(self):
@@ -579,7 +601,12 @@ def _checked(qualname, text, impl):
             if not isinstance(bound.arguments.get(p), ndarray):
                 raise TypeError(f"{qualname}: argument '{p}' must be a cupy.ndarray, got "
                                 f"{type(bound.arguments.get(p)).__name__}")
-        return impl(*args, **kwargs)
+        result = impl(*args, **kwargs)
+        if qualname.startswith("cupy.ndarray."):
+            _count_method(name, args[0], args[1:], kwargs, result)
+        elif qualname.startswith("cupy."):
+            _count_function(name, args, kwargs, result)
+        return result
     fn.__name__, fn.__qualname__, fn.__doc__ = name, qualname, f"CuPy's {qualname}{sig}"
     return fn
 
@@ -724,6 +751,40 @@ _IMPLS = {
 }
 
 
+# --- launches: what CuPy runs on the GPU for each call (one elementwise or reduction kernel
+# per call, unless noted): a model of CuPy 14's source, counted in LAUNCHES by kernel name
+def _count_ufunc(name, ins):
+    if name != "matmul":
+        _launched(f"cupy_{name}")
+        return
+    # cupy/_core/_routines_linalg.pyx: 2-D operands that are neither C- nor F-contiguous are
+    # copied; N-D ones not C-contiguous are copied; float16 N-D products convert both operands
+    # to float32 and the result back; then one cuBLAS GEMM
+    arrays = [x for x in ins if isinstance(x, numpy.ndarray)]
+    nd = max(x.ndim for x in arrays)
+    for x in arrays:
+        if (x.ndim <= 2 and not (x.flags.c_contiguous or x.flags.f_contiguous)) or (
+                x.ndim > 2 and not x.flags.c_contiguous):
+            _launched("cupy_copy")
+    if nd > 2 and arrays[0].dtype == numpy.float16:
+        _launched("cupy_copy (float16 <-> float32)", 3)
+    _launched("cublas gemm (cupy.matmul)")
+
+
+# kernels a module function runs (default 1); None: decided by the call (see _count_function)
+_FUNCTION_LAUNCHES = {"empty": 0, "empty_like": 0, "get_array_module": 0, "asnumpy": 0, "broadcast_to": 0,
+                      "triu": 0, "asarray": None, "array": None, "ascontiguousarray": None, "flatnonzero": 2}
+
+
+def _count_function(name, args, kwargs, result):
+    n = _FUNCTION_LAUNCHES.get(name, 1)
+    if n is None:   # asarray / array / ascontiguousarray of a device array: a copy kernel if one was made
+        src = args[0] if args else kwargs.get("a", kwargs.get("obj"))
+        n = int(isinstance(src, ndarray) and isinstance(result, ndarray) and result._a is not src._a
+                and not numpy.shares_memory(result._a, src._a))
+    _launched(f"cupy.{name}", n)
+
+
 # --- ufuncs
 class ufunc:
     """CuPy's ufunc: operands are device arrays or scalars; out=, dtype=, casting= only."""
@@ -749,6 +810,7 @@ class ufunc:
         if out is not None and not isinstance(out, ndarray):
             raise TypeError(f"{where}: Output arguments must be cupy.ndarray")
         ins = [_operand(x, where) for x in args[:self.nin]]
+        _count_ufunc(self.__name__, ins)
         kw = {} if dtype is None else {"dtype": dtype}
         r = self._np(*ins, out=None if out is None else out._a, casting=casting, **kw)
         return _wrap(r, out)
@@ -768,11 +830,13 @@ class ufunc:
             raise TypeError(f"cupy.{self.__name__}.at: a must be a cupy.ndarray")
         if a.dtype.name not in self._AT_DTYPES.get(self.__name__, {a.dtype.name}):
             raise TypeError(f"cupy.{self.__name__}.at does not support {a.dtype} as data type")
+        _launched(f"cupy_scatter_{self.__name__}")
         self._np.at(a._a, _index(indices), None if b is None else _operand(b, f"cupy.{self.__name__}.at"))
 
     def _reduceat(self, array, indices, axis=0, dtype=None, out=None):
         if not isinstance(array, ndarray) or out is not None:
             raise TypeError("cupy.add.reduceat: array must be a cupy.ndarray (out= not emulated)")
+        _launched(f"cupy_{self.__name__}_reduceat")
         return _new(self._np.reduceat(array._a, _index(indices), axis=axis, dtype=dtype))
 
 
@@ -792,6 +856,19 @@ def _method(name, impl=None):
     check = _checked(where, "self, " + METHODS[name] if METHODS[name] else "self", impl or generic)
     check.__name__ = name
     return check
+
+
+_VIEWS = {"reshape", "transpose", "swapaxes", "ravel", "squeeze", "view", "astype"}   # a kernel only when copying
+
+
+def _count_method(name, self, args, kwargs, result):
+    if name in _VIEWS:
+        copied = isinstance(result, ndarray) and not numpy.shares_memory(result._a, self._a)
+        _launched(f"cupy_copy ({name})", int(copied))
+    elif name == "nonzero":
+        _launched("cupy.nonzero", 2)
+    else:   # copy, fill, the reductions, argsort, argpartition
+        _launched(f"cupy.ndarray.{name}")
 
 
 def _astype(self, dtype, order="K", casting=None, subok=None, copy=True):

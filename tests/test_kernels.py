@@ -167,6 +167,47 @@ def test_column_sums_with_and_without_a_factor(dtype, n, d):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("residual,masked", [(False, False), (True, False), (False, True), (True, True)])
+def test_layernorm_backward_with_a_residual_gradient_and_a_dropout_mask(dtype, residual, masked, monkeypatch):
+    """functional.layernorm_backward through the kernels (one layernorm_backward launch and the
+    pair of column sums added into dg, db) against the generic lines: dy + dy_residual as the
+    upstream gradient, (dx, dx * mask) returned, dg and db accumulated onto what they held."""
+    rng = np.random.default_rng(31)
+    d = 40
+    x = rng.normal(size=(9, d)).astype(dtype)
+    g, b = rng.normal(size=d).astype(dtype), rng.normal(size=d).astype(dtype)
+    _, cache = F.layernorm_forward(x, g, b, 1e-6)
+    dy, dy2 = rng.normal(size=x.shape).astype(dtype), rng.normal(size=x.shape).astype(dtype)
+    mask = ((rng.random(x.shape) > 0.2) / 0.8).astype(dtype) if masked else None
+    grads0 = rng.normal(size=(2, d)).astype(dtype)
+    results = []
+    for fused in (False, True):
+        monkeypatch.setattr(kernels, "enabled", lambda a, _f=fused: _f)
+        dg, db = grads0[0].copy(), grads0[1].copy()
+        out = F.layernorm_backward(dy.copy(), cache, g, dg, db, dy2 if residual else None, mask)
+        results.append((out, dg, db))
+    (want, dg_w, db_w), (got, dg_g, db_g) = results
+    if masked:
+        assert isinstance(got, tuple) and len(got) == 2
+        close(got[1], want[1], dtype)
+        got, want = got[0], want[0]
+    close(got, want, dtype)
+    tol = np.float32 if dtype == np.float16 else dtype
+    close(dg_g, dg_w, tol, scale=3.0)
+    close(db_g, db_w, tol, scale=3.0)
+
+
+def test_column_sums_into_a_buffer_add_to_it():
+    """column_sums(x, out=buf) adds the sums into buf (a gradient buffer) in its dtype."""
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(300, 70)).astype(np.float32)
+    buf = rng.normal(size=70).astype(np.float32)
+    want = buf.astype(np.float64) + x.astype(np.float64).sum(axis=0)
+    assert kernels.column_sums(x, out=buf) is buf
+    close(buf, want, np.float32, scale=np.sqrt(300))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("packed", [False, True])
 def test_unpack_heads_and_pack_heads_are_unpack_split_and_merge_pack(dtype, packed):
     """unpack_heads = split_heads(unpack(rows, x + bias)) with zeros at the pads (the layer's

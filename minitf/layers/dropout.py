@@ -44,6 +44,12 @@ class Dropout(Layer):
         out, self.cache = F.dropout_add_forward(stream, x, residual, self.p, rows)
         return out
 
+    def take_mask(self):
+        """The forward's mask (None when it did not drop), handed to a caller that applies it
+        itself (LayerNorm.backward): this layer's backward is then done."""
+        mask, self.cache = self.cache, None
+        return mask
+
     def backward(self, dy):
         mask, self.cache = self.cache, None
         if mask is None:

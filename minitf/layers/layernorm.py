@@ -17,9 +17,18 @@ class LayerNorm(Layer):
         y, self.cache = F.layernorm_forward(x, self.params["weight"], self.params["bias"], self.eps)
         return y
 
-    def backward(self, dy):
+    def backward(self, dy, dy_residual=None, dropout=None):
+        """dx; with `dy_residual` (another gradient of this output, added to dy: dy must be the
+        caller's own, it may be overwritten with the sum) and/or `dropout` (the Dropout layer
+        inside this LayerNorm's input x + dropout(sublayer)): (dx, its dropout's backward of dx),
+        in one pass on a GPU (functional.layernorm_backward)."""
         cache, self.cache = self.cache, None
-        return F.layernorm_backward(dy, cache, self.params["weight"], self.grads["weight"], self.grads["bias"])
+        mask = None if dropout is None else dropout.take_mask()
+        out = F.layernorm_backward(dy, cache, self.params["weight"], self.grads["weight"], self.grads["bias"],
+                                   dy_residual, mask)
+        if dropout is not None and mask is None:   # dropout off: the sublayer's gradient is dx itself
+            return out, out
+        return out
 
     def apply(self, x):
         """Inference: the forward without keeping a cache (decode.py)."""
