@@ -51,10 +51,8 @@ class EncoderLayer(Layer):
         dsum, dffn = self.norm2.backward(dy, dropout=self.drop2)
         # h = norm1(x + drop1(self_attn(x, x))); dL/dh = ffn's gradient + the residual's dsum
         dsum, dattn = self.norm1.backward(self.ffn.backward(dffn), dy_residual=dsum, dropout=self.drop1)
-        dx_q, dx_kv = self.self_attn.backward(dattn)
-        dx_q += dx_kv
-        dx_q += dsum
-        return dx_q
+        # dL/dx = dsum (the residual) + the attention's gradients through q, k and v, added into dsum
+        return self.self_attn.backward(dattn, dx_into=dsum, dkv_into=dsum)[0]
 
     def _backward_pre(self, dy):
         # y = h + drop2(ffn(norm2(h)))
@@ -99,21 +97,24 @@ class DecoderLayer(Layer):
         h2 = self.norm2.forward(residual(h1, self.drop2, a, stream, tgt_rows))
         return self.norm3.forward(residual(h2, self.drop3, self.ffn.forward(h2, stream, tgt_rows), stream, tgt_rows))
 
-    def backward(self, dout):
-        """Returns (dy, dmemory)."""
+    def backward(self, dout, dmemory_into=None):
+        """Returns (dy, dmemory); with `dmemory_into` dmemory is added into that array (the sum
+        over the decoder's layers) and it is returned."""
         if self.pre:
-            return self._backward_pre(dout)
+            dy, dmemory = self._backward_pre(dout)
+            if dmemory_into is None:
+                return dy, dmemory
+            dmemory_into += dmemory
+            return dy, dmemory_into
         # out = norm3(h2 + drop3(ffn(h2))): dsum for h2 + drop3(ffn(h2)), dffn = drop3's backward of it
         dsum, dffn = self.norm3.backward(dout, dropout=self.drop3)
         # h2 = norm2(h1 + drop2(cross_attn(h1, memory))); dL/dh2 = ffn's gradient + the residual's dsum
         dsum, dcross = self.norm2.backward(self.ffn.backward(dffn), dy_residual=dsum, dropout=self.drop2)
-        dh1, dmemory = self.cross_attn.backward(dcross)
+        dh1, dmemory = self.cross_attn.backward(dcross, dkv_into=dmemory_into)
         # h1 = norm1(y + drop1(self_attn(y, y))); dL/dh1 = cross-attention's gradient + dsum
         dsum, dattn = self.norm1.backward(dh1, dy_residual=dsum, dropout=self.drop1)
-        dx_q, dx_kv = self.self_attn.backward(dattn)
-        dx_q += dx_kv
-        dx_q += dsum
-        return dx_q, dmemory
+        # dL/dy = dsum (the residual) + the self-attention's gradients, added into dsum
+        return self.self_attn.backward(dattn, dx_into=dsum, dkv_into=dsum)[0], dmemory
 
     def _backward_pre(self, dout):
         # out = h2 + drop3(ffn(norm3(h2)))
@@ -269,10 +270,6 @@ class Decoder(Layer):
         if self.norm is not None:   # h = norm(y)
             dy = self.norm.backward(dy)
         dmemory = None
-        for layer in reversed(self.layer_list):
-            dy, dm = layer.backward(dy)
-            if dmemory is None:
-                dmemory = dm
-            else:
-                dmemory += dm
+        for layer in reversed(self.layer_list):   # dmemory: the first layer's, then each one's added into it
+            dy, dmemory = layer.backward(dy, dmemory)
         return dy, dmemory

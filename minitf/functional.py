@@ -41,8 +41,9 @@ def linear_forward(x, w, b):
     return y.reshape(*x.shape[:-1], w.shape[1])
 
 
-def linear_backward(dy, x, w, dw, db):
-    """Accumulates dw [I, O], db [O]; returns dx [..., I]."""
+def linear_backward(dy, x, w, dw, db, dx_into=None):
+    """Accumulates dw [I, O], db [O]; returns dx [..., I], or, with `dx_into` (x's shape, the
+    caller's own), adds dx into it and returns it (on a GPU the product's beta = 1: no add)."""
     x2 = x.reshape(-1, x.shape[-1])
     dy2 = dy.reshape(-1, dy.shape[-1])
     # y = x @ w + b
@@ -54,7 +55,14 @@ def linear_backward(dy, x, w, dw, db):
         kernels.column_sums(dy2, out=db)        # the sum added into db by the kernel: no separate add
     else:
         db += column_sum(dy2)
-    return (dy2 @ w.T).reshape(x.shape)
+    if dx_into is None:
+        return (dy2 @ w.T).reshape(x.shape)
+    if gemm.enabled(dx_into) and dx_into.dtype == dy2.dtype == w.dtype and dx_into.flags.c_contiguous \
+            and dy2.flags.c_contiguous and w.flags.c_contiguous:
+        gemm.matmul(dy2, w, dx_into.reshape(-1, w.shape[0]), trans_b=True, beta=1.0)
+    else:
+        dx_into += (dy2 @ w.T).reshape(x.shape)
+    return dx_into
 
 
 # ----------------------------------------------------------------------------- relu

@@ -67,9 +67,13 @@ class MultiHeadAttention(Layer):
         self.cache = AttentionCache(q, k, v, p, mask, rows_q, rows_kv)
         return self.out.forward(pack(rows_q, F.merge_heads(ctx)))
 
-    def backward(self, dy):
+    def backward(self, dy, dx_into=None, dkv_into=None):
+        """(dx_q, dx_kv). `dx_into` / `dkv_into`: arrays (the caller's own, shaped like x_q / x_kv)
+        the gradients are added into instead, and returned: a residual's gradient, or the
+        gradient of memory summed over the decoder's layers; the same array for both when x_q is
+        x_kv (self-attention). On a GPU each addition is a GEMM's beta = 1."""
         if gemm.enabled(dy):
-            return self._backward_gpu(dy)
+            return self._backward_gpu(dy, dx_into, dkv_into)
         q, k, v, p, mask, rows_q, rows_kv = self.cache
         self.cache = None
         h = self.n_heads
@@ -78,10 +82,9 @@ class MultiHeadAttention(Layer):
         # ctx = attention(q, k, v), with the forward's dropout mask
         dq, dk, dv = F.attention_backward(dctx, q, k, v, p, self.scale, mask)
         # q = split(unpack(q(x_q))), k = split(unpack(k(x_kv))), v = split(unpack(v(x_kv)))
-        dx_q = self.q.backward(pack(rows_q, F.merge_heads(dq)))
-        dx_kv = self.k.backward(pack(rows_kv, F.merge_heads(dk)))
-        dx_kv += self.v.backward(pack(rows_kv, F.merge_heads(dv)))
-        return dx_q, dx_kv
+        dx_q = self.q.backward(pack(rows_q, F.merge_heads(dq)), dx_into)
+        dx_kv = self.k.backward(pack(rows_kv, F.merge_heads(dk)), dkv_into)
+        return dx_q, self.v.backward(pack(rows_kv, F.merge_heads(dv)), dx_kv)
 
     # -- the GPU training path: the forward and backward above, one kernel a step --
     def _heads(self, linear, x, rows):
@@ -108,7 +111,7 @@ class MultiHeadAttention(Layer):
         self.cache = AttentionCache(q, k, v, p, mask, rows_q, rows_kv)
         return self.out.forward(self._merged(ctx, rows_q, x_q))
 
-    def _backward_gpu(self, dy):
+    def _backward_gpu(self, dy, dx_into, dkv_into):
         q, k, v, p, mask, rows_q, rows_kv = self.cache
         self.cache = None
         xp = F.xp_of(q)
@@ -127,10 +130,9 @@ class MultiHeadAttention(Layer):
         dq = gemm.matmul(ds, k, xp.empty_like(q), alpha=self.scale, batch=b * h)
         dk = gemm.matmul(ds, q, xp.empty_like(k), trans_a=True, alpha=self.scale, batch=b * h)
         # q, k, v = unpack_heads(q(x_q)), unpack_heads(k(x_kv)), unpack_heads(v(x_kv))
-        dx_q = self.q.backward(self._merged(dq, rows_q, dq[:, 0]))
-        dx_kv = self.k.backward(self._merged(dk, rows_kv, dk[:, 0]))
-        dx_kv += self.v.backward(self._merged(dv, rows_kv, dv[:, 0]))
-        return dx_q, dx_kv
+        dx_q = self.q.backward(self._merged(dq, rows_q, dq[:, 0]), dx_into)
+        dx_kv = self.k.backward(self._merged(dk, rows_kv, dk[:, 0]), dkv_into)
+        return dx_q, self.v.backward(self._merged(dv, rows_kv, dv[:, 0]), dx_kv)
 
     # -- inference (blocks.decoder_layer_step): keys/values computed once and reused, no caches kept --
     def project_kv(self, x_kv):

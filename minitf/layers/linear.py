@@ -28,6 +28,7 @@ class Linear(Layer):
         """Inference: the forward without keeping a cache (decoding)."""
         return F.linear_forward(x, self.params["weight"], self.params["bias"])
 
-    def backward(self, dy):
+    def backward(self, dy, dx_into=None):
+        """dx; with `dx_into` (an array of x's shape the caller owns) dx is added into it instead."""
         x, self.cache = self.cache, None
-        return F.linear_backward(dy, x, self.params["weight"], self.grads["weight"], self.grads["bias"])
+        return F.linear_backward(dy, x, self.params["weight"], self.grads["weight"], self.grads["bias"], dx_into)
