@@ -6,14 +6,14 @@
     python bench/gpu_ab.py --smoke                 # tiny sizes (checks this script, e.g. under the CuPy stand-in)
 
 The variants differ only in environment variables that minitf reads on every call
-(`--variant name=VAR=value[,VAR=value]`; default: `cublas=MINITF_CUBLAS=1` against
-`cupy=MINITF_CUBLAS=0`, the attention products and weight gradients through gemm.matmul
-against CuPy's matmul), so one process runs them all, alternating, with PyTorch eager beside
+(`--variant name=VAR=value[,VAR=value]`; default: `now`, the step as it is, against `before`,
+every fusion switched off: MINITF_CUBLAS=0 and MINITF_FUSED_{RELU,ADAM,GRADS}=0), so one process runs them all, alternating, with PyTorch eager beside
 them (bench/train_step.py's TorchRunner, same weights) when torch with CUDA is there. For each
 preset and mode it prints and writes (--out):
 
   same     the loss and every gradient of one step of each variant against the first, on the
-           same weights and batch: ||g - g0|| / ||g0|| over the flat gradient buffer
+           same weights and batch: ||g - g0|| / ||g0|| over the flat gradient buffer; with
+           --float64 also against the float64 model's (the same code in float64 on the GPU)
   time     the step (forward, backward, Adam) in ms: median of --rounds alternating rounds,
            target tokens/s, and the ratio to the first variant and to PyTorch
   kernels  under the PyTorch profiler (CUPTI records CuPy's kernels too): kernels per step,
@@ -38,6 +38,10 @@ import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
 from bench.gpu_report import wmt_batch  # noqa: E402
 from bench.train_step import MinitfRunner, timed_round, torch_runner_like  # noqa: E402
+
+
+# the step as it is, against the step with every fusion switched off (CuPy's matmul and separate passes)
+DEFAULT_VARIANTS = ["now=", "before=MINITF_CUBLAS=0,MINITF_FUSED_RELU=0,MINITF_FUSED_ADAM=0,MINITF_FUSED_GRADS=0"]
 
 
 def log(msg):
@@ -85,8 +89,23 @@ def one_step_grads(runner):
     return loss, backend.to_numpy(m.flat_grads).astype(np.float64) / runner.scale
 
 
-def compare(cfg, batch, fp16, variants):
-    out, ref = {}, None
+class Float64Runner(MinitfRunner):
+    """The same model in float64 on the GPU: the reference the variants' gradients are held to."""
+
+    def __init__(self, cfg, batch):
+        self.name, self.cfg, self.batch, self.scale = "float64", cfg, batch, 1.0
+        self.model = minitf.Transformer(cfg, device="gpu", dtype="float64", seed=0)
+        self.model.train()
+
+
+def compare(cfg, batch, fp16, variants, float64):
+    """Loss and gradients of each variant against the first, and against float64 (float64=True)."""
+    out, ref, ref64 = {}, None, None
+    if float64:
+        runner = Float64Runner(cfg, batch)
+        ref64 = one_step_grads(runner)
+        del runner
+        backend.cupy.get_default_memory_pool().free_all_blocks()
     for name, env in variants:
         with Env(env):
             runner = MinitfRunner(cfg, "gpu", batch, 1e-4, fp16, name=name)
@@ -96,6 +115,9 @@ def compare(cfg, batch, fp16, variants):
         out[name] = {"loss": loss, "loss_rel_diff": abs(loss - ref[0]) / abs(ref[0]),
                      "grad_rel_diff": float(np.linalg.norm(g - ref[1]) / np.linalg.norm(ref[1])),
                      "finite": bool(np.isfinite(g).all())}
+        if ref64 is not None:
+            out[name]["grad_rel_err_vs_float64"] = float(np.linalg.norm(g - ref64[1]) / np.linalg.norm(ref64[1]))
+            out[name]["loss_rel_err_vs_float64"] = abs(loss - ref64[0]) / abs(ref64[0])
         del runner
     return out
 
@@ -131,6 +153,8 @@ def timing(cfg, batch, fp16, variants, args, torch):
     if torch is not None and args.kernel_steps:
         from bench.gpu_kernels import profile, top_kernels
         for env, r in runners:
+            if args.profile and r.name not in args.profile.split(","):
+                continue
             with Env(env):
                 p = profile(r, args.kernel_steps, torch)
             kernels[r.name] = {"wall_ms": round(p["wall_ms"], 2), "busy_ms": round(p["busy_ms"], 2),
@@ -154,10 +178,12 @@ def main(argv=None):
     p.add_argument("--kernel-steps", type=int, default=2)
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--float64", action="store_true", help="also hold each variant's gradients to the float64 model's")
+    p.add_argument("--profile", default="", help="comma-separated runners to profile (default: every one)")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out")
     args = p.parse_args(argv)
-    variants = [parse_variant(v) for v in (args.variant or ["cublas=MINITF_CUBLAS=1", "cupy=MINITF_CUBLAS=0"])]
+    variants = [parse_variant(v) for v in (args.variant or DEFAULT_VARIANTS)]
     ok, why = backend.gpu_available()
     if not ok:
         sys.exit(f"gpu_ab: no GPU: {why}")
@@ -187,7 +213,7 @@ def main(argv=None):
             fp16 = mode == "fp16"
             key = f"{preset} {mode}"
             log(f"{key}: same ...")
-            entry = {"same": compare(cfg, batch, fp16, variants)}
+            entry = {"same": compare(cfg, batch, fp16, variants, args.float64)}
             log(f"{key}: time ...")
             entry["time"], entry["kernels"] = timing(cfg, batch, fp16, variants, args, torch)
             report["results"][key] = entry
@@ -199,6 +225,7 @@ def main(argv=None):
                       f"{t['tgt_tokens_per_s']:>9,} tok/s  x{t.get('speed_vs_' + variants[0][0], 1):.3f}"
                       + (f"  vs torch x{t['speed_vs_torch']:.3f}" if "speed_vs_torch" in t else "")
                       + (f"  grad diff {s['grad_rel_diff']:.2e}" if s else "")
+                      + (f"  vs float64 {s['grad_rel_err_vs_float64']:.2e}" if "grad_rel_err_vs_float64" in s else "")
                       + (f"  kernels {k['kernels']} busy {k['busy_ms']} ms" if k else ""), flush=True)
             if args.out:
                 os.makedirs(args.out, exist_ok=True)
