@@ -21,6 +21,8 @@ that reduces in shared memory and writes its outputs once.
   bias_relu             x = max(x + b, 0) in place (the feed-forward's first layer and its ReLU)
   relu_backward         dy = dy * (y > 0) in place
   adam_update           one Adam(W) update over the flat buffers (+ the float16 copy of the weights)
+  embed_rows            the kept rows' (embedding * sqrt(D) + PE) * dropout mask, one pass
+  embedding_backward    the embedding's gradient summed per id in a fixed order (no atomics)
 
 Every kernel reads and writes the storage dtype T (float16, float32 or float64) and
 computes in A (float32, or float64 for float64 arrays), like functional.py's generic path,
@@ -345,6 +347,54 @@ extern "C" __global__ void adam_update(const T* grad, A* m, A* v, A* p, T* copy,
     }
 }
 
+// The embedding of the kept rows, one thread per element of out [n / d, d]: row r at position
+// pos = rowpos[r] (has_rows; else r) of the padded [B, L] batch, l = pos % L:
+// out = (weight[ids[pos]] * scale + pe[l]) * mask, mask = (u >= thresh) * dscale with u hashed from
+// (key, pos, c) as dropout_add hashes it (has_drop; else no dropout, mask not written).
+extern "C" __global__ void embed_rows(const T* weight, const long long* ids, const long long* rowpos, int has_rows,
+                                      const T* pe, T* out, T* mask, int has_drop, unsigned long long key, int thresh,
+                                      A dscale, long long n, int d, int L, A scale) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        long long r = i / d;
+        int c = (int)(i - r * d);
+        long long pos = has_rows ? rowpos[r] : r;
+        long long l = pos % L;
+        T e = (T)((A)weight[ids[pos] * d + c] * scale);
+        T y = (T)((A)e + (A)pe[l * d + c]);
+        if (has_drop) {
+            unsigned long long w = (unsigned long long)pos * (unsigned long long)((d + 3) / 4)
+                                   + (unsigned long long)(c / 4) + 1ULL;
+            int u = (int)((mix64(key + w * 0x9E3779B97F4A7C15ULL) >> (16 * (c & 3))) & 0xffffULL);
+            A m = u >= thresh ? dscale : (A)0;
+            mask[i] = (T)m;
+            y = (T)((A)y * m);
+        }
+        out[i] = y;
+    }
+}
+
+// The embedding's gradient from the kept rows' gradients dx [N, d] (times the dropout mask, has_mask):
+// grad[row] += scale * the sum of (dx * mask)[r] over the rows r holding that row's id, in a fixed order
+// (deterministic: no atomics). plan (int64, built on the host by kernels.embedding_plan):
+// starts [U + 1], then the U distinct ids, then the N rows sorted by id (stably). One block per id.
+extern "C" __global__ void embedding_backward(const T* dx, const T* mask, int has_mask, const long long* plan, int U,
+                                              T* grad, int d, A scale) {
+    const long long* starts = plan;
+    const long long* uniq = plan + U + 1;
+    const long long* order = plan + 2 * (long long)U + 1;
+    long long s0 = starts[blockIdx.x], s1 = starts[blockIdx.x + 1];
+    long long row = uniq[blockIdx.x];
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        A acc = 0;
+        for (long long j = s0; j < s1; j++) {
+            long long i = order[j] * d + c;
+            acc += has_mask ? (A)(T)((A)dx[i] * (A)mask[i]) : (A)dx[i];
+        }
+        grad[row * d + c] = (T)((A)grad[row * d + c] + acc * scale);
+    }
+}
+
 // Pass 2: out[c] = the sum of partial[slab * d + c] over the slabs, in slab order; a thread per column.
 extern "C" __global__ void column_sums_finish(const A* partial, A* out, int slabs, int d) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -418,6 +468,9 @@ SIGNATURES = {
     "unpack_heads": ["T*", "T*", "int", "int*", "int", "T*", "int", "int", "int"],
     "pack_heads": ["T*", "long long*", "int", "T*", "int", "int", "int"],
     "bias_relu": ["T*", "T*", "long long", "int"],
+    "embed_rows": ["T*", "long long*", "long long*", "int", "T*", "T*", "T*", "int", "unsigned long long", "int", "A",
+                   "long long", "int", "int", "A"],
+    "embedding_backward": ["T*", "T*", "int", "long long*", "int", "T*", "int", "A"],
     "relu_backward": ["T*", "T*", "long long"],
     "adam_update": ["T*", "A*", "A*", "A*", "T*", "int", "long long", "A", "A", "A", "A", "A", "A", "A", "A", "A"],
 }
@@ -449,7 +502,7 @@ def fused(x, name):
     """Whether x takes the fusion `name`: `enabled(x)`, unless the environment sets
     MINITF_FUSED_<NAME>=0 (then that part runs as separate passes, as before it was fused, for
     comparisons: bench/gpu_ab.py). The names: 'relu' (bias + ReLU, and its backward, in place),
-    'adam' (one Adam kernel), 'grads' (gradient sums added where they go: a LayerNorm's
+    'adam' (one Adam kernel), 'embed' (the embedding of the kept rows and its gradient, one kernel each), 'grads' (gradient sums added where they go: a LayerNorm's
     backward with its residual gradient, dropout mask and parameter sums; a bias's sum)."""
     return enabled(x) and os.environ.get(f"MINITF_FUSED_{name.upper()}", "1") != "0"
 
@@ -736,3 +789,49 @@ def adam_update(grad, m, v, p, copy, coef):
     _launch("adam_update", grad.dtype, -(-n // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
             (grad, m, v, p, grad if copy is None else copy, np.int32(copy is not None), np.int64(n), a(inv_scale),
              a(b1), a(1.0 - b1), a(b2), a(1.0 - b2), a(decay), a(rbc2), a(eps), a(step)))
+
+
+def embedding_plan(ids, keep_index, xp):
+    """The host-built plan of embedding_backward: ids [B, L] host ints, keep_index the kept
+    positions (packing.Rows.host_index, or None for all): int64 [U + 1 + U + N] on x's device
+    (one host->device copy), and U."""
+    flat = np.asarray(ids).reshape(-1)
+    kept = flat if keep_index is None else flat[keep_index]
+    order = np.argsort(kept, kind="stable")
+    sorted_ids = kept[order]
+    starts = np.flatnonzero(np.concatenate([[True], sorted_ids[1:] != sorted_ids[:-1]])) if len(kept) else \
+        np.zeros(0, dtype=np.int64)
+    u = len(starts)
+    plan = np.concatenate([starts, [len(kept)], sorted_ids[starts], order]).astype(np.int64)
+    return backend.to_device(plan, xp), u
+
+
+def embed_rows(weight, ids, rows, length, pe, scale, key, p):
+    """(out [N, D], mask [N, D] or None): the rows of (weight[ids] * scale + pe[position]) * mask
+    at the kept positions (rows: packing.Rows, or None for every position of ids [B, L]);
+    key/p: the dropout site's hash key and rate (key None: no dropout)."""
+    from .functional import keep_threshold
+    xp = backend.xp_of(weight)
+    b = ids.shape[0]
+    n_rows = b * length if rows is None else len(rows.host_index)
+    d = weight.shape[1]
+    out = xp.empty((n_rows, d), dtype=weight.dtype)
+    mask = None if key is None else xp.empty((n_rows, d), dtype=weight.dtype)
+    a = accum_dtype(weight.dtype)
+    n = n_rows * d
+    _launch("embed_rows", weight.dtype, -(-n // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
+            (weight, xp.ascontiguousarray(ids, dtype=np.int64),
+             _placeholder(xp, np.int64) if rows is None else rows.index, np.int32(rows is not None), pe, out,
+             out if mask is None else mask, np.int32(key is not None), np.uint64(key or 0),
+             np.int32(0 if key is None else keep_threshold(p)), a(0.0 if key is None else 1.0 / (1.0 - p)),
+             np.int64(n), np.int32(d), np.int32(length), a(scale)))
+    return out, mask
+
+
+def embedding_backward(dx, mask, plan, grad, scale):
+    """grad [V, D] += scale * (the rows of dx [N, D] (* mask) summed per id), plan = embedding_plan()."""
+    plan_array, u = plan
+    d = grad.shape[1]
+    _launch("embedding_backward", dx.dtype, u, _row_block(d),
+            (dx, dx if mask is None else mask, np.int32(mask is not None), plan_array, np.int32(u), grad, np.int32(d),
+             accum_dtype(dx.dtype)(scale)))

@@ -7,6 +7,7 @@ loss head) is seq2seq.Seq2Seq, the attention masks are masks.py.
 """
 import numpy as np
 
+from . import kernels
 from .backend import to_device
 from .blocks import Decoder, Encoder
 from .incremental import IncrementalDecoder
@@ -33,14 +34,36 @@ class Transformer(Seq2Seq):
         self.finish_init()
 
     # ------------------------------------------------------------------ forward
-    def encode(self, src, stream=None, rows=None):
+    def encode(self, src, stream=None, rows=None, plan=None):
         """src [B, S] -> (memory [B, S, D], src_bias [B, 1, 1, S], src ids cached for backward).
 
-        With `rows` (packing.Rows of the non-pad source positions) memory is [Ns, D]."""
+        With `rows` (packing.Rows of the non-pad source positions) memory is [Ns, D]. `plan`
+        (training on a GPU, kernels.embedding_plan): the embedding runs as one kernel."""
         src_bias = padding_bias(src, self.cfg.pad_id, self.dtype)
-        x_emb, src_ids = self.embedding.lookup(src)
-        x = self.src_dropout.forward(pack(rows, self.positional.forward(x_emb)), stream, rows=rows)
-        return self.encoder.forward(x, src_bias, stream, rows), src_bias, src_ids
+        x = self._embed(src, rows, self.src_dropout, stream, plan)
+        return self.encoder.forward(x, src_bias, stream, rows), src_bias, src
+
+    def _embed(self, ids, rows, dropout, stream, plan):
+        """dropout(pack(rows, embedding[ids] * sqrt(D) + PE)) (3.4, 3.5, 5.4): [N, D] with rows."""
+        if plan is None:
+            x_emb, _ = self.embedding.lookup(ids)
+            return dropout.forward(pack(rows, self.positional.forward(x_emb)), stream, rows=rows)
+        # one pass on the GPU (kernels.embed_rows): the same rows, the same dropout mask
+        w = self.embedding.params["weight"]
+        length = ids.shape[1]
+        key = stream.next_site()[1] if dropout.active(stream) else None
+        out, dropout.cache = kernels.embed_rows(w, ids, rows, length, self.positional.table_like(w, length),
+                                                self.embedding.scale, key, dropout.p)
+        return out if rows is not None else out.reshape(ids.shape + (-1,))
+
+    def _embedding_plans(self, src, tgt_in, src_rows, tgt_rows):
+        """(src plan, tgt plan) of kernels.embedding_plan from the HOST ids, when the embedding runs
+        fused (a GPU, sinusoidal positions); else (None, None)."""
+        w = self.embedding.params["weight"]
+        if not (kernels.fused(w, "embed") and isinstance(self.positional, SinusoidalPositional)):
+            return None, None
+        return tuple(kernels.embedding_plan(ids, None if rows is None else rows.host_index, self.xp)
+                     for ids, rows in ((src, src_rows), (tgt_in, tgt_rows)))
 
     def decoder_hidden(self, src, tgt_in, keep_tgt=None):
         """src [B, S], tgt_in [B, T] int -> decoder output h [B, T, D]. Keeps what backward needs.
@@ -48,20 +71,21 @@ class Transformer(Seq2Seq):
         Packed (training): with keep_tgt [B, T] bool, every layer runs on the non-pad source
         positions and the kept target positions only (packing.py) and h is [Nt, D]."""
         src_rows = tgt_rows = None
+        plans = (None, None)
         src = self._check_ids("src", src, host=keep_tgt is not None)
         if keep_tgt is not None:   # on the host: no GPU sync (packing.Rows)
             src_rows = make_rows(src != self.cfg.pad_id, self.xp)
             tgt_rows = make_rows(keep_tgt, self.xp)
+            plans = self._embedding_plans(src, self._check_ids("tgt_in", tgt_in, host=True), src_rows, tgt_rows)
         src, tgt_in = to_device(src, self.xp), self._check_ids("tgt_in", tgt_in)
         stream = self._dropout_stream()
-        memory, src_bias, src_ids = self.encode(src, stream, src_rows)
+        memory, src_bias, src_ids = self.encode(src, stream, src_rows, plans[0])
         t = tgt_in.shape[1]
         tgt_bias = causal_bias(t, self.xp, self.dtype)[None, None] + padding_bias(tgt_in, self.cfg.pad_id, self.dtype)
-        y_emb, tgt_ids = self.embedding.lookup(tgt_in)
-        y = self.tgt_dropout.forward(pack(tgt_rows, self.positional.forward(y_emb)), stream, rows=tgt_rows)
+        y = self._embed(tgt_in, tgt_rows, self.tgt_dropout, stream, plans[1])
         h = self.decoder.forward(y, memory, src_bias, tgt_bias, stream, tgt_rows, src_rows)
-        self._cache = {"src_ids": src_ids, "tgt_ids": tgt_ids, "src_rows": src_rows, "tgt_rows": tgt_rows,
-                       "h_shape": h.shape}
+        self._cache = {"src_ids": src_ids, "tgt_ids": tgt_in, "src_rows": src_rows, "tgt_rows": tgt_rows,
+                       "plans": plans, "h_shape": h.shape}
         self._head = None   # a forward without a loss: no backward of an earlier loss
         return h
 
@@ -103,11 +127,18 @@ class Transformer(Seq2Seq):
         dh = self.loss_head_backward(loss_weight, int(np.prod(c["h_shape"][:-1])))
         dy, dmemory = self.decoder.backward(dh.reshape(c["h_shape"]))
         # y = tgt_dropout(pack(embedding[tgt_in] * sqrt(D) + PE))
-        dy = self.positional.backward(unpack(c["tgt_rows"], self.tgt_dropout.backward(dy)))
-        self.embedding.lookup_backward(dy, c["tgt_ids"])
+        self._embed_backward(dy, c["tgt_ids"], c["tgt_rows"], self.tgt_dropout, c["plans"][1])
         # memory = encoder(src_dropout(pack(embedding[src] * sqrt(D) + PE)))
-        dx = self.positional.backward(unpack(c["src_rows"], self.src_dropout.backward(self.encoder.backward(dmemory))))
-        self.embedding.lookup_backward(dx, c["src_ids"])
+        self._embed_backward(self.encoder.backward(dmemory), c["src_ids"], c["src_rows"], self.src_dropout,
+                             c["plans"][0])
+
+    def _embed_backward(self, dx, ids, rows, dropout, plan):
+        # x = dropout(pack(rows, embedding[ids] * sqrt(D) + PE))
+        if plan is not None:      # one kernel: mask, per-id sums in a fixed order, scale
+            kernels.embedding_backward(dx.reshape(-1, dx.shape[-1]), dropout.take_mask(), plan,
+                                       self.embedding.grads["weight"], self.embedding.scale)
+            return
+        self.embedding.lookup_backward(self.positional.backward(unpack(rows, dropout.backward(dx))), ids)
 
     def incremental_decoder(self, src, max_steps, use_cache=True, beam=1):
         """The decoder state beam search steps through (incremental.py: KV caches)."""

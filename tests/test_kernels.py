@@ -208,6 +208,46 @@ def test_column_sums_into_a_buffer_add_to_it():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("packed,dropout", [(False, False), (True, False), (True, True)])
+def test_embed_rows_and_embedding_backward(dtype, packed, dropout):
+    """embed_rows = dropout(pack(rows, weight[ids] * scale + PE)) with the mask functional.hash_bits
+    gives at the kept positions; embedding_backward adds scale * (dx * mask) summed per id into
+    the gradient, as segment_sum_rows does (ids repeated, some never used)."""
+    from minitf.layers.embedding import segment_sum_rows
+    from minitf.layers.positional import sinusoid_table
+    from minitf.packing import Rows
+    rng = np.random.default_rng(17)
+    b, length, d, v, p = 3, 7, 12, 9, 0.25
+    ids = rng.integers(0, v, size=(b, length))
+    keep = rng.random((b, length)) < 0.7 if packed else np.ones((b, length), dtype=bool)
+    rows = Rows(keep) if packed else None
+    w = rng.normal(size=(v, d)).astype(dtype)
+    pe = sinusoid_table(length, d).astype(dtype)
+    key = F.DropoutStream(3, 4).next_site()[1] if dropout else None
+    out, mask = kernels.embed_rows(w, ids, rows, length, pe, 2.5, key, p)
+    full = ((w[ids] * dtype(2.5)).astype(dtype) + pe).reshape(-1, d)
+    want = full if rows is None else full[rows.host_index]
+    if dropout:
+        pos = None if rows is None else rows.host_index
+        bits = F.hash_bits(np, key, pos, want.shape[0], d)
+        want_mask = ((bits >= F.keep_threshold(p)) / (1 - p)).astype(dtype)
+        np.testing.assert_array_equal(mask, want_mask)
+        want = want * want_mask
+    else:
+        assert mask is None
+    close(out, want, dtype)
+    dx = rng.normal(size=out.shape).astype(dtype)
+    grad0 = rng.normal(size=(v, d)).astype(dtype)
+    got = grad0.copy()
+    kernels.embedding_backward(dx, mask, kernels.embedding_plan(ids, None if rows is None else rows.host_index, np),
+                               got, 2.5)
+    kept_ids = ids.reshape(-1) if rows is None else ids.reshape(-1)[rows.host_index]
+    want_g = grad0.astype(np.float64)
+    segment_sum_rows(kept_ids, (dx.astype(np.float64) * (1 if mask is None else mask)) * 2.5, want_g)
+    close(got, want_g, dtype, scale=10.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("packed", [False, True])
 def test_unpack_heads_and_pack_heads_are_unpack_split_and_merge_pack(dtype, packed):
     """unpack_heads = split_heads(unpack(rows, x + bias)) with zeros at the pads (the layer's

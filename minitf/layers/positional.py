@@ -41,6 +41,10 @@ class SinusoidalPositional(Layer):
             t = self._device_table = xp.asarray(self.table, dtype=x.dtype)
         return t
 
+    def table_like(self, x, length):
+        """PE[:length] on x's device, in x's dtype (for a kernel that adds it itself)."""
+        return self._table(x, length)[:length]
+
     def forward(self, x, offset=0):
         """x [B, L, D] -> x + PE[offset:offset+L]; decoding one position per row (L = 1), offset
         may be a host int array [B]: row b gets PE[offset[b]]."""
