@@ -405,51 +405,58 @@ extern "C" __global__ void column_sums_finish(const A* partial, A* out, int slab
     }
 }
 
-// Pass 2, accumulating: out1[c] += the sum over the slabs of partial[slab * w + c] for c < d1, and
-// out2[c - d1] += the same for d1 <= c < w (has_out2; w = d1 + d2): the slab partials of column_partial_sums
-// (w = d) or of column_partial_sums_pair (w = 2 d), added into gradient buffers of the storage dtype.
-extern "C" __global__ void column_sums_accumulate(const A* partial, T* out1, T* out2, int has_out2, int slabs, int d1,
-                                                  int w) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c < w) {
-        A t = 0;
-        for (int k = 0; k < slabs; k++) t += partial[(long long)k * w + c];
-        if (c < d1) out1[c] = (T)((A)out1[c] + t);
-        else if (has_out2) out2[c - d1] = (T)((A)out2[c - d1] + t);
+// The column sums of x [n, d] ADDED into gradient buffers of the storage dtype, in ONE launch:
+// out1 += the sums of x (pair = 0), or out1 += the sums of x * y and out2 += the sums of x (pair = 1: a
+// LayerNorm's weight and bias gradients). Each block sums its slab of rows as column_partial_sums does
+// and writes partial[slab * w + c] (w = d, or 2 d with the x sums after the x * y sums); the last block
+// to finish (a ticket from an atomic counter, after a memory fence) adds the slabs in order, so the
+// result is the same on every run, and sets the counter back to 0 for the next launch.
+__device__ inline A column_slab_sum(const T* x, const A* y, int use_y, long long r0, long long r1, int groups,
+                                    int group, int c, long long d) {
+    A s = 0;
+    for (long long r = r0 + group; r < r1; r += groups) {
+        long long i = r * d + c;
+        s += use_y ? (A)x[i] * y[i] : (A)x[i];
+    }
+    return s;
+}
+
+extern "C" __global__ void column_sums_into(const T* x, const A* y, int pair, A* partial, unsigned int* counter,
+                                            T* out1, T* out2, long long n, int d, long long rows_per_slab) {
+    __shared__ A buf[1024];
+    __shared__ int last;
+    int chunks = (d + 31) / 32, w = pair ? 2 * d : d;
+    int lane = threadIdx.x % 32, group = threadIdx.x / 32, groups = blockDim.x / 32;
+    int c = (blockIdx.x % chunks) * 32 + lane;
+    long long slab = blockIdx.x / chunks, slabs = gridDim.x / chunks;
+    long long r0 = slab * rows_per_slab;
+    long long r1 = r0 + rows_per_slab < n ? r0 + rows_per_slab : n;
+    for (int part = 0; part <= pair; part++) {    // pair: the x * y sums, then the x sums
+        buf[threadIdx.x] = c < d ? column_slab_sum(x, y, pair && part == 0, r0, r1, groups, group, c, d) : (A)0;
+        __syncthreads();
+        if (group == 0 && c < d) {
+            A t = 0;
+            for (int k = 0; k < groups; k++) t += buf[k * 32 + lane];
+            partial[slab * w + part * d + c] = t;
+        }
+        __syncthreads();
+    }
+    __threadfence();                               // this block's partials are visible before its ticket
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == (unsigned int)gridDim.x - 1u;
+    __syncthreads();
+    if (last) {
+        __threadfence();
+        const volatile A* p = partial;
+        for (int col = threadIdx.x; col < w; col += blockDim.x) {
+            A t = 0;
+            for (long long k = 0; k < slabs; k++) t += p[k * w + col];
+            if (col < d) out1[col] = (T)((A)out1[col] + t);
+            else out2[col - d] = (T)((A)out2[col - d] + t);
+        }
+        if (threadIdx.x == 0) *counter = 0u;
     }
 }
 
-// Pass 1 for two sums at once, of x * y and of x (a LayerNorm's weight and bias gradients): as
-// column_partial_sums, writing partial[slab * 2d + c] (x * y) and partial[slab * 2d + d + c] (x).
-extern "C" __global__ void column_partial_sums_pair(const T* x, const A* y, A* partial, long long n, int d,
-                                                    long long rows_per_slab) {
-    __shared__ A buf[1024];
-    __shared__ A buf2[1024];
-    int chunks = (d + 31) / 32;
-    int lane = threadIdx.x % 32, group = threadIdx.x / 32, groups = blockDim.x / 32;
-    int c = (blockIdx.x % chunks) * 32 + lane;
-    long long slab = blockIdx.x / chunks;
-    long long r0 = slab * rows_per_slab;
-    long long r1 = r0 + rows_per_slab < n ? r0 + rows_per_slab : n;
-    A s = 0, s2 = 0;
-    if (c < d) {
-        for (long long r = r0 + group; r < r1; r += groups) {
-            long long i = r * d + c;
-            A xv = (A)x[i];
-            s += xv * y[i];
-            s2 += xv;
-        }
-    }
-    buf[threadIdx.x] = s;
-    buf2[threadIdx.x] = s2;
-    __syncthreads();
-    if (group == 0 && c < d) {
-        A t = 0, t2 = 0;
-        for (int k = 0; k < groups; k++) { t += buf[k * 32 + lane]; t2 += buf2[k * 32 + lane]; }
-        partial[slab * 2 * d + c] = t;
-        partial[slab * 2 * d + d + c] = t2;
-    }
-}
 """
 
 # kernel name -> C types of its arguments (the emulator's launcher needs them)
@@ -463,8 +470,7 @@ SIGNATURES = {
     "dropout_add": ["long long*", "int", "unsigned long long", "T*", "T*", "T*", "T*", "long long", "int", "int", "A"],
     "column_partial_sums": ["T*", "A*", "int", "A*", "long long", "int", "long long"],
     "column_sums_finish": ["A*", "A*", "int", "int"],
-    "column_sums_accumulate": ["A*", "T*", "T*", "int", "int", "int", "int"],
-    "column_partial_sums_pair": ["T*", "A*", "A*", "long long", "int", "long long"],
+    "column_sums_into": ["T*", "A*", "int", "A*", "unsigned int*", "T*", "T*", "long long", "int", "long long"],
     "unpack_heads": ["T*", "T*", "int", "int*", "int", "T*", "int", "int", "int"],
     "pack_heads": ["T*", "long long*", "int", "T*", "int", "int", "int"],
     "bias_relu": ["T*", "T*", "long long", "int"],
@@ -677,7 +683,8 @@ def column_sums(x, y=None, out=None):
     dtype, when given) -> [D] in the accumulation dtype: the bias and LayerNorm parameter
     gradients. Two launches: partial sums over slabs of rows, then the slabs added in order, so
     the result is the same on every run. `out` ([D], x's dtype, C-contiguous): the sums are
-    ADDED into it by the second launch (a gradient buffer: no separate add) and it is returned."""
+    ADDED into it (a gradient buffer: no separate add) by ONE launch (column_sums_into: the last
+    block adds the slabs in order) and it is returned."""
     xp = backend.xp_of(x)
     x = xp.ascontiguousarray(x)
     a = accum_dtype(x.dtype)
@@ -687,13 +694,14 @@ def column_sums(x, y=None, out=None):
     if n == 0:
         return xp.zeros(d, dtype=a) if out is None else out
     partial = xp.empty((slabs, d), dtype=a)    # every entry written by pass 1
+    if out is not None:
+        _launch("column_sums_into", x.dtype, chunks * slabs, COLUMN_BLOCK,
+                (x, partial if y is None else xp.ascontiguousarray(y, dtype=a), np.int32(0), partial, _counter(xp), out,
+                 out, np.int64(n), np.int32(d), np.int64(rows_per_slab)))
+        return out
     yy = partial if y is None else xp.ascontiguousarray(y, dtype=a)
     _launch("column_partial_sums", x.dtype, chunks * slabs, COLUMN_BLOCK,
             (x, yy, np.int32(y is not None), partial, np.int64(n), np.int32(d), np.int64(rows_per_slab)))
-    if out is not None:
-        _launch("column_sums_accumulate", x.dtype, -(-d // COLUMN_BLOCK), COLUMN_BLOCK,
-                (partial, out, out, np.int32(0), np.int32(slabs), np.int32(d), np.int32(d)))
-        return out
     out = xp.empty(d, dtype=a)
     _launch("column_sums_finish", x.dtype, -(-d // COLUMN_BLOCK), COLUMN_BLOCK, (partial, out, np.int32(slabs),
                                                                                np.int32(d)))
@@ -703,7 +711,7 @@ def column_sums(x, y=None, out=None):
 def column_sums_pair(x, y, out_xy, out_x):
     """out_xy += sum over rows of x * y, out_x += sum over rows of x (x [..., D] storage dtype, y
     [..., D] accumulation dtype, outs [D] in x's dtype): a LayerNorm's two parameter gradients in
-    two launches, the same sums (and bits) as two column_sums calls."""
+    one launch, the same sums (and bits) as two column_sums calls."""
     xp = backend.xp_of(x)
     x = xp.ascontiguousarray(x)
     a = accum_dtype(x.dtype)
@@ -713,10 +721,18 @@ def column_sums_pair(x, y, out_xy, out_x):
     chunks = (d + 31) // 32
     slabs, rows_per_slab = _slabs(n, d)
     partial = xp.empty((slabs, 2 * d), dtype=a)
-    _launch("column_partial_sums_pair", x.dtype, chunks * slabs, COLUMN_BLOCK,
-            (x, xp.ascontiguousarray(y, dtype=a), partial, np.int64(n), np.int32(d), np.int64(rows_per_slab)))
-    _launch("column_sums_accumulate", x.dtype, -(-2 * d // COLUMN_BLOCK), COLUMN_BLOCK,
-            (partial, out_xy, out_x, np.int32(1), np.int32(slabs), np.int32(d), np.int32(2 * d)))
+    _launch("column_sums_into", x.dtype, chunks * slabs, COLUMN_BLOCK,
+            (x, xp.ascontiguousarray(y, dtype=a), np.int32(1), partial, _counter(xp), out_xy, out_x, np.int64(n),
+             np.int32(d), np.int64(rows_per_slab)))
+
+
+_COUNTERS = {}   # array module -> the uint32 ticket counter of column_sums_into (0 between launches)
+
+
+def _counter(xp):
+    if id(xp) not in _COUNTERS:
+        _COUNTERS[id(xp)] = (xp, xp.zeros(1, dtype=np.uint32))
+    return _COUNTERS[id(xp)][1]
 
 
 ELEMENTWISE_BLOCK = 256      # threads a block for the one-thread-per-element kernels

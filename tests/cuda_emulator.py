@@ -22,6 +22,10 @@ from minitf import kernels
 
 SHIM = r"""
 #define MINITF_EMULATE
+// Blocks run one after another here, so an atomic is a plain read-modify-write and a memory fence
+// has nothing to order.
+static inline unsigned int atomicAdd(unsigned int* p, unsigned int v) { unsigned int old = *p; *p = old + v; return old; }
+static inline void __threadfence() {}
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -194,7 +198,7 @@ class Emulator:
                 # kernels index arrays as C-contiguous, except broadcast views read through strides
                 assert isinstance(a, np.ndarray) and (a.flags.c_contiguous or 0 in a.strides), (name, c)
                 want = {"half_t*": np.float16, "float*": np.float32, "double*": np.float64,
-                        "long long*": np.int64, "int*": np.int32}[c]
+                        "long long*": np.int64, "int*": np.int32, "unsigned int*": np.uint32}[c]
                 assert a.dtype == want, (name, c, a.dtype)   # the kernel would misread other dtypes
                 cargs.append(ctypes.c_void_p(a.ctypes.data))
             else:

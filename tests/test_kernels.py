@@ -197,14 +197,26 @@ def test_layernorm_backward_with_a_residual_gradient_and_a_dropout_mask(dtype, r
     close(db_g, db_w, tol, scale=3.0)
 
 
-def test_column_sums_into_a_buffer_add_to_it():
-    """column_sums(x, out=buf) adds the sums into buf (a gradient buffer) in its dtype."""
+@pytest.mark.parametrize("n", [5, 300, 5000])
+def test_column_sums_into_a_buffer_add_to_it_in_one_launch(n, monkeypatch):
+    """column_sums(x, out=buf) adds the sums into buf (a gradient buffer) in its dtype, in one
+    launch whose last block adds the slabs (one slab and many); the ticket counter is back at 0
+    after it, so the next launch works; the same bits as the two-launch sums."""
     rng = np.random.default_rng(2)
-    x = rng.normal(size=(300, 70)).astype(np.float32)
+    x = rng.normal(size=(n, 70)).astype(np.float32)
     buf = rng.normal(size=70).astype(np.float32)
     want = buf.astype(np.float64) + x.astype(np.float64).sum(axis=0)
+    launched = []
+    real = kernels.LAUNCH["launch"]
+    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+    buf0 = buf.copy()
     assert kernels.column_sums(x, out=buf) is buf
-    close(buf, want, np.float32, scale=np.sqrt(300))
+    assert launched == ["column_sums_into"] and int(kernels._counter(np)[0]) == 0
+    close(buf, want, np.float32, scale=np.sqrt(n))
+    again = buf0.copy()
+    kernels.column_sums(x, out=again)
+    np.testing.assert_array_equal(again, buf)
+    np.testing.assert_array_equal(buf, buf0 + kernels.column_sums(x))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
