@@ -8,7 +8,9 @@
 The variants differ only in environment variables that minitf reads on every call
 (`--variant name=VAR=value[,VAR=value]`; default: `now`, the step as it is, against `before`,
 every fusion switched off: MINITF_CUBLAS=0 and MINITF_FUSED_{RELU,ADAM,GRADS}=0), so one process runs them all, alternating, with PyTorch eager beside
-them (bench/train_step.py's TorchRunner, same weights) when torch with CUDA is there. For each
+them (bench/train_step.py's TorchRunner, same weights) when torch with CUDA is there, and with
+--strong PyTorch as a user choosing it for speed would run it (scaled_dot_product_attention,
+logits on the rows with a loss only, fused Adam; --torch-compile adds torch.compile). For each
 preset and mode it prints and writes (--out):
 
   same     the loss and every gradient of one step of each variant against the first, on the
@@ -129,6 +131,9 @@ def timing(cfg, batch, fp16, variants, args, torch):
             runners.append((env, MinitfRunner(cfg, "gpu", batch, 1e-4, fp16, name=name)))
     if torch is not None:
         runners.append(({}, torch_runner_like(runners[0][1], "gpu", batch, 1e-4, fp16)))
+        if args.strong:
+            runners.append(({}, torch_runner_like(runners[0][1], "gpu", batch, 1e-4, fp16, strong=True,
+                                                  compile=args.torch_compile)))
     for env, r in runners:
         with Env(env):
             for _ in range(args.warmup):
@@ -147,8 +152,9 @@ def timing(cfg, batch, fp16, variants, args, torch):
                      "max_ms": round(max(ts) * 1e3, 2), "tgt_tokens_per_s": round(tokens / med)}
     for name in res:
         res[name]["speed_vs_" + first] = round(res[first]["step_ms"] / res[name]["step_ms"], 3)
-        if "torch" in res:
-            res[name]["speed_vs_torch"] = round(res["torch"]["step_ms"] / res[name]["step_ms"], 3)
+        for base in ("torch", "torch-strong", "torch-strong-compiled"):
+            if base in res:
+                res[name]["speed_vs_" + base] = round(res[base]["step_ms"] / res[name]["step_ms"], 3)
     kernels = {}
     if torch is not None and args.kernel_steps:
         from bench.gpu_kernels import profile, top_kernels
@@ -178,6 +184,9 @@ def main(argv=None):
     p.add_argument("--kernel-steps", type=int, default=2)
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--strong", action="store_true", help="also PyTorch as a user choosing it for speed would run it: "
+                   "scaled_dot_product_attention, logits on the rows with a loss, fused Adam")
+    p.add_argument("--torch-compile", action="store_true", help="the strong PyTorch's loss through torch.compile")
     p.add_argument("--float64", action="store_true", help="also hold each variant's gradients to the float64 model's")
     p.add_argument("--profile", default="", help="comma-separated runners to profile (default: every one)")
     p.add_argument("--smoke", action="store_true")
@@ -223,7 +232,9 @@ def main(argv=None):
                 k = entry["kernels"].get(name, {})
                 print(f"  {name:8s} {t['step_ms']:9.2f} ms ({t['min_ms']:.2f}-{t['max_ms']:.2f})  "
                       f"{t['tgt_tokens_per_s']:>9,} tok/s  x{t.get('speed_vs_' + variants[0][0], 1):.3f}"
-                      + (f"  vs torch x{t['speed_vs_torch']:.3f}" if "speed_vs_torch" in t else "")
+                      + "".join(f"  vs {b} x{t['speed_vs_' + b]:.3f}" for b in ("torch", "torch-strong",
+                                                                                   "torch-strong-compiled")
+                                if "speed_vs_" + b in t)
                       + (f"  grad diff {s['grad_rel_diff']:.2e}" if s else "")
                       + (f"  vs float64 {s['grad_rel_err_vs_float64']:.2e}" if "grad_rel_err_vs_float64" in s else "")
                       + (f"  kernels {k['kernels']} busy {k['busy_ms']} ms" if k else ""), flush=True)

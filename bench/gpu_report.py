@@ -5,11 +5,13 @@
     python bench/gpu_report.py --out runs/gpu  # also writes report.md and report.json there
     python bench/gpu_report.py --smoke         # tiny sizes: checks the script itself (CI, strict CuPy stand-in)
 
-Needs numpy, cupy, sentencepiece, sacrebleu; torch for the PyTorch columns (skipped, and said
-so, without it); no network and no data beside the repository. Sections, each timed and each
+Needs numpy, cupy, sentencepiece, sacrebleu; torch with CUDA for the PyTorch columns (absent,
+and the report says why, without it or with a CPU-only build); no network and no data beside the repository. Sections, each timed and each
 reported even when another fails:
 
   suite   `pytest tests/test_gpu.py tests/test_nvrtc.py` on this GPU: passed / failed / skipped
+  launches  on the strict CuPy stand-in only (--smoke with MINITF_CUPY_MODULE=strict_cupy): the kernel
+          launches of one `base` update, float32 and --fp16, one line each (bench/launches.py)
   step    one training step of `base` and `big` on one batch of ~25000 target tokens with
           WMT14-shaped lengths (source ~N(33, 10) pieces, target 1.05x), the same weights and
           batch in one process: minitf float32 (TF32 matmuls, CUPY_TF32=1) against PyTorch eager
@@ -184,12 +186,20 @@ def measure_pair(cfg, batch, fp16, args, torch):
     return out
 
 
-def section_step(args, env):
+def cuda_torch():
+    """(torch, None) when PyTorch with CUDA is importable, else (None, why the PyTorch columns are absent)."""
     try:
         import torch
     except ImportError:
-        torch = None
-    results = {}
+        return None, "PyTorch is not installed"
+    if not torch.cuda.is_available():
+        return None, f"PyTorch {torch.__version__} has no usable CUDA (a CPU-only build, or no GPU it can see)"
+    return torch, None
+
+
+def section_step(args, env):
+    torch, why = cuda_torch()
+    results = {} if torch is not None else {"torch_absent": why}
     for preset in args.presets:
         cfg = minitf.TransformerConfig.preset(preset, vocab_size=args.vocab)
         batch = wmt_batch(cfg, args.step_tokens)
@@ -211,12 +221,9 @@ def section_step(args, env):
 
 
 def section_kernels(args):
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    if torch is None or not torch.cuda.is_available():
-        return {"skipped": "needs PyTorch with CUDA (its profiler records the kernels)"}
+    torch, why = cuda_torch()
+    if torch is None:
+        return {"skipped": f"needs PyTorch with CUDA (its profiler records the kernels): {why}"}
     from bench.gpu_kernels import profile, top_kernels
     cfg = minitf.TransformerConfig.preset(args.presets[0], vocab_size=args.vocab)
     batch = wmt_batch(cfg, args.step_tokens)
@@ -228,6 +235,19 @@ def section_kernels(args):
                             "kernels": round(res["kernels"]),
                             "top": [[k, round(ms, 3), round(share, 4), round(calls, 1)]
                                     for k, ms, share, calls in top_kernels(res, args.kernel_steps, args.kernel_top)]}
+    return out
+
+
+def section_launches(args):
+    """Kernel launches of one `base` update counted on the strict CuPy stand-in (bench/launches.py);
+    on a GPU the step section's profiler counts the kernels instead."""
+    if not hasattr(backend.cupy, "launches"):
+        return {"skipped": "counted on the strict CuPy stand-in only; the step section counts a GPU's kernels"}
+    from bench.launches import count_update
+    out = {}
+    for mode, fp16 in (("float32", False), ("fp16", True)):
+        by_name, total = count_update("base", fp16)
+        out[f"base {mode}"] = {"launches": total, "by_name": dict(sorted(by_name.items(), key=lambda kv: -kv[1]))}
     return out
 
 
@@ -328,7 +348,7 @@ def markdown(rep):
                   "/ PyTorch | peak MiB minitf / PyTorch | kernels per step minitf / PyTorch | D2H copies, syncs minitf "
                   "/ PyTorch |", "|---|---|---|---|---|---|---|---|---|---|"]
         for preset, res in st.items():
-            if not isinstance(res, dict):
+            if not isinstance(res, dict) or "float32" not in res:
                 continue
             for mode in ("float32", "fp16"):
                 m, t = res[mode]["minitf"], res[mode].get("torch", {})
@@ -341,6 +361,12 @@ def markdown(rep):
                     f"{m.get('kernels', '-')} / {t.get('kernels', '-')} | {m.get('d2h_copies', '-')}, "
                     f"{m.get('syncs', '-')} / {t.get('d2h_copies', '-')}, {t.get('syncs', '-')} |")
         lines.append("")
+        if st.get("torch_absent"):
+            lines += [f"The PyTorch columns are absent: {st['torch_absent']}.", ""]
+    la = rep["sections"].get("launches", {})
+    if la and "skipped" not in la and "error" not in la:
+        lines += ["**Kernel launches per update** (counted on the strict CuPy stand-in, `bench/launches.py`):", ""]
+        lines += [f"launches per update: {key} {v['launches']}" for key, v in la.items() if isinstance(v, dict)] + [""]
     k = rep["sections"].get("kernels", {})
     if "minitf" in k:
         lines += [f"**Where a step's GPU time goes** (`{k['preset']}`, {k['mode']}, {k['steps']} steps under the PyTorch "
@@ -381,7 +407,8 @@ def _pct(x):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", help="folder for report.md and report.json")
-    p.add_argument("--skip", default="", help="comma-separated sections to leave out: suite,step,kernels,beam,wmt")
+    p.add_argument("--skip", default="", help="comma-separated sections to leave out: "
+                   "suite,launches,step,kernels,beam,wmt")
     p.add_argument("--smoke", action="store_true", help="tiny sizes (checks this script, e.g. under the CuPy stand-in)")
     p.add_argument("--fp16", action="store_true", help="the WMT14-shaped run with --fp16")
     p.add_argument("--budget", type=float, default=510.0,
@@ -403,7 +430,8 @@ def main(argv=None):
     t0 = time.time()
     rep = {"env": section_env(), "sections": {}}
     log(f"{rep['env'].get('gpu')}, CuPy {rep['env']['cupy']}, torch {rep['env']['torch']}")
-    for name, fn in (("suite", lambda: section_suite(args)), ("step", lambda: section_step(args, rep["env"])),
+    for name, fn in (("suite", lambda: section_suite(args)), ("launches", lambda: section_launches(args)),
+                     ("step", lambda: section_step(args, rep["env"])),
                      ("kernels", lambda: section_kernels(args)), ("beam", lambda: section_beam(args)),
                      ("wmt", lambda: section_wmt(args))):
         if name in skip:

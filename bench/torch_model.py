@@ -29,10 +29,12 @@ def sinusoids(length, d_model, dtype, device):
 
 
 class TorchTransformer:
-    def __init__(self, params, cfg, autocast_fp16=False):
-        """params: {minitf name: leaf tensor with requires_grad}."""
+    def __init__(self, params, cfg, autocast_fp16=False, strong=False):
+        """params: {minitf name: leaf tensor with requires_grad}. strong: what a user choosing
+        PyTorch for speed would write: attention through F.scaled_dot_product_attention (fused
+        attention kernels) and, in `loss`, the output layer and softmax on the rows with a loss only."""
         self.p, self.cfg = params, cfg
-        self.autocast_fp16 = autocast_fp16
+        self.autocast_fp16, self.strong = autocast_fp16, strong
         self.training = True
         any_p = next(iter(params.values()))
         self.device, self.dtype = any_p.device, any_p.dtype
@@ -75,6 +77,10 @@ class TorchTransformer:
         q = self._linear(name + ".q", x_q).view(b, tq, h, dk).transpose(1, 2)
         k = self._linear(name + ".k", x_kv).view(b, tk, h, dk).transpose(1, 2)
         v = self._linear(name + ".v", x_kv).view(b, tk, h, dk).transpose(1, 2)
+        if self.strong:   # True in attn_mask = may attend
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=~blocked,
+                                                 dropout_p=self.cfg.attention_dropout if self.training else 0.0)
+            return self._linear(name + ".out", ctx.transpose(1, 2).reshape(b, tq, h * dk))
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(dk)
         weights = torch.softmax(scores.masked_fill(blocked, float("-inf")), dim=-1)
         heads = (weights @ v).transpose(1, 2).reshape(b, tq, h * dk)
@@ -94,8 +100,9 @@ class TorchTransformer:
         return self._drop(x + pos)
 
     # -- model
-    def forward(self, src, tgt_in):
-        """src [B, S], tgt_in [B, T] int64 tensors -> logits [B, T, V]."""
+    def forward(self, src, tgt_in, rows=None):
+        """src [B, S], tgt_in [B, T] int64 tensors -> logits [B, T, V] (rows: an index of the
+        flattened [B*T] positions: logits [len(rows), V] of those positions only)."""
         cfg = self.cfg
         ctx = (torch.autocast(self.device.type, dtype=torch.float16) if self.autocast_fp16 else nullcontext())
         with ctx:
@@ -117,11 +124,20 @@ class TorchTransformer:
                 y = self._norm(n + ".norm1", y + self._drop(self._attention(n + ".self_attn", y, y, tgt_blocked)))
                 y = self._norm(n + ".norm2", y + self._drop(self._attention(n + ".cross_attn", y, memory, src_pad)))
                 y = self._norm(n + ".norm3", y + self._drop(self._ffn(n + ".ffn", y)))
+            if rows is not None:
+                y = y.reshape(-1, y.shape[-1])[rows]
             return y @ self.p["embedding.weight"].t()
 
     def loss(self, src, tgt_in, tgt_out):
         """Mean over non-pad tokens of (1-eps) * -log p[gold] + eps * mean_v(-log p[v])."""
-        logits = self.forward(src, tgt_in)
+        if self.strong:   # the rows with a loss only (the index found once per batch)
+            key = (tgt_out.data_ptr(), tuple(tgt_out.shape))
+            if getattr(self, "_rows_key", None) != key:
+                self._rows_key, self._rows = key, torch.nonzero(tgt_out.reshape(-1) != self.cfg.pad_id)[:, 0]
+            tgt_out = tgt_out.reshape(-1)[self._rows]
+            logits = self.forward(src, tgt_in, self._rows)
+        else:
+            logits = self.forward(src, tgt_in)
         if logits.dtype == torch.float16:
             logits = logits.float()
         logp = torch.log_softmax(logits, dim=-1)
@@ -138,11 +154,11 @@ def as_ids(a, device="cpu"):
     return torch.as_tensor(np.asarray(a), dtype=torch.int64, device=device)
 
 
-def from_minitf_state(state_dict, cfg, dtype="float32", device="cpu", autocast_fp16=False):
+def from_minitf_state(state_dict, cfg, dtype="float32", device="cpu", autocast_fp16=False, strong=False):
     """A TorchTransformer holding copies of minitf's parameters ({name: NumPy/CuPy array}).
 
     dtype: 'float32' or 'float64' (the master weights); autocast_fp16 runs the forward under
-    torch.autocast(float16) (mixed precision, for speed benches).
+    torch.autocast(float16) (mixed precision, for speed benches); strong: TorchTransformer's.
     """
     if getattr(cfg, "output_vocab", None):
         raise SystemExit("the PyTorch model scores the paper's joint vocabulary; this minitf model has an output "
@@ -155,4 +171,4 @@ def from_minitf_state(state_dict, cfg, dtype="float32", device="cpu", autocast_f
     for name, arr in state_dict.items():
         host = arr.get() if hasattr(arr, "get") and not isinstance(arr, np.ndarray) else np.asarray(arr)
         params[name] = torch.tensor(host, dtype=tdtype, device=device).requires_grad_(True)
-    return TorchTransformer(params, cfg, autocast_fp16=autocast_fp16)
+    return TorchTransformer(params, cfg, autocast_fp16=autocast_fp16, strong=strong)

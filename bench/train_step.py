@@ -173,21 +173,28 @@ class MinitfRunner:
 class TorchRunner:
     name = "torch"
 
-    def __init__(self, cfg, device, batch, lr, fp16, state_dict):
+    def __init__(self, cfg, device, batch, lr, fp16, state_dict, strong=False, compile=False):
+        """strong: scaled_dot_product_attention, logits on the rows with a loss, fused Adam on a
+        GPU (bench/torch_model.py); compile: the loss through torch.compile too."""
         import torch
         from bench.torch_model import as_ids, from_minitf_state
         self.torch = torch
         self.device = "cuda" if device == "gpu" else "cpu"
+        if strong:
+            self.name = "torch-strong" + ("-compiled" if compile else "")
         torch.backends.cuda.matmul.allow_tf32 = os.environ.get("CUPY_TF32") == "1"   # same matmul mode as minitf
-        self.model = from_minitf_state(state_dict, cfg, dtype="float32", device=self.device, autocast_fp16=fp16)
+        self.model = from_minitf_state(state_dict, cfg, dtype="float32", device=self.device, autocast_fp16=fp16,
+                                       strong=strong)
         self.model.train()
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9)
+        fused = {"fused": True} if strong and self.device == "cuda" else {}
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9, **fused)
         self.scaler = torch.amp.GradScaler(self.device, enabled=fp16 and self.device == "cuda")
         self.batch = [as_ids(a, self.device) for a in batch]
+        self.loss_fn = torch.compile(self.model.loss) if compile else self.model.loss
 
     def step(self):
         self.opt.zero_grad(set_to_none=True)
-        loss = self.model.loss(*self.batch)
+        loss = self.loss_fn(*self.batch)
         self.scaler.scale(loss).backward()
         self.scaler.step(self.opt)
         self.scaler.update()
@@ -198,10 +205,10 @@ class TorchRunner:
             self.torch.cuda.synchronize()
 
 
-def torch_runner_like(runner, device, batch, lr, fp16):
+def torch_runner_like(runner, device, batch, lr, fp16, strong=False, compile=False):
     """PyTorch's runner holding the weights of minitf's `runner`, so that both start from the same point."""
     state = {n: to_numpy(a).copy() for n, a in runner.model.state_dict().items()}
-    return TorchRunner(runner.cfg, device, batch, lr, fp16, state)
+    return TorchRunner(runner.cfg, device, batch, lr, fp16, state, strong=strong, compile=compile)
 
 
 def timed_round(runner, steps):

@@ -149,12 +149,16 @@ def torch_model():
     return tm
 
 
+@pytest.mark.parametrize("strong", [False, True])
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_matches_torch_autograd(name, torch_model):
+def test_matches_torch_autograd(name, strong, torch_model):
+    """The PyTorch model of the GPU benchmarks, as written plainly and as the strong baseline
+    (scaled_dot_product_attention, logits on the rows with a loss): minitf's loss, logits and
+    every gradient."""
     tm = torch_model
     cfg, model = make_model(name)
     src, tgt_in, tgt_out = make_batch(cfg, np.random.default_rng(2))
-    ref = tm.from_minitf_state(model.state_dict(), cfg, dtype="float64")
+    ref = tm.from_minitf_state(model.state_dict(), cfg, dtype="float64", strong=strong)
     s, ti, to = tm.as_ids(src), tm.as_ids(tgt_in), tm.as_ids(tgt_out)
 
     model.zero_grad()

@@ -7,6 +7,7 @@ The subprocesses select the stand-in with MINITF_CUPY_MODULE=strict_cupy."""
 import gzip
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -342,6 +343,25 @@ def test_two_gpu_ranks_over_nccl_equal_one_gpu_with_twice_the_update_freq(corpus
     assert len(reports) == 2 and all(rep["launches"]["nccl.allReduce"] == 3 for rep in reports)   # one per update
 
 
+@pytest.mark.parametrize("fp16", [False, True])
+def test_a_base_update_launches_at_most_900_kernels_and_reads_nothing_back(standin, fp16):
+    """One `base` update (forward, backward, Adam) on the GPU path, counted as CuPy would launch
+    it (bench/launches.py): at most 900 kernels (880 today; 1,929 with every fusion switched off,
+    the step before they existed), the attention's products as single cuBLAS calls, and no
+    device-to-host copy inside the update (train.py reads the loss once per update, after it)."""
+    sys.path.insert(0, ROOT)
+    from bench.launches import count_update
+    with strict_cupy.count_transfers() as t:
+        by_name, total = count_update("base", fp16)
+    assert total <= 900, sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
+    assert by_name.get("cublas.gemmStridedBatchedEx") == 6 * 18     # QK^T, PV; dV, dP, dQ, dK: x 18 attentions
+    assert "cupy_copy" not in by_name and "cupy_scatter_add" not in by_name
+    assert not t.d2h, t.d2h
+    off = {k: "0" for k in ("MINITF_CUBLAS", "MINITF_FUSED_RELU", "MINITF_FUSED_ADAM", "MINITF_FUSED_GRADS",
+                            "MINITF_FUSED_EMBED")}
+    assert count_update("base", fp16, env=off)[1] > 1.8 * total
+
+
 def test_the_gpu_report_runs_its_sections(tmp_path):
     """bench/gpu_report.py, the one command for a GPU, at tiny sizes on the stand-in: the training
     step, beam search and the WMT14-shaped run each give their figures (the suite section is
@@ -351,8 +371,17 @@ def test_the_gpu_report_runs_its_sections(tmp_path):
                        env=standin_env(tmp_path), timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     rep = json.loads((tmp_path / "report" / "report.json").read_text())
-    assert set(rep["sections"]) == {"step", "kernels", "beam", "wmt"}
+    assert set(rep["sections"]) == {"launches", "step", "kernels", "beam", "wmt"}
     assert not [name for name, sec in rep["sections"].items() if "error" in sec], rep["sections"]
+    for mode in ("float32", "fp16"):   # one line each, the count the launch test holds
+        assert re.search(rf"^launches per update: base {mode} \d+$", r.stdout, re.M), r.stdout[-2000:]
+    try:
+        import torch
+        cuda_torch = torch.cuda.is_available()
+    except ImportError:
+        cuda_torch = False
+    if not cuda_torch:      # no torch, or a CPU-only build: the columns are absent and the report says why
+        assert "The PyTorch columns are absent" in r.stdout
     kern = rep["sections"]["kernels"]   # PyTorch's profiler needs CUDA: skipped here unless a GPU is present
     assert ("minitf" in kern and kern["minitf"]["top"]) or "PyTorch with CUDA" in kern["skipped"], kern
     assert rep["sections"]["step"]["tiny"]["fp16"]["minitf"]["tgt_tokens_per_s"] > 0

@@ -1,0 +1,67 @@
+#!/usr/bin/env python
+"""Kernel launches of one training update, counted on the strict CuPy stand-in (no GPU needed).
+
+    PYTHONPATH=tests MINITF_CUPY_MODULE=strict_cupy python bench/launches.py            # base, float32 and --fp16
+    PYTHONPATH=tests MINITF_CUPY_MODULE=strict_cupy python bench/launches.py --by-name  # and which kernels
+
+tests/strict_cupy.py counts what CuPy would launch for each call minitf makes (one kernel per
+elementwise or reduction call, index, assignment or conversion; CuPy matmul's copies and GEMM;
+minitf's RawKernels; the cuBLAS calls; memsets as `cupy.zeros`), so this counts the launches of
+the GPU code path on any machine. The structure decides the count, not the widths: the update is
+the preset's layers, heads and stacks at width 64 (d_ff 128, 64 pieces) on a short batch, with
+the step's second update counted (the first compiles and sets up). On a GPU, bench/gpu_report.py
+and bench/gpu_ab.py count the kernels the profiler sees.
+"""
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import minitf  # noqa: E402
+from minitf import backend  # noqa: E402
+
+
+def count_update(preset="base", fp16=False, env=None):
+    """({kernel name: launches}, total) of one update (forward, backward, Adam) of `preset`'s
+    structure at width 64 on the stand-in; env: variables set for the count (e.g. a fusion off)."""
+    from bench.gpu_report import wmt_batch
+    from bench.train_step import MinitfRunner
+    cupy = backend.cupy
+    if not hasattr(cupy, "launches"):
+        raise SystemExit("bench/launches.py counts on the strict CuPy stand-in: run it with PYTHONPATH=tests "
+                         "MINITF_CUPY_MODULE=strict_cupy")
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        cfg = minitf.TransformerConfig.preset(preset, vocab_size=64, d_model=64, d_ff=128)
+        runner = MinitfRunner(cfg, "gpu", wmt_batch(cfg, 120), 1e-4, fp16)
+        runner.step()
+        before = cupy.launches()
+        runner.step()
+        by_name, total = cupy.launches_between(before, cupy.launches())
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return by_name, total
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="base")
+    ap.add_argument("--by-name", action="store_true")
+    args = ap.parse_args(argv)
+    for mode, fp16 in (("float32", False), ("fp16", True)):
+        by_name, total = count_update(args.preset, fp16)
+        print(f"launches per update: {args.preset} {mode} {total}")
+        if args.by_name:
+            for name, n in sorted(by_name.items(), key=lambda kv: -kv[1]):
+                print(f"    {n:5d}  {name}")
+
+
+if __name__ == "__main__":
+    main()
