@@ -8,6 +8,7 @@ that reduces in shared memory and writes its outputs once.
 
   masked_softmax        p = softmax(scores + bias) over the last axis (bias broadcast)
   softmax_backward      dx = p * (dp - sum(dp * p))
+  (masked_softmax_warp, softmax_backward_warp: the same for rows up to 256 long, a warp per row)
   layernorm_forward     y = xhat * g + b with xhat = (x - mean) * rstd, per row
   layernorm_backward    dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
   dropout_add           out = y * mask + x, mask = (u >= p) / (1 - p), u hashed from (key, position)
@@ -45,6 +46,8 @@ MIN_BLOCK = 32                                            # one warp
 COLUMN_BLOCK = 256           # column sums: 8 groups of 32 columns a block
 COLUMN_BLOCKS = 1024         # column sums: about this many blocks (several per multiprocessor) ...
 COLUMN_MIN_ROWS = 64         # ... each over at least this many rows
+WARP_ROW_MAX = 256           # softmax rows up to this long: a warp per row (masked_softmax_warp)
+WARP_ROWS = 4                # ... and this many rows (warps) a block
 
 
 def block_size(kind, n):
@@ -141,6 +144,50 @@ extern "C" __global__ void softmax_backward(const T* dp, const T* p, T* dx, int 
     for (int j = threadIdx.x; j < n; j += blockDim.x) s += (A)dp[off + j] * (A)p[off + j];
     s = block_sum(s, buf);
     for (int j = threadIdx.x; j < n; j += blockDim.x) dx[off + j] = (T)((A)p[off + j] * ((A)dp[off + j] - s));
+}
+
+// The same two kernels for short rows (n <= WARP_ROW_MAX), a warp per row: the block's warps take
+// rows blockIdx.x * warps + warp, each lane the row's elements lane, lane + 32, ...; the reductions
+// are warp shuffles (no shared memory, no block barrier). Every warp runs the same shuffles, also
+// past the last row (valid = 0 there), so the block's threads stay in step.
+__device__ inline A warp_max(A v) {
+    for (int o = 16; o > 0; o >>= 1) v = a_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ inline A warp_sum(A v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+extern "C" __global__ void masked_softmax_warp(const T* scores, const T* bias, T* p, long long rows, int n, int H,
+                                               int Tq, long long sb, long long sh, long long st, long long sj) {
+    int lane = threadIdx.x % 32;
+    long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int valid = r < rows;
+    long long rr = valid ? r : 0;
+    long long t = rr % Tq, h = (rr / Tq) % H, b = rr / ((long long)Tq * H);
+    const T* x = scores + rr * n;
+    const T* bb = bias + b * sb + h * sh + t * st;
+    int len = valid ? n : 0;
+    A m = NEG_BIG;
+    for (int j = lane; j < len; j += 32) m = a_max(m, (A)x[j] + (A)bb[j * sj]);
+    m = warp_max(m);
+    A s = 0;
+    for (int j = lane; j < len; j += 32) s += a_exp((A)x[j] + (A)bb[j * sj] - m);
+    A inv = (A)1 / warp_sum(s);
+    for (int j = lane; j < len; j += 32) p[rr * n + j] = (T)(a_exp((A)x[j] + (A)bb[j * sj] - m) * inv);
+}
+
+extern "C" __global__ void softmax_backward_warp(const T* dp, const T* p, T* dx, long long rows, int n) {
+    int lane = threadIdx.x % 32;
+    long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int len = r < rows ? n : 0;
+    long long off = (r < rows ? r : 0) * n;
+    A s = 0;
+    for (int j = lane; j < len; j += 32) s += (A)dp[off + j] * (A)p[off + j];
+    s = warp_sum(s);
+    for (int j = lane; j < len; j += 32) dx[off + j] = (T)((A)p[off + j] * ((A)dp[off + j] - s));
 }
 
 // Per row of length d: mean, rstd = (var + eps)^-1/2 (biased variance, two passes over the row),
@@ -463,6 +510,9 @@ extern "C" __global__ void column_sums_into(const T* x, const A* y, int pair, A*
 SIGNATURES = {
     "masked_softmax": ["T*", "T*", "T*", "int", "int", "int", "long long", "long long", "long long", "long long"],
     "softmax_backward": ["T*", "T*", "T*", "int"],
+    "masked_softmax_warp": ["T*", "T*", "T*", "long long", "int", "int", "int", "long long", "long long", "long long",
+                            "long long"],
+    "softmax_backward_warp": ["T*", "T*", "T*", "long long", "int"],
     "layernorm_forward": ["T*", "T*", "T*", "T*", "A*", "A*", "int", "A"],
     "layernorm_backward": ["T*", "T*", "int", "A*", "A*", "T*", "T*", "T*", "int", "T*", "int"],
     "smoothed_nll_rows": ["T*", "long long*", "A*", "A*", "A*", "int"],
@@ -577,6 +627,11 @@ def masked_softmax(scores, bias, out=None):
     sb, sh, st, sj = (stride // bias.itemsize for stride in bias.strides)
     out = xp.empty_like(scores) if out is None else out
     rows, n = _rows(scores)
+    if n <= WARP_ROW_MAX:       # a warp per row, WARP_ROWS rows a block
+        _launch("masked_softmax_warp", scores.dtype, -(-rows // WARP_ROWS), 32 * WARP_ROWS,
+                (scores, bias, out, np.int64(rows), np.int32(n), np.int32(h), np.int32(t), np.int64(sb), np.int64(sh),
+                 np.int64(st), np.int64(sj)))
+        return out
     _launch("masked_softmax", scores.dtype, rows, block_size("softmax", n),
             (scores, bias, out, np.int32(n), np.int32(h), np.int32(t), np.int64(sb), np.int64(sh), np.int64(st),
              np.int64(sj)))
@@ -589,6 +644,10 @@ def softmax_backward(dp, p, out=None):
     dp = xp.ascontiguousarray(dp)
     out = xp.empty_like(p) if out is None else out
     rows, n = _rows(p)
+    if n <= WARP_ROW_MAX:
+        _launch("softmax_backward_warp", p.dtype, -(-rows // WARP_ROWS), 32 * WARP_ROWS,
+                (dp, p, out, np.int64(rows), np.int32(n)))
+        return out
     _launch("softmax_backward", p.dtype, rows, block_size("softmax", n), (dp, p, out, np.int32(n)))
     return out
 

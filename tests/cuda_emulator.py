@@ -83,6 +83,17 @@ static void emu_start(unsigned t, char* stack, size_t size) {
 static inline void emu_resume(unsigned t) { swapcontext(&emu_main, &emu_ctx[t]); }
 static void emu_prepare(unsigned block) { emu_ctx.assign(block, ucontext_t()); }
 #endif
+// A warp shuffle: every thread puts its value in a slot, all wait, each reads its partner's, all
+// wait again. Emulated with the block barrier, so every thread of the block must make the same
+// shuffle calls (minitf's warp kernels do: warps past the last row shuffle too).
+template <typename V> static inline V __shfl_xor_sync(unsigned, V v, int lane_mask) {
+    static V slots[1024];
+    slots[threadIdx.x] = v;
+    __syncthreads();
+    V r = slots[(threadIdx.x & ~31u) | ((threadIdx.x & 31u) ^ (unsigned)lane_mask)];
+    __syncthreads();
+    return r;
+}
 static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
     const size_t stack = 1 << 16;
     static std::vector<char> stacks;
