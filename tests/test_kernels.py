@@ -5,6 +5,7 @@ CUDA thread, real barriers), through the same Python wrappers the GPU uses; test
 repeats the comparison with CuPy on a GPU. Shapes are chosen so rows are shorter than, equal
 to and longer than a block, and not multiples of it.
 """
+import re
 import shutil
 import subprocess
 
@@ -353,6 +354,23 @@ def test_cuda_source_compiles_with_nvcc(dtype, tmp_path):
     ptx = (tmp_path / "k.ptx").read_text()
     for name in kernels.SIGNATURES:
         assert f".entry {name}(" in ptx
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the register report needs ptxas")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_every_kernel_compiles_without_spills(dtype, arch, tmp_path):
+    """ptxas's resource report (`nvcc -cubin -Xptxas -v`) for every kernel: no stack frame, no
+    spill stores or loads (docs/performance.md lists the registers and shared memory)."""
+    cu = tmp_path / "k.cu"
+    cu.write_text(kernels.source(dtype))
+    r = subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-std=c++14", "-Xptxas", "-v", str(cu), "-o",
+                        str(tmp_path / "k.cubin")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    reports = re.findall(r"Compiling entry function '(\w+)' for '\w+'\s*\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes "
+                         r"spill stores, (\d+) bytes spill loads", r.stderr)
+    assert sorted(name for name, *_ in reports) == sorted(kernels.SIGNATURES), r.stderr[:2000]
+    assert [name for name, *sizes in reports if any(int(x) for x in sizes)] == [], r.stderr
 
 
 # ----------------------------------------------------------------------------- the whole model, fused
