@@ -367,9 +367,9 @@ def test_every_kernel_compiles_without_spills(dtype, arch, tmp_path):
     r = subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-std=c++14", "-Xptxas", "-v", str(cu), "-o",
                         str(tmp_path / "k.cubin")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    reports = re.findall(r"Compiling entry function '(\w+)' for '\w+'\s*\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes "
-                         r"spill stores, (\d+) bytes spill loads", r.stderr)
-    assert sorted(name for name, *_ in reports) == sorted(kernels.SIGNATURES), r.stderr[:2000]
+    reports = re.findall(r"Function properties for (\w+)\s*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, "
+                         r"(\d+) bytes spill loads", r.stderr)
+    assert set(kernels.SIGNATURES) <= {name for name, *_ in reports}, r.stderr[:2000]
     assert [name for name, *sizes in reports if any(int(x) for x in sizes)] == [], r.stderr
 
 
