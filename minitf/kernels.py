@@ -493,10 +493,10 @@ extern "C" __global__ void column_sums_into(const T* x, const A* y, int pair, A*
     __syncthreads();
     if (last) {
         __threadfence();
-        const volatile A* p = partial;
         for (int col = threadIdx.x; col < w; col += blockDim.x) {
-            A t = 0;
-            for (long long k = 0; k < slabs; k++) t += p[k * w + col];
+            A t = 0;   // __ldcg: read at L2, where the other blocks' partials are (not a stale L1 line);
+            #pragma unroll 8   // loads issued 8 ahead of the adds (the adds stay in slab order)
+            for (long long k = 0; k < slabs; k++) t += __ldcg(partial + k * w + col);
             if (col < d) out1[col] = (T)((A)out1[col] + t);
             else out2[col - d] = (T)((A)out2[col - d] + t);
         }

@@ -26,6 +26,7 @@ SHIM = r"""
 // has nothing to order.
 static inline unsigned int atomicAdd(unsigned int* p, unsigned int v) { unsigned int old = *p; *p = old + v; return old; }
 static inline void __threadfence() {}
+template <typename V> static inline V __ldcg(const V* p) { return *p; }
 #include <cmath>
 #include <cstdint>
 #include <cstring>
