@@ -61,15 +61,52 @@ def load_safetensors(path):
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: the safetensors header is not a JSON object")
     metadata = header.pop("__metadata__", {}) or {}
-    body, tensors = memoryview(data)[8 + n:], {}
-    for name, info in header.items():
-        try:
-            dtype, shape, (begin, end) = np.dtype(DTYPES[info["dtype"]]).newbyteorder("<"), info["shape"], \
-                info["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"{path}: tensor {name}: bad header entry {info}") from None
-        if not 0 <= begin <= end <= len(body) or end - begin != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
-            raise CheckpointError(f"{path}: tensor {name}: offsets {begin}..{end} do not fit its shape {shape} "
-                                  f"or the file ({len(body):,} bytes of data)")
+    body = memoryview(data)[8 + n:]
+    entries = _checked_entries(path, header, metadata, len(body))
+    tensors = {}
+    for name, dtype, shape, begin, end in entries:
         tensors[name] = np.frombuffer(body[begin:end], dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
     return tensors, metadata
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _checked_entries(path, header, metadata, body_len):
+    """[(name, dtype, shape, begin, end)] of a safetensors header, every field checked BEFORE any
+    tensor is read: metadata a {str: str} dict; each entry exactly dtype / shape / data_offsets;
+    a known dtype; the shape non-negative ints whose product (in Python's exact integers, so no
+    wrap-around) times the item size is the span of the offsets; offsets inside the data; no two
+    tensors overlapping. A defect is a CheckpointError naming the file and the tensor."""
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in metadata.items()):
+        raise CheckpointError(f"{path}: __metadata__ must be a JSON object of strings to strings")
+    entries = []
+    for name, info in header.items():
+        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+            raise CheckpointError(f"{path}: tensor {name}: a header entry needs exactly dtype, shape and "
+                                  f"data_offsets, got {str(info)[:200]}")
+        if info["dtype"] not in DTYPES:
+            raise CheckpointError(f"{path}: tensor {name}: unknown dtype {str(info['dtype'])[:40]!r} "
+                                  f"(known: {', '.join(DTYPES)})")
+        shape, offsets = info["shape"], info["data_offsets"]
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape) or len(shape) > 32:
+            raise CheckpointError(f"{path}: tensor {name}: the shape must be a list of non-negative integers, "
+                                  f"got {str(shape)[:200]}")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)):
+            raise CheckpointError(f"{path}: tensor {name}: data_offsets must be two integers, got {str(offsets)[:200]}")
+        dtype = np.dtype(DTYPES[info["dtype"]]).newbyteorder("<")
+        begin, end = offsets
+        count = 1
+        for d in shape:
+            count *= d
+        if not 0 <= begin <= end <= body_len or end - begin != count * dtype.itemsize:
+            raise CheckpointError(f"{path}: tensor {name}: offsets {begin}..{end} do not fit its shape {shape} "
+                                  f"or the file ({body_len:,} bytes of data)")
+        entries.append((name, dtype, tuple(shape), begin, end))
+    spans = sorted((begin, end, name) for name, _, _, begin, end in entries if end > begin)
+    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+        if b1 < e0:
+            raise CheckpointError(f"{path}: tensors {n0} and {n1} overlap (bytes {b1}..{min(e0, e1)})")
+    return entries
