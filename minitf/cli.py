@@ -232,6 +232,25 @@ def build_parser(prog="python -m minitf"):
     return parser
 
 
+def _is_stdout_error(e):
+    """Whether an OSError came from writing stdout (ENOSPC, EPIPE, EIO on fd 1)."""
+    import errno
+    return isinstance(e, BrokenPipeError) or getattr(e, "errno", None) in (errno.ENOSPC, errno.EIO, errno.EFBIG,
+                                                                          errno.EDQUOT)
+
+
+def _drop_stdout():
+    """Point fd 1 at /dev/null, so the interpreter's flush at exit does not fail a second time
+    (and print a traceback) on what is left in the buffer."""
+    import os
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     prog = "python -m minitf" if sys.argv[0].endswith("__main__.py") else "minitf"
@@ -247,6 +266,15 @@ def main(argv=None):
         return e.code
     try:
         args.func(args)
+        sys.stdout.flush()       # inside the handling: a full disk or a closed pipe is reported, not lost at exit
+    except OSError as e:
+        if not _is_stdout_error(e):
+            raise
+        _drop_stdout()
+        if isinstance(e, BrokenPipeError):    # the reader stopped reading (`| head`): nothing to report
+            return 141
+        report(f"error: writing the output to stdout failed ({e.strerror or e}): it is incomplete")
+        return 2
     except MinitfError as e:
         report(f"error: {e}")
         return 2

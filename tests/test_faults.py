@@ -75,3 +75,36 @@ def test_translate_from_a_hostile_safetensors_file_is_one_line_and_exit_2(tmp_pa
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and "bad.safetensors" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    from conftest import make_tiny_checkpoint
+    d = tmp_path_factory.mktemp("faults")
+    path, lines = make_tiny_checkpoint(d)
+    return path, lines
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux) to stand for a full disk")
+def test_translate_to_a_full_disk_through_stdout_is_one_line_and_exit_2(tiny_checkpoint):
+    """stdout on a full disk: the error is reported (exit 2, one line), not dropped at exit
+    with status 0 and part of the output written."""
+    path, lines = tiny_checkpoint
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "minitf", "translate", "--checkpoint", str(path), "--max-len-b", "3",
+                            "--quiet"], input="".join(line + "\n" for line in lines[:200]), stdout=full,
+                           stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "stdout failed" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr
+
+
+def test_translate_into_a_closed_pipe_stops_quietly(tiny_checkpoint):
+    """A reader that stops early (`| head -1`): no traceback, the status of a broken pipe."""
+    path, lines = tiny_checkpoint
+    p = subprocess.Popen([sys.executable, "-m", "minitf", "translate", "--checkpoint", str(path), "--max-len-b", "3",
+                          "--quiet"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    p.stdout.close()                     # the reader is gone before the first line
+    _, err = p.communicate("".join(line + "\n" for line in lines[:200]).encode(), timeout=300)
+    assert p.returncode == 141, err.decode()
+    assert b"Traceback" not in err and b"Exception ignored" not in err, err.decode()
