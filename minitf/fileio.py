@@ -1,6 +1,8 @@
 """Atomic file writes: a crash never leaves a half-written checkpoint, tokenizer or result."""
+import contextlib
 import errno
 import os
+import platform
 import shutil
 import tempfile
 
@@ -80,3 +82,34 @@ def atomic_write(path, write, size_hint=None, advice=None):
 
 def atomic_write_bytes(path, data):
     atomic_write(path, lambda f: f.write(data))
+
+
+@contextlib.contextmanager
+def folder_lock(folder, what="--out"):
+    """Hold `folder`'s lock for the block: an exclusive, non-blocking `flock` on `.<name>.lock`
+    beside the folder, holding the holder's pid. A second process asking for it is refused with a
+    MinitfError naming that pid; a holder that died released it with its file descriptor, so its
+    stale file is simply taken over. Where the file system cannot lock, the block runs unlocked."""
+    try:
+        import fcntl
+        parent, name = os.path.split(os.path.abspath(folder))
+        path = os.path.join(parent, f".{name}.lock")
+        os.makedirs(parent, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            raise MinitfError(f"{what} {folder} is in use by {holder}, which is writing to it (lock {path}): wait "
+                              f"for it to end, or choose another {what}") from None
+        except OSError:   # ENOLCK, EOPNOTSUPP: this file system does not lock
+            pass
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"process {os.getpid()} on {platform.node()}".encode(), 0)
+        yield
+    finally:
+        os.close(fd)   # releases the lock

@@ -15,6 +15,7 @@ import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 import glob
+import hashlib
 import json
 import os
 import re
@@ -26,7 +27,7 @@ import numpy as np
 
 from .backend import get_xp, is_gpu, release_freed_memory, to_numpy
 from .checkpoint import average_checkpoints, load_checkpoint, read_train_state, save_checkpoint
-from .fileio import atomic_write, leftover_temp_files
+from .fileio import atomic_write, folder_lock, leftover_temp_files
 from .config import SIZE_FLAGS, TransformerConfig, id_ranges
 from .data.binarized import StaleData
 from .data.pipeline import load_data
@@ -296,6 +297,12 @@ def _agree(world, **facts):
 
 
 def _train(args, world):
+    """The run under --out's lock (one run writes a folder at a time; rank 0 holds it for the job)."""
+    with folder_lock(args.out) if world.rank == 0 else contextlib.nullcontext():
+        return _locked_train(args, world)
+
+
+def _locked_train(args, world):
     """The run: set-up, the update loop, the end."""
     run = set_up(args, world)
     try:
@@ -323,6 +330,8 @@ def set_up(args, world):
         raise ConfigError(f"--out {args.out} already holds checkpoints: pass --resume to continue, "
                           f"or choose another --out")
     resume = load_checkpoint(ckpts[-1]) if args.resume and ckpts else None
+    if resume is not None:
+        check_resumed(args.out, resume)
     data = _load_data(args, world, resume)
     cfg = _config(args, data, resume, lead)
     if resume is not None and lead:
@@ -342,7 +351,8 @@ def set_up(args, world):
     if lead:
         _prepare_out(args.out)
         atomic_write(os.path.join(args.out, "config.json"), lambda f: f.write(json.dumps(
-            {"model": cfg.to_dict(), "args": vars(args), "ranks": world.size}, indent=2).encode()))
+            {"model": cfg.to_dict(), "args": vars(args), "ranks": world.size,
+             "tokenizer_sha256": hashlib.sha256(data.tokenizer.to_bytes()).hexdigest()}, indent=2).encode()))
         log(f"model: {cfg.arch}, {model.num_parameters():,} parameters, preset {args.preset}, device {args.device}"
             + (f", {world.size} ranks" if world.size > 1 else "")
             + (f"; output layer over {cfg.output_ids().size:,} of the {cfg.vocab_size:,} pieces (--output-vocab target)"
@@ -385,6 +395,37 @@ def _prepare_out(out):
     if stale:
         log(f"removed {len(stale)} temporary file(s) of an earlier run killed while saving: "
             f"{', '.join(os.path.basename(p) for p in stale)}")
+
+
+def check_resumed(out, resume):
+    """The checkpoint --resume picked must be this run's: the step in its name is the step it
+    records, and its model and tokenizer are the ones --out's config.json was written for (a
+    checkpoint copied in from another run is refused before anything in the folder is written)."""
+    name = os.path.basename(resume.path)
+    named = int(re.fullmatch(r"checkpoint_(\d+)\.npz", name).group(1))
+    recorded = resume.train_state.get("step")
+    if recorded != named:
+        raise ConfigError(f"--resume: {resume.path} is named step {named} but records step {recorded}: it is not "
+                          f"this run's checkpoint; move it out of {out} (or start a new --out)")
+    try:
+        with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
+            recorded_run = json.load(f)
+    except (OSError, ValueError):
+        return   # no (readable) config.json: a run killed before writing it, or an older minitf
+    if not isinstance(recorded_run, dict):
+        return
+    model = recorded_run.get("model")
+    if isinstance(model, dict):
+        ours = resume.config.to_dict()
+        diff = [f"{k} {model.get(k)!r} in config.json, {ours.get(k)!r} in the checkpoint"
+                for k in sorted(set(model) | set(ours)) if model.get(k) != ours.get(k)]
+        if diff:
+            raise ConfigError(f"--resume: {resume.path} is not this run's model: {'; '.join(diff[:4])}"
+                              f"{' ...' if len(diff) > 4 else ''}; move it out of {out} (or start a new --out)")
+    sha = recorded_run.get("tokenizer_sha256")
+    if sha and resume.tokenizer and hashlib.sha256(resume.tokenizer).hexdigest() != sha:
+        raise ConfigError(f"--resume: {resume.path} holds another tokenizer than the run's (config.json): it is "
+                          f"not this run's checkpoint; move it out of {out} (or start a new --out)")
 
 
 def _load_data(args, world, resume):

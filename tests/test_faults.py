@@ -108,3 +108,62 @@ def test_translate_into_a_closed_pipe_stops_quietly(tiny_checkpoint):
     _, err = p.communicate("".join(line + "\n" for line in lines[:200]).encode(), timeout=300)
     assert p.returncode == 141, err.decode()
     assert b"Traceback" not in err and b"Exception ignored" not in err, err.decode()
+
+
+# ----------------------------------------------------------------------------- one run per output folder
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    from conftest import write_multi30k
+    return write_multi30k(tmp_path_factory.mktemp("m30k"))
+
+
+def train(corpus, out, *extra, cache=None):
+    from test_train import run_train
+    return run_train(corpus, out, *extra, cache=cache)
+
+
+def test_a_foreign_checkpoint_in_out_is_refused_and_nothing_is_overwritten(corpus, tmp_path):
+    """A checkpoint of another run (another width) copied in as the newest, and one whose name's step
+    is not the step it records: --resume refuses each in one line naming the file and the
+    difference, and the folder's own checkpoints stay as they were."""
+    cache = tmp_path / "cache"
+    out, other = tmp_path / "run", tmp_path / "other"
+    args = ("--save-every", 2, "--valid-every", 0, "--average-last", 1, "--keep-last", 5)
+    assert train(corpus, out, "--max-steps", 4, *args, cache=cache).returncode == 0
+    assert train(corpus, other, "--max-steps", 6, "--d-model", 16, *args, cache=cache).returncode == 0
+    before = {p.name: p.read_bytes() for p in out.glob("checkpoint_*.npz")}
+    foreign = out / "checkpoint_0000009.npz"
+    foreign.write_bytes((other / "checkpoint_0000002.npz").read_bytes())
+    r = train(corpus, out, "--max-steps", 12, "--resume", *args, cache=cache)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "checkpoint_0000009.npz" in r.stderr and "named step 9 but records step 2" in r.stderr
+    foreign.unlink()
+    renamed = out / "checkpoint_0000006.npz"      # the right step in the name, another model inside
+    renamed.write_bytes((other / "checkpoint_0000006.npz").read_bytes())
+    r = train(corpus, out, "--max-steps", 12, "--resume", *args, cache=cache)
+    assert r.returncode == 2 and "not this run's model" in r.stderr and "d_model" in r.stderr, r.stderr[-2000:]
+    assert len([line for line in r.stderr.splitlines() if "error" in line]) == 1
+    renamed.unlink()
+    assert {p.name: p.read_bytes() for p in out.glob("checkpoint_*.npz")} == before
+    r = train(corpus, out, "--max-steps", 6, "--resume", *args, cache=cache)      # its own still resumes, twice
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert train(corpus, out, "--max-steps", 8, "--resume", *args, cache=cache).returncode == 0
+
+
+def test_a_second_run_into_a_busy_out_is_refused_naming_the_holder(corpus, tmp_path):
+    """While a process holds --out (as a running training does), a start or a --resume into it is
+    one line naming the holder's pid; a lock left by a process that died is taken over."""
+    from minitf.fileio import folder_lock
+    out = tmp_path / "run"
+    args = ("--max-steps", 2, "--save-every", 1, "--average-last", 1, "--valid-every", 0)
+    with folder_lock(str(out)):
+        r = train(corpus, out, *args)
+        assert r.returncode == 2 and f"process {os.getpid()}" in r.stderr and "--out" in r.stderr, r.stderr[-2000:]
+        assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()
+    lock = tmp_path / ".run.lock"
+    assert lock.exists()
+    lock.write_text("process 999999999 on a machine long gone")   # its holder is dead: flock holds nothing
+    r = train(corpus, out, *args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    with folder_lock(str(out)):   # released at the run's end
+        pass
