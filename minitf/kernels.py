@@ -327,32 +327,41 @@ extern "C" __global__ void column_partial_sums(const T* x, const A* y, int has_y
 // out[b, h, l, k] = x[r, h * K + k] + bias[h * K + k] with r = inv[b * L + l] (has_inv; else r = b * L + l),
 // 0 where r < 0 (a pad position): the rows of a projection x [N, H*K], unpacked to the padded batch,
 // split into heads and given their bias in one pass. One block per position b * L + l: its threads read
-// the row's H*K values in order and write H runs of K neighbouring values.
+// the row's H*K values in order and write H runs of K neighbouring values. Several projections at once
+// (parts > 1, blocks part * B * L + position): x [parts, N, H*K] -> out [parts, B, H, L, K], part p's bias
+// at bias + p * bias_stride (the projections' biases evenly spaced in one buffer).
 extern "C" __global__ void unpack_heads(const T* x, const T* bias, int has_bias, const int* inv, int has_inv, T* out,
-                                        int H, int L, int K) {
-    int pos = blockIdx.x, hk = H * K;
+                                        int H, int L, int K, int parts, long long N, int BL, long long bias_stride) {
+    int part = blockIdx.x / BL, pos = blockIdx.x - part * BL, hk = H * K;
     int b = pos / L, l = pos - b * L;
     int r = has_inv ? inv[pos] : pos;
+    const T* xp = x + part * N * hk;
+    const T* bp = bias + part * bias_stride;
+    T* op = out + (long long)part * BL * hk;
     for (int c = threadIdx.x; c < hk; c += blockDim.x) {
         int h = c / K, k = c - h * K;
         A v = 0;
         if (r >= 0) {
-            v = (A)x[(long long)r * hk + c];
-            if (has_bias) v += (A)bias[c];
+            v = (A)xp[(long long)r * hk + c];
+            if (has_bias) v += (A)bp[c];
         }
-        out[(((long long)b * H + h) * L + l) * K + k] = (T)v;
+        op[(((long long)b * H + h) * L + l) * K + k] = (T)v;
     }
 }
 
 // out[r, h * K + k] = x[b, h, l, k] with b * L + l = index[r] (has_index; else r): the inverse of
-// unpack_heads on the kept rows, heads merged. One block per row r of out [N, H*K].
-extern "C" __global__ void pack_heads(const T* x, const long long* index, int has_index, T* out, int H, int L, int K) {
-    int r = blockIdx.x, hk = H * K;
+// unpack_heads on the kept rows, heads merged. One block per row r of out [N, H*K]; parts > 1: x
+// [parts, B, H, L, K] -> out [parts, N, H*K], blocks part * N + r.
+extern "C" __global__ void pack_heads(const T* x, const long long* index, int has_index, T* out, int H, int L, int K,
+                                      int N, long long BL) {
+    int part = blockIdx.x / N, r = blockIdx.x - part * N, hk = H * K;
     long long pos = has_index ? index[r] : r;
     long long b = pos / L, l = pos - b * L;
+    const T* xp = x + part * BL * hk;
+    T* op = out + ((long long)part * N + r) * hk;
     for (int c = threadIdx.x; c < hk; c += blockDim.x) {
         int h = c / K, k = c - h * K;
-        out[(long long)r * hk + c] = x[((b * H + h) * L + l) * K + k];
+        op[c] = xp[((b * H + h) * L + l) * K + k];
     }
 }
 
@@ -521,8 +530,9 @@ SIGNATURES = {
     "column_partial_sums": ["T*", "A*", "int", "A*", "long long", "int", "long long"],
     "column_sums_finish": ["A*", "A*", "int", "int"],
     "column_sums_into": ["T*", "A*", "int", "A*", "unsigned int*", "T*", "T*", "long long", "int", "long long"],
-    "unpack_heads": ["T*", "T*", "int", "int*", "int", "T*", "int", "int", "int"],
-    "pack_heads": ["T*", "long long*", "int", "T*", "int", "int", "int"],
+    "unpack_heads": ["T*", "T*", "int", "int*", "int", "T*", "int", "int", "int", "int", "long long", "int",
+                     "long long"],
+    "pack_heads": ["T*", "long long*", "int", "T*", "int", "int", "int", "int", "long long"],
     "bias_relu": ["T*", "T*", "long long", "int"],
     "embed_rows": ["T*", "long long*", "long long*", "int", "T*", "T*", "T*", "int", "unsigned long long", "int", "A",
                    "long long", "int", "int", "A"],
@@ -810,32 +820,39 @@ def _row_block(n):
     return min(256, max(MIN_BLOCK, 1 << max(n - 1, 0).bit_length()))
 
 
-def unpack_heads(x, bias, inverse, b, length, h):
+def unpack_heads(x, bias, inverse, b, length, h, bias_stride=0):
     """x [N, H*K] (N = kept rows, or b * length) -> [b, h, length, K] with bias [H*K] added
     (None: nothing added), zeros at the positions `inverse` [b * length] (int32, -1 at a pad;
-    None: every position kept, row r = position r) marks as dropped. One pass."""
+    None: every position kept, row r = position r) marks as dropped. One pass. x [P, N, H*K]:
+    P projections at once -> [P, b, h, length, K], projection p's bias `bias_stride` elements
+    after projection p-1's in the same buffer."""
     xp = backend.xp_of(x)
     x = xp.ascontiguousarray(x)
+    parts = x.shape[0] if x.ndim == 3 and bias_stride else 1
     hk = x.shape[-1]
     k = hk // h
-    out = xp.empty((b, h, length, k), dtype=x.dtype)
-    _launch("unpack_heads", x.dtype, b * length, _row_block(hk),
+    n = x.size // (hk * parts)
+    out = xp.empty(((parts,) if parts > 1 else ()) + (b, h, length, k), dtype=x.dtype)
+    _launch("unpack_heads", x.dtype, parts * b * length, _row_block(hk),
             (x, x if bias is None else bias, np.int32(bias is not None),
              inverse if inverse is not None else _placeholder(xp, np.int32), np.int32(inverse is not None), out,
-             np.int32(h), np.int32(length), np.int32(k)))
+             np.int32(h), np.int32(length), np.int32(k), np.int32(parts), np.int64(n), np.int32(b * length),
+             np.int64(bias_stride)))
     return out
 
 
 def pack_heads(x, index):
     """x [B, H, L, K] -> [N, H*K]: row r is position index[r] (int64 [N], positions b * L + l;
-    None: every position, N = B * L) with its heads side by side. One pass."""
+    None: every position, N = B * L) with its heads side by side. One pass. x [P, B, H, L, K]:
+    P at once -> [P, N, H*K]."""
     xp = backend.xp_of(x)
-    bb, h, length, k = x.shape
+    parts = x.shape[0] if x.ndim == 5 else 1
+    bb, h, length, k = x.shape[-4:]
     rows = bb * length if index is None else index.shape[0]
-    out = xp.empty((rows, h * k), dtype=x.dtype)
-    _launch("pack_heads", x.dtype, rows, _row_block(h * k),
+    out = xp.empty(((parts,) if parts > 1 else ()) + (rows, h * k), dtype=x.dtype)
+    _launch("pack_heads", x.dtype, parts * rows, _row_block(h * k),
             (x, index if index is not None else _placeholder(xp, np.int64), np.int32(index is not None), out,
-             np.int32(h), np.int32(length), np.int32(k)))
+             np.int32(h), np.int32(length), np.int32(k), np.int32(rows), np.int64(bb * length)))
     return out
 
 

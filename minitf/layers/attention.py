@@ -27,7 +27,8 @@ from .linear import Linear
 class AttentionCache(NamedTuple):
     """What MultiHeadAttention.backward needs: q [B, H, T, K], k and v [B, H, S, K] (heads
     split), p [B, H, T, S], the attention-dropout mask [B, H, T, S] (or None), and the packing
-    of the query and key rows (or None)."""
+    of the query and key rows (or None); on the GPU path also the inputs x_q, x_kv (the
+    projections' own caches are not kept there)."""
     q: object
     k: object
     v: object
@@ -35,6 +36,8 @@ class AttentionCache(NamedTuple):
     drop_mask: object
     rows_q: object
     rows_kv: object
+    x_q: object = None
+    x_kv: object = None
 
 
 class MultiHeadAttention(Layer):
@@ -71,10 +74,11 @@ class MultiHeadAttention(Layer):
         """(dx_q, dx_kv). `dx_into` / `dkv_into`: arrays (the caller's own, shaped like x_q / x_kv)
         the gradients are added into instead, and returned: a residual's gradient, or the
         gradient of memory summed over the decoder's layers; the same array for both when x_q is
-        x_kv (self-attention). On a GPU each addition is a GEMM's beta = 1."""
+        x_kv (self-attention: then both returned are that array, holding the whole gradient). On a
+        GPU each addition is a GEMM's beta = 1."""
         if gemm.enabled(dy):
             return self._backward_gpu(dy, dx_into, dkv_into)
-        q, k, v, p, mask, rows_q, rows_kv = self.cache
+        q, k, v, p, mask, rows_q, rows_kv, _, _ = self.cache     # the inputs are the projections' caches here
         self.cache = None
         h = self.n_heads
         # y = out(pack(merge_heads(ctx)))
@@ -87,19 +91,72 @@ class MultiHeadAttention(Layer):
         return dx_q, self.v.backward(pack(rows_kv, F.merge_heads(dv)), dx_kv)
 
     # -- the GPU training path: the forward and backward above, one kernel a step --
-    def _heads(self, linear, x, rows):
-        """x [N, D] packed (rows) or [B, L, D] -> the projection's heads [B, H, L, K], bias added."""
-        b, length = rows.shape if rows is not None else x.shape[:2]
-        return kernels.unpack_heads(linear.project(x), linear.params["bias"], None if rows is None else rows.inverse,
-                                    b, length, self.n_heads)
+    def _stride(self, names, kind):
+        """Elements between the `kind` arrays ('params' or 'grads') of the projections `names`,
+        when their weights and biases lie evenly spaced in one buffer (the model's flat buffers,
+        in named_parameters' order: q.weight, q.bias, k.weight, ...); else None."""
+        ws = [getattr(getattr(self, n), kind)["weight"] for n in names]
+        bs = [getattr(getattr(self, n), kind)["bias"] for n in names]
+        step = ws[1].data.ptr - ws[0].data.ptr
+        even = all(w.dtype == ws[0].dtype and w.flags.c_contiguous and w.data.ptr == ws[0].data.ptr + i * step
+                   and b.data.ptr == bs[0].data.ptr + i * step for i, (w, b) in enumerate(zip(ws, bs)))
+        return step // ws[0].itemsize if even and step > 0 and step % ws[0].itemsize == 0 else None
 
-    def _merged(self, x, rows, like):
-        """x [B, H, L, K] -> packed rows [N, H*K] (rows), or [B, L, H*K] shaped like `like`."""
-        out = kernels.pack_heads(x, None if rows is None else rows.index)
-        return out if rows is not None else out.reshape(like.shape[:-1] + out.shape[-1:])
+    def _project_heads(self, x, rows, names):
+        """The heads [B, H, L, K] of the projections `names` of x ([N, D] packed with rows, or
+        [B, L, D]), biases added: ONE strided-batched GEMM over the stacked weights and ONE
+        unpack for all of them when they lie evenly spaced (kernels.unpack_heads), else one each."""
+        b, length = rows.shape if rows is not None else x.shape[:2]
+        inverse = None if rows is None else rows.inverse
+        lins = [getattr(self, n) for n in names]
+        stride = self._stride(names, "params") if len(names) > 1 else None
+        if stride is None:
+            x2 = x.reshape(-1, x.shape[-1])
+            return [kernels.unpack_heads(x2 @ lin.params["weight"], lin.params["bias"], inverse, b, length,
+                                         self.n_heads) for lin in lins]
+        xp = F.xp_of(x)
+        x2 = xp.ascontiguousarray(x.reshape(-1, x.shape[-1]))
+        w0 = lins[0].params["weight"]
+        n, d = x2.shape
+        out = xp.empty((len(names), n, w0.shape[1]), dtype=x2.dtype)
+        # out[i] = x @ W_i: x shared (batch stride 0), W_i `stride` elements apart in the flat buffer
+        gemm.matmul(gemm.Mat(x2, n, d, d, 0), gemm.Mat(w0, d, w0.shape[1], w0.shape[1], stride), out, batch=len(names))
+        return list(kernels.unpack_heads(out, lins[0].params["bias"], inverse, b, length, self.n_heads, stride))
+
+    def _project_backward(self, x, rows, names, dheads, into, group):
+        """Backward of _project_heads: dheads [P, B, H, L, K] (one buffer) -> the projections'
+        weight and bias gradients accumulated, and projection i's input gradient added into
+        into[group[i]] (an array, or None for a fresh one); returns `into`, filled."""
+        lins = [getattr(self, n) for n in names]
+        xp = F.xp_of(dheads)
+        packed = kernels.pack_heads(dheads if len(names) > 1 else dheads[0], None if rows is None else rows.index)
+        packed = packed.reshape(len(names), -1, packed.shape[-1])                     # [P, N, H*K]
+        x2 = xp.ascontiguousarray(x.reshape(-1, x.shape[-1]))
+        n, d = x2.shape
+        stride = self._stride(names, "grads") if len(names) > 1 else None
+        if stride is not None:   # dW_i += x^T dY_i for every i in one GEMM
+            g0 = lins[0].grads["weight"]
+            gemm.matmul(gemm.Mat(x2, n, d, d, 0), packed, gemm.Mat(g0, d, g0.shape[1], g0.shape[1], stride),
+                        trans_a=True, beta=1.0, batch=len(names))
+        into = list(into)
+        for i, lin in enumerate(lins):
+            w = lin.params["weight"]
+            if stride is None:
+                gemm.accumulate_xt_dy(lin.grads["weight"], x2, packed[i])
+            kernels.column_sums(packed[i], out=lin.grads["bias"])
+            j = group[i]
+            if into[j] is None:    # a fresh dx = dY_i W_i^T (beta = 0), the next ones added into it
+                into[j] = gemm.matmul(packed[i], w, xp.empty((n, d), dtype=x2.dtype), trans_b=True).reshape(x.shape)
+            else:
+                gemm.matmul(packed[i], w, into[j].reshape(n, d), trans_b=True, beta=1.0)
+        return into
 
     def _forward_gpu(self, x_q, x_kv, bias, rows_q, rows_kv, stream):
-        q, k, v = self._heads(self.q, x_q, rows_q), self._heads(self.k, x_kv, rows_kv), self._heads(self.v, x_kv, rows_kv)
+        if x_q is x_kv:       # self-attention: q, k and v of one input, together
+            q, k, v = self._project_heads(x_q, rows_q, ("q", "k", "v"))
+        else:
+            (q,) = self._project_heads(x_q, rows_q, ("q",))
+            k, v = self._project_heads(x_kv, rows_kv, ("k", "v"))
         xp = F.xp_of(q)
         b, h, t, s = q.shape[:3] + k.shape[2:3]
         mask = self.drop.draw(stream, (b, h, t, s), q.dtype, xp)
@@ -108,31 +165,47 @@ class MultiHeadAttention(Layer):
         kernels.masked_softmax(p, bias, out=p)
         # ctx = p @ v, or (p * mask) @ v
         ctx = gemm.matmul(p if mask is None else p * mask, v, xp.empty_like(q), batch=b * h)
-        self.cache = AttentionCache(q, k, v, p, mask, rows_q, rows_kv)
+        self.cache = AttentionCache(q, k, v, p, mask, rows_q, rows_kv, x_q, x_kv)
         return self.out.forward(self._merged(ctx, rows_q, x_q))
 
+    def _merged(self, x, rows, like):
+        """x [B, H, L, K] -> packed rows [N, H*K] (rows), or [B, L, H*K] shaped like `like`."""
+        out = kernels.pack_heads(x, None if rows is None else rows.index)
+        return out if rows is not None else out.reshape(like.shape[:-1] + out.shape[-1:])
+
     def _backward_gpu(self, dy, dx_into, dkv_into):
-        q, k, v, p, mask, rows_q, rows_kv = self.cache
+        q, k, v, p, mask, rows_q, rows_kv, x_q, x_kv = self.cache
         self.cache = None
         xp = F.xp_of(q)
         b, h, t, s = p.shape
+        self_attention = x_q is x_kv
+        # the gradients of q, k, v written into one buffer, as the projections' backward reads them
+        dqkv = xp.empty((3 if self_attention else 2,) + k.shape, dtype=q.dtype)
+        dq = dqkv[0] if self_attention else xp.empty_like(q)
+        dk, dv = dqkv[-2], dqkv[-1]
         # y = out(pack_heads(ctx))
         dctx = kernels.unpack_heads(self.out.backward(dy), None, None if rows_q is None else rows_q.inverse, b, t, h)
         # ctx = pm @ v with pm = p (or p * mask)
         pm = p if mask is None else p * mask
-        dv = gemm.matmul(pm, dctx, xp.empty_like(v), trans_a=True, batch=b * h)
+        gemm.matmul(pm, dctx, dv, trans_a=True, batch=b * h)
         dp = gemm.matmul(dctx, v, xp.empty_like(p), trans_b=True, batch=b * h)
         if mask is not None:
             dp *= mask
         # p = softmax(scores + bias)
         ds = kernels.softmax_backward(dp, p, out=dp)
         # scores = (q * scale) @ k^T
-        dq = gemm.matmul(ds, k, xp.empty_like(q), alpha=self.scale, batch=b * h)
-        dk = gemm.matmul(ds, q, xp.empty_like(k), trans_a=True, alpha=self.scale, batch=b * h)
-        # q, k, v = unpack_heads(q(x_q)), unpack_heads(k(x_kv)), unpack_heads(v(x_kv))
-        dx_q = self.q.backward(self._merged(dq, rows_q, dq[:, 0]), dx_into)
-        dx_kv = self.k.backward(self._merged(dk, rows_kv, dk[:, 0]), dkv_into)
-        return dx_q, self.v.backward(self._merged(dv, rows_kv, dv[:, 0]), dx_kv)
+        gemm.matmul(ds, k, dq, alpha=self.scale, batch=b * h)
+        gemm.matmul(ds, q, dk, trans_a=True, alpha=self.scale, batch=b * h)
+        # q, k, v = the projections' heads (_project_heads)
+        if self_attention and dx_into is not None and dx_into is dkv_into:   # one gradient, one array
+            (dx,) = self._project_backward(x_q, rows_q, ("q", "k", "v"), dqkv, [dx_into], (0, 0, 0))
+            return dx, dx
+        if self_attention:
+            dx_q, dx_kv = self._project_backward(x_q, rows_q, ("q", "k", "v"), dqkv, [dx_into, dkv_into], (0, 1, 1))
+            return dx_q, dx_kv
+        (dx_q,) = self._project_backward(x_q, rows_q, ("q",), dq[None], [dx_into], (0,))
+        (dx_kv,) = self._project_backward(x_kv, rows_kv, ("k", "v"), dqkv, [dkv_into], (0, 0))
+        return dx_q, dx_kv
 
     # -- inference (blocks.decoder_layer_step): keys/values computed once and reused, no caches kept --
     def project_kv(self, x_kv):
