@@ -366,3 +366,54 @@ def test_extract_selected_members_only(tmp_path):
     written = extract(tmp_path / "multi.tgz", tmp_path, members=["training/c.de-en.de"])
     assert [os.path.basename(p) for p in written] == ["c.de-en.de"]
     assert not (tmp_path / "training" / "c.fr-en.fr").exists()
+
+
+@pytest.mark.parametrize("body", [b"\x1f\x8b\x08\x00garbage that is not deflate", b"random bytes, not gzip at all"])
+def test_a_corrupt_download_is_moved_aside_with_a_line_saying_so(server, tmp_path, body):
+    """A Multi30k file that downloads but is no readable gzip (truncated, random bytes): one
+    DataError naming it and saying it was moved aside to .bad; nothing is left under the name the
+    next run would read, and that run downloads it anew."""
+    src_dir = tmp_path / "served"
+    _multi30k_folder(src_dir)
+    for p in src_dir.iterdir():
+        server.files["/raw/" + p.name] = p.read_bytes()
+    good = server.files["/raw/train.en.gz"]
+    server.files["/raw/train.en.gz"] = body
+    data_dir = tmp_path / "m30k"
+    with pytest.raises(DataError) as e:
+        prepare_dataset("multi30k", data_dir, "en", "de", progress=False, base_url=server.url + "/raw/")
+    msg = str(e.value)
+    assert "train.en.gz" in msg and "moved it aside" in msg and ".bad" in msg and "run again" in msg
+    assert not (data_dir / "train.en.gz").exists() and (data_dir / "train.en.gz.bad").read_bytes() == body
+    server.files["/raw/train.en.gz"] = good
+    data = prepare_dataset("multi30k", data_dir, "en", "de", progress=False, base_url=server.url + "/raw/")
+    assert data["paths"]["train"] and (data_dir / "train.en.gz").read_bytes() == good
+
+
+def test_a_corrupt_archive_is_moved_aside(server, tmp_path, monkeypatch):
+    """A WMT archive that passes no checksum (none given) but does not extract: moved aside too."""
+    from minitf.data import datasets
+    spec = {"archives": {"a": ("a.tgz", None)}}
+    corpus = datasets._in("a", "train.{lang}")
+    server.files["/a.tgz"] = b"not a tar archive at all"
+    with pytest.raises(DataError) as e:
+        datasets._fetch(spec, server.url + "/", str(tmp_path), corpus, "en", "de", progress=False)
+    assert "moved it aside" in str(e.value) and (tmp_path / "a.tgz.bad").exists() and not (tmp_path / "a.tgz").exists()
+
+
+def test_a_progress_bar_in_a_log_file_ends_its_line(server, tmp_path):
+    """stderr in a file: the finished bar is left as a whole line, so the next message starts a
+    line of its own (not after the bar's carriage return)."""
+    import subprocess
+    import sys
+    server.files["/f.bin"] = b"x" * 300_000
+    log = tmp_path / "stderr.txt"
+    code = ("import sys; from minitf.data.download import download; "
+            f"download({server.url + '/f.bin'!r}, {str(tmp_path / 'f.bin')!r}, progress=True); "
+            "print('error: the next message', file=sys.stderr)")
+    with open(log, "w") as f:
+        r = subprocess.run([sys.executable, "-c", code], stderr=f, timeout=120,
+                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 0
+    text = log.read_text()
+    assert "error: the next message" in text.split("\n")   # not glued after a "\r"

@@ -28,7 +28,7 @@ import sys
 from dataclasses import dataclass
 
 from minitf.errors import DataError
-from minitf.data.download import download as _download, extract
+from minitf.data.download import check_gzip, download as _download, extract, set_aside
 from minitf.data.readers import find_file, read_parallel
 
 MULTI30K_BASE_URL = ("https://raw.githubusercontent.com/multi30k/dataset/master/"
@@ -209,7 +209,8 @@ def _fetch(spec, base_url, data_dir, corpus, src, tgt, progress):
         for templates in (corpus.src, corpus.tgt):
             rel = templates[0].format(src=src, tgt=tgt) + ".gz"
             if not find_file(data_dir, templates[0].format(src=src, tgt=tgt)):
-                _download(base_url + rel, os.path.join(data_dir, rel), progress=progress)
+                path = _download(base_url + rel, os.path.join(data_dir, rel), progress=progress)
+                _checked_download(base_url + rel, path, check_gzip)
         return None
     rel, md5 = spec["archives"][corpus.archive]
     archive = os.path.join(data_dir, os.path.basename(rel))
@@ -217,8 +218,19 @@ def _fetch(spec, base_url, data_dir, corpus, src, tgt, progress):
     # both directions, so that the reverse pair needs no second download
     wanted = [t.format(src=a, tgt=b) + gz for t in corpus.src + corpus.tgt
               for a, b in ((src, tgt), (tgt, src)) for gz in ("", ".gz")]
-    extract(archive, data_dir, members=wanted)
+    _checked_download(base_url + rel, archive, lambda path: extract(path, data_dir, members=wanted))
     return archive
+
+
+def _checked_download(url, path, check):
+    """check(path); a download that fails it is moved aside (download.set_aside) and the
+    DataError says so: the next run downloads it anew instead of tripping on it."""
+    try:
+        check(path)
+    except DataError as e:
+        bad = set_aside(path)
+        where = f"moved it aside to {bad}" if bad else "it could not be moved aside: delete it"
+        raise DataError(f"{e}, downloaded from {url}; {where}, and run again to download it anew") from None
 
 
 def _note(msg):

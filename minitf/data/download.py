@@ -54,6 +54,15 @@ def _check_digests(path, sha256, md5):
     return None
 
 
+def _on_terminal():
+    """Whether stderr is a terminal: there a finished progress bar is erased; in a log file it is
+    left as a line of its own, so the next message does not start after its carriage return."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 def _fetch_once(url, part, progress, timeout):
     """One HTTP attempt, appending to `part` if the server honours Range.
 
@@ -86,7 +95,7 @@ def _fetch_once(url, part, progress, timeout):
                                          unit_scale=True, unit_divisor=1024,
                                          desc=os.path.basename(part[:-5]),
                                          file=sys.stderr, disable=not progress,
-                                         leave=False) as bar:
+                                         leave=not _on_terminal()) as bar:   # a log file keeps a whole line
             while True:
                 chunk = resp.read(_CHUNK)
                 if not chunk:
@@ -236,12 +245,32 @@ def extract(archive, dest_dir, members=None):
                 _write_stream(src, target)
             written.append(target)
         else:
-            raise DataError(f"{archive}: not a tar or .gz archive; delete it and "
-                            f"download it again")
+            raise DataError(f"{archive}: not a tar or .gz archive")
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
-        raise DataError(f"{archive}: corrupt archive ({e}); delete it and download "
-                        f"it again") from None
+        raise DataError(f"{archive}: corrupt archive ({e})") from None
     return written
+
+
+def set_aside(path):
+    """Move a download that failed its check to `path + ".bad"` (replacing an older one), so the
+    next run fetches it anew instead of tripping on it; returns the new name (None if it is gone)."""
+    bad = path + ".bad"
+    try:
+        os.replace(path, bad)
+    except OSError:
+        return None
+    return bad
+
+
+def check_gzip(path):
+    """DataError naming `path` unless it is a complete, readable gzip file (read through: the
+    Multi30k files are a few MB)."""
+    try:
+        with gzip.open(path, "rb") as f:
+            while f.read(1 << 20):
+                pass
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(f"{path}: not a readable gzip file ({e})") from None
 
 
 def __getattr__(name):
