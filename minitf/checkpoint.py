@@ -7,7 +7,9 @@ Layout (format version 1), every entry an array loaded with `allow_pickle=False`
   `optim/m/<name>`, `optim/v/<name>`   Adam moments (training checkpoints only)
   `tokenizer`           uint8, the SentencePiece model proto (optional)
 The SHA-256 of every entry is stored in the meta, so a tampered or partly written file is
-rejected with a CheckpointError. `export_safetensors` writes a checkpoint's parameters (not
+rejected with a CheckpointError. Before any array is read, the zip directory's entries must be
+the manifest's and each entry's declared size within the largest array its config allows
+(`entry_limit`): an extra or inflated entry (a zip bomb) is refused unread. `export_safetensors` writes a checkpoint's parameters (not
 Adam's state) as a `.safetensors` file with the config and tokenizer in its metadata
 (safetensors.py); `load_checkpoint` reads that back too. Arrays are saved from the host, so a checkpoint written on
 a GPU loads on a machine without CuPy and the other way round. Paper 6.1's checkpoint
@@ -72,6 +74,69 @@ class Checkpoint:
         return model.eval()
 
 
+META_LIMIT = 64 << 20   # bytes: the metadata (a JSON manifest) and the tokenizer are far smaller
+
+
+def entry_limit(config):
+    """The most bytes one array of a checkpoint of `config` can hold: the largest matrix its
+    sizes allow (rows: the vocabulary, the positions, d_ff, the heads' width or the LSTM's four
+    gates; columns: d_model, d_ff, the heads' width or the LSTM width), in float64, plus an .npy
+    header. Every parameter and Adam moment is at most this; a larger entry is refused unread."""
+    c = config
+    hidden = getattr(c, "rnn_hidden", None) or 2 * c.d_model
+    widths = (c.d_model, c.d_ff, c.n_heads * c.d_k, hidden, 2 * hidden)
+    rows = max(c.vocab_size, c.max_len, 4 * hidden, *widths)
+    return rows * (max(widths) + hidden) * 8 + 4096
+
+
+def _checked_manifest(path, z):
+    """The metadata of an open .npz (NpzFile z), read before any other entry: the entries must be
+    the manifest's, and each entry's declared (uncompressed) size within what the config allows
+    (entry_limit), so an extra or inflated entry (a zip bomb) is refused at the cost of its
+    directory entry, not of inflating it."""
+    infos = {name[:-4]: info for name, info in ((i.filename, i) for i in z.zip.infolist()) if name.endswith(".npy")}
+    if "__meta__" not in infos:
+        if any(_holds_objects(z, info) for info in infos.values()):
+            raise CheckpointError(f"{path} is not a minitf checkpoint: it holds pickled (object) arrays, "
+                                  f"which minitf never loads")
+        raise CheckpointError(f"checkpoint {path} has no metadata: not a minitf checkpoint")
+    if infos["__meta__"].file_size > META_LIMIT:
+        raise CheckpointError(f"checkpoint {path}: its metadata declares {infos['__meta__'].file_size:,} bytes: "
+                              f"not a minitf checkpoint")
+    try:
+        meta = json.loads(z["__meta__"].tobytes().decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {path}: unreadable metadata ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        got = meta if not isinstance(meta, dict) else f"{meta.get('format')} v{meta.get('version')}"
+        raise CheckpointError(f"checkpoint {path}: format {str(got)[:80]}, expected {FORMAT} v{VERSION}")
+    sums = meta.get("sha256")
+    names = set(z.files) - {"__meta__"}
+    if not isinstance(sums, dict) or set(sums) != names or len(infos) != len(z.files):
+        raise CheckpointError(f"checkpoint {path}: entries do not match its manifest (tampered or incomplete)")
+    try:
+        limit = entry_limit(TransformerConfig.from_dict(meta["config"]))
+    except (MinitfError, KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"checkpoint {path}: bad config ({one_line(e, 200)})") from None
+    for name in names:
+        size = infos[name].file_size
+        if size > (META_LIMIT if name == "tokenizer" else limit):
+            raise CheckpointError(f"checkpoint {path}: entry {name} declares {size:,} bytes, more than any array of "
+                                  f"its model can hold ({limit:,}): tampered or not a minitf checkpoint")
+    return meta
+
+
+def _holds_objects(z, info):
+    """Whether an .npz entry's .npy header declares an object (pickled) array: its header alone is read."""
+    try:
+        with z.zip.open(info) as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            return read(f)[2].hasobject
+    except Exception:   # an unreadable header: the full read reports it
+        return False
+
+
 def load_checkpoint(path):
     """Read and verify a checkpoint (.npz, or a .safetensors export); any defect is a
     CheckpointError naming the file."""
@@ -86,7 +151,10 @@ def load_checkpoint(path):
                                   f"train_wmt.py or `python -m minitf average` wrote, or .safetensors exports)")
     try:
         with np.load(path, allow_pickle=False) as z:
+            meta = _checked_manifest(path, z)   # reads __meta__ alone; every other entry's size is checked first
             arrays = {k: z[k] for k in z.files}
+    except CheckpointError:
+        raise
     except ValueError as e:
         if "allow_pickle" in str(e):   # NumPy's advice to load it unsafely: never here
             raise CheckpointError(f"{path} is not a minitf checkpoint: it holds pickled (object) arrays, "
@@ -94,18 +162,8 @@ def load_checkpoint(path):
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({one_line(e, 200)})") from None
     except Exception as e:   # zip and .npy header errors (BadZipFile, EOFError, OSError, tokenize errors, ...)
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({one_line(e, 200)})") from None
-    if "__meta__" not in arrays:
-        raise CheckpointError(f"checkpoint {path} has no metadata: not a minitf checkpoint")
-    try:
-        meta = json.loads(arrays.pop("__meta__").tobytes().decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"checkpoint {path}: unreadable metadata ({e})") from None
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise CheckpointError(f"checkpoint {path}: format {meta.get('format')} v{meta.get('version')}, "
-                              f"expected {FORMAT} v{VERSION}")
+    arrays.pop("__meta__")
     sums = meta["sha256"]
-    if set(sums) != set(arrays):
-        raise CheckpointError(f"checkpoint {path}: entries do not match its manifest (tampered or incomplete)")
     for k, a in arrays.items():
         if _digest(a) != sums[k]:
             raise CheckpointError(f"checkpoint {path}: entry {k} fails its SHA-256 check (tampered or corrupt)")

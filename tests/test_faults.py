@@ -167,3 +167,99 @@ def test_a_second_run_into_a_busy_out_is_refused_naming_the_holder(corpus, tmp_p
     assert r.returncode == 0, r.stderr[-2000:]
     with folder_lock(str(out)):   # released at the run's end
         pass
+
+
+def test_a_training_file_with_a_huge_line_is_refused_after_a_megabyte(corpus, tmp_path):
+    """A small train.en.gz that inflates to one 256 MB line: refused in one line naming the file and
+    line, having read about 1 MB of it (the run's peak memory stays far under the line's size)."""
+    import gzip
+    bomb = tmp_path / "bomb"
+    bomb.mkdir()
+    for p in corpus.iterdir():
+        (bomb / p.name).write_bytes(p.read_bytes())
+    with gzip.open(bomb / "train.en.gz", "wb", compresslevel=1) as f:
+        chunk = b"a " * (1 << 20)
+        for _ in range(128):
+            f.write(chunk)
+        f.write(b"\n")
+    env = dict(os.environ, MINITF_CACHE=str(tmp_path / "cache"))
+    # a fresh process runs the training and reports its child's peak memory (RUSAGE_CHILDREN)
+    meter = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+             "sys.stderr.write(r.stderr); print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    r = subprocess.run([sys.executable, "-c", meter, sys.executable, os.path.join(ROOT, "train_wmt.py"), "--dataset",
+                        "multi30k", "--data-dir", str(bomb), "--preset", "tiny", "--vocab-size", "60", "--device",
+                        "cpu", "--out", str(tmp_path / "run"), "--quiet", "--max-steps", "1"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    code, peak_kb = map(int, r.stdout.split())
+    assert code == 2, r.stderr[-2000:]
+    assert "train.en.gz:1: a line of over 1,048,576 bytes" in r.stderr and "Traceback" not in r.stderr
+    assert peak_kb / 1024 < 256, peak_kb      # the 256 MB line was never held whole
+
+
+# ----------------------------------------------------------------------------- checkpoint bombs
+def _with_entry(src, dst, name, nbytes, in_manifest):
+    """A copy of checkpoint `src` with an entry `name` of nbytes zeros (deflated: a few hundred KB
+    on disk), listed in the manifest or not."""
+    import io
+    import zipfile
+    with zipfile.ZipFile(src) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    meta = json.loads(np.load(io.BytesIO(members["__meta__.npy"])).tobytes().decode())
+    if in_manifest:
+        meta["sha256"][name] = "0" * 64
+        buf = io.BytesIO()
+        np.save(buf, np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+        members["__meta__.npy"] = buf.getvalue()
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f8", "fortran_order": False, "shape": (nbytes // 8,)})
+    with zipfile.ZipFile(dst, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as z:
+        for n, data in members.items():
+            z.writestr(n, data)
+        with z.open(name + ".npy", "w", force_zip64=True) as f:   # streamed: never held whole here
+            f.write(header.getvalue())
+            zeros = bytes(1 << 20)
+            for _ in range(nbytes >> 20):
+                f.write(zeros)
+    return dst
+
+
+@pytest.mark.parametrize("in_manifest", [False, True])
+def test_a_checkpoint_with_an_inflating_entry_is_refused_before_reading_it(tiny_checkpoint, tmp_path, in_manifest):
+    """An extra 1 GiB entry (deflated to about a MB) in a checkpoint: outside the manifest, or
+    listed in it but larger than any array of the model: refused from the zip directory, in well
+    under a second, without inflating it (reading it all took seconds and a GiB)."""
+    import time
+    from minitf.checkpoint import load_checkpoint
+    path, _ = tiny_checkpoint
+    bad = _with_entry(path, tmp_path / "bomb.npz", "param/extra", 1 << 30, in_manifest)
+    assert os.path.getsize(bad) < 8 << 20
+    t = time.perf_counter()
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(bad)
+    assert time.perf_counter() - t < 0.5
+    msg = str(e.value)
+    assert "bomb.npz" in msg and ("do not match its manifest" in msg if not in_manifest else
+                                  "entry param/extra declares 1,073,741," in msg)
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_a_huge_line_in_a_file_read_whole_is_refused_after_a_megabyte(tmp_path, gz):
+    """The validation and test sets, `evaluate --src/--ref` and `translate --input` read their file
+    whole: a 64 MB line (a plain file, or a .gz a fraction of a MB) is refused naming the file and
+    the line, the lines before it read as usual."""
+    import gzip
+    from minitf.data.readers import MAX_LINE_BYTES, read_lines
+    from minitf.errors import DataError
+    body = b"a short line\nanother\n" + b"x" * (64 << 20) + b"\n"
+    path = tmp_path / ("val.en.gz" if gz else "val.en")
+    if gz:
+        with gzip.open(path, "wb", compresslevel=1) as f:
+            f.write(body)
+    else:
+        path.write_bytes(body)
+    with pytest.raises(DataError) as e:
+        read_lines(path)
+    assert f"{path.name}:3: a line of over {MAX_LINE_BYTES:,} bytes" in str(e.value)
+    ok = tmp_path / "ok.txt"
+    ok.write_bytes(b"a\n" + b"y" * MAX_LINE_BYTES + b"\nb")        # exactly the limit: still read
+    assert [len(x) for x in read_lines(ok)] == [1, MAX_LINE_BYTES, 1]

@@ -20,6 +20,9 @@ from minitf.errors import DataError
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
+MAX_LINE_BYTES = 1 << 20   # a training line longer than this is refused before more of it is read
+
+
 def _is_gzip(path):
     """True if `path` ends in .gz or starts with the gzip magic bytes."""
     if str(path).endswith(".gz"):
@@ -45,17 +48,60 @@ def _read_bytes(path):
     try:
         if not os.path.isfile(path):   # a pipe can be read once: read it, then look for gzip's magic
             with open(path, "rb") as f:
-                data = f.read()
-            return gzip.decompress(data) if data[:2] == _GZIP_MAGIC else data
+                head = f.read(2)
+                if head == _GZIP_MAGIC:
+                    with gzip.GzipFile(fileobj=_Prefixed(head, f), mode="rb") as g:
+                        return _read_capped(g, path)
+                return _read_capped(_Prefixed(head, f), path)
         if _is_gzip(path):
             with gzip.open(path, "rb") as f:
-                return f.read()
+                return _read_capped(f, path)
         with open(path, "rb") as f:
-            return f.read()
+            return _read_capped(f, path)
     except (OSError, EOFError, zlib.error) as e:
         raise DataError(f"{path}: cannot read ({e.__class__.__name__}: {e}); the file "
                         f"is probably truncated or corrupt, delete it and download "
                         f"it again") from None
+
+
+class _Prefixed:
+    """A read(n) stream: `head` (bytes already read from f), then the rest of f."""
+
+    def __init__(self, head, f):
+        self.head, self.f = head, f
+
+    def read(self, n=-1):
+        if self.head:
+            out = self.head if n < 0 else self.head[:n]
+            self.head = self.head[len(out):]
+            if n < 0 or len(out) < n:
+                out += self.f.read(-1 if n < 0 else n - len(out))
+            return out
+        return self.f.read(n)
+
+    def readable(self):
+        return True
+
+
+def _read_capped(f, path):
+    """All of f's bytes, read 1 MB at a time; a line longer than MAX_LINE_BYTES is refused as soon
+    as it has been read that far (a decompression bomb costs about a MB, not its size)."""
+    parts, open_line, newlines = [], 0, 0     # open_line: bytes of the line not yet ended
+    while True:
+        chunk = f.read(1 << 20)
+        if not chunk:
+            break
+        parts.append(chunk)
+        segments = chunk.split(b"\n")        # k newlines: k ended lines' tails, then an open piece
+        lengths = [open_line + len(segments[0])] + [len(x) for x in segments[1:]]
+        for i, n in enumerate(lengths):
+            if n > MAX_LINE_BYTES:
+                raise DataError(f"{path}:{newlines + i + 1}: a line of over {MAX_LINE_BYTES:,} bytes, far longer "
+                                f"than any sentence minitf reads; the file is not one sentence per line, or it is "
+                                f"damaged")
+        newlines += len(segments) - 1
+        open_line = lengths[-1]
+    return b"".join(parts)
 
 
 def _decode(path, data):
@@ -204,8 +250,15 @@ class LineStream:
                 else:
                     f = io.BufferedReader(_RawHashing(_Hashing(raw)), 1 << 20)
                 with f:
-                    for line in f:
+                    while True:
+                        line = f.readline(MAX_LINE_BYTES + 1)   # at most this much, even of a 1 GiB line
+                        if not line:
+                            break
                         number += 1
+                        if len(line) > MAX_LINE_BYTES:
+                            raise DataError(f"{self.path}:{number}: a line of over {MAX_LINE_BYTES:,} bytes, far "
+                                            f"longer than any sentence minitf trains on (--max-len pieces); the "
+                                            f"file is not one sentence per line, or it is damaged")
                         try:
                             text = line.decode("utf-8")
                         except UnicodeDecodeError as e:
