@@ -8,8 +8,9 @@ Layout (format version 1), every entry an array loaded with `allow_pickle=False`
   `tokenizer`           uint8, the SentencePiece model proto (optional)
 The SHA-256 of every entry is stored in the meta, so a tampered or partly written file is
 rejected with a CheckpointError. Before any array is read, the zip directory's entries must be
-the manifest's and each entry's declared size within the largest array its config allows
-(`entry_limit`): an extra or inflated entry (a zip bomb) is refused unread. `export_safetensors` writes a checkpoint's parameters (not
+the manifest's and each entry's declared size that of the parameter it holds
+(`minitf.models.parameter_shapes` of its config): an extra or inflated entry (a zip bomb) is
+refused unread. `export_safetensors` writes a checkpoint's parameters (not
 Adam's state) as a `.safetensors` file with the config and tokenizer in its metadata
 (safetensors.py); `load_checkpoint` reads that back too. Arrays are saved from the host, so a checkpoint written on
 a GPU loads on a machine without CuPy and the other way round. Paper 6.1's checkpoint
@@ -27,6 +28,7 @@ from .backend import to_numpy
 from .config import TransformerConfig
 from .errors import CheckpointError, MinitfError, one_line
 from .fileio import atomic_write
+from .models import parameter_shapes
 
 FORMAT, VERSION = "minitf-checkpoint", 1
 ZIP_MAGIC = b"PK\x03\x04"   # what every .npz starts with
@@ -75,25 +77,15 @@ class Checkpoint:
 
 
 META_LIMIT = 64 << 20   # bytes: the metadata (a JSON manifest) and the tokenizer are far smaller
-
-
-def entry_limit(config):
-    """The most bytes one array of a checkpoint of `config` can hold: the largest matrix its
-    sizes allow (rows: the vocabulary, the positions, d_ff, the heads' width or the LSTM's four
-    gates; columns: d_model, d_ff, the heads' width or the LSTM width), in float64, plus an .npy
-    header. Every parameter and Adam moment is at most this; a larger entry is refused unread."""
-    c = config
-    hidden = getattr(c, "rnn_hidden", None) or 2 * c.d_model
-    widths = (c.d_model, c.d_ff, c.n_heads * c.d_k, hidden, 2 * hidden)
-    rows = max(c.vocab_size, c.max_len, 4 * hidden, *widths)
-    return rows * (max(widths) + hidden) * 8 + 4096
+NPY_HEADER_LIMIT = 4096  # bytes an .npy header may take before an entry's data
 
 
 def _checked_manifest(path, z):
     """The metadata of an open .npz (NpzFile z), read before any other entry: the entries must be
-    the manifest's, and each entry's declared (uncompressed) size within what the config allows
-    (entry_limit), so an extra or inflated entry (a zip bomb) is refused at the cost of its
-    directory entry, not of inflating it."""
+    the manifest's, and each entry's declared (uncompressed) size that of the parameter it holds
+    (models.parameter_shapes of the config, in float32 or float64, plus an .npy header), so an
+    extra or inflated entry (a zip bomb) is refused at the cost of its directory entry, not of
+    inflating it."""
     infos = {name[:-4]: info for name, info in ((i.filename, i) for i in z.zip.infolist()) if name.endswith(".npy")}
     if "__meta__" not in infos:
         if any(_holds_objects(z, info) for info in infos.values()):
@@ -115,14 +107,24 @@ def _checked_manifest(path, z):
     if not isinstance(sums, dict) or set(sums) != names or len(infos) != len(z.files):
         raise CheckpointError(f"checkpoint {path}: entries do not match its manifest (tampered or incomplete)")
     try:
-        limit = entry_limit(TransformerConfig.from_dict(meta["config"]))
+        shapes = parameter_shapes(TransformerConfig.from_dict(meta["config"]))
     except (MinitfError, KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"checkpoint {path}: bad config ({one_line(e, 200)})") from None
     for name in names:
         size = infos[name].file_size
-        if size > (META_LIMIT if name == "tokenizer" else limit):
-            raise CheckpointError(f"checkpoint {path}: entry {name} declares {size:,} bytes, more than any array of "
-                                  f"its model can hold ({limit:,}): tampered or not a minitf checkpoint")
+        if name == "tokenizer":
+            fits = size <= META_LIMIT
+        else:   # param/<name>, optim/m/<name>, optim/v/<name>: that parameter's elements, float32 or float64
+            param = name.split("/", 2)[-1] if name.startswith(("optim/m/", "optim/v/")) else name[len("param/"):]
+            if not name.startswith(("param/", "optim/m/", "optim/v/")) or param not in shapes:
+                raise CheckpointError(f"checkpoint {path}: entry {name} is no parameter of its model: tampered or "
+                                      f"not a minitf checkpoint")
+            n = int(np.prod(shapes[param], dtype=np.int64))
+            fits = any(0 < size - n * itemsize <= NPY_HEADER_LIMIT for itemsize in (4, 8))
+        if not fits:
+            raise CheckpointError(f"checkpoint {path}: entry {name} declares {size:,} bytes, not the size of "
+                                  f"{'a tokenizer' if name == 'tokenizer' else f'its parameter {shapes[param]}'}: "
+                                  f"tampered or not a minitf checkpoint")
     return meta
 
 

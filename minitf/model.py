@@ -20,7 +20,7 @@ from .seq2seq import Seq2Seq
 class Transformer(Seq2Seq):
     def __init__(self, cfg, device="cpu", dtype="float32", seed=0):
         super().__init__(cfg, device, dtype, seed)
-        rng = np.random.default_rng(seed)
+        rng = self.new_rng(seed)
         d = cfg.d_model
         self.embedding = self.add("embedding", TokenEmbedding(cfg.vocab_size, d, rng))
         if cfg.positional == "learned":

@@ -35,7 +35,7 @@ class RNNSearch(Seq2Seq):
         super().__init__(cfg, device, dtype, seed)
         if self.dtype == np.float16:
             raise ConfigError("mixed precision (--fp16) is for the Transformer; train --arch rnn in float32")
-        rng = np.random.default_rng(seed)
+        rng = self.new_rng(seed)
         d, hd, n = cfg.d_model, cfg.rnn_hidden, cfg.n_layers
         self.embedding = self.add("embedding", TokenEmbedding(cfg.vocab_size, d, rng))
         self.encoder = [self.add(f"encoder.{i}", BiLSTM(d if i == 0 else hd, hd // 2, rng)) for i in range(n)]

@@ -31,8 +31,15 @@ class Seq2Seq(Layer):
         self._cache = None   # what backward needs of the last forward (the model's own)
         self._head = None    # what loss_head_backward needs of the last loss_head
 
+    def new_rng(self, seed):
+        """The generator the layers draw their initial weights from; a model built by
+        models.parameter_shapes gets one that draws nothing (its arrays are broadcast zeros)."""
+        return _ShapesOnly() if getattr(self, "_shapes_only", False) else np.random.default_rng(seed)
+
     def finish_init(self):
         """After the layers are built: move every parameter into the flat buffers."""
+        if getattr(self, "_shapes_only", False):   # models.parameter_shapes: the layer tree is all it needs
+            return
         # float16 = mixed precision (Micikevicius et al. 2018): float32 master weights (and Adam
         # state) updated by the optimizer, float16 copies for every activation and matmul
         self.master_params = None
@@ -142,3 +149,13 @@ class Seq2Seq(Layer):
 
     def num_parameters(self):
         return int(self.flat_params.size)
+
+
+class _ShapesOnly:
+    """A stand-in for numpy's Generator whose draws are read-only broadcast zeros of the asked
+    shape: no memory, so a model's parameter shapes cost nothing to learn (models.parameter_shapes)."""
+
+    def uniform(self, low=0.0, high=1.0, size=None):
+        return np.broadcast_to(np.float64(0.0), () if size is None else size)
+
+    normal = uniform
