@@ -207,7 +207,7 @@ def build_parser(prog="python -m minitf"):
                                                           "H- lines with their scores")
     p.add_argument("--scores", action="store_true", help="print S-, H- and P- lines (scores per hypothesis and per "
                                                          "piece)")
-    p.set_defaults(func=cmd_translate, check=lambda args, p=p: _check_translate(p, args), memory="--batch-size or --beam")
+    p.set_defaults(func=cmd_translate, check=lambda args, p=p: _check_translate(p, args), memory=DECODE_MEMORY)
     p = sub.add_parser("evaluate", help="translate --src and score against --ref with sacreBLEU and chrF, and "
                        "the paper's tokenized BLEU")
     _decode_args(p)
@@ -217,7 +217,7 @@ def build_parser(prog="python -m minitf"):
     p.add_argument("--lang", help="target language of the paper's tokenized BLEU (Moses tokenizer; 'de' also "
                    "splits compounds); default: the one the checkpoint was trained on")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(func=cmd_evaluate, memory="--batch-size or --beam")
+    p.set_defaults(func=cmd_evaluate, memory=DECODE_MEMORY)
     p = sub.add_parser("export", help="a checkpoint's parameters as a .safetensors file, with its config and "
                                       "tokenizer, without optimizer state (translate/evaluate read it)")
     p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz)")
@@ -230,6 +230,12 @@ def build_parser(prog="python -m minitf"):
     else:
         add_plot_parser(sub)
     return parser
+
+
+# what sizes decoding's memory: the batch, the beam and the output length cap; one very long input
+# sentence needs its memory whatever they are
+DECODE_MEMORY = ("--batch-size, --beam or --max-len-b (the output length cap); a very long input sentence needs "
+                 "memory whatever they are: split or shorten it")
 
 
 def _is_stdout_error(e):

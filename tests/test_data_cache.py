@@ -559,7 +559,7 @@ def test_prepare_verify_through_the_cli(tmp_path):
     r = _run(["prepare", *own, "--verify"], tmp_path / "cache", module="minitf")
     assert r.returncode == 0, r.stderr
     assert [m for m in r.stderr.splitlines() if m.startswith("error:")] == [
-        f"error: cache file {tokens} is corrupt (its contents fail the SHA-256 recorded when it was built); rebuilding it"]
+        f"note: cache file {tokens} is corrupt (its contents fail the SHA-256 recorded when it was built); rebuilding it"]
 
 
 def test_a_ratio_rule_that_drops_many_short_pairs_says_how_to_keep_them(tmp_path):

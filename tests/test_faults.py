@@ -284,3 +284,21 @@ def test_parameter_shapes_are_the_built_models(arch, extra):
         pytest.skip(f"not a configuration minitf builds: {e}")
     model = build_model(cfg)
     assert parameter_shapes(cfg) == {n: model._view(model.flat_params, n).shape for n in model.names}
+
+
+def test_out_of_memory_while_decoding_names_the_length_cap_and_long_inputs(monkeypatch, capsys):
+    """A MemoryError in translate/evaluate: one line whose advice also names --max-len-b and a
+    very long input sentence (lowering the batch or the beam does not help those)."""
+    from minitf import cli
+    monkeypatch.setattr(cli, "cmd_translate", lambda args: (_ for _ in ()).throw(MemoryError("10 GiB")))
+    # the parser binds the command when it is built: rebind translate's to the one that runs out of memory
+    monkeypatch.setattr(cli, "build_parser", lambda prog, _p=cli.build_parser: _patched(_p(prog)))
+    assert cli.main(["translate", "--checkpoint", "x.npz"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "out of memory" in err[0] and "--max-len-b" in err[0] and "long input" in err[0]
+
+
+def _patched(parser):
+    from minitf import cli
+    parser._subparsers._group_actions[0].choices["translate"].set_defaults(func=cli.cmd_translate)
+    return parser

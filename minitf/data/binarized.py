@@ -502,7 +502,7 @@ def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max
                 return corpus
         except CacheDefect as e:
             manifest, reason = None, str(e)
-            log(f"error: {e}; rebuilding it")
+            log(f"note: {e}; rebuilding it")   # repaired, not a failure: the run goes on
         log(f"cache: building {folder} ({reason})")
         if tokenizer is None and manifest is not None and reason.startswith("cleaning rule"):
             try:   # the corpus and vocabulary did not change: keep the tokenizer (and its ids)
