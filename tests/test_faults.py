@@ -302,3 +302,22 @@ def _patched(parser):
     from minitf import cli
     parser._subparsers._group_actions[0].choices["translate"].set_defaults(func=cli.cmd_translate)
     return parser
+
+
+def test_a_read_error_under_the_cache_bar_starts_a_line_of_its_own(corpus, tmp_path):
+    """A training file that breaks while the cache's progress bar runs (stderr in a file or a pipe):
+    the error is a line of its own, not glued to the bar's last fragment."""
+    import gzip
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for p in corpus.iterdir():
+        (bad / p.name).write_bytes(p.read_bytes())
+    good = gzip.decompress((corpus / "train.en.gz").read_bytes())
+    (bad / "train.en.gz").write_bytes(gzip.compress(good)[:-40] + b"\x00" * 40)   # a corrupt end
+    env = dict(os.environ, MINITF_CACHE=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "train_wmt.py"), "--dataset", "multi30k", "--data-dir",
+                        str(bad), "--preset", "tiny", "--vocab-size", "60", "--device", "cpu", "--out",
+                        str(tmp_path / "run"), "--max-steps", "1"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    errors = [line for line in r.stderr.split("\n") if "error:" in line]
+    assert errors and all(line.startswith("error:") for line in errors), repr(r.stderr[-600:])

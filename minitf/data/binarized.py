@@ -580,12 +580,14 @@ def _stream_pass(files, progress, desc, chunk_lines):
 
     def gen():
         nonlocal done
-        for chunk in _chunks(_pairs_of(files, streams), chunk_lines):
-            yield chunk
-            done += len(chunk)
-            bar.update(sum(s.bytes_read for pair in streams for s in pair) - bar.n)
-            bar.set_postfix_str(f"{done / max(time.time() - t0, 1e-9):,.0f} lines/s", refresh=False)
-        bar.close()
+        try:
+            for chunk in _chunks(_pairs_of(files, streams), chunk_lines):
+                yield chunk
+                done += len(chunk)
+                bar.update(sum(s.bytes_read for pair in streams for s in pair) - bar.n)
+                bar.set_postfix_str(f"{done / max(time.time() - t0, 1e-9):,.0f} lines/s", refresh=False)
+        finally:   # also when reading fails: the bar ends its line, so the error starts a line of its own
+            bar.close()
     return streams, gen()
 
 
