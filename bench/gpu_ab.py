@@ -1,13 +1,14 @@
 #!/usr/bin/env python
 """One GPU code path against another in the same process: same weights, same batch, same card.
 
-    python bench/gpu_ab.py                         # base, float32 (TF32) and --fp16: MINITF_CUBLAS=1 vs 0
+    python bench/gpu_ab.py                         # base, float32 (TF32) and --fp16: every fusion on vs off
     python bench/gpu_ab.py --presets base,big --out runs/ab
     python bench/gpu_ab.py --smoke                 # tiny sizes (checks this script, e.g. under the CuPy stand-in)
 
 The variants differ only in environment variables that minitf reads on every call
 (`--variant name=VAR=value[,VAR=value]`; default: `now`, the step as it is, against `before`,
-every fusion switched off: MINITF_CUBLAS=0 and MINITF_FUSED_{RELU,ADAM,GRADS}=0), so one process runs them all, alternating, with PyTorch eager beside
+every fusion switched off: MINITF_CUBLAS=0 and MINITF_FUSED_{RELU,ADAM,GRADS,EMBED}=0; the warp
+softmax has no switch), so one process runs them all, alternating, with PyTorch eager beside
 them (bench/train_step.py's TorchRunner, same weights) when torch with CUDA is there, and with
 --strong PyTorch as a user choosing it for speed would run it (scaled_dot_product_attention,
 logits on the rows with a loss only, fused Adam; --torch-compile adds torch.compile). For each
@@ -43,7 +44,8 @@ from bench.train_step import MinitfRunner, timed_round, torch_runner_like  # noq
 
 
 # the step as it is, against the step with every fusion switched off (CuPy's matmul and separate passes)
-DEFAULT_VARIANTS = ["now=", "before=MINITF_CUBLAS=0,MINITF_FUSED_RELU=0,MINITF_FUSED_ADAM=0,MINITF_FUSED_GRADS=0"]
+DEFAULT_VARIANTS = ["now=", "before=MINITF_CUBLAS=0,MINITF_FUSED_RELU=0,MINITF_FUSED_ADAM=0,MINITF_FUSED_GRADS=0,"
+                             "MINITF_FUSED_EMBED=0"]
 
 
 def log(msg):
