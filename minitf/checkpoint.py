@@ -139,12 +139,26 @@ def _holds_objects(z, info):
         return False
 
 
+def _checkpoint_in(folder):
+    """The checkpoint a user most likely meant inside a run's folder: the model the run reported
+    (model.npz), else its average, best or newest checkpoint; None if it holds none."""
+    for name in ("model.npz", "averaged.npz", "checkpoint_best.npz"):
+        if os.path.isfile(os.path.join(folder, name)):
+            return os.path.join(folder, name)
+    steps = sorted(n for n in os.listdir(folder) if n.startswith("checkpoint_") and n.endswith(".npz"))
+    return os.path.join(folder, steps[-1]) if steps else None
+
+
 def load_checkpoint(path):
     """Read and verify a checkpoint (.npz, or a .safetensors export); any defect is a
     CheckpointError naming the file."""
     path = os.fspath(path)
+    if os.path.isdir(path):
+        inside = _checkpoint_in(path)
+        raise CheckpointError(f"checkpoint {path} is a folder, not a file"
+                              + (f"; did you mean {inside}?" if inside else ""))
     if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint {path} " + ("is a folder, not a file" if os.path.isdir(path) else "does not exist"))
+        raise CheckpointError(f"checkpoint {path} does not exist")
     if path.endswith(".safetensors"):
         return _load_safetensors(path)
     with open(path, "rb") as f:

@@ -155,6 +155,17 @@ def test_not_a_checkpoint_and_missing_file(tmp_path):
         load_checkpoint(tmp_path / "o.npz")
     with pytest.raises(minitf.CheckpointError, match="is a folder"):
         load_checkpoint(tmp_path)
+    run = tmp_path / "run"            # a run's folder: the message names the model it reported
+    run.mkdir()
+    with pytest.raises(minitf.CheckpointError) as e:
+        load_checkpoint(run)
+    assert "did you mean" not in str(e.value)
+    save_checkpoint(run / "checkpoint_0000002.npz", tiny_model())
+    with pytest.raises(minitf.CheckpointError, match=r"did you mean .*checkpoint_0000002\.npz\?"):
+        load_checkpoint(run)
+    save_checkpoint(run / "model.npz", tiny_model())
+    with pytest.raises(minitf.CheckpointError, match=r"is a folder, not a file; did you mean .*model\.npz\?"):
+        load_checkpoint(run)
 
 
 def test_a_corrupt_npy_header_inside_is_one_line(tmp_path):
