@@ -199,9 +199,12 @@ def build_parser(prog="python -m minitf"):
                                    "then for each hypothesis, best first, H-i<TAB>score<TAB>translation (score: the "
                                    "natural log-probability of its pieces and end of sentence over the length "
                                    "penalty ((5 + length) / 6) ** alpha, as beam search ranks them) and, with "
-                                   "--scores, P-i<TAB>the log-probability of each piece and of the end of sentence.")
+                                   "--scores, P-i<TAB>the log-probability of each piece and of the end of sentence. "
+                                   "On a terminal, with no --input and no --output, each line is translated as you "
+                                   "type it (Ctrl-D ends).")
     _decode_args(p)
-    p.add_argument("--input", help="input file (plain or .gz, or a pipe); default stdin")
+    p.add_argument("--input", help="input file (plain or .gz, or a pipe); default stdin (on a terminal: each line "
+                   "translated as you type it)")
     p.add_argument("--output", help="output file; default stdout")
     p.add_argument("--nbest", type=positive(), metavar="N", help="the N best translations of each line (N <= --beam), as "
                                                           "H- lines with their scores")

@@ -301,3 +301,11 @@ def test_version():
     import minitf
     out = run("--version")
     assert out.returncode == 0 and out.stdout.strip() == f"minitf {minitf.__version__}"
+
+
+def test_translate_help_tells_of_interactive_translation():
+    """On a terminal, translate works line by line as you type: --help says so."""
+    out = run("translate", "--help")
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    assert "translated as you type it (Ctrl-D ends)" in text and "on a terminal" in text.lower()
