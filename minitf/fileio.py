@@ -84,17 +84,24 @@ def atomic_write_bytes(path, data):
     atomic_write(path, lambda f: f.write(data))
 
 
+def lock_path(folder):
+    """The lock file of a folder: `.<name>.lock` beside it."""
+    parent, name = os.path.split(os.path.abspath(folder))
+    return os.path.join(parent, f".{name}.lock")
+
+
 @contextlib.contextmanager
-def folder_lock(folder, what="--out"):
-    """Hold `folder`'s lock for the block: an exclusive, non-blocking `flock` on `.<name>.lock`
-    beside the folder, holding the holder's pid. A second process asking for it is refused with a
-    MinitfError naming that pid; a holder that died released it with its file descriptor, so its
-    stale file is simply taken over. Where the file system cannot lock, the block runs unlocked."""
+def folder_lock(folder, busy):
+    """Hold `folder`'s lock for the block: an exclusive `flock` on `lock_path(folder)`, the file
+    holding the holder's name ("process PID on HOST"). When another live process holds it,
+    busy(holder, path) is called: it raises to refuse, or returns to wait for the lock. A holder
+    that died released the lock with its file descriptor, so its stale file is simply taken over.
+    Where the file system cannot lock (no `fcntl`, a read-only or lockless mount), the block runs
+    unlocked."""
     try:
         import fcntl
-        parent, name = os.path.split(os.path.abspath(folder))
-        path = os.path.join(parent, f".{name}.lock")
-        os.makedirs(parent, exist_ok=True)
+        path = lock_path(folder)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except (ImportError, OSError):
         yield
@@ -103,9 +110,8 @@ def folder_lock(folder, what="--out"):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            raise MinitfError(f"{what} {folder} is in use by {holder}, which is writing to it (lock {path}): wait "
-                              f"for it to end, or choose another {what}") from None
+            busy(os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process", path)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         except OSError:   # ENOLCK, EOPNOTSUPP: this file system does not lock
             pass
         os.ftruncate(fd, 0)
@@ -113,3 +119,11 @@ def folder_lock(folder, what="--out"):
         yield
     finally:
         os.close(fd)   # releases the lock
+
+
+def refuse_if_busy(what, folder):
+    """A `folder_lock` busy-handler that refuses: one MinitfError naming the holder."""
+    def busy(holder, path):
+        raise MinitfError(f"{what} {folder} is in use by {holder}, which is writing to it (lock {path}): wait for it "
+                          f"to end, or choose another {what}")
+    return busy

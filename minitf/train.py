@@ -27,7 +27,7 @@ import numpy as np
 
 from .backend import get_xp, is_gpu, release_freed_memory, to_numpy
 from .checkpoint import average_checkpoints, load_checkpoint, read_train_state, save_checkpoint
-from .fileio import atomic_write, folder_lock, leftover_temp_files
+from .fileio import atomic_write, folder_lock, leftover_temp_files, refuse_if_busy
 from .config import SIZE_FLAGS, TransformerConfig, id_ranges
 from .data.binarized import StaleData
 from .data.pipeline import load_data
@@ -298,7 +298,7 @@ def _agree(world, **facts):
 
 def _train(args, world):
     """The run under --out's lock (one run writes a folder at a time; rank 0 holds it for the job)."""
-    with folder_lock(args.out) if world.rank == 0 else contextlib.nullcontext():
+    with folder_lock(args.out, refuse_if_busy("--out", args.out)) if world.rank == 0 else contextlib.nullcontext():
         return _locked_train(args, world)
 
 

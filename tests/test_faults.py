@@ -153,10 +153,10 @@ def test_a_foreign_checkpoint_in_out_is_refused_and_nothing_is_overwritten(corpu
 def test_a_second_run_into_a_busy_out_is_refused_naming_the_holder(corpus, tmp_path):
     """While a process holds --out (as a running training does), a start or a --resume into it is
     one line naming the holder's pid; a lock left by a process that died is taken over."""
-    from minitf.fileio import folder_lock
+    from minitf.fileio import folder_lock, refuse_if_busy
     out = tmp_path / "run"
     args = ("--max-steps", 2, "--save-every", 1, "--average-last", 1, "--valid-every", 0)
-    with folder_lock(str(out)):
+    with folder_lock(str(out), refuse_if_busy("--out", str(out))):
         r = train(corpus, out, *args)
         assert r.returncode == 2 and f"process {os.getpid()}" in r.stderr and "--out" in r.stderr, r.stderr[-2000:]
         assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()
@@ -165,7 +165,7 @@ def test_a_second_run_into_a_busy_out_is_refused_naming_the_holder(corpus, tmp_p
     lock.write_text("process 999999999 on a machine long gone")   # its holder is dead: flock holds nothing
     r = train(corpus, out, *args)
     assert r.returncode == 0, r.stderr[-2000:]
-    with folder_lock(str(out)):   # released at the run's end
+    with folder_lock(str(out), refuse_if_busy("--out", str(out))):   # released at the run's end
         pass
 
 

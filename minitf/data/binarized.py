@@ -39,7 +39,6 @@ import hashlib
 import itertools
 import json
 import os
-import platform
 import shutil
 import struct
 import sys
@@ -48,7 +47,7 @@ import time
 import numpy as np
 
 from minitf.errors import DataError, one_line
-from minitf.fileio import atomic_write_bytes, disk_full, is_disk_full
+from minitf.fileio import atomic_write_bytes, disk_full, folder_lock, is_disk_full
 from minitf.data.clean import clean_mask, clean_stats
 from minitf.data.readers import LineStream
 from minitf.data.tokenizer import Tokenizer
@@ -410,15 +409,10 @@ def _why_stale(manifest, files, languages, wanted):
     return _corpus_changes(manifest["corpus"], files)
 
 
-def lock_path(folder):
-    """The lock file of a cache folder: `.<name>.lock` beside it."""
-    parent, name = os.path.split(os.path.abspath(folder))
-    return os.path.join(parent, f".{name}.lock")
-
-
 @contextlib.contextmanager
 def cache_lock(folder, log):
-    """Hold `folder`'s lock (an exclusive `flock` on the file `lock_path(folder)`) for the block.
+    """Hold `folder`'s lock (fileio.folder_lock: an exclusive `flock` on `.<name>.lock` beside it)
+    for the block.
 
     `prepare_cache` checks, (re)builds and opens a cache under it, so runs started together that
     want different caches of one corpus (another --vocab-size, --subword or --max-len) take turns:
@@ -426,28 +420,11 @@ def cache_lock(folder, log):
     rebuilt folder into place) instead of reading half of one and half of another. A process that
     has to wait says so, naming the holder. Where the file system cannot lock (no `fcntl`, a
     read-only or lockless mount) the block runs unlocked, as before locks existed."""
-    try:
-        import fcntl
-        path = lock_path(folder)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except (ImportError, OSError):
+    def wait(holder, path):
+        log(f"cache: waiting for {holder}, which is preparing or opening {folder}")
+    with folder_lock(folder, wait):
         yield
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            log(f"cache: waiting for {holder}, which is preparing or opening {folder}")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:   # ENOLCK, EOPNOTSUPP: this file system does not lock
-            pass
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"process {os.getpid()} on {platform.node()}".encode(), 0)
-        yield
-    finally:
-        os.close(fd)   # releases the lock
+
 
 
 def cache_folder(cache_root, name, languages):
