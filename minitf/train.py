@@ -39,6 +39,7 @@ from .models import build_model
 from .optim import Adam, LossScaler
 from .schedule import NoamSchedule, fade
 from .trainlog import Console, TrainLog, log
+from .translate import paper_bleu_available
 from .validation import Validation, evaluate_loss, perplexity, to_batch
 
 
@@ -358,6 +359,9 @@ def set_up(args, world):
             + (f"; output layer over {cfg.output_ids().size:,} of the {cfg.vocab_size:,} pieces (--output-vocab target)"
                if cfg.output_vocab else "")
             + ("; pre-norm (--norm pre)" if cfg.norm_position == "pre" else ""))
+        if not paper_bleu_available():   # said now, not after hours of training
+            log("note: sacremoses is not installed, so the end of this run will report sacreBLEU and chrF but not "
+                "the paper's tokenized BLEU; pip install 'minitf[paper]' (the gpu and dev extras include it)")
         if getattr(args, "preset_chosen", False) and resume is None:
             log(f"note: no --preset given: {args.preset}, the preset for --device {args.device} "
                 + ("(sized for minutes on a CPU; --preset base is the paper's model, for GPUs)" if args.device == "cpu"

@@ -65,6 +65,12 @@ def score(hyps, refs, lang=None):
     return out
 
 
+def paper_bleu_available():
+    """Whether the paper's tokenized BLEU can be computed here (sacremoses is installed)."""
+    import importlib.util
+    return importlib.util.find_spec("sacremoses") is not None
+
+
 def paper_bleu(hyps, refs, lang):
     """The paper's score (Table 2), as tensor2tensor's get_ende_bleu.sh and fairseq's
     compound_split_bleu.sh compute it: hypotheses and references Moses-tokenized (sacremoses,

@@ -321,3 +321,23 @@ def test_a_read_error_under_the_cache_bar_starts_a_line_of_its_own(corpus, tmp_p
     assert r.returncode == 2, r.stderr[-2000:]
     errors = [line for line in r.stderr.split("\n") if "error:" in line]
     assert errors and all(line.startswith("error:") for line in errors), repr(r.stderr[-600:])
+
+
+def test_a_run_that_cannot_compute_the_papers_bleu_says_so_at_its_start(corpus, tmp_path, monkeypatch, capsys):
+    """Without sacremoses the paper's tokenized BLEU cannot be reported: the run says so among
+    its first lines, before training, not only at the end."""
+    import importlib.util
+    import minitf.train
+    monkeypatch.setattr(minitf.train, "paper_bleu_available", lambda: False)
+    monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))
+    spec = importlib.util.spec_from_file_location("train_wmt", os.path.join(ROOT, "train_wmt.py"))
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    code = cli.main(["--dataset", "multi30k", "--data-dir", str(corpus), "--preset", "tiny", "--vocab-size", "60",
+                     "--device", "cpu", "--out", str(tmp_path / "run"), "--quiet", "--max-steps", "1",
+                     "--save-every", "1", "--average-last", "1"])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 0
+    note = [i for i, line in enumerate(err) if "sacremoses is not installed" in line]
+    started = [i for i, line in enumerate(err) if line.startswith("train:")]
+    assert note and started and note[0] < started[0], err[:12]
