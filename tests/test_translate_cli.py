@@ -1,5 +1,6 @@
 """`python -m minitf translate|evaluate` end to end on a tiny model and files made here."""
 import json
+import os
 import subprocess
 import sys
 
@@ -309,3 +310,17 @@ def test_translate_help_tells_of_interactive_translation():
     assert out.returncode == 0
     text = " ".join(out.stdout.split())
     assert "translated as you type it (Ctrl-D ends)" in text and "on a terminal" in text.lower()
+
+
+def test_python_m_minitf_beside_a_folder_named_minitf_is_one_line_not_a_traceback(tmp_path):
+    """From the folder that holds a clone named minitf, `python -m minitf` meets that folder first:
+    it either runs (the install wins) or says in one line what to do, never a bare ImportError."""
+    (tmp_path / "minitf").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-m", "minitf", "--version"], capture_output=True, text=True, cwd=tmp_path,
+                       env=env, timeout=120)
+    assert "Traceback" not in r.stderr, r.stderr
+    if r.returncode == 0:
+        assert r.stdout.startswith("minitf ")
+    else:
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "shadows" in r.stderr, r.stderr
