@@ -354,6 +354,9 @@ def set_up(args, world):
         atomic_write(os.path.join(args.out, "config.json"), lambda f: f.write(json.dumps(
             {"model": cfg.to_dict(), "args": vars(args), "ranks": world.size,
              "tokenizer_sha256": hashlib.sha256(data.tokenizer.to_bytes()).hexdigest()}, indent=2).encode()))
+        corpus = f"--train {args.train}" if args.train else args.dataset
+        log(f"task: {corpus}, {args.src} -> {args.tgt}; the scores go to {os.path.join(args.out, 'results.json')}, "
+            f"the model to {os.path.join(args.out, 'model.npz')}")
         log(f"model: {cfg.arch}, {model.num_parameters():,} parameters, preset {args.preset}, device {args.device}"
             + (f", {world.size} ranks" if world.size > 1 else "")
             + (f"; output layer over {cfg.output_ids().size:,} of the {cfg.vocab_size:,} pieces (--output-vocab target)"

@@ -713,3 +713,29 @@ def test_without_preset_the_device_chooses_it_and_the_run_says_so(corpus, tmp_pa
     assert "note: no --preset given: small, the preset for --device cpu" in r.stderr
     assert "pieces (--output-vocab target)" in r.stderr                       # small's output layer
     assert load_checkpoint(tmp_path / "run" / "model.npz").config.output_layer == "target"
+
+
+def test_a_run_names_its_task_first_and_an_ambiguous_own_corpus_is_refused(corpus, tmp_path):
+    """The first lines name the corpus, the direction and where the scores and model go; an own corpus
+    with files of more than the default pair and no --src/--tgt is one line listing its languages."""
+    out = tmp_path / "run"
+    r = run_train(corpus, out, "--max-steps", 1, "--save-every", 1, "--average-last", 1, "--valid-every", 0)
+    assert r.returncode == 0, r.stderr[-2000:]
+    task = [line for line in r.stderr.splitlines() if line.startswith("task:")]
+    assert task == [f"task: multi30k, en -> de; the scores go to {out / 'results.json'}, the model to "
+                    f"{out / 'model.npz'}"]
+    own = tmp_path / "own"
+    own.mkdir()
+    for lang, name in (("en", "train.en.gz"), ("de", "train.de.gz"), ("fr", "train.de.gz")):
+        (own / f"train.{lang}.gz").write_bytes((corpus / name).read_bytes())
+        (own / f"dev.{lang}.gz").write_bytes((corpus / name.replace("train", "val")).read_bytes())
+    env = dict(os.environ, MINITF_CACHE=str(tmp_path / "cache"))
+    cmd = [sys.executable, os.path.join(ROOT, "train_wmt.py"), "--train", str(own / "train"), "--valid",
+           str(own / "dev"), "--preset", "tiny", "--vocab-size", "60", "--device", "cpu", "--out", str(tmp_path / "o"),
+           "--quiet", "--max-steps", "1"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "has files for de, en, fr: name the pair with --src and --tgt" in r.stderr
+    r = subprocess.run(cmd + ["--src", "en", "--tgt", "fr", "--save-every", "1", "--average-last", "1",
+                              "--valid-every", "0"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and "en -> fr" in r.stderr, r.stderr[-2000:]

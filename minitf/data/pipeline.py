@@ -28,8 +28,8 @@ def add_data_args(p):
                    help="a known dataset, downloaded when missing (default wmt14; ignored with --train)")
     g.add_argument("--data-dir", help="folder with the corpus files (plain or .gz); default ~/.cache/minitf/<dataset>")
     g.add_argument("--offline", action="store_true", help="never download: fail if files are missing")
-    g.add_argument("--src", default="en")
-    g.add_argument("--tgt", default="de")
+    g.add_argument("--src", help="source language (default en); with --train and files of other languages, give it")
+    g.add_argument("--tgt", help="target language (default de); with --train and files of other languages, give it")
     g.add_argument("--train", metavar="PREFIX", help="your own training corpus: PREFIX.<src> and PREFIX.<tgt> (plain or .gz)")
     g.add_argument("--valid", metavar="PREFIX", help="your own validation set (with --train)")
     g.add_argument("--test", metavar="NAME=PREFIX", action="append", type=_test_arg, default=[],
@@ -55,12 +55,30 @@ def check_data_args(p, args):
         p.error("--train needs --valid PREFIX (a held-out set for validation loss and BLEU)")
     if (args.valid or args.test) and not args.train:
         p.error("--valid/--test name your own files: give --train PREFIX too (or use --dataset)")
+    if args.train and args.src is None and args.tgt is None:   # the direction is not guessed from other files
+        langs = own_languages(args.train)
+        if len(langs) > 2 or (len(langs) == 2 and set(langs) != {"en", "de"}):
+            p.error(f"--train {args.train} has files for {', '.join(langs)}: name the pair with --src and --tgt "
+                    f"(without them a run trains en -> de)")
+    args.src, args.tgt = args.src or "en", args.tgt or "de"
     if args.src == args.tgt:
         p.error(f"--src and --tgt are both {args.src!r}")
     if args.tokenizer and not os.path.isfile(args.tokenizer):
         p.error(f"--tokenizer {args.tokenizer}: file not found")
     if args.tokenizer and getattr(args, "subword", None):
         p.error(f"--subword {args.subword} trains a tokenizer and --tokenizer gives one: use one or the other")
+
+
+def own_languages(prefix):
+    """The language codes PREFIX.<code> (or PREFIX.<code>.gz) files exist for, sorted."""
+    import glob
+    import re
+    found = set()
+    for path in glob.glob(glob.escape(prefix) + ".*"):
+        m = re.fullmatch(r"([A-Za-z]{2,3}(?:[-_][A-Za-z]{2,4})?)(?:\.gz)?", path[len(prefix) + 1:])
+        if m and os.path.isfile(path):
+            found.add(m.group(1))
+    return sorted(found)
 
 
 def subword_model(args):
