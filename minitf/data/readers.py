@@ -83,6 +83,13 @@ class _Prefixed:
         return True
 
 
+def line_too_long(path, number, sentences):
+    """The DataError for line `number` of `path` passing MAX_LINE_BYTES ("far longer than any
+    sentence {sentences}")."""
+    return DataError(f"{path}:{number}: a line of over {MAX_LINE_BYTES:,} bytes, far longer than any sentence "
+                     f"{sentences}; the file is not one sentence per line, or it is damaged")
+
+
 def _read_capped(f, path):
     """All of f's bytes, read 1 MB at a time; a line longer than MAX_LINE_BYTES is refused as soon
     as it has been read that far (a decompression bomb costs about a MB, not its size)."""
@@ -96,9 +103,7 @@ def _read_capped(f, path):
         lengths = [open_line + len(segments[0])] + [len(x) for x in segments[1:]]
         for i, n in enumerate(lengths):
             if n > MAX_LINE_BYTES:
-                raise DataError(f"{path}:{newlines + i + 1}: a line of over {MAX_LINE_BYTES:,} bytes, far longer "
-                                f"than any sentence minitf reads; the file is not one sentence per line, or it is "
-                                f"damaged")
+                raise line_too_long(path, newlines + i + 1, "minitf reads")
         newlines += len(segments) - 1
         open_line = lengths[-1]
     return b"".join(parts)
@@ -256,9 +261,7 @@ class LineStream:
                             break
                         number += 1
                         if len(line) > MAX_LINE_BYTES:
-                            raise DataError(f"{self.path}:{number}: a line of over {MAX_LINE_BYTES:,} bytes, far "
-                                            f"longer than any sentence minitf trains on (--max-len pieces); the "
-                                            f"file is not one sentence per line, or it is damaged")
+                            raise line_too_long(self.path, number, "minitf trains on (--max-len pieces)")
                         try:
                             text = line.decode("utf-8")
                         except UnicodeDecodeError as e:

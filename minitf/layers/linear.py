@@ -19,7 +19,7 @@ class Linear(Layer):
 
     def project(self, x):
         """The forward without the bias add, x [..., in] -> x @ weight [..., out]: for a caller
-        that adds the bias in its next pass over the rows (attention's kernels.unpack_heads).
+        that adds the bias in its next pass over the rows (the feed-forward's kernels.bias_relu).
         Backward is `backward`, as for `forward` (db is the sum of dy either way)."""
         self.cache = x
         return x.reshape(-1, x.shape[-1]) @ self.params["weight"]
