@@ -169,10 +169,36 @@ def timing(cfg, batch, fp16, variants, args, torch):
                                "kernels": round(p["kernels"]),
                                "top": [[k[:80], round(ms, 3), round(share, 4), round(calls, 1)]
                                        for k, ms, share, calls in top_kernels(p, args.kernel_steps, args.top)]}
+    if args.host_profile:
+        env, r = runners[0]
+        with Env(env):
+            kernels.setdefault(r.name, {})["host"] = host_profile(r, args.host_profile, args.top)
     for _, r in runners:
         del r
     backend.cupy.get_default_memory_pool().free_all_blocks()
     return res, kernels
+
+
+def host_profile(runner, steps, top):
+    """Where the host's time goes in `steps` steps: cProfile's functions by their own time (ms per step),
+    with the calls per step and the time including callees. The profiler slows each Python call, so the
+    shares, not the sums, are what to read."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    runner.sync()
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(steps):
+        runner.step()
+    runner.sync()
+    prof.disable()
+    wall = time.perf_counter() - t0
+    stats = pstats.Stats(prof).stats
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return {"wall_ms_per_step": round(1e3 * wall / steps, 2),
+            "functions": [[f"{Path(f).name}:{line} {fn}", round(nc / steps, 1), round(1e3 * tt / steps, 3),
+                           round(1e3 * ct / steps, 3)] for (f, line, fn), (cc, nc, tt, ct, _) in rows]}
 
 
 def main(argv=None):
@@ -191,6 +217,8 @@ def main(argv=None):
     p.add_argument("--torch-compile", action="store_true", help="the strong PyTorch's loss through torch.compile")
     p.add_argument("--float64", action="store_true", help="also hold each variant's gradients to the float64 model's")
     p.add_argument("--profile", default="", help="comma-separated runners to profile (default: every one)")
+    p.add_argument("--host-profile", type=int, default=0, metavar="N",
+                   help="also N steps of the first variant under cProfile: the host's time by function")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out")
     args = p.parse_args(argv)
@@ -239,15 +267,21 @@ def main(argv=None):
                                 if "speed_vs_" + b in t)
                       + (f"  grad diff {s['grad_rel_diff']:.2e}" if s else "")
                       + (f"  vs float64 {s['grad_rel_err_vs_float64']:.2e}" if "grad_rel_err_vs_float64" in s else "")
-                      + (f"  kernels {k['kernels']} busy {k['busy_ms']} ms" if k else ""), flush=True)
+                      + (f"  kernels {k['kernels']} busy {k['busy_ms']} ms" if "kernels" in k else ""), flush=True)
             if args.out:
                 os.makedirs(args.out, exist_ok=True)
                 Path(args.out, "ab.json").write_text(json.dumps(report, indent=1, default=str))
     for key, entry in report["results"].items():
         for name, k in entry["kernels"].items():
-            print(f"### {key} {name}: top kernels (ms/step, share of busy, calls/step)")
-            for row in k["top"]:
-                print(f"    {row[1]:8.3f} {row[2]:6.1%} {row[3]:6.1f}  {row[0]}")
+            if "top" in k:
+                print(f"### {key} {name}: top kernels (ms/step, share of busy, calls/step)")
+                for row in k["top"]:
+                    print(f"    {row[1]:8.3f} {row[2]:6.1%} {row[3]:6.1f}  {row[0]}")
+            if "host" in k:
+                print(f"### {key} {name}: host time under cProfile, {k['host']['wall_ms_per_step']} ms a step "
+                      f"(own ms/step, calls/step, with callees ms/step)")
+                for fn, calls, own, cum in k["host"]["functions"]:
+                    print(f"    {own:8.3f} {calls:7.1f} {cum:9.3f}  {fn}")
     return report
 
 

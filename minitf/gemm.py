@@ -62,7 +62,7 @@ def enabled(x):
 
 
 def _dtype_name(a):
-    name = a.dtype.name
+    name = kernels.dtype_name(a.dtype)
     if name not in CUDA_TYPE:
         raise TypeError(f"gemm: no cuBLAS type for {name}")
     return name

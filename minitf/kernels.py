@@ -544,14 +544,25 @@ SIGNATURES = {
 C_TYPES = {"float16": ("half_t", "float"), "float32": ("float", "float"), "float64": ("double", "double")}
 
 
+_NAMES = {}   # dtype (or scalar type, or name) -> its name: np.dtype(d).name costs ~2 us, and a step asks ~1,400 times
+
+
+def dtype_name(dtype):
+    """np.dtype(dtype).name, looked up once per dtype."""
+    name = _NAMES.get(dtype)
+    if name is None:
+        name = _NAMES[dtype] = np.dtype(dtype).name
+    return name
+
+
 def accum_dtype(dtype):
     """The dtype the kernels compute (and keep LayerNorm's cache) in: float64 stays float64."""
-    return np.float64 if np.dtype(dtype) == np.float64 else np.float32
+    return np.float64 if dtype_name(dtype) == "float64" else np.float32
 
 
 def source(dtype):
     """The complete CUDA source for one storage dtype."""
-    t, a = C_TYPES[np.dtype(dtype).name]
+    t, a = C_TYPES[dtype_name(dtype)]
     return HALF + f"typedef {t} T;\ntypedef {a} A;\n" + PRELUDE + KERNELS
 
 
@@ -580,7 +591,7 @@ _FUNCTIONS = {}      # (dtype name, kernel name) -> cupy RawKernel: looked up on
 
 
 def _module(dtype):
-    key = np.dtype(dtype).name
+    key = dtype_name(dtype)
     if key not in _MODULES:
         if key not in C_TYPES:
             _MODULES[key] = None
@@ -599,7 +610,7 @@ def _module(dtype):
 
 
 def _function(name, dtype):
-    key = (np.dtype(dtype).name, name)
+    key = (dtype_name(dtype), name)
     fn = _FUNCTIONS.get(key)
     if fn is None:
         module = _module(dtype)             # compiling it looks up every kernel of SIGNATURES
@@ -809,7 +820,7 @@ _PLACEHOLDERS = {}           # (array module, dtype) -> a 1-element array for an
 
 
 def _placeholder(xp, dtype):
-    key = (id(xp), np.dtype(dtype).name)
+    key = (id(xp), dtype_name(dtype))
     if key not in _PLACEHOLDERS:
         _PLACEHOLDERS[key] = (xp, xp.zeros(1, dtype=dtype))
     return _PLACEHOLDERS[key][1]
@@ -889,7 +900,8 @@ def embedding_plan(ids, keep_index, xp):
     (one host->device copy), and U."""
     flat = np.asarray(ids).reshape(-1)
     kept = flat if keep_index is None else flat[keep_index]
-    order = np.argsort(kept, kind="stable")
+    small = kept.size and 0 <= kept.min() and kept.max() < 1 << 16   # the same order by a radix sort, ~14x faster
+    order = np.argsort(kept.astype(np.uint16) if small else kept, kind="stable")
     sorted_ids = kept[order]
     starts = np.flatnonzero(np.concatenate([[True], sorted_ids[1:] != sorted_ids[:-1]])) if len(kept) else \
         np.zeros(0, dtype=np.int64)

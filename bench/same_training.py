@@ -1,0 +1,256 @@
+#!/usr/bin/env python
+"""The same training on three engines: N updates from the same initial weights on the same
+batches of real sentences, then each one's loss on a validation set.
+
+    python bench/same_training.py --train-src train.en --train-tgt train.de \\
+        --valid-src val.en.gz --valid-tgt val.de.gz --tokenizer tok.model --updates 300 --fp16 --out runs/same
+
+Runners, one after another, each from the weights of `minitf.Transformer(cfg, seed=0)`:
+
+  now      the GPU step as it is
+  before   the same with every GPU fusion switched off (MINITF_CUBLAS=0, MINITF_FUSED_*=0: CuPy's
+           matmul and separate passes), bench/gpu_ab.py's `before` variant
+  torch    PyTorch eager (bench/torch_model.py), under AMP with a GradScaler when --fp16
+
+All three see the same batches in the same order (token_batches over the training pairs, seed 0),
+the same learning rate (the paper's schedule, eq. 3, with --warmup and --lr-factor: the paper's
+4,000 warmup updates would leave a short run at a tiny rate), label smoothing and dropout (each
+engine draws its own masks), dynamic loss scaling from 2^15 (growth every 1,000 good updates),
+and skip the update when a float16 gradient overflowed. For each it prints the updates made and
+skipped, ms per update, the mean training loss of the last 50 updates, the validation NLL per
+target token (eval mode, the engine's own precision) and its relative difference to the first
+runner's, and peak GPU memory (CuPy's pool / torch.cuda.max_memory_reserved). --device cpu runs
+the CPU path (then `now` and `before` are the same code: a check of this script).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("CUPY_TF32", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+import minitf  # noqa: E402
+from minitf import backend  # noqa: E402
+from minitf.data import Tokenizer, collate, read_parallel, token_batches  # noqa: E402
+from minitf.optim import LossScaler  # noqa: E402
+from minitf.schedule import noam  # noqa: E402
+from minitf.train import step_stats  # noqa: E402
+from minitf.validation import evaluate_loss  # noqa: E402
+from bench.gpu_ab import DEFAULT_VARIANTS, Env, parse_variant  # noqa: E402
+
+
+def log(msg):
+    print(f"[same_training {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- data
+def batches_of(tok, src_lines, tgt_lines, max_tokens, count=None, shuffle=True):
+    """Host batches (src, tgt_in, tgt_out, n_target_tokens) of token_batches(seed 0) over the
+    pairs, epoch after epoch until `count` (all of one epoch when count is None)."""
+    threads = os.cpu_count() or 1
+    src_ids, tgt_ids = tok.encode(src_lines, num_threads=threads), tok.encode(tgt_lines, num_threads=threads)
+    src_lens = np.array([len(s) for s in src_ids], np.int64)
+    tgt_lens = np.array([len(t) for t in tgt_ids], np.int64)
+    out, epoch = [], 0
+    while True:
+        for idx in token_batches(src_lens, tgt_lens, max_tokens, seed=0, epoch=epoch, shuffle=shuffle):
+            src, tgt_in, tgt_out = collate([src_ids[i] for i in idx], [tgt_ids[i] for i in idx],
+                                           tok.pad_id, tok.bos_id, tok.eos_id)
+            out.append((src, tgt_in, tgt_out, int((tgt_out != tok.pad_id).sum())))
+            if count is not None and len(out) == count:
+                return out
+        if count is None:
+            return out
+        epoch += 1
+
+
+# ----------------------------------------------------------------------------- the runners
+def learning_rate(cfg, args, step):
+    return noam(step, cfg.d_model, args.warmup, args.lr_factor)
+
+
+def pool_peak_mib(xp):
+    """The bytes CuPy's pool holds after a run (it keeps what it allocated: the run's peak,
+    give or take fragmentation); None on the CPU."""
+    if not backend.is_gpu(xp):
+        return None
+    return round(backend.cupy.get_default_memory_pool().total_bytes() / 2 ** 20, 1)
+
+
+def free_pool(xp):
+    if backend.is_gpu(xp):
+        backend.cupy.get_default_memory_pool().free_all_blocks()
+
+
+def train_minitf(name, env, cfg, args, train, valid, dropout_seed=0):
+    """N updates of minitf under the variant's environment; returns the runner's record."""
+    with Env(env):
+        model = minitf.Transformer(cfg, device=args.device, dtype="float16" if args.fp16 else "float32", seed=0)
+        model.seed = dropout_seed    # the dropout masks' seed (the weights above are seed 0's)
+        xp = model.xp
+        model.train()
+        opt = minitf.Adam(model, lr=lambda step: learning_rate(cfg, args, step))
+        scaler = LossScaler(init_scale=2.0 ** 15, growth_interval=1000) if args.fp16 else None
+        losses, skipped = [], 0
+        backend.synchronize(xp)
+        t0 = time.perf_counter()
+        for i, (src, tgt_in, tgt_out, n) in enumerate(train):
+            model.forward_count = i      # dropout masks: (seed, batch index), as train.py draws them
+            model.zero_grad()
+            loss = model.forward_loss(src, tgt_in, tgt_out)
+            model.backward(loss_weight=scaler.scale if scaler else 1.0)
+            loss_value, _, finite = step_stats(model, loss, 0.0)
+            if scaler is not None:
+                scaler.update(finite)
+            if not finite:
+                skipped += 1
+                continue
+            opt.step(grad_divisor=scaler.scale if scaler else 1.0)
+            losses.append(loss_value)
+        backend.synchronize(xp)
+        seconds = time.perf_counter() - t0
+        _, nll = evaluate_loss(model, valid)
+        record = result(name, losses, skipped, seconds, len(train), nll, pool_peak_mib(xp))
+        del model, opt
+        free_pool(xp)
+        return record
+
+
+def initial_state(cfg, args):
+    """The seed-0 weights every runner starts from, on the host."""
+    model = minitf.Transformer(cfg, device="cpu", dtype="float32", seed=0)
+    return {n: np.array(a, copy=True) for n, a in model.state_dict().items()}
+
+
+def train_torch(cfg, args, train, valid, state):
+    """The same N updates in PyTorch eager from the same weights (AMP + GradScaler with --fp16)."""
+    import torch
+    from bench.torch_model import as_ids, from_minitf_state
+    dev = "cuda" if args.device == "gpu" else "cpu"
+    torch.backends.cuda.matmul.allow_tf32 = os.environ.get("CUPY_TF32") == "1"   # minitf's matmul mode
+    amp = args.fp16 and dev == "cuda"
+    model = from_minitf_state(state, cfg, dtype="float32", device=dev, autocast_fp16=amp)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+    scaler = torch.amp.GradScaler(dev, enabled=amp, init_scale=2.0 ** 15, growth_interval=1000)
+    if dev == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.synchronize()
+    losses, skipped, made = [], 0, 0
+    t0 = time.perf_counter()
+    for src, tgt_in, tgt_out, n in train:
+        for group in opt.param_groups:
+            group["lr"] = learning_rate(cfg, args, made + 1)
+        opt.zero_grad(set_to_none=True)
+        loss = model.loss(as_ids(src, dev), as_ids(tgt_in, dev), as_ids(tgt_out, dev))
+        scaler.scale(loss).backward()
+        before = scaler.get_scale() if amp else None
+        scaler.step(opt)
+        scaler.update()
+        if amp and scaler.get_scale() < before:   # GradScaler skipped the step (inf/NaN gradients)
+            skipped += 1
+            continue
+        made += 1
+        losses.append(float(loss.detach()))
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    nll = torch_valid_nll(torch, model, valid, dev, as_ids)
+    peak = round(torch.cuda.max_memory_reserved() / 2 ** 20, 1) if dev == "cuda" else None
+    return result("torch", losses, skipped, seconds, len(train), nll, peak)
+
+
+def torch_valid_nll(torch, model, valid, dev, as_ids):
+    """NLL per target token over the validation batches, in eval mode."""
+    model.eval()
+    total = count = 0.0
+    with torch.no_grad():
+        for src, tgt_in, tgt_out, n in valid:
+            logits = model.forward(as_ids(src, dev), as_ids(tgt_in, dev)).float()
+            gold = as_ids(tgt_out, dev)
+            nll = -torch.log_softmax(logits, dim=-1).gather(-1, gold[..., None])[..., 0]
+            total += float((nll * (gold != model.cfg.pad_id)).sum())
+            count += n
+    model.train()
+    return total / count
+
+
+def result(name, losses, skipped, seconds, updates, nll, peak_mib):
+    tail = losses[-50:]
+    curve = [round(float(np.mean(losses[i:i + 50])), 4) for i in range(0, len(losses), 50)]
+    return {"curve_mean_per_50": curve, "runner": name, "updates": len(losses), "skipped": skipped, "ms_per_update": 1000 * seconds / updates,
+            "train_loss_last50": float(np.mean(tail)) if tail else None, "first_loss": losses[0] if losses else None,
+            "valid_nll": float(nll), "peak_mib": peak_mib}
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--train-src", required=True)
+    p.add_argument("--train-tgt", required=True)
+    p.add_argument("--valid-src", required=True)
+    p.add_argument("--valid-tgt", required=True)
+    p.add_argument("--tokenizer", required=True, help="a SentencePiece model with minitf's special ids")
+    p.add_argument("--pairs", type=int, default=400_000, help="read at most this many training pairs")
+    p.add_argument("--valid-pairs", type=int, default=1000)
+    p.add_argument("--preset", default="base")
+    p.add_argument("--updates", type=int, default=300)
+    p.add_argument("--max-tokens", type=int, default=25000, help="padded tokens a side per batch")
+    p.add_argument("--warmup", type=int, default=None, help="warmup updates (default: --updates)")
+    p.add_argument("--lr-factor", type=float, default=0.35)
+    p.add_argument("--device", default="gpu", choices=["cpu", "gpu"])
+    p.add_argument("--fp16", action="store_true")
+    p.add_argument("--variant", action="append", help="as bench/gpu_ab.py's (default: now, before)")
+    p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--also-seed", type=int, action="append", default=[], metavar="S",
+                   help="also the first variant with dropout seed S: how far runs of one engine differ by chance")
+    p.add_argument("--out")
+    args = p.parse_args(argv)
+    args.warmup = args.warmup or args.updates
+    tok = Tokenizer(args.tokenizer)
+    log(f"reading and encoding {args.train_src} / {args.train_tgt} (at most {args.pairs:,} pairs)")
+    src_lines, tgt_lines = read_parallel(args.train_src, args.train_tgt)
+    train = batches_of(tok, src_lines[:args.pairs], tgt_lines[:args.pairs], args.max_tokens, count=args.updates)
+    vs, vt = read_parallel(args.valid_src, args.valid_tgt)
+    valid = batches_of(tok, vs[:args.valid_pairs], vt[:args.valid_pairs], args.max_tokens, shuffle=False)
+    cfg = minitf.TransformerConfig.preset(args.preset, vocab_size=tok.vocab_size)
+    tokens = sum(b[3] for b in train)
+    log(f"{args.preset}, vocabulary {tok.vocab_size:,}, {len(train)} batches ({tokens / len(train):,.0f} target "
+        f"tokens each), validation {sum(b[3] for b in valid):,} target tokens")
+    records = []
+    variants = [parse_variant(v) for v in args.variant or DEFAULT_VARIANTS]
+    runs = [(name, env, 0) for name, env in variants]
+    runs[1:1] = [(f"{variants[0][0]}@seed{s}", variants[0][1], s) for s in args.also_seed]
+    for name, env, seed in runs:
+        log(f"{name}: {args.updates} updates")
+        records.append(train_minitf(name, env, cfg, args, train, valid, seed))
+        log(json.dumps(records[-1]))
+    if not args.no_torch:
+        log(f"torch: {args.updates} updates")
+        records.append(train_torch(cfg, args, train, valid, initial_state(cfg, args)))
+        log(json.dumps(records[-1]))
+    first = records[0]["valid_nll"]
+    for r in records:
+        r["valid_nll_rel_diff"] = (r["valid_nll"] - first) / first
+    info = {"preset": args.preset, "fp16": args.fp16, "device": args.device, "updates": args.updates,
+            "warmup": args.warmup, "lr_factor": args.lr_factor, "target_tokens_per_batch": tokens / len(train),
+            "vocab": tok.vocab_size, "runners": records}
+    print(f"{'runner':11} {'made':>5} {'skipped':>7} {'ms/upd':>7} {'train loss':>10} {'valid nll':>9} "
+          f"{'vs first':>8} {'peak MiB':>8}")
+    for r in records:
+        print(f"{r['runner']:11} {r['updates']:5d} {r['skipped']:7d} {r['ms_per_update']:7.1f} "
+              f"{r['train_loss_last50'] or float('nan'):10.4f} {r['valid_nll']:9.4f} {100 * r['valid_nll_rel_diff']:+7.2f}% "
+              f"{r['peak_mib'] if r['peak_mib'] is not None else '-':>8}")
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "same_training.json").write_text(json.dumps(info, indent=1))
+    return info
+
+
+if __name__ == "__main__":
+    main()
