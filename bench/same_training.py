@@ -3,7 +3,7 @@
 batches of real sentences, then each one's loss on a validation set.
 
     python bench/same_training.py --train-src train.en --train-tgt train.de \\
-        --valid-src val.en.gz --valid-tgt val.de.gz --tokenizer tok.model --updates 300 --fp16 --out runs/same
+        --valid-src val.en.gz --valid-tgt val.de.gz --tokenizer tok.model --updates 400 --also-seed 1 --fp16 --out runs/same
 
 Runners, one after another, each from the weights of `minitf.Transformer(cfg, seed=0)`:
 
@@ -13,14 +13,20 @@ Runners, one after another, each from the weights of `minitf.Transformer(cfg, se
   torch    PyTorch eager (bench/torch_model.py), under AMP with a GradScaler when --fp16
 
 All three see the same batches in the same order (token_batches over the training pairs, seed 0),
-the same learning rate (the paper's schedule, eq. 3, with --warmup and --lr-factor: the paper's
-4,000 warmup updates would leave a short run at a tiny rate), label smoothing and dropout (each
-engine draws its own masks), dynamic loss scaling from 2^15 (growth every 1,000 good updates),
-and skip the update when a float16 gradient overflowed. For each it prints the updates made and
-skipped, ms per update, the mean training loss of the last 50 updates, the validation NLL per
-target token (eval mode, the engine's own precision) and its relative difference to the first
-runner's, and peak GPU memory (CuPy's pool / torch.cuda.max_memory_reserved). --device cpu runs
-the CPU path (then `now` and `before` are the same code: a check of this script).
+the same learning rate (the preset's schedule, paper eq. 3: with `base` a 400-update run stays
+inside the 4,000 warmup updates), label smoothing and dropout (each engine draws its own masks),
+dynamic loss scaling from 2^15 (growth every 1,000 good updates), and skip the update when a
+float16 gradient overflowed. --also-seed S adds the first variant with dropout seed S: how far
+two runs of one engine differ by chance, the yardstick for the others. A short warmup is a poor
+test: at --warmup 400 (rate factor 0.35) `base` went unstable after the peak, and two dropout
+seeds of one engine ended 11% apart in validation NLL (docs/benchmarks.md).
+
+For each runner it prints the updates made and skipped, ms per update (with one device->host
+read a step), the mean training loss of the last 50 updates, the validation NLL per target token
+(eval mode, the engine's own precision) and its relative difference to the first runner's, and
+peak GPU memory (CuPy's pool / torch.cuda.max_memory_reserved); --out adds each runner's loss
+curve (means of 50 updates). --device cpu runs the CPU path (then `now` and `before` are the
+same code: a check of this script).
 """
 import argparse
 import json
@@ -201,8 +207,8 @@ def main(argv=None):
     p.add_argument("--preset", default="base")
     p.add_argument("--updates", type=int, default=300)
     p.add_argument("--max-tokens", type=int, default=25000, help="padded tokens a side per batch")
-    p.add_argument("--warmup", type=int, default=None, help="warmup updates (default: --updates)")
-    p.add_argument("--lr-factor", type=float, default=0.35)
+    p.add_argument("--warmup", type=int, default=None, help="warmup updates (default: the preset's)")
+    p.add_argument("--lr-factor", type=float, default=None, help="the schedule's factor (default: the preset's)")
     p.add_argument("--device", default="gpu", choices=["cpu", "gpu"])
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--variant", action="append", help="as bench/gpu_ab.py's (default: now, before)")
@@ -211,7 +217,6 @@ def main(argv=None):
                    help="also the first variant with dropout seed S: how far runs of one engine differ by chance")
     p.add_argument("--out")
     args = p.parse_args(argv)
-    args.warmup = args.warmup or args.updates
     tok = Tokenizer(args.tokenizer)
     log(f"reading and encoding {args.train_src} / {args.train_tgt} (at most {args.pairs:,} pairs)")
     src_lines, tgt_lines = read_parallel(args.train_src, args.train_tgt)
@@ -219,6 +224,8 @@ def main(argv=None):
     vs, vt = read_parallel(args.valid_src, args.valid_tgt)
     valid = batches_of(tok, vs[:args.valid_pairs], vt[:args.valid_pairs], args.max_tokens, shuffle=False)
     cfg = minitf.TransformerConfig.preset(args.preset, vocab_size=tok.vocab_size)
+    args.warmup = args.warmup or cfg.warmup
+    args.lr_factor = cfg.lr_factor if args.lr_factor is None else args.lr_factor
     tokens = sum(b[3] for b in train)
     log(f"{args.preset}, vocabulary {tok.vocab_size:,}, {len(train)} batches ({tokens / len(train):,.0f} target "
         f"tokens each), validation {sum(b[3] for b in valid):,} target tokens")
