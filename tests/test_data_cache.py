@@ -575,3 +575,19 @@ def test_a_ratio_rule_that_drops_many_short_pairs_says_how_to_keep_them(tmp_path
     log = Log()
     _prepare(tmp_path, paths, log, max_ratio=None)
     assert not [m for m in log if m.startswith("note:")]
+
+
+def test_the_cache_folder_names_the_direction_and_serves_the_reverse_one(tmp_path):
+    """`<name>.<src>-<tgt>`: an en -> de run's cache is `toy.en-de` (not the sorted `de-en`); a
+    de -> en run then reuses that folder rather than building a second cache of the same pairs."""
+    paths, en, de = _corpus(tmp_path / "data")
+    assert cache_folder(tmp_path / "cache", "toy", ("en", "de")).endswith("toy.en-de")
+    assert cache_folder(tmp_path / "cache", "toy", ("de", "en")).endswith("toy.de-en")
+    first = _prepare(tmp_path, paths)
+    assert os.path.basename(first.folder) == "toy.en-de"
+    folder = cache_folder(tmp_path / "cache", "toy", ("de", "en"))
+    assert os.path.basename(folder) == "toy.en-de"
+    log = Log()
+    back = prepare_cache(folder, [paths[::-1]], ("de", "en"), vocab_size=60, progress=False, log=log)
+    assert log.built() == [] and back.pairs("de", "en").src_lens.tolist() == first.pairs("en", "de").tgt_lens.tolist()
+    assert _left(tmp_path / "cache") == ["toy.en-de"]

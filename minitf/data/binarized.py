@@ -428,8 +428,14 @@ def cache_lock(folder, log):
 
 
 def cache_folder(cache_root, name, languages):
-    """Where the cache of corpus `name` for an unordered language pair lives."""
-    return os.path.join(os.fspath(cache_root), f"{name}.{'-'.join(sorted(languages))}")
+    """Where the cache of corpus `name` for the direction `languages` (source, target) lives:
+    `<name>.<src>-<tgt>`, so the folder names the direction it was built for. One cache serves
+    both directions (the pairs are read either way round): where only the reverse direction's
+    folder exists, that one."""
+    root = os.fspath(cache_root)
+    here = os.path.join(root, f"{name}.{'-'.join(languages)}")
+    reverse = os.path.join(root, f"{name}.{'-'.join(reversed(tuple(languages)))}")
+    return reverse if not os.path.exists(here) and os.path.exists(reverse) else here
 
 
 def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max_len=250, max_ratio=1.5, model_type="bpe",
