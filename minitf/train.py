@@ -38,7 +38,7 @@ from .kernels import accum_dtype
 from .models import build_model
 from .optim import Adam, LossScaler
 from .schedule import NoamSchedule, fade
-from .trainlog import Console, TrainLog, log
+from .trainlog import Console, TrainLog, log, print_summary, summary_lines
 from .translate import paper_bleu_available
 from .validation import Validation, evaluate_loss, perplexity, to_batch
 
@@ -761,7 +761,9 @@ def end(run, stop):
     state["epochs"] = run.epochs()
     try:
         with sigterm_raises():
-            return finish(run)
+            results = finish(run)
+        print_summary(summary_lines(results, args.out, args.tgt))
+        return results
     except (KeyboardInterrupt, Interrupted) as e:   # while averaging or translating: training itself is saved
         signame = e.signame if isinstance(e, Interrupted) else "SIGINT"
         chosen = os.path.join(args.out, "model.npz")
@@ -870,8 +872,8 @@ def finish(run):
         run.log.write({"step": state["step"], "eval": name, "model": results["model"], "bleu": s["bleu"],
                        "chrf": s["chrf"], "bleu_paper": s["bleu_paper"], "decode_s": round(time.time() - t0, 1)})
         paper = f" (paper's tokenized BLEU {s['bleu_paper']})" if s["bleu_paper"] is not None else ""
-        log(f"{name}: BLEU {s['bleu']}{paper} chrF {s['chrf']} ({len(src)} sentences, {time.time() - t0:.0f}s; "
-            f"{which})")
+        log(f"{name}: BLEU {s['bleu']}{paper} chrF {s['chrf']} (sacreBLEU, beam {args.beam}, all {len(src):,} "
+            f"sentences, {time.time() - t0:.0f}s; {which})")
     if results["bleu_paper"] and None in results["bleu_paper"].values():
         log(f"note: the paper's tokenized BLEU was {results['bleu_paper_method']}")
     atomic_write(os.path.join(args.out, "results.json"), lambda f: f.write(json.dumps(results, indent=2).encode()))

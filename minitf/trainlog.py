@@ -15,6 +15,32 @@ def log(msg):
     sys.stderr.flush()
 
 
+def summary_lines(results, out, tgt):
+    """The end of a run in a few lines for stdout: the updates and time, the model reported, each set's
+    scores (sacreBLEU with the run's beam on the whole set; the paper's tokenized BLEU where computed),
+    and the files to look at."""
+    wall = int(results["train_wall_s"])
+    model = (f"the average of {len(results['model_checkpoints'])} checkpoints" if results["model"] == "averaged"
+             else f"the last checkpoint ({results['model_checkpoints'][0]})")
+    lines = [f"summary: {results['steps']:,} updates, {results['epochs']:.1f} epochs, {wall // 60}m {wall % 60:02d}s "
+             f"of training; reported: {model}; scores: sacreBLEU and chrF, beam {results['beam']}, whole sets"]
+    width = max(map(len, results["bleu"]), default=0)
+    for name, bleu in results["bleu"].items():
+        paper = results["bleu_paper"].get(name)
+        lines.append(f"  {name:{width}}  BLEU {bleu:5.2f}  chrF {results['chrf'][name]:5.2f}"
+                     + (f"  (the paper's tokenized BLEU {paper:.2f})" if paper is not None else ""))
+    join = os.path.join
+    lines.append(f"files: {join(out, 'results.json')} (the scores), {join(out, 'model.npz')} (the model), "
+                 f"{join(out, '<set>.hyp.' + tgt)} (the translations), {join(out, 'train_log.jsonl')} (the log)")
+    return lines
+
+
+def print_summary(lines):
+    """The summary on stdout (where `cmd > file` puts it), flushed."""
+    sys.stdout.write("".join(line + "\n" for line in lines))
+    sys.stdout.flush()
+
+
 class TrainLog:
     """OUT/train_log.jsonl, appended to (a resumed run continues the file). Each record is one
     line written whole by one write call and flushed to the OS; a full disk is a one-line

@@ -4,20 +4,17 @@ The library's one call: `minitf.load("model.npz").translate(["A man is riding a 
 the command line's defaults (beam 4, the length penalty alpha of the checkpoint's preset).
 """
 import re
-import sys
 from typing import NamedTuple
 
+from . import progress
 from .decode import length_penalty, translate_ids
 from .errors import CheckpointError
 
 
 def progress_bar(total, desc, enabled=True, stream=None):
-    """A bar of sentences on stderr, drawn only on a terminal, for more than one sentence, and
-    once the work has taken a second (a pipe, a log file or a quick job gets none)."""
-    from tqdm import tqdm
-    stream = stream or sys.stderr
-    show = enabled and total > 1 and stream.isatty()
-    return tqdm(total=total, desc=desc, unit="sent", file=stream, disable=not show, leave=False, delay=1.0)
+    """Sentences done, on stderr (minitf.progress): on a terminal a bar, for more than one sentence
+    and once the work has taken a second; in a log file a line every 30 s of a long job."""
+    return progress.bar(total, desc, enabled and total > 1, unit="sent", stream=stream, leave=False, delay=1.0)
 
 
 class Hypothesis(NamedTuple):

@@ -59,6 +59,17 @@ def test_end_to_end_writes_results(corpus, tmp_path):
     assert {"step", "epoch", "loss", "nll", "lr", "tokens_per_s", "wall_s"} <= set(train_lines[0])
     assert any("valid_loss" in r for r in log) and any(r.get("eval") == "valid" for r in log)
     assert train_lines[-1]["loss"] < train_lines[0]["loss"]
+    # stdout holds the summary alone (progress and notes go to stderr): updates, the model, each set's scores, the files
+    summary = r.stdout.splitlines()
+    model = "the average of 2 checkpoints" if res["model"] == "averaged" else "the last checkpoint (checkpoint_0000030.npz)"
+    assert summary[0].startswith(f"summary: 30 updates, {res['epochs']:.1f} epochs, ") and f"reported: {model}" in summary[0]
+    assert "sacreBLEU and chrF, beam 2, whole sets" in summary[0]
+    assert summary[1].split()[:3] == ["valid", "BLEU", f"{res['bleu']['valid']:.2f}"]
+    assert summary[2].split()[:3] == ["test_2016_flickr", "BLEU", f"{res['bleu']['test_2016_flickr']:.2f}"]
+    assert summary[3] == (f"files: {out / 'results.json'} (the scores), {out / 'model.npz'} (the model), "
+                          f"{out / '<set>.hyp.de'} (the translations), {out / 'train_log.jsonl'} (the log)")
+    assert len(summary) == 4
+    assert "valid: BLEU" in r.stderr and "(sacreBLEU, beam 2, all 30 sentences" in r.stderr
 
 
 def test_resume_is_exact(corpus, tmp_path):

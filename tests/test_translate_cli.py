@@ -171,8 +171,10 @@ def test_empty_lines_stay_empty_and_no_bar_is_drawn_off_a_terminal(setup):
     class Terminal:
         def isatty(self):
             return True
-    assert progress_bar(1, "translate", stream=Terminal()).disable          # one sentence: no bar
-    assert not progress_bar(100, "translate", stream=Terminal()).disable
+    from minitf.progress import Lines
+    one = progress_bar(1, "translate", stream=Terminal())                   # one sentence: no bar, no lines
+    assert isinstance(one, Lines) and one.every is None
+    assert not isinstance(progress_bar(100, "translate", stream=Terminal()), Lines)   # a tqdm bar
 
 
 def test_evaluate_reads_pipes(setup, tmp_path):

@@ -48,6 +48,7 @@ import numpy as np
 
 from minitf.errors import DataError, one_line
 from minitf.fileio import atomic_write_bytes, disk_full, folder_lock, is_disk_full
+from minitf.progress import bar as progress_bar
 from minitf.data.clean import clean_mask, clean_stats
 from minitf.data.readers import LineStream
 from minitf.data.tokenizer import Tokenizer
@@ -549,10 +550,9 @@ def _chunks(it, n):
 
 
 def _progress_bar(files, progress, desc):
-    from tqdm import tqdm
     total = sum(os.path.getsize(p) for pair in files for p in pair)
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, file=sys.stderr,
-                disable=not progress, dynamic_ncols=True, mininterval=0.5)
+    return progress_bar(total, desc, progress, unit="B", unit_scale=True, unit_divisor=1024, dynamic_ncols=True,
+                        mininterval=0.5)
 
 
 def _stream_pass(files, progress, desc, chunk_lines):

@@ -14,16 +14,14 @@ import os
 import re
 import shutil
 import socket
-import sys
 import tarfile
 import time
 import urllib.error
 import urllib.request
 import zlib
 
-from tqdm import tqdm
-
 from minitf.errors import DataError
+from minitf.progress import bar as progress_bar
 
 _CHUNK = 1 << 16
 _USER_AGENT = "minitf-data/0.1 (+python urllib)"
@@ -54,15 +52,6 @@ def _check_digests(path, sha256, md5):
     return None
 
 
-def _on_terminal():
-    """Whether stderr is a terminal: there a finished progress bar is erased; in a log file it is
-    left as a line of its own, so the next message does not start after its carriage return."""
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
 def _fetch_once(url, part, progress, timeout):
     """One HTTP attempt, appending to `part` if the server honours Range.
 
@@ -91,11 +80,9 @@ def _fetch_once(url, part, progress, timeout):
         remaining = int(length) if length and length.isdigit() else None
         total = have + remaining if remaining is not None else None
         received = 0
-        with open(part, mode) as f, tqdm(total=total, initial=have, unit="B",
-                                         unit_scale=True, unit_divisor=1024,
-                                         desc=os.path.basename(part[:-5]),
-                                         file=sys.stderr, disable=not progress,
-                                         leave=not _on_terminal()) as bar:   # a log file keeps a whole line
+        with open(part, mode) as f, progress_bar(total, os.path.basename(part[:-5]), progress, unit="B",
+                                                 initial=have, unit_scale=True, unit_divisor=1024,
+                                                 leave=False) as bar:
             while True:
                 chunk = resp.read(_CHUNK)
                 if not chunk:
