@@ -201,6 +201,8 @@ class Run:
     elapsed_mean: float = 0.0      # the ranks' mean seconds of training at the top of this update
     elapsed_lead: float = 0.0      # rank 0's, the same number on every rank (the validations' clock)
     window: dict = field(default_factory=dict)   # the losses since the last log record
+    short_noted: bool = False      # note_a_short_run has spoken (or found the run long enough)
+    budget_clock: Optional[tuple] = None   # (step, seconds of training) after this process's first update
 
     def epochs(self):
         """Epochs trained, with the fraction of the current one (an epoch of both directions, bidirectional
@@ -533,6 +535,7 @@ def _open_stream(run):
             f"included), at most: {max_tokens:,} per batch, {args.update_freq * max_tokens:,} per rank "
             f"({args.update_freq} batch{'es' if args.update_freq > 1 else ''}), {per_update * max_tokens:,} per update "
             f"({world.size} rank{'s' if world.size > 1 else ''})")
+        note_a_short_run(run, start=True)
     if len(run.data.valid[0]):
         run.validation = Validation(run.data.valid, run.data.tokenizer, max_tokens, args.valid_bleu_sentences,
                                     args.decode_batch, world)
@@ -663,6 +666,11 @@ def after_step(run, loss_sum, nll_sum, tokens, lr):
     w["nll"] += nll_sum
     w["n"] += tokens
     run.console.update(state["step"], run.elapsed())
+    if run.lead and not run.short_noted:   # the rate of 30 s of updates says how many the budget makes
+        if run.budget_clock is None:
+            run.budget_clock = (state["step"], run.elapsed())
+        elif run.elapsed() - run.budget_clock[1] >= 30:
+            note_a_short_run(run)
     if state["step"] % args.log_every == 0:
         dt = time.time() - w["t0"]
         rec = {"step": state["step"], "epoch": run.epochs(),
@@ -678,6 +686,40 @@ def after_step(run, loss_sum, nll_sum, tokens, lr):
         validate(run)
     if run.lead and on_save_grid(args, state, run.elapsed()):
         run.save(on_grid=True)
+
+
+def short_run_ends(args, warmup, step, wall_s, clock):
+    """(updates the run makes, how that is known) when that is under twice the learning-rate warmup,
+    else None: --max-steps, and under a --time-budget the rate since `clock` (step, seconds of
+    training; None: not known yet) projected to the budget's end."""
+    ends = [(args.max_steps, f"--max-steps {args.max_steps:,}")] if args.max_steps else []
+    if args.time_budget and clock is not None and wall_s > clock[1] and step > clock[0]:
+        rate = (step - clock[0]) / (wall_s - clock[1])
+        ends.append((int(step + rate * max(args.time_budget - wall_s, 0)),
+                     f"{rate:.1f} updates/s for --time-budget {args.time_budget:g}s"))
+    if not ends or min(ends)[0] >= 2 * warmup:
+        return None
+    return min(ends)
+
+
+def note_a_short_run(run, start=False):
+    """A run that ends inside its learning-rate warmup (or before twice its length) says so, once:
+    at the start from --max-steps; under a --time-budget after 30 s of training, from the rate of
+    those updates (after_step keeps the clock). Rank 0 only."""
+    args = run.args
+    if start:
+        ends = short_run_ends(args, run.cfg.warmup, 0, 0.0, None)
+        run.short_noted = ends is not None or not args.time_budget
+    else:
+        ends = short_run_ends(args, run.cfg.warmup, run.state["step"], run.elapsed(), run.budget_clock)
+        run.short_noted = True
+    if ends is None:
+        return
+    updates, why = ends
+    where = "inside" if updates < run.cfg.warmup else "soon after the end of"
+    log(f"note: this run makes about {plural(updates, 'update')} ({why}), ending {where} the learning rate's "
+        f"{run.cfg.warmup:,}-update warmup: expect a much weaker model than a full run of the preset (the README "
+        f"gives figures for short budgets); a longer budget, or a shorter --warmup, changes that")
 
 
 def validate(run):
@@ -845,7 +887,7 @@ def choose_model(run):
 
 
 def plural(n, word):
-    return f"{n} {word}{'' if n == 1 else 's'}"
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 def finish(run):

@@ -735,6 +735,8 @@ def test_a_run_names_its_task_first_and_an_ambiguous_own_corpus_is_refused(corpu
     task = [line for line in r.stderr.splitlines() if line.startswith("task:")]
     assert task == [f"task: multi30k, en -> de; the scores go to {out / 'results.json'}, the model to "
                     f"{out / 'model.npz'}"]
+    assert ("note: this run makes about 1 update (--max-steps 1), ending inside the learning rate's 10-update "
+            "warmup: expect a much weaker model") in r.stderr
     own = tmp_path / "own"
     own.mkdir()
     for lang, name in (("en", "train.en.gz"), ("de", "train.de.gz"), ("fr", "train.de.gz")):
@@ -750,3 +752,19 @@ def test_a_run_names_its_task_first_and_an_ambiguous_own_corpus_is_refused(corpu
     r = subprocess.run(cmd + ["--src", "en", "--tgt", "fr", "--save-every", "1", "--average-last", "1",
                               "--valid-every", "0"], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and "en -> fr" in r.stderr, r.stderr[-2000:]
+
+
+def test_a_short_run_is_told_from_max_steps_or_the_rate_under_a_time_budget():
+    """short_run_ends: --max-steps is known at the start; a --time-budget is projected from the rate since the
+    clock (updates and seconds when it was set); twice the warmup is long enough."""
+    from argparse import Namespace
+    from minitf.train import short_run_ends
+    steps = Namespace(max_steps=500, time_budget=None)
+    assert short_run_ends(steps, 1067, 0, 0.0, None) == (500, "--max-steps 500")
+    assert short_run_ends(Namespace(max_steps=2134, time_budget=None), 1067, 0, 0.0, None) is None
+    budget = Namespace(max_steps=None, time_budget=300)
+    assert short_run_ends(budget, 1067, 50, 20.0, None) is None                    # no rate yet
+    assert short_run_ends(budget, 1067, 80, 32.0, (5, 2.0)) == (80 + int(2.5 * 268), "2.5 updates/s for --time-budget 300s")
+    assert short_run_ends(Namespace(max_steps=None, time_budget=1800), 1067, 80, 32.0, (5, 2.0)) is None
+    both = Namespace(max_steps=300, time_budget=300)
+    assert short_run_ends(both, 1067, 80, 32.0, (5, 2.0))[0] == 300                # the earlier end
