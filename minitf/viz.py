@@ -217,7 +217,7 @@ def plot_lr(out, d_model=512, warmup=4000, factor=1.0, steps=100_000, fade=0.0):
 
 # ------------------------------------------------------------------------------ training curves
 TRAIN_KEYS = ("loss", "nll", "ppl", "lr")
-VALID_KEYS = ("valid_loss", "valid_nll", "valid_ppl")
+VALID_KEYS = ("valid_loss", "valid_nll", "valid_ppl", "valid_bleu")
 
 
 def _number(x):
@@ -250,7 +250,7 @@ def read_train_log(path):
 
 def _parse_train_log(path, lines):
     train, valid, evals = {k: {} for k in TRAIN_KEYS}, {k: {} for k in VALID_KEYS}, {}
-    skipped, first_bad, n_lines = 0, None, 0
+    skipped, first_bad, n_lines, bleu_sentences = 0, None, 0, None
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -269,6 +269,8 @@ def _parse_train_log(path, lines):
         if "eval" in rec:
             if isinstance(rec["eval"], str) and _number(rec.get("bleu")):
                 e = evals.setdefault(rec["eval"], {"step": [], "bleu": [], "chrf": []})
+                if isinstance(rec.get("model"), str):
+                    e["model"] = rec["model"]   # which model the run reported: "averaged" or "last"
                 e["step"].append(step)
                 e["bleu"].append(rec["bleu"])
                 e["chrf"].append(rec["chrf"] if _number(rec.get("chrf")) else float("nan"))
@@ -277,6 +279,8 @@ def _parse_train_log(path, lines):
             for k in keys:
                 if _number(rec.get(k)):
                     series[k][step] = rec[k]   # a resumed run re-logs steps: the later line wins
+        if _number(rec.get("valid_bleu_sentences")):
+            bleu_sentences = rec["valid_bleu_sentences"]
     if n_lines == 0:
         raise DataError(f"{path}: the training log is empty (no step has been logged yet)")
     found = any(train.values()) or any(valid.values()) or evals
@@ -287,12 +291,28 @@ def _parse_train_log(path, lines):
     as_arrays = lambda d: {k: (np.asarray(sorted(v), dtype=float), np.asarray([v[s] for s in sorted(v)], dtype=float))
                            for k, v in d.items()}
     return {"path": path, "train": as_arrays(train), "valid": as_arrays(valid), "eval": evals,
-            "skipped": skipped, "first_bad_line": first_bad}
+            "valid_bleu_sentences": bleu_sentences, "skipped": skipped, "first_bad_line": first_bad}
+
+
+def bleu_title(data):
+    """The BLEU panel's title: what was scored when, as the run did it (the model the final evaluation
+    says it reported, the number of sentences of the greedy validation BLEU during training)."""
+    models = {e["model"] for e in data["eval"].values() if "model" in e}
+    model = ("the averaged checkpoints" if models == {"averaged"} else "the last checkpoint" if models == {"last"}
+             else "the reported model")
+    parts = []
+    if data["valid"]["valid_bleu"][0].size:
+        n = data.get("valid_bleu_sentences")
+        parts.append(f"validation during training (greedy{f', {n:,} sentences' if n else ''})")
+    if data["eval"]:
+        parts.append(f"at the end (beam search, {model})")
+    return "sacreBLEU / chrF: " + (" and ".join(parts) if parts else "no scores yet")
 
 
 def plot_curves(log, out):
     """2x2 panels against steps: loss (smoothed and NLL, train and valid), perplexity
-    (log scale), BLEU and chrF of the final evaluations, learning rate."""
+    (log scale), BLEU (the validation BLEU during training, and BLEU and chrF of the final
+    evaluations of the model the run reported), learning rate."""
     _check_out(out)
     data = read_train_log(log)
     if data["skipped"]:
@@ -330,15 +350,16 @@ def plot_curves(log, out):
     ax.set_title("perplexity exp(NLL)")
 
     ax = axes[1, 0]
+    during = line(ax, va, "valid_bleu", "valid BLEU during training (greedy)", color="C7")
     for i, (name, e) in enumerate(sorted(ev.items())):
         ax.plot(e["step"], e["bleu"], "o", ms=7, color=f"C{i}", label=f"{name} BLEU {e['bleu'][-1]:.1f}")
         ax.plot(e["step"], e["chrf"], "s", ms=7, mfc="none", color=f"C{i}", label=f"{name} chrF {e['chrf'][-1]:.1f}")
-    if ev:
+    if ev or during:
         ax.set_ylim(0, 100)
         ax.legend(fontsize=8, loc="upper left")
     else:
         empty(ax, "BLEU evaluations")
-    ax.set_title("sacreBLEU / chrF (averaged checkpoint, beam search)")
+    ax.set_title(bleu_title(data), fontsize=9)
 
     ax = axes[1, 1]
     if line(ax, tr, "lr", "learning rate", color="C2"):

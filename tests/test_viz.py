@@ -98,11 +98,11 @@ LOG = [
     {"step": 60, "event": "nonfinite_loss_skipped", "count": 1},
     {"step": 100, "epoch": 0.76, "loss": 5.0, "nll": 4.8, "ppl": 121.5, "lr": 2e-4, "tokens_per_s": 1810.0,
      "wall_s": 60.0},
-    {"step": 100, "valid_loss": 4.1, "valid_nll": 3.9, "valid_ppl": 49.4},
+    {"step": 100, "valid_loss": 4.1, "valid_nll": 3.9, "valid_ppl": 49.4, "valid_bleu": 12.5, "valid_bleu_sentences": 500},
     {"step": 150, "epoch": 1.1, "loss": 4.0, "nll": 3.8, "ppl": 44.7, "lr": 3e-4, "tokens_per_s": 1790.0,
      "wall_s": 90.0},
-    {"step": 150, "eval": "valid", "bleu": 30.1, "chrf": 55.0, "decode_s": 20.0},
-    {"step": 150, "eval": "test_2016_flickr", "bleu": 31.5, "chrf": 57.2, "decode_s": 19.0},
+    {"step": 150, "eval": "valid", "model": "last", "bleu": 30.1, "chrf": 55.0, "decode_s": 20.0},
+    {"step": 150, "eval": "test_2016_flickr", "model": "last", "bleu": 31.5, "chrf": 57.2, "decode_s": 19.0},
 ]
 
 
@@ -119,8 +119,15 @@ def test_read_train_log_series_and_ignored_lines(tmp_path):
     assert steps.tolist() == [50, 100, 150] and loss.tolist() == [7.1, 5.0, 4.0]   # the event line is ignored
     assert d["train"]["lr"][1].tolist() == [1e-4, 2e-4, 3e-4]
     assert d["valid"]["valid_ppl"][0].tolist() == [100] and d["valid"]["valid_ppl"][1].tolist() == [49.4]
-    assert d["eval"] == {"valid": {"step": [150], "bleu": [30.1], "chrf": [55.0]},
-                         "test_2016_flickr": {"step": [150], "bleu": [31.5], "chrf": [57.2]}}
+    assert d["eval"] == {"valid": {"step": [150], "bleu": [30.1], "chrf": [55.0], "model": "last"},
+                         "test_2016_flickr": {"step": [150], "bleu": [31.5], "chrf": [57.2], "model": "last"}}
+    assert d["valid"]["valid_bleu"][1].tolist() == [12.5] and d["valid_bleu_sentences"] == 500
+    # the BLEU panel says what was scored, as results.json does: here the last checkpoint, not the average
+    assert viz.bleu_title(d) == ("sacreBLEU / chrF: validation during training (greedy, 500 sentences) and at the end "
+                                 "(beam search, the last checkpoint)")
+    averaged = viz.read_train_log(write_log(tmp_path / "avg.jsonl", [dict(r, model="averaged") if "eval" in r else r
+                                                                     for r in LOG if "valid_bleu" not in r]))
+    assert viz.bleu_title(averaged) == "sacreBLEU / chrF: at the end (beam search, the averaged checkpoints)"
     assert viz.read_train_log(tmp_path)["train"]["loss"][0].tolist() == [50, 100, 150]   # a run folder works too
 
 
