@@ -22,6 +22,16 @@ def residual(x, dropout, sublayer_out, stream, rows):
     return dropout.forward_add(sublayer_out, residual=x, stream=stream, rows=rows)
 
 
+def add_norm(norm, x, sublayer, last, dropout, stream, rows):
+    """norm(x + dropout(sublayer(x))), the post-norm block of 3.1; `sublayer(bias)` runs the sublayer
+    (bias=False: without the bias of its last Linear, `last`). On a GPU one kernel adds that bias,
+    draws the dropout, makes the sum and normalizes it (LayerNorm.forward_residual); elsewhere the
+    sum (written into the sublayer's output), then the LayerNorm."""
+    if F.residual_layernorm_fused(x):
+        return norm.forward_residual(x, sublayer(False), dropout, stream, rows, last.params["bias"])
+    return norm.forward(residual(x, dropout, sublayer(True), stream, rows))
+
+
 class EncoderLayer(Layer):
     def __init__(self, cfg, rng):
         super().__init__()
@@ -40,19 +50,24 @@ class EncoderLayer(Layer):
             n = self.norm1.forward(x)
             h = residual(x, self.drop1, self.self_attn.forward(n, n, src_bias, rows, rows, stream), stream, rows)
             return residual(h, self.drop2, self.ffn.forward(self.norm2.forward(h), stream, rows), stream, rows)
-        a = self.self_attn.forward(x, x, src_bias, rows, rows, stream)
-        h = self.norm1.forward(residual(x, self.drop1, a, stream, rows))
-        return self.norm2.forward(residual(h, self.drop2, self.ffn.forward(h, stream, rows), stream, rows))
+        sa, ffn = self.self_attn, self.ffn
+        h = add_norm(self.norm1, x, lambda bias: sa.forward(x, x, src_bias, rows, rows, stream, bias), sa.out,
+                     self.drop1, stream, rows)                                      # norm1(x + drop1(self_attn(x, x)))
+        return add_norm(self.norm2, h, lambda bias: ffn.forward(h, stream, rows, bias), ffn.fc2, self.drop2, stream,
+                        rows)                                                       # norm2(h + drop2(ffn(h)))
 
     def backward(self, dy):
         if self.pre:
             return self._backward_pre(dy)
+        sa, ffn = self.self_attn, self.ffn
+        fold = F.residual_layernorm_fused(dy)   # the LayerNorms take the sublayers' last bias gradients
         # y = norm2(h + drop2(ffn(h))): dsum for h + drop2(ffn(h)), dffn = drop2's backward of it
-        dsum, dffn = self.norm2.backward(dy, dropout=self.drop2)
+        dsum, dffn = self.norm2.backward(dy, dropout=self.drop2, sublayer=ffn.fc2 if fold else None)
         # h = norm1(x + drop1(self_attn(x, x))); dL/dh = ffn's gradient + the residual's dsum
-        dsum, dattn = self.norm1.backward(self.ffn.backward(dffn), dy_residual=dsum, dropout=self.drop1)
+        dsum, dattn = self.norm1.backward(ffn.backward(dffn, not fold), dy_residual=dsum, dropout=self.drop1,
+                                          sublayer=sa.out if fold else None)
         # dL/dx = dsum (the residual) + the attention's gradients through q, k and v, added into dsum
-        return self.self_attn.backward(dattn, dx_into=dsum, dkv_into=dsum)[0]
+        return sa.backward(dattn, dx_into=dsum, dkv_into=dsum, out_bias=not fold)[0]
 
     def _backward_pre(self, dy):
         # y = h + drop2(ffn(norm2(h)))
@@ -91,11 +106,13 @@ class DecoderLayer(Layer):
             a = self.cross_attn.forward(self.norm2.forward(h1), memory, src_bias, tgt_rows, src_rows, stream)
             h2 = residual(h1, self.drop2, a, stream, tgt_rows)
             return residual(h2, self.drop3, self.ffn.forward(self.norm3.forward(h2), stream, tgt_rows), stream, tgt_rows)
-        a = self.self_attn.forward(y, y, tgt_bias, tgt_rows, tgt_rows, stream)
-        h1 = self.norm1.forward(residual(y, self.drop1, a, stream, tgt_rows))
-        a = self.cross_attn.forward(h1, memory, src_bias, tgt_rows, src_rows, stream)
-        h2 = self.norm2.forward(residual(h1, self.drop2, a, stream, tgt_rows))
-        return self.norm3.forward(residual(h2, self.drop3, self.ffn.forward(h2, stream, tgt_rows), stream, tgt_rows))
+        sa, ca, ffn, rows = self.self_attn, self.cross_attn, self.ffn, tgt_rows
+        h1 = add_norm(self.norm1, y, lambda bias: sa.forward(y, y, tgt_bias, rows, rows, stream, bias), sa.out,
+                      self.drop1, stream, rows)                                     # norm1(y + drop1(self_attn(y, y)))
+        h2 = add_norm(self.norm2, h1, lambda bias: ca.forward(h1, memory, src_bias, rows, src_rows, stream, bias),
+                      ca.out, self.drop2, stream, rows)                             # norm2(h1 + drop2(cross_attn))
+        return add_norm(self.norm3, h2, lambda bias: ffn.forward(h2, stream, rows, bias), ffn.fc2, self.drop3,
+                        stream, rows)                                               # norm3(h2 + drop3(ffn(h2)))
 
     def backward(self, dout, dmemory_into=None):
         """Returns (dy, dmemory); with `dmemory_into` dmemory is added into that array (the sum
@@ -106,15 +123,18 @@ class DecoderLayer(Layer):
                 return dy, dmemory
             dmemory_into += dmemory
             return dy, dmemory_into
+        sa, ca, ffn = self.self_attn, self.cross_attn, self.ffn
+        fold = F.residual_layernorm_fused(dout)   # the LayerNorms take the sublayers' last bias gradients
         # out = norm3(h2 + drop3(ffn(h2))): dsum for h2 + drop3(ffn(h2)), dffn = drop3's backward of it
-        dsum, dffn = self.norm3.backward(dout, dropout=self.drop3)
+        dsum, dffn = self.norm3.backward(dout, dropout=self.drop3, sublayer=ffn.fc2 if fold else None)
         # h2 = norm2(h1 + drop2(cross_attn(h1, memory))); dL/dh2 = ffn's gradient + the residual's dsum
-        dsum, dcross = self.norm2.backward(self.ffn.backward(dffn), dy_residual=dsum, dropout=self.drop2)
-        dh1, dmemory = self.cross_attn.backward(dcross, dkv_into=dmemory_into)
+        dsum, dcross = self.norm2.backward(ffn.backward(dffn, not fold), dy_residual=dsum, dropout=self.drop2,
+                                           sublayer=ca.out if fold else None)
+        dh1, dmemory = ca.backward(dcross, dkv_into=dmemory_into, out_bias=not fold)
         # h1 = norm1(y + drop1(self_attn(y, y))); dL/dh1 = cross-attention's gradient + dsum
-        dsum, dattn = self.norm1.backward(dh1, dy_residual=dsum, dropout=self.drop1)
+        dsum, dattn = self.norm1.backward(dh1, dy_residual=dsum, dropout=self.drop1, sublayer=sa.out if fold else None)
         # dL/dy = dsum (the residual) + the self-attention's gradients, added into dsum
-        return self.self_attn.backward(dattn, dx_into=dsum, dkv_into=dsum)[0], dmemory
+        return sa.backward(dattn, dx_into=dsum, dkv_into=dsum, out_bias=not fold)[0], dmemory
 
     def _backward_pre(self, dout):
         # out = h2 + drop3(ffn(norm3(h2)))

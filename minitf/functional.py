@@ -35,15 +35,17 @@ def column_sum(x2, y2=None):
 
 # ----------------------------------------------------------------------------- linear
 def linear_forward(x, w, b):
-    """y = x @ w + b.  x [..., I], w [I, O], b [O] -> y [..., O]."""
+    """y = x @ w + b.  x [..., I], w [I, O], b [O] (None: no bias) -> y [..., O]."""
     y = x.reshape(-1, x.shape[-1]) @ w
-    y += b
+    if b is not None:
+        y += b
     return y.reshape(*x.shape[:-1], w.shape[1])
 
 
 def linear_backward(dy, x, w, dw, db, dx_into=None):
-    """Accumulates dw [I, O], db [O]; returns dx [..., I], or, with `dx_into` (x's shape, the
-    caller's own), adds dx into it and returns it (on a GPU the product's beta = 1: no add)."""
+    """Accumulates dw [I, O], db [O] (None: the caller takes the bias gradient); returns dx [..., I],
+    or, with `dx_into` (x's shape, the caller's own), adds dx into it and returns it (on a GPU the
+    product's beta = 1: no add)."""
     x2 = x.reshape(-1, x.shape[-1])
     dy2 = dy.reshape(-1, dy.shape[-1])
     # y = x @ w + b
@@ -51,7 +53,9 @@ def linear_backward(dy, x, w, dw, db, dx_into=None):
         gemm.accumulate_xt_dy(dw, x2, dy2)      # one GEMM with beta = 1: the same sum, no temporary
     else:
         dw += x2.T @ dy2
-    if kernels.fused(dy2, "grads") and db.dtype == dy2.dtype and db.flags.c_contiguous:
+    if db is None:
+        pass
+    elif kernels.fused(dy2, "grads") and db.dtype == dy2.dtype and db.flags.c_contiguous:
         kernels.column_sums(dy2, out=db)        # the sum added into db by the kernel: no separate add
     else:
         db += column_sum(dy2)
@@ -125,14 +129,21 @@ def layernorm_forward(x, g, b, eps):
     return y.astype(x.dtype, copy=False), LayerNormCache(xhat, rstd)
 
 
-def layernorm_backward(dy, cache, g, dg, db, dy_residual=None, mask=None):
+def layernorm_backward(dy, cache, g, dg, db, dy_residual=None, mask=None, d_sublayer_bias=None):
     """Accumulates dg, db [D]; returns dx with the compact form
     dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
 
     dy_residual: a second gradient of the same output (the residual branch's, in a post-norm
     block y = LN(s) whose y also feeds the next sum): the upstream gradient is dy + dy_residual.
     mask: the dropout mask of the sublayer output inside s = x + dropout(sublayer(x)): returns
-    (dx, dx * mask), the gradients of s (= of the residual x) and of the sublayer's output."""
+    (dx, dx * mask), the gradients of s (= of the residual x) and of the sublayer's output.
+    d_sublayer_bias: the gradient buffer of the bias of the sublayer's last Linear, which then
+    takes the column sums of the sublayer output's gradient here (on a GPU in the same launch as
+    dg and db), not in its own backward (the post-norm blocks of blocks.py)."""
+    if d_sublayer_bias is not None and not kernels.fused(dy, "grads"):
+        out = layernorm_backward(dy, cache, g, dg, db, dy_residual, mask)
+        d_sublayer_bias += column_sum((out if mask is None else out[1]).reshape(-1, dy.shape[-1]))
+        return out
     xhat, rstd = cache
     d = dy.shape[-1]
     if kernels.enabled(dy) and not kernels.fused(dy, "grads"):   # the kernels as separate passes (comparisons)
@@ -147,7 +158,8 @@ def layernorm_backward(dy, cache, g, dg, db, dy_residual=None, mask=None):
         if dy_residual is not None and not own:
             dy = dy + dy_residual
         out = kernels.layernorm_backward_input(dy, xhat, rstd, g, dy_residual if own else None, mask)
-        kernels.column_sums_pair(dy.reshape(-1, d), xhat.reshape(-1, d), dg, db)   # dy now holds the sum
+        sub = None if d_sublayer_bias is None else (out if mask is None else out[1])   # the sublayer's output gradient
+        kernels.column_sums_pair(dy.reshape(-1, d), xhat.reshape(-1, d), dg, db, sub, d_sublayer_bias)   # dy: the sum
         return out
     if dy_residual is not None:
         dy = dy + dy_residual
@@ -163,7 +175,10 @@ def layernorm_backward(dy, cache, g, dg, db, dy_residual=None, mask=None):
     dx *= rstd
     dx = dx.astype(out_dtype, copy=False)
     # s = x + dropout(sublayer(x)) = x + mask * sublayer(x)
-    return dx if mask is None else (dx, dx * mask)
+    out = dx if mask is None else (dx, dx * mask)
+    if d_sublayer_bias is not None:   # sublayer(x) = h @ W + b_sublayer
+        d_sublayer_bias += column_sum((dx if mask is None else out[1]).reshape(-1, d))
+    return out
 
 
 # ----------------------------------------------------------------------------- dropout
@@ -262,6 +277,21 @@ def dropout_add_forward(stream, x, residual, p, rows=None):
     out = dropout_forward(x, mask, inplace=True)
     out += residual
     return out, mask
+
+
+def residual_layernorm_fused(y):
+    """Whether residual_layernorm_forward runs for a sublayer output y: CuPy arrays on the fused
+    path, unless MINITF_FUSED_NORM=0 (then the sum and the LayerNorm are two passes)."""
+    return kernels.fused(y, "norm")
+
+
+def residual_layernorm_forward(stream, x, y, p, g, b, eps, rows=None, y_bias=None):
+    """LayerNorm(x + Dropout(y + y_bias)), a post-norm block's output (3.1; y_bias: the bias of the
+    sublayer's last Linear, when it left it out), in one kernel: (out, mask, cache), the mask drawn
+    from the next site of `stream` as dropout_add_forward draws it (stream None: no dropout, mask
+    None), the cache as layernorm_forward's; the sum is written into y."""
+    key = None if stream is None else stream.next_site()[1]
+    return kernels.residual_layernorm(key, None if rows is None else rows.index, y, x, p, g, b, eps, y_bias)
 
 
 def dropout_backward(dy, mask):

@@ -12,7 +12,10 @@ that reduces in shared memory and writes its outputs once.
   layernorm_forward     y = xhat * g + b with xhat = (x - mean) * rstd, per row
   layernorm_backward    dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
   dropout_add           out = y * mask + x, mask = (u >= p) / (1 - p), u hashed from (key, position)
+  residual_layernorm    LayerNorm(x + Dropout(y + b)) of a post-norm block: the sublayer's last bias add,
+                        dropout_add and layernorm_forward in one pass per row
   smoothed_nll_rows     per row: logsumexp, -log p[gold], mean_v -log p[v]
+  loss_totals           the batch's loss and NLL sum from those rows' terms, one block
   smoothed_nll_backward dlogits = (softmax - q) * w, q = (1 - eps) onehot + eps / V
   column_partial_sums   the bias and LayerNorm parameter gradients: sums over the rows of
   column_sums_finish    x [N, D] (or of x * y), in two passes of fixed order (deterministic)
@@ -257,11 +260,26 @@ extern "C" __global__ void smoothed_nll_rows(const T* z, const long long* gold, 
     }
 }
 
-// dz = (exp(z - lse) - eps / V - (1 - eps) [j == gold]) * w per row; dz may alias z.
+// The batch's loss from its rows' terms: out[0] = scale * sum_r ((1 - eps) nll[r] + eps smooth[r]),
+// out[1] = sum_r nll[r] (every row has a loss); one block, the same order every run.
+extern "C" __global__ void loss_totals(const A* nll, const A* smooth, long long rows, A eps, A scale, A* out) {
+    __shared__ A buf[1024];
+    A s = 0, t = 0;
+    for (long long r = threadIdx.x; r < rows; r += blockDim.x) {
+        s += ((A)1 - eps) * nll[r] + eps * smooth[r];
+        t += nll[r];
+    }
+    s = block_sum(s, buf);
+    t = block_sum(t, buf);
+    if (threadIdx.x == 0) { out[0] = s * scale; out[1] = t; }
+}
+
+// dz = (exp(z - lse) - eps / V - (1 - eps) [j == gold]) * w per row (has_w; else w = 1) * wscale;
+// dz may alias z.
 extern "C" __global__ void smoothed_nll_backward(const T* z, const long long* gold, const A* lse, const A* w,
-                                                 T* dz, int V, A eps) {
+                                                 int has_w, A wscale, T* dz, int V, A eps) {
     long long off = (long long)blockIdx.x * V;
-    A l = lse[blockIdx.x], wr = w[blockIdx.x], u = eps / V;
+    A l = lse[blockIdx.x], wr = (has_w ? w[blockIdx.x] : (A)1) * wscale, u = eps / V;
     long long g = gold[blockIdx.x];
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
         A d = a_exp((A)z[off + j] - l) - u;
@@ -280,19 +298,57 @@ __device__ inline unsigned long long mix64(unsigned long long z) {
     return z ^ (z >> 31);
 }
 
+// The mask value of column c of a row at position pos: scale where the hashed u >= thresh, else 0.
+__device__ inline A dropout_keep(unsigned long long key, unsigned long long pos, int d, int c, int thresh, A scale) {
+    unsigned long long w = pos * (unsigned long long)((d + 3) / 4) + (unsigned long long)(c / 4) + 1ULL;
+    int u = (int)((mix64(key + w * 0x9E3779B97F4A7C15ULL) >> (16 * (c & 3))) & 0xffffULL);
+    return u >= thresh ? scale : (A)0;
+}
+
 extern "C" __global__ void dropout_add(const long long* rowpos, int has_rows, unsigned long long key, const T* y,
                                        const T* x, T* mask, T* out, long long n, int d, int thresh, A scale) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         long long r = i / d;
         int c = (int)(i - r * d);
-        unsigned long long pos = (unsigned long long)(has_rows ? rowpos[r] : r);
-        unsigned long long w = pos * (unsigned long long)((d + 3) / 4) + (unsigned long long)(c / 4) + 1ULL;
-        int u = (int)((mix64(key + w * 0x9E3779B97F4A7C15ULL) >> (16 * (c & 3))) & 0xffffULL);
-        A m = u >= thresh ? scale : (A)0;
+        A m = dropout_keep(key, (unsigned long long)(has_rows ? rowpos[r] : r), d, c, thresh, scale);
         mask[i] = (T)m;
         out[i] = (T)((A)y[i] * m + (A)x[i]);
     }
+}
+
+// The sum of a post-norm block and its LayerNorm in one pass per row (paper 3.1):
+// s = x + Dropout(y + yb) as dropout_add computes it (has_drop; else s = x + y + yb), yb the bias of
+// the sublayer's last Linear (has_yb; y + yb rounded to T first, as the separate add stores it),
+// s rounded to T and written into y (a sublayer output nothing else holds), the mask into mask
+// (has_drop); then layernorm_forward of s: the same bits as the separate kernels one after the other.
+extern "C" __global__ void residual_layernorm(const long long* rowpos, int has_rows, unsigned long long key,
+                                              int has_drop, T* y, const T* yb, int has_yb, const T* x, T* mask,
+                                              int thresh, A scale, const T* g, const T* bvec, T* out, A* xhat,
+                                              A* rstd, int d, A eps) {
+    __shared__ A buf[1024];
+    long long r = blockIdx.x;
+    long long off = r * d;
+    unsigned long long pos = (unsigned long long)(has_rows ? rowpos[r] : r);
+    A s = 0;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        A m = has_drop ? dropout_keep(key, pos, d, j, thresh, scale) : (A)1;
+        if (has_drop) mask[off + j] = (T)m;
+        A yj = has_yb ? (A)(T)((A)y[off + j] + (A)yb[j]) : (A)y[off + j];
+        T v = (T)(yj * m + (A)x[off + j]);
+        y[off + j] = v;     // read back below by this same thread only
+        s += (A)v;
+    }
+    A mean = block_sum(s, buf) / d;
+    A v = 0;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) { A c = (A)y[off + j] - mean; v += c * c; }
+    A rs = (A)1 / a_sqrt(block_sum(v, buf) / d + eps);
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        A xh = ((A)y[off + j] - mean) * rs;
+        xhat[off + j] = xh;
+        out[off + j] = (T)(xh * (A)g[j] + (A)bvec[j]);
+    }
+    if (threadIdx.x == 0) rstd[r] = rs;
 }
 
 // Column sums of x [n, d], or of x * y (has_y), pass 1 of 2. Block b sums the 32 columns from
@@ -477,18 +533,20 @@ __device__ inline A column_slab_sum(const T* x, const A* y, int use_y, long long
     return s;
 }
 
-extern "C" __global__ void column_sums_into(const T* x, const A* y, int pair, A* partial, unsigned int* counter,
-                                            T* out1, T* out2, long long n, int d, long long rows_per_slab) {
+extern "C" __global__ void column_sums_into(const T* x, const A* y, int parts, const T* x3, A* partial,
+                                            unsigned int* counter, T* out1, T* out2, T* out3, long long n, int d,
+                                            long long rows_per_slab) {
     __shared__ A buf[1024];
     __shared__ int last;
-    int chunks = (d + 31) / 32, w = pair ? 2 * d : d;
+    int chunks = (d + 31) / 32, w = parts * d;
     int lane = threadIdx.x % 32, group = threadIdx.x / 32, groups = blockDim.x / 32;
     int c = (blockIdx.x % chunks) * 32 + lane;
     long long slab = blockIdx.x / chunks, slabs = gridDim.x / chunks;
     long long r0 = slab * rows_per_slab;
     long long r1 = r0 + rows_per_slab < n ? r0 + rows_per_slab : n;
-    for (int part = 0; part <= pair; part++) {    // pair: the x * y sums, then the x sums
-        buf[threadIdx.x] = c < d ? column_slab_sum(x, y, pair && part == 0, r0, r1, groups, group, c, d) : (A)0;
+    for (int part = 0; part < parts; part++) {    // parts 2, 3: the x * y sums, the x sums (, the x3 sums)
+        buf[threadIdx.x] = c < d ? column_slab_sum(part == 2 ? x3 : x, y, parts > 1 && part == 0, r0, r1, groups,
+                                                   group, c, d) : (A)0;
         __syncthreads();
         if (group == 0 && c < d) {
             A t = 0;
@@ -507,7 +565,8 @@ extern "C" __global__ void column_sums_into(const T* x, const A* y, int pair, A*
             #pragma unroll 8   // loads issued 8 ahead of the adds (the adds stay in slab order)
             for (long long k = 0; k < slabs; k++) t += __ldcg(partial + k * w + col);
             if (col < d) out1[col] = (T)((A)out1[col] + t);
-            else out2[col - d] = (T)((A)out2[col - d] + t);
+            else if (col < 2 * d) out2[col - d] = (T)((A)out2[col - d] + t);
+            else out3[col - 2 * d] = (T)((A)out3[col - 2 * d] + t);
         }
         if (threadIdx.x == 0) *counter = 0u;
     }
@@ -525,11 +584,15 @@ SIGNATURES = {
     "layernorm_forward": ["T*", "T*", "T*", "T*", "A*", "A*", "int", "A"],
     "layernorm_backward": ["T*", "T*", "int", "A*", "A*", "T*", "T*", "T*", "int", "T*", "int"],
     "smoothed_nll_rows": ["T*", "long long*", "A*", "A*", "A*", "int"],
-    "smoothed_nll_backward": ["T*", "long long*", "A*", "A*", "T*", "int", "A"],
+    "loss_totals": ["A*", "A*", "long long", "A", "A", "A*"],
+    "smoothed_nll_backward": ["T*", "long long*", "A*", "A*", "int", "A", "T*", "int", "A"],
     "dropout_add": ["long long*", "int", "unsigned long long", "T*", "T*", "T*", "T*", "long long", "int", "int", "A"],
+    "residual_layernorm": ["long long*", "int", "unsigned long long", "int", "T*", "T*", "int", "T*", "T*", "int", "A",
+                           "T*", "T*", "T*", "A*", "A*", "int", "A"],
     "column_partial_sums": ["T*", "A*", "int", "A*", "long long", "int", "long long"],
     "column_sums_finish": ["A*", "A*", "int", "int"],
-    "column_sums_into": ["T*", "A*", "int", "A*", "unsigned int*", "T*", "T*", "long long", "int", "long long"],
+    "column_sums_into": ["T*", "A*", "int", "T*", "A*", "unsigned int*", "T*", "T*", "T*", "long long", "int",
+                         "long long"],
     "unpack_heads": ["T*", "T*", "int", "int*", "int", "T*", "int", "int", "int", "int", "long long", "int",
                      "long long"],
     "pack_heads": ["T*", "long long*", "int", "T*", "int", "int", "int", "int", "long long"],
@@ -580,7 +643,8 @@ def fused(x, name):
     MINITF_FUSED_<NAME>=0 (then that part runs as separate passes, as before it was fused, for
     comparisons: bench/gpu_ab.py). The names: 'relu' (bias + ReLU, and its backward, in place),
     'adam' (one Adam kernel), 'embed' (the embedding of the kept rows and its gradient, one kernel each), 'grads' (gradient sums added where they go: a LayerNorm's
-    backward with its residual gradient, dropout mask and parameter sums; a bias's sum)."""
+    backward with its residual gradient, dropout mask and parameter sums; a bias's sum), 'norm' (a
+    post-norm block's residual sum, dropout and LayerNorm forward in one pass: residual_layernorm)."""
     return enabled(x) and os.environ.get(f"MINITF_FUSED_{name.upper()}", "1") != "0"
 
 
@@ -722,15 +786,27 @@ def smoothed_nll_rows(logits, gold):
     return lse, nll, smooth
 
 
-def smoothed_nll_backward(logits, gold, lse, w, eps, out=None):
-    """dlogits [N, V] = (softmax - q) * w[:, None]; `out` may be logits (in place)."""
+def smoothed_nll_backward(logits, gold, lse, w, eps, out=None, w_scale=1.0):
+    """dlogits [N, V] = (softmax - q) * w[:, None] * w_scale (w None: every row weighs w_scale);
+    `out` may be logits (in place)."""
     xp = backend.xp_of(logits)
     a = accum_dtype(logits.dtype)
     out = xp.empty_like(logits) if out is None else out
     rows, v = _rows(logits)
     _launch("smoothed_nll_backward", logits.dtype, rows, block_size("nll", v),
-            (logits, xp.ascontiguousarray(gold, dtype=np.int64), lse, xp.ascontiguousarray(w, dtype=a), out,
+            (logits, xp.ascontiguousarray(gold, dtype=np.int64), lse,
+             lse if w is None else xp.ascontiguousarray(w, dtype=a), np.int32(w is not None), a(w_scale), out,
              np.int32(v), a(eps)))
+    return out
+
+
+def loss_totals(nll, smooth, eps, scale, dtype):
+    """[2] in the accumulation dtype: scale * sum((1 - eps) * nll + eps * smooth) and sum(nll) over
+    rows that all have a loss (smoothed_nll_rows' outputs for logits of `dtype`), in one launch."""
+    xp = backend.xp_of(nll)
+    a = accum_dtype(dtype)
+    out = xp.empty(2, dtype=a)
+    _launch("loss_totals", dtype, 1, BLOCK["nll"], (nll, smooth, np.int64(nll.size), a(eps), a(scale), out))
     return out
 
 
@@ -748,6 +824,29 @@ def dropout_add(key, rowpos, y, x, p):
             (rows, np.int32(rowpos is not None), np.uint64(key), y, x, mask, y, np.int64(n), np.int32(y.shape[-1]),
              np.int32(keep_threshold(p)), accum_dtype(y.dtype)(1.0 / (1.0 - p))))
     return y, mask
+
+
+def residual_layernorm(key, rowpos, y, x, p, g, b, eps, y_bias=None):
+    """(out, mask, (xhat, rstd)): out = LayerNorm(x + Dropout(y + y_bias)) of a post-norm block in one
+    pass per row, the dropout as `dropout_add` draws it (key None: no dropout, mask None; y_bias None:
+    no bias); the sum is written into y (a sublayer output nothing else holds), the cache as
+    layernorm_forward's."""
+    from .functional import keep_threshold
+    xp = backend.xp_of(y)
+    y, x = xp.ascontiguousarray(y), xp.ascontiguousarray(x)
+    a = accum_dtype(y.dtype)
+    rows, d = _rows(y)
+    out = xp.empty_like(y)
+    mask = None if key is None else xp.empty_like(y)
+    xhat = xp.empty(y.shape, dtype=a)
+    rstd = xp.empty(y.shape[:-1] + (1,), dtype=a)
+    positions = _placeholder(xp, np.int64) if rowpos is None else xp.ascontiguousarray(rowpos, dtype=np.int64)
+    _launch("residual_layernorm", y.dtype, rows, block_size("layernorm", d),
+            (positions, np.int32(rowpos is not None), np.uint64(key or 0), np.int32(key is not None), y,
+             y if y_bias is None else _as(y_bias, y.dtype), np.int32(y_bias is not None), x, y if mask is None else mask, np.int32(0 if key is None else keep_threshold(p)),
+             a(1.0 if key is None else 1.0 / (1.0 - p)), _as(g, y.dtype), _as(b, y.dtype), out, xhat, rstd,
+             np.int32(d), a(eps)))
+    return out, mask, (xhat, rstd)
 
 
 def _slabs(n, d):
@@ -776,8 +875,8 @@ def column_sums(x, y=None, out=None):
     partial = xp.empty((slabs, d), dtype=a)    # every entry written by pass 1
     if out is not None:
         _launch("column_sums_into", x.dtype, chunks * slabs, COLUMN_BLOCK,
-                (x, partial if y is None else xp.ascontiguousarray(y, dtype=a), np.int32(0), partial, _counter(xp), out,
-                 out, np.int64(n), np.int32(d), np.int64(rows_per_slab)))
+                (x, partial if y is None else xp.ascontiguousarray(y, dtype=a), np.int32(1), x, partial, _counter(xp),
+                 out, out, out, np.int64(n), np.int32(d), np.int64(rows_per_slab)))
         return out
     yy = partial if y is None else xp.ascontiguousarray(y, dtype=a)
     _launch("column_partial_sums", x.dtype, chunks * slabs, COLUMN_BLOCK,
@@ -788,10 +887,11 @@ def column_sums(x, y=None, out=None):
     return out
 
 
-def column_sums_pair(x, y, out_xy, out_x):
+def column_sums_pair(x, y, out_xy, out_x, x3=None, out_x3=None):
     """out_xy += sum over rows of x * y, out_x += sum over rows of x (x [..., D] storage dtype, y
-    [..., D] accumulation dtype, outs [D] in x's dtype): a LayerNorm's two parameter gradients in
-    one launch, the same sums (and bits) as two column_sums calls."""
+    [..., D] accumulation dtype, outs [D] in x's dtype), and with x3 (x's shape and dtype) out_x3 +=
+    the sums of x3: a LayerNorm's two parameter gradients (and the bias gradient of the sublayer
+    before it) in one launch, the same sums (and bits) as separate column_sums calls."""
     xp = backend.xp_of(x)
     x = xp.ascontiguousarray(x)
     a = accum_dtype(x.dtype)
@@ -800,10 +900,12 @@ def column_sums_pair(x, y, out_xy, out_x):
         return
     chunks = (d + 31) // 32
     slabs, rows_per_slab = _slabs(n, d)
-    partial = xp.empty((slabs, 2 * d), dtype=a)
+    parts = 2 if x3 is None else 3
+    partial = xp.empty((slabs, parts * d), dtype=a)
     _launch("column_sums_into", x.dtype, chunks * slabs, COLUMN_BLOCK,
-            (x, xp.ascontiguousarray(y, dtype=a), np.int32(1), partial, _counter(xp), out_xy, out_x, np.int64(n),
-             np.int32(d), np.int64(rows_per_slab)))
+            (x, xp.ascontiguousarray(y, dtype=a), np.int32(parts), x if x3 is None else xp.ascontiguousarray(x3),
+             partial, _counter(xp), out_xy, out_x, out_x if out_x3 is None else out_x3, np.int64(n), np.int32(d),
+             np.int64(rows_per_slab)))
 
 
 _COUNTERS = {}   # array module -> the uint32 ticket counter of column_sums_into (0 between launches)

@@ -16,7 +16,7 @@ class LossCache(NamedTuple):
     backward), targets [N], weights w [N] (1 on non-pad), the count, eps, the logits' dtype."""
     p: object
     tgt: object
-    w: object
+    w: object          # per-row weights, or None: every row weighs 1
     n_safe: object
     eps: float
     out_dtype: object
@@ -27,7 +27,7 @@ class FusedLossCache(NamedTuple):
     logits: object
     tgt: object
     lse: object
-    w: object
+    w: object          # per-row weights, or None: every row weighs 1
     n_safe: object
     eps: float
 
@@ -48,11 +48,14 @@ def label_smoothed_nll(logits, target, eps, pad_id):
     sync): the smoothed loss averaged over non-pad tokens, the summed plain NLL (for
     perplexity) and the non-pad token count. The cache holds the softmax p [N, V]; log p is
     never materialized: log p[v] = z[v] - log(sum(exp(z))) with z = logits - max.
+    pad_id None: every target has a loss (the caller took the pad rows out); on a GPU n_tokens
+    is then the host's count.
     """
     xp = xp_of(logits)
     v, out_dtype = logits.shape[-1], logits.dtype
     if kernels.enabled(logits):
         return _fused_label_smoothed_nll(logits.reshape(-1, v), target.reshape(-1), eps, pad_id)
+    pad_id = -1 if pad_id is None else pad_id
     l2 = as_float32_if_half(logits.reshape(-1, v))                                   # float16 -> float32
     z = l2 - l2.max(axis=-1, keepdims=True)                                          # [N, V]
     p = xp.exp(z)
@@ -73,9 +76,15 @@ def label_smoothed_nll(logits, target, eps, pad_id):
 
 def _fused_label_smoothed_nll(logits, tgt, eps, pad_id):
     """GPU: one kernel per row gives logsumexp, -log p[gold] and mean_v -log p[v]
-    (kernels.smoothed_nll_rows); the softmax is never stored, backward recomputes it."""
+    (kernels.smoothed_nll_rows); the softmax is never stored, backward recomputes it. pad_id None
+    (every row has a loss, the count known on the host): one more launch gives the loss and the
+    NLL sum (kernels.loss_totals), and the token count is a host number."""
     xp = xp_of(logits)
     lse, nll, smooth = kernels.smoothed_nll_rows(logits, tgt)
+    if pad_id is None:
+        n = float(len(tgt))
+        totals = kernels.loss_totals(nll, smooth, eps, 1.0 / max(n, 1.0), logits.dtype)
+        return totals[0], totals[1], n, FusedLossCache(logits, tgt, lse, None, max(n, 1.0), eps)
     w = (tgt != pad_id).astype(lse.dtype)
     n = w.sum()
     n_safe = xp.maximum(n, 1.0)
@@ -90,6 +99,9 @@ def label_smoothed_nll_backward(cache, dloss=1.0):
     per forward."""
     if isinstance(cache, FusedLossCache):
         c = cache
+        if c.w is None:      # every row has a loss: one scalar weight, passed to the kernel as is
+            return kernels.smoothed_nll_backward(c.logits, c.tgt, c.lse, None, c.eps, out=c.logits,
+                                                 w_scale=dloss / c.n_safe)
         return kernels.smoothed_nll_backward(c.logits, c.tgt, c.lse, c.w * (dloss / c.n_safe), c.eps, out=c.logits)
     p, tgt, w, n_safe, eps, out_dtype = cache
     xp = xp_of(p)

@@ -5,6 +5,8 @@ gets exactly zero weight (docs/derivations/attention.md).
 """
 import numpy as np
 
+from .backend import to_device
+
 NEG_INF = -1e9  # additive mask value; exp(NEG_INF - max) underflows to exactly 0
 NEG_INF_HALF = -3e4  # float16 cannot hold -1e9; exp(-3e4) is still exactly 0 in float32
 
@@ -13,11 +15,23 @@ def _neg_inf(dtype):
     return NEG_INF_HALF if np.dtype(dtype) == np.float16 else NEG_INF
 
 
-def padding_bias(ids, pad_id, dtype):
-    """ids [B, L] -> [B, 1, 1, L] additive bias: NEG_INF on pad keys, 0 elsewhere."""
+def padding_bias(ids, pad_id, dtype, xp=None):
+    """ids [B, L] -> [B, 1, 1, L] additive bias: NEG_INF on pad keys, 0 elsewhere. With host ids
+    and a device's `xp`: made on the host and moved in one copy (no kernel launches)."""
+    if xp is not None and isinstance(ids, np.ndarray):
+        return to_device(padding_bias(ids, pad_id, dtype), xp)
     return ((ids == pad_id).astype(dtype) * _neg_inf(dtype))[:, None, None, :]
 
 
+_CAUSAL = {}   # (array module, length, dtype name) -> the [L, L] bias, made once (it never changes)
+
+
 def causal_bias(length, xp, dtype):
-    """[L, L] additive bias: NEG_INF above the diagonal (position i sees only j <= i)."""
-    return xp.triu(xp.full((length, length), _neg_inf(dtype), dtype=dtype), k=1)
+    """[L, L] additive bias: NEG_INF above the diagonal (position i sees only j <= i). Read only:
+    kept per (device, length, dtype) for the next batch of that length."""
+    key = (id(xp), int(length), np.dtype(dtype).name)
+    if key not in _CAUSAL:
+        if len(_CAUSAL) > 512:   # lengths come and go with the batches: bound the cache
+            _CAUSAL.clear()
+        _CAUSAL[key] = (xp, xp.triu(xp.full((length, length), _neg_inf(dtype), dtype=dtype), k=1))
+    return _CAUSAL[key][1]

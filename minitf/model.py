@@ -34,12 +34,14 @@ class Transformer(Seq2Seq):
         self.finish_init()
 
     # ------------------------------------------------------------------ forward
-    def encode(self, src, stream=None, rows=None, plan=None):
+    def encode(self, src, stream=None, rows=None, plan=None, src_bias=None):
         """src [B, S] -> (memory [B, S, D], src_bias [B, 1, 1, S], src ids cached for backward).
 
         With `rows` (packing.Rows of the non-pad source positions) memory is [Ns, D]. `plan`
-        (training on a GPU, kernels.embedding_plan): the embedding runs as one kernel."""
-        src_bias = padding_bias(src, self.cfg.pad_id, self.dtype)
+        (training on a GPU, kernels.embedding_plan): the embedding runs as one kernel. `src_bias`:
+        the padding bias, when the caller made it (from host ids)."""
+        if src_bias is None:
+            src_bias = padding_bias(src, self.cfg.pad_id, self.dtype)
         x = self._embed(src, rows, self.src_dropout, stream, plan)
         return self.encoder.forward(x, src_bias, stream, rows), src_bias, src
 
@@ -77,11 +79,13 @@ class Transformer(Seq2Seq):
             src_rows = make_rows(src != self.cfg.pad_id, self.xp)
             tgt_rows = make_rows(keep_tgt, self.xp)
             plans = self._embedding_plans(src, self._check_ids("tgt_in", tgt_in, host=True), src_rows, tgt_rows)
+        # the padding biases from the ids where they are (the host, in training: one copy each, no kernels)
+        src_bias, tgt_pad = (padding_bias(ids, self.cfg.pad_id, self.dtype, self.xp) for ids in (src, tgt_in))
         src, tgt_in = to_device(src, self.xp), self._check_ids("tgt_in", tgt_in)
         stream = self._dropout_stream()
-        memory, src_bias, src_ids = self.encode(src, stream, src_rows, plans[0])
+        memory, src_bias, src_ids = self.encode(src, stream, src_rows, plans[0], src_bias)
         t = tgt_in.shape[1]
-        tgt_bias = causal_bias(t, self.xp, self.dtype)[None, None] + padding_bias(tgt_in, self.cfg.pad_id, self.dtype)
+        tgt_bias = causal_bias(t, self.xp, self.dtype)[None, None] + tgt_pad
         y = self._embed(tgt_in, tgt_rows, self.tgt_dropout, stream, plans[1])
         h = self.decoder.forward(y, memory, src_bias, tgt_bias, stream, tgt_rows, src_rows)
         self._cache = {"src_ids": src_ids, "tgt_ids": tgt_in, "src_rows": src_rows, "tgt_rows": tgt_rows,

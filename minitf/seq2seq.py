@@ -86,8 +86,8 @@ class Seq2Seq(Layer):
             loss_rows = to_device(host_rows, self.xp)
             h, gold = h[loss_rows], gold[host_rows]
         logits, _ = self.embedding.project(h)                                               # [N, K]
-        gold = to_device(self.embedding.columns(gold), self.xp)      # the pad rows are gone: pad id -1 below
-        loss, nll_sum, n, cache = label_smoothed_nll(logits, gold, self.cfg.label_smoothing, -1)
+        gold = to_device(self.embedding.columns(gold), self.xp)      # the pad rows are gone: no pad id below
+        loss, nll_sum, n, cache = label_smoothed_nll(logits, gold, self.cfg.label_smoothing, None)
         self._head = {"loss": cache, "loss_rows": loss_rows, "h_rows": h}
         self.last_stats = {"loss": loss, "nll_sum": nll_sum, "n_tokens": n}
         return float(loss) if self.xp is np else loss

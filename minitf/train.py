@@ -595,6 +595,8 @@ def should_stop(run, signals):
     args = run.args
     if args.max_steps and run.state["step"] >= args.max_steps:
         return "max_steps"
+    if args.patience and run.state.get("valid_since_best", 0) >= args.patience:   # same on every rank
+        return "patience"
     elapsed = run.elapsed()
     # One snapshot of the signals, read before the all-reduce and used after it: a signal landing
     # during the all-reduce is seen by every rank at the next update, never by this rank alone now
@@ -733,13 +735,18 @@ def validate(run):
     value = rec[metric] if metric == "valid_bleu" else -rec[metric]
     best = state.get("best_valid")
     note = ""
+    state["valid_since_best"] = state.get("valid_since_best", 0) + 1   # validations since the best (--patience)
     if best is None or best["metric"] != metric or value > best["value"]:
+        state["valid_since_best"] = 0
         state["best_valid"] = {"metric": metric, "value": value, "step": state["step"], "valid_bleu": rec["valid_bleu"],
                                "valid_loss": rec["valid_loss"]}
         if run.lead:
             save_checkpoint(os.path.join(run.args.out, BEST), run.model, tokenizer=run.data.tokenizer.to_bytes(),
                             train_state={**state, "best": True})
         note = f" | best so far -> {BEST}"
+    elif run.args.patience:
+        note = f" | no better than step {best['step']} for {plural(state['valid_since_best'], 'validation')} " \
+               f"(--patience {run.args.patience})"
     run.log.write(rec)
     run.console.line(run.validation.describe(rec) + note)
 
@@ -782,7 +789,7 @@ def end(run, stop):
     """After the loop: on a signal, save and raise Interrupted; else the last checkpoint, then on
     rank 0 the average, the translations and the scores (finish)."""
     args, state = run.args, run.state
-    if stop not in ("max_steps", "time_budget"):
+    if stop not in ("max_steps", "time_budget", "patience"):
         if run.lead:
             path = run.save(on_grid=False)
             run.log.close()
@@ -799,7 +806,9 @@ def end(run, stop):
     state["train_wall_s"] = run.elapsed()
     if not saved or validated:
         run.save(on_grid=saved and state.get("on_grid", False))   # off the spacing unless it was saved on it
-    log(f"training stopped ({stop}) at step {state['step']} after {state['train_wall_s']:.0f}s")
+    why = (f"patience: validation {'BLEU' if state['best_valid']['metric'] == 'valid_bleu' else 'loss'} no better "
+           f"than step {state['best_valid']['step']}'s for {args.patience} validations" if stop == "patience" else stop)
+    log(f"training stopped ({why}) at step {state['step']} after {state['train_wall_s']:.0f}s")
     state["epochs"] = run.epochs()
     try:
         with sigterm_raises():

@@ -120,6 +120,10 @@ def build_parser(prog=None):
     p.add_argument("--valid-bleu-sentences", type=Number(int, 0, meaning=" (0 = loss only)"), default=500,
                    help="validation BLEU on this many sentences spread evenly over the validation set, always the "
                         "same ones (all when it has fewer); 0 = loss only")
+    p.add_argument("--patience", type=Number(int, 0, meaning=" (0 = off)"), default=0,
+                   help="stop early when validation BLEU (the loss with --valid-bleu-sentences 0) has not improved for "
+                        "this many validations in a row, as fairseq's --patience; the run then averages, chooses and "
+                        "scores its model as at the end of its budget (0 = off)")
     p.add_argument("--save-every", type=positive(), help="steps between checkpoints (default from the preset: small 80, tiny 10)")
     p.add_argument("--save-every-minutes", type=positive(float),
                    help="minutes of training between checkpoints (default base/big: 10, the paper's spacing)")
@@ -178,6 +182,8 @@ def parse_args(argv=None, prog=None):
                     f"change one of them")
     if args.valid_every is not None and args.valid_every_minutes is not None:
         p.error("--valid-every (updates) and --valid-every-minutes: give one spacing")
+    if args.patience and args.valid_every == 0:
+        p.error(f"--patience {args.patience} counts validations, and --valid-every 0 makes none: give a spacing")
     if args.save_every and args.save_every_minutes:
         p.error("--save-every (steps) and --save-every-minutes: give one spacing")
     if args.average_last and args.keep_last and args.average_last > args.keep_last:

@@ -40,7 +40,7 @@ TABLE = {
         "--attention-dropout": FRACTION_BELOW_1, "--relu-dropout": FRACTION_BELOW_1,
         "--bpe-dropout-source": FRACTION_BELOW_1, "--bpe-dropout-target": FRACTION_BELOW_1,
         "--label-smoothing": FRACTION_BELOW_1, "--seed": ("0", ["-1", str(2**32), "x"]),
-        "--log-every": POSITIVE_INT, "--valid-every": ZERO_OR_MORE, "--save-every": POSITIVE_INT,
+        "--log-every": POSITIVE_INT, "--valid-every": ZERO_OR_MORE, "--patience": ZERO_OR_MORE, "--save-every": POSITIVE_INT,
         "--save-every-minutes": POSITIVE_FLOAT, "--keep-last": POSITIVE_INT,
         "--average-last": POSITIVE_INT, "--beam": BEAM, "--alpha": ALPHA, "--decode-batch": POSITIVE_INT,
         "--max-nonfinite": POSITIVE_INT, "--valid-every-minutes": POSITIVE_FLOAT,

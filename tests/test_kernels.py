@@ -150,6 +150,34 @@ def test_dropout_add(dtype, packed):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("packed,drop,d,biased", [(False, True, 7, True), (True, True, 64, False),
+                                                 (True, False, 33, True), (False, False, 512, False)])
+def test_residual_layernorm_is_dropout_add_then_layernorm_bit_for_bit(dtype, packed, drop, d, biased):
+    """LayerNorm(x + Dropout(y + b_y)) in one pass per row: the same mask, sum (written into y), output
+    and cache, bit for bit, as the bias add, dropout_add and layernorm_forward one after the other (no
+    dropout: the plain sum); the mask is functional.hash_bits' for the padded layout and packed rows."""
+    rng = np.random.default_rng(d)
+    p, key = 0.1, F.DropoutStream(5, 9).next_site()[1]
+    rowpos = np.array([0, 2, 3, 7, 8, 9, 15, 20]) if packed else None
+    shape = (len(rowpos), d) if packed else (3, 4, d)
+    y, x = rng.normal(size=shape).astype(dtype), rng.normal(size=shape).astype(dtype)
+    g, b = rng.normal(size=d).astype(dtype), rng.normal(size=d).astype(dtype)
+    y_bias = rng.normal(size=d).astype(dtype) if biased else None
+    y1, y2 = y.copy(), y.copy() + (y_bias if biased else 0)     # the separate bias add, in the storage dtype
+    out, mask, (xhat, rstd) = kernels.residual_layernorm(key if drop else None, rowpos, y1, x, p, g, b, 1e-6, y_bias)
+    if drop:
+        s, want_mask = kernels.dropout_add(key, rowpos, y2, x, p)
+        assert mask.tobytes() == want_mask.tobytes() and 0.8 < (mask != 0).mean() <= 1.0
+    else:
+        s, want_mask = (y2 + x).astype(dtype), None
+        assert mask is None
+    want, (want_xhat, want_rstd) = kernels.layernorm_forward(s, g, b, 1e-6)
+    assert y1.tobytes() == s.tobytes()                     # the sum, written into y
+    assert out.tobytes() == want.tobytes() and xhat.tobytes() == want_xhat.tobytes()
+    assert rstd.tobytes() == want_rstd.tobytes() and out.shape == shape and rstd.shape == shape[:-1] + (1,)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,d", [(1, 5), (7, 33), (70, 64), (1000, 100), ((4, 5), 40)])
 def test_column_sums_with_and_without_a_factor(dtype, n, d):
     """The bias / LayerNorm-weight gradients: sums over every axis but the last, of x or of
@@ -172,9 +200,10 @@ def test_column_sums_with_and_without_a_factor(dtype, n, d):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("residual,masked", [(False, False), (True, False), (False, True), (True, True)])
 def test_layernorm_backward_with_a_residual_gradient_and_a_dropout_mask(dtype, residual, masked, monkeypatch):
-    """functional.layernorm_backward through the kernels (one layernorm_backward launch and the
-    pair of column sums added into dg, db) against the generic lines: dy + dy_residual as the
-    upstream gradient, (dx, dx * mask) returned, dg and db accumulated onto what they held."""
+    """functional.layernorm_backward through the kernels (one layernorm_backward launch and one
+    launch of column sums added into dg, db and the sublayer's bias gradient) against the generic
+    lines: dy + dy_residual as the upstream gradient, (dx, dx * mask) returned, dg, db and the
+    sublayer's bias gradient (the sums of dx * mask) accumulated onto what they held."""
     rng = np.random.default_rng(31)
     d = 40
     x = rng.normal(size=(9, d)).astype(dtype)
@@ -182,20 +211,28 @@ def test_layernorm_backward_with_a_residual_gradient_and_a_dropout_mask(dtype, r
     _, cache = F.layernorm_forward(x, g, b, 1e-6)
     dy, dy2 = rng.normal(size=x.shape).astype(dtype), rng.normal(size=x.shape).astype(dtype)
     mask = ((rng.random(x.shape) > 0.2) / 0.8).astype(dtype) if masked else None
-    grads0 = rng.normal(size=(2, d)).astype(dtype)
-    results = []
+    grads0 = rng.normal(size=(3, d)).astype(dtype)
+    results, launched = [], []
+    real = kernels.LAUNCH["launch"]
+    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
     for fused in (False, True):
         monkeypatch.setattr(kernels, "enabled", lambda a, _f=fused: _f)
-        dg, db = grads0[0].copy(), grads0[1].copy()
-        out = F.layernorm_backward(dy.copy(), cache, g, dg, db, dy2 if residual else None, mask)
-        results.append((out, dg, db))
-    (want, dg_w, db_w), (got, dg_g, db_g) = results
+        dg, db, dsub = grads0[0].copy(), grads0[1].copy(), grads0[2].copy()
+        launched.clear()
+        out = F.layernorm_backward(dy.copy(), cache, g, dg, db, dy2 if residual else None, mask, dsub)
+        results.append((out, dg, db, dsub))
+    # the sublayer's bias gradient (the sums of the sublayer output's gradient) in the LayerNorm's sums' launch
+    assert launched == ["layernorm_backward", "column_sums_into"]
+    (want, dg_w, db_w, dsub_w), (got, dg_g, db_g, dsub_g) = results
+    tol = np.float32 if dtype == np.float16 else dtype
+    for dsub, out in ((dsub_w, want), (dsub_g, got)):   # each against float64 sums of its own gradient
+        sub = out[1] if masked else out
+        close(dsub, grads0[2].astype(np.float64) + sub.astype(np.float64).sum(axis=0), dtype, scale=3.0)
     if masked:
         assert isinstance(got, tuple) and len(got) == 2
         close(got[1], want[1], dtype)
         got, want = got[0], want[0]
     close(got, want, dtype)
-    tol = np.float32 if dtype == np.float16 else dtype
     close(dg_g, dg_w, tol, scale=3.0)
     close(db_g, db_w, tol, scale=3.0)
 

@@ -574,7 +574,7 @@ def test_a_signal_landing_during_the_stop_vote_is_acted_on_by_every_rank_at_the_
         def allreduce_numbers(self, values):
             signals.received.append("SIGTERM")   # lands while the sum is on the wire
             return [float(v) for v in values[:3]] + [2 * values[3], 1.0]   # the clocks: both ranks', rank 0's
-    run = types.SimpleNamespace(args=types.SimpleNamespace(max_steps=0, time_budget=0), state={"step": 5},
+    run = types.SimpleNamespace(args=types.SimpleNamespace(max_steps=0, time_budget=0, patience=0), state={"step": 5},
                                 elapsed=lambda: 1.0, world=World(), lead=False)
     assert should_stop(run, signals) is None   # what rank 0 decides on the same sum
     assert run.elapsed_mean == 1.0 and run.elapsed_lead == 1.0
@@ -768,3 +768,25 @@ def test_a_short_run_is_told_from_max_steps_or_the_rate_under_a_time_budget():
     assert short_run_ends(Namespace(max_steps=None, time_budget=1800), 1067, 80, 32.0, (5, 2.0)) is None
     both = Namespace(max_steps=300, time_budget=300)
     assert short_run_ends(both, 1067, 80, 32.0, (5, 2.0))[0] == 300                # the earlier end
+
+
+def test_patience_stops_when_validation_stops_improving_and_the_run_ends_as_usual(corpus, tmp_path):
+    """--patience N: after N validations in a row without a better BLEU (here the loss: --valid-bleu-sentences
+    0) than the best, the run stops, then averages, chooses and scores its model; --patience without
+    validations is refused in one line."""
+    out = tmp_path / "run"
+    # a learning rate so high that the loss climbs after the first validations: patience 2 ends the run early
+    r = run_train(corpus, out, "--max-steps", 200, "--valid-every", 2, "--valid-bleu-sentences", 0, "--patience", 2,
+                  "--lr-factor", 60, "--warmup", 1, "--save-every", 2, "--average-last", 1)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    valid = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines() if "valid_loss" in x]
+    losses = [v["valid_loss"] for v in valid]
+    best = min(range(len(losses)), key=losses.__getitem__)
+    assert res["steps"] < 200 and len(losses) == best + 3 and valid[best]["step"] == res["best_valid"]["step"]
+    assert all(x >= losses[best] for x in losses[best + 1:])
+    assert f"training stopped (patience: validation loss no better than step {valid[best]['step']}'s for 2 " \
+           f"validations) at step {res['steps']}" in r.stderr
+    assert "(--patience 2)" in r.stderr and res["bleu"]
+    r = run_train(corpus, tmp_path / "x", "--patience", 3, "--valid-every", 0)
+    assert r.returncode == 2 and "--patience 3 counts validations, and --valid-every 0 makes none" in r.stderr

@@ -51,8 +51,10 @@ class MultiHeadAttention(Layer):
         self.out = self.add("out", Linear(n_heads * d_k, d_model, rng))
         self.drop = self.add("drop", Dropout(dropout))   # its mask is applied inside attention_forward
 
-    def forward(self, x_q, x_kv, bias, rows_q=None, rows_kv=None, stream=None):
+    def forward(self, x_q, x_kv, bias, rows_q=None, rows_kv=None, stream=None, out_bias=True):
         """x_q [B, T, D] queries, x_kv [B, S, D] keys/values, bias broadcastable to [B, H, T, S].
+        out_bias=False: the output projection's bias is left to the caller's next pass (a post-norm
+        block's fused sum and LayerNorm, blocks.add_norm); backward is the same.
 
         With `rows_q`/`rows_kv` (packing.Rows) x_q is [Nq, D] and x_kv [Nkv, D]: only the
         non-pad positions, unpacked to [B, ., .] around the attention itself. `stream`
@@ -60,7 +62,7 @@ class MultiHeadAttention(Layer):
         either layout, when training with dropout > 0.
         """
         if gemm.enabled(x_q):
-            return self._forward_gpu(x_q, x_kv, bias, rows_q, rows_kv, stream)
+            return self._forward_gpu(x_q, x_kv, bias, rows_q, rows_kv, stream, out_bias)
         h = self.n_heads
         q = F.split_heads(unpack(rows_q, self.q.forward(x_q)), h)
         k = F.split_heads(unpack(rows_kv, self.k.forward(x_kv)), h)
@@ -68,21 +70,22 @@ class MultiHeadAttention(Layer):
         mask = self.drop.draw(stream, q.shape[:-1] + k.shape[-2:-1], q.dtype, F.xp_of(q))
         ctx, p = F.attention_forward(q, k, v, bias, self.scale, mask)
         self.cache = AttentionCache(q, k, v, p, mask, rows_q, rows_kv)
-        return self.out.forward(pack(rows_q, F.merge_heads(ctx)))
+        return self.out.forward(pack(rows_q, F.merge_heads(ctx)), out_bias)
 
-    def backward(self, dy, dx_into=None, dkv_into=None):
+    def backward(self, dy, dx_into=None, dkv_into=None, out_bias=True):
         """(dx_q, dx_kv). `dx_into` / `dkv_into`: arrays (the caller's own, shaped like x_q / x_kv)
         the gradients are added into instead, and returned: a residual's gradient, or the
         gradient of memory summed over the decoder's layers; the same array for both when x_q is
         x_kv (self-attention: then both returned are that array, holding the whole gradient). On a
-        GPU each addition is a GEMM's beta = 1."""
+        GPU each addition is a GEMM's beta = 1. out_bias=False: the output projection's bias
+        gradient is the caller's (Linear.backward's bias)."""
         if gemm.enabled(dy):
-            return self._backward_gpu(dy, dx_into, dkv_into)
+            return self._backward_gpu(dy, dx_into, dkv_into, out_bias)
         q, k, v, p, mask, rows_q, rows_kv, _, _ = self.cache     # the inputs are the projections' caches here
         self.cache = None
         h = self.n_heads
         # y = out(pack(merge_heads(ctx)))
-        dctx = F.split_heads(unpack(rows_q, self.out.backward(dy)), h)
+        dctx = F.split_heads(unpack(rows_q, self.out.backward(dy, bias=out_bias)), h)
         # ctx = attention(q, k, v), with the forward's dropout mask
         dq, dk, dv = F.attention_backward(dctx, q, k, v, p, self.scale, mask)
         # q = split(unpack(q(x_q))), k = split(unpack(k(x_kv))), v = split(unpack(v(x_kv)))
@@ -151,7 +154,7 @@ class MultiHeadAttention(Layer):
                 gemm.matmul(packed[i], w, into[j].reshape(n, d), trans_b=True, beta=1.0)
         return into
 
-    def _forward_gpu(self, x_q, x_kv, bias, rows_q, rows_kv, stream):
+    def _forward_gpu(self, x_q, x_kv, bias, rows_q, rows_kv, stream, out_bias=True):
         if x_q is x_kv:       # self-attention: q, k and v of one input, together
             q, k, v = self._project_heads(x_q, rows_q, ("q", "k", "v"))
         else:
@@ -166,14 +169,14 @@ class MultiHeadAttention(Layer):
         # ctx = p @ v, or (p * mask) @ v
         ctx = gemm.matmul(p if mask is None else p * mask, v, xp.empty_like(q), batch=b * h)
         self.cache = AttentionCache(q, k, v, p, mask, rows_q, rows_kv, x_q, x_kv)
-        return self.out.forward(self._merged(ctx, rows_q, x_q))
+        return self.out.forward(self._merged(ctx, rows_q, x_q), out_bias)
 
     def _merged(self, x, rows, like):
         """x [B, H, L, K] -> packed rows [N, H*K] (rows), or [B, L, H*K] shaped like `like`."""
         out = kernels.pack_heads(x, None if rows is None else rows.index)
         return out if rows is not None else out.reshape(like.shape[:-1] + out.shape[-1:])
 
-    def _backward_gpu(self, dy, dx_into, dkv_into):
+    def _backward_gpu(self, dy, dx_into, dkv_into, out_bias=True):
         q, k, v, p, mask, rows_q, rows_kv, x_q, x_kv = self.cache
         self.cache = None
         xp = F.xp_of(q)
@@ -184,7 +187,8 @@ class MultiHeadAttention(Layer):
         dq = dqkv[0] if self_attention else xp.empty_like(q)
         dk, dv = dqkv[-2], dqkv[-1]
         # y = out(pack_heads(ctx))
-        dctx = kernels.unpack_heads(self.out.backward(dy), None, None if rows_q is None else rows_q.inverse, b, t, h)
+        dctx = kernels.unpack_heads(self.out.backward(dy, bias=out_bias), None, None if rows_q is None else
+                                    rows_q.inverse, b, t, h)
         # ctx = pm @ v with pm = p (or p * mask)
         pm = p if mask is None else p * mask
         gemm.matmul(pm, dctx, dv, trans_a=True, batch=b * h)

@@ -44,6 +44,11 @@ class Dropout(Layer):
         out, self.cache = F.dropout_add_forward(stream, x, residual, self.p, rows)
         return out
 
+    def hold(self, mask):
+        """Keep `mask` (None: nothing was dropped) as this forward's, drawn and applied by a caller
+        that fuses the dropout into its own pass (LayerNorm.forward_residual)."""
+        self.cache = mask
+
     def take_mask(self):
         """The forward's mask (None when it did not drop), handed to a caller that applies it
         itself (LayerNorm.backward): this layer's backward is then done."""

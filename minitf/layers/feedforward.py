@@ -16,22 +16,24 @@ class FeedForward(Layer):
         self.fc2 = self.add("fc2", Linear(d_ff, d_model, rng))
         self.drop = self.add("drop", Dropout(dropout))
 
-    def forward(self, x, stream=None, rows=None):
+    def forward(self, x, stream=None, rows=None, out_bias=True):
         """x [..., D] -> [..., D], hidden [..., F]: [B, L, D] padded, [N, D] packed (training's
         kept positions, packing.Rows); position-wise, so the leading axes do not matter.
         `stream`/`rows` (functional.DropoutStream, packing.Rows): the ReLU-dropout mask, when
-        training with dropout > 0."""
+        training with dropout > 0. out_bias=False: fc2's bias is left to the caller's next pass
+        (blocks.add_norm)."""
         if kernels.fused(x, "relu"):    # one pass: h = max(x W1 + b1, 0) in place
             h = kernels.bias_relu(self.fc1.project(x), self.fc1.params["bias"]).reshape(x.shape[:-1] + (-1,))
         else:
             h = F.relu_forward(self.fc1.forward(x))
         self.cache = h
-        return self.fc2.forward(self.drop.forward(h, stream, rows=rows))
+        return self.fc2.forward(self.drop.forward(h, stream, rows=rows), out_bias)
 
-    def backward(self, dy):
+    def backward(self, dy, out_bias=True):
+        """dx; out_bias=False: fc2's bias gradient is the caller's (Linear.backward's bias)."""
         h, self.cache = self.cache, None
         # y = fc2(drop(h))
-        dh = self.drop.backward(self.fc2.backward(dy))
+        dh = self.drop.backward(self.fc2.backward(dy, bias=out_bias))
         # h = relu(fc1(x))
         if kernels.fused(dh, "relu") and dh.flags.c_contiguous:
             return self.fc1.backward(kernels.relu_backward(dh, h))      # in place: dh is this layer's own

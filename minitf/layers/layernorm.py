@@ -17,15 +17,26 @@ class LayerNorm(Layer):
         y, self.cache = F.layernorm_forward(x, self.params["weight"], self.params["bias"], self.eps)
         return y
 
-    def backward(self, dy, dy_residual=None, dropout=None):
+    def forward_residual(self, x, sublayer_out, dropout, stream=None, rows=None, sublayer_bias=None):
+        """LayerNorm(x + dropout(sublayer_out + sublayer_bias)): a post-norm block's output (3.1), in
+        one kernel (functional.residual_layernorm_forward), which hands `dropout` its mask for
+        backward. sublayer_bias: the bias the sublayer's last Linear left out (None: none)."""
+        out, mask, self.cache = F.residual_layernorm_forward(stream if dropout.active(stream) else None, x,
+                                                             sublayer_out, dropout.p, self.params["weight"],
+                                                             self.params["bias"], self.eps, rows, sublayer_bias)
+        dropout.hold(mask)
+        return out
+
+    def backward(self, dy, dy_residual=None, dropout=None, sublayer=None):
         """dx; with `dy_residual` (another gradient of this output, added to dy: dy must be the
         caller's own, it may be overwritten with the sum) and/or `dropout` (the Dropout layer
         inside this LayerNorm's input x + dropout(sublayer)): (dx, its dropout's backward of dx),
-        in one pass on a GPU (functional.layernorm_backward)."""
+        in one pass on a GPU (functional.layernorm_backward). `sublayer`: the sublayer's last
+        Linear, whose bias gradient this backward takes (on a GPU in the launch of its own)."""
         cache, self.cache = self.cache, None
         mask = None if dropout is None else dropout.take_mask()
         out = F.layernorm_backward(dy, cache, self.params["weight"], self.grads["weight"], self.grads["bias"],
-                                   dy_residual, mask)
+                                   dy_residual, mask, None if sublayer is None else sublayer.grads["bias"])
         if dropout is not None and mask is None:   # dropout off: the sublayer's gradient is dx itself
             return out, out
         return out

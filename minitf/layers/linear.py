@@ -12,10 +12,11 @@ class Linear(Layer):
         self.params["weight"] = rng.uniform(-limit, limit, size=(d_in, d_out))
         self.params["bias"] = np.zeros(d_out)
 
-    def forward(self, x):
-        """x [..., in] -> [..., out]."""
+    def forward(self, x, bias=True):
+        """x [..., in] -> [..., out]; bias=False: without the bias add, left to the caller's next pass
+        over the rows (backward is the same: db is the sum of dy either way)."""
         self.cache = x
-        return F.linear_forward(x, self.params["weight"], self.params["bias"])
+        return F.linear_forward(x, self.params["weight"], self.params["bias"] if bias else None)
 
     def project(self, x):
         """The forward without the bias add, x [..., in] -> x @ weight [..., out]: for a caller
@@ -28,7 +29,10 @@ class Linear(Layer):
         """Inference: the forward without keeping a cache (decoding)."""
         return F.linear_forward(x, self.params["weight"], self.params["bias"])
 
-    def backward(self, dy, dx_into=None):
-        """dx; with `dx_into` (an array of x's shape the caller owns) dx is added into it instead."""
+    def backward(self, dy, dx_into=None, bias=True):
+        """dx; with `dx_into` (an array of x's shape the caller owns) dx is added into it instead.
+        bias=False: the bias gradient (the column sums of dy) is the caller's to take (a post-norm
+        block's LayerNorm takes it in its own launch: blocks, LayerNorm.backward)."""
         x, self.cache = self.cache, None
-        return F.linear_backward(dy, x, self.params["weight"], self.grads["weight"], self.grads["bias"], dx_into)
+        return F.linear_backward(dy, x, self.params["weight"], self.grads["weight"],
+                                 self.grads["bias"] if bias else None, dx_into)
