@@ -183,6 +183,25 @@ def wmt_lengths(rng, n):
     return s, np.clip((s * rng.normal(1.05, 0.1, n)).astype(np.int64), 1, 250)
 
 
+def wmt_batch(cfg, tokens, seed=0):
+    """One batch of a token_batches epoch over WMT14-shaped lengths (+EOS / +BOS), <= `tokens`
+    padded tokens a side: host arrays src [B, S], tgt_in, tgt_out [B, T] with random ids."""
+    from minitf.data import token_batches
+    rng = np.random.default_rng(seed)
+    src_lens, tgt_lens = wmt_lengths(rng, 40 * max(1, tokens // 30))
+    batches = token_batches(src_lens, tgt_lens, tokens, seed, 0)
+    idx = max(batches, key=len) if tokens < 1000 else batches[len(batches) // 2]
+    ls, lt = src_lens[idx] + 1, tgt_lens[idx] + 1
+    src = np.full((len(idx), ls.max()), cfg.pad_id, np.int64)
+    tgt_in, tgt_out = (np.full((len(idx), lt.max()), cfg.pad_id, np.int64) for _ in range(2))
+    for i in range(len(idx)):
+        src[i, :ls[i]] = np.append(rng.integers(4, cfg.vocab_size, ls[i] - 1), cfg.eos_id)
+        y = np.append(rng.integers(4, cfg.vocab_size, lt[i] - 1), cfg.eos_id)
+        tgt_in[i, :lt[i]], tgt_out[i, :lt[i]] = np.append(cfg.bos_id, y[:-1]), y
+    return src, tgt_in, tgt_out
+
+
+
 def make_synthetic(folder, manifest, n, seed=0, chunk=2_000_000):
     """Swap the arrays of a real cache for n random pairs (lengths like the WMT-shaped corpus, ids
     below its vocabulary), written by the cache's own writer; the manifest is updated to match, so

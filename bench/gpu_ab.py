@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
-from bench.gpu_report import wmt_batch  # noqa: E402
+from bench.data import wmt_batch  # noqa: E402
 from bench.train_step import MinitfRunner, timed_round, torch_runner_like  # noqa: E402
 
 

@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
-from bench.gpu_report import make_runners, wmt_batch  # noqa: E402
+from bench.data import wmt_batch  # noqa: E402
+from bench.train_step import make_runners  # noqa: E402
 
 
 def kernel_intervals(prof):

@@ -53,8 +53,8 @@ import numpy as np  # noqa: E402
 
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
-from bench.data import make_synthetic, wmt_lengths  # noqa: E402
-from bench.train_step import MinitfRunner, step_flops, timed_round, torch_runner_like  # noqa: E402
+from bench.data import make_synthetic, wmt_batch, wmt_lengths  # noqa: E402
+from bench.train_step import make_runners, step_flops, timed_round  # noqa: E402
 
 # dense (no sparsity) tensor-core peaks, TFLOP/s, from NVIDIA's data sheets: (tf32, fp16/bf16)
 PEAKS = [("H200", (494.7, 989.4)), ("H100 NVL", (417.5, 835.0)), ("H100 PCIe", (378.0, 756.0)),
@@ -66,24 +66,6 @@ def log(msg):
 
 
 # ----------------------------------------------------------------------------- batches of WMT14 shape
-def wmt_batch(cfg, tokens, seed=0):
-    """One batch of a token_batches epoch over WMT14-shaped lengths (+EOS / +BOS), <= `tokens`
-    padded tokens a side: host arrays src [B, S], tgt_in, tgt_out [B, T] with random ids."""
-    from minitf.data import token_batches
-    rng = np.random.default_rng(seed)
-    src_lens, tgt_lens = wmt_lengths(rng, 40 * max(1, tokens // 30))
-    batches = token_batches(src_lens, tgt_lens, tokens, seed, 0)
-    idx = max(batches, key=len) if tokens < 1000 else batches[len(batches) // 2]
-    ls, lt = src_lens[idx] + 1, tgt_lens[idx] + 1
-    src = np.full((len(idx), ls.max()), cfg.pad_id, np.int64)
-    tgt_in, tgt_out = (np.full((len(idx), lt.max()), cfg.pad_id, np.int64) for _ in range(2))
-    for i in range(len(idx)):
-        src[i, :ls[i]] = np.append(rng.integers(4, cfg.vocab_size, ls[i] - 1), cfg.eos_id)
-        y = np.append(rng.integers(4, cfg.vocab_size, lt[i] - 1), cfg.eos_id)
-        tgt_in[i, :lt[i]], tgt_out[i, :lt[i]] = np.append(cfg.bos_id, y[:-1]), y
-    return src, tgt_in, tgt_out
-
-
 # ----------------------------------------------------------------------------- sections
 def section_env():
     cupy = backend.cupy
@@ -141,15 +123,6 @@ def profile_step(runner, torch):
         elif not on_device and re.search(r"(cuda|cu)(Stream|Device|Ctx|Event)Synchronize", name):
             syncs += 1
     return {"kernels": kernels, "d2h_copies": d2h, "syncs": syncs - 1}   # less runner.sync() above, ours
-
-
-def make_runners(cfg, batch, lr, fp16, with_torch=True):
-    """[minitf's runner of one training step on the GPU] and, with_torch, PyTorch's, holding
-    minitf's initial weights so that both start from the same point."""
-    runners = [MinitfRunner(cfg, "gpu", batch, lr, fp16)]
-    if with_torch:
-        runners.append(torch_runner_like(runners[0], "gpu", batch, lr, fp16))
-    return runners
 
 
 def measure_pair(cfg, batch, fp16, args, torch):

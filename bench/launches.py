@@ -26,7 +26,7 @@ from minitf import backend  # noqa: E402
 def count_update(preset="base", fp16=False, env=None):
     """({kernel name: launches}, total) of one update (forward, backward, Adam) of `preset`'s
     structure at width 64 on the stand-in; env: variables set for the count (e.g. a fusion off)."""
-    from bench.gpu_report import wmt_batch
+    from bench.data import wmt_batch
     from bench.train_step import MinitfRunner
     cupy = backend.cupy
     if not hasattr(cupy, "launches"):

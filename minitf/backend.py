@@ -65,10 +65,6 @@ def is_gpu(xp):
     return cupy is not None and xp is cupy
 
 
-def device_of(xp):
-    return "gpu" if is_gpu(xp) else "cpu"
-
-
 def to_numpy(a):
     """A host (NumPy) copy/view of an array from either device."""
     if cupy is not None and isinstance(a, cupy.ndarray):

@@ -72,11 +72,6 @@ def positive(kind=int, high=None):
     return Number(int, 1, high) if kind is int else Number(float, above=0, high=high)
 
 
-def count_or_off(off_means):
-    """An int >= 1, or 0 meaning `off_means` (e.g. "no limit")."""
-    return Number(int, 1, allowed=(0,), meaning=f" (0 = {off_means})")
-
-
 def fraction(closed=True):
     """A float in [0, 1] (`closed`), or in [0, 1)."""
     return Number(float, 0, 1) if closed else Number(float, 0, below=1)

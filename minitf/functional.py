@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import gemm, kernels
+from .kernels import keep_threshold  # the dropout masks: kept where u >= this
 from .backend import xp_of
 
 
@@ -241,11 +242,6 @@ def dropout_bits(stream, xp, shape, rows=None):
         u = np.random.default_rng([seed, forward_index, site]).integers(0, 1 << 16, size=(full, d), dtype=np.uint16)
         return (u if rows is None else u[rows.host_index]).reshape(shape)
     return hash_bits(xp, key, None if rows is None else rows.index, n_rows, d).reshape(shape)
-
-
-def keep_threshold(p):
-    """Kept where the 16-bit uniform u >= round(p * 65536): p to 1/65536."""
-    return round(p * (1 << 16))
 
 
 def dropout_mask(stream, shape, p, dtype, xp=np, rows=None):

@@ -814,7 +814,6 @@ def dropout_add(key, rowpos, y, x, p):
     """(out, mask): out = y * mask + x, mask = (u >= p) / (1 - p) with the 16-bit uniforms u of
     functional.hash_bits(key, rowpos) (rowpos: the rows' positions in the padded batch, or None).
     `out` is written into y (a sublayer output nothing else holds)."""
-    from .functional import keep_threshold
     xp = backend.xp_of(y)
     y, x = xp.ascontiguousarray(y), xp.ascontiguousarray(x)
     mask = xp.empty_like(y)
@@ -826,12 +825,17 @@ def dropout_add(key, rowpos, y, x, p):
     return y, mask
 
 
+def keep_threshold(p):
+    """Kept where the 16-bit uniform u >= round(p * 65536): p to 1/65536 (the kernels' masks and
+    functional.dropout_mask's)."""
+    return round(p * (1 << 16))
+
+
 def residual_layernorm(key, rowpos, y, x, p, g, b, eps, y_bias=None):
     """(out, mask, (xhat, rstd)): out = LayerNorm(x + Dropout(y + y_bias)) of a post-norm block in one
     pass per row, the dropout as `dropout_add` draws it (key None: no dropout, mask None; y_bias None:
     no bias); the sum is written into y (a sublayer output nothing else holds), the cache as
     layernorm_forward's."""
-    from .functional import keep_threshold
     xp = backend.xp_of(y)
     y, x = xp.ascontiguousarray(y), xp.ascontiguousarray(x)
     a = accum_dtype(y.dtype)
@@ -843,7 +847,8 @@ def residual_layernorm(key, rowpos, y, x, p, g, b, eps, y_bias=None):
     positions = _placeholder(xp, np.int64) if rowpos is None else xp.ascontiguousarray(rowpos, dtype=np.int64)
     _launch("residual_layernorm", y.dtype, rows, block_size("layernorm", d),
             (positions, np.int32(rowpos is not None), np.uint64(key or 0), np.int32(key is not None), y,
-             y if y_bias is None else _as(y_bias, y.dtype), np.int32(y_bias is not None), x, y if mask is None else mask, np.int32(0 if key is None else keep_threshold(p)),
+             y if y_bias is None else _as(y_bias, y.dtype), np.int32(y_bias is not None), x,
+             y if mask is None else mask, np.int32(0 if key is None else keep_threshold(p)),
              a(1.0 if key is None else 1.0 / (1.0 - p)), _as(g, y.dtype), _as(b, y.dtype), out, xhat, rstd,
              np.int32(d), a(eps)))
     return out, mask, (xhat, rstd)
@@ -1016,7 +1021,6 @@ def embed_rows(weight, ids, rows, length, pe, scale, key, p):
     """(out [N, D], mask [N, D] or None): the rows of (weight[ids] * scale + pe[position]) * mask
     at the kept positions (rows: packing.Rows, or None for every position of ids [B, L]);
     key/p: the dropout site's hash key and rate (key None: no dropout)."""
-    from .functional import keep_threshold
     xp = backend.xp_of(weight)
     b = ids.shape[0]
     n_rows = b * length if rows is None else len(rows.host_index)

@@ -74,14 +74,14 @@ class Transformer(Seq2Seq):
         positions and the kept target positions only (packing.py) and h is [Nt, D]."""
         src_rows = tgt_rows = None
         plans = (None, None)
-        src = self._check_ids("src", src, host=keep_tgt is not None)
+        src = self.check_ids("src", src, host=keep_tgt is not None)
         if keep_tgt is not None:   # on the host: no GPU sync (packing.Rows)
             src_rows = make_rows(src != self.cfg.pad_id, self.xp)
             tgt_rows = make_rows(keep_tgt, self.xp)
-            plans = self._embedding_plans(src, self._check_ids("tgt_in", tgt_in, host=True), src_rows, tgt_rows)
+            plans = self._embedding_plans(src, self.check_ids("tgt_in", tgt_in, host=True), src_rows, tgt_rows)
         # the padding biases from the ids where they are (the host, in training: one copy each, no kernels)
         src_bias, tgt_pad = (padding_bias(ids, self.cfg.pad_id, self.dtype, self.xp) for ids in (src, tgt_in))
-        src, tgt_in = to_device(src, self.xp), self._check_ids("tgt_in", tgt_in)
+        src, tgt_in = to_device(src, self.xp), self.check_ids("tgt_in", tgt_in)
         stream = self._dropout_stream()
         memory, src_bias, src_ids = self.encode(src, stream, src_rows, plans[0], src_bias)
         t = tgt_in.shape[1]

@@ -7,31 +7,26 @@ parameter buffer, so the update is a handful of whole-model array operations; th
 per-name entries are views into them.
 """
 import math
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 from . import kernels
-from .backend import is_gpu
+from .backend import is_gpu, usable_cores
 from .errors import CheckpointError
 
 _POOL = []
 _BLOCK = 1 << 15   # elements per cache-sized block of a CPU update (Adam._update_blocks)
 
 
-def _cores():
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def _pool():
     if not _POOL:
-        _POOL.append(ThreadPoolExecutor(max_workers=_cores(), thread_name_prefix="minitf-adam"))
+        _POOL.append(ThreadPoolExecutor(max_workers=usable_cores(), thread_name_prefix="minitf-adam"))
     return _POOL[0]
 
 
 def _chunks(xp, n, min_chunk=1 << 20):
     """Slices splitting a CPU update of n elements over the cores (one slice on a GPU or
     for small models: elementwise NumPy runs on one core otherwise)."""
-    k = 1 if is_gpu(xp) else max(1, min(_cores(), n // min_chunk))
+    k = 1 if is_gpu(xp) else max(1, min(usable_cores(), n // min_chunk))
     edges = [n * i // k for i in range(k + 1)]
     return [slice(edges[i], edges[i + 1]) for i in range(k)]
 
@@ -49,8 +44,8 @@ class Adam:
         self._v = xp.zeros_like(model.weights)
         self._tmp = xp.empty_like(model.weights)        # scratch for the update
         self._g = xp.empty_like(model.weights)          # scratch for unscaled gradients
-        self.state = {"m": {n: model._view(self._m, n) for n in model.names},
-                      "v": {n: model._view(self._v, n) for n in model.names}}
+        self.state = {"m": {n: model.view(self._m, n) for n in model.names},
+                      "v": {n: model.view(self._v, n) for n in model.names}}
 
     def current_lr(self, step=None):
         step = self.step_count if step is None else step

@@ -60,9 +60,9 @@ class RNNSearch(Seq2Seq):
     def decoder_hidden(self, src, tgt_in, stream=None):
         """src [B, S], tgt_in [B, T] -> h~ [B, T, D] (before the output dropout); keeps what backward needs."""
         xp, d, hd, n = self.xp, self.cfg.d_model, self.cfg.rnn_hidden, self.cfg.n_layers
-        memory, bias, src_ids = self.encode(self._check_ids("src", src), stream)
+        memory, bias, src_ids = self.encode(self.check_ids("src", src), stream)
         keys = self.attention.keys(memory)
-        y, tgt_ids = self.embedding.lookup(self._check_ids("tgt_in", tgt_in))
+        y, tgt_ids = self.embedding.lookup(self.check_ids("tgt_in", tgt_in))
         y = self.tgt_dropout.forward(y, stream)                                # [B, T, D]
         b, t, _ = y.shape
         first = self.decoder[0]

@@ -49,7 +49,9 @@ class Seq2Seq(Layer):
         self.embedding.use_output_vocabulary(self.cfg.output_ids(), self.cfg.unk_id, self.xp)
 
     # ------------------------------------------------------------------ inputs, dropout
-    def _check_ids(self, name, ids, host=False):
+    def check_ids(self, name, ids, host=False):
+        """ids as a 2-D integer array on the host (host=True) or the model's device; a one-line
+        ConfigError naming `name` when they are not, or are longer than learned positions cover."""
         ids = to_numpy(ids) if host else to_device(ids, self.xp)
         if ids.ndim != 2 or ids.dtype.kind not in "iu":
             raise ConfigError(f"{name} must be a 2-D integer array [batch, length], got {ids.dtype} {ids.shape}")
@@ -60,7 +62,7 @@ class Seq2Seq(Layer):
 
     def _check_targets(self, tgt_in, tgt_out):
         """Host copies of tgt_in, tgt_out [B, T] (the row bookkeeping runs on the host: no GPU sync)."""
-        tgt_in, tgt_out = self._check_ids("tgt_in", tgt_in, host=True), self._check_ids("tgt_out", tgt_out, host=True)
+        tgt_in, tgt_out = self.check_ids("tgt_in", tgt_in, host=True), self.check_ids("tgt_out", tgt_out, host=True)
         if tgt_out.shape != tgt_in.shape:
             raise ConfigError(f"tgt_out shape {tgt_out.shape} != tgt_in shape {tgt_in.shape}")
         return tgt_in, tgt_out
@@ -123,12 +125,13 @@ class Seq2Seq(Layer):
 
     def state_dict(self):
         """{name: array} — live views of the parameters (float32 masters under mixed precision)."""
-        return {name: self._view(self.weights, name) for name in self.names}
+        return {name: self.view(self.weights, name) for name in self.names}
 
     def grad_dict(self):
-        return {name: self._view(self.flat_grads, name) for name in self.names}
+        return {name: self.view(self.flat_grads, name) for name in self.names}
 
-    def _view(self, flat, name):
+    def view(self, flat, name):
+        """The parameter `name`'s part of a flat buffer (weights, gradients, Adam's moments), as a view."""
         start, stop, shape = self.slices[name]
         return flat[start:stop].reshape(shape)
 
@@ -144,7 +147,7 @@ class Seq2Seq(Layer):
             if tuple(params[name].shape) != shape:
                 raise CheckpointError(f"parameter {name}: checkpoint shape {tuple(params[name].shape)} != model shape {shape}")
         for name in self.names:
-            self._view(self.weights, name)[...] = to_device(to_numpy(params[name]), self.xp)
+            self.view(self.weights, name)[...] = to_device(to_numpy(params[name]), self.xp)
         self.sync_weights()
 
     def num_parameters(self):

@@ -139,6 +139,8 @@ def on_grid(state, key, every_steps, every_minutes, wall_s):
 # flags that set a config field of the same name and change what training does: a resume must not differ in them
 RECIPE_FLAGS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "bpe_dropout_source",
                 "bpe_dropout_target", "bidirectional_epochs", "warmup", "lr_factor", "lr_fade", "weight_decay")
+# flags that set a config field of the same name, the run's schedule (build_config)
+SCHEDULE_FLAGS = ("max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps")
 
 
 def build_config(args, vocab_size, target_pieces=None, note=None):
@@ -146,8 +148,7 @@ def build_config(args, vocab_size, target_pieces=None, note=None):
     data's targets hold (both sides' with bidirectional training, whose targets are both languages),
     called when the run's output layer (--output-vocab, or the preset's) is "target"; `note`
     (rank 0's log) is told when the preset's choice gives way to a flag."""
-    flags = RECIPE_FLAGS + ("max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps")
-    over = {k: getattr(args, k) for k in flags if getattr(args, k, None) is not None}
+    over = {k: getattr(args, k) for k in RECIPE_FLAGS + SCHEDULE_FLAGS if getattr(args, k, None) is not None}
     over.update({field: getattr(args, flag) for flag, field in SIZE_FLAGS.items() if getattr(args, flag, None) is not None})
     if args.save_every is not None and args.save_every_minutes is None:
         over["save_every_minutes"] = None   # spacing in steps asked for: a resumed run keeps it

@@ -34,7 +34,7 @@ def translate_lines(model, tokenizer, lines, beam_size=4, alpha=None, batch_size
     Hypothesis instead (an empty line: one, empty, score 0)."""
     alpha = model.cfg.decode_alpha if alpha is None else alpha
     todo = [i for i, line in enumerate(lines) if line.strip()]
-    src_ids = [ids + [tokenizer.eos_id] for ids in tokenizer.encode([lines[i] for i in todo])]   # never cut: see _check_ids
+    src_ids = [ids + [tokenizer.eos_id] for ids in tokenizer.encode([lines[i] for i in todo])]   # never cut: see Seq2Seq.check_ids
     with progress_bar(len(src_ids), "translate", progress) as bar:
         out = translate_ids(model, src_ids, beam_size, alpha, batch_size, max_len_b, progress=bar, nbest=nbest)
     if nbest is None:

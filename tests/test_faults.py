@@ -283,7 +283,7 @@ def test_parameter_shapes_are_the_built_models(arch, extra):
     except minitf.errors.MinitfError as e:
         pytest.skip(f"not a configuration minitf builds: {e}")
     model = build_model(cfg)
-    assert parameter_shapes(cfg) == {n: model._view(model.flat_params, n).shape for n in model.names}
+    assert parameter_shapes(cfg) == {n: model.view(model.flat_params, n).shape for n in model.names}
 
 
 def test_out_of_memory_while_decoding_names_the_length_cap_and_long_inputs(monkeypatch, capsys):

@@ -1,5 +1,6 @@
 """train_wmt.py end to end on a tiny corpus made here: results.json, exact resume, errors."""
 import gzip
+import dataclasses
 import json
 import os
 import subprocess
@@ -790,3 +791,27 @@ def test_patience_stops_when_validation_stops_improving_and_the_run_ends_as_usua
     assert "(--patience 2)" in r.stderr and res["bleu"]
     r = run_train(corpus, tmp_path / "x", "--patience", 3, "--valid-every", 0)
     assert r.returncode == 2 and "--patience 3 counts validations, and --valid-every 0 makes none" in r.stderr
+
+
+# train_wmt.py's flags that configure the run, not the model or its recipe (config.json records them apart)
+RUN_ONLY_FLAGS = {"alpha", "beam", "cache_dir", "data_dir", "dataset", "decode_batch", "device", "dtype", "fp16",
+                  "keep_last", "log_every", "max_len", "max_nonfinite", "max_ratio", "offline", "out", "patience",
+                  "preset", "quiet", "resume", "seed", "src", "subword", "test", "tgt", "time_budget", "tokenizer",
+                  "train", "update_freq", "valid", "valid_bleu_sentences", "valid_every", "valid_every_minutes",
+                  "vocab_size"}
+
+
+def test_every_flag_reaches_a_config_field_or_is_a_run_flag():
+    """A new model or recipe flag must be wired to its config field (build_config reads RECIPE_FLAGS,
+    SCHEDULE_FLAGS, SIZE_FLAGS and the architecture's few by name): a flag that is in none of them
+    and not on the run-only list would be parsed and silently dropped. Each mapped flag names a field."""
+    from minitf.config import SIZE_FLAGS, TransformerConfig
+    from minitf.train import RECIPE_FLAGS, SCHEDULE_FLAGS
+    from minitf.train_cli import build_parser
+    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    mapped = {**{f: f for f in RECIPE_FLAGS + SCHEDULE_FLAGS}, **SIZE_FLAGS,
+              "arch": "arch", "attention": "attention", "output_vocab": "output_layer"}
+    assert set(mapped.values()) <= fields, set(mapped.values()) - fields
+    flags = {a.dest for a in build_parser()._actions if a.option_strings and a.dest not in ("help", "version")}
+    assert flags - set(mapped) - RUN_ONLY_FLAGS == set(), "flags wired to nothing: map them or list them as run flags"
+    assert not set(mapped) & RUN_ONLY_FLAGS and RUN_ONLY_FLAGS <= flags

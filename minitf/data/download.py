@@ -258,11 +258,3 @@ def check_gzip(path):
                 pass
     except (OSError, EOFError, zlib.error) as e:
         raise DataError(f"{path}: not a readable gzip file ({e})") from None
-
-
-def __getattr__(name):
-    """`DATASETS` and `prepare_dataset` live in minitf.data.datasets (no cycle)."""
-    if name in ("DATASETS", "prepare_dataset", "default_data_dir"):
-        from minitf.data import datasets
-        return getattr(datasets, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
