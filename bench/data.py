@@ -142,7 +142,7 @@ def data_memory(cache_folder, max_tokens, batches=1000):
     code = f"""
 import json, sys
 sys.path.insert(0, {ROOT!r})
-import minitf.train
+import minitf.validation
 from minitf.backend import keep_freed_memory, release_freed_memory
 from minitf.data import open_cache, token_batches
 def mem():
@@ -154,7 +154,7 @@ c = open_cache({cache_folder!r}); p = c.pairs("en", "de")
 plan = token_batches(p.src_lens, p.tgt_lens, {max_tokens}, 1, 0)
 release_freed_memory()   # as train.py does after planning an epoch
 for idx in plan[:{batches}]:
-    minitf.train.to_batch(p, idx, c.tokenizer)
+    minitf.validation.to_batch(p, idx, c.tokenizer)
 now = mem()
 print(json.dumps({{"imports_rss_mib": base["VmRSS"], "data_rss_mib": now["VmRSS"] - base["VmRSS"],
                   "data_peak_mib": now["VmHWM"] - base["VmRSS"], "data_anon_mib": now["RssAnon"] - base["RssAnon"],
@@ -207,10 +207,10 @@ def make_synthetic(folder, manifest, n, seed=0, chunk=2_000_000):
     below its vocabulary), written by the cache's own writer; the manifest is updated to match, so
     train_wmt.py opens it as it opens any cache. Costs seconds per million pairs instead of
     SentencePiece's minutes."""
-    from minitf.data import binarized
+    from minitf.data import prepare
     vocab = manifest["tokenizer"]["vocab_size"]
     rng = np.random.default_rng(seed)
-    writers = {(lang, kind): binarized._NpyWriter(os.path.join(folder, f"train.{lang}.{kind}.npy"), dt)
+    writers = {(lang, kind): prepare._NpyWriter(os.path.join(folder, f"train.{lang}.{kind}.npy"), dt)
                for lang in ("de", "en") for kind, dt in (("tokens", np.uint16), ("offsets", np.int64),
                                                           ("lengths", np.uint16))}
     ends = {"de": 0, "en": 0}

@@ -43,7 +43,7 @@ def cmd_average(args):
     from .checkpoint import average_checkpoints, read_train_state
     _output_file(args.output, "--output")
     if args.folder:
-        from .train import checkpoint_paths
+        from .runfolder import checkpoint_paths
         paths = checkpoint_paths(args.folder)[-args.last:]
         if not paths:
             raise DataError(f"--folder {args.folder}: no training checkpoints (checkpoint_<step>.npz) in it")

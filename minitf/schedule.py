@@ -1,5 +1,6 @@
 """Learning-rate schedule of paper 5.3 (eq. 3), a pure function, and an optional linear fade
-to zero over the end of a run whose length is known (not in the paper: docs/deviations.md)."""
+to zero over the end of a run whose length is known (not in the paper: docs/deviations.md).
+`learning_rate` is the rate of an update: training, `plot lr` and the docs compute it there."""
 
 
 def noam(step, d_model, warmup, factor=1.0):
@@ -28,3 +29,11 @@ def fade(progress, fraction):
     if fraction <= 0:
         return 1.0
     return min(1.0, max(0.0, (1.0 - progress) / fraction))
+
+
+def learning_rate(step, d_model, warmup, factor=1.0, fade_fraction=0.0, progress=0.0):
+    """The rate of update `step` (from 1): noam(step, ...) * fade(progress, fade_fraction), progress
+    being how far the run is before the update (0 to 1; fraction 0: the paper's schedule alone).
+    train.take_step passes it to Adam.step; viz.noam_curve draws it; reference.noam is tested
+    against it."""
+    return noam(step, d_model, warmup, factor) * fade(progress, fade_fraction)

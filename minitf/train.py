@@ -11,90 +11,38 @@ position (epoch, batch index), and the dropout stream position (model.forward_co
 """
 import argparse
 import contextlib
-import dataclasses
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-import glob
 import hashlib
 import json
 import os
-import re
 import signal
 import time
 from typing import Optional
 
 import numpy as np
 
-from .backend import get_xp, is_gpu, release_freed_memory, to_numpy
-from .checkpoint import average_checkpoints, load_checkpoint, read_train_state, save_checkpoint
-from .fileio import atomic_write, folder_lock, leftover_temp_files, refuse_if_busy
-from .config import SIZE_FLAGS, TransformerConfig, id_ranges
+from .backend import get_xp, is_gpu, to_numpy
+from .checkpoint import load_checkpoint, save_checkpoint
+from .config import SIZE_FLAGS, TransformerConfig
 from .data.binarized import StaleData
 from .data.pipeline import load_data
-from .data.tokenizer import EOS_ID, UNK_ID, Tokenizer
+from .data.tokenizer import Tokenizer
 from . import distributed
 from .errors import ConfigError, Interrupted, MinitfError
+from .feed import UpdateFeed, open_feed
 from .kernels import accum_dtype
 from .models import build_model
 from .optim import Adam, LossScaler
-from .schedule import NoamSchedule, fade
-from .trainlog import Console, TrainLog, log, print_summary, summary_lines
+from .recipe import on_grid, on_save_grid, resolve_config, run_progress, short_run_ends
+from .runfolder import BEST, check_resumed, checkpoint_paths, choose_model, prepare_out, save
+from .schedule import NoamSchedule, learning_rate
+from .fileio import atomic_write, folder_lock, refuse_if_busy
+from .trainlog import Console, TrainLog, log, plural, print_summary, summary_lines
 from .translate import paper_bleu_available
-from .validation import Validation, evaluate_loss, perplexity, to_batch
+from .validation import Validation, perplexity
 
 
-# ------------------------------------------------------------------------------ checkpoints
-# what a run writes into --out (atomic_write's temporary files of these are its leftovers)
-STEP_CHECKPOINT = re.compile(r"checkpoint_\d+\.npz")
-BEST = "checkpoint_best.npz"   # the model of the best validation BLEU so far (no optimizer state)
-OUTPUT_NAMES = re.compile(r"checkpoint_\d+\.npz|checkpoint_best\.npz|averaged\.npz|model\.npz|config\.json|results\.json|[\w.-]+\.hyp\.[\w-]+")
-
-
-def checkpoint_paths(out):
-    """The training checkpoints in `out` (checkpoint_<step>.npz), oldest first; not checkpoint_best.npz."""
-    return sorted(p for p in glob.glob(os.path.join(out, "checkpoint_*.npz")) if STEP_CHECKPOINT.fullmatch(os.path.basename(p)))
-
-
-def save(out, step, model, opt, tok, state, keep_last):
-    path = os.path.join(out, f"checkpoint_{step:07d}.npz")
-    save_checkpoint(path, model, opt, tokenizer=tok.to_bytes(), train_state=state)
-    for old in checkpoint_paths(out)[:-keep_last]:
-        os.unlink(old)
-    return path
-
-
-VALID_EVERY = 200   # updates between validations when checkpoints are spaced in steps (CPU presets)
-
-
-def resolve_recipe(args, cfg):
-    """Fill the flags left unset from the preset's (or the resumed checkpoint's) recipe: max_steps,
-    average_last, keep_last (average_last + 1: a final off-grid checkpoint never pushes an
-    averaged one out), and ONE checkpoint spacing, in steps or in minutes of training."""
-    if args.max_steps is None:
-        args.max_steps = cfg.max_steps
-    if args.alpha is None:
-        args.alpha = cfg.decode_alpha
-    if args.average_last is None:
-        args.average_last = cfg.average_last
-    if args.keep_last is None:
-        args.keep_last = args.average_last + 1
-    if args.save_every is None and args.save_every_minutes is None:
-        args.save_every, args.save_every_minutes = cfg.save_every, cfg.save_every_minutes
-    if args.save_every_minutes:
-        args.save_every = None
-    if args.valid_every is None and args.valid_every_minutes is None:   # validate with the checkpoints' clock
-        if args.save_every_minutes:
-            args.valid_every_minutes = args.save_every_minutes
-        else:
-            args.valid_every = VALID_EVERY
-    if cfg.lr_fade and not args.max_steps and not args.time_budget:
-        raise ConfigError(f"--lr-fade {cfg.lr_fade} fades the learning rate to 0 at the run's end, but this run has "
-                          f"none: give --time-budget or --max-steps, or --lr-fade 0")
-    if args.average_last > args.keep_last:
-        raise ConfigError(f"--average-last {args.average_last} > --keep-last {args.keep_last}: keep at least as "
-                          f"many checkpoints as you average")
-
-
+# ------------------------------------------------------------------------------ one update
 def forward_backward(model, micro, total, forward_count, scaler=None):
     """The gradient of one update: zero the gradients, then forward and backward each of its
     micro-batches [(j, (src, tgt_in, tgt_out, n))]. The update's loss is the token-weighted
@@ -111,63 +59,6 @@ def forward_backward(model, micro, total, forward_count, scaler=None):
     return loss_sum, nll_sum
 
 
-def run_progress(args, step, wall_s):
-    """How far the run is, 0 to 1: the larger of steps / --max-steps and seconds / --time-budget
-    (the learning-rate fade's clock; every rank passes the same, the ranks' mean wall_s)."""
-    return max(step / args.max_steps if args.max_steps else 0.0,
-               wall_s / args.time_budget if args.time_budget else 0.0)
-
-
-def on_save_grid(args, state, wall_s):
-    """True when this step ends a checkpoint interval: every save_every steps, or the first step
-    after each save_every_minutes of training (paper 6.1: 10-minute intervals)."""
-    return on_grid(state, "grid_interval", args.save_every, args.save_every_minutes, wall_s)
-
-
-def on_grid(state, key, every_steps, every_minutes, wall_s):
-    """True every `every_steps` steps, or at the first step after each `every_minutes` of training
-    (`state[key]`: the last interval that fired); never when both are unset or 0."""
-    if every_minutes:
-        interval = int(wall_s // (60 * every_minutes))
-        if interval > state.get(key, 0):
-            state[key] = interval
-            return True
-        return False
-    return bool(every_steps) and state["step"] % every_steps == 0
-
-
-# flags that set a config field of the same name and change what training does: a resume must not differ in them
-RECIPE_FLAGS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "bpe_dropout_source",
-                "bpe_dropout_target", "bidirectional_epochs", "warmup", "lr_factor", "lr_fade", "weight_decay")
-# flags that set a config field of the same name, the run's schedule (build_config)
-SCHEDULE_FLAGS = ("max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps")
-
-
-def build_config(args, vocab_size, target_pieces=None, note=None):
-    """The preset's config with the flags over it; `target_pieces(both_sides)`: the pieces the training
-    data's targets hold (both sides' with bidirectional training, whose targets are both languages),
-    called when the run's output layer (--output-vocab, or the preset's) is "target"; `note`
-    (rank 0's log) is told when the preset's choice gives way to a flag."""
-    over = {k: getattr(args, k) for k in RECIPE_FLAGS + SCHEDULE_FLAGS if getattr(args, k, None) is not None}
-    over.update({field: getattr(args, flag) for flag, field in SIZE_FLAGS.items() if getattr(args, flag, None) is not None})
-    if args.save_every is not None and args.save_every_minutes is None:
-        over["save_every_minutes"] = None   # spacing in steps asked for: a resumed run keeps it
-    if getattr(args, "attention", None) is not None:
-        over["attention"] = args.attention
-    cfg = TransformerConfig.preset(args.preset, arch=getattr(args, "arch", None) or "transformer",
-                                   vocab_size=vocab_size, **over)
-    layer = getattr(args, "output_vocab", None) or cfg.output_layer
-    if layer == "target" and cfg.bpe_dropout_target:   # only the preset's choice gets here (the flags exclude it)
-        if note:
-            note("note: --bpe-dropout-target makes pieces the plain segmentation does not: the output layer scores "
-                 "the joint vocabulary (--output-vocab joint) instead of the preset's target side")
-        layer = "joint"
-    if layer == "target" and target_pieces is not None:
-        return dataclasses.replace(cfg, output_layer=layer, output_vocab=target_pieces(bool(cfg.bidirectional_epochs)))
-    return dataclasses.replace(cfg, output_layer=layer)
-
-
-# ------------------------------------------------------------------------------ the loop
 def step_stats(model, loss_sum, nll_sum):
     """(loss_sum, nll_sum, grads_finite) on the host with ONE device->host copy per step (as
     torch's GradScaler reads its overflow flag): the step's only GPU synchronisation."""
@@ -193,7 +84,7 @@ class Run:
     scaler: Optional[LossScaler]
     state: dict
     resume_path: Optional[str] = None
-    stream: Optional["UpdateStream"] = None
+    feed: Optional[UpdateFeed] = None   # the updates' batches
     epoch_len: int = 1             # batches in an epoch (for the log's fractional epoch)
     validation: Optional[Validation] = None   # on every rank: each validates its share
     log: Optional[TrainLog] = None
@@ -225,38 +116,6 @@ class Run:
         self.state["train_wall_s"], self.state["on_grid"] = self.elapsed(), on_grid
         return save(self.args.out, self.state["step"], self.model, self.opt, self.data.tokenizer, self.state,
                     self.args.keep_last)
-
-
-class UpdateStream:
-    """The updates' batches in the global order, each collated on a background thread while the
-    update before it computes. An update is (epoch, index, total, micro): rank r takes the r-th
-    run of update_freq of the update's world size x update_freq batches, as micro [(j, batch)];
-    `total` is the update's GLOBAL number of non-pad target tokens (the loss is normalised by it);
-    (epoch, index) is the position of its last batch."""
-
-    def __init__(self, batches, pairs_of, tok, per_update, update_freq, rank):
-        self.batches, self.pairs_of, self.tok = batches, pairs_of, tok   # pairs_of(epoch): the epoch's TokenPairs
-        self.per_update, self.update_freq, self.rank = per_update, update_freq, rank
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="minitf-batches")
-        self.pending = self.pool.submit(self._collate)
-
-    def _collate(self):
-        micro, total = [], 0
-        for j in range(self.per_update):
-            epoch, index, idx = next(self.batches)
-            pairs = self.pairs_of(epoch)
-            total += int(pairs.tgt_lens[idx].sum(dtype=np.int64)) + len(idx)   # target + EOS
-            if j // self.update_freq == self.rank:
-                micro.append((j, to_batch(pairs, idx, self.tok)))
-        return epoch, index, total, micro
-
-    def next(self):
-        update = self.pending.result()
-        self.pending = self.pool.submit(self._collate)
-        return update
-
-    def close(self):
-        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def train(args):
@@ -319,7 +178,7 @@ def _locked_train(args, world):
                 f"continues from {last[-1] if last else 'the start'}")
         raise Interrupted("SIGINT") from None
     finally:
-        run.stream.close()
+        run.feed.close()
         run.console.close()
     return end(run, stop)
 
@@ -337,7 +196,7 @@ def set_up(args, world):
     if resume is not None:
         check_resumed(args.out, resume)
     data = _load_data(args, world, resume)
-    cfg = _config(args, data, resume, lead)
+    cfg = resolve_config(args, data, resume, lead)
     if resume is not None and lead:
         log(f"resuming from {resume.path} (step {resume.train_state['step']})")
     fp16 = getattr(args, "fp16", False)
@@ -353,7 +212,7 @@ def set_up(args, world):
     if resume is not None:
         _restore(run, resume)
     if lead:
-        _prepare_out(args.out)
+        prepare_out(args.out)
         atomic_write(os.path.join(args.out, "config.json"), lambda f: f.write(json.dumps(
             {"model": cfg.to_dict(), "args": vars(args), "ranks": world.size,
              "tokenizer_sha256": hashlib.sha256(data.tokenizer.to_bytes()).hexdigest()}, indent=2).encode()))
@@ -372,7 +231,7 @@ def set_up(args, world):
             log(f"note: no --preset given: {args.preset}, the preset for --device {args.device} "
                 + ("(sized for minutes on a CPU; --preset base is the paper's model, for GPUs)" if args.device == "cpu"
                    else "(the paper's base model)"))
-    _open_stream(run)
+    _open_feed(run)
     run.log = TrainLog(os.path.join(args.out, "train_log.jsonl"), enabled=lead)
     if lead and run.log.dropped:
         log(f"{run.log.path}: dropped its torn last line ({run.log.dropped} bytes, a record cut by a kill or a "
@@ -395,49 +254,6 @@ def _prepare_device(args, world):
         log("warning: --fp16 on the CPU is very slow (NumPy has no float16 BLAS); it is meant for GPUs")
 
 
-def _prepare_out(out):
-    """--out is made once the data is ready (a failed download leaves no empty folder); the temporary
-    files of a run killed while saving are removed."""
-    os.makedirs(out, exist_ok=True)
-    stale = leftover_temp_files(out, lambda name: bool(OUTPUT_NAMES.fullmatch(name)))
-    for path in stale:
-        os.unlink(path)
-    if stale:
-        log(f"removed {len(stale)} temporary file(s) of an earlier run killed while saving: "
-            f"{', '.join(os.path.basename(p) for p in stale)}")
-
-
-def check_resumed(out, resume):
-    """The checkpoint --resume picked must be this run's: the step in its name is the step it
-    records, and its model and tokenizer are the ones --out's config.json was written for (a
-    checkpoint copied in from another run is refused before anything in the folder is written)."""
-    name = os.path.basename(resume.path)
-    named = int(re.fullmatch(r"checkpoint_(\d+)\.npz", name).group(1))
-    recorded = resume.train_state.get("step")
-    if recorded != named:
-        raise ConfigError(f"--resume: {resume.path} is named step {named} but records step {recorded}: it is not "
-                          f"this run's checkpoint; move it out of {out} (or start a new --out)")
-    try:
-        with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
-            recorded_run = json.load(f)
-    except (OSError, ValueError):
-        return   # no (readable) config.json: a run killed before writing it, or an older minitf
-    if not isinstance(recorded_run, dict):
-        return
-    model = recorded_run.get("model")
-    if isinstance(model, dict):
-        ours = resume.config.to_dict()
-        diff = [f"{k} {model.get(k)!r} in config.json, {ours.get(k)!r} in the checkpoint"
-                for k in sorted(set(model) | set(ours)) if model.get(k) != ours.get(k)]
-        if diff:
-            raise ConfigError(f"--resume: {resume.path} is not this run's model: {'; '.join(diff[:4])}"
-                              f"{' ...' if len(diff) > 4 else ''}; move it out of {out} (or start a new --out)")
-    sha = recorded_run.get("tokenizer_sha256")
-    if sha and resume.tokenizer and hashlib.sha256(resume.tokenizer).hexdigest() != sha:
-        raise ConfigError(f"--resume: {resume.path} holds another tokenizer than the run's (config.json): it is "
-                          f"not this run's checkpoint; move it out of {out} (or start a new --out)")
-
-
 def _load_data(args, world, resume):
     """A resumed run encodes with its checkpoint's tokenizer, so its cache holds the same ids;
     rank 0 prepares the cache (and trains the tokenizer) once, the others then open it."""
@@ -455,43 +271,6 @@ def _load_data(args, world, resume):
     return data
 
 
-def _config(args, data, resume, lead=True):
-    """The resumed checkpoint's config (a flag that would change it is an error), or the preset's
-    with the flags over it; then the recipe's flags left unset (resolve_recipe)."""
-    vocab_size = data.tokenizer.vocab_size
-    if resume is None:
-        cfg = build_config(args, vocab_size, lambda both: _target_pieces(data, vocab_size, both),
-                           note=log if lead else None)
-    else:
-        cfg = resume.config
-        for flag, name in (("arch", "arch"), ("attention", "attention"), ("output_vocab", "output_layer"),
-                           *SIZE_FLAGS.items(), *zip(RECIPE_FLAGS, RECIPE_FLAGS)):
-            asked = getattr(args, flag, None)
-            if asked is not None and asked != getattr(cfg, name):
-                dashed = flag.replace("_", "-")
-                raise ConfigError(f"--{dashed} {asked}: the checkpoint {resume.path} was trained with --{dashed} "
-                                  f"{getattr(cfg, name)}; drop the flag to resume it, or start a new --out")
-        trained_on = resume.train_state.get("data_id")
-        if trained_on is not None and trained_on != data.data_id:
-            raise ConfigError(f"--resume: {resume.path} was trained on the binarized corpus {trained_on}, but the "
-                              f"training data now gives {data.data_id} ({data.corpus.folder}); the corpus files or "
-                              f"the cleaning flags (--max-len, --max-ratio) changed: restore them, or start a new --out")
-    resolve_recipe(args, cfg)
-    if cfg.vocab_size != vocab_size:
-        raise ConfigError(f"the checkpoint's vocabulary ({cfg.vocab_size}) != the tokenizer's ({vocab_size})")
-    return cfg
-
-
-def _target_pieces(data, vocab_size, both_sides=False):
-    """The pieces of the training data's target side (and source side, `both_sides`), with EOS (every
-    sentence's last target) and the unknown piece (how a reference piece outside them is scored), as
-    the config's output_vocab ranges."""
-    ids = set(data.train.pieces(vocab_size).tolist()) | {UNK_ID, EOS_ID}
-    if both_sides:
-        ids |= set(data.train.pieces(vocab_size, side="source").tolist())
-    return id_ranges(sorted(ids))
-
-
 def new_state(args, data):
     return {"step": 0, "epoch": 0, "batch": 0, "forward_count": 0, "train_wall_s": 0.0, "train_tokens": 0,
             "nonfinite": 0, "data_id": data.data_id, "languages": [args.src, args.tgt]}
@@ -506,31 +285,11 @@ def _restore(run, resume):
         run.scaler.scale, run.scaler.good_steps = run.state["loss_scale"], run.state["good_steps"]
 
 
-def _open_stream(run):
-    """Plan the batches from the saved position on, and the stream of updates over them."""
-    from .data import iterate_batches, token_batches
+def _open_feed(run):
+    """The batches of the updates (feed.open_feed), the run's first line about them, and the validation."""
     args, world, pairs = run.args, run.world, run.data.train
-    per_update = world.size * args.update_freq   # batches of one update, over all ranks
-    max_tokens = run.cfg.batch_tokens(world.size, args.update_freq)
-    if run.resume_path is not None and run.state.get("batch_tokens", max_tokens) != max_tokens:
-        raise ConfigError(f"--resume: {run.resume_path} was trained with batches of {run.state['batch_tokens']} "
-                          f"tokens, but {world.size} rank(s) x --update-freq {args.update_freq} make batches of "
-                          f"{max_tokens} (the preset's {run.cfg.update_tokens} tokens per update split over them): "
-                          f"resume with the run's ranks and --update-freq, or start a new --out")
-    run.state["batch_tokens"] = max_tokens
-    corpus = _bpe_dropout(run) or _both_directions(run)   # the pairs of each epoch, when they change
-    lengths = corpus.lengths if corpus else (lambda epoch: (pairs.src_lens, pairs.tgt_lens))
-    first = token_batches(*lengths(run.state["epoch"]), max_tokens, args.seed, run.state["epoch"])
-    release_freed_memory()   # the sort's temporaries: hundreds of MB for a 36M-pair corpus
-    run.epoch_len = len(first)   # for the log's fractional epoch (other epochs differ by a few batches)
-    if run.state["epoch"] < run.cfg.bidirectional_epochs:
-        run.epoch_len = (len(first) + 1) // 2   # of an epoch of one direction (an epoch of both has twice the batches)
-    if per_update > run.epoch_len:
-        raise ConfigError(f"{world.size} ranks x --update-freq {args.update_freq} = {per_update} batches per update, "
-                          f"but an epoch has only {run.epoch_len}: use fewer ranks, a smaller --update-freq or "
-                          f"--max-tokens")
-    batches = iterate_batches(pairs.src_lens, pairs.tgt_lens, max_tokens, args.seed, run.state["epoch"],
-                              run.state["batch"], first=first, after_plan=release_freed_memory, lengths=lengths)
+    run.feed, max_tokens = open_feed(run)
+    per_update = world.size * args.update_freq
     if run.lead:
         log(f"train: {len(pairs.src_lens):,} pairs in {run.epoch_len:,} batches per epoch; tokens per side (padding "
             f"included), at most: {max_tokens:,} per batch, {args.update_freq * max_tokens:,} per rank "
@@ -540,37 +299,6 @@ def _open_stream(run):
     if len(run.data.valid[0]):
         run.validation = Validation(run.data.valid, run.data.tokenizer, max_tokens, args.valid_bleu_sentences,
                                     args.decode_batch, world)
-    run.stream = UpdateStream(batches, corpus.epoch if corpus else (lambda epoch: pairs), run.data.tokenizer,
-                              per_update, args.update_freq, world.rank)
-
-
-def _both_directions(run):
-    """Bidirectional training's pairs of each epoch (None when the config's bidirectional_epochs is 0)."""
-    epochs = run.cfg.bidirectional_epochs
-    if not epochs:
-        return None
-    from .data.bidirectional import Bidirectional
-    if run.lead:
-        src, tgt, n = run.args.src, run.args.tgt, len(run.data.train)
-        log(f"bidirectional training: {'epoch 1' if epochs == 1 else f'epochs 1-{epochs}'} on the {n:,} pairs in both "
-            f"directions ({src} -> {tgt} and {tgt} -> {src}, {2 * n:,} pairs an epoch), then {src} -> {tgt} alone")
-    return Bidirectional(run.data.train, epochs)
-
-
-def _bpe_dropout(run):
-    """The BPE-dropout resegmenter of the training pairs (None when the config's p are 0)."""
-    p = (run.cfg.bpe_dropout_source, run.cfg.bpe_dropout_target)
-    if not any(p):
-        return None
-    from .data.resegment import BPEDropout
-    t0 = time.time()
-    resegment = BPEDropout(run.data.train, run.data.tokenizer, p, run.args.seed)
-    growth = resegment.growth(run.state["epoch"])
-    if run.lead:
-        log(f"BPE-dropout: {', '.join(f'{side} p {q}' for side, q in zip(('source', 'target'), p) if q)}; each epoch "
-            f"segments the training sentences anew ({', '.join(f'{side} {g:.2f}x' for side, g in growth.items())} the "
-            f"pieces of plain BPE in epoch {run.state['epoch']}; {time.time() - t0:.1f} s)")
-    return resegment
 
 
 # ------------------------------------------------------------------------------ the loop
@@ -584,7 +312,7 @@ def run_loop(run):
             stop = should_stop(run, signals)
             if stop:
                 return stop
-            update = run.stream.next()   # collated while the last update computed
+            update = run.feed.next()   # collated while the last update computed
             done = take_step(run, update)
             if done is not None:
                 after_step(run, *done)
@@ -631,8 +359,10 @@ def take_step(run, update):
         if scaler is not None:
             scaler.update(True)
             state["loss_scale"], state["good_steps"] = scaler.scale, scaler.good_steps
-        lr = run.opt.step(grad_divisor=scaler.scale if scaler else 1.0,
-                          lr_scale=fade(run_progress(args, state["step"], run.elapsed_mean), run.cfg.lr_fade))
+        cfg = run.cfg   # the update's rate: schedule x fade, at the run's progress before it
+        lr = learning_rate(run.opt.step_count + 1, cfg.d_model, cfg.warmup, cfg.lr_factor, cfg.lr_fade,
+                           run_progress(args, state["step"], run.elapsed_mean))
+        run.opt.step(grad_divisor=scaler.scale if scaler else 1.0, lr=lr)
         state["step"] += 1
         state["train_tokens"] += total
     # the update is complete (made or skipped): only now does the saved position move past its batches
@@ -689,20 +419,6 @@ def after_step(run, loss_sum, nll_sum, tokens, lr):
         validate(run)
     if run.lead and on_save_grid(args, state, run.elapsed()):
         run.save(on_grid=True)
-
-
-def short_run_ends(args, warmup, step, wall_s, clock):
-    """(updates the run makes, how that is known) when that is under twice the learning-rate warmup,
-    else None: --max-steps, and under a --time-budget the rate since `clock` (step, seconds of
-    training; None: not known yet) projected to the budget's end."""
-    ends = [(args.max_steps, f"--max-steps {args.max_steps:,}")] if args.max_steps else []
-    if args.time_budget and clock is not None and wall_s > clock[1] and step > clock[0]:
-        rate = (step - clock[0]) / (wall_s - clock[1])
-        ends.append((int(step + rate * max(args.time_budget - wall_s, 0)),
-                     f"{rate:.1f} updates/s for --time-budget {args.time_budget:g}s"))
-    if not ends or min(ends)[0] >= 2 * warmup:
-        return None
-    return min(ends)
 
 
 def note_a_short_run(run, start=False):
@@ -838,66 +554,6 @@ def sigterm_raises():
         yield
     finally:
         signal.signal(signal.SIGTERM, before)
-
-
-def averaging_window(paths, average_last):
-    """The checkpoints averaged at the end: the run's final checkpoint and the evenly spaced ones
-    before it (paper 6.1: the last K written at even intervals; fairseq too averages the last K,
-    the final one included), at most `average_last` in all, and only from the second half of the
-    run: a short run's first checkpoints, made in the warmup, would pull the average back. An
-    off-spacing checkpoint before the final one (saved at an interrupt) is left out."""
-    final = paths[-1]
-    half = step_of(final) / 2
-    spaced = [p for p in paths[:-1] if step_of(p) >= half and read_train_state(p).get("on_grid", True)]
-    return (spaced[-(average_last - 1):] if average_last > 1 else []) + [final]
-
-
-def step_of(path):
-    return int(os.path.basename(path)[len("checkpoint_"):-len(".npz")])
-
-
-def choose_model(run):
-    """Average the window into OUT/averaged.npz, then report whichever of the average and the last
-    checkpoint has the lower validation loss, written as OUT/model.npz (without Adam's state) and
-    loaded into run.model. Returns what results.json says about it."""
-    args, model = run.args, run.model
-    paths = checkpoint_paths(args.out)
-    last, window = paths[-1], averaging_window(paths, args.average_last)
-    avg_path = os.path.join(args.out, "averaged.npz")
-    average_checkpoints(window, avg_path)
-    candidates = {"averaged": load_checkpoint(avg_path)}
-    if len(window) > 1:
-        candidates["last"] = load_checkpoint(last)
-    losses = {}   # name -> (loss, nll) on the validation set
-    for name, ckpt in candidates.items() if run.validation else ():
-        model.load_state_dict(ckpt.params)
-        losses[name] = evaluate_loss(model, run.validation.batches)
-    chosen = min(losses, key=lambda name: (losses[name][0], name != "averaged")) if losses else "averaged"
-    ckpt, used = candidates[chosen], [os.path.basename(c) for c in (window if chosen == "averaged" else [last])]
-    model.load_state_dict(ckpt.params)
-    model.eval()
-    save_checkpoint(os.path.join(args.out, "model.npz"), params=ckpt.params, config=ckpt.config, tokenizer=ckpt.tokenizer,
-                    train_state={"model": chosen, "from": used, "step": run.state["step"],
-                                 "languages": run.state["languages"]})
-    spacing = f"every {args.save_every_minutes:g} min" if args.save_every_minutes else f"every {args.save_every} steps"
-    names = ", ".join(os.path.basename(c) for c in window)
-    log(f"averaged {plural(len(window), 'checkpoint')} ({spacing} and the final one, from the run's second half: "
-        f"{names}) -> {avg_path}")
-    if len(losses) > 1:
-        log(f"validation loss: {losses['averaged'][0]:.4f} the average, {losses['last'][0]:.4f} the last checkpoint "
-            f"({os.path.basename(last)}); the run reports {'the average' if chosen == 'averaged' else 'the last checkpoint'}"
-            f" (OUT/model.npz)")
-    loss = {name: round(losses[name][0], 4) if name in losses else None for name in ("averaged", "last")}
-    if len(window) == 1:
-        loss["last"] = loss["averaged"]   # the average of the last checkpoint alone
-    nll = losses[chosen][1] if losses else None
-    return {"model": chosen, "model_checkpoints": used, "averaged_checkpoints": [os.path.basename(c) for c in window],
-            "valid_loss_averaged": loss["averaged"], "valid_loss_last": loss["last"], "valid_loss": loss[chosen],
-            "valid_ppl": perplexity(nll) if losses else None}
-
-
-def plural(n, word):
-    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 def finish(run):

@@ -199,7 +199,7 @@ def _check_out(p, args):
         above = os.path.dirname(above)
     if not os.path.isdir(above):
         p.error(f"--out {args.out}: {above} is a file, not a folder; choose another --out")
-    from minitf.train import checkpoint_paths
+    from minitf.runfolder import checkpoint_paths
     if args.resume and not checkpoint_paths(args.out):   # a typo in --out would otherwise start from scratch
         p.error(f"--resume: --out {args.out} holds no checkpoint_*.npz to continue from; "
                 f"drop --resume to start a new run there, or name the run's folder")
@@ -209,7 +209,8 @@ def main(argv=None, prog=None):
     """train_wmt.py, `minitf-train` and `python -m minitf train`: parse the flags, train, score;
     returns the exit status (2: a user error, in one line; 130/143: interrupted and saved)."""
     from minitf.errors import Interrupted, MinitfError, out_of_memory, report
-    from minitf.train import checkpoint_paths, train
+    from minitf.runfolder import checkpoint_paths
+    from minitf.train import train
     args = parse_args(argv, prog)
     try:
         train(args)

@@ -15,6 +15,10 @@ def log(msg):
     sys.stderr.flush()
 
 
+def plural(n, word):
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
 def summary_lines(results, out, tgt):
     """The end of a run in a few lines for stdout: the updates and time, the model reported, each set's
     scores (sacreBLEU with the run's beam on the whole set; the paper's tokenized BLEU where computed),

@@ -172,13 +172,13 @@ def plot_pe(out, max_len=100, d_model=128, table_n=10, table_d=10):
 
 # ------------------------------------------------------------------------------ learning rate
 def noam_curve(d_model, warmup, factor=1.0, steps=100_000, points=2000, fade=0.0):
-    """(steps [m], lr [m]) of minitf.schedule.noam at about `points` steps from 1 to `steps`,
-    `warmup` itself included; with `fade`, times minitf.schedule.fade for a run that ends after
-    `steps` updates (as train.py's --lr-fade with --max-steps)."""
-    from .schedule import fade as fade_at, noam
+    """(steps [m], lr [m]) of minitf.schedule.learning_rate, the rate training uses, at about
+    `points` steps from 1 to `steps`, `warmup` itself included; with `fade`, faded for a run that
+    ends after `steps` updates (as --lr-fade with --max-steps)."""
+    from .schedule import learning_rate
     s = np.unique(np.concatenate([np.linspace(1, steps, points).astype(np.int64),
                                   [warmup] if 1 <= warmup <= steps else []]).astype(np.int64))
-    return s, np.array([noam(int(k), d_model, warmup, factor) * fade_at((k - 1) / steps, fade) for k in s])
+    return s, np.array([learning_rate(int(k), d_model, warmup, factor, fade, (k - 1) / steps) for k in s])
 
 
 def plot_lr(out, d_model=512, warmup=4000, factor=1.0, steps=100_000, fade=0.0):

@@ -1,4 +1,4 @@
-"""The binarized corpus cache (minitf/data/binarized.py): round trip, reuse, invalidation,
+"""The binarized corpus cache (built by minitf/data/prepare.py, read by minitf/data/binarized.py): round trip, reuse, invalidation,
 corrupt files, interrupted builds, and the user's own files through train_wmt.py / prepare."""
 import gzip
 import json
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from minitf.data import TokenPairs, Tokenizer, clean_pairs, collate, open_cache, prepare_cache, token_batches
-from minitf.data import binarized
-from minitf.data.binarized import _NpyWriter, cache_folder
+from minitf.data import binarized, prepare
+from minitf.data.prepare import _NpyWriter, cache_folder
 from minitf.errors import DataError, MinitfError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -248,7 +248,7 @@ def test_an_interrupted_build_never_leaves_a_cache_that_looks_whole(tmp_path, mo
 
     def killed(*a, **k):
         raise KeyboardInterrupt   # the user pressed Ctrl-C in the middle of encoding
-    monkeypatch.setattr(binarized, "_encode_all", killed)
+    monkeypatch.setattr(prepare, "_encode_all", killed)
     with pytest.raises(KeyboardInterrupt):
         _prepare(tmp_path, paths)
     assert _left(parent) == [os.path.basename(folder)]                # no temporary folders left
@@ -293,7 +293,7 @@ def test_a_run_waits_for_the_cache_another_process_holds(tmp_path):
     paths, en, de = _corpus(tmp_path / "data")
     folder = cache_folder(tmp_path / "cache", "toy", ("en", "de"))
     log, done = Log(), []
-    with binarized.cache_lock(folder, Log()):
+    with prepare.cache_lock(folder, Log()):
         t = threading.Thread(target=lambda: done.append(_prepare(tmp_path, paths, log)))
         t.start()
         for _ in range(500):
@@ -317,7 +317,7 @@ def test_runs_started_together_with_different_vocabularies_each_get_their_own(tm
     script = (
         "import sys, numpy as np\n"
         "sys.path.insert(0, sys.argv[1])\n"
-        "from minitf.data.binarized import prepare_cache, cache_folder\n"
+        "from minitf.data.prepare import prepare_cache, cache_folder\n"
         "c = prepare_cache(cache_folder(sys.argv[2], 'toy', ('en', 'de')), [(sys.argv[3], sys.argv[4])], ('en', 'de'),\n"
         "                  vocab_size=int(sys.argv[5]), progress=False, log=lambda m: print(m, file=sys.stderr))\n"
         "import time; time.sleep(2)   # the others rebuild the folder meanwhile: one run's batches, later\n"

@@ -451,3 +451,20 @@ def test_every_derivation_page_has_a_runnable_result():
     missing = [rel(p) for p in sorted(DERIVATIONS.glob("*.md")) if not runnable_blocks(p)]
     assert not missing, f"derivation pages without a '{RUNS_MARK}' block: {missing}"
     assert len(runnable_blocks(DERIVATIONS / "decoding.md")) >= 2
+
+
+def test_the_maintainers_map_names_files_and_tests_that_exist():
+    """docs/README.md's "Where to change what": every file and folder a row names exists, every
+    `tests/...py::test_name` names a test that exists, and each row names at least one test file."""
+    import re
+    text = (DOCS / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Where to change what", 1)[1].split("\n## ", 1)[0]
+    rows = [r for r in section.splitlines() if r.startswith("| ") and not r.startswith("| To change") and "---" not in r]
+    assert len(rows) >= 6, rows
+    for row in rows:
+        paths = re.findall(r"`((?:minitf|tests|docs)/[\w/.]*)(?:::(\w+))?`", row)
+        assert any(p.startswith("tests/") for p, _ in paths), f"a row names no test: {row[:80]}"
+        for path, test in paths:
+            assert (ROOT / path).exists(), f"docs/README.md's map names {path}, which does not exist"
+            if test:
+                assert f"def {test}(" in (ROOT / path).read_text(encoding="utf-8"), f"{path} has no {test}"

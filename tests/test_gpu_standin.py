@@ -286,7 +286,7 @@ def test_train_resume_average_and_score_on_the_gpu_path(corpus, tmp_path, fp16):
         assert isinstance(pa.params[name], np.ndarray)
         np.testing.assert_array_equal(pa.params[name], pb.params[name])
     # the averaged checkpoint on the CPU: the validation loss the GPU run reported
-    from minitf.train import evaluate_loss, to_batch
+    from minitf.validation import evaluate_loss, to_batch
     from minitf.data import TokenPairs
     from minitf.data.tokenizer import Tokenizer
     ck = load_checkpoint(straight / "averaged.npz")

@@ -155,7 +155,7 @@ def test_the_output_layer_comes_from_the_flag_or_else_the_preset(monkeypatch, tm
     """build_config: --output-vocab, else the preset's output_layer; "target" fills output_vocab from the
     data; a preset's "target" gives way to --bpe-dropout-target (with a note), an explicit one cannot."""
     from minitf.config import PRESETS
-    from minitf.train import build_config
+    from minitf.recipe import build_config
     from minitf.train_cli import parse_args
     pieces = lambda both: "1,3-9"                                             # noqa: E731
     base = ["--dataset", "multi30k", "--data-dir", str(tmp_path), "--preset", "tiny", "--out", str(tmp_path / "o")]

@@ -158,3 +158,15 @@ def test_adam_steps_with_the_schedule_give_the_engines_parameters(positional, we
                 assert np.abs(params[name] - p).max() <= 1e-6 * lr
                 continue
             assert rel_err(params[name], p) <= TOL, f"step {step + 1}, {name}: {rel_err(params[name], p):.2e}"
+
+
+def test_the_reference_schedule_is_the_engines_rate_in_warmup_and_in_decay():
+    """reference.noam against schedule.learning_rate, the one function training, `plot lr` and the docs
+    use: both branches of eq. 3 (the Adam test above stays inside warmup), the peak, and a factor;
+    a t^-0.4 decay in either would fail here."""
+    from minitf.schedule import learning_rate
+    for step in (1, 2, 100, 3999, 4000, 4001, 10_000, 100_000):
+        for factor in (1.0, 2.0):
+            assert ref.noam(step, 512, 4000, factor) == learning_rate(step, 512, 4000, factor)
+    assert learning_rate(16_000, 512, 4000) == pytest.approx(learning_rate(4000, 512, 4000) / 2)   # sqrt(w / t)
+    assert learning_rate(10, 512, 4000, 1.0, 0.5, 0.75) == pytest.approx(learning_rate(10, 512, 4000) / 2)   # fade

@@ -510,11 +510,11 @@ def test_flags_and_files_that_cannot_work_are_one_line_errors(corpus, tmp_path):
 
 
 def test_ctrl_c_while_the_cache_is_built_is_one_line_and_keeps_nothing(corpus, tmp_path, monkeypatch, capsys):
-    from minitf.data import binarized
+    from minitf.data import prepare
 
     def ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(binarized, "_encode_all", ctrl_c)
+    monkeypatch.setattr(prepare, "_encode_all", ctrl_c)
     monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))
     code = _train_wmt().main(["--dataset", "multi30k", "--data-dir", str(corpus), "--preset", "tiny", "--vocab-size",
                               "60", "--device", "cpu", "--out", str(tmp_path / "run"), "--quiet", "--max-steps", "3"])
@@ -585,11 +585,11 @@ def test_a_signal_landing_during_the_stop_vote_is_acted_on_by_every_rank_at_the_
 
 def test_a_full_disk_while_preparing_the_data_is_one_line(corpus, tmp_path, monkeypatch, capsys):
     import errno
-    from minitf.data import binarized
+    from minitf.data import prepare
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(binarized._NpyWriter, "append", full)
+    monkeypatch.setattr(prepare._NpyWriter, "append", full)
     monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))
     code = _train_wmt().main(["--dataset", "multi30k", "--data-dir", str(corpus), "--preset", "tiny", "--vocab-size",
                               "60", "--device", "cpu", "--out", str(tmp_path / "run"), "--quiet", "--max-steps", "3"])
@@ -759,7 +759,7 @@ def test_a_short_run_is_told_from_max_steps_or_the_rate_under_a_time_budget():
     """short_run_ends: --max-steps is known at the start; a --time-budget is projected from the rate since the
     clock (updates and seconds when it was set); twice the warmup is long enough."""
     from argparse import Namespace
-    from minitf.train import short_run_ends
+    from minitf.recipe import short_run_ends
     steps = Namespace(max_steps=500, time_budget=None)
     assert short_run_ends(steps, 1067, 0, 0.0, None) == (500, "--max-steps 500")
     assert short_run_ends(Namespace(max_steps=2134, time_budget=None), 1067, 0, 0.0, None) is None
@@ -806,7 +806,7 @@ def test_every_flag_reaches_a_config_field_or_is_a_run_flag():
     SCHEDULE_FLAGS, SIZE_FLAGS and the architecture's few by name): a flag that is in none of them
     and not on the run-only list would be parsed and silently dropped. Each mapped flag names a field."""
     from minitf.config import SIZE_FLAGS, TransformerConfig
-    from minitf.train import RECIPE_FLAGS, SCHEDULE_FLAGS
+    from minitf.recipe import RECIPE_FLAGS, SCHEDULE_FLAGS
     from minitf.train_cli import build_parser
     fields = {f.name for f in dataclasses.fields(TransformerConfig)}
     mapped = {**{f: f for f in RECIPE_FLAGS + SCHEDULE_FLAGS}, **SIZE_FLAGS,

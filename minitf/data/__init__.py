@@ -11,7 +11,8 @@ from minitf.data.batching import (collate, collate_src, iterate_batches, pad_ids
                                   token_batches)
 from minitf.data.download import download, extract, file_digest
 from minitf.data.datasets import DATASETS, default_data_dir, prepare_dataset, user_dataset
-from minitf.data.binarized import BinarizedCorpus, TokenPairs, open_cache, prepare_cache
+from minitf.data.binarized import BinarizedCorpus, TokenPairs, open_cache
+from minitf.data.prepare import prepare_cache
 
 __all__ = [
     "find_file", "read_lines", "read_parallel", "read_sgm", "read_text",

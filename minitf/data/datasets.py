@@ -278,7 +278,7 @@ def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
     are skipped with a one-line note on stderr (none with `notes=False`); missing
     train/valid files raise DataError. The
     training corpora are NOT read here (they can be tens of GB): their paths go to
-    `minitf.data.binarized.prepare_cache`, which streams them.
+    `minitf.data.prepare.prepare_cache`, which streams them.
 
     Returns a dict::
 

@@ -1,6 +1,6 @@
 """From command-line flags to training data: the flags `train_wmt.py` and `python -m minitf prepare`
 share, and `load_data`, which finds (or downloads) the corpus, prepares or reuses its binarized
-cache (`binarized.prepare_cache`) and reads the small valid/test sets.
+cache (`prepare.prepare_cache`) and reads the small valid/test sets.
 """
 import hashlib
 import os
@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from minitf.errors import DataError
 from minitf.flags import Number, positive
-from minitf.data.binarized import BinarizedCorpus, cache_folder, prepare_cache
+from minitf.data.binarized import BinarizedCorpus
+from minitf.data.prepare import cache_folder, prepare_cache
 from minitf.data.datasets import DATASETS, dataset_default, default_data_dir, prepare_dataset, user_dataset
 from minitf.data.tokenizer import MODEL_TYPES
 

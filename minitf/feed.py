@@ -1,0 +1,103 @@
+"""The updates' batches: planned from the run's saved position on (`token_batches`, epoch after
+epoch; the pairs of each epoch from BPE-dropout or bidirectional training where they change) and
+collated on a background thread while the update before them computes (UpdateFeed)."""
+from concurrent.futures import ThreadPoolExecutor
+import time
+
+import numpy as np
+
+from .backend import release_freed_memory
+from .errors import ConfigError
+from .trainlog import log
+from .validation import to_batch
+
+
+class UpdateFeed:
+    """The updates' batches in the global order, each collated on a background thread while the
+    update before it computes. An update is (epoch, index, total, micro): rank r takes the r-th
+    run of update_freq of the update's world size x update_freq batches, as micro [(j, batch)];
+    `total` is the update's GLOBAL number of non-pad target tokens (the loss is normalised by it);
+    (epoch, index) is the position of its last batch."""
+
+    def __init__(self, batches, pairs_of, tok, per_update, update_freq, rank):
+        self.batches, self.pairs_of, self.tok = batches, pairs_of, tok   # pairs_of(epoch): the epoch's TokenPairs
+        self.per_update, self.update_freq, self.rank = per_update, update_freq, rank
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="minitf-batches")
+        self.pending = self.pool.submit(self._collate)
+
+    def _collate(self):
+        micro, total = [], 0
+        for j in range(self.per_update):
+            epoch, index, idx = next(self.batches)
+            pairs = self.pairs_of(epoch)
+            total += int(pairs.tgt_lens[idx].sum(dtype=np.int64)) + len(idx)   # target + EOS
+            if j // self.update_freq == self.rank:
+                micro.append((j, to_batch(pairs, idx, self.tok)))
+        return epoch, index, total, micro
+
+    def next(self):
+        update = self.pending.result()
+        self.pending = self.pool.submit(self._collate)
+        return update
+
+    def close(self):
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def open_feed(run):
+    """(the UpdateFeed of the run's updates from its saved position on, the tokens per batch); sets
+    run.epoch_len and the state's batch_tokens (a resumed run must make the same batches)."""
+    from .data import iterate_batches, token_batches
+    args, world, pairs = run.args, run.world, run.data.train
+    per_update = world.size * args.update_freq   # batches of one update, over all ranks
+    max_tokens = run.cfg.batch_tokens(world.size, args.update_freq)
+    if run.resume_path is not None and run.state.get("batch_tokens", max_tokens) != max_tokens:
+        raise ConfigError(f"--resume: {run.resume_path} was trained with batches of {run.state['batch_tokens']} "
+                          f"tokens, but {world.size} rank(s) x --update-freq {args.update_freq} make batches of "
+                          f"{max_tokens} (the preset's {run.cfg.update_tokens} tokens per update split over them): "
+                          f"resume with the run's ranks and --update-freq, or start a new --out")
+    run.state["batch_tokens"] = max_tokens
+    corpus = bpe_dropout(run) or both_directions(run)   # the pairs of each epoch, when they change
+    lengths = corpus.lengths if corpus else (lambda epoch: (pairs.src_lens, pairs.tgt_lens))
+    first = token_batches(*lengths(run.state["epoch"]), max_tokens, args.seed, run.state["epoch"])
+    release_freed_memory()   # the sort's temporaries: hundreds of MB for a 36M-pair corpus
+    run.epoch_len = len(first)   # for the log's fractional epoch (other epochs differ by a few batches)
+    if run.state["epoch"] < run.cfg.bidirectional_epochs:
+        run.epoch_len = (len(first) + 1) // 2   # of an epoch of one direction (an epoch of both has twice the batches)
+    if per_update > run.epoch_len:
+        raise ConfigError(f"{world.size} ranks x --update-freq {args.update_freq} = {per_update} batches per update, "
+                          f"but an epoch has only {run.epoch_len}: use fewer ranks, a smaller --update-freq or "
+                          f"--max-tokens")
+    batches = iterate_batches(pairs.src_lens, pairs.tgt_lens, max_tokens, args.seed, run.state["epoch"],
+                              run.state["batch"], first=first, after_plan=release_freed_memory, lengths=lengths)
+    return UpdateFeed(batches, corpus.epoch if corpus else (lambda epoch: pairs), run.data.tokenizer, per_update,
+                      args.update_freq, world.rank), max_tokens
+
+
+def both_directions(run):
+    """Bidirectional training's pairs of each epoch (None when the config's bidirectional_epochs is 0)."""
+    epochs = run.cfg.bidirectional_epochs
+    if not epochs:
+        return None
+    from .data.bidirectional import Bidirectional
+    if run.lead:
+        src, tgt, n = run.args.src, run.args.tgt, len(run.data.train)
+        log(f"bidirectional training: {'epoch 1' if epochs == 1 else f'epochs 1-{epochs}'} on the {n:,} pairs in both "
+            f"directions ({src} -> {tgt} and {tgt} -> {src}, {2 * n:,} pairs an epoch), then {src} -> {tgt} alone")
+    return Bidirectional(run.data.train, epochs)
+
+
+def bpe_dropout(run):
+    """The BPE-dropout resegmenter of the training pairs (None when the config's p are 0)."""
+    p = (run.cfg.bpe_dropout_source, run.cfg.bpe_dropout_target)
+    if not any(p):
+        return None
+    from .data.resegment import BPEDropout
+    t0 = time.time()
+    resegment = BPEDropout(run.data.train, run.data.tokenizer, p, run.args.seed)
+    growth = resegment.growth(run.state["epoch"])
+    if run.lead:
+        log(f"BPE-dropout: {', '.join(f'{side} p {q}' for side, q in zip(('source', 'target'), p) if q)}; each epoch "
+            f"segments the training sentences anew ({', '.join(f'{side} {g:.2f}x' for side, g in growth.items())} the "
+            f"pieces of plain BPE in epoch {run.state['epoch']}; {time.time() - t0:.1f} s)")
+    return resegment

@@ -1,0 +1,147 @@
+"""What a run trains and on what clock: its config (the preset with the flags over it, or a
+resumed checkpoint's, which the flags must not contradict), the recipe's settings left unset
+(max steps, averaging, checkpoint and validation spacing), how far the run is (the learning-rate
+fade's clock), when a step ends a checkpoint interval, and whether the run ends inside its warmup."""
+import dataclasses
+
+from .config import SIZE_FLAGS, TransformerConfig, id_ranges
+from .data.tokenizer import EOS_ID, UNK_ID
+from .errors import ConfigError
+from .trainlog import log
+
+VALID_EVERY = 200   # updates between validations when checkpoints are spaced in steps (CPU presets)
+
+# flags that set a config field of the same name and change what training does: a resume must not differ in them
+RECIPE_FLAGS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "bpe_dropout_source",
+                "bpe_dropout_target", "bidirectional_epochs", "warmup", "lr_factor", "lr_fade", "weight_decay")
+# flags that set a config field of the same name, the run's schedule (build_config)
+SCHEDULE_FLAGS = ("max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps")
+
+
+def build_config(args, vocab_size, target_pieces=None, note=None):
+    """The preset's config with the flags over it; `target_pieces(both_sides)`: the pieces the training
+    data's targets hold (both sides' with bidirectional training, whose targets are both languages),
+    called when the run's output layer (--output-vocab, or the preset's) is "target"; `note`
+    (rank 0's log) is told when the preset's choice gives way to a flag."""
+    over = {k: getattr(args, k) for k in RECIPE_FLAGS + SCHEDULE_FLAGS if getattr(args, k, None) is not None}
+    over.update({field: getattr(args, flag) for flag, field in SIZE_FLAGS.items() if getattr(args, flag, None) is not None})
+    if args.save_every is not None and args.save_every_minutes is None:
+        over["save_every_minutes"] = None   # spacing in steps asked for: a resumed run keeps it
+    if getattr(args, "attention", None) is not None:
+        over["attention"] = args.attention
+    cfg = TransformerConfig.preset(args.preset, arch=getattr(args, "arch", None) or "transformer",
+                                   vocab_size=vocab_size, **over)
+    layer = getattr(args, "output_vocab", None) or cfg.output_layer
+    if layer == "target" and cfg.bpe_dropout_target:   # only the preset's choice gets here (the flags exclude it)
+        if note:
+            note("note: --bpe-dropout-target makes pieces the plain segmentation does not: the output layer scores "
+                 "the joint vocabulary (--output-vocab joint) instead of the preset's target side")
+        layer = "joint"
+    if layer == "target" and target_pieces is not None:
+        return dataclasses.replace(cfg, output_layer=layer, output_vocab=target_pieces(bool(cfg.bidirectional_epochs)))
+    return dataclasses.replace(cfg, output_layer=layer)
+
+
+def resolve_config(args, data, resume, lead=True):
+    """The resumed checkpoint's config (a flag that would change it is an error), or the preset's
+    with the flags over it; then the recipe's flags left unset (resolve_recipe)."""
+    vocab_size = data.tokenizer.vocab_size
+    if resume is None:
+        cfg = build_config(args, vocab_size, lambda both: target_pieces(data, vocab_size, both),
+                           note=log if lead else None)
+    else:
+        cfg = resume.config
+        for flag, name in (("arch", "arch"), ("attention", "attention"), ("output_vocab", "output_layer"),
+                           *SIZE_FLAGS.items(), *zip(RECIPE_FLAGS, RECIPE_FLAGS)):
+            asked = getattr(args, flag, None)
+            if asked is not None and asked != getattr(cfg, name):
+                dashed = flag.replace("_", "-")
+                raise ConfigError(f"--{dashed} {asked}: the checkpoint {resume.path} was trained with --{dashed} "
+                                  f"{getattr(cfg, name)}; drop the flag to resume it, or start a new --out")
+        trained_on = resume.train_state.get("data_id")
+        if trained_on is not None and trained_on != data.data_id:
+            raise ConfigError(f"--resume: {resume.path} was trained on the binarized corpus {trained_on}, but the "
+                              f"training data now gives {data.data_id} ({data.corpus.folder}); the corpus files or "
+                              f"the cleaning flags (--max-len, --max-ratio) changed: restore them, or start a new --out")
+    resolve_recipe(args, cfg)
+    if cfg.vocab_size != vocab_size:
+        raise ConfigError(f"the checkpoint's vocabulary ({cfg.vocab_size}) != the tokenizer's ({vocab_size})")
+    return cfg
+
+
+def target_pieces(data, vocab_size, both_sides=False):
+    """The pieces of the training data's target side (and source side, `both_sides`), with EOS (every
+    sentence's last target) and the unknown piece (how a reference piece outside them is scored), as
+    the config's output_vocab ranges."""
+    ids = set(data.train.pieces(vocab_size).tolist()) | {UNK_ID, EOS_ID}
+    if both_sides:
+        ids |= set(data.train.pieces(vocab_size, side="source").tolist())
+    return id_ranges(sorted(ids))
+
+
+def resolve_recipe(args, cfg):
+    """Fill the flags left unset from the preset's (or the resumed checkpoint's) recipe: max_steps,
+    average_last, keep_last (average_last + 1: a final off-grid checkpoint never pushes an
+    averaged one out), and ONE checkpoint spacing, in steps or in minutes of training."""
+    if args.max_steps is None:
+        args.max_steps = cfg.max_steps
+    if args.alpha is None:
+        args.alpha = cfg.decode_alpha
+    if args.average_last is None:
+        args.average_last = cfg.average_last
+    if args.keep_last is None:
+        args.keep_last = args.average_last + 1
+    if args.save_every is None and args.save_every_minutes is None:
+        args.save_every, args.save_every_minutes = cfg.save_every, cfg.save_every_minutes
+    if args.save_every_minutes:
+        args.save_every = None
+    if args.valid_every is None and args.valid_every_minutes is None:   # validate with the checkpoints' clock
+        if args.save_every_minutes:
+            args.valid_every_minutes = args.save_every_minutes
+        else:
+            args.valid_every = VALID_EVERY
+    if cfg.lr_fade and not args.max_steps and not args.time_budget:
+        raise ConfigError(f"--lr-fade {cfg.lr_fade} fades the learning rate to 0 at the run's end, but this run has "
+                          f"none: give --time-budget or --max-steps, or --lr-fade 0")
+    if args.average_last > args.keep_last:
+        raise ConfigError(f"--average-last {args.average_last} > --keep-last {args.keep_last}: keep at least as "
+                          f"many checkpoints as you average")
+
+
+def run_progress(args, step, wall_s):
+    """How far the run is, 0 to 1: the larger of steps / --max-steps and seconds / --time-budget
+    (the learning-rate fade's clock; every rank passes the same, the ranks' mean wall_s)."""
+    return max(step / args.max_steps if args.max_steps else 0.0,
+               wall_s / args.time_budget if args.time_budget else 0.0)
+
+
+def on_save_grid(args, state, wall_s):
+    """True when this step ends a checkpoint interval: every save_every steps, or the first step
+    after each save_every_minutes of training (paper 6.1: 10-minute intervals)."""
+    return on_grid(state, "grid_interval", args.save_every, args.save_every_minutes, wall_s)
+
+
+def on_grid(state, key, every_steps, every_minutes, wall_s):
+    """True every `every_steps` steps, or at the first step after each `every_minutes` of training
+    (`state[key]`: the last interval that fired); never when both are unset or 0."""
+    if every_minutes:
+        interval = int(wall_s // (60 * every_minutes))
+        if interval > state.get(key, 0):
+            state[key] = interval
+            return True
+        return False
+    return bool(every_steps) and state["step"] % every_steps == 0
+
+
+def short_run_ends(args, warmup, step, wall_s, clock):
+    """(updates the run makes, how that is known) when that is under twice the learning-rate warmup,
+    else None: --max-steps, and under a --time-budget the rate since `clock` (step, seconds of
+    training; None: not known yet) projected to the budget's end."""
+    ends = [(args.max_steps, f"--max-steps {args.max_steps:,}")] if args.max_steps else []
+    if args.time_budget and clock is not None and wall_s > clock[1] and step > clock[0]:
+        rate = (step - clock[0]) / (wall_s - clock[1])
+        ends.append((int(step + rate * max(args.time_budget - wall_s, 0)),
+                     f"{rate:.1f} updates/s for --time-budget {args.time_budget:g}s"))
+    if not ends or min(ends)[0] >= 2 * warmup:
+        return None
+    return min(ends)

@@ -1,0 +1,131 @@
+"""The run folder (--out): the checkpoints a run writes and keeps, the check that a checkpoint
+to resume is this run's, the removal of a killed save's temporary files, and at the end the
+average of the last checkpoints and the choice of the model the run reports (OUT/model.npz)."""
+import glob
+import hashlib
+import json
+import os
+import re
+
+from .checkpoint import average_checkpoints, load_checkpoint, read_train_state, save_checkpoint
+from .errors import ConfigError
+from .fileio import leftover_temp_files
+from .trainlog import log, plural
+from .validation import evaluate_loss, perplexity
+
+# what a run writes into --out (atomic_write's temporary files of these are its leftovers)
+STEP_CHECKPOINT = re.compile(r"checkpoint_\d+\.npz")
+BEST = "checkpoint_best.npz"   # the model of the best validation BLEU so far (no optimizer state)
+OUTPUT_NAMES = re.compile(r"checkpoint_\d+\.npz|checkpoint_best\.npz|averaged\.npz|model\.npz|config\.json|results\.json|[\w.-]+\.hyp\.[\w-]+")
+
+
+def checkpoint_paths(out):
+    """The training checkpoints in `out` (checkpoint_<step>.npz), oldest first; not checkpoint_best.npz."""
+    return sorted(p for p in glob.glob(os.path.join(out, "checkpoint_*.npz")) if STEP_CHECKPOINT.fullmatch(os.path.basename(p)))
+
+
+def save(out, step, model, opt, tok, state, keep_last):
+    path = os.path.join(out, f"checkpoint_{step:07d}.npz")
+    save_checkpoint(path, model, opt, tokenizer=tok.to_bytes(), train_state=state)
+    for old in checkpoint_paths(out)[:-keep_last]:
+        os.unlink(old)
+    return path
+
+
+def prepare_out(out):
+    """--out is made once the data is ready (a failed download leaves no empty folder); the temporary
+    files of a run killed while saving are removed."""
+    os.makedirs(out, exist_ok=True)
+    stale = leftover_temp_files(out, lambda name: bool(OUTPUT_NAMES.fullmatch(name)))
+    for path in stale:
+        os.unlink(path)
+    if stale:
+        log(f"removed {len(stale)} temporary file(s) of an earlier run killed while saving: "
+            f"{', '.join(os.path.basename(p) for p in stale)}")
+
+
+def check_resumed(out, resume):
+    """The checkpoint --resume picked must be this run's: the step in its name is the step it
+    records, and its model and tokenizer are the ones --out's config.json was written for (a
+    checkpoint copied in from another run is refused before anything in the folder is written)."""
+    name = os.path.basename(resume.path)
+    named = int(re.fullmatch(r"checkpoint_(\d+)\.npz", name).group(1))
+    recorded = resume.train_state.get("step")
+    if recorded != named:
+        raise ConfigError(f"--resume: {resume.path} is named step {named} but records step {recorded}: it is not "
+                          f"this run's checkpoint; move it out of {out} (or start a new --out)")
+    try:
+        with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
+            recorded_run = json.load(f)
+    except (OSError, ValueError):
+        return   # no (readable) config.json: a run killed before writing it, or an older minitf
+    if not isinstance(recorded_run, dict):
+        return
+    model = recorded_run.get("model")
+    if isinstance(model, dict):
+        ours = resume.config.to_dict()
+        diff = [f"{k} {model.get(k)!r} in config.json, {ours.get(k)!r} in the checkpoint"
+                for k in sorted(set(model) | set(ours)) if model.get(k) != ours.get(k)]
+        if diff:
+            raise ConfigError(f"--resume: {resume.path} is not this run's model: {'; '.join(diff[:4])}"
+                              f"{' ...' if len(diff) > 4 else ''}; move it out of {out} (or start a new --out)")
+    sha = recorded_run.get("tokenizer_sha256")
+    if sha and resume.tokenizer and hashlib.sha256(resume.tokenizer).hexdigest() != sha:
+        raise ConfigError(f"--resume: {resume.path} holds another tokenizer than the run's (config.json): it is "
+                          f"not this run's checkpoint; move it out of {out} (or start a new --out)")
+
+
+def averaging_window(paths, average_last):
+    """The checkpoints averaged at the end: the run's final checkpoint and the evenly spaced ones
+    before it (paper 6.1: the last K written at even intervals; fairseq too averages the last K,
+    the final one included), at most `average_last` in all, and only from the second half of the
+    run: a short run's first checkpoints, made in the warmup, would pull the average back. An
+    off-spacing checkpoint before the final one (saved at an interrupt) is left out."""
+    final = paths[-1]
+    half = step_of(final) / 2
+    spaced = [p for p in paths[:-1] if step_of(p) >= half and read_train_state(p).get("on_grid", True)]
+    return (spaced[-(average_last - 1):] if average_last > 1 else []) + [final]
+
+
+def step_of(path):
+    return int(os.path.basename(path)[len("checkpoint_"):-len(".npz")])
+
+
+def choose_model(run):
+    """Average the window into OUT/averaged.npz, then report whichever of the average and the last
+    checkpoint has the lower validation loss, written as OUT/model.npz (without Adam's state) and
+    loaded into run.model. Returns what results.json says about it."""
+    args, model = run.args, run.model
+    paths = checkpoint_paths(args.out)
+    last, window = paths[-1], averaging_window(paths, args.average_last)
+    avg_path = os.path.join(args.out, "averaged.npz")
+    average_checkpoints(window, avg_path)
+    candidates = {"averaged": load_checkpoint(avg_path)}
+    if len(window) > 1:
+        candidates["last"] = load_checkpoint(last)
+    losses = {}   # name -> (loss, nll) on the validation set
+    for name, ckpt in candidates.items() if run.validation else ():
+        model.load_state_dict(ckpt.params)
+        losses[name] = evaluate_loss(model, run.validation.batches)
+    chosen = min(losses, key=lambda name: (losses[name][0], name != "averaged")) if losses else "averaged"
+    ckpt, used = candidates[chosen], [os.path.basename(c) for c in (window if chosen == "averaged" else [last])]
+    model.load_state_dict(ckpt.params)
+    model.eval()
+    save_checkpoint(os.path.join(args.out, "model.npz"), params=ckpt.params, config=ckpt.config, tokenizer=ckpt.tokenizer,
+                    train_state={"model": chosen, "from": used, "step": run.state["step"],
+                                 "languages": run.state["languages"]})
+    spacing = f"every {args.save_every_minutes:g} min" if args.save_every_minutes else f"every {args.save_every} steps"
+    names = ", ".join(os.path.basename(c) for c in window)
+    log(f"averaged {plural(len(window), 'checkpoint')} ({spacing} and the final one, from the run's second half: "
+        f"{names}) -> {avg_path}")
+    if len(losses) > 1:
+        log(f"validation loss: {losses['averaged'][0]:.4f} the average, {losses['last'][0]:.4f} the last checkpoint "
+            f"({os.path.basename(last)}); the run reports {'the average' if chosen == 'averaged' else 'the last checkpoint'}"
+            f" (OUT/model.npz)")
+    loss = {name: round(losses[name][0], 4) if name in losses else None for name in ("averaged", "last")}
+    if len(window) == 1:
+        loss["last"] = loss["averaged"]   # the average of the last checkpoint alone
+    nll = losses[chosen][1] if losses else None
+    return {"model": chosen, "model_checkpoints": used, "averaged_checkpoints": [os.path.basename(c) for c in window],
+            "valid_loss_averaged": loss["averaged"], "valid_loss_last": loss["last"], "valid_loss": loss[chosen],
+            "valid_ppl": perplexity(nll) if losses else None}
