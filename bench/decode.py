@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import minitf  # noqa: E402
 from minitf.backend import synchronize  # noqa: E402
 from minitf.data.batching import pad_ids  # noqa: E402
-from minitf.decode import decode_streams, length_penalty, translate_ids  # noqa: E402
+from minitf.decode import length_penalty  # noqa: E402
+from minitf.translate import search_threads, translate_ids  # noqa: E402
 from minitf.loss import log_softmax  # noqa: E402
 
 
@@ -72,7 +73,7 @@ def run_minitf(model, src_ids, beam, args, use_cache=True):
     """`translate`'s path: length-sorted, continuous batching of --batch-size sentences."""
     t0 = time.perf_counter()
     out = translate_ids(model, src_ids, beam, args.alpha, args.batch_size, args.max_len_b, use_cache=use_cache,
-                        streams=args.streams)
+                        threads=args.streams)
     synchronize(model.xp)
     return time.perf_counter() - t0, out
 
@@ -142,7 +143,7 @@ def vs_torch(model, src_ids, args):
     tm = from_minitf_state(model.state_dict(), model.cfg, dtype="float32").eval()
     if args.torch_streams > 1:
         torch.set_num_threads(1)
-    streams = args.streams or decode_streams(model, len(src_ids))
+    streams = args.streams or search_threads(model, len(src_ids))
     print(f"torch {torch.__version__}: {args.torch_streams} stream(s) of {torch.get_num_threads()} thread(s); "
           f"minitf: {streams} stream(s) (`translate_ids`'s streams), "
           f"{'1 BLAS thread each' if streams > 1 else 'BLAS on every core'}")

@@ -225,7 +225,7 @@ def section_launches(args):
 
 
 def section_beam(args):
-    from minitf.decode import translate_ids
+    from minitf.translate import translate_ids
     cfg = minitf.TransformerConfig.preset(args.beam_preset, vocab_size=args.vocab)
     model = minitf.Transformer(cfg, device="gpu", seed=0).eval()
     rng = np.random.default_rng(1)

@@ -93,7 +93,7 @@ def _translations(translator, lines, args, progress=False, first=0):
     """The output lines of `lines` (numbered from `first`): one translation each, or with --nbest
     or --scores the S-/H-/P- lines."""
     opts = dict(beam=args.beam, alpha=args.alpha, max_len_b=args.max_len_b, batch_size=args.batch_size,
-                progress=progress)
+                progress=progress, stop=args.stop)
     if not (args.nbest or args.scores):
         return [h + "\n" for h in translator.translate(lines, **opts)]
     out = []
@@ -126,7 +126,7 @@ def cmd_evaluate(args):
     alpha = translator.alpha if args.alpha is None else args.alpha
     lang = args.lang or (translator.languages or [None, None])[1]
     hyps = translator.translate(src, beam=args.beam, alpha=alpha, max_len_b=args.max_len_b, batch_size=args.batch_size,
-                                progress=not args.quiet)
+                                progress=not args.quiet, stop=args.stop)
     result = score(hyps, ref, lang=lang)
     result.update(checkpoint=args.checkpoint, beam=args.beam, alpha=alpha)
     if lang is None:
@@ -151,6 +151,9 @@ def _decode_args(p):
     p.add_argument("--alpha", type=Number(float, 0), default=None,
                    help="length penalty alpha (paper: 0.6; default: the checkpoint's preset, small 2.0)")
     p.add_argument("--max-len-b", type=Number(int, 0), default=50, help="max output length = input length + this")
+    p.add_argument("--stop", choices=["fairseq", "bound"], default="fairseq",
+                   help="when beam search ends a sentence: fairseq (once --beam hypotheses finished, fairseq's rule) or "
+                        "bound (once no live beam can still beat the best finished one: slower, a score at least as good)")
     p.add_argument("--batch-size", type=positive(), default=64, help="sentences decoded together")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -1,27 +1,47 @@
 """Greedy and beam search (paper 6.1: beam 4, length penalty alpha 0.6, max length input + 50).
 
-Decoding is incremental: the searches step through `model.incremental_decoder(src, ...)`,
-an object that feeds one token per row and returns the logits of the next position
-(`logits`), keeps chosen rows (`reorder`: beams taking new parents, finished sentences
-leaving) and starts more sentences mid-way (`admit`). The Transformer's keeps KV caches
+Decoding is incremental: the searches step through `model.incremental_decoder(src, ...)`, an
+object with the three methods of `StepDecoder` below. The Transformer's keeps KV caches
 (incremental.py); the recurrent model's keeps its LSTM states (rnn.py). The searches know
 nothing else of the model.
-Both searches are batched over many sentences; a finished sentence leaves the batch. The
-beams of a sentence share its encoder output: they are the queries of one attention.
+Both searches are batched over many sentences; a finished sentence leaves the batch, and
+waiting ones take its place (continuous batching: `_Waiting`, `_admit`). The beams of a sentence
+share its encoder output: they are the queries of one attention. Several searches side by side
+in threads (`translate_ids`) live with the text in and out, in translate.py.
 """
-import concurrent.futures
 import functools
-import threading
+from typing import Protocol
 
 import numpy as np
 
-from .backend import (blas_threads, can_limit_blas_threads, is_gpu, to_device, to_numpy, to_numpy_all, usable_cores,
-                      xp_of)
-from .data.batching import pad_ids
+from .backend import to_device, to_numpy, to_numpy_all, xp_of
 from .functional import as_float32_if_half
 
 
+class StepDecoder(Protocol):
+    """What a model's `incremental_decoder(src, max_steps, use_cache, beam=1)` returns: the decoder
+    state of sentences x rows, sentence-major (a sentence has one row until its first reorder, then
+    one a beam). Both architectures implement it (incremental.IncrementalDecoder,
+    rnn.RecurrentDecoder)."""
+
+    def logits(self, tokens):
+        """Feed one token per row ([rows] ids; check_step_rows); the logits of each row's next position."""
+
+    def reorder(self, rows):
+        """Keep these rows, in this order (beams taking new parents, finished sentences leaving)."""
+
+    def admit(self, src):
+        """Start the sentences of src [n, S] while others are mid-way (one row each, appended)."""
+
+
 ADMIT_WHEN_FREE = 0.5    # continuous batching: waiting sentences start once this share of places is free
+
+
+def check_step_rows(tokens, rows):
+    """A decoding step takes one token per row (both decoders' rule)."""
+    if len(tokens) != rows:
+        raise ValueError(f"{len(tokens)} tokens for {rows} rows: one token a row (a sentence has one row "
+                         "until its first reorder, then one a beam)")
 
 
 def length_penalty(length, alpha):
@@ -29,7 +49,7 @@ def length_penalty(length, alpha):
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def _restores_mode(search):
+def restores_mode(search):
     """Decode in eval mode (no dropout), then give the model back in the caller's mode: a loop that
     translates between training steps keeps training with dropout."""
     @functools.wraps(search)
@@ -74,7 +94,19 @@ class _Waiting:
         return new, self.src[xp_of(self.src).asarray(new), : int(self.widths[new].max())]   # cut to the widest
 
 
-@_restores_mode
+def _admit(waiting, dec, alive, steps, cohort):
+    """Continuous batching's admission, for both searches: the waiting sentences that start now join
+    the decoder (`dec.admit`) as a new cohort at step 0, after the live ones. Returns (how many
+    started, alive, steps, cohort); the caller extends its own per-row arrays by that many."""
+    new, new_src = waiting.admit(len(alive))
+    if not len(new):
+        return 0, alive, steps, cohort
+    dec.admit(new_src)
+    cohort = np.concatenate([cohort, np.full(len(new), cohort.max(initial=0) + 1)])
+    return len(new), np.concatenate([alive, new]), np.concatenate([steps, np.zeros(len(new), dtype=np.int64)]), cohort
+
+
+@restores_mode
 def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True, batch_size=None, progress=None,
                   scores=False):
     """src [B, S] -> list of B token-id lists (no BOS, no EOS); the argmax at every step. At
@@ -110,13 +142,9 @@ def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True, batch
             progress.update(len(alive) - len(keep))
         dec.reorder(keep)
         alive, steps, tokens, cohort = alive[keep], steps[keep] + 1, best[keep], cohort[keep]
-        new, new_src = waiting.admit(len(alive))
-        if len(new):
-            dec.admit(new_src)
-            cohort = np.concatenate([cohort, np.full(len(new), cohort.max(initial=0) + 1)])
-            alive = np.concatenate([alive, new])
-            steps = np.concatenate([steps, np.zeros(len(new), dtype=np.int64)])
-            tokens = np.concatenate([tokens, np.full(len(new), cfg.bos_id)])
+        n_new, alive, steps, cohort = _admit(waiting, dec, alive, steps, cohort)
+        if n_new:
+            tokens = np.concatenate([tokens, np.full(n_new, cfg.bos_id)])
     return [[(o, p)] for o, p in zip(out, logp)] if scores else out
 
 
@@ -230,7 +258,7 @@ def top_candidates(logits, offset, k, n_best):
     return values, cand // v, cand % v
 
 
-@_restores_mode
+@restores_mode
 def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50, use_cache=True, batch_size=None,
                 progress=None, stop="fairseq", nbest=None):
     """src [B, S] -> list of B token-id lists: the best finished hypothesis of each sentence
@@ -332,17 +360,13 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
         first_row = np.where(np.arange(n) < n_old, np.arange(n) * k, n_old * (k - 1) + np.arange(n))
         dec.reorder((first_row[still][:, None] + new_beam).reshape(-1))        # ... and its decoder row
         alive, steps, cohort = alive[still], steps[still] + 1, cohort[still]
-        new, new_src = waiting.admit(len(alive))   # continuous batching: free places to new sentences
-        if len(new):
-            dec.admit(new_src)
-            cohort = np.concatenate([cohort, np.full(len(new), cohort.max(initial=0) + 1)])
-            alive = np.concatenate([alive, new])
-            steps = np.concatenate([steps, np.zeros(len(new), dtype=np.int64)])
-            scores = np.concatenate([scores, _first_scores(len(new), k)]).astype(scores.dtype)
-            hyps = np.concatenate([hyps, np.zeros((len(new) * k, steps_max), dtype=np.int64)])
+        n_new, alive, steps, cohort = _admit(waiting, dec, alive, steps, cohort)   # free places to new sentences
+        if n_new:
+            scores = np.concatenate([scores, _first_scores(n_new, k)]).astype(scores.dtype)
+            hyps = np.concatenate([hyps, np.zeros((n_new * k, steps_max), dtype=np.int64)])
             if nbest:
-                paths = np.concatenate([paths, np.zeros((len(new) * k, steps_max))])
-            next_tokens = np.concatenate([next_tokens, np.full(len(new), cfg.bos_id)])   # one row each
+                paths = np.concatenate([paths, np.zeros((n_new * k, steps_max))])
+            next_tokens = np.concatenate([next_tokens, np.full(n_new, cfg.bos_id)])   # one row each
     if nbest:
         return [[(tokens, positional) for _, tokens, positional in sorted(f, key=lambda h: -h[0])[:nbest]]
                 for f in finished]
@@ -394,93 +418,3 @@ def _logsumexp(x):
     e = x - m[:, None]
     xp.exp(e, out=e)
     return m + xp.log(e.sum(axis=1))
-
-
-MAX_STREAMS = 8             # translate_ids: most searches side by side (one per core)
-MIN_STREAM_SENTENCES = 16   # ... and at least this many sentences each
-
-
-def decode_streams(model, n_sentences):
-    """How many searches `translate_ids` runs side by side by default: on a CPU where each
-    thread's BLAS can be made single-threaded (backend.blas_threads), one per core
-    (at most MAX_STREAMS, each with at least MIN_STREAM_SENTENCES sentences); else one (on a
-    GPU the device runs one stream of kernels)."""
-    if is_gpu(model.xp) or not can_limit_blas_threads():
-        return 1
-    return max(1, min(usable_cores(), MAX_STREAMS, n_sentences // MIN_STREAM_SENTENCES))
-
-
-@_restores_mode
-def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len_b=50, progress=None, stop="fairseq",
-                  use_cache=True, streams=None, nbest=None):
-    """Decode lists of source ids (with EOS), sorted by length (little padding), at most
-    `batch_size` sentences at a time per stream (continuous batching); returns id lists in input order.
-
-    `streams` searches (default: decode_streams) run side by side in threads, each on every
-    streams-th sentence of the sorted order, each with single-threaded BLAS: most of a
-    search step on a CPU is NumPy work outside the matrix products (the exp of the
-    logsumexp, attention over small groups, moving cache rows, the search's bookkeeping),
-    which runs on one core, so one search leaves the others mostly idle (docs/performance.md).
-    Every sentence is decoded exactly as alone: the streams only split the list.
-    nbest=N: each sentence's N best hypotheses with their scores (beam_search's nbest; with
-    beam_size 1, greedy_search's one with scores)."""
-    if not len(src_ids):
-        return []
-    model.eval()   # here, not in each thread: their searches then all restore eval mode
-    order = np.argsort([len(s) for s in src_ids], kind="stable")
-    streams = decode_streams(model, len(src_ids)) if streams is None else max(1, min(int(streams), len(src_ids)))
-    parts = [order[i::streams] for i in range(streams)]      # each: the same mix of lengths, still sorted
-
-    def search(part, progress):
-        src = pad_ids([src_ids[i] for i in part], model.cfg.pad_id)
-        if beam_size == 1:
-            return greedy_search(model, src, max_len_b=max_len_b, use_cache=use_cache, batch_size=batch_size,
-                                 progress=progress, scores=bool(nbest))
-        return beam_search(model, src, beam_size, alpha, max_len_b=max_len_b, use_cache=use_cache,
-                           batch_size=batch_size, progress=progress, stop=stop, nbest=nbest)
-
-    if streams == 1:
-        results = [search(parts[0], progress)]
-    else:
-        results = _side_by_side(search, parts, progress)
-    out = [None] * len(src_ids)
-    for part, res in zip(parts, results):
-        for r, i in enumerate(part):
-            out[i] = res[r]
-    return out
-
-
-class _Cancelled(Exception):
-    pass
-
-
-class _SharedProgress:
-    """One progress bar fed by several threads; raises _Cancelled in a search once the caller
-    has given up (an error in another stream, Ctrl-C), so that no thread runs on."""
-
-    def __init__(self, progress):
-        self.progress, self.lock, self.cancelled = progress, threading.Lock(), threading.Event()
-
-    def update(self, n):
-        if self.cancelled.is_set():
-            raise _Cancelled()
-        if self.progress is not None:
-            with self.lock:
-                self.progress.update(n)
-
-
-def _side_by_side(search, parts, progress):
-    """search(part, progress) for every part, each in its own thread with single-threaded BLAS."""
-    shared = _SharedProgress(progress)
-
-    def alone(part):
-        with blas_threads(1):
-            return search(part, shared)
-
-    with concurrent.futures.ThreadPoolExecutor(len(parts), thread_name_prefix="minitf-decode") as pool:
-        futures = [pool.submit(alone, part) for part in parts]
-        try:
-            return [f.result() for f in futures]
-        except BaseException:
-            shared.cancelled.set()
-            raise

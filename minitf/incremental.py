@@ -3,17 +3,105 @@ search step through (decode.py), one new token per row and step.
 
 The encoder runs once per sentence, every decoder layer's cross-attention keys/values are
 computed once, and each step feeds only the newest token, reusing the cached self-attention
-keys/values of the earlier positions (blocks.StepCache, blocks.decoder_layer_step).
+keys/values of the earlier positions (StepCache, decoder_layer_step, here).
 `use_cache=False` recomputes the whole prefix each step instead (for bench/decode.py).
 Derivation: docs/derivations/decoding.md.
 """
+from typing import NamedTuple
+
 import numpy as np
 
 from .backend import to_numpy
-from .blocks import StepCache, StepGroup, decoder_layer_step, fused_qkv
+from . import functional as F
+from .backend import xp_of
+from .decode import check_step_rows
 from .layers.embedding import decoding_logits
 from .loss import log_softmax
 from .masks import causal_bias
+
+
+class StepCache:
+    """What the decoder keeps between decoding steps for one group of sentences that started
+    together (incremental.IncrementalDecoder), for all L layers in one array each: kv [N, L, 2,
+    T_max, H, K], each row's self-attention keys (0) and values (1) of every layer at the
+    positions so far (position t is written at step t), row-major, so that moving a row to
+    another parent copies one block per layer and side; ckv [L, 2, n, H, S, K], each layer's
+    cross-attention keys/values of the encoder output, computed once per sentence (its beam
+    rows share them)."""
+    __slots__ = ("kv", "ckv")
+
+    def __init__(self, layers, memory, rows, max_steps):
+        xp, sa = xp_of(memory), layers[0].self_attn
+        n, s, _ = memory.shape
+        self.kv = xp.empty((rows, len(layers), 2, max_steps, sa.n_heads, sa.d_k), memory.dtype)
+        self.ckv = xp.empty((len(layers), 2, n, sa.n_heads, s, sa.d_k), memory.dtype)
+        for i, layer in enumerate(layers):
+            self.ckv[i, 0], self.ckv[i, 1] = layer.cross_attn.project_kv(memory)
+
+
+class StepGroup(NamedTuple):
+    """The rows a:b of a decoding step that belong to one group (sentences that started
+    together): `beam` rows a sentence, all at position t, their sources masked by src_bias
+    [n, 1, 1, S], their keys/values in `cache` (StepCache)."""
+    a: int
+    b: int
+    t: int
+    src_bias: object
+    cache: StepCache
+    beam: int
+
+
+def fused_qkv(layer):
+    """The self-attention's q, k, v projections side by side: (w [D, 3 HK], b [3 HK]), so a
+    decoding step projects its new position with one matmul instead of three."""
+    sa = layer.self_attn
+    xp = xp_of(sa.q.params["weight"])
+    return (xp.concatenate([sa.q.params["weight"], sa.k.params["weight"], sa.v.params["weight"]], axis=1),
+            xp.concatenate([sa.q.params["bias"], sa.k.params["bias"], sa.v.params["bias"]]))
+
+
+def decoder_layer_step(layer, i, x, qkv, groups):
+    """Incremental (KV-cached) forward of DecoderLayer `layer` (the i-th) for one new position
+    per row, inference only.
+
+    x [N, 1, D]: the new position of each row, rows sentence-major and grouped by `groups`
+    (StepGroup: their rows, caches and rows per sentence); qkv: fused_qkv(layer). Equals the
+    row's position of DecoderLayer.forward on its whole prefix: the cache holds only the
+    positions up to this one, so no causal mask is needed.
+    The projections and other position-wise parts run on all rows at once (one matmul
+    each), only the attention itself group by group.
+    """
+    sa, ca = layer.self_attn, layer.cross_attn
+    n_rows, _, d = x.shape
+    pre = layer.pre   # a sublayer reads norm(x) (pre-norm) or x; a block's sum is x + ... (pre) or norm(x + ...)
+    # q, k, v = x Wq, x Wk, x Wv in one matmul; k, v of the new position join the cache
+    q, k, v = (F.split_heads(part, sa.n_heads)
+               for part in F.split_last(F.linear_forward(_norm_if(pre, layer.norm1, x), *qkv), 3))   # [N, H, 1, K]
+    heads = []
+    for g in groups:
+        keys, values = g.cache.kv[: g.b - g.a, i, 0], g.cache.kv[: g.b - g.a, i, 1]            # [rows, T_max, H, K]
+        keys[:, g.t], values[:, g.t] = k[g.a: g.b, :, 0], v[g.a: g.b, :, 0]
+        heads.append(F.attention_forward(q[g.a: g.b], keys[:, : g.t + 1].transpose(0, 2, 1, 3),
+                                         values[:, : g.t + 1].transpose(0, 2, 1, 3), 0.0, sa.scale)[0])
+    h1 = _norm_if(not pre, layer.norm1, x + sa.out.apply(F.merge_heads(_join(heads))))        # [N, 1, D]
+    # cross-attention: the beams of a sentence are the queries of one [beam, S] attention
+    q = ca.q.apply(_norm_if(pre, layer.norm2, h1))                                                # [N, 1, HK]
+    heads = []
+    for g in groups:
+        q_g = F.split_heads(q[g.a: g.b].reshape((g.b - g.a) // g.beam, g.beam, -1), ca.n_heads)  # [n, H, beam, K]
+        ctx = F.attention_forward(q_g, g.cache.ckv[i, 0], g.cache.ckv[i, 1], g.src_bias, ca.scale)[0]
+        heads.append(F.merge_heads(ctx).reshape(g.b - g.a, 1, -1))                              # [rows, 1, HK]
+    h2 = _norm_if(not pre, layer.norm2, h1 + ca.out.apply(_join(heads)))
+    return _norm_if(not pre, layer.norm3, h2 + layer.ffn.apply(_norm_if(pre, layer.norm3, h2)))
+
+
+def _norm_if(cond, norm, a):
+    """norm(a) (inference: LayerNorm.apply) when cond, else a."""
+    return norm.apply(a) if cond else a
+
+
+def _join(parts):
+    return parts[0] if len(parts) == 1 else xp_of(parts[0]).concatenate(parts)
 
 
 class _Group:
@@ -24,13 +112,6 @@ class _Group:
     def __init__(self, n, src_bias):
         self.n, self.width, self.t, self.src_bias = n, 1, 0, src_bias
         self.cache, self.memory, self.prefix = None, None, None
-
-
-def check_step_rows(tokens, rows):
-    """A decoding step takes one token per row (both decoders' rule)."""
-    if len(tokens) != rows:
-        raise ValueError(f"{len(tokens)} tokens for {rows} rows: one token a row (a sentence has one row "
-                         "until its first reorder, then one a beam)")
 
 
 class IncrementalDecoder:

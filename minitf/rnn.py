@@ -21,7 +21,7 @@ import numpy as np
 
 from .backend import to_numpy
 from .errors import ConfigError
-from .incremental import check_step_rows
+from .decode import check_step_rows
 from .layers import BiLSTM, Dropout, Linear, LSTM, RecurrentAttention, TokenEmbedding
 from .layers.embedding import decoding_logits
 from .layers.recurrent import cell_backward, cell_forward

@@ -7,7 +7,14 @@ import re
 from typing import NamedTuple
 
 from . import progress
-from .decode import length_penalty, translate_ids
+import concurrent.futures
+import threading
+
+import numpy as np
+
+from .backend import blas_threads, can_limit_blas_threads, is_gpu, usable_cores
+from .data.batching import pad_ids
+from .decode import beam_search, greedy_search, length_penalty, restores_mode
 from .errors import CheckpointError
 
 
@@ -17,6 +24,98 @@ def progress_bar(total, desc, enabled=True, stream=None):
     return progress.bar(total, desc, enabled and total > 1, unit="sent", stream=stream, leave=False, delay=1.0)
 
 
+# ------------------------------------------------------------------------------ searches side by side
+MAX_THREADS = 8             # translate_ids: most searches side by side (one per core)
+MIN_THREAD_SENTENCES = 16   # ... and at least this many sentences each
+
+
+def search_threads(model, n_sentences):
+    """How many searches `translate_ids` runs side by side by default: on a CPU where each
+    thread's BLAS can be made single-threaded (backend.blas_threads), one per core
+    (at most MAX_THREADS, each with at least MIN_THREAD_SENTENCES sentences); else one (on a
+    GPU the device runs one stream of kernels)."""
+    if is_gpu(model.xp) or not can_limit_blas_threads():
+        return 1
+    return max(1, min(usable_cores(), MAX_THREADS, n_sentences // MIN_THREAD_SENTENCES))
+
+
+@restores_mode
+def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len_b=50, progress=None, stop="fairseq",
+                  use_cache=True, threads=None, nbest=None):
+    """Decode lists of source ids (with EOS), sorted by length (little padding), at most
+    `batch_size` sentences at a time per search (continuous batching); returns id lists in input order.
+
+    `threads` searches (default: search_threads) run side by side in threads, each on every
+    threads-th sentence of the sorted order, each with single-threaded BLAS: most of a
+    search step on a CPU is NumPy work outside the matrix products (the exp of the
+    logsumexp, attention over small groups, moving cache rows, the search's bookkeeping),
+    which runs on one core, so one search leaves the others mostly idle (docs/performance.md).
+    Every sentence is decoded exactly as alone: the threads only split the list.
+    nbest=N: each sentence's N best hypotheses with their scores (beam_search's nbest; with
+    beam_size 1, greedy_search's one with scores)."""
+    if not len(src_ids):
+        return []
+    model.eval()   # here, not in each thread: their searches then all restore eval mode
+    order = np.argsort([len(s) for s in src_ids], kind="stable")
+    threads = search_threads(model, len(src_ids)) if threads is None else max(1, min(int(threads), len(src_ids)))
+    parts = [order[i::threads] for i in range(threads)]      # each: the same mix of lengths, still sorted
+
+    def search(part, progress):
+        src = pad_ids([src_ids[i] for i in part], model.cfg.pad_id)
+        if beam_size == 1:
+            return greedy_search(model, src, max_len_b=max_len_b, use_cache=use_cache, batch_size=batch_size,
+                                 progress=progress, scores=bool(nbest))
+        return beam_search(model, src, beam_size, alpha, max_len_b=max_len_b, use_cache=use_cache,
+                           batch_size=batch_size, progress=progress, stop=stop, nbest=nbest)
+
+    if threads == 1:
+        results = [search(parts[0], progress)]
+    else:
+        results = _side_by_side(search, parts, progress)
+    out = [None] * len(src_ids)
+    for part, res in zip(parts, results):
+        for r, i in enumerate(part):
+            out[i] = res[r]
+    return out
+
+
+class _Cancelled(Exception):
+    pass
+
+
+class _SharedProgress:
+    """One progress bar fed by several threads; raises _Cancelled in a search once the caller
+    has given up (an error in another thread, Ctrl-C), so that no thread runs on."""
+
+    def __init__(self, progress):
+        self.progress, self.lock, self.cancelled = progress, threading.Lock(), threading.Event()
+
+    def update(self, n):
+        if self.cancelled.is_set():
+            raise _Cancelled()
+        if self.progress is not None:
+            with self.lock:
+                self.progress.update(n)
+
+
+def _side_by_side(search, parts, progress):
+    """search(part, progress) for every part, each in its own thread with single-threaded BLAS."""
+    shared = _SharedProgress(progress)
+
+    def alone(part):
+        with blas_threads(1):
+            return search(part, shared)
+
+    with concurrent.futures.ThreadPoolExecutor(len(parts), thread_name_prefix="minitf-decode") as pool:
+        futures = [pool.submit(alone, part) for part in parts]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            shared.cancelled.set()
+            raise
+
+
+# ------------------------------------------------------------------------------ text in, text out
 class Hypothesis(NamedTuple):
     """One translation of an n-best list: the detokenized text, the search's score (the sum of
     `positional` over the length penalty), and `positional`, the natural log-probability of each
@@ -27,16 +126,18 @@ class Hypothesis(NamedTuple):
 
 
 def translate_lines(model, tokenizer, lines, beam_size=4, alpha=None, batch_size=64, max_len_b=50, progress=True,
-                    nbest=None):
+                    nbest=None, stop="fairseq"):
     """Raw sentences -> detokenized translations (paper 6.1: beam 4, max length input + 50); alpha
     None: the checkpoint preset's (model.cfg.decode_alpha; the paper's 0.6, small's 2.0), as the
     command line. An empty line (or one of spaces) comes back empty. nbest=N: each line's N best
-    Hypothesis instead (an empty line: one, empty, score 0)."""
+    Hypothesis instead (an empty line: one, empty, score 0). stop: when beam search ends a sentence
+    (decode.beam_search: "fairseq", or "bound")."""
     alpha = model.cfg.decode_alpha if alpha is None else alpha
     todo = [i for i, line in enumerate(lines) if line.strip()]
     src_ids = [ids + [tokenizer.eos_id] for ids in tokenizer.encode([lines[i] for i in todo])]   # never cut: see Seq2Seq.check_ids
     with progress_bar(len(src_ids), "translate", progress) as bar:
-        out = translate_ids(model, src_ids, beam_size, alpha, batch_size, max_len_b, progress=bar, nbest=nbest)
+        out = translate_ids(model, src_ids, beam_size, alpha, batch_size, max_len_b, progress=bar, nbest=nbest,
+                            stop=stop)
     if nbest is None:
         texts = [""] * len(lines)
         for i, text in zip(todo, tokenizer.decode(out)):
@@ -128,18 +229,19 @@ class Translator:
     def alpha(self):
         return self.model.cfg.decode_alpha
 
-    def translate(self, lines, beam=4, alpha=None, max_len_b=50, batch_size=64, progress=False):
+    def translate(self, lines, beam=4, alpha=None, max_len_b=50, batch_size=64, progress=False, stop="fairseq"):
         """A list of sentences -> their translations (a single string -> a string). An empty
-        line comes back empty."""
+        line comes back empty. stop: when beam search ends a sentence ("fairseq": once `beam`
+        hypotheses finished; "bound": once no live beam can beat the best finished one)."""
         one = isinstance(lines, str)
         out = translate_lines(self.model, self.tokenizer, [lines] if one else list(lines), beam, alpha, batch_size,
-                              max_len_b, progress)
+                              max_len_b, progress, stop=stop)
         return out[0] if one else out
 
-    def nbest(self, lines, n=4, beam=4, alpha=None, max_len_b=50, batch_size=64, progress=False):
+    def nbest(self, lines, n=4, beam=4, alpha=None, max_len_b=50, batch_size=64, progress=False, stop="fairseq"):
         """Each sentence's n best translations (n <= beam) as Hypothesis(text, score, positional),
         best first."""
         if not 1 <= n <= beam:
             raise ValueError(f"n-best {n}: choose 1 to the beam size ({beam})")
         return translate_lines(self.model, self.tokenizer, list(lines), beam, alpha, batch_size, max_len_b, progress,
-                               nbest=n)
+                               nbest=n, stop=stop)

@@ -74,7 +74,7 @@ class Validation:
         self.refs = [valid[1][i] for i in pick]
 
     def run(self, model):
-        from .decode import translate_ids
+        from .translate import translate_ids
         from .translate import score
         t0 = time.time()
         rank, n = self.world.rank, self.world.size
@@ -84,14 +84,14 @@ class Validation:
         if self.src_ids:
             ids = [None] * len(self.src_ids)
             shares = self.world.allgather(translate_ids(model, self.src_ids[rank::n], beam_size=1,
-                                                        batch_size=self.decode_batch, streams=self._streams(model)))
+                                                        batch_size=self.decode_batch, threads=self._threads(model)))
             for r, share in enumerate(shares):   # rank r translated sentences r, r + n, r + 2n, ...
                 ids[r::n] = share
             rec["valid_bleu"] = score(self.tok.decode(ids), self.refs)["bleu"]
         rec.update(valid_bleu_sentences=len(self.src_ids), valid_s=round(time.time() - t0, 2))
         return rec
 
-    def _streams(self, model):
+    def _threads(self, model):
         """CPU ranks on one machine share its cores: each decodes its share on its part of them
         (None: translate_ids' default, one search per core, or one on a GPU)."""
         if self.world.local_size == 1 or is_gpu(model.xp):

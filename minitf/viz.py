@@ -406,7 +406,7 @@ def attention_maps(model, tokenizer, src, layer, head, tgt=None, beam_size=4, al
     'enc_self' [S, S], 'dec_self' [T, T], 'cross' [T, S]} as NumPy float64; row = query.
     """
     from .backend import to_numpy
-    from .decode import translate_ids
+    from .translate import translate_ids
     _check_layer_head(model, layer, head)
     if beam_size < 1:
         raise ConfigError(f"--beam must be >= 1, got {beam_size}")

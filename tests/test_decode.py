@@ -184,7 +184,7 @@ def test_continuous_batching_gives_each_sentence_its_own_search(use_cache):
 
 
 def test_translate_ids_keeps_the_input_order_and_takes_nothing():
-    from minitf.decode import translate_ids
+    from minitf.translate import translate_ids
     model, src = model_and_src(seed=9)
     ids = [list(row[row != 0]) for row in src]
     for beam in (1, 3):
@@ -197,11 +197,11 @@ def test_translate_ids_keeps_the_input_order_and_takes_nothing():
 def test_streams_side_by_side_decode_each_sentence_as_alone(beam):
     # translate_ids' threads split the sorted list; every sentence decodes as it does alone,
     # the model comes back in training mode, and the shared progress counts every sentence
-    from minitf.decode import translate_ids
+    from minitf.translate import translate_ids
     model, _ = model_and_src(seed=11)
     rng = np.random.default_rng(0)
     ids = [list(rng.integers(4, 13, rng.integers(1, 9))) + [3] for _ in range(40)]
-    want = translate_ids(model, ids, beam, max_len_b=5, batch_size=4, streams=1)
+    want = translate_ids(model, ids, beam, max_len_b=5, batch_size=4, threads=1)
     model.train()
 
     class Count:
@@ -211,28 +211,28 @@ def test_streams_side_by_side_decode_each_sentence_as_alone(beam):
             self.n += n
 
     count = Count()
-    assert translate_ids(model, ids, beam, max_len_b=5, batch_size=4, streams=3, progress=count) == want
+    assert translate_ids(model, ids, beam, max_len_b=5, batch_size=4, threads=3, progress=count) == want
     assert count.n == len(ids) and model.training
 
 
 def test_an_error_in_one_stream_reaches_the_caller():
-    from minitf.decode import translate_ids
+    from minitf.translate import translate_ids
     model, _ = model_and_src()
     ids = [[5, 6, 3]] * 20 + [[5, 99, 3]]                       # 99 is outside the vocabulary of 13
     with pytest.raises(Exception, match="99"):
-        translate_ids(model, ids, 2, max_len_b=3, streams=2)
+        translate_ids(model, ids, 2, max_len_b=3, threads=2)
 
 
-def test_default_streams_one_per_core_with_enough_sentences(monkeypatch):
-    from minitf import decode
+def test_default_threads_one_search_per_core_with_enough_sentences(monkeypatch):
+    from minitf import translate
     model, _ = model_and_src()
-    monkeypatch.setattr(decode, "can_limit_blas_threads", lambda: True)
-    monkeypatch.setattr(decode, "usable_cores", lambda: 4)
-    assert decode.decode_streams(model, 1000) == 4
-    assert decode.decode_streams(model, 2 * decode.MIN_STREAM_SENTENCES) == 2
-    assert decode.decode_streams(model, 5) == 1
-    monkeypatch.setattr(decode, "can_limit_blas_threads", lambda: False)   # BLAS threads not ours to set
-    assert decode.decode_streams(model, 1000) == 1
+    monkeypatch.setattr(translate, "can_limit_blas_threads", lambda: True)
+    monkeypatch.setattr(translate, "usable_cores", lambda: 4)
+    assert translate.search_threads(model, 1000) == 4
+    assert translate.search_threads(model, 2 * translate.MIN_THREAD_SENTENCES) == 2
+    assert translate.search_threads(model, 5) == 1
+    monkeypatch.setattr(translate, "can_limit_blas_threads", lambda: False)   # BLAS threads not ours to set
+    assert translate.search_threads(model, 1000) == 1
 
 
 def test_blas_threads_are_set_per_thread_and_restored():

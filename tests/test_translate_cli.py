@@ -326,3 +326,21 @@ def test_python_m_minitf_beside_a_folder_named_minitf_is_one_line_not_a_tracebac
         assert r.stdout.startswith("minitf ")
     else:
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "shadows" in r.stderr, r.stderr
+
+
+def test_the_stop_rule_of_beam_search_is_a_flag(setup):
+    """--stop bound (beam search ends a sentence once no live beam can beat its best finished one)
+    reaches the search from the command line and the library; its score is never worse than fairseq's
+    rule, and a bad value is one line."""
+    import minitf
+    d = setup
+    src = (d / "src.txt").read_text().splitlines()
+    for stop in ("fairseq", "bound"):
+        out = run("translate", "--checkpoint", d / "model.npz", "--beam", 3, "--max-len-b", 4, "--stop", stop,
+                  "--input", d / "src.txt")
+        assert out.returncode == 0 and len(out.stdout.splitlines()) == len(src), out.stderr
+    t = minitf.load(d / "model.npz")
+    fair, bound = (t.nbest(src, n=1, beam=3, max_len_b=4, stop=s) for s in ("fairseq", "bound"))
+    assert all(b[0].score >= f[0].score - 1e-9 for f, b in zip(fair, bound))
+    bad = run("translate", "--checkpoint", d / "model.npz", "--stop", "never", stdin="x\n")
+    assert bad.returncode == 2 and "--stop" in bad.stderr and "Traceback" not in bad.stderr
