@@ -142,9 +142,10 @@ def data_memory(cache_folder, max_tokens, batches=1000):
     code = f"""
 import json, sys
 sys.path.insert(0, {ROOT!r})
-import minitf.validation
+import minitf.train
 from minitf.backend import keep_freed_memory, release_freed_memory
 from minitf.data import open_cache, token_batches
+from minitf.data.batching import training_batch
 def mem():
     d = dict(l.split(":", 1) for l in open("/proc/self/status"))
     return {{k: int(d[k].split()[0]) / 1024 for k in ("VmRSS", "VmHWM", "RssAnon", "RssFile")}}
@@ -154,7 +155,7 @@ c = open_cache({cache_folder!r}); p = c.pairs("en", "de")
 plan = token_batches(p.src_lens, p.tgt_lens, {max_tokens}, 1, 0)
 release_freed_memory()   # as train.py does after planning an epoch
 for idx in plan[:{batches}]:
-    minitf.validation.to_batch(p, idx, c.tokenizer)
+    training_batch(p, idx, c.tokenizer)
 now = mem()
 print(json.dumps({{"imports_rss_mib": base["VmRSS"], "data_rss_mib": now["VmRSS"] - base["VmRSS"],
                   "data_peak_mib": now["VmHWM"] - base["VmRSS"], "data_anon_mib": now["RssAnon"] - base["RssAnon"],

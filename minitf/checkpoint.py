@@ -9,7 +9,7 @@ Layout (format version 1), every entry an array loaded with `allow_pickle=False`
 The SHA-256 of every entry is stored in the meta, so a tampered or partly written file is
 rejected with a CheckpointError. Before any array is read, the zip directory's entries must be
 the manifest's and each entry's declared size that of the parameter it holds
-(`minitf.models.parameter_shapes` of its config): an extra or inflated entry (a zip bomb) is
+(`minitf.architectures.parameter_shapes` of its config): an extra or inflated entry (a zip bomb) is
 refused unread. `export_safetensors` writes a checkpoint's parameters (not
 Adam's state) as a `.safetensors` file with the config and tokenizer in its metadata
 (safetensors.py); `load_checkpoint` reads that back too. Arrays are saved from the host, so a checkpoint written on
@@ -28,7 +28,7 @@ from .backend import to_numpy
 from .config import TransformerConfig
 from .errors import CheckpointError, MinitfError, one_line
 from .fileio import atomic_write
-from .models import parameter_shapes
+from .architectures import parameter_shapes
 
 FORMAT, VERSION = "minitf-checkpoint", 1
 ZIP_MAGIC = b"PK\x03\x04"   # what every .npz starts with
@@ -70,7 +70,7 @@ class Checkpoint:
 
     def build_model(self, device="cpu", dtype="float32"):
         """The model of the checkpoint's config (a Transformer, or the `arch` it names), in eval mode."""
-        from .models import build_model
+        from .architectures import build_model
         model = build_model(self.config, device=device, dtype=dtype)
         model.load_state_dict(self.params)
         return model.eval()
@@ -83,7 +83,7 @@ NPY_HEADER_LIMIT = 4096  # bytes an .npy header may take before an entry's data
 def _checked_manifest(path, z):
     """The metadata of an open .npz (NpzFile z), read before any other entry: the entries must be
     the manifest's, and each entry's declared (uncompressed) size that of the parameter it holds
-    (models.parameter_shapes of the config, in float32 or float64, plus an .npy header), so an
+    (architectures.parameter_shapes of the config, in float32 or float64, plus an .npy header), so an
     extra or inflated entry (a zip bomb) is refused at the cost of its directory entry, not of
     inflating it."""
     infos = {name[:-4]: info for name, info in ((i.filename, i) for i in z.zip.infolist()) if name.endswith(".npy")}

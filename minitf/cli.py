@@ -102,7 +102,7 @@ def _translations(translator, lines, args, progress=False, first=0):
         for h in hyps:
             out.append(f"H-{i}\t{h.score:.4f}\t{h.text}\n")
             if args.scores:
-                out.append(f"P-{i}\t{' '.join(f'{p:.4f}' for p in h.positional)}\n")
+                out.append(f"P-{i}\t{' '.join(f'{p:.4f}' for p in h.token_logprobs)}\n")
     return out
 
 
@@ -116,7 +116,7 @@ def _interactive(translator, args):
 
 
 def cmd_evaluate(args):
-    from .translate import load, score
+    from .translate import load, metrics
     src, ref = _read_input(args.src), _read_input(args.ref)
     if len(src) != len(ref):
         raise DataError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
@@ -127,7 +127,7 @@ def cmd_evaluate(args):
     lang = args.lang or (translator.languages or [None, None])[1]
     hyps = translator.translate(src, beam=args.beam, alpha=alpha, max_len_b=args.max_len_b, batch_size=args.batch_size,
                                 progress=not args.quiet, stop=args.stop)
-    result = score(hyps, ref, lang=lang)
+    result = metrics(hyps, ref, lang=lang)
     result.update(checkpoint=args.checkpoint, beam=args.beam, alpha=alpha)
     if lang is None:
         result.update(bleu_paper=None, bleu_paper_method="not computed: the checkpoint does not record its target "

@@ -21,7 +21,7 @@ from .errors import ConfigError
 # the same model (checkpoint averaging compares the other fields, `TransformerConfig.model_fields`)
 TRAINING_FIELDS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "bpe_dropout_source",
                    "bpe_dropout_target", "bidirectional_epochs", "output_layer", "warmup", "lr_factor", "lr_fade", "weight_decay", "max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps", "decode_alpha")
-ARCHS = ("transformer", "rnn")                  # the classes: models.ARCHS
+ARCHS = ("transformer", "rnn")                  # the classes: architectures.ARCHS
 ATTENTIONS = ("general", "dot", "additive")     # arch "rnn": layers.rnn_attention.RecurrentAttention.KINDS
 NORM_POSITIONS = ("post", "pre")                # the Transformer's LayerNorm: after the residual sum (3.1) or before the sublayer
 # train_wmt.py's model-shape flags (argparse names) -> the fields they override
@@ -55,6 +55,11 @@ def parse_id_ranges(text, vocab_size):
 
 @dataclass
 class TransformerConfig:
+    """The settings of a run's model and recipe, one dataclass: the architecture and its sizes
+    (the paper's Transformer, or with arch "rnn" the recurrent baseline, which reads the same
+    fields), the training recipe (dropout, label smoothing, the schedule, tokens per update,
+    checkpoint spacing and averaging) and the decoding default (alpha). Checkpoints and
+    config.json record it (`to_dict`); `model_fields` are the part a trained model needs."""
     vocab_size: int = 37000          # V, one joint source/target vocabulary (3.4)
     d_model: int = 512               # D
     n_heads: int = 8                 # H
@@ -83,7 +88,7 @@ class TransformerConfig:
                                      # and a LayerNorm after each stack (not the paper's; deviations.md)
     positional: str = "sinusoidal"   # or "learned" (Table 3 row E)
     max_len: int = 1024              # learned positions: the longest input; sinusoids: the first table (it grows)
-    arch: str = "transformer"        # or "rnn" (models.ARCHS)
+    arch: str = "transformer"        # or "rnn" (architectures.ARCHS)
     rnn_hidden: int = None           # rnn: LSTM width (the encoder's two directions together); None -> 2 * d_model
     attention: str = "general"       # rnn: Luong's "general" or "dot", or Bahdanau's "additive"
     # training recipe defaults of the preset (used by train_wmt.py, not by the model)

@@ -111,7 +111,7 @@ def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True, batch
                   scores=False):
     """src [B, S] -> list of B token-id lists (no BOS, no EOS); the argmax at every step. At
     most `batch_size` sentences (default: all) at once, with continuous batching (_Waiting).
-    scores=True: each sentence's [(tokens, positional)] instead, positional the log-probability
+    scores=True: each sentence's [(tokens, logprobs)] instead, logprobs the log-probability
     of each token and of the EOS that ends it (at the length limit, the EOS's there)."""
     cfg, xp = model.cfg, model.xp
     src, src_len = _host_and_device_src(model, src)
@@ -280,7 +280,7 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
     `progress.update(n)` is called as sentences finish.
 
     nbest=N: each sentence's N best finished hypotheses instead, best first, as (tokens,
-    positional): positional the log-probability of each token and of the EOS (their sum over
+    logprobs): logprobs the log-probability of each token and of the EOS (their sum over
     length_penalty is the search's score).
     """
     cfg, xp = model.cfg, model.xp
@@ -298,7 +298,7 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
     n_done = np.zeros(b, dtype=int)               # finished hypotheses per sentence
     best, best_score = [[] for _ in range(b)], np.full(b, -np.inf)
     paths = np.zeros_like(hyps, dtype=np.float64) if nbest else None   # [rows, T] the score after each token
-    finished = [[] for _ in range(b)] if nbest else None               # [(score, tokens, positional)]
+    finished = [[] for _ in range(b)] if nbest else None               # [(score, tokens, logprobs)]
     next_tokens = np.full(len(alive), cfg.bos_id)   # one row a sentence at its first step
     while len(alive):
         logits = as_float32_if_half(dec.logits(xp.asarray(next_tokens, dtype=src.dtype)))   # [rows, V]
@@ -368,7 +368,7 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
                 paths = np.concatenate([paths, np.zeros((n_new * k, steps_max))])
             next_tokens = np.concatenate([next_tokens, np.full(n_new, cfg.bos_id)])   # one row each
     if nbest:
-        return [[(tokens, positional) for _, tokens, positional in sorted(f, key=lambda h: -h[0])[:nbest]]
+        return [[(tokens, logprobs) for _, tokens, logprobs in sorted(f, key=lambda h: -h[0])[:nbest]]
                 for f in finished]
     return best
 

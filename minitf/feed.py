@@ -7,9 +7,9 @@ import time
 import numpy as np
 
 from .backend import release_freed_memory
+from .data.batching import training_batch
 from .errors import ConfigError
 from .trainlog import log
-from .validation import to_batch
 
 
 class UpdateFeed:
@@ -32,7 +32,7 @@ class UpdateFeed:
             pairs = self.pairs_of(epoch)
             total += int(pairs.tgt_lens[idx].sum(dtype=np.int64)) + len(idx)   # target + EOS
             if j // self.update_freq == self.rank:
-                micro.append((j, to_batch(pairs, idx, self.tok)))
+                micro.append((j, training_batch(pairs, idx, self.tok)))
         return epoch, index, total, micro
 
     def next(self):

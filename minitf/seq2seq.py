@@ -33,12 +33,12 @@ class Seq2Seq(Layer):
 
     def new_rng(self, seed):
         """The generator the layers draw their initial weights from; a model built by
-        models.parameter_shapes gets one that draws nothing (its arrays are broadcast zeros)."""
+        architectures.parameter_shapes gets one that draws nothing (its arrays are broadcast zeros)."""
         return _ShapesOnly() if getattr(self, "_shapes_only", False) else np.random.default_rng(seed)
 
     def finish_init(self):
         """After the layers are built: move every parameter into the flat buffers."""
-        if getattr(self, "_shapes_only", False):   # models.parameter_shapes: the layer tree is all it needs
+        if getattr(self, "_shapes_only", False):   # architectures.parameter_shapes: the layer tree is all it needs
             return
         # float16 = mixed precision (Micikevicius et al. 2018): float32 master weights (and Adam
         # state) updated by the optimizer, float16 copies for every activation and matmul
@@ -156,7 +156,7 @@ class Seq2Seq(Layer):
 
 class _ShapesOnly:
     """A stand-in for numpy's Generator whose draws are read-only broadcast zeros of the asked
-    shape: no memory, so a model's parameter shapes cost nothing to learn (models.parameter_shapes)."""
+    shape: no memory, so a model's parameter shapes cost nothing to learn (architectures.parameter_shapes)."""
 
     def uniform(self, low=0.0, high=1.0, size=None):
         return np.broadcast_to(np.float64(0.0), () if size is None else size)

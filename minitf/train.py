@@ -31,7 +31,7 @@ from . import distributed
 from .errors import ConfigError, Interrupted, MinitfError
 from .feed import UpdateFeed, open_feed
 from .kernels import accum_dtype
-from .models import build_model
+from .architectures import build_model
 from .optim import Adam, LossScaler
 from .recipe import on_grid, on_save_grid, resolve_config, run_progress, short_run_ends
 from .runfolder import BEST, check_resumed, checkpoint_paths, choose_model, prepare_out, save
@@ -559,7 +559,7 @@ def sigterm_raises():
 def finish(run):
     """The model the run reports (choose_model), then the valid and test sets translated with
     beam search and scored: OUT/<set>.hyp.<tgt>, OUT/results.json, which names the model."""
-    from .translate import score, translate_lines
+    from .translate import metrics, translate_lines
     args, model, tok, data, state = run.args, run.model, run.data.tokenizer, run.data, run.state
     results = {"steps": state["step"], "epochs": state["epochs"], "train_wall_s": round(state["train_wall_s"], 1),
                "train_tokens_per_s": round(state["train_tokens"] / max(state["train_wall_s"], 1e-9), 1),
@@ -572,7 +572,7 @@ def finish(run):
     for name, (src, ref) in sets.items():
         t0 = time.time()
         hyps = translate_lines(model, tok, src, args.beam, args.alpha, args.decode_batch, progress=not args.quiet)
-        s = score(hyps, ref, lang=args.tgt)
+        s = metrics(hyps, ref, lang=args.tgt)
         atomic_write(os.path.join(args.out, f"{name}.hyp.{args.tgt}"), lambda f: f.write("".join(h + "\n" for h in hyps).encode()))
         results["bleu"][name], results["chrf"][name] = s["bleu"], s["chrf"]
         results["sacrebleu_signature"], results["chrf_signature"] = s["bleu_signature"], s["chrf_signature"]

@@ -118,11 +118,16 @@ def _side_by_side(search, parts, progress):
 # ------------------------------------------------------------------------------ text in, text out
 class Hypothesis(NamedTuple):
     """One translation of an n-best list: the detokenized text, the search's score (the sum of
-    `positional` over the length penalty), and `positional`, the natural log-probability of each
-    piece and of the end of sentence."""
+    `token_logprobs` over the length penalty), and `token_logprobs`, the natural log-probability of
+    each piece and of the end of sentence."""
     text: str
     score: float
-    positional: list
+    token_logprobs: list
+
+    @property
+    def positional(self):
+        """The former name of token_logprobs."""
+        return self.token_logprobs
 
 
 def translate_lines(model, tokenizer, lines, beam_size=4, alpha=None, batch_size=64, max_len_b=50, progress=True,
@@ -150,7 +155,7 @@ def translate_lines(model, tokenizer, lines, beam_size=4, alpha=None, batch_size
     return result
 
 
-def score(hyps, refs, lang=None):
+def metrics(hyps, refs, lang=None):
     """sacreBLEU BLEU and chrF of detokenized hypotheses against one reference each, and with
     the target language `lang`, the paper's tokenized BLEU beside them (`paper_bleu`)."""
     from sacrebleu.metrics import BLEU, CHRF
@@ -239,7 +244,7 @@ class Translator:
         return out[0] if one else out
 
     def nbest(self, lines, n=4, beam=4, alpha=None, max_len_b=50, batch_size=64, progress=False, stop="fairseq"):
-        """Each sentence's n best translations (n <= beam) as Hypothesis(text, score, positional),
+        """Each sentence's n best translations (n <= beam) as Hypothesis(text, score, token_logprobs),
         best first."""
         if not 1 <= n <= beam:
             raise ValueError(f"n-best {n}: choose 1 to the beam size ({beam})")

@@ -13,13 +13,6 @@ from .backend import is_gpu, usable_cores
 from .distributed import World
 
 
-def to_batch(pairs, idx, tok):
-    """(src, tgt_in, tgt_out, n_target_tokens) of the pairs `idx` of a TokenPairs: host arrays
-    (forward_loss finds the non-pad rows on the host, then moves the ids itself)."""
-    src, tgt_in, tgt_out = pairs.collate(idx, tok.pad_id, tok.bos_id, tok.eos_id)
-    return src, tgt_in, tgt_out, int((tgt_out != tok.pad_id).sum())
-
-
 def perplexity(nll):
     """exp of a per-token NLL, capped at exp(50) (a diverged model's loss must not overflow the log)."""
     return round(float(np.exp(min(nll, 50))), 2)
@@ -46,9 +39,10 @@ def evaluate_loss(model, batches, world=None):
 def valid_batches(valid, tok, max_tokens):
     """The (src, tgt) lines of the validation set as batches of at most max_tokens per side."""
     from .data import TokenPairs, token_batches
+    from .data.batching import training_batch
     pairs = TokenPairs.from_lists(tok.encode(valid[0]), tok.encode(valid[1]))
     idxs = token_batches(pairs.src_lens, pairs.tgt_lens, max_tokens, seed=0, epoch=0, shuffle=False)
-    return [to_batch(pairs, idx, tok) for idx in idxs]
+    return [training_batch(pairs, idx, tok) for idx in idxs]
 
 
 def even_sample(n, k):
@@ -75,7 +69,7 @@ class Validation:
 
     def run(self, model):
         from .translate import translate_ids
-        from .translate import score
+        from .translate import metrics
         t0 = time.time()
         rank, n = self.world.rank, self.world.size
         loss, nll = evaluate_loss(model, self.batches[rank::n], self.world)
@@ -87,7 +81,7 @@ class Validation:
                                                         batch_size=self.decode_batch, threads=self._threads(model)))
             for r, share in enumerate(shares):   # rank r translated sentences r, r + n, r + 2n, ...
                 ids[r::n] = share
-            rec["valid_bleu"] = score(self.tok.decode(ids), self.refs)["bleu"]
+            rec["valid_bleu"] = metrics(self.tok.decode(ids), self.refs)["bleu"]
         rec.update(valid_bleu_sentences=len(self.src_ids), valid_s=round(time.time() - t0, 2))
         return rec
 

@@ -274,10 +274,10 @@ def test_a_huge_line_in_a_file_read_whole_is_refused_after_a_megabyte(tmp_path, 
                                         ("transformer", {"norm_position": "pre"}), ("rnn", {}),
                                         ("rnn", {"attention": "additive"})])
 def test_parameter_shapes_are_the_built_models(arch, extra):
-    """models.parameter_shapes (what a checkpoint's entries are held to before they are read)
+    """architectures.parameter_shapes (what a checkpoint's entries are held to before they are read)
     names exactly the parameters and shapes a built model has, without allocating them."""
     import minitf
-    from minitf.models import build_model, parameter_shapes
+    from minitf.architectures import build_model, parameter_shapes
     try:
         cfg = minitf.TransformerConfig.preset("tiny", arch=arch, vocab_size=50, **extra)
     except minitf.errors.MinitfError as e:

@@ -233,7 +233,7 @@ def test_gpu_fused_kernels_compile_and_are_used(dtype, monkeypatch, cp):
 def test_gpu_rnn_loss_every_gradient_and_decoding_match_cpu(attention):
     """The recurrent baseline (--arch rnn) on CuPy: the same loss, gradients and beam search."""
     from minitf.decode import beam_search
-    from minitf.models import build_model
+    from minitf.architectures import build_model
     c = cfg(arch="rnn", rnn_hidden=12, attention=attention)
     cpu = build_model(c, device="cpu", dtype="float64", seed=0)
     gpu = build_model(c, device="gpu", dtype="float64", seed=0)

@@ -39,7 +39,7 @@ def standin(monkeypatch):
 
 
 def tiny(arch="transformer", dtype="float32", **kw):
-    from minitf.models import build_model
+    from minitf.architectures import build_model
     base = dict(vocab_size=23, d_model=16, n_heads=4, d_ff=24, n_layers=2, dropout=0.1, max_len=64, arch=arch,
                 rnn_hidden=12)
     base.update(kw)
@@ -153,7 +153,7 @@ def device_equals_cpu(**kw):
     gradient on a batch with a reference piece 12, and the same beam search; returns (cpu model,
     hypotheses)."""
     from minitf.decode import beam_search
-    from minitf.models import build_model
+    from minitf.architectures import build_model
     gpu = tiny(**kw)
     cpu = build_model(gpu.cfg, device="cpu", seed=0)
     cpu.load_state_dict({n: backend.to_numpy(a) for n, a in gpu.state_dict().items()})
@@ -286,14 +286,15 @@ def test_train_resume_average_and_score_on_the_gpu_path(corpus, tmp_path, fp16):
         assert isinstance(pa.params[name], np.ndarray)
         np.testing.assert_array_equal(pa.params[name], pb.params[name])
     # the averaged checkpoint on the CPU: the validation loss the GPU run reported
-    from minitf.validation import evaluate_loss, to_batch
+    from minitf.data.batching import training_batch
+    from minitf.validation import evaluate_loss
     from minitf.data import TokenPairs
     from minitf.data.tokenizer import Tokenizer
     ck = load_checkpoint(straight / "averaged.npz")
     tok = Tokenizer.from_bytes(ck.tokenizer)
     src, ref = (gzip.open(corpus / f"val.{lang}.gz", "rt").read().splitlines() for lang in ("en", "de"))
     pairs = TokenPairs.from_lists(tok.encode(src), tok.encode(ref))
-    cpu_loss, _ = evaluate_loss(ck.build_model(device="cpu"), [to_batch(pairs, np.arange(len(src)), tok)])
+    cpu_loss, _ = evaluate_loss(ck.build_model(device="cpu"), [training_batch(pairs, np.arange(len(src)), tok)])
     assert abs(cpu_loss - res["valid_loss"]) <= 1e-3 * res["valid_loss"]
 
 
@@ -305,7 +306,7 @@ def checkpoints(tmp_path_factory):
     path, lines = make_tiny_checkpoint(d)
     ck = load_checkpoint(path)
     rnn = minitf.TransformerConfig(**{**ck.config.to_dict(), "arch": "rnn", "rnn_hidden": 16, "attention": "additive"})
-    from minitf.models import build_model
+    from minitf.architectures import build_model
     save_checkpoint(d / "rnn.npz", build_model(rnn, seed=1), tokenizer=ck.tokenizer)
     (d / "src.txt").write_text("\n".join(lines[:6]) + "\n")
     return {"transformer": path, "rnn": d / "rnn.npz"}, d / "src.txt"

@@ -107,7 +107,7 @@ def rnn_batch():
 def test_gradcheck_rnnsearch_every_parameter(attention, dropout):
     """The whole recurrent model (two bi-LSTM encoder layers, two decoder layers, input feeding,
     tied embeddings), padded batch: every parameter against central differences."""
-    from minitf.models import build_model
+    from minitf.architectures import build_model
     model = build_model(rnn_cfg(attention=attention, dropout=dropout), dtype="float64", seed=3)
     src, tgt_in, tgt_out = rnn_batch()
     # a point away from the near-linear start (at init the attention's gradients are ~1e-6 and

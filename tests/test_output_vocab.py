@@ -11,7 +11,7 @@ from minitf.checkpoint import load_checkpoint
 from minitf.config import id_ranges, parse_id_ranges
 from minitf.data.tokenizer import Tokenizer
 from minitf.decode import beam_search, greedy_search
-from minitf.models import build_model
+from minitf.architectures import build_model
 from minitf.errors import ConfigError
 from minitf.loss import label_smoothed_nll
 

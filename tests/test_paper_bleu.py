@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from minitf.translate import paper_bleu, score
+from minitf.translate import metrics, paper_bleu
 
 pytest.importorskip("sacremoses", reason="sacremoses is in the dev extra: pip install -e '.[dev]'")
 
@@ -29,14 +29,14 @@ def test_without_compound_splitting_the_hyphenated_word_is_one_token():
 def test_moses_tokenization_is_applied_to_both_sides():
     # a reference already tokenized and a detokenized hypothesis tokenize alike: 100
     assert paper_bleu(["Ein Hund, der läuft."], ["Ein Hund , der läuft ."], "de")[0] == 100.0
-    # score() reports it beside sacreBLEU when it knows the target language, and not otherwise
-    both = score(HYP, REF, lang="de")
+    # metrics() reports it beside sacreBLEU when it knows the target language, and not otherwise
+    both = metrics(HYP, REF, lang="de")
     assert both["bleu_paper"] == 69.89 and both["bleu"] != both["bleu_paper"]
-    assert "bleu_paper" not in score(HYP, REF)
+    assert "bleu_paper" not in metrics(HYP, REF)
 
 
 def test_a_missing_sacremoses_is_named_not_a_traceback(monkeypatch):
     monkeypatch.setitem(sys.modules, "sacremoses", None)
     bleu, how = paper_bleu(HYP, REF, "de")
     assert bleu is None and "pip install 'minitf[paper]'" in how
-    assert score(HYP, REF, lang="de")["bleu_paper"] is None
+    assert metrics(HYP, REF, lang="de")["bleu_paper"] is None

@@ -5,7 +5,7 @@ import pytest
 import minitf
 from minitf.decode import beam_search, greedy_search
 from minitf.loss import log_softmax
-from minitf.models import build_model
+from minitf.architectures import build_model
 
 from plain_beam import mixed_length_sources, plain_beam_search
 

@@ -229,7 +229,8 @@ def test_nbest_and_scores_lines(setup):
         logp = logits[0] - np.log(np.exp(logits[0] - logits[0].max(1, keepdims=True)).sum(1, keepdims=True)) \
             - logits[0].max(1, keepdims=True)
         forced = [logp[t, tok_id] for t, tok_id in enumerate(ids + [tok.eos_id])]
-        np.testing.assert_allclose(hyp.positional, forced, atol=1e-4)
+        np.testing.assert_allclose(hyp.token_logprobs, forced, atol=1e-4)
+        assert hyp.positional is hyp.token_logprobs   # the former name still reads
     greedy = run("translate", "--checkpoint", d / "model.npz", "--beam", 1, "--scores", "--max-len-b", 4,
                  stdin=src[0] + "\n")
     assert greedy.returncode == 0 and [line[:2] for line in greedy.stdout.splitlines()] == ["S-", "H-", "P-"]

@@ -361,7 +361,7 @@ def test_table1_path_gradients_of_both_archs(tmp_path):
     from bench import table1
     import minitf
     from minitf.checkpoint import save_checkpoint
-    from minitf.models import build_model
+    from minitf.architectures import build_model
     from minitf.checkpoint import load_checkpoint
     ckpt_t, lines = make_tiny_checkpoint(tmp_path)
     base = load_checkpoint(ckpt_t)

@@ -207,3 +207,12 @@ def collate(src_ids, tgt_ids, pad_id=0, bos_id=2, eos_id=3):
     tgt_in = pad_ids(tgt_ids, pad_id, prefix=bos_id)
     tgt_out = pad_ids(tgt_ids, pad_id, suffix=eos_id)
     return src, tgt_in, tgt_out
+
+
+def training_batch(pairs, idx, tok):
+    """One batch of the pairs `idx` as a training step and the validation loss take it: (src,
+    tgt_in, tgt_out, n_target_tokens) with `tok`'s special ids, host arrays (forward_loss finds the
+    non-pad rows on the host, then moves the ids itself). `pairs`: anything with TokenPairs'
+    `collate` (an epoch of bidirectional training or BPE-dropout too)."""
+    src, tgt_in, tgt_out = pairs.collate(idx, tok.pad_id, tok.bos_id, tok.eos_id)
+    return src, tgt_in, tgt_out, int((tgt_out != tok.pad_id).sum())

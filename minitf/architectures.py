@@ -1,4 +1,4 @@
-"""The model registry (fairseq's pattern): one table from the config's `arch` to the class.
+"""The architectures (fairseq's registry pattern): one table from the config's `arch` to the model class.
 
 Training, checkpoints, averaging and decoding build a model with `build_model(cfg, ...)` and
 otherwise drive only the surface every model shares (seq2seq.Seq2Seq): forward_loss,
