@@ -28,8 +28,8 @@ def _output_file(path, flag):
 
 
 def cmd_prepare(args):
-    from .data.pipeline import load_data
-    data = load_data(args, verify=args.verify)
+    from .data.pipeline import DataSettings, load_data
+    data = load_data(DataSettings.of(args), verify=args.verify)
     m = data.corpus.manifest
     print(f"{data.corpus.folder}: {m['counts']['kept']:,} pairs, {sum(m['tokens'].values()):,} tokens, "
           f"vocabulary {m['tokenizer']['vocab_size']} ({data.tokenizer.model_type}), data_id {m['data_id']}; valid {len(data.valid[0]):,} "

@@ -2,6 +2,7 @@
 resumed checkpoint's, which the flags must not contradict), the recipe's settings left unset
 (max steps, averaging, checkpoint and validation spacing), how far the run is (the learning-rate
 fade's clock), when a step ends a checkpoint interval, and whether the run ends inside its warmup."""
+import argparse
 import dataclasses
 
 from .config import SIZE_FLAGS, TransformerConfig, id_ranges
@@ -43,8 +44,9 @@ def build_config(args, vocab_size, target_pieces=None, note=None):
 
 
 def resolve_config(args, data, resume, lead=True):
-    """The resumed checkpoint's config (a flag that would change it is an error), or the preset's
-    with the flags over it; then the recipe's flags left unset (resolve_recipe)."""
+    """(config, settings): the resumed checkpoint's config (a flag that would change it is an error),
+    or the preset's with the flags over it; and the run's Settings, the recipe's flags left unset
+    filled (resolve_recipe)."""
     vocab_size = data.tokenizer.vocab_size
     if resume is None:
         cfg = build_config(args, vocab_size, lambda both: target_pieces(data, vocab_size, both),
@@ -63,10 +65,10 @@ def resolve_config(args, data, resume, lead=True):
             raise ConfigError(f"--resume: {resume.path} was trained on the binarized corpus {trained_on}, but the "
                               f"training data now gives {data.data_id} ({data.corpus.folder}); the corpus files or "
                               f"the cleaning flags (--max-len, --max-ratio) changed: restore them, or start a new --out")
-    resolve_recipe(args, cfg)
+    settings = resolve_recipe(args, cfg)
     if cfg.vocab_size != vocab_size:
         raise ConfigError(f"the checkpoint's vocabulary ({cfg.vocab_size}) != the tokenizer's ({vocab_size})")
-    return cfg
+    return cfg, settings
 
 
 def target_pieces(data, vocab_size, both_sides=False):
@@ -79,33 +81,44 @@ def target_pieces(data, vocab_size, both_sides=False):
     return id_ranges(sorted(ids))
 
 
+class Settings(argparse.Namespace):
+    """A run's flags after the recipe filled the ones left unset (resolve_recipe), read-only: the
+    loop, the run folder and the end read one settled value of each."""
+
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"the run's settings are settled before training (recipe.resolve_recipe); "
+                             f"{name} is read-only")
+
+
 def resolve_recipe(args, cfg):
-    """Fill the flags left unset from the preset's (or the resumed checkpoint's) recipe: max_steps,
-    average_last, keep_last (average_last + 1: a final off-grid checkpoint never pushes an
-    averaged one out), and ONE checkpoint spacing, in steps or in minutes of training."""
-    if args.max_steps is None:
-        args.max_steps = cfg.max_steps
-    if args.alpha is None:
-        args.alpha = cfg.decode_alpha
-    if args.average_last is None:
-        args.average_last = cfg.average_last
-    if args.keep_last is None:
-        args.keep_last = args.average_last + 1
-    if args.save_every is None and args.save_every_minutes is None:
-        args.save_every, args.save_every_minutes = cfg.save_every, cfg.save_every_minutes
-    if args.save_every_minutes:
-        args.save_every = None
-    if args.valid_every is None and args.valid_every_minutes is None:   # validate with the checkpoints' clock
-        if args.save_every_minutes:
-            args.valid_every_minutes = args.save_every_minutes
+    """The run's Settings: the flags, with the ones left unset filled from the preset's (or the
+    resumed checkpoint's) recipe: max_steps, alpha, average_last, keep_last (average_last + 1: a
+    final off-grid checkpoint never pushes an averaged one out), and ONE checkpoint spacing, in
+    steps or in minutes of training (validation on the same clock). `args` is not changed."""
+    s = dict(vars(args))
+    s["max_steps"] = cfg.max_steps if s["max_steps"] is None else s["max_steps"]
+    s["alpha"] = cfg.decode_alpha if s["alpha"] is None else s["alpha"]
+    s["average_last"] = cfg.average_last if s["average_last"] is None else s["average_last"]
+    s["keep_last"] = s["average_last"] + 1 if s["keep_last"] is None else s["keep_last"]
+    if s["save_every"] is None and s["save_every_minutes"] is None:
+        s["save_every"], s["save_every_minutes"] = cfg.save_every, cfg.save_every_minutes
+    if s["save_every_minutes"]:
+        s["save_every"] = None
+    if s["valid_every"] is None and s["valid_every_minutes"] is None:   # validate with the checkpoints' clock
+        if s["save_every_minutes"]:
+            s["valid_every_minutes"] = s["save_every_minutes"]
         else:
-            args.valid_every = VALID_EVERY
-    if cfg.lr_fade and not args.max_steps and not args.time_budget:
+            s["valid_every"] = VALID_EVERY
+    if cfg.lr_fade and not s["max_steps"] and not s["time_budget"]:
         raise ConfigError(f"--lr-fade {cfg.lr_fade} fades the learning rate to 0 at the run's end, but this run has "
                           f"none: give --time-budget or --max-steps, or --lr-fade 0")
-    if args.average_last > args.keep_last:
-        raise ConfigError(f"--average-last {args.average_last} > --keep-last {args.keep_last}: keep at least as "
+    if s["average_last"] > s["keep_last"]:
+        raise ConfigError(f"--average-last {s['average_last']} > --keep-last {s['keep_last']}: keep at least as "
                           f"many checkpoints as you average")
+    return Settings(**s)
 
 
 def run_progress(args, step, wall_s):

@@ -25,7 +25,7 @@ from .backend import get_xp, is_gpu, to_numpy
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import SIZE_FLAGS, TransformerConfig
 from .data.binarized import StaleData
-from .data.pipeline import load_data
+from .data.pipeline import DataSettings, load_data
 from .data.tokenizer import Tokenizer
 from . import distributed
 from .errors import ConfigError, Interrupted, MinitfError
@@ -196,7 +196,7 @@ def set_up(args, world):
     if resume is not None:
         check_resumed(args.out, resume)
     data = _load_data(args, world, resume)
-    cfg = resolve_config(args, data, resume, lead)
+    cfg, args = resolve_config(args, data, resume, lead)   # args: the settled, read-only Settings from here
     if resume is not None and lead:
         log(f"resuming from {resume.path} (step {resume.train_state['step']})")
     fp16 = getattr(args, "fp16", False)
@@ -261,7 +261,7 @@ def _load_data(args, world, resume):
     for turn in range(2 if world.size > 1 else 1):
         if lead == (turn == 0):
             try:
-                data = load_data(args, tokenizer=Tokenizer.from_bytes(resume.tokenizer) if resume and resume.tokenizer
+                data = load_data(DataSettings.of(args), tokenizer=Tokenizer.from_bytes(resume.tokenizer) if resume and resume.tokenizer
                                  else None, log=log if lead else (lambda msg: None),
                                  expect_data_id=resume.train_state.get("data_id") if resume else None, notes=lead)
             except StaleData as e:

@@ -591,3 +591,17 @@ def test_the_cache_folder_names_the_direction_and_serves_the_reverse_one(tmp_pat
     back = prepare_cache(folder, [paths[::-1]], ("de", "en"), vocab_size=60, progress=False, log=log)
     assert log.built() == [] and back.pairs("de", "en").src_lens.tolist() == first.pairs("en", "de").tgt_lens.tolist()
     assert _left(tmp_path / "cache") == ["toy.en-de"]
+
+
+def test_the_pipeline_reads_data_settings_not_the_parsed_flags():
+    """load_data takes DataSettings: the fields the data needs, read-only, made from parsed flags
+    (DataSettings.of); handing it the flags themselves is refused."""
+    import argparse
+    from minitf.data.pipeline import DataSettings, load_data
+    s = DataSettings.of(argparse.Namespace(src="en", tgt="fr", dataset="multi30k", out="runs/x", max_len=100))
+    assert (s.src, s.tgt, s.dataset, s.max_len, s.quiet) == ("en", "fr", "multi30k", 100, False)
+    assert not hasattr(s, "out")
+    with pytest.raises(Exception, match="frozen|cannot assign"):
+        s.src = "de"
+    with pytest.raises(TypeError, match="DataSettings"):
+        load_data(argparse.Namespace(src="en"))

@@ -815,3 +815,19 @@ def test_every_flag_reaches_a_config_field_or_is_a_run_flag():
     flags = {a.dest for a in build_parser()._actions if a.option_strings and a.dest not in ("help", "version")}
     assert flags - set(mapped) - RUN_ONLY_FLAGS == set(), "flags wired to nothing: map them or list them as run flags"
     assert not set(mapped) & RUN_ONLY_FLAGS and RUN_ONLY_FLAGS <= flags
+
+
+def test_the_recipe_settles_a_read_only_copy_of_the_flags():
+    """resolve_recipe fills the flags left unset from the preset (here small's) into Settings, a
+    read-only copy: the parsed namespace is untouched, and a later assignment is refused."""
+    from minitf.recipe import resolve_recipe
+    from minitf.train_cli import parse_args
+    args = parse_args(["--out", "x", "--preset", "small"])
+    before = dict(vars(args))
+    cfg = minitf.TransformerConfig.preset("small", vocab_size=100)
+    s = resolve_recipe(args, cfg)
+    assert vars(args) == before and args.max_steps is None
+    assert (s.alpha, s.save_every, s.average_last, s.keep_last) == (cfg.decode_alpha, 80, cfg.average_last,
+                                                                     cfg.average_last + 1)
+    with pytest.raises(AttributeError, match="read-only"):
+        s.max_steps = 5

@@ -1,7 +1,9 @@
 """From command-line flags to training data: the flags `train_wmt.py` and `python -m minitf prepare`
-share, and `load_data`, which finds (or downloads) the corpus, prepares or reuses its binarized
-cache (`prepare.prepare_cache`) and reads the small valid/test sets.
+share, the data settings they give (`DataSettings`), and `load_data`, which finds (or downloads)
+the corpus, prepares or reuses its binarized cache (`prepare.prepare_cache`) and reads the small
+valid/test sets.
 """
+import dataclasses
 import hashlib
 import os
 from dataclasses import dataclass
@@ -89,6 +91,33 @@ def subword_model(args):
     return "bpe" if args.train else dataset_default(args.dataset, "subword", args.src, args.tgt)
 
 
+@dataclass(frozen=True)
+class DataSettings:
+    """What the data pipeline reads of a run's flags (add_data_args), and nothing else: the corpus (a
+    dataset and its folder, or own --train/--valid/--test files), the direction, the tokenizer and
+    cleaning choices, where the cache goes, and whether to print progress."""
+    src: str = "en"
+    tgt: str = "de"
+    dataset: str = None
+    data_dir: str = None
+    train: str = None
+    valid: str = None
+    test: object = None
+    offline: bool = False
+    vocab_size: int = None
+    subword: str = None
+    tokenizer: str = None
+    max_len: int = 250
+    max_ratio: float = None
+    cache_dir: str = None
+    quiet: bool = False
+
+    @classmethod
+    def of(cls, args):
+        """The data settings of parsed flags (a field the parser has not: its default)."""
+        return cls(**{f.name: getattr(args, f.name, f.default) for f in dataclasses.fields(cls)})
+
+
 @dataclass
 class Data:
     """What training needs: the tokenizer, the memory-mapped training pairs, the valid/test text."""
@@ -104,14 +133,17 @@ class Data:
 
 
 def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True, verify=False):
-    """Locate (or download) the corpus, then prepare or reuse its binarized cache.
+    """Locate (or download) the corpus of `args` (DataSettings), then prepare or reuse its binarized
+    cache.
 
     `tokenizer`: encode with this one (a resumed checkpoint's); else `--tokenizer`, else the
     cache's or a newly trained one. `expect_data_id`: see `prepare_cache`. `notes`: print the
     line about a missing optional test set (False on all MPI ranks but one). `verify`: check a reused
     cache's arrays against their checksums (`prepare --verify`). Returns `Data`."""
     from minitf.data.tokenizer import Tokenizer
-    progress = not getattr(args, "quiet", False)
+    if not isinstance(args, DataSettings):
+        raise TypeError("load_data takes DataSettings (DataSettings.of(parsed flags))")
+    progress = not args.quiet
     if args.train:
         data = user_dataset(args.train, args.valid, args.test, args.src, args.tgt)
         vocab, max_ratio = 8000, 1.5
@@ -124,7 +156,7 @@ def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True, v
         vocab = args.vocab_size
     if args.max_ratio is not None:
         max_ratio = args.max_ratio or None
-    if tokenizer is None and getattr(args, "tokenizer", None):
+    if tokenizer is None and args.tokenizer:
         try:
             tokenizer = Tokenizer(args.tokenizer)
         except DataError as e:
