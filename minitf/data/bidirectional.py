@@ -26,7 +26,7 @@ class BothWays:
 
     def __init__(self, pairs):
         self.pairs = pairs
-        self.reverse = TokenPairs(*reversed(pairs._sides()), vocab_size=pairs.vocab_size, files=pairs.files)
+        self.reverse = TokenPairs(*reversed(pairs.sides()), vocab_size=pairs.vocab_size, files=pairs.files)
         self.src_lens = np.concatenate([pairs.src_lens, pairs.tgt_lens])
         self.tgt_lens = np.concatenate([pairs.tgt_lens, pairs.src_lens])
 
@@ -44,8 +44,8 @@ class BothWays:
             if where.size == 0:
                 continue
             rows = idx[where] % n
-            for side, out in zip(pairs._sides(), (src, tgt)):
-                tokens, local = pairs._rows(*side, rows)
+            for side, out in zip(pairs.sides(), (src, tgt)):
+                tokens, local = pairs.rows_of(*side, rows)
                 for k, i in enumerate(where):
                     out[i] = tokens[local[k]: local[k + 1]]
         return TokenPairs.from_lists(src, tgt).collate(np.arange(idx.size), pad_id, bos_id, eos_id)

@@ -87,21 +87,22 @@ class TokenPairs:
 
     def ids(self, i):
         """(source ids, target ids) of pair i, as int64 arrays."""
-        return tuple(self._rows(*side, np.array([i]))[0] for side in self._sides())
+        return tuple(self.rows_of(*side, np.array([i]))[0] for side in self.sides())
 
     def collate(self, idx, pad_id=0, bos_id=2, eos_id=3):
         """(src [B, S], tgt_in [B, T], tgt_out [B, T]) int64 for the pairs `idx`: src = ids + EOS,
         tgt_in = BOS + ids, tgt_out = ids + EOS, right-padded with `pad_id` (see batching.collate)."""
         idx = np.asarray(idx, dtype=np.int64)
-        src, tgt = (self._rows(*side, idx) for side in self._sides())
+        src, tgt = (self.rows_of(*side, idx) for side in self.sides())
         rows = np.arange(idx.size)
         return (_gather(*src, rows, 0, None, eos_id, pad_id), _gather(*tgt, rows, 1, bos_id, None, pad_id),
                 _gather(*tgt, rows, 0, None, eos_id, pad_id))
 
-    def _sides(self):
+    def sides(self):
+        """((tokens, offsets, lengths) of the source, the same of the target): what rows_of reads."""
         return (self.src_tokens, self.src_offsets, self.src_lens), (self.tgt_tokens, self.tgt_offsets, self.tgt_lens)
 
-    def _rows(self, tokens, offsets, lens, idx):
+    def rows_of(self, tokens, offsets, lens, idx):
         """(tokens, offsets) of just the rows `idx`, in memory: fancy indexing for in-memory arrays,
         one pread per row (its two offsets, then its tokens) for memory-mapped ones, checked
         (`_check_rows`) before and after the tokens are read."""

@@ -112,7 +112,7 @@ class BPEDropout:
         if len(self.p) != 2 or not all(0.0 <= x < 1.0 for x in self.p) or not any(self.p):
             raise ValueError(f"BPEDropout: p must be (source, target) in [0, 1), one of them > 0, got {p}")
         self.words = [_Words(*side, tokenizer, q, random.Random(_seed(self.seed, k))) if q else None
-                      for k, (side, q) in enumerate(zip(pairs._sides(), self.p))]
+                      for k, (side, q) in enumerate(zip(pairs.sides(), self.p))]
         self._kept = (None, None)   # (epoch, TokenPairs) of the last epoch asked for
 
     def epoch(self, epoch):
@@ -121,7 +121,7 @@ class BPEDropout:
         kept_epoch, kept = self._kept
         if kept_epoch != epoch:
             sides = [words.draw(np.random.default_rng([self.seed, int(epoch), k])) if words else side
-                     for k, (side, words) in enumerate(zip(self.pairs._sides(), self.words))]
+                     for k, (side, words) in enumerate(zip(self.pairs.sides(), self.words))]
             kept = TokenPairs(*sides)
             self._kept = (epoch, kept)
         return kept
