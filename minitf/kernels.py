@@ -193,14 +193,11 @@ extern "C" __global__ void softmax_backward_warp(const T* dp, const T* p, T* dx,
     for (int j = lane; j < len; j += 32) dx[off + j] = (T)((A)p[off + j] * ((A)dp[off + j] - s));
 }
 
-// Per row of length d: mean, rstd = (var + eps)^-1/2 (biased variance, two passes over the row),
-// xhat = (x - mean) * rstd (kept for backward, in A), y = xhat * g + b.
-extern "C" __global__ void layernorm_forward(const T* x, const T* g, const T* bvec, T* y, A* xhat, A* rstd,
-                                             int d, A eps) {
-    __shared__ A buf[1024];
-    long long off = (long long)blockIdx.x * d;
-    A s = 0;
-    for (int j = threadIdx.x; j < d; j += blockDim.x) s += (A)x[off + j];
+// One row of length d at x + off whose sum (this thread's share of it) is s: mean, rstd = (var + eps)^-1/2
+// (biased variance, a second pass over the row), xhat = (x - mean) * rstd (kept for backward, in A),
+// y = xhat * g + b; rstd[row] by thread 0. layernorm_forward and residual_layernorm end with it.
+__device__ void layernorm_row(const T* x, long long off, int d, A s, const T* g, const T* bvec, T* y, A* xhat,
+                              A* rstd, long long row, A eps, A* buf) {
     A mean = block_sum(s, buf) / d;
     A v = 0;
     for (int j = threadIdx.x; j < d; j += blockDim.x) { A c = (A)x[off + j] - mean; v += c * c; }
@@ -210,7 +207,17 @@ extern "C" __global__ void layernorm_forward(const T* x, const T* g, const T* bv
         xhat[off + j] = xh;
         y[off + j] = (T)(xh * (A)g[j] + (A)bvec[j]);
     }
-    if (threadIdx.x == 0) rstd[blockIdx.x] = rs;
+    if (threadIdx.x == 0) rstd[row] = rs;
+}
+
+// Per row of length d: its sum, then layernorm_row.
+extern "C" __global__ void layernorm_forward(const T* x, const T* g, const T* bvec, T* y, A* xhat, A* rstd,
+                                             int d, A eps) {
+    __shared__ A buf[1024];
+    long long off = (long long)blockIdx.x * d;
+    A s = 0;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) s += (A)x[off + j];
+    layernorm_row(x, off, d, s, g, bvec, y, xhat, rstd, blockIdx.x, eps, buf);
 }
 
 // dxhat = dy * g; dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) per row.
@@ -339,16 +346,7 @@ extern "C" __global__ void residual_layernorm(const long long* rowpos, int has_r
         y[off + j] = v;     // read back below by this same thread only
         s += (A)v;
     }
-    A mean = block_sum(s, buf) / d;
-    A v = 0;
-    for (int j = threadIdx.x; j < d; j += blockDim.x) { A c = (A)y[off + j] - mean; v += c * c; }
-    A rs = (A)1 / a_sqrt(block_sum(v, buf) / d + eps);
-    for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        A xh = ((A)y[off + j] - mean) * rs;
-        xhat[off + j] = xh;
-        out[off + j] = (T)(xh * (A)g[j] + (A)bvec[j]);
-    }
-    if (threadIdx.x == 0) rstd[r] = rs;
+    layernorm_row(y, off, d, s, g, bvec, out, xhat, rstd, r, eps, buf);
 }
 
 // Column sums of x [n, d], or of x * y (has_y), pass 1 of 2. Block b sums the 32 columns from
