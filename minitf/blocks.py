@@ -5,28 +5,28 @@ after either stack: the paper's post-norm. cfg.norm_position "pre" (not in the p
 docs/deviations.md) wraps it as x + Dropout(Sublayer(LayerNorm(x))) instead and ends each
 stack with a LayerNorm (`norm`), the arrangement of tensor2tensor's later versions and of
 Xiong et al. (2020). Attention and ReLU dropout inside the sublayers (cfg.attention_dropout,
-cfg.relu_dropout; 0 in the paper) draw their masks from the same stream, before the
+cfg.relu_dropout; 0 in the paper) draw their masks from the same sites, before the
 sublayer's residual dropout.
 """
 from . import functional as F
 from .layers import Dropout, FeedForward, Layer, LayerNorm, MultiHeadAttention
 
 
-def residual(x, dropout, sublayer_out, stream, rows):
+def residual(x, dropout, sublayer_out, sites, rows):
     """x + Dropout(Sublayer(x)), the sum inside LayerNorm (3.1), written into the sublayer's
-    output array (a fresh array nothing else holds) to save two temporaries. `stream`: the
-    forward's dropout masks (functional.DropoutStream); `rows`: the positions x holds, if packed."""
-    return dropout.forward_add(sublayer_out, residual=x, stream=stream, rows=rows)
+    output array (a fresh array nothing else holds) to save two temporaries. `sites`: the
+    forward's dropout masks (functional.DropoutSites); `rows`: the positions x holds, if packed."""
+    return dropout.forward_add(sublayer_out, residual=x, sites=sites, rows=rows)
 
 
-def add_norm(norm, x, sublayer, last, dropout, stream, rows):
+def add_norm(norm, x, sublayer, last, dropout, sites, rows):
     """norm(x + dropout(sublayer(x))), the post-norm block of 3.1; `sublayer(bias)` runs the sublayer
     (bias=False: without the bias of its last Linear, `last`). On a GPU one kernel adds that bias,
     draws the dropout, makes the sum and normalizes it (LayerNorm.forward_residual); elsewhere the
     sum (written into the sublayer's output), then the LayerNorm."""
     if F.residual_layernorm_fused(x):
-        return norm.forward_residual(x, sublayer(False), dropout, stream, rows, last.params["bias"])
-    return norm.forward(residual(x, dropout, sublayer(True), stream, rows))
+        return norm.forward_residual(x, sublayer(False), dropout, sites, rows, last.params["bias"])
+    return norm.forward(residual(x, dropout, sublayer(True), sites, rows))
 
 
 class EncoderLayer(Layer):
@@ -41,16 +41,16 @@ class EncoderLayer(Layer):
         self.drop2 = self.add("drop2", Dropout(cfg.dropout))
         self.pre = cfg.norm_position == "pre"
 
-    def forward(self, x, src_bias, stream=None, rows=None):
+    def forward(self, x, src_bias, sites=None, rows=None):
         """x [B, S, D], src_bias [B, 1, 1, S] -> [B, S, D] (x [Ns, D] -> [Ns, D] with `rows`)."""
         if self.pre:
             n = self.norm1.forward(x)
-            h = residual(x, self.drop1, self.self_attn.forward(n, n, src_bias, rows, rows, stream), stream, rows)
-            return residual(h, self.drop2, self.ffn.forward(self.norm2.forward(h), stream, rows), stream, rows)
+            h = residual(x, self.drop1, self.self_attn.forward(n, n, src_bias, rows, rows, sites), sites, rows)
+            return residual(h, self.drop2, self.ffn.forward(self.norm2.forward(h), sites, rows), sites, rows)
         sa, ffn = self.self_attn, self.ffn
-        h = add_norm(self.norm1, x, lambda bias: sa.forward(x, x, src_bias, rows, rows, stream, bias), sa.out,
-                     self.drop1, stream, rows)                                      # norm1(x + drop1(self_attn(x, x)))
-        return add_norm(self.norm2, h, lambda bias: ffn.forward(h, stream, rows, bias), ffn.fc2, self.drop2, stream,
+        h = add_norm(self.norm1, x, lambda bias: sa.forward(x, x, src_bias, rows, rows, sites, bias), sa.out,
+                     self.drop1, sites, rows)                                      # norm1(x + drop1(self_attn(x, x)))
+        return add_norm(self.norm2, h, lambda bias: ffn.forward(h, sites, rows, bias), ffn.fc2, self.drop2, sites,
                         rows)                                                       # norm2(h + drop2(ffn(h)))
 
     def backward(self, dy):
@@ -93,23 +93,23 @@ class DecoderLayer(Layer):
         self.drop3 = self.add("drop3", Dropout(cfg.dropout))
         self.pre = cfg.norm_position == "pre"
 
-    def forward(self, y, memory, src_bias, tgt_bias, stream=None, tgt_rows=None, src_rows=None):
+    def forward(self, y, memory, src_bias, tgt_bias, sites=None, tgt_rows=None, src_rows=None):
         """y [B, T, D], memory [B, S, D] (encoder output), tgt_bias [B, 1, T, T] -> [B, T, D]
         (packed: y [Nt, D], memory [Ns, D] -> [Nt, D] with `tgt_rows`/`src_rows`)."""
         if self.pre:
             n = self.norm1.forward(y)
-            h1 = residual(y, self.drop1, self.self_attn.forward(n, n, tgt_bias, tgt_rows, tgt_rows, stream),
-                          stream, tgt_rows)
-            a = self.cross_attn.forward(self.norm2.forward(h1), memory, src_bias, tgt_rows, src_rows, stream)
-            h2 = residual(h1, self.drop2, a, stream, tgt_rows)
-            return residual(h2, self.drop3, self.ffn.forward(self.norm3.forward(h2), stream, tgt_rows), stream, tgt_rows)
+            h1 = residual(y, self.drop1, self.self_attn.forward(n, n, tgt_bias, tgt_rows, tgt_rows, sites),
+                          sites, tgt_rows)
+            a = self.cross_attn.forward(self.norm2.forward(h1), memory, src_bias, tgt_rows, src_rows, sites)
+            h2 = residual(h1, self.drop2, a, sites, tgt_rows)
+            return residual(h2, self.drop3, self.ffn.forward(self.norm3.forward(h2), sites, tgt_rows), sites, tgt_rows)
         sa, ca, ffn, rows = self.self_attn, self.cross_attn, self.ffn, tgt_rows
-        h1 = add_norm(self.norm1, y, lambda bias: sa.forward(y, y, tgt_bias, rows, rows, stream, bias), sa.out,
-                      self.drop1, stream, rows)                                     # norm1(y + drop1(self_attn(y, y)))
-        h2 = add_norm(self.norm2, h1, lambda bias: ca.forward(h1, memory, src_bias, rows, src_rows, stream, bias),
-                      ca.out, self.drop2, stream, rows)                             # norm2(h1 + drop2(cross_attn))
-        return add_norm(self.norm3, h2, lambda bias: ffn.forward(h2, stream, rows, bias), ffn.fc2, self.drop3,
-                        stream, rows)                                               # norm3(h2 + drop3(ffn(h2)))
+        h1 = add_norm(self.norm1, y, lambda bias: sa.forward(y, y, tgt_bias, rows, rows, sites, bias), sa.out,
+                      self.drop1, sites, rows)                                     # norm1(y + drop1(self_attn(y, y)))
+        h2 = add_norm(self.norm2, h1, lambda bias: ca.forward(h1, memory, src_bias, rows, src_rows, sites, bias),
+                      ca.out, self.drop2, sites, rows)                             # norm2(h1 + drop2(cross_attn))
+        return add_norm(self.norm3, h2, lambda bias: ffn.forward(h2, sites, rows, bias), ffn.fc2, self.drop3,
+                        sites, rows)                                               # norm3(h2 + drop3(ffn(h2)))
 
     def backward(self, dout, dmemory_into=None):
         """Returns (dy, dmemory); with `dmemory_into` dmemory is added into that array (the sum
@@ -171,9 +171,9 @@ class Encoder(Layer):
         self.layer_list = add_layer_list(self, [EncoderLayer(cfg, rng) for _ in range(cfg.n_layers)])
         self.norm = final_norm(self, cfg)
 
-    def forward(self, x, src_bias, stream=None, rows=None):
+    def forward(self, x, src_bias, sites=None, rows=None):
         for layer in self.layer_list:
-            x = layer.forward(x, src_bias, stream, rows)
+            x = layer.forward(x, src_bias, sites, rows)
         return x if self.norm is None else self.norm.forward(x)
 
     def backward(self, dy):
@@ -193,9 +193,9 @@ class Decoder(Layer):
         self.layer_list = add_layer_list(self, [DecoderLayer(cfg, rng) for _ in range(cfg.n_decoder_layers)])
         self.norm = final_norm(self, cfg)
 
-    def forward(self, y, memory, src_bias, tgt_bias, stream=None, tgt_rows=None, src_rows=None):
+    def forward(self, y, memory, src_bias, tgt_bias, sites=None, tgt_rows=None, src_rows=None):
         for layer in self.layer_list:
-            y = layer.forward(y, memory, src_bias, tgt_bias, stream, tgt_rows, src_rows)
+            y = layer.forward(y, memory, src_bias, tgt_bias, sites, tgt_rows, src_rows)
         return y if self.norm is None else self.norm.forward(y)
 
     def backward(self, dy):

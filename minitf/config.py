@@ -24,9 +24,18 @@ TRAINING_FIELDS = ("dropout", "attention_dropout", "relu_dropout", "label_smooth
 ARCHS = ("transformer", "rnn")                  # the classes: architectures.ARCHS
 ATTENTIONS = ("general", "dot", "additive")     # arch "rnn": layers.rnn_attention.RecurrentAttention.KINDS
 NORM_POSITIONS = ("post", "pre")                # the Transformer's LayerNorm: after the residual sum (3.1) or before the sublayer
-# train_wmt.py's model-shape flags (argparse names) -> the fields they override
+# ONE table from train_wmt.py's flags (argparse names) to the config fields they set, in three kinds: the
+# model's shape and architecture, the recipe (a --resume refuses both when they differ from the checkpoint's),
+# and the run's schedule. recipe.build_config and the resume check read it, train_cli.build_parser writes each
+# flag's preset defaults into --help from it, tests/test_train.py holds every flag to it or to the run flags.
 SIZE_FLAGS = {"d_model": "d_model", "heads": "n_heads", "d_ff": "d_ff", "layers": "n_layers",
               "decoder_layers": "n_decoder_layers", "norm": "norm_position"}
+ARCH_FLAGS = {"arch": "arch", "attention": "attention", "output_vocab": "output_layer"}
+RECIPE_FLAGS = {f: f for f in ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "bpe_dropout_source",
+                               "bpe_dropout_target", "bidirectional_epochs", "warmup", "lr_factor", "lr_fade",
+                               "weight_decay")}
+SCHEDULE_FLAGS = {f: f for f in ("max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps")}
+FLAG_FIELDS = {**SIZE_FLAGS, **ARCH_FLAGS, **RECIPE_FLAGS, **SCHEDULE_FLAGS}
 
 
 def id_ranges(ids):
@@ -249,3 +258,20 @@ RNN_PRESETS = {
                   update_tokens=4096),
     "tiny": dict(d_model=32, rnn_hidden=32, n_layers=1),
 }
+
+
+def preset_defaults(field):
+    """What each preset sets `field` to, as --help says it: "base 512, big 1024, small 192, tiny 32"
+    (presets that agree are named together), and what --arch rnn changes."""
+    def listing(values):
+        groups = {}
+        for name, value in values.items():
+            groups.setdefault("unset" if value is None else f"{value:g}" if isinstance(value, float) else str(value),
+                              []).append(name)
+        if len(groups) == 1:
+            return f"every preset {next(iter(groups))}"
+        return ", ".join(f"{' and '.join(names)} {value}" for value, names in groups.items())
+    plain = {name: getattr(TransformerConfig.preset(name), field) for name in PRESETS}
+    rnn = {name: getattr(TransformerConfig.preset(name, arch="rnn"), field) for name in PRESETS}
+    text = listing(plain)
+    return text if rnn == plain else f"{text}; with --arch rnn: {listing(rnn)}"

@@ -200,7 +200,7 @@ def mix64(z):
     return z ^ (z >> 31)
 
 
-class DropoutStream:
+class DropoutSites:
     """The masks of one training forward pass: forward `forward_index` of a model seeded
     `seed`. Each call of `next_site` names the next dropout site (sites are visited in the
     same order by every layout of the same batch)."""
@@ -231,10 +231,10 @@ def hash_bits(xp, key, rowpos, n_rows, d):
     return z.view(np.uint16).reshape(n_rows, 4 * words)[:, :d]
 
 
-def dropout_bits(stream, xp, shape, rows=None):
+def dropout_bits(sites, xp, shape, rows=None):
     """The next site's 16-bit uniforms for an activation of `shape`: [..., D] in the padded
     layout, or [N, D] packed with `rows` (packing.Rows). Same bits in both layouts."""
-    (seed, forward_index, site), key = stream.next_site()
+    (seed, forward_index, site), key = sites.next_site()
     d = shape[-1]
     n_rows = int(np.prod(shape[:-1], dtype=np.int64))
     if xp is np:
@@ -244,10 +244,10 @@ def dropout_bits(stream, xp, shape, rows=None):
     return hash_bits(xp, key, None if rows is None else rows.index, n_rows, d).reshape(shape)
 
 
-def dropout_mask(stream, shape, p, dtype, xp=np, rows=None):
+def dropout_mask(sites, shape, p, dtype, xp=np, rows=None):
     """Inverted-dropout mask: 0 with probability p, else 1/(1-p) (so E[mask] = 1), from the
-    next site of `stream` (a DropoutStream)."""
-    u = dropout_bits(stream, xp, shape, rows)
+    next site of `sites` (a DropoutSites)."""
+    u = dropout_bits(sites, xp, shape, rows)
     mask = xp.empty(shape, dtype=dtype)
     xp.greater_equal(u, keep_threshold(p), out=mask, casting="unsafe")
     mask *= 1.0 / (1.0 - p)
@@ -262,14 +262,14 @@ def dropout_forward(x, mask, inplace=False):
     return x * mask
 
 
-def dropout_add_forward(stream, x, residual, p, rows=None):
+def dropout_add_forward(sites, x, residual, p, rows=None):
     """(out, mask): out = x * mask + residual with the next site's inverted-dropout mask, x the
     dropout's input (a sublayer output nothing else holds, overwritten with out): the residual
     sum r + Dropout(Sublayer(r)) of 3.1 with x = Sublayer(r)."""
     if kernels.enabled(x):
-        _, key = stream.next_site()
+        _, key = sites.next_site()
         return kernels.dropout_add(key, None if rows is None else rows.index, x, residual, p)
-    mask = dropout_mask(stream, x.shape, p, x.dtype, xp_of(x), rows)
+    mask = dropout_mask(sites, x.shape, p, x.dtype, xp_of(x), rows)
     out = dropout_forward(x, mask, inplace=True)
     out += residual
     return out, mask
@@ -281,12 +281,12 @@ def residual_layernorm_fused(y):
     return kernels.fused(y, "norm")
 
 
-def residual_layernorm_forward(stream, x, y, p, g, b, eps, rows=None, y_bias=None):
+def residual_layernorm_forward(sites, x, y, p, g, b, eps, rows=None, y_bias=None):
     """LayerNorm(x + Dropout(y + y_bias)), a post-norm block's output (3.1; y_bias: the bias of the
     sublayer's last Linear, when it left it out), in one kernel: (out, mask, cache), the mask drawn
-    from the next site of `stream` as dropout_add_forward draws it (stream None: no dropout, mask
+    from the next site of `sites` as dropout_add_forward draws it (sites None: no dropout, mask
     None), the cache as layernorm_forward's; the sum is written into y."""
-    key = None if stream is None else stream.next_site()[1]
+    key = None if sites is None else sites.next_site()[1]
     return kernels.residual_layernorm(key, None if rows is None else rows.index, y, x, p, g, b, eps, y_bias)
 
 

@@ -2,7 +2,7 @@
 
 Owns weight tying (3.4: one matrix for source embedding, target embedding and the
 pre-softmax projection) and the pad-free packing of training batches; what it shares with
-the recurrent model (the flat parameter and gradient buffers, the dropout random stream, the
+the recurrent model (the flat parameter and gradient buffers, the dropout sites, the
 loss head) is seq2seq.Seq2Seq, the attention masks are masks.py.
 """
 import numpy as np
@@ -34,7 +34,7 @@ class Transformer(Seq2Seq):
         self.finish_init()
 
     # ------------------------------------------------------------------ forward
-    def encode(self, src, stream=None, rows=None, plan=None, src_bias=None):
+    def encode(self, src, sites=None, rows=None, plan=None, src_bias=None):
         """src [B, S] -> (memory [B, S, D], src_bias [B, 1, 1, S], src ids cached for backward).
 
         With `rows` (packing.Rows of the non-pad source positions) memory is [Ns, D]. `plan`
@@ -42,18 +42,18 @@ class Transformer(Seq2Seq):
         the padding bias, when the caller made it (from host ids)."""
         if src_bias is None:
             src_bias = padding_bias(src, self.cfg.pad_id, self.dtype)
-        x = self._embed(src, rows, self.src_dropout, stream, plan)
-        return self.encoder.forward(x, src_bias, stream, rows), src_bias, src
+        x = self._embed(src, rows, self.src_dropout, sites, plan)
+        return self.encoder.forward(x, src_bias, sites, rows), src_bias, src
 
-    def _embed(self, ids, rows, dropout, stream, plan):
+    def _embed(self, ids, rows, dropout, sites, plan):
         """dropout(pack(rows, embedding[ids] * sqrt(D) + PE)) (3.4, 3.5, 5.4): [N, D] with rows."""
         if plan is None:
             x_emb, _ = self.embedding.lookup(ids)
-            return dropout.forward(pack(rows, self.positional.forward(x_emb)), stream, rows=rows)
+            return dropout.forward(pack(rows, self.positional.forward(x_emb)), sites, rows=rows)
         # one pass on the GPU (kernels.embed_rows): the same rows, the same dropout mask
         w = self.embedding.params["weight"]
         length = ids.shape[1]
-        key = stream.next_site()[1] if dropout.active(stream) else None
+        key = sites.next_site()[1] if dropout.active(sites) else None
         out, dropout.cache = kernels.embed_rows(w, ids, rows, length, self.positional.table_like(w, length),
                                                 self.embedding.scale, key, dropout.p)
         return out if rows is not None else out.reshape(ids.shape + (-1,))
@@ -82,12 +82,12 @@ class Transformer(Seq2Seq):
         # the padding biases from the ids where they are (the host, in training: one copy each, no kernels)
         src_bias, tgt_pad = (padding_bias(ids, self.cfg.pad_id, self.dtype, self.xp) for ids in (src, tgt_in))
         src, tgt_in = to_device(src, self.xp), self.check_ids("tgt_in", tgt_in)
-        stream = self._dropout_stream()
-        memory, src_bias, src_ids = self.encode(src, stream, src_rows, plans[0], src_bias)
+        sites = self._dropout_sites()
+        memory, src_bias, src_ids = self.encode(src, sites, src_rows, plans[0], src_bias)
         t = tgt_in.shape[1]
         tgt_bias = causal_bias(t, self.xp, self.dtype)[None, None] + tgt_pad
-        y = self._embed(tgt_in, tgt_rows, self.tgt_dropout, stream, plans[1])
-        h = self.decoder.forward(y, memory, src_bias, tgt_bias, stream, tgt_rows, src_rows)
+        y = self._embed(tgt_in, tgt_rows, self.tgt_dropout, sites, plans[1])
+        h = self.decoder.forward(y, memory, src_bias, tgt_bias, sites, tgt_rows, src_rows)
         self._cache = {"src_ids": src_ids, "tgt_ids": tgt_in, "src_rows": src_rows, "tgt_rows": tgt_rows,
                        "plans": plans, "h_shape": h.shape}
         self._head = None   # a forward without a loss: no backward of an earlier loss

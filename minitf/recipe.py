@@ -5,18 +5,13 @@ fade's clock), when a step ends a checkpoint interval, and whether the run ends 
 import argparse
 import dataclasses
 
-from .config import SIZE_FLAGS, TransformerConfig, id_ranges
+from .config import FLAG_FIELDS, SCHEDULE_FLAGS, TransformerConfig, id_ranges
 from .data.tokenizer import EOS_ID, UNK_ID
 from .errors import ConfigError
 from .trainlog import log
 
 VALID_EVERY = 200   # updates between validations when checkpoints are spaced in steps (CPU presets)
 
-# flags that set a config field of the same name and change what training does: a resume must not differ in them
-RECIPE_FLAGS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "bpe_dropout_source",
-                "bpe_dropout_target", "bidirectional_epochs", "warmup", "lr_factor", "lr_fade", "weight_decay")
-# flags that set a config field of the same name, the run's schedule (build_config)
-SCHEDULE_FLAGS = ("max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps")
 
 
 def build_config(args, vocab_size, target_pieces=None, note=None):
@@ -24,12 +19,10 @@ def build_config(args, vocab_size, target_pieces=None, note=None):
     data's targets hold (both sides' with bidirectional training, whose targets are both languages),
     called when the run's output layer (--output-vocab, or the preset's) is "target"; `note`
     (rank 0's log) is told when the preset's choice gives way to a flag."""
-    over = {k: getattr(args, k) for k in RECIPE_FLAGS + SCHEDULE_FLAGS if getattr(args, k, None) is not None}
-    over.update({field: getattr(args, flag) for flag, field in SIZE_FLAGS.items() if getattr(args, flag, None) is not None})
+    over = {field: getattr(args, flag) for flag, field in FLAG_FIELDS.items()   # config.FLAG_FIELDS: the one table
+            if flag not in ("arch", "output_vocab") and getattr(args, flag, None) is not None}
     if args.save_every is not None and args.save_every_minutes is None:
         over["save_every_minutes"] = None   # spacing in steps asked for: a resumed run keeps it
-    if getattr(args, "attention", None) is not None:
-        over["attention"] = args.attention
     cfg = TransformerConfig.preset(args.preset, arch=getattr(args, "arch", None) or "transformer",
                                    vocab_size=vocab_size, **over)
     layer = getattr(args, "output_vocab", None) or cfg.output_layer
@@ -53,8 +46,7 @@ def resolve_config(args, data, resume, lead=True):
                            note=log if lead else None)
     else:
         cfg = resume.config
-        for flag, name in (("arch", "arch"), ("attention", "attention"), ("output_vocab", "output_layer"),
-                           *SIZE_FLAGS.items(), *zip(RECIPE_FLAGS, RECIPE_FLAGS)):
+        for flag, name in ((f, field) for f, field in FLAG_FIELDS.items() if f not in SCHEDULE_FLAGS):
             asked = getattr(args, flag, None)
             if asked is not None and asked != getattr(cfg, name):
                 dashed = flag.replace("_", "-")

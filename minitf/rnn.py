@@ -48,22 +48,22 @@ class RNNSearch(Seq2Seq):
         self.finish_init()
 
     # ------------------------------------------------------------------ forward
-    def encode(self, src, stream=None):
+    def encode(self, src, sites=None):
         """src [B, S] -> (memory [B, S, R], bias [B, S] (NEG_INF on padding), src ids for backward)."""
         x, src_ids = self.embedding.lookup(src)
-        x = self.src_dropout.forward(x, stream)
+        x = self.src_dropout.forward(x, sites)
         mask = src != self.cfg.pad_id
         for layer in self.encoder:
             x = layer.forward(x, mask)
         return x, padding_bias(src, self.cfg.pad_id, self.dtype)[:, 0, 0], src_ids
 
-    def decoder_hidden(self, src, tgt_in, stream=None):
+    def decoder_hidden(self, src, tgt_in, sites=None):
         """src [B, S], tgt_in [B, T] -> h~ [B, T, D] (before the output dropout); keeps what backward needs."""
         xp, d, hd, n = self.xp, self.cfg.d_model, self.cfg.rnn_hidden, self.cfg.n_layers
-        memory, bias, src_ids = self.encode(self.check_ids("src", src), stream)
+        memory, bias, src_ids = self.encode(self.check_ids("src", src), sites)
         keys = self.attention.keys(memory)
         y, tgt_ids = self.embedding.lookup(self.check_ids("tgt_in", tgt_in))
-        y = self.tgt_dropout.forward(y, stream)                                # [B, T, D]
+        y = self.tgt_dropout.forward(y, sites)                                # [B, T, D]
         b, t, _ = y.shape
         first = self.decoder[0]
         w_y, w_feed = first.params["w_x"][:d], first.params["w_x"][d:]        # x_t = [y_t ; h~_{t-1}]
@@ -91,16 +91,16 @@ class RNNSearch(Seq2Seq):
     def forward(self, src, tgt_in):
         """src [B, S], tgt_in [B, T] int -> logits [B, T, V] (no dropout in eval mode; -inf outside an
         output vocabulary)."""
-        stream = self._dropout_stream()
-        return self.embedding.project_all(self.out_dropout.forward(self.decoder_hidden(src, tgt_in, stream), stream))
+        sites = self._dropout_sites()
+        return self.embedding.project_all(self.out_dropout.forward(self.decoder_hidden(src, tgt_in, sites), sites))
 
     def forward_loss(self, src, tgt_in, tgt_out, packed=True):
         """Label-smoothed loss averaged over the non-pad tokens of tgt_out [B, T], as the
         Transformer's. `packed` is accepted for the same signature and changes nothing: a
         recurrence runs over the padded [B, T] (padding at the end of a row gets no loss)."""
         tgt_in, tgt_out = self._check_targets(tgt_in, tgt_out)
-        stream = self._dropout_stream()    # one stream per forward: src, tgt, then output dropout
-        h = self.out_dropout.forward(self.decoder_hidden(src, tgt_in, stream), stream)
+        sites = self._dropout_sites()    # one DropoutSites per forward: src, tgt, then output dropout
+        h = self.out_dropout.forward(self.decoder_hidden(src, tgt_in, sites), sites)
         return self.loss_head(h.reshape(-1, h.shape[-1]), tgt_out.reshape(-1))
 
     # ------------------------------------------------------------------ backward through time

@@ -1,6 +1,6 @@
 """What every translation model of minitf shares (the Transformer, model.py; the recurrent
 RNNSearch, rnn.py): the flat parameter and gradient buffers every layer's arrays are views of,
-the input checks, the dropout random stream, and the loss head (logits = h @ embedding^T over
+the input checks, the dropout sites, and the loss head (logits = h @ embedding^T over
 the rows with a target token, label-smoothed cross-entropy, paper 3.4 and 5.4).
 
 A model subclass builds its layers (with `self.embedding` the tied TokenEmbedding), calls
@@ -11,7 +11,7 @@ drive only this surface.
 import numpy as np
 
 from .backend import get_xp, is_gpu, keep_freed_memory, to_device, to_numpy
-from .functional import DropoutStream
+from .functional import DropoutSites
 from .errors import CheckpointError, ConfigError
 from .layers import Layer, flatten_parameters
 from .loss import label_smoothed_nll, label_smoothed_nll_backward
@@ -27,7 +27,7 @@ class Seq2Seq(Layer):
         if not is_gpu(self.xp):
             keep_freed_memory()
         self.dtype = np.dtype(dtype)
-        self.forward_count = 0  # training forward i draws its dropout masks from DropoutStream(seed, i)
+        self.forward_count = 0  # training forward i draws its dropout masks from DropoutSites(seed, i)
         self._cache = None   # what backward needs of the last forward (the model's own)
         self._head = None    # what loss_head_backward needs of the last loss_head
 
@@ -67,14 +67,14 @@ class Seq2Seq(Layer):
             raise ConfigError(f"tgt_out shape {tgt_out.shape} != tgt_in shape {tgt_in.shape}")
         return tgt_in, tgt_out
 
-    def _dropout_stream(self):
+    def _dropout_sites(self):
         """The dropout masks of this forward (None in eval mode or without dropout). Nothing is
         set up: a mask is a function of (seed, forward index, site, position)."""
         if not self.training or not (self.cfg.dropout or self.cfg.attention_dropout or self.cfg.relu_dropout):
             return None
-        stream = DropoutStream(self.seed, self.forward_count)
+        sites = DropoutSites(self.seed, self.forward_count)
         self.forward_count += 1
-        return stream
+        return sites
 
     # ------------------------------------------------------------------ the loss head
     def loss_head(self, h, gold):

@@ -2,11 +2,11 @@
 paper's schedule (5.3) -> checkpoints -> averaged model -> beam search -> sacreBLEU (6.1).
 
 `train` reads as its three steps: `set_up` (device, data, the checkpoint to resume, model,
-optimizer, the batch stream: a `Run`), `run_loop` (each update: `should_stop`, `take_step`,
+optimizer, the batch feed: a `Run`), `run_loop` (each update: `should_stop`, `take_step`,
 `after_step`), and `end` (the last checkpoint, then `finish`: averaging, decoding, scores).
 
 Resumable exactly: a checkpoint stores the parameters, Adam's moments and step, the data
-position (epoch, batch index), and the dropout stream position (model.forward_count), so
+position (epoch, batch index), and the dropout masks' position (model.forward_count), so
 `--resume` replays the same batches, masks and losses as a run that never stopped.
 """
 import argparse
@@ -23,7 +23,7 @@ import numpy as np
 
 from .backend import get_xp, is_gpu, to_numpy
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import SIZE_FLAGS, TransformerConfig
+from .config import FLAG_FIELDS, SIZE_FLAGS, TransformerConfig
 from .data.binarized import StaleData
 from .data.pipeline import DataSettings, load_data
 from .data.tokenizer import Tokenizer
@@ -74,7 +74,7 @@ def step_stats(model, loss_sum, nll_sum):
 @dataclass
 class Run:
     """What the steps of a run pass along. `state` is what a checkpoint saves besides the model
-    and Adam: step, data position (epoch, batch), dropout stream position, wall time, ..."""
+    and Adam: step, data position (epoch, batch), the dropout masks' position, wall time, ..."""
     args: argparse.Namespace
     world: distributed.World
     data: object                   # data.pipeline.Data: tokenizer, training pairs, valid and test text
@@ -185,7 +185,7 @@ def _locked_train(args, world):
 
 # ------------------------------------------------------------------------------ set-up
 def set_up(args, world):
-    """Device, data (and the checkpoint to resume), model, optimizer, the batch stream, the log."""
+    """Device, data (and the checkpoint to resume), model, optimizer, the batch feed, the log."""
     lead = world.rank == 0
     _prepare_device(args, world)
     ckpts = checkpoint_paths(args.out)
@@ -196,6 +196,7 @@ def set_up(args, world):
     if resume is not None:
         check_resumed(args.out, resume)
     data = _load_data(args, world, resume)
+    flags = args
     cfg, args = resolve_config(args, data, resume, lead)   # args: the settled, read-only Settings from here
     if resume is not None and lead:
         log(f"resuming from {resume.path} (step {resume.train_state['step']})")
@@ -215,6 +216,8 @@ def set_up(args, world):
         prepare_out(args.out)
         atomic_write(os.path.join(args.out, "config.json"), lambda f: f.write(json.dumps(
             {"model": cfg.to_dict(), "args": vars(args), "ranks": world.size,
+             # the config fields this run's flags set (config.FLAG_FIELDS); the others are the preset's
+             "set_by_flags": {field: flag for flag, field in FLAG_FIELDS.items() if getattr(flags, flag, None) is not None},
              "tokenizer_sha256": hashlib.sha256(data.tokenizer.to_bytes()).hexdigest()}, indent=2).encode()))
         corpus = f"--train {args.train}" if args.train else args.dataset
         log(f"task: {corpus}, {args.src} -> {args.tgt}; the scores go to {os.path.join(args.out, 'results.json')}, "

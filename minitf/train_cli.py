@@ -28,7 +28,7 @@ OUT/<testset>.hyp.<tgt> and OUT/results.json.
 import argparse
 import os
 
-from minitf.config import ARCHS, ATTENTIONS, NORM_POSITIONS, PRESETS
+from minitf.config import ARCHS, ATTENTIONS, FLAG_FIELDS, NORM_POSITIONS, PRESETS, preset_defaults
 from minitf.data.pipeline import add_data_args, check_data_args, subword_model
 from minitf.flags import MAX_BEAM, Number, Parser, fraction, positive
 
@@ -44,19 +44,17 @@ def build_parser(prog=None):
     p.add_argument("--arch", choices=ARCHS,
                    help="transformer (default), or rnn: the recurrent baseline with attention (docs/rnn_vs_transformer.md)")
     p.add_argument("--attention", choices=ATTENTIONS,
-                   help="--arch rnn: Luong's general or dot score, or Bahdanau's additive score "
-                        "(default from the preset: small additive, base and big general)")
-    p.add_argument("--d-model", type=positive(), help="model width D (default from the preset: base 512, small 192; with --arch rnn: base 512, small 256)")
-    p.add_argument("--heads", type=positive(), help="attention heads H (default from the preset: base 8, small 4)")
-    p.add_argument("--d-ff", type=positive(), help="feed-forward width F (default from the preset: base 2048, small 768; --arch rnn has none)")
-    p.add_argument("--layers", type=positive(), help="layers N of the encoder, and of the decoder unless --decoder-layers "
-                                                      "(default from the preset: base 6, small 2)")
+                   help="--arch rnn: Luong's general or dot score, or Bahdanau's additive score")
+    p.add_argument("--d-model", type=positive(), help="model width D")
+    p.add_argument("--heads", type=positive(), help="attention heads H")
+    p.add_argument("--d-ff", type=positive(), help="feed-forward width F (--arch rnn has none)")
+    p.add_argument("--layers", type=positive(), help="layers N of the encoder, and of the decoder unless --decoder-layers")
     p.add_argument("--decoder-layers", type=positive(),
                    help="layers of the decoder when it differs from the encoder's --layers (default: the same)")
     p.add_argument("--norm", choices=NORM_POSITIONS,
                    help="where each sublayer's LayerNorm sits: post, LayerNorm(x + Sublayer(x)) (the paper's), or pre, "
                         "x + Sublayer(LayerNorm(x)) with a LayerNorm after each stack (not in the paper; "
-                        "docs/deviations.md) (default from the preset: post)")
+                        "docs/deviations.md)")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                    help="parameters and activations (float64: exact checks, e.g. one process against N ranks)")
@@ -64,46 +62,42 @@ def build_parser(prog=None):
                    help="mixed precision: float16 activations/matmuls, float32 master weights, dynamic loss scaling (for GPUs)")
     p.add_argument("--out", default="runs/train", help="output folder")
     p.add_argument("--max-steps", type=Number(int, 0, meaning=" (0 = no limit)"),
-                   help="updates (default from the preset: base 100k, big 300k, as in the paper); 0 = no limit")
+                   help="updates (the paper: base 100k, big 300k); 0 = no limit")
     p.add_argument("--time-budget", type=positive(float), help="stop training after this many seconds")
     p.add_argument("--max-tokens", type=positive(),
                    help="tokens per batch and side on each rank, padding included (fairseq's meaning); default: the "
                         "preset's tokens per update (base/big 25000 as in the paper, small 3072) split over the "
                         "ranks x --update-freq batches of an update, so any number of ranks makes the same update")
     p.add_argument("--update-freq", type=positive(), default=1, help="batches accumulated per update on each rank")
-    p.add_argument("--warmup", type=positive(), help="warmup steps (paper: 4000; default from the preset)")
+    p.add_argument("--warmup", type=positive(), help="warmup steps (paper: 4000)")
     p.add_argument("--lr-factor", type=positive(float),
-                   help="multiplies the paper's learning rate (default from the preset: small 1.4, the "
-                        "others and --arch rnn 1.0)")
+                   help="multiplies the paper's learning rate")
     p.add_argument("--lr-fade", type=fraction(), metavar="FRACTION",
                    help="fade the learning rate linearly to 0 over this last fraction of the run (of --time-budget "
-                        "or --max-steps, whichever ends it first); 0 = the paper's schedule (default from the preset)")
+                        "or --max-steps, whichever ends it first); 0 = the paper's schedule")
     p.add_argument("--weight-decay", type=fraction(closed=False), metavar="LAMBDA",
                    help="decoupled weight decay (AdamW, Loshchilov & Hutter 2019): every update also shrinks each "
-                        "weight by learning rate x LAMBDA; 0 = the paper's Adam (default from the preset)")
-    p.add_argument("--dropout", type=fraction(closed=False), help="override the preset's dropout (paper: 0.1; big: 0.3)")
+                        "weight by learning rate x LAMBDA; 0 = the paper's Adam")
+    p.add_argument("--dropout", type=fraction(closed=False), help="dropout on every sublayer output and the embedding sums (paper: 0.1; big: 0.3)")
     p.add_argument("--attention-dropout", type=fraction(closed=False),
-                   help="dropout on the attention weights (not in the paper, which has none; default from the preset: 0)")
+                   help="dropout on the attention weights (not in the paper, which has none)")
     p.add_argument("--relu-dropout", type=fraction(closed=False),
-                   help="dropout on the feed-forward layer's hidden ReLU output (not in the paper; default from the "
-                        "preset: 0)")
+                   help="dropout on the feed-forward layer's hidden ReLU output (not in the paper)")
     p.add_argument("--label-smoothing", type=fraction(closed=False),
-                   help="override eps_ls (paper: 0.1; default from the preset: small 0.2, the others "
-                        "and --arch rnn 0.1)")
+                   help="label smoothing eps_ls (paper: 0.1)")
     p.add_argument("--bpe-dropout-source", type=fraction(closed=False), metavar="P",
                    help="BPE-dropout on the source side: each epoch segments the training sentences anew, each merge "
-                        "skipped with probability P (not in the paper; default from the preset: 0)")
+                        "skipped with probability P (not in the paper)")
     p.add_argument("--bpe-dropout-target", type=fraction(closed=False), metavar="P",
-                   help="the same on the target side (default from the preset: 0)")
+                   help="the same on the target side")
     p.add_argument("--bidirectional-epochs", type=Number(int, 0, meaning=" (0 = one direction)"), metavar="EPOCHS",
                    help="bidirectional training: the first EPOCHS epochs train on the pairs in both directions, source "
                         "-> target and target -> source (twice the pairs an epoch), the rest on source -> target alone "
-                        "(Ding et al. 2021; not in the paper; --output-vocab target then scores both sides' pieces; "
-                        "default from the preset: 0)")
+                        "(Ding et al. 2021; not in the paper; --output-vocab target then scores both sides' pieces)")
     p.add_argument("--output-vocab", choices=("joint", "target"),
                    help="the pieces the output layer scores: joint, all of the joint vocabulary (the paper's), or "
                         "target, only those on the target side of the training data (a smaller, faster output layer; "
-                        "docs/deviations.md; default from the preset: small target, the others joint; --arch rnn joint)")
+                        "docs/deviations.md)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the last checkpoint in --out, with its model and recipe (a model-size or --norm, dropout, "
                         "label-smoothing, BPE-dropout, output-vocab, warmup or rate flag that differs from the checkpoint's is an error)")
@@ -141,7 +135,21 @@ def build_parser(prog=None):
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar (on a terminal) or progress lines (elsewhere); validation results and "
                         "messages are still printed")
+    add_preset_defaults(p)
     return p
+
+
+# the table's flags whose default is not one number a preset sets (their help says how it is chosen)
+_RULED = ("max_tokens", "save_every", "save_every_minutes", "decoder_layers")
+
+
+def add_preset_defaults(p):
+    """Each model and recipe flag's --help ends with what every preset sets its field to, read from
+    the one table (config.FLAG_FIELDS) and the presets, so the numbers cannot drift from them."""
+    for action in p._actions:
+        field = FLAG_FIELDS.get(action.dest)
+        if field is not None and action.dest not in _RULED:
+            action.help = f"{action.help or ''} [presets: {preset_defaults(field)}]".lstrip()
 
 
 def parse_args(argv=None, prog=None):

@@ -374,14 +374,14 @@ def test_adam_chunks_cover_the_buffer_once():
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
 def test_dropout_mask_drops_p_and_keeps_the_mean(dtype):
     from minitf import functional as F
-    m = F.dropout_mask(F.DropoutStream(0, 0), (400, 500), 0.1, dtype)
+    m = F.dropout_mask(F.DropoutSites(0, 0), (400, 500), 0.1, dtype)
     assert m.dtype == dtype and set(np.unique(m)) == {0, dtype(1 / 0.9)}
     assert abs((m == 0).mean() - 0.1) < 0.003          # 200000 draws: 0.003 is ~4.5 sigma
     assert abs(m.astype(np.float64).mean() - 1.0) < 0.005
-    again = F.dropout_mask(F.DropoutStream(0, 0), (400, 500), 0.1, dtype)
+    again = F.dropout_mask(F.DropoutSites(0, 0), (400, 500), 0.1, dtype)
     np.testing.assert_array_equal(m, again)            # a function of (seed, forward, site, position)
-    others = [F.dropout_mask(F.DropoutStream(*sf), (400, 500), 0.1, dtype) for sf in ((1, 0), (0, 1))]
-    stream = F.DropoutStream(0, 0)
+    others = [F.dropout_mask(F.DropoutSites(*sf), (400, 500), 0.1, dtype) for sf in ((1, 0), (0, 1))]
+    stream = F.DropoutSites(0, 0)
     F.dropout_mask(stream, (400, 500), 0.1, dtype)     # site 0 (= m)
     others.append(F.dropout_mask(stream, (400, 500), 0.1, dtype))   # site 1
     for other in others:                               # another seed, forward or site: another mask
@@ -401,8 +401,8 @@ def test_a_packed_mask_is_the_padded_masks_rows(xp_name, monkeypatch):
             def __getattr__(self, name):
                 return getattr(np, name)
         xp = Device()
-    full = F.dropout_bits(F.DropoutStream(3, 4), xp, (3, 5, 10))
-    packed = F.dropout_bits(F.DropoutStream(3, 4), xp, (rows.host_index.size, 10), rows)
+    full = F.dropout_bits(F.DropoutSites(3, 4), xp, (3, 5, 10))
+    packed = F.dropout_bits(F.DropoutSites(3, 4), xp, (rows.host_index.size, 10), rows)
     np.testing.assert_array_equal(packed, full.reshape(15, 10)[rows.host_index])
     assert 0.45 < full.mean() / 65536 < 0.55
 

@@ -160,14 +160,14 @@ def test_gradcheck_multihead_attention_with_attention_dropout(rng, kind):
     # a fresh stream of the same forward on every call: the same mask each time
     if kind == "self":
         inputs = [rng.standard_normal((B, S, D))]
-        fwd = lambda x: layer.forward(x, x, bias, stream=F.DropoutStream(7, 0))  # noqa: E731
+        fwd = lambda x: layer.forward(x, x, bias, sites=F.DropoutSites(7, 0))  # noqa: E731
 
         def bwd(d):
             dx_q, dx_kv = layer.backward(d)
             return dx_q + dx_kv
     else:
         inputs = [rng.standard_normal((B, T, D)), rng.standard_normal((B, S, D))]
-        fwd = lambda y, m: layer.forward(y, m, bias, stream=F.DropoutStream(7, 0))  # noqa: E731
+        fwd = lambda y, m: layer.forward(y, m, bias, sites=F.DropoutSites(7, 0))  # noqa: E731
         bwd = layer.backward
     fwd(*inputs)
     mask = layer.cache.drop_mask
@@ -177,7 +177,7 @@ def test_gradcheck_multihead_attention_with_attention_dropout(rng, kind):
 
 def test_gradcheck_feedforward_with_relu_dropout(rng):
     layer = FeedForward(D, FF, rng, dropout=0.3)
-    fwd = lambda x: layer.forward(x, F.DropoutStream(7, 0))  # noqa: E731
+    fwd = lambda x: layer.forward(x, F.DropoutSites(7, 0))  # noqa: E731
     x = rng.standard_normal((B, T, D))
     fwd(x)
     mask = layer.drop.cache
@@ -193,7 +193,7 @@ def test_gradcheck_feedforward(rng):
 def test_gradcheck_dropout_with_fixed_mask(rng):
     layer = Dropout(0.3)
     x = rng.standard_normal((B, T, D))
-    mask = F.dropout_mask(F.DropoutStream(0, 0), x.shape, 0.3, x.dtype)
+    mask = F.dropout_mask(F.DropoutSites(0, 0), x.shape, 0.3, x.dtype)
     assert 0 < (mask == 0).mean() < 1
     check_layer(layer, [x], lambda x: layer.forward(x, mask=mask), layer.backward, rng)
 
@@ -208,7 +208,7 @@ def test_gradcheck_encoder_layer_with_dropout(rng, dropouts):
     src = np.array([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])
     bias = padding_bias(src, 0, np.float64)
     # a fresh stream of the same forward on every call: the same dropout masks each time
-    fwd = lambda x: layer.forward(x, bias, F.DropoutStream(7, 0))  # noqa: E731
+    fwd = lambda x: layer.forward(x, bias, F.DropoutSites(7, 0))  # noqa: E731
     check_layer(layer, [rng.standard_normal((B, S, D))], fwd, layer.backward, rng)
 
 
@@ -220,7 +220,7 @@ def test_gradcheck_decoder_layer_with_dropout(rng, dropouts):
     tgt = np.array([[5, 6, 7, 0], [5, 6, 7, 8]])
     src_bias = padding_bias(src, 0, np.float64)
     tgt_bias = causal_bias(T, np, np.float64)[None, None] + padding_bias(tgt, 0, np.float64)
-    fwd = lambda y, m: layer.forward(y, m, src_bias, tgt_bias, F.DropoutStream(7, 0))  # noqa: E731
+    fwd = lambda y, m: layer.forward(y, m, src_bias, tgt_bias, F.DropoutSites(7, 0))  # noqa: E731
     inputs = [rng.standard_normal((B, T, D)), rng.standard_normal((B, S, D))]
     check_layer(layer, inputs, fwd, layer.backward, rng)
 

@@ -135,7 +135,7 @@ def test_dropout_add(dtype, packed):
     """The kernel hashes each element's position: its mask is functional.hash_bits' (the xp
     path CuPy takes without the kernels), for the padded layout and for packed rows."""
     rng = np.random.default_rng(3)
-    shape, p, key = (3, 7, 42), 0.1, F.DropoutStream(5, 9).next_site()[1]
+    shape, p, key = (3, 7, 42), 0.1, F.DropoutSites(5, 9).next_site()[1]
     rowpos = np.array([0, 2, 3, 7, 8, 9, 15, 20]) if packed else None
     if packed:
         shape = (len(rowpos), shape[-1])
@@ -157,7 +157,7 @@ def test_residual_layernorm_is_dropout_add_then_layernorm_bit_for_bit(dtype, pac
     and cache, bit for bit, as the bias add, dropout_add and layernorm_forward one after the other (no
     dropout: the plain sum); the mask is functional.hash_bits' for the padded layout and packed rows."""
     rng = np.random.default_rng(d)
-    p, key = 0.1, F.DropoutStream(5, 9).next_site()[1]
+    p, key = 0.1, F.DropoutSites(5, 9).next_site()[1]
     rowpos = np.array([0, 2, 3, 7, 8, 9, 15, 20]) if packed else None
     shape = (len(rowpos), d) if packed else (3, 4, d)
     y, x = rng.normal(size=shape).astype(dtype), rng.normal(size=shape).astype(dtype)
@@ -275,7 +275,7 @@ def test_embed_rows_and_embedding_backward(dtype, packed, dropout):
     rows = Rows(keep) if packed else None
     w = rng.normal(size=(v, d)).astype(dtype)
     pe = sinusoid_table(length, d).astype(dtype)
-    key = F.DropoutStream(3, 4).next_site()[1] if dropout else None
+    key = F.DropoutSites(3, 4).next_site()[1] if dropout else None
     out, mask = kernels.embed_rows(w, ids, rows, length, pe, 2.5, key, p)
     full = ((w[ids] * dtype(2.5)).astype(dtype) + pe).reshape(-1, d)
     want = full if rows is None else full[rows.host_index]

@@ -8,7 +8,7 @@ import pytest
 
 import minitf
 from minitf import reference as ref
-from minitf.functional import DropoutStream, dropout_mask
+from minitf.functional import DropoutSites, dropout_mask
 
 TOL = 1e-10
 
@@ -33,7 +33,7 @@ def engine_masks(cfg, seed, forward_index):
     mask_fn (None without dropout), and the stream (its `site` counts the sites drawn)."""
     if cfg.dropout == 0.0:
         return None, None
-    stream = DropoutStream(seed, forward_index)
+    stream = DropoutSites(seed, forward_index)
 
     def mask_fn(site, shape):
         assert site == stream.site, f"the reference asked for site {site}, the engine's next is {stream.site}"

@@ -736,6 +736,9 @@ def test_a_run_names_its_task_first_and_an_ambiguous_own_corpus_is_refused(corpu
     task = [line for line in r.stderr.splitlines() if line.startswith("task:")]
     assert task == [f"task: multi30k, en -> de; the scores go to {out / 'results.json'}, the model to "
                     f"{out / 'model.npz'}"]
+    recorded = json.loads((out / "config.json").read_text())   # which fields the flags set (FLAG_FIELDS)
+    assert recorded["set_by_flags"] == {"max_steps": "max_steps", "save_every": "save_every",
+                                        "average_last": "average_last"}
     assert ("note: this run makes about 1 update (--max-steps 1), ending inside the learning rate's 10-update "
             "warmup: expect a much weaker model") in r.stderr
     own = tmp_path / "own"
@@ -802,19 +805,31 @@ RUN_ONLY_FLAGS = {"alpha", "beam", "cache_dir", "data_dir", "dataset", "decode_b
 
 
 def test_every_flag_reaches_a_config_field_or_is_a_run_flag():
-    """A new model or recipe flag must be wired to its config field (build_config reads RECIPE_FLAGS,
-    SCHEDULE_FLAGS, SIZE_FLAGS and the architecture's few by name): a flag that is in none of them
-    and not on the run-only list would be parsed and silently dropped. Each mapped flag names a field."""
-    from minitf.config import SIZE_FLAGS, TransformerConfig
-    from minitf.recipe import RECIPE_FLAGS, SCHEDULE_FLAGS
-    from minitf.train_cli import build_parser
+    """config.FLAG_FIELDS is the one table from flag to field: every train_wmt.py flag is in it or on
+    the run-only list (a new model or recipe flag wired to nothing would be parsed and silently
+    dropped), each names a field, build_config sets each from its flag, and --help gives each the
+    presets' values read from it."""
+    from argparse import Namespace
+    from minitf.config import FLAG_FIELDS, PRESETS, TransformerConfig
+    from minitf.recipe import build_config
+    from minitf.train_cli import build_parser, parse_args
     fields = {f.name for f in dataclasses.fields(TransformerConfig)}
-    mapped = {**{f: f for f in RECIPE_FLAGS + SCHEDULE_FLAGS}, **SIZE_FLAGS,
-              "arch": "arch", "attention": "attention", "output_vocab": "output_layer"}
-    assert set(mapped.values()) <= fields, set(mapped.values()) - fields
-    flags = {a.dest for a in build_parser()._actions if a.option_strings and a.dest not in ("help", "version")}
-    assert flags - set(mapped) - RUN_ONLY_FLAGS == set(), "flags wired to nothing: map them or list them as run flags"
-    assert not set(mapped) & RUN_ONLY_FLAGS and RUN_ONLY_FLAGS <= flags
+    assert set(FLAG_FIELDS.values()) <= fields, set(FLAG_FIELDS.values()) - fields
+    parser = build_parser()
+    flags = {a.dest for a in parser._actions if a.option_strings and a.dest not in ("help", "version")}
+    assert flags - set(FLAG_FIELDS) - RUN_ONLY_FLAGS == set(), "flags wired to nothing: map them or list them as run flags"
+    assert not set(FLAG_FIELDS) & RUN_ONLY_FLAGS and RUN_ONLY_FLAGS <= flags
+    # each numeric recipe flag, given, reaches its field
+    args = parse_args(["--out", "x", "--preset", "base", "--dropout", "0.25", "--warmup", "123", "--heads", "4",
+                       "--d-model", "64", "--lr-fade", "0.3", "--average-last", "3", "--max-tokens", "999"])
+    cfg = build_config(args, 100)
+    assert (cfg.dropout, cfg.warmup, cfg.n_heads, cfg.d_model, cfg.lr_fade, cfg.average_last, cfg.max_tokens) == (
+        0.25, 123, 4, 64, 0.3, 3, 999)
+    helps = {a.dest: a.help for a in parser._actions}
+    assert f"small {PRESETS['small']['d_model']}, tiny {PRESETS['tiny']['d_model']}" in helps["d_model"]
+    assert f"big {PRESETS['big']['dropout']:g}" in helps["dropout"] and "[presets:" in helps["warmup"]
+    assert "[presets:" not in helps["max_tokens"]   # a rule, not a preset's number: its help says the rule
+    assert isinstance(Namespace, type)
 
 
 def test_the_recipe_settles_a_read_only_copy_of_the_flags():

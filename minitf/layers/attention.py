@@ -51,23 +51,23 @@ class MultiHeadAttention(Layer):
         self.out = self.add("out", Linear(n_heads * d_k, d_model, rng))
         self.drop = self.add("drop", Dropout(dropout))   # its mask is applied inside attention_forward
 
-    def forward(self, x_q, x_kv, bias, rows_q=None, rows_kv=None, stream=None, out_bias=True):
+    def forward(self, x_q, x_kv, bias, rows_q=None, rows_kv=None, sites=None, out_bias=True):
         """x_q [B, T, D] queries, x_kv [B, S, D] keys/values, bias broadcastable to [B, H, T, S].
         out_bias=False: the output projection's bias is left to the caller's next pass (a post-norm
         block's fused sum and LayerNorm, blocks.add_norm); backward is the same.
 
         With `rows_q`/`rows_kv` (packing.Rows) x_q is [Nq, D] and x_kv [Nkv, D]: only the
-        non-pad positions, unpacked to [B, ., .] around the attention itself. `stream`
-        (functional.DropoutStream): the attention-dropout mask, drawn on [B, H, T, S] in
+        non-pad positions, unpacked to [B, ., .] around the attention itself. `sites`
+        (functional.DropoutSites): the attention-dropout mask, drawn on [B, H, T, S] in
         either layout, when training with dropout > 0.
         """
         if gemm.enabled(x_q):
-            return self._forward_gpu(x_q, x_kv, bias, rows_q, rows_kv, stream, out_bias)
+            return self._forward_gpu(x_q, x_kv, bias, rows_q, rows_kv, sites, out_bias)
         h = self.n_heads
         q = F.split_heads(unpack(rows_q, self.q.forward(x_q)), h)
         k = F.split_heads(unpack(rows_kv, self.k.forward(x_kv)), h)
         v = F.split_heads(unpack(rows_kv, self.v.forward(x_kv)), h)
-        mask = self.drop.draw(stream, q.shape[:-1] + k.shape[-2:-1], q.dtype, F.xp_of(q))
+        mask = self.drop.draw(sites, q.shape[:-1] + k.shape[-2:-1], q.dtype, F.xp_of(q))
         ctx, p = F.attention_forward(q, k, v, bias, self.scale, mask)
         self.cache = AttentionCache(q, k, v, p, mask, rows_q, rows_kv)
         return self.out.forward(pack(rows_q, F.merge_heads(ctx)), out_bias)
@@ -154,7 +154,7 @@ class MultiHeadAttention(Layer):
                 gemm.matmul(packed[i], w, into[j].reshape(n, d), trans_b=True, beta=1.0)
         return into
 
-    def _forward_gpu(self, x_q, x_kv, bias, rows_q, rows_kv, stream, out_bias=True):
+    def _forward_gpu(self, x_q, x_kv, bias, rows_q, rows_kv, sites, out_bias=True):
         if x_q is x_kv:       # self-attention: q, k and v of one input, together
             q, k, v = self._project_heads(x_q, rows_q, ("q", "k", "v"))
         else:
@@ -162,7 +162,7 @@ class MultiHeadAttention(Layer):
             k, v = self._project_heads(x_kv, rows_kv, ("k", "v"))
         xp = F.xp_of(q)
         b, h, t, s = q.shape[:3] + k.shape[2:3]
-        mask = self.drop.draw(stream, (b, h, t, s), q.dtype, xp)
+        mask = self.drop.draw(sites, (b, h, t, s), q.dtype, xp)
         # scores = (q * scale) @ k^T, then p = softmax(scores + bias) in place
         p = gemm.matmul(q, k, xp.empty((b, h, t, s), dtype=q.dtype), trans_b=True, alpha=self.scale, batch=b * h)
         kernels.masked_softmax(p, bias, out=p)

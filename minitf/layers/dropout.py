@@ -1,7 +1,7 @@
 """Dropout (paper 5.4): on every sublayer output and on the embedding + positional sums.
 
 One instance per call site, so each keeps its own mask. The model passes in the forward
-pass's `functional.DropoutStream` (a mask is a function of the seed, the forward index, the
+pass's `functional.DropoutSites` (a mask is a function of the seed, the forward index, the
 site and the position in the padded [B, L, D] batch, so a run resumes exactly and the packed
 layout draws the padded layout's masks: `rows` says which positions a packed [N, D] holds);
 `mask=` fixes the mask (gradient checks).
@@ -15,33 +15,33 @@ class Dropout(Layer):
         super().__init__()
         self.p = p
 
-    def active(self, stream):
-        """Whether this forward drops: training, p > 0 and a stream (otherwise no site is spent)."""
-        return self.training and self.p != 0.0 and stream is not None
+    def active(self, sites):
+        """Whether this forward drops: training, p > 0 and dropout sites (otherwise no site is spent)."""
+        return self.training and self.p != 0.0 and sites is not None
 
-    def draw(self, stream, shape, dtype, xp, rows=None):
-        """The next mask of `stream` for an activation of `shape`, or None when not active (for a
+    def draw(self, sites, shape, dtype, xp, rows=None):
+        """The next mask of `sites` for an activation of `shape`, or None when not active (for a
         layer that applies the mask itself: the attention weights)."""
-        return F.dropout_mask(stream, shape, self.p, dtype, xp, rows) if self.active(stream) else None
+        return F.dropout_mask(sites, shape, self.p, dtype, xp, rows) if self.active(sites) else None
 
-    def forward(self, x, stream=None, mask=None, rows=None):
-        """x * mask (the next mask of `stream` unless `mask` is given); identity in eval mode."""
+    def forward(self, x, sites=None, mask=None, rows=None):
+        """x * mask (the next mask of `sites` unless `mask` is given); identity in eval mode."""
         if mask is None:
-            mask = self.draw(stream, x.shape, x.dtype, F.xp_of(x), rows)
+            mask = self.draw(sites, x.shape, x.dtype, F.xp_of(x), rows)
             if mask is None:
                 self.cache = None
                 return x
         self.cache = mask
         return F.dropout_forward(x, mask)
 
-    def forward_add(self, x, residual, stream=None, rows=None):
+    def forward_add(self, x, residual, sites=None, rows=None):
         """residual + Dropout(x), written into x (the dropout's input: a sublayer output nothing
         else holds); backward returns the gradient of x (the residual's is the sum's own)."""
-        if not self.active(stream):
+        if not self.active(sites):
             self.cache = None
             x += residual
             return x
-        out, self.cache = F.dropout_add_forward(stream, x, residual, self.p, rows)
+        out, self.cache = F.dropout_add_forward(sites, x, residual, self.p, rows)
         return out
 
     def hold(self, mask):

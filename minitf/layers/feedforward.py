@@ -16,10 +16,10 @@ class FeedForward(Layer):
         self.fc2 = self.add("fc2", Linear(d_ff, d_model, rng))
         self.drop = self.add("drop", Dropout(dropout))
 
-    def forward(self, x, stream=None, rows=None, out_bias=True):
+    def forward(self, x, sites=None, rows=None, out_bias=True):
         """x [..., D] -> [..., D], hidden [..., F]: [B, L, D] padded, [N, D] packed (training's
         kept positions, packing.Rows); position-wise, so the leading axes do not matter.
-        `stream`/`rows` (functional.DropoutStream, packing.Rows): the ReLU-dropout mask, when
+        `sites`/`rows` (functional.DropoutSites, packing.Rows): the ReLU-dropout mask, when
         training with dropout > 0. out_bias=False: fc2's bias is left to the caller's next pass
         (blocks.add_norm)."""
         if kernels.fused(x, "relu"):    # one pass: h = max(x W1 + b1, 0) in place
@@ -27,7 +27,7 @@ class FeedForward(Layer):
         else:
             h = F.relu_forward(self.fc1.forward(x))
         self.cache = h
-        return self.fc2.forward(self.drop.forward(h, stream, rows=rows), out_bias)
+        return self.fc2.forward(self.drop.forward(h, sites, rows=rows), out_bias)
 
     def backward(self, dy, out_bias=True):
         """dx; out_bias=False: fc2's bias gradient is the caller's (Linear.backward's bias)."""
