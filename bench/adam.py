@@ -30,7 +30,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.steps_per_round < 1:
         ap.error("--rounds and --steps-per-round must be positive")
-    cfg = minitf.TransformerConfig.preset(args.preset, vocab_size=args.vocab, **shape_overrides(args))
+    cfg = minitf.Config.preset(args.preset, vocab_size=args.vocab, **shape_overrides(args))
     model = minitf.Transformer(cfg, seed=0)
     model.flat_grads[...] = np.random.default_rng(0).standard_normal(model.flat_grads.size) * 1e-3
     opt = minitf.Adam(model, lr=1e-4)

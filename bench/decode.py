@@ -53,7 +53,7 @@ def load(args):
             ids = tok.encode(lines[: args.n] if args.n else lines)
             return model, [s + [tok.eos_id] for s in ids]
     else:
-        cfg = minitf.TransformerConfig.preset(args.preset, vocab_size=args.vocab)
+        cfg = minitf.Config.preset(args.preset, vocab_size=args.vocab)
         model = minitf.Transformer(cfg, device=args.device, seed=0).eval()
     print("note: random sources (no --checkpoint/--src): timings of a workload unlike real translation")
     rng = np.random.default_rng(0)   # random sources of Multi30k-like lengths (8..20 pieces)

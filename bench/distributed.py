@@ -28,14 +28,14 @@ def worker(args):
     import numpy as np
     from minitf import distributed
     from minitf.backend import synchronize
-    from minitf.config import TransformerConfig
+    from minitf.config import Config
     from minitf.model import Transformer
     from minitf.optim import Adam
     from minitf.schedule import NoamSchedule
     world = distributed.init()
     if args.device == "gpu" and world.size > 1:
         world.use_gpu()
-    cfg = TransformerConfig.preset(args.preset, vocab_size=args.vocab, **shape_overrides(args))
+    cfg = Config.preset(args.preset, vocab_size=args.vocab, **shape_overrides(args))
     model = Transformer(cfg, device=args.device, dtype="float32", seed=1)
     opt = Adam(model, lr=NoamSchedule(cfg.d_model, cfg.warmup, cfg.lr_factor))
     rng = np.random.default_rng(world.rank)

@@ -34,7 +34,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=21)
     args = p.parse_args()
-    cfg = minitf.TransformerConfig.preset("small", vocab_size=8000)
+    cfg = minitf.Config.preset("small", vocab_size=8000)
     model = minitf.Transformer(cfg, seed=0)
     opt = minitf.Adam(model, lr=1e-4)
     batch = make_batch(cfg, 64, 24, 24)

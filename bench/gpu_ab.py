@@ -246,7 +246,7 @@ def main(argv=None):
         report["gpu"] = f"unknown ({type(e).__name__})"
     log(f"{report['gpu']}: {', '.join(n for n, _ in variants)}")
     for preset in presets:
-        cfg = minitf.TransformerConfig.preset(preset, vocab_size=vocab)
+        cfg = minitf.Config.preset(preset, vocab_size=vocab)
         batch = wmt_batch(cfg, tokens)
         for mode in args.modes.split(","):
             fp16 = mode == "fp16"

@@ -106,7 +106,7 @@ def main(argv=None):
     if not ok:
         sys.exit(f"gpu_kernels: no GPU: {why}")
     import torch
-    cfg = minitf.TransformerConfig.preset(args.preset, vocab_size=args.vocab)
+    cfg = minitf.Config.preset(args.preset, vocab_size=args.vocab)
     batch = wmt_batch(cfg, args.tokens)
     print(f"{args.preset}: {len(batch[0])} sentences, padded source {batch[0].shape}, target {batch[1].shape}, "
           f"{int((batch[2] != cfg.pad_id).sum()):,} target tokens")

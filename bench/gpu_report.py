@@ -174,7 +174,7 @@ def section_step(args, env):
     torch, why = cuda_torch()
     results = {} if torch is not None else {"torch_absent": why}
     for preset in args.presets:
-        cfg = minitf.TransformerConfig.preset(preset, vocab_size=args.vocab)
+        cfg = minitf.Config.preset(preset, vocab_size=args.vocab)
         batch = wmt_batch(cfg, args.step_tokens)
         src, tgt_in, tgt_out = batch
         flops = step_flops(cfg, (src != cfg.pad_id).sum(1), (tgt_out != cfg.pad_id).sum(1))[0]
@@ -198,7 +198,7 @@ def section_kernels(args):
     if torch is None:
         return {"skipped": f"needs PyTorch with CUDA (its profiler records the kernels): {why}"}
     from bench.gpu_kernels import profile, top_kernels
-    cfg = minitf.TransformerConfig.preset(args.presets[0], vocab_size=args.vocab)
+    cfg = minitf.Config.preset(args.presets[0], vocab_size=args.vocab)
     batch = wmt_batch(cfg, args.step_tokens)
     backend.cupy.get_default_memory_pool().free_all_blocks()
     out = {"preset": args.presets[0], "mode": "float32", "steps": args.kernel_steps}
@@ -226,7 +226,7 @@ def section_launches(args):
 
 def section_beam(args):
     from minitf.translate import translate_ids
-    cfg = minitf.TransformerConfig.preset(args.beam_preset, vocab_size=args.vocab)
+    cfg = minitf.Config.preset(args.beam_preset, vocab_size=args.vocab)
     model = minitf.Transformer(cfg, device="gpu", seed=0).eval()
     rng = np.random.default_rng(1)
     lens = wmt_lengths(rng, args.beam_sentences)[0]

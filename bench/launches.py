@@ -35,7 +35,7 @@ def count_update(preset="base", fp16=False, env=None):
     saved = {k: os.environ.get(k) for k in (env or {})}
     os.environ.update(env or {})
     try:
-        cfg = minitf.TransformerConfig.preset(preset, vocab_size=64, d_model=64, d_ff=128)
+        cfg = minitf.Config.preset(preset, vocab_size=64, d_model=64, d_ff=128)
         runner = MinitfRunner(cfg, "gpu", wmt_batch(cfg, 120), 1e-4, fp16)
         runner.step()
         before = cupy.launches()

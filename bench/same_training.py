@@ -223,7 +223,7 @@ def main(argv=None):
     train = batches_of(tok, src_lines[:args.pairs], tgt_lines[:args.pairs], args.max_tokens, count=args.updates)
     vs, vt = read_parallel(args.valid_src, args.valid_tgt)
     valid = batches_of(tok, vs[:args.valid_pairs], vt[:args.valid_pairs], args.max_tokens, shuffle=False)
-    cfg = minitf.TransformerConfig.preset(args.preset, vocab_size=tok.vocab_size)
+    cfg = minitf.Config.preset(args.preset, vocab_size=tok.vocab_size)
     args.warmup = args.warmup or cfg.warmup
     args.lr_factor = cfg.lr_factor if args.lr_factor is None else args.lr_factor
     tokens = sum(b[3] for b in train)

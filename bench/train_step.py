@@ -268,12 +268,12 @@ def main(argv=None):
     if args.vs_torch and args.output_pieces:
         ap.error("--vs-torch times the paper's joint output (the PyTorch model has no output vocabulary): "
                  "drop --output-pieces")
-    joint_cfg = minitf.TransformerConfig.preset(args.preset, vocab_size=args.vocab, **sizes)
+    joint_cfg = minitf.Config.preset(args.preset, vocab_size=args.vocab, **sizes)
     cfg = joint_cfg
     if args.output_pieces:
         if not 4 <= args.output_pieces < args.vocab:
             ap.error(f"--output-pieces must be in [4, --vocab {args.vocab}), got {args.output_pieces}")
-        cfg = minitf.TransformerConfig.preset(args.preset, vocab_size=args.vocab,
+        cfg = minitf.Config.preset(args.preset, vocab_size=args.vocab,
                                               output_vocab=id_ranges(range(1, args.output_pieces + 1)), **sizes)
     batch = make_batch(cfg, args.batch_sentences, args.src_len, args.tgt_len, full_length=args.full_length)
     src, tgt_in, tgt_out = batch

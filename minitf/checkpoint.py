@@ -25,7 +25,7 @@ import zipfile
 import numpy as np
 
 from .backend import to_numpy
-from .config import TransformerConfig
+from .config import Config
 from .errors import CheckpointError, MinitfError, one_line
 from .fileio import atomic_write
 from .architectures import parameter_shapes
@@ -107,7 +107,7 @@ def _checked_manifest(path, z):
     if not isinstance(sums, dict) or set(sums) != names or len(infos) != len(z.files):
         raise CheckpointError(f"checkpoint {path}: entries do not match its manifest (tampered or incomplete)")
     try:
-        shapes = parameter_shapes(TransformerConfig.from_dict(meta["config"]))
+        shapes = parameter_shapes(Config.from_dict(meta["config"]))
     except (MinitfError, KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"checkpoint {path}: bad config ({one_line(e, 200)})") from None
     for name in names:
@@ -184,7 +184,7 @@ def load_checkpoint(path):
         if _digest(a) != sums[k]:
             raise CheckpointError(f"checkpoint {path}: entry {k} fails its SHA-256 check (tampered or corrupt)")
     try:
-        config = TransformerConfig.from_dict(meta["config"])
+        config = Config.from_dict(meta["config"])
     except MinitfError as e:
         raise CheckpointError(f"checkpoint {path}: bad config ({e})") from None
     params = {k[len("param/"):]: a for k, a in arrays.items() if k.startswith("param/")}
@@ -218,7 +218,7 @@ def read_train_state(path):
 def average_checkpoints(paths, output):
     """Parameter-wise mean of several checkpoints (paper 6.1: the last 5), written to `output`
     with the last input's config and tokenizer and no optimizer state. The checkpoints must hold
-    the same model (`TransformerConfig.model_fields`; the training recipe may differ, e.g. a
+    the same model (`Config.model_fields`; the training recipe may differ, e.g. a
     resumed run's --max-steps); `output` must not be one of them."""
     if not paths:
         raise CheckpointError("average: give at least one --inputs checkpoint")
@@ -269,7 +269,7 @@ def _load_safetensors(path):
         raise CheckpointError(f"{path}: a safetensors file without minitf's metadata (its config and tokenizer); "
                               f"export minitf checkpoints with `python -m minitf export`")
     try:
-        config = TransformerConfig.from_dict(json.loads(meta["config"]))
+        config = Config.from_dict(json.loads(meta["config"]))
         state = json.loads(meta.get("train_state", "{}"))
         tok = base64.b64decode(meta["tokenizer"], validate=True) if "tokenizer" in meta else None
     except (ValueError, MinitfError) as e:

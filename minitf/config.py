@@ -1,4 +1,4 @@
-"""TransformerConfig: the paper's base model by default (Vaswani et al. 2017, Table 3 'base').
+"""Config: the paper's base model by default (Vaswani et al. 2017, Table 3 'base').
 
 Every knob of Table 3 is a field: N (`n_layers`), d_model, d_ff, h (`n_heads`), d_k = d_v
 (`d_k`, default d_model // h), P_drop (`dropout`), eps_ls (`label_smoothing`) and row (E),
@@ -18,7 +18,7 @@ import numpy as np
 from .errors import ConfigError
 
 # how a model is trained and decoded, not what it computes: checkpoints that differ only in these hold
-# the same model (checkpoint averaging compares the other fields, `TransformerConfig.model_fields`)
+# the same model (checkpoint averaging compares the other fields, `Config.model_fields`)
 TRAINING_FIELDS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "bpe_dropout_source",
                    "bpe_dropout_target", "bidirectional_epochs", "output_layer", "warmup", "lr_factor", "lr_fade", "weight_decay", "max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps", "decode_alpha")
 ARCHS = ("transformer", "rnn")                  # the classes: architectures.ARCHS
@@ -63,7 +63,7 @@ def parse_id_ranges(text, vocab_size):
 
 
 @dataclass
-class TransformerConfig:
+class Config:
     """The settings of a run's model and recipe, one dataclass: the architecture and its sizes
     (the paper's Transformer, or with arch "rnn" the recurrent baseline, which reads the same
     fields), the training recipe (dropout, label smoothing, the schedule, tokens per update,
@@ -215,6 +215,8 @@ class TransformerConfig:
         return cls(**{**PRESETS[name], **sizes, "arch": arch, **overrides})
 
 
+TransformerConfig = Config   # the former name, for code written against it
+
 PRESETS = {
     "base": dict(d_model=512, n_heads=8, d_ff=2048, n_layers=6, dropout=0.1,
                  warmup=4000, lr_factor=1.0, update_tokens=25000, save_every_minutes=10.0, average_last=5,
@@ -271,7 +273,7 @@ def preset_defaults(field):
         if len(groups) == 1:
             return f"every preset {next(iter(groups))}"
         return ", ".join(f"{' and '.join(names)} {value}" for value, names in groups.items())
-    plain = {name: getattr(TransformerConfig.preset(name), field) for name in PRESETS}
-    rnn = {name: getattr(TransformerConfig.preset(name, arch="rnn"), field) for name in PRESETS}
+    plain = {name: getattr(Config.preset(name), field) for name in PRESETS}
+    rnn = {name: getattr(Config.preset(name, arch="rnn"), field) for name in PRESETS}
     text = listing(plain)
     return text if rnn == plain else f"{text}; with --arch rnn: {listing(rnn)}"

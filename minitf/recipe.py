@@ -5,7 +5,7 @@ fade's clock), when a step ends a checkpoint interval, and whether the run ends 
 import argparse
 import dataclasses
 
-from .config import FLAG_FIELDS, SCHEDULE_FLAGS, TransformerConfig, id_ranges
+from .config import FLAG_FIELDS, SCHEDULE_FLAGS, Config, id_ranges
 from .data.tokenizer import EOS_ID, UNK_ID
 from .errors import ConfigError
 from .trainlog import log
@@ -23,7 +23,7 @@ def build_config(args, vocab_size, target_pieces=None, note=None):
             if flag not in ("arch", "output_vocab") and getattr(args, flag, None) is not None}
     if args.save_every is not None and args.save_every_minutes is None:
         over["save_every_minutes"] = None   # spacing in steps asked for: a resumed run keeps it
-    cfg = TransformerConfig.preset(args.preset, arch=getattr(args, "arch", None) or "transformer",
+    cfg = Config.preset(args.preset, arch=getattr(args, "arch", None) or "transformer",
                                    vocab_size=vocab_size, **over)
     layer = getattr(args, "output_vocab", None) or cfg.output_layer
     if layer == "target" and cfg.bpe_dropout_target:   # only the preset's choice gets here (the flags exclude it)

@@ -23,7 +23,7 @@ import numpy as np
 
 from .backend import get_xp, is_gpu, to_numpy
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import FLAG_FIELDS, SIZE_FLAGS, TransformerConfig
+from .config import FLAG_FIELDS, SIZE_FLAGS, Config
 from .data.binarized import StaleData
 from .data.pipeline import DataSettings, load_data
 from .data.tokenizer import Tokenizer
@@ -78,7 +78,7 @@ class Run:
     args: argparse.Namespace
     world: distributed.World
     data: object                   # data.pipeline.Data: tokenizer, training pairs, valid and test text
-    cfg: TransformerConfig
+    cfg: Config
     model: object
     opt: Adam
     scaler: Optional[LossScaler]

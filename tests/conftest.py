@@ -28,7 +28,7 @@ def make_tiny_checkpoint(folder, n_layers=1, n_lines=300, seed=0):
     rng = np.random.default_rng(seed)
     lines = [" ".join(rng.choice(WORDS, size=rng.integers(2, 8))) for _ in range(n_lines)]
     tok = Tokenizer.train(lines, folder / "spm.model", vocab_size=60)
-    cfg = minitf.TransformerConfig(vocab_size=tok.vocab_size, d_model=16, n_heads=2, d_ff=24, n_layers=n_layers)
+    cfg = minitf.Config(vocab_size=tok.vocab_size, d_model=16, n_heads=2, d_ff=24, n_layers=n_layers)
     save_checkpoint(folder / "model.npz", minitf.Transformer(cfg, seed=0), tokenizer=tok.to_bytes())
     return folder / "model.npz", lines
 

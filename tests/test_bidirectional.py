@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from minitf.checkpoint import load_checkpoint
-from minitf.config import ConfigError, TransformerConfig
+from minitf.config import ConfigError, Config
 from minitf.data import TokenPairs, open_cache
 from minitf.data.bidirectional import Bidirectional, BothWays
 from conftest import write_multi30k
@@ -56,10 +56,10 @@ def test_the_first_epochs_are_both_ways_then_one():
 @pytest.mark.parametrize("bad, why", [(-1, "whole number"), (1.5, "whole number"), (True, "whole number")])
 def test_the_config_takes_whole_epochs(bad, why):
     with pytest.raises(ConfigError, match=why):
-        TransformerConfig(bidirectional_epochs=bad)
+        Config(bidirectional_epochs=bad)
     with pytest.raises(ConfigError, match="one or the other"):
-        TransformerConfig(bidirectional_epochs=2, bpe_dropout_source=0.1)
-    assert TransformerConfig(bidirectional_epochs=3).bidirectional_epochs == 3
+        Config(bidirectional_epochs=2, bpe_dropout_source=0.1)
+    assert Config(bidirectional_epochs=3).bidirectional_epochs == 3
 
 
 @pytest.fixture(scope="module")

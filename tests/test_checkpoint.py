@@ -12,7 +12,7 @@ from minitf.checkpoint import average_checkpoints, load_checkpoint, save_checkpo
 
 
 def tiny_model(seed=0):
-    cfg = minitf.TransformerConfig(vocab_size=17, d_model=16, n_heads=2, d_ff=24, n_layers=1, dropout=0.1)
+    cfg = minitf.Config(vocab_size=17, d_model=16, n_heads=2, d_ff=24, n_layers=1, dropout=0.1)
     return minitf.Transformer(cfg, seed=seed)
 
 
@@ -80,7 +80,7 @@ def test_average_cli(tmp_path):
 
 def test_average_rejects_different_models_naming_the_field(tmp_path):
     save_checkpoint(tmp_path / "a.npz", tiny_model())
-    cfg = minitf.TransformerConfig(vocab_size=17, d_model=8, n_heads=2, d_ff=24, n_layers=1)
+    cfg = minitf.Config(vocab_size=17, d_model=8, n_heads=2, d_ff=24, n_layers=1)
     save_checkpoint(tmp_path / "b.npz", minitf.Transformer(cfg))
     with pytest.raises(minitf.CheckpointError) as e:
         average_checkpoints([tmp_path / "a.npz", tmp_path / "b.npz"], tmp_path / "avg.npz")

@@ -118,7 +118,7 @@ def test_help_texts_quote_the_presets_defaults():
     presets: every "name value" in it is what that preset's config holds (after "with --arch rnn:", the
     recurrent preset's), read here independently of how the text was made."""
     import re
-    from minitf.config import FLAG_FIELDS, PRESETS, TransformerConfig
+    from minitf.config import FLAG_FIELDS, PRESETS, Config
     checked = 0
     for action in train_cli.build_parser()._actions:
         m = re.search(r"\[presets: (.*)\]$", action.help or "")
@@ -131,7 +131,7 @@ def test_help_texts_quote_the_presets_defaults():
                 names, value = (["base", "big", "small", "tiny"], group[len("every preset "):]) \
                     if group.startswith("every preset ") else (group.rsplit(" ", 1)[0].split(" and "), group.rsplit(" ", 1)[1])
                 for name in names:
-                    held = getattr(TransformerConfig.preset(name, arch=arch), field)
+                    held = getattr(Config.preset(name, arch=arch), field)
                     shown = "unset" if held is None else f"{held:g}" if isinstance(held, float) else str(held)
                     assert shown == value, (action.dest, name, arch, value, held)
                     checked += 1

@@ -26,7 +26,7 @@ CONFIGS = {
 
 
 def make_model(name, seed=0):
-    cfg = minitf.TransformerConfig(**CONFIGS[name], dropout=0.0, label_smoothing=0.1, pad_id=PAD, max_len=32)
+    cfg = minitf.Config(**CONFIGS[name], dropout=0.0, label_smoothing=0.1, pad_id=PAD, max_len=32)
     model = minitf.Transformer(cfg, device="cpu", dtype="float64", seed=seed)
     # perturb LayerNorm gains/biases and linear biases away from 1/0 so their gradients matter
     rng = np.random.default_rng(seed + 100)

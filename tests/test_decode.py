@@ -12,7 +12,7 @@ from plain_beam import mixed_length_sources, plain_beam_search
 
 
 def model_and_src(vocab=13, seed=0, dtype="float64", n_decoder_layers=None, norm_position="post"):
-    cfg = minitf.TransformerConfig(vocab_size=vocab, d_model=16, n_heads=2, d_ff=24, n_layers=2,
+    cfg = minitf.Config(vocab_size=vocab, d_model=16, n_heads=2, d_ff=24, n_layers=2,
                                    n_decoder_layers=n_decoder_layers, dropout=0.1, max_len=64,
                                    norm_position=norm_position)
     model = minitf.Transformer(cfg, dtype=dtype, seed=seed)
@@ -326,8 +326,8 @@ def test_decoding_gives_the_model_back_in_the_callers_mode(search):
 
 def test_a_source_longer_than_the_sinusoid_table_is_translated_whole():
     cfg = dict(vocab_size=13, d_model=16, n_heads=2, d_ff=24, n_layers=2, dropout=0.0)
-    short = minitf.Transformer(minitf.TransformerConfig(max_len=8, **cfg), dtype="float64", seed=3)
-    long = minitf.Transformer(minitf.TransformerConfig(max_len=256, **cfg), dtype="float64", seed=3)
+    short = minitf.Transformer(minitf.Config(max_len=8, **cfg), dtype="float64", seed=3)
+    long = minitf.Transformer(minitf.Config(max_len=256, **cfg), dtype="float64", seed=3)
     src = np.array([[4 + i % 9 for i in range(20)] + [3]])                  # 21 positions > 8
     want = greedy_search(long, src, max_len_b=5)
     assert greedy_search(short, src, max_len_b=5) == want                   # the table grew, nothing was cut
@@ -336,7 +336,7 @@ def test_a_source_longer_than_the_sinusoid_table_is_translated_whole():
 
 def test_learned_positions_name_their_limit():
     from minitf.errors import ConfigError
-    cfg = minitf.TransformerConfig(vocab_size=13, d_model=16, n_heads=2, d_ff=24, n_layers=1, max_len=8,
+    cfg = minitf.Config(vocab_size=13, d_model=16, n_heads=2, d_ff=24, n_layers=1, max_len=8,
                                    positional="learned")
     model = minitf.Transformer(cfg, dtype="float64")
     with pytest.raises(ConfigError, match="learned positions cover max_len 8"):
@@ -347,7 +347,7 @@ def test_learned_positions_name_their_limit():
 def test_positions_per_row_for_rows_at_different_steps(positional):
     # continuous batching feeds rows at different positions: row b gets position offset[b]
     from minitf.errors import ConfigError
-    cfg = minitf.TransformerConfig(vocab_size=13, d_model=8, n_heads=2, d_ff=8, n_layers=1, max_len=8,
+    cfg = minitf.Config(vocab_size=13, d_model=8, n_heads=2, d_ff=8, n_layers=1, max_len=8,
                                    positional=positional)
     pos = minitf.Transformer(cfg, dtype="float64").positional
     x = np.random.default_rng(0).standard_normal((3, 1, 8))

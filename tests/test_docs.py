@@ -362,13 +362,13 @@ def test_tables_are_well_formed():
 
 # ----------------------------------------------------------------------------- constants
 def _peak(preset):
-    from minitf.config import PRESETS, TransformerConfig
-    cfg = TransformerConfig.preset(preset)
+    from minitf.config import PRESETS, Config
+    cfg = Config.preset(preset)
     return cfg.lr_factor / math.sqrt(cfg.d_model * cfg.warmup), PRESETS[preset]
 
 
 def _facts():
-    from minitf.config import PRESETS, TransformerConfig
+    from minitf.config import PRESETS, Config
     from minitf.data.resegment import POOL
     from minitf.masks import NEG_INF
     from minitf.model import Transformer
@@ -376,12 +376,12 @@ def _facts():
     from minitf.schedule import noam
     adam = inspect.signature(Adam).parameters
     small = PRESETS["small"]
-    rnn_small = TransformerConfig.preset("small", arch="rnn")
-    decay_only_in_small = (TransformerConfig().weight_decay == 0 and small["weight_decay"] == 0.1
+    rnn_small = Config.preset("small", arch="rnn")
+    decay_only_in_small = (Config().weight_decay == 0 and small["weight_decay"] == 0.1
                            and all(not PRESETS[n].get("weight_decay") for n in ("base", "big")))
     return [
-        ("derivations/layernorm.md", r"\epsilon = 10^{-5}", TransformerConfig().layer_norm_eps == 1e-5),
-        ("deviations.md", r"$= 10^{-5}$", TransformerConfig().layer_norm_eps == 1e-5),
+        ("derivations/layernorm.md", r"\epsilon = 10^{-5}", Config().layer_norm_eps == 1e-5),
+        ("deviations.md", r"$= 10^{-5}$", Config().layer_norm_eps == 1e-5),
         ("derivations/attention.md", r"-10^9", NEG_INF == -1e9),
         ("deviations.md", r"$= -10^9$", NEG_INF == -1e9),
         ("derivations/adam.md", r"\beta_2 = 0.98", adam["betas"].default == (0.9, 0.98)),
@@ -392,17 +392,17 @@ def _facts():
         ("deviations.md", "$D = 192$, $H = 4$, $F = 768$, $N = 2$",
          (small["d_model"], small["n_heads"], small["d_ff"], small["n_layers"]) == (192, 4, 768, 2)),
         ("deviations.md", "3.61M parameters with 8,000 pieces",
-         f"{Transformer(TransformerConfig.preset('small', vocab_size=8000)).num_parameters() / 1e6:.2f}M" == "3.61M"),
+         f"{Transformer(Config.preset('small', vocab_size=8000)).num_parameters() / 1e6:.2f}M" == "3.61M"),
         ("deviations.md", "(dropout 0.1, no weight decay, label smoothing 0.1, warmup 800, factor 1.0, 4096 tokens per update)",
          (rnn_small.dropout, rnn_small.weight_decay, rnn_small.label_smoothing, rnn_small.warmup, rnn_small.lr_factor,
           rnn_small.update_tokens) == (0.1, 0, 0.1, 800, 1.0, 4096)),
         ("deviations.md", "additive attention and its own length penalty, $\\alpha = 1.5$",
          (rnn_small.attention, rnn_small.decode_alpha) == ("additive", 1.5)),
         ("deviations.md", "off in every preset\n(`attention_dropout`, `relu_dropout`",
-         all(TransformerConfig.preset(name).attention_dropout == TransformerConfig.preset(name).relu_dropout == 0
+         all(Config.preset(name).attention_dropout == Config.preset(name).relu_dropout == 0
              for name in PRESETS)),
         ("deviations.md", "off in every preset\n(`bpe_dropout_source`, `bpe_dropout_target`",
-         all(TransformerConfig.preset(name).bpe_dropout_source == TransformerConfig.preset(name).bpe_dropout_target == 0
+         all(Config.preset(name).bpe_dropout_source == Config.preset(name).bpe_dropout_target == 0
              for name in PRESETS)),
         ("deviations.md", "occurrence takes one of 16 segmentations", POOL == 16),
         ("data.md", "16 segmentations drawn once", POOL == 16),
@@ -410,9 +410,9 @@ def _facts():
         ("deviations.md", "decoupled weight decay $\\lambda = 0.1$", small["weight_decay"] == 0.1),
         ("derivations/adam.md", "0 in the paper's presets and 0.1 in `small`", decay_only_in_small),
         ("deviations.md", "(off, the paper's schedule) in every preset", all(not p.get("lr_fade") for p in PRESETS.values())
-         and TransformerConfig().lr_fade == 0),
+         and Config().lr_fade == 0),
         ("deviations.md", "base and big\n25000, as in the paper", PRESETS["base"]["update_tokens"] == PRESETS["big"]["update_tokens"]
-         == 25000 and TransformerConfig.preset("base").batch_tokens(8) == 3125),
+         == 25000 and Config.preset("base").batch_tokens(8) == 3125),
         ("deviations.md", "3072 tokens per update", small["update_tokens"] == 3072),
         ("derivations/schedule.md", "6.99", f"{_peak('base')[0]:.2e}" == "6.99e-04"),
         ("derivations/schedule.md", "4.94", f"{_peak('big')[0]:.2e}" == "4.94e-04"),

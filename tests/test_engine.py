@@ -10,7 +10,7 @@ from minitf.layers import sinusoid_table
 def tiny(**kw):
     base = dict(vocab_size=13, d_model=16, n_heads=2, d_ff=24, n_layers=2, dropout=0.0, max_len=32)
     base.update(kw)
-    return minitf.TransformerConfig(**base)
+    return minitf.Config(**base)
 
 
 def batch():
@@ -229,41 +229,41 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(minitf.DeviceError, match="unknown device"):
         get_xp("tpu")
     with pytest.raises(minitf.ConfigError, match="divisible"):
-        minitf.TransformerConfig(vocab_size=10, d_model=10, n_heads=3)
+        minitf.Config(vocab_size=10, d_model=10, n_heads=3)
     with pytest.raises(minitf.ConfigError, match="preset"):
-        minitf.TransformerConfig.preset("huge")
+        minitf.Config.preset("huge")
     model = minitf.Transformer(tiny())
     with pytest.raises(minitf.ConfigError, match="2-D integer"):
         model.forward(np.zeros((2, 3), dtype=np.float32), np.zeros((2, 3), dtype=np.int64))
 
 
 def test_presets_follow_the_paper():
-    base = minitf.TransformerConfig.preset("base", vocab_size=37000)
+    base = minitf.Config.preset("base", vocab_size=37000)
     assert (base.n_layers, base.d_model, base.d_ff, base.n_heads, base.d_k, base.dropout,
             base.label_smoothing) == (6, 512, 2048, 8, 64, 0.1, 0.1)
-    big = minitf.TransformerConfig.preset("big", vocab_size=37000)
+    big = minitf.Config.preset("big", vocab_size=37000)
     assert (big.d_model, big.d_ff, big.n_heads, big.dropout) == (1024, 4096, 16, 0.3)
-    small = minitf.TransformerConfig.preset("small", vocab_size=8000)
+    small = minitf.Config.preset("small", vocab_size=8000)
     assert (small.d_model, small.n_heads, small.d_ff, small.n_layers) == (192, 4, 768, 2)
-    assert minitf.TransformerConfig(vocab_size=100).d_model == 512
+    assert minitf.Config(vocab_size=100).d_model == 512
     assert base.n_decoder_layers == base.n_layers == 6
 
 
 def test_the_decoder_stack_depth_defaults_to_the_encoders():
     """n_decoder_layers None (and a config written before the field existed) is n_layers; a
     different depth builds that many decoder layers; the recurrent baseline refuses one."""
-    old = minitf.TransformerConfig(vocab_size=13, n_layers=3).to_dict()
+    old = minitf.Config(vocab_size=13, n_layers=3).to_dict()
     del old["n_decoder_layers"]
-    assert minitf.TransformerConfig.from_dict(old).n_decoder_layers == 3
-    cfg = minitf.TransformerConfig.preset("tiny", vocab_size=13, n_layers=2, n_decoder_layers=3)
+    assert minitf.Config.from_dict(old).n_decoder_layers == 3
+    cfg = minitf.Config.preset("tiny", vocab_size=13, n_layers=2, n_decoder_layers=3)
     model = minitf.Transformer(cfg, seed=0)
     assert (len(model.encoder.layer_list), len(model.decoder.layer_list)) == (2, 3)
     assert "decoder.layers.2.cross_attn.q.weight" in model.state_dict()
     assert "encoder.layers.2.self_attn.q.weight" not in model.state_dict()
     with pytest.raises(minitf.ConfigError, match="n_decoder_layers is the Transformer's"):
-        minitf.TransformerConfig(vocab_size=13, arch="rnn", n_layers=1, n_decoder_layers=2)
+        minitf.Config(vocab_size=13, arch="rnn", n_layers=1, n_decoder_layers=2)
     with pytest.raises(minitf.ConfigError, match="n_decoder_layers must be a positive integer"):
-        minitf.TransformerConfig(vocab_size=13, n_decoder_layers=0)
+        minitf.Config(vocab_size=13, n_decoder_layers=0)
 
 
 def test_gpu_request_without_gpu_is_one_clear_error():
@@ -469,3 +469,10 @@ def test_adam_in_cache_sized_blocks_equals_one_pass(monkeypatch):
             opt.step()
         params.append(model.flat_params.copy())
     np.testing.assert_array_equal(params[1], params[0])
+
+
+def test_the_config_keeps_its_former_name():
+    """minitf.Config configures a model of either architecture and its recipe; the former name
+    TransformerConfig still names it (code written against it keeps working)."""
+    assert minitf.TransformerConfig is minitf.Config
+    assert minitf.Config.preset("small", arch="rnn").arch == "rnn"

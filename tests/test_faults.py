@@ -279,7 +279,7 @@ def test_parameter_shapes_are_the_built_models(arch, extra):
     import minitf
     from minitf.architectures import build_model, parameter_shapes
     try:
-        cfg = minitf.TransformerConfig.preset("tiny", arch=arch, vocab_size=50, **extra)
+        cfg = minitf.Config.preset("tiny", arch=arch, vocab_size=50, **extra)
     except minitf.errors.MinitfError as e:
         pytest.skip(f"not a configuration minitf builds: {e}")
     model = build_model(cfg)

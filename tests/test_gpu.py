@@ -31,7 +31,7 @@ def cp(monkeypatch):
 def cfg(**kw):
     base = dict(vocab_size=23, d_model=16, n_heads=4, d_ff=24, n_layers=2, dropout=0.0, max_len=64)
     base.update(kw)
-    return minitf.TransformerConfig(**base)
+    return minitf.Config(**base)
 
 
 SRC = np.array([[5, 6, 7, 8, 3, 0], [9, 10, 5, 6, 7, 3]])

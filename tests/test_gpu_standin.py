@@ -43,7 +43,7 @@ def tiny(arch="transformer", dtype="float32", **kw):
     base = dict(vocab_size=23, d_model=16, n_heads=4, d_ff=24, n_layers=2, dropout=0.1, max_len=64, arch=arch,
                 rnn_hidden=12)
     base.update(kw)
-    return build_model(minitf.TransformerConfig(**base), device="gpu", dtype=dtype, seed=0)
+    return build_model(minitf.Config(**base), device="gpu", dtype=dtype, seed=0)
 
 
 # ----------------------------------------------------------------------------- dropout
@@ -305,7 +305,7 @@ def checkpoints(tmp_path_factory):
     d = tmp_path_factory.mktemp("translate")
     path, lines = make_tiny_checkpoint(d)
     ck = load_checkpoint(path)
-    rnn = minitf.TransformerConfig(**{**ck.config.to_dict(), "arch": "rnn", "rnn_hidden": 16, "attention": "additive"})
+    rnn = minitf.Config(**{**ck.config.to_dict(), "arch": "rnn", "rnn_hidden": 16, "attention": "additive"})
     from minitf.architectures import build_model
     save_checkpoint(d / "rnn.npz", build_model(rnn, seed=1), tokenizer=ck.tokenizer)
     (d / "src.txt").write_text("\n".join(lines[:6]) + "\n")

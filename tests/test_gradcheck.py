@@ -28,7 +28,7 @@ def small_cfg(**kw):
     base = dict(vocab_size=V, d_model=D, n_heads=H, d_k=K, d_ff=FF, n_layers=2, dropout=0.0,
                 label_smoothing=0.1, pad_id=0, max_len=16)
     base.update(kw)
-    return minitf.TransformerConfig(**base)
+    return minitf.Config(**base)
 
 
 def test_gradcheck_linear(rng):

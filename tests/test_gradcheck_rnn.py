@@ -92,7 +92,7 @@ def rnn_cfg(**kw):
     base = dict(arch="rnn", vocab_size=11, d_model=4, rnn_hidden=6, n_layers=2, n_heads=1, d_ff=4, dropout=0.0,
                 label_smoothing=0.1, pad_id=0)
     base.update(kw)
-    return minitf.TransformerConfig(**base)
+    return minitf.Config(**base)
 
 
 def rnn_batch():

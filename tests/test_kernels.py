@@ -428,7 +428,7 @@ def tiny_model(dtype, **kw):
     import minitf
     base = dict(vocab_size=23, d_model=16, n_heads=4, d_ff=24, n_layers=2, dropout=0.0, max_len=64)
     base.update(kw)
-    return minitf.Transformer(minitf.TransformerConfig(**base), dtype=dtype, seed=0)
+    return minitf.Transformer(minitf.Config(**base), dtype=dtype, seed=0)
 
 
 SRC = np.array([[5, 6, 7, 8, 3, 0], [9, 10, 5, 6, 7, 3]])

@@ -18,7 +18,7 @@ def reverse_batch(rng, batch, max_len, vocab):
 
 
 def test_small_model_learns_to_reverse():
-    cfg = minitf.TransformerConfig(vocab_size=14, d_model=32, n_heads=4, d_ff=64, n_layers=2,
+    cfg = minitf.Config(vocab_size=14, d_model=32, n_heads=4, d_ff=64, n_layers=2,
                                    dropout=0.0, label_smoothing=0.1, max_len=16)
     model = minitf.Transformer(cfg, seed=0)
     opt = minitf.Adam(model, lr=lambda step: 3e-3 * min(1.0, step / 30))

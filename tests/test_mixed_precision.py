@@ -11,7 +11,7 @@ from test_learning import reverse_batch
 
 
 def cfg():
-    return minitf.TransformerConfig(vocab_size=14, d_model=32, n_heads=4, d_ff=64, n_layers=2,
+    return minitf.Config(vocab_size=14, d_model=32, n_heads=4, d_ff=64, n_layers=2,
                                     dropout=0.0, label_smoothing=0.1, max_len=16)
 
 

@@ -22,7 +22,7 @@ IDS = np.array([1, 3, 4, 5, 7, 8, 11])          # UNK 1 and EOS 3 among them
 
 
 def cfg(**kw):
-    return minitf.TransformerConfig(**{**dict(vocab_size=V, d_model=8, n_heads=2, d_ff=12, n_layers=1, dropout=0.0,
+    return minitf.Config(**{**dict(vocab_size=V, d_model=8, n_heads=2, d_ff=12, n_layers=1, dropout=0.0,
                                               label_smoothing=0.1, max_len=16), **kw})
 
 

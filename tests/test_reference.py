@@ -14,7 +14,7 @@ TOL = 1e-10
 
 
 def config(positional="sinusoidal", dropout=0.0, n_layers=2, n_decoder_layers=None):
-    return minitf.TransformerConfig(vocab_size=17, d_model=16, n_heads=2, d_ff=24, n_layers=n_layers,
+    return minitf.Config(vocab_size=17, d_model=16, n_heads=2, d_ff=24, n_layers=n_layers,
                                     n_decoder_layers=n_decoder_layers, dropout=dropout, label_smoothing=0.1,
                                     positional=positional, max_len=12)
 

@@ -11,7 +11,7 @@ from plain_beam import mixed_length_sources, plain_beam_search
 
 
 def rnn_model(vocab=13, seed=0, attention="general", dtype="float64", n_layers=2):
-    cfg = minitf.TransformerConfig(arch="rnn", vocab_size=vocab, d_model=8, rnn_hidden=12, n_layers=n_layers,
+    cfg = minitf.Config(arch="rnn", vocab_size=vocab, d_model=8, rnn_hidden=12, n_layers=n_layers,
                                    n_heads=2, d_ff=8, dropout=0.1, attention=attention)
     return build_model(cfg, dtype=dtype, seed=seed)
 
@@ -80,7 +80,7 @@ def test_checkpoint_round_trip_keeps_the_arch(tmp_path):
 def test_rnn_learns_to_copy():
     """A few hundred Adam steps on a copy task: the loss falls and greedy decoding copies."""
     from minitf.optim import Adam
-    cfg = minitf.TransformerConfig(arch="rnn", vocab_size=12, d_model=16, rnn_hidden=32, n_layers=1, n_heads=2,
+    cfg = minitf.Config(arch="rnn", vocab_size=12, d_model=16, rnn_hidden=32, n_layers=1, n_heads=2,
                                    d_ff=8, dropout=0.0, label_smoothing=0.0)
     model = build_model(cfg, seed=0)
     opt = Adam(model, lr=1e-2)
@@ -109,12 +109,12 @@ def test_fp16_is_refused_with_a_plain_message():
 @pytest.mark.parametrize("field,value", [("arch", "gru"), ("attention", "concat"), ("rnn_hidden", 7)])
 def test_bad_rnn_config_values_are_plain_errors(field, value):
     with pytest.raises(minitf.errors.ConfigError, match=field):
-        minitf.TransformerConfig(**{"arch": "rnn", field: value})
+        minitf.Config(**{"arch": "rnn", field: value})
 
 
 def test_a_forward_without_loss_has_no_backward():
     """backward() after forward() (no loss) must not reuse an earlier loss: a plain error."""
-    for model in (rnn_model(), minitf.Transformer(minitf.TransformerConfig(vocab_size=13, d_model=8, n_heads=2,
+    for model in (rnn_model(), minitf.Transformer(minitf.Config(vocab_size=13, d_model=8, n_heads=2,
                                                                           d_ff=8, n_layers=1), dtype="float64")):
         tgt = np.array([[2, 4, 6], [2, 7, 7], [2, 5, 0]])
         model.forward_loss(SRC, tgt, tgt)

@@ -48,8 +48,8 @@ def test_end_to_end_writes_results(corpus, tmp_path):
     assert res["averaged_checkpoints"] == ["checkpoint_0000020.npz", "checkpoint_0000030.npz"]   # the run's 2nd half
     assert res["model"] in ("averaged", "last") and res["valid_loss"] == min(res["valid_loss_averaged"],
                                                                              res["valid_loss_last"])
-    assert res["alpha"] == minitf.TransformerConfig.preset("tiny").decode_alpha == 0.6   # --alpha from the preset
-    assert minitf.TransformerConfig.preset("small").decode_alpha == 2.0                  # tuned on Multi30k val
+    assert res["alpha"] == minitf.Config.preset("tiny").decode_alpha == 0.6   # --alpha from the preset
+    assert minitf.Config.preset("small").decode_alpha == 2.0                  # tuned on Multi30k val
     from minitf.checkpoint import read_train_state
     assert read_train_state(out / "averaged.npz")["languages"] == ["en", "de"]   # evaluate's default --lang
     assert read_train_state(out / "model.npz")["languages"] == ["en", "de"]
@@ -306,8 +306,8 @@ def test_a_short_run_reports_a_model_no_worse_than_its_last_checkpoint(corpus, t
 
 
 def test_checkpoints_every_few_minutes_and_the_papers_presets():
-    from minitf.config import TransformerConfig
-    base, big = TransformerConfig.preset("base", vocab_size=100), TransformerConfig.preset("big", vocab_size=100)
+    from minitf.config import Config
+    base, big = Config.preset("base", vocab_size=100), Config.preset("big", vocab_size=100)
     assert (base.save_every_minutes, base.average_last, base.max_steps) == (10.0, 5, 100_000)   # paper 6.1, 5.2
     assert (big.save_every_minutes, big.average_last, big.max_steps) == (10.0, 20, 300_000)
 
@@ -459,14 +459,14 @@ def test_norm_pre_trains_a_pre_norm_model_that_a_resume_and_the_translation_keep
 def test_a_presets_update_holds_the_same_tokens_on_any_number_of_ranks(preset, update):
     """Paper 5.1: ~25000 source and target tokens per update, on 8 GPUs (5.2). A preset states the
     update; ranks x --update-freq split it, and an explicit --max-tokens stays per batch per rank."""
-    cfg = minitf.TransformerConfig.preset(preset)
+    cfg = minitf.Config.preset(preset)
     assert cfg.update_tokens == update and cfg.max_tokens is None
     for ranks in (1, 2, 8):
         for freq in (1, 2, 4):
             total = ranks * freq * cfg.batch_tokens(ranks, freq)
             assert update - ranks * freq < total <= update, (ranks, freq, total)
-    assert minitf.TransformerConfig.preset("base").batch_tokens(8, 1) == 3125
-    fixed = minitf.TransformerConfig.preset(preset, max_tokens=1000)
+    assert minitf.Config.preset("base").batch_tokens(8, 1) == 3125
+    fixed = minitf.Config.preset(preset, max_tokens=1000)
     assert fixed.batch_tokens(1, 1) == fixed.batch_tokens(8, 4) == 1000
 
 
@@ -552,7 +552,7 @@ def test_ranks_that_disagree_are_told_only_what_differs():
         def allgather(self, facts):
             other = dict(facts, seed=7, config=dict(facts["config"], dropout=0.3, n_heads=4))
             return [facts, other]
-    cfg = minitf.TransformerConfig.preset("tiny", vocab_size=60).to_dict()
+    cfg = minitf.Config.preset("tiny", vocab_size=60).to_dict()
     with pytest.raises(ConfigError) as e:
         _agree(World(), data_id="abc", config=cfg, seed=1, max_steps=5)
     msg = str(e.value)
@@ -810,10 +810,10 @@ def test_every_flag_reaches_a_config_field_or_is_a_run_flag():
     dropped), each names a field, build_config sets each from its flag, and --help gives each the
     presets' values read from it."""
     from argparse import Namespace
-    from minitf.config import FLAG_FIELDS, PRESETS, TransformerConfig
+    from minitf.config import FLAG_FIELDS, PRESETS, Config
     from minitf.recipe import build_config
     from minitf.train_cli import build_parser, parse_args
-    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    fields = {f.name for f in dataclasses.fields(Config)}
     assert set(FLAG_FIELDS.values()) <= fields, set(FLAG_FIELDS.values()) - fields
     parser = build_parser()
     flags = {a.dest for a in parser._actions if a.option_strings and a.dest not in ("help", "version")}
@@ -839,7 +839,7 @@ def test_the_recipe_settles_a_read_only_copy_of_the_flags():
     from minitf.train_cli import parse_args
     args = parse_args(["--out", "x", "--preset", "small"])
     before = dict(vars(args))
-    cfg = minitf.TransformerConfig.preset("small", vocab_size=100)
+    cfg = minitf.Config.preset("small", vocab_size=100)
     s = resolve_recipe(args, cfg)
     assert vars(args) == before and args.max_steps is None
     assert (s.alpha, s.save_every, s.average_last, s.keep_last) == (cfg.decode_alpha, 80, cfg.average_last,

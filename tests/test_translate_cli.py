@@ -137,7 +137,7 @@ def alpha2(tmp_path_factory):
     d = tmp_path_factory.mktemp("alpha2")
     path, lines = make_tiny_checkpoint(d)
     ckpt = minitf.checkpoint.load_checkpoint(path)
-    cfg = minitf.TransformerConfig.from_dict({**ckpt.config.to_dict(), "decode_alpha": 2.0})
+    cfg = minitf.Config.from_dict({**ckpt.config.to_dict(), "decode_alpha": 2.0})
     model = minitf.Transformer(cfg, seed=3)
     save_checkpoint(d / "alpha2.npz", model, tokenizer=ckpt.tokenizer, train_state={"languages": ["en", "de"]})
     return d / "alpha2.npz", lines[:12]

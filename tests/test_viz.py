@@ -365,7 +365,7 @@ def test_table1_path_gradients_of_both_archs(tmp_path):
     from minitf.checkpoint import load_checkpoint
     ckpt_t, lines = make_tiny_checkpoint(tmp_path)
     base = load_checkpoint(ckpt_t)
-    cfg = minitf.TransformerConfig.preset("tiny", arch="rnn", vocab_size=base.config.vocab_size)
+    cfg = minitf.Config.preset("tiny", arch="rnn", vocab_size=base.config.vocab_size)
     rnn_path = tmp_path / "rnn.npz"
     save_checkpoint(rnn_path, build_model(cfg), tokenizer=base.tokenizer, train_state={"step": 0})
     text = tmp_path / "src.txt"
