@@ -348,8 +348,8 @@ def test_two_gpu_ranks_over_nccl_equal_one_gpu_with_twice_the_update_freq(corpus
 @pytest.mark.parametrize("fp16", [False, True])
 def test_a_base_update_launches_at_most_650_kernels_and_reads_nothing_back(standin, fp16):
     """One `base` update (forward, backward, Adam) on the GPU path, counted as CuPy would launch
-    it (bench/launches.py): at most 650 kernels (1,929 with every fusion switched off, the step
-    before they existed), the attention's products and the stacked projections as single cuBLAS
+    it (bench/launches.py): at most 650 kernels (1,929 in the step before the fusions existed; 1,909
+    with every switch at 0 today), the attention's products and the stacked projections as single cuBLAS
     calls, a post-norm block's bias, dropout, sum and LayerNorm as one kernel, and no
     device-to-host copy inside the update (train.py reads the loss once per update, after it)."""
     sys.path.insert(0, ROOT)
