@@ -418,6 +418,8 @@ def _facts():
         ("derivations/schedule.md", "4.94", f"{_peak('big')[0]:.2e}" == "4.94e-04"),
         ("derivations/schedule.md", "3.09", f"{_peak('small')[0]:.2e}" == "3.09e-03"),
         ("derivations/schedule.md", "peak", noam(3999, 512, 4000) < noam(4000, 512, 4000) > noam(4001, 512, 4000)),
+        ("derivations/schedule.md", "it is still $\\sqrt{w/t}$ of its peak",
+         all(abs(noam(t, 512, 4000) / noam(4000, 512, 4000) - (4000 / t) ** 0.5) < 1e-12 for t in (4000, 16_000, 100_000))),
     ]
 
 
@@ -468,3 +470,11 @@ def test_the_maintainers_map_names_files_and_tests_that_exist():
             assert (ROOT / path).exists(), f"docs/README.md's map names {path}, which does not exist"
             if test:
                 assert f"def {test}(" in (ROOT / path).read_text(encoding="utf-8"), f"{path} has no {test}"
+
+
+def test_no_page_holds_a_tab_character():
+    """A tab in a page is how a backslash escape got lost on the way in (`\\top` written as a tab and
+    "op"): the formulas render broken. Every page is tab-free."""
+    for path in [ROOT / "README.md", *doc_files()]:
+        bad = [i + 1 for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()) if "\t" in line]
+        assert not bad, f"{rel(path)} has tab characters on lines {bad[:5]}"
