@@ -54,12 +54,11 @@ def linear_backward(dy, x, w, dw, db, dx_into=None):
         gemm.accumulate_xt_dy(dw, x2, dy2)      # one GEMM with beta = 1: the same sum, no temporary
     else:
         dw += x2.T @ dy2
-    if db is None:
-        pass
-    elif kernels.fused(dy2, "grads") and db.dtype == dy2.dtype and db.flags.c_contiguous:
-        kernels.column_sums(dy2, out=db)        # the sum added into db by the kernel: no separate add
-    else:
-        db += column_sum(dy2)
+    if db is not None:
+        if kernels.fused(dy2, "grads") and db.dtype == dy2.dtype and db.flags.c_contiguous:
+            kernels.column_sums(dy2, out=db)    # the sum added into db by the kernel: no separate add
+        else:
+            db += column_sum(dy2)
     if dx_into is None:
         return (dy2 @ w.T).reshape(x.shape)
     if gemm.enabled(dx_into) and dx_into.dtype == dy2.dtype == w.dtype and dx_into.flags.c_contiguous \
@@ -141,8 +140,9 @@ def layernorm_backward(dy, cache, g, dg, db, dy_residual=None, mask=None, d_subl
     d_sublayer_bias: the gradient buffer of the bias of the sublayer's last Linear, which then
     takes the column sums of the sublayer output's gradient here (on a GPU in the same launch as
     dg and db), not in its own backward (the post-norm blocks of blocks.py)."""
-    if d_sublayer_bias is not None and not kernels.fused(dy, "grads"):
+    if d_sublayer_bias is not None and not kernels.fused(dy, "grads"):   # the CPU, or the passes apart
         out = layernorm_backward(dy, cache, g, dg, db, dy_residual, mask)
+        # sublayer(x) = h @ W + b_sublayer, its output's gradient out (or out[1] behind the dropout)
         d_sublayer_bias += column_sum((out if mask is None else out[1]).reshape(-1, dy.shape[-1]))
         return out
     xhat, rstd = cache
@@ -176,10 +176,7 @@ def layernorm_backward(dy, cache, g, dg, db, dy_residual=None, mask=None, d_subl
     dx *= rstd
     dx = dx.astype(out_dtype, copy=False)
     # s = x + dropout(sublayer(x)) = x + mask * sublayer(x)
-    out = dx if mask is None else (dx, dx * mask)
-    if d_sublayer_bias is not None:   # sublayer(x) = h @ W + b_sublayer
-        d_sublayer_bias += column_sum((dx if mask is None else out[1]).reshape(-1, d))
-    return out
+    return dx if mask is None else (dx, dx * mask)
 
 
 # ----------------------------------------------------------------------------- dropout

@@ -16,7 +16,7 @@ class LossCache(NamedTuple):
     backward), targets [N], weights w [N] (1 on non-pad), the count, eps, the logits' dtype."""
     p: object
     tgt: object
-    w: object          # per-row weights, or None: every row weighs 1
+    w: object
     n_safe: object
     eps: float
     out_dtype: object

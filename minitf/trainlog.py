@@ -8,6 +8,7 @@ import sys
 import time
 
 from .errors import MinitfError
+from .progress import on_terminal
 
 
 def log(msg):
@@ -102,7 +103,7 @@ class Console:
     def __init__(self, state, max_steps, budget, quiet, enabled=True, stream=None):
         self.stream = stream or sys.stderr
         self.enabled, self.budget = enabled, budget
-        self.mode = "off" if quiet or not enabled else "bar" if self.stream.isatty() else "lines"
+        self.mode = "off" if quiet or not enabled else "bar" if on_terminal(self.stream) else "lines"
         self.bar = None
         self.t0, self.step0 = time.time(), state["step"]
         if self.mode == "bar":

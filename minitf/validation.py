@@ -68,8 +68,7 @@ class Validation:
         self.refs = [valid[1][i] for i in pick]
 
     def run(self, model):
-        from .translate import translate_ids
-        from .translate import metrics
+        from .translate import metrics, translate_ids
         t0 = time.time()
         rank, n = self.world.rank, self.world.size
         loss, nll = evaluate_loss(model, self.batches[rank::n], self.world)
