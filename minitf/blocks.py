@@ -35,7 +35,7 @@ class EncoderLayer(Layer):
         d = cfg.d_model
         self.self_attn = self.add("self_attn", MultiHeadAttention(d, cfg.n_heads, cfg.d_k, rng, cfg.attention_dropout))
         self.norm1 = self.add("norm1", LayerNorm(d, cfg.layer_norm_eps))
-        self.ffn = self.add("ffn", FeedForward(d, cfg.d_ff, rng, cfg.relu_dropout))
+        self.ffn = self.add("ffn", FeedForward(d, cfg.d_ff, rng, cfg.relu_dropout, cfg.activation))
         self.norm2 = self.add("norm2", LayerNorm(d, cfg.layer_norm_eps))
         self.drop1 = self.add("drop1", Dropout(cfg.dropout))
         self.drop2 = self.add("drop2", Dropout(cfg.dropout))
@@ -86,7 +86,7 @@ class DecoderLayer(Layer):
         self.norm1 = self.add("norm1", LayerNorm(d, cfg.layer_norm_eps))
         self.cross_attn = self.add("cross_attn", MultiHeadAttention(d, cfg.n_heads, cfg.d_k, rng, cfg.attention_dropout))
         self.norm2 = self.add("norm2", LayerNorm(d, cfg.layer_norm_eps))
-        self.ffn = self.add("ffn", FeedForward(d, cfg.d_ff, rng, cfg.relu_dropout))
+        self.ffn = self.add("ffn", FeedForward(d, cfg.d_ff, rng, cfg.relu_dropout, cfg.activation))
         self.norm3 = self.add("norm3", LayerNorm(d, cfg.layer_norm_eps))
         self.drop1 = self.add("drop1", Dropout(cfg.dropout))
         self.drop2 = self.add("drop2", Dropout(cfg.dropout))

@@ -66,11 +66,27 @@ def cmd_average(args):
 
 
 def cmd_export(args):
-    from .checkpoint import export_safetensors
-    _output_file(args.output, "--output")
-    size = export_safetensors(args.checkpoint, args.output)
-    print(f"exported {args.checkpoint} ({os.path.getsize(args.checkpoint) / 1e6:,.1f} MB) -> {args.output} "
-          f"({size / 1e6:,.1f} MB: parameters, config and tokenizer; no optimizer state)", file=sys.stderr)
+    if args.format == "safetensors":
+        from .checkpoint import export_safetensors
+        _output_file(args.output, "--output")
+        size = export_safetensors(args.checkpoint, args.output)
+        print(f"exported {args.checkpoint} ({os.path.getsize(args.checkpoint) / 1e6:,.1f} MB) -> {args.output} "
+              f"({size / 1e6:,.1f} MB: parameters, config and tokenizer; no optimizer state)", file=sys.stderr)
+        return
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+        raise ConfigError(f"--out {args.output} is a file; name the folder to write the {args.format} model into")
+    parent = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(parent):
+        raise ConfigError(f"--out {args.output}: the folder {parent} does not exist; create it first or fix the path")
+    if args.format == "marian":
+        from .marian import export_marian
+        export_marian(args.checkpoint, args.output)
+        what = "model.npz, vocab.yml, source.spm, target.spm, decoder.yml: Marian's format, OPUS-MT's layout"
+    else:
+        from .ctranslate2_export import export_ctranslate2
+        export_ctranslate2(args.checkpoint, args.output, args.quantization)
+        what = f"a CTranslate2 model ({args.quantization or 'float32'} weights) with source.spm and target.spm"
+    print(f"exported {args.checkpoint} -> {args.output}/ ({what})", file=sys.stderr)
 
 
 def cmd_translate(args):
@@ -151,9 +167,11 @@ def _decode_args(p):
     p.add_argument("--alpha", type=Number(float, 0), default=None,
                    help="length penalty alpha (paper: 0.6; default: the checkpoint's preset, small 2.0)")
     p.add_argument("--max-len-b", type=Number(int, 0), default=50, help="max output length = input length + this")
-    p.add_argument("--stop", choices=["fairseq", "bound"], default="fairseq",
+    p.add_argument("--stop", choices=["fairseq", "bound", "ctranslate2"], default="fairseq",
                    help="when beam search ends a sentence: fairseq (once --beam hypotheses finished, fairseq's rule) or "
-                        "bound (once no live beam can still beat the best finished one: slower, a score at least as good)")
+                        "bound (once no live beam can still beat the best finished one: slower, a score at least as good) or "
+                        "ctranslate2 (once a step's best candidate ends: CTranslate2's rule with --alpha 0, for comparing "
+                        "with an exported model)")
     p.add_argument("--batch-size", type=positive(), default=64, help="sentences decoded together")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -165,8 +183,11 @@ def _check_translate(p, args):
 
 
 def _check_export(p, args):
-    if not args.output.endswith(".safetensors"):
-        p.error(f"--output {args.output}: name it *.safetensors")
+    if args.format == "safetensors" and not args.output.endswith(".safetensors"):
+        p.error(f"--output {args.output}: name it *.safetensors (or choose --format marian or ctranslate2, which "
+                f"write a folder)")
+    if args.quantization and args.format != "ctranslate2":
+        p.error(f"--quantization {args.quantization}: only --format ctranslate2 quantizes")
 
 
 def build_parser(prog="python -m minitf"):
@@ -224,10 +245,21 @@ def build_parser(prog="python -m minitf"):
                    "splits compounds); default: the one the checkpoint was trained on")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_evaluate, memory=DECODE_MEMORY)
-    p = sub.add_parser("export", help="a checkpoint's parameters as a .safetensors file, with its config and "
-                                      "tokenizer, without optimizer state (translate/evaluate read it)")
+    p = sub.add_parser("export", help="a checkpoint as a .safetensors file (translate/evaluate read it), a Marian model "
+                                      "or a CTranslate2 model (docs/interop.md)",
+                       description="A checkpoint without optimizer state: --format safetensors (default) writes its "
+                                   "parameters, config and tokenizer as one .safetensors file (translate and evaluate "
+                                   "read it); --format marian a Marian model folder in OPUS-MT's layout (model.npz with "
+                                   "special:model.yml, vocab.yml, source.spm, target.spm, decoder.yml), which Marian, "
+                                   "Hugging Face's MarianMT converter, CTranslate2 and minitf.load read; --format "
+                                   "ctranslate2 a CTranslate2 model folder (needs pip install 'minitf[serve]').")
     p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz)")
-    p.add_argument("--output", required=True, help="the .safetensors file to write")
+    p.add_argument("--format", choices=["safetensors", "marian", "ctranslate2"], default="safetensors")
+    p.add_argument("--output", "--out", dest="output", required=True,
+                   help="the .safetensors file, or the folder of a marian or ctranslate2 model")
+    p.add_argument("--quantization", choices=["int8", "int8_float32", "int8_float16", "int16", "float16", "bfloat16",
+                                              "float32"],
+                   help="--format ctranslate2: the weights' type (CTranslate2's --quantization; default float32)")
     p.set_defaults(func=cmd_export, check=lambda args, p=p: _check_export(p, args))
     try:
         from .viz import add_plot_parser

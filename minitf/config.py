@@ -96,6 +96,9 @@ class Config:
     norm_position: str = "post"      # "post": LayerNorm(x + Sublayer(x)) (3.1); "pre": x + Sublayer(LayerNorm(x))
                                      # and a LayerNorm after each stack (not the paper's; deviations.md)
     positional: str = "sinusoidal"   # or "learned" (Table 3 row E)
+    activation: str = "relu"         # the FFN's: "relu" (3.3) or "swish" (x * sigmoid(x); Marian's option, for
+                                     # imported models: docs/interop.md)
+    output_bias: bool = False        # a bias [V] added to the logits (Marian's decoder_ff_logit_out_b; the paper has none)
     max_len: int = 1024              # learned positions: the longest input; sinusoids: the first table (it grows)
     arch: str = "transformer"        # or "rnn" (architectures.ARCHS)
     rnn_hidden: int = None           # rnn: LSTM width (the encoder's two directions together); None -> 2 * d_model
@@ -158,6 +161,12 @@ class Config:
         if self.arch == "rnn" and self.norm_position != "post":
             raise ConfigError("norm_position is the Transformer's (arch 'transformer'); the recurrent baseline has no "
                               "residual blocks")
+        if self.activation not in ("relu", "swish"):
+            raise ConfigError(f"activation must be 'relu' or 'swish', got {self.activation!r}")
+        if not isinstance(self.output_bias, bool):
+            raise ConfigError(f"output_bias must be true or false, got {self.output_bias!r}")
+        if self.arch == "rnn" and (self.activation != "relu" or self.output_bias):
+            raise ConfigError("activation and output_bias are the Transformer's (arch 'transformer')")
         if self.positional not in ("sinusoidal", "learned"):
             raise ConfigError(f"positional must be 'sinusoidal' or 'learned', got {self.positional!r}")
         for name in ("pad_id", "unk_id", "bos_id", "eos_id"):

@@ -275,6 +275,11 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
     lp(max length): tensor2tensor's "terminate early when possible"), and every EOS among
     the 2k best may finish (not only the k best, not only k of them).
 
+    stop="ctranslate2" is CTranslate2's rule with its length penalty at 0 (docs/interop.md): every
+    EOS among the k best finishes (not only k of them), and a sentence ends at the first step
+    whose best candidate is an EOS (with alpha 0 no live beam can beat it then). A model exported
+    there searches the same way.
+
     At most `batch_size` sentences (default: all) are decoded at once, in the order given;
     as they finish, the next ones take their places (continuous batching, _Waiting).
     `progress.update(n)` is called as sentences finish.
@@ -325,7 +330,7 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
         ranked = np.arange(n_best) < (n_best if stop == "bound" else k)
         for i, r in zip(*np.nonzero(is_eos & finite & ranked)):
             sent = alive[i]
-            if n_done[sent] < k or stop == "bound":
+            if n_done[sent] < k or stop != "fairseq":
                 n_done[sent] += 1
                 s = values[i, r] / length_penalty(steps[i] + 1, alpha)
                 if s > best_score[sent]:
@@ -341,6 +346,8 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
         if stop == "bound":   # a live beam could still beat the best finished hypothesis
             best_live = np.take_along_axis(values, pick[:, :1], axis=1)[:, 0]
             going = best_live / length_penalty(max_lens[alive] + 1, alpha) > best_score[alive]
+        elif stop == "ctranslate2":   # until the best candidate of a step is an EOS
+            going = ~(is_eos[:, 0] & finite[:, 0])
         still = _compact(going & ~at_limit & live[:, 0], cohort)
         if progress is not None and n > len(still):
             progress.update(n - len(still))

@@ -81,6 +81,20 @@ def relu_backward(dy, y):
     return dy * (y > 0)
 
 
+def swish_forward(x):
+    """y = x * sigmoid(x) (swish, or SiLU: Marian's --transformer-ffn-activation swish). The
+    sigmoid as 0.5 * (1 + tanh(x / 2)): the same function, with no overflow for large |x|."""
+    xp = xp_of(x)
+    return x * (0.5 * (1.0 + xp.tanh(0.5 * x)))
+
+
+def swish_backward(dy, x):
+    # y = x * s, s = sigmoid(x): dy/dx = s + x * s * (1 - s)
+    xp = xp_of(x)
+    s = 0.5 * (1.0 + xp.tanh(0.5 * x))
+    return dy * (s + x * s * (1.0 - s))
+
+
 # ----------------------------------------------------------------------------- softmax
 def softmax_forward(x):
     """Softmax over the last axis, max-subtracted for stability; returns p (same shape)."""

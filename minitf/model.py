@@ -22,7 +22,7 @@ class Transformer(Seq2Seq):
         super().__init__(cfg, device, dtype, seed)
         rng = self.new_rng(seed)
         d = cfg.d_model
-        self.embedding = self.add("embedding", TokenEmbedding(cfg.vocab_size, d, rng))
+        self.embedding = self.add("embedding", TokenEmbedding(cfg.vocab_size, d, rng, cfg.output_bias))
         if cfg.positional == "learned":
             self.positional = self.add("positional", LearnedPositional(cfg.max_len, d, rng))
         else:

@@ -36,12 +36,17 @@ def build_config(args, vocab_size, target_pieces=None, note=None):
     return dataclasses.replace(cfg, output_layer=layer)
 
 
-def resolve_config(args, data, resume, lead=True):
+def resolve_config(args, data, resume, lead=True, imported=None):
     """(config, settings): the resumed checkpoint's config (a flag that would change it is an error),
-    or the preset's with the flags over it; and the run's Settings, the recipe's flags left unset
-    filled (resolve_recipe)."""
+    or the preset's with the flags over it (and with `imported`, --init-from's Marian model config,
+    that model's architecture: marian.ARCHITECTURE_FIELDS); and the run's Settings, the recipe's
+    flags left unset filled (resolve_recipe)."""
     vocab_size = data.tokenizer.vocab_size
-    if resume is None:
+    if resume is None and imported is not None:
+        from .marian import ARCHITECTURE_FIELDS
+        cfg = build_config(args, vocab_size, None, note=log if lead else None)
+        cfg = dataclasses.replace(cfg, output_layer="joint", **{f: getattr(imported, f) for f in ARCHITECTURE_FIELDS})
+    elif resume is None:
         cfg = build_config(args, vocab_size, lambda both: target_pieces(data, vocab_size, both),
                            note=log if lead else None)
     else:

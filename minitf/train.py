@@ -26,7 +26,7 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .config import FLAG_FIELDS, SIZE_FLAGS, Config
 from .data.binarized import StaleData
 from .data.pipeline import DataSettings, load_data
-from .data.tokenizer import Tokenizer
+from .data.tokenizer import tokenizer_from_bytes
 from . import distributed
 from .errors import ConfigError, Interrupted, MinitfError
 from .feed import UpdateFeed, open_feed
@@ -195,9 +195,10 @@ def set_up(args, world):
     resume = load_checkpoint(ckpts[-1]) if args.resume and ckpts else None
     if resume is not None:
         check_resumed(args.out, resume)
-    data = _load_data(args, world, resume)
+    init = _init_from(args) if resume is None else None
+    data = _load_data(args, world, resume, init.tokenizer if init else None)
     flags = args
-    cfg, args = resolve_config(args, data, resume, lead)   # args: the settled, read-only Settings from here
+    cfg, args = resolve_config(args, data, resume, lead, init.config if init else None)   # args: settled, read-only
     if resume is not None and lead:
         log(f"resuming from {resume.path} (step {resume.train_state['step']})")
     fp16 = getattr(args, "fp16", False)
@@ -212,6 +213,10 @@ def set_up(args, world):
               LossScaler() if fp16 else None, new_state(args, data), resume.path if resume else None)
     if resume is not None:
         _restore(run, resume)
+    elif init is not None:
+        run.model.load_state_dict(init.params)
+        if lead:
+            log(f"init: the weights of {flags.init_from}")
     if lead:
         prepare_out(args.out)
         atomic_write(os.path.join(args.out, "config.json"), lambda f: f.write(json.dumps(
@@ -257,15 +262,28 @@ def _prepare_device(args, world):
         log("warning: --fp16 on the CPU is very slow (NumPy has no float16 BLAS); it is meant for GPUs")
 
 
-def _load_data(args, world, resume):
-    """A resumed run encodes with its checkpoint's tokenizer, so its cache holds the same ids;
-    rank 0 prepares the cache (and trains the tokenizer) once, the others then open it."""
+def _init_from(args):
+    """--init-from: the Marian model's config, weights and tokenizer (marian.import_marian), the
+    tokenizer told which side is the source; None without the flag."""
+    if getattr(args, "init_from", None) is None:
+        return None
+    from .marian import import_marian
+    cfg, params, tokenizer = import_marian(args.init_from)
+    tokenizer.source_language = args.src
+    return argparse.Namespace(config=cfg, params=params, tokenizer=tokenizer)
+
+
+def _load_data(args, world, resume, tokenizer=None):
+    """A resumed run encodes with its checkpoint's tokenizer, so its cache holds the same ids (and
+    --init-from with its Marian model's); rank 0 prepares the cache (and trains the tokenizer)
+    once, the others then open it."""
     lead = world.rank == 0
+    if resume is not None and resume.tokenizer:
+        tokenizer = tokenizer_from_bytes(resume.tokenizer)
     for turn in range(2 if world.size > 1 else 1):
         if lead == (turn == 0):
             try:
-                data = load_data(DataSettings.of(args), tokenizer=Tokenizer.from_bytes(resume.tokenizer) if resume and resume.tokenizer
-                                 else None, log=log if lead else (lambda msg: None),
+                data = load_data(DataSettings.of(args), tokenizer=tokenizer, log=log if lead else (lambda msg: None),
                                  expect_data_id=resume.train_state.get("data_id") if resume else None, notes=lead)
             except StaleData as e:
                 raise ConfigError(f"--resume: {resume.path} was trained on other data: {e}; restore it, "

@@ -101,6 +101,10 @@ def build_parser(prog=None):
     p.add_argument("--resume", action="store_true",
                    help="continue from the last checkpoint in --out, with its model and recipe (a model-size or --norm, dropout, "
                         "label-smoothing, BPE-dropout, output-vocab, warmup or rate flag that differs from the checkpoint's is an error)")
+    p.add_argument("--init-from", metavar="MARIAN_MODEL",
+                   help="fine-tune a Marian model: start from its weights and tokenizer (an OPUS-MT folder: the .npz, "
+                        "its vocabulary .yml, source.spm and target.spm; docs/interop.md). Its architecture replaces "
+                        "the preset's; the recipe (dropout, schedule, tokens per update) is the preset's and the flags'")
     p.add_argument("--seed", type=Number(int, 0, 2**32 - 1), default=1)
     p.add_argument("--log-every", type=positive(), default=50,
                    help="updates between train_log.jsonl records, and between progress lines when stderr is not a "
@@ -188,6 +192,8 @@ def parse_args(argv=None, prog=None):
         if d % h:
             p.error(f"--d-model {d} is not divisible by --heads {h} (each head gets d_model / heads); "
                     f"change one of them")
+    if args.init_from is not None:
+        _check_init_from(p, args)
     if args.valid_every is not None and args.valid_every_minutes is not None:
         p.error("--valid-every (updates) and --valid-every-minutes: give one spacing")
     if args.patience and args.valid_every == 0:
@@ -198,6 +204,23 @@ def parse_args(argv=None, prog=None):
         p.error(f"--average-last {args.average_last} > --keep-last {args.keep_last}: keep at least as many as you average")
     _check_out(p, args)
     return args
+
+
+def _check_init_from(p, args):
+    """--init-from names a Marian model, and no flag asks for another model or tokenizer."""
+    from .marian import is_marian
+    if not os.path.exists(args.init_from):
+        p.error(f"--init-from {args.init_from}: no such file or folder")
+    if not is_marian(args.init_from):
+        p.error(f"--init-from {args.init_from}: not a Marian model (a folder with decoder.yml, or with one .npz "
+                f"holding special:model.yml, beside its vocabulary .yml, source.spm and target.spm)")
+    taken = [f"--{flag.replace('_', '-')}" for flag in ("tokenizer", "subword", "vocab_size", "d_model", "heads", "d_ff",
+                                                       "layers", "decoder_layers", "norm", "output_vocab", "attention")
+             if getattr(args, flag, None) is not None]
+    if args.arch == "rnn":
+        taken.append("--arch rnn")
+    if taken:
+        p.error(f"--init-from {args.init_from} brings its own model and tokenizer: drop {', '.join(taken)}")
 
 
 def _check_out(p, args):

@@ -136,7 +136,7 @@ def translate_lines(model, tokenizer, lines, beam_size=4, alpha=None, batch_size
     None: the checkpoint preset's (model.cfg.decode_alpha; the paper's 0.6, small's 2.0), as the
     command line. An empty line (or one of spaces) comes back empty. nbest=N: each line's N best
     Hypothesis instead (an empty line: one, empty, score 0). stop: when beam search ends a sentence
-    (decode.beam_search: "fairseq", or "bound")."""
+    (decode.beam_search: "fairseq", "bound" or "ctranslate2")."""
     alpha = model.cfg.decode_alpha if alpha is None else alpha
     todo = [i for i, line in enumerate(lines) if line.strip()]
     src_ids = [ids + [tokenizer.eos_id] for ids in tokenizer.encode([lines[i] for i in todo])]   # never cut: see Seq2Seq.check_ids
@@ -200,23 +200,31 @@ def paper_bleu(hyps, refs, lang):
 
 
 def load_for_inference(path, device="cpu"):
-    """(model, tokenizer) from a checkpoint that carries its tokenizer."""
+    """(model, tokenizer) from a checkpoint that carries its tokenizer, or from a Marian model."""
+    from .marian import is_marian, load_marian
+    if is_marian(path):
+        return load_marian(path, device)
     model, tokenizer, _ = _load(path, device)
     return model, tokenizer
 
 
 def _load(path, device):
     from .checkpoint import load_checkpoint
-    from .data.tokenizer import Tokenizer
+    from .data.tokenizer import tokenizer_from_bytes
     ckpt = load_checkpoint(path)
     if ckpt.tokenizer is None:
         raise CheckpointError(f"checkpoint {path} has no tokenizer inside: it cannot translate text")
-    return ckpt.build_model(device=device), Tokenizer.from_bytes(ckpt.tokenizer), ckpt.train_state
+    return ckpt.build_model(device=device), tokenizer_from_bytes(ckpt.tokenizer), ckpt.train_state
 
 
 def load(path, device="cpu"):
     """A checkpoint ready to translate: `minitf.load("runs/m30k/model.npz").translate(lines)`.
-    `device`: "cpu" or "gpu"."""
+    `device`: "cpu" or "gpu". A Marian model (an OPUS-MT folder: the .npz, its vocabulary,
+    source.spm and target.spm) loads too (minitf.marian, docs/interop.md)."""
+    from .marian import is_marian, load_marian
+    if is_marian(path):
+        model, tokenizer = load_marian(path, device)
+        return Translator(model, tokenizer)
     model, tokenizer, train_state = _load(path, device)
     return Translator(model, tokenizer, train_state.get("languages"))
 

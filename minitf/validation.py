@@ -40,7 +40,7 @@ def valid_batches(valid, tok, max_tokens):
     """The (src, tgt) lines of the validation set as batches of at most max_tokens per side."""
     from .data import TokenPairs, token_batches
     from .data.batching import training_batch
-    pairs = TokenPairs.from_lists(tok.encode(valid[0]), tok.encode(valid[1]))
+    pairs = TokenPairs.from_lists(tok.encode(valid[0]), tok.encode_target(valid[1]))
     idxs = token_batches(pairs.src_lens, pairs.tgt_lens, max_tokens, seed=0, epoch=0, shuffle=False)
     return [training_batch(pairs, idx, tok) for idx in idxs]
 

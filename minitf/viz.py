@@ -420,7 +420,7 @@ def attention_maps(model, tokenizer, src, layer, head, tgt=None, beam_size=4, al
         if translated:
             tgt_ids = translate_ids(model, [src_ids], beam_size, alpha, 1, max_len_b)[0]
         else:
-            tgt_ids = tokenizer.encode([tgt])[0]
+            tgt_ids = getattr(tokenizer, "encode_target", tokenizer.encode)([tgt])[0]   # a Marian model: its target.spm
         tgt_in = [bos] + list(tgt_ids)
         if len(tgt_in) > model.cfg.max_len:
             raise ConfigError(f"--tgt has {len(tgt_in)} pieces (BOS included), more than max_len {model.cfg.max_len}")
@@ -638,7 +638,8 @@ def add_plot_parser(sub):
     q.set_defaults(func=lambda a: plot_curves(a.log, a.out))
 
     q = what.add_parser("attention", help="attention maps of one layer and head for one sentence")
-    q.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz) with its tokenizer")
+    q.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz) with its tokenizer, or a Marian model "
+                                                      "folder (docs/interop.md)")
     q.add_argument("--src", required=True, help="source sentence (raw text)")
     q.add_argument("--tgt", help="target sentence (raw text); default: translate --src first")
     q.add_argument("--layer", type=Number(int, 0), default=0, help="layer index, from 0 (default 0)")

@@ -93,6 +93,39 @@ def test_gradcheck_relu(rng):
     check("relu x", F.relu_backward(r, F.relu_forward(x)), lambda: float((F.relu_forward(x) * r).sum()), x)
 
 
+def test_gradcheck_swish(rng):
+    """swish(x) = x * sigmoid(x) (Marian's feed-forward option), large |x| included."""
+    x = rng.standard_normal((B, T, D)) * 3
+    x[0, 0, :2] = [40.0, -40.0]
+    r = rng.standard_normal(x.shape)
+    check("swish x", F.swish_backward(r, x), lambda: float((F.swish_forward(x) * r).sum()), x)
+    assert np.allclose(F.swish_forward(x), x / (1 + np.exp(-x)))
+
+
+def test_gradcheck_feedforward_swish_with_relu_dropout(rng):
+    layer = FeedForward(D, FF, rng, dropout=0.3, activation="swish")
+    fwd = lambda x: layer.forward(x, F.DropoutSites(7, 0))  # noqa: E731
+    check_layer(layer, [rng.standard_normal((B, T, D))], fwd, layer.backward, rng)
+
+
+@pytest.mark.parametrize("output_vocab", [False, True])
+def test_gradcheck_embedding_projection_with_a_logit_bias(rng, output_vocab):
+    """logits = h @ weight[ids]^T + bias[ids] (config output_bias): d bias on the rows ids only."""
+    layer = TokenEmbedding(V, D, rng, bias=True)
+    layer.params["bias"] = rng.standard_normal(V)
+    ids = np.array([1, 3, 4, 7, 9])
+    if output_vocab:
+        layer.use_output_vocabulary(ids, 1, np)
+    h = rng.standard_normal((B, T, D))
+    errs = check_layer(layer, [h], lambda x: layer.project(x)[0], lambda d: layer.project_backward(d, h), rng)
+    assert set(errs) == {"weight", "bias", "input0"}
+    if output_vocab:
+        layer.grads["bias"][:] = 0
+        layer.project_backward(np.ones((B, T, ids.size)), h)
+        others = np.setdiff1d(np.arange(V), ids)
+        assert np.all(layer.grads["bias"][others] == 0) and np.all(layer.grads["bias"][ids] == B * T)
+
+
 @pytest.mark.parametrize("masks", ["padding", "causal+padding"])
 def test_gradcheck_attention_with_masks(rng, masks):
     q = rng.standard_normal((B, H, T, K))
@@ -246,7 +279,8 @@ def _batch():
 
 
 @pytest.mark.parametrize("variant", ["sinusoidal", "learned", "dropout", "all dropouts", "unpadded",
-                                     "2+1 layers", "1+2 layers", "output vocabulary", "pre-norm", "pre-norm unpadded"])
+                                     "2+1 layers", "1+2 layers", "output vocabulary", "pre-norm", "pre-norm unpadded",
+                                     "swish and a logit bias"])
 def test_gradcheck_transformer_every_parameter(variant):
     """Padded batches take the pad-free packed layout (packing.py); "unpadded" (no pad
     anywhere) takes the plain [B, L, D] layout with no row index. "all dropouts": residual,
@@ -254,17 +288,22 @@ def test_gradcheck_transformer_every_parameter(variant):
     different depths (n_decoder_layers). "output vocabulary": logits over 7 of the 11 pieces, one
     reference piece (5) outside them (scored as the unknown piece, 1). "pre-norm": the LayerNorm
     before each sublayer and after each stack (norm_position "pre"), with all dropouts; packed and
-    plain."""
+    plain. "swish and a logit bias": Marian's options (activation "swish", output_bias), over an
+    output vocabulary, with all dropouts."""
     dropouts = {"dropout": dict(dropout=0.2), "all dropouts": ALL_DROPOUTS, "pre-norm": ALL_DROPOUTS,
                 "pre-norm unpadded": ALL_DROPOUTS}.get(variant, dict(dropout=0.0))
     if variant.startswith("pre-norm"):
         dropouts = dict(dropouts, norm_position="pre")
-    if variant == "output vocabulary":
+    if variant in ("output vocabulary", "swish and a logit bias"):
         dropouts["output_vocab"] = "1,3-4,6-8,10"
+    if variant == "swish and a logit bias":
+        dropouts.update(ALL_DROPOUTS, activation="swish", output_bias=True)
     stacks = {"2+1 layers": dict(n_layers=2, n_decoder_layers=1),
               "1+2 layers": dict(n_layers=1, n_decoder_layers=2)}.get(variant, {})
     cfg = small_cfg(positional="learned" if variant == "learned" else "sinusoidal", **dropouts, **stacks)
     model = minitf.Transformer(cfg, dtype="float64", seed=3)
+    if cfg.output_bias:   # a bias that is not zero, so a wrong index into it shows
+        model.embedding.params["bias"][:] = np.random.default_rng(5).standard_normal(V)
     if stacks:
         assert (len(model.encoder.layer_list), len(model.decoder.layer_list)) == (
             stacks["n_layers"], stacks["n_decoder_layers"])

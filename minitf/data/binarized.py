@@ -40,7 +40,7 @@ import os
 import numpy as np
 
 from minitf.errors import DataError, one_line
-from minitf.data.tokenizer import Tokenizer
+from minitf.data.tokenizer import tokenizer_from_bytes
 
 FORMAT, VERSION = "minitf-binarized-corpus", 1
 MANIFEST = "manifest.json"
@@ -300,7 +300,7 @@ def open_cache(folder):
         raise CacheDefect(f"cache file {path} is unreadable ({e})") from None
     if hashlib.sha256(proto).hexdigest() != want_sha:
         raise CacheDefect(f"cache file {path} does not match the manifest's tokenizer hash")
-    corpus.tokenizer = Tokenizer.from_bytes(proto)
+    corpus.tokenizer = tokenizer_from_bytes(proto)
     return corpus
 
 

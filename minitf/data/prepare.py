@@ -351,7 +351,8 @@ def _encode_all(tmp, files, languages, wanted, tokenizer, progress, chunk_lines,
     codes_total = np.zeros(4, dtype=np.int64)
     streams, chunks = _stream_pass(files, progress, "encode", chunk_lines)
     for chunk in chunks:
-        ids = [tokenizer.encode([pair[k] for pair in chunk], num_threads=threads) for k in range(2)]
+        sides = [tokenizer.encoder_for(lang) for lang in languages]   # one model, or a Marian model's two
+        ids = [encode([pair[k] for pair in chunk], num_threads=threads) for k, encode in enumerate(sides)]
         lens = [np.fromiter(map(len, side), dtype=np.int64, count=len(side)) for side in ids]
         codes = clean_mask(lens[0], lens[1], cleaning["max_len"], cleaning["max_ratio"])
         codes_total += np.bincount(codes, minlength=4)

@@ -7,6 +7,7 @@ decode without the original file.
 
 import hashlib
 import io
+import json
 import os
 import re
 import warnings
@@ -152,6 +153,14 @@ class Tokenizer:
             raise TypeError("Tokenizer.encode takes a list of strings")
         return self._sp.encode(list(lines), out_type=int, num_threads=int(num_threads))
 
+    def encode_target(self, lines, num_threads=1):
+        """The target side's encode: the same joint model (MarianTokenizer has one per side)."""
+        return self.encode(lines, num_threads)
+
+    def encoder_for(self, language):
+        """The encode of a corpus side in `language`: the one joint model for either."""
+        return self.encode
+
     def merges(self):
         """({piece: rank} of the BPE merges, {piece: id} of every normal piece). A merge is a piece of
         two or more characters; its rank is its score negated, the order the merges were learnt in:
@@ -232,3 +241,108 @@ class Tokenizer:
         atomic_write_bytes(os.fspath(model_path), proto)
         tok.model_path = os.fspath(model_path)
         return tok
+
+
+SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")   # the pieces of ids 0-3 (MarianTokenizer)
+
+
+class MarianTokenizer:
+    """The tokenizer of a Marian model (an OPUS-MT folder, minitf.marian): SentencePiece models
+    for the source and the target (source.spm, target.spm) split text into pieces, and the
+    model's vocabulary numbers them, in minitf's order (pad 0, unk 1, bos 2, eos 3; a piece the
+    vocabulary lacks is unk). `encode` is the source side's, `encode_target` the target side's,
+    `decode` the target side's. `to_bytes` holds all three for a checkpoint."""
+
+    pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
+    MAGIC = b"minitf-marian-tokenizer\n"
+    model_type = "marian"
+    model_path = None
+
+    def __init__(self, source_proto, target_proto, pieces, source_language=None):
+        self.source_language = source_language   # which side of a corpus source.spm encodes (training sets it)
+        self.pieces = list(pieces)
+        self.ids = {p: i for i, p in enumerate(self.pieces)}
+        self.source_proto, self.target_proto = bytes(source_proto), bytes(target_proto)
+        self._src = spm.SentencePieceProcessor(model_proto=self.source_proto)
+        self._tgt = self._src if self.target_proto == self.source_proto else \
+            spm.SentencePieceProcessor(model_proto=self.target_proto)
+
+    @classmethod
+    def from_files(cls, source_spm, target_spm, pieces):
+        protos = []
+        for path in (source_spm, target_spm):
+            with open(path, "rb") as f:
+                protos.append(f.read())
+        try:
+            return cls(protos[0], protos[1], pieces)
+        except Exception:   # sentencepiece's parse errors
+            raise DataError(f"{source_spm} or {target_spm} is not a SentencePiece model") from None
+
+    def to_bytes(self):
+        """MAGIC, a JSON line {pieces, source and target proto lengths}, the two protos."""
+        head = json.dumps({"pieces": self.pieces, "source": len(self.source_proto), "target": len(self.target_proto),
+                           "source_language": self.source_language}, ensure_ascii=False).encode("utf-8")
+        return self.MAGIC + head + b"\n" + self.source_proto + self.target_proto
+
+    @classmethod
+    def from_bytes(cls, data):
+        data = bytes(data)
+        head, _, rest = data[len(cls.MAGIC):].partition(b"\n")
+        meta = json.loads(head.decode("utf-8"))
+        n = meta["source"]
+        return cls(rest[:n], rest[n:n + meta["target"]], meta["pieces"], meta.get("source_language"))
+
+    @property
+    def sha256(self):
+        return hashlib.sha256(self.to_bytes()).hexdigest()
+
+    @property
+    def vocab_size(self):
+        return len(self.pieces)
+
+    def _ids(self, sp, lines):
+        if isinstance(lines, str):
+            raise TypeError("encode takes a list of strings")
+        unk = self.unk_id
+        return [[self.ids.get(p, unk) for p in pieces] for pieces in sp.encode(list(lines), out_type=str)]
+
+    def encode(self, lines, num_threads=1):
+        """Source sentences -> id lists (no EOS)."""
+        return self._ids(self._src, lines)
+
+    def encode_target(self, lines, num_threads=1):
+        """Target sentences -> id lists (no BOS or EOS)."""
+        return self._ids(self._tgt, lines)
+
+    def encoder_for(self, language):
+        """The encode of a corpus side in `language`: source.spm's for the source language, target.spm's
+        for the other."""
+        if self.source_language is None:
+            raise DataError("this Marian tokenizer does not know its source language (set source_language)")
+        return self.encode if language == self.source_language else self.encode_target
+
+    def decode(self, id_lists):
+        """Target id lists -> text; stops at the first EOS, drops pad and <s>."""
+        out = []
+        for ids in id_lists:
+            ids = np.asarray(ids).astype(np.int64).ravel().tolist()
+            if self.eos_id in ids:
+                ids = ids[:ids.index(self.eos_id)]
+            out.append(self._tgt.decode_pieces([self.pieces[i] for i in ids if i not in (self.pad_id, self.bos_id)]))
+        return out
+
+    def id_to_piece(self, i):
+        return self.pieces[int(i)]
+
+    def merges(self):
+        raise DataError("a Marian model's tokenizer has no BPE merges to resegment with: BPE-dropout needs "
+                        "minitf's own BPE tokenizer")
+
+
+def tokenizer_from_bytes(data):
+    """The tokenizer a checkpoint or cache holds: minitf's SentencePiece model (Tokenizer), or an
+    imported Marian model's (MarianTokenizer)."""
+    data = bytes(data)
+    if data.startswith(MarianTokenizer.MAGIC):
+        return MarianTokenizer.from_bytes(data)
+    return Tokenizer.from_bytes(data)

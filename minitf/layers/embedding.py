@@ -11,6 +11,7 @@ scoring them is a third of the projection's work. Decoding sees them at -inf (`o
 """
 import numpy as np
 
+from .. import functional as F
 from ..backend import is_gpu, xp_of
 from .base import Layer
 
@@ -41,11 +42,13 @@ def decoding_logits(h, w_out, bias):
 
 
 class TokenEmbedding(Layer):
-    def __init__(self, vocab_size, d_model, rng):
+    def __init__(self, vocab_size, d_model, rng, bias=False):
         super().__init__()
         self.scale = float(np.sqrt(d_model))
         # N(0, d_model^-0.5): after the sqrt(d_model) scale the embeddings have unit variance
         self.params["weight"] = rng.normal(0.0, d_model ** -0.5, size=(vocab_size, d_model))
+        if bias:   # logits = h @ weight^T + bias (config output_bias: Marian's logit bias; not the paper's)
+            self.params["bias"] = np.zeros(vocab_size)
         self.output_ids = None     # [K] device ids the projection scores; None: all V
         self.column_of = None      # [V] host: each piece's column of the logits (None: the id itself)
 
@@ -85,6 +88,9 @@ class TokenEmbedding(Layer):
         without an output vocabulary: logits = h @ weight^T."""
         d = h.shape[-1]
         logits = h.reshape(-1, d) @ self._out_rows().T
+        if "bias" in self.params:
+            b = self.params["bias"]
+            logits += b if self.output_ids is None else b[self.output_ids]
         return logits.reshape(*h.shape[:-1], -1), h
 
     def output_weight(self):
@@ -94,12 +100,13 @@ class TokenEmbedding(Layer):
         return xp_of(self.params["weight"]).ascontiguousarray(self.params["weight"].T)
 
     def output_bias(self):
-        """[V]: 0 on the output vocabulary's pieces, -inf on the others; None without one."""
+        """[V]: the logits' bias (config output_bias; else 0) on the output vocabulary's pieces,
+        -inf on the others; None with neither."""
         if self.output_ids is None:
-            return None
+            return self.params["bias"].copy() if "bias" in self.params else None
         w = self.params["weight"]
         bias = xp_of(w).full(w.shape[0], -np.inf, dtype=w.dtype)
-        bias[self.output_ids] = 0
+        bias[self.output_ids] = self.params["bias"][self.output_ids] if "bias" in self.params else 0
         return bias
 
     def project_all(self, h):
@@ -113,6 +120,13 @@ class TokenEmbedding(Layer):
         w = self._out_rows()
         d = w.shape[1]
         dl2 = dlogits.reshape(-1, w.shape[0])
+        if "bias" in self.params:
+            # logits = h @ weight[ids]^T + bias[ids]
+            db = F.column_sum(dl2)
+            if self.output_ids is None:
+                self.grads["bias"] += db
+            else:
+                self.grads["bias"][self.output_ids] += db
         # logits = h @ weight[ids]^T
         dw = dl2.T @ h.reshape(-1, d)                                   # [K, D]
         if self.output_ids is None:

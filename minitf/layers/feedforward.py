@@ -1,7 +1,8 @@
 """Position-wise feed-forward network (paper 3.3): FFN(x) = max(0, x W1 + b1) W2 + b2.
 
 `dropout` > 0: dropout on the hidden ReLU output while training ("ReLU dropout", not in the
-paper; docs/deviations.md)."""
+paper; docs/deviations.md). activation "swish": x W1 + b1 goes through swish(a) = a * sigmoid(a)
+instead of the ReLU (Marian's option, for imported models: docs/interop.md)."""
 from .. import functional as F
 from .. import kernels
 from .base import Layer
@@ -10,8 +11,9 @@ from .linear import Linear
 
 
 class FeedForward(Layer):
-    def __init__(self, d_model, d_ff, rng, dropout=0.0):
+    def __init__(self, d_model, d_ff, rng, dropout=0.0, activation="relu"):
         super().__init__()
+        self.activation = activation
         self.fc1 = self.add("fc1", Linear(d_model, d_ff, rng))
         self.fc2 = self.add("fc2", Linear(d_ff, d_model, rng))
         self.drop = self.add("drop", Dropout(dropout))
@@ -22,6 +24,11 @@ class FeedForward(Layer):
         `sites`/`rows` (functional.DropoutSites, packing.Rows): the ReLU-dropout mask, when
         training with dropout > 0. out_bias=False: fc2's bias is left to the caller's next pass
         (blocks.add_norm)."""
+        if self.activation == "swish":  # h = swish(a), a = x W1 + b1 (backward needs a)
+            a = self.fc1.forward(x)
+            h = F.swish_forward(a)
+            self.cache = a
+            return self.fc2.forward(self.drop.forward(h, sites, rows=rows), out_bias)
         if kernels.fused(x, "relu"):    # one pass: h = max(x W1 + b1, 0) in place
             h = kernels.bias_relu(self.fc1.project(x), self.fc1.params["bias"]).reshape(x.shape[:-1] + (-1,))
         else:
@@ -34,6 +41,9 @@ class FeedForward(Layer):
         h, self.cache = self.cache, None
         # y = fc2(drop(h))
         dh = self.drop.backward(self.fc2.backward(dy, bias=out_bias))
+        if self.activation == "swish":
+            # h = swish(a), a = fc1(x); here h is a
+            return self.fc1.backward(F.swish_backward(dh, h))
         # h = relu(fc1(x))
         if kernels.fused(dh, "relu") and dh.flags.c_contiguous:
             return self.fc1.backward(kernels.relu_backward(dh, h))      # in place: dh is this layer's own
@@ -41,4 +51,5 @@ class FeedForward(Layer):
 
     def apply(self, x):
         """Inference: the forward without keeping caches (decode.py)."""
-        return self.fc2.apply(F.relu_forward(self.fc1.apply(x)))
+        act = F.swish_forward if self.activation == "swish" else F.relu_forward
+        return self.fc2.apply(act(self.fc1.apply(x)))

@@ -1,0 +1,54 @@
+"""A minitf Transformer as a CTranslate2 model (docs/interop.md): the Marian files of marian.py
+read by CTranslate2's own Marian converter, with what minitf does differently told to it: the
+decoder starts from <s>'s embedding (Marian's from zeros), the source ends with </s>, and the
+LayerNorms' epsilon. Needs the `ctranslate2` package (pip install 'minitf[serve]')."""
+import os
+import tempfile
+
+from .errors import MinitfError
+
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int16", "float16", "bfloat16", "float32")
+
+
+def _converter_class():
+    try:
+        from ctranslate2.converters.marian import MarianConverter
+    except ImportError:
+        raise MinitfError("export --format ctranslate2 needs the ctranslate2 package: pip install 'minitf[serve]'") \
+            from None
+
+    class MinitfMarianConverter(MarianConverter):
+        def __init__(self, model_path, vocab_paths, layer_norm_eps):
+            super().__init__(model_path, vocab_paths)
+            self.layer_norm_eps = layer_norm_eps
+
+        def _load(self):
+            spec = super()._load()
+            spec.decoder.start_from_zero_embedding = False   # minitf: <s>'s embedding, not zeros
+            spec.config.decoder_start_token = "<s>"
+            spec.config.add_source_bos = False
+            spec.config.add_source_eos = True
+            spec.config.layer_norm_epsilon = self.layer_norm_eps
+            return spec
+
+    return MinitfMarianConverter
+
+
+def export_ctranslate2(checkpoint, out_dir, quantization=None):
+    """Write the checkpoint as a CTranslate2 model folder (model.bin, shared_vocabulary.json,
+    config.json) plus its SentencePiece model (source.spm, target.spm). `quantization`: one of
+    QUANTIZATIONS, or None (the weights' float32). Returns the folder."""
+    from .checkpoint import load_checkpoint
+    from .marian import export_marian
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise MinitfError(f"--quantization {quantization!r}: choose one of {', '.join(QUANTIZATIONS)}")
+    converter_class = _converter_class()
+    eps = load_checkpoint(checkpoint).config.layer_norm_eps
+    with tempfile.TemporaryDirectory(prefix="minitf-marian-") as tmp:
+        export_marian(checkpoint, tmp)
+        converter = converter_class(os.path.join(tmp, "model.npz"), [os.path.join(tmp, "vocab.yml")], eps)
+        converter.convert(out_dir, quantization=quantization, force=True)
+        for name in ("source.spm", "target.spm"):
+            with open(os.path.join(tmp, name), "rb") as src, open(os.path.join(out_dir, name), "wb") as dst:
+                dst.write(src.read())
+    return out_dir

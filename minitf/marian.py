@@ -1,0 +1,436 @@
+"""Marian's model format, both ways: a minitf Transformer written as a Marian model, and a Marian
+model (an OPUS-MT folder) read into minitf (docs/interop.md).
+
+Marian's `.npz` holds plain arrays named by layer (`Wemb`, `encoder_l1_self_Wq`, ...,
+`decoder_l6_ffn_b2`, `decoder_ff_logit_out_b`) and the settings as YAML text in the entry
+`special:model.yml`; the vocabulary is a YAML file {piece: id}. CTranslate2 and Hugging Face's
+MarianMT read that format. The paper's Transformer is Marian's post-norm one; the differences
+this module handles:
+
+  positions   Marian lays the sinusoids out as [sin | cos] halves, the paper (and minitf)
+              interleaved (sin, cos, sin, ...). A permutation of the model's D coordinates is
+              exact for a Transformer (every layer either acts per coordinate, as the
+              LayerNorms and the residual sums do, or mixes all of them through a matrix), so
+              the arrays are written with their D axis permuted and Marian's own table applies.
+  the start   Marian starts the decoder from a zero vector, minitf from <s>'s embedding. An
+              imported model gets a <s> row of zeros (the same start); an exported model's
+              <s> row is whatever training made it: CTranslate2 (`ctranslate2.py`) is told
+              to start from <s>, exactly; Marian itself starts from zeros.
+  ids         minitf needs pad 0, unk 1, bos 2, eos 3; Marian's vocabularies put </s> at 0 and
+              <unk> at 1 and have no pad or <s>. An import reorders the rows (and adds the
+              missing ones as zero rows outside the output vocabulary); an export keeps minitf's
+              order (Marian finds </s> and <unk> by name).
+  the output  Marian's logits have a bias (`output_bias`); minitf's output vocabulary becomes a
+              bias of OUTSIDE (-1e9) on the pieces outside it (their probability is exactly 0).
+
+Every array is read with allow_pickle=False.
+"""
+import json
+import os
+import zipfile
+
+import numpy as np
+
+from .data.tokenizer import SPECIALS, MarianTokenizer
+from .errors import CheckpointError, one_line
+from .fileio import atomic_write
+
+OUTSIDE = -1.0e9        # the logit bias of a piece outside the output vocabulary: exp underflows to 0
+
+
+# ------------------------------------------------------------------------------ the D permutation
+def halves_order(d):
+    """[D] Marian's coordinate of each minitf coordinate: the paper's 2k (sin) is Marian's k,
+    2k + 1 (cos) is D/2 + k. minitf_array = marian_array[..., halves_order(d)]."""
+    order = np.empty(d, dtype=np.int64)
+    order[0::2] = np.arange(d // 2)
+    order[1::2] = d // 2 + np.arange(d // 2)
+    return order
+
+
+def _names(cfg):
+    """[(marian name, minitf name, kind)], kind: 'in' (rows are D), 'out' (columns are D), 'vec'
+    (a [D] vector), 'free' (no D axis). Linear weights are [in, out] in both."""
+    out = [("Wemb", "embedding.weight", "out")]
+    if cfg.positional == "learned":
+        out.append(("Wpos", "positional.weight", "out"))
+
+    def attention(mscope, prefix):
+        rows = []
+        for m, n in (("q", "q"), ("k", "k"), ("v", "v")):
+            rows += [(f"{mscope}_W{m}", f"{prefix}.{n}.weight", "in"), (f"{mscope}_b{m}", f"{prefix}.{n}.bias", "free")]
+        return rows + [(f"{mscope}_Wo", f"{prefix}.out.weight", "out"), (f"{mscope}_bo", f"{prefix}.out.bias", "vec")]
+
+    def ffn(mscope, prefix):
+        return [(f"{mscope}_W1", f"{prefix}.fc1.weight", "in"), (f"{mscope}_b1", f"{prefix}.fc1.bias", "free"),
+                (f"{mscope}_W2", f"{prefix}.fc2.weight", "out"), (f"{mscope}_b2", f"{prefix}.fc2.bias", "vec")]
+
+    pre = "_pre" if cfg.norm_position == "pre" else ""
+
+    def norm(mscope, prefix):
+        return [(f"{mscope}_ln_scale{pre}", f"{prefix}.weight", "vec"),
+                (f"{mscope}_ln_bias{pre}", f"{prefix}.bias", "vec")]
+
+    for i in range(cfg.n_layers):
+        m, p = f"encoder_l{i + 1}", f"encoder.layers.{i}"
+        out += attention(f"{m}_self", f"{p}.self_attn") + norm(f"{m}_self_Wo", f"{p}.norm1")
+        out += ffn(f"{m}_ffn", f"{p}.ffn") + norm(f"{m}_ffn_ffn", f"{p}.norm2")
+    for i in range(cfg.n_decoder_layers):
+        m, p = f"decoder_l{i + 1}", f"decoder.layers.{i}"
+        out += attention(f"{m}_self", f"{p}.self_attn") + norm(f"{m}_self_Wo", f"{p}.norm1")
+        out += attention(f"{m}_context", f"{p}.cross_attn") + norm(f"{m}_context_Wo", f"{p}.norm2")
+        out += ffn(f"{m}_ffn", f"{p}.ffn") + norm(f"{m}_ffn_ffn", f"{p}.norm3")
+    if cfg.norm_position == "pre":
+        for stack in ("encoder", "decoder"):
+            out += [(f"{stack}_top_ln_scale", f"{stack}.norm.weight", "vec"),
+                    (f"{stack}_top_ln_bias", f"{stack}.norm.bias", "vec")]
+    return out
+
+
+def _to_marian(a, kind, inv):
+    if kind == "in":
+        return a[inv]
+    if kind == "out":
+        return a[:, inv]
+    if kind == "vec":
+        return a[inv][None]
+    return a[None]
+
+
+def _from_marian(a, kind, order):
+    a = np.asarray(a)
+    if kind == "in":
+        return a[order]
+    if kind == "out":
+        return a[:, order]
+    a = a.reshape(-1)
+    return a[order] if kind == "vec" else a
+
+
+# ------------------------------------------------------------------------------ export
+def marian_config(cfg):
+    """{option: value} of Marian's model.yml for a minitf config (the options CTranslate2 and
+    Marian read to build the model)."""
+    pre = cfg.norm_position == "pre"
+    return {
+        "type": "transformer", "dim-emb": cfg.d_model, "dim-vocabs": [cfg.vocab_size, cfg.vocab_size],
+        "enc-depth": cfg.n_layers, "dec-depth": cfg.n_decoder_layers, "transformer-heads": cfg.n_heads,
+        "transformer-dim-ffn": cfg.d_ff, "transformer-ffn-depth": 2, "transformer-ffn-activation": cfg.activation,
+        "transformer-decoder-autoreg": "self-attention", "transformer-no-projection": False,
+        "transformer-preprocess": "n" if pre else "", "transformer-postprocess": "da" if pre else "dan",
+        "transformer-postprocess-top": "n" if pre else "", "transformer-postprocess-emb": "d",
+        "transformer-tied-layers": [], "transformer-guided-alignment-layer": "last",
+        "transformer-train-position-embeddings": cfg.positional == "learned",
+        "tied-embeddings-all": True, "tied-embeddings-src": False, "tied-embeddings": False,
+        "max-length": cfg.max_len, "layer-normalization": False, "right-left": False,
+        "minitf-decoder-start": "<s>", "minitf-layer-norm-eps": cfg.layer_norm_eps,
+    }
+
+
+def _yaml_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return repr(v)
+    if isinstance(v, float):   # 1e-05 -> 1.0e-05: YAML 1.1 readers (PyYAML) need the dot to see a float
+        text = repr(v)
+        return text.replace("e", ".0e") if "e" in text and "." not in text else text
+    if isinstance(v, list):
+        return "[" + ", ".join(_yaml_value(x) for x in v) + "]"
+    return json.dumps(str(v))
+
+
+def dump_yaml(options):
+    """Flat YAML (`key: value`, flow lists), as Marian writes model.yml."""
+    return "".join(f"{k}: {_yaml_value(v)}\n" for k, v in options.items())
+
+
+def dump_vocab(pieces):
+    """Marian's vocabulary YAML: one `"piece": id` a line, in id order (double-quoted, backslash
+    escapes: what yaml-cpp and CTranslate2's reader both take)."""
+    return "".join(f"{json.dumps(p, ensure_ascii=False)}: {i}\n" for i, p in enumerate(pieces))
+
+
+def marian_arrays(cfg, params):
+    """{marian name: array} of a minitf Transformer's parameters (float32), the config in
+    `special:model.yml`."""
+    if cfg.arch != "transformer":
+        raise CheckpointError(f"the {cfg.arch!r} model has no Marian counterpart: only the Transformer exports")
+    if cfg.d_k * cfg.n_heads != cfg.d_model:
+        raise CheckpointError(f"d_k {cfg.d_k} x {cfg.n_heads} heads is not d_model {cfg.d_model}: Marian's "
+                              f"attention needs H * K = D")
+    if cfg.d_model % 2:
+        raise CheckpointError(f"d_model {cfg.d_model} is odd: the sinusoids need an even width")
+    inv = np.argsort(halves_order(cfg.d_model))
+    out = {m: _to_marian(np.asarray(params[n], dtype=np.float32), kind, inv) for m, n, kind in _names(cfg)}
+    bias = np.asarray(params["embedding.bias"], dtype=np.float32) if cfg.output_bias else \
+        np.zeros(cfg.vocab_size, dtype=np.float32)
+    ids = cfg.output_ids()
+    if ids is not None:
+        outside = np.ones(cfg.vocab_size, dtype=bool)
+        outside[ids] = False
+        bias = np.where(outside, np.float32(OUTSIDE), bias)
+    out["decoder_ff_logit_out_b"] = bias[None]
+    out["special:model.yml"] = np.frombuffer(dump_yaml(marian_config(cfg)).encode() + b"\0", dtype=np.int8)
+    return out
+
+
+def export_marian(checkpoint, out_dir):
+    """Write the checkpoint as a Marian model folder in OPUS-MT's layout: model.npz, vocab.yml,
+    source.spm and target.spm (the checkpoint's SentencePiece model) and decoder.yml. Returns
+    the files written."""
+    from .checkpoint import load_checkpoint
+    from .data.tokenizer import tokenizer_from_bytes
+    ckpt = load_checkpoint(checkpoint)
+    if ckpt.tokenizer is None:
+        raise CheckpointError(f"{checkpoint} has no tokenizer inside: a Marian model needs its vocabulary")
+    return write_marian(ckpt.config, ckpt.params, tokenizer_from_bytes(ckpt.tokenizer), out_dir)
+
+
+def write_marian(cfg, params, tokenizer, out_dir):
+    """Write a model's config, parameters {name: array} and tokenizer (minitf's Tokenizer, or the
+    MarianTokenizer of an imported model) as a Marian model folder (export_marian)."""
+    arrays = marian_arrays(cfg, params)
+    pieces = [tokenizer.id_to_piece(i) for i in range(cfg.vocab_size)]
+    if isinstance(tokenizer, MarianTokenizer):
+        src_spm, tgt_spm = tokenizer.source_proto, tokenizer.target_proto
+    else:
+        src_spm = tgt_spm = tokenizer.to_bytes()
+    os.makedirs(out_dir, exist_ok=True)
+    files = {"model.npz": lambda f: np.savez(f, **arrays),
+             "vocab.yml": lambda f: f.write(dump_vocab(pieces).encode("utf-8")),
+             "source.spm": lambda f: f.write(src_spm),
+             "target.spm": lambda f: f.write(tgt_spm),
+             "decoder.yml": lambda f: f.write(dump_yaml({"models": ["model.npz"], "vocabs": ["vocab.yml", "vocab.yml"],
+                                                         "beam-size": 4, "normalize": 0.6}).encode())}
+    for name, write in files.items():
+        atomic_write(os.path.join(out_dir, name), write)
+    return [os.path.join(out_dir, n) for n in files]
+
+
+# ------------------------------------------------------------------------------ reading YAML
+def _scalar(text):
+    t = text.strip()
+    if not t:
+        return ""
+    if t[0] in "\"'":
+        return json.loads(t) if t[0] == '"' else t[1:-1].replace("''", "'")
+    if t[0] == "[":
+        inner = t[1:-1].strip()
+        return [_scalar(x) for x in inner.split(",")] if inner else []
+    low = t.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("null", "~"):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(t)
+        except ValueError:
+            pass
+    return t
+
+
+def load_yaml(text):
+    """The flat YAML Marian writes (model.yml, decoder.yml): `key: value`, flow lists `[a, b]`
+    and block lists (`key:` then `  - item` lines). Enough for these files without PyYAML."""
+    out, key = {}, None
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if line.lstrip().startswith("- ") and key is not None:
+            out.setdefault(key, [])
+            if not isinstance(out[key], list):
+                out[key] = []
+            out[key].append(_scalar(line.lstrip()[2:]))
+            continue
+        k, sep, v = line.partition(":")
+        if not sep:
+            continue
+        key = k.strip()
+        out[key] = _scalar(v) if v.strip() else []
+    return out
+
+
+def load_vocab(path):
+    """A Marian vocabulary (YAML {piece: id}) -> [piece] in id order."""
+    pieces = {}
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            piece, sep, idx = line.rpartition(":")
+            try:
+                i = int(idx)
+            except ValueError:
+                raise CheckpointError(f"{path}:{n}: not a vocabulary line ('piece: id'): {line[:60]!r}") from None
+            piece = piece.strip()
+            if piece[:1] == '"':
+                piece = json.loads(piece)
+            elif piece[:1] == "'":
+                piece = piece[1:-1].replace("''", "'")
+            pieces[i] = piece
+    if sorted(pieces) != list(range(len(pieces))):
+        raise CheckpointError(f"{path}: the ids are not 0..{len(pieces) - 1}")
+    return [pieces[i] for i in range(len(pieces))]
+
+
+# ------------------------------------------------------------------------------ import
+# the Config fields an imported model sets (--init-from keeps them over the preset's; the recipe's are the preset's)
+ARCHITECTURE_FIELDS = ("arch", "vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "n_decoder_layers", "d_k",
+                       "pad_id", "unk_id", "bos_id", "eos_id", "output_vocab", "layer_norm_eps", "norm_position",
+                       "positional", "max_len", "activation", "output_bias")
+
+# options minitf reads, and the values it can build; anything else set differently is refused
+REQUIRED = {"type": ("transformer",), "transformer-decoder-autoreg": ("self-attention",),
+            "transformer-ffn-activation": ("relu", "swish"), "transformer-ffn-depth": (2,),
+            "transformer-no-projection": (False,), "transformer-tied-layers": ([],),
+            "transformer-postprocess-emb": ("d", ""), "right-left": (False,), "lemma-dim-emb": (0,),
+            "transformer-aan-depth": (2,), "factors-combine": ("sum",)}
+
+
+def marian_files(path):
+    """(model .npz, [vocabulary .yml], source .spm, target .spm) of a Marian model folder (OPUS-MT's
+    layout: decoder.yml names the model and vocabularies) or of its .npz."""
+    folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        decoder = os.path.join(path, "decoder.yml")
+        if os.path.isfile(decoder):
+            with open(decoder, encoding="utf-8") as f:
+                conf = load_yaml(f.read())
+            model = os.path.join(folder, conf["models"][0])
+            vocabs = [os.path.join(folder, v) for v in conf["vocabs"]]
+        else:
+            npz = sorted(n for n in os.listdir(path) if n.endswith(".npz"))
+            if len(npz) != 1:
+                raise CheckpointError(f"{path}: a Marian model folder holds decoder.yml or one .npz file, found "
+                                      f"{len(npz)} .npz files and no decoder.yml")
+            model = os.path.join(path, npz[0])
+            vocabs = None
+    else:
+        model, vocabs = path, None
+    if vocabs is None:
+        ymls = sorted(n for n in os.listdir(folder) if n.endswith(".yml") and "vocab" in n)
+        if not ymls:
+            raise CheckpointError(f"{folder}: no vocabulary (*vocab*.yml) beside {os.path.basename(model)}")
+        vocabs = [os.path.join(folder, ymls[0])]
+    spms = [os.path.join(folder, n) for n in ("source.spm", "target.spm")]
+    for f in [model] + vocabs + spms:
+        if not os.path.isfile(f):
+            raise CheckpointError(f"{folder}: {os.path.basename(f)} is missing (a Marian model folder as OPUS-MT "
+                                  f"distributes it: the .npz, the vocabulary .yml, source.spm and target.spm)")
+    return model, vocabs, spms[0], spms[1]
+
+
+def is_marian(path):
+    """Whether `path` is a Marian model: a folder with decoder.yml or a .npz with special:model.yml."""
+    if os.path.isdir(path):
+        npz = [n for n in os.listdir(path) if n.endswith(".npz")]
+        return os.path.isfile(os.path.join(path, "decoder.yml")) or (
+            len(npz) == 1 and is_marian(os.path.join(path, npz[0])))
+    try:
+        with zipfile.ZipFile(path) as z:
+            return "special:model.yml.npy" in z.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def read_marian_npz(path):
+    """{name: array} of a Marian .npz and its model.yml options."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise CheckpointError(f"{path}: not a readable .npz file ({one_line(e)})") from None
+    if "special:model.yml" not in arrays:
+        raise CheckpointError(f"{path}: no special:model.yml entry: not a Marian model")
+    text = arrays.pop("special:model.yml").tobytes().rstrip(b"\0").decode("utf-8")
+    return arrays, load_yaml(text)
+
+
+def _check_options(options, where):
+    for key, allowed in REQUIRED.items():
+        if key in options and options[key] not in allowed:
+            raise CheckpointError(f"{where}: Marian option --{key} {options[key]!r} is not supported by minitf "
+                                  f"(it builds {' or '.join(map(repr, allowed))})")
+    pre, post = options.get("transformer-preprocess", ""), options.get("transformer-postprocess", "dan")
+    top = options.get("transformer-postprocess-top", "")
+    if (pre, post, top) not in (("", "dan", ""), ("n", "da", "n")):
+        raise CheckpointError(f"{where}: Marian options --transformer-preprocess {pre!r} --transformer-postprocess "
+                              f"{post!r} --transformer-postprocess-top {top!r} are not supported by minitf (it builds "
+                              f"the post-norm '' dan '' and the pre-norm n da n)")
+    return "pre" if pre == "n" else "post"
+
+
+def import_marian(path):
+    """(Config, {minitf name: float32 array}, MarianTokenizer) of a Marian model."""
+    from .config import Config
+    model_path, vocab_paths, src_spm, tgt_spm = marian_files(path)
+    arrays, options = read_marian_npz(model_path)
+    norm = _check_options(options, model_path)
+    pieces = load_vocab(vocab_paths[0])
+    if len(vocab_paths) > 1 and load_vocab(vocab_paths[-1]) != pieces:
+        raise CheckpointError(f"{model_path}: separate source and target vocabularies; minitf ties one joint "
+                              f"vocabulary (Marian's --tied-embeddings-all)")
+    emb = arrays.get("Wemb")
+    if emb is None:
+        enc, dec = arrays.get("encoder_Wemb"), arrays.get("decoder_Wemb")
+        if enc is None or dec is None or not np.array_equal(enc, dec):
+            raise CheckpointError(f"{model_path}: separate source and target embeddings; minitf ties them "
+                                  f"(Marian's --tied-embeddings-all)")
+        emb = enc
+    if "decoder_ff_logit_out_W" in arrays:
+        raise CheckpointError(f"{model_path}: an output layer of its own (decoder_ff_logit_out_W); minitf ties it to "
+                              f"the embedding (Marian's --tied-embeddings-all)")
+    for name in ("</s>", "<unk>"):
+        if name not in pieces:
+            raise CheckpointError(f"{vocab_paths[0]}: no {name} piece")
+    v_marian, d = emb.shape
+    start = options.get("minitf-decoder-start") == "<s>" and "<s>" in pieces
+    pick = {"<pad>": pieces.index("<pad>") if "<pad>" in pieces else None, "<unk>": pieces.index("<unk>"),
+            "<s>": pieces.index("<s>") if start else None, "</s>": pieces.index("</s>")}
+    special_rows = {r for r in pick.values() if r is not None}
+    rows = [pick[s] for s in SPECIALS] + [i for i in range(v_marian) if i not in special_rows]   # minitf id -> Marian's
+    n_layers = int(options.get("enc-depth", 6))
+    n_dec = int(options.get("dec-depth", 6))
+    heads = int(options.get("transformer-heads", 8))
+    d_ff = int(options.get("transformer-dim-ffn", arrays["encoder_l1_ffn_W1"].shape[1]))
+    learned = bool(options.get("transformer-train-position-embeddings", False))
+    bias = arrays.get("decoder_ff_logit_out_b", np.zeros((1, v_marian), dtype=np.float32)).reshape(-1)
+    inside = [i for i, r in enumerate(rows) if r is not None and bias[r] > OUTSIDE / 10]   # the output vocabulary
+    logit_bias = np.zeros(len(rows), dtype=np.float32)
+    logit_bias[inside] = bias[[rows[i] for i in inside]]
+    output_vocab = None if len(inside) == len(rows) else ",".join(map(str, inside))
+    max_len = int(options.get("max-length", 1024)) if not learned else arrays["Wpos"].shape[0]
+    cfg = Config(vocab_size=len(rows), d_model=d, n_heads=heads, d_ff=d_ff, n_layers=n_layers, n_decoder_layers=n_dec,
+                 norm_position=norm, positional="learned" if learned else "sinusoidal", max_len=max(max_len, 16),
+                 activation=options.get("transformer-ffn-activation", "relu"), output_bias=bool(np.any(logit_bias)),
+                 output_vocab=output_vocab, layer_norm_eps=float(options.get("minitf-layer-norm-eps", 1e-6)))
+    order = halves_order(d)
+    table = np.zeros((len(rows), d), dtype=np.float32)
+    for i, r in enumerate(rows):
+        if r is not None:
+            table[i] = emb[r]
+    params = {"embedding.weight": table[:, order]}
+    if cfg.output_bias:
+        params["embedding.bias"] = logit_bias
+    for mname, name, kind in _names(cfg):
+        if name in params:
+            continue
+        if mname not in arrays:
+            raise CheckpointError(f"{model_path}: no {mname} array (the model.yml describes a {n_layers}+{n_dec}-layer "
+                                  f"{norm}-norm Transformer)")
+        params[name] = _from_marian(arrays[mname], kind, order).astype(np.float32)
+    tokenizer = MarianTokenizer.from_files(src_spm, tgt_spm, [pieces[r] if r is not None else s for r, s in
+                                                             zip(rows, list(SPECIALS) + [None] * (len(rows) - 4))])
+    return cfg, params, tokenizer
+
+
+def load_marian(path, device="cpu"):
+    """(model, MarianTokenizer) of a Marian model folder, in eval mode."""
+    from .architectures import build_model
+    cfg, params, tokenizer = import_marian(path)
+    model = build_model(cfg, device=device)
+    model.load_state_dict(params)
+    return model.eval(), tokenizer

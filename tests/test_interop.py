@@ -1,0 +1,353 @@
+"""Marian's format and CTranslate2 (docs/interop.md): a minitf model exported and served by
+CTranslate2 translates and scores as minitf does; a Marian model (OPUS-MT's layout, written here
+by hand with random weights) read into minitf scores as CTranslate2 scores it, and fine-tunes."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import minitf
+from minitf.checkpoint import load_checkpoint, save_checkpoint
+from minitf.data.tokenizer import Tokenizer
+from minitf.errors import CheckpointError
+from minitf.marian import (OUTSIDE, dump_vocab, dump_yaml, export_marian, halves_order, import_marian, load_marian,
+                           load_vocab, load_yaml, marian_config)
+from minitf.translate import Translator, translate_ids
+
+from conftest import WORDS
+
+ct2 = pytest.importorskip("ctranslate2", reason="the [serve] extra (ctranslate2) is not installed")
+
+N_SENTENCES = 50
+
+
+def sentences(n, seed):
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=rng.integers(2, 8))) for _ in range(n)]
+
+
+def copy_batch(ids, eos=3, bos=2):
+    """A copy task: the target is the source (so a few steps teach the model to end sentences)."""
+    n = max(len(s) for s in ids) + 1
+    src, tgt_in, tgt_out = (np.zeros((len(ids), n), dtype=np.int64) for _ in range(3))
+    for b, s in enumerate(ids):
+        src[b, :len(s) + 1] = s + [eos]
+        tgt_in[b, :len(s) + 1] = [bos] + s
+        tgt_out[b, :len(s) + 1] = s + [eos]
+    return src, tgt_in, tgt_out
+
+
+def train_steps(model, ids, steps, lr=3e-3, seed=0):
+    """`steps` Adam updates of the copy task on batches of 32 of `ids`; the losses."""
+    opt = minitf.Adam(model, lr=lambda step: lr * min(1.0, step / 20))
+    rng = np.random.default_rng(seed)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        pick = rng.choice(len(ids), size=32)
+        model.zero_grad()
+        losses.append(model.forward_loss(*copy_batch([ids[i] for i in pick])))
+        model.backward()
+        opt.step()
+    return losses
+
+
+VARIANTS = {
+    "post-norm": {},
+    "pre-norm, swish, logit bias, output vocabulary, learned positions, 2+1 layers":
+        dict(norm_position="pre", activation="swish", output_bias=True, positional="learned", n_layers=2,
+             n_decoder_layers=1),
+}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def trained(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("interop")
+    lines = sentences(400, 0)
+    tok = Tokenizer.train(lines, folder / "spm.model", vocab_size=60)
+    ids = tok.encode(lines)
+    extra = dict(VARIANTS[request.param])
+    if extra.get("output_bias"):   # the target side uses a subset of the pieces: score only those (and unk, eos)
+        used = sorted(set(i for s in ids for i in s) | {1, 3})
+        extra["output_vocab"] = ",".join(map(str, used))
+    cfg = minitf.Config(vocab_size=tok.vocab_size, d_model=32, n_heads=4, d_ff=64, n_layers=extra.pop("n_layers", 1),
+                        dropout=0.0, max_len=64, **extra)
+    model = minitf.Transformer(cfg, seed=1)
+    losses = train_steps(model, ids, 150)
+    assert np.mean(losses[-10:]) < 0.6 * np.mean(losses[:10])
+    path = folder / "model.npz"
+    save_checkpoint(path, model, tokenizer=tok.to_bytes())
+    return path, folder
+
+
+def pieces_of(tok, id_lists):
+    return [[tok.id_to_piece(i) for i in s] for s in id_lists]
+
+
+def minitf_and_ct2(path, folder, quantization=None):
+    from minitf.ctranslate2_export import export_ctranslate2
+    out = folder / f"ct2-{quantization}"
+    export_ctranslate2(str(path), str(out), quantization=quantization)
+    return minitf.load(str(path)), ct2.Translator(str(out), device="cpu")
+
+
+def test_ctranslate2_translates_and_scores_as_minitf(trained):
+    path, folder = trained
+    t, tr = minitf_and_ct2(path, folder)
+    tok = t.tokenizer
+    src = tok.encode(sentences(N_SENTENCES, 7))
+    src_pieces = pieces_of(tok, src)
+    with_eos = [s + [tok.eos_id] for s in src]
+    # alpha 0 (CTranslate2's length penalty is length ** alpha, minitf's GNMT's: equal at 0), at least one
+    # token (minitf's rule), and no suppression of <pad> and <s>: CTranslate2 suppresses before the softmax,
+    # minitf bans them after it (as fairseq does), which changes the scores; a trained model never picks them
+    options = dict(max_decoding_length=64, min_decoding_length=1, length_penalty=0.0)
+    for beam in (1, 4):
+        mine = translate_ids(t.model, with_eos, beam_size=beam, alpha=0.0, max_len_b=60, nbest=1, stop="ctranslate2")
+        theirs = tr.translate_batch(src_pieces, beam_size=beam, return_scores=True, **options)
+        mine_pieces = pieces_of(tok, [h[0][0] for h in mine])
+        assert [r.hypotheses[0] for r in theirs] == mine_pieces, f"beam {beam}"
+        assert any(len(p) < 60 for p in mine_pieces)          # the model ends its sentences
+        scored = tr.score_batch(src_pieces, mine_pieces)
+        for h, s in zip(mine, scored):
+            np.testing.assert_allclose(s.log_probs, h[0][1], atol=1e-4)
+    # float64: the same model in float64 scores as CTranslate2's float32 to 1e-4
+    model64 = load_checkpoint(str(path)).build_model(dtype="float64")
+    mine64 = translate_ids(model64, with_eos, beam_size=4, alpha=0.0, max_len_b=60, nbest=1, stop="ctranslate2")
+    scored = tr.score_batch(src_pieces, pieces_of(tok, [h[0][0] for h in mine64]))
+    for h, s in zip(mine64, scored):
+        np.testing.assert_allclose(s.log_probs, h[0][1], atol=1e-4)
+
+
+# ------------------------------------------------------------------------------ Marian models into minitf
+D_M, F_M, H_M = 16, 24, 2
+
+
+def write_marian_by_hand(folder, activation="swish", seed=0, extra_options=""):
+    """A Marian model folder as OPUS-MT distributes one, written from Marian's documented names
+    (not by minitf.marian): random weights, a logit bias, </s> at 0 and <unk> at 1, no <pad> or <s>,
+    a SentencePiece model trained here as source.spm and target.spm."""
+    folder.mkdir(exist_ok=True)
+    tok = Tokenizer.train(sentences(400, 1), folder / "spm.model", vocab_size=60)
+    pieces = ["</s>", "<unk>"] + [tok.id_to_piece(i) for i in range(4, tok.vocab_size)]
+    v = len(pieces)
+    rng = np.random.default_rng(seed)
+
+    def w(*shape, scale=0.3):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    arrays = {"Wemb": w(v, D_M, scale=0.5), "decoder_ff_logit_out_b": w(1, v)}
+
+    def attention(scope):
+        for m in "qkvo":
+            arrays[f"{scope}_W{m}"], arrays[f"{scope}_b{m}"] = w(D_M, D_M), w(1, D_M, scale=0.1)
+        arrays[f"{scope}_Wo_ln_scale"], arrays[f"{scope}_Wo_ln_bias"] = 1 + w(1, D_M, scale=0.1), w(1, D_M, scale=0.1)
+
+    def ffn(scope):
+        arrays[f"{scope}_W1"], arrays[f"{scope}_b1"] = w(D_M, F_M), w(1, F_M, scale=0.1)
+        arrays[f"{scope}_W2"], arrays[f"{scope}_b2"] = w(F_M, D_M), w(1, D_M, scale=0.1)
+        arrays[f"{scope}_ffn_ln_scale"], arrays[f"{scope}_ffn_ln_bias"] = 1 + w(1, D_M, scale=0.1), w(1, D_M, scale=0.1)
+
+    for layer in (1, 2):
+        attention(f"encoder_l{layer}_self")
+        ffn(f"encoder_l{layer}_ffn")
+    attention("decoder_l1_self")
+    attention("decoder_l1_context")
+    ffn("decoder_l1_ffn")
+    yml = ("type: transformer\ndim-emb: 16\ndim-vocabs:\n  - {v}\n  - {v}\nenc-depth: 2\ndec-depth: 1\n"
+           "transformer-heads: 2\ntransformer-dim-ffn: 24\ntransformer-ffn-depth: 2\n"
+           "transformer-ffn-activation: {act}\ntransformer-decoder-autoreg: self-attention\n"
+           "transformer-no-projection: false\ntransformer-preprocess: \"\"\ntransformer-postprocess: dan\n"
+           "transformer-postprocess-emb: d\ntransformer-postprocess-top: \"\"\ntransformer-tied-layers:\n  []\n"
+           "transformer-guided-alignment-layer: last\ntied-embeddings-all: true\nright-left: false\n"
+           "version: v1.12.0\n").format(v=v, act=activation) + extra_options
+    arrays["special:model.yml"] = np.frombuffer(yml.encode() + b"\0", dtype=np.int8)
+    np.savez(folder / "opus.npz", **arrays)
+    (folder / "opus.vocab.yml").write_text(dump_vocab(pieces), encoding="utf-8")
+    for name in ("source.spm", "target.spm"):
+        (folder / name).write_bytes((folder / "spm.model").read_bytes())
+    (folder / "decoder.yml").write_text("models:\n  - opus.npz\nvocabs:\n  - opus.vocab.yml\n  - opus.vocab.yml\n"
+                                        "beam-size: 4\nnormalize: 1\n")
+    return folder, pieces
+
+
+@pytest.fixture(scope="module")
+def marian_folder(tmp_path_factory):
+    return write_marian_by_hand(tmp_path_factory.mktemp("opus") / "opus-mt-xx-yy")
+
+
+def test_an_opus_mt_folder_loads_and_scores_as_ctranslate2_scores_it(marian_folder, tmp_path):
+    from ctranslate2.converters import OpusMTConverter
+    folder, pieces = marian_folder
+    t = minitf.load(str(folder))
+    cfg = t.model.cfg
+    assert (cfg.activation, cfg.output_bias, cfg.n_layers, cfg.n_decoder_layers) == ("swish", True, 2, 1)
+    assert cfg.vocab_size == len(pieces) + 2          # a <pad> and a <s> row added, outside the output vocabulary
+    assert not t.model.embedding.params["weight"][[0, 2]].any()
+    OpusMTConverter(str(folder)).convert(str(tmp_path / "ct2"))
+    tr = ct2.Translator(str(tmp_path / "ct2"), device="cpu")
+    lines = sentences(20, 9)
+    src = t.tokenizer.encode(lines)
+    out = translate_ids(t.model, [s + [3] for s in src], beam_size=1, alpha=0.0, max_len_b=10, nbest=1)
+    src_pieces = [[t.tokenizer.id_to_piece(i) for i in s] for s in src]
+    tgt_pieces = [[t.tokenizer.id_to_piece(i) for i in h[0][0]] for h in out]
+    assert all(p in pieces for s in src_pieces + tgt_pieces for p in s)
+    scored = tr.score_batch(src_pieces, tgt_pieces)
+    for h, s in zip(out, scored):
+        np.testing.assert_allclose(s.log_probs, h[0][1], atol=1e-4)
+    # and CTranslate2's greedy search finds what minitf's finds (Marian starts from a zero vector: here too)
+    theirs = tr.translate_batch(src_pieces, beam_size=1, max_decoding_length=10, min_decoding_length=1)
+    for h, r, mine in zip(out, theirs, tgt_pieces):
+        if len(mine) < 10:
+            assert r.hypotheses[0] == mine
+    assert t.translate(lines[:2]) == t.translate(lines[:2])   # text in, text out through source.spm / target.spm
+
+
+def test_an_imported_model_fine_tunes_and_exports_again(marian_folder, tmp_path):
+    from minitf.marian import write_marian
+    folder, _ = marian_folder
+    t = minitf.load(str(folder))
+    model, tok = t.model, t.tokenizer
+    ids = tok.encode(sentences(300, 3))
+    losses = train_steps(model, ids, 60)
+    assert np.mean(losses[-10:]) < 0.8 * np.mean(losses[:10])
+    write_marian(model.cfg, model.state_dict(), tok, str(tmp_path / "tuned"))
+    again = minitf.load(str(tmp_path / "tuned"))
+    batch = copy_batch(ids[:16])
+    model.eval()
+    again.model.eval()
+    np.testing.assert_allclose(again.model.forward(*batch[:2]), model.forward(*batch[:2]), atol=1e-5)
+    assert again.translate(["the cat sees a dog"]) == t.translate(["the cat sees a dog"])
+
+
+def test_the_marian_export_loads_back_to_the_same_model(trained, tmp_path):
+    path, _ = trained
+    export_marian(str(path), str(tmp_path / "m"))
+    assert sorted(os.listdir(tmp_path / "m")) == ["decoder.yml", "model.npz", "source.spm", "target.spm", "vocab.yml"]
+    with np.load(tmp_path / "m" / "model.npz", allow_pickle=False) as z:
+        options = load_yaml(z["special:model.yml"].tobytes().rstrip(b"\0").decode())
+        names = set(z.files)
+    assert {"Wemb", "encoder_l1_self_Wq", "decoder_l1_context_Wo", "decoder_ff_logit_out_b"} <= names
+    original, back = minitf.load(str(path)), minitf.load(str(tmp_path / "m"))
+    assert options["dec-depth"] == original.model.cfg.n_decoder_layers
+    assert {k: v for k, v in back.model.cfg.model_fields().items() if k != "decode_alpha"} == \
+        {k: v for k, v in original.model.cfg.model_fields().items() if k != "decode_alpha"}
+    for name, a in original.model.state_dict().items():
+        np.testing.assert_array_equal(back.model.state_dict()[name], a, err_msg=name)
+    lines = sentences(10, 4)
+    assert back.translate(lines) == original.translate(lines)
+
+
+def test_the_d_permutation_makes_the_papers_sinusoids_marians_halves():
+    from minitf.layers.positional import sinusoid_table
+    d = 8
+    table = sinusoid_table(5, d)
+    pos = np.arange(5)[:, None]
+    freq = 1.0 / np.power(10000.0, 2 * np.arange(d // 2) / d)
+    halves = np.concatenate([np.sin(pos * freq), np.cos(pos * freq)], axis=1)   # CTranslate2's table for Marian
+    np.testing.assert_allclose(table, halves[:, halves_order(d)], atol=1e-12)
+
+
+def test_options_minitf_lacks_are_refused_in_one_line(tmp_path):
+    folder, _ = write_marian_by_hand(tmp_path / "aan", extra_options="")
+    with np.load(folder / "opus.npz", allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    text = arrays["special:model.yml"].tobytes().rstrip(b"\0").decode()
+    for old, new, named in (("transformer-decoder-autoreg: self-attention", "transformer-decoder-autoreg: average-attention",
+                             "--transformer-decoder-autoreg"),
+                            ("transformer-ffn-activation: swish", "transformer-ffn-activation: gelu",
+                             "--transformer-ffn-activation"),
+                            ("transformer-postprocess: dan", "transformer-postprocess: dhn", "--transformer-postprocess")):
+        arrays["special:model.yml"] = np.frombuffer(text.replace(old, new).encode() + b"\0", dtype=np.int8)
+        np.savez(folder / "opus.npz", **arrays)
+        with pytest.raises(CheckpointError) as e:
+            import_marian(str(folder))
+        assert named in str(e.value) and "\n" not in str(e.value)
+
+
+def test_vocabulary_and_yaml_files_round_trip(tmp_path):
+    pieces = ["</s>", "<unk>", "▁a", 'quote"d', "back\\slash", "colon:", "'single'", "▁über"]
+    (tmp_path / "v.yml").write_text(dump_vocab(pieces), encoding="utf-8")
+    assert load_vocab(tmp_path / "v.yml") == pieces
+    from ctranslate2.converters.marian import load_vocab as ct2_load_vocab
+    assert ct2_load_vocab(str(tmp_path / "v.yml")) == pieces
+    cfg = minitf.Config(vocab_size=50, d_model=16, n_heads=2, d_ff=24, n_layers=1, norm_position="pre")
+    options = marian_config(cfg)
+    assert load_yaml(dump_yaml(options)) == options
+    import yaml
+    assert yaml.safe_load(dump_yaml(options)) == options
+    assert OUTSIDE < -1e8 and json.dumps(options)
+
+
+def test_train_wmt_fine_tunes_an_opus_mt_folder_with_init_from(marian_folder, tmp_path):
+    """train_wmt.py --init-from: the Marian model's weights and tokenizer, the corpus encoded with
+    source.spm and target.spm, checkpoints that carry that tokenizer (translate, --resume and export
+    read them), a loss that falls."""
+    import subprocess
+    import sys
+    folder, _ = marian_folder
+    rng = np.random.default_rng(2)
+    for split, n in (("train", 300), ("valid", 20)):
+        lines = [" ".join(rng.choice(WORDS, size=rng.integers(2, 7))) for _ in range(n)]
+        (tmp_path / f"{split}.xx").write_text("\n".join(lines) + "\n")
+        (tmp_path / f"{split}.yy").write_text("\n".join(lines) + "\n")   # copy task
+    out = tmp_path / "run"
+    base = [sys.executable, "train_wmt.py", "--init-from", str(folder), "--train", str(tmp_path / "train"),
+            "--valid", str(tmp_path / "valid"), "--src", "xx", "--tgt", "yy", "--preset", "tiny", "--device", "cpu",
+            "--warmup", "10", "--lr-factor", "2", "--log-every", "10", "--valid-every", "0", "--beam", "1",
+            "--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--quiet"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run(base + ["--max-steps", "40"], cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "init: the weights of" in r.stderr
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    losses = [rec["loss"] for rec in log if "loss" in rec]
+    assert losses[-1] < losses[0], losses
+    t = minitf.load(str(out / "model.npz"))
+    assert type(t.tokenizer).__name__ == "MarianTokenizer" and t.tokenizer.source_language == "xx"
+    assert t.model.cfg.activation == "swish" and t.model.cfg.n_layers == 2
+    r = subprocess.run(base + ["--max-steps", "50", "--resume"], cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "resuming from" in r.stderr
+    export_marian(str(out / "model.npz"), str(tmp_path / "back"))
+    assert minitf.load(str(tmp_path / "back")).translate(["the cat"]) == minitf.load(str(out / "model.npz")).translate(
+        ["the cat"])
+    r = subprocess.run([sys.executable, "train_wmt.py", "--init-from", str(folder), "--d-model", "32", "--train",
+                        str(tmp_path / "train"), "--valid", str(tmp_path / "valid"), "--src", "xx", "--tgt", "yy",
+                        "--out", str(tmp_path / "x")], cwd=root, capture_output=True, text=True)
+    assert r.returncode != 0 and "drop --d-model" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_export_command_writes_each_format_and_refuses_bad_flags_in_one_line(trained, tmp_path):
+    import subprocess
+    import sys
+    path, _ = trained
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def export(*flags):
+        return subprocess.run([sys.executable, "-m", "minitf", "export", "--checkpoint", str(path), *flags],
+                              cwd=str(tmp_path), capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=root))
+
+    r = export("--format", "ctranslate2", "--out", "ct2", "--quantization", "int8")
+    assert r.returncode == 0, r.stderr
+    assert {"model.bin", "shared_vocabulary.json", "config.json", "source.spm"} <= set(os.listdir(tmp_path / "ct2"))
+    config = json.loads((tmp_path / "ct2" / "config.json").read_text())
+    assert config["decoder_start_token"] == "<s>" and config["add_source_eos"] is True
+    assert ct2.Translator(str(tmp_path / "ct2")).translate_batch([["▁the", "▁cat"]])[0].hypotheses
+    r = export("--format", "marian", "--out", "m")
+    assert r.returncode == 0, r.stderr
+    assert minitf.load(str(tmp_path / "m")).translate(["the cat"]) == minitf.load(str(path)).translate(["the cat"])
+    for flags, says in ((["--out", "x.safetensors", "--quantization", "int8"], "only --format ctranslate2 quantizes"),
+                        (["--format", "marian", "--out", "nowhere/m"], "does not exist"),
+                        (["--out", "m"], "name it *.safetensors")):
+        r = export(*flags)
+        assert r.returncode != 0 and says in r.stderr and "Traceback" not in r.stderr, (flags, r.stderr)
+    rnn = tmp_path / "rnn.npz"
+    ckpt = load_checkpoint(str(path))
+    rnn_cfg = minitf.Config(vocab_size=ckpt.config.vocab_size, d_model=16, n_heads=2, d_ff=24, n_layers=1, arch="rnn")
+    from minitf.architectures import build_model
+    save_checkpoint(rnn, build_model(rnn_cfg), tokenizer=ckpt.tokenizer)
+    r = subprocess.run([sys.executable, "-m", "minitf", "export", "--checkpoint", str(rnn), "--format", "marian", "--out",
+                        "r"], cwd=str(tmp_path), capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=root))
+    assert r.returncode != 0 and "only the Transformer exports" in r.stderr and len(r.stderr.strip().splitlines()) == 1
