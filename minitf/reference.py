@@ -10,7 +10,8 @@ but NumPy; `python minitf/reference.py` trains it for a few steps on a toy batch
 tests/test_reference.py holds it equal to the engine in float64: loss, logits and every
 gradient, dropout off and on, and Adam steps. The derivations: docs/derivations/. The
 engine's attention and ReLU dropout (options outside the paper, off in every preset;
-docs/deviations.md item 10) are not here.
+docs/deviations.md item 10) are not here, nor the options of models imported from Marian
+(swish in the feed-forward layers, a logit bias; docs/interop.md).
 
 Shapes: B batch, S source length, T target length (padding included; L for either),
 D d_model, H heads, K d_k = d_v, F d_ff, V vocabulary, N target tokens with a loss (non-pad

@@ -154,7 +154,11 @@ def device_equals_cpu(**kw):
     hypotheses)."""
     from minitf.decode import beam_search
     from minitf.architectures import build_model
+    bias_values = kw.pop("bias_values", False)
     gpu = tiny(**kw)
+    if bias_values:   # a logit bias that is not zero, so a wrong index into it shows
+        gpu.embedding.params["bias"][:] = gpu.xp.asarray(np.random.default_rng(3).standard_normal(
+            gpu.cfg.vocab_size), dtype=gpu.embedding.params["bias"].dtype)
     cpu = build_model(gpu.cfg, device="cpu", seed=0)
     cpu.load_state_dict({n: backend.to_numpy(a) for n, a in gpu.state_dict().items()})
     tgt = np.array([[5, 12, 7, 3], [9, 6, 3, 0]])
@@ -188,6 +192,18 @@ def test_a_pre_norm_model_on_the_device_gives_the_cpus_loss_gradients_and_decodi
     monkeypatch.setenv("MINITF_FUSED", fused)
     cpu, _ = device_equals_cpu(dropout=0.0, norm_position="pre")
     assert np.abs(cpu.grad_dict()["decoder.norm.weight"]).max() > 0
+
+
+@pytest.mark.parametrize("fused", ["1", "0"])
+def test_marians_swish_and_logit_bias_on_the_device_give_the_cpus_loss_gradients_and_decoding(standin, monkeypatch,
+                                                                                            fused):
+    """An imported Marian model's options (docs/interop.md) on the device path: a swish FFN (the
+    generic path: the fused bias-and-ReLU kernel does not apply) and a logit bias over an output
+    vocabulary: the CPU model's loss, every gradient (the bias's included) and beam search."""
+    monkeypatch.setenv("MINITF_FUSED", fused)
+    cpu, _ = device_equals_cpu(dropout=0.0, activation="swish", output_bias=True, output_vocab="1,3-11,13-17",
+                               bias_values=True)
+    assert np.abs(cpu.grad_dict()["embedding.bias"]).max() > 0
 
 
 # ----------------------------------------------------------------------------- training

@@ -11,9 +11,9 @@ import minitf
 from minitf.checkpoint import load_checkpoint, save_checkpoint
 from minitf.data.tokenizer import Tokenizer
 from minitf.errors import CheckpointError
-from minitf.marian import (OUTSIDE, dump_vocab, dump_yaml, export_marian, halves_order, import_marian, load_marian,
+from minitf.marian import (OUTSIDE, dump_vocab, dump_yaml, export_marian, halves_order, import_marian,
                            load_vocab, load_yaml, marian_config)
-from minitf.translate import Translator, translate_ids
+from minitf.translate import translate_ids
 
 from conftest import WORDS
 
@@ -351,3 +351,13 @@ def test_the_export_command_writes_each_format_and_refuses_bad_flags_in_one_line
     r = subprocess.run([sys.executable, "-m", "minitf", "export", "--checkpoint", str(rnn), "--format", "marian", "--out",
                         "r"], cwd=str(tmp_path), capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=root))
     assert r.returncode != 0 and "only the Transformer exports" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_plot_attention_draws_an_imported_model(marian_folder, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from minitf.viz import plot_attention
+    folder, _ = marian_folder
+    plot_attention(str(folder), "the cat sees a dog", str(tmp_path / "a.png"), layer=0, head=1, beam_size=1)
+    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    plot_attention(str(folder), "the cat", str(tmp_path / "b.png"), tgt="a dog")   # --tgt through target.spm
+    assert "decoder input: <s> ▁a ▁dog" in capsys.readouterr().out
