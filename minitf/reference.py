@@ -8,10 +8,18 @@ a comment quoting the forward line it differentiates, as in llm.c's train_gpt2.c
 no fused kernels, no flat buffers, no activation overwritten in place. It imports nothing
 but NumPy; `python minitf/reference.py` trains it for a few steps on a toy batch.
 tests/test_reference.py holds it equal to the engine in float64: loss, logits and every
-gradient, dropout off and on, and Adam steps. The derivations: docs/derivations/. The
-engine's attention and ReLU dropout (options outside the paper, off in every preset;
-docs/deviations.md item 10) are not here, nor the options of models imported from Marian
-(swish in the feed-forward layers, a logit bias; docs/interop.md).
+gradient, dropout off and on, and Adam steps; tests/test_reference_gradcheck.py holds its
+every backward to central differences on its own. The derivations: docs/derivations/.
+
+Left out (the engine's options outside the paper; tests/test_reference_gradcheck.py checks
+this list against the config's fields): attention and ReLU dropout (`attention_dropout`,
+`relu_dropout`, docs/deviations.md item 10); an output layer over the target side's pieces
+(`output_vocab`, `output_layer`: the small preset's, so the default CPU run is not this
+step); pre-norm blocks (`norm_position`); the learning rate's fade (`lr_fade`); the recurrent
+baseline (`arch`); the options of models imported from Marian (`activation` swish, `output_bias`;
+docs/interop.md). Nor, outside the config, the engine's `--update-freq` accumulation (a loss
+weighted by its batch's share of the update), float16 with loss scaling (`--fp16`), or
+pad-free packing (the same numbers: docs/walkthrough.md).
 
 Shapes: B batch, S source length, T target length (padding included; L for either),
 D d_model, H heads, K d_k = d_v, F d_ff, V vocabulary, N target tokens with a loss (non-pad
