@@ -386,14 +386,14 @@ def _facts():
         ("deviations.md", r"$= -10^9$", NEG_INF == -1e9),
         ("derivations/adam.md", r"\beta_2 = 0.98", adam["betas"].default == (0.9, 0.98)),
         ("derivations/adam.md", r"\epsilon = 10^{-9}", adam["eps"].default == 1e-9),
-        ("deviations.md", "warmup 1067, `lr_factor` 1.4", (small["warmup"], small["lr_factor"]) == (1067, 1.4)),
-        ("deviations.md", r"label smoothing $\epsilon_{ls} = 0.2$", small["label_smoothing"] == 0.2),
-        ("deviations.md", r"$P_\text{drop} = 0.2$", small["dropout"] == 0.2),
-        ("deviations.md", "$D = 192$, $H = 4$, $F = 768$, $N = 2$",
+        ("benchmarks.md", "warmup 1067, `lr_factor` 1.4", (small["warmup"], small["lr_factor"]) == (1067, 1.4)),
+        ("benchmarks.md", r"label smoothing $\epsilon_{ls} = 0.2$", small["label_smoothing"] == 0.2),
+        ("benchmarks.md", r"$P_\text{drop} = 0.2$", small["dropout"] == 0.2),
+        ("benchmarks.md", "$D = 192$, $H = 4$, $F = 768$, $N = 2$",
          (small["d_model"], small["n_heads"], small["d_ff"], small["n_layers"]) == (192, 4, 768, 2)),
-        ("deviations.md", "3.61M parameters with 8,000 pieces",
+        ("benchmarks.md", "3.61M parameters with 8,000 pieces",
          f"{Transformer(Config.preset('small', vocab_size=8000)).num_parameters() / 1e6:.2f}M" == "3.61M"),
-        ("deviations.md", "(dropout 0.1, no weight decay, label smoothing 0.1, warmup 800, factor 1.0, 4096 tokens per update)",
+        ("benchmarks.md", "(dropout 0.1, no weight decay, label smoothing 0.1, warmup 800, factor 1.0, 4096 tokens per update)",
          (rnn_small.dropout, rnn_small.weight_decay, rnn_small.label_smoothing, rnn_small.warmup, rnn_small.lr_factor,
           rnn_small.update_tokens) == (0.1, 0, 0.1, 800, 1.0, 4096)),
         ("deviations.md", "additive attention and its own length penalty, $\\alpha = 1.5$",
@@ -407,13 +407,13 @@ def _facts():
         ("deviations.md", "occurrence takes one of 16 segmentations", POOL == 16),
         ("data.md", "16 segmentations drawn once", POOL == 16),
         ("deviations.md", "is 0 in base and big, as in the paper, and 0.1 in `small`", decay_only_in_small),
-        ("deviations.md", "decoupled weight decay $\\lambda = 0.1$", small["weight_decay"] == 0.1),
+        ("benchmarks.md", "decoupled weight decay $\\lambda = 0.1$", small["weight_decay"] == 0.1),
         ("derivations/adam.md", "0 in the paper's presets and 0.1 in `small`", decay_only_in_small),
         ("deviations.md", "(off, the paper's schedule) in every preset", all(not p.get("lr_fade") for p in PRESETS.values())
          and Config().lr_fade == 0),
         ("deviations.md", "base and big\n25000, as in the paper", PRESETS["base"]["update_tokens"] == PRESETS["big"]["update_tokens"]
          == 25000 and Config.preset("base").batch_tokens(8) == 3125),
-        ("deviations.md", "3072 tokens per update", small["update_tokens"] == 3072),
+        ("benchmarks.md", "3072 tokens per update", small["update_tokens"] == 3072),
         ("derivations/schedule.md", "6.99", f"{_peak('base')[0]:.2e}" == "6.99e-04"),
         ("derivations/schedule.md", "4.94", f"{_peak('big')[0]:.2e}" == "4.94e-04"),
         ("derivations/schedule.md", "3.09", f"{_peak('small')[0]:.2e}" == "3.09e-03"),
@@ -478,3 +478,18 @@ def test_no_page_holds_a_tab_character():
     for path in [ROOT / "README.md", *doc_files()]:
         bad = [i + 1 for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()) if "\t" in line]
         assert not bad, f"{rel(path)} has tab characters on lines {bad[:5]}"
+
+
+def test_the_small_presets_table_in_deviations_is_the_preset():
+    """deviations.md item 17's table: each `field` = value of its first column is the `small` preset's."""
+    text = (DOCS / "deviations.md").read_text(encoding="utf-8")
+    part = text[text.index("**17. The `small` preset"):text.index("**18. Precision.**")]
+    from minitf.config import PRESETS, Config
+    cfg = Config.preset("small", vocab_size=8000)
+    pairs = re.findall(r"`(\w+)` = ([\w.]+)", "\n".join(line.split("|")[1] for line in part.splitlines()
+                                                       if line.startswith("| `")))
+    assert len(pairs) >= 12, pairs
+    for field, value in pairs:
+        have = getattr(cfg, field)
+        assert str(have) == value or (isinstance(have, (int, float)) and float(value) == have), (field, value, have)
+    assert {f for f, _ in pairs} >= set(PRESETS["small"]), "a field of the preset is not in the table"
