@@ -439,12 +439,18 @@ def runnable_blocks(path):
     return [b for b in blocks if b.startswith(RUNS_MARK)]
 
 
+CONTINUES = "# continues the block above"   # a block's second line when it needs the names of the ones before it
+
+
 @pytest.mark.parametrize("doc", [d for d in doc_files() if runnable_blocks(d)], ids=rel)
 def test_runnable_blocks_of_a_page_run(doc):
-    # a page's result is executable: its marked blocks run in order, in one namespace, and
-    # their asserts hold against the code as it is today
+    # a page's result is executable: each marked block runs alone, in a fresh namespace (as a reader
+    # who copies it runs it), unless its second line says it continues the block above: then in that
+    # block's namespace; and the asserts hold against the code as it is today
     namespace = {}
     for i, block in enumerate(runnable_blocks(doc)):
+        if block.splitlines()[1:2] != [CONTINUES]:
+            namespace = {}
         exec(compile(block, f"{rel(doc)} block {i + 1}", "exec"), namespace)
 
 
