@@ -499,3 +499,23 @@ def test_the_small_presets_table_in_deviations_is_the_preset():
         have = getattr(cfg, field)
         assert str(have) == value or (isinstance(have, (int, float)) and float(value) == have), (field, value, have)
     assert {f for f, _ in pairs} >= set(PRESETS["small"]), "a field of the preset is not in the table"
+
+
+def test_the_german_sides_piece_count_is_the_recorded_one_wherever_it_is_quoted():
+    """The pieces of Multi30k's German side (the `small` preset's output layer) are counted once, in
+    benchmarks.md's record of the tokenizer's run; every other page quotes that count."""
+    bench = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
+    unigram, bpe = re.search(r"([\d,]+) of them occur on the German side, against BPE's ([\d,]+)", bench).groups()
+    quotes = {ROOT / "README.md": [f"German side's {unigram}"],
+              DOCS / "deviations.md": [f"that is {unigram} of them with the unigram tokenizer ({bpe} with BPE"],
+              DOCS / "performance.md": [f"{unigram} of 8,000 on Multi30k's German side", f"{bpe} with BPE"],
+              ROOT / "minitf" / "layers" / "embedding.py": [f"{unigram} of 8,000 on Multi30k's German side"]}
+    for path, snippets in quotes.items():
+        text = path.read_text(encoding="utf-8")
+        for snippet in snippets:
+            assert snippet in text, f"{path.name} no longer quotes {snippet!r} (benchmarks.md records {unigram}/{bpe})"
+    pages = [ROOT / "README.md", *[p for p in DOCS.rglob("*.md") if p.name != "benchmarks.md"],
+             *(ROOT / "minitf").rglob("*.py")]
+    for path in pages:   # no other count of those pieces anywhere else
+        for n in re.findall(r"\b(5,4\d\d)\b", path.read_text(encoding="utf-8")):
+            assert n in (unigram, bpe), f"{path.name} quotes {n} pieces; benchmarks.md records {unigram} ({bpe} with BPE)"

@@ -6,7 +6,8 @@ each backward ACCUMULATES into the same gradient, so tying needs no special code
 An output vocabulary (config `output_vocab`, not the paper's: docs/deviations.md) restricts the
 projection to K of the V rows, ids [K]: logits = h @ weight[ids]^T, [N, K]. A joint vocabulary
 holds the pieces of both languages, and the target side of the training data uses only some of
-them (5,473 of 8,000 on Multi30k's German side): the others can never be the right answer, and
+them (5,481 of 8,000 on Multi30k's German side, EOS and unknown included: docs/benchmarks.md): the others can
+never be the right answer, and
 scoring them is a third of the projection's work. Decoding sees them at -inf (`output_bias`).
 """
 import numpy as np
