@@ -519,3 +519,51 @@ def test_the_german_sides_piece_count_is_the_recorded_one_wherever_it_is_quoted(
     for path in pages:   # no other count of those pieces anywhere else
         for n in re.findall(r"\b(5,4\d\d)\b", path.read_text(encoding="utf-8")):
             assert n in (unigram, bpe), f"{path.name} quotes {n} pieces; benchmarks.md records {unigram} ({bpe} with BPE)"
+
+
+def test_the_walkthroughs_call_chain_is_the_engines_update():
+    """walkthrough.md's call-by-call table: each name is at the file:line given, and a traced update of
+    a tiny model (forward_backward, then step_stats, learning_rate, Adam.step, as take_step calls them)
+    makes those calls in the table's order."""
+    import sys as _sys
+    import numpy as np
+    import minitf
+    from minitf.schedule import learning_rate
+    from minitf.train import forward_backward, step_stats, take_step
+    text = (DOCS / "walkthrough.md").read_text(encoding="utf-8")
+    part = text[text.index("## One update in the engine, call by call"):text.index("## What the engine does differently")]
+    rows = re.findall(r"^\| (\d+) \| `(minitf\.[\w.]+)` \| (minitf/[\w/]+\.py):(\d+) \|", part, re.M)
+    assert [int(r[0]) for r in rows] == list(range(1, len(rows) + 1)) and len(rows) >= 20
+    where = []
+    for _, name, path, line in rows:
+        obj = resolve(name)[-1]
+        src_file, src_line = inspect.getsourcefile(obj), inspect.getsourcelines(obj)[1]
+        assert Path(src_file).resolve() == (ROOT / path).resolve() and src_line == int(line), (
+            f"walkthrough.md puts {name} at {path}:{line}; it is at {Path(src_file).relative_to(ROOT)}:{src_line}")
+        where.append((str(Path(src_file).resolve()), src_line))
+    # take_step calls rows 2, then step_stats, learning_rate and Adam.step, in that order
+    body = inspect.getsource(take_step)
+    assert body.index("forward_backward(") < body.index("step_stats(") < body.index("learning_rate(") < \
+        body.index("opt.step(")
+    cfg = minitf.Config(vocab_size=13, d_model=8, n_heads=2, d_ff=12, n_layers=1, dropout=0.2, max_len=16)
+    model = minitf.Transformer(cfg, seed=0)
+    opt = minitf.Adam(model, lr=1e-3)
+    src = np.array([[5, 6, 7, 3, 0], [9, 10, 5, 6, 3]])
+    tgt_in, tgt_out = np.array([[2, 4, 6, 0], [2, 7, 5, 8]]), np.array([[4, 6, 3, 0], [7, 5, 8, 3]])
+    calls = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            calls.append((str(Path(frame.f_code.co_filename).resolve()), frame.f_code.co_firstlineno))
+    calls.append(where[0])   # take_step itself (the run object it needs is not built here)
+    _sys.setprofile(profile)
+    try:
+        loss_sum, nll_sum = forward_backward(model, [(0, (src, tgt_in, tgt_out, 7))], 7, 0)
+        step_stats(model, loss_sum, nll_sum)
+        opt.step(lr=learning_rate(1, cfg.d_model, cfg.warmup))
+    finally:
+        _sys.setprofile(None)
+    at = 0
+    for (_, name, _, _), w in zip(rows, where):
+        assert w in calls[at:], f"walkthrough.md row {name}: not called after the row before it in a traced update"
+        at = calls.index(w, at) + 1
