@@ -185,7 +185,7 @@ class Config:
                                   "bpe_dropout_target makes smaller ones: use one or the other")
 
     def output_ids(self):
-        """The sorted piece ids [K] the output layer scores (int64), or None: all V of them."""
+        """The sorted piece ids [V_o] the output layer scores (int64), or None: all V of them."""
         return None if self.output_vocab is None else parse_id_ranges(self.output_vocab, self.vocab_size)
 
     def batch_tokens(self, ranks=1, update_freq=1):

@@ -80,14 +80,14 @@ class Seq2Seq(Layer):
     def loss_head(self, h, gold):
         """h [Nh, D] decoder outputs, gold [Nh] host ids (pad: no loss) -> loss averaged over the
         non-pad tokens. Only the rows with a loss are projected to the vocabulary (logits
-        [N, V], or [N, K] over an output vocabulary, which the gold ids become columns of).
+        [N, V], or [N, V_o] over an output vocabulary, which the gold ids become columns of).
         Returns a float on CPU; on GPU a 0-d array (no host sync). Sets last_stats."""
         pad, loss_rows = self.cfg.pad_id, None                       # the rows of h with a loss ([N])
         if (gold == pad).any():
             host_rows = np.flatnonzero(gold != pad)
             loss_rows = to_device(host_rows, self.xp)
             h, gold = h[loss_rows], gold[host_rows]
-        logits, _ = self.embedding.project(h)                                               # [N, K]
+        logits, _ = self.embedding.project(h)                                               # [N, V_o]
         gold = to_device(self.embedding.columns(gold), self.xp)      # the pad rows are gone: no pad id below
         loss, nll_sum, n, cache = label_smoothed_nll(logits, gold, self.cfg.label_smoothing, None)
         self._head = {"loss": cache, "loss_rows": loss_rows, "h_rows": h}

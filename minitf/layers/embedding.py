@@ -4,7 +4,7 @@ projection logits = h @ weight^T. Each use caches its own inputs in the object i
 each backward ACCUMULATES into the same gradient, so tying needs no special code.
 
 An output vocabulary (config `output_vocab`, not the paper's: docs/deviations.md) restricts the
-projection to K of the V rows, ids [K]: logits = h @ weight[ids]^T, [N, K]. A joint vocabulary
+projection to V_o of the V rows, ids [V_o]: logits = h @ weight[ids]^T, [N, V_o]. A joint vocabulary
 holds the pieces of both languages, and the target side of the training data uses only some of
 them (5,481 of 8,000 on Multi30k's German side, EOS and unknown included: docs/benchmarks.md): the others can
 never be the right answer, and
@@ -50,11 +50,11 @@ class TokenEmbedding(Layer):
         self.params["weight"] = rng.normal(0.0, d_model ** -0.5, size=(vocab_size, d_model))
         if bias:   # logits = h @ weight^T + bias (config output_bias: Marian's logit bias; not the paper's)
             self.params["bias"] = np.zeros(vocab_size)
-        self.output_ids = None     # [K] device ids the projection scores; None: all V
+        self.output_ids = None     # [V_o] device ids the projection scores; None: all V
         self.column_of = None      # [V] host: each piece's column of the logits (None: the id itself)
 
     def use_output_vocabulary(self, ids, unk_id, xp):
-        """Score only the pieces `ids` (sorted, distinct host int array [K], or None: all V). A gold
+        """Score only the pieces `ids` (sorted, distinct host int array [V_o], or None: all V). A gold
         piece outside them is scored as `unk_id`'s column (which must be among them): like every
         piece the training targets never hold, the model can only give it the smoothing's share."""
         if ids is None:
@@ -80,12 +80,12 @@ class TokenEmbedding(Layer):
         segment_sum_rows(ids.reshape(-1), dx.reshape(-1, d) * self.scale, self.grads["weight"])
 
     def _out_rows(self):
-        """weight[ids] [K, D] (a gathered copy), or weight itself [V, D] without an output vocabulary."""
+        """weight[ids] [V_o, D] (a gathered copy), or weight itself [V, D] without an output vocabulary."""
         w = self.params["weight"]
         return w if self.output_ids is None else w[self.output_ids]
 
     def project(self, h):
-        """h [B, T, D] -> (logits [B, T, K] = h @ weight[ids]^T, cache); K = V and ids = all
+        """h [B, T, D] -> (logits [B, T, V_o] = h @ weight[ids]^T, cache); V_o = V and ids = all
         without an output vocabulary: logits = h @ weight^T."""
         d = h.shape[-1]
         logits = h.reshape(-1, d) @ self._out_rows().T
@@ -129,7 +129,7 @@ class TokenEmbedding(Layer):
             else:
                 self.grads["bias"][self.output_ids] += db
         # logits = h @ weight[ids]^T
-        dw = dl2.T @ h.reshape(-1, d)                                   # [K, D]
+        dw = dl2.T @ h.reshape(-1, d)                                   # [V_o, D]
         if self.output_ids is None:
             self.grads["weight"] += dw
         else:
