@@ -797,7 +797,7 @@ def test_patience_stops_when_validation_stops_improving_and_the_run_ends_as_usua
 
 
 # train_wmt.py's flags that configure the run, not the model or its recipe (config.json records them apart)
-RUN_ONLY_FLAGS = {"alpha", "beam", "cache_dir", "data_dir", "dataset", "decode_batch", "device", "dtype", "fp16",
+RUN_ONLY_FLAGS = {"alpha", "beam", "cache_dir", "init_from", "data_dir", "dataset", "decode_batch", "device", "dtype", "fp16",
                   "keep_last", "log_every", "max_len", "max_nonfinite", "max_ratio", "offline", "out", "patience",
                   "preset", "quiet", "resume", "seed", "src", "subword", "test", "tgt", "time_budget", "tokenizer",
                   "train", "update_freq", "valid", "valid_bleu_sentences", "valid_every", "valid_every_minutes",
