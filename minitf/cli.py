@@ -247,12 +247,13 @@ def build_parser(prog="python -m minitf"):
     p.set_defaults(func=cmd_evaluate, memory=DECODE_MEMORY)
     p = sub.add_parser("export", help="a checkpoint as a .safetensors file (translate/evaluate read it), a Marian model "
                                       "or a CTranslate2 model (docs/interop.md)",
-                       description="A checkpoint without optimizer state: --format safetensors (default) writes its "
-                                   "parameters, config and tokenizer as one .safetensors file (translate and evaluate "
-                                   "read it); --format marian a Marian model folder in OPUS-MT's layout (model.npz with "
-                                   "special:model.yml, vocab.yml, source.spm, target.spm, decoder.yml), which Marian, "
-                                   "Hugging Face's MarianMT converter, CTranslate2 and minitf.load read; --format "
-                                   "ctranslate2 a CTranslate2 model folder (needs pip install 'minitf[serve]').")
+                       description="A checkpoint without optimizer state: --format safetensors (default) writes "
+                                   "its parameters, config and tokenizer as one .safetensors file (translate and "
+                                   "evaluate read it); --format marian a Marian model folder in OPUS-MT's layout "
+                                   "(model.npz with special:model.yml, vocab.yml, source.spm, target.spm, "
+                                   "decoder.yml), the format CTranslate2, Marian and Hugging Face's MarianMT "
+                                   "converter read (minitf.load too); --format ctranslate2 a CTranslate2 model folder "
+                                   "(needs pip install 'minitf[serve]').")
     p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz)")
     p.add_argument("--format", choices=["safetensors", "marian", "ctranslate2"], default="safetensors")
     p.add_argument("--output", "--out", dest="output", required=True,

@@ -127,10 +127,14 @@ D_M, F_M, H_M = 16, 24, 2
 def write_marian_by_hand(folder, activation="swish", seed=0, extra_options=""):
     """A Marian model folder as OPUS-MT distributes one, written from Marian's documented names
     (not by minitf.marian): random weights, a logit bias, </s> at 0 and <unk> at 1, no <pad> or <s>,
-    a SentencePiece model trained here as source.spm and target.spm."""
+    two SentencePiece models trained here (source.spm on lower-case words, target.spm on capitals)
+    over one vocabulary of both their pieces."""
     folder.mkdir(exist_ok=True)
-    tok = Tokenizer.train(sentences(400, 1), folder / "spm.model", vocab_size=60)
-    pieces = ["</s>", "<unk>"] + [tok.id_to_piece(i) for i in range(4, tok.vocab_size)]
+    src_tok = Tokenizer.train(sentences(400, 1), folder / "source.model", vocab_size=60)
+    tgt_tok = Tokenizer.train([s.upper() for s in sentences(400, 2)], folder / "target.model", vocab_size=50)
+    pieces = ["</s>", "<unk>"]           # one vocabulary over both models' pieces
+    for tok in (src_tok, tgt_tok):
+        pieces += [p for p in (tok.id_to_piece(i) for i in range(4, tok.vocab_size)) if p not in pieces]
     v = len(pieces)
     rng = np.random.default_rng(seed)
 
@@ -165,8 +169,8 @@ def write_marian_by_hand(folder, activation="swish", seed=0, extra_options=""):
     arrays["special:model.yml"] = np.frombuffer(yml.encode() + b"\0", dtype=np.int8)
     np.savez(folder / "opus.npz", **arrays)
     (folder / "opus.vocab.yml").write_text(dump_vocab(pieces), encoding="utf-8")
-    for name in ("source.spm", "target.spm"):
-        (folder / name).write_bytes((folder / "spm.model").read_bytes())
+    (folder / "source.spm").write_bytes((folder / "source.model").read_bytes())   # English-like words
+    (folder / "target.spm").write_bytes((folder / "target.model").read_bytes())   # the same words in capitals
     (folder / "decoder.yml").write_text("models:\n  - opus.npz\nvocabs:\n  - opus.vocab.yml\n  - opus.vocab.yml\n"
                                         "beam-size: 4\nnormalize: 1\n")
     return folder, pieces
@@ -202,6 +206,11 @@ def test_an_opus_mt_folder_loads_and_scores_as_ctranslate2_scores_it(marian_fold
         if len(mine) < 10:
             assert r.hypotheses[0] == mine
     assert t.translate(lines[:2]) == t.translate(lines[:2])   # text in, text out through source.spm / target.spm
+    tok = t.tokenizer   # two SentencePiece models over one vocabulary: each side's pieces are known to it
+    target = tok.encode_target(["THE CAT SEES A DOG"])[0]
+    assert tok.unk_id not in target and tok.decode([target]) == ["THE CAT SEES A DOG"]
+    assert tok.unk_id not in tok.encode(["the cat sees a dog"])[0] and tok.encode(["the cat"]) != tok.encode_target(
+        ["THE CAT"])
 
 
 def test_an_imported_model_fine_tunes_and_exports_again(marian_folder, tmp_path):
@@ -291,7 +300,7 @@ def test_train_wmt_fine_tunes_an_opus_mt_folder_with_init_from(marian_folder, tm
     for split, n in (("train", 300), ("valid", 20)):
         lines = [" ".join(rng.choice(WORDS, size=rng.integers(2, 7))) for _ in range(n)]
         (tmp_path / f"{split}.xx").write_text("\n".join(lines) + "\n")
-        (tmp_path / f"{split}.yy").write_text("\n".join(lines) + "\n")   # copy task
+        (tmp_path / f"{split}.yy").write_text("\n".join(lines).upper() + "\n")   # copy task, into capitals
     out = tmp_path / "run"
     base = [sys.executable, "train_wmt.py", "--init-from", str(folder), "--train", str(tmp_path / "train"),
             "--valid", str(tmp_path / "valid"), "--src", "xx", "--tgt", "yy", "--preset", "tiny", "--device", "cpu",
@@ -359,5 +368,6 @@ def test_plot_attention_draws_an_imported_model(marian_folder, tmp_path, capsys)
     folder, _ = marian_folder
     plot_attention(str(folder), "the cat sees a dog", str(tmp_path / "a.png"), layer=0, head=1, beam_size=1)
     assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    plot_attention(str(folder), "the cat", str(tmp_path / "b.png"), tgt="a dog")   # --tgt through target.spm
-    assert "decoder input: <s> ▁a ▁dog" in capsys.readouterr().out
+    plot_attention(str(folder), "the cat", str(tmp_path / "b.png"), tgt="A DOG")   # --tgt through target.spm
+    decoder_input = [line for line in capsys.readouterr().out.splitlines() if line.startswith("decoder input:")][-1]
+    assert decoder_input.startswith("decoder input: <s> ▁") and "DOG" in decoder_input.replace(" ", "")
