@@ -567,3 +567,35 @@ def test_the_walkthroughs_call_chain_is_the_engines_update():
     for (_, name, _, _), w in zip(rows, where):
         assert w in calls[at:], f"walkthrough.md row {name}: not called after the row before it in a traced update"
         at = calls.index(w, at) + 1
+
+
+def legend_symbols():
+    """The symbols of docs/README.md's shape legend ($B$, $N_t$, $V_o$, $R'$, ...)."""
+    text = (DOCS / "README.md").read_text(encoding="utf-8")
+    part = text[text.index("## Shape legend"):]
+    part = part[:part.index("\n\n", part.index("| Letter"))]
+    out = set()
+    for line in part.splitlines()[2:]:
+        first = line.split("|")[1]
+        out |= {m.replace("\\text", "").replace("{", "").replace("}", "") for m in re.findall(r"\$([^$]+)\$", first)}
+    return out
+
+
+def test_every_shape_bracket_of_the_pages_uses_the_legends_letters():
+    """One legend: an upper-case symbol inside a shape bracket (`[B, T, D]`, $[N_t, D]$) on any page
+    is one of the legend's; N is never redefined as a row count or layers (`$N = B...`, `N = 6` as a
+    shape)."""
+    legend = legend_symbols()
+    assert {"B", "S", "T", "D", "H", "K", "F", "V", "N", "N_t", "N_s", "V_o", "R", "R'", "L"} <= legend, legend
+    pages = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+    unknown = {}
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        for bracket in re.findall(r"`\[([^\]`]+)\]`", text):
+            if "," not in bracket and not re.fullmatch(r"[A-Z](_\w+)?'?", bracket.strip()):
+                continue
+            for tok in re.split(r"[\s,*·+/()-]+", bracket):
+                if re.fullmatch(r"[A-Z](_[a-z]+)?'?", tok) and tok not in legend:
+                    unknown.setdefault(tok, set()).add(rel(page))
+        assert not re.search(r"\$N = B", text), f"{rel(page)} redefines N as a row count"
+    assert not unknown, f"shape letters the legend (docs/README.md) does not list: {unknown}"
