@@ -226,15 +226,15 @@ def _top_on_device(logits, offset, k, n_best):
     n = rows // k
     w = _group_size(v)
     g = v // w
-    grouped = logits.reshape(rows, w, g)                                        # [n * k, W, G]
-    group_max = grouped.max(axis=1) + offset[:, None]                           # [n * k, G]
+    grouped = logits.reshape(rows, w, g)                                        # [n * k, w, g]
+    group_max = grouped.max(axis=1) + offset[:, None]                           # [n * k, g]
     group_max = group_max.reshape(n, k * g)
     if n_best < k * g:
-        chosen = xp.argpartition(-group_max, n_best - 1, axis=1)[:, :n_best]    # [n, m]: beam * G + group
+        chosen = xp.argpartition(-group_max, n_best - 1, axis=1)[:, :n_best]    # [n, m]: beam * g + group
     else:
         chosen = xp.broadcast_to(xp.arange(k * g), (n, k * g))
     row = xp.arange(n)[:, None] * k + chosen // g                               # [n, m]
-    vals = grouped[row, :, chosen % g] + offset[row][..., None]                  # [n, m, W]
+    vals = grouped[row, :, chosen % g] + offset[row][..., None]                  # [n, m, w]
     vals = vals.reshape(n, -1)
     part = xp.argpartition(-vals, n_best - 1, axis=1)[:, :n_best] if n_best < vals.shape[1] else xp.broadcast_to(
         xp.arange(vals.shape[1]), vals.shape)

@@ -232,7 +232,7 @@ def hash_bits(xp, key, rowpos, n_rows, d):
     column c takes its 16 bits (c % 4) (what kernels.dropout_add computes per element)."""
     words = (d + 3) // 4
     pos = xp.arange(n_rows, dtype=np.uint64) if rowpos is None else rowpos.astype(np.uint64)
-    z = pos.reshape(-1, 1) * np.uint64(words) + xp.arange(1, words + 1, dtype=np.uint64)    # [N, W]
+    z = pos.reshape(-1, 1) * np.uint64(words) + xp.arange(1, words + 1, dtype=np.uint64)    # [rows, words]
     z *= np.uint64(GOLDEN)
     z += np.uint64(key)
     for shift, mult in ((30, MIX1), (27, MIX2)):

@@ -49,7 +49,7 @@ class Mat(NamedTuple):
 
 
 def mat(a):
-    """The matrices of a C-contiguous [..., R, C] array (batch = the product of the leading axes)."""
+    """The matrices of a C-contiguous [..., rows, cols] array (batch = the product of the leading axes)."""
     if not a.flags.c_contiguous:
         raise ValueError(f"gemm.mat needs a C-contiguous array (got strides {a.strides} for shape {a.shape})")
     r, c = a.shape[-2:]

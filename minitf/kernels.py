@@ -939,8 +939,8 @@ def _row_block(n):
 def unpack_heads(x, bias, inverse, b, length, h, bias_stride=0):
     """x [N, H*K] (N = kept rows, or b * length) -> [b, h, length, K] with bias [H*K] added
     (None: nothing added), zeros at the positions `inverse` [b * length] (int32, -1 at a pad;
-    None: every position kept, row r = position r) marks as dropped. One pass. x [P, N, H*K]:
-    P projections at once -> [P, b, h, length, K], projection p's bias `bias_stride` elements
+    None: every position kept, row r = position r) marks as dropped. One pass. x [parts, N, H*K]:
+    several projections at once -> [parts, b, h, length, K], projection p's bias `bias_stride` elements
     after projection p-1's in the same buffer."""
     xp = backend.xp_of(x)
     x = xp.ascontiguousarray(x)
@@ -959,8 +959,8 @@ def unpack_heads(x, bias, inverse, b, length, h, bias_stride=0):
 
 def pack_heads(x, index):
     """x [B, H, L, K] -> [N, H*K]: row r is position index[r] (int64 [N], positions b * L + l;
-    None: every position, N = B * L) with its heads side by side. One pass. x [P, B, H, L, K]:
-    P at once -> [P, N, H*K]."""
+    None: every position, N = B * L) with its heads side by side. One pass. x [parts, B, H, L, K]:
+    several at once -> [parts, N, H*K]."""
     xp = backend.xp_of(x)
     parts = x.shape[0] if x.ndim == 5 else 1
     bb, h, length, k = x.shape[-4:]

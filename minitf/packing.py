@@ -43,11 +43,11 @@ class Rows:
         return self._inverse
 
     def pack(self, x):
-        """x [B, L, C] -> [N, C] (a copy)."""
+        """x [B, L, c] -> [rows, c] (a copy; c any width, rows the kept positions)."""
         return x.reshape(-1, x.shape[-1])[self.index]
 
     def unpack(self, x):
-        """x [N, C] -> [B, L, C], zeros at the dropped positions."""
+        """x [rows, c] -> [B, L, c], zeros at the dropped positions."""
         xp = xp_of(x)
         b, l = self.shape
         out = xp.zeros((b * l, x.shape[-1]), dtype=x.dtype)

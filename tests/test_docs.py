@@ -582,16 +582,17 @@ def legend_symbols():
 
 
 def test_every_shape_bracket_of_the_pages_uses_the_legends_letters():
-    """One legend: an upper-case symbol inside a shape bracket (`[B, T, D]`, $[N_t, D]$) on any page
-    is one of the legend's; N is never redefined as a row count or layers (`$N = B...`, `N = 6` as a
+    """One legend: an upper-case symbol inside a shape bracket (`[B, T, D]`, $[N_t, D]$) on any page,
+    docstring or comment is one of the legend's; N is never redefined as a row count or layers (`$N = B...`, `N = 6` as a
     shape)."""
     legend = legend_symbols()
     assert {"B", "S", "T", "D", "H", "K", "F", "V", "N", "N_t", "N_s", "V_o", "R", "R'", "L"} <= legend, legend
-    pages = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+    pages = [ROOT / "README.md", *sorted(DOCS.rglob("*.md")), *sorted((ROOT / "minitf").rglob("*.py"))]
     unknown = {}
     for page in pages:
         text = page.read_text(encoding="utf-8")
-        for bracket in re.findall(r"`\[([^\]`]+)\]`", text):
+        brackets = re.findall(r"`\[([^\]`]+)\]`", text) if page.suffix == ".md" else re.findall(r"\[([^\]\n]+)\]", text)
+        for bracket in brackets:
             if "," not in bracket and not re.fullmatch(r"[A-Z](_\w+)?'?", bracket.strip()):
                 continue
             for tok in re.split(r"[\s,*·+/()-]+", bracket):

@@ -127,13 +127,13 @@ class MultiHeadAttention(Layer):
         return list(kernels.unpack_heads(out, lins[0].params["bias"], inverse, b, length, self.n_heads, stride))
 
     def _project_backward(self, x, rows, names, dheads, into, group):
-        """Backward of _project_heads: dheads [P, B, H, L, K] (one buffer) -> the projections'
+        """Backward of _project_heads: dheads [parts, B, H, L, K] (one buffer) -> the projections'
         weight and bias gradients accumulated, and projection i's input gradient added into
         into[group[i]] (an array, or None for a fresh one); returns `into`, filled."""
         lins = [getattr(self, n) for n in names]
         xp = F.xp_of(dheads)
         packed = kernels.pack_heads(dheads if len(names) > 1 else dheads[0], None if rows is None else rows.index)
-        packed = packed.reshape(len(names), -1, packed.shape[-1])                     # [P, N, H*K]
+        packed = packed.reshape(len(names), -1, packed.shape[-1])                     # [parts, N, H*K]
         x2 = xp.ascontiguousarray(x.reshape(-1, x.shape[-1]))
         n, d = x2.shape
         stride = self._stride(names, "grads") if len(names) > 1 else None
