@@ -185,7 +185,7 @@ class Encoder(Layer):
 
 
 class Decoder(Layer):
-    """N identical DecoderLayers (3.1; N = cfg.n_decoder_layers, the encoder's unless set apart);
+    """cfg.n_decoder_layers identical DecoderLayers (the paper's N, 3.1; the encoder's count unless set apart);
     every layer attends to the same encoder output; with pre-norm a final LayerNorm."""
 
     def __init__(self, cfg, rng):

@@ -150,7 +150,7 @@ def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True, batch
 
 def _ban(logits, cfg, first):
     """Never emit padding or BOS; no EOS first (at least one token: fairseq's min_len 1).
-    `first`: whether the rows are at their first step (a bool, or a host bool array [N])."""
+    `first`: whether the rows are at their first step (a bool, or a host bool array [rows])."""
     logits[:, cfg.pad_id] = -np.inf
     logits[:, cfg.bos_id] = -np.inf
     if np.ndim(first):
@@ -418,7 +418,7 @@ def _first_scores(n, k):
 
 
 def _logsumexp(x):
-    """x [N, V] -> [N]: max + log(sum(exp(x - max))) (one pass of exp over every logit: on a
+    """x [rows, V] -> [rows]: max + log(sum(exp(x - max))) (one pass of exp over every logit: on a
     CPU the costliest part of a search step after the matmuls)."""
     xp = xp_of(x)
     m = x.max(axis=1)

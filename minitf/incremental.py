@@ -148,11 +148,11 @@ class IncrementalDecoder:
         self.groups.append(g)
 
     def step(self, tokens):
-        """tokens [N] (each row's token at its position t) -> log-probabilities [N, V] for t + 1."""
+        """tokens [rows] (each row's token at its position t) -> log-probabilities [rows, V] for t + 1."""
         return log_softmax(self.logits(tokens))
 
     def logits(self, tokens):
-        """tokens [N] (each row's token at its position t) -> logits [N, V] for position t + 1."""
+        """tokens [rows] (each row's token at its position t) -> logits [rows, V] for position t + 1."""
         m, xp = self.model, self.model.xp
         bounds = np.cumsum([0] + [g.n * g.width for g in self.groups])
         check_step_rows(tokens, bounds[-1])

@@ -18,7 +18,7 @@ that reduces in shared memory and writes its outputs once.
   loss_totals           the batch's loss and NLL sum from those rows' terms, one block
   smoothed_nll_backward dlogits = (softmax - q) * w, q = (1 - eps) onehot + eps / V
   column_partial_sums   the bias and LayerNorm parameter gradients: sums over the rows of
-  column_sums_finish    x [N, D] (or of x * y), in two passes of fixed order (deterministic)
+  column_sums_finish    x [rows, D] (or of x * y), in two passes of fixed order (deterministic)
   unpack_heads          x [N, H*K] (+ bias) -> [B, H, L, K]: a projection's kept rows put back
                         in the padded batch and split into heads, zeros at the pads, one pass
   pack_heads            x [B, H, L, K] -> [N, H*K]: the heads merged and the kept rows taken
@@ -487,7 +487,7 @@ extern "C" __global__ void embed_rows(const T* weight, const long long* ids, con
 // The embedding's gradient from the kept rows' gradients dx [N, d] (times the dropout mask, has_mask):
 // grad[row] += scale * the sum of (dx * mask)[r] over the rows r holding that row's id, in a fixed order
 // (deterministic: no atomics). plan (int64, built on the host by kernels.embedding_plan):
-// starts [U + 1], then the U distinct ids, then the N rows sorted by id (stably). One block per id.
+// starts [U + 1], then the U distinct ids, then the rows sorted by id (stably). One block per id.
 extern "C" __global__ void embedding_backward(const T* dx, const T* mask, int has_mask, const long long* plan, int U,
                                               T* grad, int d, A scale) {
     const long long* starts = plan;
@@ -937,9 +937,9 @@ def _row_block(n):
 
 
 def unpack_heads(x, bias, inverse, b, length, h, bias_stride=0):
-    """x [N, H*K] (N = kept rows, or b * length) -> [b, h, length, K] with bias [H*K] added
+    """x [rows, H*K] (the kept rows, or b * length of them) -> [b, h, length, K] with bias [H*K] added
     (None: nothing added), zeros at the positions `inverse` [b * length] (int32, -1 at a pad;
-    None: every position kept, row r = position r) marks as dropped. One pass. x [parts, N, H*K]:
+    None: every position kept, row r = position r) marks as dropped. One pass. x [parts, rows, H*K]:
     several projections at once -> [parts, b, h, length, K], projection p's bias `bias_stride` elements
     after projection p-1's in the same buffer."""
     xp = backend.xp_of(x)
@@ -958,9 +958,9 @@ def unpack_heads(x, bias, inverse, b, length, h, bias_stride=0):
 
 
 def pack_heads(x, index):
-    """x [B, H, L, K] -> [N, H*K]: row r is position index[r] (int64 [N], positions b * L + l;
-    None: every position, N = B * L) with its heads side by side. One pass. x [parts, B, H, L, K]:
-    several at once -> [parts, N, H*K]."""
+    """x [B, H, L, K] -> [rows, H*K]: row r is position index[r] (int64 [rows], positions b * L + l;
+    None: every position, B * L rows) with its heads side by side. One pass. x [parts, B, H, L, K]:
+    several at once -> [parts, rows, H*K]."""
     xp = backend.xp_of(x)
     parts = x.shape[0] if x.ndim == 5 else 1
     bb, h, length, k = x.shape[-4:]
@@ -1016,7 +1016,7 @@ def embedding_plan(ids, keep_index, xp):
 
 
 def embed_rows(weight, ids, rows, length, pe, scale, key, p):
-    """(out [N, D], mask [N, D] or None): the rows of (weight[ids] * scale + pe[position]) * mask
+    """(out [rows, D], mask [rows, D] or None): the rows of (weight[ids] * scale + pe[position]) * mask
     at the kept positions (rows: packing.Rows, or None for every position of ids [B, L]);
     key/p: the dropout site's hash key and rate (key None: no dropout)."""
     xp = backend.xp_of(weight)
@@ -1037,7 +1037,7 @@ def embed_rows(weight, ids, rows, length, pe, scale, key, p):
 
 
 def embedding_backward(dx, mask, plan, grad, scale):
-    """grad [V, D] += scale * (the rows of dx [N, D] (* mask) summed per id), plan = embedding_plan()."""
+    """grad [V, D] += scale * (the rows of dx [rows, D] (* mask) summed per id), plan = embedding_plan()."""
     plan_array, u = plan
     d = grad.shape[1]
     _launch("embedding_backward", dx.dtype, u, _row_block(d),

@@ -46,7 +46,7 @@ class Transformer(Seq2Seq):
         return self.encoder.forward(x, src_bias, sites, rows), src_bias, src
 
     def _embed(self, ids, rows, dropout, sites, plan):
-        """dropout(pack(rows, embedding[ids] * sqrt(D) + PE)) (3.4, 3.5, 5.4): [N, D] with rows."""
+        """dropout(pack(rows, embedding[ids] * sqrt(D) + PE)) (3.4, 3.5, 5.4): [N_s, D] or [N_t, D] with rows."""
         if plan is None:
             x_emb, _ = self.embedding.lookup(ids)
             return dropout.forward(pack(rows, self.positional.forward(x_emb)), sites, rows=rows)

@@ -4,8 +4,8 @@ Everything in the Transformer except attention works on one position at a time (
 FFN, LayerNorm, dropout, the residual sums: paper 3.1-3.3). In a padded batch [B, L] the
 pad positions' rows are pure waste there: they carry no loss, and since every pad key is
 masked out, no other position reads them (their gradient is exactly 0). `Rows` keeps the
-flat indices of the positions that matter; activations travel as [N, D] (N = kept
-positions) and only attention unpacks them to [B, L, .] (zeros at the pads, which the
+flat indices of the positions that matter; activations travel as [N_s, D] and [N_t, D] (the
+kept positions) and only attention unpacks them to [B, L, .] (zeros at the pads, which the
 masks hide) and packs its output back. Loss and gradients are those of the padded
 computation; only the (unused) activations at pad positions are no longer computed.
 Used by `Transformer.forward_loss`; `Transformer.forward` (logits at every position) and
@@ -28,7 +28,7 @@ class Rows:
     def __init__(self, keep, xp=np):
         keep = to_numpy(keep)
         self.shape = keep.shape
-        self.host_index = np.flatnonzero(keep.reshape(-1))      # [N] positions b * L + l
+        self.host_index = np.flatnonzero(keep.reshape(-1))      # [rows] positions b * L + l
         self.index = to_device(self.host_index, xp)
         self._inverse = None
 

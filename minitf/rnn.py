@@ -201,14 +201,14 @@ class RecurrentDecoder:
             self.feed = xp.concatenate([self.feed, feed])
 
     def step(self, tokens):
-        """tokens [N] -> log-probabilities [N, V] of each row's next token."""
+        """tokens [rows] -> log-probabilities [rows, V] of each row's next token."""
         return log_softmax(self.logits(tokens))
 
     def logits(self, tokens):
-        """tokens [N] (each row's newest token) -> logits [N, V] for its next position."""
+        """tokens [rows] (each row's newest token) -> logits [rows, V] for its next position."""
         m, xp = self.model, self.model.xp
         check_step_rows(tokens, sum(g.n * g.width for g in self.groups))
-        y = m.embedding.lookup(tokens[:, None])[0][:, 0]                          # [N, D]
+        y = m.embedding.lookup(tokens[:, None])[0][:, 0]                          # [rows, D]
         x = xp.concatenate([y, self.feed], axis=1)                                  # x_t = [y_t ; h~_{t-1}]
         for i, layer in enumerate(m.decoder):
             self.h[i], self.c[i] = layer.step(x, self.h[i], self.c[i])

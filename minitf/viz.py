@@ -9,7 +9,7 @@
                     one layer and head for one sentence
     plot masks      which keys each query may see: padding (encoder, cross-attention) and
                     causal + padding (decoder), for a batch of sentences of different lengths
-    plot packing    pad-free rows: a padded [B, L] batch and the [N] rows the position-wise
+    plot packing    pad-free rows: a padded [B, L] batch and the rows the position-wise
                     layers run on in training
 
 The numbers behind the pictures are pure NumPy functions (`pe_norms`,
@@ -544,7 +544,7 @@ def plot_packing(out, lens=(5, 2, 4)):
         bottom.text(c, 0, str(c), ha="center", va="center", fontsize=9)
     bottom.set_xticks([])
     bottom.set_yticks([])
-    bottom.set_title(f"packed rows [N] = [{n}]: Linear, FFN, LayerNorm, dropout run on these")
+    bottom.set_title(f"{n} packed rows: Linear, FFN, LayerNorm, dropout run on these")
     _save(fig, out)
 
 

@@ -598,5 +598,5 @@ def test_every_shape_bracket_of_the_pages_uses_the_legends_letters():
             for tok in re.split(r"[\s,*·+/()-]+", bracket):
                 if re.fullmatch(r"[A-Z](_[a-z]+)?'?", tok) and tok not in legend:
                     unknown.setdefault(tok, set()).add(rel(page))
-        assert not re.search(r"\$N = B", text), f"{rel(page)} redefines N as a row count"
+        assert not re.search(r"\$N = B|\bN = (B|b|kept|cfg)|\(N kept", text), f"{rel(page)} redefines N (rows, layers)"
     assert not unknown, f"shape letters the legend (docs/README.md) does not list: {unknown}"

@@ -52,7 +52,7 @@ def _seed(*key):
 
 class _Words:
     """One side's sentences as words: `word_type` [n_words] (the distinct word of each occurrence),
-    `first_word` [N] (each sentence's first word), and per distinct word POOL segmentations, flat:
+    `first_word` [sentences] (each sentence's first word), and per distinct word POOL segmentations, flat:
     entry t * POOL + j spans `pool_tokens[pool_start[entry] : + pool_len[entry]]`."""
 
     def __init__(self, tokens, offsets, lens, tokenizer, p, rnd):

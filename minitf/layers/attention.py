@@ -106,7 +106,7 @@ class MultiHeadAttention(Layer):
         return step // ws[0].itemsize if even and step > 0 and step % ws[0].itemsize == 0 else None
 
     def _project_heads(self, x, rows, names):
-        """The heads [B, H, L, K] of the projections `names` of x ([N, D] packed with rows, or
+        """The heads [B, H, L, K] of the projections `names` of x ([N_t, D] or [N_s, D] packed with rows, or
         [B, L, D]), biases added: ONE strided-batched GEMM over the stacked weights and ONE
         unpack for all of them when they lie evenly spaced (kernels.unpack_heads), else one each."""
         b, length = rows.shape if rows is not None else x.shape[:2]

@@ -18,7 +18,7 @@ from .base import Layer
 
 
 def segment_sum_rows(ids, rows, out):
-    """out[ids[n]] += rows[n] for every n (ids [N], rows [N, D], out [V, D]).
+    """out[ids[n]] += rows[n] for every n (ids [n_rows], rows [n_rows, D], out [V, D]).
 
     CPU: one stable sort and one reduceat instead of np.add.at's slow unbuffered scatter.
     GPU: CuPy's add.at is an atomic scatter-add kernel, the fast way there.
@@ -34,7 +34,7 @@ def segment_sum_rows(ids, rows, out):
 
 
 def decoding_logits(h, w_out, bias):
-    """h [N, D] @ w_out [D, V] (TokenEmbedding.output_weight) + bias [V] (output_bias, or None):
+    """h [rows, D] @ w_out [D, V] (TokenEmbedding.output_weight) + bias [V] (output_bias, or None):
     a decoding step's logits over all V pieces, -inf outside an output vocabulary."""
     logits = h @ w_out
     if bias is not None:

@@ -19,7 +19,7 @@ class FeedForward(Layer):
         self.drop = self.add("drop", Dropout(dropout))
 
     def forward(self, x, sites=None, rows=None, out_bias=True):
-        """x [..., D] -> [..., D], hidden [..., F]: [B, L, D] padded, [N, D] packed (training's
+        """x [..., D] -> [..., D], hidden [..., F]: [B, L, D] padded, [N_t, D] or [N_s, D] packed (training's
         kept positions, packing.Rows); position-wise, so the leading axes do not matter.
         `sites`/`rows` (functional.DropoutSites, packing.Rows): the ReLU-dropout mask, when
         training with dropout > 0. out_bias=False: fc2's bias is left to the caller's next pass
