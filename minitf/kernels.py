@@ -436,6 +436,78 @@ extern "C" __global__ void relu_backward(T* dy, const T* y, long long n) {
     if (i < n && !((A)y[i] > (A)0)) dy[i] = (T)(A)0;
 }
 
+// The same passes 16 bytes a thread (VEC values: 8 float16, 4 float32, 2 float64) where the arrays allow
+// it (16-byte aligned, whole vectors; kernels.vec_ok): one wide load and store per thread instead of VEC
+// narrow ones, the same arithmetic on each value (the same bits). Switch: MINITF_FUSED_VEC=1.
+#define VEC ((int)(16 / sizeof(T)))
+struct alignas(16) Vec { T v[16 / sizeof(T)]; };
+
+extern "C" __global__ void bias_relu_vec(T* x, const T* bias, long long nvec, int f) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < nvec) {
+        Vec a = ((Vec*)x)[i];
+        int c = (int)((i * VEC) % f);
+        for (int j = 0; j < VEC; j++) {
+            T y = (T)((A)a.v[j] + (A)bias[c + j]);
+            A yv = (A)y;
+            a.v[j] = (yv > (A)0 || yv != yv) ? y : (T)(A)0;
+        }
+        ((Vec*)x)[i] = a;
+    }
+}
+
+extern "C" __global__ void relu_backward_vec(T* dy, const T* y, long long nvec) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < nvec) {
+        Vec d = ((Vec*)dy)[i];
+        Vec yy = ((const Vec*)y)[i];
+        for (int j = 0; j < VEC; j++)
+            if (!((A)yy.v[j] > (A)0)) d.v[j] = (T)(A)0;
+        ((Vec*)dy)[i] = d;
+    }
+}
+
+// unpack_heads with one thread per VEC neighbouring values of a row (K a multiple of VEC, so they lie in
+// one head): thread g is chunk g % (HK / VEC) of position (g / (HK / VEC)) % BL of part g / (BL HK / VEC).
+extern "C" __global__ void unpack_heads_vec(const T* x, const T* bias, int has_bias, const int* inv, int has_inv,
+                                            T* out, int H, int L, int K, int parts, long long N, int BL,
+                                            long long bias_stride, long long total) {
+    long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= total) return;
+    int hk = H * K, chunks = hk / VEC;
+    int chunk = (int)(g % chunks);
+    long long pp = g / chunks;
+    int part = (int)(pp / BL), pos = (int)(pp - (long long)part * BL);
+    int b = pos / L, l = pos - b * L;
+    int r = has_inv ? inv[pos] : pos;
+    int c0 = chunk * VEC, h = c0 / K, k0 = c0 - h * K;
+    Vec v;
+    if (r >= 0) {
+        v = ((const Vec*)(x + (long long)part * N * hk + (long long)r * hk))[chunk];
+        if (has_bias)
+            for (int j = 0; j < VEC; j++) v.v[j] = (T)((A)v.v[j] + (A)bias[part * bias_stride + c0 + j]);
+    } else {
+        for (int j = 0; j < VEC; j++) v.v[j] = (T)(A)0;
+    }
+    *(Vec*)(out + (long long)part * BL * hk + (((long long)b * H + h) * L + l) * K + k0) = v;
+}
+
+// pack_heads with one thread per VEC neighbouring values of an output row.
+extern "C" __global__ void pack_heads_vec(const T* x, const long long* index, int has_index, T* out, int H, int L,
+                                          int K, int N, long long BL, long long total) {
+    long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= total) return;
+    int hk = H * K, chunks = hk / VEC;
+    int chunk = (int)(g % chunks);
+    long long pr = g / chunks;
+    int part = (int)(pr / N), r = (int)(pr - (long long)part * N);
+    long long pos = has_index ? index[r] : r;
+    long long b = pos / L, l = pos - b * L;
+    int c0 = chunk * VEC, h = c0 / K, k0 = c0 - h * K;
+    *(Vec*)(out + ((long long)part * N + r) * hk + c0) =
+        *(const Vec*)(x + (long long)part * BL * hk + ((b * H + h) * L + l) * K + k0);
+}
+
 // One Adam(W) update of element i of the flat buffers, optim.Adam._update's passes in one:
 // g = grad * inv_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p *= decay (1 - lr * lambda);
 // p -= (m / (sqrt(v) * rbc2 + eps)) * step (rbc2 = 1 / sqrt(1 - b2^t), step = lr / (1 - b1^t));
@@ -599,6 +671,11 @@ SIGNATURES = {
                    "long long", "int", "int", "A"],
     "embedding_backward": ["T*", "T*", "int", "long long*", "int", "T*", "int", "A"],
     "relu_backward": ["T*", "T*", "long long"],
+    "bias_relu_vec": ["T*", "T*", "long long", "int"],
+    "relu_backward_vec": ["T*", "T*", "long long"],
+    "unpack_heads_vec": ["T*", "T*", "int", "int*", "int", "T*", "int", "int", "int", "int", "long long", "int",
+                         "long long", "long long"],
+    "pack_heads_vec": ["T*", "long long*", "int", "T*", "int", "int", "int", "int", "long long", "long long"],
     "adam_update": ["T*", "A*", "A*", "A*", "T*", "int", "long long", "A", "A", "A", "A", "A", "A", "A", "A", "A"],
 }
 
@@ -936,6 +1013,25 @@ def _row_block(n):
     return min(256, max(MIN_BLOCK, 1 << max(n - 1, 0).bit_length()))
 
 
+VEC_BYTES = 16   # the vectorized kernels' load: VEC_BYTES / itemsize values a thread
+
+
+def vec_ok(*arrays, width):
+    """Whether the *_vec kernels apply: MINITF_FUSED_VEC=1 (off by default: not yet timed on a GPU),
+    every array 16-byte aligned, and `width` (the values that must lie in whole vectors: a row's
+    length, a head's K) a multiple of VEC."""
+    if os.environ.get("MINITF_FUSED_VEC", "0") != "1":
+        return False
+    vec = VEC_BYTES // arrays[0].itemsize
+    return width % vec == 0 and all(_address(a) % VEC_BYTES == 0 for a in arrays)
+
+
+def _address(a):
+    """The address of a's first element (a CuPy array's device pointer, or a NumPy array's on the emulator)."""
+    data = a.data
+    return data.ptr if hasattr(data, "ptr") else a.ctypes.data
+
+
 def unpack_heads(x, bias, inverse, b, length, h, bias_stride=0):
     """x [rows, H*K] (the kept rows, or b * length of them) -> [b, h, length, K] with bias [H*K] added
     (None: nothing added), zeros at the positions `inverse` [b * length] (int32, -1 at a pad;
@@ -949,6 +1045,14 @@ def unpack_heads(x, bias, inverse, b, length, h, bias_stride=0):
     k = hk // h
     n = x.size // (hk * parts)
     out = xp.empty(((parts,) if parts > 1 else ()) + (b, h, length, k), dtype=x.dtype)
+    if vec_ok(x, out, width=k):
+        total = parts * b * length * (hk // (VEC_BYTES // x.itemsize))
+        _launch("unpack_heads_vec", x.dtype, -(-total // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
+                (x, x if bias is None else bias, np.int32(bias is not None),
+                 inverse if inverse is not None else _placeholder(xp, np.int32), np.int32(inverse is not None), out,
+                 np.int32(h), np.int32(length), np.int32(k), np.int32(parts), np.int64(n), np.int32(b * length),
+                 np.int64(bias_stride), np.int64(total)))
+        return out
     _launch("unpack_heads", x.dtype, parts * b * length, _row_block(hk),
             (x, x if bias is None else bias, np.int32(bias is not None),
              inverse if inverse is not None else _placeholder(xp, np.int32), np.int32(inverse is not None), out,
@@ -966,6 +1070,12 @@ def pack_heads(x, index):
     bb, h, length, k = x.shape[-4:]
     rows = bb * length if index is None else index.shape[0]
     out = xp.empty(((parts,) if parts > 1 else ()) + (rows, h * k), dtype=x.dtype)
+    if vec_ok(x, out, width=k):
+        total = parts * rows * (h * k // (VEC_BYTES // x.itemsize))
+        _launch("pack_heads_vec", x.dtype, -(-total // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
+                (x, index if index is not None else _placeholder(xp, np.int64), np.int32(index is not None), out,
+                 np.int32(h), np.int32(length), np.int32(k), np.int32(rows), np.int64(bb * length), np.int64(total)))
+        return out
     _launch("pack_heads", x.dtype, parts * rows, _row_block(h * k),
             (x, index if index is not None else _placeholder(xp, np.int64), np.int32(index is not None), out,
              np.int32(h), np.int32(length), np.int32(k), np.int32(rows), np.int64(bb * length)))
@@ -975,6 +1085,11 @@ def pack_heads(x, index):
 def bias_relu(x, bias):
     """x = max(x + bias, 0) in place (x [..., F] C-contiguous, bias [F]); returns x."""
     n = x.size
+    if vec_ok(x, width=x.shape[-1]):
+        nvec = n // (VEC_BYTES // x.itemsize)
+        _launch("bias_relu_vec", x.dtype, -(-nvec // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
+                (x, bias, np.int64(nvec), np.int32(x.shape[-1])))
+        return x
     _launch("bias_relu", x.dtype, -(-n // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
             (x, bias, np.int64(n), np.int32(x.shape[-1])))
     return x
@@ -983,6 +1098,10 @@ def bias_relu(x, bias):
 def relu_backward(dy, y):
     """dy = dy where y > 0, else 0, in place (dy, y C-contiguous, one shape); returns dy."""
     n = dy.size
+    if vec_ok(dy, y, width=dy.shape[-1]):
+        nvec = n // (VEC_BYTES // dy.itemsize)
+        _launch("relu_backward_vec", dy.dtype, -(-nvec // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK, (dy, y, np.int64(nvec)))
+        return dy
     _launch("relu_backward", dy.dtype, -(-n // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK, (dy, y, np.int64(n)))
     return dy
 

@@ -361,8 +361,8 @@ def test_two_gpu_ranks_over_nccl_equal_one_gpu_with_twice_the_update_freq(corpus
     assert len(reports) == 2 and all(rep["launches"]["nccl.allReduce"] == 3 for rep in reports)   # one per update
 
 
-@pytest.mark.parametrize("fp16", [False, True])
-def test_a_base_update_launches_at_most_650_kernels_and_reads_nothing_back(standin, fp16):
+@pytest.mark.parametrize("fp16,vec", [(False, "0"), (True, "0"), (True, "1")])
+def test_a_base_update_launches_at_most_650_kernels_and_reads_nothing_back(standin, fp16, vec, monkeypatch):
     """One `base` update (forward, backward, Adam) on the GPU path, counted as CuPy would launch
     it (bench/launches.py): at most 650 kernels (1,929 in the step before the fusions existed; 1,909
     with every switch at 0 today), the attention's products and the stacked projections as single cuBLAS
@@ -370,8 +370,15 @@ def test_a_base_update_launches_at_most_650_kernels_and_reads_nothing_back(stand
     device-to-host copy inside the update (train.py reads the loss once per update, after it)."""
     sys.path.insert(0, ROOT)
     from bench.launches import count_update
+    monkeypatch.setenv("MINITF_FUSED_VEC", vec)   # "1": the 16-byte kernels, launched as often as the others
     with strict_cupy.count_transfers() as t:
         by_name, total = count_update("base", fp16)
+    if vec == "1":
+        assert {"bias_relu_vec", "relu_backward_vec", "unpack_heads_vec", "pack_heads_vec"} <= set(by_name)
+        merged = {}
+        for name, count in by_name.items():
+            merged[name.removesuffix("_vec")] = merged.get(name.removesuffix("_vec"), 0) + count
+        by_name = merged
     assert total <= 650, sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
     assert by_name.get("residual_layernorm") == 2 * 6 + 3 * 6 and "dropout_add" not in by_name
     assert by_name.get("layernorm_backward") == 30 and by_name.get("loss_totals") == 1

@@ -330,6 +330,57 @@ def test_unpack_heads_and_pack_heads_are_unpack_split_and_merge_pack(dtype, pack
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_16_byte_kernels_give_the_same_bits_as_the_one_value_ones(dtype, packed, monkeypatch):
+    """MINITF_FUSED_VEC=1: bias_relu, relu_backward, unpack_heads (three projections stacked, their
+    biases a stride apart, pads) and pack_heads through the *_vec kernels, 16 bytes a thread, equal to
+    the one-value-a-thread kernels to the bit; a width that is not whole vectors (or an unaligned
+    view) takes the one-value kernels."""
+    from minitf.packing import Rows
+    rng = np.random.default_rng(17)
+    vec = kernels.VEC_BYTES // np.dtype(dtype).itemsize
+    b, length, h, k = 3, 5, 2, 4 * vec
+    keep = rng.random((b, length)) < 0.7 if packed else np.ones((b, length), dtype=bool)
+    keep[:, 0] = True
+    rows = Rows(keep)
+    n = len(rows.host_index) if packed else b * length
+    inverse, index = (rows.inverse, rows.index) if packed else (None, None)
+    x3 = rng.normal(size=(3, n, h * k)).astype(dtype)
+    buf = rng.normal(size=3 * (h * k + 7)).astype(dtype)          # three biases 7 values apart in one buffer
+    heads = rng.normal(size=(3, b, h, length, k)).astype(dtype)
+    act = rng.normal(size=(n, 2 * k)).astype(dtype)
+    act[0, 0] = np.nan
+    bias = rng.normal(size=2 * k).astype(dtype)
+    dy = rng.normal(size=act.shape).astype(dtype)
+    launched = []
+    real = kernels.LAUNCH["launch"]
+    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: launched.append(name) or real(name, *a))
+
+    def run():
+        y = kernels.bias_relu(act.copy(), bias)
+        return (kernels.unpack_heads(x3, buf, inverse, b, length, h, bias_stride=h * k + 7),
+                kernels.unpack_heads(x3[1], None, inverse, b, length, h), kernels.pack_heads(heads, index),
+                kernels.pack_heads(heads[2], index), y, kernels.relu_backward(dy.copy(), y))
+
+    monkeypatch.setenv("MINITF_FUSED_VEC", "0")
+    one = run()
+    assert not [name for name in launched if name.endswith("_vec")]
+    monkeypatch.setenv("MINITF_FUSED_VEC", "1")
+    launched.clear()
+    wide = run()
+    assert sorted(set(launched)) == ["bias_relu_vec", "pack_heads_vec", "relu_backward_vec", "unpack_heads_vec"]
+    for a, w in zip(one, wide):
+        np.testing.assert_array_equal(a, w)
+    launched.clear()
+    odd = rng.normal(size=(4, 2 * k + 1)).astype(dtype)
+    kernels.bias_relu(odd, rng.normal(size=2 * k + 1).astype(dtype))
+    shifted = np.empty(act.size + 1, dtype=dtype)[1:].reshape(act.shape)   # contiguous, one value off 16 bytes
+    shifted[...] = dy
+    kernels.relu_backward(shifted, act.copy())
+    assert launched == ["bias_relu", "relu_backward"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_bias_relu_and_relu_backward_in_place(dtype):
     """bias_relu(x, b) = relu_forward(x + b) in x's memory; relu_backward(dy, y) = dy * (y > 0) in
     dy's memory; NaN stays NaN in the forward as in maximum(x, 0)."""
