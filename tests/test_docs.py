@@ -600,3 +600,19 @@ def test_every_shape_bracket_of_the_pages_uses_the_legends_letters():
                     unknown.setdefault(tok, set()).add(rel(page))
         assert not re.search(r"\$N = B|\bN = (B|b|kept|cfg)|\(N kept", text), f"{rel(page)} redefines N (rows, layers)"
     assert not unknown, f"shape letters the legend (docs/README.md) does not list: {unknown}"
+
+
+def test_the_walkthroughs_figures_are_the_recorded_ones():
+    """The speed figures the walkthrough quotes are computed from their records, not retyped: the
+    padded 256-wide step's ratio and the unpadded ones from benchmarks.md's step table, Adam's one
+    pass / blocks from performance.md."""
+    walk = (DOCS / "walkthrough.md").read_text(encoding="utf-8")
+    bench = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
+    perf = (DOCS / "performance.md").read_text(encoding="utf-8")
+    padded = float(re.search(r"\| small \(D 256[^|]*\| padded \|.*\*\*([\d.]+)\*\* \|", bench).group(1))
+    unpadded = float(re.search(r"\| small \| no padding \|.*\*\*([\d.]+)\*\* \|", bench).group(1))
+    second = float(re.search(r"gave small\s+\*\*([\d.]+)\*\*", bench).group(1))
+    lo, hi = sorted((unpadded, second))
+    assert f"is {padded:.2f}x as fast as PyTorch eager's, against {lo:.2f}-{hi:.2f}x on a batch without padding" in walk
+    one, blocks = re.search(r"([\d.]+) ms per update as one pass, ([\d.]+) ms in blocks", perf).groups()
+    assert f"{one} ms per update as one pass, {blocks} ms in blocks, {float(one) / float(blocks):.2f}x" in walk
