@@ -42,7 +42,7 @@ class EncoderLayer(Layer):
         self.pre = cfg.norm_position == "pre"
 
     def forward(self, x, src_bias, sites=None, rows=None):
-        """x [B, S, D], src_bias [B, 1, 1, S] -> [B, S, D] (x [Ns, D] -> [Ns, D] with `rows`)."""
+        """x [B, S, D], src_bias [B, 1, 1, S] -> [B, S, D] (x [N_s, D] -> [N_s, D] with `rows`)."""
         if self.pre:
             n = self.norm1.forward(x)
             h = residual(x, self.drop1, self.self_attn.forward(n, n, src_bias, rows, rows, sites), sites, rows)
@@ -95,7 +95,7 @@ class DecoderLayer(Layer):
 
     def forward(self, y, memory, src_bias, tgt_bias, sites=None, tgt_rows=None, src_rows=None):
         """y [B, T, D], memory [B, S, D] (encoder output), tgt_bias [B, 1, T, T] -> [B, T, D]
-        (packed: y [Nt, D], memory [Ns, D] -> [Nt, D] with `tgt_rows`/`src_rows`)."""
+        (packed: y [N_t, D], memory [N_s, D] -> [N_t, D] with `tgt_rows`/`src_rows`)."""
         if self.pre:
             n = self.norm1.forward(y)
             h1 = residual(y, self.drop1, self.self_attn.forward(n, n, tgt_bias, tgt_rows, tgt_rows, sites),

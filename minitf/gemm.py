@@ -115,6 +115,6 @@ def matmul(a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, batch=1):
 
 def accumulate_xt_dy(dw, x2, dy2):
     """dw += x2^T @ dy2 (a Linear's weight gradient) as one GEMM with beta = 1: no product
-    array, no separate add. dw [I, O], x2 [N, I], dy2 [N, O], all C-contiguous, one dtype."""
+    array, no separate add. dw [I, O], x2 [rows, I], dy2 [rows, O], all C-contiguous, one dtype."""
     matmul(x2, dy2, dw, trans_a=True, beta=1.0)
     return dw

@@ -22,10 +22,10 @@ from .masks import causal_bias
 
 class StepCache:
     """What the decoder keeps between decoding steps for one group of sentences that started
-    together (incremental.IncrementalDecoder), for all L layers in one array each: kv [N, L, 2,
+    together (incremental.IncrementalDecoder), for all the decoder's layers in one array each: kv [rows, n_layers, 2,
     T_max, H, K], each row's self-attention keys (0) and values (1) of every layer at the
     positions so far (position t is written at step t), row-major, so that moving a row to
-    another parent copies one block per layer and side; ckv [L, 2, n, H, S, K], each layer's
+    another parent copies one block per layer and side; ckv [n_layers, 2, n, H, S, K], each layer's
     cross-attention keys/values of the encoder output, computed once per sentence (its beam
     rows share them)."""
     __slots__ = ("kv", "ckv")
@@ -64,7 +64,7 @@ def decoder_layer_step(layer, i, x, qkv, groups):
     """Incremental (KV-cached) forward of DecoderLayer `layer` (the i-th) for one new position
     per row, inference only.
 
-    x [N, 1, D]: the new position of each row, rows sentence-major and grouped by `groups`
+    x [rows, 1, D]: the new position of each row, rows sentence-major and grouped by `groups`
     (StepGroup: their rows, caches and rows per sentence); qkv: fused_qkv(layer). Equals the
     row's position of DecoderLayer.forward on its whole prefix: the cache holds only the
     positions up to this one, so no causal mask is needed.
@@ -76,16 +76,16 @@ def decoder_layer_step(layer, i, x, qkv, groups):
     pre = layer.pre   # a sublayer reads norm(x) (pre-norm) or x; a block's sum is x + ... (pre) or norm(x + ...)
     # q, k, v = x Wq, x Wk, x Wv in one matmul; k, v of the new position join the cache
     q, k, v = (F.split_heads(part, sa.n_heads)
-               for part in F.split_last(F.linear_forward(_norm_if(pre, layer.norm1, x), *qkv), 3))   # [N, H, 1, K]
+               for part in F.split_last(F.linear_forward(_norm_if(pre, layer.norm1, x), *qkv), 3))   # [rows, H, 1, K]
     heads = []
     for g in groups:
         keys, values = g.cache.kv[: g.b - g.a, i, 0], g.cache.kv[: g.b - g.a, i, 1]            # [rows, T_max, H, K]
         keys[:, g.t], values[:, g.t] = k[g.a: g.b, :, 0], v[g.a: g.b, :, 0]
         heads.append(F.attention_forward(q[g.a: g.b], keys[:, : g.t + 1].transpose(0, 2, 1, 3),
                                          values[:, : g.t + 1].transpose(0, 2, 1, 3), 0.0, sa.scale)[0])
-    h1 = _norm_if(not pre, layer.norm1, x + sa.out.apply(F.merge_heads(_join(heads))))        # [N, 1, D]
+    h1 = _norm_if(not pre, layer.norm1, x + sa.out.apply(F.merge_heads(_join(heads))))        # [rows, 1, D]
     # cross-attention: the beams of a sentence are the queries of one [beam, S] attention
-    q = ca.q.apply(_norm_if(pre, layer.norm2, h1))                                                # [N, 1, HK]
+    q = ca.q.apply(_norm_if(pre, layer.norm2, h1))                                                # [rows, 1, HK]
     heads = []
     for g in groups:
         q_g = F.split_heads(q[g.a: g.b].reshape((g.b - g.a) // g.beam, g.beam, -1), ca.n_heads)  # [n, H, beam, K]
@@ -161,7 +161,7 @@ class IncrementalDecoder:
         if self.use_cache:
             positions = (self.groups[0].t if len(self.groups) == 1 else
                          np.concatenate([np.full(g.b - g.a, g.t) for g in at]))
-            x = m.positional.forward(m.embedding.lookup(tokens[:, None])[0], offset=positions)    # [N, 1, D]
+            x = m.positional.forward(m.embedding.lookup(tokens[:, None])[0], offset=positions)    # [rows, 1, D]
             for i, layer in enumerate(m.decoder.layer_list):
                 x = decoder_layer_step(layer, i, x, self.qkv[i], at)
             h = x[:, 0] if m.decoder.norm is None else m.decoder.norm.apply(x[:, 0])

@@ -19,9 +19,9 @@ that reduces in shared memory and writes its outputs once.
   smoothed_nll_backward dlogits = (softmax - q) * w, q = (1 - eps) onehot + eps / V
   column_partial_sums   the bias and LayerNorm parameter gradients: sums over the rows of
   column_sums_finish    x [rows, D] (or of x * y), in two passes of fixed order (deterministic)
-  unpack_heads          x [N, H*K] (+ bias) -> [B, H, L, K]: a projection's kept rows put back
+  unpack_heads          x [rows, H*K] (+ bias) -> [B, H, L, K]: a projection's kept rows put back
                         in the padded batch and split into heads, zeros at the pads, one pass
-  pack_heads            x [B, H, L, K] -> [N, H*K]: the heads merged and the kept rows taken
+  pack_heads            x [B, H, L, K] -> [rows, H*K]: the heads merged and the kept rows taken
   bias_relu             x = max(x + b, 0) in place (the feed-forward's first layer and its ReLU)
   relu_backward         dy = dy * (y > 0) in place
   adam_update           one Adam(W) update over the flat buffers (+ the float16 copy of the weights)
@@ -379,10 +379,10 @@ extern "C" __global__ void column_partial_sums(const T* x, const A* y, int has_y
 }
 
 // out[b, h, l, k] = x[r, h * K + k] + bias[h * K + k] with r = inv[b * L + l] (has_inv; else r = b * L + l),
-// 0 where r < 0 (a pad position): the rows of a projection x [N, H*K], unpacked to the padded batch,
+// 0 where r < 0 (a pad position): the rows of a projection x [rows, H*K], unpacked to the padded batch,
 // split into heads and given their bias in one pass. One block per position b * L + l: its threads read
 // the row's H*K values in order and write H runs of K neighbouring values. Several projections at once
-// (parts > 1, blocks part * B * L + position): x [parts, N, H*K] -> out [parts, B, H, L, K], part p's bias
+// (parts > 1, blocks part * B * L + position): x [parts, rows, H*K] -> out [parts, B, H, L, K], part p's bias
 // at bias + p * bias_stride (the projections' biases evenly spaced in one buffer).
 extern "C" __global__ void unpack_heads(const T* x, const T* bias, int has_bias, const int* inv, int has_inv, T* out,
                                         int H, int L, int K, int parts, long long N, int BL, long long bias_stride) {
@@ -404,8 +404,8 @@ extern "C" __global__ void unpack_heads(const T* x, const T* bias, int has_bias,
 }
 
 // out[r, h * K + k] = x[b, h, l, k] with b * L + l = index[r] (has_index; else r): the inverse of
-// unpack_heads on the kept rows, heads merged. One block per row r of out [N, H*K]; parts > 1: x
-// [parts, B, H, L, K] -> out [parts, N, H*K], blocks part * N + r.
+// unpack_heads on the kept rows, heads merged. One block per row r of out [rows, H*K]; parts > 1: x
+// [parts, B, H, L, K] -> out [parts, rows, H*K], blocks part * rows + r.
 extern "C" __global__ void pack_heads(const T* x, const long long* index, int has_index, T* out, int H, int L, int K,
                                       int N, long long BL) {
     int part = blockIdx.x / N, r = blockIdx.x - part * N, hk = H * K;
@@ -556,7 +556,7 @@ extern "C" __global__ void embed_rows(const T* weight, const long long* ids, con
     }
 }
 
-// The embedding's gradient from the kept rows' gradients dx [N, d] (times the dropout mask, has_mask):
+// The embedding's gradient from the kept rows' gradients dx [rows, d] (times the dropout mask, has_mask):
 // grad[row] += scale * the sum of (dx * mask)[r] over the rows r holding that row's id, in a fixed order
 // (deterministic: no atomics). plan (int64, built on the host by kernels.embedding_plan):
 // starts [U + 1], then the U distinct ids, then the rows sorted by id (stably). One block per id.
@@ -1120,7 +1120,7 @@ def adam_update(grad, m, v, p, copy, coef):
 
 def embedding_plan(ids, keep_index, xp):
     """The host-built plan of embedding_backward: ids [B, L] host ints, keep_index the kept
-    positions (packing.Rows.host_index, or None for all): int64 [U + 1 + U + N] on x's device
+    positions (packing.Rows.host_index, or None for all): int64 [U + 1 + U + rows] on x's device
     (one host->device copy), and U."""
     flat = np.asarray(ids).reshape(-1)
     kept = flat if keep_index is None else flat[keep_index]

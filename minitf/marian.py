@@ -14,7 +14,7 @@ this module handles:
               the arrays are written with their D axis permuted and Marian's own table applies.
   the start   Marian starts the decoder from a zero vector, minitf from <s>'s embedding. An
               imported model gets a <s> row of zeros (the same start); an exported model's
-              <s> row is whatever training made it: CTranslate2 (`ctranslate2.py`) is told
+              <s> row is whatever training made it: CTranslate2 (`ctranslate2_export.py`) is told
               to start from <s>, exactly; Marian itself starts from zeros.
   ids         minitf needs pad 0, unk 1, bos 2, eos 3; Marian's vocabularies put </s> at 0 and
               <unk> at 1 and have no pad or <s>. An import reorders the rows (and adds the

@@ -37,7 +37,7 @@ class Transformer(Seq2Seq):
     def encode(self, src, sites=None, rows=None, plan=None, src_bias=None):
         """src [B, S] -> (memory [B, S, D], src_bias [B, 1, 1, S], src ids cached for backward).
 
-        With `rows` (packing.Rows of the non-pad source positions) memory is [Ns, D]. `plan`
+        With `rows` (packing.Rows of the non-pad source positions) memory is [N_s, D]. `plan`
         (training on a GPU, kernels.embedding_plan): the embedding runs as one kernel. `src_bias`:
         the padding bias, when the caller made it (from host ids)."""
         if src_bias is None:
@@ -71,7 +71,7 @@ class Transformer(Seq2Seq):
         """src [B, S], tgt_in [B, T] int -> decoder output h [B, T, D]. Keeps what backward needs.
 
         Packed (training): with keep_tgt [B, T] bool, every layer runs on the non-pad source
-        positions and the kept target positions only (packing.py) and h is [Nt, D]."""
+        positions and the kept target positions only (packing.py) and h is [N_t, D]."""
         src_rows = tgt_rows = None
         plans = (None, None)
         src = self.check_ids("src", src, host=keep_tgt is not None)
@@ -113,10 +113,10 @@ class Transformer(Seq2Seq):
         """
         tgt_in, tgt_out = self._check_targets(tgt_in, tgt_out)
         keep = (tgt_in != self.cfg.pad_id) | (tgt_out != self.cfg.pad_id) if packed else None
-        h = self.decoder_hidden(src, tgt_in, keep_tgt=keep)   # [Nt, D] packed, [B, T, D] plain
-        h = h.reshape(-1, h.shape[-1])     # [Nt, D] ([B*T, D] plain or for a batch without padding)
+        h = self.decoder_hidden(src, tgt_in, keep_tgt=keep)   # [N_t, D] packed, [B, T, D] plain
+        h = h.reshape(-1, h.shape[-1])     # [N_t, D] ([B*T, D] plain or for a batch without padding)
         tgt_rows = self._cache["tgt_rows"]
-        gold = tgt_out.reshape(-1) if tgt_rows is None else tgt_out.reshape(-1)[tgt_rows.host_index]   # [Nt]
+        gold = tgt_out.reshape(-1) if tgt_rows is None else tgt_out.reshape(-1)[tgt_rows.host_index]   # [N_t]
         return self.loss_head(h, gold)
 
     # ------------------------------------------------------------------ backward

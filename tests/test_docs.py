@@ -389,7 +389,7 @@ def _facts():
         ("benchmarks.md", "warmup 1067, `lr_factor` 1.4", (small["warmup"], small["lr_factor"]) == (1067, 1.4)),
         ("benchmarks.md", r"label smoothing $\epsilon_{ls} = 0.2$", small["label_smoothing"] == 0.2),
         ("benchmarks.md", r"$P_\text{drop} = 0.2$", small["dropout"] == 0.2),
-        ("benchmarks.md", "$D = 192$, $H = 4$, $F = 768$, $N = 2$",
+        ("benchmarks.md", "$D = 192$, $H = 4$, $F = 768$, `n_layers` 2",
          (small["d_model"], small["n_heads"], small["d_ff"], small["n_layers"]) == (192, 4, 768, 2)),
         ("benchmarks.md", "3.61M parameters with 8,000 pieces",
          f"{Transformer(Config.preset('small', vocab_size=8000)).num_parameters() / 1e6:.2f}M" == "3.61M"),
@@ -596,7 +596,7 @@ def test_every_shape_bracket_of_the_pages_uses_the_legends_letters():
             if "," not in bracket and not re.fullmatch(r"[A-Z](_\w+)?'?", bracket.strip()):
                 continue
             for tok in re.split(r"[\s,*·+/()-]+", bracket):
-                if re.fullmatch(r"[A-Z](_[a-z]+)?'?", tok) and tok not in legend:
+                if (re.fullmatch(r"[A-Z](_[a-z]+)?'?", tok) or re.fullmatch(r"N[a-z]{1,3}", tok) and tok != "None") and tok not in legend:
                     unknown.setdefault(tok, set()).add(rel(page))
         assert not re.search(r"\$N = B|\bN = (B|b|kept|cfg)|\(N kept", text), f"{rel(page)} redefines N (rows, layers)"
     assert not unknown, f"shape letters the legend (docs/README.md) does not list: {unknown}"

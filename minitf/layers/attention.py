@@ -56,7 +56,7 @@ class MultiHeadAttention(Layer):
         out_bias=False: the output projection's bias is left to the caller's next pass (a post-norm
         block's fused sum and LayerNorm, blocks.add_norm); backward is the same.
 
-        With `rows_q`/`rows_kv` (packing.Rows) x_q is [Nq, D] and x_kv [Nkv, D]: only the
+        With `rows_q`/`rows_kv` (packing.Rows) x_q and x_kv are their sides' kept rows ([N_t, D] or [N_s, D]): only the
         non-pad positions, unpacked to [B, ., .] around the attention itself. `sites`
         (functional.DropoutSites): the attention-dropout mask, drawn on [B, H, T, S] in
         either layout, when training with dropout > 0.
@@ -133,7 +133,7 @@ class MultiHeadAttention(Layer):
         lins = [getattr(self, n) for n in names]
         xp = F.xp_of(dheads)
         packed = kernels.pack_heads(dheads if len(names) > 1 else dheads[0], None if rows is None else rows.index)
-        packed = packed.reshape(len(names), -1, packed.shape[-1])                     # [parts, N, H*K]
+        packed = packed.reshape(len(names), -1, packed.shape[-1])                     # [parts, rows, H*K]
         x2 = xp.ascontiguousarray(x.reshape(-1, x.shape[-1]))
         n, d = x2.shape
         stride = self._stride(names, "grads") if len(names) > 1 else None
@@ -172,7 +172,7 @@ class MultiHeadAttention(Layer):
         return self.out.forward(self._merged(ctx, rows_q, x_q), out_bias)
 
     def _merged(self, x, rows, like):
-        """x [B, H, L, K] -> packed rows [N, H*K] (rows), or [B, L, H*K] shaped like `like`."""
+        """x [B, H, L, K] -> packed rows [rows, H*K] (rows), or [B, L, H*K] shaped like `like`."""
         out = kernels.pack_heads(x, None if rows is None else rows.index)
         return out if rows is not None else out.reshape(like.shape[:-1] + out.shape[-1:])
 

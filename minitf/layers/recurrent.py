@@ -4,9 +4,9 @@ previous hidden state h_{t-1} and the input for position t ... precludes paralle
 
 One step, gates fused into one [*, 4R] pre-activation (i, f, g, o blocks of R columns):
 
-    a   = x_t @ w_x + b + h_{t-1} @ w_h        [N, 4R]
+    a   = x_t @ w_x + b + h_{t-1} @ w_h        [rows, 4R]
     i, f, o = sigmoid(a_i), sigmoid(a_f), sigmoid(a_o);  g = tanh(a_g)
-    c_t = f * c_{t-1} + i * g                  [N, R]
+    c_t = f * c_{t-1} + i * g                  [rows, R]
     h_t = o * tanh(c_t)
 
 The input part x_t @ w_x + b of every step is one matmul before the loop; only h @ w_h is
@@ -32,7 +32,7 @@ def sigmoid(x):
 
 class CellCache(NamedTuple):
     """One step's values for cell_backward: gates (i, f, g, o after their nonlinearities)
-    [N, 4R], c_prev [N, R], tanh(c_t) [N, R], keep [N, 1] (1 real token, 0 padding) or None."""
+    [rows, 4R], c_prev [rows, R], tanh(c_t) [rows, R], keep [rows, 1] (1 real token, 0 padding) or None."""
     gates: object
     c_prev: object
     tanh_c: object
@@ -40,7 +40,7 @@ class CellCache(NamedTuple):
 
 
 def cell_forward(a, h_prev, c_prev, keep=None):
-    """a [N, 4R] (the whole pre-activation) -> (h_t, c_t, cache). keep [N, 1]: 0 carries the state."""
+    """a [rows, 4R] (the whole pre-activation) -> (h_t, c_t, cache). keep [rows, 1]: 0 carries the state."""
     hd = h_prev.shape[-1]
     gates = sigmoid(a)
     gates[:, 2 * hd: 3 * hd] = xp_of(a).tanh(a[:, 2 * hd: 3 * hd])
@@ -55,7 +55,7 @@ def cell_forward(a, h_prev, c_prev, keep=None):
 
 
 def cell_backward(dh, dc, cache):
-    """dh, dc [N, R] (gradients of h_t and c_t) -> (da [N, 4R], dh_prev part, dc_prev).
+    """dh, dc [rows, R] (gradients of h_t and c_t) -> (da [rows, 4R], dh_prev part, dc_prev).
 
     dh_prev here is only the carried part (padding); the caller adds da @ w_h^T."""
     gates, c_prev, tanh_c, keep = cache
@@ -94,7 +94,7 @@ class LSTM(Layer):
         self.params["b"] = b
 
     def step(self, x_t, h, c):
-        """Inference, one position: x_t [N, I], state (h, c) [N, R] -> new (h, c). No cache."""
+        """Inference, one position: x_t [rows, I], state (h, c) [rows, R] -> new (h, c). No cache."""
         a = x_t @ self.params["w_x"] + self.params["b"] + h @ self.params["w_h"]
         h, c, _ = cell_forward(a, h, c)
         return h, c
