@@ -437,8 +437,8 @@ extern "C" __global__ void relu_backward(T* dy, const T* y, long long n) {
 }
 
 // The same passes 16 bytes a thread (VEC values: 8 float16, 4 float32, 2 float64) where the arrays allow
-// it (16-byte aligned, whole vectors; kernels.vec_ok): one wide load and store per thread instead of VEC
-// narrow ones, the same arithmetic on each value (the same bits). Switch: MINITF_FUSED_VEC=1.
+// it (16-byte aligned, whole vectors; kernels.vec_ok): one wide load and store of x and out per thread
+// instead of VEC narrow ones (a bias is still read value by value), the same arithmetic on each value (the same bits). Switch: MINITF_FUSED_VEC=1.
 #define VEC ((int)(16 / sizeof(T)))
 struct alignas(16) Vec { T v[16 / sizeof(T)]; };
 

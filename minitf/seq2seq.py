@@ -78,7 +78,7 @@ class Seq2Seq(Layer):
 
     # ------------------------------------------------------------------ the loss head
     def loss_head(self, h, gold):
-        """h [N_t, D] decoder outputs, gold [N_t] host ids (pad: no loss) -> loss averaged over the
+        """h [rows, D] decoder outputs, gold [rows] host ids (pad: no loss) -> loss averaged over the
         non-pad tokens. Only the rows with a loss are projected to the vocabulary (logits
         [N, V], or [N, V_o] over an output vocabulary, which the gold ids become columns of).
         Returns a float on CPU; on GPU a 0-d array (no host sync). Sets last_stats."""
