@@ -164,7 +164,7 @@ def final_norm(parent, cfg):
 
 
 class Encoder(Layer):
-    """N identical EncoderLayers (3.1), and with pre-norm a final LayerNorm."""
+    """cfg.n_layers identical EncoderLayers (the paper's N, 3.1), and with pre-norm a final LayerNorm."""
 
     def __init__(self, cfg, rng):
         super().__init__()

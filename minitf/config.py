@@ -74,7 +74,7 @@ class Config:
     n_heads: int = 8                 # H
     d_ff: int = 2048                 # F
     n_layers: int = 6                # the paper's N, for the encoder stack and (unless n_decoder_layers) the decoder's
-    n_decoder_layers: int = None     # the decoder's (the paper's N); None -> n_layers (the paper's: equal stacks)
+    n_decoder_layers: int = None     # the decoder's layer count (the paper's N); None -> n_layers (the paper's: equal stacks)
     d_k: int = None                  # K = d_k = d_v; None -> d_model // n_heads
     dropout: float = 0.1             # P_drop (5.4)
     attention_dropout: float = 0.0   # on the attention weights (not in the paper; deviations.md)

@@ -36,8 +36,8 @@ class World:
 
     def share_cores(self):
         """CPU ranks on one machine split its cores: this rank's BLAS gets cores / local ranks
-        threads (each rank's BLAS would otherwise start a thread per core, and N ranks x N
-        spinning threads fight over N cores), unless the environment already sets them.
+        threads (each rank's BLAS would otherwise start a thread per core, and c ranks x c
+        spinning threads fight over c cores), unless the environment already sets them.
         Returns the threads set, or None."""
         from .backend import set_blas_threads, usable_cores
         if self.local_size == 1 or any(v in os.environ for v in _THREAD_VARS):

@@ -22,10 +22,10 @@ from .masks import causal_bias
 
 class StepCache:
     """What the decoder keeps between decoding steps for one group of sentences that started
-    together (incremental.IncrementalDecoder), for all the decoder's layers in one array each: kv [rows, n_layers, 2,
+    together (incremental.IncrementalDecoder), for all the decoder's layers in one array each: kv [rows, n_decoder_layers, 2,
     T_max, H, K], each row's self-attention keys (0) and values (1) of every layer at the
     positions so far (position t is written at step t), row-major, so that moving a row to
-    another parent copies one block per layer and side; ckv [n_layers, 2, n, H, S, K], each layer's
+    another parent copies one block per layer and side; ckv [n_decoder_layers, 2, n, H, S, K], each layer's
     cross-attention keys/values of the encoder output, computed once per sentence (its beam
     rows share them)."""
     __slots__ = ("kv", "ckv")
@@ -209,7 +209,7 @@ class IncrementalDecoder:
                 moved = np.flatnonzero(mine != np.arange(len(mine)))
                 if len(moved):                                       # beams that took another parent
                     dst, src = xp.asarray(moved), xp.asarray(mine[moved])
-                    g.cache.kv[dst, :, :, : g.t] = g.cache.kv[src, :, :, : g.t]   # [rows, L, 2, t, H, K]
+                    g.cache.kv[dst, :, :, : g.t] = g.cache.kv[src, :, :, : g.t]   # [rows, n_decoder_layers, 2, t, H, K]
                 g.cache.ckv = g.cache.ckv[:, :, : g.n]               # a smaller group: views of the first rows
                 g.cache.kv = g.cache.kv[: len(mine)]
             if g.n:

@@ -14,8 +14,8 @@ Multi30k on a 2-core CPU for 30 minutes (the small preset, chosen for --device c
 Multi30k, or offline reads it from --data-dir FOLDER holding train/val/test_2016_flickr .en/.de);
 two ranks, one per core, train 23% faster than one process (drop `mpiexec -n 2` without MPI):
     mpiexec -n 2 python train_wmt.py --dataset multi30k --device cpu --time-budget 1800 --out runs/m30k
-On N GPUs or CPU processes, one or several machines (pip install -e ".[dist]"; docs/distributed.md);
-the preset's tokens per update (base: 25000, as in the paper) are split over the N ranks:
+On several GPUs or CPU processes, one or several machines (pip install -e ".[dist]"; docs/distributed.md);
+the preset's tokens per update (base: 25000, as in the paper) are split over the ranks:
     mpiexec -n 8 python train_wmt.py --device gpu
 Continue an interrupted run (Ctrl-C saves a checkpoint) exactly where it stopped:
     python train_wmt.py ... --out runs/m30k --resume
