@@ -36,7 +36,7 @@ class World:
 
     def share_cores(self):
         """CPU ranks on one machine split its cores: this rank's BLAS gets cores / local ranks
-        threads (each rank's BLAS would otherwise start a thread per core, and c ranks x c
+        threads (each rank's BLAS would otherwise start a thread per core, and r ranks x c
         spinning threads fight over c cores), unless the environment already sets them.
         Returns the threads set, or None."""
         from .backend import set_blas_threads, usable_cores
@@ -65,7 +65,7 @@ class World:
 
 
 class MPIWorld(World):
-    """N processes over MPI.COMM_WORLD; gradients of CuPy arrays go through NCCL."""
+    """The processes of MPI.COMM_WORLD; gradients of CuPy arrays go through NCCL."""
 
     def __init__(self, MPI):
         self.MPI, self.comm = MPI, MPI.COMM_WORLD

@@ -57,7 +57,7 @@ def build_parser(prog=None):
                         "docs/deviations.md)")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
-                   help="parameters and activations (float64: exact checks, e.g. one process against N ranks)")
+                   help="parameters and activations (float64: exact checks, e.g. one process against several ranks)")
     p.add_argument("--fp16", action="store_true",
                    help="mixed precision: float16 activations/matmuls, float32 master weights, dynamic loss scaling (for GPUs)")
     p.add_argument("--out", default="runs/train", help="output folder")

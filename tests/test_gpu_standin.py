@@ -136,7 +136,7 @@ def test_a_decoding_step_reads_back_one_array(standin, monkeypatch, arch):
     values, beams and tokens of the 2k best, the EOS scores at the length limit, come back in ONE
     copy per step (backend.to_numpy_all), also at the steps where new sentences join (continuous
     batching: batch_size 2 of 5); greedy search reads back its argmax. Nothing else: the source
-    lengths are measured on the host, so a search of S steps makes exactly S copies."""
+    lengths are measured on the host, so a search of n steps makes exactly n copies."""
     from minitf.decode import beam_search, greedy_search
     model = tiny(arch)
     mark_steps(model, monkeypatch)
