@@ -416,7 +416,7 @@ def report(info):
           f"thread env {m['blas_threads_env'] or 'unset (libraries use all cores)'}")
     c, a = info["config"], info["args"]
     print(f"preset {a['preset']} on {a['device']}: D={c['d_model']} H={c['n_heads']} d_k={c['d_k']} F={c['d_ff']} "
-          f"N={c['n_layers']}+{c['n_decoder_layers']} V={c['vocab_size']} output {c['output_pieces']} dropout={c['dropout']}; minitf {info['minitf_params']:,} params "
+          f"layers={c['n_layers']}+{c['n_decoder_layers']} V={c['vocab_size']} output {c['output_pieces']} dropout={c['dropout']}; minitf {info['minitf_params']:,} params "
           f"({info['minitf_dtype']})")
     print(f"batch {b['sentences']} x src {b['src_len']} / tgt {b['tgt_len']}: {b['src_tokens']} src + "
           f"{b['tgt_tokens']} tgt non-pad tokens; {a['rounds']} rounds x {a['steps_per_round']} step(s) "

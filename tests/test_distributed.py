@@ -125,7 +125,7 @@ def test_resume_with_another_number_of_ranks_continues_the_same_stream(corpus, t
 
 
 def test_the_presets_tokens_per_update_do_not_grow_with_the_ranks(corpus, tmp_path):
-    """Left to the preset, N ranks x --update-freq k split its tokens per update (tiny: 512): 2 ranks
+    """Left to the preset, W ranks x --update-freq k split its tokens per update (tiny: 512): 2 ranks
     make batches of 256 and the same 512-token update as one process; --max-tokens stays per batch."""
     def start_line(ranks, *extra):
         out = tmp_path / f"r{ranks}{'_'.join(map(str, extra))}"
