@@ -251,8 +251,8 @@ def build_parser(prog="python -m minitf"):
                                    "its parameters, config and tokenizer as one .safetensors file (translate and "
                                    "evaluate read it); --format marian a Marian model folder in OPUS-MT's layout "
                                    "(model.npz with special:model.yml, vocab.yml, source.spm, target.spm, "
-                                   "decoder.yml), the format CTranslate2, Marian and Hugging Face's MarianMT "
-                                   "converter read (minitf.load too); --format ctranslate2 a CTranslate2 model folder "
+                                   "decoder.yml), which CTranslate2 (tested), Marian and minitf.load read; --format "
+                                   "ctranslate2 a CTranslate2 model folder "
                                    "(needs pip install 'minitf[serve]').")
     p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz)")
     p.add_argument("--format", choices=["safetensors", "marian", "ctranslate2"], default="safetensors")

@@ -3,8 +3,8 @@ model (an OPUS-MT folder) read into minitf (docs/interop.md).
 
 Marian's `.npz` holds plain arrays named by layer (`Wemb`, `encoder_l1_self_Wq`, ...,
 `decoder_l6_ffn_b2`, `decoder_ff_logit_out_b`) and the settings as YAML text in the entry
-`special:model.yml`; the vocabulary is a YAML file {piece: id}. CTranslate2 and Hugging Face's
-MarianMT read that format. The paper's Transformer is Marian's post-norm one; the differences
+`special:model.yml`; the vocabulary is a YAML file {piece: id}. CTranslate2 reads that format
+(tested: tests/test_interop.py). The paper's Transformer is Marian's post-norm one; the differences
 this module handles:
 
   positions   Marian lays the sinusoids out as [sin | cos] halves, the paper (and minitf)
