@@ -162,7 +162,7 @@ def cmd_evaluate(args):
 
 def _decode_args(p):
     p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz, or a .safetensors export) with "
-                                                       "its tokenizer")
+                                                       "its tokenizer, or a Marian model folder (docs/interop.md)")
     p.add_argument("--beam", type=Number(int, 1, MAX_BEAM), default=4, help="beam size (paper: 4; 1 = greedy)")
     p.add_argument("--alpha", type=Number(float, 0), default=None,
                    help="length penalty alpha (paper: 0.6; default: the checkpoint's preset, small 2.0)")

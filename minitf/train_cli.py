@@ -48,7 +48,7 @@ def build_parser(prog=None):
     p.add_argument("--d-model", type=positive(), help="model width D")
     p.add_argument("--heads", type=positive(), help="attention heads H")
     p.add_argument("--d-ff", type=positive(), help="feed-forward width F (--arch rnn has none)")
-    p.add_argument("--layers", type=positive(), help="layers N of the encoder, and of the decoder unless --decoder-layers")
+    p.add_argument("--layers", type=positive(), help="layers of the encoder (the paper's N), and of the decoder unless --decoder-layers")
     p.add_argument("--decoder-layers", type=positive(),
                    help="layers of the decoder when it differs from the encoder's --layers (default: the same)")
     p.add_argument("--norm", choices=NORM_POSITIONS,
