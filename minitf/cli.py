@@ -8,6 +8,7 @@ import sys
 
 from .data.pipeline import add_data_args, check_data_args
 from .errors import ConfigError, DataError, MinitfError, out_of_memory, report
+from .ctranslate2_export import QUANTIZATIONS
 from .flags import MAX_BEAM, Number, Parser, positive
 
 
@@ -258,8 +259,7 @@ def build_parser(prog="python -m minitf"):
     p.add_argument("--format", choices=["safetensors", "marian", "ctranslate2"], default="safetensors")
     p.add_argument("--output", "--out", dest="output", required=True,
                    help="the .safetensors file, or the folder of a marian or ctranslate2 model")
-    p.add_argument("--quantization", choices=["int8", "int8_float32", "int8_float16", "int16", "float16", "bfloat16",
-                                              "float32"],
+    p.add_argument("--quantization", choices=QUANTIZATIONS,
                    help="--format ctranslate2: the weights' type (CTranslate2's --quantization; default float32)")
     p.set_defaults(func=cmd_export, check=lambda args, p=p: _check_export(p, args))
     try:

@@ -3,6 +3,7 @@ read by CTranslate2's own Marian converter, with what minitf does differently to
 decoder starts from <s>'s embedding (Marian's from zeros), the source ends with </s>, and the
 LayerNorms' epsilon. Needs the `ctranslate2` package (pip install 'minitf[serve]')."""
 import os
+import shutil
 import tempfile
 
 from .errors import MinitfError
@@ -38,17 +39,16 @@ def export_ctranslate2(checkpoint, out_dir, quantization=None):
     """Write the checkpoint as a CTranslate2 model folder (model.bin, shared_vocabulary.json,
     config.json) plus its SentencePiece model (source.spm, target.spm). `quantization`: one of
     QUANTIZATIONS, or None (the weights' float32). Returns the folder."""
-    from .checkpoint import load_checkpoint
-    from .marian import export_marian
+    from .marian import checkpoint_model, write_marian
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise MinitfError(f"--quantization {quantization!r}: choose one of {', '.join(QUANTIZATIONS)}")
     converter_class = _converter_class()
-    eps = load_checkpoint(checkpoint).config.layer_norm_eps
+    cfg, params, tokenizer = checkpoint_model(checkpoint)   # the checkpoint read once
     with tempfile.TemporaryDirectory(prefix="minitf-marian-") as tmp:
-        export_marian(checkpoint, tmp)
-        converter = converter_class(os.path.join(tmp, "model.npz"), [os.path.join(tmp, "vocab.yml")], eps)
+        write_marian(cfg, params, tokenizer, tmp)
+        converter = converter_class(os.path.join(tmp, "model.npz"), [os.path.join(tmp, "vocab.yml")],
+                                    cfg.layer_norm_eps)
         converter.convert(out_dir, quantization=quantization, force=True)
         for name in ("source.spm", "target.spm"):
-            with open(os.path.join(tmp, name), "rb") as src, open(os.path.join(out_dir, name), "wb") as dst:
-                dst.write(src.read())
+            shutil.copyfile(os.path.join(tmp, name), os.path.join(out_dir, name))
     return out_dir

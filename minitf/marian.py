@@ -175,16 +175,21 @@ def marian_arrays(cfg, params):
     return out
 
 
-def export_marian(checkpoint, out_dir):
-    """Write the checkpoint as a Marian model folder in OPUS-MT's layout: model.npz, vocab.yml,
-    source.spm and target.spm (the checkpoint's SentencePiece model) and decoder.yml. Returns
-    the files written."""
+def checkpoint_model(checkpoint):
+    """(config, params, tokenizer) of a checkpoint to export; CheckpointError without a tokenizer."""
     from .checkpoint import load_checkpoint
     from .data.tokenizer import tokenizer_from_bytes
     ckpt = load_checkpoint(checkpoint)
     if ckpt.tokenizer is None:
         raise CheckpointError(f"{checkpoint} has no tokenizer inside: a Marian model needs its vocabulary")
-    return write_marian(ckpt.config, ckpt.params, tokenizer_from_bytes(ckpt.tokenizer), out_dir)
+    return ckpt.config, ckpt.params, tokenizer_from_bytes(ckpt.tokenizer)
+
+
+def export_marian(checkpoint, out_dir):
+    """Write the checkpoint as a Marian model folder in OPUS-MT's layout: model.npz, vocab.yml,
+    source.spm and target.spm (the checkpoint's SentencePiece model) and decoder.yml. Returns
+    the files written."""
+    return write_marian(*checkpoint_model(checkpoint), out_dir)
 
 
 def write_marian(cfg, params, tokenizer, out_dir):
