@@ -7,8 +7,8 @@
 
 The variants differ only in environment variables that minitf reads on every call
 (`--variant name=VAR=value[,VAR=value]`; default: `now`, the step as it is, against `before`,
-every fusion switched off: MINITF_CUBLAS=0 and MINITF_FUSED_{RELU,ADAM,GRADS,EMBED,NORM}=0; the warp
-softmax has no switch; the 16-byte kernels, off by default, are `--variant vec=MINITF_FUSED_VEC=1`), so one process runs them all, alternating, with PyTorch eager beside
+every fusion switched off: MINITF_CUBLAS=0 and MINITF_FUSED_{RELU,ADAM,GRADS,EMBED,NORM,VEC}=0; the warp
+softmax has no switch), so one process runs them all, alternating, with PyTorch eager beside
 them (bench/train_step.py's TorchRunner, same weights) when torch with CUDA is there, and with
 --strong PyTorch as a user choosing it for speed would run it (scaled_dot_product_attention,
 logits on the rows with a loss only, fused Adam; --torch-compile adds torch.compile). For each
@@ -45,7 +45,7 @@ from bench.train_step import MinitfRunner, timed_round, torch_runner_like  # noq
 
 # the step as it is, against the step with every fusion switched off (CuPy's matmul and separate passes)
 DEFAULT_VARIANTS = ["now=", "before=MINITF_CUBLAS=0,MINITF_FUSED_RELU=0,MINITF_FUSED_ADAM=0,MINITF_FUSED_GRADS=0,"
-                             "MINITF_FUSED_EMBED=0,MINITF_FUSED_NORM=0"]
+                             "MINITF_FUSED_EMBED=0,MINITF_FUSED_NORM=0,MINITF_FUSED_VEC=0"]
 
 
 def log(msg):

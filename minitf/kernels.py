@@ -438,7 +438,7 @@ extern "C" __global__ void relu_backward(T* dy, const T* y, long long n) {
 
 // The same passes 16 bytes a thread (VEC values: 8 float16, 4 float32, 2 float64) where the arrays allow
 // it (16-byte aligned, whole vectors; kernels.vec_ok): one wide load and store of x and out per thread
-// instead of VEC narrow ones (a bias is still read value by value), the same arithmetic on each value (the same bits). Switch: MINITF_FUSED_VEC=1.
+// instead of VEC narrow ones (a bias is still read value by value), the same arithmetic on each value (the same bits). Switch: MINITF_FUSED_VEC=0 turns them off.
 #define VEC ((int)(16 / sizeof(T)))
 struct alignas(16) Vec { T v[16 / sizeof(T)]; };
 
@@ -1017,10 +1017,10 @@ VEC_BYTES = 16   # the vectorized kernels' load: VEC_BYTES / itemsize values a t
 
 
 def vec_ok(*arrays, width):
-    """Whether the *_vec kernels apply: MINITF_FUSED_VEC=1 (off by default: not yet timed on a GPU),
+    """Whether the *_vec kernels apply: unless the environment sets MINITF_FUSED_VEC=0, when
     every array 16-byte aligned, and `width` (the values that must lie in whole vectors: a row's
     length, a head's K) a multiple of VEC."""
-    if os.environ.get("MINITF_FUSED_VEC", "0") != "1":
+    if os.environ.get("MINITF_FUSED_VEC", "1") == "0":
         return False
     vec = VEC_BYTES // arrays[0].itemsize
     return width % vec == 0 and all(_address(a) % VEC_BYTES == 0 for a in arrays)
