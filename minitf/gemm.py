@@ -61,8 +61,8 @@ def enabled(x):
     return backend.is_gpu(backend.xp_of(x)) and os.environ.get("MINITF_CUBLAS", "1") != "0" and kernels.enabled(x)
 
 
-def _dtype_name(a):
-    name = kernels.dtype_name(a.dtype)
+def _dtype_name(dtype):
+    name = kernels.dtype_name(dtype)
     if name not in CUDA_TYPE:
         raise TypeError(f"gemm: no cuBLAS type for {name}")
     return name
@@ -77,6 +77,33 @@ def compute_type(dtype_name):
     return COMPUTE_32F, np.float32
 
 
+# Looked up once, not on every product (the `--fp16` step makes ~250 of them, and their Python
+# costs the host as much as cuBLAS's own calls): dtype -> (cuBLAS data type, compute type, the
+# dtype of alpha and beta), with CUPY_TF32 read on a dtype's first product (CuPy too reads it
+# once, when it is imported); (value, dtype) -> alpha or beta as a host scalar whose address
+# cuBLAS reads (kept alive here).
+_TYPES = {}
+_SCALARS = {}
+
+
+def _types(dtype):
+    types = _TYPES.get(dtype)
+    if types is None:
+        name = _dtype_name(dtype)
+        types = _TYPES[dtype] = (CUDA_TYPE[name],) + compute_type(name)
+    return types
+
+
+def _scalar(value, dtype):
+    key = (value, dtype)
+    s = _SCALARS.get(key)
+    if s is None:
+        s = np.array(value, dtype=dtype)
+        if len(_SCALARS) < 256:            # alphas and betas are a handful of constants
+            _SCALARS[key] = s
+    return s
+
+
 def _shape(m, trans):
     return (m.cols, m.rows) if trans else (m.rows, m.cols)
 
@@ -89,19 +116,20 @@ def matmul(a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, batch=1):
     """c[i] = alpha * op(a[i]) @ op(b[i]) + beta * c[i] for i < batch: ONE cuBLAS call.
     a, b, c: Mat (or C-contiguous arrays, taken whole by `mat`) of one dtype; c is written in
     place (with beta = 0 its old contents are never read) and returned."""
-    a, b, c = (x if isinstance(x, Mat) else mat(x) for x in (a, b, c))
+    a = a if type(a) is Mat else mat(a)
+    b = b if type(b) is Mat else mat(b)
+    c = c if type(c) is Mat else mat(c)
     rows, inner = _shape(a, trans_a)
     inner_b, cols = _shape(b, trans_b)
-    if inner != inner_b or (c.rows, c.cols) != (rows, cols):
+    if inner != inner_b or c.rows != rows or c.cols != cols:
         raise ValueError(f"gemm.matmul: op(a) {rows}x{inner} @ op(b) {inner_b}x{cols} -> c {c.rows}x{c.cols}")
-    name = _dtype_name(c.array)
-    if _dtype_name(a.array) != name or _dtype_name(b.array) != name:
+    dt = c.array.dtype
+    if a.array.dtype != dt or b.array.dtype != dt:
         raise TypeError(f"gemm.matmul: one dtype for a, b, c (got {a.array.dtype}, {b.array.dtype}, {c.array.dtype})")
-    ctype, scalar = compute_type(name)
-    dtype = CUDA_TYPE[name]
+    dtype, ctype, scalar = _types(dt)
     cupy = backend.cupy
     cublas, handle = cupy.cuda.cublas, cupy.cuda.device.get_cublas_handle()
-    one, zero = np.array(alpha, dtype=scalar), np.array(beta, dtype=scalar)   # host scalars (pointer mode host)
+    one, zero = _scalar(alpha, scalar), _scalar(beta, scalar)   # host scalars (pointer mode host)
     # row-major C = op(A) op(B)  <=>  column-major C^T = op(B)^T op(A)^T: B first, A second
     head = (handle, OP_T if trans_b else OP_N, OP_T if trans_a else OP_N, cols, rows, inner, one.ctypes.data)
     if batch == 1:

@@ -46,7 +46,7 @@ from . import backend
 
 BLOCK = {"softmax": 128, "layernorm": 256, "nll": 512}   # most threads per row (powers of 2)
 MIN_BLOCK = 32                                            # one warp
-COLUMN_BLOCK = 256           # column sums: 8 groups of 32 columns a block
+COLUMN_BLOCK = 256           # column sums: 8 groups of 32 threads a block (SLAB_RUNS in the CUDA source)
 COLUMN_BLOCKS = 1024         # column sums: about this many blocks (several per multiprocessor) ...
 COLUMN_MIN_ROWS = 64         # ... each over at least this many rows
 WARP_ROW_MAX = 256           # softmax rows up to this long: a warp per row (masked_softmax_warp)
@@ -577,25 +577,39 @@ extern "C" __global__ void embedding_backward(const T* dx, const T* mask, int ha
     }
 }
 
-// Pass 2: out[c] = the sum of partial[slab * d + c] over the slabs, in slab order; a thread per column.
+// The sum over the slabs of partial[k * w + col], in the one order every column-sum kernel uses (so their
+// bits agree): SLAB_RUNS interleaved runs (run g adds slabs g, g + SLAB_RUNS, g + 2 SLAB_RUNS, ... in turn),
+// then the run totals in run order. Run g's sum alone:
+#define SLAB_RUNS 8   // = COLUMN_BLOCK / 32: column_sums_into's groups of a block each add one run
+__device__ inline A slab_run(const A* partial, long long w, long long col, long long slabs, int g) {
+    A t = 0;   // __ldcg: read at L2, where the other blocks' partials are (not a stale L1 line)
+    #pragma unroll 4   // loads issued ahead of the adds (the adds stay in order)
+    for (long long k = g; k < slabs; k += SLAB_RUNS) t += __ldcg(partial + k * w + col);
+    return t;
+}
+
+// Pass 2: out[c] = the sum of partial[slab * d + c] over the slabs, in that order; a thread per column.
 extern "C" __global__ void column_sums_finish(const A* partial, A* out, int slabs, int d) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c < d) {
         A t = 0;
-        for (int k = 0; k < slabs; k++) t += partial[(long long)k * d + c];
+        for (int g = 0; g < SLAB_RUNS; g++) t += slab_run(partial, d, c, slabs, g);
         out[c] = t;
     }
 }
 
 // The column sums of x [n, d] ADDED into gradient buffers of the storage dtype, in ONE launch:
 // out1 += the sums of x (pair = 0), or out1 += the sums of x * y and out2 += the sums of x (pair = 1: a
-// LayerNorm's weight and bias gradients). Each block sums its slab of rows as column_partial_sums does
-// and writes partial[slab * w + c] (w = d, or 2 d with the x sums after the x * y sums); the last block
-// to finish (a ticket from an atomic counter, after a memory fence) adds the slabs in order, so the
-// result is the same on every run, and sets the counter back to 0 for the next launch.
+// LayerNorm's weight and bias gradients). Each block sums its slab of rows for one chunk of 32 columns
+// as column_partial_sums does and writes partial[slab * w + c] (w = d, or 2 d with the x sums after the
+// x * y sums); the last block of a chunk to finish (a ticket from that chunk's atomic counter, after a
+// memory fence) adds the chunk's slabs in the order above, its 8 groups of 32 threads a run each, so the
+// result is the same on every run and the adding is spread over as many blocks as there are chunks;
+// it sets the counter back to 0 for the next launch.
 __device__ inline A column_slab_sum(const T* x, const A* y, int use_y, long long r0, long long r1, int groups,
                                     int group, int c, long long d) {
     A s = 0;
+    #pragma unroll 4   // loads issued ahead of the adds (the adds stay in row order)
     for (long long r = r0 + group; r < r1; r += groups) {
         long long i = r * d + c;
         s += use_y ? (A)x[i] * y[i] : (A)x[i];
@@ -610,7 +624,8 @@ extern "C" __global__ void column_sums_into(const T* x, const A* y, int parts, c
     __shared__ int last;
     int chunks = (d + 31) / 32, w = parts * d;
     int lane = threadIdx.x % 32, group = threadIdx.x / 32, groups = blockDim.x / 32;
-    int c = (blockIdx.x % chunks) * 32 + lane;
+    int chunk = blockIdx.x % chunks;
+    int c = chunk * 32 + lane;
     long long slab = blockIdx.x / chunks, slabs = gridDim.x / chunks;
     long long r0 = slab * rows_per_slab;
     long long r1 = r0 + rows_per_slab < n ? r0 + rows_per_slab : n;
@@ -626,19 +641,22 @@ extern "C" __global__ void column_sums_into(const T* x, const A* y, int parts, c
         __syncthreads();
     }
     __threadfence();                               // this block's partials are visible before its ticket
-    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == (unsigned int)gridDim.x - 1u;
+    if (threadIdx.x == 0) last = atomicAdd(counter + chunk, 1u) == (unsigned int)slabs - 1u;
     __syncthreads();
-    if (last) {
+    if (last) {                                    // every slab of this chunk is written
         __threadfence();
-        for (int col = threadIdx.x; col < w; col += blockDim.x) {
-            A t = 0;   // __ldcg: read at L2, where the other blocks' partials are (not a stale L1 line);
-            #pragma unroll 8   // loads issued 8 ahead of the adds (the adds stay in slab order)
-            for (long long k = 0; k < slabs; k++) t += __ldcg(partial + k * w + col);
-            if (col < d) out1[col] = (T)((A)out1[col] + t);
-            else if (col < 2 * d) out2[col - d] = (T)((A)out2[col - d] + t);
-            else out3[col - 2 * d] = (T)((A)out3[col - 2 * d] + t);
+        for (int part = 0; part < parts; part++) {
+            buf[threadIdx.x] = c < d ? slab_run(partial, w, part * d + c, slabs, group) : (A)0;   // group = run
+            __syncthreads();
+            if (group == 0 && c < d) {
+                A t = 0;
+                for (int g = 0; g < SLAB_RUNS; g++) t += buf[g * 32 + lane];
+                T* out = part == 0 ? out1 : part == 1 ? out2 : out3;
+                out[c] = (T)((A)out[c] + t);
+            }
+            __syncthreads();
         }
-        if (threadIdx.x == 0) *counter = 0u;
+        if (threadIdx.x == 0) counter[chunk] = 0u;
     }
 }
 
@@ -943,7 +961,8 @@ def column_sums(x, y=None, out=None):
     gradients. Two launches: partial sums over slabs of rows, then the slabs added in order, so
     the result is the same on every run. `out` ([D], x's dtype, C-contiguous): the sums are
     ADDED into it (a gradient buffer: no separate add) by ONE launch (column_sums_into: the last
-    block adds the slabs in order) and it is returned."""
+    block of each 32-column chunk adds that chunk's slabs, in the same order as the second pass) and it
+    is returned."""
     xp = backend.xp_of(x)
     x = xp.ascontiguousarray(x)
     a = accum_dtype(x.dtype)
@@ -955,7 +974,7 @@ def column_sums(x, y=None, out=None):
     partial = xp.empty((slabs, d), dtype=a)    # every entry written by pass 1
     if out is not None:
         _launch("column_sums_into", x.dtype, chunks * slabs, COLUMN_BLOCK,
-                (x, partial if y is None else xp.ascontiguousarray(y, dtype=a), np.int32(1), x, partial, _counter(xp),
+                (x, partial if y is None else xp.ascontiguousarray(y, dtype=a), np.int32(1), x, partial, _counter(xp, chunks),
                  out, out, out, np.int64(n), np.int32(d), np.int64(rows_per_slab)))
         return out
     yy = partial if y is None else xp.ascontiguousarray(y, dtype=a)
@@ -984,17 +1003,19 @@ def column_sums_pair(x, y, out_xy, out_x, x3=None, out_x3=None):
     partial = xp.empty((slabs, parts * d), dtype=a)
     _launch("column_sums_into", x.dtype, chunks * slabs, COLUMN_BLOCK,
             (x, xp.ascontiguousarray(y, dtype=a), np.int32(parts), x if x3 is None else xp.ascontiguousarray(x3),
-             partial, _counter(xp), out_xy, out_x, out_x if out_x3 is None else out_x3, np.int64(n), np.int32(d),
+             partial, _counter(xp, chunks), out_xy, out_x, out_x if out_x3 is None else out_x3, np.int64(n), np.int32(d),
              np.int64(rows_per_slab)))
 
 
-_COUNTERS = {}   # array module -> the uint32 ticket counter of column_sums_into (0 between launches)
+_COUNTERS = {}   # array module -> the uint32 ticket counters of column_sums_into, one a chunk (0 between launches)
 
 
-def _counter(xp):
-    if id(xp) not in _COUNTERS:
-        _COUNTERS[id(xp)] = (xp, xp.zeros(1, dtype=np.uint32))
-    return _COUNTERS[id(xp)][1]
+def _counter(xp, chunks=1):
+    """At least `chunks` ticket counters for column_sums_into (zeros; each launch leaves them at 0)."""
+    held = _COUNTERS.get(id(xp))
+    if held is None or held[1].size < chunks:
+        held = _COUNTERS[id(xp)] = (xp, xp.zeros(max(chunks, 64), dtype=np.uint32))
+    return held[1]
 
 
 ELEMENTWISE_BLOCK = 256      # threads a block for the one-thread-per-element kernels

@@ -251,7 +251,7 @@ def test_column_sums_into_a_buffer_add_to_it_in_one_launch(n, monkeypatch):
     monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
     buf0 = buf.copy()
     assert kernels.column_sums(x, out=buf) is buf
-    assert launched == ["column_sums_into"] and int(kernels._counter(np)[0]) == 0
+    assert launched == ["column_sums_into"] and not kernels._counter(np).any()   # every chunk's ticket back at 0
     close(buf, want, np.float32, scale=np.sqrt(n))
     again = buf0.copy()
     kernels.column_sums(x, out=again)
@@ -544,7 +544,7 @@ def test_compile_failure_falls_back_to_the_generic_path_with_one_warning(monkeyp
     import warnings
 
     class BrokenCupy:
-        get_array_module = staticmethod(lambda *a: np)
+        ndarray = np.ndarray       # so backend.xp_of(x) names this module
 
         class RawModule:
             def __init__(self, **kw):
