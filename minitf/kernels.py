@@ -27,6 +27,8 @@ that reduces in shared memory and writes its outputs once.
   adam_update           one Adam(W) update over the flat buffers (+ the float16 copy of the weights)
   embed_rows            the kept rows' (embedding * sqrt(D) + PE) * dropout mask, one pass
   embedding_backward    the embedding's gradient summed per id in a fixed order (no atomics)
+  *_vec                 bias_relu, relu_backward, unpack_heads, pack_heads, smoothed_nll_rows and
+                        smoothed_nll_backward loading and storing 16 bytes a thread (kernels.vec_ok)
 
 Every kernel reads and writes the storage dtype T (float16, float32 or float64) and
 computes in A (float32, or float64 for float64 arrays), like functional.py's generic path,
@@ -115,6 +117,11 @@ __device__ A block_max(A v, A* buf) {
     __syncthreads();
     return r;
 }
+
+// 16 bytes of storage values (VEC: 8 float16, 4 float32, 2 float64), loaded and stored at once by the
+// *_vec kernels where the arrays are 16-byte aligned and the widths whole vectors (kernels.vec_ok).
+#define VEC ((int)(16 / sizeof(T)))
+struct alignas(16) Vec { T v[16 / sizeof(T)]; };
 """
 
 KERNELS = r"""
@@ -267,6 +274,35 @@ extern "C" __global__ void smoothed_nll_rows(const T* z, const long long* gold, 
     }
 }
 
+// The same with 16-byte loads (V a multiple of VEC): thread j takes values j VEC .. j VEC + VEC - 1, then the
+// ones blockDim.x VEC further on (the sums' order differs from the one-value kernel's: not the same bits).
+extern "C" __global__ void smoothed_nll_rows_vec(const T* z, const long long* gold, A* lse, A* nll, A* smooth,
+                                                 int V) {
+    __shared__ A buf[1024];
+    long long off = (long long)blockIdx.x * V;
+    const Vec* zr = (const Vec*)(z + off);
+    int nv = V / VEC;
+    A m = NEG_BIG, tot = 0;
+    for (int j = threadIdx.x; j < nv; j += blockDim.x) {
+        Vec a = zr[j];
+        for (int k = 0; k < VEC; k++) { A zj = (A)a.v[k]; m = a_max(m, zj); tot += zj; }
+    }
+    m = block_max(m, buf);
+    tot = block_sum(tot, buf);
+    A s = 0;
+    for (int j = threadIdx.x; j < nv; j += blockDim.x) {
+        Vec a = zr[j];
+        for (int k = 0; k < VEC; k++) s += a_exp((A)a.v[k] - m);
+    }
+    s = block_sum(s, buf);
+    if (threadIdx.x == 0) {
+        A l = m + a_log(s);
+        lse[blockIdx.x] = l;
+        nll[blockIdx.x] = l - (A)z[off + gold[blockIdx.x]];
+        smooth[blockIdx.x] = l - tot / V;
+    }
+}
+
 // The batch's loss from its rows' terms: out[0] = scale * sum_r ((1 - eps) nll[r] + eps smooth[r]),
 // out[1] = sum_r nll[r] (every row has a loss); one block, the same order every run.
 extern "C" __global__ void loss_totals(const A* nll, const A* smooth, long long rows, A eps, A scale, A* out) {
@@ -292,6 +328,24 @@ extern "C" __global__ void smoothed_nll_backward(const T* z, const long long* go
         A d = a_exp((A)z[off + j] - l) - u;
         if (j == g) d -= (A)1 - eps;
         dz[off + j] = (T)(d * wr);
+    }
+}
+
+// The same with 16-byte loads and stores (V a multiple of VEC): the same arithmetic on each value (the same bits).
+extern "C" __global__ void smoothed_nll_backward_vec(const T* z, const long long* gold, const A* lse, const A* w,
+                                                     int has_w, A wscale, T* dz, int V, A eps) {
+    long long off = (long long)blockIdx.x * V;
+    A l = lse[blockIdx.x], wr = (has_w ? w[blockIdx.x] : (A)1) * wscale, u = eps / V;
+    long long g = gold[blockIdx.x];
+    int nv = V / VEC;
+    for (int j = threadIdx.x; j < nv; j += blockDim.x) {
+        Vec a = ((const Vec*)(z + off))[j];
+        for (int k = 0; k < VEC; k++) {
+            A d = a_exp((A)a.v[k] - l) - u;
+            if ((long long)j * VEC + k == g) d -= (A)1 - eps;
+            a.v[k] = (T)(d * wr);
+        }
+        ((Vec*)(dz + off))[j] = a;
     }
 }
 
@@ -439,8 +493,6 @@ extern "C" __global__ void relu_backward(T* dy, const T* y, long long n) {
 // The same passes 16 bytes a thread (VEC values: 8 float16, 4 float32, 2 float64) where the arrays allow
 // it (16-byte aligned, whole vectors; kernels.vec_ok): one wide load and store of x and out per thread
 // instead of VEC narrow ones (a bias is still read value by value), the same arithmetic on each value (the same bits). Switch: MINITF_FUSED_VEC=0 turns them off.
-#define VEC ((int)(16 / sizeof(T)))
-struct alignas(16) Vec { T v[16 / sizeof(T)]; };
 
 extern "C" __global__ void bias_relu_vec(T* x, const T* bias, long long nvec, int f) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -674,6 +726,8 @@ SIGNATURES = {
     "smoothed_nll_rows": ["T*", "long long*", "A*", "A*", "A*", "int"],
     "loss_totals": ["A*", "A*", "long long", "A", "A", "A*"],
     "smoothed_nll_backward": ["T*", "long long*", "A*", "A*", "int", "A", "T*", "int", "A"],
+    "smoothed_nll_rows_vec": ["T*", "long long*", "A*", "A*", "A*", "int"],
+    "smoothed_nll_backward_vec": ["T*", "long long*", "A*", "A*", "int", "A", "T*", "int", "A"],
     "dropout_add": ["long long*", "int", "unsigned long long", "T*", "T*", "T*", "T*", "long long", "int", "int", "A"],
     "residual_layernorm": ["long long*", "int", "unsigned long long", "int", "T*", "T*", "int", "T*", "T*", "int", "A",
                            "T*", "T*", "T*", "A*", "A*", "int", "A"],
@@ -874,7 +928,8 @@ def smoothed_nll_rows(logits, gold):
     a = accum_dtype(logits.dtype)
     rows, v = _rows(logits)
     lse, nll, smooth = (xp.empty(rows, dtype=a) for _ in range(3))
-    _launch("smoothed_nll_rows", logits.dtype, rows, block_size("nll", v),
+    name = "smoothed_nll_rows_vec" if vec_ok(logits, width=v) else "smoothed_nll_rows"
+    _launch(name, logits.dtype, rows, block_size("nll", v),
             (logits, xp.ascontiguousarray(gold, dtype=np.int64), lse, nll, smooth, np.int32(v)))
     return lse, nll, smooth
 
@@ -886,7 +941,8 @@ def smoothed_nll_backward(logits, gold, lse, w, eps, out=None, w_scale=1.0):
     a = accum_dtype(logits.dtype)
     out = xp.empty_like(logits) if out is None else out
     rows, v = _rows(logits)
-    _launch("smoothed_nll_backward", logits.dtype, rows, block_size("nll", v),
+    name = "smoothed_nll_backward_vec" if vec_ok(logits, out, width=v) else "smoothed_nll_backward"
+    _launch(name, logits.dtype, rows, block_size("nll", v),
             (logits, xp.ascontiguousarray(gold, dtype=np.int64), lse,
              lse if w is None else xp.ascontiguousarray(w, dtype=a), np.int32(w is not None), a(w_scale), out,
              np.int32(v), a(eps)))

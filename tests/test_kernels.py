@@ -381,6 +381,43 @@ def test_the_16_byte_kernels_give_the_same_bits_as_the_one_value_ones(dtype, pac
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_the_loss_kernels_16_bytes_a_thread(dtype, monkeypatch):
+    """A vocabulary of whole vectors takes smoothed_nll_rows_vec and smoothed_nll_backward_vec: the
+    backward gives the one-value kernel's bits (the same arithmetic on each value), the row terms
+    agree to rounding (their sums run in another order); an odd vocabulary takes the one-value kernels."""
+    rng = np.random.default_rng(5)
+    vec = kernels.VEC_BYTES // np.dtype(dtype).itemsize
+    n, v, eps = 5, 40 * vec, 0.1
+    logits = (rng.normal(size=(n, v)) * 4).astype(dtype)
+    gold = rng.integers(0, v, size=n)
+    w = rng.random(n).astype(kernels.accum_dtype(dtype))
+    launched = []
+    real = kernels.LAUNCH["launch"]
+    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+
+    def run():
+        lse, nll, smooth = kernels.smoothed_nll_rows(logits, gold)
+        return (lse, nll, smooth), kernels.smoothed_nll_backward(logits, gold, lse, w, eps, w_scale=0.5)
+
+    monkeypatch.setenv("MINITF_FUSED_VEC", "0")
+    rows_one, _ = run()
+    monkeypatch.setenv("MINITF_FUSED_VEC", "1")
+    launched.clear()
+    rows_wide, dz_wide = run()
+    assert launched == ["smoothed_nll_rows_vec", "smoothed_nll_backward_vec"]
+    for a, b in zip(rows_one, rows_wide):
+        close(b, a, np.float32 if dtype == np.float16 else dtype)
+    monkeypatch.setenv("MINITF_FUSED_VEC", "0")
+    np.testing.assert_array_equal(kernels.smoothed_nll_backward(logits, gold, rows_wide[0], w, eps, w_scale=0.5),
+                                  dz_wide)
+    monkeypatch.setenv("MINITF_FUSED_VEC", "1")
+    launched.clear()
+    odd = logits[:, :v - 1].copy()
+    kernels.smoothed_nll_backward(odd, gold % (v - 1), kernels.smoothed_nll_rows(odd, gold % (v - 1))[0], w, eps)
+    assert launched == ["smoothed_nll_rows", "smoothed_nll_backward"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_bias_relu_and_relu_backward_in_place(dtype):
     """bias_relu(x, b) = relu_forward(x + b) in x's memory; relu_backward(dy, y) = dy * (y > 0) in
     dy's memory; NaN stays NaN in the forward as in maximum(x, 0)."""
