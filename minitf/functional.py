@@ -37,7 +37,7 @@ def column_sum(x2, y2=None):
 # ----------------------------------------------------------------------------- linear
 def linear_forward(x, w, b):
     """y = x @ w + b.  x [..., I], w [I, O], b [O] (None: no bias) -> y [..., O]."""
-    y = x.reshape(-1, x.shape[-1]) @ w
+    y = gemm.product(x.reshape(-1, x.shape[-1]), w)
     if b is not None:
         y += b
     return y.reshape(*x.shape[:-1], w.shape[1])
@@ -50,19 +50,15 @@ def linear_backward(dy, x, w, dw, db, dx_into=None):
     x2 = x.reshape(-1, x.shape[-1])
     dy2 = dy.reshape(-1, dy.shape[-1])
     # y = x @ w + b
-    if gemm.enabled(dw) and x2.dtype == dy2.dtype == dw.dtype and all(a.flags.c_contiguous for a in (x2, dy2, dw)):
-        gemm.accumulate_xt_dy(dw, x2, dy2)      # one GEMM with beta = 1: the same sum, no temporary
-    else:
-        dw += x2.T @ dy2
+    gemm.accumulate_xt_dy(dw, x2, dy2)          # dw += x2^T @ dy2 (on a GPU one GEMM with beta = 1: no temporary)
     if db is not None:
         if kernels.fused(dy2, "grads") and db.dtype == dy2.dtype and db.flags.c_contiguous:
             kernels.column_sums(dy2, out=db)    # the sum added into db by the kernel: no separate add
         else:
             db += column_sum(dy2)
     if dx_into is None:
-        return (dy2 @ w.T).reshape(x.shape)
-    if gemm.enabled(dx_into) and dx_into.dtype == dy2.dtype == w.dtype and dx_into.flags.c_contiguous \
-            and dy2.flags.c_contiguous and w.flags.c_contiguous:
+        return gemm.product(dy2, w, trans_b=True).reshape(x.shape)
+    if gemm.fits(dx_into, dy2, w):
         gemm.matmul(dy2, w, dx_into.reshape(-1, w.shape[0]), trans_b=True, beta=1.0)
     else:
         dx_into += (dy2 @ w.T).reshape(x.shape)

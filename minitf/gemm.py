@@ -141,8 +141,26 @@ def matmul(a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, batch=1):
     return c.array
 
 
+def fits(*arrays):
+    """Whether products of these arrays go through `matmul`: the fused path, one dtype, C-contiguous."""
+    return enabled(arrays[0]) and all(a.dtype == arrays[0].dtype and a.flags.c_contiguous for a in arrays)
+
+
+def product(a, b, trans_b=False):
+    """a @ b (a @ b^T with trans_b) of 2-d arrays, a new array: ONE cuBLAS call where `fits`
+    (CuPy's `@` costs the host more for the same GEMM), else the array module's matmul."""
+    if not fits(a, b):
+        return a @ (b.T if trans_b else b)
+    out = backend.cupy.empty((a.shape[0], b.shape[0] if trans_b else b.shape[1]), dtype=a.dtype)
+    return matmul(a, b, out, trans_b=trans_b)
+
+
 def accumulate_xt_dy(dw, x2, dy2):
-    """dw += x2^T @ dy2 (a Linear's weight gradient) as one GEMM with beta = 1: no product
-    array, no separate add. dw [I, O], x2 [rows, I], dy2 [rows, O], all C-contiguous, one dtype."""
-    matmul(x2, dy2, dw, trans_a=True, beta=1.0)
+    """dw += x2^T @ dy2 (a Linear's weight gradient) as one GEMM with beta = 1 where `fits`: no
+    product array, no separate add; else the array module's product and add. dw [I, O], x2 [rows, I],
+    dy2 [rows, O]."""
+    if fits(dw, x2, dy2):
+        matmul(x2, dy2, dw, trans_a=True, beta=1.0)
+    else:
+        dw += x2.T @ dy2
     return dw

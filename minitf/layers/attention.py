@@ -115,7 +115,7 @@ class MultiHeadAttention(Layer):
         stride = self._stride(names, "params") if len(names) > 1 else None
         if stride is None:
             x2 = x.reshape(-1, x.shape[-1])
-            return [kernels.unpack_heads(x2 @ lin.params["weight"], lin.params["bias"], inverse, b, length,
+            return [kernels.unpack_heads(gemm.product(x2, lin.params["weight"]), lin.params["bias"], inverse, b, length,
                                          self.n_heads) for lin in lins]
         xp = F.xp_of(x)
         x2 = xp.ascontiguousarray(x.reshape(-1, x.shape[-1]))

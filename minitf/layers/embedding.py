@@ -13,6 +13,7 @@ scoring them is a third of the projection's work. Decoding sees them at -inf (`o
 import numpy as np
 
 from .. import functional as F
+from .. import gemm
 from ..backend import is_gpu, xp_of
 from .base import Layer
 
@@ -88,7 +89,7 @@ class TokenEmbedding(Layer):
         """h [B, T, D] -> (logits [B, T, V_o] = h @ weight[ids]^T, cache); V_o = V and ids = all
         without an output vocabulary: logits = h @ weight^T."""
         d = h.shape[-1]
-        logits = h.reshape(-1, d) @ self._out_rows().T
+        logits = gemm.product(h.reshape(-1, d), self._out_rows(), trans_b=True)
         if "bias" in self.params:
             b = self.params["bias"]
             logits += b if self.output_ids is None else b[self.output_ids]
@@ -129,9 +130,8 @@ class TokenEmbedding(Layer):
             else:
                 self.grads["bias"][self.output_ids] += db
         # logits = h @ weight[ids]^T
-        dw = dl2.T @ h.reshape(-1, d)                                   # [V_o, D]
         if self.output_ids is None:
-            self.grads["weight"] += dw
+            gemm.accumulate_xt_dy(self.grads["weight"], dl2, h.reshape(-1, d))    # += dl2^T h [V, D]
         else:
-            self.grads["weight"][self.output_ids] += dw                 # ids distinct: no repeats to add up
-        return (dl2 @ w).reshape(h.shape)
+            self.grads["weight"][self.output_ids] += dl2.T @ h.reshape(-1, d)  # [V_o, D]; ids distinct: no repeats
+        return gemm.product(dl2, w).reshape(h.shape)

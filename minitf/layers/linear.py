@@ -2,6 +2,7 @@
 import numpy as np
 
 from .. import functional as F
+from .. import gemm
 from .base import Layer
 
 
@@ -23,7 +24,7 @@ class Linear(Layer):
         that adds the bias in its next pass over the rows (the feed-forward's kernels.bias_relu).
         Backward is `backward`, as for `forward` (db is the sum of dy either way)."""
         self.cache = x
-        return x.reshape(-1, x.shape[-1]) @ self.params["weight"]
+        return gemm.product(x.reshape(-1, x.shape[-1]), self.params["weight"])
 
     def apply(self, x):
         """Inference: the forward without keeping a cache (decoding)."""
