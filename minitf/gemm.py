@@ -13,10 +13,10 @@ buffer without a separate add. float16 and bfloat16 run on tensor cores with flo
 accumulation (CUBLAS_COMPUTE_32F); float32 uses TF32 tensor cores when CUPY_TF32 is set (as
 CuPy's own matmul does), else full float32; float64 stays float64.
 
-cuBLAS is column-major: a row-major R x C matrix with leading dimension ld is the
-column-major C x R matrix with the same ld. So the row-major C = op(A) op(B) is asked of
-cuBLAS as the column-major C^T = op(B)^T op(A)^T: the operands swap places, each keeps its
-own transpose flag, m is C's column count and n its row count.
+cuBLAS is column-major: a row-major matrix of r rows and q columns with leading dimension ld
+is the column-major q x r matrix with the same ld. So the row-major c = op(a) op(b) is asked of
+cuBLAS as the column-major c^T = op(b)^T op(a)^T: the operands swap places, each keeps its own
+transpose flag, m is c's column count and n its row count.
 
 `enabled(x)`: CuPy arrays on the fused path (kernels.enabled) unless the environment sets
 MINITF_CUBLAS=0 (then CuPy's matmul runs, as before, for comparisons). tests/strict_cupy.py
@@ -130,7 +130,7 @@ def matmul(a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, batch=1):
     cupy = backend.cupy
     cublas, handle = cupy.cuda.cublas, cupy.cuda.device.get_cublas_handle()
     one, zero = _scalar(alpha, scalar), _scalar(beta, scalar)   # host scalars (pointer mode host)
-    # row-major C = op(A) op(B)  <=>  column-major C^T = op(B)^T op(A)^T: B first, A second
+    # row-major c = op(a) op(b)  <=>  column-major c^T = op(b)^T op(a)^T: b first, a second
     head = (handle, OP_T if trans_b else OP_N, OP_T if trans_a else OP_N, cols, rows, inner, one.ctypes.data)
     if batch == 1:
         cublas.gemmEx(*head, _ptr(b), dtype, b.ld, _ptr(a), dtype, a.ld, zero.ctypes.data, _ptr(c), dtype, c.ld,

@@ -418,6 +418,10 @@ def _facts():
         ("derivations/schedule.md", "4.94", f"{_peak('big')[0]:.2e}" == "4.94e-04"),
         ("derivations/schedule.md", "3.09", f"{_peak('small')[0]:.2e}" == "3.09e-03"),
         ("derivations/schedule.md", "peak", noam(3999, 512, 4000) < noam(4000, 512, 4000) > noam(4001, 512, 4000)),
+        ("paper_map.md", "the paper's $\\alpha = 0.6$ for base and big, 2.0 for `small`",
+         tuple(Config.preset(n).decode_alpha for n in ("base", "big", "small")) == (0.6, 0.6, 2.0)),
+        ("paper_map.md", "`update_tokens` in `minitf.config.PRESETS`, split over the ranks",
+         all("update_tokens" in PRESETS[n] for n in ("base", "big", "small")) and Config().max_tokens is None),
         ("derivations/schedule.md", "it is still $\\sqrt{w/t}$ of its peak",
          all(abs(noam(t, 512, 4000) / noam(4000, 512, 4000) - (4000 / t) ** 0.5) < 1e-12 for t in (4000, 16_000, 100_000))),
     ]
@@ -600,6 +604,55 @@ def test_every_shape_bracket_of_the_pages_uses_the_legends_letters():
                     unknown.setdefault(tok, set()).add(rel(page))
         assert not re.search(r"\$N = B|\bN = (B|b|kept|cfg)|\(N kept", text), f"{rel(page)} redefines N (rows, layers)"
     assert not unknown, f"shape letters the legend (docs/README.md) does not list: {unknown}"
+
+
+LEGEND_LETTERS = ("B", "S", "T", "D", "H", "K", "F", "V", "N", "L", "R")
+
+
+def _is_count(rhs):
+    """Whether a code block's value for a legend letter is a count: an integer, or one read from a
+    config, a shape or a length."""
+    rhs = rhs.strip()
+    return bool(re.fullmatch(r"\d+", rhs)) or any(k in rhs for k in ("cfg.", "shape", "len(", "int(", ".size"))
+
+
+def test_a_legend_letter_keeps_its_meaning_in_code_blocks_and_formulas():
+    """A page's code blocks give a legend letter a count (`B, S, T = 2, 5, 4`, `D = cfg.d_model`), never
+    another quantity (a loss scale `S = 2.0 ** 15`, an array `K = att.keys(memory)`, a float); a formula
+    defining one (`$K = ...$`) gives it a number or the legend's own meaning."""
+    pages = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+    bad = []
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        for block in re.findall(r"^```python\n(.*?)^```", text, re.S | re.M):
+            for line in block.splitlines():
+                m = re.match(r"^\s*((?:\w+\s*,\s*)*\w+)\s*=(?!=)(.*?)(#.*)?$", line)
+                if not m:
+                    continue
+                names = [n.strip() for n in m.group(1).split(",")]
+                values = m.group(2).split(",") if len(names) > 1 else [m.group(2)]
+                if len(values) != len(names):
+                    values = [m.group(2)] * len(names)
+                bad += [f"{rel(page)}: {line.strip()}" for n, v in zip(names, values)
+                        if n in LEGEND_LETTERS and not _is_count(v)]
+        for name, rhs in re.findall(r"\$\s*([A-Z])\s*=\s*([^$]+)\$", text):
+            if name in LEGEND_LETTERS and not (re.match(r"\d", rhs.strip()) or rhs.strip() in ("4D", "N_\\text{tok}")):
+                bad.append(f"{rel(page)}: ${name} = {rhs}$")
+    assert not bad, f"legend letters given another meaning: {bad}"
+
+
+def test_blocks_that_need_a_runs_files_say_so_at_their_top():
+    """A code block of the README or a page that opens a model or files a run writes (`runs/...`, an
+    OPUS-MT folder) says on its first line what it needs, so a reader who copies it alone knows."""
+    bad = []
+    for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        for lang, block in re.findall(r"^```(python|bash)\n(.*?)^```", page.read_text(encoding="utf-8"), re.S | re.M):
+            written = re.findall(r"--out (runs/\S+)", block)          # what the block makes itself
+            read = [p for p in re.findall(r"(?:--checkpoint |--log |load\(\")(\S+?)[\s\"]", block)
+                    if not any(p.startswith(w) for w in written)]
+            if read and not block.startswith("# needs ") and not block.startswith(RUNS_MARK):
+                bad.append(f"{rel(page)}: {block.splitlines()[0]}")
+    assert not bad, f"blocks that need a run's files without saying so: {bad}"
 
 
 def test_the_walkthroughs_figures_are_the_recorded_ones():
