@@ -58,7 +58,7 @@ def mat(a):
 
 def enabled(x):
     """Whether products on x go through `matmul` (CuPy arrays on the fused path)."""
-    return backend.is_gpu(backend.xp_of(x)) and os.environ.get("MINITF_CUBLAS", "1") != "0" and kernels.enabled(x)
+    return backend.is_gpu(backend.xp_of(x)) and not kernels.switched_off("MINITF_CUBLAS") and kernels.enabled(x)
 
 
 def _dtype_name(dtype):
@@ -95,10 +95,12 @@ def _types(dtype):
 
 
 def _scalar(value, dtype):
+    """(host scalar, its address): the array must live until the cuBLAS call has read it."""
     key = (value, dtype)
     s = _SCALARS.get(key)
     if s is None:
-        s = np.array(value, dtype=dtype)
+        a = np.array(value, dtype=dtype)
+        s = (a, a.ctypes.data)
         if len(_SCALARS) < 256:            # alphas and betas are a handful of constants
             _SCALARS[key] = s
     return s
@@ -129,15 +131,15 @@ def matmul(a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, batch=1):
     dtype, ctype, scalar = _types(dt)
     cupy = backend.cupy
     cublas, handle = cupy.cuda.cublas, cupy.cuda.device.get_cublas_handle()
-    one, zero = _scalar(alpha, scalar), _scalar(beta, scalar)   # host scalars (pointer mode host)
+    alpha_h, beta_h = _scalar(alpha, scalar), _scalar(beta, scalar)   # (host scalar, address): pointer mode host
     # row-major c = op(a) op(b)  <=>  column-major c^T = op(b)^T op(a)^T: b first, a second
-    head = (handle, OP_T if trans_b else OP_N, OP_T if trans_a else OP_N, cols, rows, inner, one.ctypes.data)
+    head = (handle, OP_T if trans_b else OP_N, OP_T if trans_a else OP_N, cols, rows, inner, alpha_h[1])
     if batch == 1:
-        cublas.gemmEx(*head, _ptr(b), dtype, b.ld, _ptr(a), dtype, a.ld, zero.ctypes.data, _ptr(c), dtype, c.ld,
+        cublas.gemmEx(*head, _ptr(b), dtype, b.ld, _ptr(a), dtype, a.ld, beta_h[1], _ptr(c), dtype, c.ld,
                       ctype, GEMM_DEFAULT)
     else:
         cublas.gemmStridedBatchedEx(*head, _ptr(b), dtype, b.ld, b.stride, _ptr(a), dtype, a.ld, a.stride,
-                                    zero.ctypes.data, _ptr(c), dtype, c.ld, c.stride, batch, ctype, GEMM_DEFAULT)
+                                    beta_h[1], _ptr(c), dtype, c.ld, c.stride, batch, ctype, GEMM_DEFAULT)
     return c.array
 
 

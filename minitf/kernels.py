@@ -774,11 +774,29 @@ def source(dtype):
     return HALF + f"typedef {t} T;\ntypedef {a} A;\n" + PRELUDE + KERNELS
 
 
+# The switches below are read on every call (bench/gpu_ab.py flips them between steps), ~800 times
+# a GPU step: as a lookup in os.environ's own store where Python keeps one (a dict of encoded keys and
+# values, kept in step with every change to os.environ), not os.environ.get's encoding and decoding.
+_ENV_STORE = getattr(os.environ, "_data", None)
+_ENV_ZERO = os.environ.encodevalue("0") if _ENV_STORE is not None else None
+_ENV_KEYS = {}
+
+
+def switched_off(name):
+    """Whether the environment sets `name` to 0 (os.environ.get(name) == "0")."""
+    if _ENV_STORE is None:
+        return os.environ.get(name) == "0"
+    key = _ENV_KEYS.get(name)
+    if key is None:
+        key = _ENV_KEYS[name] = os.environ.encodekey(name)
+    return _ENV_STORE.get(key) == _ENV_ZERO
+
+
 def enabled(x):
     """Whether x (an array) takes the fused kernels: CuPy arrays whose dtype's kernels
     compiled, unless MINITF_FUSED=0. A compile failure is reported once (warning) and that
     dtype stays on the generic path: training goes on, slower."""
-    if not backend.is_gpu(backend.xp_of(x)) or os.environ.get("MINITF_FUSED", "1") == "0":
+    if not backend.is_gpu(backend.xp_of(x)) or switched_off("MINITF_FUSED"):
         return False
     return _module(x.dtype) is not None
 
@@ -790,7 +808,7 @@ def fused(x, name):
     'adam' (one Adam kernel), 'embed' (the embedding of the kept rows and its gradient, one kernel each), 'grads' (gradient sums added where they go: a LayerNorm's
     backward with its residual gradient, dropout mask and parameter sums; a bias's sum), 'norm' (a
     post-norm block's residual sum, dropout and LayerNorm forward in one pass: residual_layernorm)."""
-    return enabled(x) and os.environ.get(f"MINITF_FUSED_{name.upper()}", "1") != "0"
+    return enabled(x) and not switched_off("MINITF_FUSED_" + name.upper())
 
 
 # ----------------------------------------------------------------------------- launching
@@ -1095,7 +1113,7 @@ def vec_ok(*arrays, width):
     """Whether the *_vec kernels apply: unless the environment sets MINITF_FUSED_VEC=0, when
     every array 16-byte aligned, and `width` (the values that must lie in whole vectors: a row's
     length, a head's K) a multiple of VEC."""
-    if os.environ.get("MINITF_FUSED_VEC", "1") == "0":
+    if switched_off("MINITF_FUSED_VEC"):
         return False
     vec = VEC_BYTES // arrays[0].itemsize
     return width % vec == 0 and all(_address(a) % VEC_BYTES == 0 for a in arrays)
