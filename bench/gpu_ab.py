@@ -8,7 +8,8 @@
 The variants differ only in environment variables that minitf reads on every call
 (`--variant name=VAR=value[,VAR=value]`; default: `now`, the step as it is, against `before`,
 every fusion switched off: MINITF_CUBLAS=0 and MINITF_FUSED_{RELU,ADAM,GRADS,EMBED,NORM,VEC}=0; the warp
-softmax has no switch), so one process runs them all, alternating, with PyTorch eager beside
+softmax has no switch; the LayerNorms' warp-per-row kernels, off by default, are
+`--variant lnwarp=MINITF_FUSED_LNWARP=1`), so one process runs them all, alternating, with PyTorch eager beside
 them (bench/train_step.py's TorchRunner, same weights) when torch with CUDA is there, and with
 --strong PyTorch as a user choosing it for speed would run it (scaled_dot_product_attention,
 logits on the rows with a loss only, fused Adam; --torch-compile adds torch.compile). For each

@@ -29,6 +29,8 @@ that reduces in shared memory and writes its outputs once.
   embedding_backward    the embedding's gradient summed per id in a fixed order (no atomics)
   *_vec                 bias_relu, relu_backward, unpack_heads, pack_heads, smoothed_nll_rows and
                         smoothed_nll_backward loading and storing 16 bytes a thread (kernels.vec_ok)
+  *_warp (LayerNorm)    layernorm_forward, residual_layernorm and layernorm_backward with a warp per row
+                        and 16-byte loads (kernels.ln_warp_ok; MINITF_FUSED_LNWARP=1)
 
 Every kernel reads and writes the storage dtype T (float16, float32 or float64) and
 computes in A (float32, or float64 for float64 arrays), like functional.py's generic path,
@@ -403,6 +405,117 @@ extern "C" __global__ void residual_layernorm(const long long* rowpos, int has_r
     layernorm_row(y, off, d, s, g, bvec, out, xhat, rstd, r, eps, buf);
 }
 
+// LayerNorm with a warp per row and 16-byte loads (kernels.ln_warp_ok: MINITF_FUSED_LNWARP=1, d whole
+// vectors, 16-byte aligned rows): the block's warps take rows blockIdx.x * warps + warp, lane l the row's
+// values l VEC .. l VEC + VEC - 1, then those 32 VEC further on, ...; the sums are warp shuffles (no shared
+// memory, no block barrier). The formulas of the block kernels above; the sums run in another order (not
+// their bits). Every warp runs the same shuffles, also past the last row (len = 0 there).
+// After the row's sum s (this lane's share): mean, rstd, xhat and y, as layernorm_row.
+__device__ void layernorm_row_warp(const T* x, long long off, int len, int d, A s, const T* g, const T* bvec, T* y,
+                                   A* xhat, A* rstd, long long row, A eps, int lane) {
+    A mean = warp_sum(s) / d;
+    A v = 0;
+    for (int j = lane * VEC; j < len; j += 32 * VEC) {
+        Vec a = *(const Vec*)(x + off + j);
+        for (int k = 0; k < VEC; k++) { A c = (A)a.v[k] - mean; v += c * c; }
+    }
+    A rs = (A)1 / a_sqrt(warp_sum(v) / d + eps);
+    for (int j = lane * VEC; j < len; j += 32 * VEC) {
+        Vec a = *(const Vec*)(x + off + j);
+        Vec o;
+        for (int k = 0; k < VEC; k++) {
+            A xh = ((A)a.v[k] - mean) * rs;
+            xhat[off + j + k] = xh;
+            o.v[k] = (T)(xh * (A)g[j + k] + (A)bvec[j + k]);
+        }
+        *(Vec*)(y + off + j) = o;
+    }
+    if (lane == 0 && len > 0) rstd[row] = rs;
+}
+
+extern "C" __global__ void layernorm_forward_warp(const T* x, const T* g, const T* bvec, T* y, A* xhat, A* rstd,
+                                                  int d, A eps, long long rows) {
+    int lane = threadIdx.x % 32;
+    long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int len = r < rows ? d : 0;
+    long long off = (r < rows ? r : 0) * d;
+    A s = 0;
+    for (int j = lane * VEC; j < len; j += 32 * VEC) {
+        Vec a = *(const Vec*)(x + off + j);
+        for (int k = 0; k < VEC; k++) s += (A)a.v[k];
+    }
+    layernorm_row_warp(x, off, len, d, s, g, bvec, y, xhat, rstd, r, eps, lane);
+}
+
+// residual_layernorm with a warp per row: the same sum (and bits) as dropout_add then layernorm_forward_warp.
+extern "C" __global__ void residual_layernorm_warp(const long long* rowpos, int has_rows, unsigned long long key,
+                                                   int has_drop, T* y, const T* yb, int has_yb, const T* x, T* mask,
+                                                   int thresh, A scale, const T* g, const T* bvec, T* out, A* xhat,
+                                                   A* rstd, int d, A eps, long long rows) {
+    int lane = threadIdx.x % 32;
+    long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int len = r < rows ? d : 0;
+    long long rr = r < rows ? r : 0, off = rr * d;
+    unsigned long long pos = (unsigned long long)(has_rows ? rowpos[rr] : rr);
+    A s = 0;
+    for (int j = lane * VEC; j < len; j += 32 * VEC) {
+        Vec yv = *(const Vec*)(y + off + j);
+        Vec xv = *(const Vec*)(x + off + j);
+        Vec mv;
+        for (int k = 0; k < VEC; k++) {
+            A m = has_drop ? dropout_keep(key, pos, d, j + k, thresh, scale) : (A)1;
+            mv.v[k] = (T)m;
+            A yj = has_yb ? (A)(T)((A)yv.v[k] + (A)yb[j + k]) : (A)yv.v[k];
+            yv.v[k] = (T)(yj * m + (A)xv.v[k]);
+            s += (A)yv.v[k];
+        }
+        if (has_drop) *(Vec*)(mask + off + j) = mv;
+        *(Vec*)(y + off + j) = yv;   // read back below by this same lane only
+    }
+    layernorm_row_warp(y, off, len, d, s, g, bvec, out, xhat, rstd, r, eps, lane);
+}
+
+// layernorm_backward with a warp per row (as above).
+extern "C" __global__ void layernorm_backward_warp(T* dy, const T* dy2, int has_dy2, const A* xhat, const A* rstd,
+                                                   const T* g, T* dx, const T* mask, int has_mask, T* dxm, int d,
+                                                   long long rows) {
+    int lane = threadIdx.x % 32;
+    long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int len = r < rows ? d : 0;
+    long long rr = r < rows ? r : 0, off = rr * d;
+    A s1 = 0, s2 = 0;
+    for (int j = lane * VEC; j < len; j += 32 * VEC) {
+        Vec a = *(Vec*)(dy + off + j);
+        if (has_dy2) {
+            Vec b = *(const Vec*)(dy2 + off + j);
+            for (int k = 0; k < VEC; k++) a.v[k] = (T)((A)a.v[k] + (A)b.v[k]);
+            *(Vec*)(dy + off + j) = a;
+        }
+        for (int k = 0; k < VEC; k++) {
+            A dxh = (A)a.v[k] * (A)g[j + k];
+            s1 += dxh;
+            s2 += dxh * xhat[off + j + k];
+        }
+    }
+    A m1 = warp_sum(s1) / d;
+    A m2 = warp_sum(s2) / d;
+    A rs = rstd[rr];
+    for (int j = lane * VEC; j < len; j += 32 * VEC) {
+        Vec a = *(const Vec*)(dy + off + j);
+        Vec o, om;
+        for (int k = 0; k < VEC; k++) {
+            A dxh = (A)a.v[k] * (A)g[j + k];
+            o.v[k] = (T)(rs * (dxh - m1 - xhat[off + j + k] * m2));
+        }
+        *(Vec*)(dx + off + j) = o;
+        if (has_mask) {
+            Vec mk = *(const Vec*)(mask + off + j);
+            for (int k = 0; k < VEC; k++) om.v[k] = (T)((A)o.v[k] * (A)mk.v[k]);
+            *(Vec*)(dxm + off + j) = om;
+        }
+    }
+}
+
 // Column sums of x [n, d], or of x * y (has_y), pass 1 of 2. Block b sums the 32 columns from
 // c0 = (b % chunks) * 32 over one slab of rows [slab * rows_per_slab, +rows_per_slab), slab = b / chunks:
 // its threads are groups of 32 (a warp reads 32 neighbouring values of a row), group g taking the
@@ -721,6 +834,10 @@ SIGNATURES = {
     "softmax_backward_warp": ["T*", "T*", "T*", "long long", "int"],
     "layernorm_forward": ["T*", "T*", "T*", "T*", "A*", "A*", "int", "A"],
     "layernorm_backward": ["T*", "T*", "int", "A*", "A*", "T*", "T*", "T*", "int", "T*", "int"],
+    "layernorm_forward_warp": ["T*", "T*", "T*", "T*", "A*", "A*", "int", "A", "long long"],
+    "layernorm_backward_warp": ["T*", "T*", "int", "A*", "A*", "T*", "T*", "T*", "int", "T*", "int", "long long"],
+    "residual_layernorm_warp": ["long long*", "int", "unsigned long long", "int", "T*", "T*", "int", "T*", "T*", "int",
+                                "A", "T*", "T*", "T*", "A*", "A*", "int", "A", "long long"],
     "smoothed_nll_rows": ["T*", "long long*", "A*", "A*", "A*", "int"],
     "loss_totals": ["A*", "A*", "long long", "A", "A", "A*"],
     "smoothed_nll_backward": ["T*", "long long*", "A*", "A*", "int", "A", "T*", "int", "A"],
@@ -779,6 +896,7 @@ def source(dtype):
 # values, kept in step with every change to os.environ), not os.environ.get's encoding and decoding.
 _ENV_STORE = getattr(os.environ, "_data", None)
 _ENV_ZERO = os.environ.encodevalue("0") if _ENV_STORE is not None else None
+_ENV_ONE = os.environ.encodevalue("1") if _ENV_STORE is not None else None
 _ENV_KEYS = {}
 
 
@@ -790,6 +908,16 @@ def switched_off(name):
     if key is None:
         key = _ENV_KEYS[name] = os.environ.encodekey(name)
     return _ENV_STORE.get(key) == _ENV_ZERO
+
+
+def switched_on(name):
+    """Whether the environment sets `name` to 1 (a switch that is off by default)."""
+    if _ENV_STORE is None:
+        return os.environ.get(name) == "1"
+    key = _ENV_KEYS.get(name)
+    if key is None:
+        key = _ENV_KEYS[name] = os.environ.encodekey(name)
+    return _ENV_STORE.get(key) == _ENV_ONE
 
 
 def enabled(x):
@@ -909,8 +1037,11 @@ def layernorm_forward(x, g, b, eps):
     y = xp.empty_like(x)
     xhat = xp.empty(x.shape, dtype=a)
     rstd = xp.empty(x.shape[:-1] + (1,), dtype=a)
-    _launch("layernorm_forward", x.dtype, rows, block_size("layernorm", d),
-            (x, _as(g, x.dtype), _as(b, x.dtype), y, xhat, rstd, np.int32(d), a(eps)))
+    args = (x, _as(g, x.dtype), _as(b, x.dtype), y, xhat, rstd, np.int32(d), a(eps))
+    if ln_warp_ok(d, x, y):
+        _launch("layernorm_forward_warp", x.dtype, -(-rows // WARP_ROWS), 32 * WARP_ROWS, args + (np.int64(rows),))
+    else:
+        _launch("layernorm_forward", x.dtype, rows, block_size("layernorm", d), args)
     return y, (xhat, rstd)
 
 
@@ -930,10 +1061,15 @@ def layernorm_backward_input(dy, xhat, rstd, g, dy2=None, mask=None):
     rows, d = _rows(dy)
     dx = xp.empty_like(dy)
     dxm = None if mask is None else xp.empty_like(dy)
-    _launch("layernorm_backward", dy.dtype, rows, block_size("layernorm", d),
-            (dy, dy if dy2 is None else xp.ascontiguousarray(dy2), np.int32(dy2 is not None), xhat, rstd,
-             _as(g, dy.dtype), dx, dy if mask is None else xp.ascontiguousarray(mask), np.int32(mask is not None),
-             dx if dxm is None else dxm, np.int32(d)))
+    has_dy2 = dy2 is not None
+    dy2 = xp.ascontiguousarray(dy2) if has_dy2 else dy
+    mask_ = dy if mask is None else xp.ascontiguousarray(mask)
+    args = (dy, dy2, np.int32(has_dy2), xhat, rstd, _as(g, dy.dtype), dx, mask_, np.int32(mask is not None),
+            dx if dxm is None else dxm, np.int32(d))
+    if ln_warp_ok(d, dy, dy2, dx, mask_, dx if dxm is None else dxm):
+        _launch("layernorm_backward_warp", dy.dtype, -(-rows // WARP_ROWS), 32 * WARP_ROWS, args + (np.int64(rows),))
+    else:
+        _launch("layernorm_backward", dy.dtype, rows, block_size("layernorm", d), args)
     return dx if mask is None else (dx, dxm)
 
 
@@ -1010,12 +1146,15 @@ def residual_layernorm(key, rowpos, y, x, p, g, b, eps, y_bias=None):
     xhat = xp.empty(y.shape, dtype=a)
     rstd = xp.empty(y.shape[:-1] + (1,), dtype=a)
     positions = _placeholder(xp, np.int64) if rowpos is None else xp.ascontiguousarray(rowpos, dtype=np.int64)
-    _launch("residual_layernorm", y.dtype, rows, block_size("layernorm", d),
-            (positions, np.int32(rowpos is not None), np.uint64(key or 0), np.int32(key is not None), y,
-             y if y_bias is None else _as(y_bias, y.dtype), np.int32(y_bias is not None), x,
-             y if mask is None else mask, np.int32(0 if key is None else keep_threshold(p)),
-             a(1.0 if key is None else 1.0 / (1.0 - p)), _as(g, y.dtype), _as(b, y.dtype), out, xhat, rstd,
-             np.int32(d), a(eps)))
+    args = (positions, np.int32(rowpos is not None), np.uint64(key or 0), np.int32(key is not None), y,
+            y if y_bias is None else _as(y_bias, y.dtype), np.int32(y_bias is not None), x,
+            y if mask is None else mask, np.int32(0 if key is None else keep_threshold(p)),
+            a(1.0 if key is None else 1.0 / (1.0 - p)), _as(g, y.dtype), _as(b, y.dtype), out, xhat, rstd,
+            np.int32(d), a(eps))
+    if ln_warp_ok(d, y, x, out, y if mask is None else mask):
+        _launch("residual_layernorm_warp", y.dtype, -(-rows // WARP_ROWS), 32 * WARP_ROWS, args + (np.int64(rows),))
+    else:
+        _launch("residual_layernorm", y.dtype, rows, block_size("layernorm", d), args)
     return out, mask, (xhat, rstd)
 
 
@@ -1117,6 +1256,13 @@ def vec_ok(*arrays, width):
         return False
     vec = VEC_BYTES // arrays[0].itemsize
     return width % vec == 0 and all(_address(a) % VEC_BYTES == 0 for a in arrays)
+
+
+def ln_warp_ok(d, *arrays):
+    """Whether the LayerNorm kernels take a warp per row (layernorm_forward_warp, residual_layernorm_warp,
+    layernorm_backward_warp): MINITF_FUSED_LNWARP=1 (off by default: not yet timed on a GPU) and the
+    16-byte loads apply (vec_ok: rows of d whole vectors, 16-byte aligned)."""
+    return switched_on("MINITF_FUSED_LNWARP") and vec_ok(*arrays, width=d)
 
 
 def _address(a):

@@ -418,6 +418,51 @@ def test_the_loss_kernels_16_bytes_a_thread(dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_the_layernorm_kernels_a_warp_per_row(dtype, monkeypatch):
+    """MINITF_FUSED_LNWARP=1: layernorm_forward, residual_layernorm and the LayerNorm's backward take a
+    warp per row with 16-byte loads (rows of whole vectors, 2 lanes' shares uneven, rows not a multiple
+    of the warps a block): the block kernels' results to rounding (the sums run in another order), the
+    same dropout mask, and residual_layernorm the same bits as dropout_add then the LayerNorm; rows that
+    are not whole vectors take the block kernels."""
+    rng = np.random.default_rng(8)
+    vec = kernels.VEC_BYTES // np.dtype(dtype).itemsize
+    n, d, eps, p = 7, 32 * vec + 3 * vec, 1e-5, 0.1
+    x, y, dy, dy2 = (rng.normal(size=(n, d)).astype(dtype) for _ in range(4))
+    g, b, yb = (rng.normal(size=d).astype(dtype) for _ in range(3))
+    rowpos, key = np.array([0, 2, 3, 7, 8, 9, 15]), F.DropoutSites(5, 9).next_site()[1]
+    launched = []
+    real = kernels.LAUNCH["launch"]
+    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+    acc = np.float32 if dtype == np.float16 else dtype
+
+    def run():
+        fwd = kernels.layernorm_forward(x, g, b, eps)
+        res = kernels.residual_layernorm(key, rowpos, y.copy(), x, p, g, b, eps, y_bias=yb)
+        dy_own = dy.copy()
+        back = kernels.layernorm_backward_input(dy_own, fwd[1][0], fwd[1][1], g, dy2=dy2, mask=res[1])
+        return fwd, res, back, dy_own
+
+    (y1, (xh1, rs1)), (o1, m1, (rxh1, rrs1)), (dx1, dxm1), dys1 = run()
+    assert not [name for name in launched if name.endswith("_warp")]
+    monkeypatch.setenv("MINITF_FUSED_LNWARP", "1")
+    launched.clear()
+    (y2, (xh2, rs2)), (o2, m2, (rxh2, rrs2)), (dx2, dxm2), dys2 = run()
+    assert launched == ["layernorm_forward_warp", "residual_layernorm_warp", "layernorm_backward_warp"]
+    for got, want, kind in ((y2, y1, dtype), (xh2, xh1, acc), (rs2, rs1, acc), (o2, o1, dtype), (rxh2, rxh1, acc),
+                            (rrs2, rrs1, acc), (dx2, dx1, dtype), (dxm2, dxm1, dtype)):
+        close(got, want, kind, scale=3.0)
+    np.testing.assert_array_equal(m2, m1)
+    np.testing.assert_array_equal(dys2, dys1)            # dy + dy2, written back into dy
+    summed = kernels.dropout_add(key, rowpos, (y.astype(acc) + yb.astype(acc)).astype(dtype), x, p)[0]
+    alone = kernels.layernorm_forward(summed, g, b, eps)
+    np.testing.assert_array_equal(o2, alone[0])
+    np.testing.assert_array_equal(rxh2, alone[1][0])
+    launched.clear()
+    kernels.layernorm_forward(x[:, :d - 1].copy(), g[:d - 1], b[:d - 1], eps)
+    assert launched == ["layernorm_forward"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_bias_relu_and_relu_backward_in_place(dtype):
     """bias_relu(x, b) = relu_forward(x + b) in x's memory; relu_backward(dy, y) = dy * (y > 0) in
     dy's memory; NaN stays NaN in the forward as in maximum(x, 0)."""
