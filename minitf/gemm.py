@@ -106,46 +106,58 @@ def _scalar(value, dtype):
     return s
 
 
-def _shape(m, trans):
-    return (m.cols, m.rows) if trans else (m.rows, m.cols)
-
-
-def _ptr(m):
-    return m.array.data.ptr + m.offset * m.array.itemsize
+def _where(x):
+    """(array, rows, cols, ld, batch stride, device address of the first element) of a Mat, or of a
+    C-contiguous array taken whole (as `mat` takes it): one call per operand on the hot path."""
+    if type(x) is Mat:
+        arr = x.array
+        return arr, x.rows, x.cols, x.ld, x.stride, arr.data.ptr + x.offset * arr.itemsize
+    if not x.flags.c_contiguous:
+        raise ValueError(f"gemm.matmul needs C-contiguous arrays (got strides {x.strides} for shape {x.shape})")
+    shape = x.shape
+    r, c = shape[-2], shape[-1]
+    return x, r, c, c, r * c, x.data.ptr
 
 
 def matmul(a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, batch=1):
     """c[i] = alpha * op(a[i]) @ op(b[i]) + beta * c[i] for i < batch: ONE cuBLAS call.
     a, b, c: Mat (or C-contiguous arrays, taken whole by `mat`) of one dtype; c is written in
     place (with beta = 0 its old contents are never read) and returned."""
-    a = a if type(a) is Mat else mat(a)
-    b = b if type(b) is Mat else mat(b)
-    c = c if type(c) is Mat else mat(c)
-    rows, inner = _shape(a, trans_a)
-    inner_b, cols = _shape(b, trans_b)
-    if inner != inner_b or c.rows != rows or c.cols != cols:
-        raise ValueError(f"gemm.matmul: op(a) {rows}x{inner} @ op(b) {inner_b}x{cols} -> c {c.rows}x{c.cols}")
-    dt = c.array.dtype
-    if a.array.dtype != dt or b.array.dtype != dt:
-        raise TypeError(f"gemm.matmul: one dtype for a, b, c (got {a.array.dtype}, {b.array.dtype}, {c.array.dtype})")
+    a_arr, a_rows, a_cols, a_ld, a_stride, a_ptr = _where(a)
+    b_arr, b_rows, b_cols, b_ld, b_stride, b_ptr = _where(b)
+    c_arr, c_rows, c_cols, c_ld, c_stride, c_ptr = _where(c)
+    rows, inner = (a_cols, a_rows) if trans_a else (a_rows, a_cols)       # op(a) [rows, inner]
+    inner_b, cols = (b_cols, b_rows) if trans_b else (b_rows, b_cols)     # op(b) [inner, cols]
+    if inner != inner_b or c_rows != rows or c_cols != cols:
+        raise ValueError(f"gemm.matmul: op(a) {rows}x{inner} @ op(b) {inner_b}x{cols} -> c {c_rows}x{c_cols}")
+    dt = c_arr.dtype
+    if a_arr.dtype != dt or b_arr.dtype != dt:
+        raise TypeError(f"gemm.matmul: one dtype for a, b, c (got {a_arr.dtype}, {b_arr.dtype}, {dt})")
     dtype, ctype, scalar = _types(dt)
-    cupy = backend.cupy
-    cublas, handle = cupy.cuda.cublas, cupy.cuda.device.get_cublas_handle()
+    cuda = backend.cupy.cuda
+    handle = cuda.device.get_cublas_handle()
     alpha_h, beta_h = _scalar(alpha, scalar), _scalar(beta, scalar)   # (host scalar, address): pointer mode host
     # row-major c = op(a) op(b)  <=>  column-major c^T = op(b)^T op(a)^T: b first, a second
-    head = (handle, OP_T if trans_b else OP_N, OP_T if trans_a else OP_N, cols, rows, inner, alpha_h[1])
+    op_a, op_b = (OP_T if trans_a else OP_N), (OP_T if trans_b else OP_N)
     if batch == 1:
-        cublas.gemmEx(*head, _ptr(b), dtype, b.ld, _ptr(a), dtype, a.ld, beta_h[1], _ptr(c), dtype, c.ld,
-                      ctype, GEMM_DEFAULT)
+        cuda.cublas.gemmEx(handle, op_b, op_a, cols, rows, inner, alpha_h[1], b_ptr, dtype, b_ld, a_ptr, dtype, a_ld,
+                           beta_h[1], c_ptr, dtype, c_ld, ctype, GEMM_DEFAULT)
     else:
-        cublas.gemmStridedBatchedEx(*head, _ptr(b), dtype, b.ld, b.stride, _ptr(a), dtype, a.ld, a.stride,
-                                    beta_h[1], _ptr(c), dtype, c.ld, c.stride, batch, ctype, GEMM_DEFAULT)
-    return c.array
+        cuda.cublas.gemmStridedBatchedEx(handle, op_b, op_a, cols, rows, inner, alpha_h[1], b_ptr, dtype, b_ld,
+                                         b_stride, a_ptr, dtype, a_ld, a_stride, beta_h[1], c_ptr, dtype, c_ld,
+                                         c_stride, batch, ctype, GEMM_DEFAULT)
+    return c_arr
 
 
 def fits(*arrays):
     """Whether products of these arrays go through `matmul`: the fused path, one dtype, C-contiguous."""
-    return enabled(arrays[0]) and all(a.dtype == arrays[0].dtype and a.flags.c_contiguous for a in arrays)
+    if not enabled(arrays[0]):
+        return False
+    dt = arrays[0].dtype
+    for a in arrays:
+        if a.dtype != dt or not a.flags.c_contiguous:
+            return False
+    return True
 
 
 def product(a, b, trans_b=False):
