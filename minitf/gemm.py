@@ -48,14 +48,6 @@ class Mat(NamedTuple):
     offset: int = 0
 
 
-def mat(a):
-    """The matrices of a C-contiguous [..., rows, cols] array (batch = the product of the leading axes)."""
-    if not a.flags.c_contiguous:
-        raise ValueError(f"gemm.mat needs a C-contiguous array (got strides {a.strides} for shape {a.shape})")
-    r, c = a.shape[-2:]
-    return Mat(a, r, c, c, r * c, 0)
-
-
 def enabled(x):
     """Whether products on x go through `matmul` (CuPy arrays on the fused path)."""
     return backend.is_gpu(backend.xp_of(x)) and not kernels.switched_off("MINITF_CUBLAS") and kernels.enabled(x)
@@ -108,7 +100,8 @@ def _scalar(value, dtype):
 
 def _where(x):
     """(array, rows, cols, ld, batch stride, device address of the first element) of a Mat, or of a
-    C-contiguous array taken whole (as `mat` takes it): one call per operand on the hot path."""
+    C-contiguous [..., rows, cols] array taken whole (batch = the product of the leading axes): one call
+    per operand on the hot path."""
     if type(x) is Mat:
         arr = x.array
         return arr, x.rows, x.cols, x.ld, x.stride, arr.data.ptr + x.offset * arr.itemsize
@@ -121,7 +114,7 @@ def _where(x):
 
 def matmul(a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, batch=1):
     """c[i] = alpha * op(a[i]) @ op(b[i]) + beta * c[i] for i < batch: ONE cuBLAS call.
-    a, b, c: Mat (or C-contiguous arrays, taken whole by `mat`) of one dtype; c is written in
+    a, b, c: Mat (or C-contiguous [..., rows, cols] arrays, taken whole) of one dtype; c is written in
     place (with beta = 0 its old contents are never read) and returned."""
     a_arr, a_rows, a_cols, a_ld, a_stride, a_ptr = _where(a)
     b_arr, b_rows, b_cols, b_ld, b_stride, b_ptr = _where(b)
