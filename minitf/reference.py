@@ -45,7 +45,7 @@ NEG_INF = -1e9   # additive mask bias: exp(NEG_INF - max) underflows to exactly 
 
 # ---------------------------------------------------------------------------- parameters
 def init_params(V, D, F, n_layers, rng, learned_max_len=None, n_decoder_layers=None):
-    """{name: array}: the tied embedding [V, D], N(0, D^-1/2); every linear layer's weight
+    """{name: array}: the tied embedding [V, D], normal with std D^-1/2; every linear layer's weight
     [d_in, d_out] Xavier-uniform and bias zero; LayerNorm gain 1, bias 0. With
     learned_max_len, learned positions [max_len, D] (Table 3 row E) instead of sinusoids.
     n_layers encoder layers, and n_decoder_layers (default: as many) decoder layers."""
@@ -163,7 +163,8 @@ def attention_forward(x_q, x_kv, bias, params, name, n_heads):
     """MultiHead(Q, K, V) = Concat(head_1..head_H) W_out, head_i = Attention(Q W_i^Q, K W_i^K,
     V W_i^V), Attention = softmax(q k^T / sqrt(K) + bias) v (3.2.1, 3.2.2).
     x_q [B, T, D] queries, x_kv [B, S, D] keys and values, bias [B, 1, T or 1, S]
-    (0: may attend, NEG_INF: masked) -> y [B, T, D]."""
+    (0: may attend, NEG_INF: masked) -> y [B, T, D]: the decoder's cross-attention; in a
+    self-attention both are [B, L, D] and the bias [B, 1, L or 1, L]."""
     q = split_heads(linear_forward(x_q, params, name + ".q"), n_heads)     # [B, H, T, K]
     k = split_heads(linear_forward(x_kv, params, name + ".k"), n_heads)    # [B, H, S, K]
     v = split_heads(linear_forward(x_kv, params, name + ".v"), n_heads)    # [B, H, S, K]
@@ -291,15 +292,15 @@ def positions(params, length, d):
 
 
 def embed(ids, params):
-    """ids [B, L] -> E[ids] * sqrt(D) + P[:L] [B, L, D] (3.4, 3.5); E the tied embedding."""
+    """ids [B, L] -> E[ids] * sqrt(D) + PE[:L] [B, L, D] (3.4, 3.5); E the tied embedding, PE the positions."""
     e = params["embedding.weight"]
     return e[ids] * np.sqrt(e.shape[1]) + positions(params, ids.shape[1], e.shape[1])
 
 
 def embed_backward(dx, ids, params, grads):
-    """Adds the lookup's share of dE (and dP for learned positions); ids get no gradient."""
+    """Adds the lookup's share of dE (and dPE for learned positions); ids get no gradient."""
     d = dx.shape[-1]
-    # x = E[ids] * sqrt(D) + P[:L]      (np.add.at: a token that occurs twice gets both rows)
+    # x = E[ids] * sqrt(D) + PE[:L]     (np.add.at: a token that occurs twice gets both rows)
     np.add.at(grads["embedding.weight"], ids, dx * np.sqrt(d))
     if "positional.weight" in params:
         grads["positional.weight"][: ids.shape[1]] += dx.sum(axis=0)

@@ -641,6 +641,25 @@ def test_a_legend_letter_keeps_its_meaning_in_code_blocks_and_formulas():
     assert not bad, f"legend letters given another meaning: {bad}"
 
 
+def test_a_legend_letter_is_never_an_array_in_a_formula():
+    """In the pages' formulas a legend letter is a size: never an array indexed by a subscript
+    ($P_{pos}$ for the positions, $H_{prev}$), transposed ($X^\\top$) or multiplied elementwise
+    ($h \\odot M$ for a dropout mask); the legend's own subscripted symbols ($N_t$, $N_s$, $V_o$, ...)
+    are sizes too."""
+    legend = legend_symbols()
+    as_array = re.compile(r"(?<![\\\w{])([BSTDHKFVNLRIOPMAQ])(_\{[^}]*\}|_[a-z0-9]|\^\\top|\^T\b|\s*\\odot)"
+                          r"|\\odot\s*([BSTDHKFVNLRIOPMAQ])(?![\w{])")
+    bad = []
+    for page in sorted(DOCS.rglob("*.md")):
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+        for math in re.findall(r"\$\$.*?\$\$|\$[^$]+\$", text, flags=re.S):
+            for m in as_array.finditer(math):
+                symbol = (m.group(1) or "") + (m.group(2) or "")
+                if symbol.replace("\\text", "").replace("{", "").replace("}", "") not in legend:
+                    bad.append(f"{rel(page)}: {math.strip()[:80]!r}")
+    assert not bad, f"legend letters used as arrays: {bad}"
+
+
 def test_blocks_that_need_a_runs_files_say_so_at_their_top():
     """A code block of the README or a page that opens a model or files a run writes (`runs/...`, an
     OPUS-MT folder) says on its first line what it needs, so a reader who copies it alone knows."""
