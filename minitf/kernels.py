@@ -1182,7 +1182,7 @@ def column_sums(x, y=None, out=None):
     slabs, rows_per_slab = _slabs(n, d)
     if n == 0:
         return xp.zeros(d, dtype=a) if out is None else out
-    partial = xp.empty((slabs, d), dtype=a)    # every entry written by pass 1
+    partial = _partials(xp, a, slabs * d).reshape(slabs, d)    # every entry written by pass 1
     if out is not None:
         _launch("column_sums_into", x.dtype, chunks * slabs, COLUMN_BLOCK,
                 (x, partial if y is None else xp.ascontiguousarray(y, dtype=a), np.int32(1), x, partial, _counter(xp, chunks),
@@ -1211,11 +1211,26 @@ def column_sums_pair(x, y, out_xy, out_x, x3=None, out_x3=None):
     chunks = (d + 31) // 32
     slabs, rows_per_slab = _slabs(n, d)
     parts = 2 if x3 is None else 3
-    partial = xp.empty((slabs, parts * d), dtype=a)
+    partial = _partials(xp, a, slabs * parts * d).reshape(slabs, parts * d)
     _launch("column_sums_into", x.dtype, chunks * slabs, COLUMN_BLOCK,
             (x, xp.ascontiguousarray(y, dtype=a), np.int32(parts), x if x3 is None else xp.ascontiguousarray(x3),
              partial, _counter(xp, chunks), out_xy, out_x, out_x if out_x3 is None else out_x3, np.int64(n), np.int32(d),
              np.int64(rows_per_slab)))
+
+
+_PARTIALS = {}   # (array module, dtype name) -> the column sums' slab partials, one buffer for every call
+
+
+def _partials(xp, dtype, n):
+    """A buffer of at least n values for the column sums' slab partials, kept between calls (no
+    allocation per call: ~100 a GPU step). One buffer is safe because the kernels run in the
+    order they are launched, on one stream: a launch writes its partials only after the one
+    before has read its own."""
+    key = (id(xp), dtype_name(dtype))
+    held = _PARTIALS.get(key)
+    if held is None or held[1].size < n:
+        held = _PARTIALS[key] = (xp, xp.empty(max(n, 2 * (0 if held is None else held[1].size)), dtype=dtype))
+    return held[1][:n]
 
 
 _COUNTERS = {}   # array module -> the uint32 ticket counters of column_sums_into, one a chunk (0 between launches)
