@@ -215,7 +215,7 @@ def build_parser(prog="python -m minitf"):
                             "or checkpoint_best.npz among them is left out, with a note")
     which.add_argument("--folder", metavar="DIR", help="a run's --out folder: average its last --last training "
                                                        "checkpoints (checkpoint_<step>.npz)")
-    p.add_argument("--last", type=positive(), default=5, metavar="N", help="with --folder: how many (default 5, the paper's)")
+    p.add_argument("--last", type=positive(), default=5, metavar="COUNT", help="with --folder: how many (default 5, the paper's)")
     p.add_argument("--output", required=True, help="the averaged checkpoint (.npz)")
     p.set_defaults(func=cmd_average)
     p = sub.add_parser("translate", help="translate raw sentences (file or stdin), one per line",
@@ -231,7 +231,7 @@ def build_parser(prog="python -m minitf"):
     p.add_argument("--input", help="input file (plain or .gz, or a pipe); default stdin (on a terminal: each line "
                    "translated as you type it)")
     p.add_argument("--output", help="output file; default stdout")
-    p.add_argument("--nbest", type=positive(), metavar="N", help="the N best translations of each line (N <= --beam), as "
+    p.add_argument("--nbest", type=positive(), metavar="COUNT", help="the COUNT best translations of each line (COUNT <= --beam), as "
                                                           "H- lines with their scores")
     p.add_argument("--scores", action="store_true", help="print S-, H- and P- lines (scores per hypothesis and per "
                                                          "piece)")

@@ -284,7 +284,7 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
     as they finish, the next ones take their places (continuous batching, _Waiting).
     `progress.update(n)` is called as sentences finish.
 
-    nbest=N: each sentence's N best finished hypotheses instead, best first, as (tokens,
+    nbest=n: each sentence's n best finished hypotheses instead, best first, as (tokens,
     logprobs): logprobs the log-probability of each token and of the EOS (their sum over
     length_penalty is the search's score).
     """

@@ -343,7 +343,7 @@ def split_heads(x, n_heads):
 
 
 def split_last(x, n):
-    """[..., n*M] -> n views [..., M] (e.g. q, k, v of one fused projection)."""
+    """[..., n*m] -> n views [..., m] (e.g. q, k, v of one fused projection)."""
     m = x.shape[-1] // n
     return [x[..., i * m: (i + 1) * m] for i in range(n)]
 

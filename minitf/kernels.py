@@ -2,9 +2,10 @@
 
 The NumPy-style code in functional.py and loss.py makes several passes over memory per
 operation (softmax: max, subtract, exp, sum, divide). On a GPU those passes, not the
-arithmetic, cost the time, so each operation below is ONE kernel: one CUDA block per row
-(a row of attention scores, a d_model vector, a vocabulary row; `block_size` threads)
-that reduces in shared memory and writes its outputs once.
+arithmetic, cost the time, so each operation below is ONE kernel that writes its outputs
+once: one CUDA block per row for those that reduce a row (a row of attention scores, a d_model
+vector, a vocabulary row; `block_size` threads, reducing in shared memory; the *_warp kernels a
+warp per row), one thread per value (or per 16 bytes) for the elementwise ones.
 
   masked_softmax        p = softmax(scores + bias) over the last axis (bias broadcast)
   softmax_backward      dx = p * (dp - sum(dp * p))
@@ -32,8 +33,9 @@ that reduces in shared memory and writes its outputs once.
   *_warp (LayerNorm)    layernorm_forward, residual_layernorm and layernorm_backward with a warp per row
                         and 16-byte loads (kernels.ln_warp_ok; MINITF_FUSED_LNWARP=1)
 
-Every kernel reads and writes the storage dtype T (float16, float32 or float64) and
-computes in A (float32, or float64 for float64 arrays), like functional.py's generic path,
+Every kernel reads and writes the storage dtype (float16, float32 or float64: the C type `T` of
+the source) and computes in the accumulation dtype (float32, or float64 for float64 arrays: `A`),
+like functional.py's generic path,
 which stays the reference: tests/test_gpu.py checks each kernel against it on a GPU, and
 tests/test_kernels.py runs the same CUDA source on the CPU through a small emulator
 (tests/cuda_emulator.py), so the kernels' logic is tested on machines without a GPU.
@@ -203,7 +205,7 @@ extern "C" __global__ void softmax_backward_warp(const T* dp, const T* p, T* dx,
 }
 
 // One row of length d at x + off whose sum (this thread's share of it) is s: mean, rstd = (var + eps)^-1/2
-// (biased variance, a second pass over the row), xhat = (x - mean) * rstd (kept for backward, in A),
+// (biased variance, a second pass over the row), xhat = (x - mean) * rstd (kept for backward, in the accumulation type),
 // y = xhat * g + b; rstd[row] by thread 0. layernorm_forward and residual_layernorm end with it.
 __device__ void layernorm_row(const T* x, long long off, int d, A s, const T* g, const T* bvec, T* y, A* xhat,
                               A* rstd, long long row, A eps, A* buf) {
@@ -231,7 +233,7 @@ extern "C" __global__ void layernorm_forward(const T* x, const T* g, const T* bv
 
 // dxhat = dy * g; dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) per row.
 // has_dy2: the upstream gradient is dy + dy2 (a residual branch's gradient of the same output),
-// rounded to T and written back into dy (the parameter gradients' column sums read it there).
+// rounded to the storage type and written back into dy (the parameter gradients' column sums read it there).
 // has_mask: also dxm = dx * mask (the gradient of the dropout's input before this LayerNorm).
 extern "C" __global__ void layernorm_backward(T* dy, const T* dy2, int has_dy2, const A* xhat, const A* rstd,
                                               const T* g, T* dx, const T* mask, int has_mask, T* dxm, int d) {
@@ -382,8 +384,8 @@ extern "C" __global__ void dropout_add(const long long* rowpos, int has_rows, un
 
 // The sum of a post-norm block and its LayerNorm in one pass per row (paper 3.1):
 // s = x + Dropout(y + yb) as dropout_add computes it (has_drop; else s = x + y + yb), yb the bias of
-// the sublayer's last Linear (has_yb; y + yb rounded to T first, as the separate add stores it),
-// s rounded to T and written into y (a sublayer output nothing else holds), the mask into mask
+// the sublayer's last Linear (has_yb; y + yb rounded to the storage type first, as the separate add stores it),
+// s rounded to the storage type and written into y (a sublayer output nothing else holds), the mask into mask
 // (has_drop); then layernorm_forward of s: the same bits as the separate kernels one after the other.
 extern "C" __global__ void residual_layernorm(const long long* rowpos, int has_rows, unsigned long long key,
                                               int has_drop, T* y, const T* yb, int has_yb, const T* x, T* mask,

@@ -189,7 +189,7 @@ def attention_backward(dy, cache, params, grads, name):
     dv = p.swapaxes(-1, -2) @ dctx                                         # [B, H, S, K]
     # p = softmax(s)
     ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))                   # [B, H, T, S]
-    # s = (c q) @ k^T + bias        (s = A B^T: dA = ds B, dB = ds^T A; the bias is a constant)
+    # s = (c q) @ k^T + bias        (s = a b^T: da = ds b, db = ds^T a; the bias is a constant)
     dq = c * (ds @ k)                                                      # [B, H, T, K]
     dk = ds.swapaxes(-1, -2) @ (c * q)                                     # [B, H, S, K]
     # q = split_heads(x_q @ W_q + b_q), k and v likewise from x_kv
@@ -348,14 +348,14 @@ def forward(params, src, tgt_in, tgt_out, n_heads, mask_fn=None, label_smoothing
     src_bias = padding_bias(src, pad_id)                                               # [B, 1, 1, S]
     t = tgt_in.shape[1]
     tgt_bias = causal_bias(t)[None, None] + padding_bias(tgt_in, pad_id)              # [B, 1, T, T]
-    # encoder: x = Drop(E[src] sqrt(D) + P), then the layers; dropout sites 0, 1 .. 2 n_enc
+    # encoder: x = Drop(E[src] sqrt(D) + PE), then the layers; dropout sites 0, 1 .. 2 n_enc
     x, src_mask = dropout_forward(embed(src, params), mask_fn, 0)                      # [B, S, D]
     enc = []
     for l in range(n_enc):
         x, c = encoder_layer_forward(x, src_bias, params, f"encoder.layers.{l}", n_heads, ln_eps, mask_fn, 1 + 2 * l)
         enc.append(c)
     memory = x                                                                         # [B, S, D]
-    # decoder: y = Drop(E[tgt_in] sqrt(D) + P), then the layers; sites 1 + 2 n_enc, ...
+    # decoder: y = Drop(E[tgt_in] sqrt(D) + PE), then the layers; sites 1 + 2 n_enc, ...
     site = 1 + 2 * n_enc
     y, tgt_mask = dropout_forward(embed(tgt_in, params), mask_fn, site)                # [B, T, D]
     dec = []
@@ -387,13 +387,13 @@ def backward(params, cache):
     for l in reversed(range(len(cache["dec"]))):
         dy, dm = decoder_layer_backward(dy, cache["dec"][l], params, grads, f"decoder.layers.{l}")
         dmemory = dmemory + dm
-    # y = Drop(E[tgt_in] sqrt(D) + P)     (the target lookup's share of dE)
+    # y = Drop(E[tgt_in] sqrt(D) + PE)     (the target lookup's share of dE)
     embed_backward(dropout_backward(dy, cache["tgt_mask"]), cache["tgt_in"], params, grads)
     # memory = encoder layers (x)      (complete only now: the decoder ran first)
     dx = dmemory
     for l in reversed(range(len(cache["enc"]))):
         dx = encoder_layer_backward(dx, cache["enc"][l], params, grads, f"encoder.layers.{l}")
-    # x = Drop(E[src] sqrt(D) + P)        (the source lookup's share of dE)
+    # x = Drop(E[src] sqrt(D) + PE)        (the source lookup's share of dE)
     embed_backward(dropout_backward(dx, cache["src_mask"]), cache["src"], params, grads)
     return grads
 

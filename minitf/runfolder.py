@@ -77,7 +77,7 @@ def check_resumed(out, resume):
 
 def averaging_window(paths, average_last):
     """The checkpoints averaged at the end: the run's final checkpoint and the evenly spaced ones
-    before it (paper 6.1: the last K written at even intervals; fairseq too averages the last K,
+    before it (paper 6.1: the last few written at even intervals; fairseq too averages the last few,
     the final one included), at most `average_last` in all, and only from the second half of the
     run: a short run's first checkpoints, made in the warmup, would pull the average back. An
     off-spacing checkpoint before the final one (saved at an interrupt) is left out."""

@@ -1,6 +1,6 @@
 """The safetensors format, written and read without the safetensors package.
 
-A file is: an 8-byte little-endian unsigned header length N, N bytes of UTF-8 JSON (padded with
+A file is: an 8-byte little-endian unsigned header length n, n bytes of UTF-8 JSON (padded with
 spaces to a multiple of 8), then the tensors' raw little-endian bytes, one after the other. The
 header maps each tensor name to {"dtype", "shape", "data_offsets": [begin, end]} (byte offsets
 into the data after the header) and "__metadata__" to a {string: string} dict. minitf's metadata:

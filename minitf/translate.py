@@ -51,7 +51,7 @@ def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len
     logsumexp, attention over small groups, moving cache rows, the search's bookkeeping),
     which runs on one core, so one search leaves the others mostly idle (docs/performance.md).
     Every sentence is decoded exactly as alone: the threads only split the list.
-    nbest=N: each sentence's N best hypotheses with their scores (beam_search's nbest; with
+    nbest=n: each sentence's n best hypotheses with their scores (beam_search's nbest; with
     beam_size 1, greedy_search's one with scores)."""
     if not len(src_ids):
         return []
@@ -134,7 +134,7 @@ def translate_lines(model, tokenizer, lines, beam_size=4, alpha=None, batch_size
                     nbest=None, stop="fairseq"):
     """Raw sentences -> detokenized translations (paper 6.1: beam 4, max length input + 50); alpha
     None: the checkpoint preset's (model.cfg.decode_alpha; the paper's 0.6, small's 2.0), as the
-    command line. An empty line (or one of spaces) comes back empty. nbest=N: each line's N best
+    command line. An empty line (or one of spaces) comes back empty. nbest=n: each line's n best
     Hypothesis instead (an empty line: one, empty, score 0). stop: when beam search ends a sentence
     (decode.beam_search: "fairseq", "bound" or "ctranslate2")."""
     alpha = model.cfg.decode_alpha if alpha is None else alpha

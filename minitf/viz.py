@@ -491,7 +491,7 @@ def mask_grids(src_lens, tgt_lens):
 
 def packing_grid(lens):
     """packing.Rows of a right-padded batch with these lengths: ([B, L] packed row index of
-    each position, -1 at pads; N)."""
+    each position, -1 at pads; the number of packed rows)."""
     from .packing import make_rows
     width = max(lens)
     keep = np.array([[True] * n + [False] * (width - n) for n in lens])

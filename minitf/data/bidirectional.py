@@ -7,8 +7,8 @@ embeddings (paper 3.4) let one model read and write both languages; nothing tell
 the language of its input. The reversed pairs teach the encoder the target language and the decoder the
 source language from the same data: no new data, no new parameters.
 
-`Bidirectional(pairs, epochs).epoch(e)` is what epoch e trains on: `BothWays(pairs)` (2N pairs, the N
-pairs then the N reversed, planned into batches together, so a batch may mix the directions) for
+`Bidirectional(pairs, epochs).epoch(e)` is what epoch e trains on: `BothWays(pairs)` (2n pairs, the n
+pairs then the n reversed, planned into batches together, so a batch may mix the directions) for
 e < epochs, `pairs` itself after. It depends on the epoch alone, so a resumed run and every MPI rank
 see the same pairs. The output layer must score the source side's pieces too (train.py widens
 `--output-vocab target` to both sides' pieces).
@@ -19,9 +19,9 @@ from minitf.data.binarized import TokenPairs
 
 
 class BothWays:
-    """`pairs` (N source -> target pairs) followed by the same pairs reversed: 2N pairs, with the
-    batcher's view (`src_lens`, `tgt_lens`, `collate`) of TokenPairs. Pair i < N is pair i;
-    pair N + i is pair i's target as the source and its source as the target. Nothing is copied
+    """`pairs` (n source -> target pairs) followed by the same pairs reversed: 2n pairs, with the
+    batcher's view (`src_lens`, `tgt_lens`, `collate`) of TokenPairs. Pair i < n is pair i;
+    pair n + i is pair i's target as the source and its source as the target. Nothing is copied
     but the lengths: the rows are read from `pairs` (memory-mapped or not) batch by batch."""
 
     def __init__(self, pairs):

@@ -152,7 +152,8 @@ class LSTM(Layer):
 
 class BiLSTM(Layer):
     """Bidirectional layer (Bahdanau et al. 2015, 3.2): [forward h_t ; backward h_t], so the
-    annotation of position t summarises the words before AND after it. x [B, L, I] -> [B, L, 2R]."""
+    annotation of position t summarises the words before AND after it. x [B, L, I] -> [B, L, 2 d_hidden]
+    (the recurrent baseline's encoder: d_hidden = R', so [B, L, 2R'] = [B, L, R])."""
 
     def __init__(self, d_in, d_hidden, rng):
         super().__init__()
