@@ -257,6 +257,15 @@ extern "C" __global__ void layernorm_backward(T* dy, const T* dy2, int has_dy2, 
     }
 }
 
+// Row blockIdx.x's terms from its max m, sum of exp(z - m) s and sum of z tot: lse, nll = lse - z[gold], smooth.
+__device__ inline void nll_row_terms(const T* z, long long off, const long long* gold, A m, A s, A tot, int V,
+                                     A* lse, A* nll, A* smooth) {
+    A l = m + a_log(s);
+    lse[blockIdx.x] = l;
+    nll[blockIdx.x] = l - (A)z[off + gold[blockIdx.x]];
+    smooth[blockIdx.x] = l - tot / V;
+}
+
 // Label-smoothed NLL, per row of logits z [N, V] with gold[N]:
 // lse = max + log(sum exp(z - max)); nll = lse - z[gold]; smooth = lse - mean_v z.
 // The loss of the row is (1 - eps) * nll + eps * smooth (loss.py).
@@ -270,12 +279,7 @@ extern "C" __global__ void smoothed_nll_rows(const T* z, const long long* gold, 
     A s = 0;
     for (int j = threadIdx.x; j < V; j += blockDim.x) s += a_exp((A)z[off + j] - m);
     s = block_sum(s, buf);
-    if (threadIdx.x == 0) {
-        A l = m + a_log(s);
-        lse[blockIdx.x] = l;
-        nll[blockIdx.x] = l - (A)z[off + gold[blockIdx.x]];
-        smooth[blockIdx.x] = l - tot / V;
-    }
+    if (threadIdx.x == 0) nll_row_terms(z, off, gold, m, s, tot, V, lse, nll, smooth);
 }
 
 // The same with 16-byte loads (V a multiple of VEC): thread j takes values j VEC .. j VEC + VEC - 1, then the
@@ -299,12 +303,7 @@ extern "C" __global__ void smoothed_nll_rows_vec(const T* z, const long long* go
         for (int k = 0; k < VEC; k++) s += a_exp((A)a.v[k] - m);
     }
     s = block_sum(s, buf);
-    if (threadIdx.x == 0) {
-        A l = m + a_log(s);
-        lse[blockIdx.x] = l;
-        nll[blockIdx.x] = l - (A)z[off + gold[blockIdx.x]];
-        smooth[blockIdx.x] = l - tot / V;
-    }
+    if (threadIdx.x == 0) nll_row_terms(z, off, gold, m, s, tot, V, lse, nll, smooth);
 }
 
 // The batch's loss from its rows' terms: out[0] = scale * sum_r ((1 - eps) nll[r] + eps smooth[r]),
@@ -897,29 +896,28 @@ def source(dtype):
 # a GPU step: as a lookup in os.environ's own store where Python keeps one (a dict of encoded keys and
 # values, kept in step with every change to os.environ), not os.environ.get's encoding and decoding.
 _ENV_STORE = getattr(os.environ, "_data", None)
-_ENV_ZERO = os.environ.encodevalue("0") if _ENV_STORE is not None else None
-_ENV_ONE = os.environ.encodevalue("1") if _ENV_STORE is not None else None
 _ENV_KEYS = {}
+_ENV_VALUES = {v: os.environ.encodevalue(v) for v in ("0", "1")} if _ENV_STORE is not None else {}
 
 
-def switched_off(name):
-    """Whether the environment sets `name` to 0 (os.environ.get(name) == "0")."""
+def _env_is(name, value):
+    """os.environ.get(name) == value, for value "0" or "1"."""
     if _ENV_STORE is None:
-        return os.environ.get(name) == "0"
+        return os.environ.get(name) == value
     key = _ENV_KEYS.get(name)
     if key is None:
         key = _ENV_KEYS[name] = os.environ.encodekey(name)
-    return _ENV_STORE.get(key) == _ENV_ZERO
+    return _ENV_STORE.get(key) == _ENV_VALUES[value]
+
+
+def switched_off(name):
+    """Whether the environment sets `name` to 0 (a switch that is on by default)."""
+    return _env_is(name, "0")
 
 
 def switched_on(name):
     """Whether the environment sets `name` to 1 (a switch that is off by default)."""
-    if _ENV_STORE is None:
-        return os.environ.get(name) == "1"
-    key = _ENV_KEYS.get(name)
-    if key is None:
-        key = _ENV_KEYS[name] = os.environ.encodekey(name)
-    return _ENV_STORE.get(key) == _ENV_ONE
+    return _env_is(name, "1")
 
 
 def enabled(x):
