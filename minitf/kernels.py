@@ -17,9 +17,10 @@ warp per row), one thread per value (or per 16 bytes) for the elementwise ones.
                         dropout_add and layernorm_forward in one pass per row
   smoothed_nll_rows     per row: logsumexp, -log p[gold], mean_v -log p[v]
   loss_totals           the batch's loss and NLL sum from those rows' terms, one block
-  smoothed_nll_backward dlogits = (softmax - q) * w, q = (1 - eps) onehot + eps / V
+  smoothed_nll_backward dlogits = (softmax - q) * w, q = (1 - eps) onehot + eps / V_o
   column_partial_sums   the bias and LayerNorm parameter gradients: sums over the rows of
   column_sums_finish    x [rows, D] (or of x * y), in two passes of fixed order (deterministic)
+  column_sums_into      the same sums ADDED into the gradient buffers in one launch (the training step's)
   unpack_heads          x [rows, H*K] (+ bias) -> [B, H, L, K]: a projection's kept rows put back
                         in the padded batch and split into heads, zeros at the pads, one pass
   pack_heads            x [B, H, L, K] -> [rows, H*K]: the heads merged and the kept rows taken
@@ -1074,7 +1075,7 @@ def layernorm_backward_input(dy, xhat, rstd, g, dy2=None, mask=None):
 
 
 def smoothed_nll_rows(logits, gold):
-    """logits [N, V], gold [N] -> (lse, nll, smooth), each [N] in the accumulation dtype."""
+    """logits [N, V_o], gold [N] -> (lse, nll, smooth), each [N] in the accumulation dtype."""
     xp = backend.xp_of(logits)
     logits = xp.ascontiguousarray(logits)
     a = accum_dtype(logits.dtype)
@@ -1087,7 +1088,7 @@ def smoothed_nll_rows(logits, gold):
 
 
 def smoothed_nll_backward(logits, gold, lse, w, eps, out=None, w_scale=1.0):
-    """dlogits [N, V] = (softmax - q) * w[:, None] * w_scale (w None: every row weighs w_scale);
+    """dlogits [N, V_o] = (softmax - q) * w[:, None] * w_scale (w None: every row weighs w_scale);
     `out` may be logits (in place)."""
     xp = backend.xp_of(logits)
     a = accum_dtype(logits.dtype)

@@ -1,7 +1,7 @@
 """Label-smoothed cross-entropy over non-pad target tokens (paper 5.4, eps_ls = 0.1).
 
 Per token: (1 - eps) * (-log p[gold]) + eps * mean_v(-log p[v]); averaged over the N
-non-pad tokens. With q = (1 - eps) * onehot(gold) + eps / V (which sums to 1), the
+non-pad tokens. With q = (1 - eps) * onehot(gold) + eps / V_o (which sums to 1; V_o, the logits' width, is V without an output vocabulary), the
 gradient is dlogits = (softmax(logits) - q) / N on non-pad rows and 0 on pad rows.
 """
 from typing import NamedTuple
@@ -12,7 +12,7 @@ from .functional import as_float32_if_half
 
 
 class LossCache(NamedTuple):
-    """What label_smoothed_nll_backward needs: the softmax p [N, V] (overwritten by the
+    """What label_smoothed_nll_backward needs: the softmax p [N, V_o] (overwritten by the
     backward), targets [N], weights w [N] (1 on non-pad), the count, eps, the logits' dtype."""
     p: object
     tgt: object

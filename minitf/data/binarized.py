@@ -77,7 +77,7 @@ class TokenPairs:
         return int(self.src_lens.size)
 
     def pieces(self, vocab_size, side="target", chunk=1 << 24):
-        """The sorted distinct piece ids [K] of one side, "target" or "source" (read in chunks: a
+        """The sorted distinct piece ids [n_pieces] of one side, "target" or "source" (read in chunks: a
         memory-mapped side is never loaded whole)."""
         tokens = self.tgt_tokens if side == "target" else self.src_tokens
         seen = np.zeros(vocab_size, dtype=bool)

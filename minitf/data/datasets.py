@@ -193,7 +193,7 @@ def _locate(data_dir, corpus, src, tgt):
 
 
 def _expected(data_dir, corpus, src, tgt):
-    """'A[.gz] and B[.gz]', the files of `corpus`, and which of them is missing."""
+    """'SRC_FILE[.gz] and TGT_FILE[.gz]', the files of `corpus`, and which of them is missing."""
     names = [os.path.join(data_dir, c[0].format(src=src, tgt=tgt)) + "[.gz]" for c in (corpus.src, corpus.tgt)]
     missing = [name for name, c in zip(names, (corpus.src, corpus.tgt))
                if not any(find_file(data_dir, t.format(src=src, tgt=tgt)) for t in c)]
