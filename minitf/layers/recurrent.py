@@ -2,7 +2,8 @@
 recurrent layer the Transformer replaced (paper section 1: "h_t as a function of the
 previous hidden state h_{t-1} and the input for position t ... precludes parallelization").
 
-One step, gates fused into one [*, 4R] pre-activation (i, f, g, o blocks of R columns):
+One step, gates fused into one [*, 4R] pre-activation (i, f, g, o blocks of R columns; R is the layer's
+d_hidden: rnn_hidden in the decoder, R' in each direction of the encoder's BiLSTM):
 
     a   = x_t @ w_x + b + h_{t-1} @ w_h        [rows, 4R]
     i, f, o = sigmoid(a_i), sigmoid(a_f), sigmoid(a_o);  g = tanh(a_g)
@@ -86,7 +87,7 @@ class LSTM(Layer):
     def __init__(self, d_in, d_hidden, rng, reverse=False):
         super().__init__()
         self.d_hidden, self.reverse = d_hidden, reverse
-        limit = 1.0 / np.sqrt(d_hidden)   # uniform(-1/sqrt(R), 1/sqrt(R)), as torch.nn.LSTM
+        limit = 1.0 / np.sqrt(d_hidden)   # uniform(-1/sqrt(d_hidden), 1/sqrt(d_hidden)), as torch.nn.LSTM
         self.params["w_x"] = rng.uniform(-limit, limit, size=(d_in, 4 * d_hidden))
         self.params["w_h"] = rng.uniform(-limit, limit, size=(d_hidden, 4 * d_hidden))
         b = np.zeros(4 * d_hidden)
