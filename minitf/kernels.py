@@ -987,6 +987,15 @@ def _launch(name, dtype, grid, block, args):
         LAUNCH["launch"](name, dtype, grid, block, args)
 
 
+def _launch_layernorm(name, dtype, rows, d, args, warp):
+    """A LayerNorm kernel over `rows` rows of d: its *_warp form (a warp per row; the row count
+    appended to the arguments) where `warp`, else a block per row."""
+    if warp:
+        _launch(name + "_warp", dtype, -(-rows // WARP_ROWS), 32 * WARP_ROWS, args + (np.int64(rows),))
+    else:
+        _launch(name, dtype, rows, block_size("layernorm", d), args)
+
+
 def _rows(x):
     """x [..., n] -> (number of rows, n)."""
     n = x.shape[-1]
@@ -1039,10 +1048,7 @@ def layernorm_forward(x, g, b, eps):
     xhat = xp.empty(x.shape, dtype=a)
     rstd = xp.empty(x.shape[:-1] + (1,), dtype=a)
     args = (x, _as(g, x.dtype), _as(b, x.dtype), y, xhat, rstd, np.int32(d), a(eps))
-    if ln_warp_ok(d, x, y):
-        _launch("layernorm_forward_warp", x.dtype, -(-rows // WARP_ROWS), 32 * WARP_ROWS, args + (np.int64(rows),))
-    else:
-        _launch("layernorm_forward", x.dtype, rows, block_size("layernorm", d), args)
+    _launch_layernorm("layernorm_forward", x.dtype, rows, d, args, ln_warp_ok(d, x, y))
     return y, (xhat, rstd)
 
 
@@ -1064,13 +1070,11 @@ def layernorm_backward_input(dy, xhat, rstd, g, dy2=None, mask=None):
     dxm = None if mask is None else xp.empty_like(dy)
     has_dy2 = dy2 is not None
     dy2 = xp.ascontiguousarray(dy2) if has_dy2 else dy
-    mask_ = dy if mask is None else xp.ascontiguousarray(mask)
-    args = (dy, dy2, np.int32(has_dy2), xhat, rstd, _as(g, dy.dtype), dx, mask_, np.int32(mask is not None),
-            dx if dxm is None else dxm, np.int32(d))
-    if ln_warp_ok(d, dy, dy2, dx, mask_, dx if dxm is None else dxm):
-        _launch("layernorm_backward_warp", dy.dtype, -(-rows // WARP_ROWS), 32 * WARP_ROWS, args + (np.int64(rows),))
-    else:
-        _launch("layernorm_backward", dy.dtype, rows, block_size("layernorm", d), args)
+    mask_ = dy if mask is None else xp.ascontiguousarray(mask)   # placeholders where the kernel reads nothing
+    dxm_ = dx if dxm is None else dxm
+    args = (dy, dy2, np.int32(has_dy2), xhat, rstd, _as(g, dy.dtype), dx, mask_, np.int32(mask is not None), dxm_,
+            np.int32(d))
+    _launch_layernorm("layernorm_backward", dy.dtype, rows, d, args, ln_warp_ok(d, dy, dy2, dx, mask_, dxm_))
     return dx if mask is None else (dx, dxm)
 
 
@@ -1147,15 +1151,13 @@ def residual_layernorm(key, rowpos, y, x, p, g, b, eps, y_bias=None):
     xhat = xp.empty(y.shape, dtype=a)
     rstd = xp.empty(y.shape[:-1] + (1,), dtype=a)
     positions = _placeholder(xp, np.int64) if rowpos is None else xp.ascontiguousarray(rowpos, dtype=np.int64)
+    mask_ = y if mask is None else mask   # a placeholder where the kernel writes no mask
     args = (positions, np.int32(rowpos is not None), np.uint64(key or 0), np.int32(key is not None), y,
             y if y_bias is None else _as(y_bias, y.dtype), np.int32(y_bias is not None), x,
-            y if mask is None else mask, np.int32(0 if key is None else keep_threshold(p)),
+            mask_, np.int32(0 if key is None else keep_threshold(p)),
             a(1.0 if key is None else 1.0 / (1.0 - p)), _as(g, y.dtype), _as(b, y.dtype), out, xhat, rstd,
             np.int32(d), a(eps))
-    if ln_warp_ok(d, y, x, out, y if mask is None else mask):
-        _launch("residual_layernorm_warp", y.dtype, -(-rows // WARP_ROWS), 32 * WARP_ROWS, args + (np.int64(rows),))
-    else:
-        _launch("residual_layernorm", y.dtype, rows, block_size("layernorm", d), args)
+    _launch_layernorm("residual_layernorm", y.dtype, rows, d, args, ln_warp_ok(d, y, x, out, mask_))
     return out, mask, (xhat, rstd)
 
 

@@ -10,8 +10,9 @@ On a GPU (gemm.enabled) training takes `_forward_gpu`/`_backward_gpu`: the same 
 each step one kernel. The projections' rows go straight into the head-major [B, H, L, K]
 layout with their bias (kernels.unpack_heads: unpack, split heads and bias add in one pass),
 the six batched products (two forward, four backward) are single cuBLAS calls over the B*H
-heads with the transposes as flags and 1/sqrt(d_k) as alpha (gemm.matmul), and the context comes back to packed rows with
-its heads merged in one pass (kernels.pack_heads). docs/performance.md measures it.
+heads with the transposes as flags and 1/sqrt(d_k) as alpha (gemm.matmul), and the context
+comes back to packed rows with its heads merged in one pass (kernels.pack_heads).
+docs/performance.md measures it.
 """
 import math
 from typing import NamedTuple

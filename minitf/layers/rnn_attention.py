@@ -8,8 +8,8 @@ q scores every encoder annotation h_s, and the context is the softmax-weighted s
 
 The key side (h_s @ w_k) does not depend on the query: `keys` computes it once per sentence
 and every decoder step reuses it (`attend`), as the Transformer's decoder reuses its
-cross-attention keys and values. q [B, k, Q] holds k queries per sentence (one per training step, or the
-k beams of a sentence when decoding); memory [B, S, M]; bias [B, S] (NEG_INF on padding).
+cross-attention keys and values. q [B, k, Q] holds k queries per sentence (one per training
+step, or the k beams of a sentence when decoding); memory [B, S, M]; bias [B, S] (NEG_INF on padding).
 Compare the Transformer's scaled dot product (paper 3.2.1), which is `dot` divided by sqrt(d_k)
 and run for all positions and heads at once. Derivation: docs/derivations/rnn_attention.md.
 """
