@@ -11,13 +11,14 @@ reported even when another fails:
 
   suite   `pytest tests/test_gpu.py tests/test_nvrtc.py` on this GPU: passed / failed / skipped
   launches  on the strict CuPy stand-in only (--smoke with MINITF_CUPY_MODULE=strict_cupy): the kernel
-          launches of one `base` update, float32 and --fp16, one line each (bench/launches.py)
+          launches of one `base` update, float32, --fp16 and --bf16, one line each (bench/launches.py)
   step    one training step of `base` and `big` on one batch of ~25000 target tokens with
           WMT14-shaped lengths (source ~N(33, 10) pieces, target 1.05x), the same weights and
           batch in one process: minitf float32 (TF32 matmuls, CUPY_TF32=1) against PyTorch eager
-          with TF32, and minitf `--fp16` against PyTorch AMP (autocast float16 + GradScaler):
+          with TF32, minitf `--fp16` against PyTorch AMP (autocast float16 + GradScaler), and minitf
+          `--bf16` against AMP bfloat16 (autocast bfloat16, no scaler):
           target tokens/s (median of alternating rounds), MFU against the GPU's dense tensor-core
-          peak (bf16/fp16 for --fp16, TF32 for float32), peak memory, and, under the PyTorch
+          peak (bf16/fp16 for --fp16 and --bf16, TF32 for float32), peak memory, and, under the PyTorch
           profiler (CUPTI sees CuPy's kernels too), kernel launches, device-to-host copies and
           synchronisations per step (the step alone: train_wmt.py's loop adds one copy per update,
           its loss and overflow flag, as tests/test_gpu_standin.py counts)
@@ -54,6 +55,7 @@ import numpy as np  # noqa: E402
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
 from bench.data import make_synthetic, wmt_batch, wmt_lengths  # noqa: E402
+from bench.launches import MODES  # noqa: E402
 from bench.train_step import make_runners, step_flops, timed_round  # noqa: E402
 
 # dense (no sparsity) tensor-core peaks, TFLOP/s, from NVIDIA's data sheets: (tf32, fp16/bf16)
@@ -181,7 +183,7 @@ def section_step(args, env):
         res = {"sentences": len(src), "src_tokens": int((src != cfg.pad_id).sum()),
                "tgt_tokens": int((tgt_out != cfg.pad_id).sum()), "padded": [list(src.shape), list(tgt_in.shape)],
                "gflop_per_step": round(flops / 1e9, 1)}
-        for mode, fp16 in (("float32", False), ("fp16", True)):
+        for mode, fp16 in MODES:
             log(f"step: {preset} {mode}")
             pair = measure_pair(cfg, batch, fp16, args, torch)
             peak = env["peak_tflops"][1 if fp16 else 0] * 1e12 if env.get("peak_tflops") else None
@@ -218,7 +220,7 @@ def section_launches(args):
         return {"skipped": "counted on the strict CuPy stand-in only; the step section counts a GPU's kernels"}
     from bench.launches import count_update
     out = {}
-    for mode, fp16 in (("float32", False), ("fp16", True)):
+    for mode, fp16 in MODES:
         by_name, total = count_update("base", fp16)
         out[f"base {mode}"] = {"launches": total, "by_name": dict(sorted(by_name.items(), key=lambda kv: -kv[1]))}
     return out
@@ -323,9 +325,10 @@ def markdown(rep):
         for preset, res in st.items():
             if not isinstance(res, dict) or "float32" not in res:
                 continue
-            for mode in ("float32", "fp16"):
+            for mode, _ in MODES:
                 m, t = res[mode]["minitf"], res[mode].get("torch", {})
-                label = "float32 (TF32) vs eager TF32" if mode == "float32" else "--fp16 vs AMP + GradScaler"
+                label = {"float32": "float32 (TF32) vs eager TF32", "fp16": "--fp16 vs AMP + GradScaler",
+                         "bf16": "--bf16 vs AMP bfloat16"}[mode]
                 lines.append(
                     f"| {preset} | {res['sentences']} sentences, {res['tgt_tokens']:,} | {label} | "
                     f"{_num(m['tgt_tokens_per_s'])} | {_num(t.get('tgt_tokens_per_s'))} | "

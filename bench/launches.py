@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Kernel launches of one training update, counted on the strict CuPy stand-in (no GPU needed).
 
-    PYTHONPATH=tests MINITF_CUPY_MODULE=strict_cupy python bench/launches.py            # base, float32 and --fp16
+    PYTHONPATH=tests MINITF_CUPY_MODULE=strict_cupy python bench/launches.py            # base: float32, --fp16, --bf16
     PYTHONPATH=tests MINITF_CUPY_MODULE=strict_cupy python bench/launches.py --by-name  # and which kernels
 
 tests/strict_cupy.py counts what CuPy would launch for each call minitf makes (one kernel per
@@ -23,9 +23,13 @@ import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
 
 
+MODES = (("float32", False), ("fp16", True), ("bf16", "bfloat16"))   # (name, count_update's fp16)
+
+
 def count_update(preset="base", fp16=False, env=None):
     """({kernel name: launches}, total) of one update (forward, backward, Adam) of `preset`'s
-    structure at width 64 on the stand-in; env: variables set for the count (e.g. a fusion off)."""
+    structure at width 64 on the stand-in; fp16: False (float32), True (--fp16) or "bfloat16"
+    (--bf16); env: variables set for the count (e.g. a fusion off)."""
     from bench.data import wmt_batch
     from bench.train_step import MinitfRunner
     cupy = backend.cupy
@@ -55,7 +59,7 @@ def main(argv=None):
     ap.add_argument("--preset", default="base")
     ap.add_argument("--by-name", action="store_true")
     args = ap.parse_args(argv)
-    for mode, fp16 in (("float32", False), ("fp16", True)):
+    for mode, fp16 in MODES:
         by_name, total = count_update(args.preset, fp16)
         print(f"launches per update: {args.preset} {mode} {total}")
         if args.by_name:

@@ -104,7 +104,8 @@ class TorchTransformer:
         """src [B, S], tgt_in [B, T] int64 tensors -> logits [B, T, V] (rows: an index of the
         flattened [B*T] positions: logits [len(rows), V] of those positions only)."""
         cfg = self.cfg
-        ctx = (torch.autocast(self.device.type, dtype=torch.float16) if self.autocast_fp16 else nullcontext())
+        half = {True: torch.float16, "float16": torch.float16, "bfloat16": torch.bfloat16}.get(self.autocast_fp16)
+        ctx = torch.autocast(self.device.type, dtype=half) if half is not None else nullcontext()
         with ctx:
             src_pad = (src == cfg.pad_id)[:, None, None, :]                     # [B,1,1,S]
             t = tgt_in.shape[1]
@@ -138,7 +139,7 @@ class TorchTransformer:
             logits = self.forward(src, tgt_in, self._rows)
         else:
             logits = self.forward(src, tgt_in)
-        if logits.dtype == torch.float16:
+        if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()
         logp = torch.log_softmax(logits, dim=-1)
         nll = -logp.gather(-1, tgt_out[..., None])[..., 0]
@@ -157,8 +158,9 @@ def as_ids(a, device="cpu"):
 def from_minitf_state(state_dict, cfg, dtype="float32", device="cpu", autocast_fp16=False, strong=False):
     """A TorchTransformer holding copies of minitf's parameters ({name: NumPy/CuPy array}).
 
-    dtype: 'float32' or 'float64' (the master weights); autocast_fp16 runs the forward under
-    torch.autocast(float16) (mixed precision, for speed benches); strong: TorchTransformer's.
+    dtype: 'float32' or 'float64' (the master weights); autocast_fp16 (True or "float16", or
+    "bfloat16") runs the forward under torch.autocast of that dtype (mixed precision, for speed
+    benches); strong: TorchTransformer's.
     """
     if getattr(cfg, "output_vocab", None):
         raise SystemExit("the PyTorch model scores the paper's joint vocabulary; this minitf model has an output "

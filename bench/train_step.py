@@ -142,13 +142,15 @@ class MinitfRunner:
     FP16_LOSS_SCALE = 1024.0  # static: enough for timing (training uses dynamic scaling)
 
     def __init__(self, cfg, device, batch, lr, fp16, name="minitf"):
+        """fp16: False (float32), True or "float16" (--fp16), "bfloat16" (--bf16)."""
         self.name, self.cfg = name, cfg
         self.xp = get_xp(device)
         self.dtype, self.model = "float32", None
         if fp16:
-            try:  # float16 = minitf's mixed precision, where this minitf version has it
-                self.model = minitf.Transformer(cfg, device=device, dtype="float16", seed=0)
-                self.dtype = "float16"
+            half = "float16" if fp16 is True else fp16
+            try:  # minitf's mixed precision, where this minitf version has it
+                self.model = minitf.Transformer(cfg, device=device, dtype=half, seed=0)
+                self.dtype = half
             except ConfigError:
                 pass
         if self.model is None:
@@ -188,7 +190,8 @@ class TorchRunner:
         self.model.train()
         fused = {"fused": True} if strong and self.device == "cuda" else {}
         self.opt = torch.optim.Adam(self.model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9, **fused)
-        self.scaler = torch.amp.GradScaler(self.device, enabled=fp16 and self.device == "cuda")
+        # loss scaling for float16 only (AMP's recipe; bfloat16 has float32's range)
+        self.scaler = torch.amp.GradScaler(self.device, enabled=fp16 in (True, "float16") and self.device == "cuda")
         self.batch = [as_ids(a, self.device) for a in batch]
         self.loss_fn = torch.compile(self.model.loss) if compile else self.model.loss
 

@@ -26,6 +26,27 @@ except Exception as e:  # ImportError, or a broken CUDA install raising somethin
     _CUPY_IMPORT_ERROR = e
 
 DEVICES = ("cpu", "gpu")
+DTYPES = ("float64", "float32", "float16", "bfloat16")   # float16 and bfloat16: mixed precision (half_dtype)
+
+
+def dtype_named(name):
+    """The NumPy dtype of a name in DTYPES. NumPy has no bfloat16: its dtype comes from the
+    ml_dtypes package, the one CuPy 14 uses for bfloat16 arrays (a DeviceError says how to get it)."""
+    if name == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError as e:
+            raise DeviceError(f"bfloat16 (--bf16) needs the ml_dtypes package, which CuPy uses for its bfloat16 "
+                              f"arrays ({e}); install it with `pip install ml_dtypes`") from None
+        return numpy.dtype(ml_dtypes.bfloat16)
+    if name not in DTYPES:
+        raise DeviceError(f"unknown dtype {name!r}: choose one of {', '.join(DTYPES)}")
+    return numpy.dtype(name)
+
+
+def half_dtype(dtype):
+    """Whether dtype is a 16-bit compute dtype (float16 or bfloat16), kept beside float32 master weights."""
+    return dtype == numpy.float16 or (dtype.itemsize == 2 and dtype.name == "bfloat16")
 
 
 def gpu_available():

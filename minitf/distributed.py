@@ -91,8 +91,8 @@ class MPIWorld(World):
         if self._nccl is None:
             raise ConfigError("allreduce of a GPU array before use_gpu(): call world.use_gpu() first")
         nccl, comm = self._nccl
-        kind = {np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.float32): nccl.NCCL_FLOAT32,
-                np.dtype(np.float64): nccl.NCCL_FLOAT64}[np.dtype(buf.dtype)]
+        kind = {"float16": nccl.NCCL_FLOAT16, "bfloat16": nccl.NCCL_BFLOAT16, "float32": nccl.NCCL_FLOAT32,
+                "float64": nccl.NCCL_FLOAT64}[buf.dtype.name]
         from .backend import current_stream_ptr
         comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, kind, nccl.NCCL_SUM, current_stream_ptr())
         return buf

@@ -16,13 +16,13 @@ import numpy as np
 
 from . import gemm, kernels
 from .kernels import keep_threshold  # the dropout masks: kept where u >= this
-from .backend import xp_of
+from .backend import half_dtype, xp_of
 
 
 def as_float32_if_half(x):
     """Mixed precision: reductions (softmax, LayerNorm, the loss) run in float32 when the
-    activations are float16; a no-op for float32/float64."""
-    return x.astype(np.float32) if x.dtype == np.float16 else x
+    activations are float16 or bfloat16; a no-op for float32/float64."""
+    return x.astype(np.float32) if half_dtype(x.dtype) else x
 
 
 def column_sum(x2, y2=None):

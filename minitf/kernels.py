@@ -34,7 +34,7 @@ warp per row), one thread per value (or per 16 bytes) for the elementwise ones.
   *_warp (LayerNorm)    layernorm_forward, residual_layernorm and layernorm_backward with a warp per row
                         and 16-byte loads (kernels.ln_warp_ok; MINITF_FUSED_LNWARP=1)
 
-Every kernel reads and writes the storage dtype (float16, float32 or float64: the C type `T` of
+Every kernel reads and writes the storage dtype (float16, bfloat16, float32 or float64: the C type `T` of
 the source) and computes in the accumulation dtype (float32, or float64 for float64 arrays: `A`),
 like functional.py's generic path,
 which stays the reference: tests/test_gpu.py checks each kernel against it on a GPU, and
@@ -85,6 +85,22 @@ struct half_t {
 };
 """
 
+# bfloat16 storage the same way: the top 16 bits of a float32 (widening is a shift), narrowed with
+# cvt.rn.bf16.f32 (round to nearest even; sm_80 and newer). Only in the bfloat16 source.
+BFLOAT16 = r"""
+#ifndef MINITF_EMULATE
+__device__ inline float bf2f(unsigned short h) { return __uint_as_float(((unsigned int)h) << 16); }
+__device__ inline unsigned short f2bf(float f) { unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#endif
+struct bf16_t {
+    unsigned short bits;
+    __device__ bf16_t() {}
+    __device__ bf16_t(float f) : bits(f2bf(f)) {}
+    __device__ bf16_t(double f) : bits(f2bf((float)f)) {}
+    __device__ operator float() const { return bf2f(bits); }
+};
+"""
+
 PRELUDE = r"""
 #define NEG_BIG (-3.0e38f)
 
@@ -123,7 +139,7 @@ __device__ A block_max(A v, A* buf) {
     return r;
 }
 
-// 16 bytes of storage values (VEC: 8 float16, 4 float32, 2 float64), loaded and stored at once by the
+// 16 bytes of storage values (VEC: 8 float16 or bfloat16, 4 float32, 2 float64), loaded and stored at once by the
 // *_vec kernels where the arrays are 16-byte aligned and the widths whole vectors (kernels.vec_ok).
 #define VEC ((int)(16 / sizeof(T)))
 struct alignas(16) Vec { T v[16 / sizeof(T)]; };
@@ -605,7 +621,7 @@ extern "C" __global__ void relu_backward(T* dy, const T* y, long long n) {
     if (i < n && !((A)y[i] > (A)0)) dy[i] = (T)(A)0;
 }
 
-// The same passes 16 bytes a thread (VEC values: 8 float16, 4 float32, 2 float64) where the arrays allow
+// The same passes 16 bytes a thread (VEC values: 8 float16 or bfloat16, 4 float32, 2 float64) where the arrays allow
 // it (16-byte aligned, whole vectors; kernels.vec_ok): one wide load and store of x and out per thread
 // instead of VEC narrow ones (a bias is still read value by value), the same arithmetic on each value (the same bits). Switch: MINITF_FUSED_VEC=0 turns them off.
 
@@ -868,7 +884,8 @@ SIGNATURES = {
     "adam_update": ["T*", "A*", "A*", "A*", "T*", "int", "long long", "A", "A", "A", "A", "A", "A", "A", "A", "A"],
 }
 
-C_TYPES = {"float16": ("half_t", "float"), "float32": ("float", "float"), "float64": ("double", "double")}
+C_TYPES = {"float16": ("half_t", "float"), "bfloat16": ("bf16_t", "float"), "float32": ("float", "float"),
+           "float64": ("double", "double")}
 
 
 _NAMES = {}   # dtype (or scalar type, or name) -> its name: np.dtype(d).name costs ~2 us, and a step asks ~1,400 times
@@ -878,7 +895,8 @@ def dtype_name(dtype):
     """np.dtype(dtype).name, looked up once per dtype."""
     name = _NAMES.get(dtype)
     if name is None:
-        name = _NAMES[dtype] = np.dtype(dtype).name
+        name = _NAMES[dtype] = "bfloat16" if dtype == "bfloat16" else np.dtype(dtype).name   # (a name NumPy
+        # knows only once ml_dtypes is imported)
     return name
 
 
@@ -889,8 +907,9 @@ def accum_dtype(dtype):
 
 def source(dtype):
     """The complete CUDA source for one storage dtype."""
-    t, a = C_TYPES[dtype_name(dtype)]
-    return HALF + f"typedef {t} T;\ntypedef {a} A;\n" + PRELUDE + KERNELS
+    name = dtype_name(dtype)
+    t, a = C_TYPES[name]
+    return HALF + (BFLOAT16 if name == "bfloat16" else "") + f"typedef {t} T;\ntypedef {a} A;\n" + PRELUDE + KERNELS
 
 
 # The switches below are read on every call (bench/gpu_ab.py flips them between steps), ~800 times
@@ -1285,8 +1304,7 @@ def ln_warp_ok(d, *arrays):
 
 def _address(a):
     """The address of a's first element (a CuPy array's device pointer, or a NumPy array's on the emulator)."""
-    data = a.data
-    return data.ptr if hasattr(data, "ptr") else a.ctypes.data
+    return a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr   # (NumPy's .data refuses bfloat16)
 
 
 def unpack_heads(x, bias, inverse, b, length, h, bias_stride=0):

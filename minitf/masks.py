@@ -8,7 +8,7 @@ import numpy as np
 from .backend import to_device
 
 NEG_INF = -1e9  # additive mask value; exp(NEG_INF - max) underflows to exactly 0
-NEG_INF_HALF = -3e4  # float16 cannot hold -1e9; exp(-3e4) is still exactly 0 in float32
+NEG_INF_HALF = -3e4  # float16 cannot hold -1e9; exp(-3e4) is still exactly 0 in float32 (bfloat16 holds -1e9)
 
 
 def _neg_inf(dtype):
@@ -20,7 +20,8 @@ def padding_bias(ids, pad_id, dtype, xp=None):
     and a device's `xp`: made on the host and moved in one copy (no kernel launches)."""
     if xp is not None and isinstance(ids, np.ndarray):
         return to_device(padding_bias(ids, pad_id, dtype), xp)
-    return ((ids == pad_id).astype(dtype) * _neg_inf(dtype))[:, None, None, :]
+    bias = ((ids == pad_id).astype(dtype) * _neg_inf(dtype)).astype(dtype, copy=False)   # (NumPy's bfloat16 * a
+    return bias[:, None, None, :]                                                        # Python float is float32)
 
 
 _CAUSAL = {}   # (array module, length, dtype name) -> the [L, L] bias, made once (it never changes)

@@ -19,7 +19,7 @@ Pages: docs/rnn_vs_transformer.md, docs/derivations/lstm.md, docs/derivations/rn
 """
 import numpy as np
 
-from .backend import to_numpy
+from .backend import half_dtype, to_numpy
 from .errors import ConfigError
 from .decode import check_step_rows
 from .layers import BiLSTM, Dropout, Linear, LSTM, RecurrentAttention, TokenEmbedding
@@ -33,8 +33,8 @@ from .seq2seq import Seq2Seq
 class RNNSearch(Seq2Seq):
     def __init__(self, cfg, device="cpu", dtype="float32", seed=0):
         super().__init__(cfg, device, dtype, seed)
-        if self.dtype == np.float16:
-            raise ConfigError("mixed precision (--fp16) is for the Transformer; train --arch rnn in float32")
+        if half_dtype(self.dtype):
+            raise ConfigError("mixed precision (--fp16, --bf16) is for the Transformer; train --arch rnn in float32")
         rng = self.new_rng(seed)
         d, hd, n = cfg.d_model, cfg.rnn_hidden, cfg.n_layers
         self.embedding = self.add("embedding", TokenEmbedding(cfg.vocab_size, d, rng))

@@ -10,7 +10,7 @@ drive only this surface.
 """
 import numpy as np
 
-from .backend import get_xp, is_gpu, keep_freed_memory, to_device, to_numpy
+from .backend import DTYPES, dtype_named, get_xp, half_dtype, is_gpu, keep_freed_memory, to_device, to_numpy
 from .functional import DropoutSites
 from .errors import CheckpointError, ConfigError
 from .layers import Layer, flatten_parameters
@@ -20,13 +20,14 @@ from .loss import label_smoothed_nll, label_smoothed_nll_backward
 class Seq2Seq(Layer):
     def __init__(self, cfg, device="cpu", dtype="float32", seed=0):
         super().__init__()
-        if dtype not in ("float32", "float64", "float16"):
-            raise ConfigError(f"dtype must be 'float32', 'float64' or 'float16' (mixed precision), got {dtype!r}")
+        if dtype not in DTYPES:
+            raise ConfigError(f"dtype must be 'float32', 'float64', or 'float16' or 'bfloat16' (mixed precision), "
+                              f"got {dtype!r}")
         self.cfg, self.device, self.seed = cfg, device, int(seed)
         self.xp = get_xp(device)
         if not is_gpu(self.xp):
             keep_freed_memory()
-        self.dtype = np.dtype(dtype)
+        self.dtype = dtype_named(dtype)
         self.forward_count = 0  # training forward i draws its dropout masks from DropoutSites(seed, i)
         self._cache = None   # what backward needs of the last forward (the model's own)
         self._head = None    # what loss_head_backward needs of the last loss_head
@@ -40,10 +41,10 @@ class Seq2Seq(Layer):
         """After the layers are built: move every parameter into the flat buffers."""
         if getattr(self, "_shapes_only", False):   # architectures.parameter_shapes: the layer tree is all it needs
             return
-        # float16 = mixed precision (Micikevicius et al. 2018): float32 master weights (and Adam
-        # state) updated by the optimizer, float16 copies for every activation and matmul
+        # float16 or bfloat16 = mixed precision (Micikevicius et al. 2018): float32 master weights
+        # (and Adam state) updated by the optimizer, 16-bit copies for every activation and matmul
         self.master_params = None
-        if self.dtype == np.float16:
+        if half_dtype(self.dtype):
             self.master_params = flatten_parameters(self, self.xp, np.float32)[1]
         self.names, self.flat_params, self.flat_grads, self.slices = flatten_parameters(self, self.xp, self.dtype)
         self.embedding.use_output_vocabulary(self.cfg.output_ids(), self.cfg.unk_id, self.xp)
@@ -119,7 +120,7 @@ class Seq2Seq(Layer):
         return self.flat_params if self.master_params is None else self.master_params
 
     def sync_weights(self):
-        """Mixed precision: refresh the float16 compute copy from the float32 master weights."""
+        """Mixed precision: refresh the 16-bit compute copy from the float32 master weights."""
         if self.master_params is not None:
             self.flat_params[...] = self.master_params
 

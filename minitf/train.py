@@ -21,7 +21,7 @@ from typing import Optional
 
 import numpy as np
 
-from .backend import get_xp, is_gpu, to_numpy
+from .backend import dtype_named, get_xp, is_gpu, to_numpy
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import FLAG_FIELDS, SIZE_FLAGS, Config
 from .data.binarized import StaleData
@@ -202,12 +202,12 @@ def set_up(args, world):
     if resume is not None and lead:
         log(f"resuming from {resume.path} (step {resume.train_state['step']})")
     fp16 = getattr(args, "fp16", False)
+    dtype = compute_dtype(args)
     _agree(world, data_id=data.data_id, config=cfg.to_dict(), seed=args.seed, update_freq=args.update_freq,
-           dtype=getattr(args, "dtype", "float32"), fp16=fp16, resume_step=resume.train_state["step"] if resume else 0,
+           dtype=dtype, fp16=fp16, resume_step=resume.train_state["step"] if resume else 0,
            max_steps=args.max_steps, save_every=args.save_every, save_every_minutes=args.save_every_minutes,
            time_budget=args.time_budget)
-    model = build_model(cfg, device=args.device, dtype="float16" if fp16 else getattr(args, "dtype", "float32"),
-                        seed=args.seed)
+    model = build_model(cfg, device=args.device, dtype=dtype, seed=args.seed)
     run = Run(args, world, data, cfg, model, Adam(model, lr=NoamSchedule(cfg.d_model, cfg.warmup, cfg.lr_factor),
                                                  weight_decay=cfg.weight_decay),
               LossScaler() if fp16 else None, new_state(args, data), resume.path if resume else None)
@@ -258,8 +258,19 @@ def _prepare_device(args, world):
         if world.rank == 0 and threads:
             log(f"{world.local_size} ranks on this machine: {threads} BLAS thread(s) each")
     get_xp(args.device)  # fail fast (before data and tokenizer work) when the device is unusable
+    dtype_named(compute_dtype(args))   # ... or bfloat16 has no dtype (no ml_dtypes)
     if world.rank == 0 and getattr(args, "fp16", False) and args.device == "cpu":
         log("warning: --fp16 on the CPU is very slow (NumPy has no float16 BLAS); it is meant for GPUs")
+
+
+def compute_dtype(args):
+    """The dtype of the activations and matmuls: float16 under --fp16 (loss-scaled), bfloat16 under
+    --bf16 (no loss scaling: bfloat16 has float32's exponent range), else --dtype."""
+    if getattr(args, "fp16", False):
+        return "float16"
+    if getattr(args, "bf16", False):
+        return "bfloat16"
+    return getattr(args, "dtype", "float32")
 
 
 def _init_from(args):

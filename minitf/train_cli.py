@@ -60,6 +60,9 @@ def build_parser(prog=None):
                    help="parameters and activations (float64: exact checks, e.g. one process against several ranks)")
     p.add_argument("--fp16", action="store_true",
                    help="mixed precision: float16 activations/matmuls, float32 master weights, dynamic loss scaling (for GPUs)")
+    p.add_argument("--bf16", action="store_true",
+                   help="mixed precision in bfloat16: bfloat16 activations/matmuls, float32 master weights, no loss "
+                        "scaling (bfloat16 has float32's range); --device gpu only (Ampere or newer), needs ml_dtypes")
     p.add_argument("--out", default="runs/train", help="output folder")
     p.add_argument("--max-steps", type=Number(int, 0, meaning=" (0 = no limit)"),
                    help="updates (the paper: base 100k, big 300k); 0 = no limit")
@@ -156,6 +159,20 @@ def add_preset_defaults(p):
             action.help = f"{action.help or ''} [presets: {preset_defaults(field)}]".lstrip()
 
 
+def check_precision_args(p, args):
+    """--fp16 / --bf16 against --dtype, --device and --arch."""
+    half = [flag for flag in ("fp16", "bf16") if getattr(args, flag)]
+    if len(half) == 2:
+        p.error("--fp16 and --bf16 each choose the 16-bit dtype of mixed precision: give one")
+    if half and args.dtype == "float64":
+        p.error(f"--{half[0]} computes in 16 bits beside float32 master weights: drop --dtype float64")
+    if half and args.arch == "rnn":
+        p.error(f"mixed precision (--{half[0]}) is for the Transformer; train --arch rnn in float32")
+    if args.bf16 and args.device != "gpu":
+        p.error("--bf16 is for --device gpu: minitf's NumPy path has no bfloat16 arithmetic (NumPy has no bfloat16 "
+                "type); on the CPU train in float32 (or --fp16)")
+
+
 def parse_args(argv=None, prog=None):
     """The flags, checked: a bad value or combination is one line on stderr and exit status 2."""
     p = build_parser(prog)
@@ -164,6 +181,7 @@ def parse_args(argv=None, prog=None):
     if args.preset is None:
         args.preset = "small" if args.device == "cpu" else "base"
     check_data_args(p, args)
+    check_precision_args(p, args)
     if args.decoder_layers is not None and args.arch == "rnn":
         p.error("--decoder-layers is the Transformer's; --arch rnn's --layers sizes its encoder and decoder alike")
     for flag in ("d_ff", "heads"):

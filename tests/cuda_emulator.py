@@ -4,8 +4,9 @@ The kernel source is compiled UNCHANGED by g++ under a small shim: `__global__`/
 vanish, `__shared__` becomes `static` (one copy, shared by the block's threads, since blocks
 run one after another), and the CUDA threads of a block are coroutines that each run up to
 their next `__syncthreads()` in turn, so the barrier holds exactly (and a missing one shows
-as a wrong result, deterministically), and float16 conversion uses the compiler's _Float16
-instead of the PTX instruction. What this cannot catch: warp-level timing, memory
+as a wrong result, deterministically), float16 conversion uses the compiler's _Float16
+instead of the PTX instruction, and bfloat16's narrowing rounds to nearest even in plain C++
+(tests/test_kernels.py holds it to ml_dtypes' rounding). What this cannot catch: warp-level timing, memory
 coalescing, and NVRTC-specific syntax (tests/test_kernels.py also compiles the source with
 nvcc when it is installed).
 """
@@ -19,6 +20,9 @@ import tempfile
 import numpy as np
 
 from minitf import kernels
+from minitf.backend import dtype_named
+
+BFLOAT16 = dtype_named("bfloat16")
 
 SHIM = r"""
 #define MINITF_EMULATE
@@ -124,6 +128,12 @@ static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
 #define __shared__ static
 static inline float h2f(unsigned short h) { _Float16 v; std::memcpy(&v, &h, 2); return (float)v; }
 static inline unsigned short f2h(float f) { _Float16 v = (_Float16)f; unsigned short h; std::memcpy(&h, &v, 2); return h; }
+static inline float bf2f(unsigned short h) { unsigned int u = (unsigned int)h << 16; float f; std::memcpy(&f, &u, 4); return f; }
+static inline unsigned short f2bf(float f) {   // cvt.rn.bf16.f32: round to nearest even; a NaN stays a (quiet) NaN
+    unsigned int u; std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 """
 
 LAUNCHER = r"""
@@ -209,7 +219,7 @@ class Emulator:
             if c.endswith("*"):
                 # kernels index arrays as C-contiguous, except broadcast views read through strides
                 assert isinstance(a, np.ndarray) and (a.flags.c_contiguous or 0 in a.strides), (name, c)
-                want = {"half_t*": np.float16, "float*": np.float32, "double*": np.float64,
+                want = {"half_t*": np.float16, "bf16_t*": BFLOAT16, "float*": np.float32, "double*": np.float64,
                         "long long*": np.int64, "int*": np.int32, "unsigned int*": np.uint32}[c]
                 assert a.dtype == want, (name, c, a.dtype)   # the kernel would misread other dtypes
                 cargs.append(ctypes.c_void_p(a.ctypes.data))

@@ -184,6 +184,12 @@ if os.environ.get("STRICT_CUPY_REPORT"):
 
 # ============================================================================ the array
 _CUPY_DTYPES = {numpy.dtype(c) for c in "?bhilqBHILQefdFD"}   # _scalar.pyx _typenames_base
+try:   # CuPy 14 takes bfloat16 arrays where ml_dtypes is installed (cupy/_util.pyx _bf16_type)
+    import ml_dtypes
+    BFLOAT16 = numpy.dtype(ml_dtypes.bfloat16)
+    _CUPY_DTYPES.add(BFLOAT16)
+except ImportError:
+    BFLOAT16 = None
 _PTRS = weakref.WeakValueDictionary()   # data pointer -> the NumPy array behind it (cuda.nccl)
 _LIVE = weakref.WeakValueDictionary()   # id -> the NumPy buffer of a live device array (memory pool)
 _BUFFERS = weakref.WeakValueDictionary()  # start address -> the NumPy buffer owning it (`.data` was taken)
@@ -786,6 +792,18 @@ def _count_function(name, args, kwargs, result):
 
 
 # --- ufuncs
+def _weak_scalars(r, ins):
+    """CuPy's result dtype where ml_dtypes' NumPy loops differ: a bfloat16 array with Python scalars
+    (weak, NEP 50) or other bfloat16 arrays stays bfloat16 (ml_dtypes gives float32 for `x * 2.0`
+    and for bfloat16 @ bfloat16)."""
+    if BFLOAT16 is None or not isinstance(r, numpy.ndarray) or r.dtype != numpy.float32:
+        return r
+    arrays = [x for x in ins if isinstance(x, (numpy.ndarray, numpy.generic))]
+    if arrays and all(x.dtype == BFLOAT16 for x in arrays):
+        return r.astype(BFLOAT16)
+    return r
+
+
 class ufunc:
     """CuPy's ufunc: operands are device arrays or scalars; out=, dtype=, casting= only."""
 
@@ -813,7 +831,7 @@ class ufunc:
         _count_ufunc(self.__name__, ins)
         kw = {} if dtype is None else {"dtype": dtype}
         r = self._np(*ins, out=None if out is None else out._a, casting=casting, **kw)
-        return _wrap(r, out)
+        return _wrap(_weak_scalars(r, ins) if out is None and dtype is None else r, out)
 
     def __getattr__(self, name):
         if name in ("at", "reduceat") and name in self._methods:
@@ -952,7 +970,7 @@ random.Generator = _Generator
 
 
 # ============================================================================ raw kernels
-_C_DTYPES = {"half_t": numpy.float16, "float": numpy.float32, "double": numpy.float64, "int": numpy.int32,
+_C_DTYPES = {"half_t": numpy.float16, "bf16_t": BFLOAT16, "float": numpy.float32, "double": numpy.float64, "int": numpy.int32,
              "long long": numpy.int64, "long long int": numpy.int64, "unsigned": numpy.uint32,
              "unsigned int": numpy.uint32, "unsigned long long": numpy.uint64, "unsigned long long int": numpy.uint64,
              "unsigned short": numpy.uint16, "unsigned char": numpy.uint8, "signed char": numpy.int8,
@@ -1147,9 +1165,9 @@ _cublas.CUBLAS_OP_N, _cublas.CUBLAS_OP_T = 0, 1
 _cublas.CUBLAS_COMPUTE_32F, _cublas.CUBLAS_COMPUTE_32F_FAST_TF32, _cublas.CUBLAS_COMPUTE_64F = 68, 77, 70
 _cublas.CUBLAS_GEMM_DEFAULT, _cublas.CUBLAS_GEMM_DEFAULT_TENSOR_OP = -1, 99
 _CUBLAS_HANDLE = 0x5ca1ab1e
-_CUDA_DTYPES = {0: numpy.float32, 1: numpy.float64, 2: numpy.float16}   # CUDA_R_32F, _64F, _16F (16BF: none in NumPy)
+_CUDA_DTYPES = {0: numpy.float32, 1: numpy.float64, 2: numpy.float16, 14: BFLOAT16}   # CUDA_R_32F, _64F, _16F, _16BF
 # compute type -> (alpha/beta C type, the (A, B, C) storage types cuBLAS accepts with it)
-_COMPUTE = {68: ("f", {(2, 2, 2), (2, 2, 0), (0, 0, 0)}),       # CUBLAS_COMPUTE_32F
+_COMPUTE = {68: ("f", {(2, 2, 2), (2, 2, 0), (14, 14, 14), (14, 14, 0), (0, 0, 0)}),       # CUBLAS_COMPUTE_32F
             77: ("f", {(0, 0, 0)}),                             # CUBLAS_COMPUTE_32F_FAST_TF32
             70: ("d", {(1, 1, 1)})}                             # CUBLAS_COMPUTE_64F
 CUBLAS_CALLS = []   # (function, m, n, k, batch, dtype name) of every GEMM, for tests
@@ -1258,8 +1276,8 @@ _nccl = types.ModuleType(__name__ + ".cuda.nccl")
 _nccl.available = True
 for _i, _n in enumerate(("NCCL_SUM", "NCCL_PROD", "NCCL_MAX", "NCCL_MIN", "NCCL_AVG")):
     setattr(_nccl, _n, _i)
-_NCCL_DTYPES = {6: numpy.float16, 7: numpy.float32, 8: numpy.float64}
-_nccl.NCCL_FLOAT16, _nccl.NCCL_FLOAT32, _nccl.NCCL_FLOAT64 = 6, 7, 8
+_NCCL_DTYPES = {6: numpy.float16, 7: numpy.float32, 8: numpy.float64, 9: BFLOAT16}
+_nccl.NCCL_FLOAT16, _nccl.NCCL_FLOAT32, _nccl.NCCL_FLOAT64, _nccl.NCCL_BFLOAT16 = 6, 7, 8, 9
 
 
 def _get_unique_id():
@@ -1304,7 +1322,7 @@ class _NcclCommunicator:
                                    f"contiguous {numpy.dtype(dtype).name}")
             bufs.append(a.reshape(-1)[:count])
         send, recv = bufs
-        work = send.astype(numpy.float32) if dtype == numpy.float16 else send.copy()   # MPI has no float16 sum
+        work = send.astype(numpy.float32) if send.itemsize == 2 else send.copy()   # MPI has no 16-bit float sum
         self.comm.Allreduce(self.MPI.IN_PLACE, work, op=self.MPI.SUM)
         recv[...] = work
         LAUNCHES["nccl.allReduce"] = LAUNCHES.get("nccl.allReduce", 0) + 1

@@ -1,4 +1,6 @@
 """Unit tests of the engine: masks, schedule, Adam, weight tying, devices, errors."""
+import sys
+
 import numpy as np
 import pytest
 
@@ -235,6 +237,18 @@ def test_bad_inputs_raise_clear_errors():
     model = minitf.Transformer(tiny())
     with pytest.raises(minitf.ConfigError, match="2-D integer"):
         model.forward(np.zeros((2, 3), dtype=np.float32), np.zeros((2, 3), dtype=np.int64))
+    with pytest.raises(minitf.ConfigError, match="'bfloat16'"):
+        minitf.Transformer(tiny(), dtype="int8")
+
+
+def test_bfloat16_without_ml_dtypes_is_one_clear_error(monkeypatch):
+    """NumPy has no bfloat16: its dtype comes from ml_dtypes (as CuPy's does); without the package
+    the error names it and how to install it."""
+    from minitf.backend import dtype_named
+    assert dtype_named("bfloat16").name == "bfloat16" and dtype_named("bfloat16").itemsize == 2
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)      # `import ml_dtypes` raises ImportError
+    with pytest.raises(minitf.DeviceError, match=r"--bf16\) needs the ml_dtypes package.*pip install ml_dtypes"):
+        dtype_named("bfloat16")
 
 
 def test_presets_follow_the_paper():

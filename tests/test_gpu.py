@@ -8,7 +8,7 @@ import pytest
 
 import minitf
 from minitf import backend, kernels
-from minitf.backend import gpu_available, to_numpy
+from minitf.backend import dtype_named, gpu_available, to_numpy
 
 from cuda_emulator import compiler
 
@@ -136,9 +136,10 @@ SIZES = dict(batch=4, heads=8, tq=60, tk=70, d_k=64, ln_rows=3000, ln_d=(512, 10
 
 
 @needs_kernels
-@pytest.mark.parametrize("dtype,tol", [("float32", 1e-6), ("float16", 2e-3)])
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-6), ("float16", 2e-3), ("bfloat16", 1.6e-2)])
 def test_gpu_kernels_match_generic_at_real_sizes(dtype, tol, monkeypatch, cp):
     from minitf import functional as F
+    dtype = dtype_named(dtype)
     from minitf.loss import label_smoothed_nll, label_smoothed_nll_backward
     z = SIZES
     rs = cp.random.default_rng(0)
@@ -187,7 +188,7 @@ def test_gpu_kernels_match_generic_at_real_sizes(dtype, tol, monkeypatch, cp):
         assert _rel(a, b_) <= tol
 
 
-@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float16", 3e-2)])
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float16", 3e-2), ("bfloat16", 6e-2)])
 def test_gpu_fused_step_matches_generic_step(dtype, tol, monkeypatch):
     def step():
         m = minitf.Transformer(cfg(), device="gpu", dtype=dtype, seed=0)
@@ -200,11 +201,12 @@ def test_gpu_fused_step_matches_generic_step(dtype, tol, monkeypatch):
     assert _rel(gf, gg) <= tol
 
 
-def test_gpu_fused_dropout_masks_and_fp16_training():
-    """Mixed precision on the GPU (fused kernels, dropout on): the loss falls like float32's."""
+def test_gpu_fused_dropout_masks_and_mixed_precision_training():
+    """Mixed precision on the GPU (fused kernels, dropout on): the loss falls like float32's, in
+    float16 (loss-scaled) and in bfloat16 (no scaling)."""
     from minitf.optim import LossScaler
     finals = {}
-    for dtype in ("float32", "float16"):
+    for dtype in ("float32", "float16", "bfloat16"):
         m = minitf.Transformer(cfg(dropout=0.1), device="gpu", dtype=dtype, seed=0)
         opt, scaler = minitf.Adam(m, lr=3e-3), LossScaler(init_scale=2.0 ** 12) if dtype == "float16" else None
         losses = []
@@ -217,16 +219,17 @@ def test_gpu_fused_dropout_masks_and_fp16_training():
                 opt.step(grad_divisor=scale)
         assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10]), dtype
         finals[dtype] = np.mean(losses[-10:])
-    assert abs(finals["float16"] - finals["float32"]) < 0.25 * finals["float32"]
+    for half in ("float16", "bfloat16"):
+        assert abs(finals[half] - finals["float32"]) < 0.25 * finals["float32"], half
 
 
 @needs_kernels
-@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 def test_gpu_fused_kernels_compile_and_are_used(dtype, monkeypatch, cp):
     """The fused path is really taken on this GPU (a compile failure would fall back to
     the generic path with a warning, and the comparisons above would compare it with itself)."""
     monkeypatch.delenv("MINITF_FUSED", raising=False)
-    assert kernels.enabled(cp.zeros(3, dtype=dtype)), kernels.COMPILE_ERRORS.get(dtype)
+    assert kernels.enabled(cp.zeros(3, dtype=dtype_named(dtype))), kernels.COMPILE_ERRORS.get(dtype)
 
 
 @pytest.mark.parametrize("attention", ["general", "additive"])

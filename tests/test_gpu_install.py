@@ -24,6 +24,7 @@ def test_each_gpu_extra_brings_cupy_with_its_cuda_wheels_and_nccl_of_one_cuda():
         assert len(cupy) == 1 and re.fullmatch(rf"cupy-cuda{cuda}x\[ctk\]>=(\d+)", cupy[0]), (extra, reqs)
         assert int(re.search(r">=(\d+)", cupy[0]).group(1)) >= 14          # [ctk] exists from CuPy 14
         assert any(re.fullmatch(rf"nvidia-nccl-cu{cuda}(>=[\d.]+)?", r) for r in reqs), (extra, reqs)
+        assert any(r.startswith("ml_dtypes") for r in reqs), (extra, reqs)   # --bf16: CuPy's bfloat16 dtype
 
 
 def test_the_readme_names_the_extras_that_exist():

@@ -224,8 +224,12 @@ TRAIN = ["--dataset", "multi30k", "--preset", "tiny", "--vocab-size", "60", "--d
          "--max-tokens", "160", "--log-every", "1", "--beam", "2", "--decode-batch", "8"]
 
 
-@pytest.mark.parametrize("arch,fp16", [("transformer", False), ("transformer", True), ("rnn", False)])
-def test_one_copy_per_update_and_no_float64_array(corpus, tmp_path, standin, monkeypatch, arch, fp16):
+COMPUTE = {None: "float32", "fp16": "float16", "bf16": "bfloat16"}   # mixed-precision flag -> activations' dtype
+
+
+@pytest.mark.parametrize("arch,half", [("transformer", None), ("transformer", "fp16"), ("transformer", "bf16"),
+                                       ("rnn", None)])
+def test_one_copy_per_update_and_no_float64_array(corpus, tmp_path, standin, monkeypatch, arch, half):
     """train_wmt.py's loop on the stand-in, in this process: every update (forward, backward, the
     float16 overflow check, Adam, the log line of every step) reads back ONE array, train.step_stats'
     loss, NLL and finite flag; and no float64 array is made on the device, in training nor in the
@@ -245,13 +249,13 @@ def test_one_copy_per_update_and_no_float64_array(corpus, tmp_path, standin, mon
     with strict_cupy.count_transfers() as t, strict_cupy.record_dtypes() as dtypes:
         code = cli.main(["--data-dir", str(corpus), *TRAIN, "--out", str(tmp_path / "run"), "--max-steps", "5",
                          "--save-every", "1000", "--valid-every", "0", "--average-last", "1", "--arch", arch,
-                         *(["--fp16"] if fp16 else [])])
+                         *([f"--{half}"] if half else [])])
     assert code == 0
     updates = t.segments("forward_backward", "save")
     assert len(updates) >= 5 and len(steps) == 5                # fp16: skipped overflow updates come on top
     assert all(u == [u[0]] and "step_stats" in u[0] for u in updates), updates
-    assert "float64" not in dtypes, dtypes
-    assert {"float16" if fp16 else "float32"} <= set(dtypes)
+    assert "float64" not in dtypes, dtypes.get("float64")
+    assert {COMPUTE[half]} <= set(dtypes)
 
 
 # ----------------------------------------------------------------------------- the commands
@@ -282,12 +286,12 @@ def logged_losses(out):
         return {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
 
 
-@pytest.mark.parametrize("fp16", [False, True])
-def test_train_resume_average_and_score_on_the_gpu_path(corpus, tmp_path, fp16):
+@pytest.mark.parametrize("half", [None, "fp16", "bf16"])
+def test_train_resume_average_and_score_on_the_gpu_path(corpus, tmp_path, half):
     """train_wmt.py --device gpu: 6 updates with checkpoints every 2, averaged and scored; the
     same run stopped after 4 and resumed equals it exactly (losses and parameters); its
     checkpoints load on the CPU (host arrays) and give the GPU run's validation loss there."""
-    args = ["--save-every", 2, "--keep-last", 5, "--average-last", 2, "--valid-every", 3, *(["--fp16"] if fp16 else [])]
+    args = ["--save-every", 2, "--keep-last", 5, "--average-last", 2, "--valid-every", 3, *([f"--{half}"] if half else [])]
     straight, _ = run_train(corpus, tmp_path, "straight", "--max-steps", 6, *args)
     run_train(corpus, tmp_path, "split", "--max-steps", 4, *args)
     split, _ = run_train(corpus, tmp_path, "split", "--max-steps", 6, "--resume", *args)
@@ -361,7 +365,7 @@ def test_two_gpu_ranks_over_nccl_equal_one_gpu_with_twice_the_update_freq(corpus
     assert len(reports) == 2 and all(rep["launches"]["nccl.allReduce"] == 3 for rep in reports)   # one per update
 
 
-@pytest.mark.parametrize("fp16,vec", [(False, "0"), (True, "0"), (True, "1")])
+@pytest.mark.parametrize("fp16,vec", [(False, "0"), (True, "0"), (True, "1"), ("bfloat16", "0"), ("bfloat16", "1")])
 def test_a_base_update_launches_at_most_650_kernels_and_reads_nothing_back(standin, fp16, vec, monkeypatch):
     """One `base` update (forward, backward, Adam) on the GPU path, counted as CuPy would launch
     it (bench/launches.py): at most 650 kernels (1,929 in the step before the fusions existed; 1,909
@@ -404,7 +408,7 @@ def test_the_gpu_report_runs_its_sections(tmp_path):
     rep = json.loads((tmp_path / "report" / "report.json").read_text())
     assert set(rep["sections"]) == {"launches", "step", "kernels", "beam", "wmt"}
     assert not [name for name, sec in rep["sections"].items() if "error" in sec], rep["sections"]
-    for mode in ("float32", "fp16"):   # one line each, the count the launch test holds
+    for mode in ("float32", "fp16", "bf16"):   # one line each, the count the launch test holds
         assert re.search(rf"^launches per update: base {mode} \d+$", r.stdout, re.M), r.stdout[-2000:]
     try:
         import torch
@@ -416,6 +420,7 @@ def test_the_gpu_report_runs_its_sections(tmp_path):
     kern = rep["sections"]["kernels"]   # PyTorch's profiler needs CUDA: skipped here unless a GPU is present
     assert ("minitf" in kern and kern["minitf"]["top"]) or "PyTorch with CUDA" in kern["skipped"], kern
     assert rep["sections"]["step"]["tiny"]["fp16"]["minitf"]["tgt_tokens_per_s"] > 0
+    assert rep["sections"]["step"]["tiny"]["bf16"]["minitf"]["dtype"] == "bfloat16"
     assert rep["sections"]["beam"]["sentences_per_s"] > 0 and rep["sections"]["wmt"]["updates_per_s"] > 0
     md = (tmp_path / "report" / "report.md").read_text()
     assert "**Training step**" in md and "**Beam search**" in md and "**A WMT14-shaped run**" in md

@@ -5,6 +5,7 @@ CUDA thread, real barriers), through the same Python wrappers the GPU uses; test
 repeats the comparison with CuPy on a GPU. Shapes are chosen so rows are shorter than, equal
 to and longer than a block, and not multiples of it.
 """
+import ctypes
 import re
 import shutil
 import subprocess
@@ -14,15 +15,19 @@ import pytest
 
 from minitf import functional as F
 from minitf import kernels
+from minitf.backend import dtype_named
 from minitf.loss import label_smoothed_nll, label_smoothed_nll_backward
 
-from cuda_emulator import Emulator, compiler
+from cuda_emulator import SHIM, Emulator, compiler
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="needs g++ with C++17, _Float16 and ucontext (g++ >= 12 on x86-64 Linux) to emulate the CUDA kernels")
 
-DTYPES = [np.float64, np.float32, np.float16]
-# float64 computes in double like NumPy; float32/16 compute in float32 (NumPy's float16 path too)
-TOL = {np.float64: 1e-12, np.float32: 2e-6, np.float16: 2e-3}
+BF16 = dtype_named("bfloat16")
+DTYPES = [np.float64, np.float32, np.float16, pytest.param(BF16, id="bfloat16")]
+HALF = (np.float16, BF16)
+# float64 computes in double like NumPy; float32 and the 16-bit dtypes compute in float32 (the generic
+# path too); a value stored in bfloat16 keeps 8 bits of mantissa (float16 11)
+TOL = {np.float64: 1e-12, np.float32: 2e-6, np.float16: 2e-3, BF16: 1.6e-2}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -34,10 +39,49 @@ def emulated(tmp_path_factory):
     kernels.LAUNCH["launch"] = saved
 
 
+def acc(dtype):
+    """The dtype the kernels compute in, for a tolerance: float32 for the 16-bit dtypes."""
+    return np.float32 if dtype in HALF else dtype
+
+
+def equal(a, b):
+    """The same values, NaN where NaN (bfloat16 compared through float32, which holds it exactly)."""
+    a, b = (x.astype(np.float32) if x.dtype == BF16 else x for x in (a, b))
+    np.testing.assert_array_equal(a, b)
+
+
 def close(a, b, dtype, scale=1.0):
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     err = np.abs(a - b).max() / max(np.abs(b).max(), scale)
     assert err <= TOL[dtype], err
+
+
+def test_the_emulators_bfloat16_narrowing_rounds_as_ml_dtypes(tmp_path):
+    """The emulator stands in for cvt.rn.bf16.f32 with integer rounding: it must round to nearest
+    even exactly as ml_dtypes (the generic path's bfloat16) does, ties, NaN, infinities, float32's
+    subnormals and overflow to infinity included, and widen back without loss."""
+    src, so = tmp_path / "bf16.cpp", tmp_path / "bf16.so"
+    src.write_text(SHIM + """
+extern "C" void narrow(const float* x, unsigned short* y, long long n) { for (long long i = 0; i < n; i++) y[i] = f2bf(x[i]); }
+extern "C" void widen(const unsigned short* x, float* y, long long n) { for (long long i = 0; i < n; i++) y[i] = bf2f(x[i]); }
+""")
+    subprocess.run([compiler(), "-std=c++17", "-O1", "-shared", "-fPIC", str(src), "-o", str(so)], check=True)
+    lib = ctypes.CDLL(str(so))
+    rng = np.random.default_rng(0)
+    bits = np.concatenate([rng.integers(0, 2 ** 32, 1 << 20, dtype=np.uint64).astype(np.uint32),
+                           (rng.integers(0, 2 ** 16, 4096, dtype=np.uint32) << 16) | 0x8000,   # ties
+                           np.array([0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000, 0x00000001, 0x807FFFFF, 0x7FC00001,
+                                     0x7F800001, 0x3F808000, 0x3F818000], dtype=np.uint32)])
+    x = bits.view(np.float32)
+    got = np.empty(x.size, dtype=np.uint16)
+    lib.narrow(x.ctypes.data_as(ctypes.c_void_p), got.ctypes.data_as(ctypes.c_void_p), ctypes.c_longlong(x.size))
+    want = x.astype(BF16).view(np.uint16)
+    nan = np.isnan(x)
+    assert np.array_equal(got[~nan], want[~nan])
+    assert np.all(np.isnan(got[nan].view(BF16).astype(np.float32)))
+    back = np.empty(got.size, dtype=np.float32)
+    lib.widen(got.ctypes.data_as(ctypes.c_void_p), back.ctypes.data_as(ctypes.c_void_p), ctypes.c_longlong(got.size))
+    equal(back, got.view(BF16).astype(np.float32))
 
 
 def neg(dtype):
@@ -61,7 +105,7 @@ def test_masked_softmax_padding_and_causal(dtype, s):
     causal = np.triu(np.full((t, s), neg(dtype), dtype=dtype), k=1)[None, None] + pad
     p = kernels.masked_softmax(scores, causal)
     close(p, F.softmax_forward(scores + causal), dtype)
-    np.testing.assert_allclose(p.astype(np.float64).sum(-1), 1.0, atol=3e-3 if dtype == np.float16 else 1e-6)
+    np.testing.assert_allclose(p.astype(np.float64).sum(-1), 1.0, atol={np.float16: 3e-3, BF16: 2e-2}.get(dtype, 1e-6))
     # in place, and a bias shared by the whole batch (stride 0 on B)
     out = scores.copy()
     kernels.masked_softmax(out, causal[:1], out=out)
@@ -98,8 +142,8 @@ def test_layernorm_forward_and_backward(dtype, d):
     y_ref, (xhat_ref, rstd_ref) = F.layernorm_forward(x, g.astype(dtype), b.astype(dtype), eps)
     assert y.dtype == dtype and xhat.dtype == kernels.accum_dtype(dtype)
     close(y, y_ref, dtype)
-    close(xhat, xhat_ref, np.float32 if dtype == np.float16 else dtype)
-    close(rstd, rstd_ref, np.float32 if dtype == np.float16 else dtype)
+    close(xhat, xhat_ref, acc(dtype))
+    close(rstd, rstd_ref, acc(dtype))
     dy = rng.normal(size=x.shape).astype(dtype)
     dg, db = np.zeros(d, dtype=dtype), np.zeros(d, dtype=dtype)
     dx_ref = F.layernorm_backward(dy, (xhat_ref, rstd_ref), g.astype(dtype), dg, db)
@@ -192,8 +236,8 @@ def test_column_sums_with_and_without_a_factor(dtype, n, d):
     for got, want in ((kernels.column_sums(x), x64.sum(axis=0)),
                       (kernels.column_sums(x, y), (x64 * y.reshape(-1, d)).sum(axis=0))):
         assert got.shape == (d,) and got.dtype == kernels.accum_dtype(dtype)
-        close(got, want, np.float32 if dtype == np.float16 else dtype, scale=np.sqrt(x64.shape[0]))
-    np.testing.assert_array_equal(kernels.column_sums(x, y), kernels.column_sums(x, y))
+        close(got, want, acc(dtype), scale=np.sqrt(x64.shape[0]))
+    equal(kernels.column_sums(x, y), kernels.column_sums(x, y))
     assert np.all(kernels.column_sums(np.zeros((0, d), dtype=dtype)) == 0)
 
 
@@ -224,7 +268,7 @@ def test_layernorm_backward_with_a_residual_gradient_and_a_dropout_mask(dtype, r
     # the sublayer's bias gradient (the sums of the sublayer output's gradient) in the LayerNorm's sums' launch
     assert launched == ["layernorm_backward", "column_sums_into"]
     (want, dg_w, db_w, dsub_w), (got, dg_g, db_g, dsub_g) = results
-    tol = np.float32 if dtype == np.float16 else dtype
+    tol = acc(dtype)
     for dsub, out in ((dsub_w, want), (dsub_g, got)):   # each against float64 sums of its own gradient
         sub = out[1] if masked else out
         close(dsub, grads0[2].astype(np.float64) + sub.astype(np.float64).sum(axis=0), dtype, scale=3.0)
@@ -255,8 +299,8 @@ def test_column_sums_into_a_buffer_add_to_it_in_one_launch(n, monkeypatch):
     close(buf, want, np.float32, scale=np.sqrt(n))
     again = buf0.copy()
     kernels.column_sums(x, out=again)
-    np.testing.assert_array_equal(again, buf)
-    np.testing.assert_array_equal(buf, buf0 + kernels.column_sums(x))
+    equal(again, buf)
+    equal(buf, buf0 + kernels.column_sums(x))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -277,13 +321,13 @@ def test_embed_rows_and_embedding_backward(dtype, packed, dropout):
     pe = sinusoid_table(length, d).astype(dtype)
     key = F.DropoutSites(3, 4).next_site()[1] if dropout else None
     out, mask = kernels.embed_rows(w, ids, rows, length, pe, 2.5, key, p)
-    full = ((w[ids] * dtype(2.5)).astype(dtype) + pe).reshape(-1, d)
+    full = ((w[ids] * np.asarray(2.5, dtype=dtype)).astype(dtype) + pe).reshape(-1, d)
     want = full if rows is None else full[rows.host_index]
     if dropout:
         pos = None if rows is None else rows.host_index
         bits = F.hash_bits(np, key, pos, want.shape[0], d)
         want_mask = ((bits >= F.keep_threshold(p)) / (1 - p)).astype(dtype)
-        np.testing.assert_array_equal(mask, want_mask)
+        equal(mask, want_mask)
         want = want * want_mask
     else:
         assert mask is None
@@ -322,11 +366,11 @@ def test_unpack_heads_and_pack_heads_are_unpack_split_and_merge_pack(dtype, pack
     got = kernels.unpack_heads(x, bias, inverse, b, length, h)
     assert got.shape == (b, h, length, k) and got.dtype == dtype
     close(got, want, dtype)
-    np.testing.assert_array_equal(kernels.unpack_heads(x, None, inverse, b, length, h),
+    equal(kernels.unpack_heads(x, None, inverse, b, length, h),
                                   F.split_heads(rows.unpack(x) if packed else x.reshape(b, length, -1), h))
     y = rng.normal(size=(b, h, length, k)).astype(dtype)
     merged = F.merge_heads(y)
-    np.testing.assert_array_equal(kernels.pack_heads(y, index), rows.pack(merged) if packed else merged.reshape(n, -1))
+    equal(kernels.pack_heads(y, index), rows.pack(merged) if packed else merged.reshape(n, -1))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -370,7 +414,7 @@ def test_the_16_byte_kernels_give_the_same_bits_as_the_one_value_ones(dtype, pac
     wide = run()
     assert sorted(set(launched)) == ["bias_relu_vec", "pack_heads_vec", "relu_backward_vec", "unpack_heads_vec"]
     for a, w in zip(one, wide):
-        np.testing.assert_array_equal(a, w)
+        equal(a, w)
     launched.clear()
     odd = rng.normal(size=(4, 2 * k + 1)).astype(dtype)
     kernels.bias_relu(odd, rng.normal(size=2 * k + 1).astype(dtype))
@@ -406,9 +450,9 @@ def test_the_loss_kernels_16_bytes_a_thread(dtype, monkeypatch):
     rows_wide, dz_wide = run()
     assert launched == ["smoothed_nll_rows_vec", "smoothed_nll_backward_vec"]
     for a, b in zip(rows_one, rows_wide):
-        close(b, a, np.float32 if dtype == np.float16 else dtype)
+        close(b, a, acc(dtype))
     monkeypatch.setenv("MINITF_FUSED_VEC", "0")
-    np.testing.assert_array_equal(kernels.smoothed_nll_backward(logits, gold, rows_wide[0], w, eps, w_scale=0.5),
+    equal(kernels.smoothed_nll_backward(logits, gold, rows_wide[0], w, eps, w_scale=0.5),
                                   dz_wide)
     monkeypatch.setenv("MINITF_FUSED_VEC", "1")
     launched.clear()
@@ -433,7 +477,7 @@ def test_the_layernorm_kernels_a_warp_per_row(dtype, monkeypatch):
     launched = []
     real = kernels.LAUNCH["launch"]
     monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
-    acc = np.float32 if dtype == np.float16 else dtype
+    acc_t = acc(dtype)
 
     def run():
         fwd = kernels.layernorm_forward(x, g, b, eps)
@@ -448,15 +492,15 @@ def test_the_layernorm_kernels_a_warp_per_row(dtype, monkeypatch):
     launched.clear()
     (y2, (xh2, rs2)), (o2, m2, (rxh2, rrs2)), (dx2, dxm2), dys2 = run()
     assert launched == ["layernorm_forward_warp", "residual_layernorm_warp", "layernorm_backward_warp"]
-    for got, want, kind in ((y2, y1, dtype), (xh2, xh1, acc), (rs2, rs1, acc), (o2, o1, dtype), (rxh2, rxh1, acc),
-                            (rrs2, rrs1, acc), (dx2, dx1, dtype), (dxm2, dxm1, dtype)):
+    for got, want, kind in ((y2, y1, dtype), (xh2, xh1, acc_t), (rs2, rs1, acc_t), (o2, o1, dtype), (rxh2, rxh1, acc_t),
+                            (rrs2, rrs1, acc_t), (dx2, dx1, dtype), (dxm2, dxm1, dtype)):
         close(got, want, kind, scale=3.0)
-    np.testing.assert_array_equal(m2, m1)
-    np.testing.assert_array_equal(dys2, dys1)            # dy + dy2, written back into dy
-    summed = kernels.dropout_add(key, rowpos, (y.astype(acc) + yb.astype(acc)).astype(dtype), x, p)[0]
+    equal(m2, m1)
+    equal(dys2, dys1)            # dy + dy2, written back into dy
+    summed = kernels.dropout_add(key, rowpos, (y.astype(acc_t) + yb.astype(acc_t)).astype(dtype), x, p)[0]
     alone = kernels.layernorm_forward(summed, g, b, eps)
-    np.testing.assert_array_equal(o2, alone[0])
-    np.testing.assert_array_equal(rxh2, alone[1][0])
+    equal(o2, alone[0])
+    equal(rxh2, alone[1][0])
     launched.clear()
     kernels.layernorm_forward(x[:, :d - 1].copy(), g[:d - 1], b[:d - 1], eps)
     assert launched == ["layernorm_forward"]
@@ -473,12 +517,12 @@ def test_bias_relu_and_relu_backward_in_place(dtype):
     want = F.relu_forward(x + bias)
     out = kernels.bias_relu(x, bias)
     assert out is x
-    np.testing.assert_array_equal(out, want)
+    equal(out, want)
     dy = rng.normal(size=x.shape).astype(dtype)
     want_dy = F.relu_backward(dy, out)
     got = kernels.relu_backward(dy, out)
     assert got is dy
-    np.testing.assert_array_equal(got, want_dy)
+    equal(got, want_dy)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -488,7 +532,7 @@ def test_adam_update_is_adams_passes_in_one(dtype, weight_decay):
     sync_weights): moments and master weights in the accumulation dtype, the float16 copy
     refreshed, a loss scale divided out."""
     from minitf.optim import Adam
-    model = tiny_model("float16" if dtype == np.float16 else np.dtype(dtype).name)
+    model = tiny_model(np.dtype(dtype).name)
     rng = np.random.default_rng(5)
     fused, generic = Adam(model, lr=3e-3, weight_decay=weight_decay), Adam(model, lr=3e-3, weight_decay=weight_decay)
     start = model.weights.copy()
@@ -510,7 +554,7 @@ def test_adam_update_is_adams_passes_in_one(dtype, weight_decay):
         ends.append((model.weights.copy(), opt._m.copy(), opt._v.copy(), model.flat_params.copy()))
     acc = np.float64 if dtype == np.float64 else np.float32
     for got, want in zip(*ends):
-        close(got, want, acc if dtype != np.float16 else np.float32)
+        close(got, want, acc if dtype not in HALF else np.float32)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA syntax check needs it")

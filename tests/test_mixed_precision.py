@@ -1,13 +1,21 @@
-"""Mixed precision (dtype="float16"): float16 activations and matmuls, float32 master weights
-and Adam state, dynamic loss scaling. NumPy runs float16 too (slowly), so the path is tested
-here on tiny models; on a GPU the same code runs on CuPy (tests/test_gpu.py)."""
+"""Mixed precision: float16 (dtype="float16", --fp16) or bfloat16 (dtype="bfloat16", --bf16)
+activations and matmuls, float32 master weights and Adam state; dynamic loss scaling for
+float16, none for bfloat16 (it has float32's exponent range). NumPy runs float16 too (slowly), so
+that path is tested here on tiny models; bfloat16 is a GPU dtype, tested on the GPU path over the
+strict CuPy stand-in (tests/strict_cupy.py, its kernels emulated); on a GPU the same code runs on
+CuPy (tests/test_gpu.py)."""
 import numpy as np
 import pytest
 
 import minitf
+import strict_cupy
+from minitf import backend, kernels
 from minitf.optim import LossScaler
 
+from cuda_emulator import compiler
 from test_learning import reverse_batch
+
+BF16 = backend.dtype_named("bfloat16")
 
 
 def cfg():
@@ -15,8 +23,22 @@ def cfg():
                                     dropout=0.0, label_smoothing=0.1, max_len=16)
 
 
-def train(dtype, steps=150, scaler=None):
-    model = minitf.Transformer(cfg(), dtype=dtype, seed=0)
+@pytest.fixture
+def standin(monkeypatch):
+    """The GPU path on the strict CuPy stand-in (its RawKernels run through the emulator)."""
+    if compiler() is None:
+        pytest.skip("needs g++ >= 12 to emulate the CUDA kernels on the CPU")
+    monkeypatch.setattr(backend, "cupy", strict_cupy)
+    monkeypatch.setattr(kernels, "_MODULES", {})
+    monkeypatch.setattr(kernels, "COMPILE_ERRORS", {})
+
+
+def host(a):
+    return a.get() if hasattr(a, "get") else a
+
+
+def train(dtype, steps=150, scaler=None, device="cpu"):
+    model = minitf.Transformer(cfg(), dtype=dtype, seed=0, device=device)
     opt = minitf.Adam(model, lr=lambda s: 3e-3 * min(1.0, s / 30))
     rng = np.random.default_rng(0)
     losses, skipped = [], 0
@@ -26,7 +48,7 @@ def train(dtype, steps=150, scaler=None):
         losses.append(float(model.forward_loss(src, tgt_in, tgt_out)))
         scale = scaler.scale if scaler else 1.0
         model.backward(loss_weight=scale)
-        if scaler is None or scaler.update(bool(np.isfinite(model.flat_grads).all())):
+        if scaler is None or scaler.update(bool(np.isfinite(host(model.flat_grads)).all())):
             opt.step(grad_divisor=scale)
         else:
             skipped += 1
@@ -74,3 +96,43 @@ def test_loss_scaler_halves_on_overflow_and_grows_after_good_steps():
     for _ in range(10):
         s.update(False)
     assert s.scale == 1.0  # never below min_scale
+
+
+# ----------------------------------------------------------------------------- bfloat16 (the GPU path)
+def test_bfloat16_master_weights_are_float32_and_compute_copy_bfloat16(standin):
+    model = minitf.Transformer(cfg(), dtype="bfloat16", seed=0, device="gpu")
+    ref = minitf.Transformer(cfg(), dtype="float32", seed=0)
+    assert model.flat_params.dtype == BF16 and model.flat_grads.dtype == BF16
+    assert model.master_params.dtype == np.float32
+    assert model.state_dict()["embedding.weight"].dtype == np.float32
+    np.testing.assert_array_equal(host(model.master_params), ref.flat_params)
+    np.testing.assert_array_equal(host(model.flat_params).view(np.uint16), ref.flat_params.astype(BF16).view(np.uint16))
+    assert minitf.Adam(model)._m.dtype == np.float32
+
+
+def test_bfloat16_logits_loss_and_gradients_are_float32_at_the_same_weights(standin):
+    """The bfloat16 step against float32 at the weights bfloat16 holds (the master weights rounded
+    to bfloat16): a bfloat16 value keeps 8 bits, so ~1% of the gradient, ~10x float16's error."""
+    src, tgt_in, tgt_out = reverse_batch(np.random.default_rng(1), 8, 6, 14)
+    half = minitf.Transformer(cfg(), dtype="bfloat16", seed=0, device="gpu")
+    full = minitf.Transformer(cfg(), dtype="float32", seed=0)
+    full.flat_params[...] = full.flat_params.astype(BF16).astype(np.float32)
+    lh, lf = float(half.forward_loss(src, tgt_in, tgt_out)), full.forward_loss(src, tgt_in, tgt_out)
+    assert abs(lh - lf) < 1e-2 * abs(lf)
+    half.backward()
+    full.backward()
+    gh, gf = host(half.flat_grads).astype(np.float32), full.flat_grads
+    assert np.linalg.norm(gh - gf) < 4e-2 * np.linalg.norm(gf)
+    zh, zf = host(half.forward(src, tgt_in)).astype(np.float32), full.forward(src, tgt_in)
+    assert np.abs(zh - zf).max() < 3e-2 * np.abs(zf).max()
+
+
+def test_bfloat16_without_loss_scaling_trains_like_float32(standin):
+    _, l32, _ = train("float32", steps=90)
+    model, lb, skipped = train("bfloat16", steps=90, device="gpu")
+    assert skipped == 0
+    assert np.mean(lb[-10:]) < 0.5 * np.mean(lb[:10])
+    assert abs(np.mean(lb[-10:]) - np.mean(l32[-10:])) < 0.15 * np.mean(l32[-10:])
+    assert model.flat_params.dtype == BF16
+    np.testing.assert_array_equal(host(model.flat_params).view(np.uint16),
+                                  host(model.master_params).astype(BF16).view(np.uint16))

@@ -25,7 +25,7 @@ options=("-std=c++14",))`. What CuPy then hands NVRTC, read in CuPy 13.6.0 and 1
   `--pch` (CUPY_NVRTC_USE_PCH), `-dlto`.
 
 The `-I` directories hold CuPy's own headers and the CUDA toolkit's, which are not here
-without CuPy; they are left out. The kernels include no header (float16 goes through the PTX
+without CuPy; they are left out. The kernels include no header (float16 and bfloat16 go through the PTX
 `cvt` instructions), so an include path changes nothing for them. Every other option is
 CuPy's: `-std=c++14 -ftz=true -arch=sm_XX --device-as-default-execution-space`, so on an
 A100 or H100 CuPy gets a CUBIN for the device itself, as here. (CuPy also compiles an empty
@@ -52,13 +52,12 @@ import re
 import struct
 import sys
 
-import numpy as np
 import pytest
 
 from minitf import kernels
 
 ARCHS = ["sm_80", "sm_90"]
-DTYPES = ["float16", "float32", "float64"]
+DTYPES = ["float16", "bfloat16", "float32", "float64"]
 PACKAGE = "nvidia-cuda-nvrtc-cu12"
 
 
@@ -179,7 +178,7 @@ PTX_TYPE = {"int": ".u32", "unsigned int": ".u32", "long long": ".u64", "unsigne
 
 def expected_ptx_types(signature, dtype):
     """The PTX parameter types of a kernel taking `signature` (kernels.SIGNATURES' C types)."""
-    storage, accum = kernels.C_TYPES[np.dtype(dtype).name]
+    storage, accum = kernels.C_TYPES[kernels.dtype_name(dtype)]
     out = []
     for c in signature:
         if c.endswith("*"):

@@ -101,9 +101,10 @@ def test_rnn_learns_to_copy():
     assert greedy_search(model, src, max_len_b=3) == body.tolist()
 
 
-def test_fp16_is_refused_with_a_plain_message():
-    with pytest.raises(minitf.errors.ConfigError, match="--fp16"):
-        rnn_model(dtype="float16")
+@pytest.mark.parametrize("dtype,flag", [("float16", "--fp16"), ("bfloat16", "--bf16")])
+def test_mixed_precision_is_refused_with_a_plain_message(dtype, flag):
+    with pytest.raises(minitf.errors.ConfigError, match=flag):
+        rnn_model(dtype=dtype)
 
 
 @pytest.mark.parametrize("field,value", [("arch", "gru"), ("attention", "concat"), ("rnn_hidden", 7)])

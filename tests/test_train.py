@@ -796,8 +796,22 @@ def test_patience_stops_when_validation_stops_improving_and_the_run_ends_as_usua
     assert r.returncode == 2 and "--patience 3 counts validations, and --valid-every 0 makes none" in r.stderr
 
 
+@pytest.mark.parametrize("flags,message", [
+    (["--fp16", "--bf16", "--device", "gpu"], "--fp16 and --bf16 each choose the 16-bit dtype"),
+    (["--bf16"], "--bf16 is for --device gpu"),
+    (["--bf16", "--device", "gpu", "--dtype", "float64"], "--bf16 computes in 16 bits beside float32 master weights"),
+    (["--fp16", "--arch", "rnn"], "mixed precision (--fp16) is for the Transformer"),
+])
+def test_the_mixed_precision_flags_refuse_what_they_cannot_run(flags, message, capsys):
+    from minitf.train_cli import parse_args
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--dataset", "multi30k", *flags])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and "Traceback" not in err
+
+
 # train_wmt.py's flags that configure the run, not the model or its recipe (config.json records them apart)
-RUN_ONLY_FLAGS = {"alpha", "beam", "cache_dir", "init_from", "data_dir", "dataset", "decode_batch", "device", "dtype", "fp16",
+RUN_ONLY_FLAGS = {"alpha", "beam", "bf16", "cache_dir", "init_from", "data_dir", "dataset", "decode_batch", "device", "dtype", "fp16",
                   "keep_last", "log_every", "max_len", "max_nonfinite", "max_ratio", "offline", "out", "patience",
                   "preset", "quiet", "resume", "seed", "src", "subword", "test", "tgt", "time_budget", "tokenizer",
                   "train", "update_freq", "valid", "valid_bleu_sentences", "valid_every", "valid_every_minutes",

@@ -342,6 +342,8 @@ def test_the_stop_rule_of_beam_search_is_a_flag(setup):
         assert out.returncode == 0 and len(out.stdout.splitlines()) == len(src), out.stderr
     t = minitf.load(d / "model.npz")
     fair, bound = (t.nbest(src, n=1, beam=3, max_len_b=4, stop=s) for s in ("fairseq", "bound"))
-    assert all(b[0].score >= f[0].score - 1e-9 for f, b in zip(fair, bound))
+    # (never worse up to float32 round-off: the two searches batch their beams differently, and
+    # BLAS sums a row differently in a differently shaped product)
+    assert all(b[0].score >= f[0].score - 1e-6 * abs(f[0].score) for f, b in zip(fair, bound))
     bad = run("translate", "--checkpoint", d / "model.npz", "--stop", "never", stdin="x\n")
     assert bad.returncode == 2 and "--stop" in bad.stderr and "Traceback" not in bad.stderr

@@ -22,10 +22,16 @@ def segment_sum_rows(ids, rows, out):
     """out[ids[n]] += rows[n] for every n (ids [n_rows], rows [n_rows, D], out [V, D]).
 
     CPU: one stable sort and one reduceat instead of np.add.at's slow unbuffered scatter.
-    GPU: CuPy's add.at is an atomic scatter-add kernel, the fast way there.
+    GPU: CuPy's add.at is an atomic scatter-add kernel, the fast way there (it has none for
+    bfloat16: those rows are summed in float32, then added).
     """
     xp = xp_of(rows)
     if is_gpu(xp):
+        if out.dtype.name == "bfloat16":
+            acc = xp.zeros(out.shape, dtype=xp.float32)
+            xp.add.at(acc, ids, rows.astype(xp.float32))
+            out += acc.astype(out.dtype)
+            return
         xp.add.at(out, ids, rows)
         return
     order = xp.argsort(ids, kind="stable")
