@@ -1,12 +1,12 @@
 #!/usr/bin/env python
-"""Data-parallel cost on CPU ranks: step time, all-reduce time and bytes per update vs W, the ranks.
+"""Data-parallel cost on CPU ranks: step time, all-reduce time and bytes per update vs w, the ranks.
 
-For each W it launches `mpiexec -n W` of this file in worker mode: every rank builds the same
+For each w it launches `mpiexec -n w` of this file in worker mode: every rank builds the same
 model, takes a fixed random batch (--sentences x --len tokens a side), and times --rounds updates
 as the training loop runs them (zero_grad, forward+loss, backward, all-reduce of the flat
 gradient buffer, Adam), median over rounds after one warm-up; rank 0 prints one JSON line.
 The processing rate counts all ranks' target tokens. Threads per rank: --threads (default
-cores // W, so W ranks share the machine's cores as one process would use them all).
+cores // w, so w ranks share the machine's cores as one process would use them all).
 
 usage: python bench/distributed.py --preset small --ranks 1 2 --rounds 7
 On several GPUs: add --device gpu (each rank takes its local GPU; NCCL all-reduce).

@@ -215,11 +215,11 @@ def _top_on_device(logits, offset, k, n_best):
 
     Plain equivalent: cand = (offset[:, None] + logits).reshape(n, k * V), then the n_best
     largest of each row of cand, sorted. Ranking all k * V candidates is the costly part,
-    so it runs on group maxima instead: a row's V tokens are split into G groups of W
-    (token i * G + g is the i-th of group g: the maxima are then an elementwise maximum of
-    W rows of G, a fast pass); every one of the n_best best candidates lies in one of the
+    so it runs on group maxima instead: a row's V tokens are split into g groups of w
+    (token i * g + j is the i-th of group j: the maxima are then an elementwise maximum of
+    w rows of g, a fast pass); every one of the n_best best candidates lies in one of the
     n_best groups with the largest maxima (were its group not among them, n_best groups
-    would each hold a better candidate). Only those n_best * W values are ranked.
+    would each hold a better candidate). Only those n_best * w values are ranked.
     """
     xp = xp_of(logits)
     rows, v = logits.shape
@@ -244,8 +244,8 @@ def _top_on_device(logits, offset, k, n_best):
 
 
 def _candidates(values, chosen, part, w, g, v):
-    """values [n, n_best] best first; chosen: the beam * G + group of each, part: its place in the
-    group's W values -> (values, cand), cand = beam * V + token with token = i * G + group. Still on
+    """values [n, n_best] best first; chosen: the beam * g + group of each, part: its place in the
+    group's w values -> (values, cand), cand = beam * V + token with token = i * g + group. Still on
     the device: the caller copies everything a step needs to the host at once (to_numpy_all)."""
     return values, (chosen // g) * v + (part % w) * g + chosen % g
 

@@ -1,6 +1,6 @@
 """Data-parallel training over MPI: the handful of verbs the training loop calls.
 
-Launched as W ranks with `mpiexec -n W python train_wmt.py ...` (or `srun --mpi=pmix`), every process (rank)
+Launched as w ranks (the world size) with `mpiexec -n w python train_wmt.py ...` (or `srun --mpi=pmix`), every process (rank)
 holds the whole model, plans the same global stream of batches, and takes its share of every
 update's batches; gradients are summed over the ranks on the flat gradient buffer (MPI Allreduce
 on NumPy; NCCL on CuPy, its unique id broadcast over MPI, as chainermn and cupyx.distributed do).

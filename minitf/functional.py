@@ -337,9 +337,9 @@ def attention_backward(dout, q, k, v, p, scale, drop_mask=None):
 
 
 def split_heads(x, n_heads):
-    """[B, T, H*K] -> [B, H, T, K]."""
-    b, t, hk = x.shape
-    return x.reshape(b, t, n_heads, hk // n_heads).transpose(0, 2, 1, 3)
+    """[B, L, H*K] -> [B, H, L, K]."""
+    b, length, hk = x.shape
+    return x.reshape(b, length, n_heads, hk // n_heads).transpose(0, 2, 1, 3)
 
 
 def split_last(x, n):
@@ -349,6 +349,6 @@ def split_last(x, n):
 
 
 def merge_heads(x):
-    """[B, H, T, K] -> [B, T, H*K] (contiguous)."""
-    b, h, t, k = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(b, t, h * k)
+    """[B, H, L, K] -> [B, L, H*K] (contiguous)."""
+    b, h, length, k = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(b, length, h * k)

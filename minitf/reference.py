@@ -160,8 +160,9 @@ def softmax(s):
 
 
 def attention_forward(x_q, x_kv, bias, params, name, n_heads):
-    """MultiHead(Q, K, V) = Concat(head_1..head_H) W_out, head_i = Attention(Q W_i^Q, K W_i^K,
-    V W_i^V), Attention = softmax(q k^T / sqrt(K) + bias) v (3.2.1, 3.2.2).
+    """The paper's MultiHead(Q, K, V) = Concat(head_1..head_H) W_out, head_i = Attention(Q W_i^Q, K W_i^K,
+    V W_i^V) (its Q, K, V: queries, keys, values), here Attention = softmax(q k^T / sqrt(d_k) + bias) v
+    with q, k, v the projected heads (3.2.1, 3.2.2).
     x_q [B, T, D] queries, x_kv [B, S, D] keys and values, bias [B, 1, T or 1, S]
     (0: may attend, NEG_INF: masked) -> y [B, T, D]: the decoder's cross-attention; in a
     self-attention both are [B, L, D] and the bias [B, 1, L or 1, L]."""

@@ -165,7 +165,8 @@ class RNNSearch(Seq2Seq):
 
 class _Sentences:
     """Sentences admitted together: n of them, `width` rows each (1 until the first reorder,
-    then the beam), their memory [n, S, R], keys and bias [n, S]."""
+    then the beam), their memory [n, S, R], keys (the attention's: [n, S, A] additive, [n, S, Q]
+    general, the memory itself for dot) and bias [n, S]."""
 
     def __init__(self, n, memory, keys, bias):
         self.n, self.width, self.memory, self.keys, self.bias = n, 1, memory, keys, bias

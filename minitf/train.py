@@ -335,8 +335,9 @@ def _open_feed(run):
 
 # ------------------------------------------------------------------------------ the loop
 def run_loop(run):
-    """Updates until --max-steps, the --time-budget or a signal; returns why it stopped: "max_steps",
-    "time_budget", or the signal ("SIGTERM", or "SIGTERM on another rank" under mpiexec)."""
+    """Updates until --max-steps, the --time-budget, --patience or a signal; returns why it stopped:
+    "max_steps", "time_budget", "patience", or the signal ("SIGTERM", or "SIGTERM on another rank"
+    under mpiexec)."""
     signals = StopSignals(run.world.size, notify=run.console.line_from_a_signal_handler if run.lead else None)
     run.model.train()
     with signals:
@@ -351,8 +352,8 @@ def run_loop(run):
 
 
 def should_stop(run, signals):
-    """One decision on every rank, at the top of each update: the step limit, the time budget (any
-    rank over it stops them all), a signal on any rank."""
+    """One decision on every rank, at the top of each update: the step limit, --patience, the time
+    budget (any rank over it stops them all), a signal on any rank."""
     args = run.args
     if args.max_steps and run.state["step"] >= args.max_steps:
         return "max_steps"

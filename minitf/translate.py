@@ -245,7 +245,8 @@ class Translator:
     def translate(self, lines, beam=4, alpha=None, max_len_b=50, batch_size=64, progress=False, stop="fairseq"):
         """A list of sentences -> their translations (a single string -> a string). An empty
         line comes back empty. stop: when beam search ends a sentence ("fairseq": once `beam`
-        hypotheses finished; "bound": once no live beam can beat the best finished one)."""
+        hypotheses finished; "bound": once no live beam can beat the best finished one;
+        "ctranslate2": CTranslate2's rule, decode.beam_search)."""
         one = isinstance(lines, str)
         out = translate_lines(self.model, self.tokenizer, [lines] if one else list(lines), beam, alpha, batch_size,
                               max_len_b, progress, stop=stop)

@@ -1,9 +1,9 @@
 """Validation during training: the loss and perplexity on the validation set (teacher-forced),
 and the BLEU of greedy translations of a fixed sample of it, with the seconds it took.
 
-Under MPI every rank of the W validates its share (every W-th batch of the loss, every W-th sentence
-of the BLEU sample) and the ranks combine the results, so that validation takes 1/W of the time
-instead of leaving W - 1 ranks waiting for rank 0.
+Under MPI each of the w ranks (the world size) validates its share (every w-th batch of the loss, every w-th sentence
+of the BLEU sample) and the ranks combine the results, so that validation takes 1/w of the time
+instead of leaving w - 1 ranks waiting for rank 0.
 """
 import time
 

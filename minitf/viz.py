@@ -1,4 +1,4 @@
-"""`python -m minitf plot pe|lr|curves|attention|masks|packing`: pictures of the model and of a run.
+"""`python -m minitf plot pe|lr|curves|attention|masks|packing|table1`: pictures of the model and of a run.
 
     plot pe         the sinusoidal positional encoding (paper 3.5) and its two properties:
                     every position has the same norm, and the distance between two
@@ -11,6 +11,8 @@
                     causal + padding (decoder), for a batch of sentences of different lengths
     plot packing    pad-free rows: a padded [B, L] batch and the rows the position-wise
                     layers run on in training
+    plot table1     the paper's Table 1 measured on minitf's layers (bench/table1.py's JSON):
+                    self-attention, recurrent and convolutional layers
 
 The numbers behind the pictures are pure NumPy functions (`pe_norms`,
 `pe_distance_by_offset`, `noam_curve`, `read_train_log`, `attention_maps`), testable without
@@ -476,7 +478,7 @@ def plot_attention(checkpoint, src, out, layer=0, head=0, tgt=None, beam_size=4,
 # ------------------------------------------------------------------------------ command line
 # ------------------------------------------------------------------------------ masks and packing
 def mask_grids(src_lens, tgt_lens):
-    """The masks the model builds (model.padding_bias, model.causal_bias), as booleans
+    """The masks the model builds (masks.padding_bias, masks.causal_bias), as booleans
     "may attend" for a batch of sentences with these source/target lengths (right-padded).
     Returns {'encoder': [B, S, S], 'decoder': [B, T, T], 'cross': [B, T, S]}."""
     from .masks import causal_bias, padding_bias

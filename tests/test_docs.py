@@ -636,7 +636,8 @@ def test_a_legend_letter_keeps_its_meaning_in_code_blocks_and_formulas():
                 bad += [f"{rel(page)}: {line.strip()}" for n, v in zip(names, values)
                         if n in LEGEND_LETTERS and not _is_count(v)]
         for name, rhs in re.findall(r"\$\s*([A-Z])\s*=\s*([^$]+)\$", text):
-            if name in LEGEND_LETTERS and not (re.match(r"\d", rhs.strip()) or rhs.strip() in ("4D", "N_\\text{tok}")):
+            # (4D: a width; \sum_n w_n: the loss's count of its 0/1 token weights, the legend's N)
+            if name in LEGEND_LETTERS and not (re.match(r"\d", rhs.strip()) or rhs.strip() in ("4D", "\\sum_n w_n")):
                 bad.append(f"{rel(page)}: ${name} = {rhs}$")
     assert not bad, f"legend letters given another meaning: {bad}"
 
@@ -652,11 +653,11 @@ def test_a_legend_letter_is_never_an_array_in_a_formula():
     bad = []
     for page in sorted(DOCS.rglob("*.md")):
         text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
-        for math in re.findall(r"\$\$.*?\$\$|\$[^$]+\$", text, flags=re.S):
-            for m in as_array.finditer(math):
+        for formula in re.findall(r"\$\$.*?\$\$|\$[^$]+\$", text, flags=re.S):
+            for m in as_array.finditer(formula):
                 symbol = (m.group(1) or "") + (m.group(2) or "")
                 if symbol.replace("\\text", "").replace("{", "").replace("}", "") not in legend:
-                    bad.append(f"{rel(page)}: {math.strip()[:80]!r}")
+                    bad.append(f"{rel(page)}: {formula.strip()[:80]!r}")
     assert not bad, f"legend letters used as arrays: {bad}"
 
 
@@ -688,6 +689,47 @@ def test_blocks_that_need_a_runs_files_say_so_at_their_top():
             if read and not block.startswith("# needs ") and not block.startswith(RUNS_MARK):
                 bad.append(f"{rel(page)}: {block.splitlines()[0]}")
     assert not bad, f"blocks that need a run's files without saying so: {bad}"
+
+
+def test_blocks_with_placeholders_or_outside_needs_say_so_at_their_top():
+    """A bash block that cannot run as written (a `...` for more flags, a `$VARIABLE` or SEED
+    placeholder, mpiexec, srun, or a GPU) starts with `# needs ...` saying what it needs."""
+    bad = []
+    for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        for block in re.findall(r"^```bash\n(.*?)^```", page.read_text(encoding="utf-8"), re.S | re.M):
+            code = "\n".join(line.split("#")[0] for line in block.splitlines())
+            if re.search(r"\.\.\.|\$[A-Z]|\bSEED\b|\bmpiexec\b|\bsrun\b|--device gpu", code) and \
+                    not block.startswith("# needs ") and not block.startswith(RUNS_MARK):
+                bad.append(f"{rel(page)}: {block.splitlines()[0]}")
+    assert not bad, f"blocks that cannot run as written and do not say what they need: {bad}"
+
+
+def test_formulas_write_a_transpose_and_big_o_apart_from_the_legends_letters():
+    """In a formula a transpose is `^\\top` (`^T` would read as the target length T) and big-O is
+    `\\mathcal O` (the legend's O is an output width)."""
+    bad = []
+    for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        if page.name == "benchmarks.md":   # measurement records, quoted as measured
+            continue
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+        for formula in re.findall(r"\$\$.*?\$\$|\$[^$]+\$", text, flags=re.S):
+            if re.search(r"\^T\b|\^\{T\}|(?<!\\mathcal )(?<![A-Za-z\\])O\(", formula):
+                bad.append(f"{rel(page)}: {formula.strip()[:80]!r}")
+    assert not bad, f"a transpose or big-O written with a legend letter: {bad}"
+
+
+def test_the_loops_docstrings_name_every_reason_a_run_stops():
+    """run_loop says what it returns: every reason should_stop gives (and the CLI's beam-search stop
+    rules are every rule Translator.translate's docstring names)."""
+    from minitf import train, translate
+    from minitf.cli import build_parser
+    reasons = set(re.findall(r'return "(\w+)"', inspect.getsource(train.should_stop)))
+    assert {"max_steps", "patience", "time_budget"} <= reasons
+    assert all(f'"{r}"' in train.run_loop.__doc__ for r in reasons), (reasons, train.run_loop.__doc__)
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices["translate"]
+    rules = next(a for a in sub._actions if a.dest == "stop").choices
+    assert all(f'"{r}"' in translate.Translator.translate.__doc__ for r in rules), rules
 
 
 def test_the_walkthroughs_figures_are_the_recorded_ones():

@@ -10,8 +10,8 @@ source language from the same data: no new data, no new parameters.
 `Bidirectional(pairs, epochs).epoch(e)` is what epoch e trains on: `BothWays(pairs)` (2n pairs, the n
 pairs then the n reversed, planned into batches together, so a batch may mix the directions) for
 e < epochs, `pairs` itself after. It depends on the epoch alone, so a resumed run and every MPI rank
-see the same pairs. The output layer must score the source side's pieces too (train.py widens
-`--output-vocab target` to both sides' pieces).
+see the same pairs. The output layer must score the source side's pieces too (recipe.build_config
+widens `--output-vocab target` to both sides' pieces, recipe.target_pieces).
 """
 import numpy as np
 
@@ -53,7 +53,7 @@ class BothWays:
 
 class Bidirectional:
     """The training pairs of each epoch: both directions for the first `epochs`, then `pairs`
-    (the `epoch(e)` / `lengths(e)` interface train.py plans and collates with, as BPEDropout's)."""
+    (the `epoch(e)` / `lengths(e)` interface feed.py plans and collates with, as BPEDropout's)."""
 
     def __init__(self, pairs, epochs):
         if int(epochs) < 1:

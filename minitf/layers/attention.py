@@ -1,4 +1,5 @@
-"""Multi-head attention (paper 3.2.2): MultiHead(Q, K, V) = Concat(head_1..head_h) W^O.
+"""Multi-head attention (paper 3.2.2): the paper's MultiHead(Q, K, V) = Concat(head_1..head_h) W^O
+(its Q, K, V: the queries, keys and values, not the legend's letters).
 
 Head i uses columns i*K..(i+1)*K-1 of the q/k/v projections and the same rows of `out`.
 Used three ways (3.2.3): encoder self-attention, masked decoder self-attention and
