@@ -16,8 +16,9 @@ reported even when another fails:
           WMT14-shaped lengths (source ~N(33, 10) pieces, target 1.05x), the same weights and
           batch in one process: minitf float32 (TF32 matmuls, CUPY_TF32=1) against PyTorch eager
           with TF32, minitf `--fp16` against PyTorch AMP (autocast float16 + GradScaler), and minitf
-          `--bf16` against AMP bfloat16 (autocast bfloat16, no scaler):
-          target tokens/s (median of alternating rounds), MFU against the GPU's dense tensor-core
+          `--bf16` against AMP bfloat16 (autocast bfloat16, no scaler); in each mode also a strong
+          PyTorch (scaled_dot_product_attention, logits on the rows with a loss, fused Adam; --no-strong
+          leaves it out): target tokens/s (median of alternating rounds), MFU against the GPU's dense tensor-core
           peak (bf16/fp16 for --fp16 and --bf16, TF32 for float32), peak memory, and, under the PyTorch
           profiler (CUPTI sees CuPy's kernels too), kernel launches, device-to-host copies and
           synchronisations per step (the step alone: train_wmt.py's loop adds one copy per update,
@@ -136,7 +137,7 @@ def measure_pair(cfg, batch, fp16, args, torch):
     if torch is not None:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    runners = make_runners(cfg, batch, args.lr, fp16, with_torch=torch is not None)
+    runners = make_runners(cfg, batch, args.lr, fp16, with_torch=torch is not None, strong=not args.no_strong)
     for r in runners:
         for _ in range(args.warmup_rounds):
             timed_round(r, 1)
@@ -157,7 +158,9 @@ def measure_pair(cfg, batch, fp16, args, torch):
                 out[r.name].update(profile_step(r, torch))
             except Exception as e:
                 out[r.name]["profile_error"] = f"{type(e).__name__}: {e}"[:200]
-        out["ratio_minitf_over_torch"] = round(out["minitf"]["tgt_tokens_per_s"] / out["torch"]["tgt_tokens_per_s"], 3)
+        for name in (r.name for r in runners[1:]):   # torch, torch-strong
+            key = "ratio_minitf_over_" + name.replace("-", "_")
+            out[key] = round(out["minitf"]["tgt_tokens_per_s"] / out[name]["tgt_tokens_per_s"], 3)
     return out
 
 
@@ -187,7 +190,7 @@ def section_step(args, env):
             log(f"step: {preset} {mode}")
             pair = measure_pair(cfg, batch, fp16, args, torch)
             peak = env["peak_tflops"][1 if fp16 else 0] * 1e12 if env.get("peak_tflops") else None
-            for name in ("minitf", "torch"):
+            for name in ("minitf", "torch", "torch-strong"):
                 if name in pair and peak:
                     pair[name]["mfu"] = round(flops / (pair[name]["step_ms"] / 1e3) / peak, 4)
             res[mode] = pair
@@ -317,22 +320,25 @@ def markdown(rep):
                 f"`{f}`" for f in s["failures"])), ""]
     st = rep["sections"].get("step", {})
     if st and "error" not in st:
-        lines += ["**Training step** (one batch of WMT14-shaped lengths, the same weights in both; median of "
-                  "alternating rounds; MFU against the dense tensor-core peak of the mode):", "",
-                  "| preset | batch (target tokens) | mode | minitf tok/s | PyTorch tok/s | minitf / PyTorch | MFU minitf "
-                  "/ PyTorch | peak MiB minitf / PyTorch | kernels per step minitf / PyTorch | D2H copies, syncs minitf "
-                  "/ PyTorch |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["**Training step** (one batch of WMT14-shaped lengths, the same weights in all; median of "
+                  "alternating rounds; MFU against the dense tensor-core peak of the mode; PyTorch is eager, "
+                  "strong PyTorch runs SDPA, logits on the rows with a loss and fused Adam; PyTorch's peak memory "
+                  "is with both its models resident):", "",
+                  "| preset | batch (target tokens) | mode | minitf tok/s | PyTorch tok/s | minitf / PyTorch | strong "
+                  "PyTorch tok/s | minitf / strong | MFU minitf / PyTorch | peak MiB minitf / PyTorch | kernels per step "
+                  "minitf / PyTorch | D2H copies, syncs minitf / PyTorch |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for preset, res in st.items():
             if not isinstance(res, dict) or "float32" not in res:
                 continue
             for mode, _ in MODES:
-                m, t = res[mode]["minitf"], res[mode].get("torch", {})
+                m, t, ts = res[mode]["minitf"], res[mode].get("torch", {}), res[mode].get("torch-strong", {})
                 label = {"float32": "float32 (TF32) vs eager TF32", "fp16": "--fp16 vs AMP + GradScaler",
                          "bf16": "--bf16 vs AMP bfloat16"}[mode]
                 lines.append(
                     f"| {preset} | {res['sentences']} sentences, {res['tgt_tokens']:,} | {label} | "
                     f"{_num(m['tgt_tokens_per_s'])} | {_num(t.get('tgt_tokens_per_s'))} | "
-                    f"{res[mode].get('ratio_minitf_over_torch', '-')} | "
+                    f"{res[mode].get('ratio_minitf_over_torch', '-')} | {_num(ts.get('tgt_tokens_per_s'))} | "
+                    f"{res[mode].get('ratio_minitf_over_torch_strong', '-')} | "
                     f"{_pct(m.get('mfu'))} / {_pct(t.get('mfu'))} | {m.get('peak_mib', '-')} / {t.get('peak_mib', '-')} | "
                     f"{m.get('kernels', '-')} / {t.get('kernels', '-')} | {m.get('d2h_copies', '-')}, "
                     f"{m.get('syncs', '-')} / {t.get('d2h_copies', '-')}, {t.get('syncs', '-')} |")
@@ -387,6 +393,9 @@ def main(argv=None):
                    "suite,launches,step,kernels,beam,wmt")
     p.add_argument("--smoke", action="store_true", help="tiny sizes (checks this script, e.g. under the CuPy stand-in)")
     p.add_argument("--fp16", action="store_true", help="the WMT14-shaped run with --fp16")
+    p.add_argument("--no-strong", action="store_true",
+                   help="leave out the strong PyTorch column of the training step (SDPA, logits on the rows with a "
+                        "loss, fused Adam)")
     p.add_argument("--budget", type=float, default=510.0,
                    help="seconds for the whole report (default 510: the WMT14-shaped run is shortened to fit)")
     args = p.parse_args(argv)

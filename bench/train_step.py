@@ -214,12 +214,15 @@ def torch_runner_like(runner, device, batch, lr, fp16, strong=False, compile=Fal
     return TorchRunner(runner.cfg, device, batch, lr, fp16, state, strong=strong, compile=compile)
 
 
-def make_runners(cfg, batch, lr, fp16, with_torch=True):
-    """[minitf's runner of one training step on the GPU] and, with_torch, PyTorch's, holding
-    minitf's initial weights so that both start from the same point."""
+def make_runners(cfg, batch, lr, fp16, with_torch=True, strong=False):
+    """[minitf's runner of one training step on the GPU] and, with_torch, PyTorch eager's (and,
+    strong, PyTorch as a user choosing it for speed runs it: SDPA, logits on the rows with a loss,
+    fused Adam), each holding minitf's initial weights so that all start from the same point."""
     runners = [MinitfRunner(cfg, "gpu", batch, lr, fp16)]
     if with_torch:
         runners.append(torch_runner_like(runners[0], "gpu", batch, lr, fp16))
+        if strong:
+            runners.append(torch_runner_like(runners[0], "gpu", batch, lr, fp16, strong=True))
     return runners
 
 
