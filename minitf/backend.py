@@ -44,6 +44,20 @@ def dtype_named(name):
     return numpy.dtype(name)
 
 
+def check_gpu_dtype(dtype):
+    """A DeviceError unless CuPy computes in `dtype` here: bfloat16 needs CuPy 14 or newer with
+    ml_dtypes installed, on NumPy 2.1.2 or newer (CuPy leaves its bfloat16 loops out otherwise)."""
+    if dtype.name != "bfloat16":
+        return
+    try:
+        x = cupy.ones(2, dtype=dtype)
+        (x + x).astype(numpy.float32)
+    except Exception as e:
+        raise DeviceError(f"--bf16: CuPy {getattr(cupy, '__version__', '?')} cannot compute in bfloat16 here "
+                          f"({type(e).__name__}: {e}); it needs CuPy 14 or newer with ml_dtypes, on NumPy 2.1.2 "
+                          f"or newer (this one: {numpy.__version__})") from None
+
+
 def half_dtype(dtype):
     """Whether dtype is a 16-bit compute dtype (float16 or bfloat16), kept beside float32 master weights."""
     return dtype == numpy.float16 or (dtype.itemsize == 2 and dtype.name == "bfloat16")

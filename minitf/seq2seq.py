@@ -10,7 +10,7 @@ drive only this surface.
 """
 import numpy as np
 
-from .backend import DTYPES, dtype_named, get_xp, half_dtype, is_gpu, keep_freed_memory, to_device, to_numpy
+from .backend import DTYPES, check_gpu_dtype, dtype_named, get_xp, half_dtype, is_gpu, keep_freed_memory, to_device, to_numpy
 from .functional import DropoutSites
 from .errors import CheckpointError, ConfigError
 from .layers import Layer, flatten_parameters
@@ -28,6 +28,8 @@ class Seq2Seq(Layer):
         if not is_gpu(self.xp):
             keep_freed_memory()
         self.dtype = dtype_named(dtype)
+        if is_gpu(self.xp):
+            check_gpu_dtype(self.dtype)
         self.forward_count = 0  # training forward i draws its dropout masks from DropoutSites(seed, i)
         self._cache = None   # what backward needs of the last forward (the model's own)
         self._head = None    # what loss_head_backward needs of the last loss_head

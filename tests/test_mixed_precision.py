@@ -136,3 +136,16 @@ def test_bfloat16_without_loss_scaling_trains_like_float32(standin):
     assert model.flat_params.dtype == BF16
     np.testing.assert_array_equal(host(model.flat_params).view(np.uint16),
                                   host(model.master_params).astype(BF16).view(np.uint16))
+
+
+def test_bfloat16_on_a_cupy_without_it_is_one_clear_error(standin, monkeypatch):
+    """CuPy leaves its bfloat16 loops out without ml_dtypes or on NumPy before 2.1.2: the model says
+    so when it is built, naming what is needed, not in the middle of a step."""
+    def no_bf16(shape, dtype=float, order="C", _real=strict_cupy.ones):
+        if np.dtype(dtype) == BF16:
+            raise TypeError("Unsupported type <class 'numpy.dtype[bfloat16]'>")
+        return _real(shape, dtype=dtype, order=order)
+    monkeypatch.setattr(strict_cupy, "ones", no_bf16)
+    with pytest.raises(minitf.DeviceError, match=r"--bf16: CuPy .* cannot compute in bfloat16 here .*ml_dtypes"):
+        minitf.Transformer(cfg(), dtype="bfloat16", seed=0, device="gpu")
+    minitf.Transformer(cfg(), dtype="float16", seed=0, device="gpu")      # the other dtypes are not asked
