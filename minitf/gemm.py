@@ -69,7 +69,7 @@ def compute_type(dtype_name):
     return COMPUTE_32F, np.float32
 
 
-# Looked up once, not on every product (the `--fp16` step makes ~250 of them, and their Python
+# Looked up once, not on every product (the `--fp16` step makes ~340 of them, and their Python
 # costs the host as much as cuBLAS's own calls): dtype -> (cuBLAS data type, compute type, the
 # dtype of alpha and beta), with CUPY_TF32 read on a dtype's first product (CuPy too reads it
 # once, when it is imported); (value, dtype) -> alpha or beta as a host scalar whose address

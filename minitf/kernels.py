@@ -26,7 +26,7 @@ warp per row), one thread per value (or per 16 bytes) for the elementwise ones.
   pack_heads            x [B, H, L, K] -> [rows, H*K]: the heads merged and the kept rows taken
   bias_relu             x = max(x + b, 0) in place (the feed-forward's first layer and its ReLU)
   relu_backward         dy = dy * (y > 0) in place
-  adam_update           one Adam(W) update over the flat buffers (+ the float16 copy of the weights)
+  adam_update           one Adam(W) update over the flat buffers (+ the 16-bit copy of the weights)
   embed_rows            the kept rows' (embedding * sqrt(D) + PE) * dropout mask, one pass
   embedding_backward    the embedding's gradient summed per id in a fixed order (no atomics)
   *_vec                 bias_relu, relu_backward, unpack_heads, pack_heads, smoothed_nll_rows and
@@ -694,7 +694,7 @@ extern "C" __global__ void pack_heads_vec(const T* x, const long long* index, in
 // One Adam(W) update of element i of the flat buffers, optim.Adam._update's passes in one:
 // g = grad * inv_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p *= decay (1 - lr * lambda);
 // p -= (m / (sqrt(v) * rbc2 + eps)) * step (rbc2 = 1 / sqrt(1 - b2^t), step = lr / (1 - b1^t));
-// copy = p (has_copy: the float16 compute copy of the float32 master weights).
+// copy = p (has_copy: the 16-bit, float16 or bfloat16, compute copy of the float32 master weights).
 extern "C" __global__ void adam_update(const T* grad, A* m, A* v, A* p, T* copy, int has_copy, long long n,
                                        A inv_scale, A b1, A one_minus_b1, A b2, A one_minus_b2, A decay,
                                        A rbc2, A eps, A step) {
@@ -742,12 +742,12 @@ extern "C" __global__ void embed_rows(const T* weight, const long long* ids, con
 // The embedding's gradient from the kept rows' gradients dx [rows, d] (times the dropout mask, has_mask):
 // grad[row] += scale * the sum of (dx * mask)[r] over the rows r holding that row's id, in a fixed order
 // (deterministic: no atomics). plan (int64, built on the host by kernels.embedding_plan):
-// starts [U + 1], then the U distinct ids, then the rows sorted by id (stably). One block per id.
-extern "C" __global__ void embedding_backward(const T* dx, const T* mask, int has_mask, const long long* plan, int U,
+// starts [u + 1], then the u distinct ids, then the rows sorted by id (stably). One block per id.
+extern "C" __global__ void embedding_backward(const T* dx, const T* mask, int has_mask, const long long* plan, int u,
                                               T* grad, int d, A scale) {
     const long long* starts = plan;
-    const long long* uniq = plan + U + 1;
-    const long long* order = plan + 2 * (long long)U + 1;
+    const long long* uniq = plan + u + 1;
+    const long long* order = plan + 2 * (long long)u + 1;
     long long s0 = starts[blockIdx.x], s1 = starts[blockIdx.x + 1];
     long long row = uniq[blockIdx.x];
     for (int c = threadIdx.x; c < d; c += blockDim.x) {
@@ -1383,7 +1383,7 @@ def relu_backward(dy, y):
 
 def adam_update(grad, m, v, p, copy, coef):
     """One fused Adam(W) update of the flat buffers: grad (the model's dtype), m, v, p (the
-    accumulation dtype: the master weights), and copy (the float16 compute copy of p, or None).
+    accumulation dtype: the master weights), and copy (the 16-bit compute copy of p, float16 or bfloat16, or None).
     coef = (inv_scale, b1, b2, decay, rbc2, eps, step) as optim.Adam computes them."""
     inv_scale, b1, b2, decay, rbc2, eps, step = coef
     a = accum_dtype(grad.dtype)
@@ -1395,8 +1395,8 @@ def adam_update(grad, m, v, p, copy, coef):
 
 def embedding_plan(ids, keep_index, xp):
     """The host-built plan of embedding_backward: ids [B, L] host ints, keep_index the kept
-    positions (packing.Rows.host_index, or None for all): int64 [U + 1 + U + rows] on x's device
-    (one host->device copy), and U."""
+    positions (packing.Rows.host_index, or None for all): int64 [u + 1 + u + rows] on x's device
+    (one host->device copy), and u, the number of distinct ids."""
     flat = np.asarray(ids).reshape(-1)
     kept = flat if keep_index is None else flat[keep_index]
     small = kept.size and 0 <= kept.min() and kept.max() < 1 << 16   # the same order by a radix sort, ~14x faster

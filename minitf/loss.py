@@ -23,7 +23,7 @@ class LossCache(NamedTuple):
 
 
 class FusedLossCache(NamedTuple):
-    """The fused GPU path keeps the logits [N, V] and each row's logsumexp [N] instead of p."""
+    """The fused GPU path keeps the logits [N, V_o] and each row's logsumexp [N] instead of p."""
     logits: object
     tgt: object
     lse: object
@@ -42,11 +42,11 @@ def log_softmax(logits):
 
 
 def label_smoothed_nll(logits, target, eps, pad_id):
-    """logits [N, V] (or [B, T, V]), target [N] (or [B, T]) int.
+    """logits [N, V_o] (or [B, T, V]), target [N] (or [B, T]) int.
 
     Returns (loss, nll_sum, n_tokens, cache), the first three 0-d device arrays (no host
     sync): the smoothed loss averaged over non-pad tokens, the summed plain NLL (for
-    perplexity) and the non-pad token count. The cache holds the softmax p [N, V]; log p is
+    perplexity) and the non-pad token count. The cache holds the softmax p [N, V_o]; log p is
     never materialized: log p[v] = z[v] - log(sum(exp(z))) with z = logits - max.
     pad_id None: every target has a loss (the caller took the pad rows out); on a GPU n_tokens
     is then the host's count.
@@ -56,8 +56,8 @@ def label_smoothed_nll(logits, target, eps, pad_id):
     if kernels.enabled(logits):
         return _fused_label_smoothed_nll(logits.reshape(-1, v), target.reshape(-1), eps, pad_id)
     pad_id = -1 if pad_id is None else pad_id
-    l2 = as_float32_if_half(logits.reshape(-1, v))                                   # float16 -> float32
-    z = l2 - l2.max(axis=-1, keepdims=True)                                          # [N, V]
+    l2 = as_float32_if_half(logits.reshape(-1, v))                                   # 16-bit -> float32
+    z = l2 - l2.max(axis=-1, keepdims=True)                                          # [N, V_o]
     p = xp.exp(z)
     s = p.sum(axis=-1, keepdims=True)
     log_s = xp.log(s)[:, 0]                                                          # [N]
@@ -93,7 +93,7 @@ def _fused_label_smoothed_nll(logits, tgt, eps, pad_id):
 
 
 def label_smoothed_nll_backward(cache, dloss=1.0):
-    """dlogits [N, V] (reshape to the logits' shape) for label_smoothed_nll.
+    """dlogits [N, V_o] (reshape to the logits' shape) for label_smoothed_nll.
 
     Reuses (overwrites) the cached softmax (the logits on the fused GPU path): call it once
     per forward."""

@@ -53,14 +53,14 @@ class Adam:
 
     def step(self, grad_divisor=1.0, lr_scale=1.0, lr=None):
         """One update from the model's accumulated gradients, divided by grad_divisor first
-        (the float16 loss scale the backward multiplied in; 1 without mixed precision), with
+        (the float16 loss scale the backward multiplied in; 1 without it: float32, float64, bfloat16), with
         the schedule's learning rate times lr_scale, or `lr` when given (the update's rate,
         schedule.learning_rate, as training passes it). Returns the rate used."""
         self.step_count += 1
         t = self.step_count
         lr = self.current_lr(t) * lr_scale if lr is None else lr
         coef = (1.0 / grad_divisor, lr, 1.0 - self.beta1 ** t, 1.0 - self.beta2 ** t)
-        if kernels.fused(self._m, "adam"):   # one kernel over the flat buffers (+ the float16 copy)
+        if kernels.fused(self._m, "adam"):   # one kernel over the flat buffers (+ the 16-bit copy)
             self._fused_update(coef)
             return lr
         bufs = (self.model.flat_grads, self._m, self._v, self.model.weights, self._tmp, self._g)

@@ -18,8 +18,8 @@ this list against the config's fields): attention and ReLU dropout (`attention_d
 step); pre-norm blocks (`norm_position`); the learning rate's fade (`lr_fade`); the recurrent
 baseline (`arch`); the options of models imported from Marian (`activation` swish, `output_bias`;
 docs/interop.md). Nor, outside the config, the engine's `--update-freq` accumulation (a loss
-weighted by its batch's share of the update), float16 with loss scaling (`--fp16`), the
-all-reduce of several processes' gradients (under mpiexec), or pad-free packing (the same numbers:
+weighted by its batch's share of the update), float16 with loss scaling (`--fp16`) or bfloat16
+(`--bf16`), the all-reduce of several processes' gradients (under mpiexec), or pad-free packing (the same numbers:
 docs/walkthrough.md). init_params builds d_k = D / H; a d_k set apart (Table 3 row B) runs
 here only with parameters the engine made.
 

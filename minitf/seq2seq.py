@@ -30,6 +30,9 @@ class Seq2Seq(Layer):
         self.dtype = dtype_named(dtype)
         if is_gpu(self.xp):
             check_gpu_dtype(self.dtype)
+        elif self.dtype.name == "bfloat16":
+            raise ConfigError("bfloat16 (--bf16) is for device='gpu': NumPy has no bfloat16 arithmetic of its own "
+                              "(ml_dtypes' loops widen products to float32); on the CPU use float32, or float16")
         self.forward_count = 0  # training forward i draws its dropout masks from DropoutSites(seed, i)
         self._cache = None   # what backward needs of the last forward (the model's own)
         self._head = None    # what loss_head_backward needs of the last loss_head

@@ -169,8 +169,8 @@ def check_precision_args(p, args):
     if half and args.arch == "rnn":
         p.error(f"mixed precision (--{half[0]}) is for the Transformer; train --arch rnn in float32")
     if args.bf16 and args.device != "gpu":
-        p.error("--bf16 is for --device gpu: minitf's NumPy path has no bfloat16 arithmetic (NumPy has no bfloat16 "
-                "type); on the CPU train in float32 (or --fp16)")
+        p.error("--bf16 is for --device gpu: NumPy has no bfloat16 arithmetic of its own (ml_dtypes' loops widen "
+                "products to float32); on the CPU train in float32 (or --fp16)")
 
 
 def parse_args(argv=None, prog=None):

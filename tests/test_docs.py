@@ -692,13 +692,13 @@ def test_blocks_that_need_a_runs_files_say_so_at_their_top():
 
 
 def test_blocks_with_placeholders_or_outside_needs_say_so_at_their_top():
-    """A bash block that cannot run as written (a `...` for more flags, a `$VARIABLE` or SEED
-    placeholder, mpiexec, srun, or a GPU) starts with `# needs ...` saying what it needs."""
+    """A bash block that cannot run as written (a `...` for more flags, a `$VARIABLE`, `<this repo>` or
+    SEED placeholder, mpiexec, srun, or a GPU) starts with `# needs ...` saying what it needs."""
     bad = []
     for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
         for block in re.findall(r"^```bash\n(.*?)^```", page.read_text(encoding="utf-8"), re.S | re.M):
             code = "\n".join(line.split("#")[0] for line in block.splitlines())
-            if re.search(r"\.\.\.|\$[A-Z]|\bSEED\b|\bmpiexec\b|\bsrun\b|--device gpu", code) and \
+            if re.search(r"\.\.\.|\$[A-Z]|<[a-z][^>]*>|\bSEED\b|\bmpiexec\b|\bsrun\b|--device gpu", code) and \
                     not block.startswith("# needs ") and not block.startswith(RUNS_MARK):
                 bad.append(f"{rel(page)}: {block.splitlines()[0]}")
     assert not bad, f"blocks that cannot run as written and do not say what they need: {bad}"

@@ -239,6 +239,8 @@ def test_bad_inputs_raise_clear_errors():
         model.forward(np.zeros((2, 3), dtype=np.float32), np.zeros((2, 3), dtype=np.int64))
     with pytest.raises(minitf.ConfigError, match="'bfloat16'"):
         minitf.Transformer(tiny(), dtype="int8")
+    with pytest.raises(minitf.ConfigError, match=r"bfloat16 \(--bf16\) is for device='gpu'"):
+        minitf.Transformer(tiny(), dtype="bfloat16")
 
 
 def test_bfloat16_without_ml_dtypes_is_one_clear_error(monkeypatch):
