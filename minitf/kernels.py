@@ -69,36 +69,36 @@ def block_size(kind, n):
 # The CUDA source. `T` (storage) and `A` (accumulation) are typedef-ed per dtype in
 # `source(dtype)`; the blocks below are plain CUDA C++ that NVRTC and the emulator both take.
 # Each kernel's shared buffer holds 1024 values, the most threads a CUDA block can have.
-# float16 storage without cuda_fp16.h (so NVRTC needs no include path): 16 raw bits,
-# converted with the PTX cvt instructions (round to nearest even).
+# 16-bit storage without cuda_fp16.h or cuda_bf16.h (so NVRTC needs no include path): 16 raw bits
+# in a struct that converts to and from float with a narrowing and a widening function.
+STORAGE16 = r"""
+#define MINITF_STORAGE16(NAME, NARROW, WIDEN) \
+struct NAME { \
+    unsigned short bits; \
+    __device__ NAME() {} \
+    __device__ NAME(float f) : bits(NARROW(f)) {} \
+    __device__ NAME(double f) : bits(NARROW((float)f)) {} \
+    __device__ operator float() const { return WIDEN(bits); } \
+};
+"""
+
+# float16: converted with the PTX cvt instructions (round to nearest even).
 HALF = r"""
 #ifndef MINITF_EMULATE
 __device__ inline float h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ inline unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 #endif
-struct half_t {
-    unsigned short bits;
-    __device__ half_t() {}
-    __device__ half_t(float f) : bits(f2h(f)) {}
-    __device__ half_t(double f) : bits(f2h((float)f)) {}
-    __device__ operator float() const { return h2f(bits); }
-};
+MINITF_STORAGE16(half_t, f2h, h2f)
 """
 
-# bfloat16 storage the same way: the top 16 bits of a float32 (widening is a shift), narrowed with
-# cvt.rn.bf16.f32 (round to nearest even; sm_80 and newer). Only in the bfloat16 source.
+# bfloat16: the top 16 bits of a float32 (widening is a shift), narrowed with cvt.rn.bf16.f32 (round
+# to nearest even; sm_80 and newer). Only in the bfloat16 source.
 BFLOAT16 = r"""
 #ifndef MINITF_EMULATE
 __device__ inline float bf2f(unsigned short h) { return __uint_as_float(((unsigned int)h) << 16); }
 __device__ inline unsigned short f2bf(float f) { unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 #endif
-struct bf16_t {
-    unsigned short bits;
-    __device__ bf16_t() {}
-    __device__ bf16_t(float f) : bits(f2bf(f)) {}
-    __device__ bf16_t(double f) : bits(f2bf((float)f)) {}
-    __device__ operator float() const { return bf2f(bits); }
-};
+MINITF_STORAGE16(bf16_t, f2bf, bf2f)
 """
 
 PRELUDE = r"""
@@ -909,7 +909,7 @@ def source(dtype):
     """The complete CUDA source for one storage dtype."""
     name = dtype_name(dtype)
     t, a = C_TYPES[name]
-    return HALF + (BFLOAT16 if name == "bfloat16" else "") + f"typedef {t} T;\ntypedef {a} A;\n" + PRELUDE + KERNELS
+    return STORAGE16 + HALF + (BFLOAT16 if name == "bfloat16" else "") + f"typedef {t} T;\ntypedef {a} A;\n" + PRELUDE + KERNELS
 
 
 # The switches below are read on every call (bench/gpu_ab.py flips them between steps), ~800 times
