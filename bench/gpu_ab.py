@@ -3,6 +3,7 @@
 
     python bench/gpu_ab.py                         # base, float32 (TF32) and --fp16: every fusion on vs off
     python bench/gpu_ab.py --presets base,big --out runs/ab
+    python bench/gpu_ab.py --modes bf16 --strong         # --bf16 against AMP bfloat16, eager and strong
     python bench/gpu_ab.py --smoke                 # tiny sizes (checks this script, e.g. under the CuPy stand-in)
 
 The variants differ only in environment variables that minitf reads on every call
@@ -41,6 +42,7 @@ import numpy as np  # noqa: E402
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
 from bench.data import wmt_batch  # noqa: E402
+from bench.launches import MODES  # noqa: E402
 from bench.train_step import MinitfRunner, timed_round, torch_runner_like  # noqa: E402
 
 
@@ -207,7 +209,8 @@ def main(argv=None):
     p.add_argument("--variant", action="append", help="name=VAR=value[,VAR=value] (repeat; the first is the baseline "
                    "of the ratios)")
     p.add_argument("--presets", default="base")
-    p.add_argument("--modes", default="float32,fp16")
+    p.add_argument("--modes", default="float32,fp16",
+                   help="comma-separated: float32 (TF32), fp16 (--fp16), bf16 (--bf16, against AMP bfloat16)")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--kernel-steps", type=int, default=2)
@@ -250,7 +253,7 @@ def main(argv=None):
         cfg = minitf.Config.preset(preset, vocab_size=vocab)
         batch = wmt_batch(cfg, tokens)
         for mode in args.modes.split(","):
-            fp16 = mode == "fp16"
+            fp16 = dict(MODES)[mode]   # False, True (--fp16) or "bfloat16" (--bf16)
             key = f"{preset} {mode}"
             log(f"{key}: same ...")
             entry = {"same": compare(cfg, batch, fp16, variants, args.float64)}
