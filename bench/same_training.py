@@ -10,7 +10,8 @@ Runners, one after another, each from the weights of `minitf.Transformer(cfg, se
   now      the GPU step as it is
   before   the same with every GPU fusion switched off (MINITF_CUBLAS=0, MINITF_FUSED_*=0: CuPy's
            matmul and separate passes), bench/gpu_ab.py's `before` variant
-  torch    PyTorch eager (bench/torch_model.py), under AMP with a GradScaler when --fp16
+  torch    PyTorch eager (bench/torch_model.py), under AMP with a GradScaler when --fp16, AMP bfloat16
+           without one when --bf16
 
 All three see the same batches in the same order (token_batches over the training pairs, seed 0),
 the same learning rate (the preset's schedule, paper eq. 3: with `base` a 400-update run stays
@@ -96,7 +97,8 @@ def free_pool(xp):
 def train_minitf(name, env, cfg, args, train, valid, dropout_seed=0):
     """N updates of minitf under the variant's environment; returns the runner's record."""
     with Env(env):
-        model = minitf.Transformer(cfg, device=args.device, dtype="float16" if args.fp16 else "float32", seed=0)
+        dtype = "float16" if args.fp16 else "bfloat16" if args.bf16 else "float32"
+        model = minitf.Transformer(cfg, device=args.device, dtype=dtype, seed=0)
         model.seed = dropout_seed    # the dropout masks' seed (the weights above are seed 0's)
         xp = model.xp
         model.train()
@@ -139,8 +141,9 @@ def train_torch(cfg, args, train, valid, state):
     from bench.torch_model import as_ids, from_minitf_state
     dev = "cuda" if args.device == "gpu" else "cpu"
     torch.backends.cuda.matmul.allow_tf32 = os.environ.get("CUPY_TF32") == "1"   # minitf's matmul mode
-    amp = args.fp16 and dev == "cuda"
-    model = from_minitf_state(state, cfg, dtype="float32", device=dev, autocast_fp16=amp)
+    amp = args.fp16 and dev == "cuda"     # float16 autocast with its GradScaler; bfloat16 autocast needs none
+    half = "float16" if amp else "bfloat16" if args.bf16 and dev == "cuda" else False
+    model = from_minitf_state(state, cfg, dtype="float32", device=dev, autocast_fp16=half)
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
     scaler = torch.amp.GradScaler(dev, enabled=amp, init_scale=2.0 ** 15, growth_interval=1000)
@@ -211,12 +214,15 @@ def main(argv=None):
     p.add_argument("--lr-factor", type=float, default=None, help="the schedule's factor (default: the preset's)")
     p.add_argument("--device", default="gpu", choices=["cpu", "gpu"])
     p.add_argument("--fp16", action="store_true")
+    p.add_argument("--bf16", action="store_true", help="minitf --bf16 against PyTorch AMP bfloat16 (no loss scaling)")
     p.add_argument("--variant", action="append", help="as bench/gpu_ab.py's (default: now, before)")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--also-seed", type=int, action="append", default=[], metavar="S",
                    help="also the first variant with dropout seed S: how far runs of one engine differ by chance")
     p.add_argument("--out")
     args = p.parse_args(argv)
+    if args.fp16 and args.bf16:
+        p.error("--fp16 and --bf16 each choose the 16-bit dtype: give one")
     tok = Tokenizer(args.tokenizer)
     log(f"reading and encoding {args.train_src} / {args.train_tgt} (at most {args.pairs:,} pairs)")
     src_lines, tgt_lines = read_parallel(args.train_src, args.train_tgt)
@@ -244,7 +250,7 @@ def main(argv=None):
     first = records[0]["valid_nll"]
     for r in records:
         r["valid_nll_rel_diff"] = (r["valid_nll"] - first) / first
-    info = {"preset": args.preset, "fp16": args.fp16, "device": args.device, "updates": args.updates,
+    info = {"preset": args.preset, "fp16": args.fp16, "bf16": args.bf16, "device": args.device, "updates": args.updates,
             "warmup": args.warmup, "lr_factor": args.lr_factor, "target_tokens_per_batch": tokens / len(train),
             "vocab": tok.vocab_size, "runners": records}
     print(f"{'runner':11} {'made':>5} {'skipped':>7} {'ms/upd':>7} {'train loss':>10} {'valid nll':>9} "

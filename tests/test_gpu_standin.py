@@ -427,10 +427,11 @@ def test_the_gpu_report_runs_its_sections(tmp_path):
     assert "**Where a step's GPU time goes**" in md
 
 
-def test_same_training_holds_the_variants_to_one_validation_loss(tmp_path):
-    """bench/same_training.py on the stand-in: a few float16 updates of the GPU step as it is and
-    with every fusion switched off, from the same weights on the same batches, reach the same
-    validation NLL (the same arithmetic up to rounding); the dropout-seed runner differs."""
+@pytest.mark.parametrize("half,tol", [("--fp16", 1e-3), ("--bf16", 1e-2)])
+def test_same_training_holds_the_variants_to_one_validation_loss(tmp_path, half, tol):
+    """bench/same_training.py on the stand-in: a few float16 (or bfloat16) updates of the GPU step as
+    it is and with every fusion switched off, from the same weights on the same batches, reach the
+    same validation NLL (the same arithmetic up to rounding); the dropout-seed runner differs."""
     from conftest import write_multi30k
     data = write_multi30k(tmp_path, sizes=(("train", 200), ("val", 20)))
     lines = [ln for lang in ("en", "de") for ln in gzip.open(data / f"train.{lang}.gz", "rt").read().splitlines()]
@@ -439,11 +440,11 @@ def test_same_training_holds_the_variants_to_one_validation_loss(tmp_path):
                         "--train-src", str(data / "train.en.gz"), "--train-tgt", str(data / "train.de.gz"),
                         "--valid-src", str(data / "val.en.gz"), "--valid-tgt", str(data / "val.de.gz"),
                         "--tokenizer", str(tmp_path / "tok.model"), "--preset", "tiny", "--updates", "3",
-                        "--max-tokens", "160", "--fp16", "--no-torch", "--also-seed", "1", "--out", str(tmp_path / "o")],
+                        "--max-tokens", "160", half, "--no-torch", "--also-seed", "1", "--out", str(tmp_path / "o")],
                        capture_output=True, text=True, env=standin_env(tmp_path), timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     runs = {x["runner"]: x for x in json.loads((tmp_path / "o" / "same_training.json").read_text())["runners"]}
     assert list(runs) == ["now", "now@seed1", "before"]
     assert all(x["updates"] + x["skipped"] == 3 and np.isfinite(x["valid_nll"]) for x in runs.values())
-    assert abs(runs["before"]["valid_nll_rel_diff"]) < 1e-3, runs
+    assert abs(runs["before"]["valid_nll_rel_diff"]) < tol, runs
     assert runs["now@seed1"]["valid_nll"] != runs["now"]["valid_nll"]
