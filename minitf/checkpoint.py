@@ -40,7 +40,8 @@ def _digest(a):
 
 def save_checkpoint(path, model=None, optimizer=None, tokenizer=None, train_state=None, params=None, config=None):
     """Write a checkpoint atomically. `tokenizer` is the SentencePiece model bytes (or None);
-    `train_state` is a JSON-serializable dict (step, data position, RNG states, ...).
+    `train_state` is a JSON-serializable dict (step, data position, the dropout masks' position
+    `forward_count`, ...: no generator state, the masks are keyed by it).
     Pass `params` + `config` instead of a model to save plain arrays (checkpoint averaging)."""
     if model is not None:
         params, config = model.state_dict(), model.cfg

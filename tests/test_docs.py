@@ -732,6 +732,27 @@ def test_the_loops_docstrings_name_every_reason_a_run_stops():
     assert all(f'"{r}"' in translate.Translator.translate.__doc__ for r in rules), rules
 
 
+def test_the_readmes_gpu_step_figures_are_the_recorded_ones():
+    """The README's H100 training-step ratios and rates are benchmarks.md's latest record of them,
+    rounded, not retyped: the table the README links to."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    bench = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
+    row = next(line for line in readme.splitlines() if line.startswith("| minitf vs the same model in PyTorch, one NVIDIA"))
+    anchor = re.search(r"\(docs/benchmarks\.md#([\w-]+)\)", row).group(1)
+    section = bench[[m.start() for m in re.finditer(r"^### .*$", bench, re.M)
+                     if _slug(m.group(0)[4:]) == anchor][0]:]
+    table = {m.group(1): m.groups()[1:] for m in re.finditer(
+        r"^\| (base float32 \(TF32\)|base `--fp16`|big `--fp16`) \| [\d.]+ \([^)]*\) \| ([\d,]+) \| \*\*([\d.]+)\*\* \| "
+        r"\*\*([\d.]+)\*\* \|", section, re.M)}
+    fp16, f32, big = table["base `--fp16`"], table["base float32 (TF32)"], table["big `--fp16`"]
+    r2 = lambda x: f"{float(x):.2f}x"
+    k = lambda x: f"{round(int(x.replace(',', '')) / 1000)}k"
+    for quoted in (f"{r2(fp16[1])} PyTorch AMP eager's tokens/s with `--fp16` ({k(fp16[0])} target tokens/s)",
+                   f"{r2(f32[1])} eager's in float32 (TF32, {k(f32[0])})", f"{r2(fp16[2])} and {r2(f32[2])} a strong PyTorch",
+                   f"{r2(big[1])} eager, {r2(big[2])} strong"):
+        assert quoted in row, f"README.md's GPU row no longer quotes {quoted!r} (benchmarks.md: {table})"
+
+
 def test_the_walkthroughs_figures_are_the_recorded_ones():
     """The speed figures the walkthrough quotes are computed from their records, not retyped: the
     padded 256-wide step's ratio and the unpadded ones from benchmarks.md's step table, Adam's one
