@@ -6,8 +6,8 @@ ConvS2S, paper section 2), written as im2col + one matmul.
 
 with x_pad = x with (k - 1) // 2 zero rows before and k - 1 - (k - 1) // 2 after ("same"
 padding: position t sees t - (k-1)//2 ... t + k//2). One layer connects positions at most
-k - 1 apart: a path of length n needs n / (k - 1) stacked layers (Table 1: O(log_k n) with
-dilations, O(n / k) without). Padding tokens of a batch are not masked: the layer is for the
+k - 1 apart: a path of length n needs n / (k - 1) stacked layers (the paper's section 4: O(n / k)
+for contiguous kernels; its Table 1 lists O(log_k n), with dilations). Padding tokens of a batch are not masked: the layer is for the
 Table 1 measurements (bench/table1.py), not part of a model. Derivation: docs/derivations/conv.md.
 """
 import numpy as np
