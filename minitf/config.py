@@ -20,7 +20,9 @@ from .errors import ConfigError
 # how a model is trained and decoded, not what it computes: checkpoints that differ only in these hold
 # the same model (checkpoint averaging compares the other fields, `Config.model_fields`)
 TRAINING_FIELDS = ("dropout", "attention_dropout", "relu_dropout", "label_smoothing", "bpe_dropout_source",
-                   "bpe_dropout_target", "bidirectional_epochs", "output_layer", "warmup", "lr_factor", "lr_fade", "weight_decay", "max_tokens", "save_every", "save_every_minutes", "average_last", "max_steps", "decode_alpha")
+                   "bpe_dropout_target", "bidirectional_epochs", "output_layer", "warmup", "lr_factor", "lr_fade",
+                   "weight_decay", "update_tokens", "max_tokens", "save_every", "save_every_minutes", "average_last",
+                   "max_steps", "decode_alpha")
 ARCHS = ("transformer", "rnn")                  # the classes: architectures.ARCHS
 ATTENTIONS = ("general", "dot", "additive")     # arch "rnn": layers.rnn_attention.RecurrentAttention.KINDS
 NORM_POSITIONS = ("post", "pre")                # the Transformer's LayerNorm: after the residual sum (3.1) or before the sublayer

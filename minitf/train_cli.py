@@ -102,8 +102,10 @@ def build_parser(prog=None):
                         "target, only those on the target side of the training data (a smaller, faster output layer; "
                         "docs/deviations.md)")
     p.add_argument("--resume", action="store_true",
-                   help="continue from the last checkpoint in --out, with its model and recipe (a model-size or --norm, dropout, "
-                        "label-smoothing, BPE-dropout, output-vocab, warmup or rate flag that differs from the checkpoint's is an error)")
+                   help="continue from the last checkpoint in --out, with its model and recipe (a model or recipe flag that "
+                        "differs from the checkpoint's is an error: model size, --arch, --attention, --norm, dropout, "
+                        "label smoothing, BPE-dropout, --bidirectional-epochs, --output-vocab, --warmup, the rate, "
+                        "--weight-decay; the schedule's flags may change)")
     p.add_argument("--init-from", metavar="MARIAN_MODEL",
                    help="fine-tune a Marian model: start from its weights and tokenizer (an OPUS-MT folder: the .npz, "
                         "its vocabulary .yml, source.spm and target.spm; docs/interop.md). Its architecture replaces "

@@ -91,7 +91,8 @@ def test_average_takes_checkpoints_that_differ_only_in_the_recipe(tmp_path):
     import dataclasses
     model = tiny_model(1)
     save_checkpoint(tmp_path / "a.npz", model)
-    model.cfg = dataclasses.replace(model.cfg, max_steps=50, warmup=7, dropout=0.3, decode_alpha=2.0)   # a resumed run
+    model.cfg = dataclasses.replace(model.cfg, max_steps=50, warmup=7, dropout=0.3, decode_alpha=2.0,   # a resumed run
+                                    update_tokens=2 * model.cfg.update_tokens)
     save_checkpoint(tmp_path / "b.npz", model)
     average_checkpoints([tmp_path / "a.npz", tmp_path / "b.npz"], tmp_path / "avg.npz")
     assert load_checkpoint(tmp_path / "avg.npz").config.max_steps == 50   # the last input's
