@@ -11,7 +11,9 @@ this module handles:
               interleaved (sin, cos, sin, ...). A permutation of the model's D coordinates is
               exact for a Transformer (every layer either acts per coordinate, as the
               LayerNorms and the residual sums do, or mixes all of them through a matrix), so
-              the arrays are written with their D axis permuted and Marian's own table applies.
+              the arrays are written with their D axis permuted and CTranslate2's table for
+              Marian models (the paper's frequencies, in halves) applies exactly; Marian's own
+              C++ uses tensor2tensor's frequencies, slightly different (docs/interop.md).
   the start   Marian starts the decoder from a zero vector, minitf from <s>'s embedding. An
               imported model gets a <s> row of zeros (the same start); an exported model's
               <s> row is whatever training made it: CTranslate2 (`ctranslate2_export.py`) is told
