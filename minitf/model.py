@@ -109,7 +109,8 @@ class Transformer(Seq2Seq):
         the position in the padded batch (functional.dropout_bits), so both layouts drop the
         same units (tests/test_engine.py). The whole step written plainly is reference.py.
         Returns a float on CPU; on GPU a 0-d CuPy array (no host sync; float() it to read).
-        `self.last_stats` holds {'loss', 'nll_sum', 'n_tokens'} as device scalars.
+        `self.last_stats` holds {'loss', 'nll_sum', 'n_tokens'}: the loss and NLL sum as device scalars
+        on a GPU, n_tokens the host's count (the loss head drops the pad rows on the host first).
         """
         tgt_in, tgt_out = self._check_targets(tgt_in, tgt_out)
         keep = (tgt_in != self.cfg.pad_id) | (tgt_out != self.cfg.pad_id) if packed else None
