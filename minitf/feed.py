@@ -50,12 +50,16 @@ def open_feed(run):
     from .data import iterate_batches, token_batches
     args, world, pairs = run.args, run.world, run.data.train
     per_update = world.size * args.update_freq   # batches of one update, over all ranks
-    max_tokens = run.cfg.batch_tokens(world.size, args.update_freq)
+    # --max-tokens, or the config's (the preset's update split over the ranks): on a resume the flag
+    # applies too, the checkpoint's config unchanged, as long as the batches keep their size (below)
+    max_tokens = args.max_tokens or run.cfg.batch_tokens(world.size, args.update_freq)
     if run.resume_path is not None and run.state.get("batch_tokens", max_tokens) != max_tokens:
+        made = (f"--max-tokens {args.max_tokens} makes batches of {max_tokens}" if args.max_tokens else
+                f"{world.size} rank(s) x --update-freq {args.update_freq} make batches of {max_tokens} (the preset's "
+                f"{run.cfg.update_tokens} tokens per update split over them)")
         raise ConfigError(f"--resume: {run.resume_path} was trained with batches of {run.state['batch_tokens']} "
-                          f"tokens, but {world.size} rank(s) x --update-freq {args.update_freq} make batches of "
-                          f"{max_tokens} (the preset's {run.cfg.update_tokens} tokens per update split over them): "
-                          f"resume with the run's ranks and --update-freq, or start a new --out")
+                          f"tokens, but {made}: resume with the run's ranks, --update-freq and --max-tokens (or a "
+                          f"--max-tokens of {run.state['batch_tokens']}), or start a new --out")
     run.state["batch_tokens"] = max_tokens
     corpus = bpe_dropout(run) or both_directions(run)   # the pairs of each epoch, when they change
     lengths = corpus.lengths if corpus else (lambda epoch: (pairs.src_lens, pairs.tgt_lens))

@@ -105,7 +105,8 @@ def build_parser(prog=None):
                    help="continue from the last checkpoint in --out, with its model and recipe (a model or recipe flag that "
                         "differs from the checkpoint's is an error: model size, --arch, --attention, --norm, dropout, "
                         "label smoothing, BPE-dropout, --bidirectional-epochs, --output-vocab, --warmup, the rate, "
-                        "--weight-decay; the schedule's flags may change)")
+                        "--weight-decay; the schedule's flags may change, --max-tokens as long as the batches keep "
+                        "their size)")
     p.add_argument("--init-from", metavar="MARIAN_MODEL",
                    help="fine-tune a Marian model: start from its weights and tokenizer (an OPUS-MT folder: the .npz, "
                         "its vocabulary .yml, source.spm and target.spm; docs/interop.md). Its architecture replaces "

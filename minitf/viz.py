@@ -235,7 +235,7 @@ def read_train_log(path):
     final evaluation lines eval/bleu/chrf; event lines (e.g. nonfinite_loss_skipped) and
     unknown keys are ignored. Series are sorted by step; a step logged twice (a resumed run
     repeats the steps after its last checkpoint) keeps its last value. DataError (naming the file) if it is missing, empty, or holds
-    no training record; unreadable lines among readable ones are counted and skipped (a run
+    no training, validation or evaluation record; unreadable lines among readable ones are counted and skipped (a run
     killed mid-write can leave one).
     """
     path = os.fspath(path)
@@ -414,8 +414,10 @@ def attention_maps(model, tokenizer, src, layer, head, tgt=None, beam_size=4, al
         raise ConfigError(f"--beam must be >= 1, got {beam_size}")
     bos, eos = tokenizer.bos_id, tokenizer.eos_id
     src_ids = tokenizer.encode([src])[0] + [eos]
-    if len(src_ids) > model.cfg.max_len:
-        raise ConfigError(f"--src has {len(src_ids)} pieces (EOS included), more than max_len {model.cfg.max_len}")
+    limit = model.cfg.max_len if model.cfg.positional == "learned" else None   # sinusoids have no limit
+    if limit and len(src_ids) > limit:
+        raise ConfigError(f"--src has {len(src_ids)} pieces (EOS included), more than the learned positions' "
+                          f"max_len {limit}")
     translated = tgt is None
     was_training = model.training      # decoding and this forward run in eval mode (no dropout)
     try:
@@ -424,8 +426,9 @@ def attention_maps(model, tokenizer, src, layer, head, tgt=None, beam_size=4, al
         else:
             tgt_ids = getattr(tokenizer, "encode_target", tokenizer.encode)([tgt])[0]   # a Marian model: its target.spm
         tgt_in = [bos] + list(tgt_ids)
-        if len(tgt_in) > model.cfg.max_len:
-            raise ConfigError(f"--tgt has {len(tgt_in)} pieces (BOS included), more than max_len {model.cfg.max_len}")
+        if limit and len(tgt_in) > limit:
+            raise ConfigError(f"--tgt has {len(tgt_in)} pieces (BOS included), more than the learned positions' "
+                              f"max_len {limit}")
         model.eval()
         model.forward(np.asarray([src_ids], dtype=np.int64), np.asarray([tgt_in], dtype=np.int64))
     finally:

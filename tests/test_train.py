@@ -476,6 +476,11 @@ def test_resume_with_other_batches_is_one_line(corpus, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     r = run_train(corpus, out, "--max-steps", 4, "--save-every", 2, "--update-freq", 2, "--resume")
     assert r.returncode == 2 and "batches of 512 tokens" in r.stderr and "Traceback" not in r.stderr
+    r = run_train(corpus, out, "--max-steps", 4, "--save-every", 2, "--max-tokens", 300, "--resume")
+    assert r.returncode == 2 and "--max-tokens 300 makes batches of 300" in r.stderr and "Traceback" not in r.stderr
+    # an explicit --max-tokens that keeps the batches' size resumes with another --update-freq
+    r = run_train(corpus, out, "--max-steps", 4, "--save-every", 2, "--update-freq", 2, "--max-tokens", 512, "--resume")
+    assert r.returncode == 0, r.stderr[-3000:]
 
 
 def _train_wmt():

@@ -203,6 +203,21 @@ def test_attention_maps_are_distributions_with_the_right_masks(ckpt):
     assert len(g["tgt_pieces"]) <= len(src) + 4 + 1
 
 
+def test_attention_maps_limit_the_length_only_for_learned_positions(ckpt):
+    """Sinusoidal positions extend past max_len (as decoding's do); learned ones stop there, one line."""
+    import dataclasses
+    from minitf.translate import load_for_inference
+    model, tok = load_for_inference(ckpt)
+    model.cfg = dataclasses.replace(model.cfg, max_len=4)          # shorter than the sentence below
+    long = "the cat sees a dog the cat sees a dog"
+    assert model.cfg.positional == "sinusoidal"
+    m = viz.attention_maps(model, tok, long, layer=0, head=0, tgt="a dog runs")
+    assert len(m["src_pieces"]) > 4
+    model.cfg = dataclasses.replace(model.cfg, positional="learned")
+    with pytest.raises(ConfigError, match=r"--src has \d+ pieces .*learned positions' max_len 4"):
+        viz.attention_maps(model, tok, long, layer=0, head=0, tgt="a dog runs")
+
+
 def test_attention_layer_and_head_out_of_range(ckpt, tmp_path):
     from minitf.translate import load_for_inference
     model, tok = load_for_inference(ckpt)

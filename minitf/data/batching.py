@@ -114,7 +114,7 @@ def token_batches(src_lens, tgt_lens, max_tokens, seed, epoch, shuffle=True):
     the batch order is shuffled with the same generator: the result depends only
     on (seed, epoch). With ``shuffle=False`` the sort is stable by index and the
     batches come shortest first (for evaluation). Vectorized NumPy: no Python loop
-    over examples (docs/data.md has the measured time for 4.5M pairs).
+    over examples (docs/benchmarks.md, "Data at the paper's scale", has the measured time for 4.5M pairs).
 
     Returns a list of integer numpy arrays of example indices (views of one
     array); each example appears exactly once. DataError if a single example does

@@ -103,8 +103,9 @@ class TokenEmbedding(Layer):
 
     def output_weight(self):
         """weight^T [D, V] as an array of its own (row-major), for decoding: h @ output_weight()
-        (+ output_bias()) = project_all(h) without the transposed view (measured faster for the few
-        rows of a decoding step: docs/benchmarks.md). A copy: take it again after the weights change."""
+        (+ output_bias()) = project_all(h) without the transposed view (a product over contiguous
+        rows for the few rows of a decoding step; docs/performance.md). A copy: take it again after
+        the weights change."""
         return xp_of(self.params["weight"]).ascontiguousarray(self.params["weight"].T)
 
     def output_bias(self):

@@ -65,7 +65,8 @@ class LearnedPositional(Layer):
         self.params["weight"] = rng.normal(0.0, d_model ** -0.5, size=(max_len, d_model))
 
     def forward(self, x, offset=0):
-        """x [B, L, D] -> x + weight[offset:offset+L]; backward needs only dy's shape. Decoding one
+        """x [B, L, D] -> x + weight[offset:offset+L]; nothing is cached: backward needs only dy and the
+        offset. Decoding one
         position per row (L = 1), offset may be a host int array [B]: row b gets weight[offset[b]]."""
         needed = int(offset.max()) + 1 if np.ndim(offset) else offset + x.shape[1]
         if needed > self.params["weight"].shape[0]:
