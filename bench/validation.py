@@ -27,7 +27,8 @@ def main():
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--src", required=True, help="validation source text (.gz or plain)")
     p.add_argument("--ref", required=True, help="its references")
-    p.add_argument("--max-tokens", type=int, default=2048, help="tokens per loss batch (the small preset's per rank)")
+    p.add_argument("--max-tokens", type=int, default=1536,
+                   help="tokens per loss batch (the small preset's batch on each of two ranks: 3072 / 2)")
     p.add_argument("--bleu-sentences", type=int, default=500, help="greedy BLEU sample (train_wmt.py's default)")
     p.add_argument("--decode-batch", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
