@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """What position-keyed dropout masks cost on the CPU: the `small` preset's training step (one
-fixed padded batch, dropout 0.05) with minitf's masks (a PCG64 stream per site over the padded
+fixed padded batch, its dropout or --dropout; the shape flags of bench/shape.py) with minitf's masks (a PCG64 stream per site over the padded
 [B*L, D] rows, the packed rows kept: functional.dropout_bits) against one generator per forward
 drawing only the packed rows (the cheapest NumPy draw, whose masks depend on the packing).
 
     python bench/dropout_masks.py --rounds 21
+    python bench/dropout_masks.py --rounds 21 --d-model 256 --d-ff 1024 --layers 3 --dropout 0.05   # small of 2026-11-24
 
 Rounds alternate in one process (2 steps each, the first 2 rounds dropped); medians and the ratio.
 """
@@ -19,6 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import minitf  # noqa: E402
 from minitf import functional as F  # noqa: E402
+from bench.shape import add_shape_flags, shape_overrides  # noqa: E402
 from bench.train_step import make_batch  # noqa: E402
 
 
@@ -33,8 +35,11 @@ def packed_only(stream, xp, shape, rows=None):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=21)
+    p.add_argument("--dropout", type=float, help="the dropout rate (default: the preset's)")
+    add_shape_flags(p)
     args = p.parse_args()
-    cfg = minitf.Config.preset("small", vocab_size=8000)
+    extra = shape_overrides(args) | ({} if args.dropout is None else {"dropout": args.dropout})
+    cfg = minitf.Config.preset("small", vocab_size=8000, **extra)
     model = minitf.Transformer(cfg, seed=0)
     opt = minitf.Adam(model, lr=1e-4)
     batch = make_batch(cfg, 64, 24, 24)
