@@ -1,4 +1,5 @@
-"""LayerNorm over d_model (Ba et al. 2016), used after every residual sum (paper 3.1)."""
+"""LayerNorm over d_model (Ba et al. 2016), used after every residual sum (paper 3.1, the default post-norm
+blocks); with norm_position "pre" (--norm pre), before each sublayer and after each stack instead."""
 import numpy as np
 
 from .. import functional as F
