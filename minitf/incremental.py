@@ -52,7 +52,7 @@ class StepGroup(NamedTuple):
 
 
 def fused_qkv(layer):
-    """The self-attention's q, k, v projections side by side: (w [D, 3 HK], b [3 HK]), so a
+    """The self-attention's q, k, v projections side by side: (w [D, 3*H*K], b [3*H*K]), so a
     decoding step projects its new position with one matmul instead of three."""
     sa = layer.self_attn
     xp = xp_of(sa.q.params["weight"])
@@ -85,12 +85,12 @@ def decoder_layer_step(layer, i, x, qkv, groups):
                                          values[:, : g.t + 1].transpose(0, 2, 1, 3), 0.0, sa.scale)[0])
     h1 = _norm_if(not pre, layer.norm1, x + sa.out.apply(F.merge_heads(_join(heads))))        # [rows, 1, D]
     # cross-attention: the beams of a sentence are the queries of one [beam, S] attention
-    q = ca.q.apply(_norm_if(pre, layer.norm2, h1))                                                # [rows, 1, HK]
+    q = ca.q.apply(_norm_if(pre, layer.norm2, h1))                                                # [rows, 1, H*K]
     heads = []
     for g in groups:
         q_g = F.split_heads(q[g.a: g.b].reshape((g.b - g.a) // g.beam, g.beam, -1), ca.n_heads)  # [n, H, beam, K]
         ctx = F.attention_forward(q_g, g.cache.ckv[i, 0], g.cache.ckv[i, 1], g.src_bias, ca.scale)[0]
-        heads.append(F.merge_heads(ctx).reshape(g.b - g.a, 1, -1))                              # [rows, 1, HK]
+        heads.append(F.merge_heads(ctx).reshape(g.b - g.a, 1, -1))                              # [rows, 1, H*K]
     h2 = _norm_if(not pre, layer.norm2, h1 + ca.out.apply(_join(heads)))
     return _norm_if(not pre, layer.norm3, h2 + layer.ffn.apply(_norm_if(pre, layer.norm3, h2)))
 

@@ -2,8 +2,9 @@
 recurrent layer the Transformer replaced (paper section 1: "h_t as a function of the
 previous hidden state h_{t-1} and the input for position t ... precludes parallelization").
 
-One step, gates fused into one [*, 4R] pre-activation (i, f, g, o blocks of R columns; R is the layer's
-d_hidden: rnn_hidden in the decoder, R' in each direction of the encoder's BiLSTM):
+One step, gates fused into one [*, 4R] pre-activation (i, f, g, o blocks of R columns; R = rnn_hidden, a
+decoder LSTM's width; each direction of the encoder's BiLSTM is the same layer with R' for R, as
+docs/derivations/lstm.md writes it):
 
     a   = x_t @ w_x + b + h_{t-1} @ w_h        [rows, 4R]
     i, f, o = sigmoid(a_i), sigmoid(a_f), sigmoid(a_o);  g = tanh(a_g)
