@@ -754,6 +754,25 @@ def test_the_readmes_gpu_step_figures_are_the_recorded_ones():
         assert quoted in row, f"README.md's GPU row no longer quotes {quoted!r} (benchmarks.md: {table})"
 
 
+def test_the_table1_complexity_table_is_the_recorded_json():
+    """rnn_vs_transformer.md's milliseconds against n are table1.json's seconds, each rounded as printed
+    (three significant figures, at most two decimals), not retyped."""
+    import json
+    data = json.loads((DOCS / "img" / "table1.json").read_text(encoding="utf-8"))
+    seconds = {row["n"]: row["seconds"] for row in data["by_n"]}
+    page = (DOCS / "rnn_vs_transformer.md").read_text(encoding="utf-8")
+    header = re.search(r"^\| \$n\$ \|(.*)\|$", page, re.M)
+    ns = [int(x) for x in header.group(1).split("|")]
+    rows = {"self-attention (the attention itself)": "self-attention", "self-attention with its projections":
+            "self-attention+", "recurrent (LSTM)": "recurrent", "convolutional ($k = 3$)": "convolutional"}
+    for label, key in rows.items():
+        cells = re.search(rf"^\| {re.escape(label)} \|(.*)\|$", page, re.M).group(1).split("|")
+        for n, cell in zip(ns, cells):
+            ms, shown = 1e3 * seconds[n][key], cell.strip()
+            decimals = len(shown.split(".")[1]) if "." in shown else 0
+            assert shown == f"{ms:.{decimals}f}", f"{label} at n = {n}: the page says {shown}, table1.json {ms:.3f} ms"
+
+
 def test_the_walkthroughs_figures_are_the_recorded_ones():
     """The speed figures the walkthrough quotes are computed from their records, not retyped: the
     padded 256-wide step's ratio and the unpadded ones from benchmarks.md's step table, Adam's one
