@@ -46,7 +46,7 @@ from minitf import backend  # noqa: E402
 from minitf.data import Tokenizer, collate, read_parallel, token_batches  # noqa: E402
 from minitf.optim import LossScaler  # noqa: E402
 from minitf.schedule import noam  # noqa: E402
-from minitf.train import step_stats  # noqa: E402
+from minitf.train import compute_dtype, step_stats  # noqa: E402
 from minitf.validation import evaluate_loss  # noqa: E402
 from bench.gpu_ab import DEFAULT_VARIANTS, Env, parse_variant  # noqa: E402
 
@@ -97,8 +97,7 @@ def free_pool(xp):
 def train_minitf(name, env, cfg, args, train, valid, dropout_seed=0):
     """N updates of minitf under the variant's environment; returns the runner's record."""
     with Env(env):
-        dtype = "float16" if args.fp16 else "bfloat16" if args.bf16 else "float32"
-        model = minitf.Transformer(cfg, device=args.device, dtype=dtype, seed=0)
+        model = minitf.Transformer(cfg, device=args.device, dtype=compute_dtype(args), seed=0)
         model.seed = dropout_seed    # the dropout masks' seed (the weights above are seed 0's)
         xp = model.xp
         model.train()

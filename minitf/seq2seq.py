@@ -10,7 +10,8 @@ drive only this surface.
 """
 import numpy as np
 
-from .backend import DTYPES, check_gpu_dtype, dtype_named, get_xp, half_dtype, is_gpu, keep_freed_memory, to_device, to_numpy
+from .backend import (DTYPES, check_gpu_dtype, dtype_named, get_xp, half_dtype, is_gpu, keep_freed_memory, to_device,
+                      to_numpy)
 from .functional import DropoutSites
 from .errors import CheckpointError, ConfigError
 from .layers import Layer, flatten_parameters

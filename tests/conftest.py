@@ -3,6 +3,7 @@ import gzip
 import os
 
 import numpy as np
+import pytest
 
 # CuPy reads CUPY_TF32 when it is imported (by minitf, below): with it set, float32 matmuls run on TF32
 # tensor cores (10-bit mantissas) and the GPU tests' float32 tolerances, set for float32 arithmetic, fail.
@@ -20,6 +21,21 @@ if hasattr(os, "geteuid") and os.geteuid() == 0:
     os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
 
 WORDS = "the a cat dog sees runs small big red house tree man woman eats".split()
+
+
+@pytest.fixture
+def standin(monkeypatch):
+    """minitf's GPU path on tests/strict_cupy.py, the CuPy stand-in on NumPy, its RawKernels run
+    through tests/cuda_emulator.py (skipped where no compiler builds the emulator)."""
+    import strict_cupy
+    from cuda_emulator import compiler
+    from minitf import backend, kernels
+    if compiler() is None:
+        pytest.skip("needs g++ >= 12 to emulate the CUDA kernels on the CPU")
+    monkeypatch.setattr(backend, "cupy", strict_cupy)
+    monkeypatch.setattr(kernels, "_MODULES", {})
+    monkeypatch.setattr(kernels, "COMPILE_ERRORS", {})
+    return strict_cupy
 
 
 def make_tiny_checkpoint(folder, n_layers=1, n_lines=300, seed=0):

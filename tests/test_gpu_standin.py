@@ -17,7 +17,7 @@ import pytest
 
 import minitf
 import strict_cupy
-from minitf import backend, kernels
+from minitf import backend
 from minitf.checkpoint import load_checkpoint, save_checkpoint
 from minitf.data.tokenizer import Tokenizer
 
@@ -28,14 +28,6 @@ EN = "a the man woman dog cat sees eats red big small house runs".split()
 DE = "ein der mann frau hund katze sieht isst rot gross klein haus rennt".split()
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="needs g++ >= 12 to emulate the CUDA kernels on the CPU")
-
-
-@pytest.fixture
-def standin(monkeypatch):
-    monkeypatch.setattr(backend, "cupy", strict_cupy)
-    monkeypatch.setattr(kernels, "_MODULES", {})
-    monkeypatch.setattr(kernels, "COMPILE_ERRORS", {})
-    return strict_cupy
 
 
 def tiny(arch="transformer", dtype="float32", **kw):

@@ -24,7 +24,6 @@ pytestmark = pytest.mark.skipif(compiler() is None, reason="needs g++ with C++17
 
 BF16 = dtype_named("bfloat16")
 DTYPES = [np.float64, np.float32, np.float16, pytest.param(BF16, id="bfloat16")]
-HALF = (np.float16, BF16)
 # float64 computes in double like NumPy; float32 and the 16-bit dtypes compute in float32 (the generic
 # path too); a value stored in bfloat16 keeps 8 bits of mantissa (float16 11)
 TOL = {np.float64: 1e-12, np.float32: 2e-6, np.float16: 2e-3, BF16: 1.6e-2}
@@ -37,11 +36,6 @@ def emulated(tmp_path_factory):
     kernels.LAUNCH["launch"] = emu.launch
     yield emu
     kernels.LAUNCH["launch"] = saved
-
-
-def acc(dtype):
-    """The dtype the kernels compute in, for a tolerance: float32 for the 16-bit dtypes."""
-    return np.float32 if dtype in HALF else dtype
 
 
 def equal(a, b):
@@ -142,8 +136,8 @@ def test_layernorm_forward_and_backward(dtype, d):
     y_ref, (xhat_ref, rstd_ref) = F.layernorm_forward(x, g.astype(dtype), b.astype(dtype), eps)
     assert y.dtype == dtype and xhat.dtype == kernels.accum_dtype(dtype)
     close(y, y_ref, dtype)
-    close(xhat, xhat_ref, acc(dtype))
-    close(rstd, rstd_ref, acc(dtype))
+    close(xhat, xhat_ref, kernels.accum_dtype(dtype))
+    close(rstd, rstd_ref, kernels.accum_dtype(dtype))
     dy = rng.normal(size=x.shape).astype(dtype)
     dg, db = np.zeros(d, dtype=dtype), np.zeros(d, dtype=dtype)
     dx_ref = F.layernorm_backward(dy, (xhat_ref, rstd_ref), g.astype(dtype), dg, db)
@@ -236,7 +230,7 @@ def test_column_sums_with_and_without_a_factor(dtype, n, d):
     for got, want in ((kernels.column_sums(x), x64.sum(axis=0)),
                       (kernels.column_sums(x, y), (x64 * y.reshape(-1, d)).sum(axis=0))):
         assert got.shape == (d,) and got.dtype == kernels.accum_dtype(dtype)
-        close(got, want, acc(dtype), scale=np.sqrt(x64.shape[0]))
+        close(got, want, kernels.accum_dtype(dtype), scale=np.sqrt(x64.shape[0]))
     equal(kernels.column_sums(x, y), kernels.column_sums(x, y))
     assert np.all(kernels.column_sums(np.zeros((0, d), dtype=dtype)) == 0)
 
@@ -268,7 +262,7 @@ def test_layernorm_backward_with_a_residual_gradient_and_a_dropout_mask(dtype, r
     # the sublayer's bias gradient (the sums of the sublayer output's gradient) in the LayerNorm's sums' launch
     assert launched == ["layernorm_backward", "column_sums_into"]
     (want, dg_w, db_w, dsub_w), (got, dg_g, db_g, dsub_g) = results
-    tol = acc(dtype)
+    tol = kernels.accum_dtype(dtype)
     for dsub, out in ((dsub_w, want), (dsub_g, got)):   # each against float64 sums of its own gradient
         sub = out[1] if masked else out
         close(dsub, grads0[2].astype(np.float64) + sub.astype(np.float64).sum(axis=0), dtype, scale=3.0)
@@ -450,7 +444,7 @@ def test_the_loss_kernels_16_bytes_a_thread(dtype, monkeypatch):
     rows_wide, dz_wide = run()
     assert launched == ["smoothed_nll_rows_vec", "smoothed_nll_backward_vec"]
     for a, b in zip(rows_one, rows_wide):
-        close(b, a, acc(dtype))
+        close(b, a, kernels.accum_dtype(dtype))
     monkeypatch.setenv("MINITF_FUSED_VEC", "0")
     equal(kernels.smoothed_nll_backward(logits, gold, rows_wide[0], w, eps, w_scale=0.5),
                                   dz_wide)
@@ -477,7 +471,7 @@ def test_the_layernorm_kernels_a_warp_per_row(dtype, monkeypatch):
     launched = []
     real = kernels.LAUNCH["launch"]
     monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
-    acc_t = acc(dtype)
+    acc_t = kernels.accum_dtype(dtype)
 
     def run():
         fwd = kernels.layernorm_forward(x, g, b, eps)
@@ -558,7 +552,7 @@ def test_adam_update_is_adams_passes_in_one(dtype, weight_decay):
         ends.append((model.weights.copy(), opt._m.copy(), opt._v.copy(), model.flat_params.copy()))
     acc = np.float64 if dtype == np.float64 else np.float32
     for got, want in zip(*ends):
-        close(got, want, acc if dtype not in HALF else np.float32)
+        close(got, want, acc)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA syntax check needs it")

@@ -9,10 +9,10 @@ import pytest
 
 import minitf
 import strict_cupy
-from minitf import backend, kernels
+from minitf import backend
+from minitf.backend import to_numpy
 from minitf.optim import LossScaler
 
-from cuda_emulator import compiler
 from test_learning import reverse_batch
 
 BF16 = backend.dtype_named("bfloat16")
@@ -21,20 +21,6 @@ BF16 = backend.dtype_named("bfloat16")
 def cfg():
     return minitf.Config(vocab_size=14, d_model=32, n_heads=4, d_ff=64, n_layers=2,
                                     dropout=0.0, label_smoothing=0.1, max_len=16)
-
-
-@pytest.fixture
-def standin(monkeypatch):
-    """The GPU path on the strict CuPy stand-in (its RawKernels run through the emulator)."""
-    if compiler() is None:
-        pytest.skip("needs g++ >= 12 to emulate the CUDA kernels on the CPU")
-    monkeypatch.setattr(backend, "cupy", strict_cupy)
-    monkeypatch.setattr(kernels, "_MODULES", {})
-    monkeypatch.setattr(kernels, "COMPILE_ERRORS", {})
-
-
-def host(a):
-    return a.get() if hasattr(a, "get") else a
 
 
 def train(dtype, steps=150, scaler=None, device="cpu"):
@@ -48,7 +34,7 @@ def train(dtype, steps=150, scaler=None, device="cpu"):
         losses.append(float(model.forward_loss(src, tgt_in, tgt_out)))
         scale = scaler.scale if scaler else 1.0
         model.backward(loss_weight=scale)
-        if scaler is None or scaler.update(bool(np.isfinite(host(model.flat_grads)).all())):
+        if scaler is None or scaler.update(bool(np.isfinite(to_numpy(model.flat_grads)).all())):
             opt.step(grad_divisor=scale)
         else:
             skipped += 1
@@ -105,8 +91,8 @@ def test_bfloat16_master_weights_are_float32_and_compute_copy_bfloat16(standin):
     assert model.flat_params.dtype == BF16 and model.flat_grads.dtype == BF16
     assert model.master_params.dtype == np.float32
     assert model.state_dict()["embedding.weight"].dtype == np.float32
-    np.testing.assert_array_equal(host(model.master_params), ref.flat_params)
-    np.testing.assert_array_equal(host(model.flat_params).view(np.uint16), ref.flat_params.astype(BF16).view(np.uint16))
+    np.testing.assert_array_equal(to_numpy(model.master_params), ref.flat_params)
+    np.testing.assert_array_equal(to_numpy(model.flat_params).view(np.uint16), ref.flat_params.astype(BF16).view(np.uint16))
     assert minitf.Adam(model)._m.dtype == np.float32
 
 
@@ -124,9 +110,9 @@ def test_bfloat16_logits_loss_and_gradients_are_float32_at_the_same_weights(stan
         assert abs(lh - lf) < 1e-2 * abs(lf)
         half.backward()
         full.backward()
-        gh, gf = host(half.flat_grads).astype(np.float32), full.flat_grads
+        gh, gf = to_numpy(half.flat_grads).astype(np.float32), full.flat_grads
         errors[dtype] = np.linalg.norm(gh - gf) / np.linalg.norm(gf)
-        zh, zf = host(half.forward(src, tgt_in)).astype(np.float32), full.forward(src, tgt_in)
+        zh, zf = to_numpy(half.forward(src, tgt_in)).astype(np.float32), full.forward(src, tgt_in)
         assert np.abs(zh - zf).max() < 3e-2 * np.abs(zf).max()
     assert errors["bfloat16"] < 4e-2 and errors["float16"] < 5e-3, errors
     assert errors["bfloat16"] > 3 * errors["float16"], errors
@@ -139,8 +125,8 @@ def test_bfloat16_without_loss_scaling_trains_like_float32(standin):
     assert np.mean(lb[-10:]) < 0.5 * np.mean(lb[:10])
     assert abs(np.mean(lb[-10:]) - np.mean(l32[-10:])) < 0.15 * np.mean(l32[-10:])
     assert model.flat_params.dtype == BF16
-    np.testing.assert_array_equal(host(model.flat_params).view(np.uint16),
-                                  host(model.master_params).astype(BF16).view(np.uint16))
+    np.testing.assert_array_equal(to_numpy(model.flat_params).view(np.uint16),
+                                  to_numpy(model.master_params).astype(BF16).view(np.uint16))
 
 
 def test_bfloat16_on_a_cupy_without_it_is_one_clear_error(standin, monkeypatch):
