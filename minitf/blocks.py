@@ -203,6 +203,6 @@ class Decoder(Layer):
         if self.norm is not None:   # h = norm(y)
             dy = self.norm.backward(dy)
         dmemory = None
-        for layer in reversed(self.layer_list):   # dmemory: the first layer's, then each one's added into it
+        for layer in reversed(self.layer_list):   # dmemory: the top layer's, then each one's below added into it
             dy, dmemory = layer.backward(dy, dmemory)
         return dy, dmemory

@@ -5,7 +5,8 @@ Layout (format version 1), every entry an array loaded with `allow_pickle=False`
                         "has_optimizer", "optimizer_step", "sha256": {entry: hex digest}}
   `param/<name>`        the model parameters under their dotted names (`encoder.layers.0.self_attn.q.weight`, ...; float32 or float64)
   `optim/m/<name>`, `optim/v/<name>`   Adam moments (training checkpoints only)
-  `tokenizer`           uint8, the SentencePiece model proto (optional)
+  `tokenizer`           uint8, the tokenizer's bytes (optional; `to_bytes`: a SentencePiece proto, or an
+                        imported Marian model's two protos)
 The SHA-256 of every entry is stored in the meta, so a tampered or partly written file is
 rejected with a CheckpointError. Before any array is read, the zip directory's entries must be
 the manifest's and each entry's declared size that of the parameter it holds
@@ -39,7 +40,7 @@ def _digest(a):
 
 
 def save_checkpoint(path, model=None, optimizer=None, tokenizer=None, train_state=None, params=None, config=None):
-    """Write a checkpoint atomically. `tokenizer` is the SentencePiece model bytes (or None);
+    """Write a checkpoint atomically. `tokenizer` is the tokenizer's bytes (its `to_bytes`; or None);
     `train_state` is a JSON-serializable dict (step, data position, the dropout masks' position
     `forward_count`, ...: no generator state, the masks are keyed by it).
     Pass `params` + `config` instead of a model to save plain arrays (checkpoint averaging)."""

@@ -46,7 +46,7 @@ class ConfigError(MinitfError):
 
 
 class Interrupted(BaseException):
-    """Training stopped by a signal after saving a checkpoint: the command exits 128 + the
+    """Training stopped by a signal (after saving a checkpoint, unless a second Ctrl-C came first): the command exits 128 + the
     signal's number (143 for SIGTERM, 130 for Ctrl-C), so a scheduler can tell it from a
     finished run. A BaseException, like KeyboardInterrupt: no `except Exception` swallows it."""
 

@@ -12,7 +12,7 @@ warp per row), one thread per value (or per 16 bytes) for the elementwise ones.
   (masked_softmax_warp, softmax_backward_warp: the same for rows up to 256 long, a warp per row)
   layernorm_forward     y = xhat * g + b with xhat = (x - mean) * rstd, per row
   layernorm_backward    dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
-  dropout_add           out = y * mask + x, mask = (u >= p) / (1 - p), u hashed from (key, position)
+  dropout_add           out = y * mask + x, mask = (u >= round(p 2^16)) / (1 - p), u 16-bit, hashed from (key, position)
   residual_layernorm    LayerNorm(x + Dropout(y + b)) of a post-norm block: the sublayer's last bias add,
                         dropout_add and layernorm_forward in one pass per row
   smoothed_nll_rows     per row: logsumexp, -log p[gold], mean_v -log p[v]
@@ -1136,7 +1136,7 @@ def loss_totals(nll, smooth, eps, scale, dtype):
 
 
 def dropout_add(key, rowpos, y, x, p):
-    """(out, mask): out = y * mask + x, mask = (u >= p) / (1 - p) with the 16-bit uniforms u of
+    """(out, mask): out = y * mask + x, mask = (u >= round(p 2^16)) / (1 - p) with the 16-bit uniforms u of
     functional.hash_bits(key, rowpos) (rowpos: the rows' positions in the padded batch, or None).
     `out` is written into y (a sublayer output nothing else holds)."""
     xp = backend.xp_of(y)
@@ -1395,7 +1395,7 @@ def adam_update(grad, m, v, p, copy, coef):
 
 def embedding_plan(ids, keep_index, xp):
     """The host-built plan of embedding_backward: ids [B, L] host ints, keep_index the kept
-    positions (packing.Rows.host_index, or None for all): int64 [u + 1 + u + rows] on x's device
+    positions (packing.Rows.host_index, or None for all): int64 [u + 1 + u + rows] on xp's device
     (one host->device copy), and u, the number of distinct ids."""
     flat = np.asarray(ids).reshape(-1)
     kept = flat if keep_index is None else flat[keep_index]

@@ -107,7 +107,7 @@ def label_smoothed_nll_backward(cache, dloss=1.0):
     xp = xp_of(p)
     v = p.shape[-1]
     # loss = sum_rows w * ((1-eps) * -logp[gold] - eps * mean_v logp) / N
-    # d/dlogits of one row: softmax - q with q = (1-eps) onehot + eps/V
+    # d/dlogits of one row: softmax - q with q = (1-eps) onehot + eps/V_o (v = V_o columns)
     d = p
     d -= eps / v
     d[xp.arange(tgt.shape[0]), tgt] -= 1.0 - eps

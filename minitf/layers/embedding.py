@@ -92,7 +92,7 @@ class TokenEmbedding(Layer):
         return w if self.output_ids is None else w[self.output_ids]
 
     def project(self, h):
-        """h [B, T, D] -> (logits [B, T, V_o] = h @ weight[ids]^T, cache); V_o = V and ids = all
+        """h [..., D] (the loss rows [N, D]) -> (logits [..., V_o] = h @ weight[ids]^T, cache); V_o = V and ids = all
         without an output vocabulary: logits = h @ weight^T."""
         d = h.shape[-1]
         logits = gemm.product(h.reshape(-1, d), self._out_rows(), trans_b=True)

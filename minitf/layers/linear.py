@@ -1,4 +1,4 @@
-"""Linear: y = x @ weight + bias, weight [in, out] (so head i of a projection is a column block)."""
+"""Linear: y = x @ weight + bias, weight [I, O] (so head i of a projection is a column block)."""
 import numpy as np
 
 from .. import functional as F
@@ -14,13 +14,13 @@ class Linear(Layer):
         self.params["bias"] = np.zeros(d_out)
 
     def forward(self, x, bias=True):
-        """x [..., in] -> [..., out]; bias=False: without the bias add, left to the caller's next pass
+        """x [..., I] -> [..., O]; bias=False: without the bias add, left to the caller's next pass
         over the rows (backward is the same: db is the sum of dy either way)."""
         self.cache = x
         return F.linear_forward(x, self.params["weight"], self.params["bias"] if bias else None)
 
     def project(self, x):
-        """The forward without the bias add, x [..., in] -> x @ weight [..., out]: for a caller
+        """The forward without the bias add, x [..., I] -> x @ weight [..., O]: for a caller
         that adds the bias in its next pass over the rows (the feed-forward's kernels.bias_relu).
         Backward is `backward`, as for `forward` (db is the sum of dy either way)."""
         self.cache = x

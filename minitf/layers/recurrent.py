@@ -2,7 +2,7 @@
 recurrent layer the Transformer replaced (paper section 1: "h_t as a function of the
 previous hidden state h_{t-1} and the input for position t ... precludes parallelization").
 
-One step, gates fused into one [*, 4R] pre-activation (i, f, g, o blocks of R columns; R = rnn_hidden, a
+One step, gates fused into one [rows, 4R] pre-activation (i, f, g, o blocks of R columns; R = rnn_hidden, a
 decoder LSTM's width; each direction of the encoder's BiLSTM is the same layer with R' for R, as
 docs/derivations/lstm.md writes it):
 

@@ -85,7 +85,7 @@ class RecurrentAttention(Layer):
         """dctx [B, k, M] -> dq [B, k, Q]; ACCUMULATES into dkeys and dmemory (arrays the caller
         sums over all steps) and into the parameter gradients."""
         q, p, t, keys, memory = cache
-        # context = p @ memory   (k is 1 to 4: an einsum of outer products beats k-deep matmuls)
+        # context = p @ memory   (k is 1 in training, the only backward: an einsum of outer products beats k-deep matmuls)
         dmemory += xp_of(p).einsum("bks,bkm->bsm", p, dctx)
         dscores = F.softmax_backward(dctx @ memory.transpose(0, 2, 1), p)
         if self.kind != "additive":
