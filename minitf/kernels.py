@@ -27,6 +27,7 @@ warp per row), one thread per value (or per 16 bytes) for the elementwise ones.
   bias_relu             x = max(x + b, 0) in place (the feed-forward's first layer and its ReLU)
   relu_backward         dy = dy * (y > 0) in place
   adam_update           one Adam(W) update over the flat buffers (+ the 16-bit copy of the weights)
+  update_check          an update's outcome on the device: every gradient finite, the loss scale's next value
   embed_rows            the kept rows' (embedding * sqrt(D) + PE) * dropout mask, one pass
   embedding_backward    the embedding's gradient summed per id in a fixed order (no atomics)
   *_vec                 bias_relu, relu_backward, unpack_heads, pack_heads, smoothed_nll_rows and
@@ -111,6 +112,8 @@ __device__ inline double a_log(double x) { return log(x); }
 __device__ inline float a_sqrt(float x) { return sqrtf(x); }
 __device__ inline double a_sqrt(double x) { return sqrt(x); }
 __device__ inline float a_max(float a, float b) { return a > b ? a : b; }
+__device__ inline int a_finite(float x) { return isfinite(x); }
+__device__ inline int a_finite(double x) { return isfinite(x); }
 __device__ inline double a_max(double a, double b) { return a > b ? a : b; }
 
 // Tree reductions over the block in shared memory (blockDim.x a power of 2); every
@@ -337,12 +340,13 @@ extern "C" __global__ void loss_totals(const A* nll, const A* smooth, long long 
     if (threadIdx.x == 0) { out[0] = s * scale; out[1] = t; }
 }
 
-// dz = (exp(z - lse) - eps / V - (1 - eps) [j == gold]) * w per row (has_w; else w = 1) * wscale;
-// dz may alias z.
+// dz = (exp(z - lse) - eps / V - (1 - eps) [j == gold]) * w per row (has_w; else w = 1) * wscale
+// (* dscale[0], the loss scale kept on the device, when has_dscale); dz may alias z.
 extern "C" __global__ void smoothed_nll_backward(const T* z, const long long* gold, const A* lse, const A* w,
-                                                 int has_w, A wscale, T* dz, int V, A eps) {
+                                                 int has_w, A wscale, const A* dscale, int has_dscale, T* dz, int V,
+                                                 A eps) {
     long long off = (long long)blockIdx.x * V;
-    A l = lse[blockIdx.x], wr = (has_w ? w[blockIdx.x] : (A)1) * wscale, u = eps / V;
+    A l = lse[blockIdx.x], wr = (has_w ? w[blockIdx.x] : (A)1) * wscale * (has_dscale ? dscale[0] : (A)1), u = eps / V;
     long long g = gold[blockIdx.x];
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
         A d = a_exp((A)z[off + j] - l) - u;
@@ -353,9 +357,10 @@ extern "C" __global__ void smoothed_nll_backward(const T* z, const long long* go
 
 // The same with 16-byte loads and stores (V a multiple of VEC): the same arithmetic on each value (the same bits).
 extern "C" __global__ void smoothed_nll_backward_vec(const T* z, const long long* gold, const A* lse, const A* w,
-                                                     int has_w, A wscale, T* dz, int V, A eps) {
+                                                     int has_w, A wscale, const A* dscale, int has_dscale, T* dz,
+                                                     int V, A eps) {
     long long off = (long long)blockIdx.x * V;
-    A l = lse[blockIdx.x], wr = (has_w ? w[blockIdx.x] : (A)1) * wscale, u = eps / V;
+    A l = lse[blockIdx.x], wr = (has_w ? w[blockIdx.x] : (A)1) * wscale * (has_dscale ? dscale[0] : (A)1), u = eps / V;
     long long g = gold[blockIdx.x];
     int nv = V / VEC;
     for (int j = threadIdx.x; j < nv; j += blockDim.x) {
@@ -695,10 +700,16 @@ extern "C" __global__ void pack_heads_vec(const T* x, const long long* index, in
 // g = grad * inv_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p *= decay (1 - lr * lambda);
 // p -= (m / (sqrt(v) * rbc2 + eps)) * step (rbc2 = 1 / sqrt(1 - b2^t), step = lr / (1 - b1^t));
 // copy = p (has_copy: the 16-bit, float16 or bfloat16, compute copy of the float32 master weights).
+// has_ctl: the update's outcome from update_check instead: nothing is written unless ctl[3] (the loss
+// and every gradient finite), and inv_scale is ctl[2].
 extern "C" __global__ void adam_update(const T* grad, A* m, A* v, A* p, T* copy, int has_copy, long long n,
-                                       A inv_scale, A b1, A one_minus_b1, A b2, A one_minus_b2, A decay,
-                                       A rbc2, A eps, A step) {
+                                       const A* ctl, int has_ctl, A inv_scale, A b1, A one_minus_b1, A b2,
+                                       A one_minus_b2, A decay, A rbc2, A eps, A step) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (has_ctl) {
+        if (ctl[3] == (A)0) return;
+        inv_scale = ctl[2];
+    }
     if (i < n) {
         A g = (A)grad[i] * inv_scale;
         A mi = m[i] * b1 + g * one_minus_b1;
@@ -709,6 +720,60 @@ extern "C" __global__ void adam_update(const T* grad, A* m, A* v, A* p, T* copy,
         pi -= (mi / (a_sqrt(vi) * rbc2 + eps)) * step;
         p[i] = pi;
         if (has_copy) copy[i] = (T)pi;
+    }
+}
+
+// An update's outcome, decided on the device (the host reads it an update later: no sync), in ONE
+// launch. Each block scans its share of the gradient grad [n] for a value that is not finite and
+// counts itself in counter[1]; the last block to finish (a ticket from counter[0] after a memory
+// fence, as column_sums_into) reads the update's loss sums totals [2] and writes ctl:
+//   ctl[0] the loss scale, ctl[1] the good updates since it last changed (both: optim.LossScaler's
+//   rules, has_scaler; else they stay 1 and 0), ctl[2] = 1 / the scale this update's backward used,
+//   ctl[3] ok = the loss and every gradient finite (adam_update steps only then), ctl[4], ctl[5] the
+//   loss and NLL sums, ctl[6] grads finite, ctl[7] loss finite;
+// then it sets both counters back to 0 for the next launch.
+extern "C" __global__ void update_check(const T* grad, long long n, const A* totals, A* ctl, unsigned int* counter,
+                                        int has_scaler, A growth_interval, A min_scale) {
+    __shared__ int bad;
+    __shared__ int last;
+    if (threadIdx.x == 0) bad = 0;
+    __syncthreads();
+    int mine = 0;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        if (!a_finite((A)grad[i])) mine = 1;
+    if (mine) bad = 1;                             // every writer writes 1
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (bad) atomicAdd(counter + 1, 1u);
+        __threadfence();                           // this block's count is visible before its ticket
+        last = atomicAdd(counter, 1u) == gridDim.x - 1u;
+    }
+    __syncthreads();
+    if (last && threadIdx.x == 0) {                // every block has counted
+        __threadfence();
+        A loss = totals[0], scale = ctl[0], good = ctl[1];
+        int grads_ok = atomicAdd(counter + 1, 0u) == 0u, loss_ok = a_finite(loss);
+        ctl[2] = (A)1 / scale;
+        ctl[3] = (A)(grads_ok && loss_ok);
+        ctl[4] = loss;
+        ctl[5] = totals[1];
+        ctl[6] = (A)grads_ok;
+        ctl[7] = (A)loss_ok;
+        if (has_scaler && loss_ok) {               // a non-finite loss leaves the scale as it is
+            if (!grads_ok) {                       // an overflow: halve the scale (not below min_scale)
+                scale = scale * (A)0.5 < min_scale ? min_scale : scale * (A)0.5;
+                good = 0;
+            } else if (good + 1 == growth_interval) {   // growth_interval good updates in a row: double it
+                scale = scale * 2;
+                good = 0;
+            } else {
+                good = good + 1;
+            }
+            ctl[0] = scale;
+            ctl[1] = good;
+        }
+        counter[0] = 0u;
+        counter[1] = 0u;
     }
 }
 
@@ -858,9 +923,9 @@ SIGNATURES = {
                                 "A", "T*", "T*", "T*", "A*", "A*", "int", "A", "long long"],
     "smoothed_nll_rows": ["T*", "long long*", "A*", "A*", "A*", "int"],
     "loss_totals": ["A*", "A*", "long long", "A", "A", "A*"],
-    "smoothed_nll_backward": ["T*", "long long*", "A*", "A*", "int", "A", "T*", "int", "A"],
+    "smoothed_nll_backward": ["T*", "long long*", "A*", "A*", "int", "A", "A*", "int", "T*", "int", "A"],
     "smoothed_nll_rows_vec": ["T*", "long long*", "A*", "A*", "A*", "int"],
-    "smoothed_nll_backward_vec": ["T*", "long long*", "A*", "A*", "int", "A", "T*", "int", "A"],
+    "smoothed_nll_backward_vec": ["T*", "long long*", "A*", "A*", "int", "A", "A*", "int", "T*", "int", "A"],
     "dropout_add": ["long long*", "int", "unsigned long long", "T*", "T*", "T*", "T*", "long long", "int", "int", "A"],
     "residual_layernorm": ["long long*", "int", "unsigned long long", "int", "T*", "T*", "int", "T*", "T*", "int", "A",
                            "T*", "T*", "T*", "A*", "A*", "int", "A"],
@@ -881,7 +946,9 @@ SIGNATURES = {
     "unpack_heads_vec": ["T*", "T*", "int", "int*", "int", "T*", "int", "int", "int", "int", "long long", "int",
                          "long long", "long long"],
     "pack_heads_vec": ["T*", "long long*", "int", "T*", "int", "int", "int", "int", "long long", "long long"],
-    "adam_update": ["T*", "A*", "A*", "A*", "T*", "int", "long long", "A", "A", "A", "A", "A", "A", "A", "A", "A"],
+    "adam_update": ["T*", "A*", "A*", "A*", "T*", "int", "long long", "A*", "int", "A", "A", "A", "A", "A", "A", "A",
+                    "A", "A"],
+    "update_check": ["T*", "long long", "A*", "A*", "unsigned int*", "int", "A", "A"],
 }
 
 C_TYPES = {"float16": ("half_t", "float"), "bfloat16": ("bf16_t", "float"), "float32": ("float", "float"),
@@ -1110,8 +1177,9 @@ def smoothed_nll_rows(logits, gold):
     return lse, nll, smooth
 
 
-def smoothed_nll_backward(logits, gold, lse, w, eps, out=None, w_scale=1.0):
-    """dlogits [N, V_o] = (softmax - q) * w[:, None] * w_scale (w None: every row weighs w_scale);
+def smoothed_nll_backward(logits, gold, lse, w, eps, out=None, w_scale=1.0, dscale=None):
+    """dlogits [N, V_o] = (softmax - q) * w[:, None] * w_scale (w None: every row weighs w_scale),
+    times dscale[0] when given (a 1-element device array: the loss scale kept on the device);
     `out` may be logits (in place)."""
     xp = backend.xp_of(logits)
     a = accum_dtype(logits.dtype)
@@ -1120,8 +1188,8 @@ def smoothed_nll_backward(logits, gold, lse, w, eps, out=None, w_scale=1.0):
     name = "smoothed_nll_backward_vec" if vec_ok(logits, out, width=v) else "smoothed_nll_backward"
     _launch(name, logits.dtype, rows, block_size("nll", v),
             (logits, xp.ascontiguousarray(gold, dtype=np.int64), lse,
-             lse if w is None else xp.ascontiguousarray(w, dtype=a), np.int32(w is not None), a(w_scale), out,
-             np.int32(v), a(eps)))
+             lse if w is None else xp.ascontiguousarray(w, dtype=a), np.int32(w is not None), a(w_scale),
+             lse if dscale is None else dscale, np.int32(dscale is not None), out, np.int32(v), a(eps)))
     return out
 
 
@@ -1381,16 +1449,34 @@ def relu_backward(dy, y):
     return dy
 
 
-def adam_update(grad, m, v, p, copy, coef):
+def adam_update(grad, m, v, p, copy, coef, ctl=None):
     """One fused Adam(W) update of the flat buffers: grad (the model's dtype), m, v, p (the
     accumulation dtype: the master weights), and copy (the 16-bit compute copy of p, float16 or bfloat16, or None).
-    coef = (inv_scale, b1, b2, decay, rbc2, eps, step) as optim.Adam computes them."""
+    coef = (inv_scale, b1, b2, decay, rbc2, eps, step) as optim.Adam computes them. ctl: update_check's
+    outcome on the device (then the update is made only if it says ok, with its inv_scale)."""
     inv_scale, b1, b2, decay, rbc2, eps, step = coef
     a = accum_dtype(grad.dtype)
     n = grad.size
     _launch("adam_update", grad.dtype, -(-n // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
-            (grad, m, v, p, grad if copy is None else copy, np.int32(copy is not None), np.int64(n), a(inv_scale),
+            (grad, m, v, p, grad if copy is None else copy, np.int32(copy is not None), np.int64(n),
+             m if ctl is None else ctl, np.int32(ctl is not None), a(inv_scale),
              a(b1), a(1.0 - b1), a(b2), a(1.0 - b2), a(decay), a(rbc2), a(eps), a(step)))
+
+
+CHECK_BLOCKS = 1024   # update_check's blocks (a grid-stride scan of the gradient)
+
+
+def update_check(grad, totals, ctl, counter, scaler=None):
+    """The update's outcome on the device in one launch (the kernel's comment says what ctl [8]
+    then holds): grad the flat gradient (the model's dtype), totals [2] the update's loss and NLL
+    sums, ctl and counter (uint32 [2], zeros; the launch leaves them at 0) kept between updates;
+    scaler: the optim.LossScaler whose growth_interval and min_scale apply (None: no loss scaling)."""
+    a = accum_dtype(grad.dtype)
+    n = grad.size
+    grid = max(1, min(CHECK_BLOCKS, -(-n // ELEMENTWISE_BLOCK)))
+    _launch("update_check", grad.dtype, grid, ELEMENTWISE_BLOCK,
+            (grad, np.int64(n), totals, ctl, counter, np.int32(scaler is not None),
+             a(scaler.growth_interval if scaler else 1), a(scaler.min_scale if scaler else 1.0)))
 
 
 def embedding_plan(ids, keep_index, xp):

@@ -37,6 +37,7 @@ template <typename V> static inline V __ldcg(const V* p) { return *p; }
 #include <functional>
 #include <ucontext.h>
 #include <vector>
+using std::isfinite;   // CUDA's device isfinite is a global function
 struct emu_dim3 { unsigned x, y, z; };
 static emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 // The CUDA threads of a block are coroutines run by this one OS thread: each runs until its
