@@ -159,14 +159,33 @@ class MinitfRunner:
         self.model.train()
         self.opt = minitf.Adam(self.model, lr=lr)
         self.batch = batch   # host ids, as train.py passes them (forward_loss moves them)
+        # a GPU update as training makes it, where this minitf version has it: the outcome decided on
+        # the device (minitf.optim.UpdateCheck, dynamic loss scaling from the same start), read an update late
+        self.check, self._last = None, None
+        from minitf import optim
+        if hasattr(optim, "UpdateCheck") and optim.UpdateCheck.applies(self.opt):
+            from minitf.distributed import World
+            from minitf.optim import LossScaler, UpdateCheck
+            self.world = World()
+            self.check = UpdateCheck(self.model, LossScaler(self.scale) if self.dtype == "float16" else None)
 
     def step(self):
         m = self.model
-        m.zero_grad()
-        loss = m.forward_loss(*self.batch)
-        m.backward(loss_weight=self.scale)
-        self.opt.step(grad_divisor=self.scale)
-        return loss
+        if self.check is None:
+            m.zero_grad()
+            loss = m.forward_loss(*self.batch)
+            m.backward(loss_weight=self.scale)
+            self.opt.step(grad_divisor=self.scale)
+            return loss
+        from minitf.train import forward_backward
+        n = int((np.asarray(self.batch[2]) != self.cfg.pad_id).sum())
+        loss_sum, nll_sum = forward_backward(m, [(0, (*self.batch, n))], n, 0, self.check.scaler, self.check)
+        outcome = self.check.check(loss_sum, nll_sum, self.world)
+        if self._last is not None:
+            self._last.result()   # the host reads the last update's outcome while this one computes
+        self.opt.step(check=self.check)
+        self._last = outcome
+        return m.last_stats["loss"]
 
     def sync(self):
         synchronize(self.xp)

@@ -132,6 +132,36 @@ def to_device(a, xp):
     return to_numpy(a)
 
 
+class HostCopy:
+    """A small device array's copy to the host that does not wait for the GPU: `start(a)` queues
+    the copy on the current stream, after the work queued so far, into page-locked host memory
+    (so the copy itself is asynchronous) and records an event behind it; `result()` waits for that
+    event only, not for the work queued after it, and returns the values. The training loop starts
+    the copy of an update's outcome and reads it an update later, while the next one computes.
+    On NumPy there is nothing to wait for: `start` copies, `result` returns the copy."""
+
+    def __init__(self, xp, size, dtype):
+        self._gpu = is_gpu(xp)
+        dtype = numpy.dtype(dtype)
+        if self._gpu:
+            self._host = numpy.frombuffer(cupy.cuda.alloc_pinned_memory(size * dtype.itemsize), dtype, size)
+            self._event = cupy.cuda.Event(disable_timing=True)
+        else:
+            self._host = numpy.empty(size, dtype)
+
+    def start(self, a):
+        if self._gpu:
+            cupy.asnumpy(a, out=self._host, blocking=False)
+            self._event.record()
+        else:
+            self._host[...] = a
+
+    def result(self):
+        if self._gpu:
+            self._event.synchronize()
+        return self._host.copy()
+
+
 def synchronize(xp):
     """Wait for queued GPU work (timing only); a no-op on CPU."""
     if is_gpu(xp):

@@ -16,7 +16,7 @@ warp per row), one thread per value (or per 16 bytes) for the elementwise ones.
   residual_layernorm    LayerNorm(x + Dropout(y + b)) of a post-norm block: the sublayer's last bias add,
                         dropout_add and layernorm_forward in one pass per row
   smoothed_nll_rows     per row: logsumexp, -log p[gold], mean_v -log p[v]
-  loss_totals           the batch's loss and NLL sum from those rows' terms, one block
+  loss_totals           the batch's loss, NLL sum and loss sum from those rows' terms, one block
   smoothed_nll_backward dlogits = (softmax - q) * w, q = (1 - eps) onehot + eps / V_o
   column_partial_sums   the bias and LayerNorm parameter gradients: sums over the rows of
   column_sums_finish    x [rows, D] (or of x * y), in two passes of fixed order (deterministic)
@@ -327,8 +327,10 @@ extern "C" __global__ void smoothed_nll_rows_vec(const T* z, const long long* go
 }
 
 // The batch's loss from its rows' terms: out[0] = scale * sum_r ((1 - eps) nll[r] + eps smooth[r]),
-// out[1] = sum_r nll[r] (every row has a loss); one block, the same order every run.
-extern "C" __global__ void loss_totals(const A* nll, const A* smooth, long long rows, A eps, A scale, A* out) {
+// out[1] = sum_r nll[r] (every row has a loss), out[2] = out[0] * count (the loss summed over the
+// tokens, as training adds it up); one block, the same order every run.
+extern "C" __global__ void loss_totals(const A* nll, const A* smooth, long long rows, A eps, A scale, A count,
+                                       A* out) {
     __shared__ A buf[1024];
     A s = 0, t = 0;
     for (long long r = threadIdx.x; r < rows; r += blockDim.x) {
@@ -337,7 +339,11 @@ extern "C" __global__ void loss_totals(const A* nll, const A* smooth, long long 
     }
     s = block_sum(s, buf);
     t = block_sum(t, buf);
-    if (threadIdx.x == 0) { out[0] = s * scale; out[1] = t; }
+    if (threadIdx.x == 0) {
+        out[0] = s * scale;
+        out[1] = t;
+        out[2] = out[0] * count;
+    }
 }
 
 // dz = (exp(z - lse) - eps / V - (1 - eps) [j == gold]) * w per row (has_w; else w = 1) * wscale
@@ -726,14 +732,14 @@ extern "C" __global__ void adam_update(const T* grad, A* m, A* v, A* p, T* copy,
 // An update's outcome, decided on the device (the host reads it an update later: no sync), in ONE
 // launch. Each block scans its share of the gradient grad [n] for a value that is not finite and
 // counts itself in counter[1]; the last block to finish (a ticket from counter[0] after a memory
-// fence, as column_sums_into) reads the update's loss sums totals [2] and writes ctl:
+// fence, as column_sums_into) reads the update's loss and NLL sums (loss_sum[0], nll_sum[0]) and writes ctl:
 //   ctl[0] the loss scale, ctl[1] the good updates since it last changed (both: optim.LossScaler's
 //   rules, has_scaler; else they stay 1 and 0), ctl[2] = 1 / the scale this update's backward used,
 //   ctl[3] ok = the loss and every gradient finite (adam_update steps only then), ctl[4], ctl[5] the
 //   loss and NLL sums, ctl[6] grads finite, ctl[7] loss finite;
 // then it sets both counters back to 0 for the next launch.
-extern "C" __global__ void update_check(const T* grad, long long n, const A* totals, A* ctl, unsigned int* counter,
-                                        int has_scaler, A growth_interval, A min_scale) {
+extern "C" __global__ void update_check(const T* grad, long long n, const A* loss_sum, const A* nll_sum, A* ctl,
+                                        unsigned int* counter, int has_scaler, A growth_interval, A min_scale) {
     __shared__ int bad;
     __shared__ int last;
     if (threadIdx.x == 0) bad = 0;
@@ -751,12 +757,12 @@ extern "C" __global__ void update_check(const T* grad, long long n, const A* tot
     __syncthreads();
     if (last && threadIdx.x == 0) {                // every block has counted
         __threadfence();
-        A loss = totals[0], scale = ctl[0], good = ctl[1];
+        A loss = loss_sum[0], scale = ctl[0], good = ctl[1];
         int grads_ok = atomicAdd(counter + 1, 0u) == 0u, loss_ok = a_finite(loss);
         ctl[2] = (A)1 / scale;
         ctl[3] = (A)(grads_ok && loss_ok);
         ctl[4] = loss;
-        ctl[5] = totals[1];
+        ctl[5] = nll_sum[0];
         ctl[6] = (A)grads_ok;
         ctl[7] = (A)loss_ok;
         if (has_scaler && loss_ok) {               // a non-finite loss leaves the scale as it is
@@ -922,7 +928,7 @@ SIGNATURES = {
     "residual_layernorm_warp": ["long long*", "int", "unsigned long long", "int", "T*", "T*", "int", "T*", "T*", "int",
                                 "A", "T*", "T*", "T*", "A*", "A*", "int", "A", "long long"],
     "smoothed_nll_rows": ["T*", "long long*", "A*", "A*", "A*", "int"],
-    "loss_totals": ["A*", "A*", "long long", "A", "A", "A*"],
+    "loss_totals": ["A*", "A*", "long long", "A", "A", "A", "A*"],
     "smoothed_nll_backward": ["T*", "long long*", "A*", "A*", "int", "A", "A*", "int", "T*", "int", "A"],
     "smoothed_nll_rows_vec": ["T*", "long long*", "A*", "A*", "A*", "int"],
     "smoothed_nll_backward_vec": ["T*", "long long*", "A*", "A*", "int", "A", "A*", "int", "T*", "int", "A"],
@@ -948,7 +954,7 @@ SIGNATURES = {
     "pack_heads_vec": ["T*", "long long*", "int", "T*", "int", "int", "int", "int", "long long", "long long"],
     "adam_update": ["T*", "A*", "A*", "A*", "T*", "int", "long long", "A*", "int", "A", "A", "A", "A", "A", "A", "A",
                     "A", "A"],
-    "update_check": ["T*", "long long", "A*", "A*", "unsigned int*", "int", "A", "A"],
+    "update_check": ["T*", "long long", "A*", "A*", "A*", "unsigned int*", "int", "A", "A"],
 }
 
 C_TYPES = {"float16": ("half_t", "float"), "bfloat16": ("bf16_t", "float"), "float32": ("float", "float"),
@@ -1193,13 +1199,14 @@ def smoothed_nll_backward(logits, gold, lse, w, eps, out=None, w_scale=1.0, dsca
     return out
 
 
-def loss_totals(nll, smooth, eps, scale, dtype):
-    """[2] in the accumulation dtype: scale * sum((1 - eps) * nll + eps * smooth) and sum(nll) over
-    rows that all have a loss (smoothed_nll_rows' outputs for logits of `dtype`), in one launch."""
+def loss_totals(nll, smooth, eps, scale, dtype, count=1.0):
+    """[3] in the accumulation dtype: the loss scale * sum((1 - eps) * nll + eps * smooth), sum(nll)
+    over rows that all have a loss (smoothed_nll_rows' outputs for logits of `dtype`), and the loss
+    times count (the token count: the loss's sum, which training adds up), in one launch."""
     xp = backend.xp_of(nll)
     a = accum_dtype(dtype)
-    out = xp.empty(2, dtype=a)
-    _launch("loss_totals", dtype, 1, BLOCK["nll"], (nll, smooth, np.int64(nll.size), a(eps), a(scale), out))
+    out = xp.empty(3, dtype=a)
+    _launch("loss_totals", dtype, 1, BLOCK["nll"], (nll, smooth, np.int64(nll.size), a(eps), a(scale), a(count), out))
     return out
 
 
@@ -1466,16 +1473,17 @@ def adam_update(grad, m, v, p, copy, coef, ctl=None):
 CHECK_BLOCKS = 1024   # update_check's blocks (a grid-stride scan of the gradient)
 
 
-def update_check(grad, totals, ctl, counter, scaler=None):
+def update_check(grad, loss_sum, nll_sum, ctl, counter, scaler=None):
     """The update's outcome on the device in one launch (the kernel's comment says what ctl [8]
-    then holds): grad the flat gradient (the model's dtype), totals [2] the update's loss and NLL
-    sums, ctl and counter (uint32 [2], zeros; the launch leaves them at 0) kept between updates;
-    scaler: the optim.LossScaler whose growth_interval and min_scale apply (None: no loss scaling)."""
+    then holds): grad the flat gradient (the model's dtype), loss_sum and nll_sum the update's sums
+    (device scalars in the accumulation dtype), ctl and counter (uint32 [2], zeros; the launch
+    leaves them at 0) kept between updates; scaler: the optim.LossScaler whose growth_interval
+    and min_scale apply (None: no loss scaling)."""
     a = accum_dtype(grad.dtype)
     n = grad.size
     grid = max(1, min(CHECK_BLOCKS, -(-n // ELEMENTWISE_BLOCK)))
     _launch("update_check", grad.dtype, grid, ELEMENTWISE_BLOCK,
-            (grad, np.int64(n), totals, ctl, counter, np.int32(scaler is not None),
+            (grad, np.int64(n), loss_sum, nll_sum, ctl, counter, np.int32(scaler is not None),
              a(scaler.growth_interval if scaler else 1), a(scaler.min_scale if scaler else 1.0)))
 
 

@@ -30,6 +30,7 @@ class FusedLossCache(NamedTuple):
     w: object          # per-row weights, or None: every row weighs 1
     n_safe: object
     eps: float
+    loss_sum: object = None   # the loss times the token count ([] on the device; w None only)
 
 
 def log_softmax(logits):
@@ -77,14 +78,14 @@ def label_smoothed_nll(logits, target, eps, pad_id):
 def _fused_label_smoothed_nll(logits, tgt, eps, pad_id):
     """GPU: one kernel per row gives logsumexp, -log p[gold] and mean_v -log p[v]
     (kernels.smoothed_nll_rows); the softmax is never stored, backward recomputes it. pad_id None
-    (every row has a loss, the count known on the host): one more launch gives the loss and the
-    NLL sum (kernels.loss_totals), and the token count is a host number."""
+    (every row has a loss, the count known on the host): one more launch gives the loss, the
+    NLL sum and the loss times the count (kernels.loss_totals), and the token count is a host number."""
     xp = xp_of(logits)
     lse, nll, smooth = kernels.smoothed_nll_rows(logits, tgt)
     if pad_id is None:
         n = float(len(tgt))
-        totals = kernels.loss_totals(nll, smooth, eps, 1.0 / max(n, 1.0), logits.dtype)
-        return totals[0], totals[1], n, FusedLossCache(logits, tgt, lse, None, max(n, 1.0), eps)
+        totals = kernels.loss_totals(nll, smooth, eps, 1.0 / max(n, 1.0), logits.dtype, count=n)
+        return totals[0], totals[1], n, FusedLossCache(logits, tgt, lse, None, max(n, 1.0), eps, totals[2])
     w = (tgt != pad_id).astype(lse.dtype)
     n = w.sum()
     n_safe = xp.maximum(n, 1.0)
@@ -92,8 +93,10 @@ def _fused_label_smoothed_nll(logits, tgt, eps, pad_id):
     return loss, (nll * w).sum(), n, FusedLossCache(logits, tgt, lse, w, n_safe, eps)
 
 
-def label_smoothed_nll_backward(cache, dloss=1.0):
-    """dlogits [N, V_o] (reshape to the logits' shape) for label_smoothed_nll.
+def label_smoothed_nll_backward(cache, dloss=1.0, dscale=None):
+    """dlogits [N, V_o] (reshape to the logits' shape) for label_smoothed_nll: the gradient of
+    dloss * loss, times dscale[0] when given (a [1] device array: the loss scale kept on the
+    device, optim.UpdateCheck.loss_scale).
 
     Reuses (overwrites) the cached softmax (the logits on the fused GPU path): call it once
     per forward."""
@@ -101,8 +104,9 @@ def label_smoothed_nll_backward(cache, dloss=1.0):
         c = cache
         if c.w is None:      # every row has a loss: one scalar weight, passed to the kernel as is
             return kernels.smoothed_nll_backward(c.logits, c.tgt, c.lse, None, c.eps, out=c.logits,
-                                                 w_scale=dloss / c.n_safe)
-        return kernels.smoothed_nll_backward(c.logits, c.tgt, c.lse, c.w * (dloss / c.n_safe), c.eps, out=c.logits)
+                                                 w_scale=dloss / c.n_safe, dscale=dscale)
+        return kernels.smoothed_nll_backward(c.logits, c.tgt, c.lse, c.w * (dloss / c.n_safe), c.eps, out=c.logits,
+                                             dscale=dscale)
     p, tgt, w, n_safe, eps, out_dtype = cache
     xp = xp_of(p)
     v = p.shape[-1]
@@ -112,4 +116,6 @@ def label_smoothed_nll_backward(cache, dloss=1.0):
     d -= eps / v
     d[xp.arange(tgt.shape[0]), tgt] -= 1.0 - eps
     d *= (w * (dloss / n_safe))[:, None]
+    if dscale is not None:
+        d *= dscale
     return d.astype(out_dtype, copy=False)

@@ -109,8 +109,9 @@ class Transformer(Seq2Seq):
         the position in the padded batch (functional.dropout_bits), so both layouts drop the
         same units (tests/test_engine.py). The whole step written plainly is reference.py.
         Returns a float on CPU; on GPU a 0-d CuPy array (no host sync; float() it to read).
-        `self.last_stats` holds {'loss', 'nll_sum', 'n_tokens'}: the loss and NLL sum as device scalars
-        on a GPU, n_tokens the host's count (the loss head drops the pad rows on the host first).
+        `self.last_stats` holds {'loss', 'nll_sum', 'n_tokens', 'loss_sum'}: the loss, the NLL sum
+        and the loss times the token count (device scalars on a GPU), n_tokens the host's count
+        (the loss head drops the pad rows on the host first).
         """
         tgt_in, tgt_out = self._check_targets(tgt_in, tgt_out)
         keep = (tgt_in != self.cfg.pad_id) | (tgt_out != self.cfg.pad_id) if packed else None
@@ -121,15 +122,16 @@ class Transformer(Seq2Seq):
         return self.loss_head(h, gold)
 
     # ------------------------------------------------------------------ backward
-    def backward(self, loss_weight=1.0):
+    def backward(self, loss_weight=1.0, loss_scale=None):
         """ACCUMULATES d(loss_weight * loss)/d(param) of the last forward_loss into the grads.
 
         loss_weight weighs this batch's loss in a sum: n / total for one of several
-        accumulated micro-batches, times the float16 loss scale (optim.LossScaler)."""
+        accumulated micro-batches, times the float16 loss scale (optim.LossScaler); or that
+        scale is loss_scale, a [1] device array (optim.UpdateCheck.loss_scale: the GPU path's)."""
         if self._cache is None:
             raise RuntimeError("backward() needs a forward_loss() first (and only one backward per forward)")
         c, self._cache = self._cache, None
-        dh = self.loss_head_backward(loss_weight, int(np.prod(c["h_shape"][:-1])))
+        dh = self.loss_head_backward(loss_weight, int(np.prod(c["h_shape"][:-1])), loss_scale)
         dy, dmemory = self.decoder.backward(dh.reshape(c["h_shape"]))
         # y = tgt_dropout(pack(embedding[tgt_in] * sqrt(D) + PE))
         self._embed_backward(dy, c["tgt_ids"], c["tgt_rows"], self.tgt_dropout, c["plans"][1])

@@ -9,8 +9,10 @@ per-name entries are views into them.
 import math
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+
 from . import kernels
-from .backend import is_gpu, usable_cores
+from .backend import HostCopy, is_gpu, to_device, usable_cores
 from .errors import CheckpointError
 
 _POOL = []
@@ -51,17 +53,29 @@ class Adam:
         step = self.step_count if step is None else step
         return self.lr(step) if callable(self.lr) else self.lr
 
-    def step(self, grad_divisor=1.0, lr_scale=1.0, lr=None):
+    def fused(self):
+        """Whether the update is one kernel (kernels.adam_update): on a GPU, unless MINITF_FUSED_ADAM=0."""
+        return kernels.fused(self._m, "adam")
+
+    def step(self, grad_divisor=1.0, lr_scale=1.0, lr=None, check=None):
         """One update from the model's accumulated gradients, divided by grad_divisor first
         (the float16 loss scale the backward multiplied in; 1 without it: float32, float64, bfloat16), with
         the schedule's learning rate times lr_scale, or `lr` when given (the update's rate,
-        schedule.learning_rate, as training passes it). Returns the rate used."""
+        schedule.learning_rate, as training passes it). Returns the rate used.
+
+        check: an UpdateCheck whose outcome of this update is on the device (the fused kernel only):
+        the kernel makes the update only if the outcome says so, dividing by the loss scale the
+        outcome holds (grad_divisor is not used). The step is counted now; when the outcome, read
+        later, says the update was skipped, the caller takes the count back (`step_count -= 1`)
+        before the next step."""
         self.step_count += 1
         t = self.step_count
         lr = self.current_lr(t) * lr_scale if lr is None else lr
         coef = (1.0 / grad_divisor, lr, 1.0 - self.beta1 ** t, 1.0 - self.beta2 ** t)
-        if kernels.fused(self._m, "adam"):   # one kernel over the flat buffers (+ the 16-bit copy)
-            self._fused_update(coef)
+        if check is not None and not self.fused():
+            raise ValueError("Adam.step(check=...) needs the fused update (a GPU, MINITF_FUSED_ADAM not 0)")
+        if self.fused():   # one kernel over the flat buffers (+ the 16-bit copy)
+            self._fused_update(coef, None if check is None else check.ctl)
             return lr
         bufs = (self.model.flat_grads, self._m, self._v, self.model.weights, self._tmp, self._g)
         chunks = _chunks(self.model.xp, bufs[0].size)
@@ -73,15 +87,15 @@ class Adam:
         self.model.sync_weights()
         return lr
 
-    def _fused_update(self, coef):
+    def _fused_update(self, coef, ctl=None):
         """_update's passes and sync_weights as one kernel (kernels.adam_update): the same
-        operations per element, in the master weights' precision."""
+        operations per element, in the master weights' precision (ctl: UpdateCheck.ctl)."""
         inv_scale, lr, bc1, bc2 = coef
         m = self.model
         copy = m.flat_params if m.master_params is not None else None
         kernels.adam_update(m.flat_grads, self._m, self._v, m.weights, copy,
                             (inv_scale, self.beta1, self.beta2, 1.0 - lr * self.weight_decay, 1.0 / math.sqrt(bc2),
-                             self.eps, lr / bc1))
+                             self.eps, lr / bc1), ctl=ctl)
 
     def _update_blocks(self, bufs, coef, block):
         """The update of one slice, `block` elements at a time on a CPU: its dozen elementwise
@@ -135,7 +149,7 @@ class Adam:
         return out
 
     def load_state_dict(self, state):
-        from .backend import to_device, to_numpy
+        from .backend import to_numpy
         self.step_count = int(state["step"])
         for key in ("m", "v"):
             for name, arr in self.state[key].items():
@@ -167,3 +181,60 @@ class LossScaler:
         if self.good_steps % self.growth_interval == 0:
             self.scale *= 2.0
         return True
+
+
+class UpdateCheck:
+    """An update's outcome decided on the device, so that a GPU step never waits for the GPU
+    (docs/performance.md, "The step without a sync"). The host's rules (train.take_step: a
+    non-finite loss or gradient skips the update; under --fp16 an overflow halves the loss scale,
+    `growth_interval` good updates double it) run in one kernel, kernels.update_check, which
+    writes `ctl`; Adam.step(check=) reads it there, and the loss backward reads the scale there
+    (`loss_scale`). The host reads the outcome (`check` returns a backend.HostCopy) an update
+    later, while the next update computes, and replays the same rules on its LossScaler, so the
+    two agree without a copy back. ctl [8], the accumulation dtype: the loss scale, the good
+    updates since it last changed, 1 / the scale the update used, ok, the loss and NLL sums,
+    grads finite, loss finite (OUTCOME names them)."""
+    OUTCOME = ("scale", "good", "inv_scale", "ok", "loss_sum", "nll_sum", "grads_finite", "loss_finite")
+
+    @staticmethod
+    def applies(opt):
+        """Whether an update of `opt`'s model ends on the device: on a GPU with the fused Adam,
+        unless the environment sets MINITF_HOST_CHECK=1 (the host reads each outcome at once, as on
+        the CPU: for comparisons, bench/gpu_ab.py)."""
+        return is_gpu(opt.model.xp) and opt.fused() and not kernels.switched_on("MINITF_HOST_CHECK")
+
+    def __init__(self, model, scaler=None):
+        xp = model.xp
+        self.model, self.scaler = model, scaler
+        self.ctl = xp.zeros(len(self.OUTCOME), dtype=kernels.accum_dtype(model.dtype))
+        self.counter = xp.zeros(2, dtype=np.uint32)
+        self.copies = [HostCopy(xp, self.ctl.size, self.ctl.dtype) for _ in range(2)]   # this update's, the last's
+        self._turn = 0
+        self.load()
+
+    def load(self):
+        """The device's loss scale and good-update count from the host's LossScaler (at the start,
+        and after a resume restored it): one host->device copy."""
+        s = self.scaler
+        host = np.array([s.scale if s else 1.0, s.good_steps % s.growth_interval if s else 0.0], dtype=self.ctl.dtype)
+        self.ctl[:2] = to_device(host, self.model.xp)
+
+    @property
+    def loss_scale(self):
+        """The loss scale on the device ([1], a view of ctl) for the loss backward; None without one."""
+        return self.ctl[:1] if self.scaler is not None else None
+
+    def check(self, loss_sum, nll_sum, world):
+        """Queues the outcome of the update whose gradients are in the model's flat buffer (summed
+        over the ranks): its loss and NLL sums (device scalars), summed over the ranks too, then
+        kernels.update_check. Returns the HostCopy to read it from (dict(zip(OUTCOME, copy.result())))."""
+        xp = self.model.xp
+        loss_sum, nll_sum = (xp.asarray(s, dtype=self.ctl.dtype) for s in (loss_sum, nll_sum))
+        if world.size > 1:   # every rank decides the same
+            totals = world.allreduce_sum(xp.stack([loss_sum, nll_sum]))
+            loss_sum, nll_sum = totals[0], totals[1]
+        kernels.update_check(self.model.flat_grads, loss_sum, nll_sum, self.ctl, self.counter, self.scaler)
+        copy = self.copies[self._turn]
+        self._turn ^= 1
+        copy.start(self.ctl)
+        return copy

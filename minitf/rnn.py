@@ -104,14 +104,15 @@ class RNNSearch(Seq2Seq):
         return self.loss_head(h.reshape(-1, h.shape[-1]), tgt_out.reshape(-1))
 
     # ------------------------------------------------------------------ backward through time
-    def backward(self, loss_weight=1.0):
-        """ACCUMULATES d(loss_weight * loss)/d(param) of the last forward_loss into the grads."""
+    def backward(self, loss_weight=1.0, loss_scale=None):
+        """ACCUMULATES d(loss_weight * loss)/d(param) of the last forward_loss into the grads
+        (times loss_scale[0] when given: Transformer.backward says how)."""
         if self._cache is None:
             raise RuntimeError("backward() needs a forward_loss() first (and only one backward per forward)")
         c, self._cache = self._cache, None
         xp, d, hd = self.xp, self.cfg.d_model, self.cfg.rnn_hidden
         b, t, _ = c["y"].shape
-        dout = self.out_dropout.backward(self.loss_head_backward(loss_weight, b * t).reshape(b, t, d))
+        dout = self.out_dropout.backward(self.loss_head_backward(loss_weight, b * t, loss_scale).reshape(b, t, d))
         dfeed_out = dout.transpose(1, 0, 2)                                    # [T, B, D]
         feeds, z, hs, w_c = c["feeds"], c["z"], c["hs"], self.combine.params["weight"]
         dpre_all = xp.empty((t, b, d), dtype=self.dtype)

@@ -98,15 +98,20 @@ class Seq2Seq(Layer):
         gold = to_device(self.embedding.columns(gold), self.xp)      # the pad rows are gone: no pad id below
         loss, nll_sum, n, cache = label_smoothed_nll(logits, gold, self.cfg.label_smoothing, None)
         self._head = {"loss": cache, "loss_rows": loss_rows, "h_rows": h}
-        self.last_stats = {"loss": loss, "nll_sum": nll_sum, "n_tokens": n}
+        # the loss summed over the tokens, as training adds it up: made by the fused loss's one launch,
+        # else loss * n (a float on the CPU)
+        loss_sum = getattr(cache, "loss_sum", None)
+        self.last_stats = {"loss": loss, "nll_sum": nll_sum, "n_tokens": n,
+                           "loss_sum": (float(loss) * float(n) if self.xp is np else loss * n) if loss_sum is None else loss_sum}
         return float(loss) if self.xp is np else loss
 
-    def loss_head_backward(self, loss_weight, n_rows):
-        """-> dh [n_rows, D] (zero on rows without a loss); accumulates the projection's d embedding."""
+    def loss_head_backward(self, loss_weight, n_rows, loss_scale=None):
+        """-> dh [n_rows, D] (zero on rows without a loss); accumulates the projection's d embedding.
+        loss_scale: a [1] device array the gradient is also multiplied by (model.backward)."""
         if self._head is None:
             raise RuntimeError("backward() needs a forward_loss() first (and only one backward per forward)")
         c, self._head = self._head, None
-        dlogits = label_smoothed_nll_backward(c["loss"], loss_weight)
+        dlogits = label_smoothed_nll_backward(c["loss"], loss_weight, loss_scale)
         # logits = h[loss_rows] @ embedding[output ids]^T
         dh = self.embedding.project_backward(dlogits, c["h_rows"])
         if c["loss_rows"] is not None:

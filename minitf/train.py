@@ -32,7 +32,7 @@ from .errors import ConfigError, Interrupted, MinitfError
 from .feed import UpdateFeed, open_feed
 from .kernels import accum_dtype
 from .architectures import build_model
-from .optim import Adam, LossScaler
+from .optim import Adam, LossScaler, UpdateCheck
 from .recipe import on_grid, on_save_grid, resolve_config, run_progress, short_run_ends
 from .runfolder import BEST, check_resumed, checkpoint_paths, choose_model, prepare_out, save
 from .schedule import NoamSchedule, learning_rate
@@ -43,25 +43,31 @@ from .validation import Validation, perplexity
 
 
 # ------------------------------------------------------------------------------ one update
-def forward_backward(model, micro, total, forward_count, scaler=None):
+def forward_backward(model, micro, total, forward_count, scaler=None, check=None):
     """The gradient of one update: zero the gradients, then forward and backward each of its
     micro-batches [(j, (src, tgt_in, tgt_out, n))]. The update's loss is the token-weighted
     mean over them, so micro-batch j's backward weighs n / total (n its tokens, total the
-    update's), times the float16 loss scale (undone by Adam.step's grad_divisor).
-    Returns the token-summed loss and NLL (device scalars on a GPU, read once per step)."""
+    update's), times the float16 loss scale (undone by Adam.step's grad_divisor): the host's
+    (scaler.scale), or with an UpdateCheck the one on the device (check.loss_scale).
+    Returns the token-summed loss and NLL (device scalars on a GPU: no sync)."""
     model.zero_grad()
-    loss_sum = nll_sum = 0.0
+    loss_sum = nll_sum = None
+    on_device = check is not None
     for j, (src, tgt_in, tgt_out, n) in micro:
         model.forward_count = forward_count + j   # dropout masks: (seed, global batch index)
-        loss_sum = loss_sum + model.forward_loss(src, tgt_in, tgt_out) * n
-        model.backward(loss_weight=(scaler.scale if scaler else 1.0) * n / total)
-        nll_sum = nll_sum + model.last_stats["nll_sum"]
+        model.forward_loss(src, tgt_in, tgt_out)
+        model.backward(loss_weight=(scaler.scale if scaler and not on_device else 1.0) * n / total,
+                       loss_scale=check.loss_scale if on_device else None)
+        stats = model.last_stats   # the loss times the batch's n tokens, and the NLL sum
+        loss_sum = stats["loss_sum"] if loss_sum is None else loss_sum + stats["loss_sum"]
+        nll_sum = stats["nll_sum"] if nll_sum is None else nll_sum + stats["nll_sum"]
     return loss_sum, nll_sum
 
 
 def step_stats(model, loss_sum, nll_sum):
-    """(loss_sum, nll_sum, grads_finite) on the host with ONE device->host copy per step (as
-    torch's GradScaler reads its overflow flag): the step's only GPU synchronisation."""
+    """(loss_sum, nll_sum, grads_finite) on the host with ONE device->host copy (as torch's
+    GradScaler reads its overflow flag): how an update ends where the outcome is not decided on
+    the device (the CPU; a GPU without the fused Adam). On a GPU that copy waits for the GPU."""
     xp = model.xp
     dt = accum_dtype(model.dtype) if is_gpu(xp) else np.float64   # the values' own precision: no float64 on a GPU
     both = xp.stack([xp.asarray(loss_sum, dtype=dt), xp.asarray(nll_sum, dtype=dt),
@@ -71,6 +77,17 @@ def step_stats(model, loss_sum, nll_sum):
 
 
 # ------------------------------------------------------------------------------ the run
+@dataclass
+class Pending:
+    """An update whose outcome is on the device: its batches' place, its tokens and rate, and the
+    copy of UpdateCheck's outcome the host reads an update later (settle)."""
+    epoch: int
+    index: int
+    total: int
+    lr: float
+    outcome: object   # backend.HostCopy
+
+
 @dataclass
 class Run:
     """What the steps of a run pass along. `state` is what a checkpoint saves besides the model
@@ -95,6 +112,8 @@ class Run:
     window: dict = field(default_factory=dict)   # the losses since the last log record
     short_noted: bool = False      # note_a_short_run has spoken (or found the run long enough)
     budget_clock: Optional[tuple] = None   # (step, seconds of training) after this process's first update
+    check: Optional[UpdateCheck] = None   # a GPU's: each update's outcome decided on the device (take_step)
+    pending: Optional[Pending] = None     # the update the device has decided and the host not yet read
 
     def epochs(self):
         """Epochs trained, with the fraction of the current one (an epoch of both directions, bidirectional
@@ -217,6 +236,8 @@ def set_up(args, world):
         run.model.load_state_dict(init.params)
         if lead:
             log(f"init: the weights of {flags.init_from}")
+    if UpdateCheck.applies(run.opt):   # the step without a sync (take_step)
+        run.check = UpdateCheck(model, run.scaler)
     if lead:
         prepare_out(args.out)
         atomic_write(os.path.join(args.out, "config.json"), lambda f: f.write(json.dumps(
@@ -344,17 +365,18 @@ def run_loop(run):
         while True:
             stop = should_stop(run, signals)
             if stop:
+                settle(run)   # the last update's outcome, read before the run ends
                 return stop
             update = run.feed.next()   # collated while the last update computed
-            done = take_step(run, update)
-            if done is not None:
-                after_step(run, *done)
+            take_step(run, update)
 
 
 def should_stop(run, signals):
     """One decision on every rank, at the top of each update: the step limit, --patience, the time
     budget (any rank over it stops them all), a signal on any rank."""
     args = run.args
+    if run.pending is not None and args.max_steps and run.state["step"] + 1 >= args.max_steps:
+        settle(run)   # whether the pending update was the last one depends on its outcome
     if args.max_steps and run.state["step"] >= args.max_steps:
         return "max_steps"
     if args.patience and run.state.get("valid_since_best", 0) >= args.patience:   # same on every rank
@@ -379,29 +401,88 @@ def should_stop(run, signals):
 
 
 def take_step(run, update):
-    """Forward, backward, the all-reduce and Adam's step of one update. Returns (loss_sum, nll_sum,
-    tokens, lr), or None when the update was skipped (a float16 overflow, a non-finite loss)."""
-    args, state, model, scaler = run.args, run.state, run.model, run.scaler
-    epoch, index, total, micro = update
-    loss_sum, nll_sum = forward_backward(model, micro, total, state["forward_count"], scaler)
+    """Forward, backward and the all-reduce of one update, then its end: on the CPU (or a GPU
+    without the fused Adam) `finish_on_host`, on a GPU `finish_on_device`, which never waits for
+    the GPU. Either makes Adam's step when the update is not skipped (a float16 overflow, a
+    non-finite loss), then after_step."""
+    args, state, model = run.args, run.state, run.model
+    # the dropout masks' position: past a pending update's batches, whatever its outcome
+    forward_count = state["forward_count"] + (run.world.size * args.update_freq if run.pending else 0)
+    loss_sum, nll_sum = forward_backward(model, update[3], update[2], forward_count, run.scaler, run.check)
     run.world.allreduce_sum(model.flat_grads)   # every rank now holds the update's whole gradient
-    loss_sum, nll_sum, grads_finite = step_stats(model, loss_sum, nll_sum)
+    if run.check is None:
+        finish_on_host(run, update, loss_sum, nll_sum)
+    else:
+        finish_on_device(run, update, loss_sum, nll_sum)
+
+
+def finish_on_host(run, update, loss_sum, nll_sum):
+    """The host reads the outcome at once (step_stats: loss, NLL, whether every gradient is finite),
+    applies the skip rules, and makes Adam's step unless they skip the update."""
+    epoch, index, total, _ = update
+    scaler = run.scaler
+    loss_sum, nll_sum, grads_finite = step_stats(run.model, loss_sum, nll_sum)
     loss_sum, nll_sum = run.world.allreduce_numbers([loss_sum, nll_sum])
     done = not _skipped(run, np.isfinite(loss_sum), grads_finite)
+    lr = None
+    if done:
+        lr = update_rate(run)
+        run.opt.step(grad_divisor=scaler.scale if scaler else 1.0, lr=lr)
+    _count(run, done, epoch, index, total)
+    if done:
+        after_step(run, loss_sum, nll_sum, total, lr)
+
+
+def finish_on_device(run, update, loss_sum, nll_sum):
+    """Nothing waits for the GPU: the device decides the outcome (UpdateCheck.check: the same skip
+    and loss-scale rules) and Adam's kernel steps only if it says so. The host settles the LAST
+    update now, its outcome copied back while this one's forward and backward run, and leaves this
+    one pending for the next call (or the run's end), so the GPU always has work queued."""
+    epoch, index, total, _ = update
+    outcome = run.check.check(loss_sum, nll_sum, run.world)
+    settle(run)
+    if run.args.patience and run.state.get("valid_since_best", 0) >= run.args.patience:
+        return    # the last update's validation ended the run: this one is dropped, nothing of it kept
+    lr = update_rate(run)
+    run.opt.step(lr=lr, check=run.check)   # made on the device only if the outcome says so
+    run.pending = Pending(epoch, index, total, lr, outcome)
+
+
+def update_rate(run):
+    """The next update's rate: schedule x fade, at the run's progress before it."""
+    cfg = run.cfg
+    return learning_rate(run.opt.step_count + 1, cfg.d_model, cfg.warmup, cfg.lr_factor, cfg.lr_fade,
+                         run_progress(run.args, run.state["step"], run.elapsed_mean))
+
+
+def settle(run):
+    """The pending update's outcome, read from the device (UpdateCheck's copy, an update late): the
+    skip rules as on the CPU, the step taken back from Adam when the kernel skipped it, the counts,
+    then after_step. Nothing to do without a pending update."""
+    p, run.pending = run.pending, None
+    if p is None:
+        return
+    o = dict(zip(UpdateCheck.OUTCOME, p.outcome.result()))
+    done = not _skipped(run, bool(o["loss_finite"]), bool(o["grads_finite"]))
+    if not done:
+        run.opt.step_count -= 1   # Adam.step counted it; its kernel made no update
+    _count(run, done, p.epoch, p.index, p.total)
+    if done:
+        after_step(run, float(o["loss_sum"]), float(o["nll_sum"]), p.total, p.lr)
+
+
+def _count(run, done, epoch, index, total):
+    """An update is complete (made or skipped): the step and token counts, the loss scale's good
+    updates, and only now the saved position past its batches and dropout masks."""
+    state, scaler = run.state, run.scaler
     if done:
         if scaler is not None:
             scaler.update(True)
             state["loss_scale"], state["good_steps"] = scaler.scale, scaler.good_steps
-        cfg = run.cfg   # the update's rate: schedule x fade, at the run's progress before it
-        lr = learning_rate(run.opt.step_count + 1, cfg.d_model, cfg.warmup, cfg.lr_factor, cfg.lr_fade,
-                           run_progress(args, state["step"], run.elapsed_mean))
-        run.opt.step(grad_divisor=scaler.scale if scaler else 1.0, lr=lr)
         state["step"] += 1
         state["train_tokens"] += total
-    # the update is complete (made or skipped): only now does the saved position move past its batches
     state["epoch"], state["batch"] = epoch, index + 1
-    state["forward_count"] += run.world.size * args.update_freq
-    return (loss_sum, nll_sum, total, lr) if done else None
+    state["forward_count"] += run.world.size * run.args.update_freq
 
 
 def _skipped(run, loss_finite, grads_finite):

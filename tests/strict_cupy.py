@@ -42,9 +42,15 @@ _scalar.pyx, _routines_indexing.pyx, cuda/function.pyx, _core/raw.pyx):
 - cuda: runtime.getDeviceCount() (1, or STRICT_CUPY_DEVICES), getDeviceProperties,
   Device(i).use(), Device().id, get_current_stream(), and cuda.nccl: NCCL's all-reduce over
   MPI (mpi4py COMM_WORLD) on the arrays whose `.data.ptr` was taken.
+- Asynchronous device->host copies: `asnumpy(a, out=, blocking=False)` into page-locked memory
+  (cuda.alloc_pinned_memory; any other `out` is refused: the copy would not be asynchronous)
+  is counted apart (`d2h_async`, no sync). Its values land in `out` only when a cuda.Event
+  recorded after it is synchronized (or the stream is, or a synchronous copy waits for the
+  stream); until then `out` holds NaN (floats) or 0x5A bytes, so code that reads it too early
+  fails loudly.
 
-What it cannot catch: timing, streams and asynchrony (every operation here is done when it
-returns); cuBLAS/cuDNN numerics (TF32, the order of reductions: results are NumPy's);
+What it cannot catch: timing, streams and asynchrony beyond those copies (every operation here
+is done when it returns); cuBLAS/cuDNN numerics (TF32, the order of reductions: results are NumPy's);
 NVRTC specifics (tests/test_kernels.py compiles the kernels with nvcc where it is installed;
 here g++ compiles them); memory limits; real multi-GPU behaviour (devices are numbers, an
 array does not know its device); CuPy's wrap-around of out-of-bounds indices (NumPy raises).
@@ -74,7 +80,7 @@ class Transfers:
     `events`, every transfer and mark() in order as (kind, what, site)."""
 
     def __init__(self):
-        self.d2h, self.h2d, self.events = [], [], []
+        self.d2h, self.h2d, self.d2h_async, self.events = [], [], [], []
 
     def segments(self, start, stop=None):
         """The d2h transfers from each mark `start` up to the next `start` or `stop` mark: a list
@@ -92,7 +98,7 @@ class Transfers:
 
 _RECORDERS = []         # active Transfers
 _DTYPE_RECORDERS = []   # active {dtype name: first site}
-TOTALS = {"d2h": 0, "h2d": 0}
+TOTALS = {"d2h": 0, "h2d": 0, "d2h_async": 0}
 LAUNCHES = {}           # kernel name -> launches, and "nccl.allReduce" -> calls
 
 
@@ -127,6 +133,8 @@ def _site():
 
 def _transfer(kind, what):
     TOTALS[kind] += 1
+    if kind == "d2h":
+        _land_copies()   # a synchronous copy waits for the stream: the queued copies have landed
     if _RECORDERS:
         site = _site()
         for rec in list(_RECORDERS):
@@ -316,6 +324,66 @@ def _inplace(op):
 def _to_host(self, what):
     _transfer("d2h", what)
     return self._a.copy()
+
+
+# ============================================================================ asynchronous copies
+class PinnedMemoryPointer(bytearray):
+    """cuda.alloc_pinned_memory(size): page-locked host memory (numpy.frombuffer reads it)."""
+
+
+_QUEUED = []   # [(seq, out, values)] asynchronous device->host copies not yet landed
+_SEQ = [0]
+
+
+def _is_pinned(out):
+    base = out
+    while base is not None and not isinstance(base, PinnedMemoryPointer):
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    return base is not None
+
+
+def _queue_copy(a, out):
+    if not isinstance(out, numpy.ndarray) or out.shape != a.shape or out.dtype != a.dtype:
+        raise ValueError(f"strict_cupy: asnumpy(out=) needs a NumPy array of shape {a.shape} and dtype {a.dtype}")
+    if not _is_pinned(out):
+        raise ValueError("strict_cupy: asnumpy(blocking=False) into pageable memory: the copy would not be "
+                         "asynchronous; copy into cuda.alloc_pinned_memory")
+    _transfer("d2h_async", "asnumpy(blocking=False)")
+    _SEQ[0] += 1
+    _QUEUED.append((_SEQ[0], out, a._a.copy()))
+    if out.dtype.kind == "f":
+        out[...] = numpy.nan
+    else:
+        out.view(numpy.uint8)[...] = 0x5A
+
+
+def _land_copies(upto=None):
+    """The queued copies up to sequence number `upto` (all: None) land in their `out`."""
+    keep = []
+    for seq, out, values in _QUEUED:
+        if upto is None or seq <= upto:
+            out[...] = values
+        else:
+            keep.append((seq, out, values))
+    _QUEUED[:] = keep
+
+
+class _Event:
+    """cuda.Event: record() marks the copies queued so far; synchronize() lands them."""
+
+    def __init__(self, block=False, disable_timing=False, interprocess=False):
+        self._seq = None
+
+    def record(self, stream=None):
+        self._seq = _SEQ[0]
+
+    def synchronize(self):
+        if self._seq is not None:
+            _land_copies(self._seq)
+
+    @property
+    def done(self):
+        return self._seq is None or not any(seq <= self._seq for seq, _, _ in _QUEUED)
 
 
 class ndarray:
@@ -665,8 +733,11 @@ def _ascontiguousarray(a, dtype=None):
 
 
 def _asnumpy(a, stream=None, order="C", out=None, *, blocking=True):
+    if out is not None and isinstance(a, ndarray) and not blocking:
+        _queue_copy(a, out)
+        return out
     if out is not None:
-        raise TypeError("strict_cupy: asnumpy(out=) is not emulated")
+        raise TypeError("strict_cupy: asnumpy(out=) is emulated only with blocking=False")
     if isinstance(a, ndarray):
         return numpy.array(_to_host(a, "asnumpy()"), order=order)
     return numpy.array(a, order=order)
@@ -1134,7 +1205,7 @@ class _Stream:
     ptr = 0
 
     def synchronize(self):
-        pass
+        _land_copies()
 
 
 class _MemoryPool:
@@ -1335,6 +1406,7 @@ cuda = types.ModuleType(__name__ + ".cuda")
 cuda.runtime, cuda.nccl, cuda.Device, cuda.Stream = _runtime, _nccl, _Device, _Stream
 cuda.cublas, cuda.device, cuda.get_cublas_handle = _cublas, _device_module, _device_module.get_cublas_handle
 cuda.MemoryPointer = _MemoryPointer
+cuda.Event, cuda.alloc_pinned_memory = _Event, PinnedMemoryPointer
 cuda.get_current_stream = lambda: _Stream()
 cuda.is_available = lambda: _device_count() > 0
 # `from <module>.cuda import nccl` and importlib find these as they find a package's submodules

@@ -527,13 +527,13 @@ def test_the_german_sides_piece_count_is_the_recorded_one_wherever_it_is_quoted(
 
 def test_the_walkthroughs_call_chain_is_the_engines_update():
     """walkthrough.md's call-by-call table: each name is at the file:line given, and a traced update of
-    a tiny model (forward_backward, then step_stats, learning_rate, Adam.step, as take_step calls them)
+    a tiny model (forward_backward, then step_stats, learning_rate, Adam.step, as take_step and finish_on_host call them)
     makes those calls in the table's order."""
     import sys as _sys
     import numpy as np
     import minitf
     from minitf.schedule import learning_rate
-    from minitf.train import forward_backward, step_stats, take_step
+    from minitf.train import finish_on_host, forward_backward, step_stats, take_step, update_rate
     text = (DOCS / "walkthrough.md").read_text(encoding="utf-8")
     part = text[text.index("## One update in the engine, call by call"):text.index("## What the engine does differently")]
     rows = re.findall(r"^\| (\d+) \| `(minitf\.[\w.]+)` \| (minitf/[\w/]+\.py):(\d+) \|", part, re.M)
@@ -545,10 +545,12 @@ def test_the_walkthroughs_call_chain_is_the_engines_update():
         assert Path(src_file).resolve() == (ROOT / path).resolve() and src_line == int(line), (
             f"walkthrough.md puts {name} at {path}:{line}; it is at {Path(src_file).relative_to(ROOT)}:{src_line}")
         where.append((str(Path(src_file).resolve()), src_line))
-    # take_step calls rows 2, then step_stats, learning_rate and Adam.step, in that order
+    # take_step calls row 2, then (on the CPU) finish_on_host: step_stats, learning_rate and Adam.step, in order
     body = inspect.getsource(take_step)
-    assert body.index("forward_backward(") < body.index("step_stats(") < body.index("learning_rate(") < \
-        body.index("opt.step(")
+    assert body.index("forward_backward(") < body.index("finish_on_host(")
+    body = inspect.getsource(finish_on_host)
+    assert body.index("step_stats(") < body.index("update_rate(") < body.index("opt.step(")
+    assert "learning_rate(" in inspect.getsource(update_rate)
     cfg = minitf.Config(vocab_size=13, d_model=8, n_heads=2, d_ff=12, n_layers=1, dropout=0.2, max_len=16)
     model = minitf.Transformer(cfg, seed=0)
     opt = minitf.Adam(model, lr=1e-3)

@@ -221,11 +221,13 @@ COMPUTE = {None: "float32", "fp16": "float16", "bf16": "bfloat16"}   # mixed-pre
 
 @pytest.mark.parametrize("arch,half", [("transformer", None), ("transformer", "fp16"), ("transformer", "bf16"),
                                        ("rnn", None)])
-def test_one_copy_per_update_and_no_float64_array(corpus, tmp_path, standin, monkeypatch, arch, half):
-    """train_wmt.py's loop on the stand-in, in this process: every update (forward, backward, the
-    float16 overflow check, Adam, the log line of every step) reads back ONE array, train.step_stats'
-    loss, NLL and finite flag; and no float64 array is made on the device, in training nor in the
-    final averaging and decoding."""
+def test_no_sync_per_update_and_no_float64_array(corpus, tmp_path, standin, monkeypatch, arch, half):
+    """train_wmt.py's loop on the stand-in, in this process: no update (forward, backward, the
+    float16 overflow check, Adam, the log line of every step) copies anything to the host
+    synchronously; each queues ONE asynchronous copy, UpdateCheck's outcome, which the host reads
+    an update later (the stand-in fills it with NaN until an event says it has landed, so a read
+    too early would show as non-finite losses); and no float64 array is made on the device, in
+    training nor in the final averaging and decoding."""
     import importlib.util
     import minitf.train as train
     from minitf.optim import Adam
@@ -244,10 +246,44 @@ def test_one_copy_per_update_and_no_float64_array(corpus, tmp_path, standin, mon
                          *([f"--{half}"] if half else [])])
     assert code == 0
     updates = t.segments("forward_backward", "save")
-    assert len(updates) >= 5 and len(steps) == 5                # fp16: skipped overflow updates come on top
-    assert all(u == [u[0]] and "step_stats" in u[0] for u in updates), updates
+    assert len(updates) >= 5 and len(steps) == len(updates)    # fp16: skipped overflow updates come on top
+    assert all(u == [] for u in updates), updates
+    assert len(t.d2h_async) == len(updates), t.d2h_async
+    log = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in log if "loss" in r and "event" not in r]
+    assert len(losses) == 5 and all(np.isfinite(losses)), log   # every update's outcome read after it landed
+    assert not any(r.get("event") == "nonfinite_loss_skipped" for r in log), log
     assert "float64" not in dtypes, dtypes.get("float64")
     assert {COMPUTE[half]} <= set(dtypes)
+
+
+def test_minitf_host_check_reads_each_outcome_at_once(corpus, tmp_path, standin, monkeypatch):
+    """MINITF_HOST_CHECK=1 ends each GPU update on the host, as the CPU does (bench/gpu_ab.py's
+    comparison): one synchronous copy per update, train.step_stats', and the same training as the
+    update ended on the device (the same final weights, float64, no dropout)."""
+    import importlib.util
+    import minitf.train as train
+    from minitf.checkpoint import load_checkpoint
+    for name in ("forward_backward", "save"):   # marks: an update begins; training has ended (the final save)
+        real = getattr(train, name)
+        monkeypatch.setattr(train, name, lambda *a, _real=real, _name=name, **k: (strict_cupy.mark(_name), _real(*a, **k))[1])
+    monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))
+    spec = importlib.util.spec_from_file_location("train_wmt", os.path.join(ROOT, "train_wmt.py"))
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    runs = {}
+    for host in ("1", "0"):
+        monkeypatch.setenv("MINITF_HOST_CHECK", host)
+        with strict_cupy.count_transfers() as t:
+            assert cli.main(["--data-dir", str(corpus), *TRAIN, "--out", str(tmp_path / host), "--max-steps", "4",
+                             "--save-every", "4", "--valid-every", "0", "--average-last", "1", "--dtype", "float64",
+                             "--dropout", "0"]) == 0
+        runs[host] = (t, load_checkpoint(str(tmp_path / host / "checkpoint_0000004.npz")).params)
+    updates = runs["1"][0].segments("forward_backward", "save")
+    assert len(updates) == 4 and all(len(u) == 1 and "step_stats" in u[0] for u in updates), updates
+    assert not runs["1"][0].d2h_async and len(runs["0"][0].d2h_async) == 4
+    for name, value in runs["1"][1].items():
+        assert np.array_equal(value, runs["0"][1][name]), name
 
 
 # ----------------------------------------------------------------------------- the commands
@@ -310,6 +346,25 @@ def test_train_resume_average_and_score_on_the_gpu_path(corpus, tmp_path, half):
     assert abs(cpu_loss - res["valid_loss"]) <= 1e-3 * res["valid_loss"]
 
 
+def test_patience_ends_the_gpu_path_where_the_host_check_ends_it(corpus, tmp_path):
+    """--patience on the GPU path: the validation that ends the run is settled while the next update is
+    queued, which is then dropped. The run ends at the update, with the weights, Adam state and train
+    state, that ending each update on the host (MINITF_HOST_CHECK=1) gives."""
+    args = ["--max-steps", 12, "--valid-every", 2, "--patience", 1, "--save-every", 2, "--keep-last", 10]
+    runs = {}
+    for host in ("1", "0"):
+        out, _ = run_train(corpus, tmp_path, f"p{host}", *args, MINITF_HOST_CHECK=host)
+        last = sorted(out.glob("checkpoint_0*.npz"))[-1]
+        runs[host] = (last.name, load_checkpoint(last), json.loads((out / "results.json").read_text()))
+    (name1, ck1, res1), (name0, ck0, res0) = runs["1"], runs["0"]
+    assert name1 == name0 and res1["steps"] == res0["steps"] < 12, (name1, name0, res1["steps"])
+    assert ck1.train_state["step"] == ck0.train_state["step"] and ck1.train_state["batch"] == ck0.train_state["batch"]
+    assert ck1.train_state["forward_count"] == ck0.train_state["forward_count"]
+    for name in ck1.params:
+        np.testing.assert_array_equal(ck1.params[name], ck0.params[name])
+    assert ck1.optimizer["step"] == ck0.optimizer["step"] == ck1.train_state["step"]
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """Untrained tiny checkpoints with a tokenizer, of each architecture (conftest's recipe)."""
@@ -354,7 +409,8 @@ def test_two_gpu_ranks_over_nccl_equal_one_gpu_with_twice_the_update_freq(corpus
     one, _ = run_train(corpus, tmp_path, "one", "--update-freq", 2, *args)
     two, reports = run_train(corpus, tmp_path, "two", *args, launch=(mpiexec, "-n", "2"), STRICT_CUPY_DEVICES="2")
     _same(load_checkpoint(one / "checkpoint_0000003.npz").params, load_checkpoint(two / "checkpoint_0000003.npz").params)
-    assert len(reports) == 2 and all(rep["launches"]["nccl.allReduce"] == 3 for rep in reports)   # one per update
+    # two per update: the gradients, then the loss sums UpdateCheck decides the outcome from
+    assert len(reports) == 2 and all(rep["launches"]["nccl.allReduce"] == 6 for rep in reports)
 
 
 @pytest.mark.parametrize("fp16,vec", [(False, "0"), (True, "0"), (True, "1"), ("bfloat16", "0"), ("bfloat16", "1")])
@@ -363,7 +419,7 @@ def test_a_base_update_launches_at_most_650_kernels_and_reads_nothing_back(stand
     it (bench/launches.py): at most 650 kernels (1,929 in the step before the fusions existed; 1,909
     with every switch at 0 today), the attention's products and the stacked projections as single cuBLAS
     calls, a post-norm block's bias, dropout, sum and LayerNorm as one kernel, and no
-    device-to-host copy inside the update (train.py reads the loss once per update, after it)."""
+    device-to-host copy inside the update (its outcome is decided on the device: optim.UpdateCheck)."""
     sys.path.insert(0, ROOT)
     from bench.launches import count_update
     monkeypatch.setenv("MINITF_FUSED_VEC", vec)   # "1": the 16-byte kernels, launched as often as the others
@@ -378,6 +434,7 @@ def test_a_base_update_launches_at_most_650_kernels_and_reads_nothing_back(stand
     assert total <= 650, sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
     assert by_name.get("residual_layernorm") == 2 * 6 + 3 * 6 and "dropout_add" not in by_name
     assert by_name.get("layernorm_backward") == 30 and by_name.get("loss_totals") == 1
+    assert by_name.get("update_check") == 1 and by_name.get("adam_update") == 1
     # QK^T, PV, dV, dP, dQ, dK in each of 18 attentions; q|k|v (12 self-attentions) and k|v (6 cross)
     # projected, and their weight gradients taken, by one batched GEMM each
     assert by_name.get("cublas.gemmStridedBatchedEx") == 6 * 18 + 2 * 12 + 2 * 6

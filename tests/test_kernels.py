@@ -719,3 +719,73 @@ def test_each_kernel_is_looked_up_once_not_on_every_launch(monkeypatch):
         for name in ("softmax_backward", "dropout_add"):
             kernels._cupy_launch(name, np.float32, 1, 32, ())
     assert looked_up == list(kernels.SIGNATURES)           # each once, when the module compiled
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_update_check_decides_as_the_hosts_rules(dtype):
+    """kernels.update_check on a run of outcomes (finite; an inf or NaN gradient anywhere, the last
+    element included; a non-finite loss) gives what train.take_step's rules give on the host:
+    ok, the finite flags, the sums, and optim.LossScaler's scale and good-update count (growth
+    after `growth_interval` good updates, halving on an overflow, not below min_scale, unchanged by
+    a non-finite loss); the launch leaves its counters at 0; without a scaler the scale stays 1."""
+    from minitf.optim import LossScaler
+    a = np.float64 if dtype == np.float64 else np.float32
+    n = 5000   # several blocks of the grid-stride scan
+    grad = np.random.default_rng(3).normal(size=n).astype(dtype)
+    cases = [(None, 1.0)] * 3 + [(17, 1.0), (None, np.inf), (n - 1, 1.0), (None, 1.0), (0, 1.0), (None, np.nan)] \
+        + [(2500, 1.0)] * 12 + [(None, 1.0)] * 5
+    for with_scaler in (True, False):
+        scaler = LossScaler(init_scale=8.0, growth_interval=3, min_scale=1.0) if with_scaler else None
+        host = LossScaler(init_scale=8.0, growth_interval=3, min_scale=1.0)
+        ctl, counter = np.zeros(8, dtype=a), np.zeros(2, dtype=np.uint32)
+        ctl[0] = 8.0 if with_scaler else 1.0
+        seen = []
+        for bad, loss in cases:
+            g = grad.copy()
+            if bad is not None:
+                g[bad] = np.inf if bad % 2 else np.nan
+            scale_used = host.scale if with_scaler else 1.0
+            kernels.update_check(g, np.array(loss * 3.0, dtype=a), np.array(2.5, dtype=a), ctl, counter, scaler)
+            grads_ok, loss_ok = bad is None, bool(np.isfinite(loss))
+            if with_scaler and loss_ok:
+                host.update(grads_ok)
+            assert list(counter) == [0, 0]
+            assert ctl[3] == (grads_ok and loss_ok) and ctl[6] == grads_ok and ctl[7] == loss_ok, (bad, loss, ctl)
+            assert ctl[2] == 1.0 / scale_used and ctl[5] == 2.5
+            assert ctl[4] == loss * 3.0 or (np.isnan(loss) and np.isnan(ctl[4]))
+            if with_scaler:
+                assert ctl[0] == host.scale and ctl[1] == host.good_steps % host.growth_interval, (ctl, host.scale)
+            else:
+                assert ctl[0] == 1.0 and ctl[1] == 0.0
+            seen.append(float(ctl[0]))
+        if with_scaler:   # 12 overflows in a row reach min_scale, not below; then 3 good updates double it
+            assert min(seen) == 1.0 and seen[-6:] == [1.0, 1.0, 1.0, 2.0, 2.0, 2.0], seen
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_adam_update_reads_the_outcome_on_the_device(dtype):
+    """adam_update with ctl: ok = 0 leaves every buffer as it was, bit for bit (weights, moments,
+    the 16-bit copy); ok = 1 is the update with ctl's inv_scale in place of the argument's."""
+    from minitf.optim import Adam
+    model = tiny_model("float16" if dtype in ("float16", BF16) else np.dtype(dtype).name)
+    if dtype == BF16:
+        model.flat_params, model.flat_grads = (x.astype(BF16) for x in (model.flat_params, model.flat_grads))
+    opt = Adam(model, lr=3e-3)
+    a = np.float64 if dtype == np.float64 else np.float32
+    model.flat_grads[...] = np.random.default_rng(8).normal(size=model.flat_grads.size) * 64.0
+    copy = model.flat_params if model.master_params is not None else None
+    coef = (1.0, opt.beta1, opt.beta2, 1.0, 1 / np.sqrt(1 - opt.beta2), opt.eps, 3e-3 / (1 - opt.beta1))
+    before = [x.copy() for x in (model.weights, opt._m, opt._v, model.flat_params)]
+    kernels.adam_update(model.flat_grads, opt._m, opt._v, model.weights, copy, coef,
+                        ctl=np.array([64.0, 0, 1 / 64.0, 0, 0, 0, 0, 1], dtype=a))
+    for got, want in zip((model.weights, opt._m, opt._v, model.flat_params), before):
+        assert got.tobytes() == want.tobytes()
+    kernels.adam_update(model.flat_grads, opt._m, opt._v, model.weights, copy, coef,
+                        ctl=np.array([64.0, 0, 1 / 64.0, 1, 0, 0, 1, 1], dtype=a))
+    with_ctl = [x.copy() for x in (model.weights, opt._m, opt._v, model.flat_params)]
+    for x, b in zip((model.weights, opt._m, opt._v, model.flat_params), before):
+        x[...] = b
+    kernels.adam_update(model.flat_grads, opt._m, opt._v, model.weights, copy, (1 / 64.0, *coef[1:]))
+    for got, want in zip(with_ctl, (model.weights, opt._m, opt._v, model.flat_params)):
+        assert got.tobytes() == want.tobytes()
+    assert with_ctl[0].tobytes() != before[0].tobytes()

@@ -580,7 +580,7 @@ def test_a_signal_landing_during_the_stop_vote_is_acted_on_by_every_rank_at_the_
         def allreduce_numbers(self, values):
             signals.received.append("SIGTERM")   # lands while the sum is on the wire
             return [float(v) for v in values[:3]] + [2 * values[3], 1.0]   # the clocks: both ranks', rank 0's
-    run = types.SimpleNamespace(args=types.SimpleNamespace(max_steps=0, time_budget=0, patience=0), state={"step": 5},
+    run = types.SimpleNamespace(args=types.SimpleNamespace(max_steps=0, time_budget=0, patience=0), state={"step": 5}, pending=None,
                                 elapsed=lambda: 1.0, world=World(), lead=False)
     assert should_stop(run, signals) is None   # what rank 0 decides on the same sum
     assert run.elapsed_mean == 1.0 and run.elapsed_lead == 1.0
