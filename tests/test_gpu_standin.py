@@ -219,6 +219,21 @@ TRAIN = ["--dataset", "multi30k", "--preset", "tiny", "--vocab-size", "60", "--d
 COMPUTE = {None: "float32", "fp16": "float16", "bf16": "bfloat16"}   # mixed-precision flag -> activations' dtype
 
 
+def marked_train_wmt(tmp_path, monkeypatch):
+    """train_wmt.py as a module of this process, its training marked for count_transfers: "forward_backward"
+    where an update begins, "save" where training has ended (the final save)."""
+    import importlib.util
+    import minitf.train as train
+    for name in ("forward_backward", "save"):
+        real = getattr(train, name)
+        monkeypatch.setattr(train, name, lambda *a, _real=real, _name=name, **k: (strict_cupy.mark(_name), _real(*a, **k))[1])
+    monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))
+    spec = importlib.util.spec_from_file_location("train_wmt", os.path.join(ROOT, "train_wmt.py"))
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    return cli
+
+
 @pytest.mark.parametrize("arch,half", [("transformer", None), ("transformer", "fp16"), ("transformer", "bf16"),
                                        ("rnn", None)])
 def test_no_sync_per_update_and_no_float64_array(corpus, tmp_path, standin, monkeypatch, arch, half):
@@ -228,16 +243,8 @@ def test_no_sync_per_update_and_no_float64_array(corpus, tmp_path, standin, monk
     an update later (the stand-in fills it with NaN until an event says it has landed, so a read
     too early would show as non-finite losses); and no float64 array is made on the device, in
     training nor in the final averaging and decoding."""
-    import importlib.util
-    import minitf.train as train
     from minitf.optim import Adam
-    for name in ("forward_backward", "save"):   # marks: an update begins; training has ended (the final save)
-        real = getattr(train, name)
-        monkeypatch.setattr(train, name, lambda *a, _real=real, _name=name, **k: (strict_cupy.mark(_name), _real(*a, **k))[1])
-    monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))
-    spec = importlib.util.spec_from_file_location("train_wmt", os.path.join(ROOT, "train_wmt.py"))
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    cli = marked_train_wmt(tmp_path, monkeypatch)
     steps = []
     monkeypatch.setattr(Adam, "step", lambda self, *a, _real=Adam.step, **k: (steps.append(1), _real(self, *a, **k))[1])
     with strict_cupy.count_transfers() as t, strict_cupy.record_dtypes() as dtypes:
@@ -261,16 +268,8 @@ def test_minitf_host_check_reads_each_outcome_at_once(corpus, tmp_path, standin,
     """MINITF_HOST_CHECK=1 ends each GPU update on the host, as the CPU does (bench/gpu_ab.py's
     comparison): one synchronous copy per update, train.step_stats', and the same training as the
     update ended on the device (the same final weights, float64, no dropout)."""
-    import importlib.util
-    import minitf.train as train
     from minitf.checkpoint import load_checkpoint
-    for name in ("forward_backward", "save"):   # marks: an update begins; training has ended (the final save)
-        real = getattr(train, name)
-        monkeypatch.setattr(train, name, lambda *a, _real=real, _name=name, **k: (strict_cupy.mark(_name), _real(*a, **k))[1])
-    monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))
-    spec = importlib.util.spec_from_file_location("train_wmt", os.path.join(ROOT, "train_wmt.py"))
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    cli = marked_train_wmt(tmp_path, monkeypatch)
     runs = {}
     for host in ("1", "0"):
         monkeypatch.setenv("MINITF_HOST_CHECK", host)
