@@ -21,9 +21,9 @@ reported even when another fails:
           leaves it out): target tokens/s (median of alternating rounds), MFU against the GPU's dense tensor-core
           peak (bf16/fp16 for --fp16 and --bf16, TF32 for float32), peak memory, and, under the PyTorch
           profiler (CUPTI sees CuPy's kernels too), kernel launches, device-to-host copies and
-          synchronisations per step (the step alone: train_wmt.py's loop adds one copy per update,
-          its loss and overflow flag, as tests/test_gpu_standin.py counts)
-  kernels where one `base` float32 step's GPU time goes, minitf and PyTorch (bench/gpu_kernels.py):
+          synchronisations per step (the step as training makes it: its outcome decided on the device and
+          copied back asynchronously, read an update later; tests/test_gpu_standin.py counts no sync copy)
+  kernels where one `base` step's GPU time goes, float32 and --fp16, minitf and PyTorch (bench/gpu_kernels.py):
           wall and GPU-busy ms per step, kernels per step, the largest kernels by name (needs
           PyTorch with CUDA, whose profiler records the kernels; skipped, and said so, without it)
   beam    beam 4 on 3,000 sentences of WMT14-shaped length (random `base` weights, so every
@@ -206,14 +206,41 @@ def section_kernels(args):
     cfg = minitf.Config.preset(args.presets[0], vocab_size=args.vocab)
     batch = wmt_batch(cfg, args.step_tokens)
     backend.cupy.get_default_memory_pool().free_all_blocks()
-    out = {"preset": args.presets[0], "mode": "float32", "steps": args.kernel_steps}
-    for runner in make_runners(cfg, batch, args.lr, False):
-        res = profile(runner, args.kernel_steps, torch)
-        out[runner.name] = {"wall_ms": round(res["wall_ms"], 2), "busy_ms": round(res["busy_ms"], 2),
-                            "kernels": round(res["kernels"]),
-                            "top": [[k, round(ms, 3), round(share, 4), round(calls, 1)]
-                                    for k, ms, share, calls in top_kernels(res, args.kernel_steps, args.kernel_top)]}
+    out = {"preset": args.presets[0], "steps": args.kernel_steps, "modes": {}}
+    for mode, fp16 in KERNEL_MODES:
+        log(f"kernels: {args.presets[0]} {mode}")
+        tables = out["modes"][mode] = {}
+        for runner in make_runners(cfg, batch, args.lr, fp16):
+            res = profile(runner, args.kernel_steps, torch)
+            tables[runner.name] = {"wall_ms": round(res["wall_ms"], 2), "busy_ms": round(res["busy_ms"], 2),
+                                   "kernels": round(res["kernels"]),
+                                   "top": [[k, round(ms, 3), round(share, 4), round(calls, 1)]
+                                           for k, ms, share, calls in top_kernels(res, args.kernel_steps,
+                                                                                  args.kernel_top)]}
+            del runner
+        backend.cupy.get_default_memory_pool().free_all_blocks()
     return out
+
+
+KERNEL_MODES = (("float32", False), ("fp16", True))   # the kernel tables: TF32 and AMP float16 against PyTorch's
+
+
+def kernel_tables(k):
+    """The markdown of the kernels section: a table per mode, minitf's largest kernels beside PyTorch's."""
+    lines = []
+    for mode, tables in k["modes"].items():
+        m, t = tables["minitf"], tables["torch"]
+        lines += [f"**Where a step's GPU time goes** (`{k['preset']}`, {mode}, {k['steps']} steps under the PyTorch "
+                  f"profiler, `python bench/gpu_kernels.py` for more): minitf {m['wall_ms']} ms per step, the GPU "
+                  f"busy {m['busy_ms']} ms of it, {m['kernels']} kernels; PyTorch {t['wall_ms']} ms, busy "
+                  f"{t['busy_ms']} ms, {t['kernels']} kernels.", "",
+                  "| minitf kernel | ms per step | share | calls | PyTorch kernel | ms per step | share | calls |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for a, b_ in zip(m["top"], t["top"]):
+            lines.append(f"| `{a[0][:60]}` | {a[1]:.2f} | {_pct(a[2])} | {a[3]:g} | `{b_[0][:60]}` | {b_[1]:.2f} | "
+                         f"{_pct(b_[2])} | {b_[3]:g} |")
+        lines.append("")
+    return lines
 
 
 def section_launches(args):
@@ -350,17 +377,8 @@ def markdown(rep):
         lines += ["**Kernel launches per update** (counted on the strict CuPy stand-in, `bench/launches.py`):", ""]
         lines += [f"launches per update: {key} {v['launches']}" for key, v in la.items() if isinstance(v, dict)] + [""]
     k = rep["sections"].get("kernels", {})
-    if "minitf" in k:
-        lines += [f"**Where a step's GPU time goes** (`{k['preset']}`, {k['mode']}, {k['steps']} steps under the PyTorch "
-                  f"profiler, `python bench/gpu_kernels.py` for more): minitf {k['minitf']['wall_ms']} ms per step, the GPU "
-                  f"busy {k['minitf']['busy_ms']} ms of it, {k['minitf']['kernels']} kernels; PyTorch "
-                  f"{k['torch']['wall_ms']} ms, busy {k['torch']['busy_ms']} ms, {k['torch']['kernels']} kernels.", "",
-                  "| minitf kernel | ms per step | share | calls | PyTorch kernel | ms per step | share | calls |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for a, b_ in zip(k["minitf"]["top"], k["torch"]["top"]):
-            lines.append(f"| `{a[0][:60]}` | {a[1]:.2f} | {_pct(a[2])} | {a[3]:g} | `{b_[0][:60]}` | {b_[1]:.2f} | "
-                         f"{_pct(b_[2])} | {b_[3]:g} |")
-        lines.append("")
+    if "modes" in k:
+        lines += kernel_tables(k)
     elif "skipped" in k:
         lines += [f"**Where a step's GPU time goes**: skipped ({k['skipped']}).", ""]
     b = rep["sections"].get("beam", {})

@@ -445,6 +445,22 @@ def test_a_base_update_launches_at_most_650_kernels_and_reads_nothing_back(stand
     assert count_update("base", fp16, env=off)[1] > 1.8 * total
 
 
+def test_the_gpu_reports_kernel_tables_cover_float32_and_fp16():
+    """The kernels section profiles float32 and --fp16 (the modes of bench/gpu_report.py's KERNEL_MODES)
+    and the report prints a table for each, minitf's largest kernels beside PyTorch's."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gpu_report", os.path.join(ROOT, "bench", "gpu_report.py"))
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    assert [mode for mode, _ in report.KERNEL_MODES] == ["float32", "fp16"]
+    table = {"wall_ms": 45.1, "busy_ms": 38.2, "kernels": 697, "top": [["gemm", 3.2, 0.1, 12.0], ["softmax", 1.0, 0.03, 18.0]]}
+    lines = report.kernel_tables({"preset": "base", "steps": 3, "modes": {m: {"minitf": table, "torch": table}
+                                                                          for m, _ in report.KERNEL_MODES}})
+    heads = [line for line in lines if line.startswith("**Where a step's GPU time goes**")]
+    assert len(heads) == 2 and "float32" in heads[0] and "fp16" in heads[1]
+    assert sum(line.startswith("| `softmax`") for line in lines) == 2
+
+
 def test_the_gpu_report_runs_its_sections(tmp_path):
     """bench/gpu_report.py, the one command for a GPU, at tiny sizes on the stand-in: the training
     step, beam search and the WMT14-shaped run each give their figures (the suite section is
