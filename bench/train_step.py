@@ -139,7 +139,8 @@ def rss_peak_mib():
 
 # ----------------------------------------------------------------------------- the two contenders
 class MinitfRunner:
-    FP16_LOSS_SCALE = 1024.0  # static: enough for timing (training uses dynamic scaling)
+    FP16_LOSS_SCALE = 1024.0  # the start: static on the host path (enough for timing); dynamic from it where the
+    # update ends on the device, as training's
 
     def __init__(self, cfg, device, batch, lr, fp16, name="minitf"):
         """fp16: False (float32), True or "float16" (--fp16), "bfloat16" (--bf16)."""

@@ -286,7 +286,7 @@ __device__ inline void nll_row_terms(const T* z, long long off, const long long*
     smooth[blockIdx.x] = l - tot / V;
 }
 
-// Label-smoothed NLL, per row of logits z [N, V] with gold[N]:
+// Label-smoothed NLL, per row of logits z [N, V_o] (the kernel's V columns) with gold[N]:
 // lse = max + log(sum exp(z - max)); nll = lse - z[gold]; smooth = lse - mean_v z.
 // The loss of the row is (1 - eps) * nll + eps * smooth (loss.py).
 extern "C" __global__ void smoothed_nll_rows(const T* z, const long long* gold, A* lse, A* nll, A* smooth, int V) {
@@ -852,10 +852,10 @@ extern "C" __global__ void column_sums_finish(const A* partial, A* out, int slab
 }
 
 // The column sums of x [n, d] ADDED into gradient buffers of the storage dtype, in ONE launch:
-// out1 += the sums of x (pair = 0), or out1 += the sums of x * y and out2 += the sums of x (pair = 1: a
-// LayerNorm's weight and bias gradients). Each block sums its slab of rows for one chunk of 32 columns
-// as column_partial_sums does and writes partial[slab * w + c] (w = d, or 2 d with the x sums after the
-// x * y sums); the last block of a chunk to finish (a ticket from that chunk's atomic counter, after a
+// parts = 1: out1 += the sums of x; parts = 2: out1 += the sums of x * y and out2 += the sums of x (a
+// LayerNorm's weight and bias gradients); parts = 3: also out3 += the sums of x3 (the bias of the sublayer
+// before it). Each block sums its slab of rows for one chunk of 32 columns as column_partial_sums does
+// and writes partial[slab * w + c] (w = parts * d: the x * y sums, then the x sums, then the x3 sums); the last block of a chunk to finish (a ticket from that chunk's atomic counter, after a
 // memory fence) adds the chunk's slabs in the order above, its 8 groups of 32 threads a run each, so the
 // result is the same on every run and the adding is spread over as many blocks as there are chunks;
 // it sets the counter back to 0 for the next launch.
@@ -1267,8 +1267,8 @@ def column_sums(x, y=None, out=None):
     """x [..., D] summed over every axis but the last (of x * y, y [..., D] in the accumulation
     dtype, when given) -> [D] in the accumulation dtype: the bias and LayerNorm parameter
     gradients. Two launches: partial sums over slabs of rows, then the slabs added in order, so
-    the result is the same on every run. `out` ([D], x's dtype, C-contiguous): the sums are
-    ADDED into it (a gradient buffer: no separate add) by ONE launch (column_sums_into: the last
+    the result is the same on every run. `out` ([D], x's dtype, C-contiguous; without y:
+    column_sums_pair adds x * y sums): the sums of x are ADDED into it (a gradient buffer: no separate add) by ONE launch (column_sums_into: the last
     block of each 32-column chunk adds that chunk's slabs, in the same order as the second pass) and it
     is returned."""
     xp = backend.xp_of(x)
@@ -1279,10 +1279,12 @@ def column_sums(x, y=None, out=None):
     slabs, rows_per_slab = _slabs(n, d)
     if n == 0:
         return xp.zeros(d, dtype=a) if out is None else out
+    if out is not None and y is not None:
+        raise ValueError("column_sums(out=) adds the sums of x only: column_sums_pair adds those of x * y")
     partial = _partials(xp, a, slabs * d).reshape(slabs, d)    # every entry written by pass 1
     if out is not None:
         _launch("column_sums_into", x.dtype, chunks * slabs, COLUMN_BLOCK,
-                (x, partial if y is None else xp.ascontiguousarray(y, dtype=a), np.int32(1), x, partial, _counter(xp, chunks),
+                (x, partial, np.int32(1), x, partial, _counter(xp, chunks),
                  out, out, out, np.int64(n), np.int32(d), np.int64(rows_per_slab)))
         return out
     yy = partial if y is None else xp.ascontiguousarray(y, dtype=a)

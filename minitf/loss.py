@@ -43,14 +43,14 @@ def log_softmax(logits):
 
 
 def label_smoothed_nll(logits, target, eps, pad_id):
-    """logits [N, V_o] (or [B, T, V]), target [N] (or [B, T]) int.
+    """logits [N, V_o] (or [B, T, V_o]), target [N] (or [B, T]) int.
 
     Returns (loss, nll_sum, n_tokens, cache), the first three 0-d device arrays (no host
     sync): the smoothed loss averaged over non-pad tokens, the summed plain NLL (for
     perplexity) and the non-pad token count. The cache holds the softmax p [N, V_o]; log p is
     never materialized: log p[v] = z[v] - log(sum(exp(z))) with z = logits - max.
-    pad_id None: every target has a loss (the caller took the pad rows out); on a GPU n_tokens
-    is then the host's count.
+    pad_id None: every target has a loss (the caller took the pad rows out); on the fused GPU path
+    n_tokens is then the host's count.
     """
     xp = xp_of(logits)
     v, out_dtype = logits.shape[-1], logits.dtype

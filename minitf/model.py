@@ -110,8 +110,8 @@ class Transformer(Seq2Seq):
         same units (tests/test_engine.py). The whole step written plainly is reference.py.
         Returns a float on CPU; on GPU a 0-d CuPy array (no host sync; float() it to read).
         `self.last_stats` holds {'loss', 'nll_sum', 'n_tokens', 'loss_sum'}: the loss, the NLL sum
-        and the loss times the token count (device scalars on a GPU), n_tokens the host's count
-        (the loss head drops the pad rows on the host first).
+        and the loss times the token count (device scalars on a GPU), n_tokens the host's count on
+        the CPU and the fused GPU path (the loss head drops the pad rows on the host first).
         """
         tgt_in, tgt_out = self._check_targets(tgt_in, tgt_out)
         keep = (tgt_in != self.cfg.pad_id) | (tgt_out != self.cfg.pad_id) if packed else None

@@ -185,7 +185,7 @@ class LossScaler:
 
 class UpdateCheck:
     """An update's outcome decided on the device, so that a GPU step never waits for the GPU
-    (docs/performance.md, "The step without a sync"). The host's rules (train.take_step: a
+    (docs/performance.md, "The step without a sync"). The host's rules (train._skipped: a
     non-finite loss or gradient skips the update; under --fp16 an overflow halves the loss scale,
     `growth_interval` good updates double it) run in one kernel, kernels.update_check, which
     writes `ctl`; Adam.step(check=) reads it there, and the loss backward reads the scale there

@@ -34,6 +34,6 @@ def fade(progress, fraction):
 def learning_rate(step, d_model, warmup, factor=1.0, fade_fraction=0.0, progress=0.0):
     """The rate of update `step` (from 1): noam(step, ...) * fade(progress, fade_fraction), progress
     being how far the run is before the update (0 to 1; fraction 0: the paper's schedule alone).
-    train.take_step passes it to Adam.step; viz.noam_curve draws it; reference.noam is tested
+    train.update_rate computes it for Adam.step; viz.noam_curve draws it; reference.noam is tested
     against it."""
     return noam(step, d_model, warmup, factor) * fade(progress, fade_fraction)

@@ -47,8 +47,9 @@ def forward_backward(model, micro, total, forward_count, scaler=None, check=None
     """The gradient of one update: zero the gradients, then forward and backward each of its
     micro-batches [(j, (src, tgt_in, tgt_out, n))]. The update's loss is the token-weighted
     mean over them, so micro-batch j's backward weighs n / total (n its tokens, total the
-    update's), times the float16 loss scale (undone by Adam.step's grad_divisor): the host's
-    (scaler.scale), or with an UpdateCheck the one on the device (check.loss_scale).
+    update's), times the float16 loss scale: the host's (scaler.scale; Adam.step's grad_divisor
+    undoes it), or with an UpdateCheck the one on the device (check.loss_scale; Adam's kernel
+    divides by it).
     Returns the token-summed loss and NLL (device scalars on a GPU: no sync)."""
     model.zero_grad()
     loss_sum = nll_sum = None
@@ -67,7 +68,8 @@ def forward_backward(model, micro, total, forward_count, scaler=None, check=None
 def step_stats(model, loss_sum, nll_sum):
     """(loss_sum, nll_sum, grads_finite) on the host with ONE device->host copy (as torch's
     GradScaler reads its overflow flag): how an update ends where the outcome is not decided on
-    the device (the CPU; a GPU without the fused Adam). On a GPU that copy waits for the GPU."""
+    the device (the CPU; a GPU without the fused Adam or with MINITF_HOST_CHECK=1). On a GPU that
+    copy waits for the GPU."""
     xp = model.xp
     dt = accum_dtype(model.dtype) if is_gpu(xp) else np.float64   # the values' own precision: no float64 on a GPU
     both = xp.stack([xp.asarray(loss_sum, dtype=dt), xp.asarray(nll_sum, dtype=dt),
@@ -357,8 +359,8 @@ def _open_feed(run):
 # ------------------------------------------------------------------------------ the loop
 def run_loop(run):
     """Updates until --max-steps, the --time-budget, --patience or a signal; returns why it stopped:
-    "max_steps", "time_budget", "patience", or the signal ("SIGTERM", or "SIGTERM on another rank"
-    under mpiexec)."""
+    "max_steps", "time_budget", "patience", or the signal ("SIGTERM" or "SIGINT", or "SIGTERM on another
+    rank" or "SIGINT on another rank" under mpiexec)."""
     signals = StopSignals(run.world.size, notify=run.console.line_from_a_signal_handler if run.lead else None)
     run.model.train()
     with signals:
@@ -402,7 +404,7 @@ def should_stop(run, signals):
 
 def take_step(run, update):
     """Forward, backward and the all-reduce of one update, then its end: on the CPU (or a GPU
-    without the fused Adam) `finish_on_host`, on a GPU `finish_on_device`, which never waits for
+    without the fused Adam, or with MINITF_HOST_CHECK=1) `finish_on_host`, on a GPU `finish_on_device`, which never waits for
     the GPU. Either makes Adam's step when the update is not skipped (a float16 overflow, a
     non-finite loss), then after_step."""
     args, state, model = run.args, run.state, run.model

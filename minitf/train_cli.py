@@ -19,7 +19,8 @@ the preset's tokens per update (base: 25000, as in the paper) are split over the
     mpiexec -n 8 python train_wmt.py --device gpu
 Continue an interrupted run (Ctrl-C saves a checkpoint) exactly where it stopped:
     python train_wmt.py ... --out runs/m30k --resume
-Prints a validation line (loss, perplexity, greedy BLEU) every --valid-every updates.
+Prints a validation line (loss, perplexity, greedy BLEU) every --valid-every updates (base/big: at every
+checkpoint).
 Writes OUT/train_log.jsonl, OUT/checkpoint_*.npz (the last --keep-last kept), OUT/checkpoint_best.npz (best
 validation BLEU; the loss with --valid-bleu-sentences 0), OUT/averaged.npz (the last checkpoints, the final one included), OUT/model.npz
 (the average or the last checkpoint, whichever has the lower validation loss: the model scored),

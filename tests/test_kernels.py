@@ -789,3 +789,11 @@ def test_adam_update_reads_the_outcome_on_the_device(dtype):
     for got, want in zip(with_ctl, (model.weights, opt._m, opt._v, model.flat_params)):
         assert got.tobytes() == want.tobytes()
     assert with_ctl[0].tobytes() != before[0].tobytes()
+
+
+def test_column_sums_into_a_buffer_refuses_a_second_factor():
+    """column_sums(x, y, out=...) would add the sums of x alone (the one-launch kernel's parts = 1
+    reads no y): it is refused, and column_sums_pair is the call for x * y."""
+    x, y = np.ones((4, 3), dtype=np.float32), np.ones((4, 3), dtype=np.float32)
+    with pytest.raises(ValueError, match="column_sums_pair"):
+        kernels.column_sums(x, y, out=np.zeros(3, dtype=np.float32))

@@ -53,7 +53,8 @@ class TokenEmbedding(Layer):
     def __init__(self, vocab_size, d_model, rng, bias=False):
         super().__init__()
         self.scale = float(np.sqrt(d_model))
-        # N(0, d_model^-0.5): after the sqrt(d_model) scale the embeddings have unit variance
+        # N(0, 1/d_model), standard deviation d_model^-0.5: after the sqrt(d_model) scale the embeddings have
+        # unit variance
         self.params["weight"] = rng.normal(0.0, d_model ** -0.5, size=(vocab_size, d_model))
         if bias:   # logits = h @ weight^T + bias (config output_bias: Marian's logit bias; not the paper's)
             self.params["bias"] = np.zeros(vocab_size)
