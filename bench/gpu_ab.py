@@ -19,8 +19,9 @@ preset and mode it prints and writes (--out):
   same     the loss and every gradient of one step of each variant against the first, on the
            same weights and batch: ||g - g0|| / ||g0|| over the flat gradient buffer; with
            --float64 also against the float64 model's (the same code in float64 on the GPU)
-  time     the step (forward, backward, Adam) in ms: median of --rounds alternating rounds,
-           target tokens/s, and the ratio to the first variant and to PyTorch
+  time     the step (forward, backward, Adam, the update's end as training makes it) in ms: median of
+           --rounds alternating rounds of --steps-per-round steps each, target tokens/s, and the ratio to
+           the first variant and to PyTorch
   kernels  under the PyTorch profiler (CUPTI records CuPy's kernels too): kernels per step,
            GPU-busy ms per step, and the --top kernels by time (bench/gpu_kernels.py)
 
@@ -139,15 +140,16 @@ def timing(cfg, batch, fp16, variants, args, torch):
         if args.strong:
             runners.append(({}, torch_runner_like(runners[0][1], "gpu", batch, 1e-4, fp16, strong=True,
                                                   compile=args.torch_compile)))
+    k = args.steps_per_round
     for env, r in runners:
         with Env(env):
             for _ in range(args.warmup):
-                timed_round(r, 1)
+                timed_round(r, k)
     times = {r.name: [] for _, r in runners}
     for _ in range(args.rounds):
         for env, r in runners:
             with Env(env):
-                times[r.name].append(timed_round(r, 1)[0])
+                times[r.name].append(timed_round(r, k)[0] / k)
     tokens = int((batch[2] != cfg.pad_id).sum())
     res = {}
     first = runners[0][1].name
@@ -212,6 +214,10 @@ def main(argv=None):
     p.add_argument("--modes", default="float32,fp16",
                    help="comma-separated: float32 (TF32), fp16 (--fp16), bf16 (--bf16, against AMP bfloat16)")
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--steps-per-round", type=int, default=1, metavar="K",
+                   help="consecutive steps timed per round, the time divided by K (1: each step alone, synchronised "
+                        "before and after; several: the GPU's work of one step can overlap the host's of the next, "
+                        "as in training: what ending an update without a sync buys, MINITF_HOST_CHECK=1 against 0)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--kernel-steps", type=int, default=2)
     p.add_argument("--top", type=int, default=15)

@@ -161,10 +161,12 @@ class MinitfRunner:
         self.opt = minitf.Adam(self.model, lr=lr)
         self.batch = batch   # host ids, as train.py passes them (forward_loss moves them)
         # a GPU update as training makes it, where this minitf version has it: the outcome decided on
-        # the device (minitf.optim.UpdateCheck, dynamic loss scaling from the same start), read an update late
+        # the device (minitf.optim.UpdateCheck, dynamic loss scaling from the same start), read an update late;
+        # or, where that is switched off (MINITF_HOST_CHECK=1, MINITF_FUSED_ADAM=0), read on the host at once
         self.check, self._last = None, None
         from minitf import optim
-        if hasattr(optim, "UpdateCheck") and optim.UpdateCheck.applies(self.opt):
+        self.read_on_host = backend.is_gpu(self.xp) and hasattr(optim, "UpdateCheck")
+        if self.read_on_host and optim.UpdateCheck.applies(self.opt):
             from minitf.distributed import World
             from minitf.optim import LossScaler, UpdateCheck
             self.world = World()
@@ -176,6 +178,9 @@ class MinitfRunner:
             m.zero_grad()
             loss = m.forward_loss(*self.batch)
             m.backward(loss_weight=self.scale)
+            if self.read_on_host:   # train.finish_on_host's one read: loss, NLL, every gradient finite
+                from minitf.train import step_stats
+                step_stats(m, m.last_stats["loss_sum"], m.last_stats["nll_sum"])
             self.opt.step(grad_divisor=self.scale)
             return loss
         from minitf.train import forward_backward

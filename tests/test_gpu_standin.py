@@ -445,6 +445,31 @@ def test_a_base_update_launches_at_most_650_kernels_and_reads_nothing_back(stand
     assert count_update("base", fp16, env=off)[1] > 1.8 * total
 
 
+def test_gpu_ab_times_the_update_ended_on_the_device_against_the_host(tmp_path, standin, monkeypatch):
+    """bench/gpu_ab.py --steps-per-round 2 with MINITF_HOST_CHECK=1 as a variant, on the stand-in: both
+    variants are timed, give the same gradients, and the host variant's runner reads each outcome
+    (train.step_stats) while the default one decides it on the device (UpdateCheck)."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_ab.py"), "--smoke", "--no-torch", "--rounds", "2",
+                        "--steps-per-round", "2", "--variant", "now=", "--variant", "host=MINITF_HOST_CHECK=1",
+                        "--modes", "fp16", "--out", str(tmp_path / "ab")], capture_output=True, text=True,
+                       env=standin_env(tmp_path), timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = re.findall(r"^  (now|host) +[\d.]+ ms .* grad diff (\S+)$", r.stdout, re.M)
+    assert [name for name, _ in rows] == ["now", "host"] and all(float(d) == 0.0 for _, d in rows), r.stdout
+    sys.path.insert(0, ROOT)
+    from bench.train_step import MinitfRunner
+    from bench.data import wmt_batch
+    cfg = minitf.Config.preset("tiny", vocab_size=64)
+    for host, on_device in (("0", True), ("1", False)):
+        monkeypatch.setenv("MINITF_HOST_CHECK", host)
+        runner = MinitfRunner(cfg, "gpu", wmt_batch(cfg, 120), 1e-4, True)
+        assert (runner.check is not None) is on_device and runner.read_on_host
+        with strict_cupy.count_transfers() as t:
+            runner.step()
+            runner.step()
+        assert len(t.d2h) == (0 if on_device else 2) and len(t.d2h_async) == (2 if on_device else 0)
+
+
 def test_the_gpu_reports_kernel_tables_cover_float32_and_fp16():
     """The kernels section profiles float32 and --fp16 (the modes of bench/gpu_report.py's KERNEL_MODES)
     and the report prints a table for each, minitf's largest kernels beside PyTorch's."""
