@@ -68,7 +68,6 @@ def log(msg):
     print(f"[gpu_report {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-# ----------------------------------------------------------------------------- batches of WMT14 shape
 # ----------------------------------------------------------------------------- sections
 def section_env():
     cupy = backend.cupy

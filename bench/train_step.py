@@ -46,7 +46,7 @@ def make_batch(cfg, b, s, t, seed=0, full_length=False):
     """src [b, s], tgt_in / tgt_out [b, t] with trailing padding; each sentence's length is
     uniform in [len/2, len] (or exactly len with full_length: no padding at all). Source: tokens + EOS; target y = tokens + EOS, fed as
     tgt_in = BOS + y[:-1] and predicted as tgt_out = y. Target tokens come from the output vocabulary
-    when the config has one (its ids 1..K: --output-pieces)."""
+    when the config has one (its ids 1..V_o: --output-pieces)."""
     rng = np.random.default_rng(seed)
     first = 4 if cfg.vocab_size > 4 else 1  # skip pad/unk/bos/eos ids
     out_v = output_size(cfg)
@@ -65,7 +65,7 @@ def make_batch(cfg, b, s, t, seed=0, full_length=False):
 
 
 def output_size(cfg):
-    """The pieces the output layer scores: K of an output vocabulary, else V."""
+    """The pieces the output layer scores: V_o of an output vocabulary, else V."""
     return cfg.vocab_size if cfg.output_vocab is None else int(cfg.output_ids().size)
 
 
@@ -276,8 +276,8 @@ def main(argv=None):
     ap.add_argument("--src-len", type=int, default=24)
     ap.add_argument("--tgt-len", type=int, default=24)
     ap.add_argument("--vocab", type=int, default=8000)
-    ap.add_argument("--output-pieces", type=int, metavar="K",
-                    help="an output vocabulary of K of the --vocab pieces (ids 1..K; the targets drawn from them): "
+    ap.add_argument("--output-pieces", type=int, metavar="V_O",
+                    help="an output vocabulary of V_O of the --vocab pieces (ids 1..V_O; the targets drawn from them): "
                          "train_wmt.py --output-vocab target")
     ap.add_argument("--vs-joint", action="store_true",
                     help="with --output-pieces: also time the same model scoring all --vocab pieces (rounds alternate)")
@@ -295,7 +295,7 @@ def main(argv=None):
 
     sizes = shape_overrides(args)
     if args.vs_joint and not args.output_pieces:
-        ap.error("--vs-joint compares with --output-pieces K: give it")
+        ap.error("--vs-joint compares with --output-pieces V_O: give it")
     if args.vs_torch and args.output_pieces:
         ap.error("--vs-torch times the paper's joint output (the PyTorch model has no output vocabulary): "
                  "drop --output-pieces")

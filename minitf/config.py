@@ -1,4 +1,5 @@
-"""Config: the paper's base model by default (Vaswani et al. 2017, Table 3 'base').
+"""Config: the paper's base model by default (Vaswani et al. 2017, Table 3 'base'); its recipe defaults
+(4096-token updates, a checkpoint every 1000) are not the paper's: `Config.preset("base")` is.
 
 Every knob of Table 3 is a field: N (`n_layers`), d_model, d_ff, h (`n_heads`), d_k = d_v
 (`d_k`, default d_model // h), P_drop (`dropout`), eps_ls (`label_smoothing`) and row (E),
@@ -110,7 +111,7 @@ class Config:
     lr_factor: float = 1.0
     lr_fade: float = 0.0             # last fraction of the run over which the lr fades linearly to 0 (0: the paper's)
     weight_decay: float = 0.0        # decoupled weight decay (AdamW): p -= lr * weight_decay * p each update (0: the paper's)
-    update_tokens: int = 4096        # tokens per UPDATE and side, padding included (5.1: ~25000)
+    update_tokens: int = 4096        # tokens per UPDATE and side, padding included (5.1: ~25000, the base preset's)
     max_tokens: int = None           # tokens per batch and side on one rank; None: update_tokens split
                                      # over ranks x update_freq (batch_tokens)
     save_every: int = 1000           # steps between checkpoints, unless save_every_minutes is set

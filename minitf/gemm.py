@@ -19,7 +19,7 @@ cuBLAS as the column-major c^T = op(b)^T op(a)^T: the operands swap places, each
 transpose flag, m is c's column count and n its row count.
 
 `enabled(x)`: CuPy arrays on the fused path (kernels.enabled) unless the environment sets
-MINITF_CUBLAS=0 (then CuPy's matmul runs, as before, for comparisons). tests/strict_cupy.py
+MINITF_CUBLAS=0 (then CuPy's own matmul runs, for comparisons). tests/strict_cupy.py
 models these cuBLAS calls on NumPy (column-major semantics, leading dimensions, strides,
 pointer offsets, alpha and beta, transpose flags, compute type) and refuses misuse.
 """

@@ -961,7 +961,7 @@ C_TYPES = {"float16": ("half_t", "float"), "bfloat16": ("bf16_t", "float"), "flo
            "float64": ("double", "double")}
 
 
-_NAMES = {}   # dtype (or scalar type, or name) -> its name: np.dtype(d).name costs ~2 us, and a step asks ~1,400 times
+_NAMES = {}   # dtype (or scalar type, or name) -> its name: np.dtype(d).name costs ~2 us, and a step asks ~900 times
 
 
 def dtype_name(dtype):
@@ -1024,8 +1024,8 @@ def enabled(x):
 
 def fused(x, name):
     """Whether x takes the fusion `name`: `enabled(x)`, unless the environment sets
-    MINITF_FUSED_<NAME>=0 (then that part runs as separate passes, as before it was fused, for
-    comparisons: bench/gpu_ab.py). The names: 'relu' (bias + ReLU, and its backward, in place),
+    MINITF_FUSED_<NAME>=0 (then that part runs as separate passes, for comparisons:
+    bench/gpu_ab.py). The names: 'relu' (bias + ReLU, and its backward, in place),
     'adam' (one Adam kernel), 'embed' (the embedding of the kept rows and its gradient, one kernel each), 'grads' (gradient sums added where they go: a LayerNorm's
     backward with its residual gradient, dropout mask and parameter sums; a bias's sum), 'norm' (a
     post-norm block's residual sum, dropout and LayerNorm forward in one pass: residual_layernorm)."""

@@ -478,7 +478,6 @@ def plot_attention(checkpoint, src, out, layer=0, head=0, tgt=None, beam_size=4,
     _save(fig, out)
 
 
-# ------------------------------------------------------------------------------ command line
 # ------------------------------------------------------------------------------ masks and packing
 def mask_grids(src_lens, tgt_lens):
     """The masks the model builds (masks.padding_bias, masks.causal_bias), as booleans
@@ -614,7 +613,7 @@ def plot_table1(results, out):
 
 def add_plot_parser(sub):
     """Register `plot` and its sub-commands on the argparse sub-parsers of minitf.cli."""
-    p = sub.add_parser("plot", help="pictures: positional encoding, schedule, training curves, attention",
+    p = sub.add_parser("plot", help="pictures: pe, lr, curves, attention, masks, packing, table1",
                        description=__doc__.split("\n\n")[1] if "\n\n" in __doc__ else None,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     what = p.add_subparsers(dest="what", required=True, metavar="WHAT")

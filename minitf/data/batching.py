@@ -27,7 +27,7 @@ def _check_lens(src_lens, tgt_lens):
 
 def _length_key(src, tgt):
     """One integer per example ordering by (source, target) length: src * width + tgt, in the
-    smallest unsigned dtype that holds it (16 bits while lengths stay below 256)."""
+    smallest unsigned dtype that holds it (16 bits while lengths stay below 255)."""
     width = int(tgt.max()) + 1
     key_max = int(src.max()) * width + width
     ktype = np.uint16 if key_max < 2**16 else np.uint32 if key_max < 2**32 else np.int64
@@ -40,7 +40,7 @@ def sort_order(src_lens, tgt_lens, rng=None):
 
     Two stable sorts: first by a random 16-bit number per example, then by the length key;
     examples with the same length key AND random number keep their index order. While lengths
-    stay below 256 both are counting sorts (`_counting_sort`); int32 indices while they fit."""
+    stay below 255 both are counting sorts (`_counting_sort`); int32 indices while they fit."""
     src, tgt = _check_lens(src_lens, tgt_lens)
     return _sort_by_key(_length_key(src, tgt)[0], rng)
 

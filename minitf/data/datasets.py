@@ -82,7 +82,7 @@ def _wmt14(train, sgm_pair):
 
 # The one URL table. name -> base URL (overridable), its env var, the archives
 # (path below the base URL, md5 or None), the language pairs, the defaults of the
-# paper / fairseq recipe (joint BPE vocabulary, cleaning ratio; None = no ratio rule),
+# paper / fairseq recipe (vocabulary size, subword model, cleaning ratio; None = no ratio rule),
 # and the splits: one set for every pair, or one per unordered pair ("de-en").
 DATASETS = {
     "multi30k": {

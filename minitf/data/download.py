@@ -100,7 +100,7 @@ def download(url, dest_path, sha256=None, progress=True, retries=3, md5=None,
     If `dest_path` already exists and matches the checksums (or none is given),
     nothing is fetched. A partial ``dest_path + ".part"`` from an earlier attempt
     is resumed with a Range request. Up to `retries` further attempts follow a
-    cut connection or network error, sleeping ``backoff * 2**k`` seconds.
+    cut connection or network error, sleeping ``backoff * 2**k`` seconds (at most 30).
 
     DataError when the network fails (the message says to check the connection or
     to use --data-dir with the files already present), on an HTTP error (its code

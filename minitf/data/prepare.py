@@ -90,7 +90,7 @@ def cache_lock(folder, log):
     each opens the cache it asked for (its maps and files stay valid when the next one renames a
     rebuilt folder into place) instead of reading half of one and half of another. A process that
     has to wait says so, naming the holder. Where the file system cannot lock (no `fcntl`, a
-    read-only or lockless mount) the block runs unlocked, as before locks existed."""
+    read-only or lockless mount) the block runs unlocked."""
     def wait(holder, path):
         log(f"cache: waiting for {holder}, which is preparing or opening {folder}")
     with folder_lock(folder, wait):

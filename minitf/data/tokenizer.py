@@ -279,7 +279,7 @@ class MarianTokenizer:
             raise DataError(f"{source_spm} or {target_spm} is not a SentencePiece model") from None
 
     def to_bytes(self):
-        """MAGIC, a JSON line {pieces, source and target proto lengths}, the two protos."""
+        """MAGIC, a JSON line {pieces, source and target proto lengths, source_language}, the two protos."""
         head = json.dumps({"pieces": self.pieces, "source": len(self.source_proto), "target": len(self.target_proto),
                            "source_language": self.source_language}, ensure_ascii=False).encode("utf-8")
         return self.MAGIC + head + b"\n" + self.source_proto + self.target_proto
