@@ -17,7 +17,7 @@ joined per line, the same pair on both sides: ~25 words a side, WMT14's volume p
             batches) above the RSS after train.py's imports: steady and peak, anonymous and mapped
   planning  `token_batches` for one epoch on the memory-mapped lengths (median of 3 epochs)
 With --synthetic N it also writes a cache of N random pairs straight through the cache writer
-(lengths drawn like the real corpus, no SentencePiece: 36M pairs would take an hour to encode on
+(lengths drawn like the real corpus, no SentencePiece: 36M pairs would take ~30 minutes to encode on
 2 cores) and measures start, RSS and planning on it: En-Fr's 36M pairs.
 
 usage: python bench/data.py --multi30k $MULTI30K --sizes 100000 1000000 4500000 \\

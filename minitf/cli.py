@@ -260,7 +260,7 @@ def build_parser(prog="python -m minitf"):
     p.add_argument("--output", "--out", dest="output", required=True,
                    help="the .safetensors file, or the folder of a marian or ctranslate2 model")
     p.add_argument("--quantization", choices=QUANTIZATIONS,
-                   help="--format ctranslate2: the weights' type (CTranslate2's --quantization; default float32)")
+                   help="--format ctranslate2: the weights' type (one of CTranslate2's --quantization types; default float32)")
     p.set_defaults(func=cmd_export, check=lambda args, p=p: _check_export(p, args))
     try:
         from .viz import add_plot_parser

@@ -27,8 +27,8 @@ def as_float32_if_half(x):
 
 def column_sum(x2, y2=None):
     """The sum over the rows of x2 [rows, D] (of x2 * y2 when given): a bias's or a LayerNorm
-    parameter's gradient. On a GPU one deterministic two-pass kernel (kernels.column_sums) in
-    the accumulation dtype."""
+    parameter's gradient. On a GPU two deterministic launches (kernels.column_sums: slab partials,
+    then the slabs added in order) in the accumulation dtype."""
     if kernels.enabled(x2):
         return kernels.column_sums(x2, y2)
     return (x2 if y2 is None else x2 * y2).sum(axis=0)

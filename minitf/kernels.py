@@ -985,7 +985,7 @@ def source(dtype):
     return STORAGE16 + HALF + (BFLOAT16 if name == "bfloat16" else "") + f"typedef {t} T;\ntypedef {a} A;\n" + PRELUDE + KERNELS
 
 
-# The switches below are read on every call (bench/gpu_ab.py flips them between steps), ~800 times
+# The switches below are read on every call (bench/gpu_ab.py flips them between steps), ~870 times
 # a GPU step: as a lookup in os.environ's own store where Python keeps one (a dict of encoded keys and
 # values, kept in step with every change to os.environ), not os.environ.get's encoding and decoding.
 _ENV_STORE = getattr(os.environ, "_data", None)
@@ -1200,7 +1200,7 @@ def smoothed_nll_backward(logits, gold, lse, w, eps, out=None, w_scale=1.0, dsca
 
 
 def loss_totals(nll, smooth, eps, scale, dtype, count=1.0):
-    """[3] in the accumulation dtype: the loss scale * sum((1 - eps) * nll + eps * smooth), sum(nll)
+    """[3] in the accumulation dtype: the loss, `scale` (1/N) * sum((1 - eps) * nll + eps * smooth), sum(nll)
     over rows that all have a loss (smoothed_nll_rows' outputs for logits of `dtype`), and the loss
     times count (the token count: the loss's sum, which training adds up), in one launch."""
     xp = backend.xp_of(nll)

@@ -29,7 +29,7 @@ _CAUSAL = {}   # (array module, length, dtype name) -> the [L, L] bias, made onc
 
 def causal_bias(length, xp, dtype):
     """[L, L] additive bias: NEG_INF above the diagonal (position i sees only j <= i). Read only:
-    kept per (device, length, dtype) for the next batch of that length."""
+    kept per (array module, length, dtype) for the next batch of that length."""
     key = (id(xp), int(length), np.dtype(dtype).name)
     if key not in _CAUSAL:
         if len(_CAUSAL) > 512:   # lengths come and go with the batches: bound the cache

@@ -19,7 +19,7 @@ def perplexity(nll):
 
 
 def evaluate_loss(model, batches, world=None):
-    """Teacher-forced loss and per-token NLL over (src, tgt_in, tgt_out) batches, in eval mode
+    """Teacher-forced loss and per-token NLL over (src, tgt_in, tgt_out, n_target_tokens) batches, in eval mode
     (the model's train/eval mode is restored afterwards). With a `world`, `batches` are this
     rank's share: the sums are added over the ranks, and every rank returns the whole set's."""
     was_training = model.training

@@ -228,10 +228,10 @@ def _number(x):
 
 def read_train_log(path):
     """Parse train_log.jsonl (or RUN/ containing it) into series:
-    {'train': {key: (steps, values)}, 'valid': {...}, 'eval': {set name: {'step', 'bleu', 'chrf'}},
-     'skipped': number of unreadable lines}.
+    {'path', 'train': {key: (steps, values)}, 'valid': {...}, 'eval': {set name: {'step', 'bleu', 'chrf'
+     (, 'model')}}, 'valid_bleu_sentences', 'skipped': number of unreadable lines, 'first_bad_line'}.
 
-    Training lines carry loss/nll/ppl/lr, validation lines valid_loss/valid_nll/valid_ppl,
+    Training lines carry loss/nll/ppl/lr, validation lines valid_loss/valid_nll/valid_ppl/valid_bleu,
     final evaluation lines eval/bleu/chrf; event lines (e.g. nonfinite_loss_skipped) and
     unknown keys are ignored. Series are sorted by step; a step logged twice (a resumed run
     repeats the steps after its last checkpoint) keeps its last value. DataError (naming the file) if it is missing, empty, or holds
@@ -642,8 +642,8 @@ def add_plot_parser(sub):
     q.set_defaults(func=lambda a: plot_curves(a.log, a.out))
 
     q = what.add_parser("attention", help="attention maps of one layer and head for one sentence")
-    q.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz) with its tokenizer, or a Marian model "
-                                                      "folder (docs/interop.md)")
+    q.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz or .safetensors) with its tokenizer, or "
+                                                      "a Marian model folder (docs/interop.md)")
     q.add_argument("--src", required=True, help="source sentence (raw text)")
     q.add_argument("--tgt", help="target sentence (raw text); default: translate --src first")
     q.add_argument("--layer", type=Number(int, 0), default=0, help="layer index, from 0 (default 0)")

@@ -1,6 +1,6 @@
 """Bidirectional training: the first epochs on the pairs in both directions (Ding et al. 2021).
 
-"Improving Neural Machine Translation by Bidirectional Training" (Ding, Wu, Wang, Tao and Tu, 2021)
+"Improving Neural Machine Translation by Bidirectional Training" (Ding, Wu and Tao, 2021)
 trains the model on the training pairs AND on the same pairs reversed (target -> source) for the first
 part of the run, then on the source -> target pairs alone. The shared vocabulary and the tied
 embeddings (paper 3.4) let one model read and write both languages; nothing tells it the direction but

@@ -57,7 +57,7 @@ class TokenPairs:
     From memory-mapped arrays the rows are read with `os.pread` from the arrays' files rather
     than through the maps: a batch picks rows all over the corpus, and the kernel maps a whole
     page-cache folio around every page fault (64 KB; up to MBs for a file written in one go), so
-    reading through the maps put 548 MB in the process's resident set for one 83-row batch of a
+    reading through the maps put 548 MB in the process's resident set for one batch of a fresh
     36M-pair cache. pread copies just the row's bytes out of the page cache: the process maps
     none of the corpus (docs/data.md)."""
 

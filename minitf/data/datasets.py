@@ -10,7 +10,8 @@ multi30k (task 1, raw text; downloaded as is, kept gzipped)::
     train.{en,de}.gz  val.{en,de}.gz  test_2016_flickr.{en,de}.gz
     test_2017_flickr.{en,de}.gz  test_2018_flickr.{en,de}.gz
 
-wmt14 (en-de; the archives from statmt.org, extracted into the folder)::
+wmt14 (en-de's files shown; en-fr's likewise, with the un and giga archives; the archives from statmt.org,
+extracted into the folder)::
 
     training/europarl-v7.de-en.{en,de}         (training-parallel-europarl-v7.tgz)
     commoncrawl.de-en.{en,de}                  (training-parallel-commoncrawl.tgz)

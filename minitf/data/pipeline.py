@@ -29,7 +29,8 @@ def add_data_args(p):
     g = p.add_argument_group("data")
     g.add_argument("--dataset", default="wmt14", choices=sorted(DATASETS),
                    help="a known dataset, downloaded when missing (default wmt14; ignored with --train)")
-    g.add_argument("--data-dir", help="folder with the corpus files (plain or .gz); default ~/.cache/minitf/<dataset>")
+    g.add_argument("--data-dir", help="folder with the corpus files (plain or .gz); default $MINITF_CACHE/<dataset> or "
+                        "~/.cache/minitf/<dataset>")
     g.add_argument("--offline", action="store_true", help="never download: fail if files are missing")
     g.add_argument("--src", help="source language (default en); with --train and files of other languages, give it")
     g.add_argument("--tgt", help="target language (default de); with --train and files of other languages, give it")

@@ -20,8 +20,9 @@ class Linear(Layer):
         return F.linear_forward(x, self.params["weight"], self.params["bias"] if bias else None)
 
     def project(self, x):
-        """The forward without the bias add, x [..., I] -> x @ weight [..., O]: for a caller
-        that adds the bias in its next pass over the rows (the feed-forward's kernels.bias_relu).
+        """The forward without the bias add, x [..., I] -> x @ weight as rows [rows, O] (the
+        leading axes flattened; the caller reshapes), for a caller that adds the bias in its next
+        pass over the rows (the feed-forward's kernels.bias_relu).
         Backward is `backward`, as for `forward` (db is the sum of dy either way)."""
         self.cache = x
         return gemm.product(x.reshape(-1, x.shape[-1]), self.params["weight"])
