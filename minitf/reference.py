@@ -24,8 +24,8 @@ docs/walkthrough.md). init_params builds d_k = D / H; a d_k set apart (Table 3 r
 here only with parameters the engine made.
 
 Shapes: B batch, S source length, T target length (padding included; L for either),
-D d_model, H heads, K d_k = d_v, F d_ff, V vocabulary, N target tokens with a loss (non-pad
-in tgt_out: the loss is their mean). A [B, L, D] array is [B*L, D] rows to a matrix product.
+D d_model, H heads, K d_k = d_v, F d_ff, V vocabulary, I and O a linear layer's input and output
+widths, N target tokens with a loss (non-pad in tgt_out: the loss is their mean). A [B, L, D] array is [B*L, D] rows to a matrix product.
 
 Parameters live in one dict {name: array} with the engine's names
 (`encoder.layers.0.self_attn.q.weight`, ...). Every backward takes the upstream gradient

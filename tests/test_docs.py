@@ -224,8 +224,7 @@ def test_the_references_shape_letters_are_the_legends():
     import minitf.reference
     shapes = re.search(r"^Shapes: (.*?)\n\n", minitf.reference.__doc__, re.S | re.M).group(1)
     letters = set(re.findall(r"\b([A-Z]) [a-z]", shapes))
-    readme = (DOCS / "README.md").read_text(encoding="utf-8")
-    legend = set(re.findall(r"^\| \$([A-Z])\$", readme, re.M)) | set(re.findall(r'"\$([A-Z])\$" is shorthand', readme))
+    legend = legend_symbols()
     assert len(letters) >= 9 and letters <= legend, \
         f"minitf/reference.py's shape letters {sorted(letters - legend)} are not in docs/README.md's legend"
 
