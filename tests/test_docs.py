@@ -407,7 +407,7 @@ def _facts():
         ("data.md", "16 segmentations drawn once", POOL == 16),
         ("deviations.md", "is 0 in base and big, as in the paper, and 0.1 in `small`", decay_only_in_small),
         ("benchmarks.md", "decoupled weight decay $\\lambda = 0.1$", small["weight_decay"] == 0.1),
-        ("derivations/adam.md", "0 in the paper's presets and 0.1 in `small`", decay_only_in_small),
+        ("derivations/adam.md", "0 in the paper's presets and 0.1 in the Transformer's `small`", decay_only_in_small),
         ("deviations.md", "(off, the paper's schedule) in every preset", all(not p.get("lr_fade") for p in PRESETS.values())
          and Config().lr_fade == 0),
         ("deviations.md", "base and big\n25000, as in the paper", PRESETS["base"]["update_tokens"] == PRESETS["big"]["update_tokens"]
