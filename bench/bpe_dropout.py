@@ -8,7 +8,7 @@ For the cache folder given (one `python -m minitf prepare` or a training run wro
   epoch    seconds to resegment one epoch (median of --rounds epochs)
   growth   pieces per side in an epoch / pieces of plain BPE, for each p
 
-usage: python bench/bpe_dropout.py --cache ~/.cache/minitf/bin/multi30k.XXXXXXXX.de-en --src en --tgt de --p 0.05 0.1
+usage: python bench/bpe_dropout.py --cache ~/.cache/minitf/bin/multi30k.XXXXXXXX.en-de --src en --tgt de --p 0.05 0.1
 """
 import argparse
 import os
@@ -37,7 +37,7 @@ def main():
     corpus = open_cache(args.cache)
     pairs, tok = corpus.pairs(args.src, args.tgt), corpus.tokenizer
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; {len(pairs):,} pairs")
-    for name, side in zip((args.src, args.tgt), pairs._sides()):
+    for name, side in zip((args.src, args.tgt), pairs.sides()):
         words = _Words(*side, tok, 0.0, random.Random(0))
         tokens, _, lens = words.draw(np.random.default_rng(0))
         same = np.array_equal(tokens, np.asarray(side[0])) and np.array_equal(lens, side[2])

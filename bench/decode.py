@@ -9,8 +9,9 @@
     python bench/decode.py --vs-uncached --checkpoint runs/m30k/averaged.npz --src ... --n 100
 
 Every run decodes the way `python -m minitf translate` does (`translate_ids`): sentences
-sorted by length and cut into batches of --batch-size, max length input + 50, alpha 0.6,
-in `translate_ids`'s streams (one per core by default; --streams 1 for one search).
+sorted by length, continuous batching of at most --batch-size at a time, max length input + 50,
+alpha --alpha (default 0.6; translate uses the checkpoint preset's), in `translate_ids`'s streams
+(up to one per core, at most 8, 16+ sentences each; --streams 1 for one search).
 PyTorch runs one search on its own op threads; --torch-streams N gives it N searches side
 by side with one op thread each (the same split).
 Measure on a trained checkpoint and real sentences: random weights rarely emit EOS and so

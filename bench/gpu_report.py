@@ -29,7 +29,7 @@ reported even when another fails:
   beam    beam 4 on 3,000 sentences of WMT14-shaped length (random `base` weights, so every
           output runs to its cap: source length + 5), sentences/s
   wmt     `train_wmt.py --device gpu --preset base` on a 4.5M-pair corpus it builds (a small
-          real corpus prepared once, its token arrays then replaced by 4.5M random pairs with
+          corpus of random words prepared once, a real cache, its token arrays then replaced by 4.5M random pairs with
           the lengths above, by bench/data.py's make_synthetic): updates/s over a few minutes of
           training and the projected hours for the paper's 100k updates
 """

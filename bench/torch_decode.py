@@ -29,14 +29,15 @@ def length_penalty(length, alpha):
 
 
 class TorchDecoder:
-    """Encoder output and per-layer caches for N rows; step(tokens [N]) -> log-probs [N, V]."""
+    """Encoder output and per-layer caches for `rows` (sentences x beams); step(tokens [rows]) -> log-probs
+    [rows, V]."""
 
     def __init__(self, tm, src, repeat):
         self.tm, cfg = tm, tm.cfg
         self.h, self.dk = cfg.n_heads, cfg.d_k
         p = tm.p
         src = src.repeat_interleave(repeat, dim=0) if repeat > 1 else src
-        self.blocked = (src == cfg.pad_id)[:, None, None, :]                 # [N, 1, 1, S]
+        self.blocked = (src == cfg.pad_id)[:, None, None, :]                 # [rows, 1, 1, S]
         x = tm._embed(src)
         for i in range(cfg.n_layers):
             n = f"encoder.layers.{i}"
@@ -51,7 +52,7 @@ class TorchDecoder:
 
     def _heads(self, x):
         b, s, _ = x.shape
-        return x.view(b, s, self.h, self.dk).transpose(1, 2)                  # [N, H, S, K]
+        return x.view(b, s, self.h, self.dk).transpose(1, 2)                  # [rows, H, S, K]
 
     def _attend(self, name, q, k, v, blocked):
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.dk)
@@ -65,7 +66,7 @@ class TorchDecoder:
         tm, t = self.tm, self.t
         if self.t >= self.pe.shape[0]:
             self.pe = sinusoids(2 * self.pe.shape[0], self.pe.shape[1], self.pe.dtype, self.pe.device)
-        y = (self.emb[tokens] * self.scale + self.pe[t])[:, None]           # [N, 1, D]
+        y = (self.emb[tokens] * self.scale + self.pe[t])[:, None]           # [rows, 1, D]
         for i in range(tm.cfg.n_decoder_layers):
             n = f"decoder.layers.{i}"
             k, v = self._heads(tm._linear(n + ".self_attn.k", y)), self._heads(tm._linear(n + ".self_attn.v", y))

@@ -166,11 +166,12 @@ def _decode_args(p):
                                                        "its tokenizer, or a Marian model folder (docs/interop.md)")
     p.add_argument("--beam", type=Number(int, 1, MAX_BEAM), default=4, help="beam size (paper: 4; 1 = greedy)")
     p.add_argument("--alpha", type=Number(float, 0), default=None,
-                   help="length penalty alpha (paper: 0.6; default: the checkpoint's preset, small 2.0)")
+                   help="length penalty alpha (paper: 0.6; default: the checkpoint's preset, small 2.0, "
+                        "small with --arch rnn 1.5)")
     p.add_argument("--max-len-b", type=Number(int, 0), default=50, help="max output length = input length + this")
     p.add_argument("--stop", choices=["fairseq", "bound", "ctranslate2"], default="fairseq",
                    help="when beam search ends a sentence: fairseq (once --beam hypotheses finished, fairseq's rule) or "
-                        "bound (once no live beam can still beat the best finished one: slower, a score at least as good) or "
+                        "bound (once no live beam can still beat the best finished one: usually later, a score at least as good) or "
                         "ctranslate2 (once a step's best candidate ends: CTranslate2's rule with --alpha 0, for comparing "
                         "with an exported model)")
     p.add_argument("--batch-size", type=positive(), default=64, help="sentences decoded together")

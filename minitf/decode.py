@@ -270,7 +270,7 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
     where every live beam ends (EOS forced). tests/plain_beam.py is the same search written
     plainly, one sentence and one candidate at a time.
 
-    stop="bound" ends a sentence later: only once no live beam can still beat the best
+    stop="bound" ends a sentence when no live beam can still beat the best
     finished hypothesis (its score can only fall and its length penalty is at most
     lp(max length): tensor2tensor's "terminate early when possible"), and every EOS among
     the 2k best may finish (not only the k best, not only k of them).
@@ -298,11 +298,11 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
     dec = model.incremental_decoder(first, steps_max, use_cache, beam=k)
     steps = np.zeros(len(alive), dtype=np.int64)  # [n] the step each is at
     cohort = np.zeros(len(alive), dtype=np.int64) # [n] which admission (decoder group) each came in
-    hyps = np.zeros((len(alive) * k, steps_max), dtype=np.int64)   # [rows, T] tokens of every live beam
+    hyps = np.zeros((len(alive) * k, steps_max), dtype=np.int64)   # [rows, T_max] tokens of every live beam
     scores = _first_scores(len(alive), k)         # [n, k] their log-probabilities
     n_done = np.zeros(b, dtype=int)               # finished hypotheses per sentence
     best, best_score = [[] for _ in range(b)], np.full(b, -np.inf)
-    paths = np.zeros_like(hyps, dtype=np.float64) if nbest else None   # [rows, T] the score after each token
+    paths = np.zeros_like(hyps, dtype=np.float64) if nbest else None   # [rows, T_max] the score after each token
     finished = [[] for _ in range(b)] if nbest else None               # [(score, tokens, logprobs)]
     next_tokens = np.full(len(alive), cfg.bos_id)   # one row a sentence at its first step
     while len(alive):

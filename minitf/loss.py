@@ -12,8 +12,8 @@ from .functional import as_float32_if_half
 
 
 class LossCache(NamedTuple):
-    """What label_smoothed_nll_backward needs: the softmax p [N, V_o] (overwritten by the
-    backward), targets [N], weights w [N] (1 on non-pad), the count, eps, the logits' dtype."""
+    """What label_smoothed_nll_backward needs: the softmax p [rows, V_o] (overwritten by the
+    backward), targets [rows], weights w [rows] (1 on non-pad), the count, eps, the logits' dtype."""
     p: object
     tgt: object
     w: object
@@ -23,7 +23,7 @@ class LossCache(NamedTuple):
 
 
 class FusedLossCache(NamedTuple):
-    """The fused GPU path keeps the logits [N, V_o] and each row's logsumexp [N] instead of p."""
+    """The fused GPU path keeps the logits [rows, V_o] and each row's logsumexp [rows] instead of p."""
     logits: object
     tgt: object
     lse: object
@@ -43,11 +43,12 @@ def log_softmax(logits):
 
 
 def label_smoothed_nll(logits, target, eps, pad_id):
-    """logits [N, V_o] (or [B, T, V_o]), target [N] (or [B, T]) int.
+    """logits [rows, V_o] (or [B, T, V_o]), target [rows] (or [B, T]) int: N rows when the caller has
+    dropped the pad rows (Seq2Seq.loss_head), pad_id None.
 
     Returns (loss, nll_sum, n_tokens, cache), the first three 0-d device arrays (no host
     sync): the smoothed loss averaged over non-pad tokens, the summed plain NLL (for
-    perplexity) and the non-pad token count. The cache holds the softmax p [N, V_o]; log p is
+    perplexity) and the non-pad token count. The cache holds the softmax p [rows, V_o]; log p is
     never materialized: log p[v] = z[v] - log(sum(exp(z))) with z = logits - max.
     pad_id None: every target has a loss (the caller took the pad rows out); on the fused GPU path
     n_tokens is then the host's count.
@@ -58,10 +59,10 @@ def label_smoothed_nll(logits, target, eps, pad_id):
         return _fused_label_smoothed_nll(logits.reshape(-1, v), target.reshape(-1), eps, pad_id)
     pad_id = -1 if pad_id is None else pad_id
     l2 = as_float32_if_half(logits.reshape(-1, v))                                   # 16-bit -> float32
-    z = l2 - l2.max(axis=-1, keepdims=True)                                          # [N, V_o]
+    z = l2 - l2.max(axis=-1, keepdims=True)                                          # [rows, V_o]
     p = xp.exp(z)
     s = p.sum(axis=-1, keepdims=True)
-    log_s = xp.log(s)[:, 0]                                                          # [N]
+    log_s = xp.log(s)[:, 0]                                                          # [rows]
     tgt = target.reshape(-1)
     gold = z[xp.arange(tgt.shape[0]), tgt] - log_s                                   # log p[gold]
     mean_logp = z.mean(axis=-1) - log_s                                              # mean_v log p[v]
@@ -94,7 +95,7 @@ def _fused_label_smoothed_nll(logits, tgt, eps, pad_id):
 
 
 def label_smoothed_nll_backward(cache, dloss=1.0, dscale=None):
-    """dlogits [N, V_o] (reshape to the logits' shape) for label_smoothed_nll: the gradient of
+    """dlogits [rows, V_o] (reshape to the logits' shape) for label_smoothed_nll: the gradient of
     dloss * loss, times dscale[0] when given (a [1] device array: the loss scale kept on the
     device, optim.UpdateCheck.loss_scale).
 

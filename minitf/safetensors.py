@@ -4,8 +4,8 @@ A file is: an 8-byte little-endian unsigned header length n, n bytes of UTF-8 JS
 spaces to a multiple of 8), then the tensors' raw little-endian bytes, one after the other. The
 header maps each tensor name to {"dtype", "shape", "data_offsets": [begin, end]} (byte offsets
 into the data after the header) and "__metadata__" to a {string: string} dict. minitf's metadata:
-"format" ("minitf"), "config" (the Config as JSON), "tokenizer" (the SentencePiece
-model, base64) and "train_state" (JSON: the step, the languages, ...).
+"format" ("minitf"), "format_version" ("1"), "config" (the Config as JSON), "tokenizer" (the
+SentencePiece model, base64) and "train_state" (JSON: the step, the languages, ...).
 """
 import json
 import struct

@@ -23,7 +23,7 @@ import numpy as np
 
 from .backend import dtype_named, get_xp, is_gpu, to_numpy
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import FLAG_FIELDS, SIZE_FLAGS, Config
+from .config import FLAG_FIELDS, Config
 from .data.binarized import StaleData
 from .data.pipeline import DataSettings, load_data
 from .data.tokenizer import tokenizer_from_bytes
@@ -161,14 +161,17 @@ def train(args):
 def _agree(world, **facts):
     """ConfigError on every rank when the ranks were launched with different data or flags; the
     message names only what differs (`--dropout 0.1 (rank 0) vs 0.3 (rank 1)`), the config's fields
-    one by one, by their flags."""
-    flag = {field: name for name, field in SIZE_FLAGS.items()}
+    one by one, by the flag that sets each (config.FLAG_FIELDS), else as "the config's <field>"."""
+    flag = {field: name for name, field in FLAG_FIELDS.items()}
     plain = {"data_id": "the data (data_id)", "resume_step": "the resumed step"}
 
     def named(f):   # {what the user calls it: value}
         out = {}
         for k, v in f.items():
             for key, value in (v.items() if k == "config" else [(k, v)]):
+                if k == "config" and key not in flag and key not in plain:
+                    out[f"the config's {key}"] = value
+                    continue
                 label = plain.get(key) or "--" + flag.get(key, key).replace("_", "-")
                 out[f"the config's {key}" if k == "config" and key in f else label] = value
         return out
@@ -553,8 +556,8 @@ def note_a_short_run(run, start=False):
     updates, why = ends
     where = "inside" if updates < run.cfg.warmup else "soon after the end of"
     log(f"note: this run makes about {plural(updates, 'update')} ({why}), ending {where} the learning rate's "
-        f"{run.cfg.warmup:,}-update warmup: expect a much weaker model than a full run of the preset (the README "
-        f"gives figures for short budgets); a longer budget, or a shorter --warmup, changes that")
+        f"{run.cfg.warmup:,}-update warmup: expect a much weaker model than a full run of the preset; "
+        f"a longer budget, or a shorter --warmup, changes that")
 
 
 def validate(run):

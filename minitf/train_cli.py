@@ -3,8 +3,9 @@
 
 The paper's base model on WMT14 English->German (downloads the data, ~4.5M pairs):
     python train_wmt.py --device gpu
-The paper's second task, WMT14 English->French (36M pairs, 32000 pieces):
-    python train_wmt.py --device gpu --src en --tgt fr --preset big
+The paper's second task, WMT14 English->French (36M pairs, 32000 pieces; the paper's big model used dropout 0.1
+there, not the preset's 0.3):
+    python train_wmt.py --device gpu --src en --tgt fr --preset big --dropout 0.1
 Your own parallel corpus (PREFIX.<src> / PREFIX.<tgt>, plain or .gz), like fairseq's --trainpref:
     python train_wmt.py --train data/train --valid data/dev --test news=data/test --src en --tgt de
 The corpus is tokenized and cleaned once into a binarized cache (~/.cache/minitf/bin, or
@@ -83,7 +84,8 @@ def build_parser(prog=None):
     p.add_argument("--weight-decay", type=fraction(closed=False), metavar="LAMBDA",
                    help="decoupled weight decay (AdamW, Loshchilov & Hutter 2019): every update also shrinks each "
                         "weight by learning rate x LAMBDA; 0 = the paper's Adam")
-    p.add_argument("--dropout", type=fraction(closed=False), help="dropout on every sublayer output and the embedding sums (paper: 0.1; big: 0.3)")
+    p.add_argument("--dropout", type=fraction(closed=False), help="dropout on every sublayer output and the embedding sums (paper: 0.1; big: 0.3 for "
+                        "en-de, 0.1 for en-fr)")
     p.add_argument("--attention-dropout", type=fraction(closed=False),
                    help="dropout on the attention weights (not in the paper, which has none)")
     p.add_argument("--relu-dropout", type=fraction(closed=False),
@@ -262,7 +264,8 @@ def _check_out(p, args):
 
 def main(argv=None, prog=None):
     """train_wmt.py, `minitf-train` and `python -m minitf train`: parse the flags, train, score;
-    returns the exit status (2: a user error, in one line; 130/143: interrupted and saved)."""
+    returns the exit status (2: a user error, in one line; 130/143: stopped by Ctrl-C / SIGTERM, saved
+    unless a second Ctrl-C came first or training had not begun)."""
     from minitf.errors import Interrupted, MinitfError, out_of_memory, report
     from minitf.runfolder import checkpoint_paths
     from minitf.train import train

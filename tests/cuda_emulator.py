@@ -7,8 +7,8 @@ their next `__syncthreads()` in turn, so the barrier holds exactly (and a missin
 as a wrong result, deterministically), float16 conversion uses the compiler's _Float16
 instead of the PTX instruction, and bfloat16's narrowing rounds to nearest even in plain C++
 (tests/test_kernels.py holds it to ml_dtypes' rounding). What this cannot catch: warp-level timing, memory
-coalescing, and NVRTC-specific syntax (tests/test_kernels.py also compiles the source with
-nvcc when it is installed).
+coalescing, and NVRTC-specific syntax (tests/test_nvrtc.py compiles the source with NVRTC as CuPy
+does, no GPU needed, and tests/test_kernels.py with nvcc when it is installed).
 """
 import ctypes
 import hashlib

@@ -51,7 +51,8 @@ _scalar.pyx, _routines_indexing.pyx, cuda/function.pyx, _core/raw.pyx):
 
 What it cannot catch: timing, streams and asynchrony beyond those copies (every operation here
 is done when it returns); cuBLAS/cuDNN numerics (TF32, the order of reductions: results are NumPy's);
-NVRTC specifics (tests/test_kernels.py compiles the kernels with nvcc where it is installed;
+NVRTC specifics (tests/test_nvrtc.py compiles the kernels with NVRTC as CuPy does, no GPU needed, and
+tests/test_kernels.py with nvcc where it is installed;
 here g++ compiles them); memory limits; real multi-GPU behaviour (devices are numbers, an
 array does not know its device); CuPy's wrap-around of out-of-bounds indices (NumPy raises).
 """

@@ -555,14 +555,16 @@ def test_ranks_that_disagree_are_told_only_what_differs():
 
     class World:
         def allgather(self, facts):
-            other = dict(facts, seed=7, config=dict(facts["config"], dropout=0.3, n_heads=4))
+            other = dict(facts, seed=7, config=dict(facts["config"], dropout=0.3, n_heads=4, output_layer="target",
+                                                    pad_id=9))
             return [facts, other]
     cfg = minitf.Config.preset("tiny", vocab_size=60).to_dict()
     with pytest.raises(ConfigError) as e:
         _agree(World(), data_id="abc", config=cfg, seed=1, max_steps=5)
     msg = str(e.value)
     assert "--seed 1 (rank 0) vs 7 (rank 1)" in msg and "--dropout 0.1 (rank 0) vs 0.3 (rank 1)" in msg
-    assert "--heads 2 (rank 0) vs 4 (rank 1)" in msg and "d_model" not in msg and len(msg) < 300
+    assert "--heads 2 (rank 0) vs 4 (rank 1)" in msg and "d_model" not in msg
+    assert "--output-vocab joint (rank 0) vs target (rank 1)" in msg and "the config's pad_id 0 (rank 0) vs 9" in msg
 
 
 def test_a_signal_landing_during_the_stop_vote_is_acted_on_by_every_rank_at_the_next_update():

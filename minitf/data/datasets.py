@@ -121,7 +121,7 @@ DATASETS = {
         "languages": ("en", "de", "fr"),
         "pairs": (("en", "de"), ("de", "en"), ("en", "fr"), ("fr", "en")),
         "vocab_size": {"de-en": 37000, "en-fr": 32000},   # paper 5.1
-        "subword": "bpe",                                  # paper 5.1: byte-pair encoding
+        "subword": "bpe",                                  # paper 5.1: BPE for en-de (en-fr: word-pieces)
         "max_ratio": 1.5,
         "splits": {
             # fairseq's prepare-wmt14en2de.sh corpora (4.5M pairs)

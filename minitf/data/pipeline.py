@@ -41,7 +41,7 @@ def add_data_args(p):
     g.add_argument("--vocab-size", type=positive(),
                    help="joint subword pieces (default: wmt14 en-de 37000, en-fr 32000; multi30k and own data 8000)")
     g.add_argument("--subword", choices=MODEL_TYPES,
-                   help="the joint SentencePiece model to train: bpe (byte-pair encoding, the paper's) or unigram "
+                   help="the joint SentencePiece model to train: bpe (byte-pair encoding, the paper's for en-de) or unigram "
                         "(a unigram language model); default: multi30k unigram, wmt14 and own data bpe")
     g.add_argument("--tokenizer", metavar="MODEL", help="encode with this SentencePiece model (ids pad,unk,bos,eos = 0,1,2,3) "
                                                         "instead of training one")

@@ -203,7 +203,7 @@ class Tokenizer:
         for a joint vocabulary). At most `sample_size` sentences, drawn at random
         with `seed`, are used. If the corpus is too small for `vocab_size`, the
         model is retrained with a soft limit (a smaller vocabulary) and a warning
-        says so. `model_type`: "bpe" (byte-pair encoding, the paper's) or "unigram"
+        says so. `model_type`: "bpe" (byte-pair encoding, the paper's for en-de) or "unigram"
         (Kudo 2018's unigram language model). Returns the Tokenizer.
         """
         if model_type not in MODEL_TYPES:

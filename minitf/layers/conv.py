@@ -5,8 +5,8 @@ ConvS2S, paper section 2), written as im2col + one matmul.
     y = cols @ weight + bias                                                  [B, L, O]
 
 with x_pad = x with (k - 1) // 2 zero rows before and k - 1 - (k - 1) // 2 after ("same"
-padding: position t sees t - (k-1)//2 ... t + k//2). One layer connects positions at most
-k - 1 apart: a path of length n needs n / (k - 1) stacked layers (the paper's section 4: O(n / k)
+padding: position t sees t - (k-1)//2 ... t + k//2). One layer reaches (k - 1) / 2
+positions to each side: a path of length n needs about 2 n / (k - 1) stacked layers (the paper's section 4: O(n / k)
 for contiguous kernels; its Table 1 lists O(log_k n), with dilations). Padding tokens of a batch are not masked: the layer is for the
 Table 1 measurements (bench/table1.py), not part of a model. Derivation: docs/derivations/conv.md.
 """
