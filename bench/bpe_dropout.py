@@ -9,6 +9,8 @@ For the cache folder given (one `python -m minitf prepare` or a training run wro
   growth   pieces per side in an epoch / pieces of plain BPE, for each p
 
 usage: python bench/bpe_dropout.py --cache ~/.cache/minitf/bin/multi30k.XXXXXXXX.en-de --src en --tgt de --p 0.05 0.1
+(a BPE cache: Multi30k's default tokenizer is unigram, so prepare it with
+`python -m minitf prepare --dataset multi30k --subword bpe`)
 """
 import argparse
 import os

@@ -25,7 +25,8 @@ preset and mode it prints and writes (--out):
   kernels  under the PyTorch profiler (CUPTI records CuPy's kernels too): kernels per step,
            GPU-busy ms per step, and the --top kernels by time (bench/gpu_kernels.py)
 
-The batch is bench/gpu_report.py's: ~25,000 padded target tokens of WMT14-shaped lengths.
+The batch is bench/gpu_report.py's (bench/data.py's `wmt_batch`): at most 25,000 padded tokens a side of
+WMT14-shaped lengths.
 """
 import argparse
 import json

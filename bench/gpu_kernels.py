@@ -4,8 +4,8 @@
     python bench/gpu_kernels.py                       # base, float32 (TF32) and --fp16
     python bench/gpu_kernels.py --preset big --modes fp16 --top 40
 
-The batch, weights and runners are bench/gpu_report.py's (one batch of ~25,000 target tokens of
-WMT14-shaped lengths, the same weights in both). Each contender runs --steps steps under the
+The batch and runners are bench/gpu_report.py's too (bench/data.py's `wmt_batch`: at most 25,000 padded
+tokens a side of WMT14-shaped lengths; bench/train_step.py's `make_runners`: the same weights in both). Each contender runs --steps steps under the
 PyTorch profiler, whose CUPTI trace records every kernel of the process (CuPy's too). Printed per
 contender: wall ms per step, GPU-busy ms per step (the union of kernel intervals: where it is far
 below the wall time the step waits on the host, launches and Python), kernels per step, and the

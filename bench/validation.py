@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Validation during training on CPU ranks: what one validation costs the run, shared between the
-ranks (each its every N-th batch and sentence, minitf.validation) or on rank 0 alone while the
+ranks (w ranks, each its every w-th batch and sentence, minitf.validation) or on rank 0 alone while the
 others wait (as the training loop once did).
 
 Run it under the launcher that trains: `mpiexec -n 2 python bench/validation.py ...`. Every rank

@@ -256,7 +256,7 @@ def build_parser(prog="python -m minitf"):
                                    "decoder.yml), which CTranslate2 (tested), Marian and minitf.load read; --format "
                                    "ctranslate2 a CTranslate2 model folder "
                                    "(needs pip install 'minitf[serve]').")
-    p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz)")
+    p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz, or a .safetensors export)")
     p.add_argument("--format", choices=["safetensors", "marian", "ctranslate2"], default="safetensors")
     p.add_argument("--output", "--out", dest="output", required=True,
                    help="the .safetensors file, or the folder of a marian or ctranslate2 model")

@@ -7,7 +7,7 @@ learned positional embeddings instead of sinusoids (`positional="learned"`).
 
 `arch="rnn"` selects the recurrent baseline the paper compares against (rnn.py: a
 bidirectional LSTM encoder and an attentional LSTM decoder); it reads d_model (embedding
-and output width), n_layers, dropout, label_smoothing, rnn_hidden and attention, and the
+and output width), n_layers, dropout, label_smoothing, output_vocab, rnn_hidden and attention, and the
 same training recipe fields.
 """
 import dataclasses
@@ -72,7 +72,7 @@ class Config:
     fields), the training recipe (dropout, label smoothing, the schedule, tokens per update,
     checkpoint spacing and averaging) and the decoding default (alpha). Checkpoints and
     config.json record it (`to_dict`); `model_fields` are the part a trained model needs."""
-    vocab_size: int = 37000          # V, one joint source/target vocabulary (3.4)
+    vocab_size: int = 37000          # V, one joint source/target vocabulary (5.1; tied three ways, 3.4)
     d_model: int = 512               # D
     n_heads: int = 8                 # H
     d_ff: int = 2048                 # F

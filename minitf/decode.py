@@ -230,11 +230,11 @@ def _top_on_device(logits, offset, k, n_best):
     group_max = grouped.max(axis=1) + offset[:, None]                           # [n * k, g]
     group_max = group_max.reshape(n, k * g)
     if n_best < k * g:
-        chosen = xp.argpartition(-group_max, n_best - 1, axis=1)[:, :n_best]    # [n, m]: beam * g + group
+        chosen = xp.argpartition(-group_max, n_best - 1, axis=1)[:, :n_best]    # [n, n_best]: beam * g + group
     else:
         chosen = xp.broadcast_to(xp.arange(k * g), (n, k * g))
-    row = xp.arange(n)[:, None] * k + chosen // g                               # [n, m]
-    vals = grouped[row, :, chosen % g] + offset[row][..., None]                  # [n, m, w]
+    row = xp.arange(n)[:, None] * k + chosen // g                               # [n, n_best]
+    vals = grouped[row, :, chosen % g] + offset[row][..., None]                  # [n, n_best, w]
     vals = vals.reshape(n, -1)
     part = xp.argpartition(-vals, n_best - 1, axis=1)[:, :n_best] if n_best < vals.shape[1] else xp.broadcast_to(
         xp.arange(vals.shape[1]), vals.shape)
@@ -326,7 +326,7 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
             beam[at_limit], tok[at_limit] = np.arange(n_best) % k, cfg.eos_id
         finite = np.isfinite(values)
         is_eos = tok == cfg.eos_id
-        # finished: an EOS among the k best; looped in rank order (rare: at most k per sentence)
+        # finished: an EOS among the k best (the 2k best, any number, with stop="bound"); looped in rank order (rare)
         ranked = np.arange(n_best) < (n_best if stop == "bound" else k)
         for i, r in zip(*np.nonzero(is_eos & finite & ranked)):
             sent = alive[i]

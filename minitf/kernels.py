@@ -63,7 +63,7 @@ WARP_ROWS = 4                # ... and this many rows (warps) a block
 
 def block_size(kind, n):
     """Threads for rows of length n: the power of 2 covering n, between MIN_BLOCK and
-    BLOCK[kind] (a 25-key attention row gets one warp, not 128 threads mostly idle)."""
+    BLOCK[kind] (a 32-wide LayerNorm row, the tiny preset's, gets one warp, not 256 threads mostly idle)."""
     return min(BLOCK[kind], max(MIN_BLOCK, 1 << max(n - 1, 0).bit_length()))
 
 

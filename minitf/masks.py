@@ -24,11 +24,11 @@ def padding_bias(ids, pad_id, dtype, xp=None):
     return bias[:, None, None, :]                                                        # Python float is float32)
 
 
-_CAUSAL = {}   # (array module, length, dtype name) -> the [L, L] bias, made once (it never changes)
+_CAUSAL = {}   # (array module, length, dtype name) -> the [T, T] bias, made once (it never changes)
 
 
 def causal_bias(length, xp, dtype):
-    """[L, L] additive bias: NEG_INF above the diagonal (position i sees only j <= i). Read only:
+    """[T, T] additive bias: NEG_INF above the diagonal (position i sees only j <= i). Read only:
     kept per (array module, length, dtype) for the next batch of that length."""
     key = (id(xp), int(length), np.dtype(dtype).name)
     if key not in _CAUSAL:

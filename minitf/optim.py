@@ -39,7 +39,7 @@ class Adam:
         self.lr = lr                      # a float, or a callable step -> lr (e.g. NoamSchedule)
         self.beta1, self.beta2 = betas
         self.eps = eps
-        self.weight_decay = weight_decay  # AdamW's lambda: every weight shrinks by lr * lambda per update
+        self.weight_decay = weight_decay  # AdamW's lambda: each update p -= lr * lambda * p
         self.step_count = 0
         xp = model.xp
         self._m = xp.zeros_like(model.weights)          # float32 under mixed precision

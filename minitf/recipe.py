@@ -1,7 +1,7 @@
 """What a run trains and on what clock: its config (the preset with the flags over it, or a
 resumed checkpoint's, which the flags must not contradict), the recipe's settings left unset
 (max steps, averaging, checkpoint and validation spacing), how far the run is (the learning-rate
-fade's clock), when a step ends a checkpoint interval, and whether the run ends inside its warmup."""
+fade's clock), when a step ends a checkpoint interval, and whether the run ends inside (or soon after) its warmup: under twice its length."""
 import argparse
 import dataclasses
 

@@ -491,8 +491,8 @@ def _count(run, done, epoch, index, total):
 
 
 def _skipped(run, loss_finite, grads_finite):
-    """The skip rules: a float16 overflow (smaller loss scale) or a non-finite loss (counted; too
-    many in a row end the run). Logs the skip; True when the update is not made."""
+    """The skip rules: a float16 overflow (smaller loss scale), or a non-finite loss, or a non-finite
+    gradient without float16 loss scaling (counted; too many in a row end the run). Logs the skip; True when the update is not made."""
     state, scaler = run.state, run.scaler
     if scaler is not None and loss_finite and not grads_finite:
         scaler.update(False)
@@ -503,7 +503,7 @@ def _skipped(run, loss_finite, grads_finite):
         state["nonfinite"] += 1
         run.log.write({"step": state["step"], "event": "nonfinite_loss_skipped", "count": state["nonfinite"]})
         if state["nonfinite"] >= run.args.max_nonfinite:
-            raise MinitfError(f"{state['nonfinite']} non-finite losses in a row at step {state['step']}: "
+            raise MinitfError(f"{state['nonfinite']} non-finite updates (loss or gradients) in a row at step {state['step']}: "
                               f"lower --lr-factor or raise --warmup, then --resume")
         return True
     state["nonfinite"] = 0

@@ -83,7 +83,7 @@ def build_parser(prog=None):
                         "or --max-steps, whichever ends it first); 0 = the paper's schedule")
     p.add_argument("--weight-decay", type=fraction(closed=False), metavar="LAMBDA",
                    help="decoupled weight decay (AdamW, Loshchilov & Hutter 2019): every update also shrinks each "
-                        "weight by learning rate x LAMBDA; 0 = the paper's Adam")
+                        "weight by the fraction learning rate x LAMBDA of itself; 0 = the paper's Adam")
     p.add_argument("--dropout", type=fraction(closed=False), help="dropout on every sublayer output and the embedding sums (paper: 0.1; big: 0.3 for "
                         "en-de, 0.1 for en-fr)")
     p.add_argument("--attention-dropout", type=fraction(closed=False),
@@ -146,7 +146,7 @@ def build_parser(prog=None):
                    help="length penalty alpha of beam search (paper: 0.6; default: the preset's, small 2.0, "
                         "small with --arch rnn 1.5)")
     p.add_argument("--decode-batch", type=positive(), default=100, help="sentences decoded together")
-    p.add_argument("--max-nonfinite", type=positive(), default=5, help="stop after this many non-finite losses in a row")
+    p.add_argument("--max-nonfinite", type=positive(), default=5, help="stop after this many non-finite updates (loss or gradients) in a row")
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar (on a terminal) or progress lines (elsewhere); validation results and "
                         "messages are still printed")

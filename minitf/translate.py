@@ -133,7 +133,7 @@ class Hypothesis(NamedTuple):
 def translate_lines(model, tokenizer, lines, beam_size=4, alpha=None, batch_size=64, max_len_b=50, progress=True,
                     nbest=None, stop="fairseq"):
     """Raw sentences -> detokenized translations (paper 6.1: beam 4, max length input + 50); alpha
-    None: the checkpoint preset's (model.cfg.decode_alpha; the paper's 0.6, small's 2.0, 1.5 with --arch rnn), as the
+    None: the checkpoint preset's (model.cfg.decode_alpha; the paper's 0.6, small 2.0, small with --arch rnn 1.5), as the
     command line. An empty line (or one of spaces) comes back empty. nbest=n: each line's n best
     Hypothesis instead (an empty line: one, empty, score 0). stop: when beam search ends a sentence
     (decode.beam_search: "fairseq", "bound" or "ctranslate2")."""
@@ -232,7 +232,7 @@ def load(path, device="cpu"):
 class Translator:
     """A trained model and its tokenizer. `translate` and `nbest` decode with the command line's
     defaults: beam 4 (paper 6.1), the length penalty alpha of the checkpoint's preset (`alpha`:
-    the paper's 0.6; small 2.0, 1.5 with --arch rnn), max length input + 50, 64 sentences at a time."""
+    the paper's 0.6; small 2.0, small with --arch rnn 1.5), max length input + 50, 64 sentences at a time."""
 
     def __init__(self, model, tokenizer, languages=None):
         self.model, self.tokenizer = model, tokenizer

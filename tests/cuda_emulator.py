@@ -157,7 +157,7 @@ _COMPILER = []
 
 def compiler():
     """The C++ compiler used, or None when there is none that builds the shim (C++17 with
-    _Float16 and ucontext: g++ 12 or newer on x86-64 Linux)."""
+    _Float16 and ucontext, e.g. g++ 12 or newer; x86-64 switches contexts by hand, other CPUs with ucontext)."""
     if not _COMPILER:
         cxx = shutil.which(os.environ.get("CXX", "g++"))
         if cxx:
