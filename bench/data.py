@@ -11,7 +11,7 @@ joined per line, the same pair on both sides: ~25 words a side, WMT14's volume p
             run's peak RSS (VmHWM) after --steps updates; `--resume` from its checkpoint is timed
             the same way
   baseline  the same model (same tokenizer) trained on a 1,000-pair corpus: its peak RSS is the
-            model + optimizer + activations + Python (the [tokens, V] logits dominate, and vary
+            model + optimizer + activations + Python (the `[rows, V]` logits dominate, and vary
             with the batches drawn, so this difference is noisy)
   data RSS  the data path alone in a child process (open the cache, plan an epoch, collate 1000
             batches) above the RSS after train.py's imports: steady and peak, anonymous and mapped

@@ -127,7 +127,7 @@ def header(model, src_ids, args):
     print(f"date {datetime.datetime.now().isoformat(timespec='seconds')}  machine {platform.processor() or platform.machine()}"
           f" ({os.cpu_count()} cores)  numpy {np.__version__}  device {args.device}")
     cfg = model.cfg
-    print(f"model D={cfg.d_model} H={cfg.n_heads} F={cfg.d_ff} N={cfg.n_layers} V={cfg.vocab_size}; {len(src_ids)} sentences "
+    print(f"model D={cfg.d_model} H={cfg.n_heads} F={cfg.d_ff} layers={cfg.n_layers}+{cfg.n_decoder_layers} V={cfg.vocab_size}; {len(src_ids)} sentences "
           f"({args.src or 'random'}), alpha {args.alpha}, max length input+{args.max_len_b}, batch {args.batch_size}")
 
 

@@ -6,7 +6,8 @@ Parameters are kept as raw tensors under minitf's names with minitf's layout (ev
 is `x @ weight + bias`, weight [in, out]), so no transposes are needed when loading.
 Model: shared embedding (source, target, output projection; inputs scaled by sqrt(D)),
 sinusoidal or learned positions, post-norm layers LayerNorm(x + Dropout(sublayer(x))),
-dropout on embedding sums and sublayer outputs only, label-smoothed loss over non-pad tokens.
+dropout on embedding sums and sublayer outputs (the strong path also applies attention_dropout
+inside SDPA; ReLU dropout is not modelled), label-smoothed loss over non-pad tokens.
 """
 import math
 from contextlib import nullcontext
@@ -71,7 +72,8 @@ class TorchTransformer:
         return F.dropout(x, self.cfg.dropout, self.training) if self.cfg.dropout > 0 else x
 
     def _attention(self, name, x_q, x_kv, blocked):
-        """Multi-head attention; blocked: bool, broadcastable to [B, H, Tq, Tk], True = may not attend."""
+        """Multi-head attention; blocked: bool, broadcastable to [B, H, L_q, L_k] (queries, keys), True = may not
+        attend."""
         h, dk = self.cfg.n_heads, self.cfg.d_k
         b, tq, tk = x_q.shape[0], x_q.shape[1], x_kv.shape[1]
         q = self._linear(name + ".q", x_q).view(b, tq, h, dk).transpose(1, 2)

@@ -1,6 +1,7 @@
 """The architectures (fairseq's registry pattern): one table from the config's `arch` to the model class.
 
-Training, checkpoints, averaging and decoding build a model with `build_model(cfg, ...)` and
+Training, checkpoints and decoding build a model with `build_model(cfg, ...)` (averaging reads only
+`parameter_shapes`) and
 otherwise drive only the surface every model shares (seq2seq.Seq2Seq): forward_loss,
 backward, the flat parameter buffers, state_dict, and incremental_decoder for beam search.
 """

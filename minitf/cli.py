@@ -279,7 +279,8 @@ DECODE_MEMORY = ("--batch-size, --beam or --max-len-b (the output length cap); a
 
 
 def _is_stdout_error(e):
-    """Whether an OSError came from writing stdout (ENOSPC, EPIPE, EIO on fd 1)."""
+    """Whether an OSError is one a failed stdout write raises (EPIPE, ENOSPC, EIO, EFBIG, EDQUOT); which
+    file failed is not checked (--output's own writes report a full disk themselves: fileio.DiskFull)."""
     import errno
     return isinstance(e, BrokenPipeError) or getattr(e, "errno", None) in (errno.ENOSPC, errno.EIO, errno.EFBIG,
                                                                           errno.EDQUOT)

@@ -2,7 +2,8 @@
 
     plot pe         the sinusoidal positional encoding (paper 3.5) and its two properties:
                     every position has the same norm, and the distance between two
-                    positions depends only on their offset (printed for n=10, d=10)
+                    positions depends only on their offset (printed for 10 positions at D = 10:
+                    --table-n, --table-d)
     plot lr         the learning-rate schedule of 5.3 (eq. 3), peak marked at `warmup`
     plot curves     loss, perplexity, BLEU/chrF and learning rate of a run (train_log.jsonl)
     plot attention  encoder self-, masked decoder self- and encoder-decoder attention of

@@ -1,6 +1,6 @@
 """Runs minitf's CUDA kernels (minitf/kernels.py) on the CPU, for machines without a GPU.
 
-The kernel source is compiled UNCHANGED by g++ under a small shim: `__global__`/`__device__`
+The kernel source is compiled UNCHANGED by the C++ compiler ($CXX, default g++) under a small shim: `__global__`/`__device__`
 vanish, `__shared__` becomes `static` (one copy, shared by the block's threads, since blocks
 run one after another), and the CUDA threads of a block are coroutines that each run up to
 their next `__syncthreads()` in turn, so the barrier holds exactly (and a missing one shows

@@ -53,7 +53,7 @@ What it cannot catch: timing, streams and asynchrony beyond those copies (every 
 is done when it returns); cuBLAS/cuDNN numerics (TF32, the order of reductions: results are NumPy's);
 NVRTC specifics (tests/test_nvrtc.py compiles the kernels with NVRTC as CuPy does, no GPU needed, and
 tests/test_kernels.py with nvcc where it is installed;
-here g++ compiles them); memory limits; real multi-GPU behaviour (devices are numbers, an
+here the C++ compiler, $CXX or g++, compiles them); memory limits; real multi-GPU behaviour (devices are numbers, an
 array does not know its device); CuPy's wrap-around of out-of-bounds indices (NumPy raises).
 """
 import atexit
