@@ -313,7 +313,7 @@ def padding_bias(ids, pad_id):
 
 
 def causal_bias(length):
-    """[L, L]: NEG_INF above the diagonal (query i sees keys j <= i)."""
+    """[T, T]: NEG_INF above the diagonal (query i sees keys j <= i); the decoder's self-attention only."""
     return np.triu(np.full((length, length), NEG_INF), k=1)
 
 
