@@ -240,13 +240,13 @@ PRESETS = {
     # 4096-token updates at twice the rate of 2048 (the same schedule in tokens; 3072 since, below); 2+2 layers,
     # a third more updates in the time than 3+3 (val BLEU 39.29 against 38.68 over three seeds, dropout 0.1); dropout 0.2
     # for the ~16 epochs those updates make (val BLEU 39.65 over three seeds against 39.29); the output layer over
-    # the target side's pieces: the same learning per update, 11-13% more updates in the time; D 192 and F 768
+    # the target side's pieces: the same learning per update, a step 11-13% faster, 12% more updates in the time; D 192 and F 768
     # (from 256 and 1024): less learned per update, 1.7x the updates in the time (docs/deviations.md 17); on Multi30k
     # the tokenizer is a unigram model (the dataset's default, minitf.data.datasets; deviations.md 12); decoupled
     # weight decay 0.1: val BLEU 40.50 over three seeds against 40.19 (on a GPU at 3,200 updates 40.66 against 39.86;
     # deviations.md 17); label
     # smoothing 0.2 with a 40% higher rate: val BLEU 40.38 over three seeds against 40.00 at equal updates (ibid.);
-    # 3072-token updates with the same warmup in tokens (1067 x 3072 = 800 x 4096): a third more updates in the
+    # 3072-token updates with the same warmup in tokens (1067 x 3072 ~ 800 x 4096): a third more updates in the
     # time (1.3x), val BLEU 40.73 over three seeds against 40.27-40.32 for 4096 (ibid.)
     "small": dict(d_model=192, n_heads=4, d_ff=768, n_layers=2, dropout=0.2, weight_decay=0.1,
                   label_smoothing=0.2, warmup=1067, lr_factor=1.4, update_tokens=3072, save_every=80,
@@ -258,8 +258,8 @@ PRESETS = {
 }
 
 # the recurrent baseline (arch="rnn"): base and big about three quarters of the parameter count of the
-# Transformer preset of the same name, small that of the Transformer small of its runs (3+3 layers, 256 wide: 7.58M; today's
-# is 3.61M) (RNNsearch-style widths; docs/rnn_vs_transformer.md)
+# Transformer preset of the same name, small that of the Transformer small of its runs (3+3 layers, 256 wide: 7.58M; the current
+# small's is 3.61M) (RNNsearch-style widths; docs/rnn_vs_transformer.md)
 RNN_PRESETS = {
     "base": dict(d_model=512, rnn_hidden=1024, n_layers=2),
     "big": dict(d_model=1024, rnn_hidden=2048, n_layers=2),

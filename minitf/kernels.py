@@ -633,8 +633,8 @@ extern "C" __global__ void relu_backward(T* dy, const T* y, long long n) {
 }
 
 // The same passes 16 bytes a thread (VEC values: 8 float16 or bfloat16, 4 float32, 2 float64) where the arrays allow
-// it (16-byte aligned, whole vectors; kernels.vec_ok): one wide load and store of x and out per thread
-// instead of VEC narrow ones (a bias is still read value by value), the same arithmetic on each value (the same bits). Switch: MINITF_FUSED_VEC=0 turns them off.
+// it (16-byte aligned, whole vectors; kernels.vec_ok): one wide load (and store) of each array per
+// thread instead of VEC narrow ones (a bias is still read value by value), the same arithmetic on each value (the same bits). Switch: MINITF_FUSED_VEC=0 turns them off.
 
 extern "C" __global__ void bias_relu_vec(T* x, const T* bias, long long nvec, int f) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;

@@ -77,7 +77,7 @@ def label_smoothed_nll(logits, target, eps, pad_id):
 
 
 def _fused_label_smoothed_nll(logits, tgt, eps, pad_id):
-    """GPU: one kernel per row gives logsumexp, -log p[gold] and mean_v -log p[v]
+    """GPU: one kernel (a block per row) gives logsumexp, -log p[gold] and mean_v -log p[v]
     (kernels.smoothed_nll_rows); the softmax is never stored, backward recomputes it. pad_id None
     (every row has a loss, the count known on the host): one more launch gives the loss, the
     NLL sum and the loss times the count (kernels.loss_totals), and the token count is a host number."""

@@ -54,7 +54,8 @@ class Adam:
         return self.lr(step) if callable(self.lr) else self.lr
 
     def fused(self):
-        """Whether the update is one kernel (kernels.adam_update): on a GPU, unless MINITF_FUSED_ADAM=0."""
+        """Whether the update is one kernel (kernels.adam_update): on a GPU whose fused kernels are on
+        and compiled (kernels.enabled), unless MINITF_FUSED_ADAM=0."""
         return kernels.fused(self._m, "adam")
 
     def step(self, grad_divisor=1.0, lr_scale=1.0, lr=None, check=None):
@@ -73,7 +74,7 @@ class Adam:
         lr = self.current_lr(t) * lr_scale if lr is None else lr
         coef = (1.0 / grad_divisor, lr, 1.0 - self.beta1 ** t, 1.0 - self.beta2 ** t)
         if check is not None and not self.fused():
-            raise ValueError("Adam.step(check=...) needs the fused update (a GPU, MINITF_FUSED_ADAM not 0)")
+            raise ValueError("Adam.step(check=...) needs the fused update (a GPU with the fused kernels, MINITF_FUSED_ADAM not 0)")
         if self.fused():   # one kernel over the flat buffers (+ the 16-bit copy)
             self._fused_update(coef, None if check is None else check.ctl)
             return lr

@@ -1,7 +1,7 @@
 """Pad-free rows: in training, the position-wise layers skip the pad positions.
 
 Everything in the Transformer except attention works on one position at a time (Linear, the
-FFN, LayerNorm, dropout, the residual sums: paper 3.1-3.3). In a padded batch [B, L] the
+FFN, LayerNorm, dropout, the residual sums: paper 3.1-3.3, 5.4). In a padded batch [B, L] the
 pad positions' rows are pure waste there: they carry no loss, and since every pad key is
 masked out, no other position reads them (their gradient is exactly 0). `Rows` keeps the
 flat indices of the positions that matter; activations travel as [N_s, D] and [N_t, D] (the

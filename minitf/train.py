@@ -407,9 +407,10 @@ def should_stop(run, signals):
 
 def take_step(run, update):
     """Forward, backward and the all-reduce of one update, then its end: on the CPU (or a GPU
-    without the fused Adam, or with MINITF_HOST_CHECK=1) `finish_on_host`, on a GPU `finish_on_device`, which never waits for
-    the GPU. Either makes Adam's step when the update is not skipped (a float16 overflow, a
-    non-finite loss), then after_step."""
+    without the fused Adam, or with MINITF_HOST_CHECK=1) `finish_on_host`, on a GPU
+    `finish_on_device`, which never waits for the GPU. finish_on_host steps Adam unless the update is skipped (a float16 overflow, a non-finite
+    loss or gradient), then runs after_step; finish_on_device queues Adam's kernel, which steps only
+    if the device's outcome says so, and settles (and runs after_step for) the previous update."""
     args, state, model = run.args, run.state, run.model
     # the dropout masks' position: past a pending update's batches, whatever its outcome
     forward_count = state["forward_count"] + (run.world.size * args.update_freq if run.pending else 0)

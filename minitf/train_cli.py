@@ -146,7 +146,8 @@ def build_parser(prog=None):
                    help="length penalty alpha of beam search (paper: 0.6; default: the preset's, small 2.0, "
                         "small with --arch rnn 1.5)")
     p.add_argument("--decode-batch", type=positive(), default=100, help="sentences decoded together")
-    p.add_argument("--max-nonfinite", type=positive(), default=5, help="stop after this many non-finite updates (loss or gradients) in a row")
+    p.add_argument("--max-nonfinite", type=positive(), default=5, help="stop after this many non-finite updates in a row (a non-finite "
+                        "loss, or non-finite gradients without --fp16, whose overflows only lower the loss scale)")
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar (on a terminal) or progress lines (elsewhere); validation results and "
                         "messages are still printed")
