@@ -11,7 +11,8 @@ columns, leading dimension, batch stride), with op = transpose or not as a cuBLA
 a transpose costs nothing, a scale goes into alpha, and beta = 1 accumulates into a gradient
 buffer without a separate add. float16 and bfloat16 run on tensor cores with float32
 accumulation (CUBLAS_COMPUTE_32F); float32 uses TF32 tensor cores when CUPY_TF32 is set (as
-CuPy's own matmul does), else full float32; float64 stays float64.
+CuPy's 2-d matmul does; its batched matmul runs full float32 whatever CUPY_TF32 says:
+docs/performance.md), else full float32; float64 stays float64.
 
 cuBLAS is column-major: a row-major matrix of r rows and q columns with leading dimension ld
 is the column-major q x r matrix with the same ld. So the row-major c = op(a) op(b) is asked of

@@ -112,6 +112,17 @@ def test_npy_writer_streams_a_loadable_array(tmp_path):
         assert info["bytes"] == os.path.getsize(tmp_path / "a.npy") and info["shape"] == [want.size]
 
 
+def test_a_cleaning_rule_and_the_vocabulary_changed_together_train_a_new_tokenizer(tmp_path):
+    """The reason names the cleaning rule (checked first), but the tokenizer is trained anew at the size
+    asked for, not kept from the cache: only a change of the cleaning rule alone keeps it."""
+    paths, _, _ = _corpus(tmp_path / "data")
+    first = _prepare(tmp_path, paths)
+    log = Log()
+    both = _prepare(tmp_path, paths, log, vocab_size=50, max_len=5)
+    assert log.built() == [f"cache: building {first.folder} (cleaning rule max_len 250 -> 5)"]
+    assert both.tokenizer.vocab_size == 50 and both.tokenizer.sha256 != first.tokenizer.sha256
+
+
 def test_reuse_and_each_reason_to_rebuild(tmp_path):
     paths, en, de = _corpus(tmp_path / "data")
     first = _prepare(tmp_path, paths)
@@ -142,6 +153,7 @@ def test_reuse_and_each_reason_to_rebuild(tmp_path):
     other_vocab = _prepare(tmp_path, paths, log, vocab_size=50, max_len=5, max_ratio=None)
     assert log.built() == [f"cache: building {first.folder} (vocabulary size 60 -> 50)"]
     assert other_vocab.tokenizer.vocab_size == 50
+
 
     given = Tokenizer.train(EN + DE, tmp_path / "given.model", 40)
     log = Log()

@@ -158,8 +158,9 @@ def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max
             manifest, reason = None, str(e)
             log(f"note: {e}; rebuilding it")   # repaired, not a failure: the run goes on
         log(f"cache: building {folder} ({reason})")
-        if tokenizer is None and manifest is not None and reason.startswith("cleaning rule"):
-            try:   # the corpus and vocabulary did not change: keep the tokenizer (and its ids)
+        if tokenizer is None and manifest is not None and reason.startswith("cleaning rule") and \
+                _why_stale(manifest, files, languages, dict(wanted, cleaning=manifest["cleaning"])) is None:
+            try:   # only the cleaning rule changed (not the corpus, subword model or vocabulary): keep the tokenizer
                 tokenizer = Tokenizer(os.path.join(folder, TOKENIZER))
             except DataError:
                 tokenizer = None

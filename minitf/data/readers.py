@@ -92,7 +92,7 @@ def line_too_long(path, number, sentences):
 
 def _read_capped(f, path):
     """All of f's bytes, read 1 MB at a time; a line longer than MAX_LINE_BYTES is refused as soon
-    as it has been read that far (a decompression bomb costs about a MB, not its size)."""
+    as it has been read that far (a decompression bomb that is one long line costs about a MB, not its size)."""
     parts, open_line, newlines = [], 0, 0     # open_line: bytes of the line not yet ended
     while True:
         chunk = f.read(1 << 20)

@@ -11,9 +11,9 @@ side) and (seed, e, side): an epoch's pieces depend on nothing else, so a resume
 an uninterrupted one would, and every MPI rank plans the same batches.
 
 Drawing from a pool of POOL segmentations per distinct word rather than afresh for every occurrence
-is this module's shortcut (it keeps an epoch's resegmentation to NumPy gathers): a word seen fewer than
-POOL times an epoch is as good as freshly drawn, a frequent word shows at most POOL segmentations,
-drawn with their BPE-dropout probabilities. Validation, test and translation keep plain BPE.
+is this module's shortcut (it keeps an epoch's resegmentation to NumPy gathers): each occurrence's
+segmentation has BPE-dropout's distribution, but two occurrences may share a pool entry (1 in POOL a pair),
+the POOL segmentations are the same in every epoch, and a frequent word shows at most POOL of them. Validation, test and translation keep plain BPE.
 """
 import random
 

@@ -23,8 +23,9 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 MODEL_TYPES = ("bpe", "unigram")   # the subword models Tokenizer.train makes
 _PROTO_MODEL_TYPE = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}   # sentencepiece_model.proto TrainerSpec.ModelType
 # SentencePiece's trainer splits its work by thread, and what it trains depends on how many (the
-# pieces' order and scores, and the TrainerSpec it records): a fixed count makes the same text train
-# the same model, byte for byte, on every machine. 2: the models behind docs/benchmarks.md's figures.
+# pieces' order and scores, and the TrainerSpec it records): a fixed count makes training repeatable on one
+# machine; another machine or SentencePiece build can still train another model (docs/data.md: pass --tokenizer
+# to share one). 2: the models behind docs/benchmarks.md's figures.
 TRAIN_THREADS = 2
 
 
