@@ -1,7 +1,7 @@
 """The attention of the recurrent encoder-decoders the Transformer replaced: a decoder state
 q scores every encoder annotation h_s, and the context is the softmax-weighted sum of them.
 
-    additive (Bahdanau et al. 2015, eq. 6 / A.1.2):  score(q, h_s) = v^T tanh(q @ w_q + h_s @ w_k)
+    additive (Bahdanau et al. 2015, eq. 6 / A.1.2):  score(q, h_s) = tanh(q @ w_q + h_s @ w_k) @ v
     general  (Luong et al. 2015, 3.1):               score(q, h_s) = q^T W_a h_s   (= q . (h_s @ w_k))
     dot      (Luong et al. 2015, 3.1):               score(q, h_s) = q . h_s
     p = softmax(score + bias) over s,  context = sum_s p_s h_s
