@@ -42,7 +42,7 @@ sys.path.insert(0, ROOT)
 
 
 def write_corpus(multi30k, out, n, seed=0):
-    """Multi30k's make_wmt_shaped recipe: N lines of two joined sentences, plus val/test."""
+    """The WMT14-shaped corpus: N lines of two random Multi30k sentences joined, plus val/test."""
     os.makedirs(out, exist_ok=True)
     en = gzip.open(os.path.join(multi30k, "train.en.gz"), "rt", encoding="utf-8").read().splitlines()
     de = gzip.open(os.path.join(multi30k, "train.de.gz"), "rt", encoding="utf-8").read().splitlines()
@@ -61,7 +61,8 @@ def write_corpus(multi30k, out, n, seed=0):
 
 
 def run_measured(cmd, env):
-    """(wall seconds, peak RSS MiB, returncode) of a child process (wait4's rusage: its own peak)."""
+    """(wall seconds, peak RSS MiB) of a child process (wait4's rusage: its own peak); exits with its
+    stderr if it fails."""
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(p.pid, 0)

@@ -1,6 +1,7 @@
 """Decoding speed: sentences/s and tokens/s of batched greedy and beam search.
 
-    # minitf against a PyTorch KV-cached beam search of the same algorithm (bench/torch_decode.py)
+    # minitf against a PyTorch KV-cached beam search of the same algorithm (bench/torch_decode.py; a model
+    # scoring the joint vocabulary: trained with --output-vocab joint)
     python bench/decode.py --vs-torch --checkpoint runs/m30k/averaged.npz \\
         --src $MULTI30K/test_2016_flickr.en.gz --beams 1 4
     # where minitf's step spends its time (one stream)

@@ -5,7 +5,7 @@
     PYTHONPATH=tests MINITF_CUPY_MODULE=strict_cupy python bench/launches.py --by-name  # and which kernels
 
 tests/strict_cupy.py counts what CuPy would launch for each call minitf makes (one kernel per
-elementwise or reduction call, index, assignment or conversion; CuPy matmul's copies and GEMM;
+elementwise or reduction call, advanced index, assignment or conversion; CuPy matmul's copies and GEMM;
 minitf's RawKernels; the cuBLAS calls; memsets as `cupy.zeros`), so this counts the launches of
 the GPU code path on any machine. The structure decides the count, not the widths: the update is
 the preset's layers, heads and stacks at width 64 (d_ff 128, 64 pieces) on a short batch, with

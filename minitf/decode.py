@@ -64,7 +64,8 @@ def restores_mode(search):
 
 def _host_and_device_src(model, src):
     """(src on the device, its non-pad lengths [B] on the host): checked and measured on the host,
-    so a search reads nothing back from the GPU but one copy per step."""
+    so a search reads nothing back from the GPU but one copy per step (two in greedy search with
+    scores=True)."""
     host = model.check_ids("src", src, host=True)
     return to_device(host, model.xp), (host != model.cfg.pad_id).sum(axis=1)
 

@@ -961,7 +961,8 @@ C_TYPES = {"float16": ("half_t", "float"), "bfloat16": ("bf16_t", "float"), "flo
            "float64": ("double", "double")}
 
 
-_NAMES = {}   # dtype (or scalar type, or name) -> its name: np.dtype(d).name costs ~2 us, and a step asks ~900 times
+_NAMES = {}   # dtype (or scalar type, or name) -> its name: np.dtype(d).name costs ~2 us, and a step asks
+# hundreds of times (~1,400 before the lookups were cached: docs/benchmarks.md)
 
 
 def dtype_name(dtype):
@@ -1322,7 +1323,7 @@ _PARTIALS = {}   # (array module, dtype name) -> the column sums' slab partials,
 
 def _partials(xp, dtype, n):
     """A buffer of at least n values for the column sums' slab partials, kept between calls (no
-    allocation per call: ~100 a GPU step). One buffer is safe because the kernels run in the
+    allocation per call: one a gradient sum, 96 in a `base` step). One buffer is safe because the kernels run in the
     order they are launched, on one stream: a launch writes its partials only after the one
     before has read its own."""
     key = (id(xp), dtype_name(dtype))
@@ -1495,7 +1496,8 @@ def embedding_plan(ids, keep_index, xp):
     (one host->device copy), and u, the number of distinct ids."""
     flat = np.asarray(ids).reshape(-1)
     kept = flat if keep_index is None else flat[keep_index]
-    small = kept.size and 0 <= kept.min() and kept.max() < 1 << 16   # the same order by a radix sort, ~14x faster
+    small = kept.size and 0 <= kept.min() and kept.max() < 1 << 16   # the same order by a radix sort, ~15x faster
+    # for 23,000 ids on the 2-core CPU (docs/benchmarks.md)
     order = np.argsort(kept.astype(np.uint16) if small else kept, kind="stable")
     sorted_ids = kept[order]
     starts = np.flatnonzero(np.concatenate([[True], sorted_ids[1:] != sorted_ids[:-1]])) if len(kept) else \

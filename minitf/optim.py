@@ -1,5 +1,6 @@
 """Adam (Kingma & Ba 2015) with the paper's beta1 0.9, beta2 0.98, eps 1e-9 (5.3), and optional
-decoupled weight decay (AdamW, Loshchilov & Hutter 2019; not in the paper: 0 in base and big, 0.1 in small).
+decoupled weight decay (AdamW, Loshchilov & Hutter 2019; not in the paper: 0 in base, big and tiny,
+0.1 in the Transformer's small, 0 with --arch rnn).
 
 State is keyed by parameter name (`state['m'][name]`), with ONE step counter for the
 whole model. The moments are stored in flat buffers parallel to the model's flat

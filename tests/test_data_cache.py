@@ -121,6 +121,7 @@ def test_a_cleaning_rule_and_the_vocabulary_changed_together_train_a_new_tokeniz
     both = _prepare(tmp_path, paths, log, vocab_size=50, max_len=5)
     assert log.built() == [f"cache: building {first.folder} (cleaning rule max_len 250 -> 5)"]
     assert both.tokenizer.vocab_size == 50 and both.tokenizer.sha256 != first.tokenizer.sha256
+    assert [m for m in log if m.startswith("tokenizer: training")], log
 
 
 def test_reuse_and_each_reason_to_rebuild(tmp_path):
@@ -142,7 +143,8 @@ def test_reuse_and_each_reason_to_rebuild(tmp_path):
     log = Log()
     cleaner = _prepare(tmp_path, paths, log, max_len=5)
     assert log.built() == [f"cache: building {first.folder} (cleaning rule max_len 250 -> 5)"]
-    assert cleaner.tokenizer.sha256 == first.tokenizer.sha256   # same corpus and vocabulary: tokenizer kept
+    assert cleaner.tokenizer.sha256 == first.tokenizer.sha256   # same corpus and vocabulary: tokenizer kept,
+    assert not [m for m in log if m.startswith("tokenizer: training")], log   # not trained again (the same bytes)
     assert len(cleaner) < len(first) and cleaner.data_id != first.data_id
 
     log = Log()

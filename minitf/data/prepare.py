@@ -159,7 +159,7 @@ def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max
             log(f"note: {e}; rebuilding it")   # repaired, not a failure: the run goes on
         log(f"cache: building {folder} ({reason})")
         if tokenizer is None and manifest is not None and reason.startswith("cleaning rule") and \
-                _why_stale(manifest, files, languages, dict(wanted, cleaning=manifest["cleaning"])) is None:
+                _why_stale(manifest, flat_files, languages, dict(wanted, cleaning=manifest["cleaning"])) is None:
             try:   # only the cleaning rule changed (not the corpus, subword model or vocabulary): keep the tokenizer
                 tokenizer = Tokenizer(os.path.join(folder, TOKENIZER))
             except DataError:
