@@ -92,7 +92,7 @@ def get_xp(device):
 def xp_of(*arrays):
     """The array module (numpy or cupy) the given arrays live in: cupy if any of them is a CuPy
     array (what cupy.get_array_module says for the arrays minitf makes, without its call: the
-    GPU step asks this about a thousand times)."""
+    GPU step asks this hundreds of times)."""
     if cupy is not None:
         for a in arrays:
             if isinstance(a, cupy.ndarray):

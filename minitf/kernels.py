@@ -986,8 +986,8 @@ def source(dtype):
     return STORAGE16 + HALF + (BFLOAT16 if name == "bfloat16" else "") + f"typedef {t} T;\ntypedef {a} A;\n" + PRELUDE + KERNELS
 
 
-# The switches below are read on every call (bench/gpu_ab.py flips them between steps), ~870 times
-# a GPU step: as a lookup in os.environ's own store where Python keeps one (a dict of encoded keys and
+# The switches below are read on every call (bench/gpu_ab.py flips them between steps), hundreds
+# of times a GPU step: as a lookup in os.environ's own store where Python keeps one (a dict of encoded keys and
 # values, kept in step with every change to os.environ), not os.environ.get's encoding and decoding.
 _ENV_STORE = getattr(os.environ, "_data", None)
 _ENV_KEYS = {}
@@ -1028,7 +1028,8 @@ def fused(x, name):
     MINITF_FUSED_<NAME>=0 (then that part runs as separate passes, for comparisons:
     bench/gpu_ab.py). The names: 'relu' (bias + ReLU, and its backward, in place),
     'adam' (one Adam kernel), 'embed' (the embedding of the kept rows and its gradient, one kernel each), 'grads' (gradient sums added where they go: a LayerNorm's
-    backward with its residual gradient, dropout mask and parameter sums; a bias's sum), 'norm' (a
+    backward with its residual gradient, dropout mask and parameter sums; a bias's sum, but the attention
+    projections' bias sums, which follow MINITF_CUBLAS), 'norm' (a
     post-norm block's residual sum, dropout and LayerNorm forward in one pass: residual_layernorm)."""
     return enabled(x) and not switched_off("MINITF_FUSED_" + name.upper())
 

@@ -29,8 +29,8 @@ class LayerNorm(Layer):
         return out
 
     def backward(self, dy, dy_residual=None, dropout=None, sublayer=None):
-        """dx; with `dy_residual` (another gradient of this output, added to dy: dy must be the
-        caller's own, it may be overwritten with the sum) and/or `dropout` (the Dropout layer
+        """dx, also with `dy_residual` alone (another gradient of this output, added to dy: dy must be
+        the caller's own, it may be overwritten with the sum); with `dropout` (the Dropout layer
         inside this LayerNorm's input x + dropout(sublayer)): (dx, its dropout's backward of dx),
         in one pass on a GPU (functional.layernorm_backward). `sublayer`: the sublayer's last
         Linear, whose bias gradient this backward takes (on a GPU in the launch of its own)."""
