@@ -15,7 +15,7 @@ joined per line, the same pair on both sides: ~25 words a side, WMT14's volume p
             with the batches drawn, so this difference is noisy)
   data RSS  the data path alone in a child process (open the cache, plan an epoch, collate 1000
             batches) above the RSS after train.py's imports: steady and peak, anonymous and mapped
-  planning  `token_batches` for one epoch on the memory-mapped lengths (median of 3 epochs)
+  planning  `token_batches` for one epoch on the lengths loaded from the cache (median of 3 epochs)
 With --synthetic N it also writes a cache of N random pairs straight through the cache writer
 (lengths drawn like the real corpus, no SentencePiece: 36M pairs would take ~30 minutes to encode on
 2 cores) and measures start, RSS and planning on it: En-Fr's 36M pairs.

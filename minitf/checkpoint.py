@@ -6,7 +6,7 @@ Layout (format version 1), every entry an array loaded with `allow_pickle=False`
   `param/<name>`        the model parameters under their dotted names (`encoder.layers.0.self_attn.q.weight`, ...; float32 or float64)
   `optim/m/<name>`, `optim/v/<name>`   Adam moments (training checkpoints only)
   `tokenizer`           uint8, the tokenizer's bytes (optional; `to_bytes`: a SentencePiece proto, or an
-                        imported Marian model's two protos)
+                        imported Marian model's vocabulary and two protos)
 The SHA-256 of every entry is stored in the meta, so a tampered or partly written file is
 rejected with a CheckpointError. Before any array is read, the zip directory's entries must be
 the manifest's and each entry's declared size that of the parameter it holds

@@ -5,7 +5,8 @@ spaces to a multiple of 8), then the tensors' raw little-endian bytes, one after
 header maps each tensor name to {"dtype", "shape", "data_offsets": [begin, end]} (byte offsets
 into the data after the header) and "__metadata__" to a {string: string} dict. minitf's metadata:
 "format" ("minitf"), "format_version" ("1"), "config" (the Config as JSON), "tokenizer" (the
-tokenizer's bytes, base64: a SentencePiece model, or an imported Marian model's two) and "train_state" (JSON: the step, the languages, ...).
+tokenizer's bytes, base64: a SentencePiece model, or an imported Marian model's vocabulary and two
+protos) and "train_state" (JSON: the step, the languages, ...).
 """
 import json
 import struct

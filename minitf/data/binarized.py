@@ -1,8 +1,8 @@
 """The binarized corpus and how it is read: a training set tokenized and cleaned ONCE (by
 minitf.data.prepare), then memory-mapped at every start.
 
-`open_cache` maps the arrays back with ``np.load(mmap_mode="r")``: a start reads the manifest
-and the per-sentence lengths (2 bytes a sentence) and nothing else, and a batch reads only its
+`open_cache` maps the arrays back with ``np.load(mmap_mode="r")``: a start reads the manifest,
+the per-sentence lengths (2 bytes a sentence), the tokenizer model and the offsets' two ends, and no token, and a batch reads only its
 own rows (`TokenPairs.collate`). minitf.data.prepare builds a cache (fairseq's
 `fairseq-preprocess` does this for fairseq; minitf with NumPy alone).
 
@@ -86,7 +86,8 @@ class TokenPairs:
         return np.flatnonzero(seen)
 
     def ids(self, i):
-        """(source ids, target ids) of pair i, as int64 arrays."""
+        """(source ids, target ids) of pair i, as integer arrays (int64 in memory; a cache's own uint16 or
+        int32 when read from one)."""
         return tuple(self.rows_of(*side, np.array([i]))[0] for side in self.sides())
 
     def collate(self, idx, pad_id=0, bos_id=2, eos_id=3):
@@ -104,7 +105,7 @@ class TokenPairs:
 
     def rows_of(self, tokens, offsets, lens, idx):
         """(tokens, offsets) of just the rows `idx`, in memory: fancy indexing for in-memory arrays,
-        one pread per row (its two offsets, then its tokens) for memory-mapped ones, checked
+        two preads per row (its two offsets, then its tokens) for memory-mapped ones, checked
         (`_check_rows`) before and after the tokens are read."""
         if not isinstance(tokens, np.memmap):
             starts, ends = offsets[idx], offsets[idx + 1]

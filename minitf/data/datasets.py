@@ -1,7 +1,8 @@
 """The datasets minitf knows how to fetch (`DATASETS`) and `prepare_dataset`.
 
 Every file is looked up in the data folder first (plain or .gz); only what is
-missing is downloaded, so a folder that already holds the files needs no network.
+missing is downloaded, so a folder that already holds the files needs no network (a folder that already holds
+train and valid is used as it is: its missing test sets are skipped, not downloaded).
 
 Layout of a data folder
 -----------------------
@@ -276,7 +277,7 @@ def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
     used as they are, with no network access; missing ones are downloaded (if
     `download`) from `base_url`, else ``$MINITF_WMT_BASE_URL`` /
     ``$MINITF_MULTI30K_BASE_URL``, else the official location. Missing test sets
-    are skipped with a one-line note on stderr (none with `notes=False`); missing
+    (in a folder that already held train and valid, or that cannot be downloaded) are skipped with a one-line note on stderr (none with `notes=False`); missing
     train/valid files raise DataError. The
     training corpora are NOT read here (they can be tens of GB): their paths go to
     `minitf.data.prepare.prepare_cache`, which streams them.

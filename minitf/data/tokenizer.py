@@ -1,6 +1,7 @@
 """A joint source+target subword tokenizer: a thin wrapper around SentencePiece.
 
-Ids are fixed: pad=0, unk=1, bos=2, eos=3 (the model code relies on pad being 0).
+Ids are fixed: pad=0, unk=1, bos=2, eos=3 (minitf's tokenizers, `collate` and the configs' defaults use
+these; the model reads its own `pad_id`).
 The model is a serialized protobuf (`to_bytes`), so a checkpoint can embed it and
 decode without the original file.
 """
