@@ -220,7 +220,7 @@ class Config:
     def preset(cls, name, arch="transformer", **overrides):
         """`base` and `big` are Table 3's; `small` is sized for a CPU (Multi30k in minutes).
         With arch="rnn", RNN_PRESETS resizes the preset's model for the recurrent baseline
-        (the same training recipe)."""
+        (base, big and tiny keep the preset's training recipe; small has the recipe of its own runs)."""
         if name not in PRESETS:
             raise ConfigError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
         sizes = RNN_PRESETS[name] if arch == "rnn" else {}

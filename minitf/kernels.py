@@ -56,7 +56,7 @@ BLOCK = {"softmax": 128, "layernorm": 256, "nll": 512}   # most threads per row 
 MIN_BLOCK = 32                                            # one warp
 COLUMN_BLOCK = 256           # column sums: 8 groups of 32 threads a block (SLAB_RUNS in the CUDA source)
 COLUMN_BLOCKS = 1024         # column sums: about this many blocks (several per multiprocessor) ...
-COLUMN_MIN_ROWS = 64         # ... each over at least this many rows
+COLUMN_MIN_ROWS = 64         # ... at most ceil(rows / this) slabs (about this many rows each, more than half of it)
 WARP_ROW_MAX = 256           # softmax rows up to this long: a warp per row (masked_softmax_warp)
 WARP_ROWS = 4                # ... and this many rows (warps) a block
 
@@ -1389,8 +1389,8 @@ def _address(a):
 def unpack_heads(x, bias, inverse, b, length, h, bias_stride=0):
     """x [rows, H*K] (the kept rows, or b * length of them) -> [b, h, length, K] with bias [H*K] added
     (None: nothing added), zeros at the positions `inverse` [b * length] (int32, -1 at a pad;
-    None: every position kept, row r = position r) marks as dropped. One pass. x [parts, rows, H*K]:
-    several projections at once -> [parts, b, h, length, K], projection p's bias `bias_stride` elements
+    None: every position kept, row r = position r) marks as dropped. One pass. x [parts, rows, H*K]
+    (with a nonzero bias_stride): several projections at once -> [parts, b, h, length, K], projection p's bias `bias_stride` elements
     after projection p-1's in the same buffer."""
     xp = backend.xp_of(x)
     x = xp.ascontiguousarray(x)

@@ -25,7 +25,7 @@ checkpoint).
 Writes OUT/train_log.jsonl, OUT/checkpoint_*.npz (the last --keep-last kept), OUT/checkpoint_best.npz (best
 validation BLEU; the loss with --valid-bleu-sentences 0), OUT/averaged.npz (the last checkpoints, the final one included), OUT/model.npz
 (the average or the last checkpoint, whichever has the lower validation loss: the model scored),
-OUT/<testset>.hyp.<tgt> and OUT/results.json.
+OUT/<set>.hyp.<tgt> (the validation set and each test set) and OUT/results.json.
 """
 import argparse
 import os
