@@ -237,7 +237,7 @@ def make_synthetic(folder, manifest, n, seed=0, chunk=2_000_000):
 def markdown(results):
     """The results as the table of docs/benchmarks.md."""
     rows = ["| pairs | text | kept pairs | cache | prepare (first run) | prepare peak RSS | launch -> first update "
-            "(median of 3) | --resume -> first update | data RSS: mapped + own (after 1,000 batches) | "
+            f"(median of {results.get('runs', 3)}) | --resume -> first update | data RSS: mapped + own (after 1,000 batches) | "
             "training process peak RSS (its 1,000-pair baseline) | planning one epoch, 4096 / 25000 tokens |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["corpora"]:
@@ -276,7 +276,8 @@ def main():
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
     os.makedirs(args.work, exist_ok=True)
-    results = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+    results = {"runs": args.runs,
+               "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
                "date": time.strftime("%Y-%m-%d"), "preset": args.preset, "max_tokens": args.max_tokens,
                "numpy": np.__version__, "corpora": []}
 

@@ -285,7 +285,7 @@ def main(argv=None):
     for key, entry in report["results"].items():
         for name, k in entry["kernels"].items():
             if "top" in k:
-                print(f"### {key} {name}: top kernels (ms/step, share of busy, calls/step)")
+                print(f"### {key} {name}: top kernels (ms/step, share of kernel time, calls/step)")
                 for row in k["top"]:
                     print(f"    {row[1]:8.3f} {row[2]:6.1%} {row[3]:6.1f}  {row[0]}")
             if "host" in k:

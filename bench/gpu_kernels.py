@@ -9,7 +9,7 @@ tokens a side of WMT14-shaped lengths; bench/train_step.py's `make_runners`: the
 PyTorch profiler, whose CUPTI trace records every kernel of the process (CuPy's too). Printed per
 contender: wall ms per step, GPU-busy ms per step (the union of kernel intervals: where it is far
 below the wall time the step waits on the host, launches and Python), kernels per step, and the
-kernels grouped by name, most time first, with their share of the busy time.
+kernels grouped by name, most time first, with their share of the summed kernel time.
 
 Needs cupy and torch, on a CUDA GPU.
 """
@@ -79,7 +79,7 @@ def profile(runner, steps, torch):
 
 
 def top_kernels(res, steps, top):
-    """The `top` kernel names by GPU time: [(name, ms per step, share of the busy time, calls per step)]."""
+    """The `top` kernel names by GPU time: [(name, ms per step, share of the summed kernel time, calls per step)]."""
     total = sum(t for _, t in res["by_name"].values()) or 1.0
     rows = sorted(res["by_name"].items(), key=lambda kv: -kv[1][1])[:top]
     return [(kname, t / 1e3 / steps, t / total, calls / steps) for kname, (calls, t) in rows]

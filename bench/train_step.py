@@ -12,7 +12,7 @@ peak memory. PyTorch is only needed for --vs-torch.
 Model FLOPs per step, counted analytically on the REAL (non-pad) tokens only, so work spent on
 padding lowers the utilisation: every matmul parameter used once per token costs 2 FLOPs
 forward and 4 backward, so 6 * (matmul params touched per token) * tokens; attention adds
-q k^T and p v, each 2 * H*d_k * L_q * L_k forward per sentence, x3 for forward + backward.
+q k^T and p v, each 2 * H*d_k * l_q * l_k forward per sentence (l_q, l_k its query and key lengths), x3 for forward + backward.
 Biases, LayerNorm, softmax, embedding lookups and Adam are not counted. The same count on
 the padded shapes is in the JSON (`flops_per_step.padded`).
 """
@@ -276,8 +276,8 @@ def main(argv=None):
     ap.add_argument("--src-len", type=int, default=24)
     ap.add_argument("--tgt-len", type=int, default=24)
     ap.add_argument("--vocab", type=int, default=8000)
-    ap.add_argument("--output-pieces", type=int, metavar="V_O",
-                    help="an output vocabulary of V_O of the --vocab pieces (ids 1..V_O; the targets drawn from them): "
+    ap.add_argument("--output-pieces", type=int, metavar="V_o",
+                    help="an output vocabulary of V_o of the --vocab pieces (ids 1..V_o; the targets drawn from them): "
                          "train_wmt.py --output-vocab target")
     ap.add_argument("--vs-joint", action="store_true",
                     help="with --output-pieces: also time the same model scoring all --vocab pieces (rounds alternate)")
@@ -295,7 +295,7 @@ def main(argv=None):
 
     sizes = shape_overrides(args)
     if args.vs_joint and not args.output_pieces:
-        ap.error("--vs-joint compares with --output-pieces V_O: give it")
+        ap.error("--vs-joint compares with --output-pieces V_o: give it")
     if args.vs_torch and args.output_pieces:
         ap.error("--vs-torch times the paper's joint output (the PyTorch model has no output vocabulary): "
                  "drop --output-pieces")

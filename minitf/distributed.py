@@ -7,8 +7,8 @@ on NumPy; NCCL on CuPy, its unique id broadcast over MPI, as chainermn and cupyx
 Run without a launcher, `init` returns the one-process `World` and mpi4py is never imported.
 
 The verbs: `rank`, `size`, `local_rank`, `local_size`, `allreduce_sum(buf)` (in place),
-`allreduce_numbers`, `allgather(obj)`, `barrier()`, `abort(code)`, `share_cores()`, and `use_gpu()` for GPU ranks
-(and `bcast(obj)`, which the tests use). Paper 5.2: the base model was
+`allreduce_numbers`, `allgather(obj)`, `barrier()`, `abort(code)`, `share_cores()`, and `use_gpu()` (MPIWorld's
+only: the GPU ranks of a multi-rank run), and `bcast(obj)`, which the tests use. Paper 5.2: the base model was
 trained on 8 GPUs of one machine.
 """
 import os
