@@ -72,7 +72,8 @@ class TorchTransformer:
         return F.dropout(x, self.cfg.dropout, self.training) if self.cfg.dropout > 0 else x
 
     def _attention(self, name, x_q, x_kv, blocked):
-        """Multi-head attention; blocked: bool, broadcastable to [B, H, T, S] (queries, keys: T = S in self-attention), True = may not
+        """Multi-head attention; blocked: bool, broadcastable to [B, H, T, S] in cross-attention, [B, H, L, L] in
+        self-attention, True = may not
         attend."""
         h, dk = self.cfg.n_heads, self.cfg.d_k
         b, tq, tk = x_q.shape[0], x_q.shape[1], x_kv.shape[1]

@@ -273,7 +273,7 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
 
     stop="bound" ends a sentence when no live beam can still beat the best
     finished hypothesis (its score can only fall and its length penalty is at most
-    lp(max length): tensor2tensor's "terminate early when possible"), and every EOS among
+    lp(max length + 1), |Y| counting the EOS: tensor2tensor's "terminate early when possible"), and every EOS among
     the 2k best may finish (not only the k best, not only k of them).
 
     stop="ctranslate2" is CTranslate2's rule with its length penalty at 0 (docs/interop.md): every

@@ -26,7 +26,8 @@ def as_float32_if_half(x):
 
 
 def column_sum(x2, y2=None):
-    """The sum over the rows of x2 [rows, D] (of x2 * y2 when given): a bias's or a LayerNorm
+    """The sum over the rows of x2 [rows, d] (d: a Linear's output width, D, F or H*K, or a LayerNorm's D;
+    of x2 * y2 when given): a bias's or a LayerNorm
     parameter's gradient. On a GPU two deterministic launches (kernels.column_sums: slab partials,
     then the slabs added in order) in the accumulation dtype."""
     if kernels.enabled(x2):
@@ -239,8 +240,8 @@ def hash_bits(xp, key, rowpos, n_rows, d):
 
 
 def dropout_bits(sites, xp, shape, rows=None):
-    """The next site's 16-bit uniforms for an activation of `shape`: [..., D] in the padded
-    layout, or [N_t, D] / [N_s, D] packed with `rows` (packing.Rows). Same bits in both layouts."""
+    """The next site's 16-bit uniforms for an activation of `shape`: [..., d] in the padded
+    layout (d its last width: D, F, or the keys of attention weights), or [N_t, d] / [N_s, d] packed with `rows` (packing.Rows). Same bits in both layouts."""
     (seed, forward_index, site), key = sites.next_site()
     d = shape[-1]
     n_rows = int(np.prod(shape[:-1], dtype=np.int64))

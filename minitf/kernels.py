@@ -19,7 +19,7 @@ warp per row), one thread per value (or per 16 bytes) for the elementwise ones.
   loss_totals           the batch's loss, NLL sum and loss sum from those rows' terms, one block
   smoothed_nll_backward dlogits = (softmax - q) * w, q = (1 - eps) onehot + eps / V_o
   column_partial_sums   the bias and LayerNorm parameter gradients: sums over the rows of
-  column_sums_finish    x [rows, D] (or of x * y), in two passes of fixed order (deterministic)
+  column_sums_finish    x [rows, d] (or of x * y), in two passes of fixed order (deterministic)
   column_sums_into      the same sums ADDED into the gradient buffers in one launch (the training step's)
   unpack_heads          x [rows, H*K] (+ bias) -> [B, H, L, K]: a projection's kept rows put back
                         in the padded batch and split into heads, zeros at the pads, one pass
@@ -35,8 +35,10 @@ warp per row), one thread per value (or per 16 bytes) for the elementwise ones.
   *_warp (LayerNorm)    layernorm_forward, residual_layernorm and layernorm_backward with a warp per row
                         and 16-byte loads (kernels.ln_warp_ok; MINITF_FUSED_LNWARP=1)
 
-Every kernel reads and writes the storage dtype (float16, bfloat16, float32 or float64: the C type `T` of
-the source) and computes in the accumulation dtype (float32, or float64 for float64 arrays: `A`),
+Every kernel reads and writes activations and gradients in the storage dtype (float16, bfloat16, float32 or
+float64: the C type `T` of the source) and computes in the accumulation dtype (float32, or float64 for float64
+arrays: `A`), in which it also keeps its statistics, caches and partial sums (and Adam its master weights and
+moments),
 like functional.py's generic path,
 which stays the reference: tests/test_gpu.py checks each kernel against it on a GPU, and
 tests/test_kernels.py runs the same CUDA source on the CPU through a small emulator
@@ -1266,10 +1268,10 @@ def _slabs(n, d):
 
 
 def column_sums(x, y=None, out=None):
-    """x [..., D] summed over every axis but the last (of x * y, y [..., D] in the accumulation
-    dtype, when given) -> [D] in the accumulation dtype: the bias and LayerNorm parameter
-    gradients. Two launches: partial sums over slabs of rows, then the slabs added in order, so
-    the result is the same on every run. `out` ([D], x's dtype, C-contiguous; without y:
+    """x [..., d] (d: the width summed for, D, F or H*K) summed over every axis but the last (of
+    x * y, y [..., d] in the accumulation dtype, when given) -> [d] in the accumulation dtype: the
+    bias and LayerNorm parameter gradients. Two launches: partial sums over slabs of rows, then the
+    slabs added in order, so the result is the same on every run. `out` ([d], x's dtype, C-contiguous; without y:
     column_sums_pair adds x * y sums): the sums of x are ADDED into it (a gradient buffer: no separate add) by ONE launch (column_sums_into: the last
     block of each 32-column chunk adds that chunk's slabs, in the same order as the second pass) and it
     is returned."""

@@ -71,7 +71,7 @@ def step_stats(model, loss_sum, nll_sum):
     the device (the CPU; a GPU without the fused Adam or with MINITF_HOST_CHECK=1). On a GPU that
     copy waits for the GPU."""
     xp = model.xp
-    dt = accum_dtype(model.dtype) if is_gpu(xp) else np.float64   # the values' own precision: no float64 on a GPU
+    dt = accum_dtype(model.dtype) if is_gpu(xp) else np.float64   # the values' own precision (float32 for a float32 or 16-bit model)
     both = xp.stack([xp.asarray(loss_sum, dtype=dt), xp.asarray(nll_sum, dtype=dt),
                      xp.isfinite(model.flat_grads).all().astype(dt)])
     loss_sum, nll_sum, finite = (float(v) for v in to_numpy(both))

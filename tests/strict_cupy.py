@@ -13,7 +13,8 @@ _scalar.pyx, _routines_indexing.pyx, cuda/function.pyx, _core/raw.pyx):
   Indexing with host index arrays and advanced-index assignment of host values are implicit
   host->device copies that CuPy accepts: allowed, and counted. Basic-index assignment of a
   host array raises CuPy's ValueError.
-- ONLY the names in ALLOWED and UFUNCS (module functions), CONSTANTS and METHODS (ndarray methods), plus
+- ONLY the names in ALLOWED and UFUNCS (module functions), CONSTANTS (module attributes) and METHODS (ndarray
+  methods), plus
   `random.default_rng` (NumPy's PCG64, not CuPy's XORWOW) and `get_default_memory_pool`, each with the
   parameters of CuPy's signature: a call CuPy's signature would reject raises TypeError, an
   unknown name AttributeError naming it. CuPy's behaviours that differ from NumPy's are

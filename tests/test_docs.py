@@ -417,7 +417,7 @@ def _facts():
         ("derivations/schedule.md", "4.94", f"{_peak('big')[0]:.2e}" == "4.94e-04"),
         ("derivations/schedule.md", "3.09", f"{_peak('small')[0]:.2e}" == "3.09e-03"),
         ("derivations/schedule.md", "peak", noam(3999, 512, 4000) < noam(4000, 512, 4000) > noam(4001, 512, 4000)),
-        ("paper_map.md", "the paper's $\\alpha = 0.6$ for base and big, 2.0 for the Transformer's `small`, 1.5 with `--arch rnn`",
+        ("paper_map.md", "the paper's $\\alpha = 0.6$ for base and big, 2.0 for the Transformer's `small`, 1.5 for the recurrent `small`",
          tuple(Config.preset(n).decode_alpha for n in ("base", "big", "small")) == (0.6, 0.6, 2.0)
          and Config.preset("small", arch="rnn").decode_alpha == 1.5),
         ("paper_map.md", "`update_tokens` in `minitf.config.PRESETS`, split over the ranks",

@@ -268,6 +268,12 @@ def test_a_huge_line_in_a_file_read_whole_is_refused_after_a_megabyte(tmp_path, 
     ok = tmp_path / "ok.txt"
     ok.write_bytes(b"a\n" + b"y" * MAX_LINE_BYTES + b"\nb")        # exactly the limit: still read
     assert [len(x) for x in read_lines(ok)] == [1, MAX_LINE_BYTES, 1]
+    from minitf.data.readers import LineStream                        # and streamed (the training corpus) alike
+    assert [len(x) for x in LineStream(ok)] == [1, MAX_LINE_BYTES, 1]
+    over = tmp_path / "over.txt"
+    over.write_bytes(b"a\n" + b"y" * (MAX_LINE_BYTES + 1) + b"\nb")
+    with pytest.raises(DataError, match=f"{over.name}:2: a line of over {MAX_LINE_BYTES:,} bytes"):
+        list(LineStream(over))
 
 
 @pytest.mark.parametrize("arch,extra", [("transformer", {}), ("transformer", {"positional": "learned"}),

@@ -3,7 +3,8 @@ minitf.data.prepare), then memory-mapped at every start.
 
 `open_cache` maps the arrays back with ``np.load(mmap_mode="r")``: a start reads the manifest,
 the per-sentence lengths (2 bytes a sentence), the tokenizer model and the offsets' two ends, and no token (but
-a fresh run whose output layer is the target side's pieces scans that side once, `TokenPairs.pieces`, and
+a fresh run whose output layer is the target side's pieces scans that side once (both sides with bidirectional
+training), `TokenPairs.pieces`, and
 BPE-dropout reads the sides it resegments), and a batch reads only its own rows (`TokenPairs.collate`). minitf.data.prepare builds a cache (fairseq's
 `fairseq-preprocess` does this for fairseq; minitf with NumPy alone).
 

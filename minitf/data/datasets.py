@@ -125,7 +125,7 @@ DATASETS = {
         "subword": "bpe",                                  # paper 5.1: BPE for en-de (en-fr: word-pieces)
         "max_ratio": 1.5,
         "splits": {
-            # fairseq's prepare-wmt14en2de.sh corpora (4.5M pairs)
+            # fairseq's prepare-wmt14en2de.sh --icml17 corpora (4.5M pairs: WMT'14's own)
             "de-en": _wmt14([
                 _in("europarl", "training/europarl-v7.de-en.{lang}", "europarl-v7.de-en.{lang}"),
                 _in("commoncrawl", "commoncrawl.de-en.{lang}", "training/commoncrawl.de-en.{lang}"),

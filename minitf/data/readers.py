@@ -256,11 +256,11 @@ class LineStream:
                     f = io.BufferedReader(_RawHashing(_Hashing(raw)), 1 << 20)
                 with f:
                     while True:
-                        line = f.readline(MAX_LINE_BYTES + 1)   # at most this much, even of a 1 GiB line
+                        line = f.readline(MAX_LINE_BYTES + 2)   # at most this much, even of a 1 GiB line
                         if not line:
                             break
                         number += 1
-                        if len(line) > MAX_LINE_BYTES:
+                        if len(line) - line.endswith(b"\n") > MAX_LINE_BYTES:   # the limit is read_lines', newline apart
                             raise line_too_long(self.path, number, "minitf trains on (--max-len pieces)")
                         try:
                             text = line.decode("utf-8")
