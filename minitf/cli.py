@@ -168,7 +168,8 @@ def _decode_args(p):
     p.add_argument("--alpha", type=Number(float, 0), default=None,
                    help="length penalty alpha (paper: 0.6; default: the checkpoint's preset, small 2.0, "
                         "small with --arch rnn 1.5)")
-    p.add_argument("--max-len-b", type=Number(int, 0), default=50, help="max output length = input length + this")
+    p.add_argument("--max-len-b", type=Number(int, 0), default=50, help="max output length = input length (in pieces, its EOS "
+                   "included) + this; with learned positions at most max_len - 1")
     p.add_argument("--stop", choices=["fairseq", "bound", "ctranslate2"], default="fairseq",
                    help="when beam search ends a sentence: fairseq (once --beam hypotheses finished, fairseq's rule) or "
                         "bound (once no live beam can still beat the best finished one: usually later, a score at least as good) or "

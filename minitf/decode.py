@@ -19,7 +19,8 @@ from .functional import as_float32_if_half
 
 
 class StepDecoder(Protocol):
-    """What a model's `incremental_decoder(src, max_steps, use_cache, beam=1)` returns: the decoder
+    """What a model's `incremental_decoder(src, max_steps, use_cache=True, beam=1)` returns (the recurrent
+    model's ignores max_steps and use_cache): the decoder
     state of sentences x rows, sentence-major (a sentence has one row until its first reorder, then
     one a beam). Both architectures implement it (incremental.IncrementalDecoder,
     rnn.RecurrentDecoder)."""

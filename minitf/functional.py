@@ -307,7 +307,8 @@ def dropout_backward(dy, mask):
 def attention_forward(q, k, v, bias, scale, drop_mask=None):
     """Scaled dot-product attention (paper 3.2.1): softmax(q k^T * scale + bias) v.
 
-    q [B, H, T, K], k and v [B, H, S, K], bias broadcastable to [B, H, T, S] (0 where
+    q [B, H, T, K], k and v [B, H, S, K] (T, S: the query and key lengths, as cross-attention's;
+    S = T = L in self-attention), bias broadcastable to [B, H, T, S] (0 where
     attending is allowed, a large negative number where it is masked). `drop_mask` [B, H, T,
     S] (an inverted-dropout mask, dropout_mask): attention dropout, (p * drop_mask) v, not in
     the paper (docs/deviations.md).

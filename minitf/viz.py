@@ -652,7 +652,8 @@ def add_plot_parser(sub):
     q.add_argument("--beam", type=Number(int, 1, MAX_BEAM), default=4, help="beam size when translating (1 = greedy; default 4)")
     q.add_argument("--alpha", type=Number(float, 0), default=None, help="length penalty when translating (default: the "
                    "checkpoint's preset)")
-    q.add_argument("--max-len-b", type=Number(int, 0), default=50, help="max output length = input length + this")
+    q.add_argument("--max-len-b", type=Number(int, 0), default=50, help="max output length = input length (in pieces, its EOS "
+                   "included) + this; with learned positions at most max_len - 1")
     q.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_attention(a.checkpoint, a.src, a.out, a.layer, a.head, a.tgt, a.beam,

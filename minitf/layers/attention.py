@@ -54,7 +54,8 @@ class MultiHeadAttention(Layer):
         self.drop = self.add("drop", Dropout(dropout))   # its mask is applied inside attention_forward
 
     def forward(self, x_q, x_kv, bias, rows_q=None, rows_kv=None, sites=None, out_bias=True):
-        """x_q [B, T, D] queries, x_kv [B, S, D] keys/values, bias broadcastable to [B, H, T, S].
+        """x_q [B, T, D] queries, x_kv [B, S, D] keys/values (T, S: the query and key lengths, as
+        cross-attention's; S = T = L in self-attention), bias broadcastable to [B, H, T, S].
         out_bias=False: the output projection's bias is left to the caller's next pass (a post-norm
         block's fused sum and LayerNorm, blocks.add_norm); backward is the same.
 
