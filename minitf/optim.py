@@ -74,9 +74,10 @@ class Adam:
         t = self.step_count
         lr = self.current_lr(t) * lr_scale if lr is None else lr
         coef = (1.0 / grad_divisor, lr, 1.0 - self.beta1 ** t, 1.0 - self.beta2 ** t)
-        if check is not None and not self.fused():
+        fused = self.fused()
+        if check is not None and not fused:
             raise ValueError("Adam.step(check=...) needs the fused update (a GPU with the fused kernels, MINITF_FUSED_ADAM not 0)")
-        if self.fused():   # one kernel over the flat buffers (+ the 16-bit copy)
+        if fused:   # one kernel over the flat buffers (+ the 16-bit copy)
             self._fused_update(coef, None if check is None else check.ctl)
             return lr
         bufs = (self.model.flat_grads, self._m, self._v, self.model.weights, self._tmp, self._g)

@@ -384,7 +384,7 @@ def should_stop(run, signals):
         settle(run)   # whether the pending update was the last one depends on its outcome
     if args.max_steps and run.state["step"] >= args.max_steps:
         return "max_steps"
-    if args.patience and run.state.get("valid_since_best", 0) >= args.patience:   # same on every rank
+    if patience_reached(run):   # the same on every rank
         return "patience"
     elapsed = run.elapsed()
     # One snapshot of the signals, read before the all-reduce and used after it: a signal landing
@@ -403,6 +403,11 @@ def should_stop(run, signals):
     if term or interrupt:
         return f"{'SIGTERM' if term else 'SIGINT'} on another rank"
     return None
+
+
+def patience_reached(run):
+    """--patience validations in a row without a better one (validate counts them)."""
+    return bool(run.args.patience) and run.state.get("valid_since_best", 0) >= run.args.patience
 
 
 def take_step(run, update):
@@ -447,7 +452,7 @@ def finish_on_device(run, update, loss_sum, nll_sum):
     epoch, index, total, _ = update
     outcome = run.check.check(loss_sum, nll_sum, run.world)
     settle(run)
-    if run.args.patience and run.state.get("valid_since_best", 0) >= run.args.patience:
+    if patience_reached(run):
         return    # the last update's validation ended the run: this one is dropped, nothing of it kept
     lr = update_rate(run)
     run.opt.step(lr=lr, check=run.check)   # made on the device only if the outcome says so
