@@ -271,6 +271,22 @@ def test_gradcheck_label_smoothed_loss(rng):
     assert np.all(d[target == 0] == 0)
 
 
+def test_gradcheck_label_smoothed_loss_device_scale(rng):
+    """The loss scale kept on the device (dscale, a [1] array) multiplies the gradient: it is the
+    gradient of dloss * scale * loss."""
+    logits = rng.standard_normal((B, T, V)) * 2
+    target = np.array([[4, 5, 6, 0], [7, 8, 0, 0]])
+    dloss, scale = 0.75, np.array([3.0])
+
+    def loss():
+        return float(label_smoothed_nll(logits, target, 0.1, 0)[0]) * dloss * scale[0]
+
+    cache = label_smoothed_nll(logits, target, 0.1, 0)[3]
+    d = label_smoothed_nll_backward(cache, dloss, scale).reshape(logits.shape)
+    check("loss logits, device scale", d, loss, logits)
+    assert np.all(d[target == 0] == 0)
+
+
 def _batch():
     src = np.array([[5, 6, 7, 8, 0, 0], [9, 10, 5, 6, 7, 3]])
     tgt_out = np.array([[4, 6, 8, 3, 0], [7, 5, 3, 0, 0]])

@@ -165,6 +165,9 @@ def test_label_smoothed_nll_rows_and_gradient(dtype, v):
     out = logits.copy()                                   # in place over the logits
     kernels.smoothed_nll_backward(out, gold, lse, w * (2.0 / w.sum()), eps, out=out)
     close(out, dz_ref, dtype)
+    a = kernels.accum_dtype(dtype)                         # the loss scale read on the device (dscale[0])
+    dz_scaled = kernels.smoothed_nll_backward(logits, gold, lse, w * (2.0 / w.sum()), eps, dscale=np.array([3.0], a))
+    close(dz_scaled, (dz_ref.astype(a) * 3.0).astype(dtype), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
