@@ -3,6 +3,7 @@
 
     PYTHONPATH=tests MINITF_CUPY_MODULE=strict_cupy python bench/launches.py            # base: float32, --fp16, --bf16
     PYTHONPATH=tests MINITF_CUPY_MODULE=strict_cupy python bench/launches.py --by-name  # and which kernels
+    PYTHONPATH=tests MINITF_CUPY_MODULE=strict_cupy python bench/launches.py --allocations  # and new arrays, by site
 
 tests/strict_cupy.py counts what CuPy would launch for each call minitf makes (one kernel per
 elementwise or reduction call, advanced index, assignment or conversion; CuPy matmul's copies and GEMM;
@@ -26,14 +27,12 @@ from minitf import backend  # noqa: E402
 MODES = (("float32", False), ("fp16", True), ("bf16", "bfloat16"))   # (name, count_update's fp16)
 
 
-def count_update(preset="base", fp16=False, env=None):
-    """({kernel name: launches}, total) of one update (forward, backward, Adam) of `preset`'s
-    structure at width 64 on the stand-in; fp16: False (float32), True (--fp16) or "bfloat16"
-    (--bf16); env: variables set for the count (e.g. a fusion off)."""
+def _second_update(preset, fp16, env, around):
+    """Runs two updates of `preset`'s structure at width 64 on the stand-in (the first compiles and sets
+    up) and returns what `around` (a function of the update to run) gives for the second."""
     from bench.data import wmt_batch
     from bench.train_step import MinitfRunner
-    cupy = backend.cupy
-    if not hasattr(cupy, "launches"):
+    if not hasattr(backend.cupy, "launches"):
         raise SystemExit("bench/launches.py counts on the strict CuPy stand-in: run it with PYTHONPATH=tests "
                          "MINITF_CUPY_MODULE=strict_cupy")
     saved = {k: os.environ.get(k) for k in (env or {})}
@@ -42,22 +41,45 @@ def count_update(preset="base", fp16=False, env=None):
         cfg = minitf.Config.preset(preset, vocab_size=64, d_model=64, d_ff=128)
         runner = MinitfRunner(cfg, "gpu", wmt_batch(cfg, 120), 1e-4, fp16)
         runner.step()
-        before = cupy.launches()
-        runner.step()
-        by_name, total = cupy.launches_between(before, cupy.launches())
+        return around(runner.step)
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    return by_name, total
+
+
+def count_update(preset="base", fp16=False, env=None):
+    """({kernel name: launches}, total) of one update (forward, backward, Adam) of `preset`'s
+    structure at width 64 on the stand-in; fp16: False (float32), True (--fp16) or "bfloat16"
+    (--bf16); env: variables set for the count (e.g. a fusion off)."""
+    cupy = backend.cupy
+
+    def around(step):
+        before = cupy.launches()
+        step()
+        return cupy.launches_between(before, cupy.launches())
+    return _second_update(preset, fp16, env, around)
+
+
+def count_allocations(preset="base", fp16=False, env=None):
+    """({call site: arrays}, total): the device arrays of one update that take memory of their own
+    (from CuPy's memory pool on a GPU), as count_update's update makes them."""
+    def around(step):
+        with backend.cupy.record_allocations() as sites:
+            step()
+        return sites, sum(sites.values())
+    return _second_update(preset, fp16, env, around)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="base")
-    ap.add_argument("--by-name", action="store_true")
+    ap.add_argument("--by-name", action="store_true", help="list the kernels launched, most launched first")
+    ap.add_argument("--allocations", action="store_true",
+                    help="also count the update's device arrays that take memory of their own (CuPy's pool on a "
+                         "GPU), by call site")
     args = ap.parse_args(argv)
     for mode, fp16 in MODES:
         by_name, total = count_update(args.preset, fp16)
@@ -65,6 +87,11 @@ def main(argv=None):
         if args.by_name:
             for name, n in sorted(by_name.items(), key=lambda kv: -kv[1]):
                 print(f"    {n:5d}  {name}")
+        if args.allocations:
+            sites, total = count_allocations(args.preset, fp16)
+            print(f"allocations per update: {args.preset} {mode} {total}")
+            for site, n in sorted(sites.items(), key=lambda kv: -kv[1]):
+                print(f"    {n:5d}  {site}")
 
 
 if __name__ == "__main__":

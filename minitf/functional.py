@@ -164,7 +164,7 @@ def layernorm_backward(dy, cache, g, dg, db, dy_residual=None, mask=None, d_subl
         dg += kernels.column_sums(dy2, xhat.reshape(-1, d))
         db += kernels.column_sums(dy2)
         dx = kernels.layernorm_backward_input(dy, xhat, rstd, g)
-        return dx if mask is None else (dx, dx * mask)
+        return dx if mask is None else (dx, dx * mask_array(mask, dx))
     if kernels.enabled(dy):   # the same lines as below, fused (dy read in its own dtype)
         own = dy_residual is not None and dy.flags.c_contiguous
         if dy_residual is not None and not own:
@@ -262,6 +262,19 @@ def dropout_mask(sites, shape, p, dtype, xp=np, rows=None):
     return mask
 
 
+def mask_array(mask, like):
+    """A dropout mask as an array shaped and typed as `like` ([rows, d] or [..., d]): `mask` itself, or
+    the array a kernels.KeyedMask stands for (the bits kernels.residual_layernorm drew)."""
+    if type(mask) is not kernels.KeyedMask:
+        return mask
+    xp, d = xp_of(like), like.shape[-1]
+    u = hash_bits(xp, mask.key, mask.rowpos, like.size // d, d).reshape(like.shape)
+    out = xp.empty(like.shape, dtype=like.dtype)
+    xp.greater_equal(u, keep_threshold(mask.p), out=out, casting="unsafe")
+    out *= 1.0 / (1.0 - mask.p)
+    return out
+
+
 def dropout_forward(x, mask, inplace=False):
     """y = x * mask; `inplace` overwrites x (when nothing else holds it)."""
     if inplace:
@@ -293,7 +306,8 @@ def residual_layernorm_forward(sites, x, y, p, g, b, eps, rows=None, y_bias=None
     """LayerNorm(x + Dropout(y + y_bias)), a post-norm block's output (3.1; y_bias: the bias of the
     sublayer's last Linear, when it left it out), in one kernel: (out, mask, cache), the mask drawn
     from the next site of `sites` as dropout_add_forward draws it (sites None: no dropout, mask
-    None), the cache as layernorm_forward's; the sum is written into y."""
+    None; on the GPU a kernels.KeyedMask, drawn again by the backward), the cache as layernorm_forward's;
+    the sum is written into y."""
     key = None if sites is None else sites.next_site()[1]
     return kernels.residual_layernorm(key, None if rows is None else rows.index, y, x, p, g, b, eps, y_bias)
 

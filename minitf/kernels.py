@@ -49,6 +49,7 @@ sets MINITF_FUSED=0 (then the generic path runs everywhere, for comparisons).
 """
 import os
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 
@@ -226,6 +227,30 @@ extern "C" __global__ void softmax_backward_warp(const T* dp, const T* p, T* dx,
     for (int j = lane; j < len; j += 32) dx[off + j] = (T)((A)p[off + j] * ((A)dp[off + j] - s));
 }
 
+// Dropout's mask value from its key: u = 16 bits of splitmix64(key + w * GOLDEN), w = pos * ceil(d / 4) + c / 4 + 1
+// for column c of a row at position pos of the padded [B*L, d] batch (rowpos[r] where the rows are packed, else r);
+// kept where u >= thresh = round(p 2^16), as scale = 1 / (1 - p) (functional.hash_bits: the same bits with xp
+// operations). dropout_add, residual_layernorm and layernorm_backward (which draws the forward's mask again) use it.
+__device__ inline unsigned long long mix64(unsigned long long z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+// The mask value of column c of a row at position pos: scale where the hashed u >= thresh, else 0.
+__device__ inline A dropout_keep(unsigned long long key, unsigned long long pos, int d, int c, int thresh, A scale) {
+    unsigned long long w = pos * (unsigned long long)((d + 3) / 4) + (unsigned long long)(c / 4) + 1ULL;
+    int u = (int)((mix64(key + w * 0x9E3779B97F4A7C15ULL) >> (16 * (c & 3))) & 0xffffULL);
+    return u >= thresh ? scale : (A)0;
+}
+
+// The mask value of column c of a row (at off, position pos) as it was stored in the storage type T: (mode 1)
+// read from mask, (mode 2) drawn again from its key and rounded to T (the same bits as the stored mask).
+__device__ inline A mask_at(int mode, const T* mask, long long off, unsigned long long pos, unsigned long long key,
+                            int d, int c, int thresh, A scale) {
+    return mode == 1 ? (A)mask[off + c] : (A)(T)dropout_keep(key, pos, d, c, thresh, scale);
+}
+
 // One row of length d at x + off whose sum (this thread's share of it) is s: mean, rstd = (var + eps)^-1/2
 // (biased variance, a second pass over the row), xhat = (x - mean) * rstd (kept for backward, in the accumulation type),
 // y = xhat * g + b; rstd[row] by thread 0. layernorm_forward and residual_layernorm end with it.
@@ -256,9 +281,12 @@ extern "C" __global__ void layernorm_forward(const T* x, const T* g, const T* bv
 // dxhat = dy * g; dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) per row.
 // has_dy2: the upstream gradient is dy + dy2 (a residual branch's gradient of the same output),
 // rounded to the storage type and written back into dy (the parameter gradients' column sums read it there).
-// has_mask: also dxm = dx * mask (the gradient of the dropout's input before this LayerNorm).
+// has_mask: also dxm = dx * mask (the gradient of the dropout's input before this LayerNorm), the mask read from
+// `mask` (1) or drawn again from its key as residual_layernorm drew it (2: rowpos, has_rows, key, thresh, scale).
 extern "C" __global__ void layernorm_backward(T* dy, const T* dy2, int has_dy2, const A* xhat, const A* rstd,
-                                              const T* g, T* dx, const T* mask, int has_mask, T* dxm, int d) {
+                                              const T* g, T* dx, const T* mask, int has_mask, T* dxm, int d,
+                                              const long long* rowpos, int has_rows, unsigned long long key,
+                                              int thresh, A scale) {
     __shared__ A buf[1024];
     long long off = (long long)blockIdx.x * d;
     A s1 = 0, s2 = 0;
@@ -271,11 +299,12 @@ extern "C" __global__ void layernorm_backward(T* dy, const T* dy2, int has_dy2, 
     A m1 = block_sum(s1, buf) / d;
     A m2 = block_sum(s2, buf) / d;
     A rs = rstd[blockIdx.x];
+    unsigned long long pos = has_mask == 2 ? (unsigned long long)(has_rows ? rowpos[blockIdx.x] : blockIdx.x) : 0ULL;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         A dxh = (A)dy[off + j] * (A)g[j];
         T v = (T)(rs * (dxh - m1 - xhat[off + j] * m2));
         dx[off + j] = v;
-        if (has_mask) dxm[off + j] = (T)((A)v * (A)mask[off + j]);
+        if (has_mask) dxm[off + j] = (T)((A)v * mask_at(has_mask, mask, off, pos, key, d, j, thresh, scale));
     }
 }
 
@@ -382,23 +411,7 @@ extern "C" __global__ void smoothed_nll_backward_vec(const T* z, const long long
     }
 }
 
-// out = y * mask + x with mask = (u >= thresh) * scale, scale = 1 / (1 - p); one thread per element.
-// u: 16 bits of splitmix64(key + w * GOLDEN), w = rowpos * ceil(d / 4) + c / 4 + 1 for column c of
-// row r at position rowpos = rowpos[r] (has_rows) or r of the padded [B*L, d] batch
-// (functional.hash_bits: the same bits with xp operations).
-__device__ inline unsigned long long mix64(unsigned long long z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-// The mask value of column c of a row at position pos: scale where the hashed u >= thresh, else 0.
-__device__ inline A dropout_keep(unsigned long long key, unsigned long long pos, int d, int c, int thresh, A scale) {
-    unsigned long long w = pos * (unsigned long long)((d + 3) / 4) + (unsigned long long)(c / 4) + 1ULL;
-    int u = (int)((mix64(key + w * 0x9E3779B97F4A7C15ULL) >> (16 * (c & 3))) & 0xffffULL);
-    return u >= thresh ? scale : (A)0;
-}
-
+// out = y * mask + x with mask = dropout_keep(...) (above); one thread per element.
 extern "C" __global__ void dropout_add(const long long* rowpos, int has_rows, unsigned long long key, const T* y,
                                        const T* x, T* mask, T* out, long long n, int d, int thresh, A scale) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -414,10 +427,11 @@ extern "C" __global__ void dropout_add(const long long* rowpos, int has_rows, un
 // The sum of a post-norm block and its LayerNorm in one pass per row (paper 3.1):
 // s = x + Dropout(y + yb) as dropout_add computes it (has_drop; else s = x + y + yb), yb the bias of
 // the sublayer's last Linear (has_yb; y + yb rounded to the storage type first, as the separate add stores it),
-// s rounded to the storage type and written into y (a sublayer output nothing else holds), the mask into mask
-// (has_drop); then layernorm_forward of s: the same bits as the separate kernels one after the other.
+// s rounded to the storage type and written into y (a sublayer output nothing else holds); then
+// layernorm_forward of s: the same bits as the separate kernels one after the other. The mask is not stored:
+// layernorm_backward draws it again from its key.
 extern "C" __global__ void residual_layernorm(const long long* rowpos, int has_rows, unsigned long long key,
-                                              int has_drop, T* y, const T* yb, int has_yb, const T* x, T* mask,
+                                              int has_drop, T* y, const T* yb, int has_yb, const T* x,
                                               int thresh, A scale, const T* g, const T* bvec, T* out, A* xhat,
                                               A* rstd, int d, A eps) {
     __shared__ A buf[1024];
@@ -427,7 +441,6 @@ extern "C" __global__ void residual_layernorm(const long long* rowpos, int has_r
     A s = 0;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         A m = has_drop ? dropout_keep(key, pos, d, j, thresh, scale) : (A)1;
-        if (has_drop) mask[off + j] = (T)m;
         A yj = has_yb ? (A)(T)((A)y[off + j] + (A)yb[j]) : (A)y[off + j];
         T v = (T)(yj * m + (A)x[off + j]);
         y[off + j] = v;     // read back below by this same thread only
@@ -480,7 +493,7 @@ extern "C" __global__ void layernorm_forward_warp(const T* x, const T* g, const 
 
 // residual_layernorm with a warp per row: the same sum (and bits) as dropout_add then layernorm_forward_warp.
 extern "C" __global__ void residual_layernorm_warp(const long long* rowpos, int has_rows, unsigned long long key,
-                                                   int has_drop, T* y, const T* yb, int has_yb, const T* x, T* mask,
+                                                   int has_drop, T* y, const T* yb, int has_yb, const T* x,
                                                    int thresh, A scale, const T* g, const T* bvec, T* out, A* xhat,
                                                    A* rstd, int d, A eps, long long rows) {
     int lane = threadIdx.x % 32;
@@ -492,15 +505,12 @@ extern "C" __global__ void residual_layernorm_warp(const long long* rowpos, int 
     for (int j = lane * VEC; j < len; j += 32 * VEC) {
         Vec yv = *(const Vec*)(y + off + j);
         Vec xv = *(const Vec*)(x + off + j);
-        Vec mv;
         for (int k = 0; k < VEC; k++) {
             A m = has_drop ? dropout_keep(key, pos, d, j + k, thresh, scale) : (A)1;
-            mv.v[k] = (T)m;
             A yj = has_yb ? (A)(T)((A)yv.v[k] + (A)yb[j + k]) : (A)yv.v[k];
             yv.v[k] = (T)(yj * m + (A)xv.v[k]);
             s += (A)yv.v[k];
         }
-        if (has_drop) *(Vec*)(mask + off + j) = mv;
         *(Vec*)(y + off + j) = yv;   // read back below by this same lane only
     }
     layernorm_row_warp(y, off, len, d, s, g, bvec, out, xhat, rstd, r, eps, lane);
@@ -509,7 +519,8 @@ extern "C" __global__ void residual_layernorm_warp(const long long* rowpos, int 
 // layernorm_backward with a warp per row (as above).
 extern "C" __global__ void layernorm_backward_warp(T* dy, const T* dy2, int has_dy2, const A* xhat, const A* rstd,
                                                    const T* g, T* dx, const T* mask, int has_mask, T* dxm, int d,
-                                                   long long rows) {
+                                                   const long long* rowpos, int has_rows, unsigned long long key,
+                                                   int thresh, A scale, long long rows) {
     int lane = threadIdx.x % 32;
     long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int len = r < rows ? d : 0;
@@ -531,6 +542,7 @@ extern "C" __global__ void layernorm_backward_warp(T* dy, const T* dy2, int has_
     A m1 = warp_sum(s1) / d;
     A m2 = warp_sum(s2) / d;
     A rs = rstd[rr];
+    unsigned long long pos = has_mask == 2 ? (unsigned long long)(has_rows ? rowpos[rr] : rr) : 0ULL;
     for (int j = lane * VEC; j < len; j += 32 * VEC) {
         Vec a = *(const Vec*)(dy + off + j);
         Vec o, om;
@@ -539,9 +551,12 @@ extern "C" __global__ void layernorm_backward_warp(T* dy, const T* dy2, int has_
             o.v[k] = (T)(rs * (dxh - m1 - xhat[off + j + k] * m2));
         }
         *(Vec*)(dx + off + j) = o;
-        if (has_mask) {
+        if (has_mask == 1) {
             Vec mk = *(const Vec*)(mask + off + j);
             for (int k = 0; k < VEC; k++) om.v[k] = (T)((A)o.v[k] * (A)mk.v[k]);
+            *(Vec*)(dxm + off + j) = om;
+        } else if (has_mask == 2) {
+            for (int k = 0; k < VEC; k++) om.v[k] = (T)((A)o.v[k] * mask_at(2, mask, off, pos, key, d, j + k, thresh, scale));
             *(Vec*)(dxm + off + j) = om;
         }
     }
@@ -924,10 +939,12 @@ SIGNATURES = {
                             "long long"],
     "softmax_backward_warp": ["T*", "T*", "T*", "long long", "int"],
     "layernorm_forward": ["T*", "T*", "T*", "T*", "A*", "A*", "int", "A"],
-    "layernorm_backward": ["T*", "T*", "int", "A*", "A*", "T*", "T*", "T*", "int", "T*", "int"],
+    "layernorm_backward": ["T*", "T*", "int", "A*", "A*", "T*", "T*", "T*", "int", "T*", "int", "long long*", "int",
+                           "unsigned long long", "int", "A"],
     "layernorm_forward_warp": ["T*", "T*", "T*", "T*", "A*", "A*", "int", "A", "long long"],
-    "layernorm_backward_warp": ["T*", "T*", "int", "A*", "A*", "T*", "T*", "T*", "int", "T*", "int", "long long"],
-    "residual_layernorm_warp": ["long long*", "int", "unsigned long long", "int", "T*", "T*", "int", "T*", "T*", "int",
+    "layernorm_backward_warp": ["T*", "T*", "int", "A*", "A*", "T*", "T*", "T*", "int", "T*", "int", "long long*",
+                                "int", "unsigned long long", "int", "A", "long long"],
+    "residual_layernorm_warp": ["long long*", "int", "unsigned long long", "int", "T*", "T*", "int", "T*", "int",
                                 "A", "T*", "T*", "T*", "A*", "A*", "int", "A", "long long"],
     "smoothed_nll_rows": ["T*", "long long*", "A*", "A*", "A*", "int"],
     "loss_totals": ["A*", "A*", "long long", "A", "A", "A", "A*"],
@@ -935,7 +952,7 @@ SIGNATURES = {
     "smoothed_nll_rows_vec": ["T*", "long long*", "A*", "A*", "A*", "int"],
     "smoothed_nll_backward_vec": ["T*", "long long*", "A*", "A*", "int", "A", "A*", "int", "T*", "int", "A"],
     "dropout_add": ["long long*", "int", "unsigned long long", "T*", "T*", "T*", "T*", "long long", "int", "int", "A"],
-    "residual_layernorm": ["long long*", "int", "unsigned long long", "int", "T*", "T*", "int", "T*", "T*", "int", "A",
+    "residual_layernorm": ["long long*", "int", "unsigned long long", "int", "T*", "T*", "int", "T*", "int", "A",
                            "T*", "T*", "T*", "A*", "A*", "int", "A"],
     "column_partial_sums": ["T*", "A*", "int", "A*", "long long", "int", "long long"],
     "column_sums_finish": ["A*", "A*", "int", "int"],
@@ -1154,10 +1171,20 @@ def _as(p, dtype):
     return p if p.dtype == dtype and p.flags.c_contiguous else xp.ascontiguousarray(p, dtype=dtype)
 
 
+class KeyedMask(NamedTuple):
+    """A dropout mask kept as what draws it (residual_layernorm's): layernorm_backward_input draws it
+    again in its own pass (the same bits) instead of reading a stored [rows, d] array.
+    rowpos: the rows' positions in the padded batch (a device int64 array), or None (row r at r)."""
+    key: int
+    rowpos: object
+    p: float
+
+
 def layernorm_backward_input(dy, xhat, rstd, g, dy2=None, mask=None):
     """dx for layernorm_forward (the parameter gradients are column sums, left to the caller).
     dy2: a second upstream gradient: dy + dy2 is used, and written into dy (which must then be
-    the caller's own, C-contiguous). mask: returns (dx, dx * mask) instead of dx."""
+    the caller's own, C-contiguous). mask (an array shaped as dy, or a KeyedMask): returns
+    (dx, dx * mask) instead of dx."""
     xp = backend.xp_of(dy)
     if dy2 is None:
         dy = xp.ascontiguousarray(dy)
@@ -1166,10 +1193,16 @@ def layernorm_backward_input(dy, xhat, rstd, g, dy2=None, mask=None):
     dxm = None if mask is None else xp.empty_like(dy)
     has_dy2 = dy2 is not None
     dy2 = xp.ascontiguousarray(dy2) if has_dy2 else dy
-    mask_ = dy if mask is None else xp.ascontiguousarray(mask)   # placeholders where the kernel reads nothing
+    keyed = type(mask) is KeyedMask
+    mask_ = dy if mask is None or keyed else xp.ascontiguousarray(mask)   # placeholders where the kernel reads nothing
     dxm_ = dx if dxm is None else dxm
-    args = (dy, dy2, np.int32(has_dy2), xhat, rstd, _as(g, dy.dtype), dx, mask_, np.int32(mask is not None), dxm_,
-            np.int32(d))
+    a = accum_dtype(dy.dtype)
+    rowpos = mask.rowpos if keyed else None
+    args = (dy, dy2, np.int32(has_dy2), xhat, rstd, _as(g, dy.dtype), dx, mask_,
+            np.int32(0 if mask is None else 2 if keyed else 1), dxm_, np.int32(d),
+            _placeholder(xp, np.int64) if rowpos is None else xp.ascontiguousarray(rowpos, dtype=np.int64),
+            np.int32(rowpos is not None), np.uint64(mask.key if keyed else 0),
+            np.int32(keep_threshold(mask.p) if keyed else 0), a(1.0 / (1.0 - mask.p) if keyed else 1.0))
     _launch_layernorm("layernorm_backward", dy.dtype, rows, d, args, ln_warp_ok(d, dy, dy2, dx, mask_, dxm_))
     return dx if mask is None else (dx, dxm)
 
@@ -1239,24 +1272,23 @@ def residual_layernorm(key, rowpos, y, x, p, g, b, eps, y_bias=None):
     """(out, mask, (xhat, rstd)): out = LayerNorm(x + Dropout(y + y_bias)) of a post-norm block in one
     pass per row, the dropout as `dropout_add` draws it (key None: no dropout, mask None; y_bias None:
     no bias); the sum is written into y (a sublayer output nothing else holds), the cache as
-    layernorm_forward's."""
+    layernorm_forward's. The mask is a KeyedMask (no [rows, d] array is stored: layernorm_backward_input
+    draws it again)."""
     xp = backend.xp_of(y)
     y, x = xp.ascontiguousarray(y), xp.ascontiguousarray(x)
     a = accum_dtype(y.dtype)
     rows, d = _rows(y)
     out = xp.empty_like(y)
-    mask = None if key is None else xp.empty_like(y)
     xhat = xp.empty(y.shape, dtype=a)
     rstd = xp.empty(y.shape[:-1] + (1,), dtype=a)
     positions = _placeholder(xp, np.int64) if rowpos is None else xp.ascontiguousarray(rowpos, dtype=np.int64)
-    mask_ = y if mask is None else mask   # a placeholder where the kernel writes no mask
     args = (positions, np.int32(rowpos is not None), np.uint64(key or 0), np.int32(key is not None), y,
             y if y_bias is None else _as(y_bias, y.dtype), np.int32(y_bias is not None), x,
-            mask_, np.int32(0 if key is None else keep_threshold(p)),
+            np.int32(0 if key is None else keep_threshold(p)),
             a(1.0 if key is None else 1.0 / (1.0 - p)), _as(g, y.dtype), _as(b, y.dtype), out, xhat, rstd,
             np.int32(d), a(eps))
-    _launch_layernorm("residual_layernorm", y.dtype, rows, d, args, ln_warp_ok(d, y, x, out, mask_))
-    return out, mask, (xhat, rstd)
+    _launch_layernorm("residual_layernorm", y.dtype, rows, d, args, ln_warp_ok(d, y, x, out))
+    return out, (None if key is None else KeyedMask(key, positions if rowpos is not None else None, p)), (xhat, rstd)
 
 
 def _slabs(n, d):

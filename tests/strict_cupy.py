@@ -26,7 +26,7 @@ _scalar.pyx, _routines_indexing.pyx, cuda/function.pyx, _core/raw.pyx):
   data-dependent shapes (nonzero, flatnonzero, boolean-mask indexing) read a count back.
   Host->device copies (asarray of host data, host index arrays) are counted apart.
   `count_transfers()` collects them; `record_dtypes()` collects the dtypes of the arrays
-  created; LAUNCHES counts every kernel CuPy would launch, by name (one per elementwise or
+  created; `record_allocations()` the device arrays that take new memory (not views), by call site; LAUNCHES counts every kernel CuPy would launch, by name (one per elementwise or
   reduction call, advanced index, assignment, copy or conversion; CuPy matmul's copies and
   GEMM; the RawKernels; cuBLAS calls; NCCL calls), and `launches()` snapshots it; STRICT_CUPY_REPORT=path writes both for the whole process at its exit (JSON, with
   LAUNCHES: the kernels and NCCL calls run).
@@ -101,6 +101,7 @@ class Transfers:
 
 _RECORDERS = []         # active Transfers
 _DTYPE_RECORDERS = []   # active {dtype name: first site}
+_ALLOC_RECORDERS = []   # active {call site: new device arrays made there}
 TOTALS = {"d2h": 0, "h2d": 0, "d2h_async": 0}
 LAUNCHES = {}           # kernel name -> launches, and "nccl.allReduce" -> calls
 
@@ -170,6 +171,12 @@ def record_dtypes():
     return _recording(_DTYPE_RECORDERS, {})
 
 
+def record_allocations():
+    """Collects {call site: count} of the device arrays created inside that take memory of their own
+    (what CuPy takes from its memory pool; views, reshapes and `out=` results take none)."""
+    return _recording(_ALLOC_RECORDERS, {})
+
+
 def _report_at_exit(path):
     transfers = Transfers()
     dtypes = {}
@@ -214,6 +221,10 @@ def _new(a):
     obj._a = a
     if a.base is None:
         _LIVE[id(a)] = a
+        if _ALLOC_RECORDERS:
+            site = _site()
+            for rec in _ALLOC_RECORDERS:
+                rec[site] = rec.get(site, 0) + 1
     if _DTYPE_RECORDERS:
         name = a.dtype.name
         site = None

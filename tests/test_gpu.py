@@ -61,6 +61,27 @@ def test_gpu_loss_logits_and_every_gradient_match_cpu_float64(positional):
     assert_same_gradients(cpu, gpu)
 
 
+@needs_kernels
+def test_gpu_gradients_with_residual_dropout_keyed_masks_match_stored_masks(monkeypatch):
+    """Residual dropout on, float64: the fused post-norm blocks keep each mask as its key
+    (kernels.KeyedMask) and the LayerNorm's backward draws it again; the loss and every gradient
+    equal those of the passes apart (MINITF_FUSED_NORM=0: dropout_add stores the same mask)."""
+    c = cfg(dropout=0.3)
+    runs = []
+    for norm in ("1", "0"):
+        monkeypatch.setenv("MINITF_FUSED_NORM", norm)
+        gpu = minitf.Transformer(c, device="gpu", dtype="float64", seed=0)
+        loss = float(gpu.forward_loss(SRC, TGT_IN, TGT_OUT))
+        held = [layer.drop1.cache for layer in gpu.encoder.layer_list]
+        assert all((type(m) is kernels.KeyedMask) == (norm == "1") for m in held)
+        gpu.backward()
+        runs.append((loss, {k: to_numpy(v) for k, v in gpu.grad_dict().items()}))
+    (loss, grads), (want_loss, want) = runs
+    assert abs(loss - want_loss) <= 1e-12 * abs(want_loss)
+    for name, g in want.items():
+        np.testing.assert_allclose(grads[name], g, rtol=1e-9, atol=1e-12, err_msg=name)
+
+
 def test_gpu_adam_step_matches_cpu():
     c = cfg()
     models = [minitf.Transformer(c, device=d, dtype="float64", seed=1) for d in ("cpu", "gpu")]

@@ -196,7 +196,8 @@ def test_dropout_add(dtype, packed):
 def test_residual_layernorm_is_dropout_add_then_layernorm_bit_for_bit(dtype, packed, drop, d, biased):
     """LayerNorm(x + Dropout(y + b_y)) in one pass per row: the same mask, sum (written into y), output
     and cache, bit for bit, as the bias add, dropout_add and layernorm_forward one after the other (no
-    dropout: the plain sum); the mask is functional.hash_bits' for the padded layout and packed rows."""
+    dropout: the plain sum); the mask, kept as its key, stands for functional.hash_bits' mask for the
+    padded layout and packed rows."""
     rng = np.random.default_rng(d)
     p, key = 0.1, F.DropoutSites(5, 9).next_site()[1]
     rowpos = np.array([0, 2, 3, 7, 8, 9, 15, 20]) if packed else None
@@ -208,7 +209,9 @@ def test_residual_layernorm_is_dropout_add_then_layernorm_bit_for_bit(dtype, pac
     out, mask, (xhat, rstd) = kernels.residual_layernorm(key if drop else None, rowpos, y1, x, p, g, b, 1e-6, y_bias)
     if drop:
         s, want_mask = kernels.dropout_add(key, rowpos, y2, x, p)
-        assert mask.tobytes() == want_mask.tobytes() and 0.8 < (mask != 0).mean() <= 1.0
+        drawn = F.mask_array(mask, want_mask)          # the KeyedMask, as the array it stands for
+        assert type(mask) is kernels.KeyedMask and (mask.key, mask.p) == (key, p)
+        assert drawn.tobytes() == want_mask.tobytes() and 0.8 < (drawn != 0).mean() <= 1.0
     else:
         s, want_mask = (y2 + x).astype(dtype), None
         assert mask is None
@@ -216,6 +219,46 @@ def test_residual_layernorm_is_dropout_add_then_layernorm_bit_for_bit(dtype, pac
     assert y1.tobytes() == s.tobytes()                     # the sum, written into y
     assert out.tobytes() == want.tobytes() and xhat.tobytes() == want_xhat.tobytes()
     assert rstd.tobytes() == want_rstd.tobytes() and out.shape == shape and rstd.shape == shape[:-1] + (1,)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("warp", [False, True])
+@pytest.mark.parametrize("packed", [False, True])
+def test_layernorm_backward_draws_the_forward_mask_again(dtype, warp, packed, monkeypatch):
+    """A post-norm block's LayerNorm backward takes residual_layernorm's dropout mask as its key (a
+    KeyedMask: no [rows, D] mask kept from the forward to the backward) and draws it again in its own pass:
+    (dx, dx * mask) the same bits as with the mask dropout_add stores, in the block and the warp kernels,
+    for the padded layout and packed rows; a wrong key, rate or row position changes the bits."""
+    rng = np.random.default_rng(11)
+    vec = kernels.VEC_BYTES // np.dtype(dtype).itemsize
+    d, p = 32 * vec + 2 * vec, 0.1
+    rowpos = np.array([0, 2, 3, 7, 8, 9, 15, 20, 21]) if packed else None
+    n = 9
+    key = F.DropoutSites(5, 9).next_site()[1]
+    y, x, dy, dy2 = (rng.normal(size=(n, d)).astype(dtype) for _ in range(4))
+    g = rng.normal(size=d).astype(dtype)
+    if warp:
+        monkeypatch.setenv("MINITF_FUSED_LNWARP", "1")
+    _, (xhat, rstd) = kernels.layernorm_forward(x, g, g, 1e-5)
+    stored = kernels.dropout_add(key, rowpos, y.copy(), x, p)[1]
+
+    def backward(mask):
+        launched = []
+        real = kernels.LAUNCH["launch"]
+        monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+        out = kernels.layernorm_backward_input(dy.copy(), xhat, rstd, g, dy2=dy2, mask=mask)
+        monkeypatch.setitem(kernels.LAUNCH, "launch", real)
+        assert launched == ["layernorm_backward_warp" if warp else "layernorm_backward"]
+        return out
+
+    dx, dxm = backward(kernels.KeyedMask(key, rowpos, p))
+    want_dx, want_dxm = backward(stored)
+    equal(dx, want_dx)
+    equal(dxm, want_dxm)
+    assert 0.8 < (dxm != 0).mean() < 0.97
+    for wrong in (kernels.KeyedMask(key + 1, rowpos, p), kernels.KeyedMask(key, rowpos, 0.3),
+                  kernels.KeyedMask(key, None if packed else np.arange(1, n + 1), p)):
+        assert backward(wrong)[1].tobytes() != want_dxm.tobytes()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -492,7 +535,7 @@ def test_the_layernorm_kernels_a_warp_per_row(dtype, monkeypatch):
     for got, want, kind in ((y2, y1, dtype), (xh2, xh1, acc_t), (rs2, rs1, acc_t), (o2, o1, dtype), (rxh2, rxh1, acc_t),
                             (rrs2, rrs1, acc_t), (dx2, dx1, dtype), (dxm2, dxm1, dtype)):
         close(got, want, kind, scale=3.0)
-    equal(m2, m1)
+    equal(F.mask_array(m2, o2), F.mask_array(m1, o1))
     equal(dys2, dys1)            # dy + dy2, written back into dy
     summed = kernels.dropout_add(key, rowpos, (y.astype(acc_t) + yb.astype(acc_t)).astype(dtype), x, p)[0]
     alone = kernels.layernorm_forward(summed, g, b, eps)
@@ -663,8 +706,11 @@ def test_fused_dropout_path_trains(fused):
     assert losses[-1] < 0.5 * losses[0]
     model.forward_loss(SRC, TGT_IN, TGT_OUT)
     masks = [model.encoder.layer_list[0].drop1.cache, model.decoder.layer_list[1].drop3.cache]
-    for m in masks:
-        assert set(np.unique(m)) == {0.0, np.float32(1 / 0.9)}
+    assert masks[0].key != masks[1].key
+    for m in masks:   # kept as their keys (the backward draws them again), standing for 0 / (1 / 0.9) masks
+        assert type(m) is kernels.KeyedMask
+        drawn = F.mask_array(m, np.empty((m.rowpos.size, 16), np.float32))
+        assert set(np.unique(drawn)) == {0.0, np.float32(1 / 0.9)}
 
 
 def test_compile_failure_falls_back_to_the_generic_path_with_one_warning(monkeypatch):

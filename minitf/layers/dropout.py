@@ -45,8 +45,8 @@ class Dropout(Layer):
         return out
 
     def hold(self, mask):
-        """Keep `mask` (None: nothing was dropped) as this forward's, drawn and applied by a caller
-        that fuses the dropout into its own pass (LayerNorm.forward_residual)."""
+        """Keep `mask` (an array, or a kernels.KeyedMask; None: nothing was dropped) as this forward's,
+        drawn and applied by a caller that fuses the dropout into its own pass (LayerNorm.forward_residual)."""
         self.cache = mask
 
     def take_mask(self):
@@ -59,4 +59,4 @@ class Dropout(Layer):
         mask, self.cache = self.cache, None
         if mask is None:
             return dy
-        return F.dropout_backward(dy, mask)
+        return F.dropout_backward(dy, F.mask_array(mask, dy))

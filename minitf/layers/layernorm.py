@@ -21,7 +21,7 @@ class LayerNorm(Layer):
     def forward_residual(self, x, sublayer_out, dropout, sites=None, rows=None, sublayer_bias=None):
         """LayerNorm(x + dropout(sublayer_out + sublayer_bias)): a post-norm block's output (3.1), in
         one kernel (functional.residual_layernorm_forward), which hands `dropout` its mask for
-        backward. sublayer_bias: the bias the sublayer's last Linear left out (None: none)."""
+        backward (a kernels.KeyedMask: the backward kernel draws it again). sublayer_bias: the bias the sublayer's last Linear left out (None: none)."""
         out, mask, self.cache = F.residual_layernorm_forward(sites if dropout.active(sites) else None, x,
                                                              sublayer_out, dropout.p, self.params["weight"],
                                                              self.params["bias"], self.eps, rows, sublayer_bias)
