@@ -2,7 +2,7 @@
 """Data at the paper's scale: prepare time and peak memory, start time with the cache, resident
 memory while training, and batch planning time per epoch, on WMT14-shaped corpora.
 
-For each N it writes a WMT14-shaped corpus of N pairs on the fly (two random Multi30k sentences
+For each size n of --sizes it writes a WMT14-shaped corpus of n pairs on the fly (two random Multi30k sentences
 joined per line, the same pair on both sides: ~25 words a side, WMT14's volume per pair), then:
   prepare   `python -m minitf prepare --train ...` in a child process: wall time and peak RSS
             (the first run trains the joint SentencePiece model, then encodes and cleans)
@@ -16,7 +16,7 @@ joined per line, the same pair on both sides: ~25 words a side, WMT14's volume p
   data RSS  the data path alone in a child process (open the cache, plan an epoch, collate 1000
             batches) above the RSS after train.py's imports: steady and peak, anonymous and mapped
   planning  `token_batches` for one epoch on the lengths loaded from the cache (median of 3 epochs)
-With --synthetic N it also writes a cache of N random pairs straight through the cache writer
+With --synthetic n it also writes a cache of n random pairs straight through the cache writer
 (lengths drawn like the real corpus, no SentencePiece: 36M pairs would take ~30 minutes to encode on
 2 cores) and measures start, RSS and planning on it: En-Fr's 36M pairs.
 

@@ -13,7 +13,7 @@ Every run decodes the way `python -m minitf translate` does (`translate_ids`): s
 sorted by length, continuous batching of at most --batch-size at a time, max length input + 50,
 alpha --alpha (default 0.6; translate uses the checkpoint preset's), in `translate_ids`'s streams
 (up to one per core, at most 8, 16+ sentences each; --streams 1 for one search).
-PyTorch runs one search on its own op threads; --torch-streams N gives it N searches side
+PyTorch runs one search on its own op threads; --torch-streams n gives it n searches side
 by side with one op thread each (the same split).
 Measure on a trained checkpoint and real sentences: random weights rarely emit EOS and so
 time a different workload. Rounds alternate between the contenders in one process; medians

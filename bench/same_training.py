@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The same training on three engines: N updates from the same initial weights on the same
+"""The same training on three engines: --updates updates from the same initial weights on the same
 batches of real sentences, then each one's loss on a validation set.
 
     python bench/same_training.py --train-src train.en --train-tgt train.de \\
@@ -17,7 +17,7 @@ All three see the same batches in the same order (token_batches over the trainin
 the same learning rate (the preset's schedule, paper eq. 3: with `base` a 400-update run stays
 inside the 4,000 warmup updates), label smoothing and dropout (each engine draws its own masks),
 dynamic loss scaling from 2^15 (growth every 1,000 good updates), and skip the update when a
-float16 gradient overflowed. --also-seed S adds the first variant with dropout seed S: how far
+float16 gradient overflowed. --also-seed s adds the first variant with dropout seed s: how far
 two runs of one engine differ by chance, the yardstick for the others. A short warmup is a poor
 test: at --warmup 400 (rate factor 0.35) `base` went unstable after the peak, and two dropout
 seeds of one engine ended 11% apart in validation NLL (docs/benchmarks.md).
