@@ -790,3 +790,67 @@ def test_the_walkthroughs_figures_are_the_recorded_ones():
     assert f"is {padded:.2f}x as fast as PyTorch eager's, against {lo:.2f}-{hi:.2f}x on a batch without padding" in walk
     one, blocks = re.search(r"([\d.]+) ms per update as one pass, ([\d.]+) ms in blocks", perf).groups()
     assert f"{one} ms per update as one pass, {blocks} ms in blocks, {float(one) / float(blocks):.2f}x" in walk
+
+
+def bench_commands():
+    """(page, script, arguments) of every `python bench/NAME.py ...` command the pages quote, in code
+    spans (which may wrap a line) and fenced blocks (lines joined where they end in a backslash); the
+    arguments stop at a shell operator or comment, and `$VARIABLES` stand for a value."""
+    found = []
+    for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        text = page.read_text(encoding="utf-8")
+        blocks = [b.replace("\\\n", " ") for b in FENCE_RE.findall(text)]
+        spans = [s.replace("\n", " ") for s in re.findall(r"`([^`]+)`", FENCE_RE.sub("", text))]
+        for chunk in blocks + spans:
+            for m in re.finditer(r"python (bench/[a-z_0-9]+\.py)([^`\n]*)", chunk):
+                args = re.split(r"\s(?:&&|\||;|2>&1|>|#)", m.group(2))[0].strip()
+                found.append((rel(page), m.group(1), re.sub(r"\$\{?[A-Z_0-9]+\}?", "x", args)))
+    return found
+
+
+def test_every_bench_command_the_pages_quote_parses(monkeypatch):
+    """Each `python bench/NAME.py ...` command quoted in the README and docs parses with that script's
+    own argument parser as it is today (every flag exists, every required one is given, every value
+    is of the flag's type and choices), so a page cannot keep a command the script no longer takes; the
+    script stops right after parsing. Commands shortened with `...` or holding a `<placeholder>` are left out."""
+    import argparse
+    import contextlib
+    import io
+    import shlex
+    import sys
+
+    class Parsed(Exception):
+        pass
+
+    real = argparse.ArgumentParser.parse_args
+
+    def parse_and_stop(self, args=None, namespace=None):
+        raise Parsed(real(self, args, namespace))
+
+    monkeypatch.delenv("MULTI30K", raising=False)   # a default some scripts take from the environment
+    commands = bench_commands()
+    assert len(commands) >= 50 and {s for _, s, _ in commands} >= {"bench/gpu_report.py", "bench/train_step.py"}
+    bad, checked = [], 0
+    saved_argv = sys.argv
+    try:
+        argparse.ArgumentParser.parse_args = parse_and_stop
+        for page, script, args in commands:
+            if "..." in args or "<" in args:
+                continue
+            argv = shlex.split(args)
+            main = importlib.import_module(script[:-3].replace("/", ".")).main
+            sys.argv = [script, *argv]
+            err = io.StringIO()
+            try:
+                with contextlib.redirect_stderr(err):
+                    main(argv) if "argv" in inspect.signature(main).parameters else main()
+                bad.append(f"{page}: {script} {args}: the script did not parse its arguments")
+            except Parsed:
+                checked += 1
+            except SystemExit:
+                bad.append(f"{page}: {script} {args}: {err.getvalue().strip().splitlines()[-1:]}")
+    finally:
+        argparse.ArgumentParser.parse_args = real
+        sys.argv = saved_argv
+    assert not bad, "\n".join(bad)
+    assert checked >= 50
