@@ -156,23 +156,25 @@ def layernorm_backward(dy, cache, g, dg, db, dy_residual=None, mask=None, d_subl
         # sublayer(x) = h @ W + b_sublayer, its output's gradient out (or out[1] behind the dropout)
         d_sublayer_bias += column_sum((out if mask is None else out[1]).reshape(-1, dy.shape[-1]))
         return out
-    xhat, rstd = cache
     d = dy.shape[-1]
     if kernels.enabled(dy) and not kernels.fused(dy, "grads"):   # the kernels as separate passes (comparisons)
         dy = dy if dy_residual is None else dy + dy_residual
         dy2 = dy.reshape(-1, d)
-        dg += kernels.column_sums(dy2, xhat.reshape(-1, d))
+        dg += kernels.column_sums(dy2, kernels.xhat_of(cache).reshape(-1, d))
         db += kernels.column_sums(dy2)
-        dx = kernels.layernorm_backward_input(dy, xhat, rstd, g)
+        dx = kernels.layernorm_backward_input(dy, cache, g)
         return dx if mask is None else (dx, dx * mask_array(mask, dx))
-    if kernels.enabled(dy):   # the same lines as below, fused (dy read in its own dtype)
+    if kernels.enabled(dy):   # the same lines as below, fused (dy read in its own dtype; the cache (xhat, rstd),
+        # or a kernels.NormCache, whose xhat the kernels compute again)
         own = dy_residual is not None and dy.flags.c_contiguous
         if dy_residual is not None and not own:
             dy = dy + dy_residual
-        out = kernels.layernorm_backward_input(dy, xhat, rstd, g, dy_residual if own else None, mask)
+        out = kernels.layernorm_backward_input(dy, cache, g, dy_residual if own else None, mask)
         sub = None if d_sublayer_bias is None else (out if mask is None else out[1])   # the sublayer's output gradient
-        kernels.column_sums_pair(dy.reshape(-1, d), xhat.reshape(-1, d), dg, db, sub, d_sublayer_bias)   # dy: the sum
+        xhat = cache if type(cache) is kernels.NormCache else cache[0].reshape(-1, d)
+        kernels.column_sums_pair(dy.reshape(-1, d), xhat, dg, db, sub, d_sublayer_bias)   # dy: the sum
         return out
+    xhat, rstd = cache
     if dy_residual is not None:
         dy = dy + dy_residual
     out_dtype, dy = dy.dtype, as_float32_if_half(dy)

@@ -14,7 +14,8 @@ warp per row), one thread per value (or per 16 bytes) for the elementwise ones.
   layernorm_backward    dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
   dropout_add           out = y * mask + x, mask = (u >= round(p 2^16)) / (1 - p), u 16-bit, hashed from (key, position)
   residual_layernorm    LayerNorm(x + Dropout(y + b)) of a post-norm block: the sublayer's last bias add,
-                        dropout_add and layernorm_forward in one pass per row
+                        dropout_add and layernorm_forward in one pass per row, keeping the sum, mean and rstd
+                        (layernorm_backward and column_sums_into compute xhat and the mask again)
   smoothed_nll_rows     per row: logsumexp, -log p[gold], mean_v -log p[v]
   loss_totals           the batch's loss, NLL sum and loss sum from those rows' terms, one block
   smoothed_nll_backward dlogits = (softmax - q) * w, q = (1 - eps) onehot + eps / V_o
@@ -38,7 +39,7 @@ warp per row), one thread per value (or per 16 bytes) for the elementwise ones.
 Every kernel reads and writes activations and gradients in the storage dtype (float16, bfloat16, float32 or
 float64: the C type `T` of the source) and computes in the accumulation dtype (float32, or float64 for float64
 arrays: `A`), in which it also keeps its statistics, caches and partial sums (and Adam its master weights and
-moments),
+moments; residual_layernorm keeps its input sum in the storage dtype, to compute xhat again),
 like functional.py's generic path,
 which stays the reference: tests/test_gpu.py checks each kernel against it on a GPU, and
 tests/test_kernels.py runs the same CUDA source on the CPU through a small emulator
@@ -252,20 +253,31 @@ __device__ inline A mask_at(int mode, const T* mask, long long off, unsigned lon
 }
 
 // One row of length d at x + off whose sum (this thread's share of it) is s: mean, rstd = (var + eps)^-1/2
-// (biased variance, a second pass over the row), xhat = (x - mean) * rstd (kept for backward, in the accumulation type),
-// y = xhat * g + b; rstd[row] by thread 0. layernorm_forward and residual_layernorm end with it.
-__device__ void layernorm_row(const T* x, long long off, int d, A s, const T* g, const T* bvec, T* y, A* xhat,
-                              A* rstd, long long row, A eps, A* buf) {
+// (biased variance, a second pass over the row), xhat = (x - mean) * rstd, y = xhat * g + b; rstd[row] by
+// thread 0. Kept for backward, in the accumulation type: xhat [rows, d] in `keep` (keep_mean 0), or only the
+// mean, keep[row] (keep_mean 1: the backward computes xhat again from x, mean and rstd, the same bits).
+// layernorm_forward and residual_layernorm end with it.
+__device__ void layernorm_row(const T* x, long long off, int d, A s, const T* g, const T* bvec, T* y, A* keep,
+                              int keep_mean, A* rstd, long long row, A eps, A* buf) {
     A mean = block_sum(s, buf) / d;
     A v = 0;
     for (int j = threadIdx.x; j < d; j += blockDim.x) { A c = (A)x[off + j] - mean; v += c * c; }
     A rs = (A)1 / a_sqrt(block_sum(v, buf) / d + eps);
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         A xh = ((A)x[off + j] - mean) * rs;
-        xhat[off + j] = xh;
+        if (!keep_mean) keep[off + j] = xh;
         y[off + j] = (T)(xh * (A)g[j] + (A)bvec[j]);
     }
-    if (threadIdx.x == 0) rstd[row] = rs;
+    if (threadIdx.x == 0) {
+        rstd[row] = rs;
+        if (keep_mean) keep[row] = mean;
+    }
+}
+
+// xhat of element j of a row at off: read from the kept xhat (from_mean 0), or computed again from the
+// LayerNorm's input xs, its row's mean and rstd rs (from_mean 1) as layernorm_row computed it (the same bits).
+__device__ inline A xhat_at(int from_mean, const A* xhat, const T* xs, A mean, A rs, long long off, int j) {
+    return from_mean ? ((A)xs[off + j] - mean) * rs : xhat[off + j];
 }
 
 // Per row of length d: its sum, then layernorm_row.
@@ -275,7 +287,7 @@ extern "C" __global__ void layernorm_forward(const T* x, const T* g, const T* bv
     long long off = (long long)blockIdx.x * d;
     A s = 0;
     for (int j = threadIdx.x; j < d; j += blockDim.x) s += (A)x[off + j];
-    layernorm_row(x, off, d, s, g, bvec, y, xhat, rstd, blockIdx.x, eps, buf);
+    layernorm_row(x, off, d, s, g, bvec, y, xhat, 0, rstd, blockIdx.x, eps, buf);
 }
 
 // dxhat = dy * g; dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) per row.
@@ -283,26 +295,27 @@ extern "C" __global__ void layernorm_forward(const T* x, const T* g, const T* bv
 // rounded to the storage type and written back into dy (the parameter gradients' column sums read it there).
 // has_mask: also dxm = dx * mask (the gradient of the dropout's input before this LayerNorm), the mask read from
 // `mask` (1) or drawn again from its key as residual_layernorm drew it (2: rowpos, has_rows, key, thresh, scale).
+// from_mean: xhat computed again from the LayerNorm's input xs and mean (residual_layernorm's cache), not read.
 extern "C" __global__ void layernorm_backward(T* dy, const T* dy2, int has_dy2, const A* xhat, const A* rstd,
                                               const T* g, T* dx, const T* mask, int has_mask, T* dxm, int d,
                                               const long long* rowpos, int has_rows, unsigned long long key,
-                                              int thresh, A scale) {
+                                              int thresh, A scale, const T* xs, const A* mean, int from_mean) {
     __shared__ A buf[1024];
     long long off = (long long)blockIdx.x * d;
+    A rs = rstd[blockIdx.x], mu = from_mean ? mean[blockIdx.x] : (A)0;
     A s1 = 0, s2 = 0;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         if (has_dy2) dy[off + j] = (T)((A)dy[off + j] + (A)dy2[off + j]);
         A dxh = (A)dy[off + j] * (A)g[j];
         s1 += dxh;
-        s2 += dxh * xhat[off + j];
+        s2 += dxh * xhat_at(from_mean, xhat, xs, mu, rs, off, j);
     }
     A m1 = block_sum(s1, buf) / d;
     A m2 = block_sum(s2, buf) / d;
-    A rs = rstd[blockIdx.x];
     unsigned long long pos = has_mask == 2 ? (unsigned long long)(has_rows ? rowpos[blockIdx.x] : blockIdx.x) : 0ULL;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         A dxh = (A)dy[off + j] * (A)g[j];
-        T v = (T)(rs * (dxh - m1 - xhat[off + j] * m2));
+        T v = (T)(rs * (dxh - m1 - xhat_at(from_mean, xhat, xs, mu, rs, off, j) * m2));
         dx[off + j] = v;
         if (has_mask) dxm[off + j] = (T)((A)v * mask_at(has_mask, mask, off, pos, key, d, j, thresh, scale));
     }
@@ -428,11 +441,12 @@ extern "C" __global__ void dropout_add(const long long* rowpos, int has_rows, un
 // s = x + Dropout(y + yb) as dropout_add computes it (has_drop; else s = x + y + yb), yb the bias of
 // the sublayer's last Linear (has_yb; y + yb rounded to the storage type first, as the separate add stores it),
 // s rounded to the storage type and written into y (a sublayer output nothing else holds); then
-// layernorm_forward of s: the same bits as the separate kernels one after the other. The mask is not stored:
-// layernorm_backward draws it again from its key.
+// layernorm_forward of s: the same bits as the separate kernels one after the other. Kept for backward: s
+// (in y), the rows' mean and rstd, not xhat (layernorm_backward computes it again) and not the mask (drawn
+// again from its key).
 extern "C" __global__ void residual_layernorm(const long long* rowpos, int has_rows, unsigned long long key,
                                               int has_drop, T* y, const T* yb, int has_yb, const T* x,
-                                              int thresh, A scale, const T* g, const T* bvec, T* out, A* xhat,
+                                              int thresh, A scale, const T* g, const T* bvec, T* out, A* mean,
                                               A* rstd, int d, A eps) {
     __shared__ A buf[1024];
     long long r = blockIdx.x;
@@ -446,7 +460,7 @@ extern "C" __global__ void residual_layernorm(const long long* rowpos, int has_r
         y[off + j] = v;     // read back below by this same thread only
         s += (A)v;
     }
-    layernorm_row(y, off, d, s, g, bvec, out, xhat, rstd, r, eps, buf);
+    layernorm_row(y, off, d, s, g, bvec, out, mean, 1, rstd, r, eps, buf);
 }
 
 // LayerNorm with a warp per row and 16-byte loads (kernels.ln_warp_ok: MINITF_FUSED_LNWARP=1, d whole
@@ -456,7 +470,7 @@ extern "C" __global__ void residual_layernorm(const long long* rowpos, int has_r
 // their bits). Every warp runs the same shuffles, also past the last row (len = 0 there).
 // After the row's sum s (this lane's share): mean, rstd, xhat and y, as layernorm_row.
 __device__ void layernorm_row_warp(const T* x, long long off, int len, int d, A s, const T* g, const T* bvec, T* y,
-                                   A* xhat, A* rstd, long long row, A eps, int lane) {
+                                   A* keep, int keep_mean, A* rstd, long long row, A eps, int lane) {
     A mean = warp_sum(s) / d;
     A v = 0;
     for (int j = lane * VEC; j < len; j += 32 * VEC) {
@@ -469,12 +483,15 @@ __device__ void layernorm_row_warp(const T* x, long long off, int len, int d, A 
         Vec o;
         for (int k = 0; k < VEC; k++) {
             A xh = ((A)a.v[k] - mean) * rs;
-            xhat[off + j + k] = xh;
+            if (!keep_mean) keep[off + j + k] = xh;
             o.v[k] = (T)(xh * (A)g[j + k] + (A)bvec[j + k]);
         }
         *(Vec*)(y + off + j) = o;
     }
-    if (lane == 0 && len > 0) rstd[row] = rs;
+    if (lane == 0 && len > 0) {
+        rstd[row] = rs;
+        if (keep_mean) keep[row] = mean;
+    }
 }
 
 extern "C" __global__ void layernorm_forward_warp(const T* x, const T* g, const T* bvec, T* y, A* xhat, A* rstd,
@@ -488,13 +505,13 @@ extern "C" __global__ void layernorm_forward_warp(const T* x, const T* g, const 
         Vec a = *(const Vec*)(x + off + j);
         for (int k = 0; k < VEC; k++) s += (A)a.v[k];
     }
-    layernorm_row_warp(x, off, len, d, s, g, bvec, y, xhat, rstd, r, eps, lane);
+    layernorm_row_warp(x, off, len, d, s, g, bvec, y, xhat, 0, rstd, r, eps, lane);
 }
 
 // residual_layernorm with a warp per row: the same sum (and bits) as dropout_add then layernorm_forward_warp.
 extern "C" __global__ void residual_layernorm_warp(const long long* rowpos, int has_rows, unsigned long long key,
                                                    int has_drop, T* y, const T* yb, int has_yb, const T* x,
-                                                   int thresh, A scale, const T* g, const T* bvec, T* out, A* xhat,
+                                                   int thresh, A scale, const T* g, const T* bvec, T* out, A* mean,
                                                    A* rstd, int d, A eps, long long rows) {
     int lane = threadIdx.x % 32;
     long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -513,18 +530,20 @@ extern "C" __global__ void residual_layernorm_warp(const long long* rowpos, int 
         }
         *(Vec*)(y + off + j) = yv;   // read back below by this same lane only
     }
-    layernorm_row_warp(y, off, len, d, s, g, bvec, out, xhat, rstd, r, eps, lane);
+    layernorm_row_warp(y, off, len, d, s, g, bvec, out, mean, 1, rstd, r, eps, lane);
 }
 
 // layernorm_backward with a warp per row (as above).
 extern "C" __global__ void layernorm_backward_warp(T* dy, const T* dy2, int has_dy2, const A* xhat, const A* rstd,
                                                    const T* g, T* dx, const T* mask, int has_mask, T* dxm, int d,
                                                    const long long* rowpos, int has_rows, unsigned long long key,
-                                                   int thresh, A scale, long long rows) {
+                                                   int thresh, A scale, const T* xs, const A* mean, int from_mean,
+                                                   long long rows) {
     int lane = threadIdx.x % 32;
     long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int len = r < rows ? d : 0;
     long long rr = r < rows ? r : 0, off = rr * d;
+    A rs = rstd[rr], mu = from_mean ? mean[rr] : (A)0;
     A s1 = 0, s2 = 0;
     for (int j = lane * VEC; j < len; j += 32 * VEC) {
         Vec a = *(Vec*)(dy + off + j);
@@ -536,19 +555,18 @@ extern "C" __global__ void layernorm_backward_warp(T* dy, const T* dy2, int has_
         for (int k = 0; k < VEC; k++) {
             A dxh = (A)a.v[k] * (A)g[j + k];
             s1 += dxh;
-            s2 += dxh * xhat[off + j + k];
+            s2 += dxh * xhat_at(from_mean, xhat, xs, mu, rs, off, j + k);
         }
     }
     A m1 = warp_sum(s1) / d;
     A m2 = warp_sum(s2) / d;
-    A rs = rstd[rr];
     unsigned long long pos = has_mask == 2 ? (unsigned long long)(has_rows ? rowpos[rr] : rr) : 0ULL;
     for (int j = lane * VEC; j < len; j += 32 * VEC) {
         Vec a = *(const Vec*)(dy + off + j);
         Vec o, om;
         for (int k = 0; k < VEC; k++) {
             A dxh = (A)a.v[k] * (A)g[j + k];
-            o.v[k] = (T)(rs * (dxh - m1 - xhat[off + j + k] * m2));
+            o.v[k] = (T)(rs * (dxh - m1 - xhat_at(from_mean, xhat, xs, mu, rs, off, j + k) * m2));
         }
         *(Vec*)(dx + off + j) = o;
         if (has_mask == 1) {
@@ -876,19 +894,26 @@ extern "C" __global__ void column_sums_finish(const A* partial, A* out, int slab
 // memory fence) adds the chunk's slabs in the order above, its 8 groups of 32 threads a run each, so the
 // result is the same on every run and the adding is spread over as many blocks as there are chunks;
 // it sets the counter back to 0 for the next launch.
+// from_mean: y is xhat computed again from a LayerNorm's input ys, mean and rstd (xhat_at), not read.
 __device__ inline A column_slab_sum(const T* x, const A* y, int use_y, long long r0, long long r1, int groups,
-                                    int group, int c, long long d) {
+                                    int group, int c, long long d, int from_mean, const T* ys, const A* mean,
+                                    const A* rstd) {
     A s = 0;   // no `#pragma unroll` here or in slab_run: on an H100 it made the float16 kernel 1.4-1.8x slower
-    for (long long r = r0 + group; r < r1; r += groups) {
-        long long i = r * d + c;
-        s += use_y ? (A)x[i] * y[i] : (A)x[i];
+    if (!use_y) {          // a loop per case: fewer registers live than one loop that tests them
+        for (long long r = r0 + group; r < r1; r += groups) s += (A)x[r * d + c];
+    } else if (!from_mean) {
+        for (long long r = r0 + group; r < r1; r += groups) s += (A)x[r * d + c] * y[r * d + c];
+    } else {               // not unrolled: unrolled, the kernel took 64-80 registers (48 like this)
+        #pragma unroll 1
+        for (long long r = r0 + group; r < r1; r += groups) s += (A)x[r * d + c] * xhat_at(1, y, ys, mean[r], rstd[r], r * d, c);
     }
     return s;
 }
 
 extern "C" __global__ void column_sums_into(const T* x, const A* y, int parts, const T* x3, A* partial,
                                             unsigned int* counter, T* out1, T* out2, T* out3, long long n, int d,
-                                            long long rows_per_slab) {
+                                            long long rows_per_slab, const T* ys, const A* mean, const A* rstd,
+                                            int from_mean) {
     __shared__ A buf[1024];
     __shared__ int last;
     int chunks = (d + 31) / 32, w = parts * d;
@@ -900,7 +925,7 @@ extern "C" __global__ void column_sums_into(const T* x, const A* y, int parts, c
     long long r1 = r0 + rows_per_slab < n ? r0 + rows_per_slab : n;
     for (int part = 0; part < parts; part++) {    // parts 2, 3: the x * y sums, the x sums (, the x3 sums)
         buf[threadIdx.x] = c < d ? column_slab_sum(part == 2 ? x3 : x, y, parts > 1 && part == 0, r0, r1, groups,
-                                                   group, c, d) : (A)0;
+                                                   group, c, d, from_mean, ys, mean, rstd) : (A)0;
         __syncthreads();
         if (group == 0 && c < d) {
             A t = 0;
@@ -940,10 +965,10 @@ SIGNATURES = {
     "softmax_backward_warp": ["T*", "T*", "T*", "long long", "int"],
     "layernorm_forward": ["T*", "T*", "T*", "T*", "A*", "A*", "int", "A"],
     "layernorm_backward": ["T*", "T*", "int", "A*", "A*", "T*", "T*", "T*", "int", "T*", "int", "long long*", "int",
-                           "unsigned long long", "int", "A"],
+                           "unsigned long long", "int", "A", "T*", "A*", "int"],
     "layernorm_forward_warp": ["T*", "T*", "T*", "T*", "A*", "A*", "int", "A", "long long"],
     "layernorm_backward_warp": ["T*", "T*", "int", "A*", "A*", "T*", "T*", "T*", "int", "T*", "int", "long long*",
-                                "int", "unsigned long long", "int", "A", "long long"],
+                                "int", "unsigned long long", "int", "A", "T*", "A*", "int", "long long"],
     "residual_layernorm_warp": ["long long*", "int", "unsigned long long", "int", "T*", "T*", "int", "T*", "int",
                                 "A", "T*", "T*", "T*", "A*", "A*", "int", "A", "long long"],
     "smoothed_nll_rows": ["T*", "long long*", "A*", "A*", "A*", "int"],
@@ -957,7 +982,7 @@ SIGNATURES = {
     "column_partial_sums": ["T*", "A*", "int", "A*", "long long", "int", "long long"],
     "column_sums_finish": ["A*", "A*", "int", "int"],
     "column_sums_into": ["T*", "A*", "int", "T*", "A*", "unsigned int*", "T*", "T*", "T*", "long long", "int",
-                         "long long"],
+                         "long long", "T*", "A*", "A*", "int"],
     "unpack_heads": ["T*", "T*", "int", "int*", "int", "T*", "int", "int", "int", "int", "long long", "int",
                      "long long"],
     "pack_heads": ["T*", "long long*", "int", "T*", "int", "int", "int", "int", "long long"],
@@ -1171,6 +1196,24 @@ def _as(p, dtype):
     return p if p.dtype == dtype and p.flags.c_contiguous else xp.ascontiguousarray(p, dtype=dtype)
 
 
+class NormCache(NamedTuple):
+    """A LayerNorm's cache without xhat (residual_layernorm's): its input x [rows, D] in the storage dtype
+    and each row's mean and rstd [rows, 1] in the accumulation dtype; the backward kernels compute
+    xhat = (x - mean) * rstd again, the forward's bits (a [rows, D] array in the accumulation dtype less
+    to keep, write and read)."""
+    x: object
+    mean: object
+    rstd: object
+
+
+def xhat_of(cache):
+    """xhat [rows, D] (accumulation dtype) of a LayerNorm cache: (xhat, rstd), or a NormCache's computed
+    with array operations (the kernels' bits)."""
+    if type(cache) is not NormCache:
+        return cache[0]
+    return (cache.x.astype(cache.mean.dtype) - cache.mean) * cache.rstd
+
+
 class KeyedMask(NamedTuple):
     """A dropout mask kept as what draws it (residual_layernorm's): layernorm_backward_input draws it
     again in its own pass (the same bits) instead of reading a stored [rows, d] array.
@@ -1180,12 +1223,14 @@ class KeyedMask(NamedTuple):
     p: float
 
 
-def layernorm_backward_input(dy, xhat, rstd, g, dy2=None, mask=None):
-    """dx for layernorm_forward (the parameter gradients are column sums, left to the caller).
-    dy2: a second upstream gradient: dy + dy2 is used, and written into dy (which must then be
-    the caller's own, C-contiguous). mask (an array shaped as dy, or a KeyedMask): returns
-    (dx, dx * mask) instead of dx."""
+def layernorm_backward_input(dy, cache, g, dy2=None, mask=None):
+    """dx for layernorm_forward or residual_layernorm (the parameter gradients are column sums, left to
+    the caller); cache: the forward's, (xhat, rstd) or a NormCache. dy2: a second upstream gradient:
+    dy + dy2 is used, and written into dy (which must then be the caller's own, C-contiguous). mask (an
+    array shaped as dy, or a KeyedMask): returns (dx, dx * mask) instead of dx."""
     xp = backend.xp_of(dy)
+    from_mean = type(cache) is NormCache
+    xhat, rstd = (cache.rstd, cache.rstd) if from_mean else cache   # xhat: a placeholder where it is not read
     if dy2 is None:
         dy = xp.ascontiguousarray(dy)
     rows, d = _rows(dy)
@@ -1202,8 +1247,10 @@ def layernorm_backward_input(dy, xhat, rstd, g, dy2=None, mask=None):
             np.int32(0 if mask is None else 2 if keyed else 1), dxm_, np.int32(d),
             _placeholder(xp, np.int64) if rowpos is None else xp.ascontiguousarray(rowpos, dtype=np.int64),
             np.int32(rowpos is not None), np.uint64(mask.key if keyed else 0),
-            np.int32(keep_threshold(mask.p) if keyed else 0), a(1.0 / (1.0 - mask.p) if keyed else 1.0))
-    _launch_layernorm("layernorm_backward", dy.dtype, rows, d, args, ln_warp_ok(d, dy, dy2, dx, mask_, dxm_))
+            np.int32(keep_threshold(mask.p) if keyed else 0), a(1.0 / (1.0 - mask.p) if keyed else 1.0),
+            cache.x if from_mean else dy, cache.mean if from_mean else rstd, np.int32(from_mean))
+    warp = ln_warp_ok(d, dy, dy2, dx, mask_, dxm_, *((cache.x,) if from_mean else ()))
+    _launch_layernorm("layernorm_backward", dy.dtype, rows, d, args, warp)
     return dx if mask is None else (dx, dxm)
 
 
@@ -1269,26 +1316,27 @@ def keep_threshold(p):
 
 
 def residual_layernorm(key, rowpos, y, x, p, g, b, eps, y_bias=None):
-    """(out, mask, (xhat, rstd)): out = LayerNorm(x + Dropout(y + y_bias)) of a post-norm block in one
-    pass per row, the dropout as `dropout_add` draws it (key None: no dropout, mask None; y_bias None:
-    no bias); the sum is written into y (a sublayer output nothing else holds), the cache as
-    layernorm_forward's. The mask is a KeyedMask (no [rows, d] array is stored: layernorm_backward_input
-    draws it again)."""
+    """(out, mask, cache): out = LayerNorm(x + Dropout(y + y_bias)) of a post-norm block in one pass per
+    row, the dropout as `dropout_add` draws it (key None: no dropout, mask None; y_bias None: no bias);
+    the sum is written into y (a sublayer output nothing else holds). The cache is a NormCache (the sum
+    y, each row's mean and rstd: no xhat), the mask a KeyedMask (no [rows, d] array is stored:
+    layernorm_backward_input draws it again)."""
     xp = backend.xp_of(y)
     y, x = xp.ascontiguousarray(y), xp.ascontiguousarray(x)
     a = accum_dtype(y.dtype)
     rows, d = _rows(y)
     out = xp.empty_like(y)
-    xhat = xp.empty(y.shape, dtype=a)
-    rstd = xp.empty(y.shape[:-1] + (1,), dtype=a)
+    stats = xp.empty((2,) + y.shape[:-1] + (1,), dtype=a)      # one allocation for both
+    mean, rstd = stats[0], stats[1]
     positions = _placeholder(xp, np.int64) if rowpos is None else xp.ascontiguousarray(rowpos, dtype=np.int64)
     args = (positions, np.int32(rowpos is not None), np.uint64(key or 0), np.int32(key is not None), y,
             y if y_bias is None else _as(y_bias, y.dtype), np.int32(y_bias is not None), x,
             np.int32(0 if key is None else keep_threshold(p)),
-            a(1.0 if key is None else 1.0 / (1.0 - p)), _as(g, y.dtype), _as(b, y.dtype), out, xhat, rstd,
+            a(1.0 if key is None else 1.0 / (1.0 - p)), _as(g, y.dtype), _as(b, y.dtype), out, mean, rstd,
             np.int32(d), a(eps))
     _launch_layernorm("residual_layernorm", y.dtype, rows, d, args, ln_warp_ok(d, y, x, out))
-    return out, (None if key is None else KeyedMask(key, positions if rowpos is not None else None, p)), (xhat, rstd)
+    mask = None if key is None else KeyedMask(key, positions if rowpos is not None else None, p)
+    return out, mask, NormCache(y, mean, rstd)
 
 
 def _slabs(n, d):
@@ -1321,7 +1369,7 @@ def column_sums(x, y=None, out=None):
     if out is not None:
         _launch("column_sums_into", x.dtype, chunks * slabs, COLUMN_BLOCK,
                 (x, partial, np.int32(1), x, partial, _counter(xp, chunks),
-                 out, out, out, np.int64(n), np.int32(d), np.int64(rows_per_slab)))
+                 out, out, out, np.int64(n), np.int32(d), np.int64(rows_per_slab), x, partial, partial, np.int32(0)))
         return out
     yy = partial if y is None else xp.ascontiguousarray(y, dtype=a)
     _launch("column_partial_sums", x.dtype, chunks * slabs, COLUMN_BLOCK,
@@ -1334,9 +1382,9 @@ def column_sums(x, y=None, out=None):
 
 def column_sums_pair(x, y, out_xy, out_x, x3=None, out_x3=None):
     """out_xy += sum over rows of x * y, out_x += sum over rows of x (x [..., D] storage dtype, y
-    [..., D] accumulation dtype, outs [D] in x's dtype), and with x3 (x's shape and dtype) out_x3 +=
-    the sums of x3: a LayerNorm's two parameter gradients (and the bias gradient of the sublayer
-    before it) in one launch, the same sums (and bits) as separate column_sums calls."""
+    [..., D] accumulation dtype, or a NormCache standing for its xhat; outs [D] in x's dtype), and with x3
+    (x's shape and dtype) out_x3 += the sums of x3: a LayerNorm's two parameter gradients (and the bias
+    gradient of the sublayer before it) in one launch, the same sums (and bits) as separate column_sums calls."""
     xp = backend.xp_of(x)
     x = xp.ascontiguousarray(x)
     a = accum_dtype(x.dtype)
@@ -1347,10 +1395,13 @@ def column_sums_pair(x, y, out_xy, out_x, x3=None, out_x3=None):
     slabs, rows_per_slab = _slabs(n, d)
     parts = 2 if x3 is None else 3
     partial = _partials(xp, a, slabs * parts * d).reshape(slabs, parts * d)
+    from_mean = type(y) is NormCache
+    yy = partial if from_mean else xp.ascontiguousarray(y, dtype=a)      # a placeholder where it is not read
+    ys, mean, rstd = y if from_mean else (x, partial, partial)
     _launch("column_sums_into", x.dtype, chunks * slabs, COLUMN_BLOCK,
-            (x, xp.ascontiguousarray(y, dtype=a), np.int32(parts), x if x3 is None else xp.ascontiguousarray(x3),
+            (x, yy, np.int32(parts), x if x3 is None else xp.ascontiguousarray(x3),
              partial, _counter(xp, chunks), out_xy, out_x, out_x if out_x3 is None else out_x3, np.int64(n), np.int32(d),
-             np.int64(rows_per_slab)))
+             np.int64(rows_per_slab), ys, mean, rstd, np.int32(from_mean)))
 
 
 _PARTIALS = {}   # (array module, dtype name) -> the column sums' slab partials, one buffer for every call

@@ -141,7 +141,7 @@ def test_layernorm_forward_and_backward(dtype, d):
     dy = rng.normal(size=x.shape).astype(dtype)
     dg, db = np.zeros(d, dtype=dtype), np.zeros(d, dtype=dtype)
     dx_ref = F.layernorm_backward(dy, (xhat_ref, rstd_ref), g.astype(dtype), dg, db)
-    close(kernels.layernorm_backward_input(dy, xhat, rstd, g), dx_ref, dtype)
+    close(kernels.layernorm_backward_input(dy, (xhat, rstd), g), dx_ref, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -206,7 +206,9 @@ def test_residual_layernorm_is_dropout_add_then_layernorm_bit_for_bit(dtype, pac
     g, b = rng.normal(size=d).astype(dtype), rng.normal(size=d).astype(dtype)
     y_bias = rng.normal(size=d).astype(dtype) if biased else None
     y1, y2 = y.copy(), y.copy() + (y_bias if biased else 0)     # the separate bias add, in the storage dtype
-    out, mask, (xhat, rstd) = kernels.residual_layernorm(key if drop else None, rowpos, y1, x, p, g, b, 1e-6, y_bias)
+    out, mask, cache = kernels.residual_layernorm(key if drop else None, rowpos, y1, x, p, g, b, 1e-6, y_bias)
+    assert type(cache) is kernels.NormCache and cache.x is y1                  # the sum kept, not xhat
+    xhat, rstd = kernels.xhat_of(cache), cache.rstd
     if drop:
         s, want_mask = kernels.dropout_add(key, rowpos, y2, x, p)
         drawn = F.mask_array(mask, want_mask)          # the KeyedMask, as the array it stands for
@@ -217,7 +219,7 @@ def test_residual_layernorm_is_dropout_add_then_layernorm_bit_for_bit(dtype, pac
         assert mask is None
     want, (want_xhat, want_rstd) = kernels.layernorm_forward(s, g, b, 1e-6)
     assert y1.tobytes() == s.tobytes()                     # the sum, written into y
-    assert out.tobytes() == want.tobytes() and xhat.tobytes() == want_xhat.tobytes()
+    assert out.tobytes() == want.tobytes() and xhat.tobytes() == want_xhat.tobytes()   # xhat again: its bits
     assert rstd.tobytes() == want_rstd.tobytes() and out.shape == shape and rstd.shape == shape[:-1] + (1,)
 
 
@@ -246,7 +248,7 @@ def test_layernorm_backward_draws_the_forward_mask_again(dtype, warp, packed, mo
         launched = []
         real = kernels.LAUNCH["launch"]
         monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
-        out = kernels.layernorm_backward_input(dy.copy(), xhat, rstd, g, dy2=dy2, mask=mask)
+        out = kernels.layernorm_backward_input(dy.copy(), (xhat, rstd), g, dy2=dy2, mask=mask)
         monkeypatch.setitem(kernels.LAUNCH, "launch", real)
         assert launched == ["layernorm_backward_warp" if warp else "layernorm_backward"]
         return out
@@ -319,6 +321,41 @@ def test_layernorm_backward_with_a_residual_gradient_and_a_dropout_mask(dtype, r
     close(got, want, dtype)
     close(dg_g, dg_w, tol, scale=3.0)
     close(db_g, db_w, tol, scale=3.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("warp", [False, True])
+def test_a_post_norm_blocks_backward_computes_xhat_again(dtype, warp, monkeypatch):
+    """residual_layernorm keeps the sum and each row's mean and rstd (a kernels.NormCache), not xhat
+    [rows, D]: the LayerNorm's backward and its parameter sums compute xhat again, and give the same bits
+    as from the xhat layernorm_forward keeps for the same sum: dx, dx * mask, dg, db and the sublayer
+    bias's sums (one backward launch and one of column sums each way), in the block and warp kernels."""
+    rng = np.random.default_rng(12)
+    vec = kernels.VEC_BYTES // np.dtype(dtype).itemsize
+    n, d, eps, p = 9, 32 * vec + 2 * vec, 1e-5, 0.1
+    x, y, dy, dy2 = (rng.normal(size=(n, d)).astype(dtype) for _ in range(4))
+    g, b = rng.normal(size=d).astype(dtype), rng.normal(size=d).astype(dtype)
+    rowpos, key = np.array([0, 2, 3, 7, 8, 9, 15, 20, 21]), F.DropoutSites(5, 9).next_site()[1]
+    if warp:
+        monkeypatch.setenv("MINITF_FUSED_LNWARP", "1")
+    monkeypatch.setattr(kernels, "enabled", lambda a: True)
+    out, mask, cache = kernels.residual_layernorm(key, rowpos, y.copy(), x, p, g, b, eps)
+    assert type(cache) is kernels.NormCache and cache.mean.shape == cache.rstd.shape == (n, 1)
+    kept_out, kept = kernels.layernorm_forward(cache.x, g, b, eps)     # the same sum, xhat kept
+    equal(kept_out, out)
+    grads0 = rng.normal(size=(3, d)).astype(dtype)
+    launched, results = [], []
+    real = kernels.LAUNCH["launch"]
+    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+    for c in (cache, kept):
+        launched.clear()
+        dg, db, dsub = grads0[0].copy(), grads0[1].copy(), grads0[2].copy()
+        dx, dxm = F.layernorm_backward(dy.copy(), c, g, dg, db, dy2, mask, dsub)
+        assert launched == ["layernorm_backward_warp" if warp else "layernorm_backward", "column_sums_into"]
+        results.append((dx, dxm, dg, db, dsub))
+    for got, want in zip(*results):
+        equal(got, want)
+    assert not np.array_equal(results[0][2], grads0[0])          # dg took its sums
 
 
 @pytest.mark.parametrize("n", [5, 300, 5000])
@@ -523,14 +560,16 @@ def test_the_layernorm_kernels_a_warp_per_row(dtype, monkeypatch):
         fwd = kernels.layernorm_forward(x, g, b, eps)
         res = kernels.residual_layernorm(key, rowpos, y.copy(), x, p, g, b, eps, y_bias=yb)
         dy_own = dy.copy()
-        back = kernels.layernorm_backward_input(dy_own, fwd[1][0], fwd[1][1], g, dy2=dy2, mask=res[1])
+        back = kernels.layernorm_backward_input(dy_own, fwd[1], g, dy2=dy2, mask=res[1])
         return fwd, res, back, dy_own
 
-    (y1, (xh1, rs1)), (o1, m1, (rxh1, rrs1)), (dx1, dxm1), dys1 = run()
+    (y1, (xh1, rs1)), (o1, m1, c1), (dx1, dxm1), dys1 = run()
+    rxh1, rrs1 = kernels.xhat_of(c1), c1.rstd
     assert not [name for name in launched if name.endswith("_warp")]
     monkeypatch.setenv("MINITF_FUSED_LNWARP", "1")
     launched.clear()
-    (y2, (xh2, rs2)), (o2, m2, (rxh2, rrs2)), (dx2, dxm2), dys2 = run()
+    (y2, (xh2, rs2)), (o2, m2, c2), (dx2, dxm2), dys2 = run()
+    rxh2, rrs2 = kernels.xhat_of(c2), c2.rstd
     assert launched == ["layernorm_forward_warp", "residual_layernorm_warp", "layernorm_backward_warp"]
     for got, want, kind in ((y2, y1, dtype), (xh2, xh1, acc_t), (rs2, rs1, acc_t), (o2, o1, dtype), (rxh2, rxh1, acc_t),
                             (rrs2, rrs1, acc_t), (dx2, dx1, dtype), (dxm2, dxm1, dtype)):
