@@ -6,7 +6,8 @@
     python bench/gpu_ab.py --modes bf16 --strong         # --bf16 against AMP bfloat16, eager and strong
     python bench/gpu_ab.py --smoke                 # tiny sizes (checks this script, e.g. under the CuPy stand-in)
 
-The variants differ only in environment variables that minitf reads on every call
+The variants differ only in environment variables that minitf reads on every call (MINITF_HOST_CHECK: when
+each variant's runner is set up, under that variant's environment)
 (`--variant name=VAR=value[,VAR=value]`; default: `now`, the step as it is, against `before`,
 every fusion switched off: MINITF_CUBLAS=0 and MINITF_FUSED_{RELU,ADAM,GRADS,EMBED,NORM,VEC}=0; the warp
 softmax has no switch; the LayerNorms' warp-per-row kernels, off by default, are

@@ -859,8 +859,9 @@ def test_every_bench_command_the_pages_quote_parses(monkeypatch):
 def test_every_flag_of_a_quoted_minitf_command_exists():
     """Each `--flag` of a `python train_wmt.py`, `minitf-train`, `python -m minitf SUB` or `minitf SUB`
     command quoted in the README and docs is one its parser (the sub-command's, e.g. `plot pe`'s) has
-    today; commands shortened with `...` are left out. (Values and required flags are not checked: the
-    pages write placeholders such as SEED and ALPHA; tests/test_readme.py runs the README's commands.)"""
+    today, and a command in a code block gives every flag its parser requires (a code span in a sentence
+    may name a command by one of its flags); commands shortened with `...` are left out. (Values are not checked: the pages write placeholders such as SEED and ALPHA;
+    tests/test_readme.py runs the README's commands.)"""
     import argparse
 
     from minitf import cli, train_cli
@@ -879,7 +880,7 @@ def test_every_flag_of_a_quoted_minitf_command_exists():
         text = page.read_text(encoding="utf-8")
         blocks = [b.replace("\\\n", " ") for b in FENCE_RE.findall(text)]
         spans = [s.replace("\n", " ") for s in re.findall(r"`([^`]+)`", FENCE_RE.sub("", text))]
-        for chunk in blocks + spans:
+        for block, chunk in [(True, b) for b in blocks] + [(False, s) for s in spans]:
             for m in re.finditer(r"(?:python (train_wmt\.py|-m minitf)|(minitf-train)|(?<![\w/.-])minitf)([^`\n]*)", chunk):
                 args = re.split(r"\s(?:&&|\||;|2>&1|>|#)", m.group(3))[0].strip()
                 words = args.split()
@@ -891,9 +892,14 @@ def test_every_flag_of_a_quoted_minitf_command_exists():
                     parser, words = train_cli.build_parser(), words[1:]
                 else:
                     parser, words = subparser(cli.build_parser(), words)
-                for flag in (w.split("=")[0] for w in words if w.startswith("--")):
+                given = [w.split("=")[0] for w in words if w.startswith("--")]
+                for flag in given:
                     flags += 1
                     if flag not in parser._option_string_actions:
                         bad.append(f"{rel(page)}: {m.group(0).strip()}: {flag}")
+                missing = [a.option_strings[0] for a in parser._actions
+                           if a.required and a.option_strings and not set(a.option_strings) & set(given)]
+                if block and given and missing:   # a command in a code block lacks a required flag
+                    bad.append(f"{rel(page)}: {m.group(0).strip()}: needs {', '.join(missing)}")
     assert not bad, "\n".join(bad)
     assert flags >= 300

@@ -192,7 +192,7 @@ class Tokenizer:
         return out
 
     def id_to_piece(self, i):
-        """The piece string of id `i` (for debugging)."""
+        """The piece string of id `i`."""
         return self._sp.id_to_piece(int(i))
 
     @classmethod
