@@ -308,8 +308,8 @@ def residual_layernorm_forward(sites, x, y, p, g, b, eps, rows=None, y_bias=None
     """LayerNorm(x + Dropout(y + y_bias)), a post-norm block's output (3.1; y_bias: the bias of the
     sublayer's last Linear, when it left it out), in one kernel: (out, mask, cache), the mask drawn
     from the next site of `sites` as dropout_add_forward draws it (sites None: no dropout, mask
-    None; on the GPU a kernels.KeyedMask, drawn again by the backward), the cache as layernorm_forward's;
-    the sum is written into y."""
+    None; on the GPU a kernels.KeyedMask, drawn again by the backward), the cache a kernels.NormCache (the
+    sum y, each row's mean and rstd: no xhat, which the backward computes again); the sum is written into y."""
     key = None if sites is None else sites.next_site()[1]
     return kernels.residual_layernorm(key, None if rows is None else rows.index, y, x, p, g, b, eps, y_bias)
 

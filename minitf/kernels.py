@@ -15,7 +15,7 @@ warp per row), one thread per value (or per 16 bytes) for the elementwise ones.
   dropout_add           out = y * mask + x, mask = (u >= round(p 2^16)) / (1 - p), u 16-bit, hashed from (key, position)
   residual_layernorm    LayerNorm(x + Dropout(y + b)) of a post-norm block: the sublayer's last bias add,
                         dropout_add and layernorm_forward in one pass per row, keeping the sum, mean and rstd
-                        (layernorm_backward and column_sums_into compute xhat and the mask again)
+                        (layernorm_backward computes xhat and the mask again, column_sums_into xhat)
   smoothed_nll_rows     per row: logsumexp, -log p[gold], mean_v -log p[v]
   loss_totals           the batch's loss, NLL sum and loss sum from those rows' terms, one block
   smoothed_nll_backward dlogits = (softmax - q) * w, q = (1 - eps) onehot + eps / V_o
@@ -898,7 +898,7 @@ extern "C" __global__ void column_sums_finish(const A* partial, A* out, int slab
 __device__ inline A column_slab_sum(const T* x, const A* y, int use_y, long long r0, long long r1, int groups,
                                     int group, int c, long long d, int from_mean, const T* ys, const A* mean,
                                     const A* rstd) {
-    A s = 0;   // no `#pragma unroll` here or in slab_run: on an H100 it made the float16 kernel 1.4-1.8x slower
+    A s = 0;   // not unrolled here or in slab_run: `#pragma unroll` made the float16 kernel 1.4-1.8x slower on an H100
     if (!use_y) {          // a loop per case: fewer registers live than one loop that tests them
         for (long long r = r0 + group; r < r1; r += groups) s += (A)x[r * d + c];
     } else if (!from_mean) {
@@ -1197,9 +1197,9 @@ def _as(p, dtype):
 
 
 class NormCache(NamedTuple):
-    """A LayerNorm's cache without xhat (residual_layernorm's): its input x [rows, D] in the storage dtype
-    and each row's mean and rstd [rows, 1] in the accumulation dtype; the backward kernels compute
-    xhat = (x - mean) * rstd again, the forward's bits (a [rows, D] array in the accumulation dtype less
+    """A LayerNorm's cache without xhat (residual_layernorm's): its input x [..., D] in the storage dtype
+    and each row's mean and rstd [..., 1] in the accumulation dtype; the backward kernels compute
+    xhat = (x - mean) * rstd again, the forward's bits (a [..., D] array in the accumulation dtype less
     to keep, write and read)."""
     x: object
     mean: object
@@ -1207,7 +1207,7 @@ class NormCache(NamedTuple):
 
 
 def xhat_of(cache):
-    """xhat [rows, D] (accumulation dtype) of a LayerNorm cache: (xhat, rstd), or a NormCache's computed
+    """xhat [..., D] (accumulation dtype) of a LayerNorm cache: (xhat, rstd), or a NormCache's computed
     with array operations (the kernels' bits)."""
     if type(cache) is not NormCache:
         return cache[0]
