@@ -341,16 +341,19 @@ def test_pages_speak_to_users():
 
 
 def test_tables_are_well_formed():
-    """Every row of a Markdown table has as many cells as its header (a stray `|`, e.g. in
-    |x| inside math, silently breaks a GitHub table)."""
+    """Every row of a Markdown table (in the docs and the README) has as many cells as its header (a
+    stray `|`, e.g. in |x| inside math, silently breaks a GitHub table) and ends on its own line (a row
+    broken over two lines renders its second line as text outside the table)."""
     bad = []
-    for path in doc_files():
+    for path in [ROOT / "README.md", *doc_files()]:
         lines = FENCE_RE.sub("", path.read_text(encoding="utf-8")).splitlines()
         header = None
         for n, line in enumerate(lines, 1):
             if not line.startswith("|"):
                 header = None
                 continue
+            if not line.rstrip().endswith("|"):
+                bad.append(f"{rel(path)}:{n} does not end its row")
             cells = len(re.findall(r"(?<!\\)\|", line))
             if header is None:
                 header = cells
@@ -405,7 +408,7 @@ def _facts():
              for name in PRESETS)),
         ("deviations.md", "occurrence takes one of 16 segmentations", POOL == 16),
         ("data.md", "16 segmentations drawn once", POOL == 16),
-        ("deviations.md", "is 0 in base and big, as in the paper, and 0.1 in `small`", decay_only_in_small),
+        ("deviations.md", "is 0 in base and big, as in the paper, and 0.1 in the Transformer's `small`", decay_only_in_small),
         ("benchmarks.md", "decoupled weight decay $\\lambda = 0.1$", small["weight_decay"] == 0.1),
         ("derivations/adam.md", "0 in the paper's presets and 0.1 in the Transformer's `small`", decay_only_in_small),
         ("deviations.md", "(off, the paper's schedule) in every preset", all(not p.get("lr_fade") for p in PRESETS.values())
@@ -903,3 +906,16 @@ def test_every_flag_of_a_quoted_minitf_command_exists():
                     bad.append(f"{rel(page)}: {m.group(0).strip()}: needs {', '.join(missing)}")
     assert not bad, "\n".join(bad)
     assert flags >= 300
+
+
+def test_no_link_sits_inside_math():
+    """A markdown link inside `$...$` or `$$...$$` renders as LaTeX text, not a link: every page keeps
+    its links outside its formulas (code blocks aside)."""
+    bad = []
+    for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        text = FENCE_RE.sub("", page.read_text(encoding="utf-8"))
+        text = re.sub(r"`[^`\n]*`", "", text)
+        for formula in re.findall(r"\$\$.*?\$\$|\$[^$\n]+\$", text, flags=re.S):
+            if LINK_RE.search(formula):
+                bad.append(f"{rel(page)}: {formula[:80]}")
+    assert not bad, "\n".join(bad)
