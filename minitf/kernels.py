@@ -354,19 +354,20 @@ extern "C" __global__ void smoothed_nll_rows_vec(const T* z, const long long* go
     long long off = (long long)blockIdx.x * V;
     const Vec* zr = (const Vec*)(z + off);
     int nv = V / VEC;
-    A m = NEG_BIG, tot = 0;
+    // One pass over the row: each thread keeps its running max mt and its sum of exp(z - mt), rescaled when
+    // mt grows (one exp a value either way), then the block's max M and the sum of the threads' sums * exp(mt - M).
+    A mt = NEG_BIG, st = 0, tot = 0;
     for (int j = threadIdx.x; j < nv; j += blockDim.x) {
         Vec a = zr[j];
-        for (int k = 0; k < VEC; k++) { A zj = (A)a.v[k]; m = a_max(m, zj); tot += zj; }
+        for (int k = 0; k < VEC; k++) {
+            A zj = (A)a.v[k];
+            tot += zj;
+            if (zj > mt) { st = st * a_exp(mt - zj) + (A)1; mt = zj; } else st += a_exp(zj - mt);
+        }
     }
-    m = block_max(m, buf);
+    A m = block_max(mt, buf);
     tot = block_sum(tot, buf);
-    A s = 0;
-    for (int j = threadIdx.x; j < nv; j += blockDim.x) {
-        Vec a = zr[j];
-        for (int k = 0; k < VEC; k++) s += a_exp((A)a.v[k] - m);
-    }
-    s = block_sum(s, buf);
+    A s = block_sum(st * a_exp(mt - m), buf);
     if (threadIdx.x == 0) nll_row_terms(z, off, gold, m, s, tot, V, lse, nll, smooth);
 }
 

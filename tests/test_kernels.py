@@ -502,6 +502,38 @@ def test_the_16_byte_kernels_give_the_same_bits_as_the_one_value_ones(dtype, pac
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_the_loss_rows_in_one_pass_over_the_logits(dtype, monkeypatch):
+    """smoothed_nll_rows_vec reads each row once, keeping per thread a running max and the sum of
+    exp(z - max) rescaled as the max grows: lse, nll and smooth against float64 NumPy on rows whose max
+    comes last (every value a new max), first, in the middle of a wide range (a value 60 above the rest,
+    whose exp overflows float16 and, taken from the row's first value, float32's range too), and equal
+    values."""
+    vec = kernels.VEC_BYTES // np.dtype(dtype).itemsize
+    v = 24 * vec
+    rng = np.random.default_rng(9)
+    rows = [np.linspace(-3, 3, v), np.linspace(3, -3, v), rng.normal(size=v), np.zeros(v)]
+    wide = rng.normal(size=v) - 30.0
+    wide[v // 2 + 1] = 30.0
+    rows.append(wide)
+    logits = np.stack(rows).astype(dtype)
+    gold = np.array([v - 1, 0, 3, 5, v // 2 + 1])
+    monkeypatch.setenv("MINITF_FUSED_VEC", "1")
+    launched = []
+    real = kernels.LAUNCH["launch"]
+    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+    lse, nll, smooth = kernels.smoothed_nll_rows(logits, gold)
+    assert launched == ["smoothed_nll_rows_vec"]
+    z = logits.astype(np.float64)
+    m = z.max(axis=1)
+    want_lse = m + np.log(np.exp(z - m[:, None]).sum(axis=1))
+    acc = kernels.accum_dtype(dtype)
+    close(lse, want_lse, acc, scale=4.0)
+    close(nll, want_lse - z[np.arange(5), gold], acc, scale=4.0)
+    close(smooth, want_lse - z.mean(axis=1), acc, scale=4.0)
+    assert np.isfinite(lse).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_the_loss_kernels_16_bytes_a_thread(dtype, monkeypatch):
     """A vocabulary of whole vectors takes smoothed_nll_rows_vec and smoothed_nll_backward_vec: the
     backward gives the one-value kernel's bits (the same arithmetic on each value), the row terms
