@@ -363,6 +363,11 @@ def test_tables_are_well_formed():
 
 
 # ----------------------------------------------------------------------------- constants
+def _adam_block():
+    from minitf import optim
+    return optim._BLOCK
+
+
 def _peak(preset):
     from minitf.config import PRESETS, Config
     cfg = Config.preset(preset)
@@ -388,6 +393,7 @@ def _facts():
         ("deviations.md", r"$= -10^9$", NEG_INF == -1e9),
         ("derivations/adam.md", r"\beta_2 = 0.98", adam["betas"].default == (0.9, 0.98)),
         ("derivations/adam.md", r"\epsilon = 10^{-9}", adam["eps"].default == 1e-9),
+        ("derivations/adam.md", "blocks of 32,768 elements", _adam_block() == 32768),
         ("benchmarks.md", "warmup 1067, `lr_factor` 1.4", (small["warmup"], small["lr_factor"]) == (1067, 1.4)),
         ("benchmarks.md", r"label smoothing $\epsilon_{ls} = 0.2$", small["label_smoothing"] == 0.2),
         ("benchmarks.md", r"$P_\text{drop} = 0.2$", small["dropout"] == 0.2),
