@@ -138,7 +138,7 @@ def planning(cache_folder, max_tokens, runs=3):
 def data_memory(cache_folder, max_tokens, batches=1000):
     """RSS of the training data path alone, in a child process: after the imports of train.py
     (and glibc's keep-freed-memory setting the CPU trainer makes), open the cache, plan an epoch
-    (then trim the heap, as train.py does) and collate `batches` batches. Returns MiB above the post-import RSS: steady and peak, and
+    (then trim the heap, as the trainer does: minitf/feed.py) and collate `batches` batches. Returns MiB above the post-import RSS: steady and peak, and
     the steady part split into anonymous memory (the process's own) and mapped file pages."""
     code = f"""
 import json, sys
@@ -154,7 +154,7 @@ keep_freed_memory()
 base = mem()
 c = open_cache({cache_folder!r}); p = c.pairs("en", "de")
 plan = token_batches(p.src_lens, p.tgt_lens, {max_tokens}, 1, 0)
-release_freed_memory()   # as train.py does after planning an epoch
+release_freed_memory()   # as the trainer does after planning an epoch (minitf/feed.py)
 for idx in plan[:{batches}]:
     training_batch(p, idx, c.tokenizer)
 now = mem()

@@ -153,7 +153,7 @@ struct alignas(16) Vec { T v[16 / sizeof(T)]; };
 """
 
 KERNELS = r"""
-// p = softmax(scores + bias) over rows of length n; scores [B, H, T, n] as rows r = (b*H + h)*T + t.
+// p = softmax(scores + bias) over rows of length n; scores [B, H, Tq, n] as rows r = (b*H + h)*Tq + t (Tq queries).
 // bias is read at b*sb + h*sh + t*st + j*sj (element strides; 0 on broadcast axes).
 // p may alias scores (in place).
 extern "C" __global__ void masked_softmax(const T* scores, const T* bias, T* p, int n, int H, int Tq,
@@ -391,7 +391,7 @@ extern "C" __global__ void loss_totals(const A* nll, const A* smooth, long long 
     }
 }
 
-// dz = (exp(z - lse) - eps / V - (1 - eps) [j == gold]) * w per row (has_w; else w = 1) * wscale
+// dz = (exp(z - lse) - eps / V - (1 - eps) [j == gold]) * w per row (V: the kernel's V_o columns; has_w; else w = 1) * wscale
 // (* dscale[0], the loss scale kept on the device, when has_dscale); dz may alias z.
 extern "C" __global__ void smoothed_nll_backward(const T* z, const long long* gold, const A* lse, const A* w,
                                                  int has_w, A wscale, const A* dscale, int has_dscale, T* dz, int V,
