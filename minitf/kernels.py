@@ -355,7 +355,7 @@ extern "C" __global__ void smoothed_nll_rows_vec(const T* z, const long long* go
     const Vec* zr = (const Vec*)(z + off);
     int nv = V / VEC;
     // One pass over the row: each thread keeps its running max mt and its sum of exp(z - mt), rescaled when
-    // mt grows (one exp a value either way), then the block's max M and the sum of the threads' sums * exp(mt - M).
+    // mt grows (one exp a value either way), then the block's max m and the sum of the threads' sums * exp(mt - m).
     A mt = NEG_BIG, st = 0, tot = 0;
     for (int j = threadIdx.x; j < nv; j += blockDim.x) {
         Vec a = zr[j];

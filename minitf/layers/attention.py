@@ -214,7 +214,7 @@ class MultiHeadAttention(Layer):
         (dx_kv,) = self._project_backward(x_kv, rows_kv, ("k", "v"), dqkv, [dkv_into], (0, 0))
         return dx_q, dx_kv
 
-    # -- inference (incremental.decoder_layer_step): keys/values computed once and reused, no caches kept --
+    # -- inference (incremental.StepCache, read by decoder_layer_step): keys/values computed once and reused, no caches kept --
     def project_kv(self, x_kv):
         """x_kv [B, S, D] -> (k, v) each [B, H, S, K]."""
         h = self.n_heads

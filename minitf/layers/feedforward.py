@@ -50,6 +50,6 @@ class FeedForward(Layer):
         return self.fc1.backward(F.relu_backward(dh, h))
 
     def apply(self, x):
-        """Inference: the forward without keeping caches (decode.py)."""
+        """Inference: the forward without keeping caches (incremental.py)."""
         act = F.swish_forward if self.activation == "swish" else F.relu_forward
         return self.fc2.apply(act(self.fc1.apply(x)))

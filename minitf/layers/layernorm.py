@@ -43,5 +43,5 @@ class LayerNorm(Layer):
         return out
 
     def apply(self, x):
-        """Inference: the forward without keeping a cache (decode.py)."""
+        """Inference: the forward without keeping a cache (incremental.py)."""
         return F.layernorm_forward(x, self.params["weight"], self.params["bias"], self.eps)[0]
