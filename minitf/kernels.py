@@ -153,7 +153,7 @@ struct alignas(16) Vec { T v[16 / sizeof(T)]; };
 """
 
 KERNELS = r"""
-// p = softmax(scores + bias) over rows of length n; scores [B, H, Tq, n] as rows r = (b*H + h)*Tq + t (Tq queries).
+// p = softmax(scores + bias) over rows of length n; scores [B, H, L, n] as rows r = (b*H + h)*L + t (L queries: Tq).
 // bias is read at b*sb + h*sh + t*st + j*sj (element strides; 0 on broadcast axes).
 // p may alias scores (in place).
 extern "C" __global__ void masked_softmax(const T* scores, const T* bias, T* p, int n, int H, int Tq,

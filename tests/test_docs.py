@@ -363,6 +363,11 @@ def test_tables_are_well_formed():
 
 
 # ----------------------------------------------------------------------------- constants
+def _train_default(dest):
+    from minitf.train_cli import build_parser
+    return build_parser().get_default(dest)
+
+
 def _adam_block():
     from minitf import optim
     return optim._BLOCK
@@ -394,6 +399,8 @@ def _facts():
         ("derivations/adam.md", r"\beta_2 = 0.98", adam["betas"].default == (0.9, 0.98)),
         ("derivations/adam.md", r"\epsilon = 10^{-9}", adam["eps"].default == 1e-9),
         ("derivations/adam.md", "blocks of 32,768 elements", _adam_block() == 32768),
+        ("deviations.md", "in a row (5 by default)", _train_default("max_nonfinite") == 5),
+        ("deviations.md", "`--patience PATIENCE` (off by default", _train_default("patience") == 0),
         ("benchmarks.md", "warmup 1067, `lr_factor` 1.4", (small["warmup"], small["lr_factor"]) == (1067, 1.4)),
         ("benchmarks.md", r"label smoothing $\epsilon_{ls} = 0.2$", small["label_smoothing"] == 0.2),
         ("benchmarks.md", r"$P_\text{drop} = 0.2$", small["dropout"] == 0.2),
@@ -929,3 +936,13 @@ def test_no_link_sits_inside_math():
             if LINK_RE.search(formula):
                 bad.append(f"{rel(page)}: {formula[:80]}")
     assert not bad, "\n".join(bad)
+
+
+def test_no_prose_line_starts_a_list_by_accident():
+    """A line of running text that starts with `+ ` begins a bullet list (CommonMark lets a bullet
+    interrupt a paragraph), breaking the paragraph it belongs to: no page has one outside code."""
+    bad = []
+    for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        lines = FENCE_RE.sub("", page.read_text(encoding="utf-8")).splitlines()
+        bad += [f"{rel(page)}: {line[:60]}" for line in lines if line.startswith("+ ")]
+    assert not bad, bad
