@@ -821,10 +821,10 @@ extern "C" __global__ void update_check(const T* grad, long long n, const A* los
 
 // The embedding of the kept rows, one thread per element of out [n / d, d]: row r at position
 // pos = rowpos[r] (has_rows; else r) of the padded [B, L] batch, l = pos % L:
-// out = (weight[ids[pos]] * scale + pe[l]) * mask, mask = (u >= thresh) * dscale with u hashed from
-// (key, pos, c) as dropout_add hashes it (has_drop; else no dropout, mask not written).
+// out = (weight[ids[pos]] * scale + pe[l]) * mask, mask = dropout_keep(key, pos, d, c, thresh, dscale) as
+// dropout_add draws it (has_drop; else no dropout). The mask is not stored: embedding_backward draws it again.
 extern "C" __global__ void embed_rows(const T* weight, const long long* ids, const long long* rowpos, int has_rows,
-                                      const T* pe, T* out, T* mask, int has_drop, unsigned long long key, int thresh,
+                                      const T* pe, T* out, int has_drop, unsigned long long key, int thresh,
                                       A dscale, long long n, int d, int L, A scale) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
@@ -834,24 +834,19 @@ extern "C" __global__ void embed_rows(const T* weight, const long long* ids, con
         long long l = pos % L;
         T e = (T)((A)weight[ids[pos] * d + c] * scale);
         T y = (T)((A)e + (A)pe[l * d + c]);
-        if (has_drop) {
-            unsigned long long w = (unsigned long long)pos * (unsigned long long)((d + 3) / 4)
-                                   + (unsigned long long)(c / 4) + 1ULL;
-            int u = (int)((mix64(key + w * 0x9E3779B97F4A7C15ULL) >> (16 * (c & 3))) & 0xffffULL);
-            A m = u >= thresh ? dscale : (A)0;
-            mask[i] = (T)m;
-            y = (T)((A)y * m);
-        }
+        if (has_drop) y = (T)((A)y * dropout_keep(key, (unsigned long long)pos, d, c, thresh, dscale));
         out[i] = y;
     }
 }
 
-// The embedding's gradient from the kept rows' gradients dx [rows, d] (times the dropout mask, has_mask):
+// The embedding's gradient from the kept rows' gradients dx [rows, d] (times the dropout mask: read from mask,
+// has_mask 1, or drawn again from its key as embed_rows drew it, has_mask 2: rowpos, has_rows, key, thresh, dscale):
 // grad[row] += scale * the sum of (dx * mask)[r] over the rows r holding that row's id, in a fixed order
 // (deterministic: no atomics). plan (int64, built on the host by kernels.embedding_plan):
 // starts [u + 1], then the u distinct ids, then the rows sorted by id (stably). One block per id.
 extern "C" __global__ void embedding_backward(const T* dx, const T* mask, int has_mask, const long long* plan, int u,
-                                              T* grad, int d, A scale) {
+                                              T* grad, int d, A scale, const long long* rowpos, int has_rows,
+                                              unsigned long long key, int thresh, A dscale) {
     const long long* starts = plan;
     const long long* uniq = plan + u + 1;
     const long long* order = plan + 2 * (long long)u + 1;
@@ -860,8 +855,9 @@ extern "C" __global__ void embedding_backward(const T* dx, const T* mask, int ha
     for (int c = threadIdx.x; c < d; c += blockDim.x) {
         A acc = 0;
         for (long long j = s0; j < s1; j++) {
-            long long i = order[j] * d + c;
-            acc += has_mask ? (A)(T)((A)dx[i] * (A)mask[i]) : (A)dx[i];
+            long long r = order[j], i = r * d + c;
+            unsigned long long pos = has_mask == 2 ? (unsigned long long)(has_rows ? rowpos[r] : r) : 0ULL;
+            acc += has_mask ? (A)(T)((A)dx[i] * mask_at(has_mask, mask, r * d, pos, key, d, c, thresh, dscale)) : (A)dx[i];
         }
         grad[row * d + c] = (T)((A)grad[row * d + c] + acc * scale);
     }
@@ -988,9 +984,10 @@ SIGNATURES = {
                      "long long"],
     "pack_heads": ["T*", "long long*", "int", "T*", "int", "int", "int", "int", "long long"],
     "bias_relu": ["T*", "T*", "long long", "int"],
-    "embed_rows": ["T*", "long long*", "long long*", "int", "T*", "T*", "T*", "int", "unsigned long long", "int", "A",
+    "embed_rows": ["T*", "long long*", "long long*", "int", "T*", "T*", "int", "unsigned long long", "int", "A",
                    "long long", "int", "int", "A"],
-    "embedding_backward": ["T*", "T*", "int", "long long*", "int", "T*", "int", "A"],
+    "embedding_backward": ["T*", "T*", "int", "long long*", "int", "T*", "int", "A", "long long*", "int",
+                           "unsigned long long", "int", "A"],
     "relu_backward": ["T*", "T*", "long long"],
     "bias_relu_vec": ["T*", "T*", "long long", "int"],
     "relu_backward_vec": ["T*", "T*", "long long"],
@@ -1216,8 +1213,9 @@ def xhat_of(cache):
 
 
 class KeyedMask(NamedTuple):
-    """A dropout mask kept as what draws it (residual_layernorm's): layernorm_backward_input draws it
-    again in its own pass (the same bits) instead of reading a stored [rows, d] array.
+    """A dropout mask kept as what draws it (residual_layernorm's and embed_rows'): layernorm_backward_input
+    and embedding_backward draw it again in their own pass (the same bits) instead of reading a stored
+    [rows, d] array.
     rowpos: the rows' positions in the padded batch (a device int64 array), or None (row r at r)."""
     key: int
     rowpos: object
@@ -1595,30 +1593,38 @@ def embedding_plan(ids, keep_index, xp):
 
 
 def embed_rows(weight, ids, rows, length, pe, scale, key, p):
-    """(out [rows, D], mask [rows, D] or None): the rows of (weight[ids] * scale + pe[position]) * mask
-    at the kept positions (rows: packing.Rows, or None for every position of ids [B, L]);
-    key/p: the dropout site's hash key and rate (key None: no dropout)."""
+    """(out [rows, D], mask): the rows of (weight[ids] * scale + pe[position]) * mask at the kept positions
+    (rows: packing.Rows, or None for every position of ids [B, L]); key/p: the dropout site's hash key and
+    rate (key None: no dropout, mask None). The mask is a KeyedMask (no [rows, D] array: embedding_backward
+    draws it again)."""
     xp = backend.xp_of(weight)
     b = ids.shape[0]
     n_rows = b * length if rows is None else len(rows.host_index)
     d = weight.shape[1]
     out = xp.empty((n_rows, d), dtype=weight.dtype)
-    mask = None if key is None else xp.empty((n_rows, d), dtype=weight.dtype)
     a = accum_dtype(weight.dtype)
     n = n_rows * d
     _launch("embed_rows", weight.dtype, -(-n // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
             (weight, xp.ascontiguousarray(ids, dtype=np.int64),
              _placeholder(xp, np.int64) if rows is None else rows.index, np.int32(rows is not None), pe, out,
-             out if mask is None else mask, np.int32(key is not None), np.uint64(key or 0),
+             np.int32(key is not None), np.uint64(key or 0),
              np.int32(0 if key is None else keep_threshold(p)), a(0.0 if key is None else 1.0 / (1.0 - p)),
              np.int64(n), np.int32(d), np.int32(length), a(scale)))
-    return out, mask
+    return out, (None if key is None else KeyedMask(key, None if rows is None else rows.index, p))
 
 
 def embedding_backward(dx, mask, plan, grad, scale):
-    """grad [V, D] += scale * (the rows of dx [rows, D] (* mask) summed per id), plan = embedding_plan()."""
+    """grad [V, D] += scale * (the rows of dx [rows, D] (* mask) summed per id), plan = embedding_plan();
+    mask: an array shaped as dx, a KeyedMask (drawn again here, embed_rows' bits), or None."""
     plan_array, u = plan
     d = grad.shape[1]
+    xp = backend.xp_of(dx)
+    keyed = type(mask) is KeyedMask
+    rowpos = mask.rowpos if keyed else None
+    a = accum_dtype(dx.dtype)
     _launch("embedding_backward", dx.dtype, u, _row_block(d),
-            (dx, dx if mask is None else mask, np.int32(mask is not None), plan_array, np.int32(u), grad, np.int32(d),
-             accum_dtype(dx.dtype)(scale)))
+            (dx, dx if mask is None or keyed else mask, np.int32(0 if mask is None else 2 if keyed else 1), plan_array,
+             np.int32(u), grad, np.int32(d), a(scale),
+             _placeholder(xp, np.int64) if rowpos is None else xp.ascontiguousarray(rowpos, dtype=np.int64),
+             np.int32(rowpos is not None), np.uint64(mask.key if keyed else 0),
+             np.int32(keep_threshold(mask.p) if keyed else 0), a(1.0 / (1.0 - mask.p) if keyed else 1.0)))

@@ -384,8 +384,9 @@ def test_column_sums_into_a_buffer_add_to_it_in_one_launch(n, monkeypatch):
 @pytest.mark.parametrize("packed,dropout", [(False, False), (True, False), (True, True)])
 def test_embed_rows_and_embedding_backward(dtype, packed, dropout):
     """embed_rows = dropout(pack(rows, weight[ids] * scale + PE)) with the mask functional.hash_bits
-    gives at the kept positions; embedding_backward adds scale * (dx * mask) summed per id into
-    the gradient, as segment_sum_rows does (ids repeated, some never used)."""
+    gives at the kept positions, kept as its key (a KeyedMask); embedding_backward adds scale * (dx * mask)
+    summed per id into the gradient, as segment_sum_rows does (ids repeated, some never used), with the
+    mask drawn again from its key: the same bits as with the mask array."""
     from minitf.layers.embedding import segment_sum_rows
     from minitf.layers.positional import sinusoid_table
     from minitf.packing import Rows
@@ -404,7 +405,8 @@ def test_embed_rows_and_embedding_backward(dtype, packed, dropout):
         pos = None if rows is None else rows.host_index
         bits = F.hash_bits(np, key, pos, want.shape[0], d)
         want_mask = ((bits >= F.keep_threshold(p)) / (1 - p)).astype(dtype)
-        equal(mask, want_mask)
+        assert type(mask) is kernels.KeyedMask
+        equal(F.mask_array(mask, want), want_mask)
         want = want * want_mask
     else:
         assert mask is None
@@ -412,12 +414,20 @@ def test_embed_rows_and_embedding_backward(dtype, packed, dropout):
     dx = rng.normal(size=out.shape).astype(dtype)
     grad0 = rng.normal(size=(v, d)).astype(dtype)
     got = grad0.copy()
-    kernels.embedding_backward(dx, mask, kernels.embedding_plan(ids, None if rows is None else rows.host_index, np),
-                               got, 2.5)
+    plan = kernels.embedding_plan(ids, None if rows is None else rows.host_index, np)
+    kernels.embedding_backward(dx, mask, plan, got, 2.5)
+    mask_array = None if mask is None else F.mask_array(mask, dx)
     kept_ids = ids.reshape(-1) if rows is None else ids.reshape(-1)[rows.host_index]
     want_g = grad0.astype(np.float64)
-    segment_sum_rows(kept_ids, (dx.astype(np.float64) * (1 if mask is None else mask)) * 2.5, want_g)
+    segment_sum_rows(kept_ids, (dx.astype(np.float64) * (1 if mask is None else mask_array)) * 2.5, want_g)
     close(got, want_g, dtype, scale=10.0)
+    if dropout:                  # the key drawn again: the bits of the stored mask
+        stored = grad0.copy()
+        kernels.embedding_backward(dx, mask_array, plan, stored, 2.5)
+        equal(got, stored)
+        other = grad0.copy()
+        kernels.embedding_backward(dx, kernels.KeyedMask(key + 1, mask.rowpos, p), plan, other, 2.5)
+        assert other.tobytes() != got.tobytes()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
