@@ -42,7 +42,7 @@ sys.path.insert(0, ROOT)
 
 
 def write_corpus(multi30k, out, n, seed=0):
-    """The WMT14-shaped corpus: N lines of two random Multi30k sentences joined, plus val/test."""
+    """The WMT14-shaped corpus: n lines of two random Multi30k sentences joined, plus val/test."""
     os.makedirs(out, exist_ok=True)
     en = gzip.open(os.path.join(multi30k, "train.en.gz"), "rt", encoding="utf-8").read().splitlines()
     de = gzip.open(os.path.join(multi30k, "train.de.gz"), "rt", encoding="utf-8").read().splitlines()
@@ -180,7 +180,7 @@ def prepare(prefix, cache, extra=()):
 
 def wmt_lengths(rng, n):
     """n source and target lengths in pieces, shaped like the WMT14-shaped corpus: source
-    ~N(33, 10), target 1.05x it (+-10%), both clipped to [1, 250]."""
+    normal with mean 33 and deviation 10, target 1.05x it (+-10%), both clipped to [1, 250]."""
     s = np.clip(rng.normal(33, 10, n), 1, 250).astype(np.int64)
     return s, np.clip((s * rng.normal(1.05, 0.1, n)).astype(np.int64), 1, 250)
 

@@ -81,8 +81,8 @@ def run_minitf(model, src_ids, beam, args, use_cache=True):
 
 
 def run_torch(tm, src_ids, beam, args):
-    """Fixed length-sorted batches; with --torch-streams N, N Python threads side by side, each on
-    every N-th sentence (torch runs each op on one thread then: set in vs_torch)."""
+    """Fixed length-sorted batches; with --torch-streams n, n Python threads side by side, each on
+    every n-th sentence (torch runs each op on one thread then: set in vs_torch)."""
     import torch
     from bench import torch_decode
     t0 = time.perf_counter()
@@ -208,7 +208,7 @@ def main():
     p.add_argument("--vocab", type=int, default=8000)
     p.add_argument("--checkpoint")
     p.add_argument("--src", help="raw source sentences (with --checkpoint)")
-    p.add_argument("--n", type=int, default=0, help="the first N sentences (0: all)")
+    p.add_argument("--n", type=int, default=0, help="the first n sentences (0: all)")
     p.add_argument("--beams", type=int, nargs="+", default=[1, 4])
     p.add_argument("--alpha", type=float, default=0.6)
     p.add_argument("--max-len-b", type=int, default=50)

@@ -216,8 +216,8 @@ def main(argv=None):
     p.add_argument("--modes", default="float32,fp16",
                    help="comma-separated: float32 (TF32), fp16 (--fp16), bf16 (--bf16, against AMP bfloat16)")
     p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--steps-per-round", type=int, default=1, metavar="K",
-                   help="consecutive steps timed per round, the time divided by K (1: each step alone, synchronised "
+    p.add_argument("--steps-per-round", type=int, default=1, metavar="STEPS",
+                   help="consecutive steps timed per round, the time divided by STEPS (1: each step alone, synchronised "
                         "before and after; several: the GPU's work of one step can overlap the host's of the next, "
                         "as in training: what ending an update without a sync buys, MINITF_HOST_CHECK=1 against 0)")
     p.add_argument("--warmup", type=int, default=2)
@@ -229,8 +229,8 @@ def main(argv=None):
     p.add_argument("--torch-compile", action="store_true", help="the strong PyTorch's loss through torch.compile")
     p.add_argument("--float64", action="store_true", help="also hold each variant's gradients to the float64 model's")
     p.add_argument("--profile", default="", help="comma-separated runners to profile (default: every one)")
-    p.add_argument("--host-profile", type=int, default=0, metavar="N",
-                   help="also N steps of the first variant under cProfile: the host's time by function")
+    p.add_argument("--host-profile", type=int, default=0, metavar="STEPS",
+                   help="also STEPS steps of the first variant under cProfile: the host's time by function")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out")
     args = p.parse_args(argv)

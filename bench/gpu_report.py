@@ -13,7 +13,7 @@ reported even when another fails:
   launches  on the strict CuPy stand-in only (--smoke with MINITF_CUPY_MODULE=strict_cupy): the kernel
           launches of one `base` update, float32, --fp16 and --bf16, one line each (bench/launches.py)
   step    one training step of `base` and `big` on one batch of at most 25,000 padded tokens a side (~19,800
-          target tokens; bench/data.py's `wmt_batch`) with WMT14-shaped lengths (source ~N(33, 10) pieces, target 1.05x), the same weights and
+          target tokens; bench/data.py's `wmt_batch`) with WMT14-shaped lengths (source pieces normal with mean 33 and deviation 10, target 1.05x), the same weights and
           batch in one process: minitf float32 (TF32 matmuls, CUPY_TF32=1) against PyTorch eager
           with TF32, minitf `--fp16` against PyTorch AMP (autocast float16 + GradScaler), and minitf
           `--bf16` against AMP bfloat16 (autocast bfloat16, no scaler); in each mode also a strong

@@ -95,7 +95,7 @@ def free_pool(xp):
 
 
 def train_minitf(name, env, cfg, args, train, valid, dropout_seed=0):
-    """N updates of minitf under the variant's environment; returns the runner's record."""
+    """The updates of `train` (one a batch) of minitf under the variant's environment; returns the runner's record."""
     with Env(env):
         model = minitf.Transformer(cfg, device=args.device, dtype=compute_dtype(args), seed=0)
         model.seed = dropout_seed    # the dropout masks' seed (the weights above are seed 0's)
@@ -135,7 +135,7 @@ def initial_state(cfg, args):
 
 
 def train_torch(cfg, args, train, valid, state):
-    """The same N updates in PyTorch eager from the same weights (AMP + GradScaler with --fp16)."""
+    """The same updates in PyTorch eager from the same weights (AMP + GradScaler with --fp16)."""
     import torch
     from bench.torch_model import as_ids, from_minitf_state
     dev = "cuda" if args.device == "gpu" else "cpu"
@@ -216,8 +216,8 @@ def main(argv=None):
     p.add_argument("--bf16", action="store_true", help="minitf --bf16 against PyTorch AMP bfloat16 (no loss scaling)")
     p.add_argument("--variant", action="append", help="as bench/gpu_ab.py's (default: now, before)")
     p.add_argument("--no-torch", action="store_true")
-    p.add_argument("--also-seed", type=int, action="append", default=[], metavar="S",
-                   help="also the first variant with dropout seed S: how far runs of one engine differ by chance")
+    p.add_argument("--also-seed", type=int, action="append", default=[], metavar="SEED",
+                   help="also the first variant with dropout seed SEED: how far runs of one engine differ by chance")
     p.add_argument("--out")
     args = p.parse_args(argv)
     if args.fp16 and args.bf16:

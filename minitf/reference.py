@@ -28,8 +28,9 @@ D d_model, H heads, K d_k = d_v, F d_ff, V vocabulary, I and O a linear layer's 
 widths, N target tokens with a loss (non-pad in tgt_out: the loss is their mean). A [B, L, D] array is [B*L, D] rows to a matrix product.
 
 Parameters live in one dict {name: array} with the engine's names
-(`encoder.layers.0.self_attn.q.weight`, ...). Every backward takes the upstream gradient
-and the forward's cache, RETURNS the input gradient(s) and ADDS (+=) into grads[name]:
+(`encoder.layers.0.self_attn.q.weight`, ...). Every backward with parameters takes the upstream
+gradient and the forward's cache, RETURNS the input gradient(s) (the embedding's, a leaf, none) and ADDS (+=)
+into grads[name]:
 a parameter used in several places (the tied embedding: source lookup, target lookup and
 output projection; the learned positions: both stacks) simply collects the sum.
 

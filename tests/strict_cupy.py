@@ -40,7 +40,7 @@ _scalar.pyx, _routines_indexing.pyx, cuda/function.pyx, _core/raw.pyx):
   host memory in the compute type's precision, C not read when beta is 0), refusing what
   cuBLAS refuses or leaves undefined: a leading dimension below the row count, a pointer into
   no buffer or misaligned, a read past the buffer's end, a declared type unlike the memory's,
-  type combinations the compute type does not take, C overlapping A or B.
+  type combinations the compute type does not take, c overlapping a or b (cuBLAS's C, A, B).
 - cuda: runtime.getDeviceCount() (1, or STRICT_CUPY_DEVICES), getDeviceProperties,
   Device(i).use(), Device().id, get_current_stream(), and cuda.nccl: NCCL's all-reduce over
   MPI (mpi4py COMM_WORLD) on the arrays whose `.data.ptr` was taken.

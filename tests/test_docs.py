@@ -946,3 +946,42 @@ def test_no_prose_line_starts_a_list_by_accident():
         lines = FENCE_RE.sub("", page.read_text(encoding="utf-8")).splitlines()
         bad += [f"{rel(page)}: {line[:60]}" for line in lines if line.startswith("+ ")]
     assert not bad, bad
+
+
+def test_the_bench_scripts_placeholders_are_not_legend_letters():
+    """A bench script's flag placeholder (`--steps-per-round STEPS`, `--also-seed SEED`) is a word, not a single
+    capital that the legend gives another meaning (K is d_k, N the tokens with a loss, S the source length):
+    the same rule as the pages' command lines, over every bench script's parser."""
+    import argparse
+    import sys
+
+    class Parser(Exception):
+        pass
+
+    def catch(self, args=None, namespace=None):
+        raise Parser(self)
+
+    same_meaning = {"V", "P"}
+    bad, seen = [], 0
+    saved_argv, real = sys.argv, argparse.ArgumentParser.parse_args
+    try:
+        argparse.ArgumentParser.parse_args = catch
+        for script in sorted((ROOT / "bench").glob("*.py")):
+            module = importlib.import_module(f"bench.{script.stem}")
+            main = getattr(module, "main", None)
+            if main is None:
+                continue
+            sys.argv = [str(script)]
+            try:
+                main([]) if "argv" in inspect.signature(main).parameters else main()
+            except Parser as caught:
+                seen += 1
+                for action in caught.args[0]._actions:
+                    mv = action.metavar
+                    if isinstance(mv, str) and re.fullmatch(r"[A-Z]", mv) and mv not in same_meaning:
+                        bad.append(f"bench/{script.name}: {'/'.join(action.option_strings)} {mv}")
+    finally:
+        argparse.ArgumentParser.parse_args = real
+        sys.argv = saved_argv
+    assert seen >= 12
+    assert not bad, bad

@@ -51,7 +51,7 @@ class MultiHeadAttention(Layer):
         self.k = self.add("k", Linear(d_model, n_heads * d_k, rng))
         self.v = self.add("v", Linear(d_model, n_heads * d_k, rng))
         self.out = self.add("out", Linear(n_heads * d_k, d_model, rng))
-        self.drop = self.add("drop", Dropout(dropout))   # its mask is applied inside attention_forward
+        self.drop = self.add("drop", Dropout(dropout))   # its mask (draw) is applied by the attention itself
 
     def forward(self, x_q, x_kv, bias, rows_q=None, rows_kv=None, sites=None, out_bias=True):
         """x_q [B, T, D] queries, x_kv [B, S, D] keys/values (T, S: the query and key lengths, as

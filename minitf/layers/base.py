@@ -2,7 +2,7 @@
 
 Conventions (each layer a forward/backward pair, as in llm.c): `forward` returns the output
 and keeps in `self.cache` exactly what `backward` needs; `backward(dout)` returns the input
-gradient(s) and ACCUMULATES into `self.grads`; one instance per call site.
+gradient(s) and ACCUMULATES into `self.grads`; one instance per call site (for a layer that keeps a cache).
 """
 from ..backend import xp_of
 

@@ -28,7 +28,8 @@ class Linear(Layer):
         return gemm.product(x.reshape(-1, x.shape[-1]), self.params["weight"])
 
     def apply(self, x):
-        """Inference: the forward without keeping a cache (decoding)."""
+        """The forward without keeping a cache (decoding, and RNNSearch's forward, whose backward takes this
+        layer's gradients itself)."""
         return F.linear_forward(x, self.params["weight"], self.params["bias"])
 
     def backward(self, dy, dx_into=None, bias=True):

@@ -100,7 +100,7 @@ class RecurrentAttention(Layer):
         self.grads["w_q"] += q.reshape(-1, q.shape[-1]).T @ dqw.reshape(-1, dqw.shape[-1])
         return dqw @ self.params["w_q"].T
 
-    # --------------------------------------------------------------- all queries at once (tests, bench)
+    # --------------------------------------------------------------- all queries at once (tests)
     def forward(self, q, memory, bias):
         """q [B, k, Q], memory [B, S, M], bias [B, S] -> context [B, k, M]."""
         keys = self.keys(memory)
