@@ -325,7 +325,7 @@ def main():
         text_mb = sum(os.path.getsize(f"{prefix}.{lang}") for lang in ("en", "de")) / 1e6
         cache = os.path.join(args.work, f"cache{n}")
         shutil.rmtree(cache, ignore_errors=True)
-        print(f"N={n:,}: corpus written ({text_mb:.0f} MB, {time.perf_counter() - t0:.0f}s); preparing...", flush=True)
+        print(f"{n:,} pairs: corpus written ({text_mb:.0f} MB, {time.perf_counter() - t0:.0f}s); preparing...", flush=True)
         wall, peak, cache_folder, manifest = prepare(prefix, cache)
         row = {"pairs": n, "text_mb": round(text_mb), "kept": manifest["counts"]["kept"],
                "vocab": manifest["tokenizer"]["vocab_size"],
@@ -345,7 +345,7 @@ def main():
         shutil.copy(os.path.join(cache_folder, "tokenizer.model"), tokenizer)
         t0 = time.perf_counter()
         make_synthetic(cache_folder, manifest, n)
-        print(f"synthetic N={n:,}: cache written in {time.perf_counter() - t0:.0f}s", flush=True)
+        print(f"synthetic {n:,} pairs: cache written in {time.perf_counter() - t0:.0f}s", flush=True)
         row = {"pairs": n, "synthetic": True, "vocab": manifest["tokenizer"]["vocab_size"],
                "cache_mb": round(sum(f["bytes"] for f in manifest["files"].values()) / 1e6)}
         measure(row, base_prefix, cache, cache_folder, tokenizer, f"s{n}")

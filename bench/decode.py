@@ -208,7 +208,7 @@ def main():
     p.add_argument("--vocab", type=int, default=8000)
     p.add_argument("--checkpoint")
     p.add_argument("--src", help="raw source sentences (with --checkpoint)")
-    p.add_argument("--n", type=int, default=0, help="the first n sentences (0: all)")
+    p.add_argument("--n", type=int, default=0, metavar="SENTENCES", help="the first n sentences (0: all; random sources: 100)")
     p.add_argument("--beams", type=int, nargs="+", default=[1, 4])
     p.add_argument("--alpha", type=float, default=0.6)
     p.add_argument("--max-len-b", type=int, default=50)

@@ -119,7 +119,8 @@ def token_stream(path, tokenizer, limit=4000):
 
 
 def path_gradients(checkpoint, sentences, lengths, samples, rng):
-    """{n: mean over samples of || d output[n-1] / d input[0] ||}, the encoder of a trained model,
+    """{'arch', 'checkpoint', 'n': the lengths, 'grad_norm': per length the mean over samples of
+    || d output[n-1] / d input[0] ||}, the encoder of a trained model,
     eval mode; output[n-1] is projected on a random unit vector, input = the encoder's input
     (embedding + positions for the Transformer, embedding for the RNN)."""
     from minitf.checkpoint import load_checkpoint
@@ -150,11 +151,12 @@ def path_gradients(checkpoint, sentences, lengths, samples, rng):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--n", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512, 1024], help="lengths at --d")
-    p.add_argument("--d", type=int, default=256, help="width for the sweep over n")
+    p.add_argument("--n", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512, 1024], metavar="LENGTH",
+                   help="lengths at --d")
+    p.add_argument("--d", type=int, default=256, metavar="WIDTH", help="width for the sweep over n")
     p.add_argument("--widths", type=int, nargs="+", default=[32, 64, 128, 256, 512, 1024], help="widths at --n-fixed")
     p.add_argument("--n-fixed", type=int, default=128, help="length for the sweep over d")
-    p.add_argument("--k", type=int, default=3, help="kernel width of the convolution")
+    p.add_argument("--k", type=int, default=3, metavar="WIDTH", help="kernel width of the convolution")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--rnn", help="a trained --arch rnn checkpoint (path-length part)")

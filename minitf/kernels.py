@@ -231,7 +231,8 @@ extern "C" __global__ void softmax_backward_warp(const T* dp, const T* p, T* dx,
 // Dropout's mask value from its key: u = 16 bits of splitmix64(key + w * GOLDEN), w = pos * ceil(d / 4) + c / 4 + 1
 // for column c of a row at position pos of the padded [B*L, d] batch (rowpos[r] where the rows are packed, else r);
 // kept where u >= thresh = round(p 2^16), as scale = 1 / (1 - p) (functional.hash_bits: the same bits with xp
-// operations). dropout_add, residual_layernorm and layernorm_backward (which draws the forward's mask again) use it.
+// operations). dropout_add, residual_layernorm and embed_rows use it, and layernorm_backward and embedding_backward
+// (and the *_warp forms) to draw the forward's mask again.
 __device__ inline unsigned long long mix64(unsigned long long z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;

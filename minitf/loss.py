@@ -48,7 +48,8 @@ def label_smoothed_nll(logits, target, eps, pad_id):
 
     Returns (loss, nll_sum, n_tokens, cache), the first three 0-d device arrays (no host
     sync): the smoothed loss averaged over non-pad tokens, the summed plain NLL (for
-    perplexity) and the non-pad token count. The cache holds the softmax p [rows, V_o]; log p is
+    perplexity) and the non-pad token count. The cache holds the softmax p [rows, V_o] (on the fused GPU path the
+    logits and their logsumexp instead); log p is
     never materialized: log p[v] = z[v] - log(sum(exp(z))) with z = logits - max.
     pad_id None: every target has a loss (the caller took the pad rows out); on the fused GPU path
     n_tokens is then the host's count.

@@ -28,7 +28,7 @@ _scalar.pyx, _routines_indexing.pyx, cuda/function.pyx, _core/raw.pyx):
   `count_transfers()` collects them; `record_dtypes()` collects the dtypes of the arrays
   created; `record_allocations()` the device arrays that take new memory (not views), by call site; LAUNCHES counts every kernel CuPy would launch, by name (one per elementwise or
   reduction call, advanced index, assignment, copy or conversion; CuPy matmul's copies and
-  GEMM; the RawKernels; cuBLAS calls; NCCL calls), and `launches()` snapshots it; STRICT_CUPY_REPORT=path writes both for the whole process at its exit (JSON, with
+  GEMM; the RawKernels; cuBLAS calls; NCCL calls), and `launches()` snapshots it; STRICT_CUPY_REPORT=path writes the transfers and the dtypes for the whole process at its exit (JSON, with
   LAUNCHES: the kernels and NCCL calls run).
 - RawModule(code=, options=).get_function(name)(grid, block, args) runs the kernel through
   tests/cuda_emulator.py after checking each argument as CuPy's launcher converts it (a

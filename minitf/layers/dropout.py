@@ -51,7 +51,7 @@ class Dropout(Layer):
 
     def take_mask(self):
         """The forward's mask (None when it did not drop), handed to a caller that applies it
-        itself (LayerNorm.backward): this layer's backward is then done."""
+        itself (LayerNorm.backward, Transformer._embed_backward): this layer's backward is then done."""
         mask, self.cache = self.cache, None
         return mask
 
