@@ -33,7 +33,7 @@ def main():
     ap.add_argument("--cache", required=True, help="a binarized cache folder")
     ap.add_argument("--src", default="en")
     ap.add_argument("--tgt", default="de")
-    ap.add_argument("--p", type=float, nargs="+", default=[0.05, 0.1])
+    ap.add_argument("--p", type=float, nargs="+", default=[0.05, 0.1], metavar="PROB")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     corpus = open_cache(args.cache)

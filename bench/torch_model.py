@@ -1,6 +1,8 @@
 """An independent PyTorch Transformer (Vaswani et al. 2017), written from the paper, that
-loads minitf's named parameters. Used for cross-checks (float64, autograd gradients) and as
-the eager-PyTorch baseline of bench/train_step.py. PyTorch is NOT a dependency of minitf.
+loads minitf's named parameters. Used for cross-checks (float64, autograd gradients), as the eager-PyTorch
+baseline of bench/train_step.py (and so of bench/gpu_ab.py, gpu_kernels.py and gpu_report.py), as
+bench/same_training.py's torch runner, and as the model bench/torch_decode.py decodes (bench/decode.py --vs-torch).
+PyTorch is NOT a dependency of minitf.
 
 Parameters are kept as raw tensors under minitf's names with minitf's layout (every linear
 is `x @ weight + bias`, weight [in, out]), so no transposes are needed when loading.

@@ -29,8 +29,9 @@ ATTENTIONS = ("general", "dot", "additive")     # arch "rnn": layers.rnn_attenti
 NORM_POSITIONS = ("post", "pre")                # the Transformer's LayerNorm: after the residual sum (3.1) or before the sublayer
 # ONE table from train_wmt.py's flags (argparse names) to the config fields they set, in three kinds: the
 # model's shape and architecture, the recipe (a --resume refuses both when they differ from the checkpoint's),
-# and the run's schedule. recipe.build_config and the resume check read it, train_cli.build_parser writes each
-# flag's preset defaults into --help from it, tests/test_train.py holds every flag to it or to the run flags.
+# and the run's schedule. recipe.build_config, the resume check (recipe.resolve_config, train._agree) and
+# config.json's set_by_flags read it, train_cli.add_preset_defaults writes each flag's preset defaults into --help
+# from it, tests/test_train.py holds every flag to it or to the run flags.
 SIZE_FLAGS = {"d_model": "d_model", "heads": "n_heads", "d_ff": "d_ff", "layers": "n_layers",
               "decoder_layers": "n_decoder_layers", "norm": "norm_position"}
 ARCH_FLAGS = {"arch": "arch", "attention": "attention", "output_vocab": "output_layer"}

@@ -26,7 +26,7 @@ def as_float32_if_half(x):
 
 
 def column_sum(x2, y2=None):
-    """The sum over the rows of x2 [rows, d] (d: a Linear's output width, D, F or H*K, or a LayerNorm's D;
+    """The sum over the rows of x2 [rows, d] (d: a Linear's output width, D, F or H*K, a LayerNorm's D, or V_o for the output bias;
     of x2 * y2 when given): a bias's or a LayerNorm
     parameter's gradient. On a GPU two deterministic launches (kernels.column_sums: slab partials,
     then the slabs added in order) in the accumulation dtype."""

@@ -1348,7 +1348,7 @@ def _slabs(n, d):
 
 
 def column_sums(x, y=None, out=None):
-    """x [..., d] (d: the width summed for, D, F or H*K) summed over every axis but the last (of
+    """x [..., d] (d: the width summed for, D, F, H*K or V_o) summed over every axis but the last (of
     x * y, y [..., d] in the accumulation dtype, when given) -> [d] in the accumulation dtype: the
     bias and LayerNorm parameter gradients. Two launches: partial sums over slabs of rows, then the
     slabs added in order, so the result is the same on every run. `out` ([d], x's dtype, C-contiguous; without y:

@@ -22,7 +22,8 @@ Continue an interrupted run (Ctrl-C saves a checkpoint) exactly where it stopped
     python train_wmt.py ... --out runs/m30k --resume
 Prints a validation line (loss, perplexity, greedy BLEU) every --valid-every updates (base/big: at every
 checkpoint).
-Writes OUT/train_log.jsonl, OUT/checkpoint_*.npz (the last --keep-last kept), OUT/checkpoint_best.npz (best
+Writes OUT/config.json (the config, the flags given and the tokenizer's hash, which --resume checks against),
+OUT/train_log.jsonl, OUT/checkpoint_*.npz (the last --keep-last kept), OUT/checkpoint_best.npz (best
 validation BLEU; the loss with --valid-bleu-sentences 0), OUT/averaged.npz (the last checkpoints, the final one included), OUT/model.npz
 (the average or the last checkpoint, whichever has the lower validation loss: the model scored),
 OUT/<set>.hyp.<tgt> (the validation set and each test set) and OUT/results.json.
@@ -92,10 +93,10 @@ def build_parser(prog=None):
                    help="dropout on the feed-forward layer's hidden ReLU output (not in the paper)")
     p.add_argument("--label-smoothing", type=fraction(closed=False),
                    help="label smoothing eps_ls (paper: 0.1)")
-    p.add_argument("--bpe-dropout-source", type=fraction(closed=False), metavar="P",
+    p.add_argument("--bpe-dropout-source", type=fraction(closed=False), metavar="PROB",
                    help="BPE-dropout on the source side: each epoch segments the training sentences anew, each merge "
-                        "skipped with probability P (not in the paper)")
-    p.add_argument("--bpe-dropout-target", type=fraction(closed=False), metavar="P",
+                        "skipped with probability PROB (not in the paper)")
+    p.add_argument("--bpe-dropout-target", type=fraction(closed=False), metavar="PROB",
                    help="the same on the target side")
     p.add_argument("--bidirectional-epochs", type=Number(int, 0, meaning=" (0 = one direction)"), metavar="EPOCHS",
                    help="bidirectional training: the first EPOCHS epochs train on the pairs in both directions, source "

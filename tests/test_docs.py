@@ -685,7 +685,7 @@ def test_a_command_lines_placeholders_are_not_legend_letters():
     `runs/RUN/`) is a word, not a single capital read as a symbol (`--seed S`, `--beam B`,
     `--bidirectional-epochs E`, `A.npz`, `runs/R/`); the legend's own meaning is fine (`--vocab-size V`, a
     dropout `P`)."""
-    same_meaning = {("vocab-size", "V"), ("bpe-dropout-source", "P"), ("bpe-dropout-target", "P"), ("dropout", "P")}
+    same_meaning = {("vocab-size", "V"), ("dropout", "P")}
     bad = []
     for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
         text = page.read_text(encoding="utf-8")

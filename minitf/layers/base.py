@@ -9,8 +9,8 @@ from ..backend import xp_of
 
 class Grads(dict):
     """grads[name]: zeros like params[name] on first use, so a layer built on its own
-    (`Linear(4, 3, rng)`) runs its backward; a Transformer replaces them with views of one
-    flat buffer (flatten_parameters)."""
+    (`Linear(4, 3, rng)`) runs its backward; a model (Seq2Seq.finish_init) replaces them with views
+    of one flat buffer."""
 
     def __init__(self, params):
         super().__init__()
