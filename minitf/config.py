@@ -1,7 +1,7 @@
 """Config: the paper's base model by default (Vaswani et al. 2017, Table 3 'base'); its recipe defaults
 (4096-token updates, a checkpoint every 1000) are not the paper's: `Config.preset("base")` is.
 
-Every knob of Table 3 is a field: N (`n_layers`), d_model, d_ff, h (`n_heads`), d_k = d_v
+Every knob of Table 3 is a field: the paper's N (`n_layers`), d_model, d_ff, h (`n_heads`), d_k = d_v
 (`d_k`, default d_model // h), P_drop (`dropout`), eps_ls (`label_smoothing`) and row (E),
 learned positional embeddings instead of sinusoids (`positional="learned"`).
 
@@ -29,8 +29,8 @@ ATTENTIONS = ("general", "dot", "additive")     # arch "rnn": layers.rnn_attenti
 NORM_POSITIONS = ("post", "pre")                # the Transformer's LayerNorm: after the residual sum (3.1) or before the sublayer
 # ONE table from train_wmt.py's flags (argparse names) to the config fields they set, in three kinds: the
 # model's shape and architecture, the recipe (a --resume refuses both when they differ from the checkpoint's),
-# and the run's schedule. recipe.build_config, the resume check (recipe.resolve_config, train._agree) and
-# config.json's set_by_flags read it, train_cli.add_preset_defaults writes each flag's preset defaults into --help
+# and the run's schedule. recipe.build_config, the resume check (recipe.resolve_config), the ranks' agreement
+# check (train._agree) and config.json's set_by_flags read it, train_cli.add_preset_defaults writes each flag's preset defaults into --help
 # from it, tests/test_train.py holds every flag to it or to the run flags.
 SIZE_FLAGS = {"d_model": "d_model", "heads": "n_heads", "d_ff": "d_ff", "layers": "n_layers",
               "decoder_layers": "n_decoder_layers", "norm": "norm_position"}

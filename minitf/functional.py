@@ -193,10 +193,10 @@ def layernorm_backward(dy, cache, g, dg, db, dy_residual=None, mask=None, d_subl
 
 
 # ----------------------------------------------------------------------------- dropout
-# A mask is a function of (seed, forward index, site, position in the [B, L, D] batch): the
-# same in the padded and the packed (pad-free rows) layout, and on resume. NumPy draws each
+# A mask is a function of (seed, forward index, site, position in the padded [B*L, d] batch, d the
+# activation's last width): the same in the padded and the packed (pad-free rows) layout, and on resume. NumPy draws each
 # site's 16-bit uniforms from a PCG64 stream keyed by (seed, forward index, site) over the
-# padded [B*L, D] positions, then keeps the packed rows; CuPy hashes each position with a
+# padded [B*L, d] positions, then keeps the packed rows; CuPy hashes each position with a
 # counter-based generator (splitmix64 of key + word), inside the fused kernel or with xp ops:
 # no generator state to set up, nothing drawn for pad rows.
 M64 = (1 << 64) - 1
@@ -255,7 +255,7 @@ def dropout_bits(sites, xp, shape, rows=None):
 
 
 def dropout_mask(sites, shape, p, dtype, xp=np, rows=None):
-    """Inverted-dropout mask: 0 with probability p, else 1/(1-p) (so E[mask] = 1), from the
+    """Inverted-dropout mask: 0 with probability p, else 1/(1-p) (so the mask's mean is 1), from the
     next site of `sites` (a DropoutSites)."""
     u = dropout_bits(sites, xp, shape, rows)
     mask = xp.empty(shape, dtype=dtype)

@@ -1565,8 +1565,8 @@ CHECK_BLOCKS = 1024   # update_check's blocks (a grid-stride scan of the gradien
 def update_check(grad, loss_sum, nll_sum, ctl, counter, scaler=None):
     """The update's outcome on the device in one launch (the kernel's comment says what ctl [8]
     then holds): grad the flat gradient (the model's dtype), loss_sum and nll_sum the update's sums
-    (device scalars in the accumulation dtype), ctl and counter (uint32 [2], zeros; the launch
-    leaves them at 0) kept between updates; scaler: the optim.LossScaler whose growth_interval
+    (device scalars in the accumulation dtype), ctl ([8], the accumulation dtype) and counter (uint32 [2],
+    zeros; the launch leaves it at 0), both kept between updates; scaler: the optim.LossScaler whose growth_interval
     and min_scale apply (None: no loss scaling)."""
     a = accum_dtype(grad.dtype)
     n = grad.size

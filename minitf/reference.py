@@ -20,7 +20,7 @@ baseline (`arch`); the options of models imported from Marian (`activation` swis
 docs/interop.md). Nor, outside the config, the engine's `--update-freq` accumulation (a loss
 weighted by its batch's share of the update), float16 with loss scaling (`--fp16`) or bfloat16
 (`--bf16`), the all-reduce of several processes' gradients (under mpiexec), or pad-free packing (the same numbers:
-docs/walkthrough.md). init_params builds d_k = D / H; a d_k set apart (Table 3 row B) runs
+docs/walkthrough.md). init_params builds d_k = D / H; a d_k set apart (Table 3 row (B)) runs
 here only with parameters the engine made.
 
 Shapes: B batch, S source length, T target length (padding included; L for either),
@@ -34,7 +34,7 @@ into grads[name]:
 a parameter used in several places (the tied embedding: source lookup, target lookup and
 output projection; the learned positions: both stacks) simply collects the sum.
 
-Dropout: the caller passes `mask_fn(site, shape)` -> mask (0 or 1/(1 - p), so E[mask] = 1).
+Dropout: the caller passes `mask_fn(site, shape)` -> mask (0 or 1/(1 - p), so the mask's mean is 1).
 The sites are numbered in the order the forward visits them: 0 the source embedding, then
 two per encoder layer (attention, FFN), then the target embedding, then three per decoder
 layer (self-attention, cross-attention, FFN). mask_fn=None: no dropout (evaluation).

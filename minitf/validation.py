@@ -55,7 +55,7 @@ def even_sample(n, k):
 class Validation:
     """The validation set of a run: `run(model)` -> a record with valid_loss, valid_nll and
     valid_ppl over the whole set, valid_bleu (sacreBLEU) of greedy translations of
-    `bleu_sentences` of its sentences spread evenly over it (None with 0), and valid_s.
+    `bleu_sentences` of its sentences spread evenly over it (None with 0), valid_bleu_sentences and valid_s.
     `world`: the ranks that share the work (every rank calls `run` at the same step and gets
     the same record); one process by default."""
 
@@ -92,7 +92,7 @@ class Validation:
         return max(1, usable_cores() // self.world.local_size)
 
     def describe(self, rec):
-        """One console line of a record of `run`."""
+        """One console line of a record of `run` with its 'step' added (train.validate adds it)."""
         bleu = (f" | BLEU {rec['valid_bleu']:.2f} (greedy, {rec['valid_bleu_sentences']:,} of {self.size:,} "
                 f"sentences)" if rec["valid_bleu"] is not None else "")
         return (f"valid: step {rec['step']} | loss {rec['valid_loss']:.3f} | ppl {rec['valid_ppl']:.2f}{bleu} | "

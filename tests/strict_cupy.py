@@ -79,7 +79,7 @@ _SKIP_FRAMES = (_HERE, os.sep + "numpy" + os.sep, os.path.join("minitf", "backen
 
 # ============================================================================ transfers, dtypes
 class Transfers:
-    """What one count_transfers() block saw: d2h and h2d (lists of 'what at site'), and
+    """What one count_transfers() block saw: d2h, d2h_async and h2d (lists of 'what at site'), and
     `events`, every transfer and mark() in order as (kind, what, site)."""
 
     def __init__(self):

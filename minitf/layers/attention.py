@@ -7,7 +7,7 @@ encoder-decoder attention. `backward` returns (dx_q, dx_kv) so the encoder outpu
 the gradient of every decoder layer's cross-attention. `dropout` > 0: attention dropout on
 the softmax weights while training (not in the paper; docs/deviations.md).
 
-On a GPU (gemm.enabled) the forward (training, and the encoder's when decoding) takes `_forward_gpu`, the backward `_backward_gpu`: the same maths with
+On a GPU (gemm.enabled) every full forward (training, the encoder's when decoding, Transformer.forward) takes `_forward_gpu`, the backward `_backward_gpu`: the same maths with
 each step one kernel. The projections' rows go straight into the head-major [B, H, L, K]
 layout with their bias (kernels.unpack_heads: unpack, split heads and bias add in one pass),
 the six batched products (two forward, four backward) are single cuBLAS calls over the B*H

@@ -2,8 +2,8 @@
 
 One instance per call site, so each keeps its own mask. The model passes in the forward
 pass's `functional.DropoutSites` (a mask is a function of the seed, the forward index, the
-site and the position in the padded [B, L, D] batch, so a run resumes exactly and the packed
-layout draws the padded layout's masks: `rows` says which positions a packed [N_t, D] or [N_s, D] holds);
+site and the position in the padded [B*L, d] batch, d the activation's last width, so a run resumes
+exactly and the packed layout draws the padded layout's masks: `rows` says which positions a packed [N_t, D] or [N_s, D] holds);
 `mask=` fixes the mask (gradient checks).
 """
 from .. import functional as F

@@ -33,7 +33,7 @@ class LayerNorm(Layer):
         the caller's own, it may be overwritten with the sum); with `dropout` (the Dropout layer
         inside this LayerNorm's input x + dropout(sublayer)): (dx, its dropout's backward of dx),
         in one pass on a GPU (functional.layernorm_backward). `sublayer`: the sublayer's last
-        Linear, whose bias gradient this backward takes (on a GPU in the launch of its own)."""
+        Linear, whose bias gradient this backward takes (on a GPU in its column-sum launch, beside dg and db)."""
         cache, self.cache = self.cache, None
         mask = None if dropout is None else dropout.take_mask()
         out = F.layernorm_backward(dy, cache, self.params["weight"], self.grads["weight"], self.grads["bias"],
