@@ -255,7 +255,7 @@ def dropout_bits(sites, xp, shape, rows=None):
 
 
 def dropout_mask(sites, shape, p, dtype, xp=np, rows=None):
-    """Inverted-dropout mask: 0 with probability p, else 1/(1-p) (so the mask's mean is 1), from the
+    """Inverted-dropout mask: 0 with probability p, else 1/(1-p) (so the mask's expected value is 1), from the
     next site of `sites` (a DropoutSites)."""
     u = dropout_bits(sites, xp, shape, rows)
     mask = xp.empty(shape, dtype=dtype)

@@ -34,7 +34,7 @@ into grads[name]:
 a parameter used in several places (the tied embedding: source lookup, target lookup and
 output projection; the learned positions: both stacks) simply collects the sum.
 
-Dropout: the caller passes `mask_fn(site, shape)` -> mask (0 or 1/(1 - p), so the mask's mean is 1).
+Dropout: the caller passes `mask_fn(site, shape)` -> mask (0 or 1/(1 - p), so the mask's expected value is 1).
 The sites are numbered in the order the forward visits them: 0 the source embedding, then
 two per encoder layer (attention, FFN), then the target embedding, then three per decoder
 layer (self-attention, cross-attention, FFN). mask_fn=None: no dropout (evaluation).
