@@ -257,8 +257,12 @@ def dropout_bits(sites, xp, shape, rows=None):
 def dropout_mask(sites, shape, p, dtype, xp=np, rows=None):
     """Inverted-dropout mask: 0 with probability p, else 1/(1-p) (so the mask's expected value is 1), from the
     next site of `sites` (a DropoutSites)."""
-    u = dropout_bits(sites, xp, shape, rows)
-    mask = xp.empty(shape, dtype=dtype)
+    return _mask_of_bits(dropout_bits(sites, xp, shape, rows), p, dtype, xp)
+
+
+def _mask_of_bits(u, p, dtype, xp):
+    """The inverted-dropout mask of 16-bit uniforms u: 1/(1-p) where u >= keep_threshold(p), else 0."""
+    mask = xp.empty(u.shape, dtype=dtype)
     xp.greater_equal(u, keep_threshold(p), out=mask, casting="unsafe")
     mask *= 1.0 / (1.0 - p)
     return mask
@@ -270,11 +274,8 @@ def mask_array(mask, like):
     if type(mask) is not kernels.KeyedMask:
         return mask
     xp, d = xp_of(like), like.shape[-1]
-    u = hash_bits(xp, mask.key, mask.rowpos, like.size // d, d).reshape(like.shape)
-    out = xp.empty(like.shape, dtype=like.dtype)
-    xp.greater_equal(u, keep_threshold(mask.p), out=out, casting="unsafe")
-    out *= 1.0 / (1.0 - mask.p)
-    return out
+    return _mask_of_bits(hash_bits(xp, mask.key, mask.rowpos, like.size // d, d).reshape(like.shape), mask.p,
+                         like.dtype, xp)
 
 
 def dropout_forward(x, mask, inplace=False):

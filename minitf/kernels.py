@@ -1223,6 +1223,18 @@ class KeyedMask(NamedTuple):
     p: float
 
 
+def _drawn_mask_args(xp, mask, a):
+    """The kernel arguments that say how a backward reads a dropout mask (an array, a KeyedMask or None):
+    (mode: 0 none, 1 read from the array, 2 drawn again from its key; rowpos, has_rows, key, thresh, scale),
+    the last five placeholders unless the mask is keyed; a: the accumulation dtype."""
+    keyed = type(mask) is KeyedMask
+    rowpos = mask.rowpos if keyed else None
+    return (np.int32(0 if mask is None else 2 if keyed else 1),
+            _placeholder(xp, np.int64) if rowpos is None else xp.ascontiguousarray(rowpos, dtype=np.int64),
+            np.int32(rowpos is not None), np.uint64(mask.key if keyed else 0),
+            np.int32(keep_threshold(mask.p) if keyed else 0), a(1.0 / (1.0 - mask.p) if keyed else 1.0))
+
+
 def layernorm_backward_input(dy, cache, g, dy2=None, mask=None):
     """dx for layernorm_forward or residual_layernorm (the parameter gradients are column sums, left to
     the caller); cache: the forward's, (xhat, rstd) or a NormCache. dy2: a second upstream gradient:
@@ -1241,13 +1253,8 @@ def layernorm_backward_input(dy, cache, g, dy2=None, mask=None):
     keyed = type(mask) is KeyedMask
     mask_ = dy if mask is None or keyed else xp.ascontiguousarray(mask)   # placeholders where the kernel reads nothing
     dxm_ = dx if dxm is None else dxm
-    a = accum_dtype(dy.dtype)
-    rowpos = mask.rowpos if keyed else None
-    args = (dy, dy2, np.int32(has_dy2), xhat, rstd, _as(g, dy.dtype), dx, mask_,
-            np.int32(0 if mask is None else 2 if keyed else 1), dxm_, np.int32(d),
-            _placeholder(xp, np.int64) if rowpos is None else xp.ascontiguousarray(rowpos, dtype=np.int64),
-            np.int32(rowpos is not None), np.uint64(mask.key if keyed else 0),
-            np.int32(keep_threshold(mask.p) if keyed else 0), a(1.0 / (1.0 - mask.p) if keyed else 1.0),
+    mode, *drawn = _drawn_mask_args(xp, mask, accum_dtype(dy.dtype))
+    args = (dy, dy2, np.int32(has_dy2), xhat, rstd, _as(g, dy.dtype), dx, mask_, mode, dxm_, np.int32(d), *drawn,
             cache.x if from_mean else dy, cache.mean if from_mean else rstd, np.int32(from_mean))
     warp = ln_warp_ok(d, dy, dy2, dx, mask_, dxm_, *((cache.x,) if from_mean else ()))
     _launch_layernorm("layernorm_backward", dy.dtype, rows, d, args, warp)
@@ -1619,13 +1626,7 @@ def embedding_backward(dx, mask, plan, grad, scale):
     mask: an array shaped as dx, a KeyedMask (drawn again here, embed_rows' bits), or None."""
     plan_array, u = plan
     d = grad.shape[1]
-    xp = backend.xp_of(dx)
-    keyed = type(mask) is KeyedMask
-    rowpos = mask.rowpos if keyed else None
     a = accum_dtype(dx.dtype)
+    mode, *drawn = _drawn_mask_args(backend.xp_of(dx), mask, a)
     _launch("embedding_backward", dx.dtype, u, _row_block(d),
-            (dx, dx if mask is None or keyed else mask, np.int32(0 if mask is None else 2 if keyed else 1), plan_array,
-             np.int32(u), grad, np.int32(d), a(scale),
-             _placeholder(xp, np.int64) if rowpos is None else xp.ascontiguousarray(rowpos, dtype=np.int64),
-             np.int32(rowpos is not None), np.uint64(mask.key if keyed else 0),
-             np.int32(keep_threshold(mask.p) if keyed else 0), a(1.0 / (1.0 - mask.p) if keyed else 1.0)))
+            (dx, dx if mode != 1 else mask, mode, plan_array, np.int32(u), grad, np.int32(d), a(scale), *drawn))
