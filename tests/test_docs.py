@@ -808,20 +808,24 @@ def test_the_walkthroughs_figures_are_the_recorded_ones():
     assert f"{one} ms per update as one pass, {blocks} ms in blocks, {float(one) / float(blocks):.2f}x" in walk
 
 
-def bench_commands():
-    """(page, script, arguments) of every `python bench/NAME.py ...` command the pages quote, in code
-    spans (which may wrap a line) and fenced blocks (lines joined where they end in a backslash); the
-    arguments stop at a shell operator or comment, and `$VARIABLES` stand for a value."""
-    found = []
+def quoted_commands(pattern):
+    """(page, in a code block, the match, its arguments) of every command matching `pattern` (its last group the
+    arguments) that the README and docs quote: in fenced blocks (lines joined where they end in a backslash) and
+    code spans (which may wrap a line); the arguments stop at a shell operator or comment."""
     for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
         text = page.read_text(encoding="utf-8")
         blocks = [b.replace("\\\n", " ") for b in FENCE_RE.findall(text)]
         spans = [s.replace("\n", " ") for s in re.findall(r"`([^`]+)`", FENCE_RE.sub("", text))]
-        for chunk in blocks + spans:
-            for m in re.finditer(r"python (bench/[a-z_0-9]+\.py)([^`\n]*)", chunk):
-                args = re.split(r"\s(?:&&|\||;|2>&1|>|#)", m.group(2))[0].strip()
-                found.append((rel(page), m.group(1), re.sub(r"\$\{?[A-Z_0-9]+\}?", "x", args)))
-    return found
+        for block, chunk in [(True, b) for b in blocks] + [(False, s) for s in spans]:
+            for m in re.finditer(pattern, chunk):
+                yield rel(page), block, m, re.split(r"\s(?:&&|\||;|2>&1|>|#)", m.group(m.lastindex))[0].strip()
+
+
+def bench_commands():
+    """(page, script, arguments) of every `python bench/NAME.py ...` command the pages quote, `$VARIABLES`
+    standing for a value."""
+    return [(page, m.group(1), re.sub(r"\$\{?[A-Z_0-9]+\}?", "x", args))
+            for page, _, m, args in quoted_commands(r"python (bench/[a-z_0-9]+\.py)([^`\n]*)")]
 
 
 def test_every_bench_command_the_pages_quote_parses(monkeypatch):
@@ -896,31 +900,26 @@ def test_every_flag_of_a_quoted_minitf_command_exists():
         return parser, words[used:]
 
     bad, flags = [], 0
-    for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
-        text = page.read_text(encoding="utf-8")
-        blocks = [b.replace("\\\n", " ") for b in FENCE_RE.findall(text)]
-        spans = [s.replace("\n", " ") for s in re.findall(r"`([^`]+)`", FENCE_RE.sub("", text))]
-        for block, chunk in [(True, b) for b in blocks] + [(False, s) for s in spans]:
-            for m in re.finditer(r"(?:python (train_wmt\.py|-m minitf)|(minitf-train)|(?<![\w/.-])minitf)([^`\n]*)", chunk):
-                args = re.split(r"\s(?:&&|\||;|2>&1|>|#)", m.group(3))[0].strip()
-                words = args.split()
-                if "..." in words:
-                    continue
-                if m.group(1) == "train_wmt.py" or m.group(2):
-                    parser = train_cli.build_parser()
-                elif words[:1] == ["train"]:
-                    parser, words = train_cli.build_parser(), words[1:]
-                else:
-                    parser, words = subparser(cli.build_parser(), words)
-                given = [w.split("=")[0] for w in words if w.startswith("--")]
-                for flag in given:
-                    flags += 1
-                    if flag not in parser._option_string_actions:
-                        bad.append(f"{rel(page)}: {m.group(0).strip()}: {flag}")
-                missing = [a.option_strings[0] for a in parser._actions
-                           if a.required and a.option_strings and not set(a.option_strings) & set(given)]
-                if block and given and missing:   # a command in a code block lacks a required flag
-                    bad.append(f"{rel(page)}: {m.group(0).strip()}: needs {', '.join(missing)}")
+    pattern = r"(?:python (train_wmt\.py|-m minitf)|(minitf-train)|(?<![\w/.-])minitf)([^`\n]*)"
+    for page, block, m, args in quoted_commands(pattern):
+        words = args.split()
+        if "..." in words:
+            continue
+        if m.group(1) == "train_wmt.py" or m.group(2):
+            parser = train_cli.build_parser()
+        elif words[:1] == ["train"]:
+            parser, words = train_cli.build_parser(), words[1:]
+        else:
+            parser, words = subparser(cli.build_parser(), words)
+        given = [w.split("=")[0] for w in words if w.startswith("--")]
+        for flag in given:
+            flags += 1
+            if flag not in parser._option_string_actions:
+                bad.append(f"{page}: {m.group(0).strip()}: {flag}")
+        missing = [a.option_strings[0] for a in parser._actions
+                   if a.required and a.option_strings and not set(a.option_strings) & set(given)]
+        if block and given and missing:   # a command in a code block lacks a required flag
+            bad.append(f"{page}: {m.group(0).strip()}: needs {', '.join(missing)}")
     assert not bad, "\n".join(bad)
     assert flags >= 300
 
