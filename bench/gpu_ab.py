@@ -51,7 +51,7 @@ from bench.train_step import MinitfRunner, timed_round, torch_runner_like  # noq
 
 # the step as it is, against the step with every fusion switched off (CuPy's matmul and separate passes)
 DEFAULT_VARIANTS = ["now=", "before=MINITF_CUBLAS=0,MINITF_FUSED_RELU=0,MINITF_FUSED_ADAM=0,MINITF_FUSED_GRADS=0,"
-                             "MINITF_FUSED_EMBED=0,MINITF_FUSED_NORM=0,MINITF_FUSED_VEC=0"]
+                             "MINITF_FUSED_EMBED=0,MINITF_FUSED_NORM=0,MINITF_FUSED_VEC=0,MINITF_FUSED_LOSS=0"]
 
 
 def log(msg):

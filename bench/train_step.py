@@ -176,8 +176,7 @@ class MinitfRunner:
         m = self.model
         if self.check is None:
             m.zero_grad()
-            loss = m.forward_loss(*self.batch)
-            m.backward(loss_weight=self.scale)
+            loss = m.forward_backward(*self.batch, loss_weight=self.scale)
             if self.read_on_host:   # train.finish_on_host's one read: loss, NLL, every gradient finite
                 from minitf.train import step_stats
                 step_stats(m, m.last_stats["loss_sum"], m.last_stats["nll_sum"])

@@ -19,6 +19,8 @@ warp per row), one thread per value (or per 16 bytes) for the elementwise ones.
   smoothed_nll_rows     per row: logsumexp, -log p[gold], mean_v -log p[v]
   loss_totals           the batch's loss, NLL sum and loss sum from those rows' terms, one block
   smoothed_nll_backward dlogits = (softmax - q) * w, q = (1 - eps) onehot + eps / V_o
+  smoothed_nll_rows_grad_vec  both in one launch, the gradient written over the logits (training's loss:
+                        the logits read once)
   column_partial_sums   the bias and LayerNorm parameter gradients: sums over the rows of
   column_sums_finish    x [rows, d] (or of x * y), in two passes of fixed order (deterministic)
   column_sums_into      the same sums ADDED into the gradient buffers in one launch (the training step's)
@@ -347,6 +349,13 @@ extern "C" __global__ void smoothed_nll_rows(const T* z, const long long* gold, 
     if (threadIdx.x == 0) nll_row_terms(z, off, gold, m, s, tot, V, lse, nll, smooth);
 }
 
+// One value zj of a row into a thread's running max mt, its sum st of exp(z - mt), rescaled when mt grows (one exp
+// a value either way; no positive exponent), and its sum tot of z.
+__device__ inline void online_add(A zj, A& mt, A& st, A& tot) {
+    tot += zj;
+    if (zj > mt) { st = st * a_exp(mt - zj) + (A)1; mt = zj; } else st += a_exp(zj - mt);
+}
+
 // The same with 16-byte loads (V a multiple of VEC): thread j takes values j VEC .. j VEC + VEC - 1, then the
 // ones blockDim.x VEC further on (the sums' order differs from the one-value kernel's: not the same bits).
 extern "C" __global__ void smoothed_nll_rows_vec(const T* z, const long long* gold, A* lse, A* nll, A* smooth,
@@ -355,16 +364,12 @@ extern "C" __global__ void smoothed_nll_rows_vec(const T* z, const long long* go
     long long off = (long long)blockIdx.x * V;
     const Vec* zr = (const Vec*)(z + off);
     int nv = V / VEC;
-    // One pass over the row: each thread keeps its running max mt and its sum of exp(z - mt), rescaled when
-    // mt grows (one exp a value either way), then the block's max m and the sum of the threads' sums * exp(mt - m).
+    // One pass over the row: each thread's running max and sum (online_add), then the block's max m and the sum
+    // of the threads' sums * exp(mt - m).
     A mt = NEG_BIG, st = 0, tot = 0;
     for (int j = threadIdx.x; j < nv; j += blockDim.x) {
         Vec a = zr[j];
-        for (int k = 0; k < VEC; k++) {
-            A zj = (A)a.v[k];
-            tot += zj;
-            if (zj > mt) { st = st * a_exp(mt - zj) + (A)1; mt = zj; } else st += a_exp(zj - mt);
-        }
+        for (int k = 0; k < VEC; k++) online_add((A)a.v[k], mt, st, tot);
     }
     A m = block_max(mt, buf);
     tot = block_sum(tot, buf);
@@ -392,6 +397,13 @@ extern "C" __global__ void loss_totals(const A* nll, const A* smooth, long long 
     }
 }
 
+// One value's gradient of the label-smoothed NLL: (exp(z - lse) - u - (1 - eps) [gold]) * wr, u = eps / V.
+__device__ inline A nll_grad(A zj, A l, A u, A eps, bool gold, A wr) {
+    A d = a_exp(zj - l) - u;
+    if (gold) d -= (A)1 - eps;
+    return d * wr;
+}
+
 // dz = (exp(z - lse) - eps / V - (1 - eps) [j == gold]) * w per row (V: the kernel's V_o columns; has_w; else w = 1) * wscale
 // (* dscale[0], the loss scale kept on the device, when has_dscale); dz may alias z.
 extern "C" __global__ void smoothed_nll_backward(const T* z, const long long* gold, const A* lse, const A* w,
@@ -400,11 +412,7 @@ extern "C" __global__ void smoothed_nll_backward(const T* z, const long long* go
     long long off = (long long)blockIdx.x * V;
     A l = lse[blockIdx.x], wr = (has_w ? w[blockIdx.x] : (A)1) * wscale * (has_dscale ? dscale[0] : (A)1), u = eps / V;
     long long g = gold[blockIdx.x];
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        A d = a_exp((A)z[off + j] - l) - u;
-        if (j == g) d -= (A)1 - eps;
-        dz[off + j] = (T)(d * wr);
-    }
+    for (int j = threadIdx.x; j < V; j += blockDim.x) dz[off + j] = (T)nll_grad((A)z[off + j], l, u, eps, j == g, wr);
 }
 
 // The same with 16-byte loads and stores (V a multiple of VEC): the same arithmetic on each value (the same bits).
@@ -417,12 +425,59 @@ extern "C" __global__ void smoothed_nll_backward_vec(const T* z, const long long
     int nv = V / VEC;
     for (int j = threadIdx.x; j < nv; j += blockDim.x) {
         Vec a = ((const Vec*)(z + off))[j];
-        for (int k = 0; k < VEC; k++) {
-            A d = a_exp((A)a.v[k] - l) - u;
-            if ((long long)j * VEC + k == g) d -= (A)1 - eps;
-            a.v[k] = (T)(d * wr);
-        }
+        for (int k = 0; k < VEC; k++) a.v[k] = (T)nll_grad((A)a.v[k], l, u, eps, (long long)j * VEC + k == g, wr);
         ((Vec*)(dz + off))[j] = a;
+    }
+}
+
+// smoothed_nll_rows_vec and smoothed_nll_backward_vec (every row weighing wscale, * dscale[0] when has_dscale) in one
+// launch: the loss's forward and backward in one read of the logits. The first NLL_KEEP vectors a thread reads stay
+// in its registers for the gradient; a row longer than NLL_KEEP * blockDim.x vectors reads the rest a second time.
+// The same sums in the same order as smoothed_nll_rows_vec and the same arithmetic per value as
+// smoothed_nll_backward_vec: the bits of the two launches. dz may alias z.
+#define NLL_KEEP 10
+extern "C" __global__ void smoothed_nll_rows_grad_vec(const T* z, const long long* gold, A* lse, A* nll, A* smooth,
+                                                      int V, A wscale, const A* dscale, int has_dscale, T* dz,
+                                                      A eps) {
+    __shared__ A buf[1024];
+    long long off = (long long)blockIdx.x * V;
+    const Vec* zr = (const Vec*)(z + off);
+    Vec* dr = (Vec*)(dz + off);
+    int nv = V / VEC;
+    A mt = NEG_BIG, st = 0, tot = 0;
+    Vec keep[NLL_KEEP];
+#pragma unroll
+    for (int i = 0; i < NLL_KEEP; i++) {
+        int j = threadIdx.x + i * blockDim.x;
+        if (j < nv) {
+            keep[i] = zr[j];
+            for (int k = 0; k < VEC; k++) online_add((A)keep[i].v[k], mt, st, tot);
+        }
+    }
+    for (int j = threadIdx.x + NLL_KEEP * blockDim.x; j < nv; j += blockDim.x) {
+        Vec a = zr[j];
+        for (int k = 0; k < VEC; k++) online_add((A)a.v[k], mt, st, tot);
+    }
+    A m = block_max(mt, buf);
+    tot = block_sum(tot, buf);
+    A s = block_sum(st * a_exp(mt - m), buf);
+    if (threadIdx.x == 0) nll_row_terms(z, off, gold, m, s, tot, V, lse, nll, smooth);
+    __syncthreads();   // z[gold] is read before any thread writes over the row
+    A l = m + a_log(s), wr = wscale * (has_dscale ? dscale[0] : (A)1), u = eps / V;
+    long long g = gold[blockIdx.x];
+#pragma unroll
+    for (int i = 0; i < NLL_KEEP; i++) {
+        int j = threadIdx.x + i * blockDim.x;
+        if (j < nv) {
+            Vec a = keep[i];
+            for (int k = 0; k < VEC; k++) a.v[k] = (T)nll_grad((A)a.v[k], l, u, eps, (long long)j * VEC + k == g, wr);
+            dr[j] = a;
+        }
+    }
+    for (int j = threadIdx.x + NLL_KEEP * blockDim.x; j < nv; j += blockDim.x) {
+        Vec a = zr[j];
+        for (int k = 0; k < VEC; k++) a.v[k] = (T)nll_grad((A)a.v[k], l, u, eps, (long long)j * VEC + k == g, wr);
+        dr[j] = a;
     }
 }
 
@@ -974,6 +1029,7 @@ SIGNATURES = {
     "smoothed_nll_backward": ["T*", "long long*", "A*", "A*", "int", "A", "A*", "int", "T*", "int", "A"],
     "smoothed_nll_rows_vec": ["T*", "long long*", "A*", "A*", "A*", "int"],
     "smoothed_nll_backward_vec": ["T*", "long long*", "A*", "A*", "int", "A", "A*", "int", "T*", "int", "A"],
+    "smoothed_nll_rows_grad_vec": ["T*", "long long*", "A*", "A*", "A*", "int", "A", "A*", "int", "T*", "A"],
     "dropout_add": ["long long*", "int", "unsigned long long", "T*", "T*", "T*", "T*", "long long", "int", "int", "A"],
     "residual_layernorm": ["long long*", "int", "unsigned long long", "int", "T*", "T*", "int", "T*", "int", "A",
                            "T*", "T*", "T*", "A*", "A*", "int", "A"],
@@ -1073,7 +1129,8 @@ def fused(x, name):
     'adam' (one Adam kernel), 'embed' (the embedding of the kept rows and its gradient, one kernel each), 'grads' (gradient sums added where they go: a LayerNorm's
     backward with its residual gradient, dropout mask and parameter sums; a bias's sum, but the attention
     projections' bias sums, which follow MINITF_CUBLAS), 'norm' (a
-    post-norm block's residual sum, dropout and LayerNorm forward in one pass: residual_layernorm)."""
+    post-norm block's residual sum, dropout and LayerNorm forward in one pass: residual_layernorm), 'loss' (the
+    loss's gradient written by its forward kernel when the backward's weight is known: smoothed_nll_rows' grad)."""
     return enabled(x) and not switched_off("MINITF_FUSED_" + name.upper())
 
 
@@ -1261,16 +1318,33 @@ def layernorm_backward_input(dy, cache, g, dy2=None, mask=None):
     return dx if mask is None else (dx, dxm)
 
 
-def smoothed_nll_rows(logits, gold):
-    """logits [rows, V_o], gold [rows] -> (lse, nll, smooth), each [rows] in the accumulation dtype."""
+def smoothed_nll_rows(logits, gold, grad=None):
+    """logits [rows, V_o], gold [rows] -> (lse, nll, smooth), each [rows] in the accumulation dtype.
+
+    grad (w_scale, dscale, eps): also write the loss's gradient over the logits, as
+    smoothed_nll_backward(logits, gold, lse, None, eps, out=logits, w_scale, dscale) would: in the same
+    launch where the 16-byte loads apply (smoothed_nll_rows_grad_vec: the logits read once), else in a
+    second one."""
     xp = backend.xp_of(logits)
+    if grad is not None and not logits.flags.c_contiguous:
+        raise ValueError("smoothed_nll_rows with grad writes over the logits: they must be C-contiguous")
     logits = xp.ascontiguousarray(logits)
     a = accum_dtype(logits.dtype)
     rows, v = _rows(logits)
     lse, nll, smooth = (xp.empty(rows, dtype=a) for _ in range(3))
-    name = "smoothed_nll_rows_vec" if vec_ok(logits, width=v) else "smoothed_nll_rows"
-    _launch(name, logits.dtype, rows, block_size("nll", v),
-            (logits, xp.ascontiguousarray(gold, dtype=np.int64), lse, nll, smooth, np.int32(v)))
+    gold = xp.ascontiguousarray(gold, dtype=np.int64)
+    vec = vec_ok(logits, width=v)
+    if grad is not None and vec:
+        w_scale, dscale, eps = grad
+        _launch("smoothed_nll_rows_grad_vec", logits.dtype, rows, block_size("nll", v),
+                (logits, gold, lse, nll, smooth, np.int32(v), a(w_scale), lse if dscale is None else dscale,
+                 np.int32(dscale is not None), logits, a(eps)))
+        return lse, nll, smooth
+    _launch("smoothed_nll_rows_vec" if vec else "smoothed_nll_rows", logits.dtype, rows, block_size("nll", v),
+            (logits, gold, lse, nll, smooth, np.int32(v)))
+    if grad is not None:
+        w_scale, dscale, eps = grad
+        smoothed_nll_backward(logits, gold, lse, None, eps, out=logits, w_scale=w_scale, dscale=dscale)
     return lse, nll, smooth
 
 

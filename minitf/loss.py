@@ -31,6 +31,7 @@ class FusedLossCache(NamedTuple):
     n_safe: object
     eps: float
     loss_sum: object = None   # the loss times the token count ([] on the device; w None only)
+    grad_for: tuple = None    # (dloss, dscale): the gradient is already in `logits` (label_smoothed_nll's grad)
 
 
 def log_softmax(logits):
@@ -42,7 +43,7 @@ def log_softmax(logits):
     return z
 
 
-def label_smoothed_nll(logits, target, eps, pad_id):
+def label_smoothed_nll(logits, target, eps, pad_id, grad=None):
     """logits [rows, V_o] (or [B, T, V_o]), target [rows] (or [B, T]) int: N rows when the caller has
     dropped the pad rows (Seq2Seq.loss_head), pad_id None.
 
@@ -53,11 +54,15 @@ def label_smoothed_nll(logits, target, eps, pad_id):
     never materialized: log p[v] = z[v] - log(sum(exp(z))) with z = logits - max.
     pad_id None: every target has a loss (the caller took the pad rows out); on the fused GPU path
     n_tokens is then the host's count.
+    grad (dloss, dscale): the arguments label_smoothed_nll_backward will be called with. On the fused
+    GPU path with pad_id None, the forward's kernel then writes the gradient over the logits in the
+    same read of them (kernels.smoothed_nll_rows' grad) and the backward only hands it out; elsewhere
+    it changes nothing.
     """
     xp = xp_of(logits)
     v, out_dtype = logits.shape[-1], logits.dtype
     if kernels.enabled(logits):
-        return _fused_label_smoothed_nll(logits.reshape(-1, v), target.reshape(-1), eps, pad_id)
+        return _fused_label_smoothed_nll(logits.reshape(-1, v), target.reshape(-1), eps, pad_id, grad)
     pad_id = -1 if pad_id is None else pad_id
     l2 = as_float32_if_half(logits.reshape(-1, v))                                   # 16-bit -> float32
     z = l2 - l2.max(axis=-1, keepdims=True)                                          # [rows, V_o]
@@ -77,17 +82,25 @@ def label_smoothed_nll(logits, target, eps, pad_id):
     return loss, nll_sum, n, LossCache(p, tgt, w, n_safe, eps, out_dtype)
 
 
-def _fused_label_smoothed_nll(logits, tgt, eps, pad_id):
+def _fused_label_smoothed_nll(logits, tgt, eps, pad_id, grad=None):
     """GPU: one kernel (a block per row) gives logsumexp, -log p[gold] and mean_v -log p[v]
     (kernels.smoothed_nll_rows); the softmax is never stored, backward recomputes it. pad_id None
     (every row has a loss, the count known on the host): one more launch gives the loss, the
-    NLL sum and the loss times the count (kernels.loss_totals), and the token count is a host number."""
+    NLL sum and the loss times the count (kernels.loss_totals), and the token count is a host number;
+    with grad, the first kernel also writes the gradient over the logits."""
     xp = xp_of(logits)
-    lse, nll, smooth = kernels.smoothed_nll_rows(logits, tgt)
+    if not kernels.fused(logits, "loss"):   # MINITF_FUSED_LOSS=0: the backward computes the gradient
+        grad = None
     if pad_id is None:
         n = float(len(tgt))
-        totals = kernels.loss_totals(nll, smooth, eps, 1.0 / max(n, 1.0), logits.dtype, count=n)
-        return totals[0], totals[1], n, FusedLossCache(logits, tgt, lse, None, max(n, 1.0), eps, totals[2])
+        n_safe = max(n, 1.0)
+        # the gradient of dloss * loss: every row weighs dloss / n (label_smoothed_nll_backward's w_scale)
+        row_grad = None if grad is None else (grad[0] / n_safe, grad[1], eps)
+        lse, nll, smooth = kernels.smoothed_nll_rows(logits, tgt, grad=row_grad)
+        totals = kernels.loss_totals(nll, smooth, eps, 1.0 / n_safe, logits.dtype, count=n)
+        return totals[0], totals[1], n, FusedLossCache(logits, tgt, lse, None, n_safe, eps, totals[2],
+                                                       None if grad is None else tuple(grad))
+    lse, nll, smooth = kernels.smoothed_nll_rows(logits, tgt)
     w = (tgt != pad_id).astype(lse.dtype)
     n = w.sum()
     n_safe = xp.maximum(n, 1.0)
@@ -101,9 +114,16 @@ def label_smoothed_nll_backward(cache, dloss=1.0, dscale=None):
     device, optim.UpdateCheck.loss_scale).
 
     Reuses (overwrites) the cached softmax (the logits on the fused GPU path): call it once
-    per forward."""
+    per forward. Where the forward was given `grad`, returns the gradient it wrote, after checking
+    that dloss and dscale are the ones it was written for."""
     if isinstance(cache, FusedLossCache):
         c = cache
+        if c.grad_for is not None:
+            if c.grad_for[0] != dloss or c.grad_for[1] is not dscale:
+                raise ValueError(f"label_smoothed_nll_backward(dloss={dloss!r}, dscale=...): the forward wrote the "
+                                 f"gradient for dloss={c.grad_for[0]!r}"
+                                 f"{'' if c.grad_for[1] is dscale else ' and another dscale array'}: pass both the same")
+            return c.logits
         if c.w is None:      # every row has a loss: one scalar weight, passed to the kernel as is
             return kernels.smoothed_nll_backward(c.logits, c.tgt, c.lse, None, c.eps, out=c.logits,
                                                  w_scale=dloss / c.n_safe, dscale=dscale)

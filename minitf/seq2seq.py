@@ -5,8 +5,8 @@ the rows with a target token, label-smoothed cross-entropy, paper 3.4 and 5.4).
 
 A model subclass builds its layers (with `self.embedding` the tied TokenEmbedding), calls
 `self.finish_init()`, and provides `forward_loss`, `backward` and `incremental_decoder` (the
-object beam search steps through: decode.py). Training, checkpoints, averaging and decoding
-drive only this surface.
+object beam search steps through: decode.py); `forward_backward` (training's) is both, here.
+Training, checkpoints, averaging and decoding drive only this surface.
 """
 import numpy as np
 
@@ -37,6 +37,7 @@ class Seq2Seq(Layer):
         self.forward_count = 0  # training forward i draws its dropout masks from DropoutSites(seed, i)
         self._cache = None   # what backward needs of the last forward (the model's own)
         self._head = None    # what loss_head_backward needs of the last loss_head
+        self._loss_grad = None   # forward_backward's (loss_weight, loss_scale) while its forward runs
 
     def new_rng(self, seed):
         """The generator the layers draw their initial weights from; a model built by
@@ -96,7 +97,8 @@ class Seq2Seq(Layer):
             h, gold = h[loss_rows], gold[host_rows]
         logits, _ = self.embedding.project(h)                                               # [N, V_o]
         gold = to_device(self.embedding.columns(gold), self.xp)      # the pad rows are gone: no pad id below
-        loss, nll_sum, n, cache = label_smoothed_nll(logits, gold, self.cfg.label_smoothing, None)
+        loss, nll_sum, n, cache = label_smoothed_nll(logits, gold, self.cfg.label_smoothing, None,
+                                                     grad=self._loss_grad)
         self._head = {"loss": cache, "loss_rows": loss_rows, "h_rows": h}
         # the loss summed over the tokens, as training adds it up: made by the fused loss's one launch,
         # else loss * n (a float on the CPU)
@@ -104,6 +106,19 @@ class Seq2Seq(Layer):
         self.last_stats = {"loss": loss, "nll_sum": nll_sum, "n_tokens": n,
                            "loss_sum": (float(loss) * float(n) if self.xp is np else loss * n) if loss_sum is None else loss_sum}
         return float(loss) if self.xp is np else loss
+
+    def forward_backward(self, src, tgt_in, tgt_out, loss_weight=1.0, loss_scale=None):
+        """forward_loss(src, tgt_in, tgt_out), then backward(loss_weight, loss_scale): the loss, its
+        gradients ACCUMULATED. The same numbers as the two calls; on the fused GPU path the loss's
+        forward kernel also writes its gradient (the logits read once: label_smoothed_nll's grad).
+        Training's update calls this."""
+        self._loss_grad = (loss_weight, loss_scale)
+        try:
+            loss = self.forward_loss(src, tgt_in, tgt_out)
+        finally:
+            self._loss_grad = None
+        self.backward(loss_weight, loss_scale)
+        return loss
 
     def loss_head_backward(self, loss_weight, n_rows, loss_scale=None):
         """-> dh [n_rows, D] (zero on rows without a loss); accumulates the projection's d embedding.

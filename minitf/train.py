@@ -56,9 +56,9 @@ def forward_backward(model, micro, total, forward_count, scaler=None, check=None
     on_device = check is not None
     for j, (src, tgt_in, tgt_out, n) in micro:
         model.forward_count = forward_count + j   # dropout masks: (seed, global batch index)
-        model.forward_loss(src, tgt_in, tgt_out)
-        model.backward(loss_weight=(scaler.scale if scaler and not on_device else 1.0) * n / total,
-                       loss_scale=check.loss_scale if on_device else None)
+        weight = (scaler.scale if scaler and not on_device else 1.0) * n / total
+        model.forward_backward(src, tgt_in, tgt_out, loss_weight=weight,
+                               loss_scale=check.loss_scale if on_device else None)
         stats = model.last_stats   # the loss times the batch's n tokens, and the NLL sum
         loss_sum = stats["loss_sum"] if loss_sum is None else loss_sum + stats["loss_sum"]
         nll_sum = stats["nll_sum"] if nll_sum is None else nll_sum + stats["nll_sum"]

@@ -3,8 +3,9 @@
 The kernel source is compiled UNCHANGED by the C++ compiler ($CXX, default g++) under a small shim: `__global__`/`__device__`
 vanish, `__shared__` becomes `static` (one copy, shared by the block's threads, since blocks
 run one after another), and the CUDA threads of a block are coroutines that each run up to
-their next `__syncthreads()` in turn, so the barrier holds exactly (and a missing one shows
-as a wrong result, deterministically), float16 conversion uses the compiler's _Float16
+their next `__syncthreads()` in turn (in ascending order, or descending with `Emulator.reverse`),
+so the barrier holds exactly (and a missing one shows as a wrong result in one of the two
+orders, deterministically), float16 conversion uses the compiler's _Float16
 instead of the PTX instruction, and bfloat16's narrowing rounds to nearest even in plain C++
 (tests/test_kernels.py holds it to ml_dtypes' rounding). What this cannot catch: warp-level timing, memory
 coalescing, and NVRTC-specific syntax (tests/test_nvrtc.py compiles the source with NVRTC as CuPy
@@ -100,6 +101,11 @@ template <typename V> static inline V __shfl_xor_sync(unsigned, V v, int lane_ma
     __syncthreads();
     return r;
 }
+// Between two barriers the threads run one after another, in ascending order, or descending where
+// emu_set_reverse(1) says so: a kernel that reads what another thread writes without a barrier
+// between gives a wrong result in one of the two orders.
+static unsigned emu_reverse = 0;
+extern "C" void emu_set_reverse(int r) { emu_reverse = r != 0; }
 static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
     const size_t stack = 1 << 16;
     static std::vector<char> stacks;
@@ -114,7 +120,8 @@ static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
         for (unsigned t = 0; t < block; ++t) emu_start(t, &stacks[(size_t)t * stack], stack);
         for (unsigned left = block; left > 0;) {
             left = 0;
-            for (unsigned t = 0; t < block; ++t) {
+            for (unsigned i = 0; i < block; ++i) {
+                unsigned t = emu_reverse ? block - 1 - i : i;
                 if (emu_done[t]) continue;
                 emu_cur = t;
                 threadIdx = {t, 0, 0};
@@ -178,6 +185,7 @@ class Emulator:
     def __init__(self, workdir=None):
         self.workdir = workdir or tempfile.mkdtemp(prefix="minitf-kernels-")
         self.libs = {}
+        self.reverse = False   # run a block's threads in descending order between barriers
 
     def _ctype(self, c, dtype):
         t, a = kernels.C_TYPES[np.dtype(dtype).name]
@@ -212,7 +220,9 @@ class Emulator:
         return self.libs[key]
 
     def launch(self, name, dtype, grid, block, args):
-        fn = getattr(self._lib(dtype), f"launch_{name}")
+        lib = self._lib(dtype)
+        lib.emu_set_reverse(int(self.reverse))
+        fn = getattr(lib, f"launch_{name}")
         sig = [self._ctype(c, dtype) for c in kernels.SIGNATURES[name]]
         assert len(sig) == len(args), (name, len(sig), len(args))
         cargs = []

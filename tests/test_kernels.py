@@ -16,7 +16,7 @@ import pytest
 from minitf import functional as F
 from minitf import kernels
 from minitf.backend import dtype_named
-from minitf.loss import label_smoothed_nll, label_smoothed_nll_backward
+from minitf.loss import FusedLossCache, label_smoothed_nll, label_smoothed_nll_backward
 
 from cuda_emulator import SHIM, Emulator, compiler
 
@@ -578,6 +578,78 @@ def test_the_loss_kernels_16_bytes_a_thread(dtype, monkeypatch):
     odd = logits[:, :v - 1].copy()
     kernels.smoothed_nll_backward(odd, gold % (v - 1), kernels.smoothed_nll_rows(odd, gold % (v - 1))[0], w, eps)
     assert launched == ["smoothed_nll_rows", "smoothed_nll_backward"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", ["kept", "longer"])
+@pytest.mark.parametrize("order", ["ascending", "descending"])
+def test_the_loss_forward_and_backward_in_one_launch(dtype, width, order, monkeypatch, emulated):
+    """smoothed_nll_rows with grad: one launch (smoothed_nll_rows_grad_vec) gives smoothed_nll_rows_vec's
+    lse, nll and smooth and writes smoothed_nll_backward_vec's gradient over the logits, bit for bit,
+    with and without the loss scale on the device; rows a thread keeps in registers ("kept") and rows
+    longer than NLL_KEEP vectors a thread, whose rest it reads again ("longer"). The threads run in
+    both orders between barriers (z[gold] must be read before its thread writes over it). An odd
+    vocabulary takes the one-value kernels, one after the other, with the same bits as called apart."""
+    monkeypatch.setattr(emulated, "reverse", order == "descending")
+    rng = np.random.default_rng(11)
+    vec = kernels.VEC_BYTES // np.dtype(dtype).itemsize
+    keep = int(re.search(r"#define NLL_KEEP (\d+)", kernels.KERNELS).group(1))
+    n, eps = 3, 0.1
+    v = 40 * vec if width == "kept" else (keep * kernels.block_size("nll", 1 << 30) + 3) * vec
+    if width == "longer":
+        assert v // vec > keep * kernels.block_size("nll", v)
+    logits = (rng.normal(size=(n, v)) * 4).astype(dtype)
+    gold = np.array([0, v - 1, v // 2 + 1])
+    acc = kernels.accum_dtype(dtype)
+    launched = []
+    real = kernels.LAUNCH["launch"]
+    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+    monkeypatch.setenv("MINITF_FUSED_VEC", "1")
+    for dscale in (None, np.array([3.0], acc)):
+        launched.clear()
+        rows = kernels.smoothed_nll_rows(logits, gold)
+        dz = kernels.smoothed_nll_backward(logits, gold, rows[0], None, eps, w_scale=0.25, dscale=dscale)
+        assert launched == ["smoothed_nll_rows_vec", "smoothed_nll_backward_vec"]
+        launched.clear()
+        written = logits.copy()
+        both = kernels.smoothed_nll_rows(written, gold, grad=(0.25, dscale, eps))
+        assert launched == ["smoothed_nll_rows_grad_vec"]
+        for a, b in zip(rows, both):
+            equal(b, a)
+        equal(written, dz)
+    odd = logits[:, :41].copy()
+    rows = kernels.smoothed_nll_rows(odd, gold % 41)
+    dz = kernels.smoothed_nll_backward(odd, gold % 41, rows[0], None, eps, w_scale=0.25)
+    launched.clear()
+    both = kernels.smoothed_nll_rows(odd, gold % 41, grad=(0.25, None, eps))
+    assert launched == ["smoothed_nll_rows", "smoothed_nll_backward"]
+    for a, b in zip(rows, both):
+        equal(b, a)
+    equal(odd, dz)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        kernels.smoothed_nll_rows(logits[:, ::2], gold // 2, grad=(0.25, None, eps))
+
+
+def test_the_loss_given_its_gradients_weight_hands_out_what_its_forward_wrote(monkeypatch):
+    """label_smoothed_nll(..., grad=(dloss, dscale)) on the fused path: the backward returns the
+    gradient the forward wrote, equal to the one computed after it; a backward asking for another
+    dloss or another loss-scale array is refused (the gradient was written for the first)."""
+    rng = np.random.default_rng(12)
+    logits = (rng.normal(size=(5, 64)) * 3).astype(np.float32)
+    gold = rng.integers(0, 64, size=5)
+    scale = np.array([8.0], np.float32)
+    monkeypatch.setattr(kernels, "enabled", lambda x: True)
+    loss, nll, n, cache = label_smoothed_nll(logits.copy(), gold, 0.1, None)
+    assert isinstance(cache, FusedLossCache) and cache.grad_for is None
+    want = label_smoothed_nll_backward(cache, 0.5, scale)
+    got_loss, got_nll, got_n, early = label_smoothed_nll(logits.copy(), gold, 0.1, None, grad=(0.5, scale))
+    assert (float(got_loss), float(got_nll), got_n) == (float(loss), float(nll), n)
+    assert early.grad_for == (0.5, scale)
+    equal(label_smoothed_nll_backward(early, 0.5, scale), want)
+    with pytest.raises(ValueError, match="dloss=0.25.*dloss=0.5"):
+        label_smoothed_nll_backward(early, 0.25, scale)
+    with pytest.raises(ValueError, match="another dscale"):
+        label_smoothed_nll_backward(early, 0.5, scale.copy())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
