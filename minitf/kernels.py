@@ -356,6 +356,17 @@ __device__ inline void online_add(A zj, A& mt, A& st, A& tot) {
     if (zj > mt) { st = st * a_exp(mt - zj) + (A)1; mt = zj; } else st += a_exp(zj - mt);
 }
 
+// A row's terms from each thread's running max mt, sum st and sum of z tot (online_add): the block's max m, then
+// the sum of the threads' sums * exp(mt - m); thread 0 writes lse, nll and smooth. Returns lse to every thread.
+__device__ inline A nll_row_reduce(const T* z, long long off, const long long* gold, A mt, A st, A tot, int V, A* buf,
+                                   A* lse, A* nll, A* smooth) {
+    A m = block_max(mt, buf);
+    tot = block_sum(tot, buf);
+    A s = block_sum(st * a_exp(mt - m), buf);
+    if (threadIdx.x == 0) nll_row_terms(z, off, gold, m, s, tot, V, lse, nll, smooth);
+    return m + a_log(s);
+}
+
 // The same with 16-byte loads (V a multiple of VEC): thread j takes values j VEC .. j VEC + VEC - 1, then the
 // ones blockDim.x VEC further on (the sums' order differs from the one-value kernel's: not the same bits).
 extern "C" __global__ void smoothed_nll_rows_vec(const T* z, const long long* gold, A* lse, A* nll, A* smooth,
@@ -364,17 +375,13 @@ extern "C" __global__ void smoothed_nll_rows_vec(const T* z, const long long* go
     long long off = (long long)blockIdx.x * V;
     const Vec* zr = (const Vec*)(z + off);
     int nv = V / VEC;
-    // One pass over the row: each thread's running max and sum (online_add), then the block's max m and the sum
-    // of the threads' sums * exp(mt - m).
+    // One pass over the row: each thread's running max and sum (online_add), then the block's (nll_row_reduce).
     A mt = NEG_BIG, st = 0, tot = 0;
     for (int j = threadIdx.x; j < nv; j += blockDim.x) {
         Vec a = zr[j];
         for (int k = 0; k < VEC; k++) online_add((A)a.v[k], mt, st, tot);
     }
-    A m = block_max(mt, buf);
-    tot = block_sum(tot, buf);
-    A s = block_sum(st * a_exp(mt - m), buf);
-    if (threadIdx.x == 0) nll_row_terms(z, off, gold, m, s, tot, V, lse, nll, smooth);
+    nll_row_reduce(z, off, gold, mt, st, tot, V, buf, lse, nll, smooth);
 }
 
 // The batch's loss from its rows' terms: out[0] = scale * sum_r ((1 - eps) nll[r] + eps smooth[r]),
@@ -458,12 +465,9 @@ extern "C" __global__ void smoothed_nll_rows_grad_vec(const T* z, const long lon
         Vec a = zr[j];
         for (int k = 0; k < VEC; k++) online_add((A)a.v[k], mt, st, tot);
     }
-    A m = block_max(mt, buf);
-    tot = block_sum(tot, buf);
-    A s = block_sum(st * a_exp(mt - m), buf);
-    if (threadIdx.x == 0) nll_row_terms(z, off, gold, m, s, tot, V, lse, nll, smooth);
+    A l = nll_row_reduce(z, off, gold, mt, st, tot, V, buf, lse, nll, smooth);
     __syncthreads();   // z[gold] is read before any thread writes over the row
-    A l = m + a_log(s), wr = wscale * (has_dscale ? dscale[0] : (A)1), u = eps / V;
+    A wr = wscale * (has_dscale ? dscale[0] : (A)1), u = eps / V;
     long long g = gold[blockIdx.x];
 #pragma unroll
     for (int i = 0; i < NLL_KEEP; i++) {
