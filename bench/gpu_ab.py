@@ -9,7 +9,7 @@
 The variants differ only in environment variables that minitf reads on every call (MINITF_HOST_CHECK: when
 each variant's runner is set up, under that variant's environment)
 (`--variant name=VAR=value[,VAR=value]`; default: `now`, the step as it is, against `before`,
-every fusion switched off: MINITF_CUBLAS=0 and MINITF_FUSED_{RELU,ADAM,GRADS,EMBED,NORM,VEC}=0; the warp
+every fusion switched off: MINITF_CUBLAS=0 and MINITF_FUSED_{RELU,ADAM,GRADS,EMBED,NORM,VEC,LOSS}=0; the warp
 softmax has no switch; the LayerNorms' warp-per-row kernels, off by default, are
 `--variant lnwarp=MINITF_FUSED_LNWARP=1`), so one process runs them all, alternating, with PyTorch eager beside
 them (bench/train_step.py's TorchRunner, same weights) when torch with CUDA is there, and with
@@ -91,11 +91,11 @@ class Env:
 
 
 def one_step_grads(runner):
-    """Loss and flat gradients of one forward/backward (no update) on the runner's batch."""
+    """Loss and flat gradients of one forward and backward (no update) on the runner's batch, as training
+    takes them (Seq2Seq.forward_backward)."""
     m = runner.model
     m.zero_grad()
-    loss = float(m.forward_loss(*runner.batch))
-    m.backward(loss_weight=runner.scale)
+    loss = float(m.forward_backward(*runner.batch, loss_weight=runner.scale))
     return loss, backend.to_numpy(m.flat_grads).astype(np.float64) / runner.scale
 
 

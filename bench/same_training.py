@@ -109,8 +109,7 @@ def train_minitf(name, env, cfg, args, train, valid, dropout_seed=0):
         for i, (src, tgt_in, tgt_out, n) in enumerate(train):
             model.forward_count = i      # dropout masks: (seed, batch index), as train.py draws them
             model.zero_grad()
-            loss = model.forward_loss(src, tgt_in, tgt_out)
-            model.backward(loss_weight=scaler.scale if scaler else 1.0)
+            loss = model.forward_backward(src, tgt_in, tgt_out, loss_weight=scaler.scale if scaler else 1.0)
             loss_value, _, finite = step_stats(model, loss, 0.0)
             if scaler is not None:
                 scaler.update(finite)

@@ -20,7 +20,7 @@ warp per row), one thread per value (or per 16 bytes) for the elementwise ones.
   loss_totals           the batch's loss, NLL sum and loss sum from those rows' terms, one block
   smoothed_nll_backward dlogits = (softmax - q) * w, q = (1 - eps) onehot + eps / V_o
   smoothed_nll_rows_grad_vec  both in one launch, the gradient written over the logits (training's loss:
-                        the logits read once)
+                        a row read once up to NLL_KEEP 16-byte vectors a thread, the rest of a longer row twice)
   column_partial_sums   the bias and LayerNorm parameter gradients: sums over the rows of
   column_sums_finish    x [rows, d] (or of x * y), in two passes of fixed order (deterministic)
   column_sums_into      the same sums ADDED into the gradient buffers in one launch (the training step's)
@@ -1134,7 +1134,7 @@ def fused(x, name):
     backward with its residual gradient, dropout mask and parameter sums; a bias's sum, but the attention
     projections' bias sums, which follow MINITF_CUBLAS), 'norm' (a
     post-norm block's residual sum, dropout and LayerNorm forward in one pass: residual_layernorm), 'loss' (the
-    loss's gradient written by its forward kernel when the backward's weight is known: smoothed_nll_rows' grad)."""
+    loss's gradient written during its forward when the backward's weight is known: smoothed_nll_rows' grad)."""
     return enabled(x) and not switched_off("MINITF_FUSED_" + name.upper())
 
 
@@ -1327,8 +1327,8 @@ def smoothed_nll_rows(logits, gold, grad=None):
 
     grad (w_scale, dscale, eps): also write the loss's gradient over the logits, as
     smoothed_nll_backward(logits, gold, lse, None, eps, out=logits, w_scale, dscale) would: in the same
-    launch where the 16-byte loads apply (smoothed_nll_rows_grad_vec: the logits read once), else in a
-    second one."""
+    launch where the 16-byte loads apply (smoothed_nll_rows_grad_vec: each row read once where it is at
+    most NLL_KEEP vectors a thread, 10 x 512, the rest of a longer row read twice), else in a second one."""
     xp = backend.xp_of(logits)
     if grad is not None and not logits.flags.c_contiguous:
         raise ValueError("smoothed_nll_rows with grad writes over the logits: they must be C-contiguous")

@@ -55,9 +55,9 @@ def label_smoothed_nll(logits, target, eps, pad_id, grad=None):
     pad_id None: every target has a loss (the caller took the pad rows out); on the fused GPU path
     n_tokens is then the host's count.
     grad (dloss, dscale): the arguments label_smoothed_nll_backward will be called with. On the fused
-    GPU path with pad_id None, the forward's kernel then writes the gradient over the logits in the
-    same read of them (kernels.smoothed_nll_rows' grad) and the backward only hands it out; elsewhere
-    it changes nothing.
+    GPU path with pad_id None (unless MINITF_FUSED_LOSS=0), the forward then writes the gradient over
+    the logits (kernels.smoothed_nll_rows' grad: in the launch that reads them, where the 16-byte loads
+    apply) and the backward only hands it out; elsewhere it changes nothing.
     """
     xp = xp_of(logits)
     v, out_dtype = logits.shape[-1], logits.dtype
@@ -87,7 +87,7 @@ def _fused_label_smoothed_nll(logits, tgt, eps, pad_id, grad=None):
     (kernels.smoothed_nll_rows); the softmax is never stored, backward recomputes it. pad_id None
     (every row has a loss, the count known on the host): one more launch gives the loss, the
     NLL sum and the loss times the count (kernels.loss_totals), and the token count is a host number;
-    with grad, the first kernel also writes the gradient over the logits."""
+    with grad, the gradient is also written over the logits (kernels.smoothed_nll_rows)."""
     xp = xp_of(logits)
     if not kernels.fused(logits, "loss"):   # MINITF_FUSED_LOSS=0: the backward computes the gradient
         grad = None

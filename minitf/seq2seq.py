@@ -110,8 +110,8 @@ class Seq2Seq(Layer):
     def forward_backward(self, src, tgt_in, tgt_out, loss_weight=1.0, loss_scale=None):
         """forward_loss(src, tgt_in, tgt_out), then backward(loss_weight, loss_scale): the loss, its
         gradients ACCUMULATED. The same numbers as the two calls; on the fused GPU path the loss's
-        forward kernel also writes its gradient (the logits read once: label_smoothed_nll's grad).
-        Training's update calls this."""
+        gradient is written during its forward, by the kernel that reads the logits where the 16-byte
+        loads apply (label_smoothed_nll's grad). Training's update calls this."""
         self._loss_grad = (loss_weight, loss_scale)
         try:
             loss = self.forward_loss(src, tgt_in, tgt_out)
