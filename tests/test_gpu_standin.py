@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -459,6 +460,36 @@ def test_forward_backward_gives_forward_loss_then_backwards_bits_in_fewer_launch
     model.forward_backward(src, tgt_in, tgt, loss_weight=0.5, loss_scale=scale)
     np.testing.assert_array_equal(backend.to_numpy(model.flat_grads), runs[0][1])
     assert [n for n in launched if n.startswith("smoothed_nll")] == runs[0][2]
+
+
+def test_performance_md_quotes_the_launch_and_allocation_counts_of_a_base_update(standin, monkeypatch):
+    """docs/performance.md's counts of one `base` update (bench/launches.py, the default switches): the
+    launches, the GEMMs among them, the other launches and the RawKernels among those (all but a
+    `fill` and an add of CuPy's), the pack/unpack, gradient-sum, LayerNorm and softmax launches, and
+    the arrays with memory of their own, as the stand-in counts them now."""
+    sys.path.insert(0, ROOT)
+    from bench.launches import count_allocations, count_update
+    monkeypatch.delenv("MINITF_FUSED_VEC", raising=False)
+    by_name, total = count_update("base", False)
+    merged = {}
+    for name, count in by_name.items():
+        merged[name.removesuffix("_vec")] = merged.get(name.removesuffix("_vec"), 0) + count
+    gemms = sum(n for k, n in by_name.items() if k.startswith("cublas."))
+    others = total - gemms
+    raw = others - by_name.get("cupy.ndarray.fill", 0) - by_name.get("cupy_add", 0)
+    heads = merged.get("unpack_heads", 0) + merged.get("pack_heads", 0)
+    norms = sum(n for k, n in merged.items() if k.startswith(("layernorm", "residual_layernorm")))
+    softmax = sum(n for k, n in by_name.items() if "softmax" in k)
+    allocations = count_allocations("base", False)[1]
+    page = " ".join((Path(ROOT) / "docs" / "performance.md").read_text(encoding="utf-8").split())
+    for quote in (f"{total} now in float32, `--fp16` and `--bf16`",
+                  f"Of the {total}: {gemms} GEMMs, {heads} head pack/unpack passes, "
+                  f"{merged['column_sums_into']} gradient sums",
+                  f"{norms} LayerNorm launches, {softmax} softmax launches",
+                  f"the {gemms} cuBLAS calls", f"{raw} now as well",
+                  f"the stand-in's other 2 of its {others} non-GEMM launches",
+                  f"the stand-in counts {allocations} arrays an update"):
+        assert quote in page, quote
 
 
 @pytest.mark.parametrize("fp16,vec", [(False, "0"), (True, "0"), (True, "1"), ("bfloat16", "0"), ("bfloat16", "1")])
