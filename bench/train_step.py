@@ -4,7 +4,7 @@
     python bench/train_step.py --preset base --device cpu --vs-torch --batch-sentences 32
 
 One fixed random batch WITH padding (lengths uniform in [len/2, len]); a step is
-zero_grad + forward_loss + backward + Adam step. Reported: median target (non-pad) tokens/s
+zero_grad + forward_backward (the loss's forward and backward as training takes them) + Adam step. Reported: median target (non-pad) tokens/s
 over --rounds timed rounds (after --warmup-rounds), minitf and torch rounds ALTERNATING in
 the same run; model FLOP utilisation against the device's measured float32 matmul peak;
 peak memory. PyTorch is only needed for --vs-torch.
@@ -176,7 +176,11 @@ class MinitfRunner:
         m = self.model
         if self.check is None:
             m.zero_grad()
-            loss = m.forward_backward(*self.batch, loss_weight=self.scale)
+            if hasattr(m, "forward_backward"):   # as training takes them, where this minitf version has it
+                loss = m.forward_backward(*self.batch, loss_weight=self.scale)
+            else:
+                loss = m.forward_loss(*self.batch)
+                m.backward(loss_weight=self.scale)
             if self.read_on_host:   # train.finish_on_host's one read: loss, NLL, every gradient finite
                 from minitf.train import step_stats
                 step_stats(m, m.last_stats["loss_sum"], m.last_stats["nll_sum"])

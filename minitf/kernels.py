@@ -404,7 +404,8 @@ extern "C" __global__ void loss_totals(const A* nll, const A* smooth, long long 
     }
 }
 
-// One value's gradient of the label-smoothed NLL: (exp(z - lse) - u - (1 - eps) [gold]) * wr, u = eps / V.
+// One value's gradient of the label-smoothed NLL: (exp(z - lse) - u - (1 - eps) [gold]) * wr, u = eps / V_o (the
+// kernel's V columns).
 __device__ inline A nll_grad(A zj, A l, A u, A eps, bool gold, A wr) {
     A d = a_exp(zj - l) - u;
     if (gold) d -= (A)1 - eps;

@@ -84,10 +84,11 @@ def label_smoothed_nll(logits, target, eps, pad_id, grad=None):
 
 def _fused_label_smoothed_nll(logits, tgt, eps, pad_id, grad=None):
     """GPU: one kernel (a block per row) gives logsumexp, -log p[gold] and mean_v -log p[v]
-    (kernels.smoothed_nll_rows); the softmax is never stored, backward recomputes it. pad_id None
+    (kernels.smoothed_nll_rows); the softmax is never stored: backward recomputes it. pad_id None
     (every row has a loss, the count known on the host): one more launch gives the loss, the
     NLL sum and the loss times the count (kernels.loss_totals), and the token count is a host number;
-    with grad, the gradient is also written over the logits (kernels.smoothed_nll_rows)."""
+    given grad too, the forward writes the gradient over the logits (kernels.smoothed_nll_rows) and the
+    backward hands it out."""
     xp = xp_of(logits)
     if not kernels.fused(logits, "loss"):   # MINITF_FUSED_LOSS=0: the backward computes the gradient
         grad = None
