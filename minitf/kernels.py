@@ -19,8 +19,9 @@ warp per row), one thread per value (or per 16 bytes) for the elementwise ones.
   smoothed_nll_rows     per row: logsumexp, -log p[gold], mean_v -log p[v]
   loss_totals           the batch's loss, NLL sum and loss sum from those rows' terms, one block
   smoothed_nll_backward dlogits = (softmax - q) * w, q = (1 - eps) onehot + eps / V_o
-  smoothed_nll_rows_grad_vec  both in one launch, the gradient written over the logits (training's loss:
-                        a row read once up to NLL_KEEP 16-byte vectors a thread, the rest of a longer row twice)
+  smoothed_nll_rows_grad_vec  smoothed_nll_rows and smoothed_nll_backward in one launch, the gradient
+                        written over the logits (training's loss: a row read once up to NLL_KEEP
+                        16-byte vectors a thread, the rest of a longer row twice)
   column_partial_sums   the bias and LayerNorm parameter gradients: sums over the rows of
   column_sums_finish    x [rows, d] (or of x * y), in two passes of fixed order (deterministic)
   column_sums_into      the same sums ADDED into the gradient buffers in one launch (the training step's)
@@ -439,8 +440,9 @@ extern "C" __global__ void smoothed_nll_backward_vec(const T* z, const long long
 }
 
 // smoothed_nll_rows_vec and smoothed_nll_backward_vec (every row weighing wscale, * dscale[0] when has_dscale) in one
-// launch: the loss's forward and backward in one read of the logits. The first NLL_KEEP vectors a thread reads stay
-// in its registers for the gradient; a row longer than NLL_KEEP * blockDim.x vectors reads the rest a second time.
+// launch: the loss's forward and backward, each row read once up to NLL_KEEP * blockDim.x vectors. The first
+// NLL_KEEP vectors a thread reads stay in its registers for the gradient; a row longer than NLL_KEEP * blockDim.x
+// vectors reads the rest a second time.
 // The same sums in the same order as smoothed_nll_rows_vec and the same arithmetic per value as
 // smoothed_nll_backward_vec: the bits of the two launches. dz may alias z.
 #define NLL_KEEP 10
