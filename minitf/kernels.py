@@ -19,7 +19,7 @@ warp per row), one thread per value (or per 16 bytes) for the elementwise ones.
   smoothed_nll_rows     per row: logsumexp, -log p[gold], mean_v -log p[v]
   loss_totals           the batch's loss, NLL sum and loss sum from those rows' terms, one block
   smoothed_nll_backward dlogits = (softmax - q) * w, q = (1 - eps) onehot + eps / V_o
-  smoothed_nll_rows_grad_vec  smoothed_nll_rows and smoothed_nll_backward in one launch, the gradient
+  smoothed_nll_rows_grad_vec  smoothed_nll_rows_vec and smoothed_nll_backward_vec in one launch, the gradient
                         written over the logits (training's loss: a row read once up to NLL_KEEP
                         16-byte vectors a thread, the rest of a longer row twice)
   column_partial_sums   the bias and LayerNorm parameter gradients: sums over the rows of
@@ -413,7 +413,8 @@ __device__ inline A nll_grad(A zj, A l, A u, A eps, bool gold, A wr) {
     return d * wr;
 }
 
-// dz = (exp(z - lse) - eps / V - (1 - eps) [j == gold]) * w per row (V: the kernel's V_o columns; has_w; else w = 1) * wscale
+// dz = (exp(z - lse) - eps / V_o - (1 - eps) [j == gold]) * w per row (V_o: the kernel's V columns; has_w; else
+// w = 1) * wscale
 // (* dscale[0], the loss scale kept on the device, when has_dscale); dz may alias z.
 extern "C" __global__ void smoothed_nll_backward(const T* z, const long long* gold, const A* lse, const A* w,
                                                  int has_w, A wscale, const A* dscale, int has_dscale, T* dz, int V,
@@ -1329,8 +1330,8 @@ def smoothed_nll_rows(logits, gold, grad=None):
     """logits [rows, V_o], gold [rows] -> (lse, nll, smooth), each [rows] in the accumulation dtype.
 
     grad (w_scale, dscale, eps): also write the loss's gradient over the logits, as
-    smoothed_nll_backward(logits, gold, lse, None, eps, out=logits, w_scale, dscale) would: in the same
-    launch where the 16-byte loads apply (smoothed_nll_rows_grad_vec: each row read once where it is at
+    smoothed_nll_backward(logits, gold, lse, None, eps, out=logits, w_scale=w_scale, dscale=dscale)
+    would: in the same launch where the 16-byte loads apply (smoothed_nll_rows_grad_vec: each row read once where it is at
     most NLL_KEEP vectors a thread, 10 x 512, the rest of a longer row read twice), else in a second one."""
     xp = backend.xp_of(logits)
     if grad is not None and not logits.flags.c_contiguous:
