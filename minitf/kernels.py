@@ -414,8 +414,7 @@ __device__ inline A nll_grad(A zj, A l, A u, A eps, bool gold, A wr) {
 }
 
 // dz = (exp(z - lse) - eps / V_o - (1 - eps) [j == gold]) * w per row (V_o: the kernel's V columns; has_w; else
-// w = 1) * wscale
-// (* dscale[0], the loss scale kept on the device, when has_dscale); dz may alias z.
+// w = 1) * wscale (* dscale[0], the loss scale kept on the device, when has_dscale); dz may alias z.
 extern "C" __global__ void smoothed_nll_backward(const T* z, const long long* gold, const A* lse, const A* w,
                                                  int has_w, A wscale, const A* dscale, int has_dscale, T* dz, int V,
                                                  A eps) {
