@@ -422,7 +422,7 @@ def test_two_gpu_ranks_over_nccl_equal_one_gpu_with_twice_the_update_freq(corpus
     assert len(reports) == 2 and all(rep["launches"]["nccl.allReduce"] == 6 for rep in reports)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
 def test_forward_backward_gives_forward_loss_then_backwards_bits_in_fewer_launches(standin, monkeypatch, dtype):
     """Seq2Seq.forward_backward (training's) on the device path: the loss and every gradient of
     forward_loss then backward, bit for bit, with dropout and (float16) the loss scale kept on the
