@@ -87,8 +87,8 @@ def _fused_label_smoothed_nll(logits, tgt, eps, pad_id, grad=None):
     (kernels.smoothed_nll_rows); the softmax is never stored: backward recomputes it. pad_id None
     (every row has a loss, the count known on the host): one more launch gives the loss, the
     NLL sum and the loss times the count (kernels.loss_totals), and the token count is a host number;
-    given grad too, the forward writes the gradient over the logits (kernels.smoothed_nll_rows) and the
-    backward hands it out."""
+    given grad too (unless MINITF_FUSED_LOSS=0), the forward writes the gradient over the logits
+    (kernels.smoothed_nll_rows) and the backward hands it out."""
     xp = xp_of(logits)
     if not kernels.fused(logits, "loss"):   # MINITF_FUSED_LOSS=0: the backward computes the gradient
         grad = None
@@ -115,8 +115,9 @@ def label_smoothed_nll_backward(cache, dloss=1.0, dscale=None):
     device, optim.UpdateCheck.loss_scale).
 
     Reuses (overwrites) the cached softmax (the logits on the fused GPU path): call it once
-    per forward. Where the forward was given `grad`, returns the gradient it wrote, after checking
-    that dloss and dscale are the ones it was written for."""
+    per forward. Where the forward wrote the gradient (given `grad` on the fused GPU path with pad_id
+    None, unless MINITF_FUSED_LOSS=0: label_smoothed_nll), returns it, after checking that dloss and
+    dscale are the ones it was written for."""
     if isinstance(cache, FusedLossCache):
         c = cache
         if c.grad_for is not None:

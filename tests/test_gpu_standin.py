@@ -471,6 +471,7 @@ def test_performance_md_quotes_the_launch_and_allocation_counts_of_a_base_update
     from bench.launches import count_allocations, count_update
     monkeypatch.delenv("MINITF_FUSED_VEC", raising=False)
     by_name, total = count_update("base", False)
+    assert [count_update("base", mode)[1] for mode in (True, "bfloat16")] == [total, total]   # the page: all three
     merged = {}
     for name, count in by_name.items():
         merged[name.removesuffix("_vec")] = merged.get(name.removesuffix("_vec"), 0) + count
