@@ -109,9 +109,9 @@ class Seq2Seq(Layer):
 
     def forward_backward(self, src, tgt_in, tgt_out, loss_weight=1.0, loss_scale=None):
         """forward_loss(src, tgt_in, tgt_out), then backward(loss_weight, loss_scale): the loss, its
-        gradients ACCUMULATED. The same numbers as the two calls; on the fused GPU path the loss's
-        gradient is written during its forward, by the kernel that reads the logits where the 16-byte
-        loads apply (label_smoothed_nll's grad). Training's update calls this."""
+        gradients ACCUMULATED. The same numbers as the two calls; on the fused GPU path (unless
+        MINITF_FUSED_LOSS=0) the loss's gradient is written during its forward, by the kernel that reads
+        the logits where the 16-byte loads apply (label_smoothed_nll's grad). Training's update calls this."""
         self._loss_grad = (loss_weight, loss_scale)
         try:
             loss = self.forward_loss(src, tgt_in, tgt_out)

@@ -502,7 +502,9 @@ def test_a_base_update_launches_at_most_650_kernels_and_reads_nothing_back(stand
     device-to-host copy inside the update (its outcome is decided on the device: optim.UpdateCheck)."""
     sys.path.insert(0, ROOT)
     from bench.launches import count_update
-    monkeypatch.setenv("MINITF_FUSED_VEC", vec)   # "1": the 16-byte kernels, launched as often as the others
+    # "1": the 16-byte kernels, launched as often as the others (but the loss: one launch, smoothed_nll_rows_grad_vec,
+    # for two)
+    monkeypatch.setenv("MINITF_FUSED_VEC", vec)
     with strict_cupy.count_transfers() as t:
         by_name, total = count_update("base", fp16)
     if vec == "1":
