@@ -44,8 +44,9 @@ float64: the C type `T` of the source) and computes in the accumulation dtype (f
 arrays: `A`), in which it also keeps its statistics, caches and partial sums (and Adam its master weights and
 moments; residual_layernorm keeps its input sum in the storage dtype, to compute xhat again),
 like functional.py's generic path,
-which stays the reference: tests/test_gpu.py checks each kernel against it on a GPU, and
-tests/test_kernels.py runs the same CUDA source on the CPU through a small emulator
+which stays the reference: tests/test_gpu.py checks the kernels against it on a GPU (but the warp-per-row
+LayerNorms, off by default, and update_check, held to the host's rules: those only through the emulator),
+and tests/test_kernels.py runs the same CUDA source on the CPU through a small emulator
 (tests/cuda_emulator.py), so the kernels' logic is tested on machines without a GPU.
 
 `enabled(x)` says whether x takes the fused path: CuPy arrays only, unless the environment
@@ -1331,7 +1332,8 @@ def smoothed_nll_rows(logits, gold, grad=None):
     grad (w_scale, dscale, eps): also write the loss's gradient over the logits, as
     smoothed_nll_backward(logits, gold, lse, None, eps, out=logits, w_scale=w_scale, dscale=dscale)
     would: in the same launch where the 16-byte loads apply (smoothed_nll_rows_grad_vec: each row read once where it is at
-    most NLL_KEEP vectors a thread, 10 x 512, the rest of a longer row read twice), else in a second one."""
+    most NLL_KEEP vectors a thread, 10 x 512, the rest of a longer row read twice), else in a second one.
+    The logits must then be C-contiguous (ValueError otherwise: the gradient is written over them)."""
     xp = backend.xp_of(logits)
     if grad is not None and not logits.flags.c_contiguous:
         raise ValueError("smoothed_nll_rows with grad writes over the logits: they must be C-contiguous")

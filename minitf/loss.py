@@ -90,6 +90,7 @@ def _fused_label_smoothed_nll(logits, tgt, eps, pad_id, grad=None):
     given grad too (unless MINITF_FUSED_LOSS=0), the forward writes the gradient over the logits
     (kernels.smoothed_nll_rows) and the backward hands it out."""
     xp = xp_of(logits)
+    logits = xp.ascontiguousarray(logits)   # the array the cache holds is the one the kernels read and write
     if not kernels.fused(logits, "loss"):   # MINITF_FUSED_LOSS=0: the backward computes the gradient
         grad = None
     if pad_id is None:

@@ -43,7 +43,8 @@ struct emu_dim3 { unsigned x, y, z; };
 static emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 // The CUDA threads of a block are coroutines run by this one OS thread: each runs until its
 // next __syncthreads() (or its end), then the next one runs. When the last thread has reached
-// the barrier, the first resumes: exactly the barrier's guarantee, deterministic.
+// the barrier, the first resumes (thread 0, or the last thread under emu_set_reverse(1), below):
+// exactly the barrier's guarantee, deterministic.
 static unsigned emu_cur;
 static std::function<void()> emu_body;
 static std::vector<char> emu_done;

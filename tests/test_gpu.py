@@ -153,7 +153,7 @@ def _rel(a, b):
 # real sizes on a GPU; under the emulator rows still longer than a block (softmax 128, LayerNorm 256,
 # the loss 512 threads) but few of them
 SIZES = dict(batch=4, heads=8, tq=60, tk=70, d_k=64, ln_rows=3000, ln_d=(512, 1024), rows=500, vocab=37000) \
-    if REAL_GPU else dict(batch=2, heads=2, tq=9, tk=150, d_k=8, ln_rows=20, ln_d=(300,), rows=30, vocab=1100)
+    if REAL_GPU else dict(batch=2, heads=2, tq=9, tk=150, d_k=8, ln_rows=20, ln_d=(300,), rows=30, vocab=1104)
 
 
 @needs_kernels
@@ -207,6 +207,56 @@ def test_gpu_kernels_match_generic_at_real_sizes(dtype, tol, monkeypatch, cp):
         return val, nll, n, label_smoothed_nll_backward(cache, 3.0)
     for a, b_ in zip(*_both_paths(monkeypatch, loss)):
         assert _rel(a, b_) <= tol
+    # training's loss: every row has one and the forward is given the backward's weight (on the fused
+    # path one launch, smoothed_nll_rows_grad_vec, over rows of V whole 16-byte vectors; in float32 at
+    # the real size longer than the 10 vectors a thread keeps)
+    gold = rs.integers(4, z["vocab"], z["rows"])
+    scale = cp.asarray([8.0], dtype=np.float32)
+
+    def loss_in_one():
+        val, nll, n, cache = label_smoothed_nll(logits.copy(), gold, 0.1, None, grad=(3.0, scale))
+        return val, nll, label_smoothed_nll_backward(cache, 3.0, scale)
+    for a, b_ in zip(*_both_paths(monkeypatch, loss_in_one)):
+        assert _rel(a, b_) <= tol
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype,tol", [("float64", 1e-12), ("float32", 1e-6), ("float16", 1e-3)])
+def test_gpu_forward_backward_gives_forward_loss_then_backward_in_fewer_launches(dtype, tol, monkeypatch):
+    """Seq2Seq.forward_backward (training's update) on the device: the loss and every gradient of
+    forward_loss then backward, with dropout and (float16) the loss scale kept on the device; the
+    loss's gradient is written by its forward kernel (smoothed_nll_rows_grad_vec), so no
+    smoothed_nll_backward runs, but with MINITF_FUSED_LOSS=0. Bit for bit under the stand-in; on a
+    GPU to `tol` (cuBLAS may take another algorithm from one call to the next)."""
+    monkeypatch.setenv("MINITF_FUSED_VEC", "1")
+    model = minitf.Transformer(cfg(vocab_size=32, dropout=0.1), device="gpu", dtype=dtype, seed=0)
+    scale = model.xp.asarray([1024.0], dtype=np.float32) if dtype == "float16" else None
+    launched = []
+    real = kernels.LAUNCH["launch"]
+    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+
+    def update(how):
+        model.zero_grad()
+        model.forward_count = 0
+        launched.clear()
+        if how == "apart":
+            loss = model.forward_loss(SRC, TGT_IN, TGT_OUT)
+            model.backward(loss_weight=0.5, loss_scale=scale)
+        else:
+            loss = model.forward_backward(SRC, TGT_IN, TGT_OUT, loss_weight=0.5, loss_scale=scale)
+        return float(loss), to_numpy(model.flat_grads).astype(np.float64), [n for n in launched if "nll" in n]
+    (want_loss, want, apart), (loss, grads, together) = update("apart"), update("together")
+    assert apart == ["smoothed_nll_rows_vec", "smoothed_nll_backward_vec"]
+    assert together == ["smoothed_nll_rows_grad_vec"]
+    monkeypatch.setenv("MINITF_FUSED_LOSS", "0")      # the switch: the backward computes it, as apart
+    _, switched, launches = update("together")
+    assert launches == apart and np.abs(want).max() > 0
+    for got in (grads, switched):
+        if REAL_GPU:
+            assert _rel(got, want) <= tol and abs(loss - want_loss) <= tol * abs(want_loss)
+        else:
+            np.testing.assert_array_equal(got, want)
+            assert loss == want_loss
 
 
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float16", 3e-2), ("bfloat16", 6e-2)])

@@ -422,46 +422,6 @@ def test_two_gpu_ranks_over_nccl_equal_one_gpu_with_twice_the_update_freq(corpus
     assert len(reports) == 2 and all(rep["launches"]["nccl.allReduce"] == 6 for rep in reports)
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
-def test_forward_backward_gives_forward_loss_then_backwards_bits_in_fewer_launches(standin, monkeypatch, dtype):
-    """Seq2Seq.forward_backward (training's) on the device path: the loss and every gradient of
-    forward_loss then backward, bit for bit, with dropout and (float16) the loss scale kept on the
-    device; the loss's gradient is written by its forward kernel (smoothed_nll_rows_grad_vec), so
-    no smoothed_nll_backward runs (but with MINITF_FUSED_LOSS=0)."""
-    monkeypatch.setenv("MINITF_FUSED_VEC", "1")
-    model = tiny(dtype=dtype, vocab_size=32)
-    xp = model.xp
-    scale = xp.asarray([1024.0], dtype=np.float32) if dtype == "float16" else None
-    tgt = np.array([[5, 12, 7, 3], [9, 6, 3, 0]])
-    src, tgt_in = SRC[:2, :5], np.concatenate([np.full((2, 1), 2), tgt[:, :-1]], axis=1)
-    launched = []
-    real = minitf.kernels.LAUNCH["launch"]
-    monkeypatch.setitem(minitf.kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
-    runs = []
-    for together in (False, True):
-        model.zero_grad()
-        model.forward_count = 0
-        launched.clear()
-        if together:
-            loss = model.forward_backward(src, tgt_in, tgt, loss_weight=0.5, loss_scale=scale)
-        else:
-            loss = model.forward_loss(src, tgt_in, tgt)
-            model.backward(loss_weight=0.5, loss_scale=scale)
-        runs.append((float(loss), backend.to_numpy(model.flat_grads).copy(),
-                     [n for n in launched if n.startswith("smoothed_nll")]))
-    assert runs[0][0] == runs[1][0] and np.abs(runs[0][1]).max() > 0
-    np.testing.assert_array_equal(runs[0][1], runs[1][1])
-    assert runs[0][2] == ["smoothed_nll_rows_vec", "smoothed_nll_backward_vec"]
-    assert runs[1][2] == ["smoothed_nll_rows_grad_vec"]
-    monkeypatch.setenv("MINITF_FUSED_LOSS", "0")      # the switch: the backward computes it, as apart
-    model.zero_grad()
-    model.forward_count = 0
-    launched.clear()
-    model.forward_backward(src, tgt_in, tgt, loss_weight=0.5, loss_scale=scale)
-    np.testing.assert_array_equal(backend.to_numpy(model.flat_grads), runs[0][1])
-    assert [n for n in launched if n.startswith("smoothed_nll")] == runs[0][2]
-
-
 def test_performance_md_quotes_the_launch_and_allocation_counts_of_a_base_update(standin, monkeypatch):
     """docs/performance.md's counts of one `base` update (bench/launches.py, the default switches): the
     launches, the GEMMs among them, the other launches and the RawKernels among those (all but a
