@@ -150,8 +150,8 @@ def _rel(a, b):
     return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
 
 
-# real sizes on a GPU; under the emulator rows still longer than a block (softmax 128, LayerNorm 256,
-# the loss 512 threads) but few of them
+# real sizes on a GPU; under the emulator rows still longer than what takes them (the softmax's warp of 32
+# threads, which rows up to 256 long take; a LayerNorm block of 256; the loss's 512) but few of them
 SIZES = dict(batch=4, heads=8, tq=60, tk=70, d_k=64, ln_rows=3000, ln_d=(512, 1024), rows=500, vocab=37000) \
     if REAL_GPU else dict(batch=2, heads=2, tq=9, tk=150, d_k=8, ln_rows=20, ln_d=(300,), rows=30, vocab=1104)
 
@@ -208,7 +208,7 @@ def test_gpu_kernels_match_generic_at_real_sizes(dtype, tol, monkeypatch, cp):
     for a, b_ in zip(*_both_paths(monkeypatch, loss)):
         assert _rel(a, b_) <= tol
     # training's loss: every row has one and the forward is given the backward's weight (on the fused
-    # path one launch, smoothed_nll_rows_grad_vec, over rows of V whole 16-byte vectors; in float32 at
+    # path one launch, smoothed_nll_rows_grad_vec, over rows of V_o whole 16-byte vectors; in float32 at
     # the real size longer than the 10 vectors a thread keeps)
     gold = rs.integers(4, z["vocab"], z["rows"])
     scale = cp.asarray([8.0], dtype=np.float32)
