@@ -151,9 +151,10 @@ def _rel(a, b):
 
 
 # real sizes on a GPU; under the emulator rows still longer than what takes them (the softmax's warp of 32
-# threads, which rows up to 256 long take; a LayerNorm block of 256; the loss's 512) but few of them
+# threads, which rows up to 256 long take; a LayerNorm block of 256; the loss's 512 threads, a 16-byte
+# vector each: 4104 values are 513 vectors in 16 bits, 1026 in float32) but few of them
 SIZES = dict(batch=4, heads=8, tq=60, tk=70, d_k=64, ln_rows=3000, ln_d=(512, 1024), rows=500, vocab=37000) \
-    if REAL_GPU else dict(batch=2, heads=2, tq=9, tk=150, d_k=8, ln_rows=20, ln_d=(300,), rows=30, vocab=1104)
+    if REAL_GPU else dict(batch=2, heads=2, tq=9, tk=150, d_k=8, ln_rows=20, ln_d=(300,), rows=30, vocab=4104)
 
 
 @needs_kernels
