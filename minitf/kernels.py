@@ -44,7 +44,8 @@ float64: the C type `T` of the source) and computes in the accumulation dtype (f
 arrays: `A`), in which it also keeps its statistics, caches and partial sums (and Adam its master weights and
 moments; residual_layernorm keeps its input sum in the storage dtype, to compute xhat again),
 like functional.py's generic path,
-which stays the reference: tests/test_gpu.py compares the fused path with it on a GPU, and
+which stays the reference: tests/test_gpu.py compares the fused path with it on a GPU (elsewhere on the
+strict CuPy stand-in), and
 tests/test_kernels.py checks each kernel, running the same CUDA source on the CPU through a small emulator
 (tests/cuda_emulator.py), so the kernels' logic is tested on machines without a GPU.
 

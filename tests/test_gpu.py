@@ -136,7 +136,9 @@ def test_checkpoint_saved_on_gpu_loads_on_cpu(tmp_path):
 # ----------------------------------------------------------------------------- fused kernels (kernels.py)
 # The tests above already run the fused kernels (the GPU default) against NumPy in float64.
 # Here: the kernels at real sizes (full blocks, vocabulary rows longer than a block) against
-# CuPy's generic path (MINITF_FUSED=0), and the whole step in float32 and float16.
+# CuPy's generic path (MINITF_FUSED=0); the whole step against it in float32, float16 and bfloat16;
+# and forward_backward against forward_loss then backward on the fused path (MINITF_FUSED_LOSS=0
+# too), in float64, float32 and float16.
 def _both_paths(monkeypatch, fn):
     out = {}
     for flag in ("1", "0"):

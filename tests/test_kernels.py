@@ -3,7 +3,7 @@
 The kernels' CUDA source runs here through tests/cuda_emulator.py (g++; a block's CUDA threads are
 coroutines on one OS thread, each running to its next barrier in turn), through the same Python
 wrappers the GPU uses; tests/test_gpu.py compares the fused path with the generic one with CuPy on
-a GPU. Shapes are chosen so rows are shorter than, equal to and
+a GPU (elsewhere on the strict CuPy stand-in). Shapes are chosen so rows are shorter than, equal to and
 longer than a block, and not multiples of it.
 """
 import ctypes
