@@ -100,8 +100,8 @@ class Seq2Seq(Layer):
         loss, nll_sum, n, cache = label_smoothed_nll(logits, gold, self.cfg.label_smoothing, None,
                                                      grad=self._loss_grad)
         self._head = {"loss": cache, "loss_rows": loss_rows, "h_rows": h}
-        # the loss summed over the tokens, as training adds it up: made by the fused loss's one launch,
-        # else loss * n (a float on the CPU)
+        # the loss summed over the tokens, as training adds it up: made by the fused loss's totals launch
+        # (kernels.loss_totals), else loss * n (a float on the CPU)
         loss_sum = getattr(cache, "loss_sum", None)
         self.last_stats = {"loss": loss, "nll_sum": nll_sum, "n_tokens": n,
                            "loss_sum": (float(loss) * float(n) if self.xp is np else loss * n) if loss_sum is None else loss_sum}
