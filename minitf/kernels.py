@@ -369,8 +369,8 @@ __device__ inline A nll_row_reduce(const T* z, long long off, const long long* g
     return m + a_log(s);
 }
 
-// The same with 16-byte loads (V a multiple of VEC): thread j takes values j VEC .. j VEC + VEC - 1, then the
-// ones blockDim.x VEC further on (the sums' order differs from the one-value kernel's: not the same bits).
+// smoothed_nll_rows with 16-byte loads (V a multiple of VEC): thread j takes values j VEC .. j VEC + VEC - 1,
+// then the ones blockDim.x VEC further on (the sums' order differs from the one-value kernel's: not the same bits).
 extern "C" __global__ void smoothed_nll_rows_vec(const T* z, const long long* gold, A* lse, A* nll, A* smooth,
                                                  int V) {
     __shared__ A buf[1024];

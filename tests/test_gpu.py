@@ -133,12 +133,29 @@ def test_checkpoint_saved_on_gpu_loads_on_cpu(tmp_path):
     np.testing.assert_array_equal(to_numpy(back.flat_params), to_numpy(gpu.flat_params))
 
 
+@pytest.mark.parametrize("attention", ["general", "additive"])
+def test_gpu_rnn_loss_every_gradient_and_decoding_match_cpu(attention):
+    """The recurrent baseline (--arch rnn) on CuPy: the same loss, gradients and beam search."""
+    from minitf.decode import beam_search
+    from minitf.architectures import build_model
+    c = cfg(arch="rnn", rnn_hidden=12, attention=attention)
+    cpu = build_model(c, device="cpu", dtype="float64", seed=0)
+    gpu = build_model(c, device="gpu", dtype="float64", seed=0)
+    lc = cpu.forward_loss(SRC, TGT_IN, TGT_OUT)
+    lg = float(gpu.forward_loss(SRC, TGT_IN, TGT_OUT))
+    assert abs(lc - lg) <= 1e-10 * abs(lc)
+    assert_same_gradients(cpu, gpu)
+    assert beam_search(gpu, SRC, beam_size=3, max_len_b=5, batch_size=1) == beam_search(cpu, SRC, beam_size=3,
+                                                                                        max_len_b=5, batch_size=1)
+
+
 # ----------------------------------------------------------------------------- fused kernels (kernels.py)
 # The tests above already run the fused kernels (the GPU default) against NumPy in float64.
 # Here: the kernels at real sizes (full blocks, vocabulary rows longer than a block) against
-# CuPy's generic path (MINITF_FUSED=0); the whole step against it in float32, float16 and bfloat16;
-# and forward_backward against forward_loss then backward on the fused path (MINITF_FUSED_LOSS=0
-# too), in float64, float32 and float16.
+# CuPy's generic path (MINITF_FUSED=0); forward_backward against forward_loss then backward on the
+# fused path (MINITF_FUSED_LOSS=0 too), in float64, float32 and float16; the whole step against the
+# generic path in float32, float16 and bfloat16; mixed-precision training against float32's; and
+# the kernels compiled and used in each dtype.
 def _both_paths(monkeypatch, fn):
     out = {}
     for flag in ("1", "0"):
@@ -304,19 +321,3 @@ def test_gpu_fused_kernels_compile_and_are_used(dtype, monkeypatch, cp):
     the generic path with a warning, and the comparisons above would compare it with itself)."""
     monkeypatch.delenv("MINITF_FUSED", raising=False)
     assert kernels.enabled(cp.zeros(3, dtype=dtype_named(dtype))), kernels.COMPILE_ERRORS.get(dtype)
-
-
-@pytest.mark.parametrize("attention", ["general", "additive"])
-def test_gpu_rnn_loss_every_gradient_and_decoding_match_cpu(attention):
-    """The recurrent baseline (--arch rnn) on CuPy: the same loss, gradients and beam search."""
-    from minitf.decode import beam_search
-    from minitf.architectures import build_model
-    c = cfg(arch="rnn", rnn_hidden=12, attention=attention)
-    cpu = build_model(c, device="cpu", dtype="float64", seed=0)
-    gpu = build_model(c, device="gpu", dtype="float64", seed=0)
-    lc = cpu.forward_loss(SRC, TGT_IN, TGT_OUT)
-    lg = float(gpu.forward_loss(SRC, TGT_IN, TGT_OUT))
-    assert abs(lc - lg) <= 1e-10 * abs(lc)
-    assert_same_gradients(cpu, gpu)
-    assert beam_search(gpu, SRC, beam_size=3, max_len_b=5, batch_size=1) == beam_search(cpu, SRC, beam_size=3,
-                                                                                        max_len_b=5, batch_size=1)
