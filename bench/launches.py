@@ -4,6 +4,7 @@
     PYTHONPATH=tests MINITF_CUPY_MODULE=strict_cupy python bench/launches.py            # base: float32, --fp16, --bf16
     PYTHONPATH=tests MINITF_CUPY_MODULE=strict_cupy python bench/launches.py --by-name  # and which kernels
     PYTHONPATH=tests MINITF_CUPY_MODULE=strict_cupy python bench/launches.py --allocations  # and new arrays, by site
+    PYTHONPATH=tests MINITF_CUPY_MODULE=strict_cupy python bench/launches.py --memory   # and the peak of live bytes
 
 tests/strict_cupy.py counts what CuPy would launch for each call minitf makes (one kernel per
 elementwise or reduction call, advanced index, assignment or conversion; CuPy matmul's copies and GEMM;
@@ -73,6 +74,16 @@ def count_allocations(preset="base", fp16=False, env=None):
     return _second_update(preset, fp16, env, around)
 
 
+def peak_bytes(preset="base", fp16=False, env=None):
+    """(bytes of the live device arrays before the update, the most they reach during it) for
+    count_update's update: the memory pool's peak use at width 64, not a GPU's at the report's sizes."""
+    def around(step):
+        with backend.cupy.record_peak_bytes() as rec:
+            step()
+        return tuple(rec)
+    return _second_update(preset, fp16, env, around)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="base")
@@ -80,6 +91,9 @@ def main(argv=None):
     ap.add_argument("--allocations", action="store_true",
                     help="also count the update's device arrays that take memory of their own (CuPy's pool on a "
                          "GPU), by call site")
+    ap.add_argument("--memory", action="store_true",
+                    help="also give the most bytes the update's live device arrays reach (at width 64), and those "
+                         "live before it (weights, gradients, Adam's moments)")
     args = ap.parse_args(argv)
     for mode, fp16 in MODES:
         by_name, total = count_update(args.preset, fp16)
@@ -92,6 +106,9 @@ def main(argv=None):
             print(f"allocations per update: {args.preset} {mode} {total}")
             for site, n in sorted(sites.items(), key=lambda kv: -kv[1]):
                 print(f"    {n:5d}  {site}")
+        if args.memory:
+            before, peak = peak_bytes(args.preset, fp16)
+            print(f"peak live bytes per update: {args.preset} {mode} {peak:,} ({before:,} before it)")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ _scalar.pyx, _routines_indexing.pyx, cuda/function.pyx, _core/raw.pyx):
   data-dependent shapes (nonzero, flatnonzero, boolean-mask indexing) read a count back.
   Host->device copies (asarray of host data, host index arrays) are counted apart.
   `count_transfers()` collects them; `record_dtypes()` collects the dtypes of the arrays
-  created; `record_allocations()` the device arrays that take new memory (not views), by call site; LAUNCHES counts every kernel CuPy would launch, by name (one per elementwise or
+  created; `record_allocations()` the device arrays that take new memory (not views), by call site;
+  `record_peak_bytes()` the most bytes the live device arrays reach (the pool's peak); LAUNCHES counts every kernel CuPy would launch, by name (one per elementwise or
   reduction call, advanced index, assignment, copy or conversion; CuPy matmul's copies and
   GEMM; the RawKernels; cuBLAS calls; NCCL calls), and `launches()` snapshots it; STRICT_CUPY_REPORT=path writes the transfers and the dtypes for the whole process at its exit (JSON, with
   LAUNCHES: the kernels and NCCL calls run).
@@ -102,6 +103,7 @@ class Transfers:
 _RECORDERS = []         # active Transfers
 _DTYPE_RECORDERS = []   # active {dtype name: first site}
 _ALLOC_RECORDERS = []   # active {call site: new device arrays made there}
+_PEAK_RECORDERS = []    # active [live device bytes at the start, the most they reached]
 TOTALS = {"d2h": 0, "h2d": 0, "d2h_async": 0}
 LAUNCHES = {}           # kernel name -> launches, and "nccl.allReduce" -> calls
 
@@ -177,6 +179,20 @@ def record_allocations():
     return _recording(_ALLOC_RECORDERS, {})
 
 
+def record_peak_bytes():
+    """[bytes of the live device arrays when the block starts, the most they reach inside it], sampled
+    at each new array that takes memory of its own: the peak of the memory pool's used bytes (CuPy's
+    pool also keeps freed blocks for reuse, which this does not count)."""
+    live = _POOL.used_bytes()
+    return _recording(_PEAK_RECORDERS, [live, live])
+
+
+def _sample_peak():
+    used = _POOL.used_bytes()
+    for rec in _PEAK_RECORDERS:
+        rec[1] = max(rec[1], used)
+
+
 def _report_at_exit(path):
     transfers = Transfers()
     dtypes = {}
@@ -221,6 +237,8 @@ def _new(a):
     obj._a = a
     if a.base is None:
         _LIVE[id(a)] = a
+        if _PEAK_RECORDERS:
+            _sample_peak()
         if _ALLOC_RECORDERS:
             site = _site()
             for rec in _ALLOC_RECORDERS:
@@ -410,6 +428,8 @@ class ndarray:
             raise TypeError("strict_cupy: ndarray(memptr=, strides=) are not emulated")
         self._a = _empty_like_cupy(numpy.empty(shape, dtype=dtype, order=order))
         _LIVE[id(self._a)] = self._a
+        if _PEAK_RECORDERS:
+            _sample_peak()
 
     # --- attributes (core.pyx)
     shape = property(lambda self: self._a.shape)

@@ -85,6 +85,21 @@ def test_transfers_are_counted_with_their_call_site():
 
 
 @pytest.mark.skipif(compiler() is None, reason="needs g++ >= 12 to emulate the CUDA kernels")
+def test_the_peak_of_live_device_bytes_counts_new_memory_and_what_was_freed():
+    """record_peak_bytes: the live bytes at the start, then the most reached; a view takes no
+    memory, a freed array's bytes no longer count, so reusing them raises no peak."""
+    keep = cp.zeros(100, dtype=np.float32)                       # 400 bytes, live before the block
+    with cp.record_peak_bytes() as rec:
+        start = rec[0]
+        a = cp.empty((10, 10), dtype=np.float64)                # +800
+        _ = a.reshape(100)                                      # a view: +0
+        del a, _
+        b = cp.empty(100, dtype=np.float64)                     # +800 again, after a was freed
+        c = cp.zeros(50, dtype=np.float32)                      # +200
+    assert start >= keep.nbytes and rec[1] - start == 800 + 200, (start, rec)
+    del b, c
+
+
 def test_kernel_arguments_are_checked_as_cupy_passes_them():
     """cuda/function.pyx: a Python int goes to a kernel as int64 and a float as float64, NumPy
     scalars with their dtype; grid and block are tuples. The C types come from the source."""
