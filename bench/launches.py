@@ -93,7 +93,8 @@ def main(argv=None):
                          "GPU), by call site")
     ap.add_argument("--memory", action="store_true",
                     help="also give the most bytes the update's live device arrays reach (at width 64), and those "
-                         "live before it (weights, gradients, Adam's moments)")
+                         "live before it (the weights, their gradients, Adam's moments and scratch buffers, the "
+                         "positional table)")
     args = ap.parse_args(argv)
     for mode, fp16 in MODES:
         by_name, total = count_update(args.preset, fp16)

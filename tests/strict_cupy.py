@@ -175,14 +175,15 @@ def record_dtypes():
 
 def record_allocations():
     """Collects {call site: count} of the device arrays created inside that take memory of their own
-    (what CuPy takes from its memory pool; views, reshapes and `out=` results take none)."""
+    (what CuPy takes from its memory pool; views of live device arrays, reshapes that copy nothing and
+    `out=` results take none)."""
     return _recording(_ALLOC_RECORDERS, {})
 
 
 def record_peak_bytes():
     """[bytes of the live device arrays when the block starts, the most they reach inside it], sampled
-    at each new array that takes memory of its own: the peak of the memory pool's used bytes (CuPy's
-    pool also keeps freed blocks for reuse, which this does not count)."""
+    at each new array that takes memory of its own (as record_allocations counts them): the peak of the
+    memory pool's used bytes (CuPy's pool also keeps freed blocks for reuse, which this does not count)."""
     live = _POOL.used_bytes()
     return _recording(_PEAK_RECORDERS, [live, live])
 
@@ -235,8 +236,11 @@ def _new(a):
         raise ValueError(f"Unsupported dtype {a.dtype}")
     obj = ndarray.__new__(ndarray)
     obj._a = a
-    if a.base is None:
-        _LIVE[id(a)] = a
+    owner = a                      # the buffer behind `a`: itself, or what NumPy made it a view of
+    while isinstance(owner.base, numpy.ndarray):
+        owner = owner.base
+    if id(owner) not in _LIVE:     # new memory (not a view of a live device array)
+        _LIVE[id(owner)] = owner
         if _PEAK_RECORDERS:
             _sample_peak()
         if _ALLOC_RECORDERS:

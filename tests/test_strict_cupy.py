@@ -84,11 +84,12 @@ def test_transfers_are_counted_with_their_call_site():
     assert set(dtypes) == {"float32"}
 
 
-@pytest.mark.skipif(compiler() is None, reason="needs g++ >= 12 to emulate the CUDA kernels")
 def test_the_peak_of_live_device_bytes_counts_new_memory_and_what_was_freed():
     """record_peak_bytes: the live bytes at the start, then the most reached; a view takes no
-    memory, a freed array's bytes no longer count, so reusing them raises no peak."""
+    memory, a freed array's bytes no longer count, so reusing them raises no peak; a result NumPy
+    gives as a view of a buffer of its own (an index array on a later axis) takes new memory."""
     keep = cp.zeros(100, dtype=np.float32)                       # 400 bytes, live before the block
+    cols, col = cp.asarray(np.array([0, 2])), cp.asarray(np.array([1]))   # index arrays, live before too
     with cp.record_peak_bytes() as rec:
         start = rec[0]
         a = cp.empty((10, 10), dtype=np.float64)                # +800
@@ -96,10 +97,15 @@ def test_the_peak_of_live_device_bytes_counts_new_memory_and_what_was_freed():
         del a, _
         b = cp.empty(100, dtype=np.float64)                     # +800 again, after a was freed
         c = cp.zeros(50, dtype=np.float32)                      # +200
-    assert start >= keep.nbytes and rec[1] - start == 800 + 200, (start, rec)
-    del b, c
+        d = c.reshape(5, 10)[:, cols]                           # [5, 2] float32, new: +40
+    assert start >= keep.nbytes + 24 and rec[1] - start == 800 + 200 + 40, (start, rec)
+    with cp.record_allocations() as sites:
+        e = d[:, col]
+    assert sum(sites.values()) == 1
+    del b, c, d, e
 
 
+@pytest.mark.skipif(compiler() is None, reason="needs g++ >= 12 to emulate the CUDA kernels")
 def test_kernel_arguments_are_checked_as_cupy_passes_them():
     """cuda/function.pyx: a Python int goes to a kernel as int64 and a float as float64, NumPy
     scalars with their dtype; grid and block are tuples. The C types come from the source."""
