@@ -236,6 +236,13 @@ def _new(a):
         raise ValueError(f"Unsupported dtype {a.dtype}")
     obj = ndarray.__new__(ndarray)
     obj._a = a
+    _note_new(a)
+    return obj
+
+
+def _note_new(a):
+    """Registers the buffer behind a new device array's NumPy array `a` with the memory pool, the
+    peak and the allocation recorders when it is new memory, and a's dtype with the dtype recorders."""
     owner = a                      # the buffer behind `a`: itself, or what NumPy made it a view of
     while isinstance(owner.base, numpy.ndarray):
         owner = owner.base
@@ -253,7 +260,6 @@ def _new(a):
         for rec in _DTYPE_RECORDERS:
             if name not in rec:
                 rec[name] = site = site or _site()
-    return obj
 
 
 def _wrap(r, out=None):
@@ -431,9 +437,7 @@ class ndarray:
         if memptr is not None or strides is not None:
             raise TypeError("strict_cupy: ndarray(memptr=, strides=) are not emulated")
         self._a = _empty_like_cupy(numpy.empty(shape, dtype=dtype, order=order))
-        _LIVE[id(self._a)] = self._a
-        if _PEAK_RECORDERS:
-            _sample_peak()
+        _note_new(self._a)
 
     # --- attributes (core.pyx)
     shape = property(lambda self: self._a.shape)

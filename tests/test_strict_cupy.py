@@ -99,10 +99,12 @@ def test_the_peak_of_live_device_bytes_counts_new_memory_and_what_was_freed():
         c = cp.zeros(50, dtype=np.float32)                      # +200
         d = c.reshape(5, 10)[:, cols]                           # [5, 2] float32, new: +40
     assert start >= keep.nbytes + 24 and rec[1] - start == 800 + 200 + 40, (start, rec)
-    with cp.record_allocations() as sites:
-        e = d[:, col]
-    assert sum(sites.values()) == 1
-    del b, c, d, e
+    with cp.record_allocations() as sites, cp.record_dtypes() as dtypes:
+        e = d[:, col]                                           # new memory
+        v = c.reshape(50)                                       # a view of a live array: none
+        f = cp.ndarray((3,), dtype=np.float16)                  # the constructor: new memory
+    assert sum(sites.values()) == 2 and set(dtypes) == {"float32", "float16"}
+    del b, c, d, e, v, f
 
 
 @pytest.mark.skipif(compiler() is None, reason="needs g++ >= 12 to emulate the CUDA kernels")
