@@ -94,7 +94,7 @@ def main(argv=None):
     ap.add_argument("--memory", action="store_true",
                     help="also give the most bytes the update's live device arrays reach (at width 64), and those "
                          "live before it (the weights, their gradients, Adam's moments and scratch buffers, the "
-                         "positional table; the float32 master weights of a 16-bit model)")
+                         "positional table; the float32 master weights of a 16-bit model; a few KB of kept buffers)")
     args = ap.parse_args(argv)
     for mode, fp16 in MODES:
         by_name, total = count_update(args.preset, fp16)
