@@ -82,7 +82,8 @@ class DecoderLayer(Layer):
     def __init__(self, cfg, rng):
         super().__init__()
         d = cfg.d_model
-        self.self_attn = self.add("self_attn", MultiHeadAttention(d, cfg.n_heads, cfg.d_k, rng, cfg.attention_dropout))
+        self.self_attn = self.add("self_attn", MultiHeadAttention(d, cfg.n_heads, cfg.d_k, rng, cfg.attention_dropout,
+                                                                  causal=True))
         self.norm1 = self.add("norm1", LayerNorm(d, cfg.layer_norm_eps))
         self.cross_attn = self.add("cross_attn", MultiHeadAttention(d, cfg.n_heads, cfg.d_k, rng, cfg.attention_dropout))
         self.norm2 = self.add("norm2", LayerNorm(d, cfg.layer_norm_eps))

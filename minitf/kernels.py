@@ -28,6 +28,10 @@ warp per row), one thread per value (or per 16 bytes) for the elementwise ones.
   unpack_heads          x [rows, H*K] (+ bias) -> [B, H, L, K]: a projection's kept rows put back
                         in the padded batch and split into heads, zeros at the pads, one pass
   pack_heads            x [B, H, L, K] -> [rows, H*K]: the heads merged and the kept rows taken
+  attention_rows_forward  softmax(scale q k^T + mask) v per sentence and head on packed rows [rows, H*K]
+                        (the projections' outputs, biases added on load; no [B, H, T, S] array), and each
+                        row's log-sum-exp; attention_rows_backward_q (dq, and sum(dout * out) per row) and
+                        attention_rows_backward_kv (dk, dv) compute the weights again from it
   bias_relu             x = max(x + b, 0) in place (the feed-forward's first layer and its ReLU)
   relu_backward         dy = dy * (y > 0) in place
   adam_update           one Adam(W) update over the flat buffers (+ the 16-bit copy of the weights)
@@ -802,6 +806,251 @@ extern "C" __global__ void pack_heads_vec(const T* x, const long long* index, in
         *(const Vec*)(x + (long long)part * BL * hk + ((b * H + h) * L + l) * K + k0);
 }
 
+// Attention over packed rows, one sentence's rows after another (packing.Spans: sentence b's query rows
+// qstart[b] .. qstart[b] + qlen[b] - 1 of q, its key rows kstart[b] .. of k and v): the scaled dot-product
+// attention of every head without the [B, H, T, S] scores, the padded head layout or the pack/unpack passes
+// around them. q, k, v [rows, H*K] are the projections' outputs before their biases (bq, bk, bv, added here as
+// unpack_heads adds them: rounded to T); head h reads columns h*K .. h*K + K - 1 and writes the same columns of
+// its output. A key is seen where it is one of the sentence's (the padding bias) and, with `causal`, not after
+// the query (the decoder's mask). ATT_G threads hold a row (each every ATT_G-th of its K <= ATT_KMAX values, so
+// a row's dot product is their partial sums added by two warp shuffles); a block takes ATT_ROWS rows of one
+// sentence and head, and the keys (or queries) come through shared memory ATT_TILE rows at a time. Blocks are
+// (b * H + h) * chunks + chunk, chunk the block's ATT_ROWS rows; every thread of a block runs the same loops and
+// shuffles (rows past the sentence's end too), as the warp shuffle needs.
+#define ATT_G 4
+#define ATT_KMAX 64
+#define ATT_KPT (ATT_KMAX / ATT_G)
+#define ATT_ROWS 32
+#define ATT_TILE 32
+
+// The sum of v over a row's ATT_G neighbouring threads; every one of them gets the same bits.
+__device__ inline A att_group_sum(A v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    return v;
+}
+
+// Value c of row r of a projection, its bias added and the sum rounded to T (as unpack_heads writes the heads).
+__device__ inline A att_value(const T* x, const T* bias, int has_bias, long long r, int hk, int col) {
+    return has_bias ? (A)(T)((A)x[r * hk + col] + (A)bias[col]) : (A)x[r * hk + col];
+}
+
+// This block's sentence b, head h and first row `first` of its side (blocks (b * H + h) * chunks + chunk; the side's
+// sentences start at start[] and are len[] rows long), and this thread's share g of a row's values, its row of the
+// sentence, whether that row exists (active; else it works on the sentence's first row and writes nothing), the
+// row's place r among the packed rows, and whether the whole block lies past the sentence's rows (past).
+struct AttPlace { int b, h, g, first, row, active, past; long long r; };
+
+__device__ inline AttPlace att_place(int chunks, int H, const int* start, const int* len) {
+    AttPlace p;
+    int chunk = blockIdx.x % chunks, bh = blockIdx.x / chunks;
+    p.h = bh % H;
+    p.b = bh / H;
+    p.g = threadIdx.x % ATT_G;
+    p.first = chunk * ATT_ROWS;
+    p.row = p.first + threadIdx.x / ATT_G;
+    p.active = p.row < len[p.b];
+    p.past = p.first >= len[p.b];
+    p.r = (long long)start[p.b] + (p.active ? p.row : 0);
+    return p;
+}
+
+// This thread's share of head h of row r (its bias added as att_value adds it; 0 past K).
+__device__ inline void att_share(A* mine, const T* x, const T* bias, int has_bias, long long r, int hk, int h, int K,
+                                 int g) {
+#pragma unroll
+    for (int i = 0; i < ATT_KPT; ++i) {
+        int c = g + i * ATT_G;
+        mine[i] = c < K ? att_value(x, bias, has_bias, r, hk, h * K + c) : (A)0;
+    }
+}
+
+// Writes this thread's share of head h of row r: mine * f, rounded to T.
+__device__ inline void att_write(T* x, const A* mine, A f, long long r, int hk, int h, int K, int g) {
+#pragma unroll
+    for (int i = 0; i < ATT_KPT; ++i) {
+        int c = g + i * ATT_G;
+        if (c < K) x[r * hk + h * K + c] = (T)(mine[i] * f);
+    }
+}
+
+// Stages rows j0 .. j0 + n - 1 (n <= ATT_TILE) of two arrays' head h (rows from `start`) in shared memory:
+// sa[j * ATT_KMAX + c] (bias_a added where has_bias) and sb likewise. Ends with a barrier.
+__device__ inline void att_stage(const T* a, const T* bias_a, const T* b, const T* bias_b, int has_bias,
+                                 long long start, int j0, int n, int hk, int h, int K, A* sa, A* sb) {
+    __syncthreads();                            // the previous tile's readers are done
+    for (int e = threadIdx.x; e < n * K; e += blockDim.x) {
+        int j = e / K, c = e - j * K;
+        long long r = start + j0 + j;
+        sa[j * ATT_KMAX + c] = att_value(a, bias_a, has_bias, r, hk, h * K + c);
+        sb[j * ATT_KMAX + c] = att_value(b, bias_b, has_bias, r, hk, h * K + c);
+    }
+    __syncthreads();
+}
+
+// The dot product of a row's values `mine` (this thread's share) with row j of a staged tile, over the row's threads.
+__device__ inline A att_dot(const A* mine, const A* tile, int j, int g, int K) {
+    A d = 0;
+#pragma unroll
+    for (int i = 0; i < ATT_KPT; ++i) {
+        int c = g + i * ATT_G;
+        if (c < K) d += mine[i] * tile[j * ATT_KMAX + c];
+    }
+    return att_group_sum(d);
+}
+
+// out = softmax(scale q k^T + mask) v per sentence and head, and lse[h * nq + r] = the log of the softmax's
+// denominator (its maximum included) of query row r, for the backward: an online softmax over the keys
+// (running maximum m and sum l, the output's sum rescaled when m grows).
+extern "C" __global__ void attention_rows_forward(const T* q, const T* k, const T* v, const T* bq, const T* bk,
+                                                  const T* bv, int has_bias, const int* qstart, const int* qlen,
+                                                  const int* kstart, const int* klen, T* out, A* lse, int H, int K,
+                                                  int chunks, int causal, A scale, long long nq) {
+    __shared__ A sk[ATT_TILE * ATT_KMAX];
+    __shared__ A sv[ATT_TILE * ATT_KMAX];
+    AttPlace at = att_place(chunks, H, qstart, qlen);
+    if (at.past) return;
+    int b = at.b, h = at.h, g = at.g, first = at.first, row = at.row, active = at.active, lk = klen[b], hk = H * K;
+    long long qr = at.r;
+    A qv[ATT_KPT], acc[ATT_KPT];                 // this thread's share of the row's q and of its output's sum
+    att_share(qv, q, bq, has_bias, qr, hk, h, K, g);
+#pragma unroll
+    for (int i = 0; i < ATT_KPT; ++i) acc[i] = 0;
+    int nk = causal ? (lk < first + ATT_ROWS ? lk : first + ATT_ROWS) : lk;   // the keys any row here sees
+    A m = NEG_BIG, l = 0;
+    for (int j0 = 0; j0 < nk; j0 += ATT_TILE) {
+        int n = nk - j0 < ATT_TILE ? nk - j0 : ATT_TILE;
+        att_stage(k, bk, v, bv, has_bias, kstart[b], j0, n, hk, h, K, sk, sv);
+        for (int j = 0; j < n; ++j) {
+            A s = att_dot(qv, sk, j, g, K) * scale;
+            if (active && (!causal || j0 + j <= row)) {
+                A mn = a_max(m, s);
+                A corr = a_exp(m - mn), p = a_exp(s - mn);
+                l = l * corr + p;
+#pragma unroll
+                for (int i = 0; i < ATT_KPT; ++i) {
+                    int c = g + i * ATT_G;
+                    if (c < K) acc[i] = acc[i] * corr + p * sv[j * ATT_KMAX + c];
+                }
+                m = mn;
+            }
+        }
+    }
+    if (!active) return;
+    att_write(out, acc, (A)1 / l, qr, hk, h, K, g);
+    if (g == 0) lse[(long long)h * nq + qr] = m + a_log(l);
+}
+
+// The backward's first half, per query row: delta = sum(dout * out) (dsum[h * nq + r], for the second half) and
+// dq = scale * sum_j ds_j k_j with p_j = exp(scale q k_j - lse) (the forward's weights again), dp_j = dout v_j,
+// ds_j = p_j (dp_j - delta): softmax_backward's ds, since sum_j p_j dp_j = dout (sum_j p_j v_j) = delta.
+extern "C" __global__ void attention_rows_backward_q(const T* q, const T* k, const T* v, const T* bq, const T* bk,
+                                                     const T* bv, int has_bias, const int* qstart, const int* qlen,
+                                                     const int* kstart, const int* klen, const T* out,
+                                                     const T* dout, const A* lse, A* dsum, T* dq, int H, int K,
+                                                     int chunks, int causal, A scale, long long nq) {
+    A qv[ATT_KPT], dov[ATT_KPT], dqv[ATT_KPT];   // this thread's share of the row's q, dout and dq
+    __shared__ A sk[ATT_TILE * ATT_KMAX];
+    __shared__ A sv[ATT_TILE * ATT_KMAX];
+    AttPlace at = att_place(chunks, H, qstart, qlen);
+    int b = at.b, h = at.h, g = at.g, first = at.first, row = at.row, active = at.active, lk = klen[b], hk = H * K;
+    long long qr = at.r;
+    if (at.past) return;
+    att_share(qv, q, bq, has_bias, qr, hk, h, K, g);
+    att_share(dov, dout, dout, 0, qr, hk, h, K, g);
+    A dd = 0;
+#pragma unroll
+    for (int i = 0; i < ATT_KPT; ++i) {
+        int c = g + i * ATT_G;
+        if (c < K) dd += dov[i] * (A)out[qr * hk + h * K + c];
+        dqv[i] = 0;
+    }
+    dd = att_group_sum(dd);
+    A ls = lse[(long long)h * nq + qr];
+    int nk = causal ? (lk < first + ATT_ROWS ? lk : first + ATT_ROWS) : lk;
+    for (int j0 = 0; j0 < nk; j0 += ATT_TILE) {
+        int n = nk - j0 < ATT_TILE ? nk - j0 : ATT_TILE;
+        att_stage(k, bk, v, bv, has_bias, kstart[b], j0, n, hk, h, K, sk, sv);
+        for (int j = 0; j < n; ++j) {
+            A s = att_dot(qv, sk, j, g, K) * scale;
+            A dp = att_dot(dov, sv, j, g, K);
+            if (active && (!causal || j0 + j <= row)) {
+                A ds = a_exp(s - ls) * (dp - dd);
+#pragma unroll
+                for (int i = 0; i < ATT_KPT; ++i) {
+                    int c = g + i * ATT_G;
+                    if (c < K) dqv[i] += ds * sk[j * ATT_KMAX + c];
+                }
+            }
+        }
+    }
+    if (!active) return;
+    att_write(dq, dqv, scale, qr, hk, h, K, g);
+    if (g == 0) dsum[(long long)h * nq + qr] = dd;
+}
+
+// The backward's second half, per key row j (blocks over the keys' chunks): dv_j = sum_i p_ij dout_i and
+// dk_j = scale * sum_i ds_ij q_i over the queries i that see key j, the queries staged ATT_TILE at a time.
+extern "C" __global__ void attention_rows_backward_kv(const T* q, const T* k, const T* v, const T* bq,
+                                                      const T* bk, const T* bv, int has_bias, const int* qstart,
+                                                      const int* qlen, const int* kstart, const int* klen,
+                                                      const T* dout, const A* lse, const A* dsum, T* dk, T* dv,
+                                                      int H, int K, int chunks, int causal, A scale,
+                                                      long long nq) {
+    __shared__ A sq[ATT_TILE * ATT_KMAX];
+    __shared__ A sdo[ATT_TILE * ATT_KMAX];
+    __shared__ A sls[ATT_TILE];
+    __shared__ A sdd[ATT_TILE];
+    AttPlace at = att_place(chunks, H, kstart, klen);
+    if (at.past) return;
+    int b = at.b, h = at.h, g = at.g, first = at.first, key = at.row, active = at.active, lq = qlen[b], hk = H * K;
+    long long kr = at.r, q0 = qstart[b];
+    A kv[ATT_KPT], vv[ATT_KPT], dkv[ATT_KPT], dvv[ATT_KPT];
+    att_share(kv, k, bk, has_bias, kr, hk, h, K, g);
+    att_share(vv, v, bv, has_bias, kr, hk, h, K, g);
+#pragma unroll
+    for (int i = 0; i < ATT_KPT; ++i) {
+        dkv[i] = 0;
+        dvv[i] = 0;
+    }
+    int i_first = causal ? first : 0;            // the first query any key here is seen by
+    for (int i0 = i_first; i0 < lq; i0 += ATT_TILE) {
+        int n = lq - i0 < ATT_TILE ? lq - i0 : ATT_TILE;
+        // stage the tile's queries (their bias added), their output gradients, lse and D
+        __syncthreads();
+        for (int e = threadIdx.x; e < n * K; e += blockDim.x) {
+            int i = e / K, c = e - i * K;
+            long long r = q0 + i0 + i;
+            sq[i * ATT_KMAX + c] = att_value(q, bq, has_bias, r, hk, h * K + c);
+            sdo[i * ATT_KMAX + c] = (A)dout[r * hk + h * K + c];
+        }
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            sls[i] = lse[(long long)h * nq + q0 + i0 + i];
+            sdd[i] = dsum[(long long)h * nq + q0 + i0 + i];
+        }
+        __syncthreads();
+        for (int i = 0; i < n; ++i) {
+            A s = att_dot(kv, sq, i, g, K) * scale;
+            A dp = att_dot(vv, sdo, i, g, K);
+            if (active && (!causal || key <= i0 + i)) {
+                A p = a_exp(s - sls[i]);
+                A ds = p * (dp - sdd[i]);
+#pragma unroll
+                for (int t = 0; t < ATT_KPT; ++t) {
+                    int c = g + t * ATT_G;
+                    if (c < K) {
+                        dvv[t] += p * sdo[i * ATT_KMAX + c];
+                        dkv[t] += ds * sq[i * ATT_KMAX + c];
+                    }
+                }
+            }
+        }
+    }
+    if (!active) return;
+    att_write(dk, dkv, scale, kr, hk, h, K, g);
+    att_write(dv, dvv, (A)1, kr, hk, h, K, g);
+}
+
 // One Adam(W) update of element i of the flat buffers, optim.Adam._update's passes in one:
 // g = grad * inv_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p *= decay (1 - lr * lambda);
 // p -= (m / (sqrt(v) * rbc2 + eps)) * step (rbc2 = 1 / sqrt(1 - b2^t), step = lr / (1 - b1^t));
@@ -1059,6 +1308,12 @@ SIGNATURES = {
     "unpack_heads_vec": ["T*", "T*", "int", "int*", "int", "T*", "int", "int", "int", "int", "long long", "int",
                          "long long", "long long"],
     "pack_heads_vec": ["T*", "long long*", "int", "T*", "int", "int", "int", "int", "long long", "long long"],
+    "attention_rows_forward": ["T*", "T*", "T*", "T*", "T*", "T*", "int", "int*", "int*", "int*", "int*", "T*", "A*",
+                               "int", "int", "int", "int", "A", "long long"],
+    "attention_rows_backward_q": ["T*", "T*", "T*", "T*", "T*", "T*", "int", "int*", "int*", "int*", "int*", "T*", "T*",
+                                  "A*", "A*", "T*", "int", "int", "int", "int", "A", "long long"],
+    "attention_rows_backward_kv": ["T*", "T*", "T*", "T*", "T*", "T*", "int", "int*", "int*", "int*", "int*", "T*",
+                                   "A*", "A*", "T*", "T*", "int", "int", "int", "int", "A", "long long"],
     "adam_update": ["T*", "A*", "A*", "A*", "T*", "int", "long long", "A*", "int", "A", "A", "A", "A", "A", "A", "A",
                     "A", "A"],
     "update_check": ["T*", "long long", "A*", "A*", "A*", "unsigned int*", "int", "A", "A"],
@@ -1609,6 +1864,64 @@ def pack_heads(x, index):
             (x, index if index is not None else _placeholder(xp, np.int64), np.int32(index is not None), out,
              np.int32(h), np.int32(length), np.int32(k), np.int32(rows), np.int64(bb * length)))
     return out
+
+
+ATT_G, ATT_KMAX, ATT_ROWS = 4, 64, 32   # the attention_rows kernels' threads a row, most K, rows a block
+ATT_BLOCK = ATT_G * ATT_ROWS
+
+
+def attention_rows_ok(x, d_k):
+    """Whether attention runs as the attention_rows kernels (on packed rows, no [B, H, T, S] scores):
+    MINITF_FUSED_ATTN=1 (off by default: not yet timed on a GPU), the fused path and d_k <= ATT_KMAX.
+    The caller also needs both sides' packing.Spans and no attention dropout."""
+    return switched_on("MINITF_FUSED_ATTN") and enabled(x) and d_k <= ATT_KMAX
+
+
+def _attention_args(q, k, v, biases, spans_q, spans_kv):
+    xp = backend.xp_of(q)
+    has_bias = biases is not None
+    bq, bk, bv = biases if has_bias else (q, q, q)
+    return (q, k, v, _as(bq, q.dtype), _as(bk, q.dtype), _as(bv, q.dtype), np.int32(has_bias), spans_q.start,
+            spans_q.length, spans_kv.start, spans_kv.length), xp
+
+
+def attention_rows(q, k, v, biases, spans_q, spans_kv, h, causal, scale):
+    """(out, lse): softmax(scale (q + bq)(k + bk)^T + mask)(v + bv) per sentence and head on packed rows,
+    the mask that of the padding (a sentence's keys are its own rows) and, with `causal`, of later
+    positions. q [N_t, H*K] (the query side's rows), k and v [N_s, H*K] (the key side's; in self-attention
+    the same rows) C-contiguous (the projections' outputs; biases (bq, bk, bv) each [H*K], or None);
+    spans_q, spans_kv: packing.Spans of the two sides. out [N_t, H*K] (heads side by side, as pack_heads
+    writes them), lse [H, N_t] in the accumulation dtype (what the backward needs besides q, k, v and
+    out). One launch."""
+    args, xp = _attention_args(q, k, v, biases, spans_q, spans_kv)
+    nq, hk = q.shape
+    out = xp.empty_like(q)
+    lse = xp.empty((h, nq), dtype=accum_dtype(q.dtype))
+    chunks = -(-spans_q.most // ATT_ROWS)
+    _launch("attention_rows_forward", q.dtype, spans_q.count * h * chunks, ATT_BLOCK,
+            args + (out, lse, np.int32(h), np.int32(hk // h), np.int32(chunks), np.int32(bool(causal)),
+                    accum_dtype(q.dtype)(scale), np.int64(nq)))
+    return out, lse
+
+
+def attention_rows_backward(dout, out, lse, q, k, v, biases, spans_q, spans_kv, h, causal, scale, dq, dk, dv):
+    """The backward of attention_rows: dq [N_t, H*K], dk and dv [N_s, H*K] (C-contiguous arrays, written)
+    from dout = dL/dout and the forward's out and lse. Two launches: the queries' rows (dq, and each row's
+    sum(dout * out)), then the keys' rows (dk, dv)."""
+    args, xp = _attention_args(q, k, v, biases, spans_q, spans_kv)
+    nq, hk = q.shape
+    a = accum_dtype(q.dtype)
+    dsum = xp.empty_like(lse)
+    tail = (np.int32(h), np.int32(hk // h))
+    chunks = -(-spans_q.most // ATT_ROWS)
+    _launch("attention_rows_backward_q", q.dtype, spans_q.count * h * chunks, ATT_BLOCK,
+            args + (out, dout, lse, dsum, dq) + tail + (np.int32(chunks), np.int32(bool(causal)), a(scale),
+                                                         np.int64(nq)))
+    chunks = -(-spans_kv.most // ATT_ROWS)
+    _launch("attention_rows_backward_kv", q.dtype, spans_kv.count * h * chunks, ATT_BLOCK,
+            args + (dout, lse, dsum, dk, dv) + tail + (np.int32(chunks), np.int32(bool(causal)), a(scale),
+                                                       np.int64(nq)))
+    return dq, dk, dv
 
 
 def bias_relu(x, bias):

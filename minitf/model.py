@@ -8,7 +8,7 @@ loss head) is seq2seq.Seq2Seq, the attention masks are masks.py.
 import numpy as np
 
 from . import kernels
-from .backend import to_device
+from .backend import to_device, to_numpy
 from .blocks import Decoder, Encoder
 from .incremental import IncrementalDecoder
 from .layers import Dropout, LearnedPositional, SinusoidalPositional, TokenEmbedding
@@ -76,9 +76,12 @@ class Transformer(Seq2Seq):
         plans = (None, None)
         src = self.check_ids("src", src, host=keep_tgt is not None)
         if keep_tgt is not None:   # on the host: no GPU sync (packing.Rows)
+            host_in = self.check_ids("tgt_in", tgt_in, host=True)
             src_rows = make_rows(src != self.cfg.pad_id, self.xp)
-            tgt_rows = make_rows(keep_tgt, self.xp)
-            plans = self._embedding_plans(src, self.check_ids("tgt_in", tgt_in, host=True), src_rows, tgt_rows)
+            # the kept target positions are the keys the decoder's attention sees where they are tgt_in's non-pads
+            keys = np.array_equal(to_numpy(keep_tgt), host_in != self.cfg.pad_id)
+            tgt_rows = make_rows(keep_tgt, self.xp, keys=keys)
+            plans = self._embedding_plans(src, host_in, src_rows, tgt_rows)
         # the padding biases from the ids where they are (the host, in training: one copy each, no kernels)
         src_bias, tgt_pad = (padding_bias(ids, self.cfg.pad_id, self.dtype, self.xp) for ids in (src, tgt_in))
         src, tgt_in = to_device(src, self.xp), self.check_ids("tgt_in", tgt_in)

@@ -15,22 +15,51 @@ or off (a dropout mask is a function of the position in the padded batch, so the
 get the padded rows' masks): tests/test_engine.py. The whole step written plainly is
 reference.py (tests/test_reference.py).
 """
+from typing import NamedTuple
+
 import numpy as np
 
 from .backend import to_device, to_numpy, xp_of
 
 
+class Spans(NamedTuple):
+    """Where each sentence's rows lie among the kept rows, when they are its first positions (a batch
+    padded at the end): sentence b is rows start[b] .. start[b] + length[b] - 1 (int32 [B] arrays on the
+    rows' device), `count` sentences, the longest `most` rows long. What kernels.attention_rows reads."""
+    start: object
+    length: object
+    count: int
+    most: int
+
+
 class Rows:
     """The kept positions of a [B, L] batch: keep [B, L] bool, best a host (NumPy) array, as
     batches come from the host: the index is then found there and copied to the device, so
-    a GPU step never waits for the GPU to learn how many rows it has."""
+    a GPU step never waits for the GPU to learn how many rows it has. `keys`: whether the kept
+    positions are exactly those an attention over them may look at (the keys its padding bias keeps);
+    only then are `spans` given."""
 
-    def __init__(self, keep, xp=np):
+    def __init__(self, keep, xp=np, keys=True):
         keep = to_numpy(keep)
         self.shape = keep.shape
         self.host_index = np.flatnonzero(keep.reshape(-1))      # [rows] positions b * L + l
         self.index = to_device(self.host_index, xp)
         self._inverse = None
+        self._keep, self._keys, self._spans = keep, keys, False
+
+    @property
+    def spans(self):
+        """Spans of the kept rows (built on the host once per batch), or None: unless `keys`, or where a
+        sentence's kept positions are not its first ones or a sentence keeps none."""
+        if self._spans is False:
+            keep, self._spans = self._keep, None
+            length = keep.sum(axis=1)
+            if self._keys and length.min() > 0 and (keep == (np.arange(keep.shape[1]) < length[:, None])).all():
+                start = np.concatenate([[0], np.cumsum(length)[:-1]])
+                xp = xp_of(self.index)
+                self._spans = Spans(to_device(start.astype(np.int32), xp), to_device(length.astype(np.int32), xp),
+                                    len(length), int(length.max()))
+        return self._spans
 
     @property
     def inverse(self):
@@ -65,8 +94,8 @@ def pack(rows, x):
     return x if rows is None else rows.pack(x)
 
 
-def make_rows(keep, xp=np):
-    """Rows(keep), or None when every position is kept (a batch without padding): then the
+def make_rows(keep, xp=np, keys=True):
+    """Rows(keep, xp, keys), or None when every position is kept (a batch without padding): then the
     [B, L, D] layout is used as it is, with no copies."""
     keep = to_numpy(keep)
-    return None if keep.all() else Rows(keep, xp)
+    return None if keep.all() else Rows(keep, xp, keys)

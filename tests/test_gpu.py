@@ -279,6 +279,68 @@ def test_gpu_forward_backward_gives_forward_loss_then_backward_in_fewer_launches
             assert loss == want_loss
 
 
+def _attention_launches(monkeypatch):
+    """The names of the kernels launched from now on (a list the caller clears)."""
+    launched = []
+    real = kernels.LAUNCH["launch"]
+    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+    return launched
+
+
+@needs_kernels
+@pytest.mark.parametrize("batch", ["padded", "pre_norm", "keys_differ", "source_unpadded"])
+def test_gpu_attention_on_packed_rows_gives_the_cpus_float64_loss_and_every_gradient(batch, monkeypatch):
+    """MINITF_FUSED_ATTN=1: the attention of every layer on packed rows (kernels.attention_rows, one
+    launch forward, two backward: 6 each for 2 encoder and 2 decoder layers) gives the CPU's float64 loss
+    and every gradient, with post-norm and pre-norm blocks. Where a side's rows cannot take it the
+    attentions over that side run as before: a
+    target position kept for its tgt_out but a pad in tgt_in (a key the padding bias hides: the decoder's
+    4 attentions), a source without padding (no packed rows: the encoder's 2 and the 2 cross-attentions)."""
+    src, tgt_in, tgt_out = SRC.copy(), TGT_IN.copy(), TGT_OUT.copy()
+    fused = 6
+    if batch == "keys_differ":
+        tgt_in[0, 3], fused = 0, 2
+    elif batch == "source_unpadded":
+        src, fused = SRC[:, 1:].copy(), 2
+        src[0, -1] = 5
+    monkeypatch.setenv("MINITF_FUSED_ATTN", "1")
+    c = cfg(norm_position="pre" if batch == "pre_norm" else "post")
+    cpu = minitf.Transformer(c, device="cpu", dtype="float64", seed=0)
+    gpu = minitf.Transformer(c, device="gpu", dtype="float64", seed=0)
+    launched = _attention_launches(monkeypatch)
+    lc = cpu.forward_loss(src, tgt_in, tgt_out)
+    lg = float(gpu.forward_loss(src, tgt_in, tgt_out))
+    assert abs(lc - lg) <= 1e-10 * abs(lc)
+    assert_same_gradients(cpu, gpu)
+    names = [n for n in launched if n.startswith("attention_rows")]
+    assert names.count("attention_rows_forward") == fused
+    assert names.count("attention_rows_backward_q") == names.count("attention_rows_backward_kv") == fused
+    assert sum(n.startswith("masked_softmax") for n in launched) == 6 - fused
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float16", 5e-3), ("bfloat16", 3e-2)])
+def test_gpu_attention_on_packed_rows_matches_the_head_layout(dtype, tol, monkeypatch):
+    """The update with MINITF_FUSED_ATTN=1 against the one without (the heads unpacked, the products and
+    the softmax apart), in the storage dtypes: the loss and every gradient to rounding (the fused
+    kernel keeps the scores and weights in float32 where the head layout rounds them to the storage
+    dtype). With attention dropout (its mask lives on [B, H, T, S]) the attention stays as it was."""
+    def update(flag, attention_dropout=0.0):
+        monkeypatch.setenv("MINITF_FUSED_ATTN", flag)
+        m = minitf.Transformer(cfg(attention_dropout=attention_dropout), device="gpu", dtype=dtype, seed=0)
+        m.zero_grad()
+        loss = m.forward_loss(SRC, TGT_IN, TGT_OUT)
+        m.backward(loss_weight=64.0 if dtype == "float16" else 1.0)
+        return float(loss), to_numpy(m.flat_grads).astype(np.float64)
+    launched = _attention_launches(monkeypatch)
+    (lf, gf), (lh, gh) = update("1"), update("0")
+    assert abs(lf - lh) <= tol * abs(lh) and _rel(gf, gh) <= tol
+    launched.clear()
+    (ld, gd), (ldh, gdh) = update("1", 0.1), update("0", 0.1)
+    assert not any(n.startswith("attention_rows") for n in launched)
+    assert abs(ld - ldh) <= 1e-6 * abs(ldh) and _rel(gd, gdh) <= 1e-6   # the same path twice
+
+
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float16", 3e-2), ("bfloat16", 6e-2)])
 def test_gpu_fused_step_matches_generic_step(dtype, tol, monkeypatch):
     def step():

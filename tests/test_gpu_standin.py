@@ -430,6 +430,7 @@ def test_performance_md_quotes_the_launch_and_allocation_counts_of_a_base_update
     sys.path.insert(0, ROOT)
     from bench.launches import count_allocations, count_update
     monkeypatch.delenv("MINITF_FUSED_VEC", raising=False)
+    monkeypatch.delenv("MINITF_FUSED_ATTN", raising=False)
     by_name, total = count_update("base", False)
     assert [count_update("base", mode)[1] for mode in (True, "bfloat16")] == [total, total]   # the page: all three
     merged = {}
@@ -465,6 +466,7 @@ def test_a_base_update_launches_at_most_650_kernels_and_reads_nothing_back(stand
     # "1": the 16-byte kernels, launched as often as the others (but the loss: one launch, smoothed_nll_rows_grad_vec,
     # for two)
     monkeypatch.setenv("MINITF_FUSED_VEC", vec)
+    monkeypatch.delenv("MINITF_FUSED_ATTN", raising=False)
     with strict_cupy.count_transfers() as t:
         by_name, total = count_update("base", fp16)
     if vec == "1":
@@ -490,6 +492,29 @@ def test_a_base_update_launches_at_most_650_kernels_and_reads_nothing_back(stand
     off = {k: "0" for k in ("MINITF_CUBLAS", "MINITF_FUSED_RELU", "MINITF_FUSED_ADAM", "MINITF_FUSED_GRADS",
                             "MINITF_FUSED_EMBED", "MINITF_FUSED_NORM", "MINITF_FUSED_LOSS")}
     assert count_update("base", fp16, env=off)[1] > 1.8 * total
+
+
+@pytest.mark.parametrize("fp16", [False, True, "bfloat16"])
+def test_a_base_update_with_attention_on_packed_rows_launches_fewer_kernels(standin, fp16, monkeypatch):
+    """MINITF_FUSED_ATTN=1: each of the 18 attentions of a `base` update is one kernel forward and two
+    backward on the packed rows (kernels.attention_rows), instead of 2 + 4 batched products, 2 softmax
+    launches and the head unpacks and packs around them; the stacked projections stay (one batched GEMM
+    each way for q|k|v and k|v); still no device-to-host copy. docs/performance.md quotes the count."""
+    sys.path.insert(0, ROOT)
+    from bench.launches import count_update
+    monkeypatch.setenv("MINITF_FUSED_ATTN", "1")
+    with strict_cupy.count_transfers() as t:
+        by_name, total = count_update("base", fp16)
+    assert {k: v for k, v in by_name.items() if k.startswith("attention_rows")} == {
+        "attention_rows_forward": 18, "attention_rows_backward_q": 18, "attention_rows_backward_kv": 18}
+    assert by_name.get("cublas.gemmStridedBatchedEx") == 2 * 12 + 2 * 6
+    assert not [k for k in by_name if "softmax" in k or "pack_heads" in k]
+    assert not t.d2h, t.d2h
+    monkeypatch.delenv("MINITF_FUSED_ATTN")
+    # gone: 6 products and 2 softmax launches an attention, 4 head passes a self-attention and 6 a cross-attention
+    assert total == count_update("base", fp16)[1] - 18 * (6 + 2) - 12 * 4 - 6 * 6 + 18 * 3
+    page = " ".join((Path(ROOT) / "docs" / "performance.md").read_text(encoding="utf-8").split())
+    assert f"{total} with `MINITF_FUSED_ATTN=1`" in page
 
 
 def test_gpu_ab_times_the_update_ended_on_the_device_against_the_host(tmp_path, standin, monkeypatch):

@@ -464,6 +464,112 @@ def test_unpack_heads_and_pack_heads_are_unpack_split_and_merge_pack(dtype, pack
     equal(kernels.pack_heads(y, index), rows.pack(merged) if packed else merged.reshape(n, -1))
 
 
+def spans_of(lengths):
+    """packing.Spans of sentences with these row counts, one after another (on the host: the emulator's arrays)."""
+    from minitf.packing import Spans
+    lengths = np.asarray(lengths)
+    start = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    return Spans(start.astype(np.int32), lengths.astype(np.int32), len(lengths), int(lengths.max()))
+
+
+def attention_reference(q, k, v, biases, lq, lk, h, causal, scale, dout=None):
+    """(out, lse) of kernels.attention_rows in float64 NumPy, sentence by sentence and head by head (the
+    biased projections rounded to their dtype first, as the kernels read them); with dout also (dq, dk, dv)."""
+    dt = q.dtype
+    q, k, v = ((x + b).astype(dt).astype(np.float64) for x, b in zip((q, k, v), biases))
+    kd = q.shape[1] // h
+    out, lse = np.zeros_like(q), np.zeros((h, q.shape[0]))
+    grads = [np.zeros_like(x) for x in (q, k, v)]
+    qs, ks = np.concatenate([[0], np.cumsum(lq)]), np.concatenate([[0], np.cumsum(lk)])
+    for b in range(len(lq)):
+        rq, rk = slice(qs[b], qs[b + 1]), slice(ks[b], ks[b + 1])
+        for head in range(h):
+            c = slice(head * kd, (head + 1) * kd)
+            s = scale * q[rq, c] @ k[rk, c].T
+            if causal:
+                s = s + np.triu(np.full(s.shape, -np.inf), 1)
+            m = s.max(axis=1, keepdims=True)
+            e = np.exp(s - m)
+            p = e / e.sum(axis=1, keepdims=True)
+            out[rq, c] = p @ v[rk, c]
+            lse[head, rq] = (m + np.log(e.sum(axis=1, keepdims=True)))[:, 0]
+            if dout is not None:
+                do = dout[rq, c].astype(np.float64)
+                grads[2][rk, c] = p.T @ do
+                dp = do @ v[rk, c].T
+                ds = p * (dp - (dp * p).sum(axis=1, keepdims=True))
+                grads[0][rq, c] = scale * ds @ k[rk, c]
+                grads[1][rk, c] = scale * ds.T @ q[rq, c]
+    return (out, lse) if dout is None else (out, lse, grads)
+
+
+# (query lengths, key lengths, causal): sentences of one row, of fewer rows than a block's 32 and of more
+# (several blocks of queries, several tiles of keys)
+ATTENTION_CASES = {"self": ([1, 5, 37, 70], None, False), "causal": ([1, 5, 37, 70], None, True),
+                   "cross": ([3, 40, 1, 9], [70, 2, 33, 5], False)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(ATTENTION_CASES))
+@pytest.mark.parametrize("h,k", [(3, 6), (1, 64)])
+@pytest.mark.parametrize("order", ["ascending", "descending"])
+def test_attention_on_packed_rows_forward_and_backward(dtype, case, h, k, order, monkeypatch, emulated):
+    """kernels.attention_rows (one launch) and attention_rows_backward (two) against float64 NumPy per
+    sentence and head: the output, its lse and the gradients of q, k and v (before their biases, which
+    the kernels add), for self-attention with and without the causal mask and cross-attention with
+    other lengths on the key side; heads of 6 values (not a multiple of the 4 threads a row) and of 64
+    (the most); the threads run in both orders between barriers."""
+    monkeypatch.setattr(emulated, "reverse", order == "descending")
+    lq, lk, causal = ATTENTION_CASES[case]
+    lk = lq if lk is None else lk
+    rng = np.random.default_rng(5)
+    nq, nk, hk = sum(lq), sum(lk), h * k
+    q, dout = (rng.normal(size=(nq, hk)).astype(dtype) for _ in range(2))
+    kk, v = (rng.normal(size=(nk, hk)).astype(dtype) for _ in range(2))
+    biases = tuple(rng.normal(size=hk).astype(dtype) * 0.5 for _ in range(3))
+    scale = 1 / np.sqrt(k)
+    out, lse = kernels.attention_rows(q, kk, v, biases, spans_of(lq), spans_of(lk), h, causal, scale)
+    want_out, want_lse, want = attention_reference(q, kk, v, biases, lq, lk, h, causal, scale, dout)
+    assert out.dtype == dtype and lse.dtype == kernels.accum_dtype(dtype) and lse.shape == (h, nq)
+    tol = {np.float64: 1e-12, np.float32: 1e-5, np.float16: 4e-3, BF16: 3e-2}[dtype]
+    for got, ref in [(out, want_out), (lse, want_lse)]:
+        assert np.abs(got.astype(np.float64) - ref).max() <= tol * np.abs(ref).max()
+    dq, dk, dv = (np.full_like(x, np.nan) for x in (q, kk, v))
+    kernels.attention_rows_backward(dout, out, lse, q, kk, v, biases, spans_of(lq), spans_of(lk), h, causal, scale,
+                                    dq, dk, dv)
+    for got, ref in zip((dq, dk, dv), want):
+        assert np.abs(got.astype(np.float64) - ref).max() <= 2 * tol * np.abs(ref).max()
+
+
+def test_attention_on_packed_rows_gradients_are_central_differences():
+    """Every entry of q, k and v (float64): attention_rows_backward's gradients of sum(out * w) against
+    central differences of attention_rows, causal self-attention and cross-attention."""
+    rng = np.random.default_rng(9)
+    h, k = 2, 3
+    for lq, lk, causal in (([3, 5], [3, 5], True), ([2, 4], [5, 1], False)):
+        sq, sk = spans_of(lq), spans_of(lk)
+        q, w = (rng.normal(size=(sum(lq), h * k)) for _ in range(2))
+        kk, v = (rng.normal(size=(sum(lk), h * k)) for _ in range(2))
+        biases = tuple(rng.normal(size=h * k) for _ in range(3))
+
+        def loss(q, kk, v):
+            return float((kernels.attention_rows(q, kk, v, biases, sq, sk, h, causal, 0.7)[0] * w).sum())
+        out, lse = kernels.attention_rows(q, kk, v, biases, sq, sk, h, causal, 0.7)
+        grads = [np.zeros_like(x) for x in (q, kk, v)]
+        kernels.attention_rows_backward(w, out, lse, q, kk, v, biases, sq, sk, h, causal, 0.7, *grads)
+        arrays, eps = [q, kk, v], 1e-6
+        for a, g in zip(arrays, grads):
+            num = np.zeros_like(a)
+            for i in np.ndindex(a.shape):
+                keep = a[i]
+                a[i] = keep + eps
+                up = loss(*arrays)
+                a[i] = keep - eps
+                num[i] = (up - loss(*arrays)) / (2 * eps)
+                a[i] = keep
+            np.testing.assert_allclose(g, num, rtol=1e-7, atol=1e-8)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("packed", [False, True])
 def test_the_16_byte_kernels_give_the_same_bits_as_the_one_value_ones(dtype, packed, monkeypatch):

@@ -13,6 +13,10 @@ layout with their bias (kernels.unpack_heads: unpack, split heads and bias add i
 the six batched products (two forward, four backward) are single cuBLAS calls over the B*H
 heads with the transposes as flags and 1/sqrt(d_k) as alpha (gemm.matmul), and the context
 comes back to packed rows with its heads merged in one pass (kernels.pack_heads).
+With MINITF_FUSED_ATTN=1 (kernels.attention_rows_ok), packed rows on both sides (packing.Spans) and no
+attention dropout, the attention itself reads the projections' packed rows instead: one kernel for
+the forward (kernels.attention_rows: biases, scores, mask, softmax and the weighted sum, never writing
+the [B, H, T, S] weights) and two for the backward, without the head layout or the pack/unpack passes.
 docs/performance.md measures it.
 """
 import math
@@ -42,10 +46,28 @@ class AttentionCache(NamedTuple):
     x_kv: object = None
 
 
+class RowsCache(NamedTuple):
+    """What the backward of attention on packed rows (kernels.attention_rows) needs: the projections'
+    outputs q [N_t, H*K], k and v [N_s, H*K] before their biases, the biases (bq, bk, bv), the output
+    out [N_t, H*K] and its lse [H, N_t], the two sides' packing.Rows and the inputs x_q, x_kv."""
+    q: object
+    k: object
+    v: object
+    biases: tuple
+    out: object
+    lse: object
+    rows_q: object
+    rows_kv: object
+    x_q: object
+    x_kv: object
+
+
 class MultiHeadAttention(Layer):
-    def __init__(self, d_model, n_heads, d_k, rng, dropout=0.0):
+    def __init__(self, d_model, n_heads, d_k, rng, dropout=0.0, causal=False):
+        """causal: the bias this layer is given masks later positions (the decoder's self-attention);
+        the attention on packed rows applies that mask itself."""
         super().__init__()
-        self.n_heads, self.d_k = n_heads, d_k
+        self.n_heads, self.d_k, self.causal = n_heads, d_k, causal
         self.scale = 1.0 / math.sqrt(d_k)
         self.q = self.add("q", Linear(d_model, n_heads * d_k, rng))
         self.k = self.add("k", Linear(d_model, n_heads * d_k, rng))
@@ -108,18 +130,15 @@ class MultiHeadAttention(Layer):
                    and b.data.ptr == bs[0].data.ptr + i * step for i, (w, b) in enumerate(zip(ws, bs)))
         return step // ws[0].itemsize if even and step > 0 and step % ws[0].itemsize == 0 else None
 
-    def _project_heads(self, x, rows, names):
-        """The heads [B, H, L, K] of the projections `names` of x ([N_t, D] or [N_s, D] packed with rows, or
-        [B, L, D]), biases added: ONE strided-batched GEMM over the stacked weights and ONE
-        unpack for all of them when they lie evenly spaced (kernels.unpack_heads), else one each."""
-        b, length = rows.shape if rows is not None else x.shape[:2]
-        inverse = None if rows is None else rows.inverse
+    def _products(self, x, names):
+        """(outs, stride): x @ W of the projections `names` (x [N, D] packed rows, or [B, L, D]; biases not
+        added): outs [parts, N, H*K] from ONE strided-batched GEMM over the stacked weights when they lie
+        evenly spaced (stride: the elements between them), else a list of one product each (stride None)."""
         lins = [getattr(self, n) for n in names]
         stride = self._stride(names, "params") if len(names) > 1 else None
         if stride is None:
             x2 = x.reshape(-1, x.shape[-1])
-            return [kernels.unpack_heads(gemm.product(x2, lin.params["weight"]), lin.params["bias"], inverse, b, length,
-                                         self.n_heads) for lin in lins]
+            return [gemm.product(x2, lin.params["weight"]) for lin in lins], None
         xp = F.xp_of(x)
         x2 = xp.ascontiguousarray(x.reshape(-1, x.shape[-1]))
         w0 = lins[0].params["weight"]
@@ -127,16 +146,28 @@ class MultiHeadAttention(Layer):
         out = xp.empty((len(names), n, w0.shape[1]), dtype=x2.dtype)
         # out[i] = x @ W_i: x shared (batch stride 0), W_i `stride` elements apart in the flat buffer
         gemm.matmul(gemm.Mat(x2, n, d, d, 0), gemm.Mat(w0, d, w0.shape[1], w0.shape[1], stride), out, batch=len(names))
-        return list(kernels.unpack_heads(out, lins[0].params["bias"], inverse, b, length, self.n_heads, stride))
+        return out, stride
 
-    def _project_backward(self, x, rows, names, dheads, into, group):
-        """Backward of _project_heads: dheads [parts, B, H, L, K] (one buffer) -> the projections'
-        weight and bias gradients accumulated, and projection i's input gradient added into
-        into[group[i]] (an array, or None for a fresh one); returns `into`, filled."""
+    def _project_heads(self, x, rows, names):
+        """The heads [B, H, L, K] of the projections `names` of x ([N_t, D] or [N_s, D] packed with rows, or
+        [B, L, D]), biases added: ONE strided-batched GEMM over the stacked weights and ONE
+        unpack for all of them when they lie evenly spaced (kernels.unpack_heads), else one each."""
+        b, length = rows.shape if rows is not None else x.shape[:2]
+        inverse = None if rows is None else rows.inverse
         lins = [getattr(self, n) for n in names]
-        xp = F.xp_of(dheads)
-        packed = kernels.pack_heads(dheads if len(names) > 1 else dheads[0], None if rows is None else rows.index)
-        packed = packed.reshape(len(names), -1, packed.shape[-1])                     # [parts, rows, H*K]
+        outs, stride = self._products(x, names)
+        if stride is None:
+            return [kernels.unpack_heads(out, lin.params["bias"], inverse, b, length, self.n_heads)
+                    for out, lin in zip(outs, lins)]
+        return list(kernels.unpack_heads(outs, lins[0].params["bias"], inverse, b, length, self.n_heads, stride))
+
+    def _project_backward(self, x, names, packed, into, group):
+        """Backward of _products (and of the biases added after them): packed [parts, N, H*K] (one buffer),
+        the gradients of the projections' outputs -> their weight and bias gradients accumulated, and
+        projection i's input gradient added into into[group[i]] (an array, or None for a fresh one);
+        returns `into`, filled."""
+        lins = [getattr(self, n) for n in names]
+        xp = F.xp_of(packed)
         x2 = xp.ascontiguousarray(x.reshape(-1, x.shape[-1]))
         n, d = x2.shape
         stride = self._stride(names, "grads") if len(names) > 1 else None
@@ -158,6 +189,8 @@ class MultiHeadAttention(Layer):
         return into
 
     def _forward_gpu(self, x_q, x_kv, bias, rows_q, rows_kv, sites, out_bias=True):
+        if self._on_rows(x_q, rows_q, rows_kv, sites):
+            return self._forward_rows(x_q, x_kv, rows_q, rows_kv, out_bias)
         if x_q is x_kv:       # self-attention: q, k and v of one input, together
             q, k, v = self._project_heads(x_q, rows_q, ("q", "k", "v"))
         else:
@@ -180,6 +213,8 @@ class MultiHeadAttention(Layer):
         return out if rows is not None else out.reshape(like.shape[:-1] + out.shape[-1:])
 
     def _backward_gpu(self, dy, dx_into, dkv_into, out_bias=True):
+        if type(self.cache) is RowsCache:
+            return self._backward_rows(dy, dx_into, dkv_into, out_bias)
         q, k, v, p, mask, rows_q, rows_kv, x_q, x_kv = self.cache
         self.cache = None
         xp = F.xp_of(q)
@@ -203,16 +238,65 @@ class MultiHeadAttention(Layer):
         # scores = (q * scale) @ k^T
         gemm.matmul(ds, k, dq, alpha=self.scale, batch=b * h)
         gemm.matmul(ds, q, dk, trans_a=True, alpha=self.scale, batch=b * h)
-        # q, k, v = the projections' heads (_project_heads)
-        if self_attention and dx_into is not None and dx_into is dkv_into:   # one gradient, one array
-            (dx,) = self._project_backward(x_q, rows_q, ("q", "k", "v"), dqkv, [dx_into], (0, 0, 0))
-            return dx, dx
+        # q, k, v = the projections' heads (_project_heads): their gradients back in packed rows
         if self_attention:
-            dx_q, dx_kv = self._project_backward(x_q, rows_q, ("q", "k", "v"), dqkv, [dx_into, dkv_into], (0, 1, 1))
+            dqkv = self._packed(dqkv, rows_q, 3)
+        else:
+            dq, dqkv = self._packed(dq, rows_q, 1)[0], self._packed(dqkv, rows_kv, 2)
+        return self._inputs_backward(x_q, x_kv, dq, dqkv, dx_into, dkv_into)
+
+    @staticmethod
+    def _packed(dheads, rows, parts):
+        """dheads [parts, B, H, L, K] (or [B, H, L, K] for one) -> [parts, N, H*K]: the kept rows, heads merged."""
+        packed = kernels.pack_heads(dheads if parts > 1 else dheads.reshape(dheads.shape[-4:]),
+                                    None if rows is None else rows.index)
+        return packed.reshape(parts, -1, packed.shape[-1])
+
+    def _inputs_backward(self, x_q, x_kv, dq, dqkv, dx_into, dkv_into):
+        """(dx_q, dx_kv) from the gradients of the projections' outputs in packed rows: dq [N_t, H*K] and
+        dqkv [3, N, H*K] (q, k, v; self-attention, dq its first) or [2, N_s, H*K] (k, v)."""
+        if x_q is x_kv and dx_into is not None and dx_into is dkv_into:   # one gradient, one array
+            (dx,) = self._project_backward(x_q, ("q", "k", "v"), dqkv, [dx_into], (0, 0, 0))
+            return dx, dx
+        if x_q is x_kv:
+            dx_q, dx_kv = self._project_backward(x_q, ("q", "k", "v"), dqkv, [dx_into, dkv_into], (0, 1, 1))
             return dx_q, dx_kv
-        (dx_q,) = self._project_backward(x_q, rows_q, ("q",), dq[None], [dx_into], (0,))
-        (dx_kv,) = self._project_backward(x_kv, rows_kv, ("k", "v"), dqkv, [dkv_into], (0, 0))
+        (dx_q,) = self._project_backward(x_q, ("q",), dq[None], [dx_into], (0,))
+        (dx_kv,) = self._project_backward(x_kv, ("k", "v"), dqkv, [dkv_into], (0, 0))
         return dx_q, dx_kv
+
+    # -- attention on packed rows (kernels.attention_rows): no head layout, no [B, H, T, S] weights --
+    def _on_rows(self, x, rows_q, rows_kv, sites):
+        """Whether this forward runs on packed rows: kernels.attention_rows_ok, both sides packed with
+        packing.Spans, and no attention dropout (its mask lives on [B, H, T, S])."""
+        return (rows_q is not None and rows_kv is not None and kernels.attention_rows_ok(x, self.d_k)
+                and not self.drop.active(sites) and rows_q.spans is not None and rows_kv.spans is not None)
+
+    def _forward_rows(self, x_q, x_kv, rows_q, rows_kv, out_bias):
+        if x_q is x_kv:       # q, k and v of one input, together
+            q, k, v = self._products(x_q, ("q", "k", "v"))[0]
+        else:
+            (q,) = self._products(x_q, ("q",))[0]
+            k, v = self._products(x_kv, ("k", "v"))[0]
+        biases = tuple(getattr(self, n).params["bias"] for n in ("q", "k", "v"))
+        # out = softmax(q k^T * scale + mask) v per sentence and head, heads side by side in packed rows
+        out, lse = kernels.attention_rows(q, k, v, biases, rows_q.spans, rows_kv.spans, self.n_heads, self.causal,
+                                          self.scale)
+        self.cache = RowsCache(q, k, v, biases, out, lse, rows_q, rows_kv, x_q, x_kv)
+        return self.out.forward(out, out_bias)
+
+    def _backward_rows(self, dy, dx_into, dkv_into, out_bias):
+        q, k, v, biases, out, lse, rows_q, rows_kv, x_q, x_kv = self.cache
+        self.cache = None
+        xp = F.xp_of(q)
+        # y = self.out(out)
+        dout = self.out.backward(dy, bias=out_bias)
+        # out = attention_rows(q, k, v): the gradients of q, k, v into one buffer, as _project_backward reads them
+        dqkv = xp.empty((3 if x_q is x_kv else 2,) + k.shape, dtype=q.dtype)
+        dq = dqkv[0] if x_q is x_kv else xp.empty_like(q)
+        kernels.attention_rows_backward(dout, out, lse, q, k, v, biases, rows_q.spans, rows_kv.spans, self.n_heads,
+                                        self.causal, self.scale, dq, dqkv[-2], dqkv[-1])
+        return self._inputs_backward(x_q, x_kv, dq, dqkv, dx_into, dkv_into)
 
     # -- inference (incremental.StepCache, read by decoder_layer_step): keys/values computed once and reused, no caches kept --
     def project_kv(self, x_kv):
