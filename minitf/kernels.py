@@ -812,16 +812,22 @@ extern "C" __global__ void pack_heads_vec(const T* x, const long long* index, in
 // around them. q, k, v [rows, H*K] are the projections' outputs before their biases (bq, bk, bv, added here as
 // unpack_heads adds them: rounded to T); head h reads columns h*K .. h*K + K - 1 and writes the same columns of
 // its output. A key is seen where it is one of the sentence's (the padding bias) and, with `causal`, not after
-// the query (the decoder's mask). ATT_G threads hold a row (each every ATT_G-th of its K <= ATT_KMAX values, so
-// a row's dot product is their partial sums added by two warp shuffles); a block takes ATT_ROWS rows of one
-// sentence and head, and the keys (or queries) come through shared memory ATT_TILE rows at a time. Blocks are
+// the query (the decoder's mask). ATT_G threads hold a row (each ATT_KPT of its K <= ATT_KMAX values, in runs of
+// ATT_W: att_col, so that the row's threads read 16 neighbouring bytes each from a staged row, and a row's dot
+// product is their partial sums added by two warp shuffles); a block takes ATT_ROWS rows of one sentence and head,
+// and the keys (or queries) come through shared memory ATT_TILE rows at a time. Blocks are
 // (b * H + h) * chunks + chunk, chunk the block's ATT_ROWS rows; every thread of a block runs the same loops and
 // shuffles (rows past the sentence's end too), as the warp shuffle needs.
 #define ATT_G 4
 #define ATT_KMAX 64
 #define ATT_KPT (ATT_KMAX / ATT_G)
-#define ATT_ROWS 32
+#define ATT_ROWS 16
 #define ATT_TILE 32
+#define ATT_W ((int)(16 / sizeof(A)))
+struct alignas(16) AttVec { A v[16 / sizeof(A)]; };
+
+// The column of a head that value i of thread g's share is: runs of ATT_W, the row's ATT_G threads side by side.
+__device__ inline int att_col(int g, int i) { return (i / ATT_W) * (ATT_G * ATT_W) + g * ATT_W + i % ATT_W; }
 
 // The sum of v over a row's ATT_G neighbouring threads; every one of them gets the same bits.
 __device__ inline A att_group_sum(A v) {
@@ -848,7 +854,7 @@ __device__ inline AttPlace att_place(int chunks, int H, const int* start, const 
     p.b = bh / H;
     p.g = threadIdx.x % ATT_G;
     p.first = chunk * ATT_ROWS;
-    p.row = p.first + threadIdx.x / ATT_G;
+    p.row = p.first + (int)threadIdx.x / ATT_G;
     p.active = p.row < len[p.b];
     p.past = p.first >= len[p.b];
     p.r = (long long)start[p.b] + (p.active ? p.row : 0);
@@ -860,7 +866,7 @@ __device__ inline void att_share(A* mine, const T* x, const T* bias, int has_bia
                                  int g) {
 #pragma unroll
     for (int i = 0; i < ATT_KPT; ++i) {
-        int c = g + i * ATT_G;
+        int c = att_col(g, i);
         mine[i] = c < K ? att_value(x, bias, has_bias, r, hk, h * K + c) : (A)0;
     }
 }
@@ -869,7 +875,7 @@ __device__ inline void att_share(A* mine, const T* x, const T* bias, int has_bia
 __device__ inline void att_write(T* x, const A* mine, A f, long long r, int hk, int h, int K, int g) {
 #pragma unroll
     for (int i = 0; i < ATT_KPT; ++i) {
-        int c = g + i * ATT_G;
+        int c = att_col(g, i);
         if (c < K) x[r * hk + h * K + c] = (T)(mine[i] * f);
     }
 }
@@ -890,13 +896,27 @@ __device__ inline void att_stage(const T* a, const T* bias_a, const T* b, const 
 
 // The dot product of a row's values `mine` (this thread's share) with row j of a staged tile, over the row's threads.
 __device__ inline A att_dot(const A* mine, const A* tile, int j, int g, int K) {
+    const AttVec* t = (const AttVec*)(tile + j * ATT_KMAX);
     A d = 0;
 #pragma unroll
-    for (int i = 0; i < ATT_KPT; ++i) {
-        int c = g + i * ATT_G;
-        if (c < K) d += mine[i] * tile[j * ATT_KMAX + c];
+    for (int u = 0; u < ATT_KPT / ATT_W; ++u) {
+        AttVec w = t[u * ATT_G + g];            // att_col(g, u * ATT_W) .. + ATT_W - 1, one 16-byte load
+#pragma unroll
+        for (int e = 0; e < ATT_W; ++e)
+            if (att_col(g, u * ATT_W + e) < K) d += mine[u * ATT_W + e] * w.v[e];
     }
     return att_group_sum(d);
+}
+
+// mine += f * (row j of a staged tile), this thread's share.
+__device__ inline void att_axpy(A* mine, A f, const A* tile, int j, int g) {
+    const AttVec* t = (const AttVec*)(tile + j * ATT_KMAX);
+#pragma unroll
+    for (int u = 0; u < ATT_KPT / ATT_W; ++u) {
+        AttVec w = t[u * ATT_G + g];
+#pragma unroll
+        for (int e = 0; e < ATT_W; ++e) mine[u * ATT_W + e] += f * w.v[e];
+    }
 }
 
 // out = softmax(scale q k^T + mask) v per sentence and head, and lse[h * nq + r] = the log of the softmax's
@@ -906,8 +926,8 @@ extern "C" __global__ void attention_rows_forward(const T* q, const T* k, const 
                                                   const T* bv, int has_bias, const int* qstart, const int* qlen,
                                                   const int* kstart, const int* klen, T* out, A* lse, int H, int K,
                                                   int chunks, int causal, A scale, long long nq) {
-    __shared__ A sk[ATT_TILE * ATT_KMAX];
-    __shared__ A sv[ATT_TILE * ATT_KMAX];
+    __shared__ AttVec tiles[2 * ATT_TILE * ATT_KMAX / ATT_W];   // the staged keys and values
+    A *sk = (A*)tiles, *sv = sk + ATT_TILE * ATT_KMAX;
     AttPlace at = att_place(chunks, H, qstart, qlen);
     if (at.past) return;
     int b = at.b, h = at.h, g = at.g, first = at.first, row = at.row, active = at.active, lk = klen[b], hk = H * K;
@@ -924,15 +944,16 @@ extern "C" __global__ void attention_rows_forward(const T* q, const T* k, const 
         for (int j = 0; j < n; ++j) {
             A s = att_dot(qv, sk, j, g, K) * scale;
             if (active && (!causal || j0 + j <= row)) {
-                A mn = a_max(m, s);
-                A corr = a_exp(m - mn), p = a_exp(s - mn);
-                l = l * corr + p;
+                if (s > m) {                    // a new maximum: the sums so far rescaled (0 at the first key)
+                    A corr = a_exp(m - s);
+                    l *= corr;
 #pragma unroll
-                for (int i = 0; i < ATT_KPT; ++i) {
-                    int c = g + i * ATT_G;
-                    if (c < K) acc[i] = acc[i] * corr + p * sv[j * ATT_KMAX + c];
+                    for (int i = 0; i < ATT_KPT; ++i) acc[i] *= corr;
+                    m = s;
                 }
-                m = mn;
+                A p = a_exp(s - m);
+                l += p;
+                att_axpy(acc, p, sv, j, g);
             }
         }
     }
@@ -950,8 +971,8 @@ extern "C" __global__ void attention_rows_backward_q(const T* q, const T* k, con
                                                      const T* dout, const A* lse, A* dsum, T* dq, int H, int K,
                                                      int chunks, int causal, A scale, long long nq) {
     A qv[ATT_KPT], dov[ATT_KPT], dqv[ATT_KPT];   // this thread's share of the row's q, dout and dq
-    __shared__ A sk[ATT_TILE * ATT_KMAX];
-    __shared__ A sv[ATT_TILE * ATT_KMAX];
+    __shared__ AttVec tiles[2 * ATT_TILE * ATT_KMAX / ATT_W];
+    A *sk = (A*)tiles, *sv = sk + ATT_TILE * ATT_KMAX;
     AttPlace at = att_place(chunks, H, qstart, qlen);
     int b = at.b, h = at.h, g = at.g, first = at.first, row = at.row, active = at.active, lk = klen[b], hk = H * K;
     long long qr = at.r;
@@ -961,7 +982,7 @@ extern "C" __global__ void attention_rows_backward_q(const T* q, const T* k, con
     A dd = 0;
 #pragma unroll
     for (int i = 0; i < ATT_KPT; ++i) {
-        int c = g + i * ATT_G;
+        int c = att_col(g, i);
         if (c < K) dd += dov[i] * (A)out[qr * hk + h * K + c];
         dqv[i] = 0;
     }
@@ -974,14 +995,7 @@ extern "C" __global__ void attention_rows_backward_q(const T* q, const T* k, con
         for (int j = 0; j < n; ++j) {
             A s = att_dot(qv, sk, j, g, K) * scale;
             A dp = att_dot(dov, sv, j, g, K);
-            if (active && (!causal || j0 + j <= row)) {
-                A ds = a_exp(s - ls) * (dp - dd);
-#pragma unroll
-                for (int i = 0; i < ATT_KPT; ++i) {
-                    int c = g + i * ATT_G;
-                    if (c < K) dqv[i] += ds * sk[j * ATT_KMAX + c];
-                }
-            }
+            if (active && (!causal || j0 + j <= row)) att_axpy(dqv, a_exp(s - ls) * (dp - dd), sk, j, g);
         }
     }
     if (!active) return;
@@ -997,8 +1011,8 @@ extern "C" __global__ void attention_rows_backward_kv(const T* q, const T* k, co
                                                       const T* dout, const A* lse, const A* dsum, T* dk, T* dv,
                                                       int H, int K, int chunks, int causal, A scale,
                                                       long long nq) {
-    __shared__ A sq[ATT_TILE * ATT_KMAX];
-    __shared__ A sdo[ATT_TILE * ATT_KMAX];
+    __shared__ AttVec tiles[2 * ATT_TILE * ATT_KMAX / ATT_W];   // the staged queries and their output gradients
+    A *sq = (A*)tiles, *sdo = sq + ATT_TILE * ATT_KMAX;
     __shared__ A sls[ATT_TILE];
     __shared__ A sdd[ATT_TILE];
     AttPlace at = att_place(chunks, H, kstart, klen);
@@ -1034,15 +1048,8 @@ extern "C" __global__ void attention_rows_backward_kv(const T* q, const T* k, co
             A dp = att_dot(vv, sdo, i, g, K);
             if (active && (!causal || key <= i0 + i)) {
                 A p = a_exp(s - sls[i]);
-                A ds = p * (dp - sdd[i]);
-#pragma unroll
-                for (int t = 0; t < ATT_KPT; ++t) {
-                    int c = g + t * ATT_G;
-                    if (c < K) {
-                        dvv[t] += p * sdo[i * ATT_KMAX + c];
-                        dkv[t] += ds * sq[i * ATT_KMAX + c];
-                    }
-                }
+                att_axpy(dvv, p, sdo, i, g);
+                att_axpy(dkv, p * (dp - sdd[i]), sq, i, g);
             }
         }
     }
@@ -1866,7 +1873,7 @@ def pack_heads(x, index):
     return out
 
 
-ATT_G, ATT_KMAX, ATT_ROWS = 4, 64, 32   # the attention_rows kernels' threads a row, most K, rows a block
+ATT_G, ATT_KMAX, ATT_ROWS = 4, 64, 16   # the attention_rows kernels' threads a row, most K, rows a block
 ATT_BLOCK = ATT_G * ATT_ROWS
 
 

@@ -503,7 +503,7 @@ def attention_reference(q, k, v, biases, lq, lk, h, causal, scale, dout=None):
     return (out, lse) if dout is None else (out, lse, grads)
 
 
-# (query lengths, key lengths, causal): sentences of one row, of fewer rows than a block's 32 and of more
+# (query lengths, key lengths, causal): sentences of one row, of fewer rows than a block's 16 (or a tile's 32) and of more
 # (several blocks of queries, several tiles of keys)
 ATTENTION_CASES = {"self": ([1, 5, 37, 70], None, False), "causal": ([1, 5, 37, 70], None, True),
                    "cross": ([3, 40, 1, 9], [70, 2, 33, 5], False)}
