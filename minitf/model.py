@@ -77,10 +77,12 @@ class Transformer(Seq2Seq):
         src = self.check_ids("src", src, host=keep_tgt is not None)
         if keep_tgt is not None:   # on the host: no GPU sync (packing.Rows)
             host_in = self.check_ids("tgt_in", tgt_in, host=True)
-            src_rows = make_rows(src != self.cfg.pad_id, self.xp)
+            # attention on packed rows (kernels.attention_rows) takes a side without padding as packed rows too
+            whole = kernels.attention_rows_ok(self.embedding.params["weight"], self.cfg.d_k)
+            src_rows = make_rows(src != self.cfg.pad_id, self.xp, whole=whole)
             # the kept target positions are the keys the decoder's attention sees where they are tgt_in's non-pads
             keys = np.array_equal(to_numpy(keep_tgt), host_in != self.cfg.pad_id)
-            tgt_rows = make_rows(keep_tgt, self.xp, keys=keys)
+            tgt_rows = make_rows(keep_tgt, self.xp, keys=keys, whole=whole)
             plans = self._embedding_plans(src, host_in, src_rows, tgt_rows)
         # the padding biases from the ids where they are (the host, in training: one copy each, no kernels)
         src_bias, tgt_pad = (padding_bias(ids, self.cfg.pad_id, self.dtype, self.xp) for ids in (src, tgt_in))

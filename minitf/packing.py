@@ -94,8 +94,9 @@ def pack(rows, x):
     return x if rows is None else rows.pack(x)
 
 
-def make_rows(keep, xp=np, keys=True):
+def make_rows(keep, xp=np, keys=True, whole=False):
     """Rows(keep, xp, keys), or None when every position is kept (a batch without padding): then the
-    [B, L, D] layout is used as it is, with no copies."""
+    [B, L, D] layout is used as it is, with no copies. `whole`: Rows even then (every position a row, in
+    order: the same memory as [B, L, D]), for the attention on packed rows (Rows.spans)."""
     keep = to_numpy(keep)
-    return None if keep.all() else Rows(keep, xp, keys)
+    return None if keep.all() and not whole else Rows(keep, xp, keys)

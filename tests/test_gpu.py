@@ -288,21 +288,23 @@ def _attention_launches(monkeypatch):
 
 
 @needs_kernels
-@pytest.mark.parametrize("batch", ["padded", "pre_norm", "keys_differ", "source_unpadded"])
+@pytest.mark.parametrize("batch", ["padded", "pre_norm", "keys_differ", "source_unpadded", "unpadded"])
 def test_gpu_attention_on_packed_rows_gives_the_cpus_float64_loss_and_every_gradient(batch, monkeypatch):
     """MINITF_FUSED_ATTN=1: the attention of every layer on packed rows (kernels.attention_rows, one
     launch forward, two backward: 6 each for 2 encoder and 2 decoder layers) gives the CPU's float64 loss
-    and every gradient, with post-norm and pre-norm blocks. Where a side's rows cannot take it the
-    attentions over that side run as before: a
-    target position kept for its tgt_out but a pad in tgt_in (a key the padding bias hides: the decoder's
-    4 attentions), a source without padding (no packed rows: the encoder's 2 and the 2 cross-attentions)."""
+    and every gradient, with post-norm and pre-norm blocks, and where a side has no padding (its packed
+    rows are then every position: packing.make_rows' `whole`). Where the target side cannot take it, a
+    position kept for its tgt_out but a pad in tgt_in (a key the padding bias hides), the decoder's 4
+    attentions run in the head layout as before."""
     src, tgt_in, tgt_out = SRC.copy(), TGT_IN.copy(), TGT_OUT.copy()
     fused = 6
     if batch == "keys_differ":
         tgt_in[0, 3], fused = 0, 2
-    elif batch == "source_unpadded":
-        src, fused = SRC[:, 1:].copy(), 2
+    if batch in ("source_unpadded", "unpadded"):
+        src = SRC[:, 1:].copy()
         src[0, -1] = 5
+    if batch == "unpadded":
+        tgt_in[0, -1], tgt_out[0, -1] = 9, 3
     monkeypatch.setenv("MINITF_FUSED_ATTN", "1")
     c = cfg(norm_position="pre" if batch == "pre_norm" else "post")
     cpu = minitf.Transformer(c, device="cpu", dtype="float64", seed=0)
