@@ -1212,6 +1212,8 @@ extern "C" __global__ void column_sums_finish(const A* partial, A* out, int slab
 // result is the same on every run and the adding is spread over as many blocks as there are chunks;
 // it sets the counter back to 0 for the next launch.
 // from_mean: y is xhat computed again from a LayerNorm's input ys, mean and rstd (xhat_at), not read.
+// plane > 0: part p sums x + p * plane instead (no y) into out1 + p * out_stride (the biases of stacked projections,
+// [parts, n, d] gradients into buffers evenly spaced), the same sums as a launch per part.
 __device__ inline A column_slab_sum(const T* x, const A* y, int use_y, long long r0, long long r1, int groups,
                                     int group, int c, long long d, int from_mean, const T* ys, const A* mean,
                                     const A* rstd) {
@@ -1230,7 +1232,7 @@ __device__ inline A column_slab_sum(const T* x, const A* y, int use_y, long long
 extern "C" __global__ void column_sums_into(const T* x, const A* y, int parts, const T* x3, A* partial,
                                             unsigned int* counter, T* out1, T* out2, T* out3, long long n, int d,
                                             long long rows_per_slab, const T* ys, const A* mean, const A* rstd,
-                                            int from_mean) {
+                                            int from_mean, long long plane, long long out_stride) {
     __shared__ A buf[1024];
     __shared__ int last;
     int chunks = (d + 31) / 32, w = parts * d;
@@ -1241,8 +1243,9 @@ extern "C" __global__ void column_sums_into(const T* x, const A* y, int parts, c
     long long r0 = slab * rows_per_slab;
     long long r1 = r0 + rows_per_slab < n ? r0 + rows_per_slab : n;
     for (int part = 0; part < parts; part++) {    // parts 2, 3: the x * y sums, the x sums (, the x3 sums)
-        buf[threadIdx.x] = c < d ? column_slab_sum(part == 2 ? x3 : x, y, parts > 1 && part == 0, r0, r1, groups,
-                                                   group, c, d, from_mean, ys, mean, rstd) : (A)0;
+        const T* xs = plane ? x + part * plane : part == 2 ? x3 : x;
+        buf[threadIdx.x] = c < d ? column_slab_sum(xs, y, !plane && parts > 1 && part == 0, r0, r1, groups, group, c,
+                                                   d, from_mean, ys, mean, rstd) : (A)0;
         __syncthreads();
         if (group == 0 && c < d) {
             A t = 0;
@@ -1262,7 +1265,7 @@ extern "C" __global__ void column_sums_into(const T* x, const A* y, int parts, c
             if (group == 0 && c < d) {
                 A t = 0;
                 for (int g = 0; g < SLAB_RUNS; g++) t += buf[g * 32 + lane];
-                T* out = part == 0 ? out1 : part == 1 ? out2 : out3;
+                T* out = plane ? out1 + part * out_stride : part == 0 ? out1 : part == 1 ? out2 : out3;
                 out[c] = (T)((A)out[c] + t);
             }
             __syncthreads();
@@ -1300,7 +1303,7 @@ SIGNATURES = {
     "column_partial_sums": ["T*", "A*", "int", "A*", "long long", "int", "long long"],
     "column_sums_finish": ["A*", "A*", "int", "int"],
     "column_sums_into": ["T*", "A*", "int", "T*", "A*", "unsigned int*", "T*", "T*", "T*", "long long", "int",
-                         "long long", "T*", "A*", "A*", "int"],
+                         "long long", "T*", "A*", "A*", "int", "long long", "long long"],
     "unpack_heads": ["T*", "T*", "int", "int*", "int", "T*", "int", "int", "int", "int", "long long", "int",
                      "long long"],
     "pack_heads": ["T*", "long long*", "int", "T*", "int", "int", "int", "int", "long long"],
@@ -1721,7 +1724,8 @@ def column_sums(x, y=None, out=None):
     if out is not None:
         _launch("column_sums_into", x.dtype, chunks * slabs, COLUMN_BLOCK,
                 (x, partial, np.int32(1), x, partial, _counter(xp, chunks),
-                 out, out, out, np.int64(n), np.int32(d), np.int64(rows_per_slab), x, partial, partial, np.int32(0)))
+                 out, out, out, np.int64(n), np.int32(d), np.int64(rows_per_slab), x, partial, partial, np.int32(0),
+                 np.int64(0), np.int64(0)))
         return out
     yy = partial if y is None else xp.ascontiguousarray(y, dtype=a)
     _launch("column_partial_sums", x.dtype, chunks * slabs, COLUMN_BLOCK,
@@ -1753,7 +1757,26 @@ def column_sums_pair(x, y, out_xy, out_x, x3=None, out_x3=None):
     _launch("column_sums_into", x.dtype, chunks * slabs, COLUMN_BLOCK,
             (x, yy, np.int32(parts), x if x3 is None else xp.ascontiguousarray(x3),
              partial, _counter(xp, chunks), out_xy, out_x, out_x if out_x3 is None else out_x3, np.int64(n), np.int32(d),
-             np.int64(rows_per_slab), ys, mean, rstd, np.int32(from_mean)))
+             np.int64(rows_per_slab), ys, mean, rstd, np.int32(from_mean), np.int64(0), np.int64(0)))
+
+
+def column_sums_planes(x, out, out_stride):
+    """out + p * out_stride += the sums over the rows of x[p], for every plane p of x [parts, rows, d]
+    (C-contiguous): `out` [d] is the first plane's gradient (x's dtype) and the others lie `out_stride`
+    elements after one another in the same buffer (the biases of stacked projections). ONE launch of
+    column_sums_into, the same sums (and bits) as a column_sums(x[p], out=) call each."""
+    xp = backend.xp_of(x)
+    x = xp.ascontiguousarray(x)
+    parts, n, d = x.shape
+    if n == 0:
+        return
+    a = accum_dtype(x.dtype)
+    chunks = (d + 31) // 32
+    slabs, rows_per_slab = _slabs(n, d)
+    partial = _partials(xp, a, slabs * parts * d)
+    _launch("column_sums_into", x.dtype, chunks * slabs, COLUMN_BLOCK,
+            (x, partial, np.int32(parts), x, partial, _counter(xp, chunks), out, out, out, np.int64(n), np.int32(d),
+             np.int64(rows_per_slab), x, partial, partial, np.int32(0), np.int64(n * d), np.int64(out_stride)))
 
 
 _PARTIALS = {}   # (array module, dtype name) -> the column sums' slab partials, one buffer for every call

@@ -448,7 +448,7 @@ def test_performance_md_quotes_the_launch_and_allocation_counts_of_a_base_update
                   f"Of the {total}: {gemms} GEMMs, {heads} head pack/unpack passes, "
                   f"{merged['column_sums_into']} gradient sums",
                   f"{norms} LayerNorm launches, {softmax} softmax launches",
-                  f"the {gemms} cuBLAS calls", f"{raw} now as well",
+                  f"the {gemms} cuBLAS calls", f"{raw} on the stand-in now",
                   f"the stand-in's other 2 of its {others} non-GEMM launches",
                   f"the stand-in counts {allocations} arrays an update"):
         assert quote in page, quote

@@ -385,6 +385,27 @@ def test_column_sums_into_a_buffer_add_to_it_in_one_launch(n, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [5, 300, 5000])
+def test_column_sums_of_stacked_planes_into_evenly_spaced_buffers_in_one_launch(dtype, n, monkeypatch):
+    """column_sums_planes(x [3, n, d], out, stride): plane p's sums added into out + p * stride of one buffer
+    (the stacked projections' biases), in one launch, the same bits as a column_sums(x[p], out=) each,
+    and nothing else of the buffer written."""
+    rng = np.random.default_rng(4)
+    d, stride = 70, 90
+    x = rng.normal(size=(3, n, d)).astype(dtype)
+    buf = rng.normal(size=3 * stride).astype(dtype)
+    want = buf.copy()
+    for p in range(3):
+        kernels.column_sums(x[p], out=want[p * stride:p * stride + d])
+    launched = []
+    real = kernels.LAUNCH["launch"]
+    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+    kernels.column_sums_planes(x, buf[:d], stride)
+    assert launched == ["column_sums_into"] and not kernels._counter(np).any()
+    equal(buf, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("packed,dropout", [(False, False), (True, False), (True, True)])
 def test_embed_rows_and_embedding_backward(dtype, packed, dropout):
     """embed_rows = dropout(pack(rows, weight[ids] * scale + PE)) with the mask functional.hash_bits

@@ -175,12 +175,14 @@ class MultiHeadAttention(Layer):
             g0 = lins[0].grads["weight"]
             gemm.matmul(gemm.Mat(x2, n, d, d, 0), packed, gemm.Mat(g0, d, g0.shape[1], g0.shape[1], stride),
                         trans_a=True, beta=1.0, batch=len(names))
+            # db_i += the column sums of dY_i, every i in one launch (the biases lie `stride` apart too)
+            kernels.column_sums_planes(packed, lins[0].grads["bias"], stride)
         into = list(into)
         for i, lin in enumerate(lins):
             w = lin.params["weight"]
             if stride is None:
                 gemm.accumulate_xt_dy(lin.grads["weight"], x2, packed[i])
-            kernels.column_sums(packed[i], out=lin.grads["bias"])
+                kernels.column_sums(packed[i], out=lin.grads["bias"])
             j = group[i]
             if into[j] is None:    # a fresh dx = dY_i W_i^T (beta = 0), the next ones added into it
                 into[j] = gemm.matmul(packed[i], w, xp.empty((n, d), dtype=x2.dtype), trans_b=True).reshape(x.shape)
