@@ -77,8 +77,10 @@ class Transformer(Seq2Seq):
         src = self.check_ids("src", src, host=keep_tgt is not None)
         if keep_tgt is not None:   # on the host: no GPU sync (packing.Rows)
             host_in = self.check_ids("tgt_in", tgt_in, host=True)
-            # attention on packed rows (kernels.attention_rows) takes a side without padding as packed rows too
-            whole = kernels.attention_rows_ok(self.embedding.params["weight"], self.cfg.d_k)
+            # attention on packed rows (kernels.attention_rows; never with attention dropout) takes a side without
+            # padding as packed rows too
+            whole = (kernels.attention_rows_ok(self.embedding.params["weight"], self.cfg.d_k)
+                     and not (self.training and self.cfg.attention_dropout))
             src_rows = make_rows(src != self.cfg.pad_id, self.xp, whole=whole)
             # the kept target positions are the keys the decoder's attention sees where they are tgt_in's non-pads
             keys = np.array_equal(to_numpy(keep_tgt), host_in != self.cfg.pad_id)

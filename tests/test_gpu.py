@@ -343,6 +343,20 @@ def test_gpu_attention_on_packed_rows_matches_the_head_layout(dtype, tol, monkey
     assert abs(ld - ldh) <= 1e-6 * abs(ldh) and _rel(gd, gdh) <= 1e-6   # the same path twice
 
 
+@needs_kernels
+def test_gpu_sides_without_padding_become_packed_rows_only_for_the_attention_on_rows(monkeypatch):
+    """With MINITF_FUSED_ATTN=1 a source without padding is taken as packed rows (every position), which the
+    attention on packed rows reads; with attention dropout, which keeps the head layout, or with the
+    switch off, it stays unpacked ([B, S, D] as it is, no copies)."""
+    src = SRC[:, 1:].copy()
+    src[0, -1] = 5
+    for flag, attention_dropout, packed in (("1", 0.0, True), ("1", 0.1, False), ("0", 0.0, False)):
+        monkeypatch.setenv("MINITF_FUSED_ATTN", flag)
+        m = minitf.Transformer(cfg(attention_dropout=attention_dropout), device="gpu", dtype="float32", seed=0)
+        m.forward_loss(src, TGT_IN, TGT_OUT)
+        assert (m._cache["src_rows"] is not None) == packed, (flag, attention_dropout)
+
+
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float16", 3e-2), ("bfloat16", 6e-2)])
 def test_gpu_fused_step_matches_generic_step(dtype, tol, monkeypatch):
     def step():
