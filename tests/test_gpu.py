@@ -240,6 +240,58 @@ def test_gpu_kernels_match_generic_at_real_sizes(dtype, tol, monkeypatch, cp):
         assert _rel(a, b_) <= tol
 
 
+# attention on packed rows at real sizes on a GPU (heads of 64 values, sentences over a block's 16 rows and a
+# tile's 32 keys), smaller under the emulator
+ROWS_SIZES = dict(heads=8, d_k=64, lq=[1, 17, 33, 60, 70, 45], lk=[50, 3, 70, 33, 16, 64]) if REAL_GPU else \
+    dict(heads=2, d_k=8, lq=[1, 9, 20], lk=[12, 3, 40])
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float16", 4e-3), ("bfloat16", 3e-2)])
+@pytest.mark.parametrize("case", ["self", "causal", "cross"])
+def test_gpu_attention_rows_match_float64_attention_at_real_sizes(dtype, tol, case, cp):
+    """kernels.attention_rows and attention_rows_backward on the device against float64 NumPy per sentence
+    and head: the output and the gradients of q, k and v, within `tol` of the largest value."""
+    from minitf.packing import Spans
+    h, k = ROWS_SIZES["heads"], ROWS_SIZES["d_k"]
+    lq = np.array(ROWS_SIZES["lq"])
+    lk = lq if case != "cross" else np.array(ROWS_SIZES["lk"])
+    dt = dtype_named(dtype)
+    rng = np.random.default_rng(6)
+    host = [rng.standard_normal((int(n.sum()), h * k)).astype(dt) for n in (lq, lk, lk, lq)]
+    biases = [rng.standard_normal(h * k).astype(dt) * 0.5 for _ in range(3)]
+    spans = [Spans(cp.asarray(np.concatenate([[0], np.cumsum(n)[:-1]]).astype(np.int32)),
+                   cp.asarray(n.astype(np.int32)), len(n), int(n.max())) for n in (lq, lk)]
+    q, kk, v, dout = (cp.asarray(a) for a in host)
+    bs = tuple(cp.asarray(b) for b in biases)
+    scale = 1 / np.sqrt(k)
+    out, lse = kernels.attention_rows(q, kk, v, bs, spans[0], spans[1], h, case == "causal", scale)
+    grads = [cp.empty_like(a) for a in (q, kk, v)]
+    kernels.attention_rows_backward(dout, out, lse, q, kk, v, bs, spans[0], spans[1], h, case == "causal", scale,
+                                    *grads)
+    qf, kf, vf = ((a + b).astype(dt).astype(np.float64) for a, b in zip(host[:3], biases))
+    do = host[3].astype(np.float64)
+    want = [np.zeros_like(a) for a in (qf, qf, kf, vf)]            # out, dq, dk, dv
+    qs, ks = np.concatenate([[0], np.cumsum(lq)]), np.concatenate([[0], np.cumsum(lk)])
+    for b in range(len(lq)):
+        rq, rk = slice(qs[b], qs[b + 1]), slice(ks[b], ks[b + 1])
+        for head in range(h):
+            c = slice(head * k, (head + 1) * k)
+            sc = scale * qf[rq, c] @ kf[rk, c].T
+            if case == "causal":
+                sc = sc + np.triu(np.full(sc.shape, -np.inf), 1)
+            p = np.exp(sc - sc.max(axis=1, keepdims=True))
+            p /= p.sum(axis=1, keepdims=True)
+            want[0][rq, c] = p @ vf[rk, c]
+            dp = do[rq, c] @ vf[rk, c].T
+            ds = p * (dp - (dp * p).sum(axis=1, keepdims=True))
+            want[1][rq, c], want[2][rk, c], want[3][rk, c] = scale * ds @ kf[rk, c], scale * ds.T @ qf[rq, c], \
+                p.T @ do[rq, c]
+    for got, ref in zip([out] + grads, want):
+        got = to_numpy(got).astype(np.float64)
+        assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
+
+
 @needs_kernels
 @pytest.mark.parametrize("dtype,tol", [("float64", 1e-12), ("float32", 1e-6), ("float16", 1e-3)])
 def test_gpu_forward_backward_gives_forward_loss_then_backward_in_fewer_launches(dtype, tol, monkeypatch):
