@@ -5,7 +5,8 @@ operation (softmax: max, subtract, exp, sum, divide). On a GPU those passes, not
 arithmetic, cost the time, so each operation below is ONE kernel that writes its outputs
 once: one CUDA block per row for those that reduce a row (a row of attention scores, a d_model
 vector, a vocabulary row; `block_size` threads, reducing in shared memory; the *_warp kernels a
-warp per row), one thread per value (or per 16 bytes) for the elementwise ones.
+warp per row), one thread per value (or per 16 bytes) for the elementwise ones; the attention_rows
+kernels a block per 16 query (or key) rows of one sentence and head, 4 threads a row.
 
   masked_softmax        p = softmax(scores + bias) over the last axis (bias broadcast)
   softmax_backward      dx = p * (dp - sum(dp * p))
@@ -1030,7 +1031,7 @@ extern "C" __global__ void attention_rows_backward_kv(const T* q, const T* k, co
     int i_first = causal ? first : 0;            // the first query any key here is seen by
     for (int i0 = i_first; i0 < lq; i0 += ATT_TILE) {
         int n = lq - i0 < ATT_TILE ? lq - i0 : ATT_TILE;
-        // stage the tile's queries (their bias added), their output gradients, lse and D
+        // stage the tile's queries (their bias added), their output gradients, lse and delta (dsum)
         __syncthreads();
         for (int e = threadIdx.x; e < n * K; e += blockDim.x) {
             int i = e / K, c = e - i * K;

@@ -13,11 +13,13 @@ layout with their bias (kernels.unpack_heads: unpack, split heads and bias add i
 the six batched products (two forward, four backward) are single cuBLAS calls over the B*H
 heads with the transposes as flags and 1/sqrt(d_k) as alpha (gemm.matmul), and the context
 comes back to packed rows with its heads merged in one pass (kernels.pack_heads).
+docs/performance.md measures it.
+
 With MINITF_FUSED_ATTN=1 (kernels.attention_rows_ok), packed rows on both sides (packing.Spans) and no
 attention dropout, the attention itself reads the projections' packed rows instead: one kernel for
 the forward (kernels.attention_rows: biases, scores, mask, softmax and the weighted sum, never writing
-the [B, H, T, S] weights) and two for the backward, without the head layout or the pack/unpack passes.
-docs/performance.md measures it.
+the [B, H, T, S] weights) and two for the backward, without the head layout or the pack/unpack passes
+(not yet timed on a GPU, hence off by default: docs/performance.md).
 """
 import math
 from typing import NamedTuple
@@ -48,8 +50,9 @@ class AttentionCache(NamedTuple):
 
 class RowsCache(NamedTuple):
     """What the backward of attention on packed rows (kernels.attention_rows) needs: the projections'
-    outputs q [N_t, H*K], k and v [N_s, H*K] before their biases, the biases (bq, bk, bv), the output
-    out [N_t, H*K] and its lse [H, N_t], the two sides' packing.Rows and the inputs x_q, x_kv."""
+    outputs before their biases, q [N_t, H*K] (the query side's rows) and k, v [N_s, H*K] (the key
+    side's: in a self-attention the same rows, N_s = N_t for the decoder's), the biases (bq, bk, bv), the
+    output out [N_t, H*K] and its lse [H, N_t], the two sides' packing.Rows and the inputs x_q, x_kv."""
     q: object
     k: object
     v: object
@@ -131,8 +134,8 @@ class MultiHeadAttention(Layer):
         return step // ws[0].itemsize if even and step > 0 and step % ws[0].itemsize == 0 else None
 
     def _products(self, x, names):
-        """(outs, stride): x @ W of the projections `names` (x [N, D] packed rows, or [B, L, D]; biases not
-        added): outs [parts, N, H*K] from ONE strided-batched GEMM over the stacked weights when they lie
+        """(outs, stride): x @ W of the projections `names` (x [N_t, D] or [N_s, D] packed rows, or [B, L, D];
+        biases not added): outs [parts, rows, H*K] from ONE strided-batched GEMM over the stacked weights when they lie
         evenly spaced (stride: the elements between them), else a list of one product each (stride None)."""
         lins = [getattr(self, n) for n in names]
         stride = self._stride(names, "params") if len(names) > 1 else None
@@ -162,7 +165,7 @@ class MultiHeadAttention(Layer):
         return list(kernels.unpack_heads(outs, lins[0].params["bias"], inverse, b, length, self.n_heads, stride))
 
     def _project_backward(self, x, names, packed, into, group):
-        """Backward of _products (and of the biases added after them): packed [parts, N, H*K] (one buffer),
+        """Backward of _products (and of the biases added after them): packed [parts, rows, H*K] (one buffer),
         the gradients of the projections' outputs -> their weight and bias gradients accumulated, and
         projection i's input gradient added into into[group[i]] (an array, or None for a fresh one);
         returns `into`, filled."""
@@ -217,6 +220,14 @@ class MultiHeadAttention(Layer):
     def _backward_gpu(self, dy, dx_into, dkv_into, out_bias=True):
         if type(self.cache) is RowsCache:
             return self._backward_rows(dy, dx_into, dkv_into, out_bias)
+        x_q, x_kv = self.cache.x_q, self.cache.x_kv
+        # the head layout's buffers (p, the weights' gradient, the heads' gradients) go when this returns
+        dq, dqkv = self._heads_backward(dy, out_bias)
+        return self._inputs_backward(x_q, x_kv, dq, dqkv, dx_into, dkv_into)
+
+    def _heads_backward(self, dy, out_bias):
+        """(dq, dqkv): the gradients of the projections' outputs, in packed rows as _inputs_backward takes
+        them, from dy through the head layout (the forward's AttentionCache)."""
         q, k, v, p, mask, rows_q, rows_kv, x_q, x_kv = self.cache
         self.cache = None
         xp = F.xp_of(q)
@@ -242,21 +253,21 @@ class MultiHeadAttention(Layer):
         gemm.matmul(ds, q, dk, trans_a=True, alpha=self.scale, batch=b * h)
         # q, k, v = the projections' heads (_project_heads): their gradients back in packed rows
         if self_attention:
-            dqkv = self._packed(dqkv, rows_q, 3)
-        else:
-            dq, dqkv = self._packed(dq, rows_q, 1)[0], self._packed(dqkv, rows_kv, 2)
-        return self._inputs_backward(x_q, x_kv, dq, dqkv, dx_into, dkv_into)
+            packed = self._packed(dqkv, rows_q, 3)
+            return packed[0], packed
+        return self._packed(dq, rows_q, 1)[0], self._packed(dqkv, rows_kv, 2)
 
     @staticmethod
     def _packed(dheads, rows, parts):
-        """dheads [parts, B, H, L, K] (or [B, H, L, K] for one) -> [parts, N, H*K]: the kept rows, heads merged."""
+        """dheads [parts, B, H, L, K] (or [B, H, L, K] for one) -> [parts, rows, H*K]: the kept rows (N_t or
+        N_s of them, or B * L), heads merged."""
         packed = kernels.pack_heads(dheads if parts > 1 else dheads.reshape(dheads.shape[-4:]),
                                     None if rows is None else rows.index)
         return packed.reshape(parts, -1, packed.shape[-1])
 
     def _inputs_backward(self, x_q, x_kv, dq, dqkv, dx_into, dkv_into):
         """(dx_q, dx_kv) from the gradients of the projections' outputs in packed rows: dq [N_t, H*K] and
-        dqkv [3, N, H*K] (q, k, v; self-attention, dq its first) or [2, N_s, H*K] (k, v)."""
+        dqkv [3, rows, H*K] (q, k, v of a self-attention, dq its first part) or [2, N_s, H*K] (k, v)."""
         if x_q is x_kv and dx_into is not None and dx_into is dkv_into:   # one gradient, one array
             (dx,) = self._project_backward(x_q, ("q", "k", "v"), dqkv, [dx_into], (0, 0, 0))
             return dx, dx
