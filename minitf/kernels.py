@@ -1919,11 +1919,11 @@ def _attention_args(q, k, v, biases, spans_q, spans_kv):
 def attention_rows(q, k, v, biases, spans_q, spans_kv, h, causal, scale):
     """(out, lse): softmax(scale (q + bq)(k + bk)^T + mask)(v + bv) per sentence and head on packed rows,
     the mask that of the padding (a sentence's keys are its own rows) and, with `causal`, of later
-    positions. q [N_t, H*K] (the query side's rows), k and v [N_s, H*K] (the key side's; in self-attention
-    the same rows) C-contiguous (the projections' outputs; biases (bq, bk, bv) each [H*K], or None);
-    spans_q, spans_kv: packing.Spans of the two sides. out [N_t, H*K] (heads side by side, as pack_heads
-    writes them), lse [H, N_t] in the accumulation dtype (what the backward needs besides q, k, v and
-    out). One launch."""
+    positions. q [rows_q, H*K] (the query side's kept rows: N_t in the decoder, N_s in the encoder), k and v
+    [rows_kv, H*K] (the key side's; in a self-attention the same rows) C-contiguous (the projections'
+    outputs; biases (bq, bk, bv) each [H*K], or None); spans_q, spans_kv: packing.Spans of the two sides.
+    out [rows_q, H*K] (heads side by side, as pack_heads writes them), lse [H, rows_q] in the accumulation
+    dtype (what the backward needs besides q, k, v and out). One launch."""
     args, xp = _attention_args(q, k, v, biases, spans_q, spans_kv)
     nq, hk = q.shape
     out = xp.empty_like(q)
@@ -1936,7 +1936,7 @@ def attention_rows(q, k, v, biases, spans_q, spans_kv, h, causal, scale):
 
 
 def attention_rows_backward(dout, out, lse, q, k, v, biases, spans_q, spans_kv, h, causal, scale, dq, dk, dv):
-    """The backward of attention_rows: dq [N_t, H*K], dk and dv [N_s, H*K] (C-contiguous arrays, written)
+    """The backward of attention_rows: dq [rows_q, H*K], dk and dv [rows_kv, H*K] (C-contiguous arrays, written)
     from dout = dL/dout and the forward's out and lse. Two launches: the queries' rows (dq, and each row's
     sum(dout * out)), then the keys' rows (dk, dv)."""
     args, xp = _attention_args(q, k, v, biases, spans_q, spans_kv)

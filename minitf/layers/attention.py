@@ -50,9 +50,10 @@ class AttentionCache(NamedTuple):
 
 class RowsCache(NamedTuple):
     """What the backward of attention on packed rows (kernels.attention_rows) needs: the projections'
-    outputs before their biases, q [N_t, H*K] (the query side's rows) and k, v [N_s, H*K] (the key
-    side's: in a self-attention the same rows, N_s = N_t for the decoder's), the biases (bq, bk, bv), the
-    output out [N_t, H*K] and its lse [H, N_t], the two sides' packing.Rows and the inputs x_q, x_kv."""
+    outputs before their biases, q [rows_q, H*K] (the query side's kept rows: N_t in the decoder, N_s in
+    the encoder) and k, v [rows_kv, H*K] (the key side's: in a self-attention the same rows), the biases
+    (bq, bk, bv), the output out [rows_q, H*K] and its lse [H, rows_q], the two sides' packing.Rows and the
+    inputs x_q, x_kv."""
     q: object
     k: object
     v: object
@@ -266,8 +267,9 @@ class MultiHeadAttention(Layer):
         return packed.reshape(parts, -1, packed.shape[-1])
 
     def _inputs_backward(self, x_q, x_kv, dq, dqkv, dx_into, dkv_into):
-        """(dx_q, dx_kv) from the gradients of the projections' outputs in packed rows: dq [N_t, H*K] and
-        dqkv [3, rows, H*K] (q, k, v of a self-attention, dq its first part) or [2, N_s, H*K] (k, v)."""
+        """(dx_q, dx_kv) from the gradients of the projections' outputs in packed rows: dq [rows_q, H*K] and
+        dqkv [3, rows_q, H*K] (q, k, v of a self-attention, dq its first part) or [2, rows_kv, H*K] (k, v of
+        a cross-attention)."""
         if x_q is x_kv and dx_into is not None and dx_into is dkv_into:   # one gradient, one array
             (dx,) = self._project_backward(x_q, ("q", "k", "v"), dqkv, [dx_into], (0, 0, 0))
             return dx, dx
