@@ -396,6 +396,30 @@ def test_gpu_attention_on_packed_rows_matches_the_head_layout(dtype, tol, monkey
 
 
 @needs_kernels
+@pytest.mark.parametrize("attn", ["0", "1"])
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_the_reference_gives_the_gpu_paths_loss_and_every_gradient(attn, positional, monkeypatch):
+    """minitf/reference.py, the whole step written plainly, against the GPU path in float64 (the fused
+    kernels, the attention in the head layout or on packed rows: MINITF_FUSED_ATTN=1), on
+    tests/test_reference.py's batch (padding on both sides, one source without it): the loss and every
+    gradient to 1e-10. Without dropout: the device draws its masks by hashing (functional.hash_bits),
+    not from the CPU's generator the reference is given."""
+    from test_reference import assert_same_grads, batch, config, reference_step
+    monkeypatch.setenv("MINITF_FUSED_ATTN", attn)
+    cfg = config(positional)
+    model = minitf.Transformer(cfg, device="gpu", dtype="float64", seed=4)
+    params = {n: to_numpy(p).copy() for n, p in model.state_dict().items()}
+    launched = _attention_launches(monkeypatch)
+    model.zero_grad()
+    loss = float(model.forward_loss(*batch()))
+    model.backward()
+    ref_loss, _, ref_grads = reference_step(cfg, params, 0, model.seed)
+    assert abs(ref_loss - loss) <= 1e-10 * abs(loss)
+    assert_same_grads(ref_grads, {n: to_numpy(g) for n, g in model.grad_dict().items()})
+    assert launched.count("attention_rows_forward") == (6 if attn == "1" else 0)
+
+
+@needs_kernels
 def test_gpu_sides_without_padding_become_packed_rows_only_for_the_attention_on_rows(monkeypatch):
     """With MINITF_FUSED_ATTN=1 a source without padding is taken as packed rows (every position), which the
     attention on packed rows reads; with attention dropout, which keeps the head layout, or with the
