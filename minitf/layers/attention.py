@@ -267,9 +267,10 @@ class MultiHeadAttention(Layer):
         return packed.reshape(parts, -1, packed.shape[-1])
 
     def _inputs_backward(self, x_q, x_kv, dq, dqkv, dx_into, dkv_into):
-        """(dx_q, dx_kv) from the gradients of the projections' outputs in packed rows: dq [rows_q, H*K] and
-        dqkv [3, rows_q, H*K] (q, k, v of a self-attention, dq its first part) or [2, rows_kv, H*K] (k, v of
-        a cross-attention)."""
+        """(dx_q, dx_kv) from the gradients of the projections' outputs, one row per row of x_q or x_kv: dq
+        [rows_q, H*K] and dqkv [3, rows_q, H*K] (q, k, v of a self-attention, dq its first part) or
+        [2, rows_kv, H*K] (k, v of a cross-attention), rows_q and rows_kv the query and key sides' rows (N_t
+        or N_s packed; B * T or B * S where a side is not packed)."""
         if x_q is x_kv and dx_into is not None and dx_into is dkv_into:   # one gradient, one array
             (dx,) = self._project_backward(x_q, ("q", "k", "v"), dqkv, [dx_into], (0, 0, 0))
             return dx, dx
