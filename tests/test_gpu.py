@@ -253,6 +253,7 @@ def test_gpu_attention_rows_match_float64_attention_at_real_sizes(dtype, tol, ca
     """kernels.attention_rows and attention_rows_backward on the device against float64 NumPy per sentence
     and head: the output and the gradients of q, k and v, within `tol` of the largest value."""
     from minitf.packing import Spans
+    from test_kernels import attention_reference
     h, k = ROWS_SIZES["heads"], ROWS_SIZES["d_k"]
     lq = np.array(ROWS_SIZES["lq"])
     lk = lq if case != "cross" else np.array(ROWS_SIZES["lk"])
@@ -269,24 +270,8 @@ def test_gpu_attention_rows_match_float64_attention_at_real_sizes(dtype, tol, ca
     grads = [cp.empty_like(a) for a in (q, kk, v)]
     kernels.attention_rows_backward(dout, out, lse, q, kk, v, bs, spans[0], spans[1], h, case == "causal", scale,
                                     *grads)
-    qf, kf, vf = ((a + b).astype(dt).astype(np.float64) for a, b in zip(host[:3], biases))
-    do = host[3].astype(np.float64)
-    want = [np.zeros_like(a) for a in (qf, qf, kf, vf)]            # out, dq, dk, dv
-    qs, ks = np.concatenate([[0], np.cumsum(lq)]), np.concatenate([[0], np.cumsum(lk)])
-    for b in range(len(lq)):
-        rq, rk = slice(qs[b], qs[b + 1]), slice(ks[b], ks[b + 1])
-        for head in range(h):
-            c = slice(head * k, (head + 1) * k)
-            sc = scale * qf[rq, c] @ kf[rk, c].T
-            if case == "causal":
-                sc = sc + np.triu(np.full(sc.shape, -np.inf), 1)
-            p = np.exp(sc - sc.max(axis=1, keepdims=True))
-            p /= p.sum(axis=1, keepdims=True)
-            want[0][rq, c] = p @ vf[rk, c]
-            dp = do[rq, c] @ vf[rk, c].T
-            ds = p * (dp - (dp * p).sum(axis=1, keepdims=True))
-            want[1][rq, c], want[2][rk, c], want[3][rk, c] = scale * ds @ kf[rk, c], scale * ds.T @ qf[rq, c], \
-                p.T @ do[rq, c]
+    want_out, _, want = attention_reference(*host[:3], biases, lq, lk, h, case == "causal", scale, host[3])
+    want = [want_out] + want
     for got, ref in zip([out] + grads, want):
         got = to_numpy(got).astype(np.float64)
         assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
