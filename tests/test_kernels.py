@@ -495,7 +495,8 @@ def spans_of(lengths):
 
 def attention_reference(q, k, v, biases, lq, lk, h, causal, scale, dout=None):
     """(out, lse) of kernels.attention_rows in float64 NumPy, sentence by sentence and head by head (the
-    biased projections rounded to their dtype first, as the kernels read them); with dout also (dq, dk, dv)."""
+    biased projections rounded to their dtype first, as the kernels read them); with dout
+    (out, lse, [dq, dk, dv])."""
     dt = q.dtype
     q, k, v = ((x + b).astype(dt).astype(np.float64) for x, b in zip((q, k, v), biases))
     kd = q.shape[1] // h
