@@ -54,7 +54,8 @@ class Rows:
         if self._spans is False:
             keep, self._spans = self._keep, None
             length = keep.sum(axis=1)
-            if self._keys and length.min() > 0 and (keep == (np.arange(keep.shape[1]) < length[:, None])).all():
+            if (self._keys and length.size and length.min() > 0
+                    and (keep == (np.arange(keep.shape[1]) < length[:, None])).all()):
                 start = np.concatenate([[0], np.cumsum(length)[:-1]])
                 xp = xp_of(self.index)
                 self._spans = Spans(to_device(start.astype(np.int32), xp), to_device(length.astype(np.int32), xp),

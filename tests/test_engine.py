@@ -492,3 +492,21 @@ def test_the_config_keeps_its_former_name():
     TransformerConfig still names it (code written against it keeps working)."""
     assert minitf.TransformerConfig is minitf.Config
     assert minitf.Config.preset("small", arch="rnn").arch == "rnn"
+
+
+def test_spans_of_packed_rows_are_each_sentences_first_positions_or_none():
+    """packing.Rows.spans (what the attention on packed rows reads): each sentence's first row and row count
+    among the kept rows where every sentence keeps its first positions (padding at the end) and at least one;
+    None where a sentence keeps a later position after a dropped one, keeps none, or the kept positions are
+    not the attention's keys (keys=False); make_rows' `whole` gives every position of an unpadded batch."""
+    from minitf.packing import Rows, make_rows
+    spans = Rows(np.array([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], bool)).spans
+    assert spans.start.tolist() == [0, 2, 6] and spans.length.tolist() == [2, 4, 1]
+    assert (spans.count, spans.most) == (3, 4) and spans.start.dtype == spans.length.dtype == np.int32
+    assert Rows(np.array([[1, 0, 1], [1, 1, 0]], bool)).spans is None
+    assert Rows(np.array([[1, 1, 0], [0, 0, 0]], bool)).spans is None
+    assert Rows(np.array([[1, 1, 0], [1, 0, 0]], bool), keys=False).spans is None
+    full = np.ones((2, 3), bool)
+    assert make_rows(full) is None
+    whole = make_rows(full, whole=True)
+    assert whole.host_index.tolist() == list(range(6)) and whole.spans.start.tolist() == [0, 3]
