@@ -542,6 +542,20 @@ def test_gpu_ab_times_the_update_ended_on_the_device_against_the_host(tmp_path, 
         assert len(t.d2h) == (0 if on_device else 2) and len(t.d2h_async) == (2 if on_device else 0)
 
 
+def test_the_attention_bench_times_both_paths_of_each_attention(tmp_path):
+    """bench/attention_rows.py --smoke on the stand-in: the three attentions in the three modes, each timed in
+    the head layout and on packed rows, with the two paths' input gradients as close as the mode allows."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "attention_rows.py"), "--smoke"],
+                       capture_output=True, text=True, env=standin_env(tmp_path), timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = re.findall(r"^  (\w+) +(encoder self|decoder self|cross) +head layout +[\d.]+ ms +packed rows +[\d.]+ ms "
+                      r"+x[\d.]+ +input gradients differ by (\S+)$", r.stdout, re.M)
+    assert [(m, a) for m, a, _ in rows] == [(m, a) for m in ("float32", "fp16", "bf16")
+                                           for a in ("encoder self", "decoder self", "cross")], r.stdout
+    tol = {"float32": 1e-5, "fp16": 5e-3, "bf16": 3e-2}
+    assert all(float(d) <= tol[m] for m, _, d in rows), r.stdout
+
+
 def test_the_gpu_reports_kernel_tables_cover_float32_and_fp16():
     """The kernels section profiles float32 and --fp16 (the modes of bench/gpu_report.py's KERNEL_MODES)
     and the report prints a table for each, minitf's largest kernels beside PyTorch's."""

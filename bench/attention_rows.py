@@ -1,0 +1,127 @@
+#!/usr/bin/env python
+"""The attention alone: on packed rows (kernels.attention_rows, MINITF_FUSED_ATTN=1) against the head layout.
+
+    python bench/attention_rows.py                     # base at the report's batch: float32 (TF32), --fp16, --bf16
+    python bench/attention_rows.py --modes fp16 --rounds 21
+    python bench/attention_rows.py --smoke             # tiny sizes (checks this script, e.g. under the CuPy stand-in)
+
+A model of the preset in the mode's dtype on the GPU, and bench/data.py's `wmt_batch` (bench/gpu_report.py's
+batch: at most 25,000 padded tokens a side of WMT14-shaped lengths) as packed rows of random values: the first
+encoder layer's self-attention on the source rows, the first decoder layer's (causal) on the target rows and its
+cross-attention, each called forward and backward (the gradients of its inputs and weights) with
+MINITF_FUSED_ATTN=0 (the head layout: unpack, batched products, softmax, pack) and =1 (packed rows), in
+alternating rounds of --calls calls, the device synchronised before and after each round. Printed per mode and
+attention: the median ms of a forward and backward on each path, their ratio (head layout / packed rows: above 1,
+the packed rows are faster), and the largest difference between the two paths' input gradients, relative to
+the largest value.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("CUPY_TF32", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+import minitf  # noqa: E402
+from minitf import backend  # noqa: E402
+from minitf.masks import causal_bias, padding_bias  # noqa: E402
+from minitf.packing import make_rows  # noqa: E402
+from bench.data import wmt_batch  # noqa: E402
+
+DTYPES = {"float32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+PATHS = (("heads", "0"), ("rows", "1"))      # (name, MINITF_FUSED_ATTN)
+
+
+def attentions(model, src, tgt_in, seed=0):
+    """{name: (layer, x_q, x_kv, bias, rows_q, rows_kv, dy)}: the three attentions of the model's first layers
+    on the batch's packed rows (every position a row where a side has no padding), random inputs and output
+    gradients in the model's dtype."""
+    xp, dt, pad, d = model.xp, model.dtype, model.cfg.pad_id, model.cfg.d_model
+    rows = {side: make_rows(ids != pad, xp, whole=True) for side, ids in (("src", src), ("tgt", tgt_in))}
+    rng = np.random.default_rng(seed)
+
+    def rand(side):
+        return xp.asarray(rng.standard_normal((len(rows[side].host_index), d)).astype(np.float32)).astype(dt)
+    xs, xt, dys, dyt = rand("src"), rand("tgt"), rand("src"), rand("tgt")
+    src_bias = padding_bias(src, pad, dt, xp)
+    tgt_bias = causal_bias(tgt_in.shape[1], xp, dt)[None, None] + padding_bias(tgt_in, pad, dt, xp)
+    enc, dec = model.encoder.layer_list[0], model.decoder.layer_list[0]
+    return {"encoder self": (enc.self_attn, xs, xs, src_bias, rows["src"], rows["src"], dys),
+            "decoder self": (dec.self_attn, xt, xt, tgt_bias, rows["tgt"], rows["tgt"], dyt),
+            "cross": (dec.cross_attn, xt, xs, src_bias, rows["tgt"], rows["src"], dyt)}
+
+
+def call(layer, x_q, x_kv, bias, rows_q, rows_kv, dy):
+    """One forward and backward of the attention; its input gradients (dx_q, dx_kv)."""
+    layer.forward(x_q, x_kv, bias, rows_q, rows_kv, None)
+    return layer.backward(dy)
+
+
+def time_paths(args_of, rounds, calls, warmup):
+    """{path: [seconds a call, one per round]}, the paths alternating round by round."""
+    xp = backend.xp_of(args_of[1])
+    times = {name: [] for name, _ in PATHS}
+    for r in range(warmup + rounds):
+        for name, flag in PATHS:
+            os.environ["MINITF_FUSED_ATTN"] = flag
+            backend.synchronize(xp)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                call(*args_of)
+            backend.synchronize(xp)
+            if r >= warmup:
+                times[name].append((time.perf_counter() - t0) / calls)
+    return times
+
+
+def gradient_difference(args_of):
+    """The largest difference between the two paths' input gradients, relative to the largest value."""
+    got = {}
+    for name, flag in PATHS:
+        os.environ["MINITF_FUSED_ATTN"] = flag
+        got[name] = [backend.to_numpy(g).astype(np.float64) for g in call(*args_of)]
+    return max(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30) for a, b in zip(got["rows"], got["heads"]))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="base")
+    p.add_argument("--modes", default="float32,fp16,bf16", help="comma-separated: float32 (TF32), fp16, bf16")
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--calls", type=int, default=5, help="forward and backward calls timed a round")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--smoke", action="store_true")
+    args = p.parse_args(argv)
+    ok, why = backend.gpu_available()
+    if not ok:
+        sys.exit(f"attention_rows: no GPU: {why}")
+    preset, vocab, tokens = ("tiny", 64, 256) if args.smoke else (args.preset, 37000, 25000)
+    if args.smoke:
+        args.rounds, args.calls, args.warmup = 2, 1, 1
+    cfg = minitf.Config.preset(preset, vocab_size=vocab)
+    src, tgt_in, _ = wmt_batch(cfg, tokens)
+    saved = os.environ.get("MINITF_FUSED_ATTN")
+    print(f"{preset}: {src.shape[0]} sentences, {int((src != cfg.pad_id).sum())} source and "
+          f"{int((tgt_in != cfg.pad_id).sum())} target rows, H={cfg.n_heads} K={cfg.d_k}")
+    try:
+        for mode in args.modes.split(","):
+            model = minitf.Transformer(cfg, device="gpu", dtype=DTYPES[mode], seed=0)
+            for name, args_of in attentions(model, src, tgt_in).items():
+                times = time_paths(args_of, args.rounds, args.calls, args.warmup)
+                ms = {path: statistics.median(ts) * 1e3 for path, ts in times.items()}
+                print(f"  {mode:8s} {name:13s} head layout {ms['heads']:8.3f} ms  packed rows {ms['rows']:8.3f} ms  "
+                      f"x{ms['heads'] / ms['rows']:.3f}  input gradients differ by {gradient_difference(args_of):.2e}")
+    finally:
+        if saved is None:
+            os.environ.pop("MINITF_FUSED_ATTN", None)
+        else:
+            os.environ["MINITF_FUSED_ATTN"] = saved
+
+
+if __name__ == "__main__":
+    main()
