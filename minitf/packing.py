@@ -50,7 +50,7 @@ class Rows:
     @property
     def spans(self):
         """Spans of the kept rows (built on the host once per batch), or None: unless `keys`, or where a
-        sentence's kept positions are not its first ones or a sentence keeps none."""
+        sentence's kept positions are not its first ones, a sentence keeps none, or the batch is empty."""
         if self._spans is False:
             keep, self._spans = self._keep, None
             length = keep.sum(axis=1)

@@ -497,8 +497,9 @@ def test_the_config_keeps_its_former_name():
 def test_spans_of_packed_rows_are_each_sentences_first_positions_or_none():
     """packing.Rows.spans (what the attention on packed rows reads): each sentence's first row and row count
     among the kept rows where every sentence keeps its first positions (padding at the end) and at least one;
-    None where a sentence keeps a later position after a dropped one, keeps none, or the kept positions are
-    not the attention's keys (keys=False); make_rows' `whole` gives every position of an unpadded batch."""
+    None where a sentence keeps a later position after a dropped one, keeps none, the batch is empty, or the
+    kept positions are not the attention's keys (keys=False); make_rows' `whole` gives every position of an
+    unpadded batch."""
     from minitf.packing import Rows, make_rows
     spans = Rows(np.array([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], bool)).spans
     assert spans.start.tolist() == [0, 2, 6] and spans.length.tolist() == [2, 4, 1]
@@ -506,6 +507,7 @@ def test_spans_of_packed_rows_are_each_sentences_first_positions_or_none():
     assert Rows(np.array([[1, 0, 1], [1, 1, 0]], bool)).spans is None
     assert Rows(np.array([[1, 1, 0], [0, 0, 0]], bool)).spans is None
     assert Rows(np.array([[1, 1, 0], [1, 0, 0]], bool), keys=False).spans is None
+    assert Rows(np.zeros((0, 3), bool)).spans is None
     full = np.ones((2, 3), bool)
     assert make_rows(full) is None
     whole = make_rows(full, whole=True)
