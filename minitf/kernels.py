@@ -31,8 +31,8 @@ kernels a block per 16 query (or key) rows of one sentence and head, 4 threads a
   pack_heads            x [B, H, L, K] -> [rows, H*K]: the heads merged and the kept rows taken
   attention_rows_forward  softmax(scale q k^T + mask) v per sentence and head on packed rows [rows, H*K]
                         (the projections' outputs, biases added on load; no [B, H, T, S] array), and each
-                        row's log-sum-exp; attention_rows_backward_q (dq, and sum(dout * out) per row) and
-                        attention_rows_backward_kv (dk, dv) compute the weights again from it
+                        row's log-sum-exp; attention_rows_backward computes the weights again from it, in
+                        blocks over the query rows (dq) and blocks over the key rows (dk, dv)
   bias_relu             x = max(x + b, 0) in place (the feed-forward's first layer and its ReLU)
   relu_backward         dy = dy * (y > 0) in place
   adam_update           one Adam(W) update over the flat buffers (+ the 16-bit copy of the weights)
@@ -848,9 +848,9 @@ __device__ inline A att_value(const T* x, const T* bias, int has_bias, long long
 // row's place r among the packed rows, and whether the whole block lies past the sentence's rows (past).
 struct AttPlace { int b, h, g, first, row, active, past; long long r; };
 
-__device__ inline AttPlace att_place(int chunks, int H, const int* start, const int* len) {
+__device__ inline AttPlace att_place(int block, int chunks, int H, const int* start, const int* len) {
     AttPlace p;
-    int chunk = blockIdx.x % chunks, bh = blockIdx.x / chunks;
+    int chunk = block % chunks, bh = block / chunks;
     p.h = bh % H;
     p.b = bh / H;
     p.g = threadIdx.x % ATT_G;
@@ -929,7 +929,7 @@ extern "C" __global__ void attention_rows_forward(const T* q, const T* k, const 
                                                   int chunks, int causal, A scale, long long nq) {
     __shared__ AttVec tiles[2 * ATT_TILE * ATT_KMAX / ATT_W];   // the staged keys and values
     A *sk = (A*)tiles, *sv = sk + ATT_TILE * ATT_KMAX;
-    AttPlace at = att_place(chunks, H, qstart, qlen);
+    AttPlace at = att_place(blockIdx.x, chunks, H, qstart, qlen);
     if (at.past) return;
     int b = at.b, h = at.h, g = at.g, first = at.first, row = at.row, active = at.active, lk = klen[b], hk = H * K;
     long long qr = at.r;
@@ -963,31 +963,31 @@ extern "C" __global__ void attention_rows_forward(const T* q, const T* k, const 
     if (g == 0) lse[(long long)h * nq + qr] = m + a_log(l);
 }
 
-// The backward's first half, per query row: delta = sum(dout * out) (dsum[h * nq + r], for the second half) and
-// dq = scale * sum_j ds_j k_j with p_j = exp(scale q k_j - lse) (the forward's weights again), dp_j = dout v_j,
-// ds_j = p_j (dp_j - delta): softmax_backward's ds, since sum_j p_j dp_j = dout (sum_j p_j v_j) = delta.
-extern "C" __global__ void attention_rows_backward_q(const T* q, const T* k, const T* v, const T* bq, const T* bk,
-                                                     const T* bv, int has_bias, const int* qstart, const int* qlen,
-                                                     const int* kstart, const int* klen, const T* out,
-                                                     const T* dout, const A* lse, A* dsum, T* dq, int H, int K,
-                                                     int chunks, int causal, A scale, long long nq) {
-    A qv[ATT_KPT], dov[ATT_KPT], dqv[ATT_KPT];   // this thread's share of the row's q, dout and dq
-    __shared__ AttVec tiles[2 * ATT_TILE * ATT_KMAX / ATT_W];
-    A *sk = (A*)tiles, *sv = sk + ATT_TILE * ATT_KMAX;
-    AttPlace at = att_place(chunks, H, qstart, qlen);
+// delta = dout . out of head h of row r, added in column order by one thread (the same bits wherever it is
+// computed: a query row's threads each, a key block's staging thread).
+__device__ inline A att_delta(const T* dout, const T* out, long long r, int hk, int h, int K) {
+    A dd = 0;
+    for (int c = 0; c < K; ++c) dd += (A)dout[r * hk + h * K + c] * (A)out[r * hk + h * K + c];
+    return dd;
+}
+
+// The backward's query blocks, per query row: delta = sum(dout * out) and dq = scale * sum_j ds_j k_j with
+// p_j = exp(scale q k_j - lse) (the forward's weights again), dp_j = dout v_j, ds_j = p_j (dp_j - delta):
+// softmax_backward's ds, since sum_j p_j dp_j = dout (sum_j p_j v_j) = delta. sk, sv: the block's tiles.
+__device__ void att_backward_q(int block, const T* q, const T* k, const T* v, const T* bq, const T* bk, const T* bv,
+                               int has_bias, const int* qstart, const int* qlen, const int* kstart, const int* klen,
+                               const T* out, const T* dout, const A* lse, T* dq, int H, int K, int chunks,
+                               int causal, A scale, long long nq, A* sk, A* sv) {
+    AttPlace at = att_place(block, chunks, H, qstart, qlen);
+    if (at.past) return;
     int b = at.b, h = at.h, g = at.g, first = at.first, row = at.row, active = at.active, lk = klen[b], hk = H * K;
     long long qr = at.r;
-    if (at.past) return;
+    A qv[ATT_KPT], dov[ATT_KPT], dqv[ATT_KPT];   // this thread's share of the row's q, dout and dq
     att_share(qv, q, bq, has_bias, qr, hk, h, K, g);
     att_share(dov, dout, dout, 0, qr, hk, h, K, g);
-    A dd = 0;
 #pragma unroll
-    for (int i = 0; i < ATT_KPT; ++i) {
-        int c = att_col(g, i);
-        if (c < K) dd += dov[i] * (A)out[qr * hk + h * K + c];
-        dqv[i] = 0;
-    }
-    dd = att_group_sum(dd);
+    for (int i = 0; i < ATT_KPT; ++i) dqv[i] = 0;
+    A dd = att_delta(dout, out, qr, hk, h, K);
     A ls = lse[(long long)h * nq + qr];
     int nk = causal ? (lk < first + ATT_ROWS ? lk : first + ATT_ROWS) : lk;
     for (int j0 = 0; j0 < nk; j0 += ATT_TILE) {
@@ -999,24 +999,17 @@ extern "C" __global__ void attention_rows_backward_q(const T* q, const T* k, con
             if (active && (!causal || j0 + j <= row)) att_axpy(dqv, a_exp(s - ls) * (dp - dd), sk, j, g);
         }
     }
-    if (!active) return;
-    att_write(dq, dqv, scale, qr, hk, h, K, g);
-    if (g == 0) dsum[(long long)h * nq + qr] = dd;
+    if (active) att_write(dq, dqv, scale, qr, hk, h, K, g);
 }
 
-// The backward's second half, per key row j (blocks over the keys' chunks): dv_j = sum_i p_ij dout_i and
-// dk_j = scale * sum_i ds_ij q_i over the queries i that see key j, the queries staged ATT_TILE at a time.
-extern "C" __global__ void attention_rows_backward_kv(const T* q, const T* k, const T* v, const T* bq,
-                                                      const T* bk, const T* bv, int has_bias, const int* qstart,
-                                                      const int* qlen, const int* kstart, const int* klen,
-                                                      const T* dout, const A* lse, const A* dsum, T* dk, T* dv,
-                                                      int H, int K, int chunks, int causal, A scale,
-                                                      long long nq) {
-    __shared__ AttVec tiles[2 * ATT_TILE * ATT_KMAX / ATT_W];   // the staged queries and their output gradients
-    A *sq = (A*)tiles, *sdo = sq + ATT_TILE * ATT_KMAX;
-    __shared__ A sls[ATT_TILE];
-    __shared__ A sdd[ATT_TILE];
-    AttPlace at = att_place(chunks, H, kstart, klen);
+// The backward's key blocks, per key row j: dv_j = sum_i p_ij dout_i and dk_j = scale * sum_i ds_ij q_i over the
+// queries i that see key j, the queries staged ATT_TILE at a time with their output gradients, lse and delta
+// (computed here as the query blocks compute it: the same bits). sq, sdo, sls, sdd: the block's shared arrays.
+__device__ void att_backward_kv(int block, const T* q, const T* k, const T* v, const T* bq, const T* bk, const T* bv,
+                                int has_bias, const int* qstart, const int* qlen, const int* kstart, const int* klen,
+                                const T* out, const T* dout, const A* lse, T* dk, T* dv, int H, int K, int chunks,
+                                int causal, A scale, long long nq, A* sq, A* sdo, A* sls, A* sdd) {
+    AttPlace at = att_place(block, chunks, H, kstart, klen);
     if (at.past) return;
     int b = at.b, h = at.h, g = at.g, first = at.first, key = at.row, active = at.active, lq = qlen[b], hk = H * K;
     long long kr = at.r, q0 = qstart[b];
@@ -1031,7 +1024,7 @@ extern "C" __global__ void attention_rows_backward_kv(const T* q, const T* k, co
     int i_first = causal ? first : 0;            // the first query any key here is seen by
     for (int i0 = i_first; i0 < lq; i0 += ATT_TILE) {
         int n = lq - i0 < ATT_TILE ? lq - i0 : ATT_TILE;
-        // stage the tile's queries (their bias added), their output gradients, lse and delta (dsum)
+        // stage the tile's queries (their bias added), their output gradients, lse and delta
         __syncthreads();
         for (int e = threadIdx.x; e < n * K; e += blockDim.x) {
             int i = e / K, c = e - i * K;
@@ -1041,7 +1034,7 @@ extern "C" __global__ void attention_rows_backward_kv(const T* q, const T* k, co
         }
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             sls[i] = lse[(long long)h * nq + q0 + i0 + i];
-            sdd[i] = dsum[(long long)h * nq + q0 + i0 + i];
+            sdd[i] = att_delta(dout, out, q0 + i0 + i, hk, h, K);
         }
         __syncthreads();
         for (int i = 0; i < n; ++i) {
@@ -1057,6 +1050,25 @@ extern "C" __global__ void attention_rows_backward_kv(const T* q, const T* k, co
     if (!active) return;
     att_write(dk, dkv, scale, kr, hk, h, K, g);
     att_write(dv, dvv, (A)1, kr, hk, h, K, g);
+}
+
+// The backward of attention_rows_forward in one launch: the first count * H * qchunks blocks take the query rows
+// (dq), the other count * H * kchunks the key rows (dk, dv); neither needs the other's results.
+extern "C" __global__ void attention_rows_backward(const T* q, const T* k, const T* v, const T* bq, const T* bk,
+                                                   const T* bv, int has_bias, const int* qstart, const int* qlen,
+                                                   const int* kstart, const int* klen, const T* out, const T* dout,
+                                                   const A* lse, T* dq, T* dk, T* dv, int H, int K, int qchunks,
+                                                   int kchunks, int count, int causal, A scale, long long nq) {
+    __shared__ AttVec tiles[2 * ATT_TILE * ATT_KMAX / ATT_W];   // keys and values, or queries and their dout
+    __shared__ A rows[2 * ATT_TILE];                             // the staged queries' lse and delta
+    A *t0 = (A*)tiles, *t1 = t0 + ATT_TILE * ATT_KMAX;
+    int qblocks = count * H * qchunks;
+    if ((int)blockIdx.x < qblocks)
+        att_backward_q(blockIdx.x, q, k, v, bq, bk, bv, has_bias, qstart, qlen, kstart, klen, out, dout, lse, dq, H, K,
+                       qchunks, causal, scale, nq, t0, t1);
+    else
+        att_backward_kv(blockIdx.x - qblocks, q, k, v, bq, bk, bv, has_bias, qstart, qlen, kstart, klen, out, dout, lse,
+                        dk, dv, H, K, kchunks, causal, scale, nq, t0, t1, rows, rows + ATT_TILE);
 }
 
 // One Adam(W) update of element i of the flat buffers, optim.Adam._update's passes in one:
@@ -1321,10 +1333,8 @@ SIGNATURES = {
     "pack_heads_vec": ["T*", "long long*", "int", "T*", "int", "int", "int", "int", "long long", "long long"],
     "attention_rows_forward": ["T*", "T*", "T*", "T*", "T*", "T*", "int", "int*", "int*", "int*", "int*", "T*", "A*",
                                "int", "int", "int", "int", "A", "long long"],
-    "attention_rows_backward_q": ["T*", "T*", "T*", "T*", "T*", "T*", "int", "int*", "int*", "int*", "int*", "T*", "T*",
-                                  "A*", "A*", "T*", "int", "int", "int", "int", "A", "long long"],
-    "attention_rows_backward_kv": ["T*", "T*", "T*", "T*", "T*", "T*", "int", "int*", "int*", "int*", "int*", "T*",
-                                   "A*", "A*", "T*", "T*", "int", "int", "int", "int", "A", "long long"],
+    "attention_rows_backward": ["T*", "T*", "T*", "T*", "T*", "T*", "int", "int*", "int*", "int*", "int*", "T*", "T*",
+                                "A*", "T*", "T*", "T*", "int", "int", "int", "int", "int", "int", "A", "long long"],
     "adam_update": ["T*", "A*", "A*", "A*", "T*", "int", "long long", "A*", "int", "A", "A", "A", "A", "A", "A", "A",
                     "A", "A"],
     "update_check": ["T*", "long long", "A*", "A*", "A*", "unsigned int*", "int", "A", "A"],
@@ -1937,21 +1947,15 @@ def attention_rows(q, k, v, biases, spans_q, spans_kv, h, causal, scale):
 
 def attention_rows_backward(dout, out, lse, q, k, v, biases, spans_q, spans_kv, h, causal, scale, dq, dk, dv):
     """The backward of attention_rows: dq [rows_q, H*K], dk and dv [rows_kv, H*K] (C-contiguous arrays, written)
-    from dout = dL/dout and the forward's out and lse. Two launches: the queries' rows (dq, and each row's
-    sum(dout * out)), then the keys' rows (dk, dv)."""
+    from dout = dL/dout and the forward's out and lse. One launch: blocks over the query rows (dq, from each
+    row's sum(dout * out)) and blocks over the key rows (dk, dv, the same sums computed again as they stage
+    the queries)."""
     args, xp = _attention_args(q, k, v, biases, spans_q, spans_kv)
     nq, hk = q.shape
-    a = accum_dtype(q.dtype)
-    dsum = xp.empty_like(lse)
-    tail = (np.int32(h), np.int32(hk // h))
-    chunks = -(-spans_q.most // ATT_ROWS)
-    _launch("attention_rows_backward_q", q.dtype, spans_q.count * h * chunks, ATT_BLOCK,
-            args + (out, dout, lse, dsum, dq) + tail + (np.int32(chunks), np.int32(bool(causal)), a(scale),
-                                                         np.int64(nq)))
-    chunks = -(-spans_kv.most // ATT_ROWS)
-    _launch("attention_rows_backward_kv", q.dtype, spans_kv.count * h * chunks, ATT_BLOCK,
-            args + (dout, lse, dsum, dk, dv) + tail + (np.int32(chunks), np.int32(bool(causal)), a(scale),
-                                                       np.int64(nq)))
+    qchunks, kchunks = -(-spans_q.most // ATT_ROWS), -(-spans_kv.most // ATT_ROWS)
+    _launch("attention_rows_backward", q.dtype, spans_q.count * h * (qchunks + kchunks), ATT_BLOCK,
+            args + (out, dout, lse, dq, dk, dv, np.int32(h), np.int32(hk // h), np.int32(qchunks), np.int32(kchunks),
+                    np.int32(spans_q.count), np.int32(bool(causal)), accum_dtype(q.dtype)(scale), np.int64(nq)))
     return dq, dk, dv
 
 

@@ -536,7 +536,7 @@ ATTENTION_CASES = {"self": ([1, 5, 37, 70], None, False), "causal": ([1, 5, 37, 
 @pytest.mark.parametrize("h,k", [(3, 6), (1, 64)])
 @pytest.mark.parametrize("order", ["ascending", "descending"])
 def test_attention_on_packed_rows_forward_and_backward(dtype, case, h, k, order, monkeypatch, emulated):
-    """kernels.attention_rows (one launch) and attention_rows_backward (two) against float64 NumPy per
+    """kernels.attention_rows (one launch) and attention_rows_backward (one) against float64 NumPy per
     sentence and head: the output, its lse and the gradients of q, k and v (before their biases, which
     the kernels add), for self-attention with and without the causal mask and cross-attention with
     other lengths on the key side; heads of 6 values (not a multiple of the 4 threads a row) and of 64

@@ -18,7 +18,7 @@ docs/performance.md measures it.
 With MINITF_FUSED_ATTN=1 (kernels.attention_rows_ok), packed rows on both sides (packing.Spans) and no
 attention dropout, the attention itself reads the projections' packed rows instead: one kernel for
 the forward (kernels.attention_rows: biases, scores, mask, softmax and the weighted sum, never writing
-the [B, H, T, S] weights) and two for the backward, without the head layout or the pack/unpack passes
+the [B, H, T, S] weights) and one for the backward, without the head layout or the pack/unpack passes
 (not yet timed on a GPU, hence off by default: docs/performance.md).
 """
 import math
