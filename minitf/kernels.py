@@ -816,9 +816,10 @@ extern "C" __global__ void pack_heads_vec(const T* x, const long long* index, in
 // the query (the decoder's mask). ATT_G threads hold a row (each ATT_KPT of its K <= ATT_KMAX values, in runs of
 // ATT_W: att_col, so that the row's threads read 16 neighbouring bytes each from a staged row, and a row's dot
 // product is their partial sums added by two warp shuffles); a block takes ATT_ROWS rows of one sentence and head,
-// and the keys (or queries) come through shared memory ATT_TILE rows at a time. Blocks are
-// (b * H + h) * chunks + chunk, chunk the block's ATT_ROWS rows; every thread of a block runs the same loops and
-// shuffles (rows past the sentence's end too), as the warp shuffle needs.
+// and the keys (or queries) come through shared memory ATT_TILE rows at a time. A kernel's blocks of one kind are
+// (b * H + h) * chunks + chunk, chunk the block's ATT_ROWS rows (attention_rows_backward's key blocks follow its
+// query blocks); every thread of a block runs the same loops and shuffles (rows past the sentence's end too), as
+// the warp shuffle needs.
 #define ATT_G 4
 #define ATT_KMAX 64
 #define ATT_KPT (ATT_KMAX / ATT_G)
