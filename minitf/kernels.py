@@ -1796,7 +1796,7 @@ _PARTIALS = {}   # (array module, dtype name) -> the column sums' slab partials,
 
 def _partials(xp, dtype, n):
     """A buffer of at least n values for the column sums' slab partials, kept between calls (no
-    allocation per call: one a gradient sum, 96 in a `base` step). One buffer is safe because the kernels run in the
+    allocation per call: one a gradient sum, 66 launches in a `base` step). One buffer is safe because the kernels run in the
     order they are launched, on one stream: a launch writes its partials only after the one
     before has read its own."""
     key = (id(xp), dtype_name(dtype))
