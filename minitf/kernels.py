@@ -838,6 +838,12 @@ __device__ inline A att_group_sum(A v) {
     return v;
 }
 
+// The keys any row of a block from `first` on sees: all lk of its sentence, or with `causal` those up to the block's
+// last row (the forward and the backward's query blocks take the same ones).
+__device__ inline int att_keys_seen(int causal, int lk, int first) {
+    return causal && first + ATT_ROWS < lk ? first + ATT_ROWS : lk;
+}
+
 // Value c of row r of a projection, its bias added and the sum rounded to T (as unpack_heads writes the heads).
 __device__ inline A att_value(const T* x, const T* bias, int has_bias, long long r, int hk, int col) {
     return has_bias ? (A)(T)((A)x[r * hk + col] + (A)bias[col]) : (A)x[r * hk + col];
@@ -938,7 +944,7 @@ extern "C" __global__ void attention_rows_forward(const T* q, const T* k, const 
     att_share(qv, q, bq, has_bias, qr, hk, h, K, g);
 #pragma unroll
     for (int i = 0; i < ATT_KPT; ++i) acc[i] = 0;
-    int nk = causal ? (lk < first + ATT_ROWS ? lk : first + ATT_ROWS) : lk;   // the keys any row here sees
+    int nk = att_keys_seen(causal, lk, first);
     A m = NEG_BIG, l = 0;
     for (int j0 = 0; j0 < nk; j0 += ATT_TILE) {
         int n = nk - j0 < ATT_TILE ? nk - j0 : ATT_TILE;
@@ -990,7 +996,7 @@ __device__ void att_backward_q(int block, const T* q, const T* k, const T* v, co
     for (int i = 0; i < ATT_KPT; ++i) dqv[i] = 0;
     A dd = att_delta(dout, out, qr, hk, h, K);
     A ls = lse[(long long)h * nq + qr];
-    int nk = causal ? (lk < first + ATT_ROWS ? lk : first + ATT_ROWS) : lk;
+    int nk = att_keys_seen(causal, lk, first);
     for (int j0 = 0; j0 < nk; j0 += ATT_TILE) {
         int n = nk - j0 < ATT_TILE ? nk - j0 : ATT_TILE;
         att_stage(k, bk, v, bv, has_bias, kstart[b], j0, n, hk, h, K, sk, sv);
@@ -1732,13 +1738,10 @@ def column_sums(x, y=None, out=None):
         return xp.zeros(d, dtype=a) if out is None else out
     if out is not None and y is not None:
         raise ValueError("column_sums(out=) adds the sums of x only: column_sums_pair adds those of x * y")
-    partial = _partials(xp, a, slabs * d).reshape(slabs, d)    # every entry written by pass 1
-    if out is not None:
-        _launch("column_sums_into", x.dtype, chunks * slabs, COLUMN_BLOCK,
-                (x, partial, np.int32(1), x, partial, _counter(xp, chunks),
-                 out, out, out, np.int64(n), np.int32(d), np.int64(rows_per_slab), x, partial, partial, np.int32(0),
-                 np.int64(0), np.int64(0)))
+    if out is not None:                # one plane: column_sums_into's single launch
+        column_sums_planes(x.reshape(1, n, d), out, 0)
         return out
+    partial = _partials(xp, a, slabs * d).reshape(slabs, d)    # every entry written by pass 1
     yy = partial if y is None else xp.ascontiguousarray(y, dtype=a)
     _launch("column_partial_sums", x.dtype, chunks * slabs, COLUMN_BLOCK,
             (x, yy, np.int32(y is not None), partial, np.int64(n), np.int32(d), np.int64(rows_per_slab)))
