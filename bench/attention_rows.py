@@ -9,11 +9,12 @@ A model of the preset in the mode's dtype on the GPU, and bench/data.py's `wmt_b
 batch: at most 25,000 padded tokens a side of WMT14-shaped lengths) as packed rows of random values: the first
 encoder layer's self-attention on the source rows, the first decoder layer's (causal) on the target rows and its
 cross-attention, each called forward and backward (the gradients of its inputs and weights) with
-MINITF_FUSED_ATTN=0 (the head layout: unpack, batched products, softmax, pack) and =1 (packed rows), in
-alternating rounds of --calls calls, the device synchronised before and after each round. Printed per mode and
-attention: the median ms of a forward and backward on each path, their ratio (head layout / packed rows: above 1,
-the packed rows are faster), and the largest difference between the two paths' input gradients, relative to
-the largest value.
+MINITF_FUSED_ATTN=0 (the head layout: unpack, batched products, softmax, pack) and =1 (packed rows: on tensor cores
+in float16 and bfloat16 where the head's width is a multiple of 16, else on CUDA cores), and in 16 bits also with
+MINITF_FUSED_ATTN_MMA=0 (packed rows on CUDA cores), in alternating rounds of --calls calls, the device synchronised
+before and after each round. Printed per mode and attention: the median ms of a forward and backward on each path,
+the ratio of the head layout's to each packed path's (above 1, the packed rows are faster), and the largest
+difference between a packed path's input gradients and the head layout's, relative to the largest value.
 """
 import argparse
 import os
@@ -34,7 +35,10 @@ from minitf.packing import make_rows  # noqa: E402
 from bench.data import wmt_batch  # noqa: E402
 
 DTYPES = {"float32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-PATHS = (("heads", "0"), ("rows", "1"))      # (name, MINITF_FUSED_ATTN)
+# (name, what it is called in the output, its switches); "cuda" only in 16 bits (float32 rows run on CUDA cores)
+PATHS = (("heads", "head layout", {"MINITF_FUSED_ATTN": "0"}),
+         ("rows", "packed rows", {"MINITF_FUSED_ATTN": "1", "MINITF_FUSED_ATTN_MMA": "1"}),
+         ("cuda", "on CUDA cores", {"MINITF_FUSED_ATTN": "1", "MINITF_FUSED_ATTN_MMA": "0"}))
 
 
 def attentions(model, src, tgt_in, seed=0):
@@ -62,13 +66,13 @@ def call(layer, x_q, x_kv, bias, rows_q, rows_kv, dy):
     return layer.backward(dy)
 
 
-def time_paths(args_of, rounds, calls, warmup):
+def time_paths(args_of, paths, rounds, calls, warmup):
     """{path: [seconds a call, one per round]}, the paths alternating round by round."""
     xp = backend.xp_of(args_of[1])
-    times = {name: [] for name, _ in PATHS}
+    times = {name: [] for name, _, _ in paths}
     for r in range(warmup + rounds):
-        for name, flag in PATHS:
-            os.environ["MINITF_FUSED_ATTN"] = flag
+        for name, _, env in paths:
+            os.environ.update(env)
             backend.synchronize(xp)
             t0 = time.perf_counter()
             for _ in range(calls):
@@ -79,13 +83,15 @@ def time_paths(args_of, rounds, calls, warmup):
     return times
 
 
-def gradient_difference(args_of):
-    """The largest difference between the two paths' input gradients, relative to the largest value."""
+def gradient_difference(args_of, paths):
+    """The largest difference between a packed path's input gradients and the head layout's, relative to the
+    largest value."""
     got = {}
-    for name, flag in PATHS:
-        os.environ["MINITF_FUSED_ATTN"] = flag
+    for name, _, env in paths:
+        os.environ.update(env)
         got[name] = [backend.to_numpy(g).astype(np.float64) for g in call(*args_of)]
-    return max(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30) for a, b in zip(got["rows"], got["heads"]))
+    return max(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)
+               for name, _, _ in paths[1:] for a, b in zip(got[name], got["heads"]))
 
 
 def main(argv=None):
@@ -105,22 +111,26 @@ def main(argv=None):
         args.rounds, args.calls, args.warmup = 2, 1, 1
     cfg = minitf.Config.preset(preset, vocab_size=vocab)
     src, tgt_in, _ = wmt_batch(cfg, tokens)
-    saved = os.environ.get("MINITF_FUSED_ATTN")
+    saved = {k: os.environ.get(k) for k in ("MINITF_FUSED_ATTN", "MINITF_FUSED_ATTN_MMA")}
     print(f"{preset}: {src.shape[0]} sentences, {int((src != cfg.pad_id).sum())} source and "
           f"{int((tgt_in != cfg.pad_id).sum())} target rows, H={cfg.n_heads} K={cfg.d_k}")
     try:
         for mode in args.modes.split(","):
             model = minitf.Transformer(cfg, device="gpu", dtype=DTYPES[mode], seed=0)
+            paths = PATHS if mode != "float32" else PATHS[:2]
             for name, args_of in attentions(model, src, tgt_in).items():
-                times = time_paths(args_of, args.rounds, args.calls, args.warmup)
+                times = time_paths(args_of, paths, args.rounds, args.calls, args.warmup)
                 ms = {path: statistics.median(ts) * 1e3 for path, ts in times.items()}
-                print(f"  {mode:8s} {name:13s} head layout {ms['heads']:8.3f} ms  packed rows {ms['rows']:8.3f} ms  "
-                      f"x{ms['heads'] / ms['rows']:.3f}  input gradients differ by {gradient_difference(args_of):.2e}")
+                line = f"  {mode:8s} {name:13s} head layout {ms['heads']:8.3f} ms"
+                for path, label, _ in paths[1:]:
+                    line += f"  {label} {ms[path]:8.3f} ms x{ms['heads'] / ms[path]:.3f}"
+                print(f"{line}  input gradients differ by {gradient_difference(args_of, paths):.2e}")
     finally:
-        if saved is None:
-            os.environ.pop("MINITF_FUSED_ATTN", None)
-        else:
-            os.environ["MINITF_FUSED_ATTN"] = saved
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 if __name__ == "__main__":

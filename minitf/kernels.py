@@ -33,6 +33,8 @@ kernels a block per 16 query (or key) rows of one sentence and head, 4 threads a
                         (the projections' outputs, biases added on load; no [B, H, T, S] array), and each
                         row's log-sum-exp; attention_rows_backward computes the weights again from it, in
                         blocks over the query rows (dq) and blocks over the key rows (dk, dv)
+  attention_rows_*_mma  the same two on tensor cores (mma.sync m16n8k16, a warp a block): float16 and
+                        bfloat16, heads of 16, 32, 48 or 64 values, sm_80 and newer (attention_tensor_cores)
   bias_relu             x = max(x + b, 0) in place (the feed-forward's first layer and its ReLU)
   relu_backward         dy = dy * (y > 0) in place
   adam_update           one Adam(W) update over the flat buffers (+ the 16-bit copy of the weights)
@@ -1078,6 +1080,332 @@ extern "C" __global__ void attention_rows_backward(const T* q, const T* k, const
                         dk, dv, H, K, kchunks, causal, scale, nq, t0, t1, rows, rows + ATT_TILE);
 }
 
+// The same attention on tensor cores (float16 and bfloat16 storage, K a multiple of 16, sm_80 and newer): a block is
+// one warp and takes ATT_ROWS = 16 rows of one sentence and head (att_place's numbering, the CUDA-core kernels' grid),
+// and every product is mma.sync m16n8k16 (16-bit operands, float32 sums), its fragments as the PTX ISA lays them out
+// ("Matrix Fragments for mma.m16n8k16 with floating point type"; lane = 4 gid + tig): A (16 x 16) a[0] holds row gid,
+// columns 2 tig and 2 tig + 1, a[1] the same of row gid + 8, a[2] and a[3] those 8 columns on; B (16 x 8) b[0] holds rows
+// 2 tig and 2 tig + 1 of column gid, b[1] those 8 rows on; C (16 x 8, float) c[0], c[1] row gid, columns 2 tig, 2 tig + 1,
+// c[2], c[3] row gid + 8. A product's C tiles side by side are the next product's A fragments (mma_tile_by_rows).
+// Staged rows are ATTC_LD values apart: 36 words, so that the 32 lanes' loads of a fragment fall in 32 banks.
+#define ATTC_LD (ATT_KMAX + 8)
+#define ATTC_STEPS (ATT_KMAX / 16)     // a row's k-steps of 16 values
+#define ATTC_COLS (ATT_KMAX / 8)       // a row's C tiles of 8 values
+#define ATTC_TILES (ATT_TILE / 8)      // a staged tile's C tiles of 8 rows
+#if ATT_MMA
+typedef unsigned int mma_u32;
+
+// Two values as one register of a fragment: lo in the low 16 bits (rounded to T).
+__device__ inline mma_u32 mma_pack(A lo, A hi) {
+    T l = (T)lo, h = (T)hi;
+    return (mma_u32)l.bits | ((mma_u32)h.bits << 16);
+}
+
+// p[0] and p[step] (staged T values) as one register.
+__device__ inline mma_u32 mma_two(const T* p, int step) { return (mma_u32)p[0].bits | ((mma_u32)p[step].bits << 16); }
+
+#ifdef MINITF_EMULATE
+#define mma_16816(c, a, b) emu_mma_16816<ATT_MMA_BF16>(c, a, b)
+#else
+// c += a b: one warp's 16 x 8 x 16 product on the tensor cores.
+__device__ inline void mma_16816(float* c, const mma_u32* a, const mma_u32* b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." ATT_MMA_AB "." ATT_MMA_AB ".f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+
+__device__ inline A mma_quad_max(A v) {          // the maximum over a row's 4 lanes (a quad)
+    v = a_max(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return a_max(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+// The A fragments of the 16 rows r0 .. r0 + 15 of head h of x (rows at or past n read as 0), its bias added and the
+// sum rounded to T as att_value does: f[s] holds the head's values 16 s .. 16 s + 15.
+__device__ inline void mma_rows(mma_u32 (*f)[4], const T* x, const T* bias, int has_bias, long long r0, int n, int hk,
+                                int h, int K) {
+    int gid = threadIdx.x >> 2, tig = threadIdx.x & 3;
+#pragma unroll
+    for (int s = 0; s < ATTC_STEPS; ++s)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            int row = gid + 8 * (i & 1), col = h * K + 16 * s + 2 * tig + 8 * (i >> 1);
+            A lo = 0, hi = 0;
+            if (16 * s < K && row < n) {
+                lo = att_value(x, bias, has_bias, r0 + row, hk, col);
+                hi = att_value(x, bias, has_bias, r0 + row, hk, col + 1);
+            }
+            f[s][i] = mma_pack(lo, hi);
+        }
+}
+
+// Stages rows j0 .. j0 + n - 1 (rows from `start`) of head h of x in shared memory as T (the bias added where has_bias,
+// as att_value adds it): sx[j * ATTC_LD + c]; rows n .. ATT_TILE - 1 are 0, so that a product over them adds 0 (never
+// a NaN of memory no one wrote). No barrier: the caller's.
+__device__ inline void mma_stage(const T* x, const T* bias, int has_bias, long long start, int j0, int n, int hk, int h,
+                                 int K, T* sx) {
+    for (int e = threadIdx.x; e < ATT_TILE * K; e += blockDim.x) {
+        int j = e / K, c = e - j * K;
+        sx[j * ATTC_LD + c] = j < n ? (T)att_value(x, bias, has_bias, start + j0 + j, hk, h * K + c) : (T)0.0f;
+    }
+}
+
+// c = rows . tile^T: the 16 rows' fragments f times the ATT_TILE staged rows, c[nt] the staged rows 8 nt .. 8 nt + 7.
+__device__ inline void mma_rows_by_tile(float (*c)[4], const mma_u32 (*f)[4], const T* tile, int K) {
+    int gid = threadIdx.x >> 2, tig = threadIdx.x & 3;
+#pragma unroll
+    for (int nt = 0; nt < ATTC_TILES; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c[nt][i] = 0;
+#pragma unroll
+        for (int s = 0; s < ATTC_STEPS; ++s)
+            if (16 * s < K) {
+                const T* p = tile + (8 * nt + gid) * ATTC_LD + 16 * s + 2 * tig;
+                mma_u32 b[2] = {mma_two(p, 1), mma_two(p + 8, 1)};
+                mma_16816(c[nt], f[s], b);
+            }
+    }
+}
+
+// acc += w . tile: the 16 x ATT_TILE weights w (C tiles, rounded to T here) times the staged rows (ATT_TILE x K).
+__device__ inline void mma_tile_by_rows(float (*acc)[4], const float (*w)[4], const T* tile, int K) {
+    int gid = threadIdx.x >> 2, tig = threadIdx.x & 3;
+#pragma unroll
+    for (int kt = 0; kt < ATT_TILE / 16; ++kt) {
+        mma_u32 a[4] = {mma_pack(w[2 * kt][0], w[2 * kt][1]), mma_pack(w[2 * kt][2], w[2 * kt][3]),
+                        mma_pack(w[2 * kt + 1][0], w[2 * kt + 1][1]), mma_pack(w[2 * kt + 1][2], w[2 * kt + 1][3])};
+#pragma unroll
+        for (int nt = 0; nt < ATTC_COLS; ++nt)
+            if (8 * nt < K) {
+                const T* p = tile + (16 * kt + 2 * tig) * ATTC_LD + 8 * nt + gid;
+                mma_u32 b[2] = {mma_two(p, ATTC_LD), mma_two(p + 8 * ATTC_LD, ATTC_LD)};
+                mma_16816(acc[nt], a, b);
+            }
+    }
+}
+
+// Writes rows r0 + gid and r0 + gid + 8 (those below n) of head h of x from C tiles: acc * f[0] and acc * f[1].
+__device__ inline void mma_write(T* x, const float (*acc)[4], const A* f, long long r0, int n, int hk, int h, int K) {
+    int gid = threadIdx.x >> 2, tig = threadIdx.x & 3;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        int row = gid + 8 * u;
+        if (row >= n) continue;
+#pragma unroll
+        for (int nt = 0; nt < ATTC_COLS; ++nt)
+            if (8 * nt < K) {
+                long long at = (r0 + row) * hk + h * K + 8 * nt + 2 * tig;
+                x[at] = (T)(acc[nt][2 * u] * f[u]);
+                x[at + 1] = (T)(acc[nt][2 * u + 1] * f[u]);
+            }
+    }
+}
+
+__device__ inline void mma_zero(float (*acc)[4]) {
+#pragma unroll
+    for (int nt = 0; nt < ATTC_COLS; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[nt][i] = 0;
+}
+
+// attention_rows_forward on tensor cores: per tile of ATT_TILE keys, s = scale q k^T (mma_rows_by_tile), the
+// tile's row maxima, the sums so far rescaled, p = exp(s - m) (0 where the key is not seen), acc += p v.
+__device__ void att_mma_forward(const T* q, const T* k, const T* v, const T* bq, const T* bk, const T* bv, int has_bias,
+                                const int* qstart, const int* qlen, const int* kstart, const int* klen, T* out, A* lse,
+                                int H, int K, int chunks, int causal, A scale, long long nq, T* sk, T* sv) {
+    AttPlace at = att_place(blockIdx.x, chunks, H, qstart, qlen);
+    if (at.past) return;
+    int b = at.b, h = at.h, first = at.first, lk = klen[b], hk = H * K, rows = qlen[b] - at.first;
+    int gid = threadIdx.x >> 2, tig = threadIdx.x & 3;
+    long long r0 = (long long)qstart[b] + first;
+    mma_u32 qf[ATTC_STEPS][4];
+    mma_rows(qf, q, bq, has_bias, r0, rows, hk, h, K);
+    float acc[ATTC_COLS][4], s[ATTC_TILES][4];
+    mma_zero(acc);
+    A m[2] = {NEG_BIG, NEG_BIG}, l[2] = {0, 0};  // rows gid and gid + 8: the running maximum, this lane's share of the sum
+    int nk = att_keys_seen(causal, lk, first);
+    for (int j0 = 0; j0 < nk; j0 += ATT_TILE) {
+        int n = nk - j0 < ATT_TILE ? nk - j0 : ATT_TILE;
+        __syncthreads();                        // the previous tile's readers are done
+        mma_stage(k, bk, has_bias, kstart[b], j0, n, hk, h, K, sk);
+        mma_stage(v, bv, has_bias, kstart[b], j0, n, hk, h, K, sv);
+        __syncthreads();
+        mma_rows_by_tile(s, qf, sk, K);
+        A top[2] = {NEG_BIG, NEG_BIG};
+#pragma unroll
+        for (int nt = 0; nt < ATTC_TILES; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                int key = 8 * nt + 2 * tig + (i & 1), row = first + gid + 8 * (i >> 1);
+                s[nt][i] = key < n && (!causal || j0 + key <= row) ? s[nt][i] * scale : NEG_BIG;
+                top[i >> 1] = a_max(top[i >> 1], s[nt][i]);
+            }
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {           // a new maximum: the sums so far rescaled
+            A mu = a_max(m[u], mma_quad_max(top[u])), corr = a_exp(m[u] - mu);
+            l[u] *= corr;
+#pragma unroll
+            for (int nt = 0; nt < ATTC_COLS; ++nt) {
+                acc[nt][2 * u] *= corr;
+                acc[nt][2 * u + 1] *= corr;
+            }
+            m[u] = mu;
+        }
+#pragma unroll
+        for (int nt = 0; nt < ATTC_TILES; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                A p = s[nt][i] == NEG_BIG ? (A)0 : a_exp(s[nt][i] - m[i >> 1]);
+                s[nt][i] = p;
+                l[i >> 1] += p;
+            }
+        mma_tile_by_rows(acc, s, sv, K);
+    }
+    A f[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        l[u] = att_group_sum(l[u]);
+        f[u] = (A)1 / l[u];
+        int row = gid + 8 * u;
+        if (tig == 0 && row < rows) lse[(long long)h * nq + r0 + row] = m[u] + a_log(l[u]);
+    }
+    mma_write(out, acc, f, r0, rows, hk, h, K);
+}
+
+// The backward's query blocks on tensor cores: per key tile, s = scale q k^T and dp = dout v^T (mma_rows_by_tile),
+// ds = p (dp - delta) with p = exp(s - lse), dq += ds k; dq written times scale.
+__device__ void att_mma_backward_q(int block, const T* q, const T* k, const T* v, const T* bq, const T* bk, const T* bv,
+                                   int has_bias, const int* qstart, const int* qlen, const int* kstart, const int* klen,
+                                   const T* out, const T* dout, const A* lse, T* dq, int H, int K, int chunks,
+                                   int causal, A scale, long long nq, T* sk, T* sv) {
+    AttPlace at = att_place(block, chunks, H, qstart, qlen);
+    if (at.past) return;
+    int b = at.b, h = at.h, first = at.first, lk = klen[b], hk = H * K, rows = qlen[b] - at.first;
+    int gid = threadIdx.x >> 2, tig = threadIdx.x & 3;
+    long long r0 = (long long)qstart[b] + first;
+    mma_u32 qf[ATTC_STEPS][4], df[ATTC_STEPS][4];
+    mma_rows(qf, q, bq, has_bias, r0, rows, hk, h, K);
+    mma_rows(df, dout, dout, 0, r0, rows, hk, h, K);
+    A dd[2], ls[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        int row = gid + 8 * u;
+        dd[u] = row < rows ? att_delta(dout, out, r0 + row, hk, h, K) : (A)0;
+        ls[u] = row < rows ? lse[(long long)h * nq + r0 + row] : (A)0;
+    }
+    float acc[ATTC_COLS][4], s[ATTC_TILES][4], dp[ATTC_TILES][4];
+    mma_zero(acc);
+    int nk = att_keys_seen(causal, lk, first);
+    for (int j0 = 0; j0 < nk; j0 += ATT_TILE) {
+        int n = nk - j0 < ATT_TILE ? nk - j0 : ATT_TILE;
+        __syncthreads();
+        mma_stage(k, bk, has_bias, kstart[b], j0, n, hk, h, K, sk);
+        mma_stage(v, bv, has_bias, kstart[b], j0, n, hk, h, K, sv);
+        __syncthreads();
+        mma_rows_by_tile(s, qf, sk, K);
+        mma_rows_by_tile(dp, df, sv, K);
+#pragma unroll
+        for (int nt = 0; nt < ATTC_TILES; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                int key = 8 * nt + 2 * tig + (i & 1), u = i >> 1, row = first + gid + 8 * u;
+                A p = key < n && (!causal || j0 + key <= row) ? a_exp(s[nt][i] * scale - ls[u]) : (A)0;
+                s[nt][i] = p * (dp[nt][i] - dd[u]);
+            }
+        mma_tile_by_rows(acc, s, sk, K);
+    }
+    A f[2] = {scale, scale};
+    mma_write(dq, acc, f, r0, rows, hk, h, K);
+}
+
+// The backward's key blocks on tensor cores: per tile of queries (staged with their output gradients, lse and delta,
+// computed as the query blocks compute it: the same bits), s = scale k q^T and dp = v dout^T, p = exp(s - lse),
+// dv += p dout, dk += p (dp - delta) q; dk written times scale.
+__device__ void att_mma_backward_kv(int block, const T* q, const T* k, const T* v, const T* bq, const T* bk,
+                                    const T* bv, int has_bias, const int* qstart, const int* qlen, const int* kstart,
+                                    const int* klen, const T* out, const T* dout, const A* lse, T* dk, T* dv, int H,
+                                    int K, int chunks, int causal, A scale, long long nq, T* sq, T* sdo, A* sls,
+                                    A* sdd) {
+    AttPlace at = att_place(block, chunks, H, kstart, klen);
+    if (at.past) return;
+    int b = at.b, h = at.h, first = at.first, lq = qlen[b], hk = H * K, rows = klen[b] - at.first;
+    int gid = threadIdx.x >> 2, tig = threadIdx.x & 3;
+    long long r0 = (long long)kstart[b] + first, q0 = qstart[b];
+    mma_u32 kf[ATTC_STEPS][4], vf[ATTC_STEPS][4];
+    mma_rows(kf, k, bk, has_bias, r0, rows, hk, h, K);
+    mma_rows(vf, v, bv, has_bias, r0, rows, hk, h, K);
+    float dka[ATTC_COLS][4], dva[ATTC_COLS][4], s[ATTC_TILES][4], dp[ATTC_TILES][4];
+    mma_zero(dka);
+    mma_zero(dva);
+    for (int i0 = causal ? first : 0; i0 < lq; i0 += ATT_TILE) {   // causal: no query before `first` sees these keys
+        int n = lq - i0 < ATT_TILE ? lq - i0 : ATT_TILE;
+        __syncthreads();
+        mma_stage(q, bq, has_bias, q0, i0, n, hk, h, K, sq);
+        mma_stage(dout, dout, 0, q0, i0, n, hk, h, K, sdo);
+        for (int i = threadIdx.x; i < ATT_TILE; i += blockDim.x) {
+            sls[i] = i < n ? lse[(long long)h * nq + q0 + i0 + i] : (A)0;
+            sdd[i] = i < n ? att_delta(dout, out, q0 + i0 + i, hk, h, K) : (A)0;
+        }
+        __syncthreads();
+        mma_rows_by_tile(s, kf, sq, K);
+        mma_rows_by_tile(dp, vf, sdo, K);
+#pragma unroll
+        for (int nt = 0; nt < ATTC_TILES; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                int query = 8 * nt + 2 * tig + (i & 1), key = first + gid + 8 * (i >> 1);
+                A p = query < n && (!causal || key <= i0 + query) ? a_exp(s[nt][i] * scale - sls[query]) : (A)0;
+                s[nt][i] = p;
+                dp[nt][i] = p * (dp[nt][i] - sdd[query]);
+            }
+        mma_tile_by_rows(dva, s, sdo, K);
+        mma_tile_by_rows(dka, dp, sq, K);
+    }
+    A one[2] = {1, 1}, f[2] = {scale, scale};
+    mma_write(dk, dka, f, r0, rows, hk, h, K);
+    mma_write(dv, dva, one, r0, rows, hk, h, K);
+}
+#endif
+
+// The tensor-core kernels, with attention_rows_forward's and attention_rows_backward's arguments and grids (blocks of
+// one warp). Their bodies are empty where there are no tensor-core products of T (float32, float64) or none before
+// sm_80: kernels.attention_rows launches them only where they are not.
+#if ATT_MMA && (defined(MINITF_EMULATE) || __CUDA_ARCH__ >= 800)
+#define ATT_MMA_HERE 1
+#else
+#define ATT_MMA_HERE 0
+#endif
+extern "C" __global__ void attention_rows_forward_mma(const T* q, const T* k, const T* v, const T* bq, const T* bk,
+                                                      const T* bv, int has_bias, const int* qstart, const int* qlen,
+                                                      const int* kstart, const int* klen, T* out, A* lse, int H, int K,
+                                                      int chunks, int causal, A scale, long long nq) {
+#if ATT_MMA_HERE
+    __shared__ T tiles[2 * ATT_TILE * ATTC_LD];   // the staged keys and values
+    att_mma_forward(q, k, v, bq, bk, bv, has_bias, qstart, qlen, kstart, klen, out, lse, H, K, chunks, causal, scale,
+                    nq, tiles, tiles + ATT_TILE * ATTC_LD);
+#endif
+}
+
+extern "C" __global__ void attention_rows_backward_mma(const T* q, const T* k, const T* v, const T* bq, const T* bk,
+                                                       const T* bv, int has_bias, const int* qstart, const int* qlen,
+                                                       const int* kstart, const int* klen, const T* out, const T* dout,
+                                                       const A* lse, T* dq, T* dk, T* dv, int H, int K, int qchunks,
+                                                       int kchunks, int count, int causal, A scale, long long nq) {
+#if ATT_MMA_HERE
+    __shared__ T tiles[2 * ATT_TILE * ATTC_LD];   // keys and values, or queries and their dout
+    __shared__ A rows[2 * ATT_TILE];              // the staged queries' lse and delta
+    T *t0 = tiles, *t1 = tiles + ATT_TILE * ATTC_LD;
+    int qblocks = count * H * qchunks;
+    if ((int)blockIdx.x < qblocks)
+        att_mma_backward_q(blockIdx.x, q, k, v, bq, bk, bv, has_bias, qstart, qlen, kstart, klen, out, dout, lse, dq,
+                           H, K, qchunks, causal, scale, nq, t0, t1);
+    else
+        att_mma_backward_kv(blockIdx.x - qblocks, q, k, v, bq, bk, bv, has_bias, qstart, qlen, kstart, klen, out, dout,
+                            lse, dk, dv, H, K, kchunks, causal, scale, nq, t0, t1, rows, rows + ATT_TILE);
+#endif
+}
+
 // One Adam(W) update of element i of the flat buffers, optim.Adam._update's passes in one:
 // g = grad * inv_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p *= decay (1 - lr * lambda);
 // p -= (m / (sqrt(v) * rbc2 + eps)) * step (rbc2 = 1 / sqrt(1 - b2^t), step = lr / (1 - b1^t));
@@ -1342,6 +1670,11 @@ SIGNATURES = {
                                "int", "int", "int", "int", "A", "long long"],
     "attention_rows_backward": ["T*", "T*", "T*", "T*", "T*", "T*", "int", "int*", "int*", "int*", "int*", "T*", "T*",
                                 "A*", "T*", "T*", "T*", "int", "int", "int", "int", "int", "int", "A", "long long"],
+    "attention_rows_forward_mma": ["T*", "T*", "T*", "T*", "T*", "T*", "int", "int*", "int*", "int*", "int*", "T*",
+                                   "A*", "int", "int", "int", "int", "A", "long long"],
+    "attention_rows_backward_mma": ["T*", "T*", "T*", "T*", "T*", "T*", "int", "int*", "int*", "int*", "int*", "T*",
+                                    "T*", "A*", "T*", "T*", "T*", "int", "int", "int", "int", "int", "int", "A",
+                                    "long long"],
     "adam_update": ["T*", "A*", "A*", "A*", "T*", "int", "long long", "A*", "int", "A", "A", "A", "A", "A", "A", "A",
                     "A", "A"],
     "update_check": ["T*", "long long", "A*", "A*", "A*", "unsigned int*", "int", "A", "A"],
@@ -1373,7 +1706,10 @@ def source(dtype):
     """The complete CUDA source for one storage dtype."""
     name = dtype_name(dtype)
     t, a = C_TYPES[name]
-    return STORAGE16 + HALF + (BFLOAT16 if name == "bfloat16" else "") + f"typedef {t} T;\ntypedef {a} A;\n" + PRELUDE + KERNELS
+    mma = {"float16": '#define ATT_MMA 1\n#define ATT_MMA_BF16 0\n#define ATT_MMA_AB "f16"\n',
+           "bfloat16": '#define ATT_MMA 1\n#define ATT_MMA_BF16 1\n#define ATT_MMA_AB "bf16"\n'}.get(name, "#define ATT_MMA 0\n")
+    return (STORAGE16 + HALF + (BFLOAT16 if name == "bfloat16" else "") + f"typedef {t} T;\ntypedef {a} A;\n" + mma
+            + PRELUDE + KERNELS)
 
 
 # The switches below are read on every call (bench/gpu_ab.py flips them between steps), hundreds
@@ -1922,6 +2258,32 @@ def attention_rows_ok(x, d_k):
     return switched_on("MINITF_FUSED_ATTN") and enabled(x) and d_k <= ATT_KMAX
 
 
+ATT_MMA_BLOCK = 32   # the tensor-core kernels: one warp a block
+MMA_KERNELS = ("attention_rows_forward_mma", "attention_rows_backward_mma")   # empty in float32 and float64
+_ARCH = {}           # device id -> compute capability (e.g. 90), looked up once
+
+
+def _arch(x):
+    """The compute capability of the device x lives on (major * 10 + minor); arrays the CPU emulator runs
+    (NumPy's) count as 80."""
+    if not backend.is_gpu(backend.xp_of(x)):
+        return 80
+    dev = backend.cupy.cuda.Device()
+    arch = _ARCH.get(dev.id)
+    if arch is None:
+        arch = _ARCH[dev.id] = int(dev.compute_capability)
+    return arch
+
+
+def attention_tensor_cores(x, d_k):
+    """Whether attention_rows and its backward run on tensor cores (attention_rows_forward_mma and
+    attention_rows_backward_mma: mma.sync, 16-bit operands, float32 sums): float16 or bfloat16 arrays, d_k a
+    multiple of 16 (and <= ATT_KMAX), a device of compute capability 8.0 or newer, unless the environment sets
+    MINITF_FUSED_ATTN_MMA=0 (then the CUDA-core kernels run, for comparisons)."""
+    return (dtype_name(x.dtype) in ("float16", "bfloat16") and d_k % 16 == 0 and d_k <= ATT_KMAX
+            and not switched_off("MINITF_FUSED_ATTN_MMA") and _arch(x) >= 80)
+
+
 def _attention_args(q, k, v, biases, spans_q, spans_kv):
     xp = backend.xp_of(q)
     has_bias = biases is not None
@@ -1943,7 +2305,9 @@ def attention_rows(q, k, v, biases, spans_q, spans_kv, h, causal, scale):
     out = xp.empty_like(q)
     lse = xp.empty((h, nq), dtype=accum_dtype(q.dtype))
     chunks = -(-spans_q.most // ATT_ROWS)
-    _launch("attention_rows_forward", q.dtype, spans_q.count * h * chunks, ATT_BLOCK,
+    mma = attention_tensor_cores(q, hk // h)
+    _launch("attention_rows_forward_mma" if mma else "attention_rows_forward", q.dtype, spans_q.count * h * chunks,
+            ATT_MMA_BLOCK if mma else ATT_BLOCK,
             args + (out, lse, np.int32(h), np.int32(hk // h), np.int32(chunks), np.int32(bool(causal)),
                     accum_dtype(q.dtype)(scale), np.int64(nq)))
     return out, lse
@@ -1957,7 +2321,9 @@ def attention_rows_backward(dout, out, lse, q, k, v, biases, spans_q, spans_kv, 
     args, xp = _attention_args(q, k, v, biases, spans_q, spans_kv)
     nq, hk = q.shape
     qchunks, kchunks = -(-spans_q.most // ATT_ROWS), -(-spans_kv.most // ATT_ROWS)
-    _launch("attention_rows_backward", q.dtype, spans_q.count * h * (qchunks + kchunks), ATT_BLOCK,
+    mma = attention_tensor_cores(q, hk // h)
+    _launch("attention_rows_backward_mma" if mma else "attention_rows_backward", q.dtype,
+            spans_q.count * h * (qchunks + kchunks), ATT_MMA_BLOCK if mma else ATT_BLOCK,
             args + (out, dout, lse, dq, dk, dv, np.int32(h), np.int32(hk // h), np.int32(qchunks), np.int32(kchunks),
                     np.int32(spans_q.count), np.int32(bool(causal)), accum_dtype(q.dtype)(scale), np.int64(nq)))
     return dq, dk, dv

@@ -102,6 +102,33 @@ template <typename V> static inline V __shfl_xor_sync(unsigned, V v, int lane_ma
     __syncthreads();
     return r;
 }
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32 (kernels.py's mma_16816): c (16 x 8, float) +=
+// a (16 x 16) b (16 x 8) over a warp, the fragments laid out as the PTX ISA lays them out (lane = 4 gid + tig; a[0]
+// row gid, columns 2 tig, 2 tig + 1, a[1] row gid + 8, a[2] and a[3] 8 columns on; b[0] rows 2 tig, 2 tig + 1 of column
+// gid, b[1] 8 rows on; c[0], c[1] row gid, columns 2 tig, 2 tig + 1, c[2], c[3] row gid + 8; the lower index in the low
+// 16 bits). Every lane puts its fragments in a slot, all wait, each sums its four elements in float (exact products,
+// in k order), all wait again: the block barrier, as for the shuffle above (a block of one warp is the warp).
+template <int BF> static inline float emu_widen16(unsigned short h);
+template <int BF> static inline void emu_mma_16816(float* c, const unsigned* a, const unsigned* b) {
+    static unsigned sa[1024][4], sb[1024][2];
+    for (int i = 0; i < 4; ++i) sa[threadIdx.x][i] = a[i];
+    for (int i = 0; i < 2; ++i) sb[threadIdx.x][i] = b[i];
+    __syncthreads();
+    unsigned warp = threadIdx.x & ~31u, lane = threadIdx.x & 31u, gid = lane >> 2, tig = lane & 3u;
+    for (unsigned i = 0; i < 4; ++i) {
+        unsigned row = gid + 8 * (i >> 1), col = 2 * tig + (i & 1);
+        float sum = 0;
+        for (unsigned k = 0; k < 16; ++k) {
+            unsigned ar = sa[warp + (row & 7) * 4 + ((k & 7) >> 1)][(row >> 3) + 2 * (k >> 3)];
+            unsigned br = sb[warp + col * 4 + ((k & 7) >> 1)][k >> 3];
+            unsigned short ah = (unsigned short)((k & 1) ? ar >> 16 : ar & 0xffffu);
+            unsigned short bh = (unsigned short)((k & 1) ? br >> 16 : br & 0xffffu);
+            sum += emu_widen16<BF>(ah) * emu_widen16<BF>(bh);
+        }
+        c[i] += sum;
+    }
+    __syncthreads();
+}
 // Between two barriers the threads run one after another, in ascending order, or descending where
 // emu_set_reverse(1) says so: a kernel that reads what another thread writes without a barrier
 // between gives a wrong result in one of the two orders.
@@ -143,6 +170,8 @@ static inline unsigned short f2bf(float f) {   // cvt.rn.bf16.f32: round to near
     if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
     return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
+template <> inline float emu_widen16<0>(unsigned short h) { return h2f(h); }
+template <> inline float emu_widen16<1>(unsigned short h) { return bf2f(h); }
 """
 
 LAUNCHER = r"""

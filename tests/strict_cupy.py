@@ -1241,6 +1241,11 @@ class _Device:
     def use(self):
         _CURRENT_DEVICE[0] = self.id
 
+    @property
+    def compute_capability(self):
+        """'90' (an H100's, as CuPy writes it), or what STRICT_CUPY_COMPUTE_CAPABILITY says."""
+        return os.environ.get("STRICT_CUPY_COMPUTE_CAPABILITY", "90")
+
 
 class _Stream:
     """The current (null) stream: every operation here has finished when it returns."""

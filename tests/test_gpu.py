@@ -243,17 +243,22 @@ def test_gpu_kernels_match_generic_at_real_sizes(dtype, tol, monkeypatch, cp):
 # attention on packed rows at real sizes on a GPU (heads of 64 values, sentences over a block's 16 rows and a
 # tile's 32 keys), smaller under the emulator
 ROWS_SIZES = dict(heads=8, d_k=64, lq=[1, 17, 33, 60, 70, 45], lk=[50, 3, 70, 33, 16, 64]) if REAL_GPU else \
-    dict(heads=2, d_k=8, lq=[1, 9, 20], lk=[12, 3, 40])
+    dict(heads=2, d_k=16, lq=[1, 9, 20], lk=[12, 3, 40])
 
 
 @needs_kernels
-@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float16", 4e-3), ("bfloat16", 3e-2)])
+@pytest.mark.parametrize("dtype,tol,cores", [("float32", 1e-5, "cuda"), ("float16", 4e-3, "tensor"),
+                                             ("float16", 4e-3, "cuda"), ("bfloat16", 3e-2, "tensor"),
+                                             ("bfloat16", 3e-2, "cuda")])
 @pytest.mark.parametrize("case", ["self", "causal", "cross"])
-def test_gpu_attention_rows_match_float64_attention_at_real_sizes(dtype, tol, case, cp):
+def test_gpu_attention_rows_match_float64_attention_at_real_sizes(dtype, tol, cores, case, cp, monkeypatch):
     """kernels.attention_rows and attention_rows_backward on the device against float64 NumPy per sentence
-    and head: the output and the gradients of q, k and v, within `tol` of the largest value."""
+    and head: the output and the gradients of q, k and v, within `tol` of the largest value; in 16 bits on
+    tensor cores (attention_rows_*_mma, mma.sync) and on CUDA cores (MINITF_FUSED_ATTN_MMA=0)."""
     from minitf.packing import Spans
     from test_kernels import attention_reference
+    monkeypatch.setenv("MINITF_FUSED_ATTN_MMA", "1" if cores == "tensor" else "0")
+    launched = _attention_launches(monkeypatch)
     h, k = ROWS_SIZES["heads"], ROWS_SIZES["d_k"]
     lq = np.array(ROWS_SIZES["lq"])
     lk = lq if case != "cross" else np.array(ROWS_SIZES["lk"])
@@ -275,6 +280,8 @@ def test_gpu_attention_rows_match_float64_attention_at_real_sizes(dtype, tol, ca
     for got, ref in zip([out] + grads, want):
         got = to_numpy(got).astype(np.float64)
         assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
+    mma = "_mma" if cores == "tensor" else ""
+    assert launched == ["attention_rows_forward" + mma, "attention_rows_backward" + mma]
 
 
 @needs_kernels
@@ -359,14 +366,17 @@ def test_gpu_attention_on_packed_rows_gives_the_cpus_float64_loss_and_every_grad
 
 @needs_kernels
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float16", 5e-3), ("bfloat16", 3e-2)])
-def test_gpu_attention_on_packed_rows_matches_the_head_layout(dtype, tol, monkeypatch):
+@pytest.mark.parametrize("heads", [4, 1])
+def test_gpu_attention_on_packed_rows_matches_the_head_layout(dtype, tol, heads, monkeypatch):
     """The update with MINITF_FUSED_ATTN=1 against the one without (the heads unpacked, the products and
     the softmax apart), in the storage dtypes: the loss and every gradient to rounding (the fused
-    kernel keeps the scores and weights in float32 where the head layout rounds them to the storage
-    dtype). With attention dropout (its mask lives on [B, H, T, S]) the attention stays as it was."""
+    kernel keeps the scores in float32 where the head layout rounds them to the storage dtype). Heads of
+    4 values run on CUDA cores; one head of 16 in float16 and bfloat16 on tensor cores (attention_rows_*_mma).
+    With attention dropout (its mask lives on [B, H, T, S]) the attention stays as it was."""
     def update(flag, attention_dropout=0.0):
         monkeypatch.setenv("MINITF_FUSED_ATTN", flag)
-        m = minitf.Transformer(cfg(attention_dropout=attention_dropout), device="gpu", dtype=dtype, seed=0)
+        m = minitf.Transformer(cfg(attention_dropout=attention_dropout, n_heads=heads), device="gpu", dtype=dtype,
+                               seed=0)
         m.zero_grad()
         loss = m.forward_loss(SRC, TGT_IN, TGT_OUT)
         m.backward(loss_weight=64.0 if dtype == "float16" else 1.0)
@@ -374,6 +384,9 @@ def test_gpu_attention_on_packed_rows_matches_the_head_layout(dtype, tol, monkey
     launched = _attention_launches(monkeypatch)
     (lf, gf), (lh, gh) = update("1"), update("0")
     assert abs(lf - lh) <= tol * abs(lh) and _rel(gf, gh) <= tol
+    mma = "_mma" if heads == 1 and dtype != "float32" else ""
+    assert [n for n in launched if n.startswith("attention_rows")] == 6 * ["attention_rows_forward" + mma] + \
+        6 * ["attention_rows_backward" + mma]
     launched.clear()
     (ld, gd), (ldh, gdh) = update("1", 0.1), update("0", 0.1)
     assert not any(n.startswith("attention_rows") for n in launched)

@@ -517,6 +517,26 @@ def test_a_base_update_with_attention_on_packed_rows_launches_fewer_kernels(stan
     assert f"{total} with `MINITF_FUSED_ATTN=1`" in page
 
 
+@pytest.mark.parametrize("capability,tensor", [("90", True), ("80", True), ("75", False)])
+def test_attention_on_packed_rows_takes_tensor_cores_only_where_the_device_has_them(standin, monkeypatch, capability,
+                                                                                    tensor):
+    """float16 and bfloat16 heads of 16 to 64 values (multiples of 16) run attention_rows_*_mma on a device of compute
+    capability 8.0 or newer: mma.sync m16n8k16 needs sm_80, and the tensor-core kernels' bodies are empty below it
+    (launched there, they would write nothing). Other dtypes and widths, and MINITF_FUSED_ATTN_MMA=0, keep the
+    CUDA-core kernels."""
+    from minitf import kernels
+    from minitf.backend import dtype_named
+    monkeypatch.setenv("STRICT_CUPY_COMPUTE_CAPABILITY", capability)
+    monkeypatch.setattr(kernels, "_ARCH", {})
+    x = {d: standin.zeros((4, 64), dtype=dtype_named(d)) for d in ("float16", "bfloat16", "float32", "float64")}
+    for d, k in (("float16", 16), ("bfloat16", 64), ("float16", 32)):
+        assert kernels.attention_tensor_cores(x[d], k) == tensor, (d, k)
+    assert not any(kernels.attention_tensor_cores(x[d], 16) for d in ("float32", "float64"))
+    assert not any(kernels.attention_tensor_cores(x["float16"], k) for k in (8, 24, 80))
+    monkeypatch.setenv("MINITF_FUSED_ATTN_MMA", "0")
+    assert not kernels.attention_tensor_cores(x["float16"], 64)
+
+
 def test_gpu_ab_times_the_update_ended_on_the_device_against_the_host(tmp_path, standin, monkeypatch):
     """bench/gpu_ab.py --steps-per-round 2 with MINITF_HOST_CHECK=1 as a variant, on the stand-in: both
     variants are timed, give the same gradients, and the host variant's runner reads each outcome
@@ -544,12 +564,16 @@ def test_gpu_ab_times_the_update_ended_on_the_device_against_the_host(tmp_path, 
 
 def test_the_attention_bench_times_both_paths_of_each_attention(tmp_path):
     """bench/attention_rows.py --smoke on the stand-in: the three attentions in the three modes, each timed in
-    the head layout and on packed rows, with the two paths' input gradients as close as the mode allows."""
+    the head layout and on packed rows (in 16 bits on tensor cores and on CUDA cores), with the packed paths'
+    input gradients as close to the head layout's as the mode allows."""
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "attention_rows.py"), "--smoke"],
                        capture_output=True, text=True, env=standin_env(tmp_path), timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = re.findall(r"^  (\w+) +(encoder self|decoder self|cross) +head layout +[\d.]+ ms +packed rows +[\d.]+ ms "
-                      r"+x[\d.]+ +input gradients differ by (\S+)$", r.stdout, re.M)
+                      r"x[\d.]+(  on CUDA cores +[\d.]+ ms x[\d.]+)? +input gradients differ by (\S+)$", r.stdout, re.M)
+    assert [(m, bool(cuda)) for m, _, cuda, _ in rows] == [(m, m != "float32") for m in ("float32", "fp16", "bf16")
+                                                         for _ in range(3)], r.stdout
+    rows = [(m, a, d) for m, a, _, d in rows]
     assert [(m, a) for m, a, _ in rows] == [(m, a) for m in ("float32", "fp16", "bf16")
                                            for a in ("encoder self", "decoder self", "cross")], r.stdout
     tol = {"float32": 1e-5, "fp16": 5e-3, "bf16": 3e-2}

@@ -531,17 +531,37 @@ ATTENTION_CASES = {"self": ([1, 5, 37, 70], None, False), "causal": ([1, 5, 37, 
                    "cross": ([3, 40, 1, 9], [70, 2, 33, 5], False)}
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+def attention_kernels_launched(monkeypatch):
+    """The names of the kernels launched from now on (through the emulator), in order."""
+    names, launch = [], kernels.LAUNCH["launch"]
+
+    def record(name, *args):
+        names.append(name)
+        return launch(name, *args)
+    monkeypatch.setitem(kernels.LAUNCH, "launch", record)
+    return names
+
+
+# the attention kernels a case runs on: tensor cores (float16 and bfloat16, K a multiple of 16) or CUDA cores
+# (MINITF_FUSED_ATTN_MMA=0, or any other dtype or K)
+ATTENTION_CORES = [pytest.param(dt, cores, id=f"{np.dtype(dt).name}-{cores}") for dt in (np.float64, np.float32,
+                   np.float16, BF16) for cores in (["tensor", "cuda"] if np.dtype(dt).itemsize == 2 else ["cuda"])]
+
+
+@pytest.mark.parametrize("dtype,cores", ATTENTION_CORES)
 @pytest.mark.parametrize("case", list(ATTENTION_CASES))
-@pytest.mark.parametrize("h,k", [(3, 6), (1, 64)])
+@pytest.mark.parametrize("h,k", [(3, 6), (2, 16), (1, 64)])
 @pytest.mark.parametrize("order", ["ascending", "descending"])
-def test_attention_on_packed_rows_forward_and_backward(dtype, case, h, k, order, monkeypatch, emulated):
+def test_attention_on_packed_rows_forward_and_backward(dtype, cores, case, h, k, order, monkeypatch, emulated):
     """kernels.attention_rows (one launch) and attention_rows_backward (one) against float64 NumPy per
     sentence and head: the output, its lse and the gradients of q, k and v (before their biases, which
     the kernels add), for self-attention with and without the causal mask and cross-attention with
-    other lengths on the key side; heads of 6 values (not a multiple of the 4 threads a row) and of 64
-    (the most); the threads run in both orders between barriers."""
+    other lengths on the key side; heads of 6 values (not a multiple of the 4 threads a row, nor of the
+    tensor cores' 16), 16 (one k-step of mma.sync) and 64 (the most); in 16 bits on tensor cores
+    (attention_rows_*_mma, where K allows) and on CUDA cores; the threads run in both orders between barriers."""
     monkeypatch.setattr(emulated, "reverse", order == "descending")
+    monkeypatch.setenv("MINITF_FUSED_ATTN_MMA", "1" if cores == "tensor" else "0")
+    launched = attention_kernels_launched(monkeypatch)
     lq, lk, causal = ATTENTION_CASES[case]
     lk = lq if lk is None else lk
     rng = np.random.default_rng(5)
@@ -561,6 +581,33 @@ def test_attention_on_packed_rows_forward_and_backward(dtype, case, h, k, order,
                                     dq, dk, dv)
     for got, ref in zip((dq, dk, dv), want):
         assert np.abs(got.astype(np.float64) - ref).max() <= 2 * tol * np.abs(ref).max()
+    mma = "_mma" if cores == "tensor" and k % 16 == 0 else ""
+    assert launched == ["attention_rows_forward" + mma, "attention_rows_backward" + mma]
+
+
+@pytest.mark.parametrize("dtype,cores", ATTENTION_CORES)
+def test_attention_on_packed_rows_keeps_a_sentences_infinities_in_it(dtype, cores, monkeypatch):
+    """A sentence whose q, k, v and dout are infinite (its results NaN) comes first, with more rows than a tile:
+    the sentences after it, shorter than a tile, still match float64 NumPy. The tensor-core kernels multiply whole
+    staged tiles, so the rows past a short sentence's end must be zeros, not what an earlier block left there."""
+    monkeypatch.setenv("MINITF_FUSED_ATTN_MMA", "1" if cores == "tensor" else "0")
+    lq, h, k = [40, 5, 20], 2, 16
+    rng = np.random.default_rng(3)
+    q, kk, v, dout = (rng.normal(size=(sum(lq), h * k)).astype(dtype) for _ in range(4))
+    for x in (q, kk, v, dout):
+        x[:lq[0]] = np.inf
+    biases = tuple(np.zeros(h * k, dtype=dtype) for _ in range(3))
+    out, lse = kernels.attention_rows(q, kk, v, biases, spans_of(lq), spans_of(lq), h, False, 0.25)
+    grads = [np.full_like(x, np.nan) for x in (q, kk, v)]
+    kernels.attention_rows_backward(dout, out, lse, q, kk, v, biases, spans_of(lq), spans_of(lq), h, False, 0.25,
+                                    *grads)
+    rest = slice(lq[0], None)
+    want_out, _, want = attention_reference(q[rest], kk[rest], v[rest], biases, lq[1:], lq[1:], h, False, 0.25,
+                                            dout[rest])
+    tol = {np.float64: 1e-12, np.float32: 1e-5, np.float16: 4e-3, BF16: 3e-2}[dtype]
+    for got, ref in zip([out] + grads, [want_out] + want):
+        got = got[rest].astype(np.float64)
+        assert np.isfinite(got).all() and np.abs(got - ref).max() <= 2 * tol * np.abs(ref).max()
 
 
 def test_attention_on_packed_rows_gradients_are_central_differences():
@@ -956,7 +1003,7 @@ def test_performance_mds_register_table_is_ptxas_report():
     """docs/performance.md's table of every kernel's registers on sm_90 in each storage dtype and its
     shared memory: ptxas's report, row by row, for every kernel the source has."""
     text = (Path(__file__).resolve().parents[1] / "docs" / "performance.md").read_text(encoding="utf-8")
-    rows = re.findall(r"^\| `(\w+)` \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| ([^|]+) \|$", text, re.M)
+    rows = re.findall(r"^\| `(\w+)` \| (\d+|-) \| (\d+|-) \| (\d+|-) \| (\d+|-) \| ([^|]+) \|$", text, re.M)
     assert {name for name, *_ in rows} == set(kernels.SIGNATURES)
 
     def size(b):
@@ -965,6 +1012,11 @@ def test_performance_mds_register_table_is_ptxas_report():
         return f"{b // 1024} KB" + (f" + {b % 1024} bytes" if b % 1024 else "")
     for name, *regs, smem in rows:
         reports = [ptxas_report(dt, "sm_90")[name] for dt in ("float32", "float16", "bfloat16", "float64")]
+        if name in kernels.MMA_KERNELS:   # the tensor-core kernels: empty bodies in float32 and float64 ("-")
+            assert regs[0] == regs[3] == "-" and reports[0][1] == reports[3][1] == 0, name
+            assert [int(r) for r in regs[1:3]] == [rep[0] for rep in reports[1:3]], name
+            assert smem.strip() == size(reports[1][1]) + " (16-bit only)" and reports[1][1] == reports[2][1], name
+            continue
         assert [int(r) for r in regs] == [rep[0] for rep in reports], name
         want = size(reports[0][1]) + ("" if reports[3][1] == reports[0][1] else f" ({size(reports[3][1])} in float64)")
         assert smem.strip() == want and reports[1][1] == reports[2][1] == reports[0][1], name
