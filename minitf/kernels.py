@@ -1087,12 +1087,22 @@ extern "C" __global__ void attention_rows_backward(const T* q, const T* k, const
 // columns 2 tig and 2 tig + 1, a[1] the same of row gid + 8, a[2] and a[3] those 8 columns on; B (16 x 8) b[0] holds rows
 // 2 tig and 2 tig + 1 of column gid, b[1] those 8 rows on; C (16 x 8, float) c[0], c[1] row gid, columns 2 tig, 2 tig + 1,
 // c[2], c[3] row gid + 8. A product's C tiles side by side are the next product's A fragments (mma_tile_by_rows).
-// Staged rows are ATTC_LD values apart: 36 words, so that the 32 lanes' loads of a fragment fall in 32 banks.
+// Staged rows are ATTC_LD values apart (36 words): the 32 lanes' loads of a fragment from a staged tile fall in 32
+// banks (mma_rows_by_tile's, a word each) or in 16 (mma_tile_by_rows's, two lanes reading one word): no conflicts.
+// A masked key's weight is 0 and a masked query's gradient term 0, but the products take whole tiles, so a key whose
+// values are not finite makes the other rows of its block and tile NaN too (0 * inf), where the CUDA-core kernels
+// skip it; it is its own sentence's key, and the update is not finite either way.
 #define ATTC_LD (ATT_KMAX + 8)
 #define ATTC_STEPS (ATT_KMAX / 16)     // a row's k-steps of 16 values
 #define ATTC_COLS (ATT_KMAX / 8)       // a row's C tiles of 8 values
 #define ATTC_TILES (ATT_TILE / 8)      // a staged tile's C tiles of 8 rows
-#if ATT_MMA
+// The tensor-core code exists where there are 16-bit products (ATT_MMA: float16 and bfloat16) on an sm_80 or newer.
+#if ATT_MMA && (defined(MINITF_EMULATE) || __CUDA_ARCH__ >= 800)
+#define ATT_MMA_HERE 1
+#else
+#define ATT_MMA_HERE 0
+#endif
+#if ATT_MMA_HERE
 typedef unsigned int mma_u32;
 
 // Two values as one register of a fragment: lo in the low 16 bits (rounded to T).
@@ -1103,6 +1113,17 @@ __device__ inline mma_u32 mma_pack(A lo, A hi) {
 
 // p[0] and p[step] (staged T values) as one register.
 __device__ inline mma_u32 mma_two(const T* p, int step) { return (mma_u32)p[0].bits | ((mma_u32)p[step].bits << 16); }
+
+// p[0] and p[1] (staged T values, p 4-byte aligned) as one register: one 32-bit load.
+__device__ inline mma_u32 mma_pair(const T* p) {
+#ifdef MINITF_EMULATE
+    mma_u32 r;
+    memcpy(&r, p, 4);
+    return r;
+#else
+    return *(const mma_u32*)p;
+#endif
+}
 
 #ifdef MINITF_EMULATE
 #define mma_16816(c, a, b) emu_mma_16816<ATT_MMA_BF16>(c, a, b)
@@ -1161,8 +1182,8 @@ __device__ inline void mma_rows_by_tile(float (*c)[4], const mma_u32 (*f)[4], co
 #pragma unroll
         for (int s = 0; s < ATTC_STEPS; ++s)
             if (16 * s < K) {
-                const T* p = tile + (8 * nt + gid) * ATTC_LD + 16 * s + 2 * tig;
-                mma_u32 b[2] = {mma_two(p, 1), mma_two(p + 8, 1)};
+                const T* p = tile + (8 * nt + gid) * ATTC_LD + 16 * s + 2 * tig;   // an even offset
+                mma_u32 b[2] = {mma_pair(p), mma_pair(p + 8)};
                 mma_16816(c[nt], f[s], b);
             }
     }
@@ -1274,7 +1295,8 @@ __device__ void att_mma_forward(const T* q, const T* k, const T* v, const T* bq,
 }
 
 // The backward's query blocks on tensor cores: per key tile, s = scale q k^T and dp = dout v^T (mma_rows_by_tile),
-// ds = p (dp - delta) with p = exp(s - lse), dq += ds k; dq written times scale.
+// ds = p (dp - delta) with p = exp(s - lse), dq += (scale ds) k (scale ds rounded to T as an operand: the headroom of
+// the gradient itself, not 1 / scale times less).
 __device__ void att_mma_backward_q(int block, const T* q, const T* k, const T* v, const T* bq, const T* bk, const T* bv,
                                    int has_bias, const int* qstart, const int* qlen, const int* kstart, const int* klen,
                                    const T* out, const T* dout, const A* lse, T* dq, int H, int K, int chunks,
@@ -1311,17 +1333,17 @@ __device__ void att_mma_backward_q(int block, const T* q, const T* k, const T* v
             for (int i = 0; i < 4; ++i) {
                 int key = 8 * nt + 2 * tig + (i & 1), u = i >> 1, row = first + gid + 8 * u;
                 A p = key < n && (!causal || j0 + key <= row) ? a_exp(s[nt][i] * scale - ls[u]) : (A)0;
-                s[nt][i] = p * (dp[nt][i] - dd[u]);
+                s[nt][i] = scale * (p * (dp[nt][i] - dd[u]));
             }
         mma_tile_by_rows(acc, s, sk, K);
     }
-    A f[2] = {scale, scale};
-    mma_write(dq, acc, f, r0, rows, hk, h, K);
+    A one[2] = {1, 1};
+    mma_write(dq, acc, one, r0, rows, hk, h, K);
 }
 
 // The backward's key blocks on tensor cores: per tile of queries (staged with their output gradients, lse and delta,
 // computed as the query blocks compute it: the same bits), s = scale k q^T and dp = v dout^T, p = exp(s - lse),
-// dv += p dout, dk += p (dp - delta) q; dk written times scale.
+// dv += p dout, dk += (scale p (dp - delta)) q.
 __device__ void att_mma_backward_kv(int block, const T* q, const T* k, const T* v, const T* bq, const T* bk,
                                     const T* bv, int has_bias, const int* qstart, const int* qlen, const int* kstart,
                                     const int* klen, const T* out, const T* dout, const A* lse, T* dk, T* dv, int H,
@@ -1357,13 +1379,13 @@ __device__ void att_mma_backward_kv(int block, const T* q, const T* k, const T* 
                 int query = 8 * nt + 2 * tig + (i & 1), key = first + gid + 8 * (i >> 1);
                 A p = query < n && (!causal || key <= i0 + query) ? a_exp(s[nt][i] * scale - sls[query]) : (A)0;
                 s[nt][i] = p;
-                dp[nt][i] = p * (dp[nt][i] - sdd[query]);
+                dp[nt][i] = scale * (p * (dp[nt][i] - sdd[query]));
             }
         mma_tile_by_rows(dva, s, sdo, K);
         mma_tile_by_rows(dka, dp, sq, K);
     }
-    A one[2] = {1, 1}, f[2] = {scale, scale};
-    mma_write(dk, dka, f, r0, rows, hk, h, K);
+    A one[2] = {1, 1};
+    mma_write(dk, dka, one, r0, rows, hk, h, K);
     mma_write(dv, dva, one, r0, rows, hk, h, K);
 }
 #endif
@@ -1371,17 +1393,13 @@ __device__ void att_mma_backward_kv(int block, const T* q, const T* k, const T* 
 // The tensor-core kernels, with attention_rows_forward's and attention_rows_backward's arguments and grids (blocks of
 // one warp). Their bodies are empty where there are no tensor-core products of T (float32, float64) or none before
 // sm_80: kernels.attention_rows launches them only where they are not.
-#if ATT_MMA && (defined(MINITF_EMULATE) || __CUDA_ARCH__ >= 800)
-#define ATT_MMA_HERE 1
-#else
-#define ATT_MMA_HERE 0
-#endif
 extern "C" __global__ void attention_rows_forward_mma(const T* q, const T* k, const T* v, const T* bq, const T* bk,
                                                       const T* bv, int has_bias, const int* qstart, const int* qlen,
                                                       const int* kstart, const int* klen, T* out, A* lse, int H, int K,
                                                       int chunks, int causal, A scale, long long nq) {
 #if ATT_MMA_HERE
-    __shared__ T tiles[2 * ATT_TILE * ATTC_LD];   // the staged keys and values
+    __shared__ mma_u32 words[ATT_TILE * ATTC_LD];   // the staged keys and values (T values, 4-byte aligned)
+    T* tiles = (T*)words;
     att_mma_forward(q, k, v, bq, bk, bv, has_bias, qstart, qlen, kstart, klen, out, lse, H, K, chunks, causal, scale,
                     nq, tiles, tiles + ATT_TILE * ATTC_LD);
 #endif
@@ -1393,7 +1411,8 @@ extern "C" __global__ void attention_rows_backward_mma(const T* q, const T* k, c
                                                        const A* lse, T* dq, T* dk, T* dv, int H, int K, int qchunks,
                                                        int kchunks, int count, int causal, A scale, long long nq) {
 #if ATT_MMA_HERE
-    __shared__ T tiles[2 * ATT_TILE * ATTC_LD];   // keys and values, or queries and their dout
+    __shared__ mma_u32 words[ATT_TILE * ATTC_LD];   // keys and values, or queries and their dout (T values)
+    T* tiles = (T*)words;
     __shared__ A rows[2 * ATT_TILE];              // the staged queries' lse and delta
     T *t0 = tiles, *t1 = tiles + ATT_TILE * ATTC_LD;
     int qblocks = count * H * qchunks;
@@ -2264,8 +2283,8 @@ _ARCH = {}           # device id -> compute capability (e.g. 90), looked up once
 
 
 def _arch(x):
-    """The compute capability of the device x lives on (major * 10 + minor); arrays the CPU emulator runs
-    (NumPy's) count as 80."""
+    """The compute capability (major * 10 + minor) of the current device, where x's kernels launch; arrays the CPU
+    emulator runs (NumPy's) count as 80."""
     if not backend.is_gpu(backend.xp_of(x)):
         return 80
     dev = backend.cupy.cuda.Device()

@@ -280,8 +280,9 @@ def test_gpu_attention_rows_match_float64_attention_at_real_sizes(dtype, tol, co
     for got, ref in zip([out] + grads, want):
         got = to_numpy(got).astype(np.float64)
         assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
-    mma = "_mma" if cores == "tensor" else ""
+    mma = "_mma" if kernels.attention_tensor_cores(q, k) else ""     # 16 bits, not switched off, an sm_80 or newer
     assert launched == ["attention_rows_forward" + mma, "attention_rows_backward" + mma]
+    assert mma == ("" if cores == "cuda" or REAL_GPU and kernels._arch(q) < 80 else "_mma")
 
 
 @needs_kernels
@@ -384,7 +385,8 @@ def test_gpu_attention_on_packed_rows_matches_the_head_layout(dtype, tol, heads,
     launched = _attention_launches(monkeypatch)
     (lf, gf), (lh, gh) = update("1"), update("0")
     assert abs(lf - lh) <= tol * abs(lh) and _rel(gf, gh) <= tol
-    mma = "_mma" if heads == 1 and dtype != "float32" else ""
+    tensor = heads == 1 and dtype != "float32" and kernels._arch(backend.cupy.zeros(1)) >= 80   # an sm_80 or newer
+    mma = "_mma" if tensor else ""
     assert [n for n in launched if n.startswith("attention_rows")] == 6 * ["attention_rows_forward" + mma] + \
         6 * ["attention_rows_backward" + mma]
     launched.clear()

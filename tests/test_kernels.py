@@ -550,14 +550,14 @@ ATTENTION_CORES = [pytest.param(dt, cores, id=f"{np.dtype(dt).name}-{cores}") fo
 
 @pytest.mark.parametrize("dtype,cores", ATTENTION_CORES)
 @pytest.mark.parametrize("case", list(ATTENTION_CASES))
-@pytest.mark.parametrize("h,k", [(3, 6), (2, 16), (1, 64)])
+@pytest.mark.parametrize("h,k", [(3, 6), (2, 16), (1, 48), (1, 64)])
 @pytest.mark.parametrize("order", ["ascending", "descending"])
 def test_attention_on_packed_rows_forward_and_backward(dtype, cores, case, h, k, order, monkeypatch, emulated):
     """kernels.attention_rows (one launch) and attention_rows_backward (one) against float64 NumPy per
     sentence and head: the output, its lse and the gradients of q, k and v (before their biases, which
     the kernels add), for self-attention with and without the causal mask and cross-attention with
     other lengths on the key side; heads of 6 values (not a multiple of the 4 threads a row, nor of the
-    tensor cores' 16), 16 (one k-step of mma.sync) and 64 (the most); in 16 bits on tensor cores
+    tensor cores' 16), 16 (one k-step of mma.sync), 48 (three) and 64 (the most); in 16 bits on tensor cores
     (attention_rows_*_mma, where K allows) and on CUDA cores; the threads run in both orders between barriers."""
     monkeypatch.setattr(emulated, "reverse", order == "descending")
     monkeypatch.setenv("MINITF_FUSED_ATTN_MMA", "1" if cores == "tensor" else "0")
