@@ -1166,9 +1166,12 @@ __device__ inline void mma_rows(mma_u32 (*f)[4], const T* x, const T* bias, int 
 // a NaN of memory no one wrote). No barrier: the caller's.
 __device__ inline void mma_stage(const T* x, const T* bias, int has_bias, long long start, int j0, int n, int hk, int h,
                                  int K, T* sx) {
-    for (int e = threadIdx.x; e < ATT_TILE * K; e += blockDim.x) {
-        int j = e / K, c = e - j * K;
-        sx[j * ATTC_LD + c] = j < n ? (T)att_value(x, bias, has_bias, start + j0 + j, hk, h * K + c) : (T)0.0f;
+    for (int c = threadIdx.x; c < K; c += blockDim.x) {       // a lane's columns: lane, lane + 32 (the row's bias once)
+        A b = has_bias ? (A)bias[h * K + c] : (A)0;
+        const T* col = x + (start + j0) * hk + h * K + c;
+#pragma unroll 8
+        for (int j = 0; j < ATT_TILE; ++j)                      // as att_value: the sum rounded to T
+            sx[j * ATTC_LD + c] = j >= n ? (T)0.0f : has_bias ? (T)((A)col[(long long)j * hk] + b) : col[(long long)j * hk];
     }
 }
 
