@@ -1142,6 +1142,20 @@ __device__ inline A mma_quad_max(A v) {          // the maximum over a row's 4 l
     return a_max(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
+// delta = dout . out of head h of row r by the whole warp: lane l adds columns 2 l and 2 l + 1, then five butterfly
+// shuffles give every lane the same bits (the query blocks and the key blocks both compute it so: the same value).
+__device__ inline A mma_delta(const T* dout, const T* out, long long r, int hk, int h, int K) {
+    int c = 2 * (threadIdx.x & 31);
+    A d = 0;
+    if (c < K) {
+        long long at = r * hk + h * K + c;
+        d = (A)dout[at] * (A)out[at] + (A)dout[at + 1] * (A)out[at + 1];
+    }
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) d += __shfl_xor_sync(0xffffffffu, d, m);
+    return d;
+}
+
 // The A fragments of the 16 rows r0 .. r0 + 15 of head h of x (rows at or past n read as 0), its bias added and the
 // sum rounded to T as att_value does: f[s] holds the head's values 16 s .. 16 s + 15.
 __device__ inline void mma_rows(mma_u32 (*f)[4], const T* x, const T* bias, int has_bias, long long r0, int n, int hk,
@@ -1312,11 +1326,15 @@ __device__ void att_mma_backward_q(int block, const T* q, const T* k, const T* v
     mma_u32 qf[ATTC_STEPS][4], df[ATTC_STEPS][4];
     mma_rows(qf, q, bq, has_bias, r0, rows, hk, h, K);
     mma_rows(df, dout, dout, 0, r0, rows, hk, h, K);
-    A dd[2], ls[2];
+    A dd[2] = {0, 0}, ls[2];
+    for (int row = 0; row < 16 && row < rows; ++row) {   // each row's delta by the warp, kept by the row's lanes
+        A d = mma_delta(dout, out, r0 + row, hk, h, K);
+        if (row == gid) dd[0] = d;
+        if (row == gid + 8) dd[1] = d;
+    }
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
         int row = gid + 8 * u;
-        dd[u] = row < rows ? att_delta(dout, out, r0 + row, hk, h, K) : (A)0;
         ls[u] = row < rows ? lse[(long long)h * nq + r0 + row] : (A)0;
     }
     float acc[ATTC_COLS][4], s[ATTC_TILES][4], dp[ATTC_TILES][4];
@@ -1345,7 +1363,7 @@ __device__ void att_mma_backward_q(int block, const T* q, const T* k, const T* v
 }
 
 // The backward's key blocks on tensor cores: per tile of queries (staged with their output gradients, lse and delta,
-// computed as the query blocks compute it: the same bits), s = scale k q^T and dp = v dout^T, p = exp(s - lse),
+// computed by mma_delta as the query blocks compute it: the same bits), s = scale k q^T and dp = v dout^T, p = exp(s - lse),
 // dv += p dout, dk += (scale p (dp - delta)) q.
 __device__ void att_mma_backward_kv(int block, const T* q, const T* k, const T* v, const T* bq, const T* bk,
                                     const T* bv, int has_bias, const int* qstart, const int* qlen, const int* kstart,
@@ -1368,9 +1386,10 @@ __device__ void att_mma_backward_kv(int block, const T* q, const T* k, const T* 
         __syncthreads();
         mma_stage(q, bq, has_bias, q0, i0, n, hk, h, K, sq);
         mma_stage(dout, dout, 0, q0, i0, n, hk, h, K, sdo);
-        for (int i = threadIdx.x; i < ATT_TILE; i += blockDim.x) {
-            sls[i] = i < n ? lse[(long long)h * nq + q0 + i0 + i] : (A)0;
-            sdd[i] = i < n ? att_delta(dout, out, q0 + i0 + i, hk, h, K) : (A)0;
+        for (int i = threadIdx.x; i < ATT_TILE; i += blockDim.x) sls[i] = i < n ? lse[(long long)h * nq + q0 + i0 + i] : (A)0;
+        for (int i = 0; i < ATT_TILE; ++i) {               // each query's delta by the warp, as the query blocks do
+            A d = i < n ? mma_delta(dout, out, q0 + i0 + i, hk, h, K) : (A)0;
+            if (threadIdx.x == 0) sdd[i] = d;
         }
         __syncthreads();
         mma_rows_by_tile(s, kf, sq, K);
