@@ -26,6 +26,7 @@ kernels a block per 16 query (or key) rows of one sentence and head, 4 threads a
   column_partial_sums   the bias and LayerNorm parameter gradients: sums over the rows of
   column_sums_finish    x [rows, d] (or of x * y), in two passes of fixed order (deterministic)
   column_sums_into      the same sums ADDED into the gradient buffers in one launch (the training step's)
+  column_sums_relu_into the same with ReLU's backward first, in place (relu_backward_sums)
   unpack_heads          x [rows, H*K] (+ bias) -> [B, H, L, K]: a projection's kept rows put back
                         in the padded batch and split into heads, zeros at the pads, one pass
   pack_heads            x [B, H, L, K] -> [rows, H*K]: the heads merged and the kept rows taken
@@ -1384,13 +1385,15 @@ __device__ void att_mma_backward_kv(int block, const T* q, const T* k, const T* 
     for (int i0 = causal ? first : 0; i0 < lq; i0 += ATT_TILE) {   // causal: no query before `first` sees these keys
         int n = lq - i0 < ATT_TILE ? lq - i0 : ATT_TILE;
         __syncthreads();
-        mma_stage(q, bq, has_bias, q0, i0, n, hk, h, K, sq);
-        mma_stage(dout, dout, 0, q0, i0, n, hk, h, K, sdo);
-        for (int i = threadIdx.x; i < ATT_TILE; i += blockDim.x) sls[i] = i < n ? lse[(long long)h * nq + q0 + i0 + i] : (A)0;
-        for (int i = 0; i < ATT_TILE; ++i) {               // each query's delta by the warp, as the query blocks do
+        // each query's delta by the warp, as the query blocks do (its shuffles before the staging, so that the
+        // emulator, whose shuffles are barriers, sees a missing barrier after it)
+        for (int i = 0; i < ATT_TILE; ++i) {
             A d = i < n ? mma_delta(dout, out, q0 + i0 + i, hk, h, K) : (A)0;
             if (threadIdx.x == 0) sdd[i] = d;
         }
+        for (int i = threadIdx.x; i < ATT_TILE; i += blockDim.x) sls[i] = i < n ? lse[(long long)h * nq + q0 + i0 + i] : (A)0;
+        mma_stage(q, bq, has_bias, q0, i0, n, hk, h, K, sq);
+        mma_stage(dout, dout, 0, q0, i0, n, hk, h, K, sdo);
         __syncthreads();
         mma_rows_by_tile(s, kf, sq, K);
         mma_rows_by_tile(dp, vf, sdo, K);
@@ -1601,13 +1604,22 @@ extern "C" __global__ void column_sums_finish(const A* partial, A* out, int slab
 // result is the same on every run and the adding is spread over as many blocks as there are chunks;
 // it sets the counter back to 0 for the next launch.
 // from_mean: y is xhat computed again from a LayerNorm's input ys, mean and rstd (xhat_at), not read.
+// column_sums_relu_into (the same body with relu = 1; parts = 1): ReLU's backward first, x = 0 where the ReLU's
+// output ys is not > 0 (relu_backward's rule), written back in place, and those values summed (a feed-forward's
+// first bias gradient); a kernel of its own, so that column_sums_into's code is what it was without it.
 // plane > 0: part p sums x + p * plane instead (no y) into out1 + p * out_stride (the biases of stacked projections,
 // [parts, n, d] gradients into buffers evenly spaced), the same sums as a launch per part.
-__device__ inline A column_slab_sum(const T* x, const A* y, int use_y, long long r0, long long r1, int groups,
+__device__ inline A column_slab_sum(T* x, const A* y, int use_y, long long r0, long long r1, int groups,
                                     int group, int c, long long d, int from_mean, const T* ys, const A* mean,
-                                    const A* rstd) {
+                                    const A* rstd, int relu) {
     A s = 0;   // not unrolled here or in slab_run: `#pragma unroll` made the float16 kernel 1.4-1.8x slower on an H100
-    if (!use_y) {          // a loop per case: fewer registers live than one loop that tests them
+    if (relu) {            // dy = dy * (y > 0) in place, then its sum (each element this block's alone)
+        for (long long r = r0 + group; r < r1; r += groups) {
+            long long i = r * d + c;
+            if (!((A)ys[i] > (A)0)) x[i] = (T)(A)0;
+            s += (A)x[i];
+        }
+    } else if (!use_y) {   // a loop per case: fewer registers live than one loop that tests them
         for (long long r = r0 + group; r < r1; r += groups) s += (A)x[r * d + c];
     } else if (!from_mean) {
         for (long long r = r0 + group; r < r1; r += groups) s += (A)x[r * d + c] * y[r * d + c];
@@ -1618,10 +1630,10 @@ __device__ inline A column_slab_sum(const T* x, const A* y, int use_y, long long
     return s;
 }
 
-extern "C" __global__ void column_sums_into(const T* x, const A* y, int parts, const T* x3, A* partial,
-                                            unsigned int* counter, T* out1, T* out2, T* out3, long long n, int d,
-                                            long long rows_per_slab, const T* ys, const A* mean, const A* rstd,
-                                            int from_mean, long long plane, long long out_stride) {
+__device__ inline void column_sums_body(T* x, const A* y, int parts, T* x3, A* partial, unsigned int* counter,
+                                        T* out1, T* out2, T* out3, long long n, int d, long long rows_per_slab,
+                                        const T* ys, const A* mean, const A* rstd, int from_mean, long long plane,
+                                        long long out_stride, int relu) {
     __shared__ A buf[1024];
     __shared__ int last;
     int chunks = (d + 31) / 32, w = parts * d;
@@ -1632,9 +1644,9 @@ extern "C" __global__ void column_sums_into(const T* x, const A* y, int parts, c
     long long r0 = slab * rows_per_slab;
     long long r1 = r0 + rows_per_slab < n ? r0 + rows_per_slab : n;
     for (int part = 0; part < parts; part++) {    // parts 2, 3: the x * y sums, the x sums (, the x3 sums)
-        const T* xs = plane ? x + part * plane : part == 2 ? x3 : x;
+        T* xs = plane ? x + part * plane : part == 2 ? x3 : x;
         buf[threadIdx.x] = c < d ? column_slab_sum(xs, y, !plane && parts > 1 && part == 0, r0, r1, groups, group, c,
-                                                   d, from_mean, ys, mean, rstd) : (A)0;
+                                                   d, from_mean, ys, mean, rstd, relu) : (A)0;
         __syncthreads();
         if (group == 0 && c < d) {
             A t = 0;
@@ -1661,6 +1673,22 @@ extern "C" __global__ void column_sums_into(const T* x, const A* y, int parts, c
         }
         if (threadIdx.x == 0) counter[chunk] = 0u;
     }
+}
+
+extern "C" __global__ void column_sums_into(T* x, const A* y, int parts, T* x3, A* partial, unsigned int* counter,
+                                            T* out1, T* out2, T* out3, long long n, int d, long long rows_per_slab,
+                                            const T* ys, const A* mean, const A* rstd, int from_mean, long long plane,
+                                            long long out_stride) {
+    column_sums_body(x, y, parts, x3, partial, counter, out1, out2, out3, n, d, rows_per_slab, ys, mean, rstd,
+                     from_mean, plane, out_stride, 0);
+}
+
+extern "C" __global__ void column_sums_relu_into(T* x, const A* y, int parts, T* x3, A* partial,
+                                                 unsigned int* counter, T* out1, T* out2, T* out3, long long n, int d,
+                                                 long long rows_per_slab, const T* ys, const A* mean, const A* rstd,
+                                                 int from_mean, long long plane, long long out_stride) {
+    column_sums_body(x, y, parts, x3, partial, counter, out1, out2, out3, n, d, rows_per_slab, ys, mean, rstd,
+                     from_mean, plane, out_stride, 1);
 }
 
 """
@@ -1693,6 +1721,8 @@ SIGNATURES = {
     "column_sums_finish": ["A*", "A*", "int", "int"],
     "column_sums_into": ["T*", "A*", "int", "T*", "A*", "unsigned int*", "T*", "T*", "T*", "long long", "int",
                          "long long", "T*", "A*", "A*", "int", "long long", "long long"],
+    "column_sums_relu_into": ["T*", "A*", "int", "T*", "A*", "unsigned int*", "T*", "T*", "T*", "long long", "int",
+                              "long long", "T*", "A*", "A*", "int", "long long", "long long"],
     "unpack_heads": ["T*", "T*", "int", "int*", "int", "T*", "int", "int", "int", "int", "long long", "int",
                      "long long"],
     "pack_heads": ["T*", "long long*", "int", "T*", "int", "int", "int", "int", "long long"],
@@ -2150,6 +2180,25 @@ def column_sums_pair(x, y, out_xy, out_x, x3=None, out_x3=None):
             (x, yy, np.int32(parts), x if x3 is None else xp.ascontiguousarray(x3),
              partial, _counter(xp, chunks), out_xy, out_x, out_x if out_x3 is None else out_x3, np.int64(n), np.int32(d),
              np.int64(rows_per_slab), ys, mean, rstd, np.int32(from_mean), np.int64(0), np.int64(0)))
+
+
+def relu_backward_sums(dy, y, out):
+    """dy = dy where y > 0, else 0, in place (relu_backward: y the ReLU's output), and out += the column sums of
+    that dy (out [F], dy's dtype: the bias gradient of the Linear before the ReLU), in ONE launch: the same values and bits as relu_backward(dy, y) then column_sums(dy, out=out), one pass
+    over dy fewer (column_sums_relu_into: column_sums_into's code with ReLU's rule first). dy, y [..., F]
+    C-contiguous. Returns dy."""
+    xp = backend.xp_of(dy)
+    n, d = _rows(dy)
+    if n == 0:
+        return dy
+    a = accum_dtype(dy.dtype)
+    chunks = (d + 31) // 32
+    slabs, rows_per_slab = _slabs(n, d)
+    partial = _partials(xp, a, slabs * d)
+    _launch("column_sums_relu_into", dy.dtype, chunks * slabs, COLUMN_BLOCK,
+            (dy, partial, np.int32(1), dy, partial, _counter(xp, chunks), out, out, out, np.int64(n), np.int32(d),
+             np.int64(rows_per_slab), y, partial, partial, np.int32(0), np.int64(0), np.int64(0)))
+    return dy
 
 
 def column_sums_planes(x, out, out_stride):

@@ -324,6 +324,34 @@ def test_gpu_forward_backward_gives_forward_loss_then_backward_in_fewer_launches
             assert loss == want_loss
 
 
+@needs_kernels
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+def test_gpu_relu_backward_inside_the_bias_sums_gives_the_same_update(dtype, monkeypatch):
+    """MINITF_FUSED_RELUSUMS=1: each feed-forward's ReLU backward done inside its first bias's column sums
+    (kernels.relu_backward_sums, one launch where relu_backward and column_sums_into were two): the loss and
+    every gradient of an update with ReLU dropout as without it, bit for bit under the stand-in (the same
+    kernels' arithmetic), to rounding on a GPU (cuBLAS may take another algorithm from one call to the next)."""
+    launched = _attention_launches(monkeypatch)
+
+    def update(flag):
+        monkeypatch.setenv("MINITF_FUSED_RELUSUMS", flag)
+        m = minitf.Transformer(cfg(dropout=0.1, relu_dropout=0.1), device="gpu", dtype=dtype, seed=0)
+        m.zero_grad()
+        launched.clear()
+        loss = m.forward_backward(SRC, TGT_IN, TGT_OUT, loss_weight=0.5)
+        return float(loss), to_numpy(m.flat_grads).astype(np.float64), list(launched)
+    (l0, g0, k0), (l1, g1, k1) = update("0"), update("1")
+    relu = [n for n in k0 if n.startswith("relu_backward")]
+    assert len(relu) == 4 and not any(n.startswith("relu_backward") for n in k1)      # 2 encoder + 2 decoder layers
+    assert len(k1) == len(k0) - 4 and k1.count("column_sums_relu_into") == 4
+    assert k1.count("column_sums_into") == k0.count("column_sums_into") - 4
+    if REAL_GPU:
+        assert abs(l1 - l0) <= 1e-6 * abs(l0) and _rel(g1, g0) <= {"float64": 1e-12}.get(dtype, 1e-3)
+    else:
+        assert l1 == l0
+        np.testing.assert_array_equal(g1, g0)
+
+
 def _attention_launches(monkeypatch):
     """The names of the kernels launched from now on (a list the caller clears)."""
     launched = []

@@ -537,6 +537,26 @@ def test_attention_on_packed_rows_takes_tensor_cores_only_where_the_device_has_t
     assert not kernels.attention_tensor_cores(x["float16"], 64)
 
 
+def test_a_base_update_with_relu_backward_inside_the_bias_sums_launches_12_fewer(standin, monkeypatch):
+    """MINITF_FUSED_RELUSUMS=1: the 12 feed-forwards' ReLU backward goes into their first bias's column sums
+    (kernels.relu_backward_sums, column_sums_relu_into): 12 launches fewer, no relu_backward; alone and with
+    attention on packed rows. docs/performance.md quotes the counts."""
+    sys.path.insert(0, ROOT)
+    from bench.launches import count_update
+    monkeypatch.delenv("MINITF_FUSED_ATTN", raising=False)
+    monkeypatch.delenv("MINITF_FUSED_RELUSUMS", raising=False)
+    before, total0 = count_update("base", True)
+    after, total = count_update("base", True, env={"MINITF_FUSED_RELUSUMS": "1"})
+    both = count_update("base", True, env={"MINITF_FUSED_RELUSUMS": "1", "MINITF_FUSED_ATTN": "1"})[1]
+    attn = count_update("base", True, env={"MINITF_FUSED_ATTN": "1"})[1]
+    assert total == total0 - 12 and both == attn - 12
+    assert before.get("relu_backward_vec") == 12 and not any(k.startswith("relu_backward") for k in after)
+    assert after["column_sums_relu_into"] == 12 and after["column_sums_into"] == before["column_sums_into"] - 12
+    page = " ".join((Path(ROOT) / "docs" / "performance.md").read_text(encoding="utf-8").split())
+    assert f"{total} with `MINITF_FUSED_RELUSUMS=1` (ReLU's backward inside the 12 feed-forwards' first bias sums), " \
+           f"{both} with both" in page
+
+
 def test_gpu_ab_times_the_update_ended_on_the_device_against_the_host(tmp_path, standin, monkeypatch):
     """bench/gpu_ab.py --steps-per-round 2 with MINITF_HOST_CHECK=1 as a variant, on the stand-in: both
     variants are timed, give the same gradients, and the host variant's runner reads each outcome

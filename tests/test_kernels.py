@@ -406,6 +406,35 @@ def test_column_sums_of_stacked_planes_into_evenly_spaced_buffers_in_one_launch(
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 33, 700])
+def test_relu_backward_inside_the_bias_sums_is_relu_backward_then_the_sums(dtype, n, monkeypatch):
+    """relu_backward_sums(dy, y, out): dy zeroed in place where the ReLU's output y is not > 0 (a NaN or a
+    negative zero in y too, as relu_backward has it; a NaN in dy where y > 0 stays) and out += the column sums of
+    that dy, in one launch: the same bits as relu_backward then column_sums(dy, out=out), over one slab and
+    several."""
+    rng = np.random.default_rng(8)
+    d = 70
+    dy = rng.normal(size=(n, d)).astype(dtype)
+    y = np.maximum(rng.normal(size=(n, d)), 0).astype(dtype)
+    y.flat[::7] = np.nan
+    y.flat[3::11] = -0.0
+    y.flat[5::13] = np.inf
+    dy.flat[5::26] = np.nan                      # where y is inf (> 0): kept, and the column's sum is NaN
+    out = rng.normal(size=d).astype(dtype)
+    want_dy, want = dy.copy(), out.copy()
+    kernels.relu_backward(want_dy, y)
+    kernels.column_sums(want_dy, out=want)
+    launched = []
+    real = kernels.LAUNCH["launch"]
+    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+    assert kernels.relu_backward_sums(dy, y, out) is dy
+    assert launched == ["column_sums_relu_into"] and not kernels._counter(np).any()
+    equal(dy, want_dy)
+    equal(out, want)
+    assert np.isnan(out).any() and not np.isnan(out).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("packed,dropout", [(False, False), (True, False), (True, True)])
 def test_embed_rows_and_embedding_backward(dtype, packed, dropout):
     """embed_rows = dropout(pack(rows, weight[ids] * scale + PE)) with the mask functional.hash_bits
