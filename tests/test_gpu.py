@@ -352,6 +352,49 @@ def test_gpu_relu_backward_inside_the_bias_sums_gives_the_same_update(dtype, mon
         np.testing.assert_array_equal(g1, g0)
 
 
+# the switches that are off by default until a GPU has timed them, all on at once
+OPT_IN = {"MINITF_FUSED_ATTN": "1", "MINITF_FUSED_RELUSUMS": "1", "MINITF_FUSED_LNWARP": "1"}
+
+
+@needs_kernels
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_gpu_every_opt_in_kernel_at_once_gives_the_cpus_float64_loss_and_every_gradient(norm, monkeypatch):
+    """Attention on packed rows, ReLU's backward inside the bias sums and the warp-per-row LayerNorms switched on
+    together (OPT_IN): the CPU's float64 loss and every gradient, each of them launched."""
+    for k, v in OPT_IN.items():
+        monkeypatch.setenv(k, v)
+    c = cfg(norm_position=norm, d_model=32, n_heads=2, d_ff=32)
+    cpu = minitf.Transformer(c, device="cpu", dtype="float64", seed=0)
+    gpu = minitf.Transformer(c, device="gpu", dtype="float64", seed=0)
+    launched = _attention_launches(monkeypatch)
+    lc = cpu.forward_loss(SRC, TGT_IN, TGT_OUT)
+    lg = float(gpu.forward_loss(SRC, TGT_IN, TGT_OUT))
+    assert abs(lc - lg) <= 1e-10 * abs(lc)
+    assert_same_gradients(cpu, gpu)
+    for name in ("attention_rows_forward", "attention_rows_backward", "column_sums_relu_into",
+                 "layernorm_backward_warp"):
+        assert name in launched, name
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype,tol", [("float16", 5e-3), ("bfloat16", 3e-2)])
+def test_gpu_every_opt_in_kernel_at_once_is_as_close_to_float64_in_16_bits(dtype, tol, monkeypatch):
+    """OPT_IN with heads of 16 values (attention on tensor cores where the GPU has them) in the 16-bit dtypes: the
+    update's loss and every gradient within `tol` of the float64 model's (the largest difference relative to the
+    largest gradient). On this tiny model the default kernels' bfloat16 gradients are further from float64 than
+    that: the head layout rounds the scores to bfloat16 before the softmax; the kernels on packed rows keep them
+    in float32."""
+    def update(env, dt):
+        for k in OPT_IN:
+            monkeypatch.setenv(k, env.get(k, "0"))
+        m = minitf.Transformer(cfg(d_model=32, n_heads=2, d_ff=32), device="gpu", dtype=dt, seed=0)
+        m.zero_grad()
+        loss = m.forward_backward(SRC, TGT_IN, TGT_OUT, loss_weight=1.0)
+        return float(loss), to_numpy(m.flat_grads).astype(np.float64)
+    (lo, go), (l64, g64) = update(OPT_IN, dtype), update({}, "float64")
+    assert abs(lo - l64) <= tol * abs(l64) and np.abs(go - g64).max() <= tol * np.abs(g64).max()
+
+
 def _attention_launches(monkeypatch):
     """The names of the kernels launched from now on (a list the caller clears)."""
     launched = []
