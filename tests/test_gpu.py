@@ -352,6 +352,19 @@ def test_gpu_relu_backward_inside_the_bias_sums_gives_the_same_update(dtype, mon
         np.testing.assert_array_equal(g1, g0)
 
 
+def cpu_and_gpu_agree(c, src, tgt_in, tgt_out, monkeypatch):
+    """Config c's float64 models on the CPU and on the GPU path (seed 0): the loss to 1e-10 and every gradient
+    (assert_same_gradients); returns the names of the kernels the GPU path launched."""
+    cpu = minitf.Transformer(c, device="cpu", dtype="float64", seed=0)
+    gpu = minitf.Transformer(c, device="gpu", dtype="float64", seed=0)
+    launched = _attention_launches(monkeypatch)
+    lc = cpu.forward_loss(src, tgt_in, tgt_out)
+    lg = float(gpu.forward_loss(src, tgt_in, tgt_out))
+    assert abs(lc - lg) <= 1e-10 * abs(lc)
+    assert_same_gradients(cpu, gpu)
+    return launched
+
+
 # the switches that are off by default until a GPU has timed them, all on at once
 OPT_IN = {"MINITF_FUSED_ATTN": "1", "MINITF_FUSED_RELUSUMS": "1", "MINITF_FUSED_LNWARP": "1"}
 
@@ -363,14 +376,8 @@ def test_gpu_every_opt_in_kernel_at_once_gives_the_cpus_float64_loss_and_every_g
     together (OPT_IN): the CPU's float64 loss and every gradient, each of them launched."""
     for k, v in OPT_IN.items():
         monkeypatch.setenv(k, v)
-    c = cfg(norm_position=norm, d_model=32, n_heads=2, d_ff=32)
-    cpu = minitf.Transformer(c, device="cpu", dtype="float64", seed=0)
-    gpu = minitf.Transformer(c, device="gpu", dtype="float64", seed=0)
-    launched = _attention_launches(monkeypatch)
-    lc = cpu.forward_loss(SRC, TGT_IN, TGT_OUT)
-    lg = float(gpu.forward_loss(SRC, TGT_IN, TGT_OUT))
-    assert abs(lc - lg) <= 1e-10 * abs(lc)
-    assert_same_gradients(cpu, gpu)
+    launched = cpu_and_gpu_agree(cfg(norm_position=norm, d_model=32, n_heads=2, d_ff=32), SRC, TGT_IN, TGT_OUT,
+                                 monkeypatch)
     for name in ("attention_rows_forward", "attention_rows_backward", "column_sums_relu_into",
                  "layernorm_backward_warp"):
         assert name in launched, name
@@ -422,14 +429,8 @@ def test_gpu_attention_on_packed_rows_gives_the_cpus_float64_loss_and_every_grad
     if batch == "unpadded":
         tgt_in[0, -1], tgt_out[0, -1] = 9, 3
     monkeypatch.setenv("MINITF_FUSED_ATTN", "1")
-    c = cfg(norm_position="pre" if batch == "pre_norm" else "post")
-    cpu = minitf.Transformer(c, device="cpu", dtype="float64", seed=0)
-    gpu = minitf.Transformer(c, device="gpu", dtype="float64", seed=0)
-    launched = _attention_launches(monkeypatch)
-    lc = cpu.forward_loss(src, tgt_in, tgt_out)
-    lg = float(gpu.forward_loss(src, tgt_in, tgt_out))
-    assert abs(lc - lg) <= 1e-10 * abs(lc)
-    assert_same_gradients(cpu, gpu)
+    launched = cpu_and_gpu_agree(cfg(norm_position="pre" if batch == "pre_norm" else "post"), src, tgt_in, tgt_out,
+                                 monkeypatch)
     names = [n for n in launched if n.startswith("attention_rows")]
     assert names.count("attention_rows_forward") == fused
     assert names.count("attention_rows_backward") == fused
