@@ -1177,16 +1177,31 @@ __device__ inline void mma_rows(mma_u32 (*f)[4], const T* x, const T* bias, int 
 }
 
 // Stages rows j0 .. j0 + n - 1 (rows from `start`) of head h of x in shared memory as T (the bias added where has_bias,
-// as att_value adds it): sx[j * ATTC_LD + c]; rows n .. ATT_TILE - 1 are 0, so that a product over them adds 0 (never
-// a NaN of memory no one wrote). No barrier: the caller's.
+// as att_value adds it: the sum rounded to T): sx[j * ATTC_LD + c]; rows n .. ATT_TILE - 1 are 0, so that a product
+// over them adds 0 (never a NaN of memory no one wrote). 16 bytes (a Vec of 8 values) a load and a store: lane l
+// takes the vector c0 = 8 (l % (K / 8)) of rows l / (K / 8), l / (K / 8) + 32 / (K / 8), ... (x's rows and sx
+// 16-byte aligned: kernels.attention_rows checks x, and a staged row is 144 bytes). No barrier: the caller's.
 __device__ inline void mma_stage(const T* x, const T* bias, int has_bias, long long start, int j0, int n, int hk, int h,
                                  int K, T* sx) {
-    for (int c = threadIdx.x; c < K; c += blockDim.x) {       // a lane's columns: lane, lane + 32 (the row's bias once)
-        A b = has_bias ? (A)bias[h * K + c] : (A)0;
-        const T* col = x + (start + j0) * hk + h * K + c;
-#pragma unroll 8
-        for (int j = 0; j < ATT_TILE; ++j)                      // as att_value: the sum rounded to T
-            sx[j * ATTC_LD + c] = j >= n ? (T)0.0f : has_bias ? (T)((A)col[(long long)j * hk] + b) : col[(long long)j * hk];
+    int per_row = K / 8, lanes = (32 / per_row) * per_row, lane = threadIdx.x;
+    if (lane >= lanes) return;                  // K = 48: 6 vectors a row, 5 rows a pass, lanes 30 and 31 idle
+    int c0 = 8 * (lane % per_row);
+    A b[8];                                     // this lane's 8 columns of the bias, read once
+#pragma unroll
+    for (int e = 0; e < 8; ++e) b[e] = has_bias ? (A)bias[h * K + c0 + e] : (A)0;
+    const T* col = x + (start + j0) * hk + h * K + c0;
+    for (int j = lane / per_row; j < ATT_TILE; j += 32 / per_row) {
+        Vec v;
+        if (j < n) {
+            v = *(const Vec*)(col + (long long)j * hk);
+            if (has_bias)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) v.v[e] = (T)((A)v.v[e] + b[e]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v.v[e] = (T)0.0f;
+        }
+        *(Vec*)(sx + j * ATTC_LD + c0) = v;
     }
 }
 
@@ -1423,7 +1438,7 @@ extern "C" __global__ void attention_rows_forward_mma(const T* q, const T* k, co
                                                       const int* kstart, const int* klen, T* out, A* lse, int H, int K,
                                                       int chunks, int causal, A scale, long long nq) {
 #if ATT_MMA_HERE
-    __shared__ mma_u32 words[ATT_TILE * ATTC_LD];   // the staged keys and values (T values, 4-byte aligned)
+    __shared__ Vec words[2 * ATT_TILE * ATTC_LD / 8];   // the staged keys and values (T values, 16-byte aligned)
     T* tiles = (T*)words;
     att_mma_forward(q, k, v, bq, bk, bv, has_bias, qstart, qlen, kstart, klen, out, lse, H, K, chunks, causal, scale,
                     nq, tiles, tiles + ATT_TILE * ATTC_LD);
@@ -1436,7 +1451,7 @@ extern "C" __global__ void attention_rows_backward_mma(const T* q, const T* k, c
                                                        const A* lse, T* dq, T* dk, T* dv, int H, int K, int qchunks,
                                                        int kchunks, int count, int causal, A scale, long long nq) {
 #if ATT_MMA_HERE
-    __shared__ mma_u32 words[ATT_TILE * ATTC_LD];   // keys and values, or queries and their dout (T values)
+    __shared__ Vec words[2 * ATT_TILE * ATTC_LD / 8];   // keys and values, or queries and their dout (T values)
     T* tiles = (T*)words;
     __shared__ A rows[2 * ATT_TILE];              // the staged queries' lse and delta
     T *t0 = tiles, *t1 = tiles + ATT_TILE * ATTC_LD;
@@ -2374,6 +2389,12 @@ def attention_tensor_cores(x, d_k):
             and not switched_off("MINITF_FUSED_ATTN_MMA") and _arch(x) >= 80)
 
 
+def _aligned(*arrays):
+    """Whether every array starts on a 16-byte boundary (the tensor-core kernels stage 16 bytes a load; the
+    projections' outputs do, and a row of H*K 16-bit values, K a multiple of 16, is whole 16-byte vectors)."""
+    return all(_address(a) % VEC_BYTES == 0 for a in arrays)
+
+
 def _attention_args(q, k, v, biases, spans_q, spans_kv):
     xp = backend.xp_of(q)
     has_bias = biases is not None
@@ -2387,7 +2408,8 @@ def attention_rows(q, k, v, biases, spans_q, spans_kv, h, causal, scale):
     the mask that of the padding (a sentence's keys are its own rows) and, with `causal`, of later
     positions. q [rows_q, H*K] (the query side's kept rows: N_t in the decoder, N_s in the encoder), k and v
     [rows_kv, H*K] (the key side's; in a self-attention the same rows) C-contiguous (the projections'
-    outputs; biases (bq, bk, bv) each [H*K], or None); spans_q, spans_kv: packing.Spans of the two sides.
+    outputs; biases (bq, bk, bv) each [H*K], or None); spans_q, spans_kv: packing.Spans of the two sides. On tensor
+    cores where attention_tensor_cores says so and q, k, v start on 16-byte boundaries (else on CUDA cores).
     out [rows_q, H*K] (heads side by side, as pack_heads writes them), lse [H, rows_q] in the accumulation
     dtype (what the backward needs besides q, k, v and out). One launch."""
     args, xp = _attention_args(q, k, v, biases, spans_q, spans_kv)
@@ -2395,7 +2417,7 @@ def attention_rows(q, k, v, biases, spans_q, spans_kv, h, causal, scale):
     out = xp.empty_like(q)
     lse = xp.empty((h, nq), dtype=accum_dtype(q.dtype))
     chunks = -(-spans_q.most // ATT_ROWS)
-    mma = attention_tensor_cores(q, hk // h)
+    mma = attention_tensor_cores(q, hk // h) and _aligned(q, k, v)
     _launch("attention_rows_forward_mma" if mma else "attention_rows_forward", q.dtype, spans_q.count * h * chunks,
             ATT_MMA_BLOCK if mma else ATT_BLOCK,
             args + (out, lse, np.int32(h), np.int32(hk // h), np.int32(chunks), np.int32(bool(causal)),
@@ -2411,7 +2433,7 @@ def attention_rows_backward(dout, out, lse, q, k, v, biases, spans_q, spans_kv, 
     args, xp = _attention_args(q, k, v, biases, spans_q, spans_kv)
     nq, hk = q.shape
     qchunks, kchunks = -(-spans_q.most // ATT_ROWS), -(-spans_kv.most // ATT_ROWS)
-    mma = attention_tensor_cores(q, hk // h)
+    mma = attention_tensor_cores(q, hk // h) and _aligned(q, k, v, dout)
     _launch("attention_rows_backward_mma" if mma else "attention_rows_backward", q.dtype,
             spans_q.count * h * (qchunks + kchunks), ATT_MMA_BLOCK if mma else ATT_BLOCK,
             args + (out, dout, lse, dq, dk, dv, np.int32(h), np.int32(hk // h), np.int32(qchunks), np.int32(kchunks),

@@ -639,6 +639,33 @@ def test_attention_on_packed_rows_keeps_a_sentences_infinities_in_it(dtype, core
         assert np.isfinite(got).all() and np.abs(got - ref).max() <= 2 * tol * np.abs(ref).max()
 
 
+@pytest.mark.parametrize("dtype", [np.float16, BF16])
+def test_attention_on_packed_rows_off_a_16_byte_boundary_takes_the_cuda_cores(dtype, monkeypatch):
+    """The tensor-core kernels stage 16 bytes a load: q, k or v (or, in the backward, dout) starting off a 16-byte
+    boundary (here one value in) runs the CUDA-core kernels instead, with the same results to rounding."""
+    lq, h, k = [5, 20], 2, 16
+    rng = np.random.default_rng(2)
+    launched = attention_kernels_launched(monkeypatch)
+    for shifted in ("q", "dout", None):
+        arrays = {}
+        for name in ("q", "k", "v", "dout"):
+            flat = rng.normal(size=sum(lq) * h * k + 1).astype(dtype)
+            arrays[name] = (flat[1:] if name == shifted else flat[:-1]).reshape(sum(lq), h * k)
+        q, kk, v, dout = (arrays[n] for n in ("q", "k", "v", "dout"))
+        biases = tuple(rng.normal(size=h * k).astype(dtype) for _ in range(3))
+        launched.clear()
+        out, lse = kernels.attention_rows(q, kk, v, biases, spans_of(lq), spans_of(lq), h, True, 0.25)
+        grads = [np.zeros_like(x) for x in (q, kk, v)]
+        kernels.attention_rows_backward(dout, out, lse, q, kk, v, biases, spans_of(lq), spans_of(lq), h, True, 0.25,
+                                        *grads)
+        want_out, _, want = attention_reference(q, kk, v, biases, lq, lq, h, True, 0.25, dout)
+        tol = {np.float16: 4e-3, BF16: 3e-2}[dtype]
+        for got, ref in zip([out] + grads, [want_out] + want):
+            assert np.abs(got.astype(np.float64) - ref).max() <= 2 * tol * np.abs(ref).max()
+        fwd, bwd = ("" if shifted == "q" else "_mma"), ("" if shifted else "_mma")
+        assert launched == ["attention_rows_forward" + fwd, "attention_rows_backward" + bwd], shifted
+
+
 def test_attention_on_packed_rows_gradients_are_central_differences():
     """Every entry of q, k and v (float64): attention_rows_backward's gradients of sum(out * w) against
     central differences of attention_rows, causal self-attention and cross-attention."""
