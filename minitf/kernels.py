@@ -1090,9 +1090,10 @@ extern "C" __global__ void attention_rows_backward(const T* q, const T* k, const
 // c[2], c[3] row gid + 8. A product's C tiles side by side are the next product's A fragments (mma_tile_by_rows).
 // Staged rows are ATTC_LD values apart (36 words): the 32 lanes' loads of a fragment from a staged tile fall in 32
 // banks (mma_rows_by_tile's, a word each) or in 16 (mma_tile_by_rows's, two lanes reading one word): no conflicts.
-// A masked key's weight is 0 and a masked query's gradient term 0, but the products take whole tiles, so a key whose
-// values are not finite makes the other rows of its block and tile NaN too (0 * inf), where the CUDA-core kernels
-// skip it; it is its own sentence's key, and the update is not finite either way.
+// A masked key's weight is 0 and a masked query's gradient term 0, but the products take whole tiles, so a staged
+// row (a key, or a query or its output gradient) whose values are not finite makes NaN the rows of the blocks that
+// multiply its tile (0 * inf), where the CUDA-core kernels skip it; it is a row of the same sentence, and the update
+// is not finite either way.
 #define ATTC_LD (ATT_KMAX + 8)
 #define ATTC_STEPS (ATT_KMAX / 16)     // a row's k-steps of 16 values
 #define ATTC_COLS (ATT_KMAX / 8)       // a row's C tiles of 8 values
