@@ -1084,10 +1084,10 @@ extern "C" __global__ void attention_rows_backward(const T* q, const T* k, const
 // The same attention on tensor cores (float16 and bfloat16 storage, K a multiple of 16, sm_80 and newer): a block is
 // one warp and takes ATT_ROWS = 16 rows of one sentence and head (att_place's numbering, the CUDA-core kernels' grid),
 // and every product is mma.sync m16n8k16 (16-bit operands, float32 sums), its fragments as the PTX ISA lays them out
-// ("Matrix Fragments for mma.m16n8k16 with floating point type"; lane = 4 gid + tig): A (16 x 16) a[0] holds row gid,
-// columns 2 tig and 2 tig + 1, a[1] the same of row gid + 8, a[2] and a[3] those 8 columns on; B (16 x 8) b[0] holds rows
-// 2 tig and 2 tig + 1 of column gid, b[1] those 8 rows on; C (16 x 8, float) c[0], c[1] row gid, columns 2 tig, 2 tig + 1,
-// c[2], c[3] row gid + 8. A product's C tiles side by side are the next product's A fragments (mma_tile_by_rows).
+// ("Matrix Fragments for mma.m16n8k16 with floating point type"; lane = 4 gid + tig): A (16 x 16) a[0] holds row
+// gid, columns 2 tig and 2 tig + 1, a[1] the same of row gid + 8, a[2] and a[3] those 8 columns on; B (16 x 8) b[0]
+// holds rows 2 tig and 2 tig + 1 of column gid, b[1] those 8 rows on; C (16 x 8, float) c[0], c[1] row gid, columns
+// 2 tig, 2 tig + 1, c[2], c[3] row gid + 8. A product's C tiles side by side are the next product's A fragments (mma_tile_by_rows).
 // Staged rows are ATTC_LD values apart (36 words): the 32 lanes' loads of a fragment from a staged tile fall in 32
 // banks (mma_rows_by_tile's, a word each) or in 16 (mma_tile_by_rows's, two lanes reading one word): no conflicts.
 // A masked key's weight is 0 and a masked query's gradient term 0, but the products take whole tiles, so a staged
@@ -1278,7 +1278,7 @@ __device__ void att_mma_forward(const T* q, const T* k, const T* v, const T* bq,
     mma_rows(qf, q, bq, has_bias, r0, rows, hk, h, K);
     float acc[ATTC_COLS][4], s[ATTC_TILES][4];
     mma_zero(acc);
-    A m[2] = {NEG_BIG, NEG_BIG}, l[2] = {0, 0};  // rows gid and gid + 8: the running maximum, this lane's share of the sum
+    A m[2] = {NEG_BIG, NEG_BIG}, l[2] = {0, 0};  // rows gid and gid + 8: the running maximum, this lane's part of the sum
     int nk = att_keys_seen(causal, lk, first);
     for (int j0 = 0; j0 < nk; j0 += ATT_TILE) {
         int n = nk - j0 < ATT_TILE ? nk - j0 : ATT_TILE;
@@ -1380,8 +1380,8 @@ __device__ void att_mma_backward_q(int block, const T* q, const T* k, const T* v
 }
 
 // The backward's key blocks on tensor cores: per tile of queries (staged with their output gradients, lse and delta,
-// computed by mma_delta as the query blocks compute it: the same bits), s = scale k q^T and dp = v dout^T, p = exp(s - lse),
-// dv += p dout, dk += (scale p (dp - delta)) q.
+// computed by mma_delta as the query blocks compute it: the same bits), s = scale k q^T and dp = v dout^T,
+// p = exp(s - lse), dv += p dout, dk += (scale p (dp - delta)) q.
 __device__ void att_mma_backward_kv(int block, const T* q, const T* k, const T* v, const T* bq, const T* bk,
                                     const T* bv, int has_bias, const int* qstart, const int* qlen, const int* kstart,
                                     const int* klen, const T* out, const T* dout, const A* lse, T* dk, T* dv, int H,
@@ -1407,7 +1407,8 @@ __device__ void att_mma_backward_kv(int block, const T* q, const T* k, const T* 
             A d = i < n ? mma_delta(dout, out, q0 + i0 + i, hk, h, K) : (A)0;
             if (threadIdx.x == 0) sdd[i] = d;
         }
-        for (int i = threadIdx.x; i < ATT_TILE; i += blockDim.x) sls[i] = i < n ? lse[(long long)h * nq + q0 + i0 + i] : (A)0;
+        for (int i = threadIdx.x; i < ATT_TILE; i += blockDim.x)
+            sls[i] = i < n ? lse[(long long)h * nq + q0 + i0 + i] : (A)0;
         mma_stage(q, bq, has_bias, q0, i0, n, hk, h, K, sq);
         mma_stage(dout, dout, 0, q0, i0, n, hk, h, K, sdo);
         __syncthreads();
