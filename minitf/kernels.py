@@ -896,11 +896,13 @@ __device__ inline void att_write(T* x, const A* mine, A f, long long r, int hk, 
 __device__ inline void att_stage(const T* a, const T* bias_a, const T* b, const T* bias_b, int has_bias,
                                  long long start, int j0, int n, int hk, int h, int K, A* sa, A* sb) {
     __syncthreads();                            // the previous tile's readers are done
-    for (int e = threadIdx.x; e < n * K; e += blockDim.x) {
-        int j = e / K, c = e - j * K;
-        long long r = start + j0 + j;
-        sa[j * ATT_KMAX + c] = att_value(a, bias_a, has_bias, r, hk, h * K + c);
-        sb[j * ATT_KMAX + c] = att_value(b, bias_b, has_bias, r, hk, h * K + c);
+    for (int c = threadIdx.x; c < K; c += blockDim.x) {   // a thread a column: no division, the biases read once
+        A ba = has_bias ? (A)bias_a[h * K + c] : (A)0, bb = has_bias ? (A)bias_b[h * K + c] : (A)0;
+        for (int j = 0; j < n; ++j) {
+            long long at = (start + j0 + j) * hk + h * K + c;
+            sa[j * ATT_KMAX + c] = has_bias ? (A)(T)((A)a[at] + ba) : (A)a[at];   // as att_value
+            sb[j * ATT_KMAX + c] = has_bias ? (A)(T)((A)b[at] + bb) : (A)b[at];
+        }
     }
     __syncthreads();
 }
@@ -1036,11 +1038,13 @@ __device__ void att_backward_kv(int block, const T* q, const T* k, const T* v, c
         int n = lq - i0 < ATT_TILE ? lq - i0 : ATT_TILE;
         // stage the tile's queries (their bias added), their output gradients, lse and delta
         __syncthreads();
-        for (int e = threadIdx.x; e < n * K; e += blockDim.x) {
-            int i = e / K, c = e - i * K;
-            long long r = q0 + i0 + i;
-            sq[i * ATT_KMAX + c] = att_value(q, bq, has_bias, r, hk, h * K + c);
-            sdo[i * ATT_KMAX + c] = (A)dout[r * hk + h * K + c];
+        for (int c = threadIdx.x; c < K; c += blockDim.x) {   // a thread a column, as att_stage
+            A bc = has_bias ? (A)bq[h * K + c] : (A)0;
+            for (int i = 0; i < n; ++i) {
+                long long at = (q0 + i0 + i) * hk + h * K + c;
+                sq[i * ATT_KMAX + c] = has_bias ? (A)(T)((A)q[at] + bc) : (A)q[at];   // as att_value
+                sdo[i * ATT_KMAX + c] = (A)dout[at];
+            }
         }
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             sls[i] = lse[(long long)h * nq + q0 + i0 + i];
