@@ -1092,8 +1092,8 @@ extern "C" __global__ void attention_rows_backward(const T* q, const T* k, const
 // gid, columns 2 tig and 2 tig + 1, a[1] the same of row gid + 8, a[2] and a[3] those 8 columns on; B (16 x 8) b[0]
 // holds rows 2 tig and 2 tig + 1 of column gid, b[1] those 8 rows on; C (16 x 8, float) c[0], c[1] row gid, columns
 // 2 tig, 2 tig + 1, c[2], c[3] row gid + 8. A product's C tiles side by side are the next product's A fragments (mma_tile_by_rows).
-// Staged rows are ATTC_LD values apart (36 words): the 32 lanes' loads of a fragment from a staged tile fall in 32
-// banks (mma_rows_by_tile's, a word each) or in 16 (mma_tile_by_rows's, two lanes reading one word): no conflicts.
+// Staged rows are ATTC_LD values apart (144 bytes, 36 words): the 8 rows of 16 bytes an ldmatrix phase reads fall in
+// 32 banks (words 36 r .. 36 r + 3), no conflicts.
 // A masked key's weight is 0 and a masked query's gradient term 0, but the products take whole tiles, so a staged
 // row (a key, or a query or its output gradient) whose values are not finite makes NaN the rows of the blocks that
 // multiply its tile (0 * inf), where the CUDA-core kernels skip it; it is a row of the same sentence, and the update
@@ -1117,19 +1117,24 @@ __device__ inline mma_u32 mma_pack(A lo, A hi) {
     return (mma_u32)l.bits | ((mma_u32)h.bits << 16);
 }
 
-// p[0] and p[step] (staged T values) as one register.
-__device__ inline mma_u32 mma_two(const T* p, int step) { return (mma_u32)p[0].bits | ((mma_u32)p[step].bits << 16); }
-
-// p[0] and p[1] (staged T values, p 4-byte aligned) as one register: one 32-bit load.
-__device__ inline mma_u32 mma_pair(const T* p) {
+// Four 8 x 8 matrices of staged T values into one register each, by the warp: lanes 8 i .. 8 i + 7 give the addresses of
+// matrix i's 8 rows (16 bytes each, 16-byte aligned), and lane 4 gid + tig receives matrix i's row gid, columns 2 tig and
+// 2 tig + 1 (mma_ldsm_x4: the B fragment of rows that are B's columns) or, transposed, rows 2 tig and 2 tig + 1 of column
+// gid (mma_ldsm_x4_trans: the B fragment of rows that are B's rows); the lower index in the low 16 bits (ldmatrix
+// .m8n8.x4.b16, PTX ISA "Warp-level matrix load instruction: ldmatrix"; a generic address into shared memory).
 #ifdef MINITF_EMULATE
-    mma_u32 r;
-    memcpy(&r, p, 4);
-    return r;
+#define mma_ldsm_x4(d, p) emu_ldmatrix_x4<0>(d, p)
+#define mma_ldsm_x4_trans(d, p) emu_ldmatrix_x4<1>(d, p)
 #else
-    return *(const mma_u32*)p;
-#endif
+__device__ inline void mma_ldsm_x4(mma_u32* d, const T* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "l"(p) : "memory");
 }
+__device__ inline void mma_ldsm_x4_trans(mma_u32* d, const T* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "l"(p) : "memory");
+}
+#endif
 
 #ifdef MINITF_EMULATE
 #define mma_16816(c, a, b) emu_mma_16816<ATT_MMA_BF16>(c, a, b)
@@ -1211,35 +1216,46 @@ __device__ inline void mma_stage(const T* x, const T* bias, int has_bias, long l
 }
 
 // c = rows . tile^T: the 16 rows' fragments f times the ATT_TILE staged rows, c[nt] the staged rows 8 nt .. 8 nt + 7.
+// B = tile^T, B's column n a staged row: one mma_ldsm_x4 gives the fragments of two 8-row tiles (nt, nt + 1) for a
+// k-step of 16 values: matrices (rows 8 nt.., values 16 s..), (8 nt.., 16 s + 8..), (8 nt + 8.., 16 s..), (8 nt + 8..,
+// 16 s + 8..); lane l addresses row (l & 7) of matrix l / 8.
 __device__ inline void mma_rows_by_tile(float (*c)[4], const mma_u32 (*f)[4], const T* tile, int K) {
-    int gid = threadIdx.x >> 2, tig = threadIdx.x & 3;
+    int lane = threadIdx.x & 31;
+    const T* mine = tile + ((lane & 16) ? 8 : 0) * ATTC_LD + (lane & 7) * ATTC_LD + ((lane & 8) ? 8 : 0);
 #pragma unroll
-    for (int nt = 0; nt < ATTC_TILES; ++nt) {
+    for (int nt = 0; nt < ATTC_TILES; ++nt)
 #pragma unroll
         for (int i = 0; i < 4; ++i) c[nt][i] = 0;
 #pragma unroll
+    for (int nt = 0; nt < ATTC_TILES; nt += 2)
+#pragma unroll
         for (int s = 0; s < ATTC_STEPS; ++s)
             if (16 * s < K) {
-                const T* p = tile + (8 * nt + gid) * ATTC_LD + 16 * s + 2 * tig;   // an even offset
-                mma_u32 b[2] = {mma_pair(p), mma_pair(p + 8)};
+                mma_u32 b[4];
+                mma_ldsm_x4(b, mine + 8 * nt * ATTC_LD + 16 * s);
                 mma_16816(c[nt], f[s], b);
+                mma_16816(c[nt + 1], f[s], b + 2);
             }
-    }
 }
 
 // acc += w . tile: the 16 x ATT_TILE weights w (C tiles, rounded to T here) times the staged rows (ATT_TILE x K).
+// B = tile, B's row k a staged row: one mma_ldsm_x4_trans gives the fragments of two 8-value column tiles (nt, nt + 1)
+// for a k-step of 16 rows: matrices (rows 16 kt.., values 8 nt..), (16 kt + 8.., 8 nt..), (16 kt.., 8 nt + 8..),
+// (16 kt + 8.., 8 nt + 8..).
 __device__ inline void mma_tile_by_rows(float (*acc)[4], const float (*w)[4], const T* tile, int K) {
-    int gid = threadIdx.x >> 2, tig = threadIdx.x & 3;
+    int lane = threadIdx.x & 31;
+    const T* mine = tile + ((lane & 8) ? 8 : 0) * ATTC_LD + (lane & 7) * ATTC_LD + ((lane & 16) ? 8 : 0);
 #pragma unroll
     for (int kt = 0; kt < ATT_TILE / 16; ++kt) {
         mma_u32 a[4] = {mma_pack(w[2 * kt][0], w[2 * kt][1]), mma_pack(w[2 * kt][2], w[2 * kt][3]),
                         mma_pack(w[2 * kt + 1][0], w[2 * kt + 1][1]), mma_pack(w[2 * kt + 1][2], w[2 * kt + 1][3])};
 #pragma unroll
-        for (int nt = 0; nt < ATTC_COLS; ++nt)
+        for (int nt = 0; nt < ATTC_COLS; nt += 2)
             if (8 * nt < K) {
-                const T* p = tile + (16 * kt + 2 * tig) * ATTC_LD + 8 * nt + gid;
-                mma_u32 b[2] = {mma_two(p, ATTC_LD), mma_two(p + 8 * ATTC_LD, ATTC_LD)};
+                mma_u32 b[4];
+                mma_ldsm_x4_trans(b, mine + 16 * kt * ATTC_LD + 8 * nt);
                 mma_16816(acc[nt], a, b);
+                mma_16816(acc[nt + 1], a, b + 2);
             }
     }
 }

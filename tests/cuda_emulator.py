@@ -129,6 +129,26 @@ template <int BF> static inline void emu_mma_16816(float* c, const unsigned* a, 
     }
     __syncthreads();
 }
+// ldmatrix.sync.aligned.m8n8.x4{.trans}.b16 (kernels.py's mma_ldsm_x4 and mma_ldsm_x4_trans): lanes 8 i .. 8 i + 7
+// give the addresses of matrix i's 8 rows of 8 16-bit values (each 16-byte aligned, or the emulation stops), and lane
+// 4 gid + tig receives in d[i] matrix i's row gid, columns 2 tig and 2 tig + 1, or with .trans rows 2 tig and
+// 2 tig + 1 of column gid, the lower index in the low 16 bits. Each lane reads its row as it arrives, before the
+// barrier that hands the rows round (slots, as for the shuffle above): so a row staged by a lane that has not yet run
+// (a barrier missing after the staging) is read stale in one of the two thread orders, as it could be on a GPU.
+template <int TRANS> static inline void emu_ldmatrix_x4(unsigned* d, const void* p) {
+    static unsigned short rows[1024][8];
+    if ((uintptr_t)p % 16 != 0) __builtin_trap();
+    std::memcpy(rows[threadIdx.x], p, 16);
+    __syncthreads();
+    unsigned warp = threadIdx.x & ~31u, lane = threadIdx.x & 31u, gid = lane >> 2, tig = lane & 3u;
+    for (unsigned i = 0; i < 4; ++i) {
+        const unsigned short (*m)[8] = rows + warp + 8 * i;
+        unsigned lo = TRANS ? m[2 * tig][gid] : m[gid][2 * tig];
+        unsigned hi = TRANS ? m[2 * tig + 1][gid] : m[gid][2 * tig + 1];
+        d[i] = lo | (hi << 16);
+    }
+    __syncthreads();
+}
 // Between two barriers the threads run one after another, in ascending order, or descending where
 // emu_set_reverse(1) says so: a kernel that reads what another thread writes without a barrier
 // between gives a wrong result in one of the two orders.
