@@ -33,6 +33,7 @@ from minitf import backend  # noqa: E402
 from minitf.masks import causal_bias, padding_bias  # noqa: E402
 from minitf.packing import make_rows  # noqa: E402
 from bench.data import wmt_batch  # noqa: E402
+from bench.env import Env  # noqa: E402
 
 DTYPES = {"float32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 # (name, what it is called in the output, its switches); "cuda" only in 16 bits (float32 rows run on CUDA cores)
@@ -72,12 +73,12 @@ def time_paths(args_of, paths, rounds, calls, warmup):
     times = {name: [] for name, _, _ in paths}
     for r in range(warmup + rounds):
         for name, _, env in paths:
-            os.environ.update(env)
-            backend.synchronize(xp)
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                call(*args_of)
-            backend.synchronize(xp)
+            with Env(env):
+                backend.synchronize(xp)
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    call(*args_of)
+                backend.synchronize(xp)
             if r >= warmup:
                 times[name].append((time.perf_counter() - t0) / calls)
     return times
@@ -88,8 +89,8 @@ def gradient_difference(args_of, paths):
     largest value."""
     got = {}
     for name, _, env in paths:
-        os.environ.update(env)
-        got[name] = [backend.to_numpy(g).astype(np.float64) for g in call(*args_of)]
+        with Env(env):
+            got[name] = [backend.to_numpy(g).astype(np.float64) for g in call(*args_of)]
     return max(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)
                for name, _, _ in paths[1:] for a, b in zip(got[name], got["heads"]))
 
@@ -111,26 +112,18 @@ def main(argv=None):
         args.rounds, args.calls, args.warmup = 2, 1, 1
     cfg = minitf.Config.preset(preset, vocab_size=vocab)
     src, tgt_in, _ = wmt_batch(cfg, tokens)
-    saved = {k: os.environ.get(k) for k in ("MINITF_FUSED_ATTN", "MINITF_FUSED_ATTN_MMA")}
     print(f"{preset}: {src.shape[0]} sentences, {int((src != cfg.pad_id).sum())} source and "
           f"{int((tgt_in != cfg.pad_id).sum())} target rows, H={cfg.n_heads} K={cfg.d_k}")
-    try:
-        for mode in args.modes.split(","):
-            model = minitf.Transformer(cfg, device="gpu", dtype=DTYPES[mode], seed=0)
-            paths = PATHS if mode != "float32" else PATHS[:2]
-            for name, args_of in attentions(model, src, tgt_in).items():
-                times = time_paths(args_of, paths, args.rounds, args.calls, args.warmup)
-                ms = {path: statistics.median(ts) * 1e3 for path, ts in times.items()}
-                line = f"  {mode:8s} {name:13s} head layout {ms['heads']:8.3f} ms"
-                for path, label, _ in paths[1:]:
-                    line += f"  {label} {ms[path]:8.3f} ms x{ms['heads'] / ms[path]:.3f}"
-                print(f"{line}  input gradients differ by {gradient_difference(args_of, paths):.2e}")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    for mode in args.modes.split(","):
+        model = minitf.Transformer(cfg, device="gpu", dtype=DTYPES[mode], seed=0)
+        paths = PATHS if mode != "float32" else PATHS[:2]
+        for name, args_of in attentions(model, src, tgt_in).items():
+            times = time_paths(args_of, paths, args.rounds, args.calls, args.warmup)
+            ms = {path: statistics.median(ts) * 1e3 for path, ts in times.items()}
+            line = f"  {mode:8s} {name:13s} head layout {ms['heads']:8.3f} ms"
+            for path, label, _ in paths[1:]:
+                line += f"  {label} {ms[path]:8.3f} ms x{ms['heads'] / ms[path]:.3f}"
+            print(f"{line}  input gradients differ by {gradient_difference(args_of, paths):.2e}")
 
 
 if __name__ == "__main__":

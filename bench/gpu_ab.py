@@ -45,6 +45,7 @@ import numpy as np  # noqa: E402
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
 from bench.data import wmt_batch  # noqa: E402
+from bench.env import Env  # noqa: E402
 from bench.launches import MODES  # noqa: E402
 from bench.train_step import MinitfRunner, timed_round, torch_runner_like  # noqa: E402
 
@@ -70,24 +71,6 @@ def parse_variant(text):
     if not name:
         raise SystemExit(f"gpu_ab: --variant {text!r}: the variant needs a name")
     return name, env
-
-
-class Env:
-    """Sets a variant's environment variables for the block, restores them after."""
-
-    def __init__(self, env):
-        self.env, self.saved = env, {}
-
-    def __enter__(self):
-        self.saved = {k: os.environ.get(k) for k in self.env}
-        os.environ.update(self.env)
-
-    def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def one_step_grads(runner):

@@ -15,7 +15,6 @@ the step's second update counted (the first compiles and sets up). On a GPU, ben
 and bench/gpu_ab.py count the kernels the profiler sees.
 """
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
+from bench.env import Env  # noqa: E402
 
 
 MODES = (("float32", False), ("fp16", True), ("bf16", "bfloat16"))   # (name, count_update's fp16)
@@ -36,19 +36,11 @@ def _second_update(preset, fp16, env, around):
     if not hasattr(backend.cupy, "launches"):
         raise SystemExit("bench/launches.py counts on the strict CuPy stand-in: run it with PYTHONPATH=tests "
                          "MINITF_CUPY_MODULE=strict_cupy")
-    saved = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})
-    try:
+    with Env(env or {}):
         cfg = minitf.Config.preset(preset, vocab_size=64, d_model=64, d_ff=128)
         runner = MinitfRunner(cfg, "gpu", wmt_batch(cfg, 120), 1e-4, fp16)
         runner.step()
         return around(runner.step)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def count_update(preset="base", fp16=False, env=None):

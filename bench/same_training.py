@@ -48,7 +48,8 @@ from minitf.optim import LossScaler  # noqa: E402
 from minitf.schedule import noam  # noqa: E402
 from minitf.train import compute_dtype, step_stats  # noqa: E402
 from minitf.validation import evaluate_loss  # noqa: E402
-from bench.gpu_ab import DEFAULT_VARIANTS, Env, parse_variant  # noqa: E402
+from bench.env import Env  # noqa: E402
+from bench.gpu_ab import DEFAULT_VARIANTS, parse_variant  # noqa: E402
 
 
 def log(msg):
