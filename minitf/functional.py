@@ -53,7 +53,7 @@ def linear_backward(dy, x, w, dw, db, dx_into=None):
     # y = x @ w + b
     gemm.accumulate_xt_dy(dw, x2, dy2)          # dw += x2^T @ dy2 (on a GPU one GEMM with beta = 1: no temporary)
     if db is not None:
-        if kernels.fused(dy2, "grads") and db.dtype == dy2.dtype and db.flags.c_contiguous:
+        if kernels.sums_into(dy2, db):
             kernels.column_sums(dy2, out=db)    # the sum added into db by the kernel: no separate add
         else:
             db += column_sum(dy2)

@@ -1869,6 +1869,12 @@ def fused(x, name):
     return enabled(x) and not switched_off("MINITF_FUSED_" + name.upper())
 
 
+def sums_into(x, out):
+    """Whether the column sums of x go into the gradient buffer `out` inside a kernel (column_sums(x, out=),
+    relu_backward_sums): the 'grads' fusion, `out` of x's dtype and C-contiguous."""
+    return fused(x, "grads") and out.dtype == x.dtype and out.flags.c_contiguous
+
+
 # ----------------------------------------------------------------------------- launching
 _MODULES = {}        # dtype name -> compiled cupy.RawModule, or None if it failed to compile
 COMPILE_ERRORS = {}  # dtype name -> the error
@@ -2195,6 +2201,25 @@ def column_sums(x, y=None, out=None):
     return out
 
 
+def _sums_into(kernel, x, n, d, parts, outs, y=None, x3=None, ys=None, mean=None, rstd=None, from_mean=0, plane=0,
+               out_stride=0):
+    """ONE launch of column_sums_into (or column_sums_relu_into) over the n rows of d of x: `parts` sums, added into
+    outs (out1, out2, out3 of the kernel's comment; missing ones repeat the last), y the x * y factor, x3 the third
+    part's rows, ys, mean, rstd and from_mean the LayerNorm's cache for xhat (or, for column_sums_relu_into, ys the
+    ReLU's output), plane > 0 the stride of x's planes (their sums out_stride apart). What a call does not use is
+    given as a placeholder the kernel does not read. The slab partials and ticket counters are the kept buffers."""
+    xp = backend.xp_of(x)
+    chunks = (d + 31) // 32
+    slabs, rows_per_slab = _slabs(n, d)
+    partial = _partials(xp, accum_dtype(x.dtype), slabs * parts * d)     # every entry the launch reads it writes
+    out1, out2, out3 = (tuple(outs) + (outs[-1],) * 2)[:3]
+    _launch(kernel, x.dtype, chunks * slabs, COLUMN_BLOCK,
+            (x, partial if y is None else y, np.int32(parts), x if x3 is None else x3, partial, _counter(xp, chunks),
+             out1, out2, out3, np.int64(n), np.int32(d), np.int64(rows_per_slab), x if ys is None else ys,
+             partial if mean is None else mean, partial if rstd is None else rstd, np.int32(from_mean),
+             np.int64(plane), np.int64(out_stride)))
+
+
 def column_sums_pair(x, y, out_xy, out_x, x3=None, out_x3=None):
     """out_xy += sum over rows of x * y, out_x += sum over rows of x (x [..., D] storage dtype, y
     [..., D] accumulation dtype, or a NormCache standing for its xhat; outs [D] in x's dtype), and with x3
@@ -2202,39 +2227,27 @@ def column_sums_pair(x, y, out_xy, out_x, x3=None, out_x3=None):
     gradient of the sublayer before it) in one launch, the same sums (and bits) as separate column_sums calls."""
     xp = backend.xp_of(x)
     x = xp.ascontiguousarray(x)
-    a = accum_dtype(x.dtype)
     n, d = _rows(x)
     if n == 0:
         return
-    chunks = (d + 31) // 32
-    slabs, rows_per_slab = _slabs(n, d)
-    parts = 2 if x3 is None else 3
-    partial = _partials(xp, a, slabs * parts * d).reshape(slabs, parts * d)
-    from_mean = type(y) is NormCache
-    yy = partial if from_mean else xp.ascontiguousarray(y, dtype=a)      # a placeholder where it is not read
-    ys, mean, rstd = y if from_mean else (x, partial, partial)
-    _launch("column_sums_into", x.dtype, chunks * slabs, COLUMN_BLOCK,
-            (x, yy, np.int32(parts), x if x3 is None else xp.ascontiguousarray(x3),
-             partial, _counter(xp, chunks), out_xy, out_x, out_x if out_x3 is None else out_x3, np.int64(n), np.int32(d),
-             np.int64(rows_per_slab), ys, mean, rstd, np.int32(from_mean), np.int64(0), np.int64(0)))
+    outs = (out_xy, out_x) if x3 is None else (out_xy, out_x, out_x3)
+    x3 = None if x3 is None else xp.ascontiguousarray(x3)
+    if type(y) is NormCache:
+        ys, mean, rstd = y
+        _sums_into("column_sums_into", x, n, d, len(outs), outs, x3=x3, ys=ys, mean=mean, rstd=rstd, from_mean=1)
+    else:
+        _sums_into("column_sums_into", x, n, d, len(outs), outs, y=xp.ascontiguousarray(y, dtype=accum_dtype(x.dtype)),
+                   x3=x3)
 
 
 def relu_backward_sums(dy, y, out):
     """dy = dy where y > 0, else 0, in place (relu_backward: y the ReLU's output), and out += the column sums of
-    that dy (out [F], dy's dtype: the bias gradient of the Linear before the ReLU), in ONE launch: the same values and bits as relu_backward(dy, y) then column_sums(dy, out=out), one pass
-    over dy fewer (column_sums_relu_into: column_sums_into's code with ReLU's rule first). dy, y [..., F]
-    C-contiguous. Returns dy."""
-    xp = backend.xp_of(dy)
+    that dy (out [F], dy's dtype: the bias gradient of the Linear before the ReLU), in ONE launch: the same values
+    and bits as relu_backward(dy, y) then column_sums(dy, out=out), one pass over dy fewer (column_sums_relu_into:
+    column_sums_into's code with ReLU's rule first). dy, y [..., F] C-contiguous. Returns dy."""
     n, d = _rows(dy)
-    if n == 0:
-        return dy
-    a = accum_dtype(dy.dtype)
-    chunks = (d + 31) // 32
-    slabs, rows_per_slab = _slabs(n, d)
-    partial = _partials(xp, a, slabs * d)
-    _launch("column_sums_relu_into", dy.dtype, chunks * slabs, COLUMN_BLOCK,
-            (dy, partial, np.int32(1), dy, partial, _counter(xp, chunks), out, out, out, np.int64(n), np.int32(d),
-             np.int64(rows_per_slab), y, partial, partial, np.int32(0), np.int64(0), np.int64(0)))
+    if n > 0:
+        _sums_into("column_sums_relu_into", dy, n, d, 1, (out,), ys=y)
     return dy
 
 
@@ -2243,18 +2256,10 @@ def column_sums_planes(x, out, out_stride):
     (C-contiguous): `out` [d] is the first plane's gradient (x's dtype) and the others lie `out_stride`
     elements after one another in the same buffer (the biases of stacked projections). ONE launch of
     column_sums_into, the same sums (and bits) as a column_sums(x[p], out=) call each."""
-    xp = backend.xp_of(x)
-    x = xp.ascontiguousarray(x)
+    x = backend.xp_of(x).ascontiguousarray(x)
     parts, n, d = x.shape
-    if n == 0:
-        return
-    a = accum_dtype(x.dtype)
-    chunks = (d + 31) // 32
-    slabs, rows_per_slab = _slabs(n, d)
-    partial = _partials(xp, a, slabs * parts * d)
-    _launch("column_sums_into", x.dtype, chunks * slabs, COLUMN_BLOCK,
-            (x, partial, np.int32(parts), x, partial, _counter(xp, chunks), out, out, out, np.int64(n), np.int32(d),
-             np.int64(rows_per_slab), x, partial, partial, np.int32(0), np.int64(n * d), np.int64(out_stride)))
+    if n > 0:
+        _sums_into("column_sums_into", x, n, d, parts, (out,), plane=n * d, out_stride=out_stride)
 
 
 _PARTIALS = {}   # (array module, dtype name) -> the column sums' slab partials, one buffer for every call
@@ -2309,7 +2314,7 @@ def vec_ok(*arrays, width):
     if switched_off("MINITF_FUSED_VEC"):
         return False
     vec = VEC_BYTES // arrays[0].itemsize
-    return width % vec == 0 and all(_address(a) % VEC_BYTES == 0 for a in arrays)
+    return width % vec == 0 and _aligned(*arrays)
 
 
 def ln_warp_ok(d, *arrays):
@@ -2322,6 +2327,12 @@ def ln_warp_ok(d, *arrays):
 def _address(a):
     """The address of a's first element (a CuPy array's device pointer, or a NumPy array's on the emulator)."""
     return a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr   # (NumPy's .data refuses bfloat16)
+
+
+def _aligned(*arrays):
+    """Whether every array starts on a 16-byte boundary (what 16-byte loads need: the *_vec kernels, and the
+    tensor-core attention's staging; a row of H*K 16-bit values, K a multiple of 16, is whole 16-byte vectors)."""
+    return all(_address(a) % VEC_BYTES == 0 for a in arrays)
 
 
 def unpack_heads(x, bias, inverse, b, length, h, bias_stride=0):
@@ -2409,12 +2420,6 @@ def attention_tensor_cores(x, d_k):
     MINITF_FUSED_ATTN_MMA=0 (then the CUDA-core kernels run, for comparisons)."""
     return (dtype_name(x.dtype) in ("float16", "bfloat16") and d_k % 16 == 0 and d_k <= ATT_KMAX
             and not switched_off("MINITF_FUSED_ATTN_MMA") and _arch(x) >= 80)
-
-
-def _aligned(*arrays):
-    """Whether every array starts on a 16-byte boundary (the tensor-core kernels stage 16 bytes a load; the
-    projections' outputs do, and a row of H*K 16-bit values, K a multiple of 16, is whole 16-byte vectors)."""
-    return all(_address(a) % VEC_BYTES == 0 for a in arrays)
 
 
 def _attention_args(q, k, v, biases, spans_q, spans_kv):

@@ -83,7 +83,8 @@ class Transformer(Seq2Seq):
                      and not (self.training and self.cfg.attention_dropout))
             src_rows = make_rows(src != self.cfg.pad_id, self.xp, whole=whole)
             # the kept target positions are the keys the decoder's attention sees where they are tgt_in's non-pads
-            keys = np.array_equal(to_numpy(keep_tgt), host_in != self.cfg.pad_id)
+            # (asked only where the attention on packed rows may read the rows' spans)
+            keys = whole and np.array_equal(to_numpy(keep_tgt), host_in != self.cfg.pad_id)
             tgt_rows = make_rows(keep_tgt, self.xp, keys=keys, whole=whole)
             plans = self._embedding_plans(src, host_in, src_rows, tgt_rows)
         # the padding biases from the ids where they are (the host, in training: one copy each, no kernels)

@@ -47,8 +47,7 @@ class FeedForward(Layer):
         # h = relu(fc1(x))
         if kernels.fused(dh, "relu") and dh.flags.c_contiguous:
             db = self.fc1.grads["bias"]
-            if (kernels.switched_on("MINITF_FUSED_RELUSUMS") and kernels.fused(dh, "grads") and db.dtype == dh.dtype
-                    and db.flags.c_contiguous):
+            if kernels.switched_on("MINITF_FUSED_RELUSUMS") and kernels.sums_into(dh, db):
                 # dh = relu's backward in place and db1 += its column sums: one launch (MINITF_FUSED_RELUSUMS=1:
                 # not yet timed on a GPU, so off by default); fc1 leaves its bias alone
                 return self.fc1.backward(kernels.relu_backward_sums(dh, h, db), bias=False)
