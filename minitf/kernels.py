@@ -1635,7 +1635,9 @@ extern "C" __global__ void column_sums_finish(const A* partial, A* out, int slab
 // The column sums of x [n, d] ADDED into gradient buffers of the storage dtype, in ONE launch:
 // parts = 1: out1 += the sums of x; parts = 2: out1 += the sums of x * y and out2 += the sums of x (a
 // LayerNorm's weight and bias gradients); parts = 3: also out3 += the sums of x3 (the bias of the sublayer
-// before it). Each block sums its slab of rows for one chunk of 32 columns as column_partial_sums does
+// before it). Each block sums its slab of rows for one chunk of 32 columns as column_partial_sums does, every
+// part in the same pass over the rows (column_slab_sums: a row's values of each part loaded together, each
+// part's sum in a register of its own, added in row order as a pass per part would add them: the same bits),
 // and writes partial[slab * w + c] (w = parts * d: the x * y sums, then the x sums, then the x3 sums); the last block of a chunk to finish (a ticket from that chunk's atomic counter, after a
 // memory fence) adds the chunk's slabs in the order above, its 8 groups of 32 threads a run each, so the
 // result is the same on every run and the adding is spread over as many blocks as there are chunks;
@@ -1645,26 +1647,49 @@ extern "C" __global__ void column_sums_finish(const A* partial, A* out, int slab
 // output ys is not > 0 (relu_backward's rule), written back in place, and those values summed (a feed-forward's
 // first bias gradient); a kernel of its own, so that column_sums_into's code is what it was without it.
 // plane > 0: part p sums x + p * plane instead (no y) into out1 + p * out_stride (the biases of stacked projections,
-// [parts, n, d] gradients into buffers evenly spaced), the same sums as a launch per part.
-__device__ inline A column_slab_sum(T* x, const A* y, int use_y, long long r0, long long r1, int groups,
-                                    int group, int c, long long d, int from_mean, const T* ys, const A* mean,
-                                    const A* rstd, int relu) {
-    A s = 0;   // not unrolled here or in slab_run: `#pragma unroll` made the float16 kernel 1.4-1.8x slower on an H100
+// [parts, n, d] gradients into buffers evenly spaced), the same sums as a launch per part. At most 3 parts.
+// Why one pass: a thread's sum is a chain of loads one row apart, so the pass waits on memory; three passes (a
+// LayerNorm's x * xhat, x and the sublayer's x3) waited three times as long and read x twice.
+__device__ inline void column_slab_sums(T* x, const A* y, int parts, const T* x3, long long r0, long long r1,
+                                        int groups, int group, int c, long long d, int from_mean, const T* ys,
+                                        const A* mean, const A* rstd, long long plane, int relu, A* s) {
+    A s0 = 0, s1 = 0, s2 = 0;   // not unrolled (`#pragma unroll` made the float16 kernel 1.4-1.8x slower on an H100)
     if (relu) {            // dy = dy * (y > 0) in place, then its sum (each element this block's alone)
         for (long long r = r0 + group; r < r1; r += groups) {
             long long i = r * d + c;
             if (!((A)ys[i] > (A)0)) x[i] = (T)(A)0;
-            s += (A)x[i];
+            s0 += (A)x[i];
         }
-    } else if (!use_y) {   // a loop per case: fewer registers live than one loop that tests them
-        for (long long r = r0 + group; r < r1; r += groups) s += (A)x[r * d + c];
+    } else if (plane) {    // the planes x + p * plane, no factor
+        for (long long r = r0 + group; r < r1; r += groups) {
+            long long i = r * d + c;
+            s0 += (A)x[i];
+            if (parts > 1) s1 += (A)x[plane + i];
+            if (parts > 2) s2 += (A)x[2 * plane + i];
+        }
+    } else if (parts == 1) {
+        for (long long r = r0 + group; r < r1; r += groups) s0 += (A)x[r * d + c];
     } else if (!from_mean) {
-        for (long long r = r0 + group; r < r1; r += groups) s += (A)x[r * d + c] * y[r * d + c];
-    } else {               // not unrolled: unrolled, the kernel took 64-80 registers (48 like this)
+        for (long long r = r0 + group; r < r1; r += groups) {
+            long long i = r * d + c;
+            A v = (A)x[i];
+            s0 += v * y[i];
+            s1 += v;
+            if (parts > 2) s2 += (A)x3[i];
+        }
+    } else {               // not unrolled: unrolled, the kernel took 64-80 registers
         #pragma unroll 1
-        for (long long r = r0 + group; r < r1; r += groups) s += (A)x[r * d + c] * xhat_at(1, y, ys, mean[r], rstd[r], r * d, c);
+        for (long long r = r0 + group; r < r1; r += groups) {
+            long long i = r * d + c;
+            A v = (A)x[i];
+            s0 += v * xhat_at(1, y, ys, mean[r], rstd[r], r * d, c);
+            s1 += v;
+            if (parts > 2) s2 += (A)x3[i];
+        }
     }
-    return s;
+    s[0] = s0;
+    s[1] = s1;
+    s[2] = s2;
 }
 
 __device__ inline void column_sums_body(T* x, const A* y, int parts, T* x3, A* partial, unsigned int* counter,
@@ -1680,10 +1705,10 @@ __device__ inline void column_sums_body(T* x, const A* y, int parts, T* x3, A* p
     long long slab = blockIdx.x / chunks, slabs = gridDim.x / chunks;
     long long r0 = slab * rows_per_slab;
     long long r1 = r0 + rows_per_slab < n ? r0 + rows_per_slab : n;
-    for (int part = 0; part < parts; part++) {    // parts 2, 3: the x * y sums, the x sums (, the x3 sums)
-        T* xs = plane ? x + part * plane : part == 2 ? x3 : x;
-        buf[threadIdx.x] = c < d ? column_slab_sum(xs, y, !plane && parts > 1 && part == 0, r0, r1, groups, group, c,
-                                                   d, from_mean, ys, mean, rstd, relu) : (A)0;
+    A s[3] = {0, 0, 0};   // parts 2, 3: the x * y sums, the x sums (, the x3 sums); planes: plane p's sums
+    if (c < d) column_slab_sums(x, y, parts, x3, r0, r1, groups, group, c, d, from_mean, ys, mean, rstd, plane, relu, s);
+    for (int part = 0; part < parts; part++) {
+        buf[threadIdx.x] = part == 0 ? s[0] : part == 1 ? s[1] : s[2];
         __syncthreads();
         if (group == 0 && c < d) {
             A t = 0;
@@ -2208,6 +2233,8 @@ def _sums_into(kernel, x, n, d, parts, outs, y=None, x3=None, ys=None, mean=None
     part's rows, ys, mean, rstd and from_mean the LayerNorm's cache for xhat (or, for column_sums_relu_into, ys the
     ReLU's output), plane > 0 the stride of x's planes (their sums out_stride apart). What a call does not use is
     given as a placeholder the kernel does not read. The slab partials and ticket counters are the kept buffers."""
+    if not 1 <= parts <= 3:
+        raise ValueError(f"column sums in one launch: 1 to 3 parts (got {parts})")
     xp = backend.xp_of(x)
     chunks = (d + 31) // 32
     slabs, rows_per_slab = _slabs(n, d)

@@ -600,6 +600,21 @@ def test_the_attention_bench_times_both_paths_of_each_attention(tmp_path):
     assert all(float(d) <= tol[m] for m, _, d in rows), r.stdout
 
 
+def test_the_column_sums_bench_times_each_sum_against_another_kernels_file(tmp_path):
+    """bench/column_sums.py --smoke --against FILE on the stand-in: each of the step's seven sums in the three modes,
+    timed in this version and in FILE's (here the same file: the same bits); a file that is not there is named."""
+    script = os.path.join(ROOT, "bench", "column_sums.py")
+    r = subprocess.run([sys.executable, script, "--smoke", "--against", os.path.join(ROOT, "minitf", "kernels.py")],
+                       capture_output=True, text=True, env=standin_env(tmp_path), timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = re.findall(r"^  (\w+) +(.+?) +[\d.]+ us  against +[\d.]+ us x[\d.]+  same bits: (yes|no)$", r.stdout, re.M)
+    assert [m for m, _, _ in rows] == [m for m in ("float32", "fp16", "bf16") for _ in range(7)], r.stdout
+    assert {same for _, _, same in rows} == {"yes"}, r.stdout
+    r = subprocess.run([sys.executable, script, "--smoke", "--against", str(tmp_path / "none.py")],
+                       capture_output=True, text=True, env=standin_env(tmp_path), timeout=600, cwd=ROOT)
+    assert r.returncode != 0 and "none.py: no such file" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_the_gpu_reports_kernel_tables_cover_float32_and_fp16():
     """The kernels section profiles float32 and --fp16 (the modes of bench/gpu_report.py's KERNEL_MODES)
     and the report prints a table for each, minitf's largest kernels beside PyTorch's."""

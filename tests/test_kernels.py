@@ -406,6 +406,38 @@ def test_column_sums_of_stacked_planes_into_evenly_spaced_buffers_in_one_launch(
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [5, 300, 5000])
+@pytest.mark.parametrize("factor", ["array", "from_mean"])
+@pytest.mark.parametrize("third", [False, True])
+def test_a_layernorms_sums_in_one_launch_are_the_separate_sums(dtype, n, factor, third, monkeypatch):
+    """column_sums_pair(x, y, out_xy, out_x[, x3, out_x3]): the sums of x * y, of x (and of x3) added into their
+    buffers in one launch, the same bits as column_sums(x, y) added in the accumulation dtype and column_sums(x,
+    out=) (and column_sums(x3, out=)), with y an array or a NormCache whose xhat the kernel computes again; over
+    one slab and many, and the ticket counters back at 0."""
+    rng = np.random.default_rng(6)
+    d = 70
+    x, x3, s = (rng.normal(size=(n, d)).astype(dtype) for _ in range(3))
+    a = kernels.accum_dtype(dtype)
+    mean = s.astype(a).mean(axis=1, keepdims=True)
+    rstd = 1.0 / np.sqrt(((s.astype(a) - mean) ** 2).mean(axis=1, keepdims=True) + a(1e-5))
+    cache = kernels.NormCache(s, mean, rstd.astype(a))
+    y = kernels.xhat_of(cache) if factor == "from_mean" else rng.normal(size=(n, d)).astype(a)
+    outs = rng.normal(size=(3, d)).astype(dtype)
+    want = outs.copy()
+    want[0] = (want[0].astype(a) + kernels.column_sums(x, y)).astype(dtype)
+    kernels.column_sums(x, out=want[1])
+    if third:
+        kernels.column_sums(x3, out=want[2])
+    launched = []
+    real = kernels.LAUNCH["launch"]
+    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+    got = outs.copy()
+    kernels.column_sums_pair(x, cache if factor == "from_mean" else y, got[0], got[1], *((x3, got[2]) if third else ()))
+    assert launched == ["column_sums_into"] and not kernels._counter(np).any()
+    equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 33, 700])
 def test_relu_backward_inside_the_bias_sums_is_relu_backward_then_the_sums(dtype, n, monkeypatch):
     """relu_backward_sums(dy, y, out): dy zeroed in place where the ReLU's output y is not > 0 (a NaN or a

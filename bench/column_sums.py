@@ -1,0 +1,161 @@
+#!/usr/bin/env python
+"""The gradient sums alone: `column_sums_into` (and `column_sums_relu_into`) at a training step's sizes.
+
+    python bench/column_sums.py                          # float32, --fp16, --bf16 at 19,760 rows
+    python bench/column_sums.py --against old_kernels.py # and the kernels of another copy of minitf/kernels.py
+    python bench/column_sums.py --smoke                  # tiny sizes (checks this script, e.g. under the CuPy stand-in)
+
+The sums a `base` update adds into its gradient buffers, each one launch (kernels.py): a post-norm LayerNorm's three
+($dy \\odot \\hat x$ with $\\hat x$ computed again from the sum, mean and rstd; $dy$; the sublayer's output gradient)
+and a pre-norm one's two, over D = 512 columns; a bias over 512 and over 2,048; a self-attention's stacked q|k|v
+bias gradients (three planes of 512) and a cross-attention's k|v (two); a feed-forward's first bias with ReLU's
+backward (2,048). Random inputs in the mode's dtype, --rows rows (19,760: the target rows of bench/gpu_report.py's
+batch). Each case is launched --calls times between two device synchronisations, in --rounds rounds; printed: the
+median microseconds a launch. With --against FILE (another version of minitf/kernels.py, e.g. `git show
+REV:minitf/kernels.py > old_kernels.py`), its CUDA source is compiled too and launched with the same arguments,
+the two alternating round by round: printed beside, with the ratio (above 1, this version is faster) and whether
+the two versions' sums have the same bits. The kernels' argument lists must be the same in both versions.
+"""
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from minitf import backend, kernels  # noqa: E402
+
+DTYPES = {"float32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def cases(xp, dtype, n, rng):
+    """[(name, a function that makes one launch adding into its buffers, the buffers)]: the step's sums."""
+    a = kernels.accum_dtype(dtype)
+
+    def rand(*shape):
+        return xp.asarray(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
+
+    def out(width):
+        return xp.zeros(width, dtype=dtype)
+
+    d, f = 512, 2048
+    s = rand(n, d)
+    mean = s.astype(a).mean(axis=1, keepdims=True)
+    rstd = 1.0 / xp.sqrt(((s.astype(a) - mean) ** 2).mean(axis=1, keepdims=True) + a(1e-5))
+    cache = kernels.NormCache(s, mean, rstd.astype(a))
+    dy, sub, wide, planes3, planes2 = rand(n, d), rand(n, d), rand(n, f), rand(3, n, d), rand(2, n, d)
+    relu_dy, relu_y = rand(n, f), xp.maximum(rand(n, f), 0)
+    ln3, ln2, b1, b2, q3, q2, r1 = out(3 * d), out(2 * d), out(d), out(f), out(3 * d), out(2 * d), out(f)
+    return [
+        ("LayerNorm, 3 sums, 512", lambda: kernels.column_sums_pair(dy, cache, ln3[:d], ln3[d:2 * d], sub, ln3[2 * d:]),
+         ln3),
+        ("LayerNorm, 2 sums, 512", lambda: kernels.column_sums_pair(dy, cache, ln2[:d], ln2[d:]), ln2),
+        ("bias, 512", lambda: kernels.column_sums(dy, out=b1), b1),
+        ("bias, 2048", lambda: kernels.column_sums(wide, out=b2), b2),
+        ("q|k|v biases, 3 x 512", lambda: kernels.column_sums_planes(planes3, q3[:d], d), q3),
+        ("k|v biases, 2 x 512", lambda: kernels.column_sums_planes(planes2, q2[:d], d), q2),
+        # relu_dy is zeroed where relu_y is not > 0 at the first call; the later calls do the same work
+        ("ReLU + bias, 2048", lambda: kernels.relu_backward_sums(relu_dy, relu_y, r1), r1),
+    ]
+
+
+def other_kernels(path):
+    """The module of another copy of minitf/kernels.py (its CUDA source), imported beside minitf's."""
+    spec = importlib.util.spec_from_file_location("minitf._kernels_against", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def launcher(module):
+    """kernels.LAUNCH's launch function for the kernels compiled from `module`'s source (minitf's own: None)."""
+    if module is None:
+        return kernels._cupy_launch
+    compiled, functions = {}, {}
+
+    def launch(name, dtype, grid, block, args):
+        if module.SIGNATURES.get(name) != kernels.SIGNATURES.get(name):
+            raise SystemExit(f"column_sums: {name} takes other arguments in the --against file "
+                             f"({module.SIGNATURES.get(name)} against {kernels.SIGNATURES.get(name)})")
+        key = (kernels.dtype_name(dtype), name)
+        if key not in functions:
+            if key[0] not in compiled:
+                compiled[key[0]] = backend.cupy.RawModule(code=module.source(dtype), options=("-std=c++14",))
+            functions[key] = compiled[key[0]].get_function(name)
+        functions[key]((grid,), (block,), args)
+    return launch
+
+
+def time_case(fn, buf, versions, rounds, calls, warmup):
+    """{version: [seconds a launch, one per round]}, the versions alternating round by round."""
+    xp = backend.xp_of(buf)
+    times = {name: [] for name in versions}
+    for r in range(warmup + rounds):
+        for name, launch in versions.items():
+            kernels.LAUNCH["launch"] = launch
+            buf.fill(0)
+            backend.synchronize(xp)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            backend.synchronize(xp)
+            if r >= warmup:
+                times[name].append((time.perf_counter() - t0) / calls)
+    return times
+
+
+def same_bits(fn, buf, versions):
+    """Whether one launch of each version, into zeroed buffers, gives the same bits."""
+    got = []
+    for launch in versions.values():
+        kernels.LAUNCH["launch"] = launch
+        buf.fill(0)
+        fn()
+        got.append(backend.to_numpy(buf).view(np.uint16 if buf.dtype.itemsize == 2 else f"u{buf.dtype.itemsize}"))
+    return all(np.array_equal(got[0], g) for g in got[1:])
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--modes", default="float32,fp16,bf16", help="comma-separated: float32, fp16, bf16")
+    p.add_argument("--rows", type=int, default=19760)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--calls", type=int, default=100, help="launches timed a round")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--against", metavar="FILE", help="another version of minitf/kernels.py to time beside this one")
+    p.add_argument("--smoke", action="store_true")
+    args = p.parse_args(argv)
+    ok, why = backend.gpu_available()
+    if not ok:
+        sys.exit(f"column_sums: no GPU: {why}")
+    if args.against and not os.path.isfile(args.against):
+        sys.exit(f"column_sums: --against {args.against}: no such file")
+    if args.smoke:
+        args.rows, args.rounds, args.calls, args.warmup = 70, 1, 2, 0
+    versions = {"this": launcher(None)}
+    if args.against:
+        versions["against"] = launcher(other_kernels(args.against))
+    xp, saved = backend.cupy, kernels.LAUNCH["launch"]
+    print(f"{args.rows} rows; microseconds a launch, median of {args.rounds} rounds of {args.calls}")
+    try:
+        for mode in args.modes.split(","):
+            dtype = backend.dtype_named(DTYPES[mode])
+            for name, fn, buf in cases(xp, dtype, args.rows, np.random.default_rng(0)):
+                times = time_case(fn, buf, versions, args.rounds, args.calls, args.warmup)
+                us = {v: statistics.median(ts) * 1e6 for v, ts in times.items()}
+                line = f"  {mode:8s} {name:24s} {us['this']:9.1f} us"
+                if "against" in versions:
+                    line += (f"  against {us['against']:9.1f} us x{us['against'] / us['this']:.3f}  "
+                             f"same bits: {'yes' if same_bits(fn, buf, versions) else 'no'}")
+                print(line)
+    finally:
+        kernels.LAUNCH["launch"] = saved
+
+
+if __name__ == "__main__":
+    main()
