@@ -615,6 +615,17 @@ def test_the_column_sums_bench_times_each_sum_against_another_kernels_file(tmp_p
     assert r.returncode != 0 and "none.py: no such file" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_the_allocations_bench_times_the_pool_against_a_kept_buffer(tmp_path):
+    """bench/allocations.py --smoke on the stand-in: each shape in float16 and float32, an array from the pool and a
+    view of a kept buffer, with what the difference comes to an update."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "allocations.py"), "--smoke"],
+                       capture_output=True, text=True, env=standin_env(tmp_path), timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = re.findall(r"^  (float16|float32) +\[[\d, ]+\] +pool +[\d.]+ us  slice +[\d.]+ us \(saves [-+][\d.]+ ms an "
+                      r"update\)$", r.stdout, re.M)
+    assert rows == ["float16"] * 2 + ["float32"] * 2, r.stdout
+
+
 def test_the_gpu_reports_kernel_tables_cover_float32_and_fp16():
     """The kernels section profiles float32 and --fp16 (the modes of bench/gpu_report.py's KERNEL_MODES)
     and the report prints a table for each, minitf's largest kernels beside PyTorch's."""
