@@ -1645,7 +1645,7 @@ extern "C" __global__ void column_sums_finish(const A* partial, A* out, int slab
 // from_mean: y is xhat computed again from a LayerNorm's input ys, mean and rstd (xhat_at), not read.
 // column_sums_relu_into (the same body with relu = 1; parts = 1): ReLU's backward first, x = 0 where the ReLU's
 // output ys is not > 0 (relu_backward's rule), written back in place, and those values summed (a feed-forward's
-// first bias gradient); a kernel of its own, so that column_sums_into's code is what it was without it.
+// first bias gradient); a kernel of its own, so that column_sums_into is compiled without the ReLU branch.
 // plane > 0: part p sums x + p * plane instead (no y) into out1 + p * out_stride (the biases of stacked projections,
 // [parts, n, d] gradients into buffers evenly spaced), the same sums as a launch per part. At most 3 parts.
 // Why one pass: a thread's sum is a chain of loads one row apart, so the pass waits on memory; three passes (a
