@@ -446,9 +446,9 @@ def test_performance_md_quotes_the_launch_and_allocation_counts_of_a_base_update
     page = " ".join((Path(ROOT) / "docs" / "performance.md").read_text(encoding="utf-8").split())
     for quote in (f"{total} now in float32, `--fp16` and `--bf16`",
                   f"Of the {total}: {gemms} GEMMs, {heads} head pack/unpack passes, "
-                  f"{merged['column_sums_into']} gradient sums",
+                  f"{merged['column_sums_into']} gradient-sum launches",
                   f"{norms} LayerNorm launches, {softmax} softmax launches",
-                  f"the {gemms} cuBLAS calls", f"{raw} on the stand-in now",
+                  f"the {gemms} cuBLAS calls", f"the stand-in now counts {raw}",
                   f"the stand-in's other 2 of its {others} non-GEMM launches",
                   f"the stand-in counts {allocations} arrays an update"):
         assert quote in page, quote
@@ -491,7 +491,12 @@ def test_a_base_update_launches_at_most_650_kernels_and_reads_nothing_back(stand
     assert not t.d2h, t.d2h
     off = {k: "0" for k in ("MINITF_CUBLAS", "MINITF_FUSED_RELU", "MINITF_FUSED_ADAM", "MINITF_FUSED_GRADS",
                             "MINITF_FUSED_EMBED", "MINITF_FUSED_NORM", "MINITF_FUSED_LOSS")}
-    assert count_update("base", fp16, env=off)[1] > 1.8 * total
+    all_off = count_update("base", fp16, env=off)[1]
+    assert all_off > 1.8 * total
+    if fp16 is False and vec == "0":   # the page: float32's and --fp16's with every switch at 0
+        fp16_off = count_update("base", True, env=off)[1]
+        page = " ".join((Path(ROOT) / "docs" / "performance.md").read_text(encoding="utf-8").split())
+        assert f"with every switch at 0 today, {all_off:,} and {fp16_off:,}" in page
 
 
 @pytest.mark.parametrize("fp16", [False, True, "bfloat16"])
@@ -501,7 +506,7 @@ def test_a_base_update_with_attention_on_packed_rows_launches_fewer_kernels(stan
     launches and the head unpacks and packs around them; the stacked projections stay (one batched GEMM
     each way for q|k|v and k|v); still no device-to-host copy. docs/performance.md quotes the count."""
     sys.path.insert(0, ROOT)
-    from bench.launches import count_update
+    from bench.launches import count_allocations, count_update
     monkeypatch.setenv("MINITF_FUSED_ATTN", "1")
     with strict_cupy.count_transfers() as t:
         by_name, total = count_update("base", fp16)
@@ -515,6 +520,11 @@ def test_a_base_update_with_attention_on_packed_rows_launches_fewer_kernels(stan
     assert total == count_update("base", fp16)[1] - 18 * (6 + 2) - 12 * 4 - 6 * 6 + 18 * 2
     page = " ".join((Path(ROOT) / "docs" / "performance.md").read_text(encoding="utf-8").split())
     assert f"{total} with `MINITF_FUSED_ATTN=1`" in page
+    strided = count_update("base", fp16)[0]["cublas.gemmStridedBatchedEx"]
+    assert (f"{by_name['cublas.gemmStridedBatchedEx']} strided-batched GEMMs, the stacked projections', where the head "
+            f"layout takes {strided}; the {by_name['cublas.gemmEx']} other GEMMs stay") in page
+    monkeypatch.setenv("MINITF_FUSED_ATTN", "1")
+    assert f"{count_allocations('base', fp16)[1]} with `MINITF_FUSED_ATTN=1`, by call site" in page
 
 
 @pytest.mark.parametrize("capability,tensor", [("90", True), ("80", True), ("75", False)])
