@@ -14,7 +14,9 @@ batch). Each case is launched --calls times between two device synchronisations,
 median microseconds a launch. With --against FILE (another version of minitf/kernels.py, e.g. `git show
 REV:minitf/kernels.py > old_kernels.py`), its CUDA source is compiled too and launched with the same arguments,
 the two alternating round by round: printed beside, with the ratio (above 1, this version is faster) and whether
-the two versions' sums have the same bits. The kernels' argument lists must be the same in both versions.
+the two versions' sums have the same bits. The kernels' argument lists must be the same in both versions. A launch
+that takes the GPU less time than the host takes to make it (~10-20 us of Python and CuPy) is timed at the host's
+rate, the same for both versions.
 """
 import argparse
 import importlib.util
