@@ -14,7 +14,9 @@ batch). Each case is launched --calls times between two device synchronisations,
 median microseconds a launch. With --against FILE (another version of minitf/kernels.py, e.g. `git show
 REV:minitf/kernels.py > old_kernels.py`), its CUDA source is compiled too and launched with the same arguments,
 the two alternating round by round: printed beside, with the ratio (above 1, this version is faster) and whether
-the two versions' sums have the same bits. The kernels' argument lists must be the same in both versions. A launch
+the two versions' sums have the same bits. The kernels' argument lists and launch geometry (threads a block, slabs
+of rows) must be the same in both versions: the other version is launched as this one launches, and the script
+refuses a file where they differ. A launch
 that takes the GPU less time than the host takes to make it (~10-20 us of Python and CuPy) is timed at the host's
 rate, the same for both versions.
 """
@@ -72,6 +74,17 @@ def other_kernels(path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def same_geometry(module, rows):
+    """Why `module` (another kernels.py) would not launch its sums as this one does, or None."""
+    for name in ("COLUMN_BLOCK", "COLUMN_BLOCKS", "COLUMN_MIN_ROWS"):
+        if getattr(module, name, None) != getattr(kernels, name):
+            return f"{name} is {getattr(module, name, None)} there, {getattr(kernels, name)} here"
+    for d in (512, 2048):
+        if module._slabs(rows, d) != kernels._slabs(rows, d):
+            return f"{rows} rows of {d} take {module._slabs(rows, d)} (slabs, rows a slab) there, {kernels._slabs(rows, d)} here"
+    return None
 
 
 def launcher(module):
@@ -138,15 +151,27 @@ def main(argv=None):
     if args.against and not os.path.isfile(args.against):
         sys.exit(f"column_sums: --against {args.against}: no such file")
     if args.smoke:
-        args.rows, args.rounds, args.calls, args.warmup = 70, 1, 2, 0
+        args.rows, args.rounds, args.calls, args.warmup = 70, 1, 2, 1
     versions = {"this": launcher(None)}
     if args.against:
-        versions["against"] = launcher(other_kernels(args.against))
+        other = other_kernels(args.against)
+        why = same_geometry(other, args.rows)
+        if why:
+            sys.exit(f"column_sums: --against {args.against} launches its sums another way ({why})")
+        versions["against"] = launcher(other)
     xp, saved = backend.cupy, kernels.LAUNCH["launch"]
     print(f"{args.rows} rows; microseconds a launch, median of {args.rounds} rounds of {args.calls}")
     try:
         for mode in args.modes.split(","):
             dtype = backend.dtype_named(DTYPES[mode])
+            try:
+                backend.check_gpu_dtype(dtype)
+            except backend.DeviceError as e:
+                print(f"  {mode}: skipped ({e})")
+                continue
+            if kernels._module(dtype) is None:
+                sys.exit(f"column_sums: the kernels did not compile for {DTYPES[mode]}: "
+                         f"{kernels.COMPILE_ERRORS[kernels.dtype_name(dtype)]}")
             for name, fn, buf in cases(xp, dtype, args.rows, np.random.default_rng(0)):
                 times = time_case(fn, buf, versions, args.rounds, args.calls, args.warmup)
                 us = {v: statistics.median(ts) * 1e6 for v, ts in times.items()}

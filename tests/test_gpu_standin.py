@@ -612,7 +612,8 @@ def test_the_attention_bench_times_both_paths_of_each_attention(tmp_path):
 
 def test_the_column_sums_bench_times_each_sum_against_another_kernels_file(tmp_path):
     """bench/column_sums.py --smoke --against FILE on the stand-in: each of the step's seven sums in the three modes,
-    timed in this version and in FILE's (here the same file: the same bits); a file that is not there is named."""
+    timed in this version and in FILE's (here the same file: the same bits); a file that is not there is named, and
+    one that would launch its sums another way is refused."""
     script = os.path.join(ROOT, "bench", "column_sums.py")
     r = subprocess.run([sys.executable, script, "--smoke", "--against", os.path.join(ROOT, "minitf", "kernels.py")],
                        capture_output=True, text=True, env=standin_env(tmp_path), timeout=600, cwd=ROOT)
@@ -623,6 +624,11 @@ def test_the_column_sums_bench_times_each_sum_against_another_kernels_file(tmp_p
     r = subprocess.run([sys.executable, script, "--smoke", "--against", str(tmp_path / "none.py")],
                        capture_output=True, text=True, env=standin_env(tmp_path), timeout=600, cwd=ROOT)
     assert r.returncode != 0 and "none.py: no such file" in r.stderr and "Traceback" not in r.stderr
+    other = tmp_path / "other_kernels.py"      # a version that would launch its sums with other slabs: refused
+    other.write_text((Path(ROOT) / "minitf" / "kernels.py").read_text().replace("COLUMN_MIN_ROWS = 64", "COLUMN_MIN_ROWS = 32"))
+    r = subprocess.run([sys.executable, script, "--smoke", "--against", str(other)],
+                       capture_output=True, text=True, env=standin_env(tmp_path), timeout=600, cwd=ROOT)
+    assert r.returncode != 0 and "COLUMN_MIN_ROWS is 32 there, 64 here" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_the_allocations_bench_times_the_pool_against_a_kept_buffer(tmp_path):
