@@ -64,6 +64,9 @@ def main(argv=None):
     p.add_argument("--per-update", type=int, default=417, help="arrays an update takes from the pool")
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args(argv)
+    for flag in ('rounds', 'calls', 'per_update'):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
     ok, why = backend.gpu_available()
     if not ok:
         sys.exit(f"allocations: no GPU: {why}")

@@ -145,6 +145,11 @@ def main(argv=None):
     p.add_argument("--against", metavar="FILE", help="another version of minitf/kernels.py to time beside this one")
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args(argv)
+    for flag in ('rows', 'rounds', 'calls'):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    if args.warmup < 0:
+        p.error(f"--warmup must be at least 0, got {args.warmup}")
     ok, why = backend.gpu_available()
     if not ok:
         sys.exit(f"column_sums: no GPU: {why}")

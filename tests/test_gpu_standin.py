@@ -629,6 +629,9 @@ def test_the_column_sums_bench_times_each_sum_against_another_kernels_file(tmp_p
     r = subprocess.run([sys.executable, script, "--smoke", "--against", str(other)],
                        capture_output=True, text=True, env=standin_env(tmp_path), timeout=600, cwd=ROOT)
     assert r.returncode != 0 and "COLUMN_MIN_ROWS is 32 there, 64 here" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, script, "--rows", "0"], capture_output=True, text=True, env=standin_env(tmp_path),
+                       timeout=600, cwd=ROOT)
+    assert r.returncode == 2 and "--rows must be at least 1, got 0" in r.stderr
 
 
 def test_the_allocations_bench_times_the_pool_against_a_kept_buffer(tmp_path):
@@ -640,6 +643,9 @@ def test_the_allocations_bench_times_the_pool_against_a_kept_buffer(tmp_path):
     rows = re.findall(r"^  (float16|float32) +\[[\d, ]+\] +pool +[\d.]+ us  slice +[\d.]+ us \(saves [-+][\d.]+ ms an "
                       r"update\)$", r.stdout, re.M)
     assert rows == ["float16"] * 2 + ["float32"] * 2, r.stdout
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "allocations.py"), "--calls", "0"],
+                       capture_output=True, text=True, env=standin_env(tmp_path), timeout=600, cwd=ROOT)
+    assert r.returncode == 2 and "--calls must be at least 1, got 0" in r.stderr
 
 
 def test_the_gpu_reports_kernel_tables_cover_float32_and_fp16():
