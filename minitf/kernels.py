@@ -891,19 +891,26 @@ __device__ inline void att_write(T* x, const A* mine, A f, long long r, int hk, 
     }
 }
 
-// Stages rows j0 .. j0 + n - 1 (n <= ATT_TILE) of two arrays' head h (rows from `start`) in shared memory:
-// sa[j * ATT_KMAX + c] (bias_a added where has_bias) and sb likewise. Ends with a barrier.
+// Stages rows j0 .. j0 + n - 1 (n <= ATT_TILE) of two arrays' head h (rows from `start`) in shared memory as
+// att_value reads them: sa[j * ATT_KMAX + c] (bias_a added where has_a, the sum rounded to T) and sb likewise (bias_b,
+// has_b), a thread a column (no division, the biases read once). No barrier: the caller's.
+__device__ inline void att_stage_pair(const T* a, const T* bias_a, int has_a, const T* b, const T* bias_b, int has_b,
+                                      long long start, int j0, int n, int hk, int h, int K, A* sa, A* sb) {
+    for (int c = threadIdx.x; c < K; c += blockDim.x) {
+        A ba = has_a ? (A)bias_a[h * K + c] : (A)0, bb = has_b ? (A)bias_b[h * K + c] : (A)0;
+        for (int j = 0; j < n; ++j) {
+            long long at = (start + j0 + j) * hk + h * K + c;
+            sa[j * ATT_KMAX + c] = has_a ? (A)(T)((A)a[at] + ba) : (A)a[at];
+            sb[j * ATT_KMAX + c] = has_b ? (A)(T)((A)b[at] + bb) : (A)b[at];
+        }
+    }
+}
+
+// att_stage_pair of two arrays that both take their bias where has_bias (keys and values), between two barriers.
 __device__ inline void att_stage(const T* a, const T* bias_a, const T* b, const T* bias_b, int has_bias,
                                  long long start, int j0, int n, int hk, int h, int K, A* sa, A* sb) {
     __syncthreads();                            // the previous tile's readers are done
-    for (int c = threadIdx.x; c < K; c += blockDim.x) {   // a thread a column: no division, the biases read once
-        A ba = has_bias ? (A)bias_a[h * K + c] : (A)0, bb = has_bias ? (A)bias_b[h * K + c] : (A)0;
-        for (int j = 0; j < n; ++j) {
-            long long at = (start + j0 + j) * hk + h * K + c;
-            sa[j * ATT_KMAX + c] = has_bias ? (A)(T)((A)a[at] + ba) : (A)a[at];   // as att_value
-            sb[j * ATT_KMAX + c] = has_bias ? (A)(T)((A)b[at] + bb) : (A)b[at];
-        }
-    }
+    att_stage_pair(a, bias_a, has_bias, b, bias_b, has_bias, start, j0, n, hk, h, K, sa, sb);
     __syncthreads();
 }
 
@@ -1038,14 +1045,7 @@ __device__ void att_backward_kv(int block, const T* q, const T* k, const T* v, c
         int n = lq - i0 < ATT_TILE ? lq - i0 : ATT_TILE;
         // stage the tile's queries (their bias added), their output gradients, lse and delta
         __syncthreads();
-        for (int c = threadIdx.x; c < K; c += blockDim.x) {   // a thread a column, as att_stage
-            A bc = has_bias ? (A)bq[h * K + c] : (A)0;
-            for (int i = 0; i < n; ++i) {
-                long long at = (q0 + i0 + i) * hk + h * K + c;
-                sq[i * ATT_KMAX + c] = has_bias ? (A)(T)((A)q[at] + bc) : (A)q[at];   // as att_value
-                sdo[i * ATT_KMAX + c] = (A)dout[at];
-            }
-        }
+        att_stage_pair(q, bq, has_bias, dout, dout, 0, q0, i0, n, hk, h, K, sq, sdo);
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             sls[i] = lse[(long long)h * nq + q0 + i0 + i];
             sdd[i] = att_delta(dout, out, q0 + i0 + i, hk, h, K);
@@ -2207,8 +2207,6 @@ def column_sums(x, y=None, out=None):
     x = xp.ascontiguousarray(x)
     a = accum_dtype(x.dtype)
     n, d = _rows(x)
-    chunks = (d + 31) // 32
-    slabs, rows_per_slab = _slabs(n, d)
     if n == 0:
         return xp.zeros(d, dtype=a) if out is None else out
     if out is not None and y is not None:
@@ -2216,6 +2214,8 @@ def column_sums(x, y=None, out=None):
     if out is not None:                # one plane: column_sums_into's single launch
         column_sums_planes(x.reshape(1, n, d), out, 0)
         return out
+    chunks = (d + 31) // 32
+    slabs, rows_per_slab = _slabs(n, d)
     partial = _partials(xp, a, slabs * d).reshape(slabs, d)    # every entry written by pass 1
     yy = partial if y is None else xp.ascontiguousarray(y, dtype=a)
     _launch("column_partial_sums", x.dtype, chunks * slabs, COLUMN_BLOCK,
@@ -2449,6 +2449,14 @@ def attention_tensor_cores(x, d_k):
             and not switched_off("MINITF_FUSED_ATTN_MMA") and _arch(x) >= 80)
 
 
+def _attention_kernel(name, q, h, *arrays):
+    """(kernel, threads a block) for attention_rows' `name`: its tensor-core form (name + "_mma", a warp a block)
+    where attention_tensor_cores says so and every array of `arrays` starts on a 16-byte boundary, else name itself."""
+    if attention_tensor_cores(q, q.shape[1] // h) and _aligned(*arrays):
+        return name + "_mma", ATT_MMA_BLOCK
+    return name, ATT_BLOCK
+
+
 def _attention_args(q, k, v, biases, spans_q, spans_kv):
     xp = backend.xp_of(q)
     has_bias = biases is not None
@@ -2471,9 +2479,8 @@ def attention_rows(q, k, v, biases, spans_q, spans_kv, h, causal, scale):
     out = xp.empty_like(q)
     lse = xp.empty((h, nq), dtype=accum_dtype(q.dtype))
     chunks = -(-spans_q.most // ATT_ROWS)
-    mma = attention_tensor_cores(q, hk // h) and _aligned(q, k, v)
-    _launch("attention_rows_forward_mma" if mma else "attention_rows_forward", q.dtype, spans_q.count * h * chunks,
-            ATT_MMA_BLOCK if mma else ATT_BLOCK,
+    kernel, block = _attention_kernel("attention_rows_forward", q, h, q, k, v)
+    _launch(kernel, q.dtype, spans_q.count * h * chunks, block,
             args + (out, lse, np.int32(h), np.int32(hk // h), np.int32(chunks), np.int32(bool(causal)),
                     accum_dtype(q.dtype)(scale), np.int64(nq)))
     return out, lse
@@ -2487,9 +2494,8 @@ def attention_rows_backward(dout, out, lse, q, k, v, biases, spans_q, spans_kv, 
     args, xp = _attention_args(q, k, v, biases, spans_q, spans_kv)
     nq, hk = q.shape
     qchunks, kchunks = -(-spans_q.most // ATT_ROWS), -(-spans_kv.most // ATT_ROWS)
-    mma = attention_tensor_cores(q, hk // h) and _aligned(q, k, v, dout)
-    _launch("attention_rows_backward_mma" if mma else "attention_rows_backward", q.dtype,
-            spans_q.count * h * (qchunks + kchunks), ATT_MMA_BLOCK if mma else ATT_BLOCK,
+    kernel, block = _attention_kernel("attention_rows_backward", q, h, q, k, v, dout)
+    _launch(kernel, q.dtype, spans_q.count * h * (qchunks + kchunks), block,
             args + (out, dout, lse, dq, dk, dv, np.int32(h), np.int32(hk // h), np.int32(qchunks), np.int32(kchunks),
                     np.int32(spans_q.count), np.int32(bool(causal)), accum_dtype(q.dtype)(scale), np.int64(nq)))
     return dq, dk, dv
