@@ -19,7 +19,7 @@ waits for the GPU: these are the host's costs, which set a `--fp16` step where t
 import argparse
 import statistics
 import sys
-import time
+from contextlib import nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from minitf import backend  # noqa: E402
+from bench.rounds import alternate  # noqa: E402
 
 SHAPES = ((19760, 512), (19760, 2048), (3, 19760, 512))   # a [rows, D] activation, a feed-forward's, stacked q|k|v
 
@@ -43,18 +44,6 @@ def ways(cp, shape, dtype):
     except TypeError as e:         # the CuPy stand-in does not emulate memptr=
         print(f"  memptr: skipped ({e})")
     return out
-
-
-def time_ways(fns, rounds, calls):
-    """{name: [seconds an array, one per round]}, the ways alternating round by round."""
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            times[name].append((time.perf_counter() - t0) / calls)
-    return times
 
 
 def main(argv=None):
@@ -79,7 +68,7 @@ def main(argv=None):
     for dtype in (np.float16, np.float32):
         for shape in shapes:
             fns = ways(cp, shape, dtype)
-            times = time_ways(fns, args.rounds, args.calls)
+            times = alternate({name: (nullcontext, fn) for name, fn in fns.items()}, args.rounds, args.calls)
             us = {name: statistics.median(ts) * 1e6 for name, ts in times.items()}
             line = f"  {np.dtype(dtype).name:8s} {str(list(shape)):16s} pool {us['pool']:6.2f} us"
             for name in ("slice", "memptr"):

@@ -20,7 +20,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("CUPY_TF32", "1")
@@ -34,6 +33,7 @@ from minitf.masks import causal_bias, padding_bias  # noqa: E402
 from minitf.packing import make_rows  # noqa: E402
 from bench.data import wmt_batch  # noqa: E402
 from bench.env import Env  # noqa: E402
+from bench.rounds import alternate  # noqa: E402
 
 DTYPES = {"float32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 # (name, what it is called in the output, its switches); "cuda" only in 16 bits (float32 rows run on CUDA cores)
@@ -68,20 +68,10 @@ def call(layer, x_q, x_kv, bias, rows_q, rows_kv, dy):
 
 
 def time_paths(args_of, paths, rounds, calls, warmup):
-    """{path: [seconds a call, one per round]}, the paths alternating round by round."""
+    """{path: [seconds a call, one per round]}, the paths alternating round by round (bench/rounds.py)."""
     xp = backend.xp_of(args_of[1])
-    times = {name: [] for name, _, _ in paths}
-    for r in range(warmup + rounds):
-        for name, _, env in paths:
-            with Env(env):
-                backend.synchronize(xp)
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    call(*args_of)
-                backend.synchronize(xp)
-            if r >= warmup:
-                times[name].append((time.perf_counter() - t0) / calls)
-    return times
+    return alternate({name: (lambda env=env: Env(env), lambda: call(*args_of)) for name, _, env in paths},
+                     rounds, calls, warmup, sync=lambda: backend.synchronize(xp))
 
 
 def gradient_difference(args_of, paths):

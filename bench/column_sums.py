@@ -25,7 +25,7 @@ import importlib.util
 import os
 import statistics
 import sys
-import time
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from minitf import backend, kernels  # noqa: E402
+from bench.rounds import alternate  # noqa: E402
 
 DTYPES = {"float32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -106,31 +107,23 @@ def launcher(module):
     return launch
 
 
-def time_case(fn, buf, versions, rounds, calls, warmup):
-    """{version: [seconds a launch, one per round]}, the versions alternating round by round."""
-    xp = backend.xp_of(buf)
-    times = {name: [] for name in versions}
-    for r in range(warmup + rounds):
-        for name, launch in versions.items():
-            kernels.LAUNCH["launch"] = launch
-            buf.fill(0)
-            backend.synchronize(xp)
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            backend.synchronize(xp)
-            if r >= warmup:
-                times[name].append((time.perf_counter() - t0) / calls)
-    return times
+@contextmanager
+def using(launch, buf):
+    """kernels' launches made by `launch` (a version's) inside the block, `buf` (the case's buffers) zeroed first."""
+    saved, kernels.LAUNCH["launch"] = kernels.LAUNCH["launch"], launch
+    try:
+        buf.fill(0)
+        yield
+    finally:
+        kernels.LAUNCH["launch"] = saved
 
 
 def same_bits(fn, buf, versions):
     """Whether one launch of each version, into zeroed buffers, gives the same bits."""
     got = []
     for launch in versions.values():
-        kernels.LAUNCH["launch"] = launch
-        buf.fill(0)
-        fn()
+        with using(launch, buf):
+            fn()
         got.append(backend.to_numpy(buf).view(np.uint16 if buf.dtype.itemsize == 2 else f"u{buf.dtype.itemsize}"))
     return all(np.array_equal(got[0], g) for g in got[1:])
 
@@ -164,29 +157,27 @@ def main(argv=None):
         if why:
             sys.exit(f"column_sums: --against {args.against} launches its sums another way ({why})")
         versions["against"] = launcher(other)
-    xp, saved = backend.cupy, kernels.LAUNCH["launch"]
+    xp = backend.cupy
     print(f"{args.rows} rows; microseconds a launch, median of {args.rounds} rounds of {args.calls}")
-    try:
-        for mode in args.modes.split(","):
-            dtype = backend.dtype_named(DTYPES[mode])
-            try:
-                backend.check_gpu_dtype(dtype)
-            except backend.DeviceError as e:
-                print(f"  {mode}: skipped ({e})")
-                continue
-            if kernels._module(dtype) is None:
-                sys.exit(f"column_sums: the kernels did not compile for {DTYPES[mode]}: "
-                         f"{kernels.COMPILE_ERRORS[kernels.dtype_name(dtype)]}")
-            for name, fn, buf in cases(xp, dtype, args.rows, np.random.default_rng(0)):
-                times = time_case(fn, buf, versions, args.rounds, args.calls, args.warmup)
-                us = {v: statistics.median(ts) * 1e6 for v, ts in times.items()}
-                line = f"  {mode:8s} {name:24s} {us['this']:9.1f} us"
-                if "against" in versions:
-                    line += (f"  against {us['against']:9.1f} us x{us['against'] / us['this']:.3f}  "
-                             f"same bits: {'yes' if same_bits(fn, buf, versions) else 'no'}")
-                print(line)
-    finally:
-        kernels.LAUNCH["launch"] = saved
+    for mode in args.modes.split(","):
+        dtype = backend.dtype_named(DTYPES[mode])
+        try:
+            backend.check_gpu_dtype(dtype)
+        except backend.DeviceError as e:
+            print(f"  {mode}: skipped ({e})")
+            continue
+        if kernels._module(dtype) is None:
+            sys.exit(f"column_sums: the kernels did not compile for {DTYPES[mode]}: "
+                     f"{kernels.COMPILE_ERRORS[kernels.dtype_name(dtype)]}")
+        for name, fn, buf in cases(xp, dtype, args.rows, np.random.default_rng(0)):
+            times = alternate({v: (lambda launch=launch: using(launch, buf), fn) for v, launch in versions.items()},
+                              args.rounds, args.calls, args.warmup, sync=lambda: backend.synchronize(xp))
+            us = {v: statistics.median(ts) * 1e6 for v, ts in times.items()}
+            line = f"  {mode:8s} {name:24s} {us['this']:9.1f} us"
+            if "against" in versions:
+                line += (f"  against {us['against']:9.1f} us x{us['against'] / us['this']:.3f}  "
+                         f"same bits: {'yes' if same_bits(fn, buf, versions) else 'no'}")
+            print(line)
 
 
 if __name__ == "__main__":
