@@ -335,11 +335,8 @@ def test_gpu_relu_backward_inside_the_bias_sums_gives_the_same_update(dtype, mon
 
     def update(flag):
         monkeypatch.setenv("MINITF_FUSED_RELUSUMS", flag)
-        m = minitf.Transformer(cfg(dropout=0.1, relu_dropout=0.1), device="gpu", dtype=dtype, seed=0)
-        m.zero_grad()
         launched.clear()
-        loss = m.forward_backward(SRC, TGT_IN, TGT_OUT, loss_weight=0.5)
-        return float(loss), to_numpy(m.flat_grads).astype(np.float64), list(launched)
+        return gpu_update(cfg(dropout=0.1, relu_dropout=0.1), dtype, loss_weight=0.5) + (list(launched),)
     (l0, g0, k0), (l1, g1, k1) = update("0"), update("1")
     relu = [n for n in k0 if n.startswith("relu_backward")]
     assert len(relu) == 4 and not any(n.startswith("relu_backward") for n in k1)      # 2 encoder + 2 decoder layers
@@ -350,6 +347,15 @@ def test_gpu_relu_backward_inside_the_bias_sums_gives_the_same_update(dtype, mon
     else:
         assert l1 == l0
         np.testing.assert_array_equal(g1, g0)
+
+
+def gpu_update(c, dtype, loss_weight=1.0):
+    """Config c's model (seed 0) on the GPU path in `dtype`, one update's forward and backward on SRC, TGT_IN,
+    TGT_OUT as training makes it (Seq2Seq.forward_backward): (the loss, the flat gradients in float64)."""
+    m = minitf.Transformer(c, device="gpu", dtype=dtype, seed=0)
+    m.zero_grad()
+    loss = m.forward_backward(SRC, TGT_IN, TGT_OUT, loss_weight=loss_weight)
+    return float(loss), to_numpy(m.flat_grads).astype(np.float64)
 
 
 def cpu_and_gpu_agree(c, src, tgt_in, tgt_out, monkeypatch):
@@ -394,10 +400,7 @@ def test_gpu_every_opt_in_kernel_at_once_is_as_close_to_float64_in_16_bits(dtype
     def update(env, dt):
         for k in OPT_IN:
             monkeypatch.setenv(k, env.get(k, "0"))
-        m = minitf.Transformer(cfg(d_model=32, n_heads=2, d_ff=32), device="gpu", dtype=dt, seed=0)
-        m.zero_grad()
-        loss = m.forward_backward(SRC, TGT_IN, TGT_OUT, loss_weight=1.0)
-        return float(loss), to_numpy(m.flat_grads).astype(np.float64)
+        return gpu_update(cfg(d_model=32, n_heads=2, d_ff=32), dt)
     (lo, go), (l64, g64) = update(OPT_IN, dtype), update({}, "float64")
     assert abs(lo - l64) <= tol * abs(l64) and np.abs(go - g64).max() <= tol * np.abs(g64).max()
 
