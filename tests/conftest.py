@@ -63,3 +63,16 @@ def write_multi30k(folder, sizes=(("train", 400), ("val", 30), ("test_2016_flick
             with gzip.open(folder / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
                 f.write("".join(" ".join(words[i] for i in row) + "\n" for row in idx))
     return folder
+
+
+def record_launches(monkeypatch):
+    """The names of the kernels minitf.kernels launches from now on, in order (a list the caller may clear); each
+    launch still runs (on the emulator, or the stand-in's)."""
+    from minitf import kernels
+    names, launch = [], kernels.LAUNCH["launch"]
+
+    def record(name, *args):
+        names.append(name)
+        return launch(name, *args)
+    monkeypatch.setitem(kernels.LAUNCH, "launch", record)
+    return names

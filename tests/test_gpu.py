@@ -10,6 +10,7 @@ import minitf
 from minitf import backend, kernels
 from minitf.backend import dtype_named, gpu_available, to_numpy
 
+from conftest import record_launches
 from cuda_emulator import compiler
 
 REAL_GPU = gpu_available()[0]
@@ -258,7 +259,7 @@ def test_gpu_attention_rows_match_float64_attention_at_real_sizes(dtype, tol, co
     from minitf.packing import Spans
     from test_kernels import attention_reference
     monkeypatch.setenv("MINITF_FUSED_ATTN_MMA", "1" if cores == "tensor" else "0")
-    launched = _attention_launches(monkeypatch)
+    launched = record_launches(monkeypatch)
     h, k = ROWS_SIZES["heads"], ROWS_SIZES["d_k"]
     lq = np.array(ROWS_SIZES["lq"])
     lk = lq if case != "cross" else np.array(ROWS_SIZES["lk"])
@@ -296,9 +297,7 @@ def test_gpu_forward_backward_gives_forward_loss_then_backward_in_fewer_launches
     monkeypatch.setenv("MINITF_FUSED_VEC", "1")
     model = minitf.Transformer(cfg(vocab_size=32, dropout=0.1), device="gpu", dtype=dtype, seed=0)
     scale = model.xp.asarray([1024.0], dtype=np.float32) if dtype == "float16" else None
-    launched = []
-    real = kernels.LAUNCH["launch"]
-    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+    launched = record_launches(monkeypatch)
 
     def update(how):
         model.zero_grad()
@@ -331,7 +330,7 @@ def test_gpu_relu_backward_inside_the_bias_sums_gives_the_same_update(dtype, mon
     (kernels.relu_backward_sums, one launch where relu_backward and column_sums_into were two): the loss and
     every gradient of an update with ReLU dropout as without it, bit for bit under the stand-in (the same
     kernels' arithmetic), to rounding on a GPU (cuBLAS may take another algorithm from one call to the next)."""
-    launched = _attention_launches(monkeypatch)
+    launched = record_launches(monkeypatch)
 
     def update(flag):
         monkeypatch.setenv("MINITF_FUSED_RELUSUMS", flag)
@@ -363,7 +362,7 @@ def cpu_and_gpu_agree(c, src, tgt_in, tgt_out, monkeypatch):
     (assert_same_gradients); returns the names of the kernels the GPU path launched."""
     cpu = minitf.Transformer(c, device="cpu", dtype="float64", seed=0)
     gpu = minitf.Transformer(c, device="gpu", dtype="float64", seed=0)
-    launched = _attention_launches(monkeypatch)
+    launched = record_launches(monkeypatch)
     lc = cpu.forward_loss(src, tgt_in, tgt_out)
     lg = float(gpu.forward_loss(src, tgt_in, tgt_out))
     assert abs(lc - lg) <= 1e-10 * abs(lc)
@@ -403,14 +402,6 @@ def test_gpu_every_opt_in_kernel_at_once_is_as_close_to_float64_in_16_bits(dtype
         return gpu_update(cfg(d_model=32, n_heads=2, d_ff=32), dt)
     (lo, go), (l64, g64) = update(OPT_IN, dtype), update({}, "float64")
     assert abs(lo - l64) <= tol * abs(l64) and np.abs(go - g64).max() <= tol * np.abs(g64).max()
-
-
-def _attention_launches(monkeypatch):
-    """The names of the kernels launched from now on (a list the caller clears)."""
-    launched = []
-    real = kernels.LAUNCH["launch"]
-    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
-    return launched
 
 
 @needs_kernels
@@ -457,7 +448,7 @@ def test_gpu_attention_on_packed_rows_matches_the_head_layout(dtype, tol, heads,
         loss = m.forward_loss(SRC, TGT_IN, TGT_OUT)
         m.backward(loss_weight=64.0 if dtype == "float16" else 1.0)
         return float(loss), to_numpy(m.flat_grads).astype(np.float64)
-    launched = _attention_launches(monkeypatch)
+    launched = record_launches(monkeypatch)
     (lf, gf), (lh, gh) = update("1"), update("0")
     assert abs(lf - lh) <= tol * abs(lh) and _rel(gf, gh) <= tol
     tensor = heads == 1 and dtype != "float32" and kernels._arch(backend.cupy.zeros(1)) >= 80   # an sm_80 or newer
@@ -484,7 +475,7 @@ def test_the_reference_gives_the_gpu_paths_loss_and_every_gradient(attn, positio
     cfg = config(positional)
     model = minitf.Transformer(cfg, device="gpu", dtype="float64", seed=4)
     params = {n: to_numpy(p).copy() for n, p in model.state_dict().items()}
-    launched = _attention_launches(monkeypatch)
+    launched = record_launches(monkeypatch)
     model.zero_grad()
     loss = float(model.forward_loss(*batch()))
     model.backward()

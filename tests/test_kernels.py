@@ -22,6 +22,7 @@ from minitf import kernels
 from minitf.backend import dtype_named
 from minitf.loss import FusedLossCache, label_smoothed_nll, label_smoothed_nll_backward
 
+from conftest import record_launches
 from cuda_emulator import SHIM, Emulator, compiler
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="needs g++ with C++17, _Float16 and ucontext (g++ >= 12 on x86-64 Linux) to emulate the CUDA kernels")
@@ -302,9 +303,7 @@ def test_layernorm_backward_with_a_residual_gradient_and_a_dropout_mask(dtype, r
     dy, dy2 = rng.normal(size=x.shape).astype(dtype), rng.normal(size=x.shape).astype(dtype)
     mask = ((rng.random(x.shape) > 0.2) / 0.8).astype(dtype) if masked else None
     grads0 = rng.normal(size=(3, d)).astype(dtype)
-    results, launched = [], []
-    real = kernels.LAUNCH["launch"]
-    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+    results, launched = [], record_launches(monkeypatch)
     for fused in (False, True):
         monkeypatch.setattr(kernels, "enabled", lambda a, _f=fused: _f)
         dg, db, dsub = grads0[0].copy(), grads0[1].copy(), grads0[2].copy()
@@ -348,9 +347,7 @@ def test_a_post_norm_blocks_backward_computes_xhat_again(dtype, warp, monkeypatc
     kept_out, kept = kernels.layernorm_forward(cache.x, g, b, eps)     # the same sum, xhat kept
     equal(kept_out, out)
     grads0 = rng.normal(size=(3, d)).astype(dtype)
-    launched, results = [], []
-    real = kernels.LAUNCH["launch"]
-    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+    launched, results = record_launches(monkeypatch), []
     for c in (cache, kept):
         launched.clear()
         dg, db, dsub = grads0[0].copy(), grads0[1].copy(), grads0[2].copy()
@@ -371,9 +368,7 @@ def test_column_sums_into_a_buffer_add_to_it_in_one_launch(n, monkeypatch):
     x = rng.normal(size=(n, 70)).astype(np.float32)
     buf = rng.normal(size=70).astype(np.float32)
     want = buf.astype(np.float64) + x.astype(np.float64).sum(axis=0)
-    launched = []
-    real = kernels.LAUNCH["launch"]
-    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+    launched = record_launches(monkeypatch)
     buf0 = buf.copy()
     assert kernels.column_sums(x, out=buf) is buf
     assert launched == ["column_sums_into"] and not kernels._counter(np).any()   # every chunk's ticket back at 0
@@ -397,9 +392,7 @@ def test_column_sums_of_stacked_planes_into_evenly_spaced_buffers_in_one_launch(
     want = buf.copy()
     for p in range(3):
         kernels.column_sums(x[p], out=want[p * stride:p * stride + d])
-    launched = []
-    real = kernels.LAUNCH["launch"]
-    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+    launched = record_launches(monkeypatch)
     kernels.column_sums_planes(x, buf[:d], stride)
     assert launched == ["column_sums_into"] and not kernels._counter(np).any()
     equal(buf, want)
@@ -428,9 +421,7 @@ def test_a_layernorms_sums_in_one_launch_are_the_separate_sums(dtype, n, factor,
     kernels.column_sums(x, out=want[1])
     if third:
         kernels.column_sums(x3, out=want[2])
-    launched = []
-    real = kernels.LAUNCH["launch"]
-    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+    launched = record_launches(monkeypatch)
     got = outs.copy()
     kernels.column_sums_pair(x, cache if factor == "from_mean" else y, got[0], got[1], *((x3, got[2]) if third else ()))
     assert launched == ["column_sums_into"] and not kernels._counter(np).any()
@@ -456,9 +447,7 @@ def test_relu_backward_inside_the_bias_sums_is_relu_backward_then_the_sums(dtype
     want_dy, want = dy.copy(), out.copy()
     kernels.relu_backward(want_dy, y)
     kernels.column_sums(want_dy, out=want)
-    launched = []
-    real = kernels.LAUNCH["launch"]
-    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+    launched = record_launches(monkeypatch)
     assert kernels.relu_backward_sums(dy, y, out) is dy
     assert launched == ["column_sums_relu_into"] and not kernels._counter(np).any()
     equal(dy, want_dy)
@@ -592,17 +581,6 @@ ATTENTION_CASES = {"self": ([1, 5, 37, 70], None, False), "causal": ([1, 5, 37, 
                    "cross": ([3, 40, 1, 9], [70, 2, 33, 5], False)}
 
 
-def attention_kernels_launched(monkeypatch):
-    """The names of the kernels launched from now on (through the emulator), in order."""
-    names, launch = [], kernels.LAUNCH["launch"]
-
-    def record(name, *args):
-        names.append(name)
-        return launch(name, *args)
-    monkeypatch.setitem(kernels.LAUNCH, "launch", record)
-    return names
-
-
 # the attention kernels a case runs on: tensor cores (float16 and bfloat16, K a multiple of 16) or CUDA cores
 # (MINITF_FUSED_ATTN_MMA=0, or any other dtype or K)
 ATTENTION_CORES = [pytest.param(dt, cores, id=f"{np.dtype(dt).name}-{cores}") for dt in (np.float64, np.float32,
@@ -622,7 +600,7 @@ def test_attention_on_packed_rows_forward_and_backward(dtype, cores, case, h, k,
     (attention_rows_*_mma, where K allows) and on CUDA cores; the threads run in both orders between barriers."""
     monkeypatch.setattr(emulated, "reverse", order == "descending")
     monkeypatch.setenv("MINITF_FUSED_ATTN_MMA", "1" if cores == "tensor" else "0")
-    launched = attention_kernels_launched(monkeypatch)
+    launched = record_launches(monkeypatch)
     lq, lk, causal = ATTENTION_CASES[case]
     lk = lq if lk is None else lk
     rng = np.random.default_rng(5)
@@ -677,7 +655,7 @@ def test_attention_on_packed_rows_off_a_16_byte_boundary_takes_the_cuda_cores(dt
     boundary (here one value in) runs the CUDA-core kernels instead, with the same results to rounding."""
     lq, h, k = [5, 20], 2, 16
     rng = np.random.default_rng(2)
-    launched = attention_kernels_launched(monkeypatch)
+    launched = record_launches(monkeypatch)
     for shifted in ("q", "dout", None):
         arrays = {}
         for name in ("q", "k", "v", "dout"):
@@ -750,9 +728,7 @@ def test_the_16_byte_kernels_give_the_same_bits_as_the_one_value_ones(dtype, pac
     act[0, 0] = np.nan
     bias = rng.normal(size=2 * k).astype(dtype)
     dy = rng.normal(size=act.shape).astype(dtype)
-    launched = []
-    real = kernels.LAUNCH["launch"]
-    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: launched.append(name) or real(name, *a))
+    launched = record_launches(monkeypatch)
 
     def run():
         y = kernels.bias_relu(act.copy(), bias)
@@ -797,9 +773,7 @@ def test_the_loss_rows_in_one_pass_over_the_logits(dtype, monkeypatch):
     logits = np.stack(rows).astype(dtype)
     gold = np.array([v - 1, 0, 3, 5, v // 2 + 1])
     monkeypatch.setenv("MINITF_FUSED_VEC", "1")
-    launched = []
-    real = kernels.LAUNCH["launch"]
-    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+    launched = record_launches(monkeypatch)
     lse, nll, smooth = kernels.smoothed_nll_rows(logits, gold)
     assert launched == ["smoothed_nll_rows_vec"]
     z = logits.astype(np.float64)
@@ -823,9 +797,7 @@ def test_the_loss_kernels_16_bytes_a_thread(dtype, monkeypatch):
     logits = (rng.normal(size=(n, v)) * 4).astype(dtype)
     gold = rng.integers(0, v, size=n)
     w = rng.random(n).astype(kernels.accum_dtype(dtype))
-    launched = []
-    real = kernels.LAUNCH["launch"]
-    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+    launched = record_launches(monkeypatch)
 
     def run():
         lse, nll, smooth = kernels.smoothed_nll_rows(logits, gold)
@@ -870,9 +842,7 @@ def test_the_loss_forward_and_backward_in_one_launch(dtype, width, order, monkey
     logits = (rng.normal(size=(n, v)) * 4).astype(dtype)
     gold = np.array([0, v - 1, v // 2 + 1])
     acc = kernels.accum_dtype(dtype)
-    launched = []
-    real = kernels.LAUNCH["launch"]
-    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+    launched = record_launches(monkeypatch)
     monkeypatch.setenv("MINITF_FUSED_VEC", "1")
     for dscale in (None, np.array([3.0], acc)):
         launched.clear()
@@ -934,9 +904,7 @@ def test_the_layernorm_kernels_a_warp_per_row(dtype, monkeypatch):
     x, y, dy, dy2 = (rng.normal(size=(n, d)).astype(dtype) for _ in range(4))
     g, b, yb = (rng.normal(size=d).astype(dtype) for _ in range(3))
     rowpos, key = np.array([0, 2, 3, 7, 8, 9, 15]), F.DropoutSites(5, 9).next_site()[1]
-    launched = []
-    real = kernels.LAUNCH["launch"]
-    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, *a: (launched.append(name), real(name, *a)))
+    launched = record_launches(monkeypatch)
     acc_t = kernels.accum_dtype(dtype)
 
     def run():
