@@ -303,6 +303,12 @@ def standin_env(tmp_path, **extra):
                 OMP_NUM_THREADS="1", **extra)
 
 
+def run_bench(tmp_path, script, *args):
+    """bench/<script> with `args` on the stand-in, from the project's root: the finished process (its output kept)."""
+    return subprocess.run([sys.executable, os.path.join(ROOT, "bench", script), *map(str, args)], capture_output=True,
+                          text=True, env=standin_env(tmp_path), timeout=600, cwd=ROOT)
+
+
 def run_train(corpus, tmp_path, out, *extra, launch=(), **env):
     """train_wmt.py on the stand-in into tmp_path/out; asserts it succeeded with the fused kernels.
     Returns (the folder, the stand-in's report of each rank: strict_cupy STRICT_CUPY_REPORT)."""
@@ -571,10 +577,9 @@ def test_gpu_ab_times_the_update_ended_on_the_device_against_the_host(tmp_path, 
     """bench/gpu_ab.py --steps-per-round 2 with MINITF_HOST_CHECK=1 as a variant, on the stand-in: both
     variants are timed, give the same gradients, and the host variant's runner reads each outcome
     (train.step_stats) while the default one decides it on the device (UpdateCheck)."""
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_ab.py"), "--smoke", "--no-torch", "--rounds", "2",
-                        "--steps-per-round", "2", "--variant", "now=", "--variant", "host=MINITF_HOST_CHECK=1",
-                        "--modes", "fp16", "--out", str(tmp_path / "ab")], capture_output=True, text=True,
-                       env=standin_env(tmp_path), timeout=600, cwd=ROOT)
+    r = run_bench(tmp_path, "gpu_ab.py", "--smoke", "--no-torch", "--rounds", "2", "--steps-per-round", "2",
+                  "--variant", "now=", "--variant", "host=MINITF_HOST_CHECK=1", "--modes", "fp16",
+                  "--out", tmp_path / "ab")
     assert r.returncode == 0, r.stderr[-3000:]
     rows = re.findall(r"^  (now|host) +[\d.]+ ms .* grad diff (\S+)$", r.stdout, re.M)
     assert [name for name, _ in rows] == ["now", "host"] and all(float(d) == 0.0 for _, d in rows), r.stdout
@@ -596,8 +601,7 @@ def test_the_attention_bench_times_both_paths_of_each_attention(tmp_path):
     """bench/attention_rows.py --smoke on the stand-in: the three attentions in the three modes, each timed in
     the head layout and on packed rows (in 16 bits on tensor cores and on CUDA cores), with the packed paths'
     input gradients as close to the head layout's as the mode allows."""
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "attention_rows.py"), "--smoke"],
-                       capture_output=True, text=True, env=standin_env(tmp_path), timeout=600, cwd=ROOT)
+    r = run_bench(tmp_path, "attention_rows.py", "--smoke")
     assert r.returncode == 0, r.stderr[-3000:]
     rows = re.findall(r"^  (\w+) +(encoder self|decoder self|cross) +head layout +[\d.]+ ms +packed rows +[\d.]+ ms "
                       r"x[\d.]+(  on CUDA cores +[\d.]+ ms x[\d.]+)? +input gradients differ by (\S+)$", r.stdout, re.M)
@@ -614,37 +618,30 @@ def test_the_column_sums_bench_times_each_sum_against_another_kernels_file(tmp_p
     """bench/column_sums.py --smoke --against FILE on the stand-in: each of the step's seven sums in the three modes,
     timed in this version and in FILE's (here the same file: the same bits); a file that is not there is named, and
     one that would launch its sums another way is refused."""
-    script = os.path.join(ROOT, "bench", "column_sums.py")
-    r = subprocess.run([sys.executable, script, "--smoke", "--against", os.path.join(ROOT, "minitf", "kernels.py")],
-                       capture_output=True, text=True, env=standin_env(tmp_path), timeout=600, cwd=ROOT)
+    r = run_bench(tmp_path, "column_sums.py", "--smoke", "--against", os.path.join(ROOT, "minitf", "kernels.py"))
     assert r.returncode == 0, r.stderr[-3000:]
     rows = re.findall(r"^  (\w+) +(.+?) +[\d.]+ us  against +[\d.]+ us x[\d.]+  same bits: (yes|no)$", r.stdout, re.M)
     assert [m for m, _, _ in rows] == [m for m in ("float32", "fp16", "bf16") for _ in range(7)], r.stdout
     assert {same for _, _, same in rows} == {"yes"}, r.stdout
-    r = subprocess.run([sys.executable, script, "--smoke", "--against", str(tmp_path / "none.py")],
-                       capture_output=True, text=True, env=standin_env(tmp_path), timeout=600, cwd=ROOT)
+    r = run_bench(tmp_path, "column_sums.py", "--smoke", "--against", str(tmp_path / "none.py"))
     assert r.returncode != 0 and "none.py: no such file" in r.stderr and "Traceback" not in r.stderr
     other = tmp_path / "other_kernels.py"      # a version that would launch its sums with other slabs: refused
     other.write_text((Path(ROOT) / "minitf" / "kernels.py").read_text().replace("COLUMN_MIN_ROWS = 64", "COLUMN_MIN_ROWS = 32"))
-    r = subprocess.run([sys.executable, script, "--smoke", "--against", str(other)],
-                       capture_output=True, text=True, env=standin_env(tmp_path), timeout=600, cwd=ROOT)
+    r = run_bench(tmp_path, "column_sums.py", "--smoke", "--against", str(other))
     assert r.returncode != 0 and "COLUMN_MIN_ROWS is 32 there, 64 here" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run([sys.executable, script, "--rows", "0"], capture_output=True, text=True, env=standin_env(tmp_path),
-                       timeout=600, cwd=ROOT)
+    r = run_bench(tmp_path, "column_sums.py", "--rows", "0")
     assert r.returncode == 2 and "--rows must be at least 1, got 0" in r.stderr
 
 
 def test_the_allocations_bench_times_the_pool_against_a_kept_buffer(tmp_path):
     """bench/allocations.py --smoke on the stand-in: each shape in float16 and float32, an array from the pool and a
     view of a kept buffer, with what the difference comes to an update."""
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "allocations.py"), "--smoke"],
-                       capture_output=True, text=True, env=standin_env(tmp_path), timeout=600, cwd=ROOT)
+    r = run_bench(tmp_path, "allocations.py", "--smoke")
     assert r.returncode == 0, r.stderr[-3000:]
     rows = re.findall(r"^  (float16|float32) +\[[\d, ]+\] +pool +[\d.]+ us  slice +[\d.]+ us \(saves [-+][\d.]+ ms an "
                       r"update\)$", r.stdout, re.M)
     assert rows == ["float16"] * 2 + ["float32"] * 2, r.stdout
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "allocations.py"), "--calls", "0"],
-                       capture_output=True, text=True, env=standin_env(tmp_path), timeout=600, cwd=ROOT)
+    r = run_bench(tmp_path, "allocations.py", "--calls", "0")
     assert r.returncode == 2 and "--calls must be at least 1, got 0" in r.stderr
 
 
@@ -668,9 +665,7 @@ def test_the_gpu_report_runs_its_sections(tmp_path):
     """bench/gpu_report.py, the one command for a GPU, at tiny sizes on the stand-in: the training
     step, beam search and the WMT14-shaped run each give their figures (the suite section is
     this test suite itself); PyTorch columns are '-' where torch is absent."""
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_report.py"), "--smoke", "--skip", "suite",
-                        "--out", str(tmp_path / "report")], capture_output=True, text=True,
-                       env=standin_env(tmp_path), timeout=600, cwd=ROOT)
+    r = run_bench(tmp_path, "gpu_report.py", "--smoke", "--skip", "suite", "--out", tmp_path / "report")
     assert r.returncode == 0, r.stderr[-3000:]
     rep = json.loads((tmp_path / "report" / "report.json").read_text())
     assert set(rep["sections"]) == {"launches", "step", "kernels", "beam", "wmt"}
@@ -703,12 +698,10 @@ def test_same_training_holds_the_variants_to_one_validation_loss(tmp_path, half,
     data = write_multi30k(tmp_path, sizes=(("train", 200), ("val", 20)))
     lines = [ln for lang in ("en", "de") for ln in gzip.open(data / f"train.{lang}.gz", "rt").read().splitlines()]
     Tokenizer.train(lines, tmp_path / "tok.model", vocab_size=40)
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "same_training.py"),
-                        "--train-src", str(data / "train.en.gz"), "--train-tgt", str(data / "train.de.gz"),
-                        "--valid-src", str(data / "val.en.gz"), "--valid-tgt", str(data / "val.de.gz"),
-                        "--tokenizer", str(tmp_path / "tok.model"), "--preset", "tiny", "--updates", "3",
-                        "--max-tokens", "160", half, "--no-torch", "--also-seed", "1", "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, env=standin_env(tmp_path), timeout=600, cwd=ROOT)
+    r = run_bench(tmp_path, "same_training.py", "--train-src", data / "train.en.gz", "--train-tgt", data / "train.de.gz",
+                  "--valid-src", data / "val.en.gz", "--valid-tgt", data / "val.de.gz",
+                  "--tokenizer", tmp_path / "tok.model", "--preset", "tiny", "--updates", "3", "--max-tokens", "160",
+                  half, "--no-torch", "--also-seed", "1", "--out", tmp_path / "o")
     assert r.returncode == 0, r.stderr[-3000:]
     runs = {x["runner"]: x for x in json.loads((tmp_path / "o" / "same_training.json").read_text())["runners"]}
     assert list(runs) == ["now", "now@seed1", "before"]
