@@ -59,14 +59,26 @@ tests/test_kernels.py checks each kernel, running the same CUDA source on the CP
 
 `enabled(x)` says whether x takes the fused path: CuPy arrays only, unless the environment
 sets MINITF_FUSED=0 (then the generic path runs everywhere, for comparisons).
+
+The file reads as llm.c's kernel headers do: after the prelude (16-bit storage, reductions), the dtypes, switches
+and launching, one section per kernel family (softmax; dropout and LayerNorm; the loss; gradient sums; heads and
+ReLU; attention on packed rows; Adam and the update's outcome; the embedding), each its CUDA source, then the
+functions that launch it. KERNELS joins the sections' sources at the end, and SIGNATURES (each kernel's argument
+types) is read from their declarations.
 """
+
+
 import os
+import re
 import warnings
 from typing import NamedTuple
 
+
 import numpy as np
 
+
 from . import backend
+
 
 BLOCK = {"softmax": 128, "layernorm": 256, "nll": 512}   # most threads per row (powers of 2)
 MIN_BLOCK = 32                                            # one warp
@@ -99,6 +111,7 @@ struct NAME { \
 };
 """
 
+
 # float16: converted with the PTX cvt instructions (round to nearest even).
 HALF = r"""
 #ifndef MINITF_EMULATE
@@ -107,6 +120,7 @@ __device__ inline unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f1
 #endif
 MINITF_STORAGE16(half_t, f2h, h2f)
 """
+
 
 # bfloat16: the top 16 bits of a float32 (widening is a shift), narrowed with cvt.rn.bf16.f32 (round
 # to nearest even; sm_80 and newer). Only in the bfloat16 source.
@@ -117,6 +131,7 @@ __device__ inline unsigned short f2bf(float f) { unsigned short h; asm("cvt.rn.b
 #endif
 MINITF_STORAGE16(bf16_t, f2bf, bf2f)
 """
+
 
 PRELUDE = r"""
 #define NEG_BIG (-3.0e38f)
@@ -164,7 +179,193 @@ __device__ A block_max(A v, A* buf) {
 struct alignas(16) Vec { T v[16 / sizeof(T)]; };
 """
 
-KERNELS = r"""
+
+# ----------------------------------------------------------------------------- dtypes and switches
+C_TYPES = {"float16": ("half_t", "float"), "bfloat16": ("bf16_t", "float"), "float32": ("float", "float"),
+           "float64": ("double", "double")}
+_NAMES = {}   # dtype (or scalar type, or name) -> its name: np.dtype(d).name costs ~2 us, and a step asks
+# hundreds of times (~1,400 before the lookups were cached: docs/benchmarks.md)
+
+
+def dtype_name(dtype):
+    """np.dtype(dtype).name, looked up once per dtype."""
+    name = _NAMES.get(dtype)
+    if name is None:
+        name = _NAMES[dtype] = "bfloat16" if dtype == "bfloat16" else np.dtype(dtype).name   # (a name NumPy
+        # knows only once ml_dtypes is imported)
+    return name
+
+
+def accum_dtype(dtype):
+    """The dtype the kernels compute (and keep LayerNorm's cache) in: float64 stays float64."""
+    return np.float64 if dtype_name(dtype) == "float64" else np.float32
+
+
+def source(dtype):
+    """The complete CUDA source for one storage dtype: its typedefs, the prelude, then KERNELS (the sections
+    below, each a kernel family's CUDA beside the functions that launch it)."""
+    name = dtype_name(dtype)
+    t, a = C_TYPES[name]
+    mma = {"float16": '#define ATT_MMA 1\n#define ATT_MMA_BF16 0\n#define ATT_MMA_AB "f16"\n',
+           "bfloat16": '#define ATT_MMA 1\n#define ATT_MMA_BF16 1\n#define ATT_MMA_AB "bf16"\n'}.get(name, "#define ATT_MMA 0\n")
+    return (STORAGE16 + HALF + (BFLOAT16 if name == "bfloat16" else "") + f"typedef {t} T;\ntypedef {a} A;\n" + mma
+            + PRELUDE + KERNELS)
+
+
+# The switches below are read on every call (bench/gpu_ab.py flips them between steps), hundreds
+# of times a GPU step: as a lookup in os.environ's own store where Python keeps one (a dict of encoded keys and
+# values, kept in step with every change to os.environ), not os.environ.get's encoding and decoding.
+_ENV_STORE = getattr(os.environ, "_data", None)
+_ENV_KEYS = {}
+_ENV_VALUES = {v: os.environ.encodevalue(v) for v in ("0", "1")} if _ENV_STORE is not None else {}
+
+
+def _env_is(name, value):
+    """os.environ.get(name) == value, for value "0" or "1"."""
+    if _ENV_STORE is None:
+        return os.environ.get(name) == value
+    key = _ENV_KEYS.get(name)
+    if key is None:
+        key = _ENV_KEYS[name] = os.environ.encodekey(name)
+    return _ENV_STORE.get(key) == _ENV_VALUES[value]
+
+
+def switched_off(name):
+    """Whether the environment sets `name` to 0 (a switch that is on by default)."""
+    return _env_is(name, "0")
+
+
+def switched_on(name):
+    """Whether the environment sets `name` to 1 (a switch that is off by default)."""
+    return _env_is(name, "1")
+
+
+def enabled(x):
+    """Whether x (an array) takes the fused kernels: CuPy arrays whose dtype's kernels
+    compiled, unless MINITF_FUSED=0. A compile failure is reported once (warning) and that
+    dtype stays on the generic path: training goes on, slower."""
+    if not backend.is_gpu(backend.xp_of(x)) or switched_off("MINITF_FUSED"):
+        return False
+    return _module(x.dtype) is not None
+
+
+def fused(x, name):
+    """Whether x takes the fusion `name`: `enabled(x)`, unless the environment sets
+    MINITF_FUSED_<NAME>=0 (then that part runs as separate passes, for comparisons:
+    bench/gpu_ab.py). The names: 'relu' (bias + ReLU, and its backward, in place),
+    'adam' (one Adam kernel), 'embed' (the embedding of the kept rows and its gradient, one kernel each), 'grads' (gradient sums added where they go: a LayerNorm's
+    backward with its residual gradient, dropout mask and parameter sums; a bias's sum, but the attention
+    projections' bias sums, which follow MINITF_CUBLAS), 'norm' (a
+    post-norm block's residual sum, dropout and LayerNorm forward in one pass: residual_layernorm), 'loss' (the
+    loss's gradient written during its forward when the backward's weight is known: smoothed_nll_rows' grad)."""
+    return enabled(x) and not switched_off("MINITF_FUSED_" + name.upper())
+
+
+# ----------------------------------------------------------------------------- launching
+_MODULES = {}        # dtype name -> compiled cupy.RawModule, or None if it failed to compile
+COMPILE_ERRORS = {}  # dtype name -> the error
+_FUNCTIONS = {}      # (dtype name, kernel name) -> cupy RawKernel: looked up once, not on every launch
+
+
+def _module(dtype):
+    key = dtype_name(dtype)
+    if key not in _MODULES:
+        if key not in C_TYPES:
+            _MODULES[key] = None
+            return None
+        try:
+            module = backend.cupy.RawModule(code=source(dtype), options=("-std=c++14",))
+            for name in SIGNATURES:            # compiles now, not in the middle of a step
+                _FUNCTIONS[(key, name)] = module.get_function(name)
+            _MODULES[key] = module
+        except Exception as e:  # NVRTC or driver error: fall back to the generic CuPy path
+            _MODULES[key] = None
+            COMPILE_ERRORS[key] = e
+            warnings.warn(f"minitf: the fused CUDA kernels for {key} did not compile ({type(e).__name__}: {e}); "
+                          f"using the generic CuPy path (slower). Set MINITF_FUSED=0 to silence this.")
+    return _MODULES[key]
+
+
+def _function(name, dtype):
+    key = (dtype_name(dtype), name)
+    fn = _FUNCTIONS.get(key)
+    if fn is None:
+        module = _module(dtype)             # compiling it looks up every kernel of SIGNATURES
+        fn = _FUNCTIONS.get(key) or _FUNCTIONS.setdefault(key, module.get_function(name))
+    return fn
+
+
+def _cupy_launch(name, dtype, grid, block, args):
+    _function(name, dtype)((grid,), (block,), args)
+
+
+# launch(name, dtype, grid, block, args): CuPy's on a GPU; tests swap in the CPU emulator
+LAUNCH = {"launch": _cupy_launch}
+
+
+def _launch(name, dtype, grid, block, args):
+    if grid > 0:
+        LAUNCH["launch"](name, dtype, grid, block, args)
+
+
+def _rows(x):
+    """x [..., n] -> (number of rows, n)."""
+    n = x.shape[-1]
+    return x.size // n if n else 0, n
+
+
+def _as(p, dtype):
+    """A parameter vector in the kernel's storage dtype: itself when it already is (the model's)."""
+    xp = backend.xp_of(p)
+    return p if p.dtype == dtype and p.flags.c_contiguous else xp.ascontiguousarray(p, dtype=dtype)
+
+
+ELEMENTWISE_BLOCK = 256      # threads a block for the one-thread-per-element kernels
+_PLACEHOLDERS = {}           # (array module, dtype) -> a 1-element array for an argument a kernel does not read
+
+
+def _placeholder(xp, dtype):
+    key = (id(xp), dtype_name(dtype))
+    if key not in _PLACEHOLDERS:
+        _PLACEHOLDERS[key] = (xp, xp.zeros(1, dtype=dtype))
+    return _PLACEHOLDERS[key][1]
+
+
+def _row_block(n):
+    """Threads for a block that walks a row of n values (a warp at least, 256 at most)."""
+    return min(256, max(MIN_BLOCK, 1 << max(n - 1, 0).bit_length()))
+
+
+VEC_BYTES = 16   # the vectorized kernels' load: VEC_BYTES / itemsize values a thread
+
+
+def vec_ok(*arrays, width):
+    """Whether the *_vec kernels apply: unless the environment sets MINITF_FUSED_VEC=0, when
+    every array 16-byte aligned, and `width` (the values that must lie in whole vectors: a row's
+    length, a head's K) a multiple of VEC."""
+    if switched_off("MINITF_FUSED_VEC"):
+        return False
+    vec = VEC_BYTES // arrays[0].itemsize
+    return width % vec == 0 and _aligned(*arrays)
+
+
+def _address(a):
+    """The address of a's first element (a CuPy array's device pointer, or a NumPy array's on the emulator)."""
+    return a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr   # (NumPy's .data refuses bfloat16)
+
+
+def _aligned(*arrays):
+    """Whether every array starts on a 16-byte boundary (what 16-byte loads need: the *_vec kernels, and the
+    tensor-core attention's staging; a row of H*K 16-bit values, K a multiple of 16, is whole 16-byte vectors)."""
+    return all(_address(a) % VEC_BYTES == 0 for a in arrays)
+
+
+# ----------------------------------------------------------------------------- softmax
+# The attention weights of the head layout and their gradient: a block per row, or a warp per row up to
+# WARP_ROW_MAX (paper 3.2.1).
+
+
+SOFTMAX = r"""
 // p = softmax(scores + bias) over rows of length n; scores [B, H, L, n] as rows r = (b*H + h)*L + t (L queries: Tq).
 // bias is read at b*sb + h*sh + t*st + j*sj (element strides; 0 on broadcast axes).
 // p may alias scores (in place).
@@ -239,7 +440,52 @@ extern "C" __global__ void softmax_backward_warp(const T* dp, const T* p, T* dx,
     s = warp_sum(s);
     for (int j = lane; j < len; j += 32) dx[off + j] = (T)((A)p[off + j] * ((A)dp[off + j] - s));
 }
+"""
 
+
+def masked_softmax(scores, bias, out=None):
+    """softmax(scores + bias) over the last axis; scores [B, H, T, S] C-contiguous, bias
+    broadcastable to it (read through strides, never materialized). Writes into `out`
+    (which may be scores)."""
+    xp = backend.xp_of(scores)
+    b, h, t, s = scores.shape
+    bias = xp.asarray(bias, dtype=scores.dtype)
+    bias = xp.broadcast_to(bias.reshape((1,) * (4 - bias.ndim) + bias.shape), scores.shape)
+    sb, sh, st, sj = (stride // bias.itemsize for stride in bias.strides)
+    out = xp.empty_like(scores) if out is None else out
+    rows, n = _rows(scores)
+    if n <= WARP_ROW_MAX:       # a warp per row, WARP_ROWS rows a block
+        _launch("masked_softmax_warp", scores.dtype, -(-rows // WARP_ROWS), 32 * WARP_ROWS,
+                (scores, bias, out, np.int64(rows), np.int32(n), np.int32(h), np.int32(t), np.int64(sb), np.int64(sh),
+                 np.int64(st), np.int64(sj)))
+        return out
+    _launch("masked_softmax", scores.dtype, rows, block_size("softmax", n),
+            (scores, bias, out, np.int32(n), np.int32(h), np.int32(t), np.int64(sb), np.int64(sh), np.int64(st),
+             np.int64(sj)))
+    return out
+
+
+def softmax_backward(dp, p, out=None):
+    """dx = p * (dp - sum(dp * p)) over the last axis; p C-contiguous, `out` may be dp."""
+    xp = backend.xp_of(p)
+    dp = xp.ascontiguousarray(dp)
+    out = xp.empty_like(p) if out is None else out
+    rows, n = _rows(p)
+    if n <= WARP_ROW_MAX:
+        _launch("softmax_backward_warp", p.dtype, -(-rows // WARP_ROWS), 32 * WARP_ROWS,
+                (dp, p, out, np.int64(rows), np.int32(n)))
+        return out
+    _launch("softmax_backward", p.dtype, rows, block_size("softmax", n), (dp, p, out, np.int32(n)))
+    return out
+
+
+# ----------------------------------------------------------------------------- dropout and LayerNorm
+# Dropout's mask drawn again from its key wherever it is needed, LayerNorm's forward and backward (a block
+# per row, or with MINITF_FUSED_LNWARP=1 a warp), and a post-norm block's residual sum, dropout and LayerNorm
+# in one pass (paper 3.1, 5.4).
+
+
+LAYERNORM = r"""
 // Dropout's mask value from its key: u = 16 bits of splitmix64(key + w * GOLDEN), w = pos * ceil(d / 4) + c / 4 + 1
 // for column c of a row at position pos of the padded [B*L, d] batch (rowpos[r] where the rows are packed, else r);
 // kept where u >= thresh = round(p 2^16), as scale = 1 / (1 - p) (functional.hash_bits: the same bits with xp
@@ -334,6 +580,311 @@ extern "C" __global__ void layernorm_backward(T* dy, const T* dy2, int has_dy2, 
     }
 }
 
+// out = y * mask + x with mask = dropout_keep(...) (above); one thread per element.
+extern "C" __global__ void dropout_add(const long long* rowpos, int has_rows, unsigned long long key, const T* y,
+                                       const T* x, T* mask, T* out, long long n, int d, int thresh, A scale) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        long long r = i / d;
+        int c = (int)(i - r * d);
+        A m = dropout_keep(key, (unsigned long long)(has_rows ? rowpos[r] : r), d, c, thresh, scale);
+        mask[i] = (T)m;
+        out[i] = (T)((A)y[i] * m + (A)x[i]);
+    }
+}
+
+// The sum of a post-norm block and its LayerNorm in one pass per row (paper 3.1):
+// s = x + Dropout(y + yb) as dropout_add computes it (has_drop; else s = x + y + yb), yb the bias of
+// the sublayer's last Linear (has_yb; y + yb rounded to the storage type first, as the separate add stores it),
+// s rounded to the storage type and written into y (a sublayer output nothing else holds); then
+// layernorm_forward of s: the same bits as the separate kernels one after the other. Kept for backward: s
+// (in y), the rows' mean and rstd, not xhat (layernorm_backward computes it again) and not the mask (drawn
+// again from its key).
+extern "C" __global__ void residual_layernorm(const long long* rowpos, int has_rows, unsigned long long key,
+                                              int has_drop, T* y, const T* yb, int has_yb, const T* x,
+                                              int thresh, A scale, const T* g, const T* bvec, T* out, A* mean,
+                                              A* rstd, int d, A eps) {
+    __shared__ A buf[1024];
+    long long r = blockIdx.x;
+    long long off = r * d;
+    unsigned long long pos = (unsigned long long)(has_rows ? rowpos[r] : r);
+    A s = 0;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        A m = has_drop ? dropout_keep(key, pos, d, j, thresh, scale) : (A)1;
+        A yj = has_yb ? (A)(T)((A)y[off + j] + (A)yb[j]) : (A)y[off + j];
+        T v = (T)(yj * m + (A)x[off + j]);
+        y[off + j] = v;     // read back below by this same thread only
+        s += (A)v;
+    }
+    layernorm_row(y, off, d, s, g, bvec, out, mean, 1, rstd, r, eps, buf);
+}
+
+// LayerNorm with a warp per row and 16-byte loads (kernels.ln_warp_ok: MINITF_FUSED_LNWARP=1, d whole
+// vectors, 16-byte aligned rows): the block's warps take rows blockIdx.x * warps + warp, lane l the row's
+// values l VEC .. l VEC + VEC - 1, then those 32 VEC further on, ...; the sums are warp shuffles (no shared
+// memory, no block barrier). The formulas of the block kernels above; the sums run in another order (not
+// their bits). Every warp runs the same shuffles, also past the last row (len = 0 there).
+// After the row's sum s (this lane's share): mean, rstd, xhat and y, as layernorm_row.
+__device__ void layernorm_row_warp(const T* x, long long off, int len, int d, A s, const T* g, const T* bvec, T* y,
+                                   A* keep, int keep_mean, A* rstd, long long row, A eps, int lane) {
+    A mean = warp_sum(s) / d;
+    A v = 0;
+    for (int j = lane * VEC; j < len; j += 32 * VEC) {
+        Vec a = *(const Vec*)(x + off + j);
+        for (int k = 0; k < VEC; k++) { A c = (A)a.v[k] - mean; v += c * c; }
+    }
+    A rs = (A)1 / a_sqrt(warp_sum(v) / d + eps);
+    for (int j = lane * VEC; j < len; j += 32 * VEC) {
+        Vec a = *(const Vec*)(x + off + j);
+        Vec o;
+        for (int k = 0; k < VEC; k++) {
+            A xh = ((A)a.v[k] - mean) * rs;
+            if (!keep_mean) keep[off + j + k] = xh;
+            o.v[k] = (T)(xh * (A)g[j + k] + (A)bvec[j + k]);
+        }
+        *(Vec*)(y + off + j) = o;
+    }
+    if (lane == 0 && len > 0) {
+        rstd[row] = rs;
+        if (keep_mean) keep[row] = mean;
+    }
+}
+
+extern "C" __global__ void layernorm_forward_warp(const T* x, const T* g, const T* bvec, T* y, A* xhat, A* rstd,
+                                                  int d, A eps, long long rows) {
+    int lane = threadIdx.x % 32;
+    long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int len = r < rows ? d : 0;
+    long long off = (r < rows ? r : 0) * d;
+    A s = 0;
+    for (int j = lane * VEC; j < len; j += 32 * VEC) {
+        Vec a = *(const Vec*)(x + off + j);
+        for (int k = 0; k < VEC; k++) s += (A)a.v[k];
+    }
+    layernorm_row_warp(x, off, len, d, s, g, bvec, y, xhat, 0, rstd, r, eps, lane);
+}
+
+// residual_layernorm with a warp per row: the same sum (and bits) as dropout_add then layernorm_forward_warp.
+extern "C" __global__ void residual_layernorm_warp(const long long* rowpos, int has_rows, unsigned long long key,
+                                                   int has_drop, T* y, const T* yb, int has_yb, const T* x,
+                                                   int thresh, A scale, const T* g, const T* bvec, T* out, A* mean,
+                                                   A* rstd, int d, A eps, long long rows) {
+    int lane = threadIdx.x % 32;
+    long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int len = r < rows ? d : 0;
+    long long rr = r < rows ? r : 0, off = rr * d;
+    unsigned long long pos = (unsigned long long)(has_rows ? rowpos[rr] : rr);
+    A s = 0;
+    for (int j = lane * VEC; j < len; j += 32 * VEC) {
+        Vec yv = *(const Vec*)(y + off + j);
+        Vec xv = *(const Vec*)(x + off + j);
+        for (int k = 0; k < VEC; k++) {
+            A m = has_drop ? dropout_keep(key, pos, d, j + k, thresh, scale) : (A)1;
+            A yj = has_yb ? (A)(T)((A)yv.v[k] + (A)yb[j + k]) : (A)yv.v[k];
+            yv.v[k] = (T)(yj * m + (A)xv.v[k]);
+            s += (A)yv.v[k];
+        }
+        *(Vec*)(y + off + j) = yv;   // read back below by this same lane only
+    }
+    layernorm_row_warp(y, off, len, d, s, g, bvec, out, mean, 1, rstd, r, eps, lane);
+}
+
+// layernorm_backward with a warp per row (as above).
+extern "C" __global__ void layernorm_backward_warp(T* dy, const T* dy2, int has_dy2, const A* xhat, const A* rstd,
+                                                   const T* g, T* dx, const T* mask, int has_mask, T* dxm, int d,
+                                                   const long long* rowpos, int has_rows, unsigned long long key,
+                                                   int thresh, A scale, const T* xs, const A* mean, int from_mean,
+                                                   long long rows) {
+    int lane = threadIdx.x % 32;
+    long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int len = r < rows ? d : 0;
+    long long rr = r < rows ? r : 0, off = rr * d;
+    A rs = rstd[rr], mu = from_mean ? mean[rr] : (A)0;
+    A s1 = 0, s2 = 0;
+    for (int j = lane * VEC; j < len; j += 32 * VEC) {
+        Vec a = *(Vec*)(dy + off + j);
+        if (has_dy2) {
+            Vec b = *(const Vec*)(dy2 + off + j);
+            for (int k = 0; k < VEC; k++) a.v[k] = (T)((A)a.v[k] + (A)b.v[k]);
+            *(Vec*)(dy + off + j) = a;
+        }
+        for (int k = 0; k < VEC; k++) {
+            A dxh = (A)a.v[k] * (A)g[j + k];
+            s1 += dxh;
+            s2 += dxh * xhat_at(from_mean, xhat, xs, mu, rs, off, j + k);
+        }
+    }
+    A m1 = warp_sum(s1) / d;
+    A m2 = warp_sum(s2) / d;
+    unsigned long long pos = has_mask == 2 ? (unsigned long long)(has_rows ? rowpos[rr] : rr) : 0ULL;
+    for (int j = lane * VEC; j < len; j += 32 * VEC) {
+        Vec a = *(const Vec*)(dy + off + j);
+        Vec o, om;
+        for (int k = 0; k < VEC; k++) {
+            A dxh = (A)a.v[k] * (A)g[j + k];
+            o.v[k] = (T)(rs * (dxh - m1 - xhat_at(from_mean, xhat, xs, mu, rs, off, j + k) * m2));
+        }
+        *(Vec*)(dx + off + j) = o;
+        if (has_mask == 1) {
+            Vec mk = *(const Vec*)(mask + off + j);
+            for (int k = 0; k < VEC; k++) om.v[k] = (T)((A)o.v[k] * (A)mk.v[k]);
+            *(Vec*)(dxm + off + j) = om;
+        } else if (has_mask == 2) {
+            for (int k = 0; k < VEC; k++) om.v[k] = (T)((A)o.v[k] * mask_at(2, mask, off, pos, key, d, j + k, thresh, scale));
+            *(Vec*)(dxm + off + j) = om;
+        }
+    }
+}
+"""
+
+
+def _launch_layernorm(name, dtype, rows, d, args, warp):
+    """A LayerNorm kernel over `rows` rows of d: its *_warp form (a warp per row; the row count
+    appended to the arguments) where `warp`, else a block per row."""
+    if warp:
+        _launch(name + "_warp", dtype, -(-rows // WARP_ROWS), 32 * WARP_ROWS, args + (np.int64(rows),))
+    else:
+        _launch(name, dtype, rows, block_size("layernorm", d), args)
+
+
+def ln_warp_ok(d, *arrays):
+    """Whether the LayerNorm kernels take a warp per row (layernorm_forward_warp, residual_layernorm_warp,
+    layernorm_backward_warp): MINITF_FUSED_LNWARP=1 (off by default: not yet timed on a GPU) and the
+    16-byte loads apply (vec_ok: rows of d whole vectors, 16-byte aligned)."""
+    return switched_on("MINITF_FUSED_LNWARP") and vec_ok(*arrays, width=d)
+
+
+def layernorm_forward(x, g, b, eps):
+    """Returns y (x's dtype) and the cache (xhat [..., D], rstd [..., 1]) in the accumulation dtype."""
+    xp = backend.xp_of(x)
+    x = xp.ascontiguousarray(x)
+    a = accum_dtype(x.dtype)
+    rows, d = _rows(x)
+    y = xp.empty_like(x)
+    xhat = xp.empty(x.shape, dtype=a)
+    rstd = xp.empty(x.shape[:-1] + (1,), dtype=a)
+    args = (x, _as(g, x.dtype), _as(b, x.dtype), y, xhat, rstd, np.int32(d), a(eps))
+    _launch_layernorm("layernorm_forward", x.dtype, rows, d, args, ln_warp_ok(d, x, y))
+    return y, (xhat, rstd)
+
+
+class NormCache(NamedTuple):
+    """A LayerNorm's cache without xhat (residual_layernorm's): its input x [..., D] in the storage dtype
+    and each row's mean and rstd [..., 1] in the accumulation dtype; the backward kernels compute
+    xhat = (x - mean) * rstd again, the forward's bits (a [..., D] array in the accumulation dtype less
+    to keep, write and read)."""
+    x: object
+    mean: object
+    rstd: object
+
+
+def xhat_of(cache):
+    """xhat [..., D] (accumulation dtype) of a LayerNorm cache: (xhat, rstd), or a NormCache's computed
+    with array operations (the kernels' bits)."""
+    if type(cache) is not NormCache:
+        return cache[0]
+    return (cache.x.astype(cache.mean.dtype) - cache.mean) * cache.rstd
+
+
+class KeyedMask(NamedTuple):
+    """A dropout mask kept as what draws it (residual_layernorm's and embed_rows'): layernorm_backward_input
+    and embedding_backward draw it again in their own pass (the same bits) instead of reading a stored
+    [rows, d] array.
+    rowpos: the rows' positions in the padded batch (a device int64 array), or None (row r at r)."""
+    key: int
+    rowpos: object
+    p: float
+
+
+def keep_threshold(p):
+    """Kept where the 16-bit uniform u >= round(p * 65536): p to 1/65536 (the kernels' masks and
+    functional.dropout_mask's)."""
+    return round(p * (1 << 16))
+
+
+def _drawn_mask_args(xp, mask, a):
+    """The kernel arguments that say how a backward reads a dropout mask (an array, a KeyedMask or None):
+    (mode: 0 none, 1 read from the array, 2 drawn again from its key; rowpos, has_rows, key, thresh, scale),
+    the last five placeholders unless the mask is keyed; a: the accumulation dtype."""
+    keyed = type(mask) is KeyedMask
+    rowpos = mask.rowpos if keyed else None
+    return (np.int32(0 if mask is None else 2 if keyed else 1),
+            _placeholder(xp, np.int64) if rowpos is None else xp.ascontiguousarray(rowpos, dtype=np.int64),
+            np.int32(rowpos is not None), np.uint64(mask.key if keyed else 0),
+            np.int32(keep_threshold(mask.p) if keyed else 0), a(1.0 / (1.0 - mask.p) if keyed else 1.0))
+
+
+def layernorm_backward_input(dy, cache, g, dy2=None, mask=None):
+    """dx for layernorm_forward or residual_layernorm (the parameter gradients are column sums, left to
+    the caller); cache: the forward's, (xhat, rstd) or a NormCache. dy2: a second upstream gradient:
+    dy + dy2 is used, and written into dy (which must then be the caller's own, C-contiguous). mask (an
+    array shaped as dy, or a KeyedMask): returns (dx, dx * mask) instead of dx."""
+    xp = backend.xp_of(dy)
+    from_mean = type(cache) is NormCache
+    xhat, rstd = (cache.rstd, cache.rstd) if from_mean else cache   # xhat: a placeholder where it is not read
+    if dy2 is None:
+        dy = xp.ascontiguousarray(dy)
+    rows, d = _rows(dy)
+    dx = xp.empty_like(dy)
+    dxm = None if mask is None else xp.empty_like(dy)
+    has_dy2 = dy2 is not None
+    dy2 = xp.ascontiguousarray(dy2) if has_dy2 else dy
+    keyed = type(mask) is KeyedMask
+    mask_ = dy if mask is None or keyed else xp.ascontiguousarray(mask)   # placeholders where the kernel reads nothing
+    dxm_ = dx if dxm is None else dxm
+    mode, *drawn = _drawn_mask_args(xp, mask, accum_dtype(dy.dtype))
+    args = (dy, dy2, np.int32(has_dy2), xhat, rstd, _as(g, dy.dtype), dx, mask_, mode, dxm_, np.int32(d), *drawn,
+            cache.x if from_mean else dy, cache.mean if from_mean else rstd, np.int32(from_mean))
+    warp = ln_warp_ok(d, dy, dy2, dx, mask_, dxm_, *((cache.x,) if from_mean else ()))
+    _launch_layernorm("layernorm_backward", dy.dtype, rows, d, args, warp)
+    return dx if mask is None else (dx, dxm)
+
+
+def dropout_add(key, rowpos, y, x, p):
+    """(out, mask): out = y * mask + x, mask = (u >= round(p 2^16)) / (1 - p) with the 16-bit uniforms u of
+    functional.hash_bits(key, rowpos) (rowpos: the rows' positions in the padded batch, or None).
+    `out` is written into y (a sublayer output nothing else holds)."""
+    xp = backend.xp_of(y)
+    y, x = xp.ascontiguousarray(y), xp.ascontiguousarray(x)
+    mask = xp.empty_like(y)
+    n, threads = y.size, 256
+    rows = xp.zeros(1, dtype=np.int64) if rowpos is None else xp.ascontiguousarray(rowpos, dtype=np.int64)
+    _launch("dropout_add", y.dtype, (n + threads - 1) // threads, threads,
+            (rows, np.int32(rowpos is not None), np.uint64(key), y, x, mask, y, np.int64(n), np.int32(y.shape[-1]),
+             np.int32(keep_threshold(p)), accum_dtype(y.dtype)(1.0 / (1.0 - p))))
+    return y, mask
+
+
+def residual_layernorm(key, rowpos, y, x, p, g, b, eps, y_bias=None):
+    """(out, mask, cache): out = LayerNorm(x + Dropout(y + y_bias)) of a post-norm block in one pass per
+    row, the dropout as `dropout_add` draws it (key None: no dropout, mask None; y_bias None: no bias);
+    the sum is written into y (a sublayer output nothing else holds). The cache is a NormCache (the sum
+    y, each row's mean and rstd: no xhat), the mask a KeyedMask (no [rows, d] array is stored:
+    layernorm_backward_input draws it again)."""
+    xp = backend.xp_of(y)
+    y, x = xp.ascontiguousarray(y), xp.ascontiguousarray(x)
+    a = accum_dtype(y.dtype)
+    rows, d = _rows(y)
+    out = xp.empty_like(y)
+    stats = xp.empty((2,) + y.shape[:-1] + (1,), dtype=a)      # one allocation for both
+    mean, rstd = stats[0], stats[1]
+    positions = _placeholder(xp, np.int64) if rowpos is None else xp.ascontiguousarray(rowpos, dtype=np.int64)
+    args = (positions, np.int32(rowpos is not None), np.uint64(key or 0), np.int32(key is not None), y,
+            y if y_bias is None else _as(y_bias, y.dtype), np.int32(y_bias is not None), x,
+            np.int32(0 if key is None else keep_threshold(p)),
+            a(1.0 if key is None else 1.0 / (1.0 - p)), _as(g, y.dtype), _as(b, y.dtype), out, mean, rstd,
+            np.int32(d), a(eps))
+    _launch_layernorm("residual_layernorm", y.dtype, rows, d, args, ln_warp_ok(d, y, x, out))
+    mask = None if key is None else KeyedMask(key, positions if rowpos is not None else None, p)
+    return out, mask, NormCache(y, mean, rstd)
+
+
+# ----------------------------------------------------------------------------- the loss
+# The label-smoothed cross-entropy's terms per row of the logits, the batch's totals, and the gradient over
+# the logits (paper 5.4).
+
+
+LOSS = r"""
 // Row blockIdx.x's terms from its max m, sum of exp(z - m) s and sum of z tot: lse, nll = lse - z[gold], smooth.
 __device__ inline void nll_row_terms(const T* z, long long off, const long long* gold, A m, A s, A tot, int V,
                                      A* lse, A* nll, A* smooth) {
@@ -496,163 +1047,73 @@ extern "C" __global__ void smoothed_nll_rows_grad_vec(const T* z, const long lon
         dr[j] = a;
     }
 }
+"""
 
-// out = y * mask + x with mask = dropout_keep(...) (above); one thread per element.
-extern "C" __global__ void dropout_add(const long long* rowpos, int has_rows, unsigned long long key, const T* y,
-                                       const T* x, T* mask, T* out, long long n, int d, int thresh, A scale) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        long long r = i / d;
-        int c = (int)(i - r * d);
-        A m = dropout_keep(key, (unsigned long long)(has_rows ? rowpos[r] : r), d, c, thresh, scale);
-        mask[i] = (T)m;
-        out[i] = (T)((A)y[i] * m + (A)x[i]);
-    }
-}
 
-// The sum of a post-norm block and its LayerNorm in one pass per row (paper 3.1):
-// s = x + Dropout(y + yb) as dropout_add computes it (has_drop; else s = x + y + yb), yb the bias of
-// the sublayer's last Linear (has_yb; y + yb rounded to the storage type first, as the separate add stores it),
-// s rounded to the storage type and written into y (a sublayer output nothing else holds); then
-// layernorm_forward of s: the same bits as the separate kernels one after the other. Kept for backward: s
-// (in y), the rows' mean and rstd, not xhat (layernorm_backward computes it again) and not the mask (drawn
-// again from its key).
-extern "C" __global__ void residual_layernorm(const long long* rowpos, int has_rows, unsigned long long key,
-                                              int has_drop, T* y, const T* yb, int has_yb, const T* x,
-                                              int thresh, A scale, const T* g, const T* bvec, T* out, A* mean,
-                                              A* rstd, int d, A eps) {
-    __shared__ A buf[1024];
-    long long r = blockIdx.x;
-    long long off = r * d;
-    unsigned long long pos = (unsigned long long)(has_rows ? rowpos[r] : r);
-    A s = 0;
-    for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        A m = has_drop ? dropout_keep(key, pos, d, j, thresh, scale) : (A)1;
-        A yj = has_yb ? (A)(T)((A)y[off + j] + (A)yb[j]) : (A)y[off + j];
-        T v = (T)(yj * m + (A)x[off + j]);
-        y[off + j] = v;     // read back below by this same thread only
-        s += (A)v;
-    }
-    layernorm_row(y, off, d, s, g, bvec, out, mean, 1, rstd, r, eps, buf);
-}
+def smoothed_nll_rows(logits, gold, grad=None):
+    """logits [rows, V_o], gold [rows] -> (lse, nll, smooth), each [rows] in the accumulation dtype.
 
-// LayerNorm with a warp per row and 16-byte loads (kernels.ln_warp_ok: MINITF_FUSED_LNWARP=1, d whole
-// vectors, 16-byte aligned rows): the block's warps take rows blockIdx.x * warps + warp, lane l the row's
-// values l VEC .. l VEC + VEC - 1, then those 32 VEC further on, ...; the sums are warp shuffles (no shared
-// memory, no block barrier). The formulas of the block kernels above; the sums run in another order (not
-// their bits). Every warp runs the same shuffles, also past the last row (len = 0 there).
-// After the row's sum s (this lane's share): mean, rstd, xhat and y, as layernorm_row.
-__device__ void layernorm_row_warp(const T* x, long long off, int len, int d, A s, const T* g, const T* bvec, T* y,
-                                   A* keep, int keep_mean, A* rstd, long long row, A eps, int lane) {
-    A mean = warp_sum(s) / d;
-    A v = 0;
-    for (int j = lane * VEC; j < len; j += 32 * VEC) {
-        Vec a = *(const Vec*)(x + off + j);
-        for (int k = 0; k < VEC; k++) { A c = (A)a.v[k] - mean; v += c * c; }
-    }
-    A rs = (A)1 / a_sqrt(warp_sum(v) / d + eps);
-    for (int j = lane * VEC; j < len; j += 32 * VEC) {
-        Vec a = *(const Vec*)(x + off + j);
-        Vec o;
-        for (int k = 0; k < VEC; k++) {
-            A xh = ((A)a.v[k] - mean) * rs;
-            if (!keep_mean) keep[off + j + k] = xh;
-            o.v[k] = (T)(xh * (A)g[j + k] + (A)bvec[j + k]);
-        }
-        *(Vec*)(y + off + j) = o;
-    }
-    if (lane == 0 && len > 0) {
-        rstd[row] = rs;
-        if (keep_mean) keep[row] = mean;
-    }
-}
+    grad (w_scale, dscale, eps): also write the loss's gradient over the logits, as
+    smoothed_nll_backward(logits, gold, lse, None, eps, out=logits, w_scale=w_scale, dscale=dscale)
+    would: in the same launch where the 16-byte loads apply (smoothed_nll_rows_grad_vec: each row read once where it is at
+    most NLL_KEEP vectors a thread, 10 x 512, the rest of a longer row read twice), else in a second one.
+    The logits must then be C-contiguous (ValueError otherwise: the gradient is written over them)."""
+    xp = backend.xp_of(logits)
+    if grad is not None and not logits.flags.c_contiguous:
+        raise ValueError("smoothed_nll_rows with grad writes over the logits: they must be C-contiguous")
+    logits = xp.ascontiguousarray(logits)
+    a = accum_dtype(logits.dtype)
+    rows, v = _rows(logits)
+    lse, nll, smooth = (xp.empty(rows, dtype=a) for _ in range(3))
+    gold = xp.ascontiguousarray(gold, dtype=np.int64)
+    vec = vec_ok(logits, width=v)
+    if grad is not None and vec:
+        w_scale, dscale, eps = grad
+        _launch("smoothed_nll_rows_grad_vec", logits.dtype, rows, block_size("nll", v),
+                (logits, gold, lse, nll, smooth, np.int32(v), a(w_scale), lse if dscale is None else dscale,
+                 np.int32(dscale is not None), logits, a(eps)))
+        return lse, nll, smooth
+    _launch("smoothed_nll_rows_vec" if vec else "smoothed_nll_rows", logits.dtype, rows, block_size("nll", v),
+            (logits, gold, lse, nll, smooth, np.int32(v)))
+    if grad is not None:
+        w_scale, dscale, eps = grad
+        smoothed_nll_backward(logits, gold, lse, None, eps, out=logits, w_scale=w_scale, dscale=dscale)
+    return lse, nll, smooth
 
-extern "C" __global__ void layernorm_forward_warp(const T* x, const T* g, const T* bvec, T* y, A* xhat, A* rstd,
-                                                  int d, A eps, long long rows) {
-    int lane = threadIdx.x % 32;
-    long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int len = r < rows ? d : 0;
-    long long off = (r < rows ? r : 0) * d;
-    A s = 0;
-    for (int j = lane * VEC; j < len; j += 32 * VEC) {
-        Vec a = *(const Vec*)(x + off + j);
-        for (int k = 0; k < VEC; k++) s += (A)a.v[k];
-    }
-    layernorm_row_warp(x, off, len, d, s, g, bvec, y, xhat, 0, rstd, r, eps, lane);
-}
 
-// residual_layernorm with a warp per row: the same sum (and bits) as dropout_add then layernorm_forward_warp.
-extern "C" __global__ void residual_layernorm_warp(const long long* rowpos, int has_rows, unsigned long long key,
-                                                   int has_drop, T* y, const T* yb, int has_yb, const T* x,
-                                                   int thresh, A scale, const T* g, const T* bvec, T* out, A* mean,
-                                                   A* rstd, int d, A eps, long long rows) {
-    int lane = threadIdx.x % 32;
-    long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int len = r < rows ? d : 0;
-    long long rr = r < rows ? r : 0, off = rr * d;
-    unsigned long long pos = (unsigned long long)(has_rows ? rowpos[rr] : rr);
-    A s = 0;
-    for (int j = lane * VEC; j < len; j += 32 * VEC) {
-        Vec yv = *(const Vec*)(y + off + j);
-        Vec xv = *(const Vec*)(x + off + j);
-        for (int k = 0; k < VEC; k++) {
-            A m = has_drop ? dropout_keep(key, pos, d, j + k, thresh, scale) : (A)1;
-            A yj = has_yb ? (A)(T)((A)yv.v[k] + (A)yb[j + k]) : (A)yv.v[k];
-            yv.v[k] = (T)(yj * m + (A)xv.v[k]);
-            s += (A)yv.v[k];
-        }
-        *(Vec*)(y + off + j) = yv;   // read back below by this same lane only
-    }
-    layernorm_row_warp(y, off, len, d, s, g, bvec, out, mean, 1, rstd, r, eps, lane);
-}
+def smoothed_nll_backward(logits, gold, lse, w, eps, out=None, w_scale=1.0, dscale=None):
+    """dlogits [rows, V_o] = (softmax - q) * w[:, None] * w_scale (w None: every row weighs w_scale),
+    times dscale[0] when given (a 1-element device array: the loss scale kept on the device);
+    `out` may be logits (in place)."""
+    xp = backend.xp_of(logits)
+    a = accum_dtype(logits.dtype)
+    out = xp.empty_like(logits) if out is None else out
+    rows, v = _rows(logits)
+    name = "smoothed_nll_backward_vec" if vec_ok(logits, out, width=v) else "smoothed_nll_backward"
+    _launch(name, logits.dtype, rows, block_size("nll", v),
+            (logits, xp.ascontiguousarray(gold, dtype=np.int64), lse,
+             lse if w is None else xp.ascontiguousarray(w, dtype=a), np.int32(w is not None), a(w_scale),
+             lse if dscale is None else dscale, np.int32(dscale is not None), out, np.int32(v), a(eps)))
+    return out
 
-// layernorm_backward with a warp per row (as above).
-extern "C" __global__ void layernorm_backward_warp(T* dy, const T* dy2, int has_dy2, const A* xhat, const A* rstd,
-                                                   const T* g, T* dx, const T* mask, int has_mask, T* dxm, int d,
-                                                   const long long* rowpos, int has_rows, unsigned long long key,
-                                                   int thresh, A scale, const T* xs, const A* mean, int from_mean,
-                                                   long long rows) {
-    int lane = threadIdx.x % 32;
-    long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int len = r < rows ? d : 0;
-    long long rr = r < rows ? r : 0, off = rr * d;
-    A rs = rstd[rr], mu = from_mean ? mean[rr] : (A)0;
-    A s1 = 0, s2 = 0;
-    for (int j = lane * VEC; j < len; j += 32 * VEC) {
-        Vec a = *(Vec*)(dy + off + j);
-        if (has_dy2) {
-            Vec b = *(const Vec*)(dy2 + off + j);
-            for (int k = 0; k < VEC; k++) a.v[k] = (T)((A)a.v[k] + (A)b.v[k]);
-            *(Vec*)(dy + off + j) = a;
-        }
-        for (int k = 0; k < VEC; k++) {
-            A dxh = (A)a.v[k] * (A)g[j + k];
-            s1 += dxh;
-            s2 += dxh * xhat_at(from_mean, xhat, xs, mu, rs, off, j + k);
-        }
-    }
-    A m1 = warp_sum(s1) / d;
-    A m2 = warp_sum(s2) / d;
-    unsigned long long pos = has_mask == 2 ? (unsigned long long)(has_rows ? rowpos[rr] : rr) : 0ULL;
-    for (int j = lane * VEC; j < len; j += 32 * VEC) {
-        Vec a = *(const Vec*)(dy + off + j);
-        Vec o, om;
-        for (int k = 0; k < VEC; k++) {
-            A dxh = (A)a.v[k] * (A)g[j + k];
-            o.v[k] = (T)(rs * (dxh - m1 - xhat_at(from_mean, xhat, xs, mu, rs, off, j + k) * m2));
-        }
-        *(Vec*)(dx + off + j) = o;
-        if (has_mask == 1) {
-            Vec mk = *(const Vec*)(mask + off + j);
-            for (int k = 0; k < VEC; k++) om.v[k] = (T)((A)o.v[k] * (A)mk.v[k]);
-            *(Vec*)(dxm + off + j) = om;
-        } else if (has_mask == 2) {
-            for (int k = 0; k < VEC; k++) om.v[k] = (T)((A)o.v[k] * mask_at(2, mask, off, pos, key, d, j + k, thresh, scale));
-            *(Vec*)(dxm + off + j) = om;
-        }
-    }
-}
 
+def loss_totals(nll, smooth, eps, scale, dtype, count=1.0):
+    """[3] in the accumulation dtype: the loss, `scale` (1/N) * sum((1 - eps) * nll + eps * smooth), sum(nll)
+    over rows that all have a loss (smoothed_nll_rows' outputs for logits of `dtype`), and the loss
+    times count (the token count: the loss's sum, which training adds up), in one launch."""
+    xp = backend.xp_of(nll)
+    a = accum_dtype(dtype)
+    out = xp.empty(3, dtype=a)
+    _launch("loss_totals", dtype, 1, BLOCK["nll"], (nll, smooth, np.int64(nll.size), a(eps), a(scale), a(count), out))
+    return out
+
+
+# ----------------------------------------------------------------------------- gradient sums
+# The bias and LayerNorm parameter gradients: column sums over slabs of rows, added in one fixed order (the
+# same bits on every run), into the gradient buffers by one launch.
+
+
+SUMS = r"""
 // Column sums of x [n, d], or of x * y (has_y), pass 1 of 2. Block b sums the 32 columns from
 // c0 = (b % chunks) * 32 over one slab of rows [slab * rows_per_slab, +rows_per_slab), slab = b / chunks:
 // its threads are groups of 32 (a warp reads 32 neighbouring values of a row), group g taking the
@@ -682,6 +1143,289 @@ extern "C" __global__ void column_partial_sums(const T* x, const A* y, int has_y
     }
 }
 
+// The sum over the slabs of partial[k * w + col], in the one order every column-sum kernel uses (so their
+// bits agree): SLAB_RUNS interleaved runs (run g adds slabs g, g + SLAB_RUNS, g + 2 SLAB_RUNS, ... in turn),
+// then the run totals in run order. Run g's sum alone:
+#define SLAB_RUNS 8   // = COLUMN_BLOCK / 32: column_sums_into's groups of a block each add one run
+__device__ inline A slab_run(const A* partial, long long w, long long col, long long slabs, int g) {
+    A t = 0;   // __ldcg: read at L2, where the other blocks' partials are (not a stale L1 line)
+    for (long long k = g; k < slabs; k += SLAB_RUNS) t += __ldcg(partial + k * w + col);
+    return t;
+}
+
+// Pass 2: out[c] = the sum of partial[slab * d + c] over the slabs, in that order; a thread per column.
+extern "C" __global__ void column_sums_finish(const A* partial, A* out, int slabs, int d) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c < d) {
+        A t = 0;
+        for (int g = 0; g < SLAB_RUNS; g++) t += slab_run(partial, d, c, slabs, g);
+        out[c] = t;
+    }
+}
+
+// The column sums of x [n, d] ADDED into gradient buffers of the storage dtype, in ONE launch:
+// parts = 1: out1 += the sums of x; parts = 2: out1 += the sums of x * y and out2 += the sums of x (a
+// LayerNorm's weight and bias gradients); parts = 3: also out3 += the sums of x3 (the bias of the sublayer
+// before it). Each block sums its slab of rows for one chunk of 32 columns as column_partial_sums does, every
+// part in the same pass over the rows (column_slab_sums: a row's values of each part loaded together, each
+// part's sum in a register of its own, added in row order as a pass per part would add them: the same bits),
+// and writes partial[slab * w + c] (w = parts * d: the x * y sums, then the x sums, then the x3 sums); the last block of a chunk to finish (a ticket from that chunk's atomic counter, after a
+// memory fence) adds the chunk's slabs in the order above, its 8 groups of 32 threads a run each, so the
+// result is the same on every run and the adding is spread over as many blocks as there are chunks;
+// it sets the counter back to 0 for the next launch.
+// from_mean: y is xhat computed again from a LayerNorm's input ys, mean and rstd (xhat_at), not read.
+// column_sums_relu_into (the same body with relu = 1; parts = 1): ReLU's backward first, x = 0 where the ReLU's
+// output ys is not > 0 (relu_backward's rule), written back in place, and those values summed (a feed-forward's
+// first bias gradient); a kernel of its own, so that column_sums_into is compiled without the ReLU branch.
+// plane > 0: part p sums x + p * plane instead (no y) into out1 + p * out_stride (the biases of stacked projections,
+// [parts, n, d] gradients into buffers evenly spaced), the same sums as a launch per part. At most 3 parts.
+// Why one pass: a thread's sum is a chain of loads one row apart, so the pass waits on memory; three passes (a
+// LayerNorm's x * xhat, x and the sublayer's x3) waited three times as long and read x twice.
+__device__ inline void column_slab_sums(T* x, const A* y, int parts, const T* x3, long long r0, long long r1,
+                                        int groups, int group, int c, long long d, int from_mean, const T* ys,
+                                        const A* mean, const A* rstd, long long plane, int relu, A* s) {
+    A s0 = 0, s1 = 0, s2 = 0;   // not unrolled (`#pragma unroll` made the float16 kernel 1.4-1.8x slower on an H100)
+    if (relu) {            // dy = dy * (y > 0) in place, then its sum (each element this block's alone)
+        for (long long r = r0 + group; r < r1; r += groups) {
+            long long i = r * d + c;
+            if (!((A)ys[i] > (A)0)) x[i] = (T)(A)0;
+            s0 += (A)x[i];
+        }
+    } else if (plane) {    // the planes x + p * plane, no factor
+        for (long long r = r0 + group; r < r1; r += groups) {
+            long long i = r * d + c;
+            s0 += (A)x[i];
+            if (parts > 1) s1 += (A)x[plane + i];
+            if (parts > 2) s2 += (A)x[2 * plane + i];
+        }
+    } else if (parts == 1) {
+        for (long long r = r0 + group; r < r1; r += groups) s0 += (A)x[r * d + c];
+    } else if (!from_mean) {
+        for (long long r = r0 + group; r < r1; r += groups) {
+            long long i = r * d + c;
+            A v = (A)x[i];
+            s0 += v * y[i];
+            s1 += v;
+            if (parts > 2) s2 += (A)x3[i];
+        }
+    } else {               // not unrolled: unrolled, the kernel took 64-80 registers
+        #pragma unroll 1
+        for (long long r = r0 + group; r < r1; r += groups) {
+            long long i = r * d + c;
+            A v = (A)x[i];
+            s0 += v * xhat_at(1, y, ys, mean[r], rstd[r], r * d, c);
+            s1 += v;
+            if (parts > 2) s2 += (A)x3[i];
+        }
+    }
+    s[0] = s0;
+    s[1] = s1;
+    s[2] = s2;
+}
+
+__device__ inline void column_sums_body(T* x, const A* y, int parts, T* x3, A* partial, unsigned int* counter,
+                                        T* out1, T* out2, T* out3, long long n, int d, long long rows_per_slab,
+                                        const T* ys, const A* mean, const A* rstd, int from_mean, long long plane,
+                                        long long out_stride, int relu) {
+    __shared__ A buf[1024];
+    __shared__ int last;
+    int chunks = (d + 31) / 32, w = parts * d;
+    int lane = threadIdx.x % 32, group = threadIdx.x / 32, groups = blockDim.x / 32;
+    int chunk = blockIdx.x % chunks;
+    int c = chunk * 32 + lane;
+    long long slab = blockIdx.x / chunks, slabs = gridDim.x / chunks;
+    long long r0 = slab * rows_per_slab;
+    long long r1 = r0 + rows_per_slab < n ? r0 + rows_per_slab : n;
+    A s[3] = {0, 0, 0};   // parts 2, 3: the x * y sums, the x sums (, the x3 sums); planes: plane p's sums
+    if (c < d) column_slab_sums(x, y, parts, x3, r0, r1, groups, group, c, d, from_mean, ys, mean, rstd, plane, relu, s);
+    for (int part = 0; part < parts; part++) {
+        buf[threadIdx.x] = part == 0 ? s[0] : part == 1 ? s[1] : s[2];
+        __syncthreads();
+        if (group == 0 && c < d) {
+            A t = 0;
+            for (int k = 0; k < groups; k++) t += buf[k * 32 + lane];
+            partial[slab * w + part * d + c] = t;
+        }
+        __syncthreads();
+    }
+    __threadfence();                               // this block's partials are visible before its ticket
+    if (threadIdx.x == 0) last = atomicAdd(counter + chunk, 1u) == (unsigned int)slabs - 1u;
+    __syncthreads();
+    if (last) {                                    // every slab of this chunk is written
+        __threadfence();
+        for (int part = 0; part < parts; part++) {
+            buf[threadIdx.x] = c < d ? slab_run(partial, w, part * d + c, slabs, group) : (A)0;   // group = run
+            __syncthreads();
+            if (group == 0 && c < d) {
+                A t = 0;
+                for (int g = 0; g < SLAB_RUNS; g++) t += buf[g * 32 + lane];
+                T* out = plane ? out1 + part * out_stride : part == 0 ? out1 : part == 1 ? out2 : out3;
+                out[c] = (T)((A)out[c] + t);
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) counter[chunk] = 0u;
+    }
+}
+
+extern "C" __global__ void column_sums_into(T* x, const A* y, int parts, T* x3, A* partial, unsigned int* counter,
+                                            T* out1, T* out2, T* out3, long long n, int d, long long rows_per_slab,
+                                            const T* ys, const A* mean, const A* rstd, int from_mean, long long plane,
+                                            long long out_stride) {
+    column_sums_body(x, y, parts, x3, partial, counter, out1, out2, out3, n, d, rows_per_slab, ys, mean, rstd,
+                     from_mean, plane, out_stride, 0);
+}
+
+extern "C" __global__ void column_sums_relu_into(T* x, const A* y, int parts, T* x3, A* partial,
+                                                 unsigned int* counter, T* out1, T* out2, T* out3, long long n, int d,
+                                                 long long rows_per_slab, const T* ys, const A* mean, const A* rstd,
+                                                 int from_mean, long long plane, long long out_stride) {
+    column_sums_body(x, y, parts, x3, partial, counter, out1, out2, out3, n, d, rows_per_slab, ys, mean, rstd,
+                     from_mean, plane, out_stride, 1);
+}
+"""
+
+
+def sums_into(x, out):
+    """Whether the column sums of x go into the gradient buffer `out` inside a kernel (column_sums(x, out=),
+    relu_backward_sums): the 'grads' fusion, `out` of x's dtype and C-contiguous."""
+    return fused(x, "grads") and out.dtype == x.dtype and out.flags.c_contiguous
+
+
+def _slabs(n, d):
+    """(slabs, rows per slab) of the column sums over n rows of d columns."""
+    chunks = (d + 31) // 32
+    slabs = max(1, min(COLUMN_BLOCKS // max(chunks, 1), -(-n // COLUMN_MIN_ROWS)))
+    rows_per_slab = max(1, -(-n // slabs))
+    return max(1, -(-n // rows_per_slab)), rows_per_slab
+
+
+def column_sums(x, y=None, out=None):
+    """x [..., d] (d: the width summed for, D, F, H*K or V_o) summed over every axis but the last (of
+    x * y, y [..., d] in the accumulation dtype, when given) -> [d] in the accumulation dtype: the
+    bias and LayerNorm parameter gradients. Two launches: partial sums over slabs of rows, then the
+    slabs added in order, so the result is the same on every run. `out` ([d], x's dtype, C-contiguous; without y:
+    column_sums_pair adds x * y sums): the sums of x are ADDED into it (a gradient buffer: no separate add) by ONE launch (column_sums_into: the last
+    block of each 32-column chunk adds that chunk's slabs, in the same order as the second pass) and it
+    is returned."""
+    xp = backend.xp_of(x)
+    x = xp.ascontiguousarray(x)
+    a = accum_dtype(x.dtype)
+    n, d = _rows(x)
+    if n == 0:
+        return xp.zeros(d, dtype=a) if out is None else out
+    if out is not None and y is not None:
+        raise ValueError("column_sums(out=) adds the sums of x only: column_sums_pair adds those of x * y")
+    if out is not None:                # one plane: column_sums_into's single launch
+        column_sums_planes(x.reshape(1, n, d), out, 0)
+        return out
+    chunks = (d + 31) // 32
+    slabs, rows_per_slab = _slabs(n, d)
+    partial = _partials(xp, a, slabs * d).reshape(slabs, d)    # every entry written by pass 1
+    yy = partial if y is None else xp.ascontiguousarray(y, dtype=a)
+    _launch("column_partial_sums", x.dtype, chunks * slabs, COLUMN_BLOCK,
+            (x, yy, np.int32(y is not None), partial, np.int64(n), np.int32(d), np.int64(rows_per_slab)))
+    out = xp.empty(d, dtype=a)
+    _launch("column_sums_finish", x.dtype, -(-d // COLUMN_BLOCK), COLUMN_BLOCK, (partial, out, np.int32(slabs),
+                                                                               np.int32(d)))
+    return out
+
+
+def _sums_into(kernel, x, n, d, parts, outs, y=None, x3=None, ys=None, mean=None, rstd=None, from_mean=0, plane=0,
+               out_stride=0):
+    """ONE launch of column_sums_into (or column_sums_relu_into) over the n rows of d of x: `parts` sums, added into
+    outs (out1, out2, out3 of the kernel's comment; missing ones repeat the last), y the x * y factor, x3 the third
+    part's rows, ys, mean, rstd and from_mean the LayerNorm's cache for xhat (or, for column_sums_relu_into, ys the
+    ReLU's output), plane > 0 the stride of x's planes (their sums out_stride apart). What a call does not use is
+    given as a placeholder the kernel does not read. The slab partials and ticket counters are the kept buffers."""
+    if not 1 <= parts <= 3:
+        raise ValueError(f"column sums in one launch: 1 to 3 parts (got {parts})")
+    xp = backend.xp_of(x)
+    chunks = (d + 31) // 32
+    slabs, rows_per_slab = _slabs(n, d)
+    partial = _partials(xp, accum_dtype(x.dtype), slabs * parts * d)     # every entry the launch reads it writes
+    out1, out2, out3 = (tuple(outs) + (outs[-1],) * 2)[:3]
+    _launch(kernel, x.dtype, chunks * slabs, COLUMN_BLOCK,
+            (x, partial if y is None else y, np.int32(parts), x if x3 is None else x3, partial, _counter(xp, chunks),
+             out1, out2, out3, np.int64(n), np.int32(d), np.int64(rows_per_slab), x if ys is None else ys,
+             partial if mean is None else mean, partial if rstd is None else rstd, np.int32(from_mean),
+             np.int64(plane), np.int64(out_stride)))
+
+
+def column_sums_pair(x, y, out_xy, out_x, x3=None, out_x3=None):
+    """out_xy += sum over rows of x * y, out_x += sum over rows of x (x [..., D] storage dtype, y
+    [..., D] accumulation dtype, or a NormCache standing for its xhat; outs [D] in x's dtype), and with x3
+    (x's shape and dtype) out_x3 += the sums of x3: a LayerNorm's two parameter gradients (and the bias
+    gradient of the sublayer before it) in one launch, the same sums (and bits) as separate column_sums calls."""
+    xp = backend.xp_of(x)
+    x = xp.ascontiguousarray(x)
+    n, d = _rows(x)
+    if n == 0:
+        return
+    outs = (out_xy, out_x) if x3 is None else (out_xy, out_x, out_x3)
+    x3 = None if x3 is None else xp.ascontiguousarray(x3)
+    if type(y) is NormCache:
+        ys, mean, rstd = y
+        _sums_into("column_sums_into", x, n, d, len(outs), outs, x3=x3, ys=ys, mean=mean, rstd=rstd, from_mean=1)
+    else:
+        _sums_into("column_sums_into", x, n, d, len(outs), outs, y=xp.ascontiguousarray(y, dtype=accum_dtype(x.dtype)),
+                   x3=x3)
+
+
+def relu_backward_sums(dy, y, out):
+    """dy = dy where y > 0, else 0, in place (relu_backward: y the ReLU's output), and out += the column sums of
+    that dy (out [F], dy's dtype: the bias gradient of the Linear before the ReLU), in ONE launch: the same values
+    and bits as relu_backward(dy, y) then column_sums(dy, out=out), one pass over dy fewer (column_sums_relu_into:
+    column_sums_into's code with ReLU's rule first). dy, y [..., F] C-contiguous. Returns dy."""
+    n, d = _rows(dy)
+    if n > 0:
+        _sums_into("column_sums_relu_into", dy, n, d, 1, (out,), ys=y)
+    return dy
+
+
+def column_sums_planes(x, out, out_stride):
+    """out + p * out_stride += the sums over the rows of x[p], for every plane p of x [parts, rows, d]
+    (C-contiguous): `out` [d] is the first plane's gradient (x's dtype) and the others lie `out_stride`
+    elements after one another in the same buffer (the biases of stacked projections). ONE launch of
+    column_sums_into, the same sums (and bits) as a column_sums(x[p], out=) call each."""
+    x = backend.xp_of(x).ascontiguousarray(x)
+    parts, n, d = x.shape
+    if n > 0:
+        _sums_into("column_sums_into", x, n, d, parts, (out,), plane=n * d, out_stride=out_stride)
+
+
+_PARTIALS = {}   # (array module, dtype name) -> the column sums' slab partials, one buffer for every call
+
+
+def _partials(xp, dtype, n):
+    """A buffer of at least n values for the column sums' slab partials, kept between calls (no
+    allocation per call: one a gradient sum, 66 launches in a `base` step). One buffer is safe because the kernels run in the
+    order they are launched, on one stream: a launch writes its partials only after the one
+    before has read its own."""
+    key = (id(xp), dtype_name(dtype))
+    held = _PARTIALS.get(key)
+    if held is None or held[1].size < n:
+        held = _PARTIALS[key] = (xp, xp.empty(max(n, 2 * (0 if held is None else held[1].size)), dtype=dtype))
+    return held[1][:n]
+
+
+_COUNTERS = {}   # array module -> the uint32 ticket counters of column_sums_into, one a chunk (0 between launches)
+
+
+def _counter(xp, chunks=1):
+    """At least `chunks` ticket counters for column_sums_into (zeros; each launch leaves them at 0)."""
+    held = _COUNTERS.get(id(xp))
+    if held is None or held[1].size < chunks:
+        held = _COUNTERS[id(xp)] = (xp, xp.zeros(max(chunks, 64), dtype=np.uint32))
+    return held[1]
+
+
+# ----------------------------------------------------------------------------- heads and ReLU
+# The head layout's passes (a projection's rows into [B, H, L, K] with its bias, and back) and the
+# feed-forward's bias + ReLU and ReLU's backward in place: a thread a value, or 16 bytes (*_vec).
+
+
+HEADS = r"""
 // out[b, h, l, k] = x[r, h * K + k] + bias[h * K + k] with r = inv[b * L + l] (has_inv; else r = b * L + l),
 // 0 where r < 0 (a pad position): the rows of a projection x [rows, H*K], unpacked to the padded batch,
 // split into heads and given their bias in one pass. One block per position b * L + l: its threads read
@@ -809,7 +1553,89 @@ extern "C" __global__ void pack_heads_vec(const T* x, const long long* index, in
     *(Vec*)(out + ((long long)part * N + r) * hk + c0) =
         *(const Vec*)(x + (long long)part * BL * hk + ((b * H + h) * L + l) * K + k0);
 }
+"""
 
+
+def unpack_heads(x, bias, inverse, b, length, h, bias_stride=0):
+    """x [rows, H*K] (the kept rows, or b * length of them) -> [b, h, length, K] with bias [H*K] added
+    (None: nothing added), zeros at the positions `inverse` [b * length] (int32, -1 at a pad;
+    None: every position kept, row r = position r) marks as dropped. One pass. x [parts, rows, H*K]
+    (with a nonzero bias_stride): several projections at once -> [parts, b, h, length, K], projection p's bias `bias_stride` elements
+    after projection p-1's in the same buffer."""
+    xp = backend.xp_of(x)
+    x = xp.ascontiguousarray(x)
+    parts = x.shape[0] if x.ndim == 3 and bias_stride else 1
+    hk = x.shape[-1]
+    k = hk // h
+    n = x.size // (hk * parts)
+    out = xp.empty(((parts,) if parts > 1 else ()) + (b, h, length, k), dtype=x.dtype)
+    if vec_ok(x, out, width=k):
+        total = parts * b * length * (hk // (VEC_BYTES // x.itemsize))
+        _launch("unpack_heads_vec", x.dtype, -(-total // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
+                (x, x if bias is None else bias, np.int32(bias is not None),
+                 inverse if inverse is not None else _placeholder(xp, np.int32), np.int32(inverse is not None), out,
+                 np.int32(h), np.int32(length), np.int32(k), np.int32(parts), np.int64(n), np.int32(b * length),
+                 np.int64(bias_stride), np.int64(total)))
+        return out
+    _launch("unpack_heads", x.dtype, parts * b * length, _row_block(hk),
+            (x, x if bias is None else bias, np.int32(bias is not None),
+             inverse if inverse is not None else _placeholder(xp, np.int32), np.int32(inverse is not None), out,
+             np.int32(h), np.int32(length), np.int32(k), np.int32(parts), np.int64(n), np.int32(b * length),
+             np.int64(bias_stride)))
+    return out
+
+
+def pack_heads(x, index):
+    """x [B, H, L, K] -> [rows, H*K]: row r is position index[r] (int64 [rows], positions b * L + l;
+    None: every position, B * L rows) with its heads side by side. One pass. x [parts, B, H, L, K]:
+    several at once -> [parts, rows, H*K]."""
+    xp = backend.xp_of(x)
+    parts = x.shape[0] if x.ndim == 5 else 1
+    bb, h, length, k = x.shape[-4:]
+    rows = bb * length if index is None else index.shape[0]
+    out = xp.empty(((parts,) if parts > 1 else ()) + (rows, h * k), dtype=x.dtype)
+    if vec_ok(x, out, width=k):
+        total = parts * rows * (h * k // (VEC_BYTES // x.itemsize))
+        _launch("pack_heads_vec", x.dtype, -(-total // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
+                (x, index if index is not None else _placeholder(xp, np.int64), np.int32(index is not None), out,
+                 np.int32(h), np.int32(length), np.int32(k), np.int32(rows), np.int64(bb * length), np.int64(total)))
+        return out
+    _launch("pack_heads", x.dtype, parts * rows, _row_block(h * k),
+            (x, index if index is not None else _placeholder(xp, np.int64), np.int32(index is not None), out,
+             np.int32(h), np.int32(length), np.int32(k), np.int32(rows), np.int64(bb * length)))
+    return out
+
+
+def bias_relu(x, bias):
+    """x = max(x + bias, 0) in place (x [..., F] C-contiguous, bias [F]); returns x."""
+    n = x.size
+    if vec_ok(x, width=x.shape[-1]):
+        nvec = n // (VEC_BYTES // x.itemsize)
+        _launch("bias_relu_vec", x.dtype, -(-nvec // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
+                (x, bias, np.int64(nvec), np.int32(x.shape[-1])))
+        return x
+    _launch("bias_relu", x.dtype, -(-n // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
+            (x, bias, np.int64(n), np.int32(x.shape[-1])))
+    return x
+
+
+def relu_backward(dy, y):
+    """dy = dy where y > 0, else 0, in place (dy, y C-contiguous, one shape); returns dy."""
+    n = dy.size
+    if vec_ok(dy, y, width=dy.shape[-1]):
+        nvec = n // (VEC_BYTES // dy.itemsize)
+        _launch("relu_backward_vec", dy.dtype, -(-nvec // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK, (dy, y, np.int64(nvec)))
+        return dy
+    _launch("relu_backward", dy.dtype, -(-n // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK, (dy, y, np.int64(n)))
+    return dy
+
+
+# ----------------------------------------------------------------------------- attention on packed rows
+# The whole attention of a sentence and head on packed rows, one kernel forward and one backward, never
+# writing the [B, H, T, S] weights (MINITF_FUSED_ATTN=1); on tensor cores in 16 bits (paper 3.2.1-3.2.2).
+
+
+ATTENTION = r"""
 // Attention over packed rows, one sentence's rows after another (packing.Spans: sentence b's query rows
 // qstart[b] .. qstart[b] + qlen[b] - 1 of q, its key rows kstart[b] .. of k and v): the scaled dot-product
 // attention of every head without the [B, H, T, S] scores, the padded head layout or the pack/unpack passes
@@ -1486,930 +2312,7 @@ extern "C" __global__ void attention_rows_backward_mma(const T* q, const T* k, c
                             lse, dk, dv, H, K, kchunks, causal, scale, nq, t0, t1, rows, rows + ATT_TILE);
 #endif
 }
-
-// One Adam(W) update of element i of the flat buffers, optim.Adam._update's passes in one:
-// g = grad * inv_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p *= decay (1 - lr * lambda);
-// p -= (m / (sqrt(v) * rbc2 + eps)) * step (rbc2 = 1 / sqrt(1 - b2^t), step = lr / (1 - b1^t));
-// copy = p (has_copy: the 16-bit, float16 or bfloat16, compute copy of the float32 master weights).
-// has_ctl: the update's outcome from update_check instead: nothing is written unless ctl[3] (the loss
-// and every gradient finite), and inv_scale is ctl[2].
-extern "C" __global__ void adam_update(const T* grad, A* m, A* v, A* p, T* copy, int has_copy, long long n,
-                                       const A* ctl, int has_ctl, A inv_scale, A b1, A one_minus_b1, A b2,
-                                       A one_minus_b2, A decay, A rbc2, A eps, A step) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (has_ctl) {
-        if (ctl[3] == (A)0) return;
-        inv_scale = ctl[2];
-    }
-    if (i < n) {
-        A g = (A)grad[i] * inv_scale;
-        A mi = m[i] * b1 + g * one_minus_b1;
-        A vi = v[i] * b2 + (g * g) * one_minus_b2;
-        m[i] = mi;
-        v[i] = vi;
-        A pi = p[i] * decay;
-        pi -= (mi / (a_sqrt(vi) * rbc2 + eps)) * step;
-        p[i] = pi;
-        if (has_copy) copy[i] = (T)pi;
-    }
-}
-
-// An update's outcome, decided on the device (the host reads it an update later: no sync), in ONE
-// launch. Each block scans its share of the gradient grad [n] for a value that is not finite and
-// counts itself in counter[1]; the last block to finish (a ticket from counter[0] after a memory
-// fence, as column_sums_into) reads the update's loss and NLL sums (loss_sum[0], nll_sum[0]) and writes ctl:
-//   ctl[0] the loss scale, ctl[1] the good updates since it last changed (both: optim.LossScaler's
-//   rules, has_scaler; else they stay 1 and 0), ctl[2] = 1 / the scale this update's backward used,
-//   ctl[3] ok = the loss and every gradient finite (adam_update steps only then), ctl[4], ctl[5] the
-//   loss and NLL sums, ctl[6] grads finite, ctl[7] loss finite;
-// then it sets both counters back to 0 for the next launch.
-extern "C" __global__ void update_check(const T* grad, long long n, const A* loss_sum, const A* nll_sum, A* ctl,
-                                        unsigned int* counter, int has_scaler, A growth_interval, A min_scale) {
-    __shared__ int bad;
-    __shared__ int last;
-    if (threadIdx.x == 0) bad = 0;
-    __syncthreads();
-    int mine = 0;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        if (!a_finite((A)grad[i])) mine = 1;
-    if (mine) bad = 1;                             // every writer writes 1
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        if (bad) atomicAdd(counter + 1, 1u);
-        __threadfence();                           // this block's count is visible before its ticket
-        last = atomicAdd(counter, 1u) == gridDim.x - 1u;
-    }
-    __syncthreads();
-    if (last && threadIdx.x == 0) {                // every block has counted
-        __threadfence();
-        A loss = loss_sum[0], scale = ctl[0], good = ctl[1];
-        int grads_ok = atomicAdd(counter + 1, 0u) == 0u, loss_ok = a_finite(loss);
-        ctl[2] = (A)1 / scale;
-        ctl[3] = (A)(grads_ok && loss_ok);
-        ctl[4] = loss;
-        ctl[5] = nll_sum[0];
-        ctl[6] = (A)grads_ok;
-        ctl[7] = (A)loss_ok;
-        if (has_scaler && loss_ok) {               // a non-finite loss leaves the scale as it is
-            if (!grads_ok) {                       // an overflow: halve the scale (not below min_scale)
-                scale = scale * (A)0.5 < min_scale ? min_scale : scale * (A)0.5;
-                good = 0;
-            } else if (good + 1 == growth_interval) {   // growth_interval good updates in a row: double it
-                scale = scale * 2;
-                good = 0;
-            } else {
-                good = good + 1;
-            }
-            ctl[0] = scale;
-            ctl[1] = good;
-        }
-        counter[0] = 0u;
-        counter[1] = 0u;
-    }
-}
-
-// The embedding of the kept rows, one thread per element of out [n / d, d]: row r at position
-// pos = rowpos[r] (has_rows; else r) of the padded [B, L] batch, l = pos % L:
-// out = (weight[ids[pos]] * scale + pe[l]) * mask, mask = dropout_keep(key, pos, d, c, thresh, dscale) as
-// dropout_add draws it (has_drop; else no dropout). The mask is not stored: embedding_backward draws it again.
-extern "C" __global__ void embed_rows(const T* weight, const long long* ids, const long long* rowpos, int has_rows,
-                                      const T* pe, T* out, int has_drop, unsigned long long key, int thresh,
-                                      A dscale, long long n, int d, int L, A scale) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        long long r = i / d;
-        int c = (int)(i - r * d);
-        long long pos = has_rows ? rowpos[r] : r;
-        long long l = pos % L;
-        T e = (T)((A)weight[ids[pos] * d + c] * scale);
-        T y = (T)((A)e + (A)pe[l * d + c]);
-        if (has_drop) y = (T)((A)y * dropout_keep(key, (unsigned long long)pos, d, c, thresh, dscale));
-        out[i] = y;
-    }
-}
-
-// The embedding's gradient from the kept rows' gradients dx [rows, d] (times the dropout mask: read from mask,
-// has_mask 1, or drawn again from its key as embed_rows drew it, has_mask 2: rowpos, has_rows, key, thresh, dscale):
-// grad[row] += scale * the sum of (dx * mask)[r] over the rows r holding that row's id, in a fixed order
-// (deterministic: no atomics). plan (int64, built on the host by kernels.embedding_plan):
-// starts [u + 1], then the u distinct ids, then the rows sorted by id (stably). One block per id.
-extern "C" __global__ void embedding_backward(const T* dx, const T* mask, int has_mask, const long long* plan, int u,
-                                              T* grad, int d, A scale, const long long* rowpos, int has_rows,
-                                              unsigned long long key, int thresh, A dscale) {
-    const long long* starts = plan;
-    const long long* uniq = plan + u + 1;
-    const long long* order = plan + 2 * (long long)u + 1;
-    long long s0 = starts[blockIdx.x], s1 = starts[blockIdx.x + 1];
-    long long row = uniq[blockIdx.x];
-    for (int c = threadIdx.x; c < d; c += blockDim.x) {
-        A acc = 0;
-        for (long long j = s0; j < s1; j++) {
-            long long r = order[j], i = r * d + c;
-            unsigned long long pos = has_mask == 2 ? (unsigned long long)(has_rows ? rowpos[r] : r) : 0ULL;
-            acc += has_mask ? (A)(T)((A)dx[i] * mask_at(has_mask, mask, r * d, pos, key, d, c, thresh, dscale)) : (A)dx[i];
-        }
-        grad[row * d + c] = (T)((A)grad[row * d + c] + acc * scale);
-    }
-}
-
-// The sum over the slabs of partial[k * w + col], in the one order every column-sum kernel uses (so their
-// bits agree): SLAB_RUNS interleaved runs (run g adds slabs g, g + SLAB_RUNS, g + 2 SLAB_RUNS, ... in turn),
-// then the run totals in run order. Run g's sum alone:
-#define SLAB_RUNS 8   // = COLUMN_BLOCK / 32: column_sums_into's groups of a block each add one run
-__device__ inline A slab_run(const A* partial, long long w, long long col, long long slabs, int g) {
-    A t = 0;   // __ldcg: read at L2, where the other blocks' partials are (not a stale L1 line)
-    for (long long k = g; k < slabs; k += SLAB_RUNS) t += __ldcg(partial + k * w + col);
-    return t;
-}
-
-// Pass 2: out[c] = the sum of partial[slab * d + c] over the slabs, in that order; a thread per column.
-extern "C" __global__ void column_sums_finish(const A* partial, A* out, int slabs, int d) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c < d) {
-        A t = 0;
-        for (int g = 0; g < SLAB_RUNS; g++) t += slab_run(partial, d, c, slabs, g);
-        out[c] = t;
-    }
-}
-
-// The column sums of x [n, d] ADDED into gradient buffers of the storage dtype, in ONE launch:
-// parts = 1: out1 += the sums of x; parts = 2: out1 += the sums of x * y and out2 += the sums of x (a
-// LayerNorm's weight and bias gradients); parts = 3: also out3 += the sums of x3 (the bias of the sublayer
-// before it). Each block sums its slab of rows for one chunk of 32 columns as column_partial_sums does, every
-// part in the same pass over the rows (column_slab_sums: a row's values of each part loaded together, each
-// part's sum in a register of its own, added in row order as a pass per part would add them: the same bits),
-// and writes partial[slab * w + c] (w = parts * d: the x * y sums, then the x sums, then the x3 sums); the last block of a chunk to finish (a ticket from that chunk's atomic counter, after a
-// memory fence) adds the chunk's slabs in the order above, its 8 groups of 32 threads a run each, so the
-// result is the same on every run and the adding is spread over as many blocks as there are chunks;
-// it sets the counter back to 0 for the next launch.
-// from_mean: y is xhat computed again from a LayerNorm's input ys, mean and rstd (xhat_at), not read.
-// column_sums_relu_into (the same body with relu = 1; parts = 1): ReLU's backward first, x = 0 where the ReLU's
-// output ys is not > 0 (relu_backward's rule), written back in place, and those values summed (a feed-forward's
-// first bias gradient); a kernel of its own, so that column_sums_into is compiled without the ReLU branch.
-// plane > 0: part p sums x + p * plane instead (no y) into out1 + p * out_stride (the biases of stacked projections,
-// [parts, n, d] gradients into buffers evenly spaced), the same sums as a launch per part. At most 3 parts.
-// Why one pass: a thread's sum is a chain of loads one row apart, so the pass waits on memory; three passes (a
-// LayerNorm's x * xhat, x and the sublayer's x3) waited three times as long and read x twice.
-__device__ inline void column_slab_sums(T* x, const A* y, int parts, const T* x3, long long r0, long long r1,
-                                        int groups, int group, int c, long long d, int from_mean, const T* ys,
-                                        const A* mean, const A* rstd, long long plane, int relu, A* s) {
-    A s0 = 0, s1 = 0, s2 = 0;   // not unrolled (`#pragma unroll` made the float16 kernel 1.4-1.8x slower on an H100)
-    if (relu) {            // dy = dy * (y > 0) in place, then its sum (each element this block's alone)
-        for (long long r = r0 + group; r < r1; r += groups) {
-            long long i = r * d + c;
-            if (!((A)ys[i] > (A)0)) x[i] = (T)(A)0;
-            s0 += (A)x[i];
-        }
-    } else if (plane) {    // the planes x + p * plane, no factor
-        for (long long r = r0 + group; r < r1; r += groups) {
-            long long i = r * d + c;
-            s0 += (A)x[i];
-            if (parts > 1) s1 += (A)x[plane + i];
-            if (parts > 2) s2 += (A)x[2 * plane + i];
-        }
-    } else if (parts == 1) {
-        for (long long r = r0 + group; r < r1; r += groups) s0 += (A)x[r * d + c];
-    } else if (!from_mean) {
-        for (long long r = r0 + group; r < r1; r += groups) {
-            long long i = r * d + c;
-            A v = (A)x[i];
-            s0 += v * y[i];
-            s1 += v;
-            if (parts > 2) s2 += (A)x3[i];
-        }
-    } else {               // not unrolled: unrolled, the kernel took 64-80 registers
-        #pragma unroll 1
-        for (long long r = r0 + group; r < r1; r += groups) {
-            long long i = r * d + c;
-            A v = (A)x[i];
-            s0 += v * xhat_at(1, y, ys, mean[r], rstd[r], r * d, c);
-            s1 += v;
-            if (parts > 2) s2 += (A)x3[i];
-        }
-    }
-    s[0] = s0;
-    s[1] = s1;
-    s[2] = s2;
-}
-
-__device__ inline void column_sums_body(T* x, const A* y, int parts, T* x3, A* partial, unsigned int* counter,
-                                        T* out1, T* out2, T* out3, long long n, int d, long long rows_per_slab,
-                                        const T* ys, const A* mean, const A* rstd, int from_mean, long long plane,
-                                        long long out_stride, int relu) {
-    __shared__ A buf[1024];
-    __shared__ int last;
-    int chunks = (d + 31) / 32, w = parts * d;
-    int lane = threadIdx.x % 32, group = threadIdx.x / 32, groups = blockDim.x / 32;
-    int chunk = blockIdx.x % chunks;
-    int c = chunk * 32 + lane;
-    long long slab = blockIdx.x / chunks, slabs = gridDim.x / chunks;
-    long long r0 = slab * rows_per_slab;
-    long long r1 = r0 + rows_per_slab < n ? r0 + rows_per_slab : n;
-    A s[3] = {0, 0, 0};   // parts 2, 3: the x * y sums, the x sums (, the x3 sums); planes: plane p's sums
-    if (c < d) column_slab_sums(x, y, parts, x3, r0, r1, groups, group, c, d, from_mean, ys, mean, rstd, plane, relu, s);
-    for (int part = 0; part < parts; part++) {
-        buf[threadIdx.x] = part == 0 ? s[0] : part == 1 ? s[1] : s[2];
-        __syncthreads();
-        if (group == 0 && c < d) {
-            A t = 0;
-            for (int k = 0; k < groups; k++) t += buf[k * 32 + lane];
-            partial[slab * w + part * d + c] = t;
-        }
-        __syncthreads();
-    }
-    __threadfence();                               // this block's partials are visible before its ticket
-    if (threadIdx.x == 0) last = atomicAdd(counter + chunk, 1u) == (unsigned int)slabs - 1u;
-    __syncthreads();
-    if (last) {                                    // every slab of this chunk is written
-        __threadfence();
-        for (int part = 0; part < parts; part++) {
-            buf[threadIdx.x] = c < d ? slab_run(partial, w, part * d + c, slabs, group) : (A)0;   // group = run
-            __syncthreads();
-            if (group == 0 && c < d) {
-                A t = 0;
-                for (int g = 0; g < SLAB_RUNS; g++) t += buf[g * 32 + lane];
-                T* out = plane ? out1 + part * out_stride : part == 0 ? out1 : part == 1 ? out2 : out3;
-                out[c] = (T)((A)out[c] + t);
-            }
-            __syncthreads();
-        }
-        if (threadIdx.x == 0) counter[chunk] = 0u;
-    }
-}
-
-extern "C" __global__ void column_sums_into(T* x, const A* y, int parts, T* x3, A* partial, unsigned int* counter,
-                                            T* out1, T* out2, T* out3, long long n, int d, long long rows_per_slab,
-                                            const T* ys, const A* mean, const A* rstd, int from_mean, long long plane,
-                                            long long out_stride) {
-    column_sums_body(x, y, parts, x3, partial, counter, out1, out2, out3, n, d, rows_per_slab, ys, mean, rstd,
-                     from_mean, plane, out_stride, 0);
-}
-
-extern "C" __global__ void column_sums_relu_into(T* x, const A* y, int parts, T* x3, A* partial,
-                                                 unsigned int* counter, T* out1, T* out2, T* out3, long long n, int d,
-                                                 long long rows_per_slab, const T* ys, const A* mean, const A* rstd,
-                                                 int from_mean, long long plane, long long out_stride) {
-    column_sums_body(x, y, parts, x3, partial, counter, out1, out2, out3, n, d, rows_per_slab, ys, mean, rstd,
-                     from_mean, plane, out_stride, 1);
-}
-
 """
-
-# kernel name -> C types of its arguments (the emulator's launcher needs them)
-SIGNATURES = {
-    "masked_softmax": ["T*", "T*", "T*", "int", "int", "int", "long long", "long long", "long long", "long long"],
-    "softmax_backward": ["T*", "T*", "T*", "int"],
-    "masked_softmax_warp": ["T*", "T*", "T*", "long long", "int", "int", "int", "long long", "long long", "long long",
-                            "long long"],
-    "softmax_backward_warp": ["T*", "T*", "T*", "long long", "int"],
-    "layernorm_forward": ["T*", "T*", "T*", "T*", "A*", "A*", "int", "A"],
-    "layernorm_backward": ["T*", "T*", "int", "A*", "A*", "T*", "T*", "T*", "int", "T*", "int", "long long*", "int",
-                           "unsigned long long", "int", "A", "T*", "A*", "int"],
-    "layernorm_forward_warp": ["T*", "T*", "T*", "T*", "A*", "A*", "int", "A", "long long"],
-    "layernorm_backward_warp": ["T*", "T*", "int", "A*", "A*", "T*", "T*", "T*", "int", "T*", "int", "long long*",
-                                "int", "unsigned long long", "int", "A", "T*", "A*", "int", "long long"],
-    "residual_layernorm_warp": ["long long*", "int", "unsigned long long", "int", "T*", "T*", "int", "T*", "int",
-                                "A", "T*", "T*", "T*", "A*", "A*", "int", "A", "long long"],
-    "smoothed_nll_rows": ["T*", "long long*", "A*", "A*", "A*", "int"],
-    "loss_totals": ["A*", "A*", "long long", "A", "A", "A", "A*"],
-    "smoothed_nll_backward": ["T*", "long long*", "A*", "A*", "int", "A", "A*", "int", "T*", "int", "A"],
-    "smoothed_nll_rows_vec": ["T*", "long long*", "A*", "A*", "A*", "int"],
-    "smoothed_nll_backward_vec": ["T*", "long long*", "A*", "A*", "int", "A", "A*", "int", "T*", "int", "A"],
-    "smoothed_nll_rows_grad_vec": ["T*", "long long*", "A*", "A*", "A*", "int", "A", "A*", "int", "T*", "A"],
-    "dropout_add": ["long long*", "int", "unsigned long long", "T*", "T*", "T*", "T*", "long long", "int", "int", "A"],
-    "residual_layernorm": ["long long*", "int", "unsigned long long", "int", "T*", "T*", "int", "T*", "int", "A",
-                           "T*", "T*", "T*", "A*", "A*", "int", "A"],
-    "column_partial_sums": ["T*", "A*", "int", "A*", "long long", "int", "long long"],
-    "column_sums_finish": ["A*", "A*", "int", "int"],
-    "column_sums_into": ["T*", "A*", "int", "T*", "A*", "unsigned int*", "T*", "T*", "T*", "long long", "int",
-                         "long long", "T*", "A*", "A*", "int", "long long", "long long"],
-    "column_sums_relu_into": ["T*", "A*", "int", "T*", "A*", "unsigned int*", "T*", "T*", "T*", "long long", "int",
-                              "long long", "T*", "A*", "A*", "int", "long long", "long long"],
-    "unpack_heads": ["T*", "T*", "int", "int*", "int", "T*", "int", "int", "int", "int", "long long", "int",
-                     "long long"],
-    "pack_heads": ["T*", "long long*", "int", "T*", "int", "int", "int", "int", "long long"],
-    "bias_relu": ["T*", "T*", "long long", "int"],
-    "embed_rows": ["T*", "long long*", "long long*", "int", "T*", "T*", "int", "unsigned long long", "int", "A",
-                   "long long", "int", "int", "A"],
-    "embedding_backward": ["T*", "T*", "int", "long long*", "int", "T*", "int", "A", "long long*", "int",
-                           "unsigned long long", "int", "A"],
-    "relu_backward": ["T*", "T*", "long long"],
-    "bias_relu_vec": ["T*", "T*", "long long", "int"],
-    "relu_backward_vec": ["T*", "T*", "long long"],
-    "unpack_heads_vec": ["T*", "T*", "int", "int*", "int", "T*", "int", "int", "int", "int", "long long", "int",
-                         "long long", "long long"],
-    "pack_heads_vec": ["T*", "long long*", "int", "T*", "int", "int", "int", "int", "long long", "long long"],
-    "attention_rows_forward": ["T*", "T*", "T*", "T*", "T*", "T*", "int", "int*", "int*", "int*", "int*", "T*", "A*",
-                               "int", "int", "int", "int", "A", "long long"],
-    "attention_rows_backward": ["T*", "T*", "T*", "T*", "T*", "T*", "int", "int*", "int*", "int*", "int*", "T*", "T*",
-                                "A*", "T*", "T*", "T*", "int", "int", "int", "int", "int", "int", "A", "long long"],
-    "attention_rows_forward_mma": ["T*", "T*", "T*", "T*", "T*", "T*", "int", "int*", "int*", "int*", "int*", "T*",
-                                   "A*", "int", "int", "int", "int", "A", "long long"],
-    "attention_rows_backward_mma": ["T*", "T*", "T*", "T*", "T*", "T*", "int", "int*", "int*", "int*", "int*", "T*",
-                                    "T*", "A*", "T*", "T*", "T*", "int", "int", "int", "int", "int", "int", "A",
-                                    "long long"],
-    "adam_update": ["T*", "A*", "A*", "A*", "T*", "int", "long long", "A*", "int", "A", "A", "A", "A", "A", "A", "A",
-                    "A", "A"],
-    "update_check": ["T*", "long long", "A*", "A*", "A*", "unsigned int*", "int", "A", "A"],
-}
-
-C_TYPES = {"float16": ("half_t", "float"), "bfloat16": ("bf16_t", "float"), "float32": ("float", "float"),
-           "float64": ("double", "double")}
-
-
-_NAMES = {}   # dtype (or scalar type, or name) -> its name: np.dtype(d).name costs ~2 us, and a step asks
-# hundreds of times (~1,400 before the lookups were cached: docs/benchmarks.md)
-
-
-def dtype_name(dtype):
-    """np.dtype(dtype).name, looked up once per dtype."""
-    name = _NAMES.get(dtype)
-    if name is None:
-        name = _NAMES[dtype] = "bfloat16" if dtype == "bfloat16" else np.dtype(dtype).name   # (a name NumPy
-        # knows only once ml_dtypes is imported)
-    return name
-
-
-def accum_dtype(dtype):
-    """The dtype the kernels compute (and keep LayerNorm's cache) in: float64 stays float64."""
-    return np.float64 if dtype_name(dtype) == "float64" else np.float32
-
-
-def source(dtype):
-    """The complete CUDA source for one storage dtype."""
-    name = dtype_name(dtype)
-    t, a = C_TYPES[name]
-    mma = {"float16": '#define ATT_MMA 1\n#define ATT_MMA_BF16 0\n#define ATT_MMA_AB "f16"\n',
-           "bfloat16": '#define ATT_MMA 1\n#define ATT_MMA_BF16 1\n#define ATT_MMA_AB "bf16"\n'}.get(name, "#define ATT_MMA 0\n")
-    return (STORAGE16 + HALF + (BFLOAT16 if name == "bfloat16" else "") + f"typedef {t} T;\ntypedef {a} A;\n" + mma
-            + PRELUDE + KERNELS)
-
-
-# The switches below are read on every call (bench/gpu_ab.py flips them between steps), hundreds
-# of times a GPU step: as a lookup in os.environ's own store where Python keeps one (a dict of encoded keys and
-# values, kept in step with every change to os.environ), not os.environ.get's encoding and decoding.
-_ENV_STORE = getattr(os.environ, "_data", None)
-_ENV_KEYS = {}
-_ENV_VALUES = {v: os.environ.encodevalue(v) for v in ("0", "1")} if _ENV_STORE is not None else {}
-
-
-def _env_is(name, value):
-    """os.environ.get(name) == value, for value "0" or "1"."""
-    if _ENV_STORE is None:
-        return os.environ.get(name) == value
-    key = _ENV_KEYS.get(name)
-    if key is None:
-        key = _ENV_KEYS[name] = os.environ.encodekey(name)
-    return _ENV_STORE.get(key) == _ENV_VALUES[value]
-
-
-def switched_off(name):
-    """Whether the environment sets `name` to 0 (a switch that is on by default)."""
-    return _env_is(name, "0")
-
-
-def switched_on(name):
-    """Whether the environment sets `name` to 1 (a switch that is off by default)."""
-    return _env_is(name, "1")
-
-
-def enabled(x):
-    """Whether x (an array) takes the fused kernels: CuPy arrays whose dtype's kernels
-    compiled, unless MINITF_FUSED=0. A compile failure is reported once (warning) and that
-    dtype stays on the generic path: training goes on, slower."""
-    if not backend.is_gpu(backend.xp_of(x)) or switched_off("MINITF_FUSED"):
-        return False
-    return _module(x.dtype) is not None
-
-
-def fused(x, name):
-    """Whether x takes the fusion `name`: `enabled(x)`, unless the environment sets
-    MINITF_FUSED_<NAME>=0 (then that part runs as separate passes, for comparisons:
-    bench/gpu_ab.py). The names: 'relu' (bias + ReLU, and its backward, in place),
-    'adam' (one Adam kernel), 'embed' (the embedding of the kept rows and its gradient, one kernel each), 'grads' (gradient sums added where they go: a LayerNorm's
-    backward with its residual gradient, dropout mask and parameter sums; a bias's sum, but the attention
-    projections' bias sums, which follow MINITF_CUBLAS), 'norm' (a
-    post-norm block's residual sum, dropout and LayerNorm forward in one pass: residual_layernorm), 'loss' (the
-    loss's gradient written during its forward when the backward's weight is known: smoothed_nll_rows' grad)."""
-    return enabled(x) and not switched_off("MINITF_FUSED_" + name.upper())
-
-
-def sums_into(x, out):
-    """Whether the column sums of x go into the gradient buffer `out` inside a kernel (column_sums(x, out=),
-    relu_backward_sums): the 'grads' fusion, `out` of x's dtype and C-contiguous."""
-    return fused(x, "grads") and out.dtype == x.dtype and out.flags.c_contiguous
-
-
-# ----------------------------------------------------------------------------- launching
-_MODULES = {}        # dtype name -> compiled cupy.RawModule, or None if it failed to compile
-COMPILE_ERRORS = {}  # dtype name -> the error
-_FUNCTIONS = {}      # (dtype name, kernel name) -> cupy RawKernel: looked up once, not on every launch
-
-
-def _module(dtype):
-    key = dtype_name(dtype)
-    if key not in _MODULES:
-        if key not in C_TYPES:
-            _MODULES[key] = None
-            return None
-        try:
-            module = backend.cupy.RawModule(code=source(dtype), options=("-std=c++14",))
-            for name in SIGNATURES:            # compiles now, not in the middle of a step
-                _FUNCTIONS[(key, name)] = module.get_function(name)
-            _MODULES[key] = module
-        except Exception as e:  # NVRTC or driver error: fall back to the generic CuPy path
-            _MODULES[key] = None
-            COMPILE_ERRORS[key] = e
-            warnings.warn(f"minitf: the fused CUDA kernels for {key} did not compile ({type(e).__name__}: {e}); "
-                          f"using the generic CuPy path (slower). Set MINITF_FUSED=0 to silence this.")
-    return _MODULES[key]
-
-
-def _function(name, dtype):
-    key = (dtype_name(dtype), name)
-    fn = _FUNCTIONS.get(key)
-    if fn is None:
-        module = _module(dtype)             # compiling it looks up every kernel of SIGNATURES
-        fn = _FUNCTIONS.get(key) or _FUNCTIONS.setdefault(key, module.get_function(name))
-    return fn
-
-
-def _cupy_launch(name, dtype, grid, block, args):
-    _function(name, dtype)((grid,), (block,), args)
-
-
-# launch(name, dtype, grid, block, args): CuPy's on a GPU; tests swap in the CPU emulator
-LAUNCH = {"launch": _cupy_launch}
-
-
-def _launch(name, dtype, grid, block, args):
-    if grid > 0:
-        LAUNCH["launch"](name, dtype, grid, block, args)
-
-
-def _launch_layernorm(name, dtype, rows, d, args, warp):
-    """A LayerNorm kernel over `rows` rows of d: its *_warp form (a warp per row; the row count
-    appended to the arguments) where `warp`, else a block per row."""
-    if warp:
-        _launch(name + "_warp", dtype, -(-rows // WARP_ROWS), 32 * WARP_ROWS, args + (np.int64(rows),))
-    else:
-        _launch(name, dtype, rows, block_size("layernorm", d), args)
-
-
-def _rows(x):
-    """x [..., n] -> (number of rows, n)."""
-    n = x.shape[-1]
-    return x.size // n if n else 0, n
-
-
-def masked_softmax(scores, bias, out=None):
-    """softmax(scores + bias) over the last axis; scores [B, H, T, S] C-contiguous, bias
-    broadcastable to it (read through strides, never materialized). Writes into `out`
-    (which may be scores)."""
-    xp = backend.xp_of(scores)
-    b, h, t, s = scores.shape
-    bias = xp.asarray(bias, dtype=scores.dtype)
-    bias = xp.broadcast_to(bias.reshape((1,) * (4 - bias.ndim) + bias.shape), scores.shape)
-    sb, sh, st, sj = (stride // bias.itemsize for stride in bias.strides)
-    out = xp.empty_like(scores) if out is None else out
-    rows, n = _rows(scores)
-    if n <= WARP_ROW_MAX:       # a warp per row, WARP_ROWS rows a block
-        _launch("masked_softmax_warp", scores.dtype, -(-rows // WARP_ROWS), 32 * WARP_ROWS,
-                (scores, bias, out, np.int64(rows), np.int32(n), np.int32(h), np.int32(t), np.int64(sb), np.int64(sh),
-                 np.int64(st), np.int64(sj)))
-        return out
-    _launch("masked_softmax", scores.dtype, rows, block_size("softmax", n),
-            (scores, bias, out, np.int32(n), np.int32(h), np.int32(t), np.int64(sb), np.int64(sh), np.int64(st),
-             np.int64(sj)))
-    return out
-
-
-def softmax_backward(dp, p, out=None):
-    """dx = p * (dp - sum(dp * p)) over the last axis; p C-contiguous, `out` may be dp."""
-    xp = backend.xp_of(p)
-    dp = xp.ascontiguousarray(dp)
-    out = xp.empty_like(p) if out is None else out
-    rows, n = _rows(p)
-    if n <= WARP_ROW_MAX:
-        _launch("softmax_backward_warp", p.dtype, -(-rows // WARP_ROWS), 32 * WARP_ROWS,
-                (dp, p, out, np.int64(rows), np.int32(n)))
-        return out
-    _launch("softmax_backward", p.dtype, rows, block_size("softmax", n), (dp, p, out, np.int32(n)))
-    return out
-
-
-def layernorm_forward(x, g, b, eps):
-    """Returns y (x's dtype) and the cache (xhat [..., D], rstd [..., 1]) in the accumulation dtype."""
-    xp = backend.xp_of(x)
-    x = xp.ascontiguousarray(x)
-    a = accum_dtype(x.dtype)
-    rows, d = _rows(x)
-    y = xp.empty_like(x)
-    xhat = xp.empty(x.shape, dtype=a)
-    rstd = xp.empty(x.shape[:-1] + (1,), dtype=a)
-    args = (x, _as(g, x.dtype), _as(b, x.dtype), y, xhat, rstd, np.int32(d), a(eps))
-    _launch_layernorm("layernorm_forward", x.dtype, rows, d, args, ln_warp_ok(d, x, y))
-    return y, (xhat, rstd)
-
-
-def _as(p, dtype):
-    """A parameter vector in the kernel's storage dtype: itself when it already is (the model's)."""
-    xp = backend.xp_of(p)
-    return p if p.dtype == dtype and p.flags.c_contiguous else xp.ascontiguousarray(p, dtype=dtype)
-
-
-class NormCache(NamedTuple):
-    """A LayerNorm's cache without xhat (residual_layernorm's): its input x [..., D] in the storage dtype
-    and each row's mean and rstd [..., 1] in the accumulation dtype; the backward kernels compute
-    xhat = (x - mean) * rstd again, the forward's bits (a [..., D] array in the accumulation dtype less
-    to keep, write and read)."""
-    x: object
-    mean: object
-    rstd: object
-
-
-def xhat_of(cache):
-    """xhat [..., D] (accumulation dtype) of a LayerNorm cache: (xhat, rstd), or a NormCache's computed
-    with array operations (the kernels' bits)."""
-    if type(cache) is not NormCache:
-        return cache[0]
-    return (cache.x.astype(cache.mean.dtype) - cache.mean) * cache.rstd
-
-
-class KeyedMask(NamedTuple):
-    """A dropout mask kept as what draws it (residual_layernorm's and embed_rows'): layernorm_backward_input
-    and embedding_backward draw it again in their own pass (the same bits) instead of reading a stored
-    [rows, d] array.
-    rowpos: the rows' positions in the padded batch (a device int64 array), or None (row r at r)."""
-    key: int
-    rowpos: object
-    p: float
-
-
-def _drawn_mask_args(xp, mask, a):
-    """The kernel arguments that say how a backward reads a dropout mask (an array, a KeyedMask or None):
-    (mode: 0 none, 1 read from the array, 2 drawn again from its key; rowpos, has_rows, key, thresh, scale),
-    the last five placeholders unless the mask is keyed; a: the accumulation dtype."""
-    keyed = type(mask) is KeyedMask
-    rowpos = mask.rowpos if keyed else None
-    return (np.int32(0 if mask is None else 2 if keyed else 1),
-            _placeholder(xp, np.int64) if rowpos is None else xp.ascontiguousarray(rowpos, dtype=np.int64),
-            np.int32(rowpos is not None), np.uint64(mask.key if keyed else 0),
-            np.int32(keep_threshold(mask.p) if keyed else 0), a(1.0 / (1.0 - mask.p) if keyed else 1.0))
-
-
-def layernorm_backward_input(dy, cache, g, dy2=None, mask=None):
-    """dx for layernorm_forward or residual_layernorm (the parameter gradients are column sums, left to
-    the caller); cache: the forward's, (xhat, rstd) or a NormCache. dy2: a second upstream gradient:
-    dy + dy2 is used, and written into dy (which must then be the caller's own, C-contiguous). mask (an
-    array shaped as dy, or a KeyedMask): returns (dx, dx * mask) instead of dx."""
-    xp = backend.xp_of(dy)
-    from_mean = type(cache) is NormCache
-    xhat, rstd = (cache.rstd, cache.rstd) if from_mean else cache   # xhat: a placeholder where it is not read
-    if dy2 is None:
-        dy = xp.ascontiguousarray(dy)
-    rows, d = _rows(dy)
-    dx = xp.empty_like(dy)
-    dxm = None if mask is None else xp.empty_like(dy)
-    has_dy2 = dy2 is not None
-    dy2 = xp.ascontiguousarray(dy2) if has_dy2 else dy
-    keyed = type(mask) is KeyedMask
-    mask_ = dy if mask is None or keyed else xp.ascontiguousarray(mask)   # placeholders where the kernel reads nothing
-    dxm_ = dx if dxm is None else dxm
-    mode, *drawn = _drawn_mask_args(xp, mask, accum_dtype(dy.dtype))
-    args = (dy, dy2, np.int32(has_dy2), xhat, rstd, _as(g, dy.dtype), dx, mask_, mode, dxm_, np.int32(d), *drawn,
-            cache.x if from_mean else dy, cache.mean if from_mean else rstd, np.int32(from_mean))
-    warp = ln_warp_ok(d, dy, dy2, dx, mask_, dxm_, *((cache.x,) if from_mean else ()))
-    _launch_layernorm("layernorm_backward", dy.dtype, rows, d, args, warp)
-    return dx if mask is None else (dx, dxm)
-
-
-def smoothed_nll_rows(logits, gold, grad=None):
-    """logits [rows, V_o], gold [rows] -> (lse, nll, smooth), each [rows] in the accumulation dtype.
-
-    grad (w_scale, dscale, eps): also write the loss's gradient over the logits, as
-    smoothed_nll_backward(logits, gold, lse, None, eps, out=logits, w_scale=w_scale, dscale=dscale)
-    would: in the same launch where the 16-byte loads apply (smoothed_nll_rows_grad_vec: each row read once where it is at
-    most NLL_KEEP vectors a thread, 10 x 512, the rest of a longer row read twice), else in a second one.
-    The logits must then be C-contiguous (ValueError otherwise: the gradient is written over them)."""
-    xp = backend.xp_of(logits)
-    if grad is not None and not logits.flags.c_contiguous:
-        raise ValueError("smoothed_nll_rows with grad writes over the logits: they must be C-contiguous")
-    logits = xp.ascontiguousarray(logits)
-    a = accum_dtype(logits.dtype)
-    rows, v = _rows(logits)
-    lse, nll, smooth = (xp.empty(rows, dtype=a) for _ in range(3))
-    gold = xp.ascontiguousarray(gold, dtype=np.int64)
-    vec = vec_ok(logits, width=v)
-    if grad is not None and vec:
-        w_scale, dscale, eps = grad
-        _launch("smoothed_nll_rows_grad_vec", logits.dtype, rows, block_size("nll", v),
-                (logits, gold, lse, nll, smooth, np.int32(v), a(w_scale), lse if dscale is None else dscale,
-                 np.int32(dscale is not None), logits, a(eps)))
-        return lse, nll, smooth
-    _launch("smoothed_nll_rows_vec" if vec else "smoothed_nll_rows", logits.dtype, rows, block_size("nll", v),
-            (logits, gold, lse, nll, smooth, np.int32(v)))
-    if grad is not None:
-        w_scale, dscale, eps = grad
-        smoothed_nll_backward(logits, gold, lse, None, eps, out=logits, w_scale=w_scale, dscale=dscale)
-    return lse, nll, smooth
-
-
-def smoothed_nll_backward(logits, gold, lse, w, eps, out=None, w_scale=1.0, dscale=None):
-    """dlogits [rows, V_o] = (softmax - q) * w[:, None] * w_scale (w None: every row weighs w_scale),
-    times dscale[0] when given (a 1-element device array: the loss scale kept on the device);
-    `out` may be logits (in place)."""
-    xp = backend.xp_of(logits)
-    a = accum_dtype(logits.dtype)
-    out = xp.empty_like(logits) if out is None else out
-    rows, v = _rows(logits)
-    name = "smoothed_nll_backward_vec" if vec_ok(logits, out, width=v) else "smoothed_nll_backward"
-    _launch(name, logits.dtype, rows, block_size("nll", v),
-            (logits, xp.ascontiguousarray(gold, dtype=np.int64), lse,
-             lse if w is None else xp.ascontiguousarray(w, dtype=a), np.int32(w is not None), a(w_scale),
-             lse if dscale is None else dscale, np.int32(dscale is not None), out, np.int32(v), a(eps)))
-    return out
-
-
-def loss_totals(nll, smooth, eps, scale, dtype, count=1.0):
-    """[3] in the accumulation dtype: the loss, `scale` (1/N) * sum((1 - eps) * nll + eps * smooth), sum(nll)
-    over rows that all have a loss (smoothed_nll_rows' outputs for logits of `dtype`), and the loss
-    times count (the token count: the loss's sum, which training adds up), in one launch."""
-    xp = backend.xp_of(nll)
-    a = accum_dtype(dtype)
-    out = xp.empty(3, dtype=a)
-    _launch("loss_totals", dtype, 1, BLOCK["nll"], (nll, smooth, np.int64(nll.size), a(eps), a(scale), a(count), out))
-    return out
-
-
-def dropout_add(key, rowpos, y, x, p):
-    """(out, mask): out = y * mask + x, mask = (u >= round(p 2^16)) / (1 - p) with the 16-bit uniforms u of
-    functional.hash_bits(key, rowpos) (rowpos: the rows' positions in the padded batch, or None).
-    `out` is written into y (a sublayer output nothing else holds)."""
-    xp = backend.xp_of(y)
-    y, x = xp.ascontiguousarray(y), xp.ascontiguousarray(x)
-    mask = xp.empty_like(y)
-    n, threads = y.size, 256
-    rows = xp.zeros(1, dtype=np.int64) if rowpos is None else xp.ascontiguousarray(rowpos, dtype=np.int64)
-    _launch("dropout_add", y.dtype, (n + threads - 1) // threads, threads,
-            (rows, np.int32(rowpos is not None), np.uint64(key), y, x, mask, y, np.int64(n), np.int32(y.shape[-1]),
-             np.int32(keep_threshold(p)), accum_dtype(y.dtype)(1.0 / (1.0 - p))))
-    return y, mask
-
-
-def keep_threshold(p):
-    """Kept where the 16-bit uniform u >= round(p * 65536): p to 1/65536 (the kernels' masks and
-    functional.dropout_mask's)."""
-    return round(p * (1 << 16))
-
-
-def residual_layernorm(key, rowpos, y, x, p, g, b, eps, y_bias=None):
-    """(out, mask, cache): out = LayerNorm(x + Dropout(y + y_bias)) of a post-norm block in one pass per
-    row, the dropout as `dropout_add` draws it (key None: no dropout, mask None; y_bias None: no bias);
-    the sum is written into y (a sublayer output nothing else holds). The cache is a NormCache (the sum
-    y, each row's mean and rstd: no xhat), the mask a KeyedMask (no [rows, d] array is stored:
-    layernorm_backward_input draws it again)."""
-    xp = backend.xp_of(y)
-    y, x = xp.ascontiguousarray(y), xp.ascontiguousarray(x)
-    a = accum_dtype(y.dtype)
-    rows, d = _rows(y)
-    out = xp.empty_like(y)
-    stats = xp.empty((2,) + y.shape[:-1] + (1,), dtype=a)      # one allocation for both
-    mean, rstd = stats[0], stats[1]
-    positions = _placeholder(xp, np.int64) if rowpos is None else xp.ascontiguousarray(rowpos, dtype=np.int64)
-    args = (positions, np.int32(rowpos is not None), np.uint64(key or 0), np.int32(key is not None), y,
-            y if y_bias is None else _as(y_bias, y.dtype), np.int32(y_bias is not None), x,
-            np.int32(0 if key is None else keep_threshold(p)),
-            a(1.0 if key is None else 1.0 / (1.0 - p)), _as(g, y.dtype), _as(b, y.dtype), out, mean, rstd,
-            np.int32(d), a(eps))
-    _launch_layernorm("residual_layernorm", y.dtype, rows, d, args, ln_warp_ok(d, y, x, out))
-    mask = None if key is None else KeyedMask(key, positions if rowpos is not None else None, p)
-    return out, mask, NormCache(y, mean, rstd)
-
-
-def _slabs(n, d):
-    """(slabs, rows per slab) of the column sums over n rows of d columns."""
-    chunks = (d + 31) // 32
-    slabs = max(1, min(COLUMN_BLOCKS // max(chunks, 1), -(-n // COLUMN_MIN_ROWS)))
-    rows_per_slab = max(1, -(-n // slabs))
-    return max(1, -(-n // rows_per_slab)), rows_per_slab
-
-
-def column_sums(x, y=None, out=None):
-    """x [..., d] (d: the width summed for, D, F, H*K or V_o) summed over every axis but the last (of
-    x * y, y [..., d] in the accumulation dtype, when given) -> [d] in the accumulation dtype: the
-    bias and LayerNorm parameter gradients. Two launches: partial sums over slabs of rows, then the
-    slabs added in order, so the result is the same on every run. `out` ([d], x's dtype, C-contiguous; without y:
-    column_sums_pair adds x * y sums): the sums of x are ADDED into it (a gradient buffer: no separate add) by ONE launch (column_sums_into: the last
-    block of each 32-column chunk adds that chunk's slabs, in the same order as the second pass) and it
-    is returned."""
-    xp = backend.xp_of(x)
-    x = xp.ascontiguousarray(x)
-    a = accum_dtype(x.dtype)
-    n, d = _rows(x)
-    if n == 0:
-        return xp.zeros(d, dtype=a) if out is None else out
-    if out is not None and y is not None:
-        raise ValueError("column_sums(out=) adds the sums of x only: column_sums_pair adds those of x * y")
-    if out is not None:                # one plane: column_sums_into's single launch
-        column_sums_planes(x.reshape(1, n, d), out, 0)
-        return out
-    chunks = (d + 31) // 32
-    slabs, rows_per_slab = _slabs(n, d)
-    partial = _partials(xp, a, slabs * d).reshape(slabs, d)    # every entry written by pass 1
-    yy = partial if y is None else xp.ascontiguousarray(y, dtype=a)
-    _launch("column_partial_sums", x.dtype, chunks * slabs, COLUMN_BLOCK,
-            (x, yy, np.int32(y is not None), partial, np.int64(n), np.int32(d), np.int64(rows_per_slab)))
-    out = xp.empty(d, dtype=a)
-    _launch("column_sums_finish", x.dtype, -(-d // COLUMN_BLOCK), COLUMN_BLOCK, (partial, out, np.int32(slabs),
-                                                                               np.int32(d)))
-    return out
-
-
-def _sums_into(kernel, x, n, d, parts, outs, y=None, x3=None, ys=None, mean=None, rstd=None, from_mean=0, plane=0,
-               out_stride=0):
-    """ONE launch of column_sums_into (or column_sums_relu_into) over the n rows of d of x: `parts` sums, added into
-    outs (out1, out2, out3 of the kernel's comment; missing ones repeat the last), y the x * y factor, x3 the third
-    part's rows, ys, mean, rstd and from_mean the LayerNorm's cache for xhat (or, for column_sums_relu_into, ys the
-    ReLU's output), plane > 0 the stride of x's planes (their sums out_stride apart). What a call does not use is
-    given as a placeholder the kernel does not read. The slab partials and ticket counters are the kept buffers."""
-    if not 1 <= parts <= 3:
-        raise ValueError(f"column sums in one launch: 1 to 3 parts (got {parts})")
-    xp = backend.xp_of(x)
-    chunks = (d + 31) // 32
-    slabs, rows_per_slab = _slabs(n, d)
-    partial = _partials(xp, accum_dtype(x.dtype), slabs * parts * d)     # every entry the launch reads it writes
-    out1, out2, out3 = (tuple(outs) + (outs[-1],) * 2)[:3]
-    _launch(kernel, x.dtype, chunks * slabs, COLUMN_BLOCK,
-            (x, partial if y is None else y, np.int32(parts), x if x3 is None else x3, partial, _counter(xp, chunks),
-             out1, out2, out3, np.int64(n), np.int32(d), np.int64(rows_per_slab), x if ys is None else ys,
-             partial if mean is None else mean, partial if rstd is None else rstd, np.int32(from_mean),
-             np.int64(plane), np.int64(out_stride)))
-
-
-def column_sums_pair(x, y, out_xy, out_x, x3=None, out_x3=None):
-    """out_xy += sum over rows of x * y, out_x += sum over rows of x (x [..., D] storage dtype, y
-    [..., D] accumulation dtype, or a NormCache standing for its xhat; outs [D] in x's dtype), and with x3
-    (x's shape and dtype) out_x3 += the sums of x3: a LayerNorm's two parameter gradients (and the bias
-    gradient of the sublayer before it) in one launch, the same sums (and bits) as separate column_sums calls."""
-    xp = backend.xp_of(x)
-    x = xp.ascontiguousarray(x)
-    n, d = _rows(x)
-    if n == 0:
-        return
-    outs = (out_xy, out_x) if x3 is None else (out_xy, out_x, out_x3)
-    x3 = None if x3 is None else xp.ascontiguousarray(x3)
-    if type(y) is NormCache:
-        ys, mean, rstd = y
-        _sums_into("column_sums_into", x, n, d, len(outs), outs, x3=x3, ys=ys, mean=mean, rstd=rstd, from_mean=1)
-    else:
-        _sums_into("column_sums_into", x, n, d, len(outs), outs, y=xp.ascontiguousarray(y, dtype=accum_dtype(x.dtype)),
-                   x3=x3)
-
-
-def relu_backward_sums(dy, y, out):
-    """dy = dy where y > 0, else 0, in place (relu_backward: y the ReLU's output), and out += the column sums of
-    that dy (out [F], dy's dtype: the bias gradient of the Linear before the ReLU), in ONE launch: the same values
-    and bits as relu_backward(dy, y) then column_sums(dy, out=out), one pass over dy fewer (column_sums_relu_into:
-    column_sums_into's code with ReLU's rule first). dy, y [..., F] C-contiguous. Returns dy."""
-    n, d = _rows(dy)
-    if n > 0:
-        _sums_into("column_sums_relu_into", dy, n, d, 1, (out,), ys=y)
-    return dy
-
-
-def column_sums_planes(x, out, out_stride):
-    """out + p * out_stride += the sums over the rows of x[p], for every plane p of x [parts, rows, d]
-    (C-contiguous): `out` [d] is the first plane's gradient (x's dtype) and the others lie `out_stride`
-    elements after one another in the same buffer (the biases of stacked projections). ONE launch of
-    column_sums_into, the same sums (and bits) as a column_sums(x[p], out=) call each."""
-    x = backend.xp_of(x).ascontiguousarray(x)
-    parts, n, d = x.shape
-    if n > 0:
-        _sums_into("column_sums_into", x, n, d, parts, (out,), plane=n * d, out_stride=out_stride)
-
-
-_PARTIALS = {}   # (array module, dtype name) -> the column sums' slab partials, one buffer for every call
-
-
-def _partials(xp, dtype, n):
-    """A buffer of at least n values for the column sums' slab partials, kept between calls (no
-    allocation per call: one a gradient sum, 66 launches in a `base` step). One buffer is safe because the kernels run in the
-    order they are launched, on one stream: a launch writes its partials only after the one
-    before has read its own."""
-    key = (id(xp), dtype_name(dtype))
-    held = _PARTIALS.get(key)
-    if held is None or held[1].size < n:
-        held = _PARTIALS[key] = (xp, xp.empty(max(n, 2 * (0 if held is None else held[1].size)), dtype=dtype))
-    return held[1][:n]
-
-
-_COUNTERS = {}   # array module -> the uint32 ticket counters of column_sums_into, one a chunk (0 between launches)
-
-
-def _counter(xp, chunks=1):
-    """At least `chunks` ticket counters for column_sums_into (zeros; each launch leaves them at 0)."""
-    held = _COUNTERS.get(id(xp))
-    if held is None or held[1].size < chunks:
-        held = _COUNTERS[id(xp)] = (xp, xp.zeros(max(chunks, 64), dtype=np.uint32))
-    return held[1]
-
-
-ELEMENTWISE_BLOCK = 256      # threads a block for the one-thread-per-element kernels
-_PLACEHOLDERS = {}           # (array module, dtype) -> a 1-element array for an argument a kernel does not read
-
-
-def _placeholder(xp, dtype):
-    key = (id(xp), dtype_name(dtype))
-    if key not in _PLACEHOLDERS:
-        _PLACEHOLDERS[key] = (xp, xp.zeros(1, dtype=dtype))
-    return _PLACEHOLDERS[key][1]
-
-
-def _row_block(n):
-    """Threads for a block that walks a row of n values (a warp at least, 256 at most)."""
-    return min(256, max(MIN_BLOCK, 1 << max(n - 1, 0).bit_length()))
-
-
-VEC_BYTES = 16   # the vectorized kernels' load: VEC_BYTES / itemsize values a thread
-
-
-def vec_ok(*arrays, width):
-    """Whether the *_vec kernels apply: unless the environment sets MINITF_FUSED_VEC=0, when
-    every array 16-byte aligned, and `width` (the values that must lie in whole vectors: a row's
-    length, a head's K) a multiple of VEC."""
-    if switched_off("MINITF_FUSED_VEC"):
-        return False
-    vec = VEC_BYTES // arrays[0].itemsize
-    return width % vec == 0 and _aligned(*arrays)
-
-
-def ln_warp_ok(d, *arrays):
-    """Whether the LayerNorm kernels take a warp per row (layernorm_forward_warp, residual_layernorm_warp,
-    layernorm_backward_warp): MINITF_FUSED_LNWARP=1 (off by default: not yet timed on a GPU) and the
-    16-byte loads apply (vec_ok: rows of d whole vectors, 16-byte aligned)."""
-    return switched_on("MINITF_FUSED_LNWARP") and vec_ok(*arrays, width=d)
-
-
-def _address(a):
-    """The address of a's first element (a CuPy array's device pointer, or a NumPy array's on the emulator)."""
-    return a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr   # (NumPy's .data refuses bfloat16)
-
-
-def _aligned(*arrays):
-    """Whether every array starts on a 16-byte boundary (what 16-byte loads need: the *_vec kernels, and the
-    tensor-core attention's staging; a row of H*K 16-bit values, K a multiple of 16, is whole 16-byte vectors)."""
-    return all(_address(a) % VEC_BYTES == 0 for a in arrays)
-
-
-def unpack_heads(x, bias, inverse, b, length, h, bias_stride=0):
-    """x [rows, H*K] (the kept rows, or b * length of them) -> [b, h, length, K] with bias [H*K] added
-    (None: nothing added), zeros at the positions `inverse` [b * length] (int32, -1 at a pad;
-    None: every position kept, row r = position r) marks as dropped. One pass. x [parts, rows, H*K]
-    (with a nonzero bias_stride): several projections at once -> [parts, b, h, length, K], projection p's bias `bias_stride` elements
-    after projection p-1's in the same buffer."""
-    xp = backend.xp_of(x)
-    x = xp.ascontiguousarray(x)
-    parts = x.shape[0] if x.ndim == 3 and bias_stride else 1
-    hk = x.shape[-1]
-    k = hk // h
-    n = x.size // (hk * parts)
-    out = xp.empty(((parts,) if parts > 1 else ()) + (b, h, length, k), dtype=x.dtype)
-    if vec_ok(x, out, width=k):
-        total = parts * b * length * (hk // (VEC_BYTES // x.itemsize))
-        _launch("unpack_heads_vec", x.dtype, -(-total // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
-                (x, x if bias is None else bias, np.int32(bias is not None),
-                 inverse if inverse is not None else _placeholder(xp, np.int32), np.int32(inverse is not None), out,
-                 np.int32(h), np.int32(length), np.int32(k), np.int32(parts), np.int64(n), np.int32(b * length),
-                 np.int64(bias_stride), np.int64(total)))
-        return out
-    _launch("unpack_heads", x.dtype, parts * b * length, _row_block(hk),
-            (x, x if bias is None else bias, np.int32(bias is not None),
-             inverse if inverse is not None else _placeholder(xp, np.int32), np.int32(inverse is not None), out,
-             np.int32(h), np.int32(length), np.int32(k), np.int32(parts), np.int64(n), np.int32(b * length),
-             np.int64(bias_stride)))
-    return out
-
-
-def pack_heads(x, index):
-    """x [B, H, L, K] -> [rows, H*K]: row r is position index[r] (int64 [rows], positions b * L + l;
-    None: every position, B * L rows) with its heads side by side. One pass. x [parts, B, H, L, K]:
-    several at once -> [parts, rows, H*K]."""
-    xp = backend.xp_of(x)
-    parts = x.shape[0] if x.ndim == 5 else 1
-    bb, h, length, k = x.shape[-4:]
-    rows = bb * length if index is None else index.shape[0]
-    out = xp.empty(((parts,) if parts > 1 else ()) + (rows, h * k), dtype=x.dtype)
-    if vec_ok(x, out, width=k):
-        total = parts * rows * (h * k // (VEC_BYTES // x.itemsize))
-        _launch("pack_heads_vec", x.dtype, -(-total // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
-                (x, index if index is not None else _placeholder(xp, np.int64), np.int32(index is not None), out,
-                 np.int32(h), np.int32(length), np.int32(k), np.int32(rows), np.int64(bb * length), np.int64(total)))
-        return out
-    _launch("pack_heads", x.dtype, parts * rows, _row_block(h * k),
-            (x, index if index is not None else _placeholder(xp, np.int64), np.int32(index is not None), out,
-             np.int32(h), np.int32(length), np.int32(k), np.int32(rows), np.int64(bb * length)))
-    return out
 
 
 ATT_G, ATT_KMAX, ATT_ROWS = 4, 64, 16   # the attention_rows kernels' threads a row, most K, rows a block
@@ -2501,28 +2404,93 @@ def attention_rows_backward(dout, out, lse, q, k, v, biases, spans_q, spans_kv, 
     return dq, dk, dv
 
 
-def bias_relu(x, bias):
-    """x = max(x + bias, 0) in place (x [..., F] C-contiguous, bias [F]); returns x."""
-    n = x.size
-    if vec_ok(x, width=x.shape[-1]):
-        nvec = n // (VEC_BYTES // x.itemsize)
-        _launch("bias_relu_vec", x.dtype, -(-nvec // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
-                (x, bias, np.int64(nvec), np.int32(x.shape[-1])))
-        return x
-    _launch("bias_relu", x.dtype, -(-n // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
-            (x, bias, np.int64(n), np.int32(x.shape[-1])))
-    return x
+# ----------------------------------------------------------------------------- Adam and the update's outcome
+# One Adam(W) kernel over the flat buffers, and the update's outcome (finite gradients, the loss scale)
+# decided on the device (paper 5.3).
 
 
-def relu_backward(dy, y):
-    """dy = dy where y > 0, else 0, in place (dy, y C-contiguous, one shape); returns dy."""
-    n = dy.size
-    if vec_ok(dy, y, width=dy.shape[-1]):
-        nvec = n // (VEC_BYTES // dy.itemsize)
-        _launch("relu_backward_vec", dy.dtype, -(-nvec // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK, (dy, y, np.int64(nvec)))
-        return dy
-    _launch("relu_backward", dy.dtype, -(-n // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK, (dy, y, np.int64(n)))
-    return dy
+ADAM = r"""
+// One Adam(W) update of element i of the flat buffers, optim.Adam._update's passes in one:
+// g = grad * inv_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p *= decay (1 - lr * lambda);
+// p -= (m / (sqrt(v) * rbc2 + eps)) * step (rbc2 = 1 / sqrt(1 - b2^t), step = lr / (1 - b1^t));
+// copy = p (has_copy: the 16-bit, float16 or bfloat16, compute copy of the float32 master weights).
+// has_ctl: the update's outcome from update_check instead: nothing is written unless ctl[3] (the loss
+// and every gradient finite), and inv_scale is ctl[2].
+extern "C" __global__ void adam_update(const T* grad, A* m, A* v, A* p, T* copy, int has_copy, long long n,
+                                       const A* ctl, int has_ctl, A inv_scale, A b1, A one_minus_b1, A b2,
+                                       A one_minus_b2, A decay, A rbc2, A eps, A step) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (has_ctl) {
+        if (ctl[3] == (A)0) return;
+        inv_scale = ctl[2];
+    }
+    if (i < n) {
+        A g = (A)grad[i] * inv_scale;
+        A mi = m[i] * b1 + g * one_minus_b1;
+        A vi = v[i] * b2 + (g * g) * one_minus_b2;
+        m[i] = mi;
+        v[i] = vi;
+        A pi = p[i] * decay;
+        pi -= (mi / (a_sqrt(vi) * rbc2 + eps)) * step;
+        p[i] = pi;
+        if (has_copy) copy[i] = (T)pi;
+    }
+}
+
+// An update's outcome, decided on the device (the host reads it an update later: no sync), in ONE
+// launch. Each block scans its share of the gradient grad [n] for a value that is not finite and
+// counts itself in counter[1]; the last block to finish (a ticket from counter[0] after a memory
+// fence, as column_sums_into) reads the update's loss and NLL sums (loss_sum[0], nll_sum[0]) and writes ctl:
+//   ctl[0] the loss scale, ctl[1] the good updates since it last changed (both: optim.LossScaler's
+//   rules, has_scaler; else they stay 1 and 0), ctl[2] = 1 / the scale this update's backward used,
+//   ctl[3] ok = the loss and every gradient finite (adam_update steps only then), ctl[4], ctl[5] the
+//   loss and NLL sums, ctl[6] grads finite, ctl[7] loss finite;
+// then it sets both counters back to 0 for the next launch.
+extern "C" __global__ void update_check(const T* grad, long long n, const A* loss_sum, const A* nll_sum, A* ctl,
+                                        unsigned int* counter, int has_scaler, A growth_interval, A min_scale) {
+    __shared__ int bad;
+    __shared__ int last;
+    if (threadIdx.x == 0) bad = 0;
+    __syncthreads();
+    int mine = 0;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        if (!a_finite((A)grad[i])) mine = 1;
+    if (mine) bad = 1;                             // every writer writes 1
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (bad) atomicAdd(counter + 1, 1u);
+        __threadfence();                           // this block's count is visible before its ticket
+        last = atomicAdd(counter, 1u) == gridDim.x - 1u;
+    }
+    __syncthreads();
+    if (last && threadIdx.x == 0) {                // every block has counted
+        __threadfence();
+        A loss = loss_sum[0], scale = ctl[0], good = ctl[1];
+        int grads_ok = atomicAdd(counter + 1, 0u) == 0u, loss_ok = a_finite(loss);
+        ctl[2] = (A)1 / scale;
+        ctl[3] = (A)(grads_ok && loss_ok);
+        ctl[4] = loss;
+        ctl[5] = nll_sum[0];
+        ctl[6] = (A)grads_ok;
+        ctl[7] = (A)loss_ok;
+        if (has_scaler && loss_ok) {               // a non-finite loss leaves the scale as it is
+            if (!grads_ok) {                       // an overflow: halve the scale (not below min_scale)
+                scale = scale * (A)0.5 < min_scale ? min_scale : scale * (A)0.5;
+                good = 0;
+            } else if (good + 1 == growth_interval) {   // growth_interval good updates in a row: double it
+                scale = scale * 2;
+                good = 0;
+            } else {
+                good = good + 1;
+            }
+            ctl[0] = scale;
+            ctl[1] = good;
+        }
+        counter[0] = 0u;
+        counter[1] = 0u;
+    }
+}
+"""
 
 
 def adam_update(grad, m, v, p, copy, coef, ctl=None):
@@ -2554,6 +2522,58 @@ def update_check(grad, loss_sum, nll_sum, ctl, counter, scaler=None):
     _launch("update_check", grad.dtype, grid, ELEMENTWISE_BLOCK,
             (grad, np.int64(n), loss_sum, nll_sum, ctl, counter, np.int32(scaler is not None),
              a(scaler.growth_interval if scaler else 1), a(scaler.min_scale if scaler else 1.0)))
+
+
+# ----------------------------------------------------------------------------- the embedding
+# The embedding of the kept rows (times sqrt(D), plus the positional encoding, dropout) and its gradient
+# summed per id in a fixed order (paper 3.4, 3.5).
+
+
+EMBEDDING = r"""
+// The embedding of the kept rows, one thread per element of out [n / d, d]: row r at position
+// pos = rowpos[r] (has_rows; else r) of the padded [B, L] batch, l = pos % L:
+// out = (weight[ids[pos]] * scale + pe[l]) * mask, mask = dropout_keep(key, pos, d, c, thresh, dscale) as
+// dropout_add draws it (has_drop; else no dropout). The mask is not stored: embedding_backward draws it again.
+extern "C" __global__ void embed_rows(const T* weight, const long long* ids, const long long* rowpos, int has_rows,
+                                      const T* pe, T* out, int has_drop, unsigned long long key, int thresh,
+                                      A dscale, long long n, int d, int L, A scale) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        long long r = i / d;
+        int c = (int)(i - r * d);
+        long long pos = has_rows ? rowpos[r] : r;
+        long long l = pos % L;
+        T e = (T)((A)weight[ids[pos] * d + c] * scale);
+        T y = (T)((A)e + (A)pe[l * d + c]);
+        if (has_drop) y = (T)((A)y * dropout_keep(key, (unsigned long long)pos, d, c, thresh, dscale));
+        out[i] = y;
+    }
+}
+
+// The embedding's gradient from the kept rows' gradients dx [rows, d] (times the dropout mask: read from mask,
+// has_mask 1, or drawn again from its key as embed_rows drew it, has_mask 2: rowpos, has_rows, key, thresh, dscale):
+// grad[row] += scale * the sum of (dx * mask)[r] over the rows r holding that row's id, in a fixed order
+// (deterministic: no atomics). plan (int64, built on the host by kernels.embedding_plan):
+// starts [u + 1], then the u distinct ids, then the rows sorted by id (stably). One block per id.
+extern "C" __global__ void embedding_backward(const T* dx, const T* mask, int has_mask, const long long* plan, int u,
+                                              T* grad, int d, A scale, const long long* rowpos, int has_rows,
+                                              unsigned long long key, int thresh, A dscale) {
+    const long long* starts = plan;
+    const long long* uniq = plan + u + 1;
+    const long long* order = plan + 2 * (long long)u + 1;
+    long long s0 = starts[blockIdx.x], s1 = starts[blockIdx.x + 1];
+    long long row = uniq[blockIdx.x];
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        A acc = 0;
+        for (long long j = s0; j < s1; j++) {
+            long long r = order[j], i = r * d + c;
+            unsigned long long pos = has_mask == 2 ? (unsigned long long)(has_rows ? rowpos[r] : r) : 0ULL;
+            acc += has_mask ? (A)(T)((A)dx[i] * mask_at(has_mask, mask, r * d, pos, key, d, c, thresh, dscale)) : (A)dx[i];
+        }
+        grad[row * d + c] = (T)((A)grad[row * d + c] + acc * scale);
+    }
+}
+"""
 
 
 def embedding_plan(ids, keep_index, xp):
@@ -2603,3 +2623,24 @@ def embedding_backward(dx, mask, plan, grad, scale):
     mode, *drawn = _drawn_mask_args(backend.xp_of(dx), mask, a)
     _launch("embedding_backward", dx.dtype, u, _row_block(d),
             (dx, dx if mode != 1 else mask, mode, plan_array, np.int32(u), grad, np.int32(d), a(scale), *drawn))
+
+
+# ----------------------------------------------------------------------------- the whole source
+# The sections' CUDA in the order NVRTC reads it (each uses only what the prelude and the sections before it
+# define); source(dtype) puts the dtype's typedefs and the prelude first.
+KERNELS = SOFTMAX + LAYERNORM + LOSS + SUMS + HEADS + ATTENTION + ADAM + EMBEDDING
+
+
+def declared_signatures(code):
+    """{kernel name: [the C type of each parameter]} of the extern "C" __global__ kernels in CUDA source `code`,
+    as their declarations give them ("const" left out: what a launch passes), e.g. "T*", "long long", "A"."""
+    found = {}
+    for name, params in re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', code):
+        words = [[w for w in p.replace("*", " * ").split() if w != "const"] for p in params.split(",")]
+        found[name] = [" ".join(w[:-1]).replace(" *", "*") for w in words]
+    return found
+
+
+# kernel name -> the C types of its arguments, read from the kernels' declarations (the CPU emulator builds its
+# launchers from them; tests/test_nvrtc.py holds them to the compiled PTX)
+SIGNATURES = declared_signatures(KERNELS)

@@ -1198,7 +1198,8 @@ class RawModule:
         if name not in self.kernels:
             raise RuntimeError(f"CUDA_ERROR_NOT_FOUND: named symbol not found ({name!r} is no extern \"C\" "
                                f"__global__ kernel of the module)")
-        from minitf import kernels as mk   # the emulator builds its launchers from SIGNATURES: they must agree
+        from minitf import kernels as mk   # the emulator builds its launchers from SIGNATURES (kernels.py's reading
+        # of the declarations): this reading must agree
         want = [c.replace(" ", "") for c in self.kernels[name]]
         have = [c.replace(" ", "") for c in mk.SIGNATURES.get(name, [])]
         if want != have:
