@@ -26,6 +26,9 @@ preset and mode it prints and writes (--out):
   kernels  under the PyTorch profiler (CUPTI records CuPy's kernels too): kernels per step,
            GPU-busy ms per step, and the --top kernels by time (bench/gpu_kernels.py)
 
+A preset and mode whose run fails (a first run of new kernels, say) is printed as FAILED with its error and
+written to ab.json as such; the others still run.
+
 The batch is bench/gpu_report.py's (bench/data.py's `wmt_batch`): at most 25,000 padded tokens a side of
 WMT14-shaped lengths.
 """
@@ -35,6 +38,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 os.environ.setdefault("CUPY_TF32", "1")
@@ -120,7 +124,7 @@ def timing(cfg, batch, fp16, variants, args, torch):
     for name, env in variants:
         with Env(env):
             runners.append((env, MinitfRunner(cfg, "gpu", batch, 1e-4, fp16, name=name)))
-    if torch is not None:
+    if torch is not None and not args.no_torch_runs:
         runners.append(({}, torch_runner_like(runners[0][1], "gpu", batch, 1e-4, fp16)))
         if args.strong:
             runners.append(({}, torch_runner_like(runners[0][1], "gpu", batch, 1e-4, fp16, strong=True,
@@ -206,7 +210,9 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--kernel-steps", type=int, default=2)
     p.add_argument("--top", type=int, default=15)
-    p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--no-torch", action="store_true", help="do not import torch (no PyTorch runners, no kernel tables)")
+    p.add_argument("--no-torch-runs", action="store_true",
+                   help="time no PyTorch beside the variants; torch's profiler still makes the kernel tables")
     p.add_argument("--strong", action="store_true", help="also PyTorch as a user choosing it for speed would run it: "
                    "scaled_dot_product_attention, logits on the rows with a loss, fused Adam")
     p.add_argument("--torch-compile", action="store_true", help="the strong PyTorch's loss through torch.compile")
@@ -217,6 +223,9 @@ def main(argv=None):
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out")
     args = p.parse_args(argv)
+    for mode in args.modes.split(","):
+        if mode not in dict(MODES):
+            p.error(f"--modes: unknown mode {mode!r} ({', '.join(m for m, _ in MODES)})")
     variants = [parse_variant(v) for v in (args.variant or DEFAULT_VARIANTS)]
     ok, why = backend.gpu_available()
     if not ok:
@@ -246,10 +255,17 @@ def main(argv=None):
         for mode in args.modes.split(","):
             fp16 = dict(MODES)[mode]   # False, True (--fp16) or "bfloat16" (--bf16)
             key = f"{preset} {mode}"
-            log(f"{key}: same ...")
-            entry = {"same": compare(cfg, batch, fp16, variants, args.float64)}
-            log(f"{key}: time ...")
-            entry["time"], entry["kernels"] = timing(cfg, batch, fp16, variants, args, torch)
+            try:
+                log(f"{key}: same ...")
+                entry = {"same": compare(cfg, batch, fp16, variants, args.float64)}
+                log(f"{key}: time ...")
+                entry["time"], entry["kernels"] = timing(cfg, batch, fp16, variants, args, torch)
+            except Exception as e:   # one mode's failure (a first run of new kernels) does not end the others
+                report["results"][key] = {"error": f"{type(e).__name__}: {e}"}
+                print(f"## {key}: FAILED: {type(e).__name__}: {e}", flush=True)
+                traceback.print_exc()
+                _write(args, report)
+                continue
             report["results"][key] = entry
             print(f"## {key} ({len(batch[0])} sentences, {int((batch[2] != cfg.pad_id).sum())} target tokens)")
             for name, t in entry["time"].items():
@@ -263,11 +279,9 @@ def main(argv=None):
                       + (f"  grad diff {s['grad_rel_diff']:.2e}" if s else "")
                       + (f"  vs float64 {s['grad_rel_err_vs_float64']:.2e}" if "grad_rel_err_vs_float64" in s else "")
                       + (f"  kernels {k['kernels']} busy {k['busy_ms']} ms" if "kernels" in k else ""), flush=True)
-            if args.out:
-                os.makedirs(args.out, exist_ok=True)
-                Path(args.out, "ab.json").write_text(json.dumps(report, indent=1, default=str))
+            _write(args, report)
     for key, entry in report["results"].items():
-        for name, k in entry["kernels"].items():
+        for name, k in entry.get("kernels", {}).items():
             if "top" in k:
                 print(f"### {key} {name}: top kernels (ms/step, share of kernel time, calls/step)")
                 for row in k["top"]:
@@ -278,6 +292,12 @@ def main(argv=None):
                 for fn, calls, own, cum in k["host"]["functions"]:
                     print(f"    {own:8.3f} {calls:7.1f} {cum:9.3f}  {fn}")
     return report
+
+
+def _write(args, report):
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        Path(args.out, "ab.json").write_text(json.dumps(report, indent=1, default=str))
 
 
 if __name__ == "__main__":

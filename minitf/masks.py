@@ -29,10 +29,12 @@ _CAUSAL = {}   # (array module, length, dtype name) -> the [T, T] bias, made onc
 
 def causal_bias(length, xp, dtype):
     """[T, T] additive bias: NEG_INF above the diagonal (position i sees only j <= i). Read only:
-    kept per (array module, length, dtype) for the next batch of that length."""
+    kept per (array module, length, dtype) for the next batch of that length. Made on the host and
+    moved in one copy: no kernel launches, and the dtype asked for (CuPy 14's triu turns bfloat16 into
+    float32: its `where` has no bfloat16 loop)."""
     key = (id(xp), int(length), np.dtype(dtype).name)
     if key not in _CAUSAL:
         if len(_CAUSAL) > 512:   # lengths come and go with the batches: bound the cache
             _CAUSAL.clear()
-        _CAUSAL[key] = (xp, xp.triu(xp.full((length, length), _neg_inf(dtype), dtype=dtype), k=1))
+        _CAUSAL[key] = (xp, to_device(np.triu(np.full((length, length), _neg_inf(dtype), dtype=dtype), k=1), xp))
     return _CAUSAL[key][1]

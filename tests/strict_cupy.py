@@ -830,7 +830,12 @@ def _sequence(np_fn, where):
 
 
 def _triu(m, k=0):
-    return _new(numpy.triu((m if isinstance(m, ndarray) else _asarray(m))._a, k=k))
+    """CuPy 14's triu is cupy.where(mask, zero, m) (cupy/_creation/matrix.py), and where has no bfloat16 loop: it
+    takes the first loop a bfloat16 array casts to safely, float32's (cupy/_sorting/search.py), so a bfloat16 m
+    comes back float32."""
+    a = (m if isinstance(m, ndarray) else _asarray(m))._a
+    out = numpy.triu(a, k=k)
+    return _new(out.astype(numpy.float32) if a.dtype.name == "bfloat16" else out)
 
 
 def _argsort(a, axis=-1, kind=None):

@@ -708,3 +708,32 @@ def test_same_training_holds_the_variants_to_one_validation_loss(tmp_path, half,
     assert all(x["updates"] + x["skipped"] == 3 and np.isfinite(x["valid_nll"]) for x in runs.values())
     assert abs(runs["before"]["valid_nll_rel_diff"]) < tol, runs
     assert runs["now@seed1"]["valid_nll"] != runs["now"]["valid_nll"]
+
+
+def test_gpu_ab_reports_a_failing_mode_and_runs_the_others(tmp_path, standin, monkeypatch, capsys):
+    """A preset and mode whose run fails (a first run of new kernels on a GPU, say) is printed as FAILED with
+    its error and written to ab.json as such; the modes after it still run."""
+    sys.path.insert(0, ROOT)
+    import bench.gpu_ab as gpu_ab
+    compare = gpu_ab.compare
+
+    def failing_in_bf16(cfg, batch, fp16, *rest):
+        if fp16 == "bfloat16":
+            raise RuntimeError("CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered")
+        return compare(cfg, batch, fp16, *rest)
+    monkeypatch.setattr(gpu_ab, "compare", failing_in_bf16)
+    gpu_ab.main(["--smoke", "--no-torch", "--rounds", "2", "--variant", "now=", "--modes", "bf16,fp16",
+                 "--out", str(tmp_path / "ab")])
+    out = capsys.readouterr().out
+    assert "## tiny bf16: FAILED: RuntimeError: CUDA_ERROR_ILLEGAL_ADDRESS" in out
+    assert re.search(r"^## tiny fp16 .*\n  now +[\d.]+ ms", out, re.M), out
+    results = json.loads((tmp_path / "ab" / "ab.json").read_text())["results"]
+    assert results["tiny bf16"] == {"error": "RuntimeError: CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access "
+                                             "was encountered"}
+    assert results["tiny fp16"]["time"]["now"]["step_ms"] > 0
+
+
+def test_gpu_ab_refuses_an_unknown_mode_before_running_anything(tmp_path):
+    r = run_bench(tmp_path, "gpu_ab.py", "--smoke", "--no-torch", "--modes", "fp16,bf61")
+    assert r.returncode == 2 and "gpu_ab.py: error: --modes: unknown mode 'bf61' (float32, fp16, bf16)" in r.stderr, \
+        r.stderr[-2000:]

@@ -141,3 +141,18 @@ def test_minitf_reaches_cupy_only_through_backend_cupy():
                 text = open(os.path.join(folder, name)).read()
                 assert not re.search(r"^\s*(import cupy|from cupy)", text, re.M), name
                 assert not re.search(r"from \.+backend import [^\n]*\bcupy\b", text), name
+
+
+def test_triu_of_bfloat16_comes_back_float32_as_cupys_does(monkeypatch):
+    """CuPy 14's triu goes through `where`, which has no bfloat16 loop: a bfloat16 array comes back float32. The
+    stand-in does the same, so minitf's causal mask (made on the host, moved in one copy) is held to its dtype."""
+    from minitf import backend
+    from minitf.masks import causal_bias
+    monkeypatch.setattr(backend, "cupy", cp)
+    bf16 = np.dtype("bfloat16")
+    assert cp.triu(cp.ones((3, 3), dtype=bf16), k=1).dtype == np.float32
+    assert cp.triu(cp.ones((3, 3), dtype=np.float16), k=1).dtype == np.float16
+    bias = causal_bias(4, cp, bf16)
+    assert isinstance(bias, cp.ndarray) and bias.dtype == bf16
+    host = cp.asnumpy(bias).astype(np.float32)
+    assert np.array_equal(host == 0, np.tril(np.ones((4, 4), bool))) and (host[np.triu_indices(4, 1)] < -1e8).all()
