@@ -229,6 +229,27 @@ def compiler():
     return _COMPILER[0]
 
 
+def build(code, signatures, workdir, tag):
+    """The shared library of CUDA source `code` under the shim, with a `launch_<name>(grid, block, args...)` for each
+    kernel of `signatures` ({name: [C types of its parameters]}), built once per source in `workdir`."""
+    parts = [SHIM, code]
+    for name, types in signatures.items():
+        params = "".join(f", {c} a{i}" for i, c in enumerate(types))
+        parts.append(LAUNCHER.format(name=name, params=params, args=", ".join(f"a{i}" for i in range(len(types)))))
+    src = "\n".join(parts)
+    digest = hashlib.sha256(src.encode()).hexdigest()[:16]
+    so = os.path.join(workdir, f"{tag}_{digest}.so")
+    if not os.path.exists(so):   # built under a name of this process, then renamed: processes may share workdir
+        cpp, tmp = f"{so[:-3]}.{os.getpid()}.cpp", f"{so}.{os.getpid()}.tmp"
+        with open(cpp, "w") as f:
+            f.write(src)
+        subprocess.run([compiler(), "-std=c++17", "-O1", "-shared", "-fPIC", cpp, "-o", tmp],
+                       check=True, capture_output=True, text=True)
+        os.replace(tmp, so)
+        os.unlink(cpp)
+    return ctypes.CDLL(so)
+
+
 class Emulator:
     """Compiles kernels.source(dtype) once per dtype; `launch` has kernels.LAUNCH's signature."""
 
@@ -248,25 +269,9 @@ class Emulator:
 
     def _lib(self, dtype):
         key = np.dtype(dtype).name
-        if key in self.libs:
-            return self.libs[key]
-        code = [SHIM, kernels.source(dtype)]
-        for name, sig in kernels.SIGNATURES.items():
-            types = [self._ctype(c, dtype) for c in sig]
-            params = "".join(f", {c} a{i}" for i, c in enumerate(types))
-            code.append(LAUNCHER.format(name=name, params=params, args=", ".join(f"a{i}" for i in range(len(types)))))
-        src = "\n".join(code)
-        digest = hashlib.sha256(src.encode()).hexdigest()[:16]
-        so = os.path.join(self.workdir, f"kernels_{key}_{digest}.so")
-        if not os.path.exists(so):   # built under a name of this process, then renamed: processes may share workdir
-            cpp, tmp = f"{so[:-3]}.{os.getpid()}.cpp", f"{so}.{os.getpid()}.tmp"
-            with open(cpp, "w") as f:
-                f.write(src)
-            subprocess.run([compiler(), "-std=c++17", "-O1", "-shared", "-fPIC", cpp, "-o", tmp],
-                           check=True, capture_output=True, text=True)
-            os.replace(tmp, so)
-            os.unlink(cpp)
-        self.libs[key] = ctypes.CDLL(so)
+        if key not in self.libs:
+            signatures = {name: [self._ctype(c, dtype) for c in sig] for name, sig in kernels.SIGNATURES.items()}
+            self.libs[key] = build(kernels.source(dtype), signatures, self.workdir, f"kernels_{key}")
         return self.libs[key]
 
     def launch(self, name, dtype, grid, block, args):

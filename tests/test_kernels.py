@@ -55,6 +55,83 @@ def close(a, b, dtype, scale=1.0):
     assert err <= TOL[dtype], err
 
 
+# The PTX ISA's fragment tables ("Matrix Fragments for mma.m16n8k16 with floating point type"; "ldmatrix"), stated
+# here apart from the emulator: lane = 4 * groupID + threadID_in_group; element i of a lane's fragment (two 16-bit
+# values a register, element 2j in register j's low half) -> (row, column) of its matrix.
+def _ptx_a(g, t, i):   # A, 16 x 16 (.row)
+    return g + 8 * (i in (2, 3, 6, 7)), 2 * t + (i & 1) + 8 * (i >= 4)
+
+
+def _ptx_b(g, t, i):   # B, 16 x 8 (.col)
+    return 2 * t + (i & 1) + 8 * (i >= 2), g
+
+
+def _ptx_c(g, t, i):   # C and D, 16 x 8, float
+    return g + 8 * (i >= 2), 2 * t + (i & 1)
+
+
+PROBES = r"""
+extern "C" __global__ void probe_mma(const unsigned* a, const unsigned* b, float* c, int bf) {
+    unsigned l = threadIdx.x;
+    if (bf) emu_mma_16816<1>(c + 4 * l, a + 4 * l, b + 2 * l);
+    else emu_mma_16816<0>(c + 4 * l, a + 4 * l, b + 2 * l);
+}
+extern "C" __global__ void probe_ldmatrix(const unsigned short* src, const long long* row, unsigned* d, int trans) {
+    unsigned l = threadIdx.x;
+    if (trans) emu_ldmatrix_x4<1>(d + 4 * l, src + row[l]);
+    else emu_ldmatrix_x4<0>(d + 4 * l, src + row[l]);
+}
+"""
+
+
+@pytest.mark.parametrize("bf", [0, 1], ids=["float16", "bfloat16"])
+def test_the_emulated_mma_and_ldmatrix_follow_the_ptx_isa_tables(tmp_path, bf):
+    """The tensor-core attention is tested on the CPU only through the emulator's mma.sync m16n8k16 and ldmatrix
+    .x4 (.trans): they are held here to the PTX ISA's fragment tables, stated above apart from the emulator. mma: D =
+    A B + C over a warp, fragments placed by the tables (D exact: small integers). ldmatrix: the four 8 x 8 matrices'
+    rows at addresses the lanes give (lanes 8 i .. 8 i + 7: matrix i), and what each lane receives."""
+    from cuda_emulator import build
+    lib = build(PROBES, {"probe_mma": ["unsigned int*", "unsigned int*", "float*", "int"],
+                         "probe_ldmatrix": ["unsigned short*", "long long*", "unsigned int*", "int"]},
+                str(tmp_path), "probes")
+    rng = np.random.default_rng(bf)
+    half = BF16 if bf else np.float16
+    a, b = rng.integers(-8, 9, (16, 16)), rng.integers(-8, 9, (16, 8))
+    c0 = rng.integers(-50, 51, (16, 8)).astype(np.float32)
+    bits = lambda m: m.astype(np.float32).astype(half).view(np.uint16).astype(np.uint32)   # noqa: E731
+    ab, bb = bits(a), bits(b)
+    fa, fb, fc = np.zeros((32, 4), np.uint32), np.zeros((32, 2), np.uint32), np.zeros((32, 4), np.float32)
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        for i in range(8):
+            fa[lane, i // 2] |= ab[_ptx_a(g, t, i)] << (16 * (i & 1))
+        for i in range(4):
+            fb[lane, i // 2] |= bb[_ptx_b(g, t, i)] << (16 * (i & 1))
+            fc[lane, i] = c0[_ptx_c(g, t, i)]
+    ptr = lambda x: ctypes.c_void_p(x.ctypes.data)   # noqa: E731
+    lib.launch_probe_mma(ctypes.c_uint(1), ctypes.c_uint(32), ptr(fa), ptr(fb), ptr(fc), ctypes.c_int(bf))
+    want = a @ b + c0
+    for lane in range(32):
+        for i in range(4):
+            assert fc[lane, i] == want[_ptx_c(lane >> 2, lane & 3, i)], (lane, i)
+    # ldmatrix: matrix m's row r holds the values 256 m + 8 r + col, its rows scattered (16-byte aligned) in src
+    src = np.zeros(40 * 8, np.uint16)
+    place = rng.permutation(40)[:32]                      # where each (matrix, row) lies, in rows of 8 values
+    for m in range(4):
+        for r in range(8):
+            src[8 * place[8 * m + r]: 8 * place[8 * m + r] + 8] = 256 * m + 8 * r + np.arange(8)
+    rows = (8 * place).astype(np.int64)                   # lane 8 m + r gives matrix m's row r
+    for trans in (0, 1):
+        d = np.zeros((32, 4), np.uint32)
+        lib.launch_probe_ldmatrix(ctypes.c_uint(1), ctypes.c_uint(32), ptr(src), ptr(rows), ptr(d), ctypes.c_int(trans))
+        for lane in range(32):
+            g, t = lane >> 2, lane & 3
+            for m in range(4):   # each lane: row g, columns 2t and 2t + 1; with .trans rows 2t and 2t + 1 of column g
+                lo, hi = ((256 * m + 8 * (2 * t) + g, 256 * m + 8 * (2 * t + 1) + g) if trans else
+                          (256 * m + 8 * g + 2 * t, 256 * m + 8 * g + 2 * t + 1))
+                assert d[lane, m] == lo | (hi << 16), (trans, lane, m)
+
+
 def test_the_emulators_bfloat16_narrowing_rounds_as_ml_dtypes(tmp_path):
     """The emulator stands in for cvt.rn.bf16.f32 with integer rounding: it must round to nearest
     even exactly as ml_dtypes (the generic path's bfloat16) does, ties, NaN, infinities, float32's
