@@ -27,7 +27,8 @@ read a step), the mean training loss of the last 50 updates, the validation NLL 
 (eval mode, the engine's own precision) and its relative difference to the first runner's, and
 peak GPU memory (CuPy's pool / torch.cuda.max_memory_reserved); --out adds each runner's loss
 curve (means of 50 updates). --device cpu runs the CPU path (then `now` and `before` are the
-same code: a check of this script).
+same code: a check of this script). A runner that fails (a first run of new kernels, say) is printed as FAILED
+with its error (and listed under "failed" in --out's JSON); the others still run.
 """
 import argparse
 import json
@@ -238,26 +239,34 @@ def main(argv=None):
     variants = [parse_variant(v) for v in args.variant or DEFAULT_VARIANTS]
     runs = [(name, env, 0) for name, env in variants]
     runs[1:1] = [(f"{variants[0][0]}@seed{s}", variants[0][1], s) for s in args.also_seed]
-    for name, env, seed in runs:
-        log(f"{name}: {args.updates} updates")
-        records.append(train_minitf(name, env, cfg, args, train, valid, seed))
-        log(json.dumps(records[-1]))
+    trainers = [(name, lambda name=name, env=env, seed=seed: train_minitf(name, env, cfg, args, train, valid, seed))
+                for name, env, seed in runs]
     if not args.no_torch:
-        log(f"torch: {args.updates} updates")
-        records.append(train_torch(cfg, args, train, valid, initial_state(cfg, args)))
+        trainers.append(("torch", lambda: train_torch(cfg, args, train, valid, initial_state(cfg, args))))
+    failed = []
+    for name, trainer in trainers:
+        log(f"{name}: {args.updates} updates")
+        try:
+            records.append(trainer())
+        except Exception as e:   # one runner's failure (a first run of new kernels, say) does not end the others
+            failed.append({"runner": name, "error": f"{type(e).__name__}: {e}"})
+            log(f"{name}: FAILED: {failed[-1]['error']}")
+            continue
         log(json.dumps(records[-1]))
-    first = records[0]["valid_nll"]
+    first = records[0]["valid_nll"] if records else float("nan")
     for r in records:
         r["valid_nll_rel_diff"] = (r["valid_nll"] - first) / first
     info = {"preset": args.preset, "fp16": args.fp16, "bf16": args.bf16, "device": args.device, "updates": args.updates,
             "warmup": args.warmup, "lr_factor": args.lr_factor, "target_tokens_per_batch": tokens / len(train),
-            "vocab": tok.vocab_size, "runners": records}
+            "vocab": tok.vocab_size, "runners": records, "failed": failed}
     print(f"{'runner':11} {'made':>5} {'skipped':>7} {'ms/upd':>7} {'train loss':>10} {'valid nll':>9} "
           f"{'vs first':>8} {'peak MiB':>8}")
     for r in records:
         print(f"{r['runner']:11} {r['updates']:5d} {r['skipped']:7d} {r['ms_per_update']:7.1f} "
               f"{r['train_loss_last50'] or float('nan'):10.4f} {r['valid_nll']:9.4f} {100 * r['valid_nll_rel_diff']:+7.2f}% "
               f"{r['peak_mib'] if r['peak_mib'] is not None else '-':>8}")
+    for f in failed:
+        print(f"{f['runner']:11} FAILED: {f['error']}")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "same_training.json").write_text(json.dumps(info, indent=1))

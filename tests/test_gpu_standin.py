@@ -710,6 +710,35 @@ def test_same_training_holds_the_variants_to_one_validation_loss(tmp_path, half,
     assert runs["now@seed1"]["valid_nll"] != runs["now"]["valid_nll"]
 
 
+def test_same_training_reports_a_failing_runner_and_runs_the_others(tmp_path, standin, monkeypatch, capsys):
+    """bench/same_training.py: a runner that fails is printed as FAILED with its error and listed under "failed";
+    the runners after it still train, and the first runner that finished is the yardstick."""
+    from conftest import write_multi30k
+    sys.path.insert(0, ROOT)
+    import bench.same_training as same
+    data = write_multi30k(tmp_path, sizes=(("train", 60), ("val", 10)))
+    lines = [ln for lang in ("en", "de") for ln in gzip.open(data / f"train.{lang}.gz", "rt").read().splitlines()]
+    Tokenizer.train(lines, tmp_path / "tok.model", vocab_size=40)
+    train_minitf = same.train_minitf
+
+    def failing_attn(name, *rest):
+        if name == "attn":
+            raise RuntimeError("CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered")
+        return train_minitf(name, *rest)
+    monkeypatch.setattr(same, "train_minitf", failing_attn)
+    info = same.main(["--train-src", str(data / "train.en.gz"), "--train-tgt", str(data / "train.de.gz"),
+                      "--valid-src", str(data / "val.en.gz"), "--valid-tgt", str(data / "val.de.gz"),
+                      "--tokenizer", str(tmp_path / "tok.model"), "--preset", "tiny", "--updates", "2",
+                      "--max-tokens", "160", "--fp16", "--no-torch", "--variant", "attn=MINITF_FUSED_ATTN=1",
+                      "--variant", "now=", "--out", str(tmp_path / "o")])
+    out = capsys.readouterr().out
+    assert "attn        FAILED: RuntimeError: CUDA_ERROR_ILLEGAL_ADDRESS" in out, out
+    assert [r["runner"] for r in info["runners"]] == ["now"] and info["runners"][0]["valid_nll_rel_diff"] == 0
+    saved = json.loads((tmp_path / "o" / "same_training.json").read_text())
+    assert saved["failed"] == [{"runner": "attn", "error": "RuntimeError: CUDA_ERROR_ILLEGAL_ADDRESS: an illegal "
+                                                         "memory access was encountered"}]
+
+
 def test_gpu_ab_reports_a_failing_mode_and_runs_the_others(tmp_path, standin, monkeypatch, capsys):
     """A preset and mode whose run fails (a first run of new kernels on a GPU, say) is printed as FAILED with
     its error and written to ab.json as such; the modes after it still run."""
