@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .backend import to_device, to_numpy, to_numpy_all, xp_of
+from .backend import is_gpu, to_device, to_numpy, to_numpy_all, xp_of
 from .functional import as_float32_if_half
 
 
@@ -208,6 +208,16 @@ def _group_size(v):
     return next((w for w in range(128, 31, -1) if v % w == 0), v)
 
 
+def _largest(x, n):
+    """The columns of the n largest values of each row of x [rows, m] (n < m), in no particular order: NumPy's
+    argpartition; on a GPU a sort (CuPy 14's argpartition reads its indices back on the host twice, in
+    cupy.unravel_index: two synchronisations a call)."""
+    xp = xp_of(x)
+    if is_gpu(xp):
+        return xp.argsort(-x, axis=1)[:, :n]
+    return xp.argpartition(-x, n - 1, axis=1)[:, :n]
+
+
 def _top_on_device(logits, offset, k, n_best):
     """The n_best best (beam, token) continuations of each sentence, best first, on the device.
 
@@ -232,14 +242,13 @@ def _top_on_device(logits, offset, k, n_best):
     group_max = grouped.max(axis=1) + offset[:, None]                           # [n * k, g]
     group_max = group_max.reshape(n, k * g)
     if n_best < k * g:
-        chosen = xp.argpartition(-group_max, n_best - 1, axis=1)[:, :n_best]    # [n, n_best]: beam * g + group
+        chosen = _largest(group_max, n_best)                                    # [n, n_best]: beam * g + group
     else:
         chosen = xp.broadcast_to(xp.arange(k * g), (n, k * g))
     row = xp.arange(n)[:, None] * k + chosen // g                               # [n, n_best]
     vals = grouped[row, :, chosen % g] + offset[row][..., None]                  # [n, n_best, w]
     vals = vals.reshape(n, -1)
-    part = xp.argpartition(-vals, n_best - 1, axis=1)[:, :n_best] if n_best < vals.shape[1] else xp.broadcast_to(
-        xp.arange(vals.shape[1]), vals.shape)
+    part = _largest(vals, n_best) if n_best < vals.shape[1] else xp.broadcast_to(xp.arange(vals.shape[1]), vals.shape)
     part = xp.take_along_axis(part, xp.argsort(-xp.take_along_axis(vals, part, axis=1), axis=1), axis=1)
     return _candidates(xp.take_along_axis(vals, part, axis=1), xp.take_along_axis(chosen, part // w, axis=1), part,
                        w, g, v)

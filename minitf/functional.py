@@ -16,7 +16,7 @@ import numpy as np
 
 from . import gemm, kernels
 from .kernels import keep_threshold  # the dropout masks: kept where u >= this
-from .backend import half_dtype, xp_of
+from .backend import half_dtype, is_gpu, xp_of
 
 
 def as_float32_if_half(x):
@@ -331,28 +331,46 @@ def attention_forward(q, k, v, bias, scale, drop_mask=None):
     the paper (docs/deviations.md).
     Returns out [B, H, T, K] and p [B, H, T, S] (the softmax output, kept for backward).
     """
-    scores = (q * scale) @ k.swapaxes(-1, -2)
+    scores = batched_matmul(scaled(q, scale), k.swapaxes(-1, -2))
     if kernels.enabled(scores):
         p = kernels.masked_softmax(scores, bias, out=scores)   # one pass: + bias, softmax
     else:
         scores += bias
         p = softmax_forward(scores)
-    return (p @ v if drop_mask is None else (p * drop_mask) @ v), p
+    return batched_matmul(p if drop_mask is None else p * drop_mask, v), p
 
 
 def attention_backward(dout, q, k, v, p, scale, drop_mask=None):
     """Returns dq, dk, dv for attention_forward (the same drop_mask)."""
     # out = p @ v, or (p * drop_mask) @ v
-    dv = (p if drop_mask is None else p * drop_mask).swapaxes(-1, -2) @ dout
-    dp = dout @ v.swapaxes(-1, -2)
+    dv = batched_matmul((p if drop_mask is None else p * drop_mask).swapaxes(-1, -2), dout)
+    dp = batched_matmul(dout, v.swapaxes(-1, -2))
     if drop_mask is not None:
         dp *= drop_mask
     # p = softmax(scores)
     ds = kernels.softmax_backward(dp, p, out=dp) if kernels.enabled(dp) else softmax_backward(dp, p)
     # scores = (q * scale) @ k^T + bias
-    dq = (ds @ k) * scale
-    dk = ds.swapaxes(-1, -2) @ (q * scale)
+    dq = batched_matmul(ds, k)
+    dq *= scale
+    dk = batched_matmul(ds.swapaxes(-1, -2), scaled(q, scale))
     return dq, dk, dv
+
+
+def scaled(x, s):
+    """x * s (s a Python number) as a new array of x's dtype. CuPy 14 computes a bfloat16 array times a Python
+    float in float32 and returns float32 (numpy.result_type(0.0, bfloat16) is float64, so it takes float32's
+    loop); written into an array of x's dtype, the product is rounded back, as NumPy rounds float16's."""
+    xp = xp_of(x)
+    return xp.multiply(x, s, out=xp.empty(x.shape, dtype=x.dtype))
+
+
+def batched_matmul(a, b):
+    """a @ b over the leading axes. CuPy 14's matmul of arrays of more than two axes has no bfloat16 path (it
+    raises TypeError: cupy/_core/_routines_linalg.pyx takes bfloat16 for an integer type); on a GPU those
+    products are made in float32 and rounded back to bfloat16, as CuPy itself makes float16's."""
+    if a.ndim > 2 and kernels.dtype_name(a.dtype) == "bfloat16" and is_gpu(xp_of(a)):
+        return (a.astype(np.float32) @ b.astype(np.float32)).astype(a.dtype)
+    return a @ b
 
 
 def split_heads(x, n_heads):

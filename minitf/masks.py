@@ -20,8 +20,9 @@ def padding_bias(ids, pad_id, dtype, xp=None):
     and a device's `xp`: made on the host and moved in one copy (no kernel launches)."""
     if xp is not None and isinstance(ids, np.ndarray):
         return to_device(padding_bias(ids, pad_id, dtype), xp)
-    bias = ((ids == pad_id).astype(dtype) * _neg_inf(dtype)).astype(dtype, copy=False)   # (NumPy's bfloat16 * a
-    return bias[:, None, None, :]                                                        # Python float is float32)
+    bias = (ids == pad_id).astype(dtype)
+    bias *= _neg_inf(dtype)       # in place, in the dtype asked for (bfloat16 times a Python float is float32)
+    return bias[:, None, None, :]
 
 
 _CAUSAL = {}   # (array module, length, dtype name) -> the [T, T] bias, made once (it never changes)

@@ -843,6 +843,10 @@ def _argsort(a, axis=-1, kind=None):
 
 
 def _argpartition(a, kth, axis=-1):
+    # cupy/_sorting/search.py -> _ndarray_argpartition ends in cupy.unravel_index, which reads on the host
+    # whether any index is negative and whether any is positive (cupy/_indexing/generate.py)
+    _transfer("d2h", "implicit sync (argpartition: unravel_index checks its indices)")
+    _transfer("d2h", "implicit sync (argpartition: unravel_index checks its indices)")
     return _new(numpy.argsort(a._a, axis=axis, kind="stable"))
 
 
@@ -911,13 +915,15 @@ def _count_function(name, args, kwargs, result):
 
 # --- ufuncs
 def _weak_scalars(r, ins):
-    """CuPy's result dtype where ml_dtypes' NumPy loops differ: a bfloat16 array with Python scalars
-    (weak, NEP 50) or other bfloat16 arrays stays bfloat16 (ml_dtypes gives float32 for `x * 2.0`
-    and for bfloat16 @ bfloat16)."""
+    """CuPy's result dtype where ml_dtypes' NumPy loops differ: bfloat16 arrays with each other (bfloat16 @
+    bfloat16 too) or with Python ints stay bfloat16, where ml_dtypes gives float32. With a Python float they
+    do not: CuPy takes a loop's type for a Python scalar only where numpy.result_type(scalar, that type) is
+    it (cupy/_core/_kernel.pyx, _guess_routine_from_in_types), and result_type(0.0, bfloat16) is float64, so
+    `x * 2.0` runs float32's loop and returns float32."""
     if BFLOAT16 is None or not isinstance(r, numpy.ndarray) or r.dtype != numpy.float32:
         return r
     arrays = [x for x in ins if isinstance(x, (numpy.ndarray, numpy.generic))]
-    if arrays and all(x.dtype == BFLOAT16 for x in arrays):
+    if arrays and all(x.dtype == BFLOAT16 for x in arrays) and not any(isinstance(x, float) for x in ins):
         return r.astype(BFLOAT16)
     return r
 
@@ -946,6 +952,11 @@ class ufunc:
         if out is not None and not isinstance(out, ndarray):
             raise TypeError(f"{where}: Output arguments must be cupy.ndarray")
         ins = [_operand(x, where) for x in args[:self.nin]]
+        if self.__name__ == "matmul" and any(isinstance(x, numpy.ndarray) and x.ndim > 2 and x.dtype == BFLOAT16
+                                             for x in ins):
+            # cupy/_core/_routines_linalg.pyx: an N-D matmul not of 'efdFD' (bfloat16's char is 'E') takes the
+            # integer path, whose get_typename('E') raises
+            raise TypeError("data type 'E' not understood (cupy.matmul of bfloat16 arrays of more than 2 dimensions)")
         _count_ufunc(self.__name__, ins)
         kw = {} if dtype is None else {"dtype": dtype}
         r = self._np(*ins, out=None if out is None else out._a, casting=casting, **kw)

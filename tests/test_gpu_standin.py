@@ -464,7 +464,7 @@ def test_performance_md_quotes_the_launch_and_allocation_counts_of_a_base_update
 def test_a_base_update_launches_at_most_650_kernels_and_reads_nothing_back(standin, fp16, vec, monkeypatch):
     """One `base` update (forward, backward, Adam) on the GPU path, counted as CuPy would launch
     it (bench/launches.py): at most 650 kernels (1,929 in float32 and 2,256 under --fp16 in the step
-    before the fusions existed; 1,913 and 2,240 with every switch at 0 today), the attention's products and the stacked projections as single cuBLAS
+    before the fusions existed; 1,877 and 2,204 with every switch at 0 today), the attention's products and the stacked projections as single cuBLAS
     calls, a post-norm block's bias, dropout, sum and LayerNorm as one kernel, and no
     device-to-host copy inside the update (its outcome is decided on the device: optim.UpdateCheck)."""
     sys.path.insert(0, ROOT)

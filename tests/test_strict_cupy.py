@@ -156,3 +156,21 @@ def test_triu_of_bfloat16_comes_back_float32_as_cupys_does(monkeypatch):
     assert isinstance(bias, cp.ndarray) and bias.dtype == bf16
     host = cp.asnumpy(bias).astype(np.float32)
     assert np.array_equal(host == 0, np.tril(np.ones((4, 4), bool))) and (host[np.triu_indices(4, 1)] < -1e8).all()
+
+
+def test_bfloat16_with_a_python_float_matmul_and_argpartition_as_cupys():
+    """What CuPy 14 does that NumPy with ml_dtypes does not, modelled: a bfloat16 array times a Python float runs
+    float32's loop and returns float32 (times a Python int, or another bfloat16 array, it stays bfloat16); a
+    bfloat16 matmul of more than two axes raises TypeError; argpartition reads its indices back twice
+    (cupy.unravel_index), two synchronisations."""
+    bf16 = np.dtype("bfloat16")
+    x = cp.ones((2, 3), dtype=bf16)
+    assert (x * 2.0).dtype == np.float32 and (x * 2).dtype == bf16 and (x * x).dtype == bf16
+    y = cp.empty_like(x)
+    assert cp.multiply(x, 2.0, out=y) is y and y.dtype == bf16
+    assert (x @ cp.ones((3, 2), dtype=bf16)).dtype == bf16
+    with pytest.raises(TypeError, match="data type 'E' not understood"):
+        cp.ones((2, 2, 3), dtype=bf16) @ cp.ones((2, 3, 2), dtype=bf16)
+    with cp.count_transfers() as t:
+        cp.argpartition(cp.asarray(np.array([[3.0, 1.0, 2.0]])), 1, axis=1)
+    assert len(t.d2h) == 2

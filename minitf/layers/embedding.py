@@ -80,12 +80,14 @@ class TokenEmbedding(Layer):
 
     def lookup(self, ids):
         """ids [B, L] int -> (x [B, L, D] = weight[ids] * sqrt(D), cache)."""
-        return self.params["weight"][ids] * self.scale, ids
+        x = self.params["weight"][ids]
+        x *= self.scale            # in place, in the weight's dtype (bfloat16 too: F.scaled)
+        return x, ids
 
     def lookup_backward(self, dx, ids):
         # x = weight[ids] * scale
         d = dx.shape[-1]
-        segment_sum_rows(ids.reshape(-1), dx.reshape(-1, d) * self.scale, self.grads["weight"])
+        segment_sum_rows(ids.reshape(-1), F.scaled(dx.reshape(-1, d), self.scale), self.grads["weight"])
 
     def _out_rows(self):
         """weight[ids] [V_o, D] (a gathered copy), or weight itself [V, D] without an output vocabulary."""
