@@ -27,7 +27,8 @@ preset and mode it prints and writes (--out):
            GPU-busy ms per step, and the --top kernels by time (bench/gpu_kernels.py)
 
 A preset and mode whose run fails (a first run of new kernels, say) is printed as FAILED with its error and
-written to ab.json as such; the others still run.
+written to ab.json as such, and the others still run, unless the error left the CUDA context unusable (an illegal
+address does: every later call fails too; run such variants in a process of their own).
 
 The batch is bench/gpu_report.py's (bench/data.py's `wmt_batch`): at most 25,000 padded tokens a side of
 WMT14-shaped lengths.

@@ -24,11 +24,12 @@ seeds of one engine ended 11% apart in validation NLL (docs/benchmarks.md).
 
 For each runner it prints the updates made and skipped, ms per update (with one device->host
 read a step), the mean training loss of the last 50 updates, the validation NLL per target token
-(eval mode, the engine's own precision) and its relative difference to the first runner's, and
+(eval mode, the engine's own precision) and its relative difference to that of the first runner that finished, and
 peak GPU memory (CuPy's pool / torch.cuda.max_memory_reserved); --out adds each runner's loss
 curve (means of 50 updates). --device cpu runs the CPU path (then `now` and `before` are the
 same code: a check of this script). A runner that fails (a first run of new kernels, say) is printed as FAILED
-with its error (and listed under "failed" in --out's JSON); the others still run.
+with its error (and listed under "failed" in --out's JSON), and the others still run, unless the error left the
+CUDA context unusable (an illegal address does). The relative differences are to the first runner that finished.
 """
 import argparse
 import json

@@ -368,7 +368,7 @@ def batched_matmul(a, b):
     """a @ b over the leading axes. CuPy 14's matmul of arrays of more than two axes has no bfloat16 path (it
     raises TypeError: cupy/_core/_routines_linalg.pyx takes bfloat16 for an integer type); on a GPU those
     products are made in float32 and rounded back to bfloat16, as CuPy itself makes float16's."""
-    if a.ndim > 2 and kernels.dtype_name(a.dtype) == "bfloat16" and is_gpu(xp_of(a)):
+    if a.ndim > 2 and a.dtype == b.dtype and kernels.dtype_name(a.dtype) == "bfloat16" and is_gpu(xp_of(a)):
         return (a.astype(np.float32) @ b.astype(np.float32)).astype(a.dtype)
     return a @ b
 

@@ -2635,7 +2635,7 @@ def declared_signatures(code):
     """{kernel name: [the C type of each parameter]} of the extern "C" __global__ kernels in CUDA source `code`,
     as their declarations give them ("const" left out: what a launch passes), e.g. "T*", "long long", "A"."""
     found = {}
-    for name, params in re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', code):
+    for name, params in re.findall(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', code):
         words = [[w for w in p.replace("*", " * ").split() if w != "const"] for p in params.split(",")]
         found[name] = [" ".join(w[:-1]).replace(" *", "*") for w in words]
     return found

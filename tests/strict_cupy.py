@@ -915,11 +915,11 @@ def _count_function(name, args, kwargs, result):
 
 # --- ufuncs
 def _weak_scalars(r, ins):
-    """CuPy's result dtype where ml_dtypes' NumPy loops differ: bfloat16 arrays with each other (bfloat16 @
-    bfloat16 too) or with Python ints stay bfloat16, where ml_dtypes gives float32. With a Python float they
-    do not: CuPy takes a loop's type for a Python scalar only where numpy.result_type(scalar, that type) is
-    it (cupy/_core/_kernel.pyx, _guess_routine_from_in_types), and result_type(0.0, bfloat16) is float64, so
-    `x * 2.0` runs float32's loop and returns float32."""
+    """CuPy's result dtype where ml_dtypes' NumPy loops differ: bfloat16 @ bfloat16 stays bfloat16 in CuPy
+    (ml_dtypes gives float32). A bfloat16 array with a Python float is float32 in both: CuPy takes a loop's type
+    for a Python scalar only where numpy.result_type(scalar, that type) is it (cupy/_core/_kernel.pyx,
+    _guess_routine_from_in_types), and result_type(0.0, bfloat16) is float64, so `x * 2.0` runs float32's
+    loop."""
     if BFLOAT16 is None or not isinstance(r, numpy.ndarray) or r.dtype != numpy.float32:
         return r
     arrays = [x for x in ins if isinstance(x, (numpy.ndarray, numpy.generic))]
@@ -959,6 +959,8 @@ class ufunc:
             raise TypeError("data type 'E' not understood (cupy.matmul of bfloat16 arrays of more than 2 dimensions)")
         _count_ufunc(self.__name__, ins)
         kw = {} if dtype is None else {"dtype": dtype}
+        if out is None:   # CuPy allocates a ufunc's output C-contiguous (_kernel.pyx, _get_out_args_from_optionals)
+            kw["order"] = "C"
         r = self._np(*ins, out=None if out is None else out._a, casting=casting, **kw)
         return _wrap(_weak_scalars(r, ins) if out is None and dtype is None else r, out)
 

@@ -723,7 +723,7 @@ def test_same_training_reports_a_failing_runner_and_runs_the_others(tmp_path, st
 
     def failing_attn(name, *rest):
         if name == "attn":
-            raise RuntimeError("CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered")
+            raise MemoryError("Out of memory allocating 1,073,741,824 bytes")
         return train_minitf(name, *rest)
     monkeypatch.setattr(same, "train_minitf", failing_attn)
     info = same.main(["--train-src", str(data / "train.en.gz"), "--train-tgt", str(data / "train.de.gz"),
@@ -732,11 +732,11 @@ def test_same_training_reports_a_failing_runner_and_runs_the_others(tmp_path, st
                       "--max-tokens", "160", "--fp16", "--no-torch", "--variant", "attn=MINITF_FUSED_ATTN=1",
                       "--variant", "now=", "--out", str(tmp_path / "o")])
     out = capsys.readouterr().out
-    assert "attn        FAILED: RuntimeError: CUDA_ERROR_ILLEGAL_ADDRESS" in out, out
+    assert "attn        FAILED: MemoryError: Out of memory allocating 1,073,741,824 bytes" in out, out
     assert [r["runner"] for r in info["runners"]] == ["now"] and info["runners"][0]["valid_nll_rel_diff"] == 0
     saved = json.loads((tmp_path / "o" / "same_training.json").read_text())
-    assert saved["failed"] == [{"runner": "attn", "error": "RuntimeError: CUDA_ERROR_ILLEGAL_ADDRESS: an illegal "
-                                                         "memory access was encountered"}]
+    assert saved["failed"] == [{"runner": "attn", "error": "MemoryError: Out of memory allocating 1,073,741,824 "
+                                                         "bytes"}]
 
 
 def test_gpu_ab_reports_a_failing_mode_and_runs_the_others(tmp_path, standin, monkeypatch, capsys):
@@ -748,17 +748,17 @@ def test_gpu_ab_reports_a_failing_mode_and_runs_the_others(tmp_path, standin, mo
 
     def failing_in_bf16(cfg, batch, fp16, *rest):
         if fp16 == "bfloat16":
-            raise RuntimeError("CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered")
+            raise RuntimeError("NVRTC_ERROR_COMPILATION: the bfloat16 kernels did not compile")
         return compare(cfg, batch, fp16, *rest)
     monkeypatch.setattr(gpu_ab, "compare", failing_in_bf16)
     gpu_ab.main(["--smoke", "--no-torch", "--rounds", "2", "--variant", "now=", "--modes", "bf16,fp16",
                  "--out", str(tmp_path / "ab")])
     out = capsys.readouterr().out
-    assert "## tiny bf16: FAILED: RuntimeError: CUDA_ERROR_ILLEGAL_ADDRESS" in out
+    assert "## tiny bf16: FAILED: RuntimeError: NVRTC_ERROR_COMPILATION" in out
     assert re.search(r"^## tiny fp16 .*\n  now +[\d.]+ ms", out, re.M), out
     results = json.loads((tmp_path / "ab" / "ab.json").read_text())["results"]
-    assert results["tiny bf16"] == {"error": "RuntimeError: CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access "
-                                             "was encountered"}
+    assert results["tiny bf16"] == {"error": "RuntimeError: NVRTC_ERROR_COMPILATION: the bfloat16 kernels did not "
+                                             "compile"}
     assert results["tiny fp16"]["time"]["now"]["step_ms"] > 0
 
 

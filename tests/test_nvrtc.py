@@ -38,9 +38,11 @@ byte for byte the ones this file compiles, for every dtype and both architecture
 NVRTC comes from the `nvidia-cuda-nvrtc-cu12` wheel (the dev extra installs it on Linux
 x86-64 and aarch64), loaded with ctypes. A compile error, or any diagnostic in NVRTC's log
 (a warning included), fails the test with the log. The PTX of the same compile is read to
-check each kernel's parameters against `kernels.SIGNATURES`, which says what the Python
-wrappers pass: CuPy packs the arguments by those types, so a kernel that expects another
-width reads garbage, silently.
+check each kernel's parameters against `kernels.SIGNATURES`, minitf's reading of the kernels'
+declarations, which the CPU emulator's launchers take: the reading must give every parameter the width NVRTC
+compiled it with. (What the Python wrappers pass is checked against the same types by the stand-in, which
+refuses an argument whose dtype CuPy would pack otherwise: a kernel that expects another width reads garbage,
+silently.)
 """
 import ctypes
 import functools
