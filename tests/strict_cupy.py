@@ -858,6 +858,8 @@ def _flatnonzero(a):
 def _take_along_axis(a, indices, axis):
     if indices.dtype.kind not in "iu":
         raise IndexError("`indices` must be an integer array")
+    # cupy/_indexing/indexing.py: an arange for each other axis, then one advanced-index gather (counted as the call)
+    _launched("cupy_arange (take_along_axis)", a.ndim - 1)
     return _new(numpy.take_along_axis(a._a, indices._a, axis=axis))
 
 
