@@ -30,14 +30,14 @@ kernels a block per 16 query (or key) rows of one sentence and head, 4 threads a
   unpack_heads          x [rows, H*K] (+ bias) -> [B, H, L, K]: a projection's kept rows put back
                         in the padded batch and split into heads, zeros at the pads, one pass
   pack_heads            x [B, H, L, K] -> [rows, H*K]: the heads merged and the kept rows taken
+  bias_relu             x = max(x + b, 0) in place (the feed-forward's first layer and its ReLU)
+  relu_backward         dy = dy * (y > 0) in place
   attention_rows_forward  softmax(scale q k^T + mask) v per sentence and head on packed rows [rows, H*K]
                         (the projections' outputs, biases added on load; no [B, H, T, S] array), and each
                         row's log-sum-exp; attention_rows_backward computes the weights again from it, in
                         blocks over the query rows (dq) and blocks over the key rows (dk, dv)
   attention_rows_*_mma  the same two on tensor cores (mma.sync m16n8k16, a warp a block): float16 and
                         bfloat16, heads of 16, 32, 48 or 64 values, sm_80 and newer (attention_tensor_cores)
-  bias_relu             x = max(x + b, 0) in place (the feed-forward's first layer and its ReLU)
-  relu_backward         dy = dy * (y > 0) in place
   adam_update           one Adam(W) update over the flat buffers (+ the 16-bit copy of the weights)
   update_check          an update's outcome on the device: every gradient finite, the loss scale's next value
   embed_rows            the kept rows' (embedding * sqrt(D) + PE) * dropout mask, one pass
