@@ -363,8 +363,6 @@ def _aligned(*arrays):
 # ----------------------------------------------------------------------------- softmax
 # The attention weights of the head layout and their gradient: a block per row, or a warp per row up to
 # WARP_ROW_MAX (paper 3.2.1).
-
-
 SOFTMAX = r"""
 // p = softmax(scores + bias) over rows of length n; scores [B, H, L, n] as rows r = (b*H + h)*L + t (L queries: Tq).
 // bias is read at b*sb + h*sh + t*st + j*sj (element strides; 0 on broadcast axes).
@@ -483,8 +481,6 @@ def softmax_backward(dp, p, out=None):
 # Dropout's mask drawn again from its key wherever it is needed, LayerNorm's forward and backward (a block
 # per row, or with MINITF_FUSED_LNWARP=1 a warp), and a post-norm block's residual sum, dropout and LayerNorm
 # in one pass (paper 3.1, 5.4).
-
-
 LAYERNORM = r"""
 // Dropout's mask value from its key: u = 16 bits of splitmix64(key + w * GOLDEN), w = pos * ceil(d / 4) + c / 4 + 1
 // for column c of a row at position pos of the padded [B*L, d] batch (rowpos[r] where the rows are packed, else r);
@@ -882,8 +878,6 @@ def residual_layernorm(key, rowpos, y, x, p, g, b, eps, y_bias=None):
 # ----------------------------------------------------------------------------- the loss
 # The label-smoothed cross-entropy's terms per row of the logits, the batch's totals, and the gradient over
 # the logits (paper 5.4).
-
-
 LOSS = r"""
 // Row blockIdx.x's terms from its max m, sum of exp(z - m) s and sum of z tot: lse, nll = lse - z[gold], smooth.
 __device__ inline void nll_row_terms(const T* z, long long off, const long long* gold, A m, A s, A tot, int V,
@@ -1111,8 +1105,6 @@ def loss_totals(nll, smooth, eps, scale, dtype, count=1.0):
 # ----------------------------------------------------------------------------- gradient sums
 # The bias and LayerNorm parameter gradients: column sums over slabs of rows, added in one fixed order (the
 # same bits on every run), into the gradient buffers by one launch.
-
-
 SUMS = r"""
 // Column sums of x [n, d], or of x * y (has_y), pass 1 of 2. Block b sums the 32 columns from
 // c0 = (b % chunks) * 32 over one slab of rows [slab * rows_per_slab, +rows_per_slab), slab = b / chunks:
@@ -1423,8 +1415,6 @@ def _counter(xp, chunks=1):
 # ----------------------------------------------------------------------------- heads and ReLU
 # The head layout's passes (a projection's rows into [B, H, L, K] with its bias, and back) and the
 # feed-forward's bias + ReLU and ReLU's backward in place: a thread a value, or 16 bytes (*_vec).
-
-
 HEADS = r"""
 // out[b, h, l, k] = x[r, h * K + k] + bias[h * K + k] with r = inv[b * L + l] (has_inv; else r = b * L + l),
 // 0 where r < 0 (a pad position): the rows of a projection x [rows, H*K], unpacked to the padded batch,
@@ -1633,8 +1623,6 @@ def relu_backward(dy, y):
 # ----------------------------------------------------------------------------- attention on packed rows
 # The whole attention of a sentence and head on packed rows, one kernel forward and one backward, never
 # writing the [B, H, T, S] weights (MINITF_FUSED_ATTN=1); on tensor cores in 16 bits (paper 3.2.1-3.2.2).
-
-
 ATTENTION = r"""
 // Attention over packed rows, one sentence's rows after another (packing.Spans: sentence b's query rows
 // qstart[b] .. qstart[b] + qlen[b] - 1 of q, its key rows kstart[b] .. of k and v): the scaled dot-product
@@ -2407,8 +2395,6 @@ def attention_rows_backward(dout, out, lse, q, k, v, biases, spans_q, spans_kv, 
 # ----------------------------------------------------------------------------- Adam and the update's outcome
 # One Adam(W) kernel over the flat buffers, and the update's outcome (finite gradients, the loss scale)
 # decided on the device (paper 5.3).
-
-
 ADAM = r"""
 // One Adam(W) update of element i of the flat buffers, optim.Adam._update's passes in one:
 // g = grad * inv_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; p *= decay (1 - lr * lambda);
@@ -2527,8 +2513,6 @@ def update_check(grad, loss_sum, nll_sum, ctl, counter, scaler=None):
 # ----------------------------------------------------------------------------- the embedding
 # The embedding of the kept rows (times sqrt(D), plus the positional encoding, dropout) and its gradient
 # summed per id in a fixed order (paper 3.4, 3.5).
-
-
 EMBEDDING = r"""
 // The embedding of the kept rows, one thread per element of out [n / d, d]: row r at position
 // pos = rowpos[r] (has_rows; else r) of the padded [B, L] batch, l = pos % L:
