@@ -82,7 +82,8 @@ from . import backend
 
 BLOCK = {"softmax": 128, "layernorm": 256, "nll": 512}   # most threads per row (powers of 2)
 MIN_BLOCK = 32                                            # one warp
-COLUMN_BLOCK = 256           # column sums: 8 groups of 32 threads a block (SLAB_RUNS in the CUDA source)
+COLUMN_BLOCK = 256           # column sums: 8 groups of 32 threads a block (SLAB_RUNS in the CUDA source;
+                             # column_sums_into's __launch_bounds__ there)
 COLUMN_BLOCKS = 1024         # column sums: about this many blocks (several per multiprocessor) ...
 COLUMN_MIN_ROWS = 64         # ... at most ceil(rows / this) slabs (about this many rows each, more than half of it)
 WARP_ROW_MAX = 256           # softmax rows up to this long: a warp per row (masked_softmax_warp)
@@ -177,6 +178,8 @@ __device__ A block_max(A v, A* buf) {
 // *_vec kernels where the arrays are 16-byte aligned and the widths whole vectors (kernels.vec_ok).
 #define VEC ((int)(16 / sizeof(T)))
 struct alignas(16) Vec { T v[16 / sizeof(T)]; };
+#define AVEC ((int)(16 / sizeof(A)))   // 16 bytes of the accumulation type: a Vec's values are VEC / AVEC of them
+struct alignas(16) AVec { A v[16 / sizeof(A)]; };
 """
 
 
@@ -208,8 +211,11 @@ def source(dtype):
     t, a = C_TYPES[name]
     mma = {"float16": '#define ATT_MMA 1\n#define ATT_MMA_BF16 0\n#define ATT_MMA_AB "f16"\n',
            "bfloat16": '#define ATT_MMA 1\n#define ATT_MMA_BF16 1\n#define ATT_MMA_AB "bf16"\n'}.get(name, "#define ATT_MMA 0\n")
+    # column_sums_into's blocks a multiprocessor (its comment): 8 on sm_90 and newer, but in float64 (tests only)
+    sums = ("#define SUMS_BLOCKS 6\n" if name == "float64" else
+            "#if __CUDA_ARCH__ >= 900\n#define SUMS_BLOCKS 8\n#else\n#define SUMS_BLOCKS 6\n#endif\n")
     return (STORAGE16 + HALF + (BFLOAT16 if name == "bfloat16" else "") + f"typedef {t} T;\ntypedef {a} A;\n" + mma
-            + PRELUDE + KERNELS)
+            + sums + PRELUDE + KERNELS)
 
 
 # The switches below are read on every call (bench/gpu_ab.py flips them between steps), hundreds
@@ -616,29 +622,53 @@ extern "C" __global__ void residual_layernorm(const long long* rowpos, int has_r
 }
 
 // LayerNorm with a warp per row and 16-byte loads (kernels.ln_warp_ok: MINITF_FUSED_LNWARP=1, d whole
-// vectors, 16-byte aligned rows): the block's warps take rows blockIdx.x * warps + warp, lane l the row's
-// values l VEC .. l VEC + VEC - 1, then those 32 VEC further on, ...; the sums are warp shuffles (no shared
+// vectors, 16-byte aligned rows and parameters): the block's warps take rows blockIdx.x * warps + warp, lane l the
+// row's values l VEC .. l VEC + VEC - 1, then those 32 VEC further on, ...; the sums are warp shuffles (no shared
 // memory, no block barrier). The formulas of the block kernels above; the sums run in another order (not
-// their bits). Every warp runs the same shuffles, also past the last row (len = 0 there).
+// their bits). Every warp runs the same shuffles, also past the last row (len = 0 there). Every load and store is
+// 16 bytes a lane: the row, g and b as Vecs, xhat (the accumulation type) as VEC / AVEC AVecs; a row's first pass is
+// unrolled twice (but residual_layernorm_warp's), so that a lane of a 512-wide float16 row (two Vecs) waits on
+// memory once, not twice.
+// xhat's VEC values of a lane at column j, into xh: read (from_mean 0) or computed again from the LayerNorm's input
+// xs, its mean and rstd (from_mean 1), as xhat_at gives them.
+__device__ inline void xhat_vec(A* xh, int from_mean, const A* xhat, const T* xs, A mean, A rs, long long at) {
+    if (from_mean) {
+        Vec v = *(const Vec*)(xs + at);
+        for (int k = 0; k < VEC; k++) xh[k] = ((A)v.v[k] - mean) * rs;
+    } else {
+        for (int q = 0; q < VEC / AVEC; q++) {
+            AVec w = *(const AVec*)(xhat + at + q * AVEC);
+            for (int i = 0; i < AVEC; i++) xh[q * AVEC + i] = w.v[i];
+        }
+    }
+}
+
 // After the row's sum s (this lane's share): mean, rstd, xhat and y, as layernorm_row.
 __device__ void layernorm_row_warp(const T* x, long long off, int len, int d, A s, const T* g, const T* bvec, T* y,
                                    A* keep, int keep_mean, A* rstd, long long row, A eps, int lane) {
     A mean = warp_sum(s) / d;
     A v = 0;
+#pragma unroll 2
     for (int j = lane * VEC; j < len; j += 32 * VEC) {
         Vec a = *(const Vec*)(x + off + j);
         for (int k = 0; k < VEC; k++) { A c = (A)a.v[k] - mean; v += c * c; }
     }
     A rs = (A)1 / a_sqrt(warp_sum(v) / d + eps);
     for (int j = lane * VEC; j < len; j += 32 * VEC) {
-        Vec a = *(const Vec*)(x + off + j);
+        Vec a = *(const Vec*)(x + off + j), gv = *(const Vec*)(g + j), bv = *(const Vec*)(bvec + j);
         Vec o;
+        A xh[VEC];
         for (int k = 0; k < VEC; k++) {
-            A xh = ((A)a.v[k] - mean) * rs;
-            if (!keep_mean) keep[off + j + k] = xh;
-            o.v[k] = (T)(xh * (A)g[j + k] + (A)bvec[j + k]);
+            xh[k] = ((A)a.v[k] - mean) * rs;
+            o.v[k] = (T)(xh[k] * (A)gv.v[k] + (A)bv.v[k]);
         }
         *(Vec*)(y + off + j) = o;
+        if (!keep_mean)
+            for (int q = 0; q < VEC / AVEC; q++) {
+                AVec w;
+                for (int i = 0; i < AVEC; i++) w.v[i] = xh[q * AVEC + i];
+                *(AVec*)(keep + off + j + q * AVEC) = w;
+            }
     }
     if (lane == 0 && len > 0) {
         rstd[row] = rs;
@@ -653,6 +683,7 @@ extern "C" __global__ void layernorm_forward_warp(const T* x, const T* g, const 
     int len = r < rows ? d : 0;
     long long off = (r < rows ? r : 0) * d;
     A s = 0;
+#pragma unroll 2
     for (int j = lane * VEC; j < len; j += 32 * VEC) {
         Vec a = *(const Vec*)(x + off + j);
         for (int k = 0; k < VEC; k++) s += (A)a.v[k];
@@ -671,12 +702,15 @@ extern "C" __global__ void residual_layernorm_warp(const long long* rowpos, int 
     long long rr = r < rows ? r : 0, off = rr * d;
     unsigned long long pos = (unsigned long long)(has_rows ? rowpos[rr] : rr);
     A s = 0;
+    // not unrolled: unrolled twice, the dropout hashes of two Vecs took 94 registers in float16 (48 once)
     for (int j = lane * VEC; j < len; j += 32 * VEC) {
         Vec yv = *(const Vec*)(y + off + j);
         Vec xv = *(const Vec*)(x + off + j);
+        Vec bv;
+        if (has_yb) bv = *(const Vec*)(yb + j);
         for (int k = 0; k < VEC; k++) {
             A m = has_drop ? dropout_keep(key, pos, d, j + k, thresh, scale) : (A)1;
-            A yj = has_yb ? (A)(T)((A)yv.v[k] + (A)yb[j + k]) : (A)yv.v[k];
+            A yj = has_yb ? (A)(T)((A)yv.v[k] + (A)bv.v[k]) : (A)yv.v[k];
             yv.v[k] = (T)(yj * m + (A)xv.v[k]);
             s += (A)yv.v[k];
         }
@@ -696,29 +730,34 @@ extern "C" __global__ void layernorm_backward_warp(T* dy, const T* dy2, int has_
     int len = r < rows ? d : 0;
     long long rr = r < rows ? r : 0, off = rr * d;
     A rs = rstd[rr], mu = from_mean ? mean[rr] : (A)0;
+    unsigned long long pos = has_mask == 2 ? (unsigned long long)(has_rows ? rowpos[rr] : rr) : 0ULL;
     A s1 = 0, s2 = 0;
+#pragma unroll 2
     for (int j = lane * VEC; j < len; j += 32 * VEC) {
-        Vec a = *(Vec*)(dy + off + j);
+        Vec a = *(Vec*)(dy + off + j), gv = *(const Vec*)(g + j);
         if (has_dy2) {
             Vec b = *(const Vec*)(dy2 + off + j);
             for (int k = 0; k < VEC; k++) a.v[k] = (T)((A)a.v[k] + (A)b.v[k]);
             *(Vec*)(dy + off + j) = a;
         }
+        A xh[VEC];
+        xhat_vec(xh, from_mean, xhat, xs, mu, rs, off + j);
         for (int k = 0; k < VEC; k++) {
-            A dxh = (A)a.v[k] * (A)g[j + k];
+            A dxh = (A)a.v[k] * (A)gv.v[k];
             s1 += dxh;
-            s2 += dxh * xhat_at(from_mean, xhat, xs, mu, rs, off, j + k);
+            s2 += dxh * xh[k];
         }
     }
     A m1 = warp_sum(s1) / d;
     A m2 = warp_sum(s2) / d;
-    unsigned long long pos = has_mask == 2 ? (unsigned long long)(has_rows ? rowpos[rr] : rr) : 0ULL;
     for (int j = lane * VEC; j < len; j += 32 * VEC) {
-        Vec a = *(const Vec*)(dy + off + j);
+        Vec a = *(const Vec*)(dy + off + j), gv = *(const Vec*)(g + j);
         Vec o, om;
+        A xh[VEC];
+        xhat_vec(xh, from_mean, xhat, xs, mu, rs, off + j);
         for (int k = 0; k < VEC; k++) {
-            A dxh = (A)a.v[k] * (A)g[j + k];
-            o.v[k] = (T)(rs * (dxh - m1 - xhat_at(from_mean, xhat, xs, mu, rs, off, j + k) * m2));
+            A dxh = (A)a.v[k] * (A)gv.v[k];
+            o.v[k] = (T)(rs * (dxh - m1 - xh[k] * m2));
         }
         *(Vec*)(dx + off + j) = o;
         if (has_mask == 1) {
@@ -746,7 +785,8 @@ def _launch_layernorm(name, dtype, rows, d, args, warp):
 def ln_warp_ok(d, *arrays):
     """Whether the LayerNorm kernels take a warp per row (layernorm_forward_warp, residual_layernorm_warp,
     layernorm_backward_warp): MINITF_FUSED_LNWARP=1 (off by default: not yet timed on a GPU) and the
-    16-byte loads apply (vec_ok: rows of d whole vectors, 16-byte aligned)."""
+    16-byte loads apply (vec_ok: rows of d whole vectors; the rows, the parameters (views of the flat
+    parameter buffer) and xhat 16-byte aligned)."""
     return switched_on("MINITF_FUSED_LNWARP") and vec_ok(*arrays, width=d)
 
 
@@ -759,8 +799,9 @@ def layernorm_forward(x, g, b, eps):
     y = xp.empty_like(x)
     xhat = xp.empty(x.shape, dtype=a)
     rstd = xp.empty(x.shape[:-1] + (1,), dtype=a)
-    args = (x, _as(g, x.dtype), _as(b, x.dtype), y, xhat, rstd, np.int32(d), a(eps))
-    _launch_layernorm("layernorm_forward", x.dtype, rows, d, args, ln_warp_ok(d, x, y))
+    g, b = _as(g, x.dtype), _as(b, x.dtype)
+    args = (x, g, b, y, xhat, rstd, np.int32(d), a(eps))
+    _launch_layernorm("layernorm_forward", x.dtype, rows, d, args, ln_warp_ok(d, x, y, g, b, xhat))
     return y, (xhat, rstd)
 
 
@@ -829,9 +870,10 @@ def layernorm_backward_input(dy, cache, g, dy2=None, mask=None):
     mask_ = dy if mask is None or keyed else xp.ascontiguousarray(mask)   # placeholders where the kernel reads nothing
     dxm_ = dx if dxm is None else dxm
     mode, *drawn = _drawn_mask_args(xp, mask, accum_dtype(dy.dtype))
-    args = (dy, dy2, np.int32(has_dy2), xhat, rstd, _as(g, dy.dtype), dx, mask_, mode, dxm_, np.int32(d), *drawn,
+    g = _as(g, dy.dtype)
+    args = (dy, dy2, np.int32(has_dy2), xhat, rstd, g, dx, mask_, mode, dxm_, np.int32(d), *drawn,
             cache.x if from_mean else dy, cache.mean if from_mean else rstd, np.int32(from_mean))
-    warp = ln_warp_ok(d, dy, dy2, dx, mask_, dxm_, *((cache.x,) if from_mean else ()))
+    warp = ln_warp_ok(d, dy, dy2, dx, mask_, dxm_, g, cache.x if from_mean else xhat)
     _launch_layernorm("layernorm_backward", dy.dtype, rows, d, args, warp)
     return dx if mask is None else (dx, dxm)
 
@@ -865,12 +907,11 @@ def residual_layernorm(key, rowpos, y, x, p, g, b, eps, y_bias=None):
     stats = xp.empty((2,) + y.shape[:-1] + (1,), dtype=a)      # one allocation for both
     mean, rstd = stats[0], stats[1]
     positions = _placeholder(xp, np.int64) if rowpos is None else xp.ascontiguousarray(rowpos, dtype=np.int64)
+    yb, g, b = y if y_bias is None else _as(y_bias, y.dtype), _as(g, y.dtype), _as(b, y.dtype)
     args = (positions, np.int32(rowpos is not None), np.uint64(key or 0), np.int32(key is not None), y,
-            y if y_bias is None else _as(y_bias, y.dtype), np.int32(y_bias is not None), x,
-            np.int32(0 if key is None else keep_threshold(p)),
-            a(1.0 if key is None else 1.0 / (1.0 - p)), _as(g, y.dtype), _as(b, y.dtype), out, mean, rstd,
-            np.int32(d), a(eps))
-    _launch_layernorm("residual_layernorm", y.dtype, rows, d, args, ln_warp_ok(d, y, x, out))
+            yb, np.int32(y_bias is not None), x, np.int32(0 if key is None else keep_threshold(p)),
+            a(1.0 if key is None else 1.0 / (1.0 - p)), g, b, out, mean, rstd, np.int32(d), a(eps))
+    _launch_layernorm("residual_layernorm", y.dtype, rows, d, args, ln_warp_ok(d, y, x, out, yb, g, b))
     mask = None if key is None else KeyedMask(key, positions if rowpos is not None else None, p)
     return out, mask, NormCache(y, mean, rstd)
 
@@ -1180,8 +1221,9 @@ __device__ inline void column_slab_sums(T* x, const A* y, int parts, const T* x3
     if (relu) {            // dy = dy * (y > 0) in place, then its sum (each element this block's alone)
         for (long long r = r0 + group; r < r1; r += groups) {
             long long i = r * d + c;
-            if (!((A)ys[i] > (A)0)) x[i] = (T)(A)0;
-            s0 += (A)x[i];
+            T v = x[i];   // loaded with ys[i], not after the test (a second wait on memory a row)
+            if (!((A)ys[i] > (A)0)) x[i] = v = (T)(A)0;
+            s0 += (A)v;
         }
     } else if (plane) {    // the planes x + p * plane, no factor
         for (long long r = r0 + group; r < r1; r += groups) {
@@ -1260,18 +1302,23 @@ __device__ inline void column_sums_body(T* x, const A* y, int parts, T* x3, A* p
     }
 }
 
-extern "C" __global__ void column_sums_into(T* x, const A* y, int parts, T* x3, A* partial, unsigned int* counter,
-                                            T* out1, T* out2, T* out3, long long n, int d, long long rows_per_slab,
-                                            const T* ys, const A* mean, const A* rstd, int from_mean, long long plane,
-                                            long long out_stride) {
+// On sm_90 both kernels are held to 32 registers a thread (__launch_bounds__: blocks of 256 threads, SUMS_BLOCKS = 8
+// of them on a multiprocessor): COLUMN_BLOCKS' ~1,024 blocks then fit an H100 at once. At the 34 registers ptxas
+// takes otherwise in 16 bits only 6 blocks fit (registers are given out 8 at a time), and the last quarter of the
+// grid ran as a second wave after the first, each block's row loop waiting on memory just as long. Elsewhere
+// SUMS_BLOCKS is 6 (40 registers): at 32, sm_80's float32 and bfloat16 code and float64's (tests only) would spill.
+extern "C" __global__ void __launch_bounds__(256, SUMS_BLOCKS)
+column_sums_into(T* x, const A* y, int parts, T* x3, A* partial, unsigned int* counter, T* out1, T* out2, T* out3,
+                 long long n, int d, long long rows_per_slab, const T* ys, const A* mean, const A* rstd, int from_mean,
+                 long long plane, long long out_stride) {
     column_sums_body(x, y, parts, x3, partial, counter, out1, out2, out3, n, d, rows_per_slab, ys, mean, rstd,
                      from_mean, plane, out_stride, 0);
 }
 
-extern "C" __global__ void column_sums_relu_into(T* x, const A* y, int parts, T* x3, A* partial,
-                                                 unsigned int* counter, T* out1, T* out2, T* out3, long long n, int d,
-                                                 long long rows_per_slab, const T* ys, const A* mean, const A* rstd,
-                                                 int from_mean, long long plane, long long out_stride) {
+extern "C" __global__ void __launch_bounds__(256, SUMS_BLOCKS)
+column_sums_relu_into(T* x, const A* y, int parts, T* x3, A* partial, unsigned int* counter, T* out1, T* out2, T* out3,
+                      long long n, int d, long long rows_per_slab, const T* ys, const A* mean, const A* rstd,
+                      int from_mean, long long plane, long long out_stride) {
     column_sums_body(x, y, parts, x3, partial, counter, out1, out2, out3, n, d, rows_per_slab, ys, mean, rstd,
                      from_mean, plane, out_stride, 1);
 }
@@ -2619,7 +2666,8 @@ def declared_signatures(code):
     """{kernel name: [the C type of each parameter]} of the extern "C" __global__ kernels in CUDA source `code`,
     as their declarations give them ("const" left out: what a launch passes), e.g. "T*", "long long", "A"."""
     found = {}
-    for name, params in re.findall(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', code):
+    for name, params in re.findall(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?'
+                                   r'(\w+)\s*\(([^)]*)\)', code):
         words = [[w for w in p.replace("*", " * ").split() if w != "const"] for p in params.split(",")]
         found[name] = [" ".join(w[:-1]).replace(" *", "*") for w in words]
     return found

@@ -180,6 +180,7 @@ static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
     }
 }
 #define __global__
+#define __launch_bounds__(...)
 #define __device__
 #define __shared__ static
 static inline float h2f(unsigned short h) { _Float16 v; std::memcpy(&v, &h, 2); return (float)v; }

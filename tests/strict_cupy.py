@@ -1129,7 +1129,8 @@ def parse_kernels(code):
     """{kernel name: [C parameter types]} of the `extern "C" __global__` kernels in CUDA source,
     types as written without `const` (e.g. 'T*', 'long long', 'float')."""
     out = {}
-    for name, params in re.findall(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', code):
+    for name, params in re.findall(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\(\s*\d+\s*'
+                                   r'(?:,\s*\w+\s*)?\)\s*)?(\w+)\s*\(([^)]*)\)', code):
         types_ = []
         for p in params.split(","):
             words = re.sub(r"\bconst\b", " ", p.replace("*", " * ")).split()
@@ -1138,11 +1139,18 @@ def parse_kernels(code):
     return out
 
 
+def parse_launch_bounds(code):
+    """{kernel name: the most threads a block it declares with __launch_bounds__(threads[, blocks])}."""
+    return {name: int(threads) for threads, name in re.findall(
+        r'extern\s+"C"\s+__global__\s+void\s+__launch_bounds__\s*\(\s*(\d+)\s*(?:,\s*\w+\s*)?\)\s*(\w+)\s*\(', code)}
+
+
 class _RawKernel:
     """A kernel of a RawModule; calling it checks the arguments and runs it in the emulator."""
 
     def __init__(self, module, name, params):
         self.module, self.name, self.params = module, name, params
+        self.max_threads = parse_launch_bounds(module.code).get(name, 1024)
 
     def __call__(self, grid, block, args, *, shared_mem=0, stream=None):
         where = f"RawKernel {self.name}"
@@ -1154,6 +1162,9 @@ class _RawKernel:
             raise TypeError(f"{where}: only 1-D grids and blocks are emulated")
         if not 1 <= block[0] <= 1024:
             raise ValueError(f"{where}: {block[0]} threads per block (CUDA allows 1 to 1024)")
+        if block[0] > self.max_threads:     # compiled for at most that many: the launch fails on a GPU
+            raise ValueError(f"{where}: {block[0]} threads per block, more than its __launch_bounds__ "
+                             f"({self.max_threads})")
         if grid[0] >= 1 << 31:
             raise ValueError(f"{where}: grid of {grid[0]} blocks (CUDA allows < 2**31)")
         if len(args) != len(self.params):

@@ -984,7 +984,7 @@ def test_the_layernorm_kernels_a_warp_per_row(dtype, monkeypatch):
     launched = record_launches(monkeypatch)
     acc_t = kernels.accum_dtype(dtype)
 
-    def run():
+    def run(g=g, b=b):
         fwd = kernels.layernorm_forward(x, g, b, eps)
         res = kernels.residual_layernorm(key, rowpos, y.copy(), x, p, g, b, eps, y_bias=yb)
         dy_own = dy.copy()
@@ -1011,6 +1011,13 @@ def test_the_layernorm_kernels_a_warp_per_row(dtype, monkeypatch):
     launched.clear()
     kernels.layernorm_forward(x[:, :d - 1].copy(), g[:d - 1], b[:d - 1], eps)
     assert launched == ["layernorm_forward"]
+    # parameters that do not start on 16 bytes (views of a flat buffer can lie anywhere) take the block kernels
+    gbuf, bbuf = (np.concatenate([np.zeros(1, dtype), v]) for v in (g, b))
+    launched.clear()
+    (y3, (xh3, _)), (o3, _, _), (dx3, dxm3), _ = run(gbuf[1:], bbuf[1:])
+    assert launched == ["layernorm_forward", "residual_layernorm", "layernorm_backward"]
+    for got, want in ((y3, y1), (xh3, xh1), (o3, o1), (dx3, dx1), (dxm3, dxm1)):
+        equal(got, want)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -1075,12 +1082,16 @@ def test_signatures_are_read_from_the_declarations():
             '                                  unsigned int* counter, long long n, int d, A eps) {}\n'
             '__device__ inline int helper(int a) { return a; }\n'
             'extern "C" __global__ void k2(T *out) {}\n'
-            'extern "C"  __global__\nvoid k3 (int n) {}\n')
+            'extern "C"  __global__\nvoid k3 (int n) {}\n'
+            'extern "C" __global__ void __launch_bounds__(256, 8)\nk4(T* x, long long n) {}\n')
     assert kernels.declared_signatures(code) == {
         "k1": ["T*", "A*", "unsigned long long", "long long*", "unsigned int*", "long long", "int", "A"],
-        "k2": ["T*"], "k3": ["int"]}
-    from strict_cupy import parse_kernels     # the stand-in's own reading of the declarations
+        "k2": ["T*"], "k3": ["int"], "k4": ["T*", "long long"]}
+    from strict_cupy import parse_kernels, parse_launch_bounds   # the stand-in's own reading of the declarations
     assert kernels.SIGNATURES == parse_kernels(kernels.KERNELS)
+    assert parse_launch_bounds(code) == {"k4": 256}
+    bounds = parse_launch_bounds(kernels.KERNELS)       # the column sums' launches stay within theirs
+    assert bounds == {"column_sums_into": kernels.COLUMN_BLOCK, "column_sums_relu_into": kernels.COLUMN_BLOCK}
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA syntax check needs it")
