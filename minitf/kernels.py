@@ -148,31 +148,38 @@ __device__ inline int a_finite(float x) { return isfinite(x); }
 __device__ inline int a_finite(double x) { return isfinite(x); }
 __device__ inline double a_max(double a, double b) { return a > b ? a : b; }
 
-// Tree reductions over the block in shared memory (blockDim.x a power of 2); every
-// thread returns the result. `buf` holds blockDim.x values.
-__device__ A block_sum(A v, A* buf) {
-    buf[threadIdx.x] = v;
-    __syncthreads();
-    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) buf[threadIdx.x] += buf[threadIdx.x + s];
-        __syncthreads();
-    }
-    A r = buf[0];
-    __syncthreads();
+// Tree reductions over the block (blockDim.x a power of 2; on a GPU at least 32, kernels.MIN_BLOCK, but the CPU
+// emulator's tests run blocks of 4 or 8: their shuffles stay inside the block); every thread returns the result.
+// `buf` holds blockDim.x values. The tree: for s = blockDim.x / 2, ..., 1, value t becomes op(value t, value
+// t + s) for t < s; the result is value 0. Its steps across warps (s >= 32) are warp 0's alone: lane l takes the
+// values l, l + 32, l + 64, ..., which at each of those steps read only values of the same lane (t + s, s a multiple
+// of 32), so no barrier is needed between them; its steps within a warp (s = 16 .. 1) are shuffles, where lane 0
+// combines what the tree's value 0 combines, in the same order: the tree's bits, with 3 block barriers where the
+// tree took one a step (10 for 256 threads). Every warp makes the shuffles (the CPU emulator's shuffle is a block
+// barrier); only warp 0's lane 0 keeps its result.
+#define BLOCK_TREE(OP)                                                                      \
+    unsigned t = threadIdx.x;                                                               \
+    if (blockDim.x > 32) {                                                                  \
+        buf[t] = v;                                                                         \
+        __syncthreads();                                                                    \
+        if (t < 32) {                                                                       \
+            for (unsigned s = blockDim.x / 2; s >= 32; s >>= 1)                             \
+                for (unsigned i = t; i < s; i += 32) buf[i] = OP(buf[i], buf[i + s]);      \
+            v = buf[t];                                                                     \
+        }                                                                                   \
+    }                                                                                       \
+    unsigned w = blockDim.x < 32 ? blockDim.x : 32;                                        \
+    unsigned lanes = w == 32 ? 0xffffffffu : (1u << w) - 1u;                                \
+    for (unsigned o = w / 2; o > 0; o >>= 1) v = OP(v, __shfl_xor_sync(lanes, v, o));      \
+    if (t == 0) buf[0] = v;                                                                 \
+    __syncthreads();                                                                        \
+    A r = buf[0];                                                                           \
+    __syncthreads();                                                                        \
     return r;
-}
 
-__device__ A block_max(A v, A* buf) {
-    buf[threadIdx.x] = v;
-    __syncthreads();
-    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) buf[threadIdx.x] = a_max(buf[threadIdx.x], buf[threadIdx.x + s]);
-        __syncthreads();
-    }
-    A r = buf[0];
-    __syncthreads();
-    return r;
-}
+__device__ inline A a_add(A a, A b) { return a + b; }
+__device__ A block_sum(A v, A* buf) { BLOCK_TREE(a_add) }
+__device__ A block_max(A v, A* buf) { BLOCK_TREE(a_max) }
 
 // 16 bytes of storage values (VEC: 8 float16 or bfloat16, 4 float32, 2 float64), loaded and stored at once by the
 // *_vec kernels where the arrays are 16-byte aligned and the widths whole vectors (kernels.vec_ok).
@@ -214,6 +221,7 @@ def source(dtype):
     # column_sums_into's blocks a multiprocessor (its comment): 8 on sm_90 and newer, but in float64 (tests only)
     sums = ("#define SUMS_BLOCKS 6\n" if name == "float64" else
             "#if __CUDA_ARCH__ >= 900\n#define SUMS_BLOCKS 8\n#else\n#define SUMS_BLOCKS 6\n#endif\n")
+    sums += f"#define NLL_BLOCKS {1 if name == 'float64' else 2}\n"   # smoothed_nll_rows_grad_vec's (its comment)
     return (STORAGE16 + HALF + (BFLOAT16 if name == "bfloat16" else "") + f"typedef {t} T;\ntypedef {a} A;\n" + mma
             + sums + PRELUDE + KERNELS)
 
@@ -404,7 +412,10 @@ extern "C" __global__ void softmax_backward(const T* dp, const T* p, T* dx, int 
 // The same two kernels for short rows (n <= WARP_ROW_MAX), a warp per row: the block's warps take
 // rows blockIdx.x * warps + warp, each lane the row's elements lane, lane + 32, ...; the reductions
 // are warp shuffles (no shared memory, no block barrier). Every warp runs the same shuffles, also
-// past the last row (valid = 0 there), so the block's threads stay in step.
+// past the last row (valid = 0 there), so the block's threads stay in step. A lane keeps its (at most
+// WARP_SLOTS) values in registers: the row is read once, every load issued before the first is used, and each
+// value's exponential is taken once (the same values, sums and bits as reading the row three times).
+#define WARP_SLOTS 8   // kernels.WARP_ROW_MAX / 32
 __device__ inline A warp_max(A v) {
     for (int o = 16; o > 0; o >>= 1) v = a_max(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
@@ -421,17 +432,38 @@ extern "C" __global__ void masked_softmax_warp(const T* scores, const T* bias, T
     long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int valid = r < rows;
     long long rr = valid ? r : 0;
-    long long t = rr % Tq, h = (rr / Tq) % H, b = rr / ((long long)Tq * H);
+    long long bh = rr / Tq, t = rr - bh * Tq, b = bh / H, h = bh - b * H;   // two divisions, not three
     const T* x = scores + rr * n;
     const T* bb = bias + b * sb + h * sh + t * st;
     int len = valid ? n : 0;
+    A v[WARP_SLOTS];      // value k: element lane + 32 k of the row, scores + bias
+#pragma unroll
+    for (int k = 0; k < WARP_SLOTS; k++) {
+        int j = lane + 32 * k;
+        if (32 * k >= len) break;            // the same for the whole warp
+        v[k] = j < len ? (A)x[j] + (A)bb[j * sj] : (A)NEG_BIG;
+    }
     A m = NEG_BIG;
-    for (int j = lane; j < len; j += 32) m = a_max(m, (A)x[j] + (A)bb[j * sj]);
+#pragma unroll
+    for (int k = 0; k < WARP_SLOTS; k++) {
+        if (32 * k >= len) break;
+        if (lane + 32 * k < len) m = a_max(m, v[k]);
+    }
     m = warp_max(m);
     A s = 0;
-    for (int j = lane; j < len; j += 32) s += a_exp((A)x[j] + (A)bb[j * sj] - m);
+#pragma unroll
+    for (int k = 0; k < WARP_SLOTS; k++) {
+        if (32 * k >= len) break;
+        if (lane + 32 * k < len) { v[k] = a_exp(v[k] - m); s += v[k]; }
+    }
     A inv = (A)1 / warp_sum(s);
-    for (int j = lane; j < len; j += 32) p[rr * n + j] = (T)(a_exp((A)x[j] + (A)bb[j * sj] - m) * inv);
+    T* y = p + rr * n;
+#pragma unroll
+    for (int k = 0; k < WARP_SLOTS; k++) {
+        int j = lane + 32 * k;
+        if (32 * k >= len) break;
+        if (j < len) y[j] = (T)(v[k] * inv);
+    }
 }
 
 extern "C" __global__ void softmax_backward_warp(const T* dp, const T* p, T* dx, long long rows, int n) {
@@ -439,10 +471,26 @@ extern "C" __global__ void softmax_backward_warp(const T* dp, const T* p, T* dx,
     long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int len = r < rows ? n : 0;
     long long off = (r < rows ? r : 0) * n;
+    A g[WARP_SLOTS], q[WARP_SLOTS];   // dp and p of element lane + 32 k
+#pragma unroll
+    for (int k = 0; k < WARP_SLOTS; k++) {
+        int j = lane + 32 * k;
+        if (32 * k >= len) break;
+        if (j < len) { g[k] = (A)dp[off + j]; q[k] = (A)p[off + j]; }
+    }
     A s = 0;
-    for (int j = lane; j < len; j += 32) s += (A)dp[off + j] * (A)p[off + j];
+#pragma unroll
+    for (int k = 0; k < WARP_SLOTS; k++) {
+        if (32 * k >= len) break;
+        if (lane + 32 * k < len) s += g[k] * q[k];
+    }
     s = warp_sum(s);
-    for (int j = lane; j < len; j += 32) dx[off + j] = (T)((A)p[off + j] * ((A)dp[off + j] - s));
+#pragma unroll
+    for (int k = 0; k < WARP_SLOTS; k++) {
+        int j = lane + 32 * k;
+        if (32 * k >= len) break;
+        if (j < len) dx[off + j] = (T)(q[k] * (g[k] - s));
+    }
 }
 """
 
@@ -564,16 +612,21 @@ extern "C" __global__ void layernorm_backward(T* dy, const T* dy2, int has_dy2, 
     __shared__ A buf[1024];
     long long off = (long long)blockIdx.x * d;
     A rs = rstd[blockIdx.x], mu = from_mean ? mean[blockIdx.x] : (A)0;
+    unsigned long long pos = has_mask == 2 ? (unsigned long long)(has_rows ? rowpos[blockIdx.x] : blockIdx.x) : 0ULL;
     A s1 = 0, s2 = 0;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        if (has_dy2) dy[off + j] = (T)((A)dy[off + j] + (A)dy2[off + j]);
-        A dxh = (A)dy[off + j] * (A)g[j];
+        A a = (A)dy[off + j], gj = (A)g[j], xh = xhat_at(from_mean, xhat, xs, mu, rs, off, j);   // every load before
+        if (has_dy2) {                    // the store below (which the compiler could not move them past)
+            T sum = (T)(a + (A)dy2[off + j]);
+            dy[off + j] = sum;
+            a = (A)sum;
+        }
+        A dxh = a * gj;
         s1 += dxh;
-        s2 += dxh * xhat_at(from_mean, xhat, xs, mu, rs, off, j);
+        s2 += dxh * xh;
     }
     A m1 = block_sum(s1, buf) / d;
     A m2 = block_sum(s2, buf) / d;
-    unsigned long long pos = has_mask == 2 ? (unsigned long long)(has_rows ? rowpos[blockIdx.x] : blockIdx.x) : 0ULL;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         A dxh = (A)dy[off + j] * (A)g[j];
         T v = (T)(rs * (dxh - m1 - xhat_at(from_mean, xhat, xs, mu, rs, off, j) * m2));
@@ -1040,10 +1093,12 @@ extern "C" __global__ void smoothed_nll_backward_vec(const T* z, const long long
 // vectors reads the rest a second time.
 // The same sums in the same order as smoothed_nll_rows_vec and the same arithmetic per value as
 // smoothed_nll_backward_vec: the bits of the two launches. dz may alias z.
+// Held to 64 registers a thread (__launch_bounds__(512, NLL_BLOCKS): two blocks of 512 threads a multiprocessor; 72
+// in 16 bits without it, one block). float64 (tests only) keeps one block.
 #define NLL_KEEP 10
-extern "C" __global__ void smoothed_nll_rows_grad_vec(const T* z, const long long* gold, A* lse, A* nll, A* smooth,
-                                                      int V, A wscale, const A* dscale, int has_dscale, T* dz,
-                                                      A eps) {
+extern "C" __global__ void __launch_bounds__(512, NLL_BLOCKS)
+smoothed_nll_rows_grad_vec(const T* z, const long long* gold, A* lse, A* nll, A* smooth, int V, A wscale,
+                           const A* dscale, int has_dscale, T* dz, A eps) {
     __shared__ A buf[1024];
     long long off = (long long)blockIdx.x * V;
     const Vec* zr = (const Vec*)(z + off);

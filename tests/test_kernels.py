@@ -1090,8 +1090,10 @@ def test_signatures_are_read_from_the_declarations():
     from strict_cupy import parse_kernels, parse_launch_bounds   # the stand-in's own reading of the declarations
     assert kernels.SIGNATURES == parse_kernels(kernels.KERNELS)
     assert parse_launch_bounds(code) == {"k4": 256}
-    bounds = parse_launch_bounds(kernels.KERNELS)       # the column sums' launches stay within theirs
-    assert bounds == {"column_sums_into": kernels.COLUMN_BLOCK, "column_sums_relu_into": kernels.COLUMN_BLOCK}
+    assert f"#define WARP_SLOTS {kernels.WARP_ROW_MAX // 32}" in kernels.KERNELS   # the warp softmax's registers
+    bounds = parse_launch_bounds(kernels.KERNELS)       # the launches stay within them
+    assert bounds == {"column_sums_into": kernels.COLUMN_BLOCK, "column_sums_relu_into": kernels.COLUMN_BLOCK,
+                      "smoothed_nll_rows_grad_vec": kernels.BLOCK["nll"]}
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA syntax check needs it")
