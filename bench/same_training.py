@@ -18,7 +18,10 @@ the same learning rate (the preset's schedule, paper eq. 3: with `base` a 400-up
 inside the 4,000 warmup updates), label smoothing and dropout (each engine draws its own masks),
 dynamic loss scaling from 2^15 (growth every 1,000 good updates), and skip the update when a
 float16 gradient overflowed. --also-seed s adds the first variant with dropout seed s: how far
-two runs of one engine differ by chance, the yardstick for the others. A short warmup is a poor
+two runs of one engine differ by chance, the yardstick for the others. --seeds COUNT runs every
+runner with dropout seeds 0 .. COUNT-1 (PyTorch's from torch.manual_seed), all runners of one seed
+before the next, and ends with each engine's mean validation NLL over its seeds, its spread and
+the means' relative differences: an engine's gap to another judged against its own spread. A short warmup is a poor
 test: at --warmup 400 (rate factor 0.35) `base` went unstable after the peak, and two dropout
 seeds of one engine ended 11% apart in validation NLL (docs/benchmarks.md).
 
@@ -52,6 +55,7 @@ from minitf.train import compute_dtype, step_stats  # noqa: E402
 from minitf.validation import evaluate_loss  # noqa: E402
 from bench.env import Env  # noqa: E402
 from bench.gpu_ab import DEFAULT_VARIANTS, parse_variant  # noqa: E402
+from bench.shape import add_shape_flags, shape_overrides  # noqa: E402
 
 
 def log(msg):
@@ -136,11 +140,13 @@ def initial_state(cfg, args):
     return {n: np.array(a, copy=True) for n, a in model.state_dict().items()}
 
 
-def train_torch(cfg, args, train, valid, state):
-    """The same updates in PyTorch eager from the same weights (AMP + GradScaler with --fp16)."""
+def train_torch(cfg, args, train, valid, state, dropout_seed=0, name="torch"):
+    """The same updates in PyTorch eager from the same weights (AMP + GradScaler with --fp16); its dropout
+    masks from torch.manual_seed(dropout_seed)."""
     import torch
     from bench.torch_model import as_ids, from_minitf_state
     dev = "cuda" if args.device == "gpu" else "cpu"
+    torch.manual_seed(dropout_seed)      # the CPU's and every GPU's generator
     torch.backends.cuda.matmul.allow_tf32 = os.environ.get("CUPY_TF32") == "1"   # minitf's matmul mode
     amp = args.fp16 and dev == "cuda"     # float16 autocast with its GradScaler; bfloat16 autocast needs none
     half = "float16" if amp else "bfloat16" if args.bf16 and dev == "cuda" else False
@@ -172,7 +178,7 @@ def train_torch(cfg, args, train, valid, state):
     seconds = time.perf_counter() - t0
     nll = torch_valid_nll(torch, model, valid, dev, as_ids)
     peak = round(torch.cuda.max_memory_reserved() / 2 ** 20, 1) if dev == "cuda" else None
-    return result("torch", losses, skipped, seconds, len(train), nll, peak)
+    return result(name, losses, skipped, seconds, len(train), nll, peak)
 
 
 def torch_valid_nll(torch, model, valid, dev, as_ids):
@@ -198,6 +204,25 @@ def result(name, losses, skipped, seconds, updates, nll, peak_mib):
             "valid_nll": float(nll), "peak_mib": peak_mib}
 
 
+def seeded(name, seed):
+    """A runner's name: the engine's (a variant's, or "torch"), with "@seed<s>" for dropout seeds but 0."""
+    return f"{name}@seed{seed}" if seed else name
+
+
+def by_engine(records):
+    """Each engine's runs over its dropout seeds (runners named engine or engine@seed<s>), in the order they first
+    finished: seeds, the mean, least and largest validation NLL, and the mean's relative difference to the first
+    engine's mean."""
+    groups = {}
+    for r in records:
+        groups.setdefault(r["runner"].split("@")[0], []).append(r["valid_nll"])
+    out = [{"engine": e, "seeds": len(v), "valid_nll_mean": float(np.mean(v)), "valid_nll_min": min(v),
+            "valid_nll_max": max(v)} for e, v in groups.items()]
+    for e in out:
+        e["mean_rel_diff"] = (e["valid_nll_mean"] - out[0]["valid_nll_mean"]) / out[0]["valid_nll_mean"]
+    return out
+
+
 # ----------------------------------------------------------------------------- main
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -209,6 +234,7 @@ def main(argv=None):
     p.add_argument("--pairs", type=int, default=400_000, help="read at most this many training pairs")
     p.add_argument("--valid-pairs", type=int, default=1000)
     p.add_argument("--preset", default="base")
+    add_shape_flags(p)
     p.add_argument("--updates", type=int, default=300)
     p.add_argument("--max-tokens", type=int, default=25000, help="padded tokens a side per batch")
     p.add_argument("--warmup", type=int, default=None, help="warmup updates (default: the preset's)")
@@ -220,17 +246,22 @@ def main(argv=None):
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--also-seed", type=int, action="append", default=[], metavar="SEED",
                    help="also the first variant with dropout seed SEED: how far runs of one engine differ by chance")
+    p.add_argument("--seeds", type=int, default=1, metavar="COUNT",
+                   help="every runner (each variant and PyTorch) with dropout seeds 0 .. COUNT-1, seed by seed; the "
+                        "summary gives each engine's mean validation NLL and its spread")
     p.add_argument("--out")
     args = p.parse_args(argv)
     if args.fp16 and args.bf16:
         p.error("--fp16 and --bf16 each choose the 16-bit dtype: give one")
+    if args.seeds < 1:
+        p.error(f"--seeds must be at least 1, got {args.seeds}")
     tok = Tokenizer(args.tokenizer)
     log(f"reading and encoding {args.train_src} / {args.train_tgt} (at most {args.pairs:,} pairs)")
     src_lines, tgt_lines = read_parallel(args.train_src, args.train_tgt)
     train = batches_of(tok, src_lines[:args.pairs], tgt_lines[:args.pairs], args.max_tokens, count=args.updates)
     vs, vt = read_parallel(args.valid_src, args.valid_tgt)
     valid = batches_of(tok, vs[:args.valid_pairs], vt[:args.valid_pairs], args.max_tokens, shuffle=False)
-    cfg = minitf.Config.preset(args.preset, vocab_size=tok.vocab_size)
+    cfg = minitf.Config.preset(args.preset, vocab_size=tok.vocab_size, **shape_overrides(args))
     args.warmup = args.warmup or cfg.warmup
     args.lr_factor = cfg.lr_factor if args.lr_factor is None else args.lr_factor
     tokens = sum(b[3] for b in train)
@@ -238,12 +269,16 @@ def main(argv=None):
         f"tokens each), validation {sum(b[3] for b in valid):,} target tokens")
     records = []
     variants = [parse_variant(v) for v in args.variant or DEFAULT_VARIANTS]
-    runs = [(name, env, 0) for name, env in variants]
-    runs[1:1] = [(f"{variants[0][0]}@seed{s}", variants[0][1], s) for s in args.also_seed]
-    trainers = [(name, lambda name=name, env=env, seed=seed: train_minitf(name, env, cfg, args, train, valid, seed))
-                for name, env, seed in runs]
-    if not args.no_torch:
-        trainers.append(("torch", lambda: train_torch(cfg, args, train, valid, initial_state(cfg, args))))
+    trainers = []
+    for seed in range(args.seeds):
+        runs = [(seeded(name, seed), env, seed) for name, env in variants]
+        if seed == 0:
+            runs[1:1] = [(seeded(variants[0][0], s), variants[0][1], s) for s in args.also_seed]
+        trainers += [(name, lambda name=name, env=env, seed=seed: train_minitf(name, env, cfg, args, train, valid, seed))
+                     for name, env, seed in runs]
+        if not args.no_torch:
+            trainers.append((seeded("torch", seed), lambda seed=seed: train_torch(
+                cfg, args, train, valid, initial_state(cfg, args), seed, seeded("torch", seed))))
     failed = []
     for name, trainer in trainers:
         log(f"{name}: {args.updates} updates")
@@ -257,9 +292,11 @@ def main(argv=None):
     first = records[0]["valid_nll"] if records else float("nan")
     for r in records:
         r["valid_nll_rel_diff"] = (r["valid_nll"] - first) / first
+    engines = by_engine(records)
     info = {"preset": args.preset, "fp16": args.fp16, "bf16": args.bf16, "device": args.device, "updates": args.updates,
             "warmup": args.warmup, "lr_factor": args.lr_factor, "target_tokens_per_batch": tokens / len(train),
-            "vocab": tok.vocab_size, "runners": records, "failed": failed}
+            "vocab": tok.vocab_size, "shape": shape_overrides(args), "runners": records, "engines": engines,
+            "failed": failed}
     print(f"{'runner':11} {'made':>5} {'skipped':>7} {'ms/upd':>7} {'train loss':>10} {'valid nll':>9} "
           f"{'vs first':>8} {'peak MiB':>8}")
     for r in records:
@@ -268,6 +305,11 @@ def main(argv=None):
               f"{r['peak_mib'] if r['peak_mib'] is not None else '-':>8}")
     for f in failed:
         print(f"{f['runner']:11} FAILED: {f['error']}")
+    if any(e["seeds"] > 1 for e in engines):
+        print(f"\n{'engine':11} {'seeds':>5} {'valid nll: mean (min-max)':>26} {'mean vs first':>13}")
+        for e in engines:
+            print(f"{e['engine']:11} {e['seeds']:5d} {e['valid_nll_mean']:9.4f} ({e['valid_nll_min']:.4f}-"
+                  f"{e['valid_nll_max']:.4f}) {100 * e['mean_rel_diff']:+12.2f}%")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "same_training.json").write_text(json.dumps(info, indent=1))

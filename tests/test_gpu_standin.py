@@ -710,6 +710,34 @@ def test_same_training_holds_the_variants_to_one_validation_loss(tmp_path, half,
     assert runs["now@seed1"]["valid_nll"] != runs["now"]["valid_nll"]
 
 
+def test_same_training_judges_engines_over_their_seeds(tmp_path):
+    """--seeds 2: every variant with dropout seeds 0 and 1, seed by seed, then each engine's mean validation NLL,
+    its spread and the means' relative difference; the two fusion settings reach the same means."""
+    from conftest import write_multi30k
+    data = write_multi30k(tmp_path, sizes=(("train", 200), ("val", 20)))
+    lines = [ln for lang in ("en", "de") for ln in gzip.open(data / f"train.{lang}.gz", "rt").read().splitlines()]
+    Tokenizer.train(lines, tmp_path / "tok.model", vocab_size=40)
+    r = run_bench(tmp_path, "same_training.py", "--train-src", data / "train.en.gz", "--train-tgt", data / "train.de.gz",
+                  "--valid-src", data / "val.en.gz", "--valid-tgt", data / "val.de.gz",
+                  "--tokenizer", tmp_path / "tok.model", "--preset", "tiny", "--updates", "3", "--max-tokens", "160",
+                  "--fp16", "--no-torch", "--seeds", "2", "--out", tmp_path / "o")
+    assert r.returncode == 0, r.stderr[-3000:]
+    info = json.loads((tmp_path / "o" / "same_training.json").read_text())
+    runs = {x["runner"]: x["valid_nll"] for x in info["runners"]}
+    assert list(runs) == ["now", "before", "now@seed1", "before@seed1"]
+    assert runs["now@seed1"] != runs["now"]
+    now, before = info["engines"]
+    assert (now["engine"], now["seeds"], before["engine"], before["seeds"]) == ("now", 2, "before", 2)
+    assert now["valid_nll_mean"] == pytest.approx((runs["now"] + runs["now@seed1"]) / 2, rel=1e-12)
+    assert now["valid_nll_min"] == min(runs["now"], runs["now@seed1"]) < now["valid_nll_max"]
+    assert now["mean_rel_diff"] == 0 and abs(before["mean_rel_diff"]) < 1e-3
+    assert re.search(r"^now\s+2\s+\d\.\d{4} \(\d\.\d{4}-\d\.\d{4}\)\s+\+0\.00%$", r.stdout, re.M), r.stdout
+    bad = run_bench(tmp_path, "same_training.py", "--train-src", data / "train.en.gz", "--train-tgt",
+                    data / "train.de.gz", "--valid-src", data / "val.en.gz", "--valid-tgt", data / "val.de.gz",
+                    "--tokenizer", tmp_path / "tok.model", "--seeds", "0")
+    assert bad.returncode == 2 and "--seeds must be at least 1, got 0" in bad.stderr
+
+
 def test_same_training_reports_a_failing_runner_and_runs_the_others(tmp_path, standin, monkeypatch, capsys):
     """bench/same_training.py: a runner that fails is printed as FAILED with its error and listed under "failed";
     the runners after it still train, and the first runner that finished is the yardstick."""
