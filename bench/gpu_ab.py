@@ -7,7 +7,10 @@
     python bench/gpu_ab.py --smoke                 # tiny sizes (checks this script, e.g. under the CuPy stand-in)
 
 The variants differ only in environment variables that minitf reads on every call (MINITF_HOST_CHECK: when
-each variant's runner is set up, under that variant's environment)
+each variant's runner is set up, under that variant's environment), or in the CUDA they run: KERNELS=FILE in a
+variant runs the kernels of FILE, another copy of minitf/kernels.py (e.g. `git show REV:minitf/kernels.py >
+old_kernels.py`), compiled beside minitf's and launched by minitf's own Python, so a change of the CUDA alone
+(every kernel taking the arguments it took) is timed against the code before it in one process
 (`--variant name=VAR=value[,VAR=value]`; default: `now`, the step as it is, against `before`,
 every fusion switched off: MINITF_CUBLAS=0 and MINITF_FUSED_{RELU,ADAM,GRADS,EMBED,NORM,VEC,LOSS}=0; the warp
 softmax has no switch; the LayerNorms' warp-per-row kernels, off by default, are
@@ -49,6 +52,8 @@ import numpy as np  # noqa: E402
 
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
+from minitf import kernels as minitf_kernels  # noqa: E402
+from bench.column_sums import launcher, other_kernels  # noqa: E402
 from bench.data import wmt_batch  # noqa: E402
 from bench.env import Env  # noqa: E402
 from bench.launches import MODES  # noqa: E402
@@ -78,6 +83,45 @@ def parse_variant(text):
     return name, env
 
 
+KERNELS = "KERNELS"   # a variant's KERNELS=FILE: the CUDA of another copy of minitf/kernels.py
+_LAUNCHERS = {}       # FILE -> kernels.LAUNCH's launch function for its kernels (compiled on first use, then kept)
+
+
+def kernels_from(path):
+    """The launch function that runs the kernels of `path` (another minitf/kernels.py) where minitf launches its own,
+    once every kernel there is found to take the arguments minitf's launchers pass."""
+    if path not in _LAUNCHERS:
+        if not os.path.isfile(path):
+            raise SystemExit(f"gpu_ab: {KERNELS}={path}: no such file")
+        other = other_kernels(path)
+        differ = [name for name, sig in minitf_kernels.SIGNATURES.items() if other.SIGNATURES.get(name) != sig]
+        if differ:
+            raise SystemExit(f"gpu_ab: {KERNELS}={path}: kernels there take other arguments than minitf's launchers "
+                             f"pass, or are missing ({', '.join(differ)}); only a change of the CUDA alone is timed so")
+        _LAUNCHERS[path] = launcher(other)
+    return _LAUNCHERS[path]
+
+
+class VariantEnv(Env):
+    """A variant's environment for the block (bench.env.Env) and, with KERNELS=FILE in it, FILE's kernels in place of
+    minitf's."""
+
+    def __init__(self, env):
+        env = dict(env)
+        self.path = env.pop(KERNELS, None)
+        super().__init__(env)
+
+    def __enter__(self):
+        super().__enter__()
+        if self.path is not None:
+            self.launch, minitf_kernels.LAUNCH["launch"] = minitf_kernels.LAUNCH["launch"], kernels_from(self.path)
+
+    def __exit__(self, *exc):
+        if self.path is not None:
+            minitf_kernels.LAUNCH["launch"] = self.launch
+        super().__exit__(*exc)
+
+
 def one_step_grads(runner):
     """Loss and flat gradients of one forward and backward (no update) on the runner's batch, as training
     takes them (Seq2Seq.forward_backward)."""
@@ -105,7 +149,7 @@ def compare(cfg, batch, fp16, variants, float64):
         del runner
         backend.cupy.get_default_memory_pool().free_all_blocks()
     for name, env in variants:
-        with Env(env):
+        with VariantEnv(env):
             runner = MinitfRunner(cfg, "gpu", batch, 1e-4, fp16, name=name)
             loss, g = one_step_grads(runner)
         if ref is None:
@@ -123,7 +167,7 @@ def compare(cfg, batch, fp16, variants, float64):
 def timing(cfg, batch, fp16, variants, args, torch):
     runners = []
     for name, env in variants:
-        with Env(env):
+        with VariantEnv(env):
             runners.append((env, MinitfRunner(cfg, "gpu", batch, 1e-4, fp16, name=name)))
     if torch is not None and not args.no_torch_runs:
         runners.append(({}, torch_runner_like(runners[0][1], "gpu", batch, 1e-4, fp16)))
@@ -132,13 +176,13 @@ def timing(cfg, batch, fp16, variants, args, torch):
                                                   compile=args.torch_compile)))
     k = args.steps_per_round
     for env, r in runners:
-        with Env(env):
+        with VariantEnv(env):
             for _ in range(args.warmup):
                 timed_round(r, k)
     times = {r.name: [] for _, r in runners}
     for _ in range(args.rounds):
         for env, r in runners:
-            with Env(env):
+            with VariantEnv(env):
                 times[r.name].append(timed_round(r, k)[0] / k)
     tokens = int((batch[2] != cfg.pad_id).sum())
     res = {}
@@ -158,7 +202,7 @@ def timing(cfg, batch, fp16, variants, args, torch):
         for env, r in runners:
             if args.profile and r.name not in args.profile.split(","):
                 continue
-            with Env(env):
+            with VariantEnv(env):
                 p = profile(r, args.kernel_steps, torch)
             kernels[r.name] = {"wall_ms": round(p["wall_ms"], 2), "busy_ms": round(p["busy_ms"], 2),
                                "kernels": round(p["kernels"]),
@@ -166,7 +210,7 @@ def timing(cfg, batch, fp16, variants, args, torch):
                                        for k, ms, share, calls in top_kernels(p, args.kernel_steps, args.top)]}
     if args.host_profile:
         env, r = runners[0]
-        with Env(env):
+        with VariantEnv(env):
             kernels.setdefault(r.name, {})["host"] = host_profile(r, args.host_profile, args.top)
     for _, r in runners:
         del r
@@ -228,6 +272,9 @@ def main(argv=None):
         if mode not in dict(MODES):
             p.error(f"--modes: unknown mode {mode!r} ({', '.join(m for m, _ in MODES)})")
     variants = [parse_variant(v) for v in (args.variant or DEFAULT_VARIANTS)]
+    for _, env in variants:      # a KERNELS file is read and checked before anything runs
+        if KERNELS in env:
+            kernels_from(env[KERNELS])
     ok, why = backend.gpu_available()
     if not ok:
         sys.exit(f"gpu_ab: no GPU: {why}")

@@ -268,15 +268,18 @@ class Emulator:
             c = a
         return c
 
-    def _lib(self, dtype):
-        key = np.dtype(dtype).name
+    def _lib(self, dtype, code=None):
+        """The library of kernels.source(dtype), or of `code` (CUDA source whose kernels take kernels.SIGNATURES'
+        arguments: another version of them, as a cupy.RawModule of the stand-in compiles it)."""
+        key = (np.dtype(dtype).name, code)
         if key not in self.libs:
             signatures = {name: [self._ctype(c, dtype) for c in sig] for name, sig in kernels.SIGNATURES.items()}
-            self.libs[key] = build(kernels.source(dtype), signatures, self.workdir, f"kernels_{key}")
+            self.libs[key] = build(kernels.source(dtype) if code is None else code, signatures, self.workdir,
+                                   f"kernels_{key[0]}")
         return self.libs[key]
 
-    def launch(self, name, dtype, grid, block, args):
-        lib = self._lib(dtype)
+    def launch(self, name, dtype, grid, block, args, code=None):
+        lib = self._lib(dtype, code)
         lib.emu_set_reverse(int(self.reverse))
         fn = getattr(lib, f"launch_{name}")
         sig = [self._ctype(c, dtype) for c in kernels.SIGNATURES[name]]

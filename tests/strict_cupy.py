@@ -1196,13 +1196,14 @@ class _RawKernel:
                     raise TypeError(f"{where}: argument {i} is C {c} ({want.name}) but CuPy passes this "
                                     f"{type(a).__name__} as {got.name}: pass numpy.{want.name}(...)")
                 host.append(want.type(a.item() if isinstance(a, numpy.ndarray) else a))
-        _emulator().launch(self.name, self.module.dtype, int(grid[0]), int(block[0]), host)
+        _emulator().launch(self.name, self.module.dtype, int(grid[0]), int(block[0]), host, code=self.module.code)
         LAUNCHES[self.name] = LAUNCHES.get(self.name, 0) + 1
 
 
 class RawModule:
     """cupy.RawModule (cupy/_core/raw.pyx): code= CUDA source whose `typedef X T;` names the
-    storage dtype (minitf/kernels.py source(dtype)); kernels run in tests/cuda_emulator.py."""
+    storage dtype (minitf/kernels.py source(dtype), or another version's); its kernels run in
+    tests/cuda_emulator.py, compiled from this code."""
 
     def __init__(self, *, code=None, path=None, options=(), backend="nvrtc", translate_cucomplex=False,
                  enable_cooperative_groups=False, name_expressions=None, jitify=None):
@@ -1235,7 +1236,7 @@ class RawModule:
         have = [c.replace(" ", "") for c in mk.SIGNATURES.get(name, [])]
         if want != have:
             raise AssertionError(f"minitf.kernels.SIGNATURES[{name!r}] = {have} but the CUDA source declares {want}")
-        _emulator()._lib(self.dtype)   # compiles now, as CuPy does in get_function
+        _emulator()._lib(self.dtype, self.code)   # compiles now (this module's code), as CuPy does in get_function
         return _RawKernel(self, name, self.kernels[name])
 
 

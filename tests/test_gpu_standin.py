@@ -790,6 +790,30 @@ def test_gpu_ab_reports_a_failing_mode_and_runs_the_others(tmp_path, standin, mo
     assert results["tiny fp16"]["time"]["now"]["step_ms"] > 0
 
 
+def test_gpu_ab_times_the_cuda_of_another_copy_of_the_kernels(tmp_path):
+    """A variant's KERNELS=FILE runs the CUDA of FILE (another minitf/kernels.py) under minitf's launchers: a copy
+    gives the same gradients to the bit, a copy whose LayerNorm adds 0.25 to the variance other ones; a file
+    whose kernels take other arguments, or none, is refused before anything runs."""
+    src = Path(ROOT, "minitf", "kernels.py").read_text()
+    line = "A rs = (A)1 / a_sqrt(block_sum(v, buf) / d + eps);"
+    assert src.count(line) == 1
+    same, off, other = tmp_path / "same.py", tmp_path / "off.py", tmp_path / "other.py"
+    same.write_text(src)
+    off.write_text(src.replace(line, line.replace("+ eps)", "+ eps + (A)0.25)")))
+    other.write_text(src.replace("extern \"C\" __global__ void bias_relu(T* x,", "extern \"C\" __global__ void bias_relu(A* x,"))
+    r = run_bench(tmp_path, "gpu_ab.py", "--smoke", "--no-torch", "--rounds", "2", "--modes", "fp16",
+                  "--variant", "now=", "--variant", f"same=KERNELS={same}", "--variant", f"off=KERNELS={off}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = dict(re.findall(r"^  (now|same|off) +[\d.]+ ms .* grad diff (\S+)$", r.stdout, re.M))
+    assert float(rows["now"]) == 0 and float(rows["same"]) == 0 and float(rows["off"]) > 1e-3, r.stdout
+    bad = run_bench(tmp_path, "gpu_ab.py", "--smoke", "--no-torch", "--variant", "now=", "--variant",
+                    f"other=KERNELS={other}")
+    assert bad.returncode == 1 and f"KERNELS={other}: kernels there take other arguments than minitf's launchers " \
+        "pass, or are missing (bias_relu)" in bad.stderr, bad.stderr
+    gone = run_bench(tmp_path, "gpu_ab.py", "--smoke", "--no-torch", "--variant", f"old=KERNELS={tmp_path / 'no.py'}")
+    assert gone.returncode == 1 and f"gpu_ab: KERNELS={tmp_path / 'no.py'}: no such file" in gone.stderr
+
+
 def test_gpu_ab_refuses_an_unknown_mode_before_running_anything(tmp_path):
     r = run_bench(tmp_path, "gpu_ab.py", "--smoke", "--no-torch", "--modes", "fp16,bf61")
     assert r.returncode == 2 and "gpu_ab.py: error: --modes: unknown mode 'bf61' (float32, fp16, bf16)" in r.stderr, \
