@@ -2508,17 +2508,19 @@ extern "C" __global__ void adam_update(const T* grad, A* m, A* v, A* p, T* copy,
                                        const A* ctl, int has_ctl, A inv_scale, A b1, A one_minus_b1, A b2,
                                        A one_minus_b2, A decay, A rbc2, A eps, A step) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (has_ctl) {
-        if (ctl[3] == (A)0) return;
-        inv_scale = ctl[2];
-    }
+    A ok = has_ctl ? ctl[3] : (A)1;
+    if (has_ctl) inv_scale = ctl[2];
     if (i < n) {
-        A g = (A)grad[i] * inv_scale;
-        A mi = m[i] * b1 + g * one_minus_b1;
-        A vi = v[i] * b2 + (g * g) * one_minus_b2;
+        // every load before the first store and the outcome's test (the compiler keeps a load behind a store to
+        // memory it cannot tell apart, and behind the test): one wait on memory, not three
+        A gi = (A)grad[i], m0 = m[i], v0 = v[i], p0 = p[i];
+        if (ok == (A)0) return;
+        A g = gi * inv_scale;
+        A mi = m0 * b1 + g * one_minus_b1;
+        A vi = v0 * b2 + (g * g) * one_minus_b2;
         m[i] = mi;
         v[i] = vi;
-        A pi = p[i] * decay;
+        A pi = p0 * decay;
         pi -= (mi / (a_sqrt(vi) * rbc2 + eps)) * step;
         p[i] = pi;
         if (has_copy) copy[i] = (T)pi;
