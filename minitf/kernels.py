@@ -2642,23 +2642,42 @@ extern "C" __global__ void embed_rows(const T* weight, const long long* ids, con
 // has_mask 1, or drawn again from its key as embed_rows drew it, has_mask 2: rowpos, has_rows, key, thresh, dscale):
 // grad[row] += scale * the sum of (dx * mask)[r] over the rows r holding that row's id, in a fixed order
 // (deterministic: no atomics). plan (int64, built on the host by kernels.embedding_plan):
-// starts [u + 1], then the u distinct ids, then the rows sorted by id (stably). One block per id.
+// starts [u + 1], then the u distinct ids, then the rows sorted by id (stably). One block per id. The id's rows
+// (and their positions, for a drawn mask) are staged EMB_CHUNK at a time in shared memory by the whole block, so a
+// thread's loop over them reads dx without first waiting for the row's number (a frequent id, "</s>" or ",", has
+// hundreds of rows in a batch); each column's rows are added in the same order as before.
+#define EMB_CHUNK 256
 extern "C" __global__ void embedding_backward(const T* dx, const T* mask, int has_mask, const long long* plan, int u,
                                               T* grad, int d, A scale, const long long* rowpos, int has_rows,
                                               unsigned long long key, int thresh, A dscale) {
+    __shared__ long long rows_s[EMB_CHUNK];
+    __shared__ unsigned long long pos_s[EMB_CHUNK];
     const long long* starts = plan;
     const long long* uniq = plan + u + 1;
     const long long* order = plan + 2 * (long long)u + 1;
     long long s0 = starts[blockIdx.x], s1 = starts[blockIdx.x + 1];
     long long row = uniq[blockIdx.x];
-    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    for (int c0 = 0; c0 < d; c0 += blockDim.x) {      // every thread runs every loop (the barriers)
+        int c = c0 + (int)threadIdx.x;
         A acc = 0;
-        for (long long j = s0; j < s1; j++) {
-            long long r = order[j], i = r * d + c;
-            unsigned long long pos = has_mask == 2 ? (unsigned long long)(has_rows ? rowpos[r] : r) : 0ULL;
-            acc += has_mask ? (A)(T)((A)dx[i] * mask_at(has_mask, mask, r * d, pos, key, d, c, thresh, dscale)) : (A)dx[i];
+        for (long long j0 = s0; j0 < s1; j0 += EMB_CHUNK) {
+            int n = s1 - j0 < EMB_CHUNK ? (int)(s1 - j0) : EMB_CHUNK;
+            __syncthreads();                           // the last chunk's rows are read
+            for (int k = threadIdx.x; k < n; k += blockDim.x) {
+                long long r = order[j0 + k];
+                rows_s[k] = r;
+                pos_s[k] = has_mask == 2 ? (unsigned long long)(has_rows ? rowpos[r] : r) : 0ULL;
+            }
+            __syncthreads();
+            if (c < d)
+                for (int k = 0; k < n; k++) {
+                    long long r = rows_s[k], i = r * d + c;
+                    acc += has_mask ? (A)(T)((A)dx[i] * mask_at(has_mask, mask, r * d, pos_s[k], key, d, c, thresh,
+                                                                dscale))
+                                    : (A)dx[i];
+                }
         }
-        grad[row * d + c] = (T)((A)grad[row * d + c] + acc * scale);
+        if (c < d) grad[row * d + c] = (T)((A)grad[row * d + c] + acc * scale);
     }
 }
 """
