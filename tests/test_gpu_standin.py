@@ -689,19 +689,27 @@ def test_the_gpu_report_runs_its_sections(tmp_path):
     assert "**Where a step's GPU time goes**" in md
 
 
+def run_same_training(tmp_path, *extra):
+    """bench/same_training.py on the stand-in over a tiny corpus and tokenizer made in tmp_path (once): 3 updates of
+    the tiny preset, then `extra`; the finished process."""
+    from conftest import write_multi30k
+    data = tmp_path
+    if not (tmp_path / "tok.model").exists():
+        write_multi30k(data, sizes=(("train", 200), ("val", 20)))
+        lines = [ln for lang in ("en", "de") for ln in gzip.open(data / f"train.{lang}.gz", "rt").read().splitlines()]
+        Tokenizer.train(lines, tmp_path / "tok.model", vocab_size=40)
+    return run_bench(tmp_path, "same_training.py", "--train-src", data / "train.en.gz", "--train-tgt",
+                     data / "train.de.gz", "--valid-src", data / "val.en.gz", "--valid-tgt", data / "val.de.gz",
+                     "--tokenizer", tmp_path / "tok.model", "--preset", "tiny", "--updates", "3", "--max-tokens", "160",
+                     *extra)
+
+
 @pytest.mark.parametrize("half,tol", [("--fp16", 1e-3), ("--bf16", 1e-2)])
 def test_same_training_holds_the_variants_to_one_validation_loss(tmp_path, half, tol):
     """bench/same_training.py on the stand-in: a few float16 (or bfloat16) updates of the GPU step as
     it is and with every fusion switched off, from the same weights on the same batches, reach the
     same validation NLL (the same arithmetic up to rounding); the dropout-seed runner differs."""
-    from conftest import write_multi30k
-    data = write_multi30k(tmp_path, sizes=(("train", 200), ("val", 20)))
-    lines = [ln for lang in ("en", "de") for ln in gzip.open(data / f"train.{lang}.gz", "rt").read().splitlines()]
-    Tokenizer.train(lines, tmp_path / "tok.model", vocab_size=40)
-    r = run_bench(tmp_path, "same_training.py", "--train-src", data / "train.en.gz", "--train-tgt", data / "train.de.gz",
-                  "--valid-src", data / "val.en.gz", "--valid-tgt", data / "val.de.gz",
-                  "--tokenizer", tmp_path / "tok.model", "--preset", "tiny", "--updates", "3", "--max-tokens", "160",
-                  half, "--no-torch", "--also-seed", "1", "--out", tmp_path / "o")
+    r = run_same_training(tmp_path, half, "--no-torch", "--also-seed", "1", "--out", tmp_path / "o")
     assert r.returncode == 0, r.stderr[-3000:]
     runs = {x["runner"]: x for x in json.loads((tmp_path / "o" / "same_training.json").read_text())["runners"]}
     assert list(runs) == ["now", "now@seed1", "before"]
@@ -713,14 +721,7 @@ def test_same_training_holds_the_variants_to_one_validation_loss(tmp_path, half,
 def test_same_training_judges_engines_over_their_seeds(tmp_path):
     """--seeds 2: every variant with dropout seeds 0 and 1, seed by seed, then each engine's mean validation NLL,
     its spread and the means' relative difference; the two fusion settings reach the same means."""
-    from conftest import write_multi30k
-    data = write_multi30k(tmp_path, sizes=(("train", 200), ("val", 20)))
-    lines = [ln for lang in ("en", "de") for ln in gzip.open(data / f"train.{lang}.gz", "rt").read().splitlines()]
-    Tokenizer.train(lines, tmp_path / "tok.model", vocab_size=40)
-    r = run_bench(tmp_path, "same_training.py", "--train-src", data / "train.en.gz", "--train-tgt", data / "train.de.gz",
-                  "--valid-src", data / "val.en.gz", "--valid-tgt", data / "val.de.gz",
-                  "--tokenizer", tmp_path / "tok.model", "--preset", "tiny", "--updates", "3", "--max-tokens", "160",
-                  "--fp16", "--no-torch", "--seeds", "2", "--out", tmp_path / "o")
+    r = run_same_training(tmp_path, "--fp16", "--no-torch", "--seeds", "2", "--out", tmp_path / "o")
     assert r.returncode == 0, r.stderr[-3000:]
     info = json.loads((tmp_path / "o" / "same_training.json").read_text())
     runs = {x["runner"]: x["valid_nll"] for x in info["runners"]}
@@ -732,9 +733,7 @@ def test_same_training_judges_engines_over_their_seeds(tmp_path):
     assert now["valid_nll_min"] == min(runs["now"], runs["now@seed1"]) < now["valid_nll_max"]
     assert now["mean_rel_diff"] == 0 and abs(before["mean_rel_diff"]) < 1e-3
     assert re.search(r"^now\s+2\s+\d\.\d{4} \(\d\.\d{4}-\d\.\d{4}\)\s+\+0\.00%$", r.stdout, re.M), r.stdout
-    bad = run_bench(tmp_path, "same_training.py", "--train-src", data / "train.en.gz", "--train-tgt",
-                    data / "train.de.gz", "--valid-src", data / "val.en.gz", "--valid-tgt", data / "val.de.gz",
-                    "--tokenizer", tmp_path / "tok.model", "--seeds", "0")
+    bad = run_same_training(tmp_path, "--seeds", "0")
     assert bad.returncode == 2 and "--seeds must be at least 1, got 0" in bad.stderr
 
 
