@@ -53,8 +53,7 @@ from minitf.optim import LossScaler  # noqa: E402
 from minitf.schedule import noam  # noqa: E402
 from minitf.train import compute_dtype, step_stats  # noqa: E402
 from minitf.validation import evaluate_loss  # noqa: E402
-from bench.env import Env  # noqa: E402
-from bench.gpu_ab import DEFAULT_VARIANTS, parse_variant  # noqa: E402
+from bench.gpu_ab import DEFAULT_VARIANTS, KERNELS, VariantEnv, kernels_from, parse_variant  # noqa: E402
 from bench.shape import add_shape_flags, shape_overrides  # noqa: E402
 
 
@@ -103,7 +102,7 @@ def free_pool(xp):
 
 def train_minitf(name, env, cfg, args, train, valid, dropout_seed=0):
     """The updates of `train` (one a batch) of minitf under the variant's environment; returns the runner's record."""
-    with Env(env):
+    with VariantEnv(env):
         model = minitf.Transformer(cfg, device=args.device, dtype=compute_dtype(args), seed=0)
         model.seed = dropout_seed    # the dropout masks' seed (the weights above are seed 0's)
         xp = model.xp
@@ -242,7 +241,7 @@ def main(argv=None):
     p.add_argument("--device", default="gpu", choices=["cpu", "gpu"])
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--bf16", action="store_true", help="minitf --bf16 against PyTorch AMP bfloat16 (no loss scaling)")
-    p.add_argument("--variant", action="append", help="as bench/gpu_ab.py's (default: now, before)")
+    p.add_argument("--variant", action="append", help="as bench/gpu_ab.py's, KERNELS=FILE too (default: now, before)")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--also-seed", type=int, action="append", default=[], metavar="SEED",
                    help="also the first variant with dropout seed SEED: how far runs of one engine differ by chance")
@@ -255,6 +254,10 @@ def main(argv=None):
         p.error("--fp16 and --bf16 each choose the 16-bit dtype: give one")
     if args.seeds < 1:
         p.error(f"--seeds must be at least 1, got {args.seeds}")
+    variants = [parse_variant(v) for v in args.variant or DEFAULT_VARIANTS]
+    for _, env in variants:      # a KERNELS file is read and checked before anything runs
+        if KERNELS in env:
+            kernels_from(env[KERNELS])
     tok = Tokenizer(args.tokenizer)
     log(f"reading and encoding {args.train_src} / {args.train_tgt} (at most {args.pairs:,} pairs)")
     src_lines, tgt_lines = read_parallel(args.train_src, args.train_tgt)
@@ -268,7 +271,6 @@ def main(argv=None):
     log(f"{args.preset}, vocabulary {tok.vocab_size:,}, {len(train)} batches ({tokens / len(train):,.0f} target "
         f"tokens each), validation {sum(b[3] for b in valid):,} target tokens")
     records = []
-    variants = [parse_variant(v) for v in args.variant or DEFAULT_VARIANTS]
     trainers = []
     for seed in range(args.seeds):
         runs = [(seeded(name, seed), env, seed) for name, env in variants]

@@ -755,7 +755,7 @@ extern "C" __global__ void residual_layernorm_warp(const long long* rowpos, int 
     long long rr = r < rows ? r : 0, off = rr * d;
     unsigned long long pos = (unsigned long long)(has_rows ? rowpos[rr] : rr);
     A s = 0;
-    // not unrolled: unrolled twice, the dropout hashes of two Vecs took 94 registers in float16 (48 once)
+    // not unrolled: unrolled twice, the dropout hashes of two Vecs took 94 registers in float16 (56 once)
     for (int j = lane * VEC; j < len; j += 32 * VEC) {
         Vec yv = *(const Vec*)(y + off + j);
         Vec xv = *(const Vec*)(x + off + j);
@@ -1093,8 +1093,8 @@ extern "C" __global__ void smoothed_nll_backward_vec(const T* z, const long long
 // vectors reads the rest a second time.
 // The same sums in the same order as smoothed_nll_rows_vec and the same arithmetic per value as
 // smoothed_nll_backward_vec: the bits of the two launches. dz may alias z.
-// Held to 64 registers a thread (__launch_bounds__(512, NLL_BLOCKS): two blocks of 512 threads a multiprocessor; 72
-// in 16 bits without it, one block). float64 (tests only) keeps one block.
+// Held to 64 registers a thread (__launch_bounds__(512, NLL_BLOCKS): two blocks of 512 threads a multiprocessor; 71
+// on sm_80 in 16 bits without it, one block). float64 (tests only) keeps one block.
 #define NLL_KEEP 10
 extern "C" __global__ void __launch_bounds__(512, NLL_BLOCKS)
 smoothed_nll_rows_grad_vec(const T* z, const long long* gold, A* lse, A* nll, A* smooth, int V, A wscale,
@@ -1360,7 +1360,7 @@ __device__ inline void column_sums_body(T* x, const A* y, int parts, T* x3, A* p
 // On sm_90 both kernels are held to 32 registers a thread (__launch_bounds__: blocks of 256 threads, SUMS_BLOCKS = 8
 // of them on a multiprocessor): COLUMN_BLOCKS' ~1,024 blocks then fit an H100 at once. At the 34 registers ptxas
 // takes otherwise in 16 bits only 6 blocks fit (registers are given out 8 at a time), and the last quarter of the
-// grid ran as a second wave after the first, each block's row loop waiting on memory just as long. Elsewhere
+// grid runs as a second wave after the first, each block's row loop waiting on memory just as long. Elsewhere
 // SUMS_BLOCKS is 6 (40 registers): at 32, sm_80's float32 and bfloat16 code and float64's (tests only) would spill.
 extern "C" __global__ void __launch_bounds__(256, SUMS_BLOCKS)
 column_sums_into(T* x, const A* y, int parts, T* x3, A* partial, unsigned int* counter, T* out1, T* out2, T* out3,

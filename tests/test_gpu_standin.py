@@ -737,6 +737,20 @@ def test_same_training_judges_engines_over_their_seeds(tmp_path):
     assert bad.returncode == 2 and "--seeds must be at least 1, got 0" in bad.stderr
 
 
+def test_same_training_runs_a_variant_of_another_copy_of_the_kernels(tmp_path):
+    """--variant NAME=KERNELS=FILE trains with FILE's CUDA (bench/gpu_ab.py's variants): a copy of kernels.py
+    reaches the same validation NLL to the bit; a missing file is refused before anything runs."""
+    copy = tmp_path / "copy.py"
+    copy.write_text(Path(ROOT, "minitf", "kernels.py").read_text())
+    r = run_same_training(tmp_path, "--fp16", "--no-torch", "--variant", "now=", "--variant", f"copy=KERNELS={copy}",
+                          "--out", tmp_path / "o")
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = {x["runner"]: x for x in json.loads((tmp_path / "o" / "same_training.json").read_text())["runners"]}
+    assert list(runs) == ["now", "copy"] and runs["copy"]["valid_nll"] == runs["now"]["valid_nll"]
+    gone = run_same_training(tmp_path, "--variant", f"old=KERNELS={tmp_path / 'no.py'}")
+    assert gone.returncode == 1 and f"KERNELS={tmp_path / 'no.py'}: no such file" in gone.stderr
+
+
 def test_same_training_reports_a_failing_runner_and_runs_the_others(tmp_path, standin, monkeypatch, capsys):
     """bench/same_training.py: a runner that fails is printed as FAILED with its error and listed under "failed";
     the runners after it still train, and the first runner that finished is the yardstick."""

@@ -130,7 +130,7 @@ def test_kernel_arguments_are_checked_as_cupy_passes_them():
     fn((3,), (8,), tuple(good))
     want = (x.get() - x.get().mean(-1, keepdims=True)) / np.sqrt(x.get().var(-1, keepdims=True) + 1e-6)
     np.testing.assert_allclose(y.get(), want, rtol=1e-5, atol=1e-5)
-    sums = mod.get_function("column_sums_into")     # compiled with __launch_bounds__(256, 8): no more threads
+    sums = mod.get_function("column_sums_into")     # compiled with __launch_bounds__(256, SUMS_BLOCKS): no more threads
     with pytest.raises(ValueError, match=r"512 threads per block, more than its __launch_bounds__ \(256\)"):
         sums((1,), (512,), tuple(range(18)))
 
