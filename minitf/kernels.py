@@ -2069,18 +2069,26 @@ __device__ inline A mma_quad_max(A v) {          // the maximum over a row's 4 l
     return a_max(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-// delta = dout . out of head h of row r by the whole warp: lane l adds columns 2 l and 2 l + 1, then five butterfly
+// delta = dout . out of head h of a row by the whole warp: lane l adds columns 2 l and 2 l + 1, then five butterfly
 // shuffles give every lane the same bits (the query blocks and the key blocks both compute it so: the same value).
-__device__ inline A mma_delta(const T* dout, const T* out, long long r, int hk, int h, int K) {
+// MMA_DELTAS rows at a time, rows r0 .. r0 + m - 1 (m <= MMA_DELTAS) into d[0 .. m - 1]: every row's loads are made
+// before the first row's shuffles, so the warp waits on memory once for them all, not once a row. Every lane runs
+// every shuffle (the emulator's shuffle is a barrier).
+#define MMA_DELTAS 8
+__device__ inline void mma_deltas(A* d, const T* dout, const T* out, long long r0, int m, int hk, int h, int K) {
     int c = 2 * (threadIdx.x & 31);
-    A d = 0;
-    if (c < K) {
-        long long at = r * hk + h * K + c;
-        d = (A)dout[at] * (A)out[at] + (A)dout[at + 1] * (A)out[at + 1];
+#pragma unroll
+    for (int i = 0; i < MMA_DELTAS; ++i) {   // each row's two products as soon as its values arrive: one value a row
+        d[i] = 0;                             // kept, the loads of the rows issued together
+        if (i < m && c < K) {
+            long long at = (r0 + i) * hk + h * K + c;
+            d[i] = (A)dout[at] * (A)out[at] + (A)dout[at + 1] * (A)out[at + 1];
+        }
     }
 #pragma unroll
-    for (int m = 16; m > 0; m >>= 1) d += __shfl_xor_sync(0xffffffffu, d, m);
-    return d;
+    for (int i = 0; i < MMA_DELTAS; ++i)
+#pragma unroll
+        for (int s = 16; s > 0; s >>= 1) d[i] += __shfl_xor_sync(0xffffffffu, d[i], s);
 }
 
 // The A fragments of the 16 rows r0 .. r0 + 15 of head h of x (rows at or past n read as 0), its bias added and the
@@ -2280,10 +2288,15 @@ __device__ void att_mma_backward_q(int block, const T* q, const T* k, const T* v
     mma_rows(qf, q, bq, has_bias, r0, rows, hk, h, K);
     mma_rows(df, dout, dout, 0, r0, rows, hk, h, K);
     A dd[2] = {0, 0}, ls[2];
-    for (int row = 0; row < 16 && row < rows; ++row) {   // each row's delta by the warp, kept by the row's lanes
-        A d = mma_delta(dout, out, r0 + row, hk, h, K);
-        if (row == gid) dd[0] = d;
-        if (row == gid + 8) dd[1] = d;
+    for (int row0 = 0; row0 < 16 && row0 < rows; row0 += MMA_DELTAS) {   // each row's delta by the warp, kept by
+        A d[MMA_DELTAS];                                                  // the row's lanes
+        int m = rows - row0 < MMA_DELTAS ? rows - row0 : MMA_DELTAS;
+        mma_deltas(d, dout, out, r0 + row0, m, hk, h, K);
+#pragma unroll
+        for (int i = 0; i < MMA_DELTAS; ++i) {
+            if (i < m && row0 + i == gid) dd[0] = d[i];
+            if (i < m && row0 + i == gid + 8) dd[1] = d[i];
+        }
     }
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
@@ -2339,9 +2352,12 @@ __device__ void att_mma_backward_kv(int block, const T* q, const T* k, const T* 
         __syncthreads();
         // each query's delta by the warp, as the query blocks do (its shuffles before the staging, so that the
         // emulator, whose shuffles are barriers, sees a missing barrier after it)
-        for (int i = 0; i < ATT_TILE; ++i) {
-            A d = i < n ? mma_delta(dout, out, q0 + i0 + i, hk, h, K) : (A)0;
-            if (threadIdx.x == 0) sdd[i] = d;
+        for (int i = 0; i < ATT_TILE; i += MMA_DELTAS) {
+            A d[MMA_DELTAS];
+            mma_deltas(d, dout, out, q0 + i0 + i, n - i, hk, h, K);   // rows at or past n: 0
+#pragma unroll
+            for (int j = 0; j < MMA_DELTAS; ++j)
+                if (threadIdx.x == 0) sdd[i + j] = d[j];
         }
         for (int i = threadIdx.x; i < ATT_TILE; i += blockDim.x)
             sls[i] = i < n ? lse[(long long)h * nq + q0 + i0 + i] : (A)0;
