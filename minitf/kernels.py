@@ -2052,6 +2052,22 @@ __device__ inline void mma_ldsm_x4_trans(mma_u32* d, const T* p) {
 }
 #endif
 
+// 16 bytes from global src to shared dst without waiting for them (cp.async.cg.shared.global, PTX ISA "Data
+// movement: cp.async"): `bytes` 16 copies them, 0 writes 16 zero bytes (src is not read); mma_copy_wait waits for
+// every copy this thread has made. Both addresses 16-byte aligned.
+#ifdef MINITF_EMULATE
+__device__ inline void mma_copy16(T* dst, const T* src, int bytes) {
+    if (bytes) std::memcpy(dst, src, 16); else std::memset(dst, 0, 16);
+}
+__device__ inline void mma_copy_wait() {}
+#else
+__device__ inline void mma_copy16(T* dst, const T* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(bytes) : "memory");
+}
+__device__ inline void mma_copy_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+#endif
+
 #ifdef MINITF_EMULATE
 #define mma_16816(c, a, b) emu_mma_16816<ATT_MMA_BF16>(c, a, b)
 #else
@@ -2112,31 +2128,30 @@ __device__ inline void mma_rows(mma_u32 (*f)[4], const T* x, const T* bias, int 
 
 // Stages rows j0 .. j0 + n - 1 (rows from `start`) of head h of x in shared memory as T (the bias added where has_bias,
 // as att_value adds it: the sum rounded to T): sx[j * ATTC_LD + c]; rows n .. ATT_TILE - 1 are 0, so that a product
-// over them adds 0 (never a NaN of memory no one wrote). 16 bytes (a Vec of 8 values) a load and a store: lane l
-// takes the vector c0 = 8 (l % (K / 8)) of rows l / (K / 8), l / (K / 8) + 32 / (K / 8), ... (x's rows and sx
-// 16-byte aligned: kernels.attention_rows checks x, and a staged row is 144 bytes). No barrier: the caller's.
+// over them adds 0 (never a NaN of memory no one wrote). 16 bytes (a Vec of 8 values) a copy: lane l takes the vector
+// c0 = 8 (l % (K / 8)) of rows l / (K / 8), l / (K / 8) + 32 / (K / 8), ... (x's rows and sx 16-byte aligned:
+// kernels.attention_rows checks x, and a staged row is 144 bytes). Every copy is issued before any is waited for
+// (mma_copy16: one wait on memory a tile, not one a vector), then the lane adds the bias to the vectors it copied.
+// No barrier: the caller's.
 __device__ inline void mma_stage(const T* x, const T* bias, int has_bias, long long start, int j0, int n, int hk, int h,
                                  int K, T* sx) {
-    int per_row = K / 8, lanes = (32 / per_row) * per_row, lane = threadIdx.x;
+    int per_row = K / 8, step = 32 / per_row, lanes = step * per_row, lane = threadIdx.x;
     if (lane >= lanes) return;                  // K = 48: 6 vectors a row, 5 rows a pass, lanes 30 and 31 idle
     int c0 = 8 * (lane % per_row);
     A b[8];                                     // this lane's 8 columns of the bias, read once
 #pragma unroll
     for (int e = 0; e < 8; ++e) b[e] = has_bias ? (A)bias[h * K + c0 + e] : (A)0;
     const T* col = x + (start + j0) * hk + h * K + c0;
-    for (int j = lane / per_row; j < ATT_TILE; j += 32 / per_row) {
-        Vec v;
-        if (j < n) {
-            v = *(const Vec*)(col + (long long)j * hk);
-            if (has_bias)
+    for (int j = lane / per_row; j < ATT_TILE; j += step)   // rows at or past n: 16 zero bytes, nothing read
+        mma_copy16(sx + j * ATTC_LD + c0, col + (long long)(j < n ? j : 0) * hk, j < n ? 16 : 0);
+    mma_copy_wait();
+    if (has_bias)
+        for (int j = lane / per_row; j < n && j < ATT_TILE; j += step) {
+            Vec v = *(const Vec*)(sx + j * ATTC_LD + c0);
 #pragma unroll
-                for (int e = 0; e < 8; ++e) v.v[e] = (T)((A)v.v[e] + b[e]);
-        } else {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) v.v[e] = (T)0.0f;
+            for (int e = 0; e < 8; ++e) v.v[e] = (T)((A)v.v[e] + b[e]);
+            *(Vec*)(sx + j * ATTC_LD + c0) = v;
         }
-        *(Vec*)(sx + j * ATTC_LD + c0) = v;
-    }
 }
 
 // c = rows . tile^T: the 16 rows' fragments f times the ATT_TILE staged rows, c[nt] the staged rows 8 nt .. 8 nt + 7.
