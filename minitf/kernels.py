@@ -1736,9 +1736,16 @@ ATTENTION = r"""
 // ATT_W: att_col, so that the row's threads read 16 neighbouring bytes each from a staged row, and a row's dot
 // product is their partial sums added by two warp shuffles); a block takes ATT_ROWS rows of one sentence and head,
 // and the keys (or queries) come through shared memory ATT_TILE rows at a time. A kernel's blocks of one kind are
-// (b * H + h) * chunks + chunk, chunk the block's ATT_ROWS rows (attention_rows_backward's key blocks follow its
-// query blocks); every thread of a block runs the same loops and shuffles (rows past the sentence's end too), as
-// the warp shuffle needs.
+// (b * H + h) * chunks + chunk, chunk the block's ATT_ROWS rows; attention_rows_backward_mma's launch takes each
+// sentence and head's blocks together, its kchunks key blocks then its qchunks query blocks (att_backward_block), so
+// that the sentence's rows are still in L2 for the second kind and the slower key blocks start first. Every thread
+// of a block runs the same loops and shuffles (rows past the sentence's end too), as the warp shuffle needs.
+// The backward's block `block` of a launch: (kind 1: a key block, 0: a query block; its index among its kind's).
+__device__ inline int att_backward_block(int block, int qchunks, int kchunks, int* kind) {
+    int per = qchunks + kchunks, bh = block / per, w = block - bh * per;
+    *kind = w < kchunks;
+    return *kind ? bh * kchunks + w : bh * qchunks + (w - kchunks);
+}
 #define ATT_G 4
 #define ATT_KMAX 64
 #define ATT_KPT (ATT_KMAX / ATT_G)
@@ -1983,7 +1990,9 @@ __device__ void att_backward_kv(int block, const T* q, const T* k, const T* v, c
 }
 
 // The backward of attention_rows_forward in one launch: the first count * H * qchunks blocks take the query rows
-// (dq), the other count * H * kchunks the key rows (dk, dv); neither needs the other's results.
+// (dq), the other count * H * kchunks the key rows (dk, dv); neither needs the other's results. (Taking each
+// sentence and head's blocks together, as the tensor-core backward does, took this kernel from 128 registers to
+// 130-157: fewer blocks on a multiprocessor.)
 extern "C" __global__ void attention_rows_backward(const T* q, const T* k, const T* v, const T* bq, const T* bk,
                                                    const T* bv, int has_bias, const int* qstart, const int* qlen,
                                                    const int* kstart, const int* klen, const T* out, const T* dout,
@@ -2424,12 +2433,12 @@ extern "C" __global__ void attention_rows_backward_mma(const T* q, const T* k, c
     T* tiles = (T*)words;
     __shared__ A rows[2 * ATT_TILE];              // the staged queries' lse and delta
     T *t0 = tiles, *t1 = tiles + ATT_TILE * ATTC_LD;
-    int qblocks = count * H * qchunks;
-    if ((int)blockIdx.x < qblocks)
-        att_mma_backward_q(blockIdx.x, q, k, v, bq, bk, bv, has_bias, qstart, qlen, kstart, klen, out, dout, lse, dq,
+    int kind, block = att_backward_block(blockIdx.x, qchunks, kchunks, &kind);
+    if (!kind)
+        att_mma_backward_q(block, q, k, v, bq, bk, bv, has_bias, qstart, qlen, kstart, klen, out, dout, lse, dq,
                            H, K, qchunks, causal, scale, nq, t0, t1);
     else
-        att_mma_backward_kv(blockIdx.x - qblocks, q, k, v, bq, bk, bv, has_bias, qstart, qlen, kstart, klen, out, dout,
+        att_mma_backward_kv(block, q, k, v, bq, bk, bv, has_bias, qstart, qlen, kstart, klen, out, dout,
                             lse, dk, dv, H, K, kchunks, causal, scale, nq, t0, t1, rows, rows + ATT_TILE);
 #endif
 }
