@@ -532,6 +532,34 @@ def test_relu_backward_inside_the_bias_sums_is_relu_backward_then_the_sums(dtype
     assert np.isnan(out).any() and not np.isnan(out).all()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_embedding_backward_stages_a_frequent_ids_rows_in_chunks(dtype):
+    """An id with more rows than a block stages at once (EMB_CHUNK: two and a half chunks) in rows wider than a
+    block's threads (two passes over the columns, the second partial): embedding_backward's sums are
+    segment_sum_rows', with the mask stored and drawn again from its key (the same bits)."""
+    from minitf.layers.embedding import segment_sum_rows
+    chunk = int(re.search(r"#define EMB_CHUNK (\d+)", kernels.KERNELS).group(1))
+    rng = np.random.default_rng(23)
+    b, length, d, v, p = 10, chunk * 3 // 8, 300, 6, 0.2
+    assert kernels._row_block(d) < d
+    ids = np.where(rng.random((b, length)) < 0.7, 2, rng.integers(0, v, size=(b, length)))
+    rowpos = np.flatnonzero(rng.random(b * length) < 0.9)
+    assert (ids.reshape(-1)[rowpos] == 2).sum() > 2 * chunk
+    dx = rng.normal(size=(len(rowpos), d)).astype(dtype)
+    plan = kernels.embedding_plan(ids, rowpos, np)
+    key = F.DropoutSites(7, 1).next_site()[1]
+    keyed = kernels.KeyedMask(key, rowpos.astype(np.int64), p)
+    mask = F.mask_array(keyed, dx)
+    grad0 = rng.normal(size=(v, d)).astype(dtype)
+    got, stored = grad0.copy(), grad0.copy()
+    kernels.embedding_backward(dx, keyed, plan, got, 2.5)
+    kernels.embedding_backward(dx, mask, plan, stored, 2.5)
+    equal(got, stored)
+    want = grad0.astype(np.float64)
+    segment_sum_rows(ids.reshape(-1)[rowpos], dx.astype(np.float64) * mask * 2.5, want)
+    close(got, want, dtype, scale=30.0)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("packed,dropout", [(False, False), (True, False), (True, True)])
 def test_embed_rows_and_embedding_backward(dtype, packed, dropout):
