@@ -102,6 +102,13 @@ def kernels_from(path):
     return _LAUNCHERS[path]
 
 
+def check_kernel_files(variants):
+    """Reads and checks each variant's KERNELS=FILE (kernels_from) before anything runs."""
+    for _, env in variants:
+        if KERNELS in env:
+            kernels_from(env[KERNELS])
+
+
 class VariantEnv(Env):
     """A variant's environment for the block (bench.env.Env) and, with KERNELS=FILE in it, FILE's kernels in place of
     minitf's."""
@@ -272,9 +279,7 @@ def main(argv=None):
         if mode not in dict(MODES):
             p.error(f"--modes: unknown mode {mode!r} ({', '.join(m for m, _ in MODES)})")
     variants = [parse_variant(v) for v in (args.variant or DEFAULT_VARIANTS)]
-    for _, env in variants:      # a KERNELS file is read and checked before anything runs
-        if KERNELS in env:
-            kernels_from(env[KERNELS])
+    check_kernel_files(variants)
     ok, why = backend.gpu_available()
     if not ok:
         sys.exit(f"gpu_ab: no GPU: {why}")

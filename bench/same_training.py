@@ -53,7 +53,7 @@ from minitf.optim import LossScaler  # noqa: E402
 from minitf.schedule import noam  # noqa: E402
 from minitf.train import compute_dtype, step_stats  # noqa: E402
 from minitf.validation import evaluate_loss  # noqa: E402
-from bench.gpu_ab import DEFAULT_VARIANTS, KERNELS, VariantEnv, kernels_from, parse_variant  # noqa: E402
+from bench.gpu_ab import DEFAULT_VARIANTS, VariantEnv, check_kernel_files, parse_variant  # noqa: E402
 from bench.shape import add_shape_flags, shape_overrides  # noqa: E402
 
 
@@ -255,9 +255,7 @@ def main(argv=None):
     if args.seeds < 1:
         p.error(f"--seeds must be at least 1, got {args.seeds}")
     variants = [parse_variant(v) for v in args.variant or DEFAULT_VARIANTS]
-    for _, env in variants:      # a KERNELS file is read and checked before anything runs
-        if KERNELS in env:
-            kernels_from(env[KERNELS])
+    check_kernel_files(variants)
     tok = Tokenizer(args.tokenizer)
     log(f"reading and encoding {args.train_src} / {args.train_tgt} (at most {args.pairs:,} pairs)")
     src_lines, tgt_lines = read_parallel(args.train_src, args.train_tgt)

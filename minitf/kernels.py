@@ -2096,9 +2096,10 @@ __device__ inline A mma_quad_max(A v) {          // the maximum over a row's 4 l
 
 // delta = dout . out of head h of a row by the whole warp: lane l adds columns 2 l and 2 l + 1, then five butterfly
 // shuffles give every lane the same bits (the query blocks and the key blocks both compute it so: the same value).
-// MMA_DELTAS rows at a time, rows r0 .. r0 + m - 1 (m <= MMA_DELTAS) into d[0 .. m - 1]: every row's loads are made
-// before the first row's shuffles, so the warp waits on memory once for them all, not once a row. Every lane runs
-// every shuffle (the emulator's shuffle is a barrier).
+// MMA_DELTAS rows at a time, rows r0 .. r0 + MMA_DELTAS - 1 into d[]: those from r0 + m on (m the rows left, which may
+// be more than MMA_DELTAS or none) give 0. Every row's loads are made before the first row's shuffles, so the warp
+// waits on memory once for them all, not once a row. Every lane runs every shuffle (the emulator's shuffle is a
+// barrier).
 #define MMA_DELTAS 8
 __device__ inline void mma_deltas(A* d, const T* dout, const T* out, long long r0, int m, int hk, int h, int K) {
     int c = 2 * (threadIdx.x & 31);
@@ -2313,13 +2314,12 @@ __device__ void att_mma_backward_q(int block, const T* q, const T* k, const T* v
     mma_rows(df, dout, dout, 0, r0, rows, hk, h, K);
     A dd[2] = {0, 0}, ls[2];
     for (int row0 = 0; row0 < 16 && row0 < rows; row0 += MMA_DELTAS) {   // each row's delta by the warp, kept by
-        A d[MMA_DELTAS];                                                  // the row's lanes
-        int m = rows - row0 < MMA_DELTAS ? rows - row0 : MMA_DELTAS;
-        mma_deltas(d, dout, out, r0 + row0, m, hk, h, K);
+        A d[MMA_DELTAS];                                                  // the row's lanes (0 past the rows)
+        mma_deltas(d, dout, out, r0 + row0, rows - row0, hk, h, K);
 #pragma unroll
         for (int i = 0; i < MMA_DELTAS; ++i) {
-            if (i < m && row0 + i == gid) dd[0] = d[i];
-            if (i < m && row0 + i == gid + 8) dd[1] = d[i];
+            if (row0 + i == gid) dd[0] = d[i];
+            if (row0 + i == gid + 8) dd[1] = d[i];
         }
     }
 #pragma unroll

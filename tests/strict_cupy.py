@@ -1125,12 +1125,16 @@ def python_scalar_dtype(x):
     raise TypeError(f"Unsupported type {type(x)}")
 
 
+# An `extern "C" __global__` kernel's declaration: (its __launch_bounds__ threads or '', its name, its parameters)
+_KERNEL_DECL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+'
+                          r'(?:__launch_bounds__\s*\(\s*(\d+)\s*(?:,\s*\w+\s*)?\)\s*)?(\w+)\s*\(([^)]*)\)')
+
+
 def parse_kernels(code):
     """{kernel name: [C parameter types]} of the `extern "C" __global__` kernels in CUDA source,
     types as written without `const` (e.g. 'T*', 'long long', 'float')."""
     out = {}
-    for name, params in re.findall(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\(\s*\d+\s*'
-                                   r'(?:,\s*\w+\s*)?\)\s*)?(\w+)\s*\(([^)]*)\)', code):
+    for _, name, params in _KERNEL_DECL.findall(code):
         types_ = []
         for p in params.split(","):
             words = re.sub(r"\bconst\b", " ", p.replace("*", " * ")).split()
@@ -1141,8 +1145,7 @@ def parse_kernels(code):
 
 def parse_launch_bounds(code):
     """{kernel name: the most threads a block it declares with __launch_bounds__(threads[, blocks])}."""
-    return {name: int(threads) for threads, name in re.findall(
-        r'extern\s+"C"\s+__global__\s+void\s+__launch_bounds__\s*\(\s*(\d+)\s*(?:,\s*\w+\s*)?\)\s*(\w+)\s*\(', code)}
+    return {name: int(threads) for threads, name, _ in _KERNEL_DECL.findall(code) if threads}
 
 
 class _RawKernel:
@@ -1150,7 +1153,7 @@ class _RawKernel:
 
     def __init__(self, module, name, params):
         self.module, self.name, self.params = module, name, params
-        self.max_threads = parse_launch_bounds(module.code).get(name, 1024)
+        self.max_threads = module.bounds.get(name, 1024)
 
     def __call__(self, grid, block, args, *, shared_mem=0, stream=None):
         where = f"RawKernel {self.name}"
@@ -1216,7 +1219,7 @@ class RawModule:
         self.code, self.options = code, options
         self.typedefs = dict((alias, ctype) for ctype, alias in re.findall(r"typedef\s+([\w ]+?)\s+(\w+)\s*;", code))
         self.dtype = numpy.dtype(self.dtype_of("T"))
-        self.kernels = parse_kernels(code)
+        self.kernels, self.bounds = parse_kernels(code), parse_launch_bounds(code)
 
     def dtype_of(self, c):
         c = self.typedefs.get(c, c)
