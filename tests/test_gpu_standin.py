@@ -645,6 +645,58 @@ def test_the_allocations_bench_times_the_pool_against_a_kept_buffer(tmp_path):
     assert r.returncode == 2 and "--calls must be at least 1, got 0" in r.stderr
 
 
+def test_the_gemm_bench_times_every_product_of_an_update(tmp_path, standin):
+    """bench/gemm_shapes.py --smoke on the stand-in: in each mode one row per distinct cuBLAS call of an update,
+    their calls adding up to the update's GEMMs as bench/launches.py counts them, each with its time, rate and
+    the host's time to issue it, then the totals; a bad count is refused by name."""
+    sys.path.insert(0, ROOT)
+    from bench.launches import count_update
+    r = run_bench(tmp_path, "gemm_shapes.py", "--smoke", "--no-torch", "--top", "1000")
+    assert r.returncode == 0, r.stderr[-3000:]
+    for mode, fp16 in (("float32", False), ("fp16", True), ("bf16", "bfloat16")):
+        block = r.stdout.split(f"## {mode}: ")[1].split("## ")[0]
+        total, distinct = map(int, re.match(r"(\d+) GEMMs an update, (\d+) distinct", block).groups())
+        rows = re.findall(r"^ +(\d+) +[\d.]+ +[\d.]+ +[\d.]+  (\d+ x \d+ x \d+.*)$", block, re.M)
+        assert len(rows) == distinct and len(set(label for _, label in rows)) == distinct, block
+        assert sum(int(n) for n, _ in rows) == total, block
+        assert total == sum(n for k, n in count_update("tiny", fp16)[0].items() if k.startswith("cublas.")), block
+        assert re.search(r"^  all minitf: [\d.]+ ms of GPU time an update \([\d.]+ TFLOP/s\), [\d.]+ ms of the "
+                         r"host's to issue them$", block, re.M), block
+    r = run_bench(tmp_path, "gemm_shapes.py", "--calls", "0")
+    assert r.returncode == 2 and "--calls must be at least 1, got 0" in r.stderr
+
+
+def test_the_gemm_bench_makes_the_same_product_in_both_engines(standin):
+    """bench/gemm_shapes.py's two ways to make a recorded call, gemm.matmul on the stand-in and PyTorch's
+    addmm_/baddbmm_ on strided views (here on the CPU), give the same c: transposes, alpha, beta = 1, and batches
+    whose matrices interleave (heads side by side in a row, as the attention's products address them)."""
+    torch = pytest.importorskip("torch", reason="PyTorch is optional: this cross-check of the bench needs it")
+    sys.path.insert(0, ROOT)
+    from bench import gemm_shapes
+    rng = np.random.default_rng(0)
+    keys = [("float32", False, False, 1.0, 0.0, 1, (5, 7, 7, 35), (7, 3, 3, 21), (5, 3, 3, 15)),
+            ("float32", True, False, 1.0, 1.0, 1, (7, 5, 9, 63), (7, 3, 3, 21), (5, 3, 4, 20)),
+            ("float32", False, True, 0.5, 0.0, 1, (5, 7, 7, 35), (3, 7, 7, 21), (5, 3, 3, 15)),
+            # 3 heads of 4 values side by side in rows of 12 (stride 4), c [3, 5, 6] contiguous
+            ("float32", False, True, 0.25, 0.0, 3, (5, 4, 12, 4), (6, 4, 12, 4), (5, 6, 6, 30)),
+            ("float32", True, False, 1.0, 1.0, 3, (6, 5, 5, 30), (6, 4, 12, 4), (5, 4, 4, 20))]
+    for key in keys:
+        host = gemm_shapes.operands(key, rng)
+        run, c = gemm_shapes.minitf_call(standin, key, host)
+        run()
+        run_t, c_t = gemm_shapes.torch_call(torch, key, host, device="cpu")
+        run_t()
+        np.testing.assert_allclose(backend.to_numpy(c), c_t.numpy(), rtol=1e-5, atol=1e-6, err_msg=str(key))
+        assert not np.allclose(backend.to_numpy(c), host[2]), key      # c was written
+    for engine in (lambda k: gemm_shapes.minitf_call(standin, k),
+                   lambda k: gemm_shapes.torch_call(torch, k, device="cpu")):
+        run, c = engine(keys[-1])                      # the timed calls: values drawn on the device
+        before = np.array(backend.to_numpy(c) if not hasattr(c, "numpy") else c.numpy())
+        run()
+        after = backend.to_numpy(c) if not hasattr(c, "numpy") else c.numpy()
+        assert np.all(np.abs(before) <= 0.1) and not np.allclose(before, after)
+
+
 def test_the_gpu_reports_kernel_tables_cover_float32_and_fp16():
     """The kernels section profiles float32 and --fp16 (the modes of bench/gpu_report.py's KERNEL_MODES)
     and the report prints a table for each, minitf's largest kernels beside PyTorch's."""
