@@ -24,7 +24,6 @@ MINITF_CUBLAS=0 (then CuPy's own matmul runs, for comparisons). tests/strict_cup
 models these cuBLAS calls on NumPy (column-major semantics, leading dimensions, strides,
 pointer offsets, alpha and beta, transpose flags, compute type) and refuses misuse.
 """
-import os
 from typing import NamedTuple
 
 import numpy as np
@@ -65,7 +64,7 @@ def compute_type(dtype_name):
     """The cuBLAS compute type and the dtype of alpha/beta for a storage dtype."""
     if dtype_name == "float64":
         return COMPUTE_64F, np.float64
-    if dtype_name == "float32" and int(os.environ.get("CUPY_TF32", "0") or 0) > 0:
+    if dtype_name == "float32" and kernels.tf32():
         return COMPUTE_32F_FAST_TF32, np.float32
     return COMPUTE_32F, np.float32
 

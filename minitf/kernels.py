@@ -36,8 +36,9 @@ kernels a block per 16 query (or key) rows of one sentence and head, 4 threads a
                         (the projections' outputs, biases added on load; no [B, H, T, S] array), and each
                         row's log-sum-exp; attention_rows_backward computes the weights again from it, in
                         blocks over the query rows (dq) and blocks over the key rows (dk, dv)
-  attention_rows_*_mma  the same two on tensor cores (mma.sync m16n8k16, a warp a block): float16 and
-                        bfloat16, heads of 16, 32, 48 or 64 values, sm_80 and newer (attention_tensor_cores)
+  attention_rows_*_mma  the same two on tensor cores (mma.sync, a warp a block): float16 and bfloat16
+                        (m16n8k16), float32 with TF32 products (m16n8k8, CUPY_TF32=1), heads of 16, 32, 48
+                        or 64 values, sm_80 and newer (attention_tensor_cores)
   adam_update           one Adam(W) update over the flat buffers (+ the 16-bit copy of the weights)
   update_check          an update's outcome on the device: every gradient finite, the loss scale's next value
   embed_rows            the kept rows' (embedding * sqrt(D) + PE) * dropout mask, one pass
@@ -216,8 +217,9 @@ def source(dtype):
     below, each a kernel family's CUDA beside the functions that launch it)."""
     name = dtype_name(dtype)
     t, a = C_TYPES[name]
-    mma = {"float16": '#define ATT_MMA 1\n#define ATT_MMA_BF16 0\n#define ATT_MMA_AB "f16"\n',
-           "bfloat16": '#define ATT_MMA 1\n#define ATT_MMA_BF16 1\n#define ATT_MMA_AB "bf16"\n'}.get(name, "#define ATT_MMA 0\n")
+    mma = {"float16": '#define ATT_MMA 1\n#define ATT_MMA_TF32 0\n#define ATT_MMA_BF16 0\n#define ATT_MMA_AB "f16"\n',
+           "bfloat16": '#define ATT_MMA 1\n#define ATT_MMA_TF32 0\n#define ATT_MMA_BF16 1\n#define ATT_MMA_AB "bf16"\n',
+           "float32": '#define ATT_MMA 1\n#define ATT_MMA_TF32 1\n'}.get(name, "#define ATT_MMA 0\n#define ATT_MMA_TF32 0\n")
     # column_sums_into's blocks a multiprocessor (its comment): 8 on sm_90 and newer, but in float64 (tests only)
     sums = ("#define SUMS_BLOCKS 6\n" if name == "float64" else
             "#if __CUDA_ARCH__ >= 900\n#define SUMS_BLOCKS 8\n#else\n#define SUMS_BLOCKS 6\n#endif\n")
@@ -2019,15 +2021,31 @@ extern "C" __global__ void attention_rows_backward(const T* q, const T* k, const
 // 2 tig, 2 tig + 1, c[2], c[3] row gid + 8. A product's C tiles side by side are the next product's A fragments (mma_tile_by_rows).
 // Staged rows are ATTC_LD values apart (144 bytes, 36 words): the 8 rows of 16 bytes an ldmatrix phase reads fall in
 // 32 banks (words 36 r .. 36 r + 3), no conflicts.
+// In float32 storage (ATT_MMA_TF32; kernels.attention_tensor_cores launches them only where float32 products run on
+// TF32, as the GEMMs do with CUPY_TF32) the same kernels make every product mma.sync m16n8k8 with TF32 operands (a value
+// rounded to 10 mantissa bits by cvt.rna.tf32.f32) and float32 sums ("Matrix Fragments for mma.m16n8k8" of .tf32): A (16
+// x 8) a[0] row gid, column tig, a[1] row gid + 8, a[2] and a[3] those 4 columns on; B (8 x 8) b[0] row tig of column
+// gid, b[1] 4 rows on; C as above. A C tile (8 columns: c[0], c[1] columns 2 tig, 2 tig + 1) is the A fragment of the
+// next product with its k index permuted: A column tig stands for C column 2 tig and column tig + 4 for 2 tig + 1
+// (a[0..3] = c[0], c[2], c[1], c[3]), and B's rows are read in that order (mma_tile_by_rows): no shuffle. Fragments of
+// B come from the staged float32 rows by 4-byte loads (ldmatrix moves 16-bit values), 68 values apart: the 32 lanes'
+// words of a load fall in 32 banks.
 // A masked key's weight is 0 and a masked query's gradient term 0, but the products take whole tiles, so a staged
 // row (a key, or a query or its output gradient) whose values are not finite makes NaN the rows of the blocks that
 // multiply its tile (0 * inf), where the CUDA-core kernels skip it; it is a row of the same sentence, and the update
 // is not finite either way.
+#if ATT_MMA_TF32
+#define ATTC_LD (ATT_KMAX + 4)
+#define ATTC_K 8                       // the values of a k-step: m16n8k8
+#else
 #define ATTC_LD (ATT_KMAX + 8)
-#define ATTC_STEPS (ATT_KMAX / 16)     // a row's k-steps of 16 values
+#define ATTC_K 16                      // m16n8k16
+#endif
+#define ATTC_STEPS (ATT_KMAX / ATTC_K) // a row's k-steps
 #define ATTC_COLS (ATT_KMAX / 8)       // a row's C tiles of 8 values
 #define ATTC_TILES (ATT_TILE / 8)      // a staged tile's C tiles of 8 rows
-// The tensor-core code exists where there are 16-bit products (ATT_MMA: float16 and bfloat16) on an sm_80 or newer.
+// The tensor-core code exists where there are tensor-core products of T (ATT_MMA: float16, bfloat16, float32 as TF32)
+// on an sm_80 or newer.
 #if ATT_MMA && (defined(MINITF_EMULATE) || __CUDA_ARCH__ >= 800)
 #define ATT_MMA_HERE 1
 #else
@@ -2036,6 +2054,7 @@ extern "C" __global__ void attention_rows_backward(const T* q, const T* k, const
 #if ATT_MMA_HERE
 typedef unsigned int mma_u32;
 
+#if !ATT_MMA_TF32
 // Two values as one register of a fragment: lo in the low 16 bits (rounded to T).
 __device__ inline mma_u32 mma_pack(A lo, A hi) {
     T l = (T)lo, h = (T)hi;
@@ -2060,6 +2079,7 @@ __device__ inline void mma_ldsm_x4_trans(mma_u32* d, const T* p) {
                  : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "l"(p) : "memory");
 }
 #endif
+#endif
 
 // 16 bytes from global src to shared dst without waiting for them (cp.async.cg.shared.global, PTX ISA "Data
 // movement: cp.async"): `bytes` 16 copies them, 0 writes 16 zero bytes (src is not read); mma_copy_wait waits for
@@ -2077,6 +2097,26 @@ __device__ inline void mma_copy16(T* dst, const T* src, int bytes) {
 __device__ inline void mma_copy_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 #endif
 
+#if ATT_MMA_TF32
+#ifdef MINITF_EMULATE
+#define mma_tf32(x) emu_tf32(x)
+#define mma_1688(c, a, b) emu_mma_1688_tf32(c, a, b)
+#else
+// x as a TF32 operand: rounded to 10 mantissa bits, to nearest, ties away from zero.
+__device__ inline mma_u32 mma_tf32(A x) {
+    mma_u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+// c += a b: one warp's 16 x 8 x 8 product on the tensor cores, TF32 operands.
+__device__ inline void mma_1688(float* c, const mma_u32* a, const mma_u32* b) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+#else
 #ifdef MINITF_EMULATE
 #define mma_16816(c, a, b) emu_mma_16816<ATT_MMA_BF16>(c, a, b)
 #else
@@ -2087,6 +2127,7 @@ __device__ inline void mma_16816(float* c, const mma_u32* a, const mma_u32* b) {
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+#endif
 #endif
 
 __device__ inline A mma_quad_max(A v) {          // the maximum over a row's 4 lanes (a quad)
@@ -2117,6 +2158,7 @@ __device__ inline void mma_deltas(A* d, const T* dout, const T* out, long long r
         for (int s = 16; s > 0; s >>= 1) d[i] += __shfl_xor_sync(0xffffffffu, d[i], s);
 }
 
+#if !ATT_MMA_TF32
 // The A fragments of the 16 rows r0 .. r0 + 15 of head h of x (rows at or past n read as 0), its bias added and the
 // sum rounded to T as att_value does: f[s] holds the head's values 16 s .. 16 s + 15.
 __device__ inline void mma_rows(mma_u32 (*f)[4], const T* x, const T* bias, int has_bias, long long r0, int n, int hk,
@@ -2135,22 +2177,38 @@ __device__ inline void mma_rows(mma_u32 (*f)[4], const T* x, const T* bias, int 
             f[s][i] = mma_pack(lo, hi);
         }
 }
+#else
+// mma_rows in TF32: f[s] holds the head's values 8 s .. 8 s + 7 of rows gid and gid + 8 (columns tig and tig + 4).
+__device__ inline void mma_rows(mma_u32 (*f)[4], const T* x, const T* bias, int has_bias, long long r0, int n, int hk,
+                                int h, int K) {
+    int gid = threadIdx.x >> 2, tig = threadIdx.x & 3;
+#pragma unroll
+    for (int s = 0; s < ATTC_STEPS; ++s)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            int row = gid + 8 * (i & 1), col = h * K + 8 * s + tig + 4 * (i >> 1);
+            A val = 0;
+            if (8 * s < K && row < n) val = att_value(x, bias, has_bias, r0 + row, hk, col);
+            f[s][i] = mma_tf32(val);
+        }
+}
+#endif
 
 // Stages rows j0 .. j0 + n - 1 (rows from `start`) of head h of x in shared memory as T (the bias added where has_bias,
 // as att_value adds it: the sum rounded to T): sx[j * ATTC_LD + c]; rows n .. ATT_TILE - 1 are 0, so that a product
-// over them adds 0 (never a NaN of memory no one wrote). 16 bytes (a Vec of 8 values) a copy: lane l takes the vector
-// c0 = 8 (l % (K / 8)) of rows l / (K / 8), l / (K / 8) + 32 / (K / 8), ... (x's rows and sx 16-byte aligned:
-// kernels.attention_rows checks x, and a staged row is 144 bytes). Every copy is issued before any is waited for
+// over them adds 0 (never a NaN of memory no one wrote). 16 bytes (a Vec of VEC values: 8 in 16 bits, 4 in float32) a
+// copy: lane l takes the vector c0 = VEC (l % (K / VEC)) of rows l / (K / VEC), l / (K / VEC) + 32 / (K / VEC), ...
+// (x's rows and sx 16-byte aligned: kernels.attention_rows checks x, and a staged row is 144 bytes, 272 in float32). Every copy is issued before any is waited for
 // (mma_copy16: one wait on memory a tile, not one a vector), then the lane adds the bias to the vectors it copied.
 // No barrier: the caller's.
 __device__ inline void mma_stage(const T* x, const T* bias, int has_bias, long long start, int j0, int n, int hk, int h,
                                  int K, T* sx) {
-    int per_row = K / 8, step = 32 / per_row, lanes = step * per_row, lane = threadIdx.x;
-    if (lane >= lanes) return;                  // K = 48: 6 vectors a row, 5 rows a pass, lanes 30 and 31 idle
-    int c0 = 8 * (lane % per_row);
-    A b[8];                                     // this lane's 8 columns of the bias, read once
+    int per_row = K / VEC, step = 32 / per_row, lanes = step * per_row, lane = threadIdx.x;
+    if (lane >= lanes) return;                  // K = 48 in 16 bits: 6 vectors a row, 5 rows a pass, lanes 30, 31 idle
+    int c0 = VEC * (lane % per_row);
+    A b[VEC];                                   // this lane's VEC columns of the bias, read once
 #pragma unroll
-    for (int e = 0; e < 8; ++e) b[e] = has_bias ? (A)bias[h * K + c0 + e] : (A)0;
+    for (int e = 0; e < VEC; ++e) b[e] = has_bias ? (A)bias[h * K + c0 + e] : (A)0;
     const T* col = x + (start + j0) * hk + h * K + c0;
     for (int j = lane / per_row; j < ATT_TILE; j += step)   // rows at or past n: 16 zero bytes, nothing read
         mma_copy16(sx + j * ATTC_LD + c0, col + (long long)(j < n ? j : 0) * hk, j < n ? 16 : 0);
@@ -2159,11 +2217,12 @@ __device__ inline void mma_stage(const T* x, const T* bias, int has_bias, long l
         for (int j = lane / per_row; j < n && j < ATT_TILE; j += step) {
             Vec v = *(const Vec*)(sx + j * ATTC_LD + c0);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) v.v[e] = (T)((A)v.v[e] + b[e]);
+            for (int e = 0; e < VEC; ++e) v.v[e] = (T)((A)v.v[e] + b[e]);
             *(Vec*)(sx + j * ATTC_LD + c0) = v;
         }
 }
 
+#if !ATT_MMA_TF32
 // c = rows . tile^T: the 16 rows' fragments f times the ATT_TILE staged rows, c[nt] the staged rows 8 nt .. 8 nt + 7.
 // B = tile^T, B's column n a staged row: one mma_ldsm_x4 gives the fragments of two 8-row tiles (nt, nt + 1) for a
 // k-step of 16 values: matrices (rows 8 nt.., values 16 s..), (8 nt.., 16 s + 8..), (8 nt + 8.., 16 s..), (8 nt + 8..,
@@ -2208,6 +2267,45 @@ __device__ inline void mma_tile_by_rows(float (*acc)[4], const float (*w)[4], co
             }
     }
 }
+#else
+// mma_rows_by_tile in TF32: B's column gid is staged row 8 nt + gid, b[0] its value 8 s + tig, b[1] 8 s + tig + 4.
+__device__ inline void mma_rows_by_tile(float (*c)[4], const mma_u32 (*f)[4], const T* tile, int K) {
+    int gid = (threadIdx.x & 31) >> 2, tig = threadIdx.x & 3;
+    const T* mine = tile + gid * ATTC_LD + tig;
+#pragma unroll
+    for (int nt = 0; nt < ATTC_TILES; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c[nt][i] = 0;
+#pragma unroll
+    for (int nt = 0; nt < ATTC_TILES; ++nt)
+#pragma unroll
+        for (int s = 0; s < ATTC_STEPS; ++s)
+            if (8 * s < K) {
+                const T* p = mine + 8 * nt * ATTC_LD + 8 * s;
+                mma_u32 b[2] = {mma_tf32((A)p[0]), mma_tf32((A)p[4])};
+                mma_1688(c[nt], f[s], b);
+            }
+}
+
+// mma_tile_by_rows in TF32: k-step kt is C tile kt of w (staged rows 8 kt .. 8 kt + 7), its A fragment (c[0], c[2],
+// c[1], c[3]) with column tig for staged row 8 kt + 2 tig and column tig + 4 for 8 kt + 2 tig + 1; so b[0] is value
+// 8 nt + gid of staged row 8 kt + 2 tig and b[1] of row 8 kt + 2 tig + 1.
+__device__ inline void mma_tile_by_rows(float (*acc)[4], const float (*w)[4], const T* tile, int K) {
+    int gid = (threadIdx.x & 31) >> 2, tig = threadIdx.x & 3;
+    const T* mine = tile + 2 * tig * ATTC_LD + gid;
+#pragma unroll
+    for (int kt = 0; kt < ATTC_TILES; ++kt) {
+        mma_u32 a[4] = {mma_tf32(w[kt][0]), mma_tf32(w[kt][2]), mma_tf32(w[kt][1]), mma_tf32(w[kt][3])};
+#pragma unroll
+        for (int nt = 0; nt < ATTC_COLS; ++nt)
+            if (8 * nt < K) {
+                const T* p = mine + 8 * kt * ATTC_LD + 8 * nt;
+                mma_u32 b[2] = {mma_tf32((A)p[0]), mma_tf32((A)p[ATTC_LD])};
+                mma_1688(acc[nt], a, b);
+            }
+    }
+}
+#endif
 
 // Writes rows r0 + gid and r0 + gid + 8 (those below n) of head h of x from C tiles: acc * f[0] and acc * f[1].
 __device__ inline void mma_write(T* x, const float (*acc)[4], const A* f, long long r0, int n, int hk, int h, int K) {
@@ -2409,14 +2507,14 @@ __device__ void att_mma_backward_kv(int block, const T* q, const T* k, const T* 
 #endif
 
 // The tensor-core kernels, with attention_rows_forward's and attention_rows_backward's arguments and grids (blocks of
-// one warp). Their bodies are empty where there are no tensor-core products of T (float32, float64) or none before
-// sm_80: kernels.attention_rows launches them only where they are not.
+// one warp). Their bodies are empty where there are no tensor-core products of T (float64) or none before sm_80:
+// kernels.attention_rows launches them only where they are not (and in float32 only where products run on TF32).
 extern "C" __global__ void attention_rows_forward_mma(const T* q, const T* k, const T* v, const T* bq, const T* bk,
                                                       const T* bv, int has_bias, const int* qstart, const int* qlen,
                                                       const int* kstart, const int* klen, T* out, A* lse, int H, int K,
                                                       int chunks, int causal, A scale, long long nq) {
 #if ATT_MMA_HERE
-    __shared__ Vec words[2 * ATT_TILE * ATTC_LD / 8];   // the staged keys and values (T values, 16-byte aligned)
+    __shared__ Vec words[2 * ATT_TILE * ATTC_LD / VEC];   // the staged keys and values (T values, 16-byte aligned)
     T* tiles = (T*)words;
     att_mma_forward(q, k, v, bq, bk, bv, has_bias, qstart, qlen, kstart, klen, out, lse, H, K, chunks, causal, scale,
                     nq, tiles, tiles + ATT_TILE * ATTC_LD);
@@ -2429,7 +2527,7 @@ extern "C" __global__ void attention_rows_backward_mma(const T* q, const T* k, c
                                                        const A* lse, T* dq, T* dk, T* dv, int H, int K, int qchunks,
                                                        int kchunks, int count, int causal, A scale, long long nq) {
 #if ATT_MMA_HERE
-    __shared__ Vec words[2 * ATT_TILE * ATTC_LD / 8];   // keys and values, or queries and their dout (T values)
+    __shared__ Vec words[2 * ATT_TILE * ATTC_LD / VEC];   // keys and values, or queries and their dout (T values)
     T* tiles = (T*)words;
     __shared__ A rows[2 * ATT_TILE];              // the staged queries' lse and delta
     T *t0 = tiles, *t1 = tiles + ATT_TILE * ATTC_LD;
@@ -2457,7 +2555,7 @@ def attention_rows_ok(x, d_k):
 
 
 ATT_MMA_BLOCK = 32   # the tensor-core kernels: one warp a block
-MMA_KERNELS = ("attention_rows_forward_mma", "attention_rows_backward_mma")   # empty in float32 and float64
+MMA_KERNELS = ("attention_rows_forward_mma", "attention_rows_backward_mma")   # empty in float64
 _ARCH = {}           # device id -> compute capability (e.g. 90), looked up once
 
 
@@ -2473,13 +2571,21 @@ def _arch(x):
     return arch
 
 
+def tf32():
+    """Whether float32 products run on TF32 tensor cores: the environment sets CUPY_TF32 to a positive number (as
+    for CuPy's own matmul; gemm.compute_type, the attention's tensor-core kernels)."""
+    return int(os.environ.get("CUPY_TF32", "0") or 0) > 0
+
+
 def attention_tensor_cores(x, d_k):
     """Whether attention_rows and its backward run on tensor cores (attention_rows_forward_mma and
-    attention_rows_backward_mma: mma.sync, 16-bit operands, float32 sums): float16 or bfloat16 arrays, d_k a
-    multiple of 16 (and <= ATT_KMAX), a device of compute capability 8.0 or newer, unless the environment sets
-    MINITF_FUSED_ATTN_MMA=0 (then the CUDA-core kernels run, for comparisons)."""
-    return (dtype_name(x.dtype) in ("float16", "bfloat16") and d_k % 16 == 0 and d_k <= ATT_KMAX
-            and not switched_off("MINITF_FUSED_ATTN_MMA") and _arch(x) >= 80)
+    attention_rows_backward_mma: mma.sync with float32 sums): float16 or bfloat16 arrays (16-bit operands), or
+    float32 ones where float32 products run on TF32 (`tf32`: TF32 operands), d_k a multiple of 16 (and <=
+    ATT_KMAX), a device of compute capability 8.0 or newer, unless the environment sets MINITF_FUSED_ATTN_MMA=0
+    (then the CUDA-core kernels run, for comparisons)."""
+    name = dtype_name(x.dtype)
+    return ((name in ("float16", "bfloat16") or name == "float32" and tf32()) and d_k % 16 == 0
+            and d_k <= ATT_KMAX and not switched_off("MINITF_FUSED_ATTN_MMA") and _arch(x) >= 80)
 
 
 def _attention_kernel(name, q, h, *arrays):

@@ -149,6 +149,36 @@ template <int TRANS> static inline void emu_ldmatrix_x4(unsigned* d, const void*
     }
     __syncthreads();
 }
+// cvt.rna.tf32.f32 (kernels.py's mma_tf32 in float32): x rounded to TF32's 10 mantissa bits, to nearest, ties away
+// from zero (half a unit of the last kept bit added to the magnitude's bits, the 13 bits below it cleared); infinities
+// and NaNs as they are.
+static inline unsigned emu_tf32(float x) {
+    unsigned u; std::memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return u;
+    return (u + 0x1000u) & 0xffffe000u;
+}
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 (kernels.py's mma_1688): c (16 x 8, float) += a (16 x 8) b (8 x 8)
+// over a warp, the fragments as the PTX ISA lays them out (lane = 4 gid + tig; a[0] row gid, column tig, a[1] row
+// gid + 8, a[2] and a[3] 4 columns on; b[0] row tig of column gid, b[1] 4 rows on; c as emu_mma_16816's), each value a
+// float32's bits of which the tensor cores read the top 19 (the low 13 dropped here too). Products exact in float,
+// summed in k order; slots and barriers as emu_mma_16816.
+static inline float emu_tf32_value(unsigned u) { u &= 0xffffe000u; float f; std::memcpy(&f, &u, 4); return f; }
+static inline void emu_mma_1688_tf32(float* c, const unsigned* a, const unsigned* b) {
+    static unsigned sa[1024][4], sb[1024][2];
+    for (int i = 0; i < 4; ++i) sa[threadIdx.x][i] = a[i];
+    for (int i = 0; i < 2; ++i) sb[threadIdx.x][i] = b[i];
+    __syncthreads();
+    unsigned warp = threadIdx.x & ~31u, lane = threadIdx.x & 31u, gid = lane >> 2, tig = lane & 3u;
+    for (unsigned i = 0; i < 4; ++i) {
+        unsigned row = gid + 8 * (i >> 1), col = 2 * tig + (i & 1);
+        float sum = 0;
+        for (unsigned k = 0; k < 8; ++k)
+            sum += emu_tf32_value(sa[warp + (row & 7) * 4 + (k & 3)][(row >> 3) + 2 * (k >> 2)])
+                   * emu_tf32_value(sb[warp + col * 4 + (k & 3)][k >> 2]);
+        c[i] += sum;
+    }
+    __syncthreads();
+}
 // Between two barriers the threads run one after another, in ascending order, or descending where
 // emu_set_reverse(1) says so: a kernel that reads what another thread writes without a barrier
 // between gives a wrong result in one of the two orders.

@@ -279,17 +279,19 @@ ROWS_SIZES = dict(heads=8, d_k=64, lq=[1, 17, 33, 60, 70, 45], lk=[50, 3, 70, 33
 
 
 @needs_kernels
-@pytest.mark.parametrize("dtype,tol,cores", [("float32", 1e-5, "cuda"), ("float16", 4e-3, "tensor"),
+@pytest.mark.parametrize("dtype,tol,cores", [("float32", 1e-5, "cuda"), ("float32", 4e-3, "tensor"),
+                                             ("float16", 4e-3, "tensor"),
                                              ("float16", 4e-3, "cuda"), ("bfloat16", 3e-2, "tensor"),
                                              ("bfloat16", 3e-2, "cuda")])
 @pytest.mark.parametrize("case", ["self", "causal", "cross"])
 def test_gpu_attention_rows_match_float64_attention_at_real_sizes(dtype, tol, cores, case, cp, monkeypatch):
     """kernels.attention_rows and attention_rows_backward on the device against float64 NumPy per sentence
-    and head: the output and the gradients of q, k and v, within `tol` of the largest value; in 16 bits on
-    tensor cores (attention_rows_*_mma, mma.sync) and on CUDA cores (MINITF_FUSED_ATTN_MMA=0)."""
+    and head: the output and the gradients of q, k and v, within `tol` of the largest value; in 16 bits and in
+    float32 with TF32 products (CUPY_TF32=1) on tensor cores (attention_rows_*_mma, mma.sync) and on CUDA cores
+    (MINITF_FUSED_ATTN_MMA=0)."""
     from minitf.packing import Spans
-    from test_kernels import attention_reference
-    monkeypatch.setenv("MINITF_FUSED_ATTN_MMA", "1" if cores == "tensor" else "0")
+    from test_kernels import attention_cores, attention_reference
+    attention_cores(monkeypatch, dtype_named(dtype), cores)
     launched = record_launches(monkeypatch)
     h, k = ROWS_SIZES["heads"], ROWS_SIZES["d_k"]
     lq = np.array(ROWS_SIZES["lq"])
@@ -312,7 +314,7 @@ def test_gpu_attention_rows_match_float64_attention_at_real_sizes(dtype, tol, co
     for got, ref in zip([out] + grads, want):
         got = to_numpy(got).astype(np.float64)
         assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
-    mma = "_mma" if kernels.attention_tensor_cores(q, k) else ""     # 16 bits, not switched off, an sm_80 or newer
+    mma = "_mma" if kernels.attention_tensor_cores(q, k) else ""     # 16 bits or TF32, not switched off, sm_80+
     assert launched == ["attention_rows_forward" + mma, "attention_rows_backward" + mma]
     assert mma == ("" if cores == "cuda" or REAL_GPU and kernels._arch(q) < 80 else "_mma")
 
@@ -463,14 +465,19 @@ def test_gpu_attention_on_packed_rows_gives_the_cpus_float64_loss_and_every_grad
 
 
 @needs_kernels
-@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float16", 5e-3), ("bfloat16", 3e-2)])
+@pytest.mark.parametrize("dtype,tol,tf32", [("float32", 1e-5, False), ("float32", 5e-3, True), ("float16", 5e-3, False),
+                                            ("bfloat16", 3e-2, False)])
 @pytest.mark.parametrize("heads", [4, 1])
-def test_gpu_attention_on_packed_rows_matches_the_head_layout(dtype, tol, heads, monkeypatch):
+def test_gpu_attention_on_packed_rows_matches_the_head_layout(dtype, tol, tf32, heads, monkeypatch):
     """The update with MINITF_FUSED_ATTN=1 against the one without (the heads unpacked, the products and
     the softmax apart), in the storage dtypes: the loss and every gradient to rounding (the fused
     kernel keeps the scores in float32 where the head layout rounds them to the storage dtype). Heads of
-    4 values run on CUDA cores; one head of 16 in float16 and bfloat16 on tensor cores (attention_rows_*_mma).
-    With attention dropout (its mask lives on [B, H, T, S]) the attention stays as it was."""
+    4 values run on CUDA cores; one head of 16 in float16 and bfloat16 on tensor cores (attention_rows_*_mma), and
+    in float32 where its products run on TF32 (CUPY_TF32=1). With attention dropout (its mask lives on [B, H, T, S])
+    the attention stays as it was."""
+    if tf32:
+        monkeypatch.setenv("CUPY_TF32", "1")
+
     def update(flag, attention_dropout=0.0):
         monkeypatch.setenv("MINITF_FUSED_ATTN", flag)
         m = minitf.Transformer(cfg(attention_dropout=attention_dropout, n_heads=heads), device="gpu", dtype=dtype,
@@ -482,7 +489,7 @@ def test_gpu_attention_on_packed_rows_matches_the_head_layout(dtype, tol, heads,
     launched = record_launches(monkeypatch)
     (lf, gf), (lh, gh) = update("1"), update("0")
     assert abs(lf - lh) <= tol * abs(lh) and _rel(gf, gh) <= tol
-    tensor = heads == 1 and dtype != "float32" and kernels._arch(backend.cupy.zeros(1)) >= 80   # an sm_80 or newer
+    tensor = heads == 1 and (dtype != "float32" or tf32) and kernels._arch(backend.cupy.zeros(1)) >= 80   # sm_80+
     mma = "_mma" if tensor else ""
     assert [n for n in launched if n.startswith("attention_rows")] == 6 * ["attention_rows_forward" + mma] + \
         6 * ["attention_rows_backward" + mma]

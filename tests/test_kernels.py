@@ -689,7 +689,17 @@ ATTENTION_CASES = {"self": ([1, 5, 37, 70], None, False), "causal": ([1, 5, 37, 
 # the attention kernels a case runs on: tensor cores (float16 and bfloat16, K a multiple of 16) or CUDA cores
 # (MINITF_FUSED_ATTN_MMA=0, or any other dtype or K)
 ATTENTION_CORES = [pytest.param(dt, cores, id=f"{np.dtype(dt).name}-{cores}") for dt in (np.float64, np.float32,
-                   np.float16, BF16) for cores in (["tensor", "cuda"] if np.dtype(dt).itemsize == 2 else ["cuda"])]
+                   np.float16, BF16) for cores in (["cuda"] if dt == np.float64 else ["tensor", "cuda"])]
+# float32 on tensor cores: TF32 operands, where float32 products run on TF32 (CUPY_TF32, which tests/conftest.py unsets)
+ATTENTION_TOL = {(np.float64, "cuda"): 1e-12, (np.float32, "cuda"): 1e-5, (np.float32, "tensor"): 4e-3,
+                 (np.float16, "tensor"): 4e-3, (np.float16, "cuda"): 4e-3, (BF16, "tensor"): 3e-2, (BF16, "cuda"): 3e-2}
+
+
+def attention_cores(monkeypatch, dtype, cores):
+    """The environment of a case on `cores`: MINITF_FUSED_ATTN_MMA, and CUPY_TF32 for float32 on tensor cores."""
+    monkeypatch.setenv("MINITF_FUSED_ATTN_MMA", "1" if cores == "tensor" else "0")
+    if dtype == np.float32 and cores == "tensor":
+        monkeypatch.setenv("CUPY_TF32", "1")
 
 
 @pytest.mark.parametrize("dtype,cores", ATTENTION_CORES)
@@ -704,7 +714,7 @@ def test_attention_on_packed_rows_forward_and_backward(dtype, cores, case, h, k,
     tensor cores' 16), 16 (one k-step of mma.sync), 48 (three) and 64 (the most); in 16 bits on tensor cores
     (attention_rows_*_mma, where K allows) and on CUDA cores; the threads run in both orders between barriers."""
     monkeypatch.setattr(emulated, "reverse", order == "descending")
-    monkeypatch.setenv("MINITF_FUSED_ATTN_MMA", "1" if cores == "tensor" else "0")
+    attention_cores(monkeypatch, dtype, cores)
     launched = record_launches(monkeypatch)
     lq, lk, causal = ATTENTION_CASES[case]
     lk = lq if lk is None else lk
@@ -717,7 +727,7 @@ def test_attention_on_packed_rows_forward_and_backward(dtype, cores, case, h, k,
     out, lse = kernels.attention_rows(q, kk, v, biases, spans_of(lq), spans_of(lk), h, causal, scale)
     want_out, want_lse, want = attention_reference(q, kk, v, biases, lq, lk, h, causal, scale, dout)
     assert out.dtype == dtype and lse.dtype == kernels.accum_dtype(dtype) and lse.shape == (h, nq)
-    tol = {np.float64: 1e-12, np.float32: 1e-5, np.float16: 4e-3, BF16: 3e-2}[dtype]
+    tol = ATTENTION_TOL[(dtype, cores)]
     for got, ref in [(out, want_out), (lse, want_lse)]:
         assert np.abs(got.astype(np.float64) - ref).max() <= tol * np.abs(ref).max()
     dq, dk, dv = (np.full_like(x, np.nan) for x in (q, kk, v))
@@ -734,7 +744,7 @@ def test_attention_on_packed_rows_keeps_a_sentences_infinities_in_it(dtype, core
     """A sentence whose q, k, v and dout are infinite (its results NaN) comes first, with more rows than a tile:
     the sentences after it, shorter than a tile, still match float64 NumPy. The tensor-core kernels multiply whole
     staged tiles, so the rows past a short sentence's end must be zeros, not what an earlier block left there."""
-    monkeypatch.setenv("MINITF_FUSED_ATTN_MMA", "1" if cores == "tensor" else "0")
+    attention_cores(monkeypatch, dtype, cores)
     lq, h, k = [40, 5, 20], 2, 16
     rng = np.random.default_rng(3)
     q, kk, v, dout = (rng.normal(size=(sum(lq), h * k)).astype(dtype) for _ in range(4))
@@ -748,7 +758,7 @@ def test_attention_on_packed_rows_keeps_a_sentences_infinities_in_it(dtype, core
     rest = slice(lq[0], None)
     want_out, _, want = attention_reference(q[rest], kk[rest], v[rest], biases, lq[1:], lq[1:], h, False, 0.25,
                                             dout[rest])
-    tol = {np.float64: 1e-12, np.float32: 1e-5, np.float16: 4e-3, BF16: 3e-2}[dtype]
+    tol = ATTENTION_TOL[(dtype, cores)]
     for got, ref in zip([out] + grads, [want_out] + want):
         got = got[rest].astype(np.float64)
         assert np.isfinite(got).all() and np.abs(got - ref).max() <= 2 * tol * np.abs(ref).max()
@@ -1201,10 +1211,11 @@ def test_performance_mds_register_table_is_ptxas_report():
         return f"{b // 1024} KB" + (f" + {b % 1024} bytes" if b % 1024 else "")
     for name, *regs, smem in rows:
         reports = [ptxas_report(dt, "sm_90")[name] for dt in ("float32", "float16", "bfloat16", "float64")]
-        if name in kernels.MMA_KERNELS:   # the tensor-core kernels: empty bodies in float32 and float64 ("-")
-            assert regs[0] == regs[3] == "-" and reports[0][1] == reports[3][1] == 0, name
-            assert [int(r) for r in regs[1:3]] == [rep[0] for rep in reports[1:3]], name
-            assert smem.strip() == size(reports[1][1]) + " (16-bit only)" and reports[1][1] == reports[2][1], name
+        if name in kernels.MMA_KERNELS:   # the tensor-core kernels: empty bodies in float64 ("-"); TF32 in float32
+            assert regs[3] == "-" and reports[3][1] == 0, name
+            assert [int(r) for r in regs[:3]] == [rep[0] for rep in reports[:3]], name
+            assert smem.strip() == f"{size(reports[1][1])} ({size(reports[0][1])} in float32)", name
+            assert reports[1][1] == reports[2][1] != reports[0][1], name
             continue
         assert [int(r) for r in regs] == [rep[0] for rep in reports], name
         want = size(reports[0][1]) + ("" if reports[3][1] == reports[0][1] else f" ({size(reports[3][1])} in float64)")
