@@ -23,6 +23,13 @@ if hasattr(os, "geteuid") and os.geteuid() == 0:
 WORDS = "the a cat dog sees runs small big red house tree man woman eats".split()
 
 
+@pytest.fixture(autouse=True)
+def no_tf32(monkeypatch):
+    """CUPY_TF32 unset in every test (a test that wants TF32 sets it): a bench script imported by a test (its
+    argument parser, its functions) sets it for speed when it loads, and the float32 attention and GEMMs read it."""
+    monkeypatch.delenv("CUPY_TF32", raising=False)
+
+
 @pytest.fixture
 def standin(monkeypatch):
     """minitf's GPU path on tests/strict_cupy.py, the CuPy stand-in on NumPy, its RawKernels run

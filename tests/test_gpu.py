@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import minitf
-from minitf import backend, kernels
+from minitf import backend, gemm, kernels
 from minitf.backend import dtype_named, gpu_available, to_numpy
 
 from conftest import record_launches
@@ -475,8 +475,9 @@ def test_gpu_attention_on_packed_rows_matches_the_head_layout(dtype, tol, tf32, 
     4 values run on CUDA cores; one head of 16 in float16 and bfloat16 on tensor cores (attention_rows_*_mma), and
     in float32 where its products run on TF32 (CUPY_TF32=1). With attention dropout (its mask lives on [B, H, T, S])
     the attention stays as it was."""
-    if tf32:
+    if tf32:     # (gemm keeps each dtype's compute type from its first product: a fresh one, put back after)
         monkeypatch.setenv("CUPY_TF32", "1")
+        monkeypatch.setattr(gemm, "_TYPES", {})
 
     def update(flag, attention_dropout=0.0):
         monkeypatch.setenv("MINITF_FUSED_ATTN", flag)
