@@ -791,6 +791,32 @@ def test_attention_on_packed_rows_off_a_16_byte_boundary_takes_the_cuda_cores(dt
         assert launched == ["attention_rows_forward" + fwd, "attention_rows_backward" + bwd], shifted
 
 
+def test_attention_on_tf32_tensor_cores_rounds_its_operands_to_nearest_ties_away(monkeypatch):
+    """float32 on tensor cores (CUPY_TF32=1): a sentence of one row gives its one key the weight 1, so its output is
+    its value as a TF32 operand: rounded to 10 mantissa bits, to nearest, ties away from zero (cvt.rna.tf32.f32),
+    which NumPy computes here from the value's unit in the last place. Among the values, exact ties (the 13 dropped
+    bits 0x1000) of both signs and values just below and above them."""
+    monkeypatch.setenv("MINITF_FUSED_ATTN_MMA", "1")
+    monkeypatch.setenv("CUPY_TF32", "1")
+    rng = np.random.default_rng(4)
+    n, h, k = 6, 1, 16
+    v = rng.normal(size=(n, h * k)).astype(np.float32) * np.float32(3.0)
+    bits = v.view(np.uint32)
+    bits[:3] = (bits[:3] & np.uint32(0xffffe000)) | np.uint32(0x1000)    # ties
+    bits[3] = (bits[3] & np.uint32(0xffffe000)) | np.uint32(0x0fff)      # just below
+    bits[4] = (bits[4] & np.uint32(0xffffe000)) | np.uint32(0x1001)      # just above
+    q, kk = (rng.normal(size=(n, h * k)).astype(np.float32) for _ in range(2))
+    zero = tuple(np.zeros(h * k, dtype=np.float32) for _ in range(3))
+    launched = record_launches(monkeypatch)
+    out, _ = kernels.attention_rows(q, kk, v, zero, spans_of([1] * n), spans_of([1] * n), h, False, 0.25)
+    assert launched == ["attention_rows_forward_mma"]
+    x = v.astype(np.float64)
+    ulp = np.exp2(np.floor(np.log2(np.abs(x))) - 10)
+    want = np.sign(x) * np.floor(np.abs(x) / ulp + 0.5) * ulp
+    assert np.array_equal(out.astype(np.float64), want)
+    assert (np.abs(want[:3]) > np.abs(x[:3])).all() and not np.array_equal(want, x)   # ties went away from zero
+
+
 def test_attention_on_packed_rows_gradients_are_central_differences():
     """Every entry of q, k and v (float64): attention_rows_backward's gradients of sum(out * w) against
     central differences of attention_rows, causal self-attention and cross-attention."""
