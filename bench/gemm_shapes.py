@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """The step's matrix products alone: every distinct cuBLAS call of one training update, as minitf makes it and
-as PyTorch makes the same product, on the GPU's clock and on the host's.
+as PyTorch makes the same product: the time a call takes, and the host's time to issue one.
 
     python bench/gemm_shapes.py                  # base at bench/gpu_report.py's batch: float32 (TF32), --fp16, --bf16
     python bench/gemm_shapes.py --modes float32  # one mode
@@ -12,7 +12,9 @@ count and dtype. Each distinct call is then made again on arrays of its geometry
 between two device synchronisations, in --rounds rounds alternating with PyTorch's same product
 (`addmm_`/`baddbmm_` on views with the same strides, in place, with the same alpha and beta; TF32 for float32 as
 minitf's CUPY_TF32); printed per call, the most time an update first: its calls an update, the median
-microseconds a call on the GPU and the TFLOP/s that makes, PyTorch's, and the host's microseconds to issue one
+microseconds a call (the wall time of the --calls calls between the two synchronisations, divided by --calls: a
+product the GPU takes longer over than the host takes to issue it is timed at the GPU's pace) and the TFLOP/s that
+makes, PyTorch's, and the host's microseconds to issue one
 (--calls calls issued after a synchronisation, none waited for: what a call costs a step that the host sets).
 Then the update's whole: the products' ms (the sum over calls), their TFLOP and the rate, both engines.
 
@@ -35,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 import minitf  # noqa: E402
-from minitf import backend, gemm  # noqa: E402
+from minitf import backend, gemm, kernels  # noqa: E402
 from bench.data import wmt_batch  # noqa: E402
 from bench.rounds import alternate  # noqa: E402
 from bench.train_step import MinitfRunner  # noqa: E402
@@ -238,7 +240,7 @@ def main(argv=None):
             import torch as _torch
             if _torch.cuda.is_available():
                 torch = _torch
-                torch.backends.cuda.matmul.allow_tf32 = os.environ.get("CUPY_TF32") == "1"
+                torch.backends.cuda.matmul.allow_tf32 = kernels.tf32()   # minitf's float32 products
             else:
                 print("PyTorch column absent: torch.cuda.is_available() is False")
         except ImportError as e:

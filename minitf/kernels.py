@@ -372,7 +372,7 @@ def _address(a):
 
 def _aligned(*arrays):
     """Whether every array starts on a 16-byte boundary (what 16-byte loads need: the *_vec kernels, and the
-    tensor-core attention's staging; a row of H*K 16-bit values, K a multiple of 16, is whole 16-byte vectors)."""
+    tensor-core attention's staging; a row of H*K 16-bit or float32 values, K a multiple of 16, is whole 16-byte vectors)."""
     return all(_address(a) % VEC_BYTES == 0 for a in arrays)
 
 
@@ -1726,7 +1726,8 @@ def relu_backward(dy, y):
 
 # ----------------------------------------------------------------------------- attention on packed rows
 # The whole attention of a sentence and head on packed rows, one kernel forward and one backward, never
-# writing the [B, H, T, S] weights (MINITF_FUSED_ATTN=1); on tensor cores in 16 bits (paper 3.2.1-3.2.2).
+# writing the [B, H, T, S] weights (MINITF_FUSED_ATTN=1); on tensor cores in 16 bits, and in float32 as TF32
+# (paper 3.2.1-3.2.2).
 ATTENTION = r"""
 // Attention over packed rows, one sentence's rows after another (packing.Spans: sentence b's query rows
 // qstart[b] .. qstart[b] + qlen[b] - 1 of q, its key rows kstart[b] .. of k and v): the scaled dot-product
@@ -2012,7 +2013,8 @@ extern "C" __global__ void attention_rows_backward(const T* q, const T* k, const
                         dk, dv, H, K, kchunks, causal, scale, nq, t0, t1, rows, rows + ATT_TILE);
 }
 
-// The same attention on tensor cores (float16 and bfloat16 storage, K a multiple of 16, sm_80 and newer): a block is
+// The same attention on tensor cores (float16 and bfloat16 storage; float32 as TF32, below; K a multiple of 16, sm_80
+// and newer): a block is
 // one warp and takes ATT_ROWS = 16 rows of one sentence and head (att_place's numbering, the CUDA-core kernels' grid),
 // and every product is mma.sync m16n8k16 (16-bit operands, float32 sums), its fragments as the PTX ISA lays them out
 // ("Matrix Fragments for mma.m16n8k16 with floating point type"; lane = 4 gid + tig): A (16 x 16) a[0] holds row

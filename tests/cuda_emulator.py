@@ -107,7 +107,8 @@ template <typename V> static inline V __shfl_xor_sync(unsigned, V v, int lane_ma
 // row gid, columns 2 tig, 2 tig + 1, a[1] row gid + 8, a[2] and a[3] 8 columns on; b[0] rows 2 tig, 2 tig + 1 of column
 // gid, b[1] 8 rows on; c[0], c[1] row gid, columns 2 tig, 2 tig + 1, c[2], c[3] row gid + 8; the lower index in the low
 // 16 bits). Every lane puts its fragments in a slot, all wait, each sums its four elements in float (exact products,
-// in k order), all wait again: the block barrier, as for the shuffle above (a block of one warp is the warp).
+// in k order), all wait again: the block barrier, as for the shuffle above (a block of one warp is the warp). The PTX
+// ISA leaves the order and rounding of the sums to the GPU, so a GPU's results agree with these to rounding, not bits.
 template <int BF> static inline float emu_widen16(unsigned short h);
 template <int BF> static inline void emu_mma_16816(float* c, const unsigned* a, const unsigned* b) {
     static unsigned sa[1024][4], sb[1024][2];
@@ -161,7 +162,7 @@ static inline unsigned emu_tf32(float x) {
 // over a warp, the fragments as the PTX ISA lays them out (lane = 4 gid + tig; a[0] row gid, column tig, a[1] row
 // gid + 8, a[2] and a[3] 4 columns on; b[0] row tig of column gid, b[1] 4 rows on; c as emu_mma_16816's), each value a
 // float32's bits of which the tensor cores read the top 19 (the low 13 dropped here too). Products exact in float,
-// summed in k order; slots and barriers as emu_mma_16816.
+// summed in k order (a GPU's own order and rounding: to rounding); slots and barriers as emu_mma_16816.
 static inline float emu_tf32_value(unsigned u) { u &= 0xffffe000u; float f; std::memcpy(&f, &u, 4); return f; }
 static inline void emu_mma_1688_tf32(float* c, const unsigned* a, const unsigned* b) {
     static unsigned sa[1024][4], sb[1024][2];

@@ -70,11 +70,24 @@ def _ptx_c(g, t, i):   # C and D, 16 x 8, float
     return g + 8 * (i >= 2), 2 * t + (i & 1)
 
 
+# "Matrix Fragments for mma.m16n8k8" with .tf32 operands: one value a register.
+def _ptx_a_tf32(g, t, i):   # A, 16 x 8 (.row): a0, a2 row groupID, a1, a3 groupID + 8; a0, a1 column tig, a2, a3 tig + 4
+    return g + 8 * (i & 1), t + 4 * (i >> 1)
+
+
+def _ptx_b_tf32(g, t, i):   # B, 8 x 8 (.col): b0 row tig, b1 tig + 4; column groupID
+    return t + 4 * i, g
+
+
 PROBES = r"""
 extern "C" __global__ void probe_mma(const unsigned* a, const unsigned* b, float* c, int bf) {
     unsigned l = threadIdx.x;
     if (bf) emu_mma_16816<1>(c + 4 * l, a + 4 * l, b + 2 * l);
     else emu_mma_16816<0>(c + 4 * l, a + 4 * l, b + 2 * l);
+}
+extern "C" __global__ void probe_mma_tf32(const unsigned* a, const unsigned* b, float* c) {
+    unsigned l = threadIdx.x;
+    emu_mma_1688_tf32(c + 4 * l, a + 4 * l, b + 2 * l);
 }
 extern "C" __global__ void probe_ldmatrix(const unsigned short* src, const long long* row, unsigned* d, int trans) {
     unsigned l = threadIdx.x;
@@ -130,6 +143,34 @@ def test_the_emulated_mma_and_ldmatrix_follow_the_ptx_isa_tables(tmp_path, bf):
                 lo, hi = ((256 * m + 8 * (2 * t) + g, 256 * m + 8 * (2 * t + 1) + g) if trans else
                           (256 * m + 8 * g + 2 * t, 256 * m + 8 * g + 2 * t + 1))
                 assert d[lane, m] == lo | (hi << 16), (trans, lane, m)
+
+
+def test_the_emulated_tf32_mma_follows_the_ptx_isa_table(tmp_path):
+    """The float32 tensor-core attention (TF32 operands) is tested on the CPU only through the emulator's mma.sync
+    m16n8k8: it is held here to the PTX ISA's fragment table for .tf32, stated above apart from the emulator: D = A B
+    + C over a warp (D exact: small integers, and the operands' low 13 bits, which the tensor cores do not read, set
+    to garbage)."""
+    from cuda_emulator import build
+    lib = build(PROBES, {"probe_mma_tf32": ["unsigned int*", "unsigned int*", "float*"]}, str(tmp_path), "probes_tf32")
+    rng = np.random.default_rng(7)
+    a, b = rng.integers(-8, 9, (16, 8)), rng.integers(-8, 9, (8, 8))
+    c0 = rng.integers(-50, 51, (16, 8)).astype(np.float32)
+    bits = lambda m: m.astype(np.float32).view(np.uint32) | rng.integers(0, 1 << 13, m.shape).astype(np.uint32)  # noqa
+    ab, bb = bits(a), bits(b)
+    fa, fb, fc = np.zeros((32, 4), np.uint32), np.zeros((32, 2), np.uint32), np.zeros((32, 4), np.float32)
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        for i in range(4):
+            fa[lane, i] = ab[_ptx_a_tf32(g, t, i)]
+            fc[lane, i] = c0[_ptx_c(g, t, i)]
+        for i in range(2):
+            fb[lane, i] = bb[_ptx_b_tf32(g, t, i)]
+    ptr = lambda x: ctypes.c_void_p(x.ctypes.data)   # noqa: E731
+    lib.launch_probe_mma_tf32(ctypes.c_uint(1), ctypes.c_uint(32), ptr(fa), ptr(fb), ptr(fc))
+    want = a @ b + c0
+    for lane in range(32):
+        for i in range(4):
+            assert fc[lane, i] == want[_ptx_c(lane >> 2, lane & 3, i)], (lane, i)
 
 
 def test_the_emulators_bfloat16_narrowing_rounds_as_ml_dtypes(tmp_path):
@@ -686,8 +727,8 @@ ATTENTION_CASES = {"self": ([1, 5, 37, 70], None, False), "causal": ([1, 5, 37, 
                    "cross": ([3, 40, 1, 9], [70, 2, 33, 5], False)}
 
 
-# the attention kernels a case runs on: tensor cores (float16 and bfloat16, K a multiple of 16) or CUDA cores
-# (MINITF_FUSED_ATTN_MMA=0, or any other dtype or K)
+# the attention kernels a case runs on: tensor cores (float16 and bfloat16, and float32 with CUPY_TF32; K a multiple of
+# 16) or CUDA cores (MINITF_FUSED_ATTN_MMA=0, float64, or any other K)
 ATTENTION_CORES = [pytest.param(dt, cores, id=f"{np.dtype(dt).name}-{cores}") for dt in (np.float64, np.float32,
                    np.float16, BF16) for cores in (["cuda"] if dt == np.float64 else ["tensor", "cuda"])]
 # float32 on tensor cores: TF32 operands, where float32 products run on TF32 (CUPY_TF32, which tests/conftest.py unsets)
@@ -711,8 +752,9 @@ def test_attention_on_packed_rows_forward_and_backward(dtype, cores, case, h, k,
     sentence and head: the output, its lse and the gradients of q, k and v (before their biases, which
     the kernels add), for self-attention with and without the causal mask and cross-attention with
     other lengths on the key side; heads of 6 values (not a multiple of the 4 threads a row, nor of the
-    tensor cores' 16), 16 (one k-step of mma.sync), 48 (three) and 64 (the most); in 16 bits on tensor cores
-    (attention_rows_*_mma, where K allows) and on CUDA cores; the threads run in both orders between barriers."""
+    tensor cores' 16), 16 (one k-step of mma.sync), 48 (three) and 64 (the most); in 16 bits and in float32 (as TF32)
+    on tensor cores (attention_rows_*_mma, where K allows) and on CUDA cores; the threads run in both orders between
+    barriers."""
     monkeypatch.setattr(emulated, "reverse", order == "descending")
     attention_cores(monkeypatch, dtype, cores)
     launched = record_launches(monkeypatch)
