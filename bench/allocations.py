@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 
 from minitf import backend  # noqa: E402
 from bench.rounds import alternate  # noqa: E402
+from bench.flags import at_least_one  # noqa: E402
 
 SHAPES = ((19760, 512), (19760, 2048), (3, 19760, 512))   # a [rows, D] activation, a feed-forward's, stacked q|k|v
 
@@ -53,9 +54,7 @@ def main(argv=None):
     p.add_argument("--per-update", type=int, default=417, help="arrays an update takes from the pool")
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args(argv)
-    for flag in ('rounds', 'calls', 'per_update'):
-        if getattr(args, flag) < 1:
-            p.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    at_least_one(p, args, "rounds", "calls", "per_update")
     ok, why = backend.gpu_available()
     if not ok:
         sys.exit(f"allocations: no GPU: {why}")

@@ -34,6 +34,7 @@ import numpy as np  # noqa: E402
 
 from minitf import backend, kernels  # noqa: E402
 from bench.rounds import alternate  # noqa: E402
+from bench.flags import at_least_one  # noqa: E402
 
 DTYPES = {"float32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -138,9 +139,7 @@ def main(argv=None):
     p.add_argument("--against", metavar="FILE", help="another version of minitf/kernels.py to time beside this one")
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args(argv)
-    for flag in ('rows', 'rounds', 'calls'):
-        if getattr(args, flag) < 1:
-            p.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    at_least_one(p, args, "rows", "rounds", "calls")
     if args.warmup < 0:
         p.error(f"--warmup must be at least 0, got {args.warmup}")
     ok, why = backend.gpu_available()

@@ -40,6 +40,7 @@ import minitf  # noqa: E402
 from minitf import backend, gemm, kernels  # noqa: E402
 from bench.data import wmt_batch  # noqa: E402
 from bench.rounds import alternate  # noqa: E402
+from bench.flags import at_least_one  # noqa: E402
 from bench.train_step import MinitfRunner  # noqa: E402
 
 MODES = {"float32": False, "fp16": True, "bf16": "bfloat16"}   # --modes -> MinitfRunner's fp16
@@ -224,9 +225,7 @@ def main(argv=None):
     p.add_argument("--no-torch", action="store_true", help="no PyTorch column")
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args(argv)
-    for flag in ("rounds", "calls", "top"):
-        if getattr(args, flag) < 1:
-            p.error(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    at_least_one(p, args, "rounds", "calls", "top")
     modes = args.modes.split(",")
     for mode in modes:
         if mode not in MODES:

@@ -55,6 +55,7 @@ from minitf.train import compute_dtype, step_stats  # noqa: E402
 from minitf.validation import evaluate_loss  # noqa: E402
 from bench.gpu_ab import DEFAULT_VARIANTS, VariantEnv, check_kernel_files, parse_variant  # noqa: E402
 from bench.shape import add_shape_flags, shape_overrides  # noqa: E402
+from bench.flags import at_least_one  # noqa: E402
 
 
 def log(msg):
@@ -252,8 +253,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.fp16 and args.bf16:
         p.error("--fp16 and --bf16 each choose the 16-bit dtype: give one")
-    if args.seeds < 1:
-        p.error(f"--seeds must be at least 1, got {args.seeds}")
+    at_least_one(p, args, "seeds")
     variants = [parse_variant(v) for v in args.variant or DEFAULT_VARIANTS]
     check_kernel_files(variants)
     tok = Tokenizer(args.tokenizer)

@@ -106,22 +106,27 @@ template <typename V> static inline V __shfl_xor_sync(unsigned, V v, int lane_ma
 // a (16 x 16) b (16 x 8) over a warp, the fragments laid out as the PTX ISA lays them out (lane = 4 gid + tig; a[0]
 // row gid, columns 2 tig, 2 tig + 1, a[1] row gid + 8, a[2] and a[3] 8 columns on; b[0] rows 2 tig, 2 tig + 1 of column
 // gid, b[1] 8 rows on; c[0], c[1] row gid, columns 2 tig, 2 tig + 1, c[2], c[3] row gid + 8; the lower index in the low
-// 16 bits). Every lane puts its fragments in a slot, all wait, each sums its four elements in float (exact products,
-// in k order), all wait again: the block barrier, as for the shuffle above (a block of one warp is the warp). The PTX
-// ISA leaves the order and rounding of the sums to the GPU, so a GPU's results agree with these to rounding, not bits.
+// 16 bits). Every lane puts its fragments in a slot (emu_mma_slots), all wait, each sums its four elements in float
+// (exact products, in k order), all wait again: the block barrier, as for the shuffle above (a block of one warp is the
+// warp). The PTX ISA leaves the order and rounding of the sums to the GPU, so a GPU's results agree with these to
+// rounding, not bits.
 template <int BF> static inline float emu_widen16(unsigned short h);
-template <int BF> static inline void emu_mma_16816(float* c, const unsigned* a, const unsigned* b) {
-    static unsigned sa[1024][4], sb[1024][2];
-    for (int i = 0; i < 4; ++i) sa[threadIdx.x][i] = a[i];
-    for (int i = 0; i < 2; ++i) sb[threadIdx.x][i] = b[i];
+// A lane's A and B fragment registers into the block's slots, then the barrier: each mma below then reads its warp's.
+static unsigned emu_sa[1024][4], emu_sb[1024][2];
+static inline void emu_mma_slots(const unsigned* a, const unsigned* b) {
+    for (int i = 0; i < 4; ++i) emu_sa[threadIdx.x][i] = a[i];
+    for (int i = 0; i < 2; ++i) emu_sb[threadIdx.x][i] = b[i];
     __syncthreads();
+}
+template <int BF> static inline void emu_mma_16816(float* c, const unsigned* a, const unsigned* b) {
+    emu_mma_slots(a, b);
     unsigned warp = threadIdx.x & ~31u, lane = threadIdx.x & 31u, gid = lane >> 2, tig = lane & 3u;
     for (unsigned i = 0; i < 4; ++i) {
         unsigned row = gid + 8 * (i >> 1), col = 2 * tig + (i & 1);
         float sum = 0;
         for (unsigned k = 0; k < 16; ++k) {
-            unsigned ar = sa[warp + (row & 7) * 4 + ((k & 7) >> 1)][(row >> 3) + 2 * (k >> 3)];
-            unsigned br = sb[warp + col * 4 + ((k & 7) >> 1)][k >> 3];
+            unsigned ar = emu_sa[warp + (row & 7) * 4 + ((k & 7) >> 1)][(row >> 3) + 2 * (k >> 3)];
+            unsigned br = emu_sb[warp + col * 4 + ((k & 7) >> 1)][k >> 3];
             unsigned short ah = (unsigned short)((k & 1) ? ar >> 16 : ar & 0xffffu);
             unsigned short bh = (unsigned short)((k & 1) ? br >> 16 : br & 0xffffu);
             sum += emu_widen16<BF>(ah) * emu_widen16<BF>(bh);
@@ -162,20 +167,17 @@ static inline unsigned emu_tf32(float x) {
 // over a warp, the fragments as the PTX ISA lays them out (lane = 4 gid + tig; a[0] row gid, column tig, a[1] row
 // gid + 8, a[2] and a[3] 4 columns on; b[0] row tig of column gid, b[1] 4 rows on; c as emu_mma_16816's), each value a
 // float32's bits of which the tensor cores read the top 19 (the low 13 dropped here too). Products exact in float,
-// summed in k order (a GPU's own order and rounding: to rounding); slots and barriers as emu_mma_16816.
+// summed in k order (a GPU's own order and rounding: to rounding); slots and barriers as emu_mma_16816's.
 static inline float emu_tf32_value(unsigned u) { u &= 0xffffe000u; float f; std::memcpy(&f, &u, 4); return f; }
 static inline void emu_mma_1688_tf32(float* c, const unsigned* a, const unsigned* b) {
-    static unsigned sa[1024][4], sb[1024][2];
-    for (int i = 0; i < 4; ++i) sa[threadIdx.x][i] = a[i];
-    for (int i = 0; i < 2; ++i) sb[threadIdx.x][i] = b[i];
-    __syncthreads();
+    emu_mma_slots(a, b);
     unsigned warp = threadIdx.x & ~31u, lane = threadIdx.x & 31u, gid = lane >> 2, tig = lane & 3u;
     for (unsigned i = 0; i < 4; ++i) {
         unsigned row = gid + 8 * (i >> 1), col = 2 * tig + (i & 1);
         float sum = 0;
         for (unsigned k = 0; k < 8; ++k)
-            sum += emu_tf32_value(sa[warp + (row & 7) * 4 + (k & 3)][(row >> 3) + 2 * (k >> 2)])
-                   * emu_tf32_value(sb[warp + col * 4 + (k & 3)][k >> 2]);
+            sum += emu_tf32_value(emu_sa[warp + (row & 7) * 4 + (k & 3)][(row >> 3) + 2 * (k >> 2)])
+                   * emu_tf32_value(emu_sb[warp + col * 4 + (k & 3)][k >> 2]);
         c[i] += sum;
     }
     __syncthreads();

@@ -1,0 +1,10 @@
+"""Checks of the benchmarks' command-line values that their parsers share."""
+
+
+def at_least_one(parser, args, *names):
+    """A usage error (the parser's: exit status 2) naming the first of the flags `names` (argparse's dest names:
+    'per_update' for --per-update) given a value below 1; a flag left at None is not checked."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
