@@ -16,7 +16,10 @@ microseconds a call (the wall time of the --calls calls between the two synchron
 product the GPU takes longer over than the host takes to issue it is timed at the GPU's pace) and the TFLOP/s that
 makes, PyTorch's, and the host's microseconds to issue one
 (--calls calls issued after a synchronisation, none waited for: what a call costs a step that the host sets).
-Then the update's whole: the products' ms (the sum over calls), their TFLOP and the rate, both engines.
+Then the update's whole: the products' ms (the sum over calls), their TFLOP and the rate, both engines. The
+yardstick, timed the same way first: a square --square x --square x --square product in the mode's dtype (8192: as
+near the tensor cores' peak as cuBLAS gets on an H100), each product's rate also given as a share of minitf's rate
+for it ("of square").
 
 What it answers: how near the hardware the update's products run (float32's step is bound by its TF32 GEMMs), and
 whether minitf's cuBLAS calls (cublasGemmEx, cublasGemmStridedBatchedEx) take longer than PyTorch's choice for
@@ -185,21 +188,33 @@ def time_calls(calls, args, torch):
     return out
 
 
-def report(mode, rows, top):
-    """Prints one mode's table and totals; returns {engine: ms an update}."""
+def square(dtype, n):
+    """The key of a square n x n x n product in dtype: the yardstick of what cuBLAS makes of a large product."""
+    g = (n, n, n, n * n)
+    return (dtype, False, False, 1.0, 0.0, 1, g, g, g)
+
+
+def report(mode, rows, top, yard):
+    """Prints one mode's table and totals; yard: (n, {engine: (us, host us)}) of a square n x n x n product.
+    Returns {engine: ms an update}."""
     total_calls = sum(count for _, count, _ in rows)
     engines = list(rows[0][2]) if rows else ["minitf"]
     tf = sum(flops(key) * count for key, count, _ in rows) / 1e12
+    n, yard_t = yard
+    peak = flops(square("", n)) / yard_t["minitf"][0] / 1e6      # TFLOP/s of minitf's square product
     print(f"## {mode}: {total_calls} GEMMs an update, {len(rows)} distinct, {tf:.3f} TFLOP")
-    head = "  calls  minitf us  TFLOP/s  host us" + ("   torch us  TFLOP/s  host us  torch/minitf" if "torch" in engines
-                                                    else "")
+    print(f"  a square {n} x {n} x {n} product: " + ", ".join(
+        f"{name} {flops(square('', n)) / yard_t[name][0] / 1e6:.1f} TFLOP/s" for name in engines))
+    head = "  calls  minitf us  TFLOP/s  of square  host us" + (
+        "   torch us  TFLOP/s  host us  torch/minitf" if "torch" in engines else "")
     print(head + "  product (rows x inner x cols)")
     rows = sorted(rows, key=lambda r: -r[1] * r[2]["minitf"][0])
     for key, count, t in rows[:top]:
         line = f"  {count:5d}"
         for name in engines:
             us, host = t[name]
-            line += f"  {us:9.1f}  {flops(key) / us / 1e6:7.1f}  {host:7.1f}"
+            rate = flops(key) / us / 1e6
+            line += f"  {us:9.1f}  {rate:7.1f}" + (f"  {rate / peak:8.1%}" if name == "minitf" else "") + f"  {host:7.1f}"
         if "torch" in engines:
             line += f"  x{t['torch'][0] / t['minitf'][0]:.3f}"
         print(line + "  " + label(key))
@@ -210,7 +225,7 @@ def report(mode, rows, top):
         ms = sum(count * t[name][0] for _, count, t in rows) / 1e3
         host = sum(count * t[name][1] for _, count, t in rows) / 1e3
         totals[name] = ms
-        print(f"  all {name}: {ms:.2f} ms of GPU time an update ({tf / ms * 1e3 if ms else 0:.1f} TFLOP/s), "
+        print(f"  all {name}: {ms:.2f} ms an update, each call timed alone ({tf / ms * 1e3 if ms else 0:.1f} TFLOP/s), "
               f"{host:.2f} ms of the host's to issue them")
     return totals
 
@@ -222,10 +237,12 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--calls", type=int, default=5, help="calls of each product a round")
     p.add_argument("--top", type=int, default=30, help="products listed a mode (the totals count every one)")
+    p.add_argument("--square", type=int, default=8192, help="the yardstick: a square product of this size in the "
+                   "mode's dtype, timed as the others (each product's TFLOP/s is given as a share of its rate)")
     p.add_argument("--no-torch", action="store_true", help="no PyTorch column")
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args(argv)
-    at_least_one(p, args, "rounds", "calls", "top")
+    at_least_one(p, args, "rounds", "calls", "top", "square")
     modes = args.modes.split(",")
     for mode in modes:
         if mode not in MODES:
@@ -252,9 +269,12 @@ def main(argv=None):
     print(f"{preset}: {len(batch[0])} sentences, {int((batch[2] != cfg.pad_id).sum())} target tokens; "
           f"median of {args.rounds} rounds of {args.calls} calls")
     out = {}
+    n = 64 if args.smoke else args.square
     for mode in modes:
         calls = update_calls(cfg, batch, MODES[mode])
-        out[mode] = report(mode, time_calls(calls, args, torch), args.top)
+        dtype = next(iter(calls))[0]
+        yard = time_calls({square(dtype, n): 1}, args, torch)[0][2]
+        out[mode] = report(mode, time_calls(calls, args, torch), args.top, (n, yard))
     return out
 
 

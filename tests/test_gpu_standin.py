@@ -668,12 +668,13 @@ def test_the_gemm_bench_times_every_product_of_an_update(tmp_path, standin):
     for mode, fp16 in (("float32", False), ("fp16", True), ("bf16", "bfloat16")):
         block = r.stdout.split(f"## {mode}: ")[1].split("## ")[0]
         total, distinct = map(int, re.match(r"(\d+) GEMMs an update, (\d+) distinct", block).groups())
-        rows = re.findall(r"^ +(\d+) +[\d.]+ +[\d.]+ +[\d.]+  (\d+ x \d+ x \d+.*)$", block, re.M)
+        rows = re.findall(r"^ +(\d+) +[\d.]+ +[\d.]+ +[\d.]+% +[\d.]+  (\d+ x \d+ x \d+.*)$", block, re.M)
         assert len(rows) == distinct and len(set(label for _, label in rows)) == distinct, block
         assert sum(int(n) for n, _ in rows) == total, block
         assert total == sum(n for k, n in count_update("tiny", fp16)[0].items() if k.startswith("cublas.")), block
-        assert re.search(r"^  all minitf: [\d.]+ ms of GPU time an update \([\d.]+ TFLOP/s\), [\d.]+ ms of the "
-                         r"host's to issue them$", block, re.M), block
+        assert re.search(r"^  all minitf: [\d.]+ ms an update, each call timed alone \([\d.]+ TFLOP/s\), [\d.]+ ms "
+                         r"of the host's to issue them$", block, re.M), block
+        assert re.search(r"^  a square 64 x 64 x 64 product: minitf [\d.]+ TFLOP/s$", block, re.M), block
     r = run_bench(tmp_path, "gemm_shapes.py", "--calls", "0")
     assert r.returncode == 2 and "--calls must be at least 1, got 0" in r.stderr
 
