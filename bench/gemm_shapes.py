@@ -117,13 +117,16 @@ def operands(key, rng):
     return [(rng.standard_normal(span(g, batch)) * 0.1).astype(np.float32) for g in geoms]
 
 
+_GENERATORS = {}   # one device generator a process (CuPy's sets up its cuRAND states when it is made)
+
+
 def minitf_call(cp, key, host=None):
     """(a function making the call `key` with gemm.matmul, c's array): on device copies of `host` (operands()), or
     where None on values drawn on the device (uniform in [-0.1, 0.1): the output layer's operands are GBs)."""
     dtype, ta, tb, alpha, beta, batch, ga, gb, gc = key
     dt = backend.dtype_named(dtype)
     if host is None:
-        gen = cp.random.default_rng(0)
+        gen = _GENERATORS.get(id(cp)) or _GENERATORS.setdefault(id(cp), cp.random.default_rng(0))
         a, b, c = (((gen.random(span(g, batch), dtype=np.float32) - 0.5) * 0.2).astype(dt) for g in (ga, gb, gc))
     else:
         a, b, c = (cp.asarray(x).astype(dt) for x in host)
