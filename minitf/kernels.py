@@ -372,7 +372,8 @@ def _address(a):
 
 def _aligned(*arrays):
     """Whether every array starts on a 16-byte boundary (what 16-byte loads need: the *_vec kernels, and the
-    tensor-core attention's staging; a row of H*K 16-bit or float32 values, K a multiple of 16, is whole 16-byte vectors)."""
+    tensor-core attention's staging; a row of H*K 16-bit or float32 values, K a multiple of 16, is whole 16-byte
+    vectors)."""
     return all(_address(a) % VEC_BYTES == 0 for a in arrays)
 
 
@@ -2014,13 +2015,13 @@ extern "C" __global__ void attention_rows_backward(const T* q, const T* k, const
 }
 
 // The same attention on tensor cores (float16 and bfloat16 storage; float32 as TF32, below; K a multiple of 16, sm_80
-// and newer): a block is
-// one warp and takes ATT_ROWS = 16 rows of one sentence and head (att_place's numbering, the CUDA-core kernels' grid),
-// and every product is mma.sync m16n8k16 (16-bit operands, float32 sums), its fragments as the PTX ISA lays them out
-// ("Matrix Fragments for mma.m16n8k16 with floating point type"; lane = 4 gid + tig): A (16 x 16) a[0] holds row
-// gid, columns 2 tig and 2 tig + 1, a[1] the same of row gid + 8, a[2] and a[3] those 8 columns on; B (16 x 8) b[0]
-// holds rows 2 tig and 2 tig + 1 of column gid, b[1] those 8 rows on; C (16 x 8, float) c[0], c[1] row gid, columns
-// 2 tig, 2 tig + 1, c[2], c[3] row gid + 8. A product's C tiles side by side are the next product's A fragments (mma_tile_by_rows).
+// and newer): a block is one warp and takes ATT_ROWS = 16 rows of one sentence and head (att_place's numbering, the
+// CUDA-core kernels' grid), and every product is mma.sync m16n8k16 (16-bit operands, float32 sums), its fragments as
+// the PTX ISA lays them out ("Matrix Fragments for mma.m16n8k16 with floating point type"; lane = 4 gid + tig): A
+// (16 x 16) a[0] holds row gid, columns 2 tig and 2 tig + 1, a[1] the same of row gid + 8, a[2] and a[3] those 8
+// columns on; B (16 x 8) b[0] holds rows 2 tig and 2 tig + 1 of column gid, b[1] those 8 rows on; C (16 x 8, float)
+// c[0], c[1] row gid, columns 2 tig, 2 tig + 1, c[2], c[3] row gid + 8. A product's C tiles side by side are the next
+// product's A fragments (mma_tile_by_rows).
 // Staged rows are ATTC_LD values apart (144 bytes, 36 words): the 8 rows of 16 bytes an ldmatrix phase reads fall in
 // 32 banks (words 36 r .. 36 r + 3), no conflicts.
 // In float32 storage (ATT_MMA_TF32; kernels.attention_tensor_cores launches them only where float32 products run on
@@ -2200,9 +2201,9 @@ __device__ inline void mma_rows(mma_u32 (*f)[4], const T* x, const T* bias, int 
 // as att_value adds it: the sum rounded to T): sx[j * ATTC_LD + c]; rows n .. ATT_TILE - 1 are 0, so that a product
 // over them adds 0 (never a NaN of memory no one wrote). 16 bytes (a Vec of VEC values: 8 in 16 bits, 4 in float32) a
 // copy: lane l takes the vector c0 = VEC (l % (K / VEC)) of rows l / (K / VEC), l / (K / VEC) + 32 / (K / VEC), ...
-// (x's rows and sx 16-byte aligned: kernels.attention_rows checks x, and a staged row is 144 bytes, 272 in float32). Every copy is issued before any is waited for
-// (mma_copy16: one wait on memory a tile, not one a vector), then the lane adds the bias to the vectors it copied.
-// No barrier: the caller's.
+// (x's rows and sx 16-byte aligned: kernels.attention_rows checks x, and a staged row is 144 bytes, 272 in float32).
+// Every copy is issued before any is waited for (mma_copy16: one wait on memory a tile, not one a vector), then the
+// lane adds the bias to the vectors it copied. No barrier: the caller's.
 __device__ inline void mma_stage(const T* x, const T* bias, int has_bias, long long start, int j0, int n, int hk, int h,
                                  int K, T* sx) {
     int per_row = K / VEC, step = 32 / per_row, lanes = step * per_row, lane = threadIdx.x;
