@@ -103,10 +103,16 @@ def kernels_from(path):
 
 
 def check_kernel_files(variants):
-    """Reads and checks each variant's KERNELS=FILE (kernels_from) before anything runs."""
-    for _, env in variants:
+    """Reads and checks each variant's KERNELS=FILE (kernels_from) before anything runs; one with
+    MINITF_FUSED_ATTN=1 also needs FILE's tensor-core attention to take blocks of several warps, as minitf's
+    launchers give them (MMA_WARPS there; a copy from before it existed takes a warp a block)."""
+    for name, env in variants:
         if KERNELS in env:
             kernels_from(env[KERNELS])
+            if env.get("MINITF_FUSED_ATTN") == "1" and not hasattr(other_kernels(env[KERNELS]), "MMA_WARPS"):
+                raise SystemExit(f"gpu_ab: {name}: {KERNELS}={env[KERNELS]} with MINITF_FUSED_ATTN=1: that file's "
+                                 f"tensor-core attention takes a warp a block, minitf's launchers give it up to "
+                                 f"{minitf_kernels.MMA_WARPS}: time that file without MINITF_FUSED_ATTN=1")
 
 
 class VariantEnv(Env):

@@ -36,9 +36,9 @@ kernels a block per 16 query (or key) rows of one sentence and head, 4 threads a
                         (the projections' outputs, biases added on load; no [B, H, T, S] array), and each
                         row's log-sum-exp; attention_rows_backward computes the weights again from it, in
                         blocks over the query rows (dq) and blocks over the key rows (dk, dv)
-  attention_rows_*_mma  the same two on tensor cores (mma.sync, a warp a block): float16 and bfloat16
-                        (m16n8k16), float32 with TF32 products (m16n8k8, CUPY_TF32=1), heads of 16, 32, 48
-                        or 64 values, sm_80 and newer (attention_tensor_cores)
+  attention_rows_*_mma  the same two on tensor cores (mma.sync; a warp a 16-row chunk, up to 4 a block sharing
+                        each staged tile): float16 and bfloat16 (m16n8k16), float32 with TF32 products (m16n8k8,
+                        CUPY_TF32=1), heads of 16, 32, 48 or 64 values, sm_80 and newer (attention_tensor_cores)
   adam_update           one Adam(W) update over the flat buffers (+ the 16-bit copy of the weights)
   update_check          an update's outcome on the device: every gradient finite, the loss scale's next value
   embed_rows            the kept rows' (embedding * sqrt(D) + PE) * dropout mask, one pass
@@ -2015,8 +2015,8 @@ extern "C" __global__ void attention_rows_backward(const T* q, const T* k, const
 }
 
 // The same attention on tensor cores (float16 and bfloat16 storage; float32 as TF32, below; K a multiple of 16, sm_80
-// and newer): a block is one warp and takes ATT_ROWS = 16 rows of one sentence and head (att_place's numbering, the
-// CUDA-core kernels' grid), and every product is mma.sync m16n8k16 (16-bit operands, float32 sums), its fragments as
+// and newer): a block is W warps (mma_place), each taking ATT_ROWS = 16 rows of one sentence and head, and every
+// product is mma.sync m16n8k16 (16-bit operands, float32 sums), its fragments as
 // the PTX ISA lays them out ("Matrix Fragments for mma.m16n8k16 with floating point type"; lane = 4 gid + tig): A
 // (16 x 16) a[0] holds row gid, columns 2 tig and 2 tig + 1, a[1] the same of row gid + 8, a[2] and a[3] those 8
 // columns on; B (16 x 8) b[0] holds rows 2 tig and 2 tig + 1 of column gid, b[1] those 8 rows on; C (16 x 8, float)
@@ -2166,7 +2166,7 @@ __device__ inline void mma_deltas(A* d, const T* dout, const T* out, long long r
 // sum rounded to T as att_value does: f[s] holds the head's values 16 s .. 16 s + 15.
 __device__ inline void mma_rows(mma_u32 (*f)[4], const T* x, const T* bias, int has_bias, long long r0, int n, int hk,
                                 int h, int K) {
-    int gid = threadIdx.x >> 2, tig = threadIdx.x & 3;
+    int gid = (threadIdx.x & 31) >> 2, tig = threadIdx.x & 3;
 #pragma unroll
     for (int s = 0; s < ATTC_STEPS; ++s)
 #pragma unroll
@@ -2184,7 +2184,7 @@ __device__ inline void mma_rows(mma_u32 (*f)[4], const T* x, const T* bias, int 
 // mma_rows in TF32: f[s] holds the head's values 8 s .. 8 s + 7 of rows gid and gid + 8 (columns tig and tig + 4).
 __device__ inline void mma_rows(mma_u32 (*f)[4], const T* x, const T* bias, int has_bias, long long r0, int n, int hk,
                                 int h, int K) {
-    int gid = threadIdx.x >> 2, tig = threadIdx.x & 3;
+    int gid = (threadIdx.x & 31) >> 2, tig = threadIdx.x & 3;
 #pragma unroll
     for (int s = 0; s < ATTC_STEPS; ++s)
 #pragma unroll
@@ -2200,14 +2200,15 @@ __device__ inline void mma_rows(mma_u32 (*f)[4], const T* x, const T* bias, int 
 // Stages rows j0 .. j0 + n - 1 (rows from `start`) of head h of x in shared memory as T (the bias added where has_bias,
 // as att_value adds it: the sum rounded to T): sx[j * ATTC_LD + c]; rows n .. ATT_TILE - 1 are 0, so that a product
 // over them adds 0 (never a NaN of memory no one wrote). 16 bytes (a Vec of VEC values: 8 in 16 bits, 4 in float32) a
-// copy: lane l takes the vector c0 = VEC (l % (K / VEC)) of rows l / (K / VEC), l / (K / VEC) + 32 / (K / VEC), ...
+// copy: thread t of the block's n_t takes the vector c0 = VEC (t % (K / VEC)) of rows t / (K / VEC), t / (K / VEC) +
+// n_t / (K / VEC), ...
 // (x's rows and sx 16-byte aligned: kernels.attention_rows checks x, and a staged row is 144 bytes, 272 in float32).
 // Every copy is issued before any is waited for (mma_copy16: one wait on memory a tile, not one a vector), then the
 // lane adds the bias to the vectors it copied. No barrier: the caller's.
 __device__ inline void mma_stage(const T* x, const T* bias, int has_bias, long long start, int j0, int n, int hk, int h,
                                  int K, T* sx) {
-    int per_row = K / VEC, step = 32 / per_row, lanes = step * per_row, lane = threadIdx.x;
-    if (lane >= lanes) return;                  // K = 48 in 16 bits: 6 vectors a row, 5 rows a pass, lanes 30, 31 idle
+    int per_row = K / VEC, step = blockDim.x / per_row, lanes = step * per_row, lane = threadIdx.x;
+    if (lane >= lanes) return;                  // K = 48 in 16 bits, one warp: 6 vectors a row, 5 rows a pass, 30, 31 idle
     int c0 = VEC * (lane % per_row);
     A b[VEC];                                   // this lane's VEC columns of the bias, read once
 #pragma unroll
@@ -2312,7 +2313,7 @@ __device__ inline void mma_tile_by_rows(float (*acc)[4], const float (*w)[4], co
 
 // Writes rows r0 + gid and r0 + gid + 8 (those below n) of head h of x from C tiles: acc * f[0] and acc * f[1].
 __device__ inline void mma_write(T* x, const float (*acc)[4], const A* f, long long r0, int n, int hk, int h, int K) {
-    int gid = threadIdx.x >> 2, tig = threadIdx.x & 3;
+    int gid = (threadIdx.x & 31) >> 2, tig = threadIdx.x & 3;
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
         int row = gid + 8 * u;
@@ -2334,22 +2335,42 @@ __device__ inline void mma_zero(float (*acc)[4]) {
         for (int i = 0; i < 4; ++i) acc[nt][i] = 0;
 }
 
+// Where a warp of a tensor-core block works: a block of W = blockDim.x / 32 warps takes W consecutive chunks of ATT_ROWS
+// rows of one sentence and head (ceil(chunks / W) blocks a sentence and head, sentence by sentence and head by head),
+// warp w the block's chunk w, from row `first`; the block stages each tile once for all its warps. `last` is the
+// first row of the block's last chunk (the keys a causal block sees: att_keys_seen), `past` whether the whole block
+// lies past the sentence's rows. A warp past them works on no rows (its products read and write nothing: rows < 0)
+// but makes every product and shuffle the others make (the CPU emulator's mma and shuffles are block barriers).
+struct MmaPlace { int b, h, first, last, past; };
+
+__device__ inline MmaPlace mma_place(int block, int chunks, int H, const int* len) {
+    int warps = blockDim.x >> 5, groups = (chunks + warps - 1) / warps;
+    int group = block % groups, bh = block / groups, chunk0 = group * warps;
+    MmaPlace p;
+    p.h = bh % H;
+    p.b = bh / H;
+    p.first = (chunk0 + (int)(threadIdx.x >> 5)) * ATT_ROWS;
+    p.last = (chunk0 + warps - 1) * ATT_ROWS;
+    p.past = chunk0 * ATT_ROWS >= len[p.b];
+    return p;
+}
+
 // attention_rows_forward on tensor cores: per tile of ATT_TILE keys, s = scale q k^T (mma_rows_by_tile), the
 // tile's row maxima, the sums so far rescaled, p = exp(s - m) (0 where the key is not seen), acc += p v.
 __device__ void att_mma_forward(const T* q, const T* k, const T* v, const T* bq, const T* bk, const T* bv, int has_bias,
                                 const int* qstart, const int* qlen, const int* kstart, const int* klen, T* out, A* lse,
                                 int H, int K, int chunks, int causal, A scale, long long nq, T* sk, T* sv) {
-    AttPlace at = att_place(blockIdx.x, chunks, H, qstart, qlen);
+    MmaPlace at = mma_place(blockIdx.x, chunks, H, qlen);
     if (at.past) return;
     int b = at.b, h = at.h, first = at.first, lk = klen[b], hk = H * K, rows = qlen[b] - at.first;
-    int gid = threadIdx.x >> 2, tig = threadIdx.x & 3;
+    int gid = (threadIdx.x & 31) >> 2, tig = threadIdx.x & 3;
     long long r0 = (long long)qstart[b] + first;
     mma_u32 qf[ATTC_STEPS][4];
     mma_rows(qf, q, bq, has_bias, r0, rows, hk, h, K);
     float acc[ATTC_COLS][4], s[ATTC_TILES][4];
     mma_zero(acc);
     A m[2] = {NEG_BIG, NEG_BIG}, l[2] = {0, 0};  // rows gid and gid + 8: the running maximum, this lane's part of the sum
-    int nk = att_keys_seen(causal, lk, first);
+    int nk = att_keys_seen(causal, lk, at.last);   // the block's: an earlier warp's later keys are all masked
     for (int j0 = 0; j0 < nk; j0 += ATT_TILE) {
         int n = nk - j0 < ATT_TILE ? nk - j0 : ATT_TILE;
         __syncthreads();                        // the previous tile's readers are done
@@ -2405,17 +2426,17 @@ __device__ void att_mma_backward_q(int block, const T* q, const T* k, const T* v
                                    int has_bias, const int* qstart, const int* qlen, const int* kstart, const int* klen,
                                    const T* out, const T* dout, const A* lse, T* dq, int H, int K, int chunks,
                                    int causal, A scale, long long nq, T* sk, T* sv) {
-    AttPlace at = att_place(block, chunks, H, qstart, qlen);
+    MmaPlace at = mma_place(block, chunks, H, qlen);
     if (at.past) return;
     int b = at.b, h = at.h, first = at.first, lk = klen[b], hk = H * K, rows = qlen[b] - at.first;
-    int gid = threadIdx.x >> 2, tig = threadIdx.x & 3;
+    int gid = (threadIdx.x & 31) >> 2, tig = threadIdx.x & 3;
     long long r0 = (long long)qstart[b] + first;
     mma_u32 qf[ATTC_STEPS][4], df[ATTC_STEPS][4];
     mma_rows(qf, q, bq, has_bias, r0, rows, hk, h, K);
     mma_rows(df, dout, dout, 0, r0, rows, hk, h, K);
     A dd[2] = {0, 0}, ls[2];
-    for (int row0 = 0; row0 < 16 && row0 < rows; row0 += MMA_DELTAS) {   // each row's delta by the warp, kept by
-        A d[MMA_DELTAS];                                                  // the row's lanes (0 past the rows)
+    for (int row0 = 0; row0 < 16; row0 += MMA_DELTAS) {   // each row's delta by the warp, kept by the row's lanes (0
+        A d[MMA_DELTAS];                                   // past the rows: every warp shuffles alike)
         mma_deltas(d, dout, out, r0 + row0, rows - row0, hk, h, K);
 #pragma unroll
         for (int i = 0; i < MMA_DELTAS; ++i) {
@@ -2430,7 +2451,7 @@ __device__ void att_mma_backward_q(int block, const T* q, const T* k, const T* v
     }
     float acc[ATTC_COLS][4], s[ATTC_TILES][4], dp[ATTC_TILES][4];
     mma_zero(acc);
-    int nk = att_keys_seen(causal, lk, first);
+    int nk = att_keys_seen(causal, lk, at.last);
     for (int j0 = 0; j0 < nk; j0 += ATT_TILE) {
         int n = nk - j0 < ATT_TILE ? nk - j0 : ATT_TILE;
         __syncthreads();
@@ -2461,10 +2482,10 @@ __device__ void att_mma_backward_kv(int block, const T* q, const T* k, const T* 
                                     const int* klen, const T* out, const T* dout, const A* lse, T* dk, T* dv, int H,
                                     int K, int chunks, int causal, A scale, long long nq, T* sq, T* sdo, A* sls,
                                     A* sdd) {
-    AttPlace at = att_place(block, chunks, H, kstart, klen);
+    MmaPlace at = mma_place(block, chunks, H, klen);
     if (at.past) return;
     int b = at.b, h = at.h, first = at.first, lq = qlen[b], hk = H * K, rows = klen[b] - at.first;
-    int gid = threadIdx.x >> 2, tig = threadIdx.x & 3;
+    int gid = (threadIdx.x & 31) >> 2, tig = threadIdx.x & 3, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     long long r0 = (long long)kstart[b] + first, q0 = qstart[b];
     mma_u32 kf[ATTC_STEPS][4], vf[ATTC_STEPS][4];
     mma_rows(kf, k, bk, has_bias, r0, rows, hk, h, K);
@@ -2472,17 +2493,19 @@ __device__ void att_mma_backward_kv(int block, const T* q, const T* k, const T* 
     float dka[ATTC_COLS][4], dva[ATTC_COLS][4], s[ATTC_TILES][4], dp[ATTC_TILES][4];
     mma_zero(dka);
     mma_zero(dva);
-    for (int i0 = causal ? first : 0; i0 < lq; i0 += ATT_TILE) {   // causal: no query before `first` sees these keys
+    int block_first = first - warp * ATT_ROWS;                      // the block's first key row
+    for (int i0 = causal ? block_first : 0; i0 < lq; i0 += ATT_TILE) {   // causal: no query before it sees its keys
         int n = lq - i0 < ATT_TILE ? lq - i0 : ATT_TILE;
         __syncthreads();
-        // each query's delta by the warp, as the query blocks do (its shuffles before the staging, so that the
-        // emulator, whose shuffles are barriers, sees a missing barrier after it)
-        for (int i = 0; i < ATT_TILE; i += MMA_DELTAS) {
+        // each query's delta by a warp, as the query blocks do (its shuffles before the staging, so that the
+        // emulator, whose shuffles are barriers, sees a missing barrier after it): warp w takes the tile's rows
+        // MMA_DELTAS (w + u warps) on, every warp the same number of rounds u (rows at or past n, or past the tile: 0)
+        for (int i = warp * MMA_DELTAS; i < warp * MMA_DELTAS + ATT_TILE; i += warps * MMA_DELTAS) {
             A d[MMA_DELTAS];
-            mma_deltas(d, dout, out, q0 + i0 + i, n - i, hk, h, K);   // rows at or past n: 0
+            mma_deltas(d, dout, out, q0 + i0 + i, n - i, hk, h, K);   // rows at or past n (all of i >= ATT_TILE): 0
 #pragma unroll
             for (int j = 0; j < MMA_DELTAS; ++j)
-                if (threadIdx.x == 0) sdd[i + j] = d[j];
+                if ((threadIdx.x & 31) == 0 && i < ATT_TILE) sdd[i + j] = d[j];
         }
         for (int i = threadIdx.x; i < ATT_TILE; i += blockDim.x)
             sls[i] = i < n ? lse[(long long)h * nq + q0 + i0 + i] : (A)0;
@@ -2509,8 +2532,9 @@ __device__ void att_mma_backward_kv(int block, const T* q, const T* k, const T* 
 }
 #endif
 
-// The tensor-core kernels, with attention_rows_forward's and attention_rows_backward's arguments and grids (blocks of
-// one warp). Their bodies are empty where there are no tensor-core products of T (float64) or none before sm_80:
+// The tensor-core kernels, with attention_rows_forward's and attention_rows_backward's arguments; blocks of W warps
+// (mma_place), a grid of ceil(chunks / W) blocks a sentence and head (a kind) where the CUDA-core kernels take chunks.
+// Their bodies are empty where there are no tensor-core products of T (float64) or none before sm_80:
 // kernels.attention_rows launches them only where they are not (and in float32 only where products run on TF32).
 extern "C" __global__ void attention_rows_forward_mma(const T* q, const T* k, const T* v, const T* bq, const T* bk,
                                                       const T* bv, int has_bias, const int* qstart, const int* qlen,
@@ -2534,7 +2558,8 @@ extern "C" __global__ void attention_rows_backward_mma(const T* q, const T* k, c
     T* tiles = (T*)words;
     __shared__ A rows[2 * ATT_TILE];              // the staged queries' lse and delta
     T *t0 = tiles, *t1 = tiles + ATT_TILE * ATTC_LD;
-    int kind, block = att_backward_block(blockIdx.x, qchunks, kchunks, &kind);
+    int warps = blockDim.x >> 5, kind;            // the blocks of each kind a sentence and head: mma_place's groups
+    int block = att_backward_block(blockIdx.x, (qchunks + warps - 1) / warps, (kchunks + warps - 1) / warps, &kind);
     if (!kind)
         att_mma_backward_q(block, q, k, v, bq, bk, bv, has_bias, qstart, qlen, kstart, klen, out, dout, lse, dq,
                            H, K, qchunks, causal, scale, nq, t0, t1);
@@ -2557,7 +2582,7 @@ def attention_rows_ok(x, d_k):
     return switched_on("MINITF_FUSED_ATTN") and enabled(x) and d_k <= ATT_KMAX
 
 
-ATT_MMA_BLOCK = 32   # the tensor-core kernels: one warp a block
+MMA_WARPS = 4        # the tensor-core kernels: at most this many warps a block (one a chunk of ATT_ROWS rows)
 MMA_KERNELS = ("attention_rows_forward_mma", "attention_rows_backward_mma")   # empty in float64
 _ARCH = {}           # device id -> compute capability (e.g. 90), looked up once
 
@@ -2591,12 +2616,15 @@ def attention_tensor_cores(x, d_k):
             and d_k <= ATT_KMAX and not switched_off("MINITF_FUSED_ATTN_MMA") and _arch(x) >= 80)
 
 
-def _attention_kernel(name, q, h, *arrays):
-    """(kernel, threads a block) for attention_rows' `name`: its tensor-core form (name + "_mma", a warp a block)
-    where attention_tensor_cores says so and every array of `arrays` starts on a 16-byte boundary, else name itself."""
+def _attention_kernel(name, q, h, chunks, *arrays):
+    """(kernel, threads a block, chunks a block) for attention_rows' `name`: its tensor-core form (name + "_mma")
+    where attention_tensor_cores says so and every array of `arrays` starts on a 16-byte boundary, a block of
+    min(MMA_WARPS, chunks) warps, a chunk of ATT_ROWS rows each (chunks: the most a sentence and head has of a kind:
+    the block stages each tile once for them all); else name itself, a block a chunk."""
     if attention_tensor_cores(q, q.shape[1] // h) and _aligned(*arrays):
-        return name + "_mma", ATT_MMA_BLOCK
-    return name, ATT_BLOCK
+        warps = max(1, min(MMA_WARPS, chunks))
+        return name + "_mma", 32 * warps, warps
+    return name, ATT_BLOCK, 1
 
 
 def _attention_args(q, k, v, biases, spans_q, spans_kv):
@@ -2621,8 +2649,8 @@ def attention_rows(q, k, v, biases, spans_q, spans_kv, h, causal, scale):
     out = xp.empty_like(q)
     lse = xp.empty((h, nq), dtype=accum_dtype(q.dtype))
     chunks = -(-spans_q.most // ATT_ROWS)
-    kernel, block = _attention_kernel("attention_rows_forward", q, h, q, k, v)
-    _launch(kernel, q.dtype, spans_q.count * h * chunks, block,
+    kernel, block, per = _attention_kernel("attention_rows_forward", q, h, chunks, q, k, v)
+    _launch(kernel, q.dtype, spans_q.count * h * -(-chunks // per), block,
             args + (out, lse, np.int32(h), np.int32(hk // h), np.int32(chunks), np.int32(bool(causal)),
                     accum_dtype(q.dtype)(scale), np.int64(nq)))
     return out, lse
@@ -2636,8 +2664,8 @@ def attention_rows_backward(dout, out, lse, q, k, v, biases, spans_q, spans_kv, 
     args, xp = _attention_args(q, k, v, biases, spans_q, spans_kv)
     nq, hk = q.shape
     qchunks, kchunks = -(-spans_q.most // ATT_ROWS), -(-spans_kv.most // ATT_ROWS)
-    kernel, block = _attention_kernel("attention_rows_backward", q, h, q, k, v, dout)
-    _launch(kernel, q.dtype, spans_q.count * h * (qchunks + kchunks), block,
+    kernel, block, per = _attention_kernel("attention_rows_backward", q, h, max(qchunks, kchunks), q, k, v, dout)
+    _launch(kernel, q.dtype, spans_q.count * h * (-(-qchunks // per) + -(-kchunks // per)), block,
             args + (out, dout, lse, dq, dk, dv, np.int32(h), np.int32(hk // h), np.int32(qchunks), np.int32(kchunks),
                     np.int32(spans_q.count), np.int32(bool(causal)), accum_dtype(q.dtype)(scale), np.int64(nq)))
     return dq, dk, dv

@@ -890,6 +890,13 @@ def test_gpu_ab_times_the_cuda_of_another_copy_of_the_kernels(tmp_path):
         "pass, or are missing (bias_relu)" in bad.stderr, bad.stderr
     gone = run_bench(tmp_path, "gpu_ab.py", "--smoke", "--no-torch", "--variant", f"old=KERNELS={tmp_path / 'no.py'}")
     assert gone.returncode == 1 and f"gpu_ab: KERNELS={tmp_path / 'no.py'}: no such file" in gone.stderr
+    warp = tmp_path / "warp.py"      # a copy whose tensor-core attention takes a warp a block, as before blocks of 4
+    assert src.count("\nMMA_WARPS = ") == 1
+    warp.write_text(src.replace("\nMMA_WARPS = ", "\nATT_MMA_BLOCK = "))
+    one = run_bench(tmp_path, "gpu_ab.py", "--smoke", "--no-torch", "--variant", "now=", "--variant",
+                    f"old=KERNELS={warp},MINITF_FUSED_ATTN=1")
+    assert one.returncode == 1 and f"gpu_ab: old: KERNELS={warp} with MINITF_FUSED_ATTN=1: that file's tensor-core " \
+        "attention takes a warp a block" in one.stderr, one.stderr
 
 
 def test_gpu_ab_refuses_an_unknown_mode_before_running_anything(tmp_path):

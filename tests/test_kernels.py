@@ -833,6 +833,46 @@ def test_attention_on_packed_rows_off_a_16_byte_boundary_takes_the_cuda_cores(dt
         assert launched == ["attention_rows_forward" + fwd, "attention_rows_backward" + bwd], shifted
 
 
+@pytest.mark.parametrize("dtype", [np.float16, BF16, np.float32], ids=["float16", "bfloat16", "float32-tf32"])
+@pytest.mark.parametrize("case", list(ATTENTION_CASES))
+def test_attention_on_tensor_cores_gives_the_same_bits_whatever_the_warps_a_block(dtype, case, monkeypatch):
+    """A tensor-core block takes min(MMA_WARPS, chunks) warps, each a chunk of 16 rows of one sentence and head, and
+    stages each tile once for them all; a warp past its sentence's rows, or a causal block's earlier warp in a tile
+    of later keys (or, in the key blocks, of earlier queries), makes the products the others make, on masked rows.
+    Sentences of 1 to 70 rows (1 to 5 chunks): the output, lse and gradients the same bits with blocks of 1, 2, 3 and 4
+    warps, launched as blocks of 32 x min(warps, chunks) threads, ceil(chunks / warps) of them a sentence and head."""
+    attention_cores(monkeypatch, dtype, "tensor")
+    lq, lk, causal = ATTENTION_CASES[case]
+    lk = lq if lk is None else lk
+    h, k = 2, 16
+    rng = np.random.default_rng(8)
+    q, dout = (rng.normal(size=(sum(lq), h * k)).astype(dtype) for _ in range(2))
+    kk, v = (rng.normal(size=(sum(lk), h * k)).astype(dtype) for _ in range(2))
+    biases = tuple(rng.normal(size=h * k).astype(dtype) * 0.5 for _ in range(3))
+    launches, launch = [], kernels.LAUNCH["launch"]
+
+    def record(name, dt, grid, block, args):
+        launches.append((name, grid, block))
+        return launch(name, dt, grid, block, args)
+    monkeypatch.setitem(kernels.LAUNCH, "launch", record)
+    got = {}
+    for warps in (1, 2, 3, 4):
+        monkeypatch.setattr(kernels, "MMA_WARPS", warps)
+        launches.clear()
+        out, lse = kernels.attention_rows(q, kk, v, biases, spans_of(lq), spans_of(lk), h, causal, 0.25)
+        grads = [np.full_like(x, np.nan) for x in (q, kk, v)]
+        kernels.attention_rows_backward(dout, out, lse, q, kk, v, biases, spans_of(lq), spans_of(lk), h, causal, 0.25,
+                                        *grads)
+        got[warps] = [out, lse] + grads
+        qc, kc = -(-max(lq) // 16), -(-max(lk) // 16)
+        w_f, w_b = min(warps, qc), min(warps, max(qc, kc))
+        assert launches == [("attention_rows_forward_mma", len(lq) * h * -(-qc // w_f), 32 * w_f),
+                            ("attention_rows_backward_mma", len(lq) * h * (-(-qc // w_b) + -(-kc // w_b)), 32 * w_b)]
+    for warps in (2, 3, 4):
+        for a, b in zip(got[1], got[warps]):
+            equal(a, b)
+
+
 def test_attention_on_tf32_tensor_cores_rounds_its_operands_to_nearest_ties_away(monkeypatch):
     """float32 on tensor cores (CUPY_TF32=1): a sentence of one row gives its one key the weight 1, so its output is
     its value as a TF32 operand: rounded to 10 mantissa bits, to nearest, ties away from zero (cvt.rna.tf32.f32),
