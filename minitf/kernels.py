@@ -36,7 +36,7 @@ kernels a block per 16 query (or key) rows of one sentence and head, 4 threads a
                         (the projections' outputs, biases added on load; no [B, H, T, S] array), and each
                         row's log-sum-exp; attention_rows_backward computes the weights again from it, in
                         blocks over the query rows (dq) and blocks over the key rows (dk, dv)
-  attention_rows_*_mma  the same two on tensor cores (mma.sync; a warp a 16-row chunk, up to 4 a block sharing
+  attention_rows_*_mma  the same two on tensor cores (mma.sync; a warp a 16-row chunk, up to 3 a block sharing
                         each staged tile): float16 and bfloat16 (m16n8k16), float32 with TF32 products (m16n8k8,
                         CUPY_TF32=1), heads of 16, 32, 48 or 64 values, sm_80 and newer (attention_tensor_cores)
   adam_update           one Adam(W) update over the flat buffers (+ the 16-bit copy of the weights)
@@ -2582,7 +2582,11 @@ def attention_rows_ok(x, d_k):
     return switched_on("MINITF_FUSED_ATTN") and enabled(x) and d_k <= ATT_KMAX
 
 
-MMA_WARPS = 4        # the tensor-core kernels: at most this many warps a block (one a chunk of ATT_ROWS rows)
+MMA_WARPS = 3        # the tensor-core kernels: at most this many warps a block (one a chunk of ATT_ROWS rows): a
+# sentence of up to 48 rows (the report's batch: 26-44) in one block. A multiprocessor holds whole blocks, so the
+# registers (sm_90) leave it these warps with blocks of 1 / 3 / 4 warps: float16 forward 16 / 15 / 16, bfloat16
+# forward 15 / 15 / 12, float32 forward 12-13 (shared memory) / 15 / 16, every backward 12 / 12 / 12 but float32's
+# 9 / 9 / 8
 MMA_KERNELS = ("attention_rows_forward_mma", "attention_rows_backward_mma")   # empty in float64
 _ARCH = {}           # device id -> compute capability (e.g. 90), looked up once
 
