@@ -8,3 +8,14 @@ def at_least_one(parser, args, *names):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+
+
+def known_modes(parser, text, modes):
+    """The comma-separated --modes `text` as a list, each one a name of `modes` (bench/launches.MODES: pairs of a
+    name and what it stands for), else a usage error naming the first that is not."""
+    names = [m for m, _ in modes]
+    chosen = text.split(",")
+    for mode in chosen:
+        if mode not in names:
+            parser.error(f"--modes: unknown mode {mode!r} ({', '.join(names)})")
+    return chosen

@@ -43,10 +43,12 @@ import minitf  # noqa: E402
 from minitf import backend, gemm, kernels  # noqa: E402
 from bench.data import wmt_batch  # noqa: E402
 from bench.rounds import alternate  # noqa: E402
-from bench.flags import at_least_one  # noqa: E402
+from bench.flags import at_least_one, known_modes  # noqa: E402
+from bench.gpu_ab import cuda_torch  # noqa: E402
+from bench.launches import MODES as LAUNCH_MODES  # noqa: E402
 from bench.train_step import MinitfRunner  # noqa: E402
 
-MODES = {"float32": False, "fp16": True, "bf16": "bfloat16"}   # --modes -> MinitfRunner's fp16
+MODES = dict(LAUNCH_MODES)   # --modes -> MinitfRunner's fp16
 
 
 def geometry(m):
@@ -246,24 +248,15 @@ def main(argv=None):
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args(argv)
     at_least_one(p, args, "rounds", "calls", "top", "square")
-    modes = args.modes.split(",")
-    for mode in modes:
-        if mode not in MODES:
-            p.error(f"--modes: unknown mode {mode!r} ({', '.join(MODES)})")
+    modes = known_modes(p, args.modes, LAUNCH_MODES)
     ok, why = backend.gpu_available()
     if not ok:
         sys.exit(f"gemm_shapes: no GPU: {why}")
-    torch = None
-    if not args.no_torch:
-        try:
-            import torch as _torch
-            if _torch.cuda.is_available():
-                torch = _torch
-                torch.backends.cuda.matmul.allow_tf32 = kernels.tf32()   # minitf's float32 products
-            else:
-                print("PyTorch column absent: torch.cuda.is_available() is False")
-        except ImportError as e:
-            print(f"PyTorch column absent: {e}")
+    torch, why = cuda_torch(args.no_torch)
+    if torch is not None:
+        torch.backends.cuda.matmul.allow_tf32 = kernels.tf32()   # minitf's float32 products
+    elif not args.no_torch:
+        print(f"PyTorch column absent: {why}")
     preset, vocab, tokens = ("tiny", 64, 256) if args.smoke else (args.preset, 37000, 25000)
     if args.smoke:
         args.rounds, args.calls = 1, 2

@@ -56,6 +56,7 @@ from minitf import kernels as minitf_kernels  # noqa: E402
 from bench.column_sums import launcher, other_kernels  # noqa: E402
 from bench.data import wmt_batch  # noqa: E402
 from bench.env import Env  # noqa: E402
+from bench.flags import known_modes  # noqa: E402
 from bench.launches import MODES  # noqa: E402
 from bench.train_step import MinitfRunner, timed_round, torch_runner_like  # noqa: E402
 
@@ -133,6 +134,18 @@ class VariantEnv(Env):
         if self.path is not None:
             minitf_kernels.LAUNCH["launch"] = self.launch
         super().__exit__(*exc)
+
+
+def cuda_torch(no_torch):
+    """(torch, None) where PyTorch is installed and sees a GPU, else (None, why it is left out); (None, ...) too with
+    no_torch (--no-torch)."""
+    if no_torch:
+        return None, "--no-torch"
+    try:
+        import torch
+    except ImportError as e:
+        return None, str(e)
+    return (torch, None) if torch.cuda.is_available() else (None, "torch.cuda.is_available() is False")
 
 
 def one_step_grads(runner):
@@ -281,21 +294,13 @@ def main(argv=None):
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out")
     args = p.parse_args(argv)
-    for mode in args.modes.split(","):
-        if mode not in dict(MODES):
-            p.error(f"--modes: unknown mode {mode!r} ({', '.join(m for m, _ in MODES)})")
+    known_modes(p, args.modes, MODES)
     variants = [parse_variant(v) for v in (args.variant or DEFAULT_VARIANTS)]
     check_kernel_files(variants)
     ok, why = backend.gpu_available()
     if not ok:
         sys.exit(f"gpu_ab: no GPU: {why}")
-    torch = None
-    if not args.no_torch:
-        try:
-            import torch as _torch
-            torch = _torch if _torch.cuda.is_available() else None
-        except ImportError:
-            torch = None
+    torch = cuda_torch(args.no_torch)[0]
     presets = ["tiny"] if args.smoke else args.presets.split(",")
     vocab, tokens = (64, 256) if args.smoke else (37000, 25000)
     if args.smoke:

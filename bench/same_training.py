@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 import minitf  # noqa: E402
-from minitf import backend  # noqa: E402
+from minitf import backend, kernels  # noqa: E402
 from minitf.data import Tokenizer, collate, read_parallel, token_batches  # noqa: E402
 from minitf.optim import LossScaler  # noqa: E402
 from minitf.schedule import noam  # noqa: E402
@@ -147,7 +147,7 @@ def train_torch(cfg, args, train, valid, state, dropout_seed=0, name="torch"):
     from bench.torch_model import as_ids, from_minitf_state
     dev = "cuda" if args.device == "gpu" else "cpu"
     torch.manual_seed(dropout_seed)      # the CPU's and every GPU's generator
-    torch.backends.cuda.matmul.allow_tf32 = os.environ.get("CUPY_TF32") == "1"   # minitf's matmul mode
+    torch.backends.cuda.matmul.allow_tf32 = kernels.tf32()   # minitf's matmul mode
     amp = args.fp16 and dev == "cuda"     # float16 autocast with its GradScaler; bfloat16 autocast needs none
     half = "float16" if amp else "bfloat16" if args.bf16 and dev == "cuda" else False
     model = from_minitf_state(state, cfg, dtype="float32", device=dev, autocast_fp16=half)

@@ -34,7 +34,7 @@ if "--tf32" in sys.argv[1:]:
     os.environ["CUPY_TF32"] = "1"   # CuPy reads it when it loads: set before minitf imports cupy
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import minitf  # noqa: E402
-from minitf import backend  # noqa: E402
+from minitf import backend, kernels  # noqa: E402
 from minitf.backend import get_xp, synchronize, to_numpy  # noqa: E402
 from minitf.config import id_ranges  # noqa: E402
 from minitf.errors import ConfigError  # noqa: E402
@@ -212,7 +212,7 @@ class TorchRunner:
         self.device = "cuda" if device == "gpu" else "cpu"
         if strong:
             self.name = "torch-strong" + ("-compiled" if compile else "")
-        torch.backends.cuda.matmul.allow_tf32 = os.environ.get("CUPY_TF32") == "1"   # same matmul mode as minitf
+        torch.backends.cuda.matmul.allow_tf32 = kernels.tf32()   # same matmul mode as minitf
         self.model = from_minitf_state(state_dict, cfg, dtype="float32", device=self.device, autocast_fp16=fp16,
                                        strong=strong)
         self.model.train()
