@@ -18,7 +18,9 @@ reported even when another fails:
           with TF32, minitf `--fp16` against PyTorch AMP (autocast float16 + GradScaler), and minitf
           `--bf16` against AMP bfloat16 (autocast bfloat16, no scaler); in each mode also a strong
           PyTorch (scaled_dot_product_attention, logits on the rows with a loss, fused Adam; --no-strong
-          leaves it out): target tokens/s (median of alternating rounds), MFU against the GPU's dense tensor-core
+          leaves it out): target tokens/s (median of alternating rounds, each of --steps-per-round consecutive
+          steps between two synchronisations: 1, a step alone, by default; several let one step's GPU work overlap
+          the host's work on the next, as in training), MFU against the GPU's dense tensor-core
           peak (bf16/fp16 for --fp16 and --bf16, TF32 for float32), peak memory, and, under the PyTorch
           profiler (CUPTI sees CuPy's kernels too), kernel launches, device-to-host copies and
           synchronisations per step (the step as training makes it: its outcome decided on the device and
@@ -56,6 +58,7 @@ import numpy as np  # noqa: E402
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
 from bench.data import make_synthetic, wmt_batch, wmt_lengths  # noqa: E402
+from bench.flags import at_least_one  # noqa: E402
 from bench.launches import MODES  # noqa: E402
 from bench.train_step import make_runners, step_flops, timed_round  # noqa: E402
 
@@ -139,11 +142,11 @@ def measure_pair(cfg, batch, fp16, args, torch):
     runners = make_runners(cfg, batch, args.lr, fp16, with_torch=torch is not None, strong=not args.no_strong)
     for r in runners:
         for _ in range(args.warmup_rounds):
-            timed_round(r, 1)
+            timed_round(r, args.steps_per_round)
     times = {r.name: [] for r in runners}
     for _ in range(args.rounds):
         for r in runners:
-            times[r.name].append(timed_round(r, 1)[0])
+            times[r.name].append(timed_round(r, args.steps_per_round)[0] / args.steps_per_round)
     tgt_tokens = int((batch[2] != cfg.pad_id).sum())
     for r in runners:
         med = statistics.median(times[r.name])
@@ -346,8 +349,10 @@ def markdown(rep):
                 f"`{f}`" for f in s["failures"])), ""]
     st = rep["sections"].get("step", {})
     if st and "error" not in st:
+        k = rep.get("steps_per_round", 1)
+        rounds = "a step alone" if k == 1 else f"{k} consecutive steps"
         lines += ["**Training step** (one batch of WMT14-shaped lengths, the same weights in all; median of "
-                  "alternating rounds; MFU against the dense tensor-core peak of the mode; PyTorch is eager, "
+                  f"alternating rounds of {rounds}, a step's share; MFU against the dense tensor-core peak of the mode; PyTorch is eager, "
                   "strong PyTorch runs SDPA, logits on the rows with a loss and fused Adam; PyTorch's peak memory "
                   "is with both its models resident):", "",
                   "| preset | batch (target tokens) | mode | minitf tok/s | PyTorch tok/s | minitf / PyTorch | strong "
@@ -413,9 +418,14 @@ def main(argv=None):
     p.add_argument("--no-strong", action="store_true",
                    help="leave out the strong PyTorch column of the training step (SDPA, logits on the rows with a "
                         "loss, fused Adam)")
+    p.add_argument("--steps-per-round", type=int, default=1, metavar="STEPS",
+                   help="the training step's rounds: STEPS consecutive steps between two synchronisations, the time "
+                        "divided by STEPS (default 1, each step alone; several: as training runs them, one step's GPU "
+                        "work overlapping the host's work on the next)")
     p.add_argument("--budget", type=float, default=510.0,
                    help="seconds for the whole report (default 510: the WMT14-shaped run is shortened to fit)")
     args = p.parse_args(argv)
+    at_least_one(p, args, "steps_per_round")
     big = not args.smoke
     args.presets = ["base", "big"] if big else ["tiny"]
     args.vocab, args.step_tokens = (37000, 25000) if big else (64, 256)
@@ -430,7 +440,7 @@ def main(argv=None):
     if not ok:
         sys.exit(f"gpu_report: no GPU: {why}")
     t0 = time.time()
-    rep = {"env": section_env(), "sections": {}}
+    rep = {"env": section_env(), "steps_per_round": args.steps_per_round, "sections": {}}
     log(f"{rep['env'].get('gpu')}, CuPy {rep['env']['cupy']}, torch {rep['env']['torch']}")
     for name, fn in (("suite", lambda: section_suite(args)), ("launches", lambda: section_launches(args)),
                      ("step", lambda: section_step(args, rep["env"])),

@@ -729,8 +729,10 @@ def test_the_gpu_reports_kernel_tables_cover_float32_and_fp16():
 def test_the_gpu_report_runs_its_sections(tmp_path):
     """bench/gpu_report.py, the one command for a GPU, at tiny sizes on the stand-in: the training
     step, beam search and the WMT14-shaped run each give their figures (the suite section is
-    this test suite itself); PyTorch columns are '-' where torch is absent."""
-    r = run_bench(tmp_path, "gpu_report.py", "--smoke", "--skip", "suite", "--out", tmp_path / "report")
+    this test suite itself); PyTorch columns are '-' where torch is absent; the step's rounds of two
+    consecutive steps are said so."""
+    r = run_bench(tmp_path, "gpu_report.py", "--smoke", "--skip", "suite", "--steps-per-round", "2",
+                  "--out", tmp_path / "report")
     assert r.returncode == 0, r.stderr[-3000:]
     rep = json.loads((tmp_path / "report" / "report.json").read_text())
     assert set(rep["sections"]) == {"launches", "step", "kernels", "beam", "wmt"}
@@ -751,6 +753,7 @@ def test_the_gpu_report_runs_its_sections(tmp_path):
     assert rep["sections"]["beam"]["sentences_per_s"] > 0 and rep["sections"]["wmt"]["updates_per_s"] > 0
     md = (tmp_path / "report" / "report.md").read_text()
     assert "**Training step**" in md and "**Beam search**" in md and "**A WMT14-shaped run**" in md
+    assert rep["steps_per_round"] == 2 and "alternating rounds of 2 consecutive steps, a step's share" in md
     assert "**Where a step's GPU time goes**" in md
 
 
