@@ -24,6 +24,7 @@ MINITF_CUBLAS=0 (then CuPy's own matmul runs, for comparisons). tests/strict_cup
 models these cuBLAS calls on NumPy (column-major semantics, leading dimensions, strides,
 pointer offsets, alpha and beta, transpose flags, compute type) and refuses misuse.
 """
+import os
 from typing import NamedTuple
 
 import numpy as np
@@ -76,6 +77,17 @@ def compute_type(dtype_name):
 # cuBLAS reads (kept alive here).
 _TYPES = {}
 _SCALARS = {}
+
+
+def choose_tf32(on=None):
+    """Sets whether float32 products run on TF32 (CUPY_TF32, read by CuPy's matmul at its first float32 product,
+    by kernels.tf32 and by `matmul` here) before a run's first product: on=True or False sets it; None (training's
+    default on a GPU) sets TF32 unless the environment already says. Returns whether TF32 is on. The types looked up
+    so far are looked up again."""
+    if on is not None or "CUPY_TF32" not in os.environ:
+        os.environ["CUPY_TF32"] = "1" if on is None or on else "0"
+    _TYPES.clear()
+    return kernels.tf32()
 
 
 def _types(dtype):

@@ -27,7 +27,7 @@ from .config import FLAG_FIELDS, Config
 from .data.binarized import StaleData
 from .data.pipeline import DataSettings, load_data
 from .data.tokenizer import tokenizer_from_bytes
-from . import distributed
+from . import distributed, gemm
 from .errors import ConfigError, Interrupted, MinitfError
 from .feed import UpdateFeed, open_feed
 from .kernels import accum_dtype
@@ -285,8 +285,21 @@ def _prepare_device(args, world):
             log(f"{world.local_size} ranks on this machine: {threads} BLAS thread(s) each")
     get_xp(args.device)  # fail fast (before data and tokenizer work) when the device is unusable
     dtype_named(compute_dtype(args))   # ... or bfloat16 has no dtype (no ml_dtypes)
+    if args.device == "gpu" and compute_dtype(args) == "float32":
+        _choose_tf32(args, world)
     if world.rank == 0 and getattr(args, "fp16", False) and args.device == "cpu":
         log("warning: --fp16 on the CPU is very slow (NumPy has no float16 BLAS); it is meant for GPUs")
+
+
+def _choose_tf32(args, world):
+    """A float32 run on a GPU makes its products on TF32 tensor cores unless --no-tf32 or the environment's
+    CUPY_TF32 says otherwise (gemm.choose_tf32, before the first product), and says which."""
+    told = getattr(args, "no_tf32", False)
+    on = gemm.choose_tf32(False if told else None)
+    if world.rank == 0:
+        why = "--no-tf32" if told else "the environment's CUPY_TF32"
+        log("float32 products on TF32 tensor cores (--no-tf32 for full float32)" if on else
+            f"float32 products in full float32 ({why})")
 
 
 def compute_dtype(args):

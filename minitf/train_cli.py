@@ -67,6 +67,10 @@ def build_parser(prog=None):
     p.add_argument("--bf16", action="store_true",
                    help="mixed precision in bfloat16: bfloat16 activations/matmuls, float32 master weights, no loss "
                         "scaling (bfloat16 has float32's range); --device gpu only (Ampere or newer), needs ml_dtypes")
+    p.add_argument("--no-tf32", action="store_true",
+                   help="on a GPU in float32, run the matrix products in full float32 (default: TF32 tensor cores, "
+                        "float32 storage with products of 10-bit-mantissa inputs, on Ampere and newer; the "
+                        "environment's CUPY_TF32, if set, decides instead)")
     p.add_argument("--out", default="runs/train", help="output folder")
     p.add_argument("--max-steps", type=Number(int, 0, meaning=" (0 = no limit)"),
                    help="updates (the paper: base 100k, big 300k); 0 = no limit")
@@ -178,6 +182,8 @@ def check_precision_args(p, args):
         p.error(f"--{half[0]} computes in 16 bits beside float32 master weights: drop --dtype float64")
     if half and args.arch == "rnn":
         p.error(f"mixed precision (--{half[0]}) is for the Transformer; train --arch rnn in float32")
+    if getattr(args, "no_tf32", False) and (args.device != "gpu" or half or args.dtype != "float32"):
+        p.error("--no-tf32 concerns the float32 products of --device gpu (without --fp16, --bf16 or --dtype float64)")
     if args.bf16 and args.device != "gpu":
         p.error("--bf16 is for --device gpu: NumPy has no bfloat16 arithmetic of its own (ml_dtypes' loops widen "
                 "products to float32); on the CPU train in float32 (or --fp16)")

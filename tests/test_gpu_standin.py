@@ -229,6 +229,36 @@ TRAIN = ["--dataset", "multi30k", "--preset", "tiny", "--vocab-size", "60", "--d
 COMPUTE = {None: "float32", "fp16": "float16", "bf16": "bfloat16"}   # mixed-precision flag -> activations' dtype
 
 
+@pytest.mark.parametrize("flags,env,said", [
+    ([], None, "float32 products on TF32 tensor cores (--no-tf32 for full float32)"),
+    (["--no-tf32"], None, "float32 products in full float32 (--no-tf32)"),
+    (["--no-tf32"], "1", "float32 products in full float32 (--no-tf32)"),
+    ([], "0", "float32 products in full float32 (the environment's CUPY_TF32)"),
+    (["--fp16"], None, None),      # 16-bit products: CUPY_TF32 left as it was
+])
+def test_training_on_a_gpu_runs_float32_products_on_tf32_unless_told(standin, monkeypatch, capsys, flags, env, said):
+    """train_wmt.py --device gpu in float32 sets CUPY_TF32 before its first product (the GEMMs' compute type and the
+    attention's tensor cores follow it), says so in one line, and leaves it to --no-tf32 or the environment to say
+    otherwise; mixed precision leaves it alone."""
+    import numpy
+    from minitf import distributed, gemm, kernels, train
+    from minitf.train_cli import parse_args
+    monkeypatch.setenv("CUPY_TF32", env or "")   # restored after the test whatever training sets
+    if env is None:
+        monkeypatch.delenv("CUPY_TF32")
+    monkeypatch.setattr(gemm, "_TYPES", {})
+    assert gemm._types(numpy.dtype("float32"))[1] == (gemm.COMPUTE_32F_FAST_TF32 if env == "1" else gemm.COMPUTE_32F)
+    args = parse_args(["--dataset", "multi30k", "--device", "gpu", *flags])
+    train._prepare_device(args, distributed.World())
+    err = capsys.readouterr().err
+    if said is None:
+        assert "CUPY_TF32" not in os.environ and "float32 products" not in err
+        return
+    tf32 = said.startswith("float32 products on TF32")
+    assert said in err and os.environ["CUPY_TF32"] == ("1" if tf32 else "0") and kernels.tf32() == tf32
+    assert gemm._types(numpy.dtype("float32"))[1] == (gemm.COMPUTE_32F_FAST_TF32 if tf32 else gemm.COMPUTE_32F)
+
+
 def marked_train_wmt(tmp_path, monkeypatch):
     """train_wmt.py as a module of this process, its training marked for count_transfers: "forward_backward"
     where an update begins, "save" where training has ended (the final save)."""

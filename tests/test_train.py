@@ -808,6 +808,9 @@ def test_patience_stops_when_validation_stops_improving_and_the_run_ends_as_usua
     (["--bf16"], "--bf16 is for --device gpu"),
     (["--bf16", "--device", "gpu", "--dtype", "float64"], "--bf16 computes in 16 bits beside float32 master weights"),
     (["--fp16", "--arch", "rnn"], "mixed precision (--fp16) is for the Transformer"),
+    (["--no-tf32"], "--no-tf32 concerns the float32 products of --device gpu"),
+    (["--no-tf32", "--device", "gpu", "--bf16"], "--no-tf32 concerns the float32 products of --device gpu"),
+    (["--no-tf32", "--device", "gpu", "--dtype", "float64"], "--no-tf32 concerns the float32 products"),
 ])
 def test_the_mixed_precision_flags_refuse_what_they_cannot_run(flags, message, capsys):
     from minitf.train_cli import parse_args
@@ -819,7 +822,7 @@ def test_the_mixed_precision_flags_refuse_what_they_cannot_run(flags, message, c
 
 # train_wmt.py's flags that configure the run, not the model or its recipe (config.json records them apart)
 RUN_ONLY_FLAGS = {"alpha", "beam", "bf16", "cache_dir", "init_from", "data_dir", "dataset", "decode_batch", "device", "dtype", "fp16",
-                  "keep_last", "log_every", "max_len", "max_nonfinite", "max_ratio", "offline", "out", "patience",
+                  "keep_last", "log_every", "max_len", "max_nonfinite", "max_ratio", "no_tf32", "offline", "out", "patience",
                   "preset", "quiet", "resume", "seed", "src", "subword", "test", "tgt", "time_budget", "tokenizer",
                   "train", "update_freq", "valid", "valid_bleu_sentences", "valid_every", "valid_every_minutes",
                   "vocab_size"}
