@@ -46,12 +46,16 @@ def dtype_named(name):
 
 def check_gpu_dtype(dtype):
     """A DeviceError unless CuPy computes in `dtype` here: bfloat16 needs CuPy 14 or newer with
-    ml_dtypes installed, on NumPy 2.1.2 or newer (CuPy leaves its bfloat16 loops out otherwise)."""
+    ml_dtypes installed, on NumPy 2.1.2 or newer (CuPy leaves its bfloat16 loops out otherwise). The kinds of
+    CuPy kernel a bfloat16 run makes are compiled here, up front, not in the middle of a run: a sum of two arrays,
+    casts, a product with a Python float into a bfloat16 array (float32's loop), and an argmax (decoding's)."""
     if dtype.name != "bfloat16":
         return
     try:
         x = cupy.ones(2, dtype=dtype)
         (x + x).astype(numpy.float32)
+        cupy.multiply(x, 0.5, out=x)
+        x.argmax()
     except Exception as e:
         raise DeviceError(f"--bf16: CuPy {getattr(cupy, '__version__', '?')} cannot compute in bfloat16 here "
                           f"({type(e).__name__}: {e}); it needs CuPy 14 or newer with ml_dtypes, on NumPy 2.1.2 "

@@ -1050,7 +1050,27 @@ def _reshape(self, *shape, order="C", copy=None):
     return _new(self._a.reshape(*shape, order=order, copy=copy))
 
 
+def _summed(name):
+    """sum and mean: a bfloat16 array's values are added in float32 and the result rounded to bfloat16 once
+    (cupy/_core/_routines_math.pyx, sum's bfloat16 loop; _routines_statistics.pyx, mean), where NumPy with
+    ml_dtypes adds in bfloat16 (10,000 ones sum to 256 there)."""
+    def impl(self, axis=None, dtype=None, out=None, keepdims=False):
+        if out is not None and not isinstance(out, ndarray):
+            raise TypeError(f"cupy.ndarray.{name}: out must be a cupy.ndarray")
+        a = self._a
+        if a.dtype.name == "bfloat16" and dtype is None:
+            r = getattr(a.astype(numpy.float32), name)(axis=axis, keepdims=keepdims)
+            r = numpy.asarray(r).astype(a.dtype)
+        else:
+            r = getattr(a, name)(axis=axis, dtype=dtype, keepdims=keepdims)
+        if out is not None:
+            out._a[...] = r
+        return _wrap(r, out)
+    return impl
+
+
 _METHOD_IMPLS = {"astype": _astype, "fill": _fill, "nonzero": _nonzero, "reshape": _reshape,
+                 "sum": _summed("sum"), "mean": _summed("mean"),
                  "argsort": lambda self, axis=-1, kind=None: _argsort(self, axis),
                  "argpartition": lambda self, kth, axis=-1: _argpartition(self, kth, axis)}
 for _name in METHODS:

@@ -140,3 +140,22 @@ def test_bfloat16_on_a_cupy_without_it_is_one_clear_error(standin, monkeypatch):
     with pytest.raises(minitf.DeviceError, match=r"--bf16: CuPy .* cannot compute in bfloat16 here .*ml_dtypes"):
         minitf.Transformer(cfg(), dtype="bfloat16", seed=0, device="gpu")
     minitf.Transformer(cfg(), dtype="float16", seed=0, device="gpu")      # the other dtypes are not asked
+
+
+@pytest.mark.parametrize("late", ["argmax", "multiply"])
+def test_bfloat16_kernels_a_run_needs_later_are_compiled_when_the_model_is_built(standin, monkeypatch, late):
+    """Decoding's argmax over bfloat16 logits and a product with a Python float into a bfloat16 array are CuPy
+    kernels of their own (compiled on first use, with cuda_bf16.h): one that cannot be built is the same clear
+    error when the model is built, not in the middle of a run."""
+    def refuse(*a, **k):
+        raise RuntimeError("nvrtc: error: cannot open source file \"cuda_bf16.h\"")
+    if late == "argmax":
+        real = strict_cupy.ndarray.argmax
+        monkeypatch.setattr(strict_cupy.ndarray, "argmax",
+                            lambda self, *a, **k: refuse() if self.dtype == BF16 else real(self, *a, **k))
+    else:
+        real = strict_cupy.multiply
+        monkeypatch.setattr(strict_cupy, "multiply", lambda x, y, out=None, **k: refuse()
+                            if out is not None and out.dtype == BF16 and isinstance(y, float) else real(x, y, out=out, **k))
+    with pytest.raises(minitf.DeviceError, match=r"--bf16: CuPy .* cannot compute in bfloat16 here \(RuntimeError"):
+        minitf.Transformer(cfg(), dtype="bfloat16", seed=0, device="gpu")

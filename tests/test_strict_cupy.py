@@ -161,6 +161,20 @@ def test_triu_of_bfloat16_comes_back_float32_as_cupys_does(monkeypatch):
     assert np.array_equal(host == 0, np.tril(np.ones((4, 4), bool))) and (host[np.triu_indices(4, 1)] < -1e8).all()
 
 
+def test_bfloat16_sums_add_in_float32_as_cupys():
+    """CuPy 14's sum and mean of a bfloat16 array add in float32 and round once to bfloat16 (NumPy with ml_dtypes
+    adds in bfloat16, where 10,000 ones sum to 256): the stand-in does the same, so minitf's unfused bias gradients
+    of a bfloat16 model are as exact on it as on a GPU."""
+    bf16 = np.dtype("bfloat16")
+    x = cp.ones((10000, 4), dtype=bf16)
+    assert x.sum(axis=0).dtype == bf16 and (cp.asnumpy(x.sum(axis=0)).astype(np.float32) == 9984).all()  # 10,000 in bf16
+    assert float(cp.asnumpy(x.mean()).astype(np.float32)) == 1.0
+    out = cp.zeros(4, dtype=bf16)
+    assert x.sum(axis=0, out=out) is out and (cp.asnumpy(out).astype(np.float32) == 9984).all()
+    assert x.sum(dtype=np.float32).dtype == np.float32 and float(cp.asnumpy(x.sum(dtype=np.float32))) == 40000
+    assert cp.asnumpy(cp.ones((3, 2), dtype=np.float16).sum(axis=1, keepdims=True)).shape == (3, 1)
+
+
 def test_bfloat16_with_a_python_float_matmul_and_argpartition_as_cupys():
     """What CuPy 14 does that NumPy with ml_dtypes does not, modelled: a bfloat16 array times a Python float runs
     float32's loop and returns float32 (times a Python int, or another bfloat16 array, it stays bfloat16); a
