@@ -26,6 +26,7 @@ whether minitf's cuBLAS calls (cublasGemmEx, cublasGemmStridedBatchedEx) take lo
 the same product (PyTorch goes through cuBLASLt) on the GPU or on the host.
 """
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -171,6 +172,21 @@ def issue_us(fn, calls, sync):
     return t / calls * 1e6
 
 
+ROUND_S = 2e-3   # a round's calls of a product: enough for about this much work between the two synchronisations
+
+
+def calls_for(fn, least, sync, most=500):
+    """Calls of fn a round: at least `least`, and enough for ~ROUND_S of work, so that the synchronisations around a
+    round (a fixed cost) are spread thin over a small product's calls (one call's time, synchronised, after one
+    call that compiled or chose whatever it needed)."""
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    return max(least, min(most, math.ceil(ROUND_S / max(time.perf_counter() - t0, 1e-9))))
+
+
 def time_calls(calls, args, torch):
     """[(key, count, {engine: (GPU us a call, host us to issue one)})] for the distinct calls."""
     cp = backend.cupy
@@ -184,10 +200,10 @@ def time_calls(calls, args, torch):
         fns = {"minitf": minitf_call(cp, key)[0]}
         if torch is not None:
             fns["torch"] = torch_call(torch, key)[0]
-        times = alternate({name: (nullcontext, fn) for name, fn in fns.items()}, args.rounds, args.calls,
-                          warmup=1, sync=sync)
+        k = calls_for(fns["minitf"], args.calls, sync)
+        times = alternate({name: (nullcontext, fn) for name, fn in fns.items()}, args.rounds, k, warmup=1, sync=sync)
         out.append((key, count, {name: (statistics.median(times[name]) * 1e6,
-                                        statistics.median(issue_us(fn, args.calls, sync) for _ in range(3)))
+                                        statistics.median(issue_us(fn, k, sync) for _ in range(3)))
                                  for name, fn in fns.items()}))
         del fns
     return out
@@ -240,7 +256,8 @@ def main(argv=None):
     p.add_argument("--preset", default="base", choices=sorted(minitf.PRESETS))
     p.add_argument("--modes", default="float32,fp16,bf16", help="comma-separated: float32 (TF32), fp16, bf16")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--calls", type=int, default=5, help="calls of each product a round")
+    p.add_argument("--calls", type=int, default=5, help="calls of each product a round, at least (a small product "
+                   "gets more: about 2 ms of work a round, so the synchronisations around it cost little a call)")
     p.add_argument("--top", type=int, default=30, help="products listed a mode (the totals count every one)")
     p.add_argument("--square", type=int, default=8192, help="the yardstick: a square product of this size in the "
                    "mode's dtype, timed as the others (each product's TFLOP/s is given as a share of its rate)")
@@ -253,8 +270,10 @@ def main(argv=None):
     if not ok:
         sys.exit(f"gemm_shapes: no GPU: {why}")
     torch, why = cuda_torch(args.no_torch)
-    if torch is not None:
-        torch.backends.cuda.matmul.allow_tf32 = kernels.tf32()   # minitf's float32 products
+    if torch is not None:   # minitf's numerics: float32 products on TF32 where minitf's are, float32 sums throughout
+        torch.backends.cuda.matmul.allow_tf32 = kernels.tf32()
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     elif not args.no_torch:
         print(f"PyTorch column absent: {why}")
     preset, vocab, tokens = ("tiny", 64, 256) if args.smoke else (args.preset, 37000, 25000)
@@ -263,7 +282,7 @@ def main(argv=None):
     cfg = minitf.Config.preset(preset, vocab_size=vocab)
     batch = wmt_batch(cfg, tokens)
     print(f"{preset}: {len(batch[0])} sentences, {int((batch[2] != cfg.pad_id).sum())} target tokens; "
-          f"median of {args.rounds} rounds of {args.calls} calls")
+          f"median of {args.rounds} rounds of at least {args.calls} calls (about 2 ms of work a round)")
     out = {}
     n = 64 if args.smoke else args.square
     for mode in modes:

@@ -306,7 +306,8 @@ def main(argv=None):
     if args.smoke:
         args.rounds, args.warmup, args.kernel_steps = 2, 1, 0
     report = {"variants": dict(variants), "cupy": getattr(backend.cupy, "__version__", "?"),
-              "torch": getattr(torch, "__version__", None), "results": {}}
+              "torch": getattr(torch, "__version__", None), "presets": presets, "modes": args.modes.split(","),
+              "rounds": args.rounds, "steps_per_round": args.steps_per_round, "warmup": args.warmup, "results": {}}
     try:
         props = backend.cupy.cuda.runtime.getDeviceProperties(0)
         report["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])

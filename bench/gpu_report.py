@@ -57,6 +57,7 @@ import numpy as np  # noqa: E402
 
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
+from minitf.fileio import atomic_write_bytes  # noqa: E402
 from bench.data import make_synthetic, wmt_batch, wmt_lengths  # noqa: E402
 from bench.flags import at_least_one  # noqa: E402
 from bench.launches import MODES  # noqa: E402
@@ -391,6 +392,8 @@ def markdown(rep):
                   f"{b['mean_src_len']} source pieces on average, each output run to its cap ({b['max_len']}), "
                   f"{b['out_tokens']:,} output tokens): {b['sentences_per_s']} sentences/s ({b['seconds']} s).", ""]
     w = rep["sections"].get("wmt", {})
+    if "skipped" in w:
+        lines += [f"**A WMT14-shaped run**: skipped ({w['skipped']}).", ""]
     if "updates_per_s" in w:
         lines += [f"**A WMT14-shaped run** (`train_wmt.py --device gpu --preset {w['preset']}`"
                   f"{' --fp16' if w['fp16'] else ''} on {w['pairs']:,} synthetic pairs of WMT14's lengths, built in "
@@ -410,7 +413,8 @@ def _pct(x):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", help="folder for report.md and report.json")
+    p.add_argument("--out", help="folder for report.md and report.json (written again after every section: a "
+                   "command stopped part-way keeps what it measured)")
     p.add_argument("--skip", default="", help="comma-separated sections to leave out: "
                    "suite,launches,step,kernels,beam,wmt")
     p.add_argument("--smoke", action="store_true", help="tiny sizes (checks this script, e.g. under the CuPy stand-in)")
@@ -423,7 +427,8 @@ def main(argv=None):
                         "divided by STEPS (default 1, each step alone; several: as training runs them, one step's GPU "
                         "work overlapping the host's work on the next)")
     p.add_argument("--budget", type=float, default=510.0,
-                   help="seconds for the whole report (default 510: the WMT14-shaped run is shortened to fit)")
+                   help="seconds for the whole report (default 510: the WMT14-shaped run is shortened to fit, and "
+                        "left out, said so, where less than 120 s are left for it)")
     args = p.parse_args(argv)
     at_least_one(p, args, "steps_per_round")
     big = not args.smoke
@@ -449,7 +454,14 @@ def main(argv=None):
         if name in skip:
             continue
         if name == "wmt":   # the run takes what the budget leaves (corpus, start and the final evaluation: ~90 s)
-            args.wmt_seconds = max(30.0, min(args.wmt_seconds, args.budget - (time.time() - t0) - 90))
+            left = args.budget - (time.time() - t0)
+            least = 1 if args.smoke else WMT_LEAST_S
+            if left < least:
+                rep["sections"][name] = {"skipped": f"{max(left, 0):.0f} s left of --budget {args.budget:.0f}; the "
+                                                    f"run needs at least {least} s", "seconds": 0}
+                log(f"{name} skipped: {rep['sections'][name]['skipped']}")
+                continue
+            args.wmt_seconds = max(30.0, min(args.wmt_seconds, left - 90))
         log(f"{name} ...")
         t = time.time()
         try:
@@ -458,17 +470,29 @@ def main(argv=None):
             rep["sections"][name] = {"error": f"{type(e).__name__}: {e}"[:500]}
         rep["sections"][name]["seconds"] = rep["sections"][name].get("seconds", round(time.time() - t, 1))
         log(f"{name} done in {time.time() - t:.0f}s")
-    rep["total_s"] = time.time() - t0
+        rep["total_s"] = time.time() - t0
+        write(args.out, rep)   # the sections so far, should the command be stopped during the next
+    rep["total_s"], rep["complete"] = time.time() - t0, True
+    print(write(args.out, rep))
+    return rep
+
+
+WMT_LEAST_S = 120   # the WMT14-shaped run's corpus, start, 30 s of training and its end
+
+
+def write(out, rep):
+    """report.md and report.json in `out` (if given), each replaced whole; returns the Markdown."""
     try:
         text = markdown(rep)
     except Exception as e:   # never lose the measurements to a formatting error: the JSON follows
         text = f"(markdown failed: {type(e).__name__}: {e})\n\n```\n{json.dumps(rep, indent=2, default=str)}\n```"
-    print(text)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        Path(args.out, "report.md").write_text(text + "\n")
-        Path(args.out, "report.json").write_text(json.dumps(rep, indent=2, default=str))
-    return rep
+    if not rep.get("complete"):
+        text = f"(the report so far: sections {', '.join(rep['sections'])})\n\n" + text
+    if out:
+        os.makedirs(out, exist_ok=True)
+        atomic_write_bytes(Path(out, "report.md"), (text + "\n").encode())
+        atomic_write_bytes(Path(out, "report.json"), json.dumps(rep, indent=2, default=str).encode())
+    return text
 
 
 if __name__ == "__main__":

@@ -787,6 +787,31 @@ def test_the_gpu_report_runs_its_sections(tmp_path):
     assert "**Where a step's GPU time goes**" in md
 
 
+def test_the_gpu_report_keeps_what_it_measured_when_stopped_and_says_what_it_left_out(tmp_path, standin, monkeypatch,
+                                                                                       capsys):
+    """bench/gpu_report.py writes report.json and report.md again after every section: a command stopped in a later
+    section (its timeout) leaves the sections before it, marked as the report so far; a --budget too short for the
+    WMT14-shaped run leaves that run out and says why."""
+    sys.path.insert(0, ROOT)
+    from bench import gpu_report
+
+    def stopped(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(gpu_report, "section_beam", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_report.main(["--smoke", "--skip", "suite,step,kernels", "--out", str(tmp_path / "a")])
+    got = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert list(got["sections"]) == ["launches"] and "complete" not in got
+    assert (tmp_path / "a" / "report.md").read_text().startswith("(the report so far: sections launches)")
+    assert "launches per update: base fp16" in (tmp_path / "a" / "report.md").read_text()
+    rep = gpu_report.main(["--smoke", "--skip", "suite,launches,step,kernels,beam", "--budget", "0", "--out",
+                           str(tmp_path / "b")])
+    assert rep["complete"] and "left of --budget 0; the run needs at least" in rep["sections"]["wmt"]["skipped"]
+    md = (tmp_path / "b" / "report.md").read_text()
+    assert not md.startswith("(the report so far"), md[:200]
+    assert "**A WMT14-shaped run**: skipped (0 s left of --budget 0" in md
+
+
 def run_same_training(tmp_path, *extra):
     """bench/same_training.py on the stand-in over a tiny corpus and tokenizer made in tmp_path (once): 3 updates of
     the tiny preset, then `extra`; the finished process."""
