@@ -34,7 +34,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-os.environ.setdefault("CUPY_TF32", "1")   # CuPy reads it when it loads: TF32 float32 matmuls, as torch's below
+os.environ.setdefault("CUPY_TF32", "1")   # read at the first float32 product: TF32 float32 matmuls, as torch's below
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

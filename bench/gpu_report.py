@@ -49,7 +49,7 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("CUPY_TF32", "1")   # CuPy reads it when it loads: TF32 float32 matmuls, as torch's below
+os.environ.setdefault("CUPY_TF32", "1")   # read at the first float32 product: TF32 float32 matmuls, as torch's below
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 if "--tf32" in sys.argv[1:]:
-    os.environ["CUPY_TF32"] = "1"   # CuPy reads it when it loads: set before minitf imports cupy
+    os.environ["CUPY_TF32"] = "1"   # read at the first float32 product (CuPy's, minitf's): set before any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import minitf  # noqa: E402
 from minitf import backend, kernels  # noqa: E402

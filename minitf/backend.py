@@ -62,6 +62,11 @@ def check_gpu_dtype(dtype):
                           f"or newer (this one: {numpy.__version__})") from None
 
 
+def gpu_arch():
+    """The current GPU's compute capability as major * 10 + minor (90 for an H100)."""
+    return int(cupy.cuda.Device().compute_capability)
+
+
 def half_dtype(dtype):
     """Whether dtype is a 16-bit compute dtype (float16 or bfloat16), kept beside float32 master weights."""
     return dtype == numpy.float16 or (dtype.itemsize == 2 and dtype.name == "bfloat16")

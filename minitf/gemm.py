@@ -10,7 +10,7 @@ on row-major matrices described by where they lie (`Mat`: array, first element, 
 columns, leading dimension, batch stride), with op = transpose or not as a cuBLAS flag, so
 a transpose costs nothing, a scale goes into alpha, and beta = 1 accumulates into a gradient
 buffer without a separate add. float16 and bfloat16 run on tensor cores with float32
-accumulation (CUBLAS_COMPUTE_32F); float32 uses TF32 tensor cores when CUPY_TF32 is set (as
+accumulation (CUBLAS_COMPUTE_32F); float32 uses TF32 tensor cores when CUPY_TF32 is a positive number (as
 CuPy's 2-d matmul does; its batched matmul runs full float32 whatever CUPY_TF32 says:
 docs/performance.md), else full float32; float64 stays float64.
 
@@ -25,11 +25,13 @@ models these cuBLAS calls on NumPy (column-major semantics, leading dimensions, 
 pointer offsets, alpha and beta, transpose flags, compute type) and refuses misuse.
 """
 import os
+import re
 from typing import NamedTuple
 
 import numpy as np
 
 from . import backend, kernels
+from .errors import ConfigError
 
 # cuBLAS's and CUDA's enumerations (cublas_api.h, library_types.h)
 OP_N, OP_T = 0, 1
@@ -73,19 +75,24 @@ def compute_type(dtype_name):
 # Looked up once, not on every product (the `--fp16` step makes ~340 of them, and their Python
 # costs the host as much as cuBLAS's own calls): dtype -> (cuBLAS data type, compute type, the
 # dtype of alpha and beta), with CUPY_TF32 read on a dtype's first product (CuPy too reads it
-# once, when it is imported); (value, dtype) -> alpha or beta as a host scalar whose address
-# cuBLAS reads (kept alive here).
+# once, at its first product of a dtype: cupy/_core/_routines_linalg.pyx, get_compute_type);
+# (value, dtype) -> alpha or beta as a host scalar whose address cuBLAS reads (kept alive here).
 _TYPES = {}
 _SCALARS = {}
 
 
 def choose_tf32(on=None):
-    """Sets whether float32 products run on TF32 (CUPY_TF32, read by CuPy's matmul at its first float32 product,
-    by kernels.tf32 and by `matmul` here) before a run's first product: on=True or False sets it; None (training's
-    default on a GPU) sets TF32 unless the environment already says. Returns whether TF32 is on. The types looked up
-    so far are looked up again."""
-    if on is not None or "CUPY_TF32" not in os.environ:
+    """Sets whether float32 products run on TF32 (CUPY_TF32, read by CuPy's own matmul at the process's first float32
+    product, so this must come before it; by kernels.tf32 on every call; by `matmul` here at a dtype's first product,
+    looked up again now): on=True or False sets it; None (training's default on a GPU) sets TF32 unless the
+    environment already says (an empty value says nothing). Returns whether TF32 is on; a value that is not a whole
+    number is a ConfigError, where CuPy would fail at its first float32 product."""
+    told = os.environ.get("CUPY_TF32", "").strip()
+    if on is not None or not told:
         os.environ["CUPY_TF32"] = "1" if on is None or on else "0"
+    elif not re.fullmatch(r"[+-]?\d+", told):
+        raise ConfigError(f"CUPY_TF32={told!r} in the environment: expected a whole number (1: float32 products on "
+                          f"TF32 tensor cores, 0: in full float32), as CuPy reads it")
     _TYPES.clear()
     return kernels.tf32()
 

@@ -2599,7 +2599,7 @@ def _arch(x):
     dev = backend.cupy.cuda.Device()
     arch = _ARCH.get(dev.id)
     if arch is None:
-        arch = _ARCH[dev.id] = int(dev.compute_capability)
+        arch = _ARCH[dev.id] = backend.gpu_arch()
     return arch
 
 

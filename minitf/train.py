@@ -21,7 +21,7 @@ from typing import Optional
 
 import numpy as np
 
-from .backend import dtype_named, get_xp, is_gpu, to_numpy
+from .backend import dtype_named, get_xp, gpu_arch, is_gpu, to_numpy
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import FLAG_FIELDS, Config
 from .data.binarized import StaleData
@@ -297,9 +297,13 @@ def _choose_tf32(args, world):
     told = getattr(args, "no_tf32", False)
     on = gemm.choose_tf32(False if told else None)
     if world.rank == 0:
+        arch = gpu_arch()
         why = "--no-tf32" if told else "the environment's CUPY_TF32"
-        log("float32 products on TF32 tensor cores (--no-tf32 for full float32)" if on else
-            f"float32 products in full float32 ({why})")
+        if on and arch < 80:
+            log(f"float32 products in full float32 (TF32 needs an Ampere GPU or newer; this one is sm_{arch})")
+        else:
+            log("float32 products on TF32 tensor cores (--no-tf32 for full float32)" if on else
+                f"float32 products in full float32 ({why})")
 
 
 def compute_dtype(args):

@@ -69,8 +69,8 @@ def build_parser(prog=None):
                         "scaling (bfloat16 has float32's range); --device gpu only (Ampere or newer), needs ml_dtypes")
     p.add_argument("--no-tf32", action="store_true",
                    help="on a GPU in float32, run the matrix products in full float32 (default: TF32 tensor cores, "
-                        "float32 storage with products of 10-bit-mantissa inputs, on Ampere and newer; the "
-                        "environment's CUPY_TF32, if set, decides instead)")
+                        "float32 storage with products of 10-bit-mantissa inputs, on Ampere and newer; without this "
+                        "flag a CUPY_TF32 already set in the environment decides)")
     p.add_argument("--out", default="runs/train", help="output folder")
     p.add_argument("--max-steps", type=Number(int, 0, meaning=" (0 = no limit)"),
                    help="updates (the paper: base 100k, big 300k); 0 = no limit")

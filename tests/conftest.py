@@ -5,9 +5,9 @@ import os
 import numpy as np
 import pytest
 
-# CuPy reads CUPY_TF32 when it is imported (by minitf, below): with it set, float32 matmuls run on TF32
-# tensor cores (10-bit mantissas) and the GPU tests' float32 tolerances, set for float32 arithmetic, fail.
-# The benchmarks set it for speed; the tests always run without it.
+# CuPy reads CUPY_TF32 at its first float32 product, minitf's GEMMs at their first product of a dtype: with it set,
+# float32 matmuls run on TF32 tensor cores (10-bit mantissas) and the GPU tests' float32 tolerances, set for float32
+# arithmetic, fail. The benchmarks and training set it for speed; the tests run without it (no_tf32, below).
 os.environ.pop("CUPY_TF32", None)
 
 import minitf  # noqa: E402
@@ -25,9 +25,13 @@ WORDS = "the a cat dog sees runs small big red house tree man woman eats".split(
 
 @pytest.fixture(autouse=True)
 def no_tf32(monkeypatch):
-    """CUPY_TF32 unset in every test (a test that wants TF32 sets it): a bench script imported by a test (its
-    argument parser, its functions) sets it for speed when it loads, and the float32 attention and GEMMs read it."""
-    monkeypatch.delenv("CUPY_TF32", raising=False)
+    """CUPY_TF32 unset in every test and after it (a test that wants TF32 sets it), and minitf's GEMMs' compute types
+    looked up afresh: a bench script imported by a test (its argument parser, its functions) sets it for speed when it
+    loads, and training sets it (train_wmt.py --device gpu in float32); the float32 attention and GEMMs read it."""
+    from minitf import gemm
+    monkeypatch.setenv("CUPY_TF32", "")    # recorded as it was, so that undoing the test removes what it set
+    monkeypatch.delenv("CUPY_TF32")
+    monkeypatch.setattr(gemm, "_TYPES", {})
 
 
 @pytest.fixture

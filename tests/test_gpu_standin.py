@@ -234,6 +234,7 @@ COMPUTE = {None: "float32", "fp16": "float16", "bf16": "bfloat16"}   # mixed-pre
     (["--no-tf32"], None, "float32 products in full float32 (--no-tf32)"),
     (["--no-tf32"], "1", "float32 products in full float32 (--no-tf32)"),
     ([], "0", "float32 products in full float32 (the environment's CUPY_TF32)"),
+    ([], "", "float32 products on TF32 tensor cores (--no-tf32 for full float32)"),   # an empty value says nothing
     (["--fp16"], None, None),      # 16-bit products: CUPY_TF32 left as it was
 ])
 def test_training_on_a_gpu_runs_float32_products_on_tf32_unless_told(standin, monkeypatch, capsys, flags, env, said):
@@ -243,10 +244,8 @@ def test_training_on_a_gpu_runs_float32_products_on_tf32_unless_told(standin, mo
     import numpy
     from minitf import distributed, gemm, kernels, train
     from minitf.train_cli import parse_args
-    monkeypatch.setenv("CUPY_TF32", env or "")   # restored after the test whatever training sets
-    if env is None:
-        monkeypatch.delenv("CUPY_TF32")
-    monkeypatch.setattr(gemm, "_TYPES", {})
+    if env is not None:
+        monkeypatch.setenv("CUPY_TF32", env)
     assert gemm._types(numpy.dtype("float32"))[1] == (gemm.COMPUTE_32F_FAST_TF32 if env == "1" else gemm.COMPUTE_32F)
     args = parse_args(["--dataset", "multi30k", "--device", "gpu", *flags])
     train._prepare_device(args, distributed.World())
@@ -257,6 +256,22 @@ def test_training_on_a_gpu_runs_float32_products_on_tf32_unless_told(standin, mo
     tf32 = said.startswith("float32 products on TF32")
     assert said in err and os.environ["CUPY_TF32"] == ("1" if tf32 else "0") and kernels.tf32() == tf32
     assert gemm._types(numpy.dtype("float32"))[1] == (gemm.COMPUTE_32F_FAST_TF32 if tf32 else gemm.COMPUTE_32F)
+
+
+def test_training_on_a_gpu_says_what_tf32_cannot_do(standin, monkeypatch, capsys):
+    """A CUPY_TF32 that is not a whole number is one clear error before training starts (CuPy would fail at its first
+    float32 product); a GPU older than Ampere has no TF32, and the log says it runs full float32."""
+    from minitf import distributed, train
+    from minitf.train_cli import parse_args
+    args = parse_args(["--dataset", "multi30k", "--device", "gpu"])
+    monkeypatch.setenv("CUPY_TF32", "yes")
+    with pytest.raises(minitf.ConfigError, match=r"CUPY_TF32='yes' in the environment: expected a whole number"):
+        train._prepare_device(args, distributed.World())
+    monkeypatch.setenv("CUPY_TF32", "1")
+    monkeypatch.setenv("STRICT_CUPY_COMPUTE_CAPABILITY", "75")
+    train._prepare_device(args, distributed.World())
+    assert "float32 products in full float32 (TF32 needs an Ampere GPU or newer; this one is sm_75)" in \
+        capsys.readouterr().err
 
 
 def marked_train_wmt(tmp_path, monkeypatch):
