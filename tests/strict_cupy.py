@@ -1058,7 +1058,7 @@ def _summed(name):
         if out is not None and not isinstance(out, ndarray):
             raise TypeError(f"cupy.ndarray.{name}: out must be a cupy.ndarray")
         a = self._a
-        if a.dtype.name == "bfloat16" and dtype is None:
+        if a.dtype.name == "bfloat16" and (dtype is None or numpy.dtype(dtype) == a.dtype):
             r = getattr(a.astype(numpy.float32), name)(axis=axis, keepdims=keepdims)
             r = numpy.asarray(r).astype(a.dtype)
         else:

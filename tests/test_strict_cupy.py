@@ -172,6 +172,7 @@ def test_bfloat16_sums_add_in_float32_as_cupys():
     out = cp.zeros(4, dtype=bf16)
     assert x.sum(axis=0, out=out) is out and (cp.asnumpy(out).astype(np.float32) == 9984).all()
     assert x.sum(dtype=np.float32).dtype == np.float32 and float(cp.asnumpy(x.sum(dtype=np.float32))) == 40000
+    assert float(cp.asnumpy(x.sum(axis=0, dtype=bf16)).astype(np.float32)[0]) == 9984     # _sum_keep_dtype: float sums
     assert cp.asnumpy(cp.ones((3, 2), dtype=np.float16).sum(axis=1, keepdims=True)).shape == (3, 1)
 
 
