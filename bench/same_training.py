@@ -23,7 +23,9 @@ runner with dropout seeds 0 .. COUNT-1 (PyTorch's from torch.manual_seed), all r
 before the next, and ends with each engine's mean validation NLL over its seeds, its spread and
 the means' relative differences: an engine's gap to another judged against its own spread. A short warmup is a poor
 test: at --warmup 400 (rate factor 0.35) `base` went unstable after the peak, and two dropout
-seeds of one engine ended 11% apart in validation NLL (docs/benchmarks.md).
+seeds of one engine ended 11% apart in validation NLL (docs/benchmarks.md). --grad-float16 SCALE (float32)
+stores minitf's gradients as a float16 buffer at loss scale SCALE would before each update: float16 gradient
+storage alone, apart from float16 arithmetic (on the CPU too).
 
 For each runner it prints the updates made and skipped, ms per update (with one device->host
 read a step), the mean training loss of the last 50 updates, the validation NLL per target token
@@ -101,6 +103,14 @@ def free_pool(xp):
         backend.cupy.get_default_memory_pool().free_all_blocks()
 
 
+def float16_stored(grads, scale):
+    """grads (float32, in place) as a float16 buffer at loss scale `scale` would hold them: times the scale, rounded to
+    float16 (to 0 below its smallest subnormal, to infinity above 65,504), divided again."""
+    xp = backend.xp_of(grads)
+    grads[...] = (grads * scale).astype(xp.float16).astype(grads.dtype) / scale
+    return grads
+
+
 def train_minitf(name, env, cfg, args, train, valid, dropout_seed=0):
     """The updates of `train` (one a batch) of minitf under the variant's environment; returns the runner's record."""
     with VariantEnv(env):
@@ -123,6 +133,8 @@ def train_minitf(name, env, cfg, args, train, valid, dropout_seed=0):
             if not finite:
                 skipped += 1
                 continue
+            if args.grad_float16:
+                float16_stored(model.flat_grads, args.grad_float16)
             opt.step(grad_divisor=scaler.scale if scaler else 1.0)
             losses.append(loss_value)
         backend.synchronize(xp)
@@ -249,10 +261,17 @@ def main(argv=None):
     p.add_argument("--seeds", type=int, default=1, metavar="COUNT",
                    help="every runner (each variant and PyTorch) with dropout seeds 0 .. COUNT-1, seed by seed; the "
                         "summary gives each engine's mean validation NLL and its spread")
+    p.add_argument("--grad-float16", type=float, metavar="SCALE",
+                   help="minitf in float32 with its gradients stored as a float16 buffer at loss scale SCALE would "
+                        "store them (scaled, rounded to float16, divided again) before each update: what float16 "
+                        "gradient storage alone does, apart from float16 arithmetic")
     p.add_argument("--out")
     args = p.parse_args(argv)
     if args.fp16 and args.bf16:
         p.error("--fp16 and --bf16 each choose the 16-bit dtype: give one")
+    if args.grad_float16 is not None and (args.fp16 or args.bf16 or not args.grad_float16 > 0):
+        p.error("--grad-float16 takes a positive loss scale and float32 (no --fp16 or --bf16): it stores float32 "
+                "gradients as float16 would")
     at_least_one(p, args, "seeds")
     variants = [parse_variant(v) for v in args.variant or DEFAULT_VARIANTS]
     check_kernel_files(variants)
@@ -293,7 +312,7 @@ def main(argv=None):
     for r in records:
         r["valid_nll_rel_diff"] = (r["valid_nll"] - first) / first
     engines = by_engine(records)
-    info = {"preset": args.preset, "fp16": args.fp16, "bf16": args.bf16, "device": args.device, "updates": args.updates,
+    info = {"preset": args.preset, "fp16": args.fp16, "bf16": args.bf16, "grad_float16": args.grad_float16, "device": args.device, "updates": args.updates,
             "warmup": args.warmup, "lr_factor": args.lr_factor, "target_tokens_per_batch": tokens / len(train),
             "vocab": tok.vocab_size, "shape": shape_overrides(args), "runners": records, "engines": engines,
             "failed": failed}

@@ -875,6 +875,29 @@ def test_same_training_judges_engines_over_their_seeds(tmp_path):
     assert bad.returncode == 2 and "--seeds must be at least 1, got 0" in bad.stderr
 
 
+def test_same_training_stores_float32_gradients_as_float16_would(tmp_path):
+    """--grad-float16 SCALE: before each update minitf's float32 gradients become what a float16 buffer at loss scale
+    SCALE holds (rounded to float16's 11 bits, 0 below its smallest subnormal, infinite above its largest value), and
+    the run trains on them; with --fp16 or --bf16, or a scale that is not positive, it is refused."""
+    sys.path.insert(0, ROOT)
+    from bench.same_training import float16_stored
+    g = np.array([1.0 + 2.0 ** -12, 2e-11, 1e-3, 7e4, -2.5e-6], dtype=np.float32)
+    got = float16_stored(g.copy(), 1024.0)
+    want = (g * 1024).astype(np.float16).astype(np.float32) / 1024
+    np.testing.assert_array_equal(got, want)
+    assert got[0] == 1.0 and got[1] == 0 and np.isinf(got[3]) and got[2] != g[2] and abs(got[2] - g[2]) < 1e-3 * 2 ** -10
+    base = run_same_training(tmp_path, "--device", "cpu", "--no-torch", "--variant", "now=", "--out", tmp_path / "a")
+    q = run_same_training(tmp_path, "--device", "cpu", "--no-torch", "--variant", "now=", "--grad-float16", "1",
+                          "--out", tmp_path / "b")
+    assert base.returncode == 0 and q.returncode == 0, q.stderr[-3000:]
+    a, b = (json.loads((tmp_path / d / "same_training.json").read_text()) for d in "ab")
+    assert b["grad_float16"] == 1.0 and a["grad_float16"] is None
+    assert a["runners"][0]["valid_nll"] != b["runners"][0]["valid_nll"]     # scale 1: the small gradients are lost
+    for bad in (["--fp16", "--grad-float16", "1024"], ["--grad-float16", "0"]):
+        r = run_same_training(tmp_path, *bad)
+        assert r.returncode == 2 and "--grad-float16 takes a positive loss scale and float32" in r.stderr
+
+
 def test_same_training_runs_a_variant_of_another_copy_of_the_kernels(tmp_path):
     """--variant NAME=KERNELS=FILE trains with FILE's CUDA (bench/gpu_ab.py's variants): a copy of kernels.py
     reaches the same validation NLL to the bit; a missing file is refused before anything runs."""
