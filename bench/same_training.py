@@ -25,7 +25,8 @@ the means' relative differences: an engine's gap to another judged against its o
 test: at --warmup 400 (rate factor 0.35) `base` went unstable after the peak, and two dropout
 seeds of one engine ended 11% apart in validation NLL (docs/benchmarks.md). --grad-float16 SCALE (float32)
 stores minitf's gradients as a float16 buffer at loss scale SCALE would before each update: float16 gradient
-storage alone, apart from float16 arithmetic (on the CPU too).
+storage alone, apart from float16 arithmetic (on the CPU too); --norm-float16 (float32) rounds every LayerNorm's
+output to float16: the post-norm residual stream as --fp16 stores it and PyTorch AMP does not.
 
 For each runner it prints the updates made and skipped, ms per update (with one device->host
 read a step), the mean training loss of the last 50 updates, the validation NLL per target token
@@ -107,8 +108,25 @@ def float16_stored(grads, scale):
     """grads (float32, in place) as a float16 buffer at loss scale `scale` would hold them: times the scale, rounded to
     float16 (to 0 below its smallest subnormal, to infinity above 65,504), divided again."""
     xp = backend.xp_of(grads)
-    grads[...] = (grads * scale).astype(xp.float16).astype(grads.dtype) / scale
+    with np.errstate(over="ignore"):    # a value past float16's range becomes infinite, as a float16 buffer holds it
+        grads[...] = (grads * scale).astype(xp.float16).astype(grads.dtype) / scale
     return grads
+
+
+def norms_in_float16(model):
+    """Every LayerNorm of `model` rounds its output to float16 (kept in the model's float32): the post-norm blocks'
+    residual stream as float16 storage holds it (minitf --fp16 stores it so; PyTorch AMP keeps it in float32)."""
+    from minitf.layers.layernorm import LayerNorm
+
+    def rounded(y):
+        y[...] = y.astype(np.float16).astype(y.dtype)
+        return y
+    for layer in model.layers():
+        if isinstance(layer, LayerNorm):
+            f, r = layer.forward, layer.forward_residual
+            layer.forward = lambda x, f=f: rounded(f(x))
+            layer.forward_residual = lambda *a, r=r, **k: rounded(r(*a, **k))
+    return model
 
 
 def train_minitf(name, env, cfg, args, train, valid, dropout_seed=0):
@@ -116,6 +134,8 @@ def train_minitf(name, env, cfg, args, train, valid, dropout_seed=0):
     with VariantEnv(env):
         model = minitf.Transformer(cfg, device=args.device, dtype=compute_dtype(args), seed=0)
         model.seed = dropout_seed    # the dropout masks' seed (the weights above are seed 0's)
+        if args.norm_float16:
+            norms_in_float16(model)
         xp = model.xp
         model.train()
         opt = minitf.Adam(model, lr=lambda step: learning_rate(cfg, args, step))
@@ -265,6 +285,10 @@ def main(argv=None):
                    help="minitf in float32 with its gradients stored as a float16 buffer at loss scale SCALE would "
                         "store them (scaled, rounded to float16, divided again) before each update: what float16 "
                         "gradient storage alone does, apart from float16 arithmetic")
+    p.add_argument("--norm-float16", action="store_true",
+                   help="minitf in float32 with every LayerNorm's output rounded to float16: the post-norm residual "
+                        "stream as minitf --fp16 stores it (PyTorch AMP keeps it in float32), apart from the rest of "
+                        "float16 arithmetic")
     p.add_argument("--out")
     args = p.parse_args(argv)
     if args.fp16 and args.bf16:
@@ -272,6 +296,8 @@ def main(argv=None):
     if args.grad_float16 is not None and (args.fp16 or args.bf16 or not args.grad_float16 > 0):
         p.error("--grad-float16 takes a positive loss scale and float32 (no --fp16 or --bf16): it stores float32 "
                 "gradients as float16 would")
+    if args.norm_float16 and (args.fp16 or args.bf16):
+        p.error("--norm-float16 is for float32 (no --fp16 or --bf16): it rounds a float32 model's LayerNorm outputs")
     at_least_one(p, args, "seeds")
     variants = [parse_variant(v) for v in args.variant or DEFAULT_VARIANTS]
     check_kernel_files(variants)
@@ -312,7 +338,7 @@ def main(argv=None):
     for r in records:
         r["valid_nll_rel_diff"] = (r["valid_nll"] - first) / first
     engines = by_engine(records)
-    info = {"preset": args.preset, "fp16": args.fp16, "bf16": args.bf16, "grad_float16": args.grad_float16, "device": args.device, "updates": args.updates,
+    info = {"preset": args.preset, "fp16": args.fp16, "bf16": args.bf16, "grad_float16": args.grad_float16, "norm_float16": args.norm_float16, "device": args.device, "updates": args.updates,
             "warmup": args.warmup, "lr_factor": args.lr_factor, "target_tokens_per_batch": tokens / len(train),
             "vocab": tok.vocab_size, "shape": shape_overrides(args), "runners": records, "engines": engines,
             "failed": failed}

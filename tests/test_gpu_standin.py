@@ -898,6 +898,35 @@ def test_same_training_stores_float32_gradients_as_float16_would(tmp_path):
         assert r.returncode == 2 and "--grad-float16 takes a positive loss scale and float32" in r.stderr
 
 
+def test_same_training_rounds_every_layernorm_output_to_float16(tmp_path):
+    """--norm-float16: every LayerNorm of minitf's float32 model (each post-norm block's output, the residual stream)
+    gives values float16 holds, and the run trains on them; refused with --fp16."""
+    sys.path.insert(0, ROOT)
+    from bench.same_training import norms_in_float16
+    from minitf.layers.layernorm import LayerNorm
+    cfg = minitf.Config.preset("tiny", vocab_size=40)
+    model = norms_in_float16(minitf.Transformer(cfg, seed=0))
+    norms = [layer for layer in model.layers() if isinstance(layer, LayerNorm)]
+    assert len(norms) == 5
+    x = np.random.default_rng(0).standard_normal((3, cfg.d_model)).astype(np.float32)
+    y = norms[0].forward(x)
+    assert y.dtype == np.float32 and np.array_equal(y, y.astype(np.float16).astype(np.float32))
+    plain = minitf.Transformer(cfg, seed=0)
+    assert not np.array_equal(y, [n for n in plain.layers() if isinstance(n, LayerNorm)][0].forward(x))
+    src, tgt_in, tgt_out = (np.array([[5, 6, 7, 2]]), np.array([[1, 8, 9]]), np.array([[8, 9, 2]]))
+    model.eval(), plain.eval()
+    assert model.forward_loss(src, tgt_in, tgt_out) != plain.forward_loss(src, tgt_in, tgt_out)
+    base = run_same_training(tmp_path, "--device", "cpu", "--no-torch", "--variant", "now=", "--out", tmp_path / "a")
+    q = run_same_training(tmp_path, "--device", "cpu", "--no-torch", "--variant", "now=", "--norm-float16",
+                          "--out", tmp_path / "b")
+    assert base.returncode == 0 and q.returncode == 0, q.stderr[-3000:]
+    a, b = (json.loads((tmp_path / d / "same_training.json").read_text()) for d in "ab")
+    assert b["norm_float16"] is True and a["norm_float16"] is False
+    assert a["runners"][0]["valid_nll"] != b["runners"][0]["valid_nll"]
+    r = run_same_training(tmp_path, "--fp16", "--norm-float16")
+    assert r.returncode == 2 and "--norm-float16 is for float32" in r.stderr
+
+
 def test_same_training_runs_a_variant_of_another_copy_of_the_kernels(tmp_path):
     """--variant NAME=KERNELS=FILE trains with FILE's CUDA (bench/gpu_ab.py's variants): a copy of kernels.py
     reaches the same validation NLL to the bit; a missing file is refused before anything runs."""
