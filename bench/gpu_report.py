@@ -41,6 +41,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -336,7 +337,9 @@ def section_wmt(args):
 def markdown(rep):
     env = rep["env"]
     lines = [f"### One GPU: {env.get('gpu')} ({env['date'][:10]})", "",
-             f"`python bench/gpu_report.py`: GPU {env.get('gpu')} ({env.get('gpu_memory_gib', '?')} GiB), CUDA runtime "
+             f"`{rep.get('command', 'python bench/gpu_report.py')}`"
+             + "".join(f" with {k}={v}" if i == 0 else f", {k}={v}" for i, (k, v) in enumerate(rep.get("switches", {}).items()))
+             + f": GPU {env.get('gpu')} ({env.get('gpu_memory_gib', '?')} GiB), CUDA runtime "
              f"{env.get('cuda_runtime', '?')} / driver {env.get('cuda_driver', '?')}, CuPy {env.get('cupy')}, PyTorch "
              f"{env.get('torch') or 'absent'}, NumPy {env.get('numpy')}, Python {env.get('python')}, "
              f"{env.get('cpu_count')} CPU cores; {rep['total_s']:.0f} s in all.", ""]
@@ -445,7 +448,10 @@ def main(argv=None):
     if not ok:
         sys.exit(f"gpu_report: no GPU: {why}")
     t0 = time.time()
-    rep = {"env": section_env(), "steps_per_round": args.steps_per_round, "sections": {}}
+    rep = {"env": section_env(), "command": shlex.join(["python", "bench/gpu_report.py",
+                                                         *(sys.argv[1:] if argv is None else map(str, argv))]),
+           "switches": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MINITF_") and k != "MINITF_CACHE"},
+           "steps_per_round": args.steps_per_round, "sections": {}}
     log(f"{rep['env'].get('gpu')}, CuPy {rep['env']['cupy']}, torch {rep['env']['torch']}")
     for name, fn in (("suite", lambda: section_suite(args)), ("launches", lambda: section_launches(args)),
                      ("step", lambda: section_step(args, rep["env"])),

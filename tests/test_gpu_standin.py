@@ -799,6 +799,9 @@ def test_the_gpu_report_runs_its_sections(tmp_path):
     md = (tmp_path / "report" / "report.md").read_text()
     assert "**Training step**" in md and "**Beam search**" in md and "**A WMT14-shaped run**" in md
     assert rep["steps_per_round"] == 2 and "alternating rounds of 2 consecutive steps, a step's share" in md
+    # the command as run, and the switches it ran under (the stand-in's here)
+    assert "`python bench/gpu_report.py --smoke --skip suite --steps-per-round 2 --out " in md
+    assert "` with MINITF_CUPY_MODULE=strict_cupy" in md
     assert "**Where a step's GPU time goes**" in md
 
 
