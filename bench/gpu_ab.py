@@ -294,7 +294,7 @@ def main(argv=None):
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out")
     args = p.parse_args(argv)
-    known_modes(p, args.modes, MODES)
+    modes = known_modes(p, args.modes, MODES)
     variants = [parse_variant(v) for v in (args.variant or DEFAULT_VARIANTS)]
     check_kernel_files(variants)
     ok, why = backend.gpu_available()
@@ -306,7 +306,7 @@ def main(argv=None):
     if args.smoke:
         args.rounds, args.warmup, args.kernel_steps = 2, 1, 0
     report = {"variants": dict(variants), "cupy": getattr(backend.cupy, "__version__", "?"),
-              "torch": getattr(torch, "__version__", None), "presets": presets, "modes": args.modes.split(","),
+              "torch": getattr(torch, "__version__", None), "presets": presets, "modes": modes,
               "rounds": args.rounds, "steps_per_round": args.steps_per_round, "warmup": args.warmup, "results": {}}
     try:
         props = backend.cupy.cuda.runtime.getDeviceProperties(0)
@@ -317,7 +317,7 @@ def main(argv=None):
     for preset in presets:
         cfg = minitf.Config.preset(preset, vocab_size=vocab)
         batch = wmt_batch(cfg, tokens)
-        for mode in args.modes.split(","):
+        for mode in modes:
             fp16 = dict(MODES)[mode]   # False, True (--fp16) or "bfloat16" (--bf16)
             key = f"{preset} {mode}"
             try:

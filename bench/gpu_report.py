@@ -336,10 +336,11 @@ def section_wmt(args):
 # ----------------------------------------------------------------------------- report
 def markdown(rep):
     env = rep["env"]
+    switches = ", ".join(f"{k}={v}" for k, v in rep.get("switches", {}).items())
+    switches = f" with {switches}" if switches else ""
     lines = [f"### One GPU: {env.get('gpu')} ({env['date'][:10]})", "",
-             f"`{rep.get('command', 'python bench/gpu_report.py')}`"
-             + "".join(f" with {k}={v}" if i == 0 else f", {k}={v}" for i, (k, v) in enumerate(rep.get("switches", {}).items()))
-             + f": GPU {env.get('gpu')} ({env.get('gpu_memory_gib', '?')} GiB), CUDA runtime "
+             f"`{rep.get('command', 'python bench/gpu_report.py')}`{switches}: GPU {env.get('gpu')} "
+             f"({env.get('gpu_memory_gib', '?')} GiB), CUDA runtime "
              f"{env.get('cuda_runtime', '?')} / driver {env.get('cuda_driver', '?')}, CuPy {env.get('cupy')}, PyTorch "
              f"{env.get('torch') or 'absent'}, NumPy {env.get('numpy')}, Python {env.get('python')}, "
              f"{env.get('cpu_count')} CPU cores; {rep['total_s']:.0f} s in all.", ""]

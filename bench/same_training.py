@@ -107,9 +107,8 @@ def free_pool(xp):
 def float16_stored(grads, scale):
     """grads (float32, in place) as a float16 buffer at loss scale `scale` would hold them: times the scale, rounded to
     float16 (to 0 below its smallest subnormal, to infinity above 65,504), divided again."""
-    xp = backend.xp_of(grads)
     with np.errstate(over="ignore"):    # a value past float16's range becomes infinite, as a float16 buffer holds it
-        grads[...] = (grads * scale).astype(xp.float16).astype(grads.dtype) / scale
+        grads[...] = (grads * scale).astype(np.float16).astype(grads.dtype) / scale
     return grads
 
 
@@ -338,7 +337,8 @@ def main(argv=None):
     for r in records:
         r["valid_nll_rel_diff"] = (r["valid_nll"] - first) / first
     engines = by_engine(records)
-    info = {"preset": args.preset, "fp16": args.fp16, "bf16": args.bf16, "grad_float16": args.grad_float16, "norm_float16": args.norm_float16, "device": args.device, "updates": args.updates,
+    info = {"preset": args.preset, "fp16": args.fp16, "bf16": args.bf16, "grad_float16": args.grad_float16,
+            "norm_float16": args.norm_float16, "device": args.device, "updates": args.updates,
             "warmup": args.warmup, "lr_factor": args.lr_factor, "target_tokens_per_batch": tokens / len(train),
             "vocab": tok.vocab_size, "shape": shape_overrides(args), "runners": records, "engines": engines,
             "failed": failed}

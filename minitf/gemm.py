@@ -25,7 +25,6 @@ models these cuBLAS calls on NumPy (column-major semantics, leading dimensions, 
 pointer offsets, alpha and beta, transpose flags, compute type) and refuses misuse.
 """
 import os
-import re
 from typing import NamedTuple
 
 import numpy as np
@@ -90,11 +89,12 @@ def choose_tf32(on=None):
     told = os.environ.get("CUPY_TF32", "").strip()
     if on is not None or not told:
         os.environ["CUPY_TF32"] = "1" if on is None or on else "0"
-    elif not re.fullmatch(r"[+-]?\d+", told):
-        raise ConfigError(f"CUPY_TF32={told!r} in the environment: expected a whole number (1: float32 products on "
-                          f"TF32 tensor cores, 0: in full float32), as CuPy reads it")
     _TYPES.clear()
-    return kernels.tf32()
+    try:
+        return kernels.tf32()    # int() of the value, as CuPy reads it
+    except ValueError:
+        raise ConfigError(f"CUPY_TF32={told!r} in the environment: expected a whole number (1: float32 products on "
+                          f"TF32 tensor cores, 0: in full float32), as CuPy reads it") from None
 
 
 def _types(dtype):
