@@ -1,0 +1,314 @@
+#!/usr/bin/env python
+"""Which of minitf's opt-in GPU switches pay on this GPU, and the GPU report run under those that do: one command
+that keeps to a deadline.
+
+    python bench/gpu_tune.py --out runs/tune                    # one H100/H200: done within --deadline (570 s)
+    python bench/gpu_tune.py --out runs/tune --before-kernels old_kernels.py   # also time another copy of the CUDA
+    python bench/gpu_tune.py --smoke --skip suite --out DIR      # tiny sizes (checks this script on the CuPy stand-in)
+
+Some of minitf's GPU code is off by default until a GPU has timed it: attention on packed rows in one kernel
+(MINITF_FUSED_ATTN=1), the LayerNorms' warp-per-row kernels (MINITF_FUSED_LNWARP=1) and ReLU's backward inside
+the feed-forward's bias sums (MINITF_FUSED_RELUSUMS=1); docs/performance.md says what each does. This runs, each
+stage as a process of its own with what is left of --deadline, every stage's output kept in --out:
+
+  suite        `pytest tests/test_gpu.py tests/test_nvrtc.py` (suite.txt): a variant with MINITF_FUSED_ATTN=1 is
+               chosen only where every test passed (they hold the attention kernels to NumPy on this GPU)
+  allocations  bench/allocations.py (allocations.txt): what an array from CuPy's pool costs the host here
+  ab           bench/gpu_ab.py (ab/ab.json, ab.txt): `base` in --modes (float32 (TF32), --fp16 and --bf16), every
+               variant against `now` (the defaults) on the same weights and batch, in rounds of --steps-per-round steps
+  choose       the rule below (choice.json): the variant whose switches the report then runs under
+  report       bench/gpu_report.py --skip suite --fp16 under the chosen switches, with what is left of the
+               deadline as its --budget (report/report.md, report.json: written after each of its sections)
+  gemm         bench/gemm_shapes.py --modes float32 (gemm_shapes.txt), where at least GEMM_LEAST_S seconds are left
+
+summary.md and summary.json say what each stage did (its command, seconds, exit status, or why it was left out) and
+why each variant was or was not chosen. A variant is chosen only if, in every preset and mode asked for:
+both it and `now` ran and gave finite gradients and losses; its loss is within LOSS_TOL (relative) of now's and its
+gradients within GRAD_TOL (||g - g_now|| / ||g_now||; NaN counts as disagreeing); and its speed against now's is at
+least MODE_LEAST in every mode and at least SPEED_LEAST as a geometric mean over the modes. Of those, the fastest
+(geometric mean) is chosen. A KERNELS=FILE variant (--before-kernels) is timed, never chosen.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.flags import known_modes  # noqa: E402
+from bench.launches import MODES  # noqa: E402
+
+LOSS_TOL, GRAD_TOL = 1e-2, 5e-2     # a variant's loss and gradients against now's (relative)
+SPEED_LEAST, MODE_LEAST = 1.01, 0.98   # its geometric-mean speed against now's, and its speed in each mode
+GEMM_LEAST_S = 45                    # gemm_shapes.py --modes float32 needs about this long on an H100
+SWITCHES = {"attn": {"MINITF_FUSED_ATTN": "1"}, "lnwarp": {"MINITF_FUSED_LNWARP": "1"},
+            "relusums": {"MINITF_FUSED_RELUSUMS": "1"}}
+STAGES = ("suite", "allocations", "ab", "report", "gemm")
+
+
+def variants(before_kernels=None):
+    """gpu_ab's --variant values: now (the defaults), each switch alone, all of them, and `before` (another copy of
+    the CUDA, with the defaults) where given."""
+    out = {"now": {}, **SWITCHES, "all": {k: v for env in SWITCHES.values() for k, v in env.items()}}
+    if before_kernels:
+        out["before"] = {"KERNELS": before_kernels}
+    return out
+
+
+def variant_flag(name, env):
+    return f"{name}=" + ",".join(f"{k}={v}" for k, v in env.items())
+
+
+def _finite(x):
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def choose(ab, suite_passed):
+    """(the chosen variant's name or None, {variant: why it was or was not chosen}) from gpu_ab's ab.json (`ab`) and
+    whether the GPU tests all passed (None: they did not run)."""
+    names = list(ab["variants"])
+    base = names[0]
+    wanted = [f"{p} {m}" for p in ab["presets"] for m in ab["modes"]]
+    results = ab.get("results", {})
+    missing = [k for k in wanted if k not in results or "error" in results[k]]
+    why, speeds = {}, {}
+    for name in names[1:]:
+        env = ab["variants"][name]
+        if "KERNELS" in env:
+            why[name] = "another copy of the kernels: timed, never chosen"
+            continue
+        if missing:
+            why[name] = f"not chosen: not every preset and mode ran ({', '.join(missing)})"
+            continue
+        if env.get("MINITF_FUSED_ATTN") == "1" and not suite_passed:
+            why[name] = ("not chosen: the GPU tests " + ("did not run" if suite_passed is None else "did not all pass")
+                         + " (they hold the attention kernels to NumPy on this GPU)")
+            continue
+        bad, mode_speeds = [], []
+        for key in wanted:
+            same, times = results[key].get("same", {}), results[key].get("time", {})
+            s0, s = same.get(base, {}), same.get(name, {})
+            if not (s0.get("finite") and s.get("finite") and _finite(s0.get("loss")) and _finite(s.get("loss"))):
+                bad.append(f"{key}: not finite")
+                continue
+            if not (s.get("loss_rel_diff", math.nan) <= LOSS_TOL):
+                bad.append(f"{key}: loss differs by {s.get('loss_rel_diff')} (> {LOSS_TOL})")
+            if not (s.get("grad_rel_diff", math.nan) <= GRAD_TOL):
+                bad.append(f"{key}: gradients differ by {s.get('grad_rel_diff')} (> {GRAD_TOL})")
+            speed = times.get(name, {}).get("speed_vs_" + base)
+            if not _finite(speed) or speed <= 0:
+                bad.append(f"{key}: not timed")
+                continue
+            mode_speeds.append(speed)
+            if speed < MODE_LEAST:
+                bad.append(f"{key}: x{speed:.3f} against {base} (< {MODE_LEAST})")
+        if bad:
+            why[name] = "not chosen: " + "; ".join(bad)
+            continue
+        geo = math.exp(sum(map(math.log, mode_speeds)) / len(mode_speeds))
+        if geo < SPEED_LEAST:
+            why[name] = f"not chosen: x{geo:.3f} against {base} over the modes (< {SPEED_LEAST})"
+            continue
+        speeds[name] = geo
+        why[name] = f"eligible: x{geo:.3f} against {base} over the modes"
+    winner = max(speeds, key=speeds.get) if speeds else None
+    if winner:
+        why[winner] = "chosen: " + why[winner].split(": ", 1)[1]
+    return winner, why
+
+
+class Stages:
+    """Runs each stage's command as a process of its own within the deadline, and keeps the record of each."""
+
+    def __init__(self, out, deadline):
+        self.out, self.t0, self.deadline, self.record = Path(out), time.time(), deadline, {}
+
+    def left(self):
+        return self.deadline - (time.time() - self.t0)
+
+    def skip(self, name, why):
+        self.record[name] = {"skipped": why}
+        log(f"{name}: skipped ({why})")
+
+    def run(self, name, cmd, log_name, timeout, env=None):
+        """`cmd` (a list; run from the project's root) with its output in out/log_name, stopped (with its children)
+        after `timeout` seconds; returns the record and the output."""
+        timeout = max(1.0, min(timeout, self.left() - 2))
+        log(f"{name}: {shlex.join(cmd)} (at most {timeout:.0f} s)")
+        t = time.time()
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=os.environ | (env or {}), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            text, _ = proc.communicate(timeout=timeout)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            text, _ = proc.communicate()
+            rc = "timed out"
+        (self.out / log_name).write_text(text)
+        rec = {"command": shlex.join(["python", *cmd[1:]]), "switches": env or {}, "rc": rc,
+               "seconds": round(time.time() - t, 1), "output": log_name}
+        self.record[name] = rec
+        log(f"{name}: exit {rc} in {rec['seconds']} s")
+        return rec, text
+
+
+def suite_passed(text):
+    """True where pytest's last line counts passed tests and no failure or error; False otherwise."""
+    lines = text.strip().splitlines()
+    last = lines[-1] if lines else ""
+    return bool(re.search(r"\d+ passed", last)) and not re.search(r"\d+ (failed|errors?)\b", last)
+
+
+def log(msg):
+    print(f"[gpu_tune {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="folder for every stage's output and summary.md")
+    p.add_argument("--deadline", type=float, default=570.0, help="seconds for the whole command (default 570)")
+    p.add_argument("--before-kernels", metavar="FILE",
+                   help="also time FILE, another copy of minitf/kernels.py (`git show REV:minitf/kernels.py > FILE`), "
+                        "with the defaults: what the CUDA changed since then bought")
+    p.add_argument("--steps-per-round", type=int, default=3, metavar="STEPS",
+                   help="the A/B's and the report's rounds: STEPS consecutive steps (default 3: as training runs them)")
+    p.add_argument("--modes", default="float32,fp16,bf16", help="the A/B's modes (default float32,fp16,bf16)")
+    p.add_argument("--skip", default="", help=f"comma-separated stages to leave out: {','.join(STAGES)}")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes (checks this script, e.g. under the CuPy stand-in)")
+    args = p.parse_args(argv)
+    skip = [s for s in args.skip.split(",") if s]
+    for s in skip:
+        if s not in STAGES:
+            p.error(f"--skip: unknown stage {s!r} ({', '.join(STAGES)})")
+    known_modes(p, args.modes, MODES)
+    if args.steps_per_round < 1:
+        p.error(f"--steps-per-round must be at least 1, got {args.steps_per_round}")
+    if not args.deadline > 0:
+        p.error(f"--deadline must be above 0, got {args.deadline}")
+    if args.before_kernels and not os.path.isfile(args.before_kernels):
+        p.error(f"--before-kernels: no such file: {args.before_kernels}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    st = Stages(out, args.deadline)
+    smoke = ["--smoke"] if args.smoke else []
+    py = sys.executable
+    summary = {"command": shlex.join(["python", "bench/gpu_tune.py", *(sys.argv[1:] if argv is None else argv)]),
+               "stages": st.record}
+
+    # the sizes of each stage: an H100's, or the stand-in's under --smoke
+    suite_s, alloc_s, ab_least, report_least = (120, 60, 20, 60) if args.smoke else (110, 40, 90, 150)
+    passed = None
+    if "suite" in skip:
+        st.skip("suite", "--skip")
+    else:
+        rec, text = st.run("suite", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py",
+                                     "tests/test_nvrtc.py"], "suite.txt", suite_s, env={"COLUMNS": "250"})
+        passed = rec["rc"] == 0 and suite_passed(text)
+        rec["passed"] = passed
+    if "allocations" in skip:
+        st.skip("allocations", "--skip")
+    else:
+        st.run("allocations", [py, "bench/allocations.py", *smoke], "allocations.txt", alloc_s)
+
+    chosen, why = None, {}
+    if "ab" in skip:
+        st.skip("ab", "--skip")
+    else:
+        vs = variants(args.before_kernels)
+        cmd = [py, "bench/gpu_ab.py", "--presets", "base", "--modes", args.modes, "--rounds", "7",
+               "--steps-per-round", str(args.steps_per_round), "--kernel-steps", "0", "--no-torch-runs",
+               "--out", str(out / "ab"), *smoke]
+        for name, env in vs.items():
+            cmd += ["--variant", variant_flag(name, env)]
+        after = report_least + (0 if "gemm" in skip else GEMM_LEAST_S)   # what the stages after it need
+        st.run("ab", cmd, "ab.txt", st.left() - after if st.left() - after >= ab_least else st.left())
+        path = out / "ab" / "ab.json"
+        if path.exists():
+            ab = json.loads(path.read_text())
+            chosen, why = choose(ab, passed)
+            summary["ab"] = ab_table(ab)
+        else:
+            why = {name: "not chosen: the A/B wrote no ab.json" for name in list(vs)[1:]}
+    switches = variants().get(chosen, {}) if chosen else {}
+    summary["choice"] = {"chosen": chosen, "switches": switches, "why": why}
+    (out / "choice.json").write_text(json.dumps(summary["choice"], indent=1))
+    for name, reason in why.items():
+        log(f"{name}: {reason}")
+
+    if "report" in skip:
+        st.skip("report", "--skip")
+    elif st.left() < (5 if args.smoke else report_least):
+        st.skip("report", f"{st.left():.0f} s left of --deadline {args.deadline:.0f}")
+    else:
+        gemm_after = "gemm" not in skip and not args.smoke
+        budget = st.left() - 10 - (GEMM_LEAST_S if gemm_after else 0)
+        st.run("report", [py, "bench/gpu_report.py", "--skip", "suite", "--fp16", "--steps-per-round",
+                          str(args.steps_per_round), "--budget", f"{max(budget, 1):.0f}", "--out", str(out / "report"),
+                          *smoke], "report.log", budget + 5, env=switches)
+    if "gemm" in skip:
+        st.skip("gemm", "--skip")
+    elif st.left() < (3 if args.smoke else GEMM_LEAST_S):
+        st.skip("gemm", f"{st.left():.0f} s left of --deadline {args.deadline:.0f} (it needs {GEMM_LEAST_S})")
+    else:
+        st.run("gemm", [py, "bench/gemm_shapes.py", "--modes", "float32", "--top", "12", *smoke], "gemm_shapes.txt",
+               st.left() - 2, env=switches)
+    summary["seconds"] = round(time.time() - st.t0, 1)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    text = markdown(summary)
+    (out / "summary.md").write_text(text)
+    print(text)
+    return summary
+
+
+def ab_table(ab):
+    """The A/B's rows: [preset and mode, variant, step ms, target tokens/s, speed against the first variant, gradients'
+    difference from its], or [preset and mode, the error]."""
+    base, rows = list(ab["variants"])[0], []
+    for key, entry in ab.get("results", {}).items():
+        if "error" in entry:
+            rows.append([key, entry["error"][:200]])
+            continue
+        for name, t in entry.get("time", {}).items():
+            s = entry.get("same", {}).get(name, {})
+            rows.append([key, name, t["step_ms"], t["tgt_tokens_per_s"], t.get("speed_vs_" + base),
+                         s.get("grad_rel_diff")])
+    return rows
+
+
+def markdown(summary):
+    lines = [f"`{summary['command']}`: {summary['seconds']} s", ""]
+    for name, rec in summary["stages"].items():
+        if "skipped" in rec:
+            lines.append(f"- {name}: left out ({rec['skipped']})")
+        else:
+            extra = "" if "passed" not in rec else (", every test passed" if rec["passed"] else ", NOT every test passed")
+            env = " ".join(f"{k}={v}" for k, v in rec["switches"].items() if k != "COLUMNS")
+            lines.append(f"- {name}: `{(env + ' ') if env else ''}{rec['command']}`: exit {rec['rc']}, "
+                         f"{rec['seconds']} s{extra} ({rec['output']})")
+    if summary.get("ab"):
+        lines += ["", "| preset and mode | variant | step ms | target tok/s | x now | gradients vs now |", "|---|---|---|---|---|---|"]
+        for row in summary["ab"]:
+            if len(row) == 2:
+                lines.append(f"| {row[0]} | FAILED: {row[1]} | | | | |")
+            else:
+                key, name, ms, tok, x, g = row
+                lines.append(f"| {key} | {name} | {ms:.2f} | {tok:,} | {'' if x is None else f'{x:.3f}'} | "
+                             f"{'' if g is None else f'{g:.1e}'} |")
+    choice = summary.get("choice", {})
+    lines += ["", f"Chosen: {choice.get('chosen') or 'none (the defaults stay)'}"
+              + (f" ({' '.join(f'{k}={v}' for k, v in choice['switches'].items())})" if choice.get("switches") else "")]
+    lines += [f"- {name}: {why}" for name, why in choice.get("why", {}).items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""bench/gpu_tune.py: the rule that picks the opt-in GPU switches a report runs under, its stages kept to a deadline,
+and the whole command on the CuPy stand-in."""
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from bench import gpu_tune  # noqa: E402
+from bench.gpu_tune import choose, suite_passed  # noqa: E402
+
+MODES = ("float32", "fp16", "bf16")
+
+
+def ab(speeds, grads=None, loss=None, finite=None, modes=MODES, errors=(), env=None):
+    """An ab.json as bench/gpu_ab.py writes it: `speeds` {variant: speed against now, one number or one a mode};
+    `grads` / `loss` {variant: relative difference from now's}, `finite` {variant: False}, `errors` modes that
+    failed, `env` {variant: its switches} (default: each variant one of gpu_tune's)."""
+    names = ["now", *speeds]
+    env = env or {}
+    out = {"variants": {n: env.get(n, gpu_tune.variants().get(n, {"MINITF_X": "1"})) for n in names},
+           "presets": ["base"], "modes": list(modes), "results": {}}
+    for i, mode in enumerate(modes):
+        key = f"base {mode}"
+        if mode in errors:
+            out["results"][key] = {"error": "RuntimeError: boom"}
+            continue
+        same, times = {}, {}
+        for n in names:
+            sp = 1.0 if n == "now" else speeds[n]
+            sp = sp[i] if isinstance(sp, (list, tuple)) else sp
+            same[n] = {"loss": 9.5 * (1 + (loss or {}).get(n, 0.0)), "loss_rel_diff": (loss or {}).get(n, 0.0),
+                       "grad_rel_diff": 0.0 if n == "now" else (grads or {}).get(n, 1e-3),
+                       "finite": (finite or {}).get(n, True)}
+            times[n] = {"step_ms": 100 / sp, "tgt_tokens_per_s": round(197600 * sp) if math.isfinite(sp) else 0, "speed_vs_now": sp}
+        out["results"][key] = {"same": same, "time": times}
+    return out
+
+
+def test_the_fastest_variant_that_agrees_everywhere_is_chosen():
+    winner, why = choose(ab({"lnwarp": 1.03, "relusums": 1.05, "all": 1.04}), suite_passed=True)
+    assert winner == "relusums" and why["relusums"].startswith("chosen: x1.050")
+    assert why["lnwarp"].startswith("eligible: x1.030") and why["all"].startswith("eligible")
+
+
+@pytest.mark.parametrize("case, reason", [
+    (dict(speeds={"lnwarp": 1.005}), "x1.005 against now over the modes (< 1.01)"),
+    (dict(speeds={"lnwarp": (1.10, 1.10, 0.97)}), "base bf16: x0.970 against now (< 0.98)"),
+    (dict(speeds={"lnwarp": 1.2}, grads={"lnwarp": 0.06}), "gradients differ by 0.06 (> 0.05)"),
+    (dict(speeds={"lnwarp": 1.2}, grads={"lnwarp": math.nan}), "gradients differ by nan"),
+    (dict(speeds={"lnwarp": 1.2}, loss={"lnwarp": 0.02}), "loss differs by 0.02 (> 0.01)"),
+    (dict(speeds={"lnwarp": 1.2}, finite={"lnwarp": False}), "base float32: not finite"),
+    (dict(speeds={"lnwarp": 1.2}, finite={"now": False}), "base float32: not finite"),
+    (dict(speeds={"lnwarp": 1.2}, errors=("fp16",)), "not every preset and mode ran (base fp16)"),
+    (dict(speeds={"lnwarp": math.nan}), "base float32: not timed"),
+])
+def test_a_variant_is_not_chosen_when(case, reason):
+    winner, why = choose(ab(**case), suite_passed=True)
+    assert winner is None and why["lnwarp"].startswith("not chosen") and reason in why["lnwarp"], why
+
+
+def test_attention_on_packed_rows_needs_the_gpu_tests_to_have_passed():
+    data = ab({"attn": 1.2, "lnwarp": 1.02})
+    for passed, said in ((None, "did not run"), (False, "did not all pass")):
+        winner, why = choose(data, suite_passed=passed)
+        assert winner == "lnwarp" and f"the GPU tests {said}" in why["attn"]
+    assert choose(data, suite_passed=True)[0] == "attn"
+
+
+def test_another_copy_of_the_kernels_is_timed_never_chosen():
+    winner, why = choose(ab({"before": 1.5}, env={"before": {"KERNELS": "old.py"}}), suite_passed=True)
+    assert winner is None and why["before"] == "another copy of the kernels: timed, never chosen"
+
+
+def test_the_gpu_tests_count_as_passed_only_on_a_summary_of_passes():
+    assert suite_passed("...\n28 passed in 50.12s\n")
+    assert suite_passed("2 skipped, 26 passed in 3s")
+    for text in ("", "1 failed, 27 passed in 50s", "27 passed, 1 error in 50s", "tests/test_gpu.py ....\n"):
+        assert not suite_passed(text), text
+
+
+def test_a_stage_past_its_time_is_stopped_with_its_children(tmp_path):
+    st = gpu_tune.Stages(tmp_path, deadline=60)
+    child = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
+            "print('started', flush=True); time.sleep(60)"
+    t = time.time()
+    rec, text = st.run("slow", [sys.executable, "-c", child], "slow.txt", timeout=3)
+    assert rec["rc"] == "timed out" and time.time() - t < 20 and "started" in (tmp_path / "slow.txt").read_text()
+    rec, _ = st.run("quick", [sys.executable, "-c", "print('ok')"], "quick.txt", timeout=10)
+    assert rec["rc"] == 0 and (tmp_path / "quick.txt").read_text() == "ok\n"
+
+
+def test_the_report_runs_under_the_chosen_switches_within_the_deadline(tmp_path, monkeypatch):
+    """Each stage's command as main() makes it (the processes faked): the A/B's ab.json decides the switches the
+    report and the products' timing run under, the report's --budget is what the deadline leaves, and the stages
+    that no longer fit are left out, said so."""
+    calls = []
+
+    def fake_run(self, name, cmd, log_name, timeout, env=None):
+        calls.append((name, cmd, timeout, env))
+        (self.out / log_name).write_text("28 passed in 50s\n" if name == "suite" else "")
+        if name == "ab":
+            os.makedirs(self.out / "ab", exist_ok=True)
+            (self.out / "ab" / "ab.json").write_text(json.dumps(ab({"attn": 1.3, "lnwarp": 1.02, "relusums": 0.9,
+                                                                    "all": 1.1})))
+        self.record[name] = {"command": " ".join(cmd), "switches": env or {}, "rc": 0, "seconds": 1.0,
+                             "output": log_name}
+        return self.record[name], (self.out / log_name).read_text()
+
+    monkeypatch.setattr(gpu_tune.Stages, "run", fake_run)
+    s = gpu_tune.main(["--out", str(tmp_path / "t"), "--deadline", "570"])
+    names = [c[0] for c in calls]
+    assert names == ["suite", "allocations", "ab", "report", "gemm"]
+    ab_cmd = calls[2][1]
+    assert ab_cmd[1] == "bench/gpu_ab.py" and "--variant" in ab_cmd and "attn=MINITF_FUSED_ATTN=1" in ab_cmd
+    assert calls[2][2] < 570 - 150 - gpu_tune.GEMM_LEAST_S + 1   # the A/B leaves the report and the products time
+    assert s["choice"]["chosen"] == "attn" and calls[3][3] == {"MINITF_FUSED_ATTN": "1"} == calls[4][3]
+    report = calls[3][1]
+    budget = float(report[report.index("--budget") + 1])
+    assert report[1] == "bench/gpu_report.py" and "--fp16" in report and 500 < budget < 570 - gpu_tune.GEMM_LEAST_S
+    md = (tmp_path / "t" / "summary.md").read_text()
+    assert "Chosen: attn (MINITF_FUSED_ATTN=1)" in md and "- relusums: not chosen: base float32: x0.900" in md
+    assert "| base fp16 | attn | 76.92 | 256,880 | 1.300 | 1.0e-03 |" in md
+    assert json.loads((tmp_path / "t" / "choice.json").read_text())["chosen"] == "attn"
+
+    calls.clear()   # a deadline too short for the report and the products: the A/B takes it all, the rest left out
+    s = gpu_tune.main(["--out", str(tmp_path / "u"), "--deadline", "40", "--skip", "suite"])
+    assert [c[0] for c in calls] == ["allocations", "ab"] and s["choice"]["chosen"] == "lnwarp"
+    assert 35 < calls[1][2] <= 40
+    md = (tmp_path / "u" / "summary.md").read_text()
+    assert "- suite: left out (--skip)" in md and "- report: left out (" in md and "- gemm: left out (" in md
+    assert "the GPU tests did not run" in md
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--skip", "sute"], "--skip: unknown stage 'sute'"),
+    (["--modes", "fp61"], "--modes: unknown mode 'fp61'"),
+    (["--deadline", "0"], "--deadline must be above 0"),
+    (["--steps-per-round", "0"], "--steps-per-round must be at least 1"),
+    (["--before-kernels", "no/such.py"], "--before-kernels: no such file: no/such.py"),
+])
+def test_bad_flags_are_one_line_before_anything_runs(tmp_path, flags, said):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_tune.py"), "--out", str(tmp_path / "t"),
+                        *flags], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and said in r.stderr and not (tmp_path / "t").exists(), r.stderr
+
+
+def test_the_whole_command_on_the_standin(tmp_path):
+    """Every stage but the GPU tests and the report (each tested on its own) for real, at tiny sizes, --fp16 only:
+    the A/B of every variant, the choice and the products' timing under it."""
+    from cuda_emulator import compiler
+    if compiler() is None:
+        pytest.skip("needs g++ >= 12 to emulate the CUDA kernels on the CPU")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),
+               MINITF_CUPY_MODULE="strict_cupy", MINITF_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    old = tmp_path / "old_kernels.py"
+    old.write_text(open(os.path.join(ROOT, "minitf", "kernels.py")).read())
+    r = subprocess.run([sys.executable, "bench/gpu_tune.py", "--smoke", "--skip", "suite,report", "--modes", "fp16",
+                        "--before-kernels", str(old), "--out", str(tmp_path / "t")], capture_output=True, text=True,
+                       cwd=ROOT, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads((tmp_path / "t" / "summary.json").read_text())
+    assert [summary["stages"][s].get("rc") for s in ("allocations", "ab", "gemm")] == [0, 0, 0], summary["stages"]
+    rows = {row[1]: row for row in summary["ab"]}
+    assert set(rows) == {"now", "attn", "lnwarp", "relusums", "all", "before"}
+    assert rows["before"][5] == 0.0   # the same CUDA: the same gradients to the bit
+    assert all(row[5] < gpu_tune.GRAD_TOL for row in rows.values())
+    why = summary["choice"]["why"]
+    assert "the GPU tests did not run" in why["attn"] and why["before"].startswith("another copy")
+    chosen = summary["choice"]["chosen"]
+    assert summary["stages"]["gemm"]["switches"] == (gpu_tune.variants()[chosen] if chosen else {})
+    assert (tmp_path / "t" / "gemm_shapes.txt").read_text().strip()
