@@ -70,6 +70,22 @@ def test_too_large_vocab_falls_back_with_warning(tmp_path):
     assert tok.decode(tok.encode(["the big dog"])) == ["the big dog"]
 
 
+def test_files_named_as_str_in_a_list_are_refused_not_trained_on_as_text(tmp_path):
+    import gzip
+    from pathlib import Path
+    names = []
+    for lang, words in (("en", _EN), ("de", _DE)):
+        name = str(tmp_path / f"train.{lang}.gz")
+        with gzip.open(name, "wt") as f:
+            f.write("\n".join(_corpus(words)) + "\n")
+        names.append(name)
+    with pytest.raises(DataError, match="given as str, which is read as lines of text; pass them as pathlib.Path"):
+        Tokenizer.train(names, tmp_path / "t.model", vocab_size=60)
+    assert not (tmp_path / "t.model").exists()
+    tok = Tokenizer.train([Path(n) for n in names], tmp_path / "t.model", vocab_size=60)   # as Path: the files' text
+    assert tok.vocab_size == 60
+
+
 def test_a_unigram_model_is_trained_when_asked_and_says_so(trained, tmp_path):
     bpe, _ = trained
     uni = Tokenizer.train(_corpus(_EN) + _corpus(_DE, seed=1), tmp_path / "uni.model", vocab_size=50, model_type="unigram")

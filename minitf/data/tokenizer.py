@@ -75,6 +75,11 @@ def _iter_lines(inputs):
           and all(isinstance(x, os.PathLike) for x in inputs)):
         files = inputs
     else:
+        if (isinstance(inputs, (list, tuple)) and 0 < len(inputs) <= 64
+                and all(isinstance(x, str) and os.path.isfile(x) for x in inputs)):
+            # ['train.en.gz', 'train.de.gz'] would train on those names as text: a tokenizer of a few dozen pieces
+            raise DataError(f"{', '.join(inputs)}: these are files, given as str, which is read as lines of text; "
+                            f"pass them as pathlib.Path objects to read the files")
         yield from inputs
         return
     for path in files:
@@ -202,7 +207,8 @@ class Tokenizer:
 
         `input_files_or_lines`: a path (str or PathLike), a list of `pathlib.Path`
         files, or an iterable of text lines (pass source and target text together
-        for a joint vocabulary). At most `sample_size` sentences, drawn at random
+        for a joint vocabulary; a short list of str that all name existing files is a
+        DataError: taken as lines, it would train on the names). At most `sample_size` sentences, drawn at random
         with `seed`, are used. If the corpus is too small for `vocab_size`, the
         model is retrained with a soft limit (a smaller vocabulary) and a warning
         says so. `model_type`: "bpe" (byte-pair encoding, the paper's for en-de) or "unigram"
