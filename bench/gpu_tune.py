@@ -14,19 +14,24 @@ stage as a process of its own with what is left of --deadline, every stage's out
   suite        `pytest tests/test_gpu.py tests/test_nvrtc.py` (suite.txt): a variant with MINITF_FUSED_ATTN=1 is
                chosen only where every test passed (they hold the attention kernels to NumPy on this GPU)
   allocations  bench/allocations.py (allocations.txt): what an array from CuPy's pool costs the host here
-  ab           bench/gpu_ab.py (ab/ab.json, ab.txt): `base` in --modes (float32 (TF32), --fp16 and --bf16), every
-               variant against `now` (the defaults) on the same weights and batch, in rounds of --steps-per-round steps
+  ab           bench/gpu_ab.py (ab/ab.json, ab.txt): `base` in --modes (float32 (TF32), --fp16 and --bf16), each
+               variant against `now` (the defaults) on the same weights and batch, in rounds of --steps-per-round
+               steps: each switch alone, `rest` (all but attention) and `before` (--before-kernels) in one process,
+               then, where the GPU tests all passed, `attn` and `all` (every switch) with `now` again in another
+               (ab_attn/ab.json, ab_attn.txt), so that a first run of the new attention kernels that stops the CUDA
+               context costs only its own process
   choose       the rule below (choice.json): the variant whose switches the report then runs under
   report       bench/gpu_report.py --skip suite --fp16 under the chosen switches, with what is left of the
                deadline as its --budget (report/report.md, report.json: written after each of its sections)
   gemm         bench/gemm_shapes.py --modes float32 (gemm_shapes.txt), where at least GEMM_LEAST_S seconds are left
 
-summary.md and summary.json say what each stage did (its command, seconds, exit status, or why it was left out) and
-why each variant was or was not chosen. A variant is chosen only if, in every preset and mode asked for:
+summary.md and summary.json (written again after every stage) say what each stage did (its command, seconds, exit
+status, or why it was left out) and why each variant was or was not chosen. A variant is chosen only if, in every preset and mode asked for:
 both it and `now` ran and gave finite gradients and losses; its loss is within LOSS_TOL (relative) of now's and its
 gradients within GRAD_TOL (||g - g_now|| / ||g_now||; NaN counts as disagreeing); and its speed against now's is at
 least MODE_LEAST in every mode and at least SPEED_LEAST as a geometric mean over the modes. Of those, the fastest
-(geometric mean) is chosen. A KERNELS=FILE variant (--before-kernels) is timed, never chosen.
+(geometric mean) is chosen, each against the `now` of its own process. A KERNELS=FILE variant (--before-kernels) is
+timed, never chosen; a file whose kernels take other arguments than minitf's launchers pass is refused up front.
 """
 import argparse
 import json
@@ -45,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.flags import known_modes  # noqa: E402
 from bench.launches import MODES  # noqa: E402
+from minitf.fileio import atomic_write_bytes  # noqa: E402
 
 LOSS_TOL, GRAD_TOL = 1e-2, 5e-2     # a variant's loss and gradients against now's (relative)
 SPEED_LEAST, MODE_LEAST = 1.01, 0.98   # its geometric-mean speed against now's, and its speed in each mode
@@ -55,12 +61,41 @@ STAGES = ("suite", "allocations", "ab", "report", "gemm")
 
 
 def variants(before_kernels=None):
-    """gpu_ab's --variant values: now (the defaults), each switch alone, all of them, and `before` (another copy of
-    the CUDA, with the defaults) where given."""
-    out = {"now": {}, **SWITCHES, "all": {k: v for env in SWITCHES.values() for k, v in env.items()}}
+    """gpu_ab's --variant values: now (the defaults), each switch alone, all of them, those but attention together
+    (`rest`), and `before` (another copy of the CUDA, with the defaults) where given."""
+    out = {"now": {}, **SWITCHES, "all": {k: v for env in SWITCHES.values() for k, v in env.items()},
+           "rest": {k: v for name, env in SWITCHES.items() if name != "attn" for k, v in env.items()}}
     if before_kernels:
         out["before"] = {"KERNELS": before_kernels}
     return out
+
+
+def ab_groups(before_kernels=None):
+    """The A/B's processes: {output folder: variants}. Attention on packed rows runs in a process of its own (a
+    first run of new kernels that stops the CUDA context, with an illegal address say, fails every later call of
+    the process), each process with `now` to compare against."""
+    vs = variants(before_kernels)
+    attention = {n for n, env in vs.items() if env.get("MINITF_FUSED_ATTN") == "1"}
+    return {"ab": {n: env for n, env in vs.items() if n not in attention},
+            "ab_attn": {"now": {}, **{n: vs[n] for n in vs if n in attention}}}
+
+
+def check_before(path):
+    """Why `path` (another minitf/kernels.py) cannot be timed under minitf's launchers, or None: gpu_ab refuses such a
+    file before it runs anything, which would lose every variant of its process."""
+    if "," in path or "=" in path:
+        return f"{path}: a path with ',' or '=' cannot be given in gpu_ab's --variant"
+    try:
+        from bench.column_sums import other_kernels
+        from minitf import kernels
+        other = other_kernels(path)
+    except Exception as e:
+        return f"{path}: not read as a copy of minitf/kernels.py ({type(e).__name__}: {e})"
+    differ = [name for name, sig in kernels.SIGNATURES.items() if getattr(other, "SIGNATURES", {}).get(name) != sig]
+    if differ:
+        return (f"{path}: its kernels take other arguments than minitf's launchers pass, or are missing "
+                f"({', '.join(differ[:8])}{', ...' if len(differ) > 8 else ''}): a copy from before these kernels")
+    return None
 
 
 def variant_flag(name, env):
@@ -71,9 +106,9 @@ def _finite(x):
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def choose(ab, suite_passed):
-    """(the chosen variant's name or None, {variant: why it was or was not chosen}) from gpu_ab's ab.json (`ab`) and
-    whether the GPU tests all passed (None: they did not run)."""
+def judge(ab, suite_passed):
+    """({variant: why it is or is not eligible}, {eligible variant: its geometric-mean speed against the first}) from
+    gpu_ab's ab.json (`ab`) and whether the GPU tests all passed (None: they did not run)."""
     names = list(ab["variants"])
     base = names[0]
     wanted = [f"{p} {m}" for p in ab["presets"] for m in ab["modes"]]
@@ -96,6 +131,9 @@ def choose(ab, suite_passed):
         for key in wanted:
             same, times = results[key].get("same", {}), results[key].get("time", {})
             s0, s = same.get(base, {}), same.get(name, {})
+            if not s0 or not s:
+                bad.append(f"{key}: no comparison of its loss and gradients")
+                continue
             if not (s0.get("finite") and s.get("finite") and _finite(s0.get("loss")) and _finite(s.get("loss"))):
                 bad.append(f"{key}: not finite")
                 continue
@@ -115,50 +153,96 @@ def choose(ab, suite_passed):
             continue
         geo = math.exp(sum(map(math.log, mode_speeds)) / len(mode_speeds))
         if geo < SPEED_LEAST:
-            why[name] = f"not chosen: x{geo:.3f} against {base} over the modes (< {SPEED_LEAST})"
+            why[name] = f"not chosen: x{geo:.4f} against {base} over the modes (< {SPEED_LEAST})"
             continue
         speeds[name] = geo
         why[name] = f"eligible: x{geo:.3f} against {base} over the modes"
+    return why, speeds
+
+
+def choose(ab, suite_passed):
+    """(the chosen variant's name or None, {variant: why it was or was not chosen}) from gpu_ab's ab.json (`ab`) and
+    whether the GPU tests all passed (None: they did not run)."""
+    return pick(*judge(ab, suite_passed))
+
+
+def pick(why, speeds):
+    """(the fastest of `speeds` {variant: geometric-mean speed}, or None; `why` with it marked as chosen)."""
     winner = max(speeds, key=speeds.get) if speeds else None
     if winner:
         why[winner] = "chosen: " + why[winner].split(": ", 1)[1]
     return winner, why
 
 
-class Stages:
-    """Runs each stage's command as a process of its own within the deadline, and keeps the record of each."""
+def choose_among(abs_, suite_passed):
+    """choose() over several A/B processes' ab.json (each variant against its own process's first): the fastest
+    eligible variant of them all, and why each was or was not chosen."""
+    why, speeds = {}, {}
+    for ab in abs_:
+        w, sp = judge(ab, suite_passed)
+        why.update(w)
+        speeds.update(sp)
+    return pick(why, speeds)
 
-    def __init__(self, out, deadline):
-        self.out, self.t0, self.deadline, self.record = Path(out), time.time(), deadline, {}
+
+class Stages:
+    """Runs each stage's command as a process of its own within the deadline, keeps the record of each, and writes
+    summary.json again after every stage (a command stopped part-way keeps what it did)."""
+
+    def __init__(self, out, deadline, summary=None):
+        self.out, self.t0, self.deadline, self.record = Path(out), time.monotonic(), deadline, {}
+        self.summary = summary if summary is not None else {}
+        self.summary["stages"] = self.record
 
     def left(self):
-        return self.deadline - (time.time() - self.t0)
+        return self.deadline - (time.monotonic() - self.t0)
 
     def skip(self, name, why):
         self.record[name] = {"skipped": why}
         log(f"{name}: skipped ({why})")
+        self.save()
+
+    def save(self):
+        self.summary["seconds"] = round(time.monotonic() - self.t0, 1)
+        try:
+            atomic_write_bytes(self.out / "summary.json", json.dumps(self.summary, indent=1, default=str).encode())
+        except OSError as e:
+            log(f"summary.json not written: {e}")
 
     def run(self, name, cmd, log_name, timeout, env=None):
         """`cmd` (a list; run from the project's root) with its output in out/log_name, stopped (with its children)
-        after `timeout` seconds; returns the record and the output."""
+        after `timeout` seconds; returns the record and the output ('' where it could not start)."""
         timeout = max(1.0, min(timeout, self.left() - 2))
         log(f"{name}: {shlex.join(cmd)} (at most {timeout:.0f} s)")
-        t = time.time()
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=os.environ | (env or {}), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        t = time.monotonic()
+        rec = {"command": shlex.join(["python", *cmd[1:]]), "switches": env or {}, "output": log_name}
+        text = ""
         try:
-            text, _ = proc.communicate(timeout=timeout)
-            rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            text, _ = proc.communicate()
-            rc = "timed out"
-        (self.out / log_name).write_text(text)
-        rec = {"command": shlex.join(["python", *cmd[1:]]), "switches": env or {}, "rc": rc,
-               "seconds": round(time.time() - t, 1), "output": log_name}
+            # unbuffered: what a stopped process printed is kept; errors="replace": any byte is read
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=os.environ | {"PYTHONUNBUFFERED": "1"} | (env or {}),
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, encoding="utf-8",
+                                    errors="replace", start_new_session=True)
+            try:
+                text, _ = proc.communicate(timeout=timeout)
+                rec["rc"] = proc.returncode
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                try:
+                    text, _ = proc.communicate(timeout=10)
+                except subprocess.TimeoutExpired:   # a grandchild of another session holds the pipe open
+                    proc.kill()
+                rec["rc"] = "timed out"
+        except OSError as e:
+            rec["rc"] = f"did not start: {e}"
+        try:
+            (self.out / log_name).write_text(text or "")
+        except OSError as e:
+            rec["output"] = f"not written: {e}"
+        rec["seconds"] = round(time.monotonic() - t, 1)
         self.record[name] = rec
-        log(f"{name}: exit {rc} in {rec['seconds']} s")
-        return rec, text
+        log(f"{name}: exit {rec['rc']} in {rec['seconds']} s")
+        self.save()
+        return rec, text or ""
 
 
 def suite_passed(text):
@@ -166,6 +250,15 @@ def suite_passed(text):
     lines = text.strip().splitlines()
     last = lines[-1] if lines else ""
     return bool(re.search(r"\d+ passed", last)) and not re.search(r"\d+ (failed|errors?)\b", last)
+
+
+def read_ab(path):
+    """gpu_ab's ab.json at `path`, or None (absent, or cut short by a stopped process)."""
+    try:
+        ab = json.loads(Path(path).read_text())
+        return ab if isinstance(ab, dict) and "variants" in ab else None
+    except (OSError, ValueError):
+        return None
 
 
 def log(msg):
@@ -177,8 +270,9 @@ def main(argv=None):
     p.add_argument("--out", required=True, help="folder for every stage's output and summary.md")
     p.add_argument("--deadline", type=float, default=570.0, help="seconds for the whole command (default 570)")
     p.add_argument("--before-kernels", metavar="FILE",
-                   help="also time FILE, another copy of minitf/kernels.py (`git show REV:minitf/kernels.py > FILE`), "
-                        "with the defaults: what the CUDA changed since then bought")
+                   help="also time FILE, another copy of minitf/kernels.py (`git show REV:minitf/kernels.py > FILE`; "
+                        "its kernels must take the arguments these launchers pass), with the defaults: what the CUDA "
+                        "changed since then bought")
     p.add_argument("--steps-per-round", type=int, default=3, metavar="STEPS",
                    help="the A/B's and the report's rounds: STEPS consecutive steps (default 3: as training runs them)")
     p.add_argument("--modes", default="float32,fp16,bf16", help="the A/B's modes (default float32,fp16,bf16)")
@@ -194,18 +288,36 @@ def main(argv=None):
         p.error(f"--steps-per-round must be at least 1, got {args.steps_per_round}")
     if not args.deadline > 0:
         p.error(f"--deadline must be above 0, got {args.deadline}")
-    if args.before_kernels and not os.path.isfile(args.before_kernels):
-        p.error(f"--before-kernels: no such file: {args.before_kernels}")
-    out = Path(args.out)
+    before = None
+    if args.before_kernels:
+        if not os.path.isfile(args.before_kernels):
+            p.error(f"--before-kernels: no such file: {args.before_kernels}")
+        before = str(Path(args.before_kernels).resolve())   # the stages run from the project's root
+        why = check_before(before)
+        if why:
+            p.error(f"--before-kernels: {why}")
+    out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    st = Stages(out, args.deadline)
+    summary = {"command": shlex.join(["python", "bench/gpu_tune.py", *(sys.argv[1:] if argv is None else argv)])}
+    st = Stages(out, args.deadline, summary)
+    try:
+        run_stages(args, st, skip, before)
+    except Exception as e:   # record it: the summary keeps what ran before
+        summary["error"] = f"{type(e).__name__}: {e}"
+        log(f"stopped: {summary['error']}")
+    st.save()
+    text = markdown(summary)
+    atomic_write_bytes(out / "summary.md", text.encode())
+    print(text)
+    return summary
+
+
+def run_stages(args, st, skip, before):
+    out, summary = st.out, st.summary
     smoke = ["--smoke"] if args.smoke else []
     py = sys.executable
-    summary = {"command": shlex.join(["python", "bench/gpu_tune.py", *(sys.argv[1:] if argv is None else argv)]),
-               "stages": st.record}
-
     # the sizes of each stage: an H100's, or the stand-in's under --smoke
-    suite_s, alloc_s, ab_least, report_least = (120, 60, 20, 60) if args.smoke else (110, 40, 90, 150)
+    suite_s, alloc_s, ab_least, report_least = (120, 60, 20, 60) if args.smoke else (180, 40, 90, 150)
     passed = None
     if "suite" in skip:
         st.skip("suite", "--skip")
@@ -219,30 +331,43 @@ def main(argv=None):
     else:
         st.run("allocations", [py, "bench/allocations.py", *smoke], "allocations.txt", alloc_s)
 
-    chosen, why = None, {}
+    why, abs_ = {}, []
+    groups = ab_groups(before)
     if "ab" in skip:
-        st.skip("ab", "--skip")
+        for group in groups:
+            st.skip(group, "--skip")
     else:
-        vs = variants(args.before_kernels)
-        cmd = [py, "bench/gpu_ab.py", "--presets", "base", "--modes", args.modes, "--rounds", "7",
-               "--steps-per-round", str(args.steps_per_round), "--kernel-steps", "0", "--no-torch-runs",
-               "--out", str(out / "ab"), *smoke]
-        for name, env in vs.items():
-            cmd += ["--variant", variant_flag(name, env)]
-        after = report_least + (0 if "gemm" in skip else GEMM_LEAST_S)   # what the stages after it need
-        st.run("ab", cmd, "ab.txt", st.left() - after if st.left() - after >= ab_least else st.left())
-        path = out / "ab" / "ab.json"
-        if path.exists():
-            ab = json.loads(path.read_text())
-            chosen, why = choose(ab, passed)
-            summary["ab"] = ab_table(ab)
-        else:
-            why = {name: "not chosen: the A/B wrote no ab.json" for name in list(vs)[1:]}
-    switches = variants().get(chosen, {}) if chosen else {}
+        after = report_least + (0 if "gemm" in skip else GEMM_LEAST_S)   # what the stages after the A/B need
+        running = [g for g in groups if g != "ab_attn" or passed]
+        for group, vs in groups.items():
+            names = [n for n in vs if n != "now"]
+            if group not in running:
+                st.skip(group, "the GPU tests " + ("did not run" if passed is None else "did not all pass"))
+                why.update({n: f"not chosen: the GPU tests {'did not run' if passed is None else 'did not all pass'} "
+                               f"(they hold the attention kernels to NumPy on this GPU)" for n in names})
+                continue
+            cmd = [py, "bench/gpu_ab.py", "--presets", "base", "--modes", args.modes, "--rounds", "7",
+                   "--steps-per-round", str(args.steps_per_round), "--no-torch", "--out", str(out / group), *smoke]
+            for name, env in vs.items():
+                cmd += ["--variant", variant_flag(name, env)]
+            ahead = len(running) - running.index(group)   # this A/B and those after it
+            share = (st.left() - after) / ahead           # the first A/B leaves the second its share
+            # where the report and the products no longer fit after the A/Bs, the A/Bs take what is left
+            st.run(group, cmd, f"{group}.txt", share if share >= ab_least else st.left() / ahead)
+            ab = read_ab(out / group / "ab.json")
+            if ab is None:
+                why.update({n: f"not chosen: the A/B wrote no complete {group}/ab.json" for n in names})
+            else:
+                abs_.append(ab)
+                summary.setdefault("ab", []).extend(ab_table(ab, group))
+    chosen, w = choose_among(abs_, passed)
+    why = {**why, **w}
+    switches = variants(before).get(chosen, {}) if chosen else {}
     summary["choice"] = {"chosen": chosen, "switches": switches, "why": why}
-    (out / "choice.json").write_text(json.dumps(summary["choice"], indent=1))
+    atomic_write_bytes(out / "choice.json", json.dumps(summary["choice"], indent=1).encode())
     for name, reason in why.items():
         log(f"{name}: {reason}")
+    st.save()
 
     if "report" in skip:
         st.skip("report", "--skip")
@@ -261,31 +386,30 @@ def main(argv=None):
     else:
         st.run("gemm", [py, "bench/gemm_shapes.py", "--modes", "float32", "--top", "12", *smoke], "gemm_shapes.txt",
                st.left() - 2, env=switches)
-    summary["seconds"] = round(time.time() - st.t0, 1)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    text = markdown(summary)
-    (out / "summary.md").write_text(text)
-    print(text)
-    return summary
 
 
-def ab_table(ab):
-    """The A/B's rows: [preset and mode, variant, step ms, target tokens/s, speed against the first variant, gradients'
-    difference from its], or [preset and mode, the error]."""
+def ab_table(ab, group="ab"):
+    """The A/B's rows: [its process (`group`), preset and mode, variant, step ms, target tokens/s, speed against the
+    process's first variant, gradients' difference from its], or [group, preset and mode, the error]."""
     base, rows = list(ab["variants"])[0], []
     for key, entry in ab.get("results", {}).items():
         if "error" in entry:
-            rows.append([key, entry["error"][:200]])
+            rows.append([group, key, str(entry["error"])[:200]])
             continue
         for name, t in entry.get("time", {}).items():
             s = entry.get("same", {}).get(name, {})
-            rows.append([key, name, t["step_ms"], t["tgt_tokens_per_s"], t.get("speed_vs_" + base),
+            rows.append([group, key, name, t.get("step_ms"), t.get("tgt_tokens_per_s"), t.get("speed_vs_" + base),
                          s.get("grad_rel_diff")])
     return rows
 
 
+def _num(x, fmt):
+    return format(x, fmt) if isinstance(x, (int, float)) else ""
+
+
 def markdown(summary):
-    lines = [f"`{summary['command']}`: {summary['seconds']} s", ""]
+    lines = [f"`{summary['command']}`: {summary['seconds']} s"
+             + (f", stopped by {summary['error']}" if summary.get("error") else ""), ""]
     for name, rec in summary["stages"].items():
         if "skipped" in rec:
             lines.append(f"- {name}: left out ({rec['skipped']})")
@@ -295,14 +419,15 @@ def markdown(summary):
             lines.append(f"- {name}: `{(env + ' ') if env else ''}{rec['command']}`: exit {rec['rc']}, "
                          f"{rec['seconds']} s{extra} ({rec['output']})")
     if summary.get("ab"):
-        lines += ["", "| preset and mode | variant | step ms | target tok/s | x now | gradients vs now |", "|---|---|---|---|---|---|"]
+        lines += ["", "| A/B | preset and mode | variant | step ms | target tok/s | x now | gradients vs now |",
+                  "|---|---|---|---|---|---|---|"]
         for row in summary["ab"]:
-            if len(row) == 2:
-                lines.append(f"| {row[0]} | FAILED: {row[1]} | | | | |")
+            if len(row) == 3:
+                lines.append(f"| {row[0]} | {row[1]} | FAILED: {row[2]} | | | | |")
             else:
-                key, name, ms, tok, x, g = row
-                lines.append(f"| {key} | {name} | {ms:.2f} | {tok:,} | {'' if x is None else f'{x:.3f}'} | "
-                             f"{'' if g is None else f'{g:.1e}'} |")
+                group, key, name, ms, tok, x, g = row
+                lines.append(f"| {group} | {key} | {name} | {_num(ms, '.2f')} | {_num(tok, ',')} | {_num(x, '.3f')} | "
+                             f"{_num(g, '.1e')} |")
     choice = summary.get("choice", {})
     lines += ["", f"Chosen: {choice.get('chosen') or 'none (the defaults stay)'}"
               + (f" ({' '.join(f'{k}={v}' for k, v in choice['switches'].items())})" if choice.get("switches") else "")]

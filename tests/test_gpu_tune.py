@@ -50,7 +50,7 @@ def test_the_fastest_variant_that_agrees_everywhere_is_chosen():
 
 
 @pytest.mark.parametrize("case, reason", [
-    (dict(speeds={"lnwarp": 1.005}), "x1.005 against now over the modes (< 1.01)"),
+    (dict(speeds={"lnwarp": 1.0099}), "x1.0099 against now over the modes (< 1.01)"),
     (dict(speeds={"lnwarp": (1.10, 1.10, 0.97)}), "base bf16: x0.970 against now (< 0.98)"),
     (dict(speeds={"lnwarp": 1.2}, grads={"lnwarp": 0.06}), "gradients differ by 0.06 (> 0.05)"),
     (dict(speeds={"lnwarp": 1.2}, grads={"lnwarp": math.nan}), "gradients differ by nan"),
@@ -85,48 +85,66 @@ def test_the_gpu_tests_count_as_passed_only_on_a_summary_of_passes():
         assert not suite_passed(text), text
 
 
-def test_a_stage_past_its_time_is_stopped_with_its_children(tmp_path):
+def test_a_stage_past_its_time_is_stopped_with_its_children_and_what_it_printed_is_kept(tmp_path, monkeypatch):
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)   # a child's print() then goes to a buffer unless told
     st = gpu_tune.Stages(tmp_path, deadline=60)
     child = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
-            "print('started', flush=True); time.sleep(60)"
-    t = time.time()
+            "print('measured 1'); sys.stdout.buffer.write(b'\\xff\\n'); time.sleep(60)"
+    t = time.monotonic()
     rec, text = st.run("slow", [sys.executable, "-c", child], "slow.txt", timeout=3)
-    assert rec["rc"] == "timed out" and time.time() - t < 20 and "started" in (tmp_path / "slow.txt").read_text()
+    assert rec["rc"] == "timed out" and time.monotonic() - t < 20
+    assert (tmp_path / "slow.txt").read_text() == "measured 1\n\ufffd\n" == text   # any byte read
     rec, _ = st.run("quick", [sys.executable, "-c", "print('ok')"], "quick.txt", timeout=10)
     assert rec["rc"] == 0 and (tmp_path / "quick.txt").read_text() == "ok\n"
+    assert json.loads((tmp_path / "summary.json").read_text())["stages"]["quick"]["rc"] == 0   # kept stage by stage
 
 
-def test_the_report_runs_under_the_chosen_switches_within_the_deadline(tmp_path, monkeypatch):
-    """Each stage's command as main() makes it (the processes faked): the A/B's ab.json decides the switches the
-    report and the products' timing run under, the report's --budget is what the deadline leaves, and the stages
-    that no longer fit are left out, said so."""
-    calls = []
+SPEEDS = {"attn": 1.3, "lnwarp": 1.02, "relusums": 0.9, "rest": 1.015, "all": 1.1}
 
+
+def fake_stages(monkeypatch, calls, speeds=SPEEDS):
+    """Stages.run faked: records (name, command, timeout, switches) and writes what the stage would (a passing
+    suite; each A/B's ab.json for the variants of its command, at `speeds`)."""
     def fake_run(self, name, cmd, log_name, timeout, env=None):
         calls.append((name, cmd, timeout, env))
         (self.out / log_name).write_text("28 passed in 50s\n" if name == "suite" else "")
-        if name == "ab":
-            os.makedirs(self.out / "ab", exist_ok=True)
-            (self.out / "ab" / "ab.json").write_text(json.dumps(ab({"attn": 1.3, "lnwarp": 1.02, "relusums": 0.9,
-                                                                    "all": 1.1})))
+        if name.startswith("ab"):
+            names = [cmd[i + 1].split("=")[0] for i, c in enumerate(cmd) if c == "--variant"]
+            assert names[0] == "now"
+            data = ab({n: speeds[n] for n in names[1:]})
+            os.makedirs(self.out / name, exist_ok=True)
+            (self.out / name / "ab.json").write_text(json.dumps(data))
+        if name == "report":   # the choice is on disk before the report starts
+            assert "chosen" in json.loads((self.out / "summary.json").read_text())["choice"]
         self.record[name] = {"command": " ".join(cmd), "switches": env or {}, "rc": 0, "seconds": 1.0,
                              "output": log_name}
         return self.record[name], (self.out / log_name).read_text()
-
     monkeypatch.setattr(gpu_tune.Stages, "run", fake_run)
+
+
+def test_the_report_runs_under_the_chosen_switches_within_the_deadline(tmp_path, monkeypatch):
+    """Each stage's command as main() makes it (the processes faked): the A/Bs' ab.json decide the switches the
+    report and the products' timing run under, attention is timed in a process of its own, the report's --budget is
+    what the deadline leaves, and the stages that no longer fit are left out, said so."""
+    calls = []
+    fake_stages(monkeypatch, calls)
     s = gpu_tune.main(["--out", str(tmp_path / "t"), "--deadline", "570"])
-    names = [c[0] for c in calls]
-    assert names == ["suite", "allocations", "ab", "report", "gemm"]
-    ab_cmd = calls[2][1]
-    assert ab_cmd[1] == "bench/gpu_ab.py" and "--variant" in ab_cmd and "attn=MINITF_FUSED_ATTN=1" in ab_cmd
-    assert calls[2][2] < 570 - 150 - gpu_tune.GEMM_LEAST_S + 1   # the A/B leaves the report and the products time
-    assert s["choice"]["chosen"] == "attn" and calls[3][3] == {"MINITF_FUSED_ATTN": "1"} == calls[4][3]
-    report = calls[3][1]
+    assert [c[0] for c in calls] == ["suite", "allocations", "ab", "ab_attn", "report", "gemm"]
+    first, second = calls[2][1], calls[3][1]
+    assert first[1] == "bench/gpu_ab.py" and "--no-torch" in first and "attn=MINITF_FUSED_ATTN=1" not in first
+    assert "rest=MINITF_FUSED_LNWARP=1,MINITF_FUSED_RELUSUMS=1" in first
+    assert second[second.index("--variant") + 1] == "now=" and "attn=MINITF_FUSED_ATTN=1" in second
+    assert "all=MINITF_FUSED_ATTN=1,MINITF_FUSED_LNWARP=1,MINITF_FUSED_RELUSUMS=1" in second
+    # the A/Bs leave the report and the products their time, the first leaving the second half of its room
+    assert calls[2][2] < (570 - 150 - gpu_tune.GEMM_LEAST_S) / 2 + 1 and calls[3][2] <= 570 - 150 - gpu_tune.GEMM_LEAST_S
+    assert s["choice"]["chosen"] == "attn" and calls[4][3] == {"MINITF_FUSED_ATTN": "1"} == calls[5][3]
+    report = calls[4][1]
     budget = float(report[report.index("--budget") + 1])
     assert report[1] == "bench/gpu_report.py" and "--fp16" in report and 500 < budget < 570 - gpu_tune.GEMM_LEAST_S
     md = (tmp_path / "t" / "summary.md").read_text()
     assert "Chosen: attn (MINITF_FUSED_ATTN=1)" in md and "- relusums: not chosen: base float32: x0.900" in md
-    assert "| base fp16 | attn | 76.92 | 256,880 | 1.300 | 1.0e-03 |" in md
+    assert "| ab_attn | base fp16 | attn | 76.92 | 256,880 | 1.300 | 1.0e-03 |" in md
+    assert "| ab | base fp16 | now | 100.00 | 197,600 | 1.000 | 0.0e+00 |" in md
     assert json.loads((tmp_path / "t" / "choice.json").read_text())["chosen"] == "attn"
 
     calls.clear()   # a deadline too short for the report and the products: the A/B takes it all, the rest left out
@@ -135,7 +153,47 @@ def test_the_report_runs_under_the_chosen_switches_within_the_deadline(tmp_path,
     assert 35 < calls[1][2] <= 40
     md = (tmp_path / "u" / "summary.md").read_text()
     assert "- suite: left out (--skip)" in md and "- report: left out (" in md and "- gemm: left out (" in md
-    assert "the GPU tests did not run" in md
+    assert "- ab_attn: left out (the GPU tests did not run)" in md and "- attn: not chosen: the GPU tests did not run" in md
+
+
+def test_an_a_b_that_wrote_no_complete_results_chooses_nothing_and_the_summary_is_still_written(tmp_path, monkeypatch):
+    calls = []
+    fake_stages(monkeypatch, calls)
+    real = gpu_tune.Stages.run
+
+    def cut_short(self, name, cmd, log_name, timeout, env=None):
+        rec = real(self, name, cmd, log_name, timeout, env)
+        if name.startswith("ab"):
+            path = self.out / name / "ab.json"
+            path.write_text(path.read_text()[:100])   # a process stopped while writing it
+        return rec
+    monkeypatch.setattr(gpu_tune.Stages, "run", cut_short)
+    s = gpu_tune.main(["--out", str(tmp_path / "t"), "--skip", "suite,allocations"])
+    assert s["choice"]["chosen"] is None and calls[-2][3] == {}   # the report under the defaults
+    assert s["choice"]["why"]["lnwarp"] == "not chosen: the A/B wrote no complete ab/ab.json"
+    assert "Chosen: none (the defaults stay)" in (tmp_path / "t" / "summary.md").read_text()
+
+    monkeypatch.setattr(gpu_tune, "choose_among", lambda *a: 1 / 0)   # anything unforeseen: recorded, summary kept
+    s = gpu_tune.main(["--out", str(tmp_path / "u"), "--skip", "suite,allocations"])
+    assert s["error"].startswith("ZeroDivisionError")
+    assert "stopped by ZeroDivisionError" in (tmp_path / "u" / "summary.md").read_text()
+
+
+def test_another_copy_of_the_kernels_is_checked_before_anything_runs(tmp_path):
+    src = open(os.path.join(ROOT, "minitf", "kernels.py")).read()
+    same, other = tmp_path / "same.py", tmp_path / "other.py"
+    same.write_text(src)
+    marker = 'extern "C" __global__ void bias_relu(T* x,'
+    assert src.count(marker) == 1
+    other.write_text(src.replace(marker, marker.replace("T* x", "A* x")))
+    assert gpu_tune.check_before(str(same)) is None
+    assert "take other arguments than minitf's launchers pass, or are missing (bias_relu)" in \
+        gpu_tune.check_before(str(other))
+    assert "cannot be given in gpu_ab's --variant" in gpu_tune.check_before(str(tmp_path / "a,b.py"))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_tune.py"), "--out", str(tmp_path / "t"),
+                        "--before-kernels", str(other)], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "--before-kernels: " in r.stderr and "(bias_relu)" in r.stderr, r.stderr
+    assert not (tmp_path / "t").exists()
 
 
 @pytest.mark.parametrize("flags, said", [
@@ -153,7 +211,8 @@ def test_bad_flags_are_one_line_before_anything_runs(tmp_path, flags, said):
 
 def test_the_whole_command_on_the_standin(tmp_path):
     """Every stage but the GPU tests and the report (each tested on its own) for real, at tiny sizes, --fp16 only:
-    the A/B of every variant, the choice and the products' timing under it."""
+    the A/B of every variant but attention's (which waits for the GPU tests), the choice and the products' timing
+    under it."""
     from cuda_emulator import compiler
     if compiler() is None:
         pytest.skip("needs g++ >= 12 to emulate the CUDA kernels on the CPU")
@@ -167,10 +226,10 @@ def test_the_whole_command_on_the_standin(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads((tmp_path / "t" / "summary.json").read_text())
     assert [summary["stages"][s].get("rc") for s in ("allocations", "ab", "gemm")] == [0, 0, 0], summary["stages"]
-    rows = {row[1]: row for row in summary["ab"]}
-    assert set(rows) == {"now", "attn", "lnwarp", "relusums", "all", "before"}
-    assert rows["before"][5] == 0.0   # the same CUDA: the same gradients to the bit
-    assert all(row[5] < gpu_tune.GRAD_TOL for row in rows.values())
+    rows = {row[2]: row for row in summary["ab"]}
+    assert set(rows) == {"now", "lnwarp", "relusums", "rest", "before"} and summary["stages"]["ab_attn"]["skipped"]
+    assert rows["before"][6] == 0.0   # the same CUDA: the same gradients to the bit
+    assert all(row[6] < gpu_tune.GRAD_TOL for row in rows.values())
     why = summary["choice"]["why"]
     assert "the GPU tests did not run" in why["attn"] and why["before"].startswith("another copy")
     chosen = summary["choice"]["chosen"]
