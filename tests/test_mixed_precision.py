@@ -122,8 +122,10 @@ def test_bfloat16_without_loss_scaling_trains_like_float32(standin):
     _, l32, _ = train("float32", steps=90)
     model, lb, skipped = train("bfloat16", steps=90, device="gpu")
     assert skipped == 0
-    assert np.mean(lb[-10:]) < 0.5 * np.mean(lb[:10])
-    assert abs(np.mean(lb[-10:]) - np.mean(l32[-10:])) < 0.15 * np.mean(l32[-10:])
+    # float32 itself ends at about half its first loss here (0.495 on one machine): the products' rounding in NumPy's
+    # BLAS differs from CPU to CPU, so learning is asked as 0.6 and likeness to float32's loss at the end as 5%
+    assert np.mean(lb[-10:]) < 0.6 * np.mean(lb[:10])
+    assert abs(np.mean(lb[-10:]) - np.mean(l32[-10:])) < 0.05 * np.mean(l32[-10:])
     assert model.flat_params.dtype == BF16
     np.testing.assert_array_equal(to_numpy(model.flat_params).view(np.uint16),
                                   to_numpy(model.master_params).astype(BF16).view(np.uint16))
