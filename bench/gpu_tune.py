@@ -2,7 +2,7 @@
 """Which of minitf's opt-in GPU switches pay on this GPU, and the GPU report run under those that do: one command
 that keeps to a deadline.
 
-    python bench/gpu_tune.py --out runs/tune                    # one H100/H200: done within --deadline (570 s)
+    python bench/gpu_tune.py --out runs/tune                    # one H100/H200: done within --deadline (420 s)
     python bench/gpu_tune.py --out runs/tune --before-kernels old_kernels.py   # also time another copy of the CUDA
     python bench/gpu_tune.py --smoke --skip suite --out DIR      # tiny sizes (checks this script on the CuPy stand-in)
 
@@ -21,8 +21,9 @@ stage as a process of its own with what is left of --deadline, every stage's out
                (ab_attn/ab.json, ab_attn.txt), so that a first run of the new attention kernels that stops the CUDA
                context costs only its own process
   choose       the rule below (choice.json): the variant whose switches the report then runs under
-  report       bench/gpu_report.py --skip suite --fp16 under the chosen switches, with what is left of the
-               deadline as its --budget (report/report.md, report.json: written after each of its sections)
+  report       bench/gpu_report.py --skip suite,beam --fp16 under the chosen switches (the training step of `base`
+               and `big` against PyTorch, the kernel tables, and the WMT14-shaped run where its --budget, what is
+               left of the deadline, leaves it time; report/report.md, report.json: written after each section)
   gemm         bench/gemm_shapes.py --modes float32 (gemm_shapes.txt), where at least GEMM_LEAST_S seconds are left
 
 summary.md and summary.json (written again after every stage) say what each stage did (its command, seconds, exit
@@ -268,7 +269,9 @@ def log(msg):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="folder for every stage's output and summary.md")
-    p.add_argument("--deadline", type=float, default=570.0, help="seconds for the whole command (default 570)")
+    p.add_argument("--deadline", type=float, default=420.0,
+                   help="seconds for the whole command (default 420: of 15 minutes on a machine, room to start it and "
+                        "to run a shorter command again)")
     p.add_argument("--before-kernels", metavar="FILE",
                    help="also time FILE, another copy of minitf/kernels.py (`git show REV:minitf/kernels.py > FILE`; "
                         "its kernels must take the arguments these launchers pass), with the defaults: what the CUDA "
@@ -317,7 +320,7 @@ def run_stages(args, st, skip, before):
     smoke = ["--smoke"] if args.smoke else []
     py = sys.executable
     # the sizes of each stage: an H100's, or the stand-in's under --smoke
-    suite_s, alloc_s, ab_least, report_least = (120, 60, 20, 60) if args.smoke else (180, 40, 90, 150)
+    suite_s, alloc_s, ab_least, report_least = (120, 60, 20, 60) if args.smoke else (150, 30, 60, 120)
     passed = None
     if "suite" in skip:
         st.skip("suite", "--skip")
@@ -337,7 +340,7 @@ def run_stages(args, st, skip, before):
         for group in groups:
             st.skip(group, "--skip")
     else:
-        after = report_least + (0 if "gemm" in skip else GEMM_LEAST_S)   # what the stages after the A/B need
+        after = 0 if "report" in skip else report_least   # what the report needs after the A/Bs
         running = [g for g in groups if g != "ab_attn" or passed]
         for group, vs in groups.items():
             names = [n for n in vs if n != "now"]
@@ -374,9 +377,8 @@ def run_stages(args, st, skip, before):
     elif st.left() < (5 if args.smoke else report_least):
         st.skip("report", f"{st.left():.0f} s left of --deadline {args.deadline:.0f}")
     else:
-        gemm_after = "gemm" not in skip and not args.smoke
-        budget = st.left() - 10 - (GEMM_LEAST_S if gemm_after else 0)
-        st.run("report", [py, "bench/gpu_report.py", "--skip", "suite", "--fp16", "--steps-per-round",
+        budget = st.left() - 10   # the products' timing takes what the report leaves
+        st.run("report", [py, "bench/gpu_report.py", "--skip", "suite,beam", "--fp16", "--steps-per-round",
                           str(args.steps_per_round), "--budget", f"{max(budget, 1):.0f}", "--out", str(out / "report"),
                           *smoke], "report.log", budget + 5, env=switches)
     if "gemm" in skip:
