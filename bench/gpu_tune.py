@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""Which of minitf's opt-in GPU switches pay on this GPU, and the GPU report run under those that do: one command
-that keeps to a deadline.
+"""Which of minitf's opt-in GPU switches pay on this GPU, and the GPU report run under the combination that does: one
+command that keeps to a deadline. Needs a CUDA GPU (or the CuPy stand-in, with --smoke).
 
-    python bench/gpu_tune.py --out runs/tune                    # one H100/H200: done within --deadline (420 s)
+    python bench/gpu_tune.py --out runs/tune                    # one H100/H200: about --deadline (420 s) at most
     python bench/gpu_tune.py --out runs/tune --before-kernels old_kernels.py   # also time another copy of the CUDA
     python bench/gpu_tune.py --smoke --skip suite --out DIR      # tiny sizes (checks this script on the CuPy stand-in)
 
@@ -12,27 +12,31 @@ the feed-forward's bias sums (MINITF_FUSED_RELUSUMS=1); docs/performance.md says
 stage as a process of its own with what is left of --deadline, every stage's output kept in --out:
 
   suite        `pytest tests/test_gpu.py tests/test_nvrtc.py` (suite.txt): a variant with MINITF_FUSED_ATTN=1 is
-               chosen only where every test passed (they hold the attention kernels to NumPy on this GPU)
+               timed and chosen only where every test passed (they hold the attention kernels to NumPy on this GPU)
   allocations  bench/allocations.py (allocations.txt): what an array from CuPy's pool costs the host here
-  ab           bench/gpu_ab.py (ab/ab.json, ab.txt): `base` in --modes (float32 (TF32), --fp16 and --bf16), each
-               variant against `now` (the defaults) on the same weights and batch, in rounds of --steps-per-round
-               steps: each switch alone, `rest` (all but attention) and `before` (--before-kernels) in one process,
-               then, where the GPU tests all passed, `attn` and `all` (every switch) with `now` again in another
-               (ab_attn/ab.json, ab_attn.txt), so that a first run of the new attention kernels that stops the CUDA
-               context costs only its own process
-  choose       the rule below (choice.json): the variant whose switches the report then runs under
-  report       bench/gpu_report.py --skip suite,beam --fp16 under the chosen switches (the training step of `base`
-               and `big` against PyTorch, the kernel tables, and the WMT14-shaped run where its --budget, what is
-               left of the deadline, leaves it time; report/report.md, report.json: written after each section)
-  gemm         bench/gemm_shapes.py --modes float32 (gemm_shapes.txt), where at least GEMM_LEAST_S seconds are left
+  ab           bench/gpu_ab.py (ab/ab.json, ab.txt): the training step of `base` in --modes (float32 (TF32), --fp16
+               and --bf16), each variant against `now` (the defaults) on the same weights and batch, in rounds of
+               --steps-per-round steps: `lnwarp` and `relusums` (each switch alone), `rest` (both) and `before`
+               (--before-kernels) in one process, then, where the GPU tests all passed, `attn` (attention alone) and
+               `all` (every switch) with `now` again in another (ab_attn/ab.json, ab_attn.txt), so that a first run of
+               the new attention kernels that stops the CUDA context costs only its own process
+  report       where at least 120 s are left: bench/gpu_report.py --skip suite,beam --fp16 under the chosen switches
+               (the training step of `base` and `big` against PyTorch, the kernel tables, and the WMT14-shaped run,
+               in float16, where its --budget, what is left of the deadline, leaves it time; report/report.md and
+               report.json, written after each of its sections)
+  gemm         bench/gemm_shapes.py --modes float32 (gemm_shapes.txt), where at least 45 s are left
 
-summary.md and summary.json (written again after every stage) say what each stage did (its command, seconds, exit
-status, or why it was left out) and why each variant was or was not chosen. A variant is chosen only if, in every preset and mode asked for:
-both it and `now` ran and gave finite gradients and losses; its loss is within LOSS_TOL (relative) of now's and its
-gradients within GRAD_TOL (||g - g_now|| / ||g_now||; NaN counts as disagreeing); and its speed against now's is at
-least MODE_LEAST in every mode and at least SPEED_LEAST as a geometric mean over the modes. Of those, the fastest
-(geometric mean) is chosen, each against the `now` of its own process. A KERNELS=FILE variant (--before-kernels) is
-timed, never chosen; a file whose kernels take other arguments than minitf's launchers pass is refused up front.
+Between the A/B and the report the rule below chooses the switches the report runs under (choice.json; none: the
+defaults). summary.json (written again after every stage) and, at the end, summary.md say what each stage did (its
+command, seconds, exit status, or why it was left out) and why each variant was or was not chosen; set the chosen
+variables in the environment to train with them.
+
+A variant is chosen only if, in every preset and mode asked for: both it and `now` ran and gave finite gradients and
+losses; its loss is within 1% of now's (LOSS_TOL, relative) and its gradients within 5% (GRAD_TOL, ||g - g_now|| /
+||g_now||; NaN counts as disagreeing); and its speed against now's is at least 0.98x in every mode (MODE_LEAST) and
+at least 1.01x as a geometric mean over the modes (SPEED_LEAST). Of those, the fastest (geometric mean) is chosen,
+each against the `now` of its own process. A KERNELS=FILE variant (--before-kernels) is timed, never chosen; a file
+whose kernels take other arguments than minitf's launchers pass is refused up front.
 """
 import argparse
 import json
@@ -55,7 +59,7 @@ from minitf.fileio import atomic_write_bytes  # noqa: E402
 
 LOSS_TOL, GRAD_TOL = 1e-2, 5e-2     # a variant's loss and gradients against now's (relative)
 SPEED_LEAST, MODE_LEAST = 1.01, 0.98   # its geometric-mean speed against now's, and its speed in each mode
-GEMM_LEAST_S = 45                    # gemm_shapes.py --modes float32 needs about this long on an H100
+GEMM_LEAST_S = 45                    # an estimate of what gemm_shapes.py --modes float32 needs (not yet timed on a GPU)
 SWITCHES = {"attn": {"MINITF_FUSED_ATTN": "1"}, "lnwarp": {"MINITF_FUSED_LNWARP": "1"},
             "relusums": {"MINITF_FUSED_RELUSUMS": "1"}}
 STAGES = ("suite", "allocations", "ab", "report", "gemm")
@@ -230,7 +234,7 @@ class Stages:
                 os.killpg(proc.pid, signal.SIGKILL)
                 try:
                     text, _ = proc.communicate(timeout=10)
-                except subprocess.TimeoutExpired:   # a grandchild of another session holds the pipe open
+                except subprocess.TimeoutExpired:   # a grandchild that left the process group holds the pipe open
                     proc.kill()
                 rec["rc"] = "timed out"
         except OSError as e:
@@ -270,8 +274,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="folder for every stage's output and summary.md")
     p.add_argument("--deadline", type=float, default=420.0,
-                   help="seconds for the whole command (default 420: of 15 minutes on a machine, room to start it and "
-                        "to run a shorter command again)")
+                   help="seconds for the whole command (default 420); each stage gets what is left of it")
     p.add_argument("--before-kernels", metavar="FILE",
                    help="also time FILE, another copy of minitf/kernels.py (`git show REV:minitf/kernels.py > FILE`; "
                         "its kernels must take the arguments these launchers pass), with the defaults: what the CUDA "
@@ -416,7 +419,8 @@ def markdown(summary):
         if "skipped" in rec:
             lines.append(f"- {name}: left out ({rec['skipped']})")
         else:
-            extra = "" if "passed" not in rec else (", every test passed" if rec["passed"] else ", NOT every test passed")
+            extra = ("" if "passed" not in rec else
+                     ", every test passed" if rec["passed"] else ", NOT every test passed")
             env = " ".join(f"{k}={v}" for k, v in rec["switches"].items() if k != "COLUMNS")
             lines.append(f"- {name}: `{(env + ' ') if env else ''}{rec['command']}`: exit {rec['rc']}, "
                          f"{rec['seconds']} s{extra} ({rec['output']})")

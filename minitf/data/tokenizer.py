@@ -66,8 +66,9 @@ def _iter_lines(inputs):
     """Lines from a path, a list of `os.PathLike` paths, or an iterable of strings.
 
     A plain `str` is a file path; a list/tuple whose items are all `pathlib.Path`
-    (or other PathLike) objects is a list of files (plain, .gz or .sgm); anything
-    else is taken as an iterable of text lines.
+    (or other PathLike) objects is a list of files (plain, .gz or .sgm); a list/tuple
+    of at most 64 str that all name existing files is a DataError (they would be read
+    as lines); anything else is taken as an iterable of text lines.
     """
     if isinstance(inputs, (str, os.PathLike)):
         files = [inputs]
@@ -207,8 +208,8 @@ class Tokenizer:
 
         `input_files_or_lines`: a path (str or PathLike), a list of `pathlib.Path`
         files, or an iterable of text lines (pass source and target text together
-        for a joint vocabulary; a short list of str that all name existing files is a
-        DataError: taken as lines, it would train on the names). At most `sample_size` sentences, drawn at random
+        for a joint vocabulary; a list of at most 64 str that all name existing files is
+        a DataError: taken as lines, it would train on the names). At most `sample_size` sentences, drawn at random
         with `seed`, are used. If the corpus is too small for `vocab_size`, the
         model is retrained with a soft limit (a smaller vocabulary) and a warning
         says so. `model_type`: "bpe" (byte-pair encoding, the paper's for en-de) or "unigram"
