@@ -62,7 +62,7 @@ def linear_backward(dy, x, w, dw, db, dx_into=None):
     if gemm.fits(dx_into, dy2, w):
         gemm.matmul(dy2, w, dx_into.reshape(-1, w.shape[0]), trans_b=True, beta=1.0)
     else:
-        dx_into += (dy2 @ w.T).reshape(x.shape)
+        dx_into += gemm.host_matmul(dy2, w.T).reshape(x.shape)
     return dx_into
 
 
@@ -370,7 +370,7 @@ def batched_matmul(a, b):
     products are made in float32 and rounded back to bfloat16, as CuPy itself makes float16's."""
     if a.ndim > 2 and a.dtype == b.dtype and kernels.dtype_name(a.dtype) == "bfloat16" and is_gpu(xp_of(a)):
         return (a.astype(np.float32) @ b.astype(np.float32)).astype(a.dtype)
-    return a @ b
+    return gemm.host_matmul(a, b)
 
 
 def split_heads(x, n_heads):

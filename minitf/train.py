@@ -288,7 +288,8 @@ def _prepare_device(args, world):
     if args.device == "gpu" and compute_dtype(args) == "float32":
         _choose_tf32(args, world)
     if world.rank == 0 and getattr(args, "fp16", False) and args.device == "cpu":
-        log("warning: --fp16 on the CPU is very slow (NumPy has no float16 BLAS); it is meant for GPUs")
+        log("warning: --fp16 on the CPU is slower than float32 (NumPy has no float16 arithmetic of its own: every "
+            "product and sum converts to float32 and back); it is meant for GPUs")
 
 
 def _choose_tf32(args, world):
