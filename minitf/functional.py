@@ -16,7 +16,7 @@ import numpy as np
 
 from . import gemm, kernels
 from .kernels import keep_threshold  # the dropout masks: kept where u >= this
-from .backend import half_dtype, is_gpu, xp_of
+from .backend import half_dtype, xp_of
 
 
 def as_float32_if_half(x):
@@ -365,11 +365,8 @@ def scaled(x, s):
 
 
 def batched_matmul(a, b):
-    """a @ b over the leading axes. CuPy 14's matmul of arrays of more than two axes has no bfloat16 path (it
-    raises TypeError: cupy/_core/_routines_linalg.pyx takes bfloat16 for an integer type); on a GPU those
-    products are made in float32 and rounded back to bfloat16, as CuPy itself makes float16's."""
-    if a.ndim > 2 and a.dtype == b.dtype and kernels.dtype_name(a.dtype) == "bfloat16" and is_gpu(xp_of(a)):
-        return (a.astype(np.float32) @ b.astype(np.float32)).astype(a.dtype)
+    """a @ b over the leading axes (gemm.host_matmul: in float32 where the array module has no product of the dtype's
+    own, NumPy's float16 and CuPy's bfloat16)."""
     return gemm.host_matmul(a, b)
 
 

@@ -162,12 +162,18 @@ def matmul(a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, batch=1):
 
 
 def host_matmul(a, b):
-    """a @ b by the array module, where `matmul` does not take them: NumPy's float16 operands are multiplied by float32
-    BLAS and the result rounded once to float16. NumPy's own float16 product also adds in float32 (the same values, up
-    to the order of the sums) but in a loop of its own, without BLAS: a `--fp16` step of a small model took 40 s on the
-    CPU that way against 0.17 s in float32. The GPU's tensor cores likewise add float16 products in float32."""
-    if a.dtype == np.float16 and b.dtype == np.float16 and type(a) is np.ndarray and type(b) is np.ndarray:
-        return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(np.float16)
+    """a @ b by the array module, where `matmul` does not take them. Where the module has no product of the dtype's own,
+    float32 copies are multiplied and the result rounded once to the dtype:
+    - NumPy's float16: NumPy's own float16 product also adds in float32 (the same values, up to the order of the sums)
+      but in a loop of its own, without BLAS: a `--fp16` step of a small model took 40 s on the CPU that way against
+      0.17 s in float32 (the GPU's tensor cores likewise add float16 products in float32);
+    - CuPy's bfloat16 over more than two axes: CuPy 14's matmul has no bfloat16 path there (it raises TypeError:
+      cupy/_core/_routines_linalg.pyx takes bfloat16 for an integer type), as CuPy itself makes float16's."""
+    if a.dtype == b.dtype and (a.dtype == np.float16 and type(a) is np.ndarray and type(b) is np.ndarray
+                               or a.ndim > 2 and kernels.dtype_name(a.dtype) == "bfloat16"
+                               and backend.is_gpu(backend.xp_of(a))):
+        xp = backend.xp_of(a)
+        return xp.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
     return a @ b
 
 
