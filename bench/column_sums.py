@@ -78,6 +78,13 @@ def other_kernels(path):
     return module
 
 
+def differing_kernels(other):
+    """The kernels of minitf that `other` (other_kernels' module) lacks or declares with other arguments than minitf's
+    launchers pass: only a copy where this is empty runs under them."""
+    theirs = getattr(other, "SIGNATURES", {})
+    return [name for name, sig in kernels.SIGNATURES.items() if theirs.get(name) != sig]
+
+
 def same_geometry(module, rows):
     """Why `module` (another kernels.py) would not launch its sums as this one does, or None."""
     for name in ("COLUMN_BLOCK", "COLUMN_BLOCKS", "COLUMN_MIN_ROWS"):

@@ -53,7 +53,7 @@ import numpy as np  # noqa: E402
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
 from minitf import kernels as minitf_kernels  # noqa: E402
-from bench.column_sums import launcher, other_kernels  # noqa: E402
+from bench.column_sums import differing_kernels, launcher, other_kernels  # noqa: E402
 from bench.data import wmt_batch  # noqa: E402
 from bench.env import Env  # noqa: E402
 from bench.flags import known_modes  # noqa: E402
@@ -95,7 +95,7 @@ def kernels_from(path):
         if not os.path.isfile(path):
             raise SystemExit(f"gpu_ab: {KERNELS}={path}: no such file")
         other = other_kernels(path)
-        differ = [name for name, sig in minitf_kernels.SIGNATURES.items() if other.SIGNATURES.get(name) != sig]
+        differ = differing_kernels(other)
         if differ:
             raise SystemExit(f"gpu_ab: {KERNELS}={path}: kernels there take other arguments than minitf's launchers "
                              f"pass, or are missing ({', '.join(differ)}); only a change of the CUDA alone is timed so")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Everything measured on a GPU in one command, printed as a Markdown section for docs/benchmarks.md.
 
-    python bench/gpu_report.py                 # one H100/H200: its last section shortened to end within --budget (330 s)
+    python bench/gpu_report.py                 # one H100/H200: the last section shortened to end within --budget
     python bench/gpu_report.py --out runs/gpu  # also writes report.md and report.json there
     python bench/gpu_report.py --smoke         # tiny sizes: checks the script itself (CI, strict CuPy stand-in)
 
@@ -60,6 +60,7 @@ import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
 from minitf.fileio import atomic_write_bytes  # noqa: E402
 from bench.data import make_synthetic, wmt_batch, wmt_lengths  # noqa: E402
+from bench import suite  # noqa: E402
 from bench.flags import at_least_one  # noqa: E402
 from bench.launches import MODES  # noqa: E402
 from bench.train_step import make_runners, step_flops, timed_round  # noqa: E402
@@ -98,17 +99,15 @@ def section_env():
 
 
 def section_suite(args):
-    files = [f for f in ("tests/test_gpu.py", "tests/test_nvrtc.py") if (ROOT / f).exists()]
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
+    cmd = suite.command()
     t0 = time.time()
-    # wide lines keep the failure summaries whole (tests/conftest.py drops this script's CUPY_TF32)
-    env = os.environ | {"COLUMNS": "250"}
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.suite_timeout)
-    tail = (r.stdout + r.stderr).strip().splitlines()
-    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", tail[-1] if tail else "")}
-    failures = [line for line in tail if line.startswith(("FAILED", "ERROR"))]
-    return {"command": " ".join(["python", *cmd[1:]]), "rc": r.returncode, "counts": counts, "failures": failures[:20],
-            "seconds": round(time.time() - t0, 1)}
+    # (tests/conftest.py drops this script's CUPY_TF32)
+    r = subprocess.run(cmd, cwd=ROOT, env=os.environ | suite.ENV, capture_output=True, text=True,
+                       timeout=args.suite_timeout)
+    text = r.stdout + r.stderr
+    failures = [line for line in text.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    return {"command": " ".join(["python", *cmd[1:]]), "rc": r.returncode, "counts": suite.counts(text),
+            "failures": failures[:20], "seconds": round(time.time() - t0, 1)}
 
 
 def profile_step(runner, torch):

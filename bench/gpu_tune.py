@@ -42,7 +42,6 @@ import argparse
 import json
 import math
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -53,6 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import suite  # noqa: E402
 from bench.flags import known_modes  # noqa: E402
 from bench.launches import MODES  # noqa: E402
 from minitf.fileio import atomic_write_bytes  # noqa: E402
@@ -90,13 +90,12 @@ def check_before(path):
     file before it runs anything, which would lose every variant of its process."""
     if "," in path or "=" in path:
         return f"{path}: a path with ',' or '=' cannot be given in gpu_ab's --variant"
+    from bench.column_sums import differing_kernels, other_kernels
     try:
-        from bench.column_sums import other_kernels
-        from minitf import kernels
         other = other_kernels(path)
     except Exception as e:
         return f"{path}: not read as a copy of minitf/kernels.py ({type(e).__name__}: {e})"
-    differ = [name for name, sig in kernels.SIGNATURES.items() if getattr(other, "SIGNATURES", {}).get(name) != sig]
+    differ = differing_kernels(other)
     if differ:
         return (f"{path}: its kernels take other arguments than minitf's launchers pass, or are missing "
                 f"({', '.join(differ[:8])}{', ...' if len(differ) > 8 else ''}): a copy from before these kernels")
@@ -250,13 +249,6 @@ class Stages:
         return rec, text or ""
 
 
-def suite_passed(text):
-    """True where pytest's last line counts passed tests and no failure or error; False otherwise."""
-    lines = text.strip().splitlines()
-    last = lines[-1] if lines else ""
-    return bool(re.search(r"\d+ passed", last)) and not re.search(r"\d+ (failed|errors?)\b", last)
-
-
 def read_ab(path):
     """gpu_ab's ab.json at `path`, or None (absent, or cut short by a stopped process)."""
     try:
@@ -328,9 +320,8 @@ def run_stages(args, st, skip, before):
     if "suite" in skip:
         st.skip("suite", "--skip")
     else:
-        rec, text = st.run("suite", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py",
-                                     "tests/test_nvrtc.py"], "suite.txt", suite_s, env={"COLUMNS": "250"})
-        passed = rec["rc"] == 0 and suite_passed(text)
+        rec, text = st.run("suite", suite.command(), "suite.txt", suite_s, env=suite.ENV)
+        passed = rec["rc"] == 0 and suite.all_passed(text)
         rec["passed"] = passed
     if "allocations" in skip:
         st.skip("allocations", "--skip")
@@ -421,7 +412,7 @@ def markdown(summary):
         else:
             extra = ("" if "passed" not in rec else
                      ", every test passed" if rec["passed"] else ", NOT every test passed")
-            env = " ".join(f"{k}={v}" for k, v in rec["switches"].items() if k != "COLUMNS")
+            env = " ".join(f"{k}={v}" for k, v in rec["switches"].items() if k not in suite.ENV)
             lines.append(f"- {name}: `{(env + ' ') if env else ''}{rec['command']}`: exit {rec['rc']}, "
                          f"{rec['seconds']} s{extra} ({rec['output']})")
     if summary.get("ab"):
