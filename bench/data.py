@@ -14,7 +14,8 @@ joined per line, the same pair on both sides: ~25 words a side, WMT14's volume p
             model + optimizer + activations + Python (the `[rows, V]` logits dominate, and vary
             with the batches drawn, so this difference is noisy)
   data RSS  the data path alone in a child process (open the cache, plan an epoch, collate 1000
-            batches) above the RSS after train.py's imports: steady and peak, anonymous and mapped
+            batches of --max-tokens) above the RSS after train.py's imports: steady and peak, anonymous and
+            mapped; and the median time to collate one batch
   planning  `token_batches` for one epoch on the lengths loaded from the cache (median of 3 epochs)
 With --synthetic n it also writes a cache of n random pairs straight through the cache writer
 (lengths drawn like the real corpus, no SentencePiece: 36M pairs would take ~30 minutes to encode on
@@ -139,9 +140,10 @@ def data_memory(cache_folder, max_tokens, batches=1000):
     """RSS of the training data path alone, in a child process: after the imports of train.py
     (and glibc's keep-freed-memory setting the CPU trainer makes), open the cache, plan an epoch
     (then trim the heap, as the trainer does: minitf/feed.py) and collate `batches` batches. Returns MiB above the post-import RSS: steady and peak, and
-    the steady part split into anonymous memory (the process's own) and mapped file pages."""
+    the steady part split into anonymous memory (the process's own) and mapped file pages; and the median time to
+    collate one of those batches (collate_ms: what the training loop's feed does once a batch)."""
     code = f"""
-import json, sys
+import json, statistics, sys, time
 sys.path.insert(0, {ROOT!r})
 import minitf.train
 from minitf.backend import keep_freed_memory, release_freed_memory
@@ -155,17 +157,21 @@ base = mem()
 c = open_cache({cache_folder!r}); p = c.pairs("en", "de")
 plan = token_batches(p.src_lens, p.tgt_lens, {max_tokens}, 1, 0)
 release_freed_memory()   # as the trainer does after planning an epoch (minitf/feed.py)
+times = []
 for idx in plan[:{batches}]:
+    t0 = time.perf_counter()
     training_batch(p, idx, c.tokenizer)
+    times.append(time.perf_counter() - t0)
 now = mem()
-print(json.dumps({{"imports_rss_mib": base["VmRSS"], "data_rss_mib": now["VmRSS"] - base["VmRSS"],
+print(json.dumps({{"collate_ms": 1e3 * statistics.median(times),
+                  "imports_rss_mib": base["VmRSS"], "data_rss_mib": now["VmRSS"] - base["VmRSS"],
                   "data_peak_mib": now["VmHWM"] - base["VmRSS"], "data_anon_mib": now["RssAnon"] - base["RssAnon"],
                   "data_file_mib": now["RssFile"] - base["RssFile"]}}))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if out.returncode:
         sys.exit(out.stderr[-3000:])
-    return {k: round(v) for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
+    return {k: round(v, 2 if k == "collate_ms" else None) for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
 
 
 def prepare(prefix, cache, extra=()):
@@ -238,8 +244,9 @@ def markdown(results):
     """The results as the table of docs/benchmarks.md."""
     rows = ["| pairs | text | kept pairs | cache | prepare (first run) | prepare peak RSS | launch -> first update "
             f"(median of {results.get('runs', 3)}) | --resume -> first update | data RSS: mapped + own (after 1,000 batches) | "
+            f"collating a batch of {results.get('max_tokens', 4096)} tokens (median of 1,000) | "
             "training process peak RSS (its 1,000-pair baseline) | planning one epoch, 4096 / 25000 tokens |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["corpora"]:
         synthetic = r.get("synthetic")
         plan = " / ".join(f"{r['planning_s'][k]:.2f} s" for k in sorted(r["planning_s"], key=int))
@@ -253,6 +260,7 @@ def markdown(results):
             f"{r['start_s_median']:.1f} s ({', '.join(f'{x:.1f}' for x in r['start_s'])})",
             f"{r['resume_s_median']:.1f} s",
             f"{r['data_rss_mib']} MiB: {r['data_file_mib']} + {r['data_anon_mib']} (peak {r['data_peak_mib']})",
+            f"{r['collate_ms']:.2f} ms" if "collate_ms" in r else "-",
             f"{r['train_rss_mib']:,} MiB ({r['baseline_rss_mib']:,})",
             plan]) + " |")
     return "\n".join(rows)

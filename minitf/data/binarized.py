@@ -119,10 +119,14 @@ class TokenPairs:
         fo, fo_base = self.files.open(offsets)
         ft, ft_base = self.files.open(tokens)
         item = tokens.dtype.itemsize
-        bounds = np.frombuffer(b"".join(os.pread(fo, 16, fo_base + 8 * int(i)) for i in idx),
+        # one pread a row, issued by map over Python ints (a generator over NumPy values cost more than the reads)
+        n = int(idx.size)
+        at = (fo_base + 8 * np.asarray(idx, dtype=np.int64)).tolist()
+        bounds = np.frombuffer(b"".join(map(os.pread, itertools.repeat(fo, n), itertools.repeat(16, n), at)),
                                dtype=offsets.dtype).reshape(-1, 2).astype(np.int64)
         _check_rows(offsets.filename, idx, bounds, lens, tokens.size)
-        data = b"".join(os.pread(ft, item * int(e - b), ft_base + item * int(b)) for b, e in bounds)
+        sizes, at = (item * (bounds[:, 1] - bounds[:, 0])).tolist(), (ft_base + item * bounds[:, 0]).tolist()
+        data = b"".join(map(os.pread, itertools.repeat(ft, n), sizes, at))
         local = np.zeros(idx.size + 1, dtype=np.int64)
         np.cumsum(bounds[:, 1] - bounds[:, 0], out=local[1:])
         if len(data) != item * local[-1]:
