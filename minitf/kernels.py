@@ -156,8 +156,8 @@ __device__ inline double a_max(double a, double b) { return a > b ? a : b; }
 // values l, l + 32, l + 64, ..., which at each of those steps read only values of the same lane (t + s, s a multiple
 // of 32), so no barrier is needed between them; its steps within a warp (s = 16 .. 1) are shuffles, where lane 0
 // combines what the tree's value 0 combines, in the same order: the tree's bits, with 3 block barriers where the
-// tree took one a step (10 for 256 threads). Every warp makes the shuffles (the CPU emulator's shuffle is a block
-// barrier); only warp 0's lane 0 keeps its result.
+// tree took one a step (10 for 256 threads). Every warp makes the shuffles, on its own values; only warp 0's lane 0
+// keeps its result.
 #define BLOCK_TREE(OP)                                                                      \
     unsigned t = threadIdx.x;                                                               \
     if (blockDim.x > 32) {                                                                  \
@@ -2142,8 +2142,7 @@ __device__ inline A mma_quad_max(A v) {          // the maximum over a row's 4 l
 // shuffles give every lane the same bits (the query blocks and the key blocks both compute it so: the same value).
 // MMA_DELTAS rows at a time, rows r0 .. r0 + MMA_DELTAS - 1 into d[]: those from r0 + m on (m the rows left, which may
 // be more than MMA_DELTAS or none) give 0. Every row's loads are made before the first row's shuffles, so the warp
-// waits on memory once for them all, not once a row. Every lane runs every shuffle (the emulator's shuffle is a
-// barrier).
+// waits on memory once for them all, not once a row. Every lane runs every shuffle (a shuffle of the whole warp).
 #define MMA_DELTAS 8
 __device__ inline void mma_deltas(A* d, const T* dout, const T* out, long long r0, int m, int hk, int h, int K) {
     int c = 2 * (threadIdx.x & 31);
@@ -2340,7 +2339,7 @@ __device__ inline void mma_zero(float (*acc)[4]) {
 // warp w the block's chunk w, from row `first`; the block stages each tile once for all its warps. `last` is the
 // first row of the block's last chunk (the keys a causal block sees: att_keys_seen), `past` whether the whole block
 // lies past the sentence's rows. A warp past them works on no rows (its products read and write nothing: rows < 0)
-// but makes every product and shuffle the others make (the CPU emulator's mma and shuffles are block barriers).
+// but runs the loop the others run, products and shuffles too, so that every warp reaches the block's barriers in it.
 struct MmaPlace { int b, h, first, last, past; };
 
 __device__ inline MmaPlace mma_place(int block, int chunks, int H, const int* len) {
@@ -2497,9 +2496,8 @@ __device__ void att_mma_backward_kv(int block, const T* q, const T* k, const T* 
     for (int i0 = causal ? block_first : 0; i0 < lq; i0 += ATT_TILE) {   // causal: no query before it sees its keys
         int n = lq - i0 < ATT_TILE ? lq - i0 : ATT_TILE;
         __syncthreads();
-        // each query's delta by a warp, as the query blocks do (its shuffles before the staging, so that the
-        // emulator, whose shuffles are barriers, sees a missing barrier after it): warp w takes the tile's rows
-        // MMA_DELTAS (w + u warps) on, every warp the same number of rounds u (rows at or past n, or past the tile: 0)
+        // each query's delta by a warp, as the query blocks do: warp w takes the tile's rows MMA_DELTAS (w + u warps)
+        // on, every warp the same number of rounds u (rows at or past n, or past the tile: 0)
         for (int i = warp * MMA_DELTAS; i < warp * MMA_DELTAS + ATT_TILE; i += warps * MMA_DELTAS) {
             A d[MMA_DELTAS];
             mma_deltas(d, dout, out, q0 + i0 + i, n - i, hk, h, K);   // rows at or past n (all of i >= ATT_TILE): 0

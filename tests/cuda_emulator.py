@@ -2,10 +2,12 @@
 
 The kernel source is compiled UNCHANGED by the C++ compiler ($CXX, default g++) under a small shim: `__global__`/`__device__`
 vanish, `__shared__` becomes `static` (one copy, shared by the block's threads, since blocks
-run one after another), and the CUDA threads of a block are coroutines that each run up to
-their next `__syncthreads()` in turn (in ascending order, or descending with `Emulator.reverse`),
-so the barrier holds exactly (and a missing one shows as a wrong result in one of the two
-orders, deterministically), float16 conversion uses the compiler's _Float16
+run one after another), and the CUDA threads of a block are coroutines: one warp at a time runs up to the
+next `__syncthreads()`, its lanes in turn up to each warp-collective instruction (a shuffle, `mma.sync`,
+`ldmatrix`: the warp's own barrier), the warps and lanes in ascending order, or descending with
+`Emulator.reverse`, so each barrier holds exactly, a warp runs ahead of the others as far as a GPU lets it,
+and a missing barrier (the block's between warps, or one a warp-collective instruction gives) shows as a wrong
+result in one of the two orders, deterministically; float16 conversion uses the compiler's _Float16
 instead of the PTX instruction, and bfloat16's narrowing rounds to nearest even in plain C++
 (tests/test_kernels.py holds it to ml_dtypes' rounding). What this cannot catch: warp-level timing, memory
 coalescing, and NVRTC-specific syntax (tests/test_nvrtc.py compiles the source with NVRTC as CuPy
@@ -42,9 +44,8 @@ using std::isfinite;   // CUDA's device isfinite is a global function
 struct emu_dim3 { unsigned x, y, z; };
 static emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 // The CUDA threads of a block are coroutines run by this one OS thread: each runs until its
-// next __syncthreads() (or its end), then the next one runs. When the last thread has reached
-// the barrier, the first resumes (thread 0, or the last thread under emu_set_reverse(1), below):
-// exactly the barrier's guarantee, deterministic.
+// next barrier (or its end), then the next one runs; emu_run (below) decides which, and when a
+// barrier is passed: exactly the barriers' guarantees, deterministic.
 static unsigned emu_cur;
 static std::function<void()> emu_body;
 static std::vector<char> emu_done;
@@ -59,7 +60,7 @@ asm(".text\n.globl emu_switch\n.hidden emu_switch\n.type emu_switch,@function\ne
     "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n  ret\n");
 static void* emu_main_sp;
 static std::vector<void*> emu_sp;
-static inline void __syncthreads() { emu_switch(&emu_sp[emu_cur], emu_main_sp); }
+static inline void emu_yield() { emu_switch(&emu_sp[emu_cur], emu_main_sp); }
 static void emu_entry() {
     emu_body();
     emu_done[emu_cur] = 1;
@@ -79,7 +80,7 @@ static void emu_prepare(unsigned block) { emu_sp.assign(block, nullptr); }
 #else
 static ucontext_t emu_main;
 static std::vector<ucontext_t> emu_ctx;
-static inline void __syncthreads() { swapcontext(&emu_ctx[emu_cur], &emu_main); }
+static inline void emu_yield() { swapcontext(&emu_ctx[emu_cur], &emu_main); }
 static void emu_entry() { emu_body(); emu_done[emu_cur] = 1; }
 static void emu_start(unsigned t, char* stack, size_t size) {
     getcontext(&emu_ctx[t]);
@@ -91,15 +92,24 @@ static void emu_start(unsigned t, char* stack, size_t size) {
 static inline void emu_resume(unsigned t) { swapcontext(&emu_main, &emu_ctx[t]); }
 static void emu_prepare(unsigned block) { emu_ctx.assign(block, ucontext_t()); }
 #endif
-// A warp shuffle: every thread puts its value in a slot, all wait, each reads its partner's, all
-// wait again. Emulated with the block barrier, so every thread of the block must make the same
-// shuffle calls (minitf's warp kernels do: warps past the last row shuffle too).
+// Two barriers. __syncthreads: the block's. emu_syncwarp: the warp's alone, which every warp-collective instruction
+// below waits at (a shuffle, mma.sync, ldmatrix): emu_run runs one warp at a time from one block barrier to the
+// next, its lanes in turn between its warp barriers, so a warp runs ahead of the others through its shuffles and
+// tensor-core products as it may on a GPU (a warp that reads shared memory another warp writes without a block
+// barrier between them reads it too early or too late in one of the two orders). A lane waiting at one barrier
+// while a lane of its warp waits at the other (a warp-collective instruction some lanes skip) stops the emulation.
+static std::vector<char> emu_at_warp;   // per thread: 1 waiting at its warp's barrier, 0 at the block's
+static inline void __syncthreads() { emu_at_warp[emu_cur] = 0; emu_yield(); }
+static inline void emu_syncwarp() { emu_at_warp[emu_cur] = 1; emu_yield(); }
+// A warp shuffle: every lane puts its value in a slot, the warp waits, each reads its partner's, the warp waits
+// again. Every lane of a warp must make the same shuffle calls (minitf's warp kernels do: warps past the last row
+// shuffle too).
 template <typename V> static inline V __shfl_xor_sync(unsigned, V v, int lane_mask) {
     static V slots[1024];
     slots[threadIdx.x] = v;
-    __syncthreads();
+    emu_syncwarp();
     V r = slots[(threadIdx.x & ~31u) | ((threadIdx.x & 31u) ^ (unsigned)lane_mask)];
-    __syncthreads();
+    emu_syncwarp();
     return r;
 }
 // mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32 (kernels.py's mma_16816): c (16 x 8, float) +=
@@ -107,16 +117,16 @@ template <typename V> static inline V __shfl_xor_sync(unsigned, V v, int lane_ma
 // row gid, columns 2 tig, 2 tig + 1, a[1] row gid + 8, a[2] and a[3] 8 columns on; b[0] rows 2 tig, 2 tig + 1 of column
 // gid, b[1] 8 rows on; c[0], c[1] row gid, columns 2 tig, 2 tig + 1, c[2], c[3] row gid + 8; the lower index in the low
 // 16 bits). Every lane puts its fragments in a slot (emu_mma_slots), all wait, each sums its four elements in float
-// (exact products, in k order), all wait again: the block barrier, as for the shuffle above (a block of one warp is the
-// warp). The PTX ISA leaves the order and rounding of the sums to the GPU, so a GPU's results agree with these to
+// (exact products, in k order), all wait again: the warp's barrier, as for the shuffle above. The PTX ISA leaves the order and rounding of the sums to the GPU, so a GPU's results agree with these to
 // rounding, not bits.
 template <int BF> static inline float emu_widen16(unsigned short h);
-// A lane's A and B fragment registers into the block's slots, then the barrier: each mma below then reads its warp's.
+// A lane's A and B fragment registers into the block's slots, then the warp's barrier: each mma below then reads its
+// warp's.
 static unsigned emu_sa[1024][4], emu_sb[1024][2];
 static inline void emu_mma_slots(const unsigned* a, const unsigned* b) {
     for (int i = 0; i < 4; ++i) emu_sa[threadIdx.x][i] = a[i];
     for (int i = 0; i < 2; ++i) emu_sb[threadIdx.x][i] = b[i];
-    __syncthreads();
+    emu_syncwarp();
 }
 template <int BF> static inline void emu_mma_16816(float* c, const unsigned* a, const unsigned* b) {
     emu_mma_slots(a, b);
@@ -133,7 +143,7 @@ template <int BF> static inline void emu_mma_16816(float* c, const unsigned* a, 
         }
         c[i] += sum;
     }
-    __syncthreads();
+    emu_syncwarp();
 }
 // ldmatrix.sync.aligned.m8n8.x4{.trans}.b16 (kernels.py's mma_ldsm_x4 and mma_ldsm_x4_trans): lanes 8 i .. 8 i + 7
 // give the addresses of matrix i's 8 rows of 8 16-bit values (each 16-byte aligned, or the emulation stops), and lane
@@ -145,7 +155,7 @@ template <int TRANS> static inline void emu_ldmatrix_x4(unsigned* d, const void*
     static unsigned short rows[1024][8];
     if ((uintptr_t)p % 16 != 0) __builtin_trap();
     std::memcpy(rows[threadIdx.x], p, 16);
-    __syncthreads();
+    emu_syncwarp();
     unsigned warp = threadIdx.x & ~31u, lane = threadIdx.x & 31u, gid = lane >> 2, tig = lane & 3u;
     for (unsigned i = 0; i < 4; ++i) {
         const unsigned short (*m)[8] = rows + warp + 8 * i;
@@ -153,7 +163,7 @@ template <int TRANS> static inline void emu_ldmatrix_x4(unsigned* d, const void*
         unsigned hi = TRANS ? m[2 * tig + 1][gid] : m[gid][2 * tig + 1];
         d[i] = lo | (hi << 16);
     }
-    __syncthreads();
+    emu_syncwarp();
 }
 // cvt.rna.tf32.f32 (kernels.py's mma_tf32 in float32): x rounded to TF32's 10 mantissa bits, to nearest, ties away
 // from zero (half a unit of the last kept bit added to the magnitude's bits, the 13 bits below it cleared); infinities
@@ -180,13 +190,30 @@ static inline void emu_mma_1688_tf32(float* c, const unsigned* a, const unsigned
                    * emu_tf32_value(emu_sb[warp + col * 4 + (k & 3)][k >> 2]);
         c[i] += sum;
     }
-    __syncthreads();
+    emu_syncwarp();
 }
-// Between two barriers the threads run one after another, in ascending order, or descending where
-// emu_set_reverse(1) says so: a kernel that reads what another thread writes without a barrier
-// between gives a wrong result in one of the two orders.
+// Between two block barriers the warps run one after another, each from the block barrier to the next, and between
+// two of a warp's barriers its lanes one after another: in ascending order, or descending where emu_set_reverse(1)
+// says so. A kernel that reads what another thread writes without a barrier between (the block's for threads of two
+// warps) gives a wrong result in one of the two orders.
 static unsigned emu_reverse = 0;
 extern "C" void emu_set_reverse(int r) { emu_reverse = r != 0; }
+// Runs the live lanes lo .. hi - 1 of one warp until each waits at the block barrier or has ended.
+static void emu_run_warp(unsigned lo, unsigned hi) {
+    for (;;) {
+        unsigned at_warp = 0, at_block = 0;
+        for (unsigned i = lo; i < hi; ++i) {
+            unsigned t = emu_reverse ? hi - 1 - (i - lo) : i;
+            if (emu_done[t]) continue;
+            emu_cur = t;
+            threadIdx = {t, 0, 0};
+            emu_resume(t);
+            if (!emu_done[t]) (emu_at_warp[t] ? at_warp : at_block) += 1;
+        }
+        if (at_warp == 0) return;
+        if (at_block) __builtin_trap();   // lanes of one warp at different barriers: a GPU would hang or worse
+    }
+}
 static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
     const size_t stack = 1 << 16;
     static std::vector<char> stacks;
@@ -195,20 +222,19 @@ static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
     emu_body = body;
     blockDim = {block, 1, 1};
     gridDim = {grid, 1, 1};
+    unsigned warps = (block + 31) / 32;
     for (unsigned b = 0; b < grid; ++b) {
         blockIdx = {b, 0, 0};
         emu_done.assign(block, 0);
+        emu_at_warp.assign(block, 0);
         for (unsigned t = 0; t < block; ++t) emu_start(t, &stacks[(size_t)t * stack], stack);
         for (unsigned left = block; left > 0;) {
-            left = 0;
-            for (unsigned i = 0; i < block; ++i) {
-                unsigned t = emu_reverse ? block - 1 - i : i;
-                if (emu_done[t]) continue;
-                emu_cur = t;
-                threadIdx = {t, 0, 0};
-                emu_resume(t);
-                left += !emu_done[t];
+            for (unsigned i = 0; i < warps; ++i) {
+                unsigned w = emu_reverse ? warps - 1 - i : i;
+                emu_run_warp(32 * w, 32 * w + 32 < block ? 32 * w + 32 : block);
             }
+            left = 0;
+            for (unsigned t = 0; t < block; ++t) left += !emu_done[t];
         }
     }
 }

@@ -781,6 +781,52 @@ def test_attention_on_packed_rows_forward_and_backward(dtype, cores, case, h, k,
     assert launched == ["attention_rows_forward" + mma, "attention_rows_backward" + mma]
 
 
+def _without_tile_barriers(code):
+    """The CUDA source `code` with the barrier at the top of each tile loop of the tensor-core attention taken out:
+    att_mma_forward's, and the backward's query blocks' and key blocks'."""
+    cuts = [("__device__ void att_mma_forward", "        __syncthreads();                        // the previous tile's "
+             "readers are done\n"),
+            ("mma_zero(acc);\n    int nk = att_keys_seen", "        __syncthreads();\n        mma_stage(k, bk,"),
+            ("int block_first = first - warp * ATT_ROWS;", "        __syncthreads();\n        // each query's delta")]
+    for after, barrier in cuts:
+        at = code.index(barrier, code.index(after))
+        code = code[:at] + barrier.replace("__syncthreads();", "", 1) + code[at + len(barrier):]
+    return code
+
+
+def test_the_emulator_shows_a_warp_staging_the_next_tile_before_another_has_read_this_one(monkeypatch, emulated):
+    """The tensor-core attention stages each tile of keys (the forward's and the backward's query blocks) or queries
+    (its key blocks) once for all the block's warps, and every warp reads all of it: the barrier at the top of the
+    tile loop keeps a warp from staging the next tile over rows another warp has yet to read. The emulator runs a
+    warp ahead of the others through its mma.sync, ldmatrix and shuffles (each the warp's own barrier), as a GPU may
+    run it, so without those barriers the output and each gradient are wrong in one of the two thread orders (and
+    with them right in both: test_attention_on_packed_rows_forward_and_backward)."""
+    dtype, h, k = np.float16, 2, 16
+    attention_cores(monkeypatch, dtype, "tensor")
+    lq = [70, 37]                                   # 5 and 3 chunks of 16 rows: blocks of several warps, 3 tiles
+    rng = np.random.default_rng(8)
+    q, kk, v, dout = (rng.normal(size=(sum(lq), h * k)).astype(dtype) for _ in range(4))
+    biases = tuple(np.zeros(h * k, dtype=dtype) for _ in range(3))
+    want_out, _, want = attention_reference(q, kk, v, biases, lq, lq, h, False, 0.25, dout)
+    out, lse = kernels.attention_rows(q, kk, v, biases, spans_of(lq), spans_of(lq), h, False, 0.25)
+    broken = _without_tile_barriers(kernels.source(dtype))
+    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, dt, grid, block, args: emulated.launch(
+        name, dt, grid, block, args, code=broken))
+    launched = record_launches(monkeypatch)
+    right = {}
+    for order in ("ascending", "descending"):
+        monkeypatch.setattr(emulated, "reverse", order == "descending")
+        got = [kernels.attention_rows(q, kk, v, biases, spans_of(lq), spans_of(lq), h, False, 0.25)[0]]
+        got += [np.full_like(x, np.nan) for x in (q, kk, v)]
+        kernels.attention_rows_backward(dout, out, lse, q, kk, v, biases, spans_of(lq), spans_of(lq), h, False, 0.25,
+                                        *got[1:])
+        right[order] = [bool(np.abs(g.astype(np.float64) - r).max() <= 8e-3 * np.abs(r).max())
+                        for g, r in zip(got, [want_out] + want)]
+    assert launched == ["attention_rows_forward_mma", "attention_rows_backward_mma"] * 2
+    for i, what in enumerate(("out", "dq", "dk", "dv")):
+        assert not (right["ascending"][i] and right["descending"][i]), (what, right)
+
+
 @pytest.mark.parametrize("dtype,cores", ATTENTION_CORES)
 def test_attention_on_packed_rows_keeps_a_sentences_infinities_in_it(dtype, cores, monkeypatch):
     """A sentence whose q, k, v and dout are infinite (its results NaN) comes first, with more rows than a tile:
