@@ -2088,10 +2088,8 @@ __device__ inline void mma_ldsm_x4_trans(mma_u32* d, const T* p) {
 // movement: cp.async"): `bytes` 16 copies them, 0 writes 16 zero bytes (src is not read); mma_copy_wait waits for
 // every copy this thread has made. Both addresses 16-byte aligned.
 #ifdef MINITF_EMULATE
-__device__ inline void mma_copy16(T* dst, const T* src, int bytes) {
-    if (bytes) std::memcpy(dst, src, 16); else std::memset(dst, 0, 16);
-}
-__device__ inline void mma_copy_wait() {}
+__device__ inline void mma_copy16(T* dst, const T* src, int bytes) { emu_cp_async16(dst, src, bytes); }
+__device__ inline void mma_copy_wait() { emu_cp_async_wait_all(); }
 #else
 __device__ inline void mma_copy16(T* dst, const T* src, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"

@@ -7,7 +7,8 @@ next `__syncthreads()`, its lanes in turn up to each warp-collective instruction
 `ldmatrix`: the warp's own barrier), the warps and lanes in ascending order, or descending with
 `Emulator.reverse`, so each barrier holds exactly, a warp runs ahead of the others as far as a GPU lets it,
 and a missing barrier (the block's between warps, or one a warp-collective instruction gives) shows as a wrong
-result in one of the two orders, deterministically; float16 conversion uses the compiler's _Float16
+result in one of the two orders, deterministically; a `cp.async` copy lands only when its thread waits for its
+copies (its bytes read as NaN until then); float16 conversion uses the compiler's _Float16
 instead of the PTX instruction, and bfloat16's narrowing rounds to nearest even in plain C++
 (tests/test_kernels.py holds it to ml_dtypes' rounding). What this cannot catch: warp-level timing, memory
 coalescing, and NVRTC-specific syntax (tests/test_nvrtc.py compiles the source with NVRTC as CuPy
@@ -99,6 +100,22 @@ static void emu_prepare(unsigned block) { emu_ctx.assign(block, ucontext_t()); }
 // barrier between them reads it too early or too late in one of the two orders). A lane waiting at one barrier
 // while a lane of its warp waits at the other (a warp-collective instruction some lanes skip) stops the emulation.
 static std::vector<char> emu_at_warp;   // per thread: 1 waiting at its warp's barrier, 0 at the block's
+// cp.async (kernels.py's mma_copy16 and mma_copy_wait): a copy lands when its thread waits for its copies, not
+// before; until then its 16 bytes of shared memory read as 0xff bytes (a NaN in every float type), so a read before
+// the wait (the thread's own, or another's without the wait before their barrier) sees what a GPU may show.
+struct emu_copy { void* dst; unsigned char data[16]; };
+static std::vector<std::vector<emu_copy>> emu_copies;   // per thread: its copies not yet waited for
+static inline void emu_cp_async16(void* dst, const void* src, int bytes) {
+    emu_copy c;
+    c.dst = dst;
+    if (bytes) std::memcpy(c.data, src, 16); else std::memset(c.data, 0, 16);
+    std::memset(dst, 0xff, 16);
+    emu_copies[threadIdx.x].push_back(c);
+}
+static inline void emu_cp_async_wait_all() {
+    for (const emu_copy& c : emu_copies[threadIdx.x]) std::memcpy(c.dst, c.data, 16);
+    emu_copies[threadIdx.x].clear();
+}
 static inline void __syncthreads() { emu_at_warp[emu_cur] = 0; emu_yield(); }
 static inline void emu_syncwarp() { emu_at_warp[emu_cur] = 1; emu_yield(); }
 // A warp shuffle: every lane puts its value in a slot, the warp waits, each reads its partner's, the warp waits
@@ -227,6 +244,7 @@ static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
         blockIdx = {b, 0, 0};
         emu_done.assign(block, 0);
         emu_at_warp.assign(block, 0);
+        emu_copies.assign(block, std::vector<emu_copy>());
         for (unsigned t = 0; t < block; ++t) emu_start(t, &stacks[(size_t)t * stack], stack);
         for (unsigned left = block; left > 0;) {
             for (unsigned i = 0; i < warps; ++i) {

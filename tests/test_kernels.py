@@ -827,6 +827,33 @@ def test_the_emulator_shows_a_warp_staging_the_next_tile_before_another_has_read
         assert not (right["ascending"][i] and right["descending"][i]), (what, right)
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_emulator_shows_a_tile_read_before_its_copies_are_waited_for(bias, monkeypatch, emulated):
+    """The tensor-core attention stages its tiles with cp.async (mma_copy16), which lands only when the copying
+    thread waits (mma_copy_wait, before the caller's barrier, and before the bias is added to the copied values).
+    The emulator lands a copy at the wait and not before, so without the wait the output is wrong, with a bias
+    (read back by the copying lane) or without (read by the warps after the barrier)."""
+    dtype, h, k, lq = np.float16, 2, 16, [40, 9]
+    attention_cores(monkeypatch, dtype, "tensor")
+    rng = np.random.default_rng(9)
+    q, kk, v = (rng.normal(size=(sum(lq), h * k)).astype(dtype) for _ in range(3))
+    biases = tuple((rng.normal(size=h * k) * bias).astype(dtype) for _ in range(3))
+    want, _ = attention_reference(q, kk, v, biases, lq, lq, h, False, 0.25)
+    wait = "    mma_copy_wait();\n    if (has_bias)"
+    code = kernels.source(dtype)
+    assert code.count(wait) == 1
+    source = {"code": code}
+    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, dt, grid, block, args: emulated.launch(
+        name, dt, grid, block, args, code=source["code"]))
+    launched = record_launches(monkeypatch)
+    for cut, right in ((False, True), (True, False)):
+        source["code"] = code.replace(wait, "    if (has_bias)") if cut else code
+        out, _ = kernels.attention_rows(q, kk, v, biases, spans_of(lq), spans_of(lq), h, False, 0.25)
+        close = bool(np.abs(out.astype(np.float64) - want).max() <= 4e-3 * np.abs(want).max())
+        assert close == right, cut
+    assert launched == ["attention_rows_forward_mma"] * 2
+
+
 @pytest.mark.parametrize("dtype,cores", ATTENTION_CORES)
 def test_attention_on_packed_rows_keeps_a_sentences_infinities_in_it(dtype, cores, monkeypatch):
     """A sentence whose q, k, v and dout are infinite (its results NaN) comes first, with more rows than a tile:
