@@ -2,7 +2,7 @@
 
 The kernel source is compiled UNCHANGED by the C++ compiler ($CXX, default g++) under a small shim: `__global__`/`__device__`
 vanish, `__shared__` becomes `static` (one copy, shared by the block's threads, since blocks
-run one after another), and the CUDA threads of a block are coroutines: one warp at a time runs up to the
+run one after another, in ascending order or, with `Emulator.reverse`, descending), and the CUDA threads of a block are coroutines: one warp at a time runs up to the
 next `__syncthreads()`, its lanes in turn up to each warp-collective instruction (a shuffle, `mma.sync`,
 `ldmatrix`: the warp's own barrier), the warps and lanes in ascending order, or descending with
 `Emulator.reverse`, so each barrier holds exactly, a warp runs ahead of the others as far as a GPU lets it,
@@ -209,9 +209,9 @@ static inline void emu_mma_1688_tf32(float* c, const unsigned* a, const unsigned
     }
     emu_syncwarp();
 }
-// Between two block barriers the warps run one after another, each from the block barrier to the next, and between
-// two of a warp's barriers its lanes one after another: in ascending order, or descending where emu_set_reverse(1)
-// says so. A kernel that reads what another thread writes without a barrier between (the block's for threads of two
+// The blocks run one after another; between two block barriers the warps run one after another, each from the block
+// barrier to the next, and between two of a warp's barriers its lanes one after another: blocks, warps and lanes in
+// ascending order, or descending where emu_set_reverse(1) says so. A kernel that reads what another thread writes without a barrier between (the block's for threads of two
 // warps) gives a wrong result in one of the two orders.
 static unsigned emu_reverse = 0;
 extern "C" void emu_set_reverse(int r) { emu_reverse = r != 0; }
@@ -240,7 +240,8 @@ static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
     blockDim = {block, 1, 1};
     gridDim = {grid, 1, 1};
     unsigned warps = (block + 31) / 32;
-    for (unsigned b = 0; b < grid; ++b) {
+    for (unsigned i = 0; i < grid; ++i) {
+        unsigned b = emu_reverse ? grid - 1 - i : i;   // the blocks too: a kernel may not rely on their order
         blockIdx = {b, 0, 0};
         emu_done.assign(block, 0);
         emu_at_warp.assign(block, 0);
@@ -334,7 +335,7 @@ class Emulator:
     def __init__(self, workdir=None):
         self.workdir = workdir or tempfile.mkdtemp(prefix="minitf-kernels-")
         self.libs = {}
-        self.reverse = False   # run a block's threads in descending order between barriers
+        self.reverse = False   # run the blocks, and a block's warps and lanes, in descending order
 
     def _ctype(self, c, dtype):
         t, a = kernels.C_TYPES[np.dtype(dtype).name]

@@ -478,10 +478,13 @@ def test_a_post_norm_blocks_backward_computes_xhat_again(dtype, warp, monkeypatc
 
 
 @pytest.mark.parametrize("n", [5, 300, 5000])
-def test_column_sums_into_a_buffer_add_to_it_in_one_launch(n, monkeypatch):
+@pytest.mark.parametrize("order", ["ascending", "descending"])
+def test_column_sums_into_a_buffer_add_to_it_in_one_launch(n, order, monkeypatch, emulated):
     """column_sums(x, out=buf) adds the sums into buf (a gradient buffer) in its dtype, in one
     launch whose last block adds the slabs (one slab and many); the ticket counter is back at 0
-    after it, so the next launch works; the same bits as the two-launch sums."""
+    after it, so the next launch works; the same bits as the two-launch sums, whichever block ends last
+    (the emulator runs the blocks in either order)."""
+    monkeypatch.setattr(emulated, "reverse", order == "descending")
     rng = np.random.default_rng(2)
     x = rng.normal(size=(n, 70)).astype(np.float32)
     buf = rng.normal(size=70).astype(np.float32)
