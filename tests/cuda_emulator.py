@@ -2,7 +2,8 @@
 
 The kernel source is compiled UNCHANGED by the C++ compiler ($CXX, default g++) under a small shim: `__global__`/`__device__`
 vanish, `__shared__` becomes `static` (one copy, shared by the block's threads, since blocks
-run one after another, in ascending order or, with `Emulator.reverse`, descending), and the CUDA threads of a block are coroutines: one warp at a time runs up to the
+run one after another, in ascending order or, with `Emulator.reverse`, descending; set to NaN bytes before each
+block), and the CUDA threads of a block are coroutines: one warp at a time runs up to the
 next `__syncthreads()`, its lanes in turn up to each warp-collective instruction (a shuffle, `mma.sync`,
 `ldmatrix`: the warp's own barrier), the warps and lanes in ascending order, or descending with
 `Emulator.reverse`, so each barrier holds exactly, a warp runs ahead of the others as far as a GPU lets it,
@@ -231,6 +232,7 @@ static void emu_run_warp(unsigned lo, unsigned hi) {
         if (at_block) __builtin_trap();   // lanes of one warp at different barriers: a GPU would hang or worse
     }
 }
+extern "C" char __start_emu_shared[] __attribute__((weak)), __stop_emu_shared[] __attribute__((weak));
 static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
     const size_t stack = 1 << 16;
     static std::vector<char> stacks;
@@ -246,6 +248,7 @@ static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
         emu_done.assign(block, 0);
         emu_at_warp.assign(block, 0);
         emu_copies.assign(block, std::vector<emu_copy>());
+        if (__start_emu_shared) std::memset(__start_emu_shared, 0xff, __stop_emu_shared - __start_emu_shared);
         for (unsigned t = 0; t < block; ++t) emu_start(t, &stacks[(size_t)t * stack], stack);
         for (unsigned left = block; left > 0;) {
             for (unsigned i = 0; i < warps; ++i) {
@@ -260,7 +263,13 @@ static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
 #define __global__
 #define __launch_bounds__(...)
 #define __device__
-#define __shared__ static
+// Shared memory: every __shared__ variable in one section of the library, whose bytes emu_run sets to 0xff (a NaN
+// in every float type) before each block, so a block that reads shared memory it did not write reads what a GPU may
+// hold there (another block's leftovers, or anything), not what the block before left.
+#define __shared__ static __attribute__((section("emu_shared")))
+// (the kernels' functions lose `inline` here: a static variable of an inline function lies in a COMDAT group, which
+// a section cannot share with the kernels' own; one translation unit, so nothing is defined twice)
+#define inline
 static inline float h2f(unsigned short h) { _Float16 v; std::memcpy(&v, &h, 2); return (float)v; }
 static inline unsigned short f2h(float f) { _Float16 v = (_Float16)f; unsigned short h; std::memcpy(&h, &v, 2); return h; }
 static inline float bf2f(unsigned short h) { unsigned int u = (unsigned int)h << 16; float f; std::memcpy(&f, &u, 4); return f; }

@@ -857,6 +857,32 @@ def test_the_emulator_shows_a_tile_read_before_its_copies_are_waited_for(bias, m
     assert launched == ["attention_rows_forward_mma"] * 2
 
 
+def test_the_emulator_shows_a_block_reading_shared_memory_it_did_not_write(monkeypatch, emulated):
+    """The tensor-core attention multiplies whole staged tiles, so mma_stage writes zeros into the rows past a short
+    sentence's end. The emulator sets every block's shared memory to NaN bytes before it runs (a GPU's holds
+    anything), so with those rows left unwritten the output is wrong, where the rows an earlier block left (finite
+    here) would have given the right one."""
+    dtype, h, k, lq = np.float16, 2, 16, [5, 9, 3]
+    attention_cores(monkeypatch, dtype, "tensor")
+    rng = np.random.default_rng(10)
+    q, kk, v = (rng.normal(size=(sum(lq), h * k)).astype(dtype) for _ in range(3))
+    biases = tuple(np.zeros(h * k, dtype=dtype) for _ in range(3))
+    want, _ = attention_reference(q, kk, v, biases, lq, lq, h, False, 0.25)
+    loop = "for (int j = lane / per_row; j < ATT_TILE; j += step)"
+    code = kernels.source(dtype)
+    assert code.count(loop) == 1
+    source = {"code": code}
+    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, dt, grid, block, args: emulated.launch(
+        name, dt, grid, block, args, code=source["code"]))
+    launched = record_launches(monkeypatch)
+    for cut, right in ((False, True), (True, False)):
+        source["code"] = code.replace(loop, loop.replace("j < ATT_TILE", "j < n")) if cut else code
+        out, _ = kernels.attention_rows(q, kk, v, biases, spans_of(lq), spans_of(lq), h, False, 0.25)
+        close = bool(np.abs(out.astype(np.float64) - want).max() <= 4e-3 * np.abs(want).max())
+        assert close == right, cut
+    assert launched == ["attention_rows_forward_mma"] * 2
+
+
 @pytest.mark.parametrize("dtype,cores", ATTENTION_CORES)
 def test_attention_on_packed_rows_keeps_a_sentences_infinities_in_it(dtype, cores, monkeypatch):
     """A sentence whose q, k, v and dout are infinite (its results NaN) comes first, with more rows than a tile:
