@@ -830,6 +830,23 @@ def test_the_emulator_shows_a_warp_staging_the_next_tile_before_another_has_read
         assert not (right["ascending"][i] and right["descending"][i]), (what, right)
 
 
+def _forward_matches(monkeypatch, emulated, sources, qkv, biases, lq, h, want):
+    """For each CUDA source of `sources` (kernels.source(dtype) or an altered copy, run by the emulator): whether
+    kernels.attention_rows (self-attention over sentences of lq rows, h heads, scale 0.25) gives `want` (float64) to
+    the tensor cores' rounding."""
+    current = {}
+    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, dt, grid, block, args: emulated.launch(
+        name, dt, grid, block, args, code=current["code"]))
+    launched = record_launches(monkeypatch)
+    right = []
+    for code in sources:
+        current["code"] = code
+        out, _ = kernels.attention_rows(*qkv, biases, spans_of(lq), spans_of(lq), h, False, 0.25)
+        right.append(bool(np.abs(out.astype(np.float64) - want).max() <= 4e-3 * np.abs(want).max()))
+    assert launched == ["attention_rows_forward_mma"] * len(sources)
+    return right
+
+
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_emulator_shows_a_tile_read_before_its_copies_are_waited_for(bias, monkeypatch, emulated):
     """The tensor-core attention stages its tiles with cp.async (mma_copy16), which lands only when the copying
@@ -845,16 +862,8 @@ def test_the_emulator_shows_a_tile_read_before_its_copies_are_waited_for(bias, m
     wait = "    mma_copy_wait();\n    if (has_bias)"
     code = kernels.source(dtype)
     assert code.count(wait) == 1
-    source = {"code": code}
-    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, dt, grid, block, args: emulated.launch(
-        name, dt, grid, block, args, code=source["code"]))
-    launched = record_launches(monkeypatch)
-    for cut, right in ((False, True), (True, False)):
-        source["code"] = code.replace(wait, "    if (has_bias)") if cut else code
-        out, _ = kernels.attention_rows(q, kk, v, biases, spans_of(lq), spans_of(lq), h, False, 0.25)
-        close = bool(np.abs(out.astype(np.float64) - want).max() <= 4e-3 * np.abs(want).max())
-        assert close == right, cut
-    assert launched == ["attention_rows_forward_mma"] * 2
+    sources = [code, code.replace(wait, "    if (has_bias)")]
+    assert _forward_matches(monkeypatch, emulated, sources, (q, kk, v), biases, lq, h, want) == [True, False]
 
 
 def test_the_emulator_shows_a_block_reading_shared_memory_it_did_not_write(monkeypatch, emulated):
@@ -871,16 +880,8 @@ def test_the_emulator_shows_a_block_reading_shared_memory_it_did_not_write(monke
     loop = "for (int j = lane / per_row; j < ATT_TILE; j += step)"
     code = kernels.source(dtype)
     assert code.count(loop) == 1
-    source = {"code": code}
-    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, dt, grid, block, args: emulated.launch(
-        name, dt, grid, block, args, code=source["code"]))
-    launched = record_launches(monkeypatch)
-    for cut, right in ((False, True), (True, False)):
-        source["code"] = code.replace(loop, loop.replace("j < ATT_TILE", "j < n")) if cut else code
-        out, _ = kernels.attention_rows(q, kk, v, biases, spans_of(lq), spans_of(lq), h, False, 0.25)
-        close = bool(np.abs(out.astype(np.float64) - want).max() <= 4e-3 * np.abs(want).max())
-        assert close == right, cut
-    assert launched == ["attention_rows_forward_mma"] * 2
+    sources = [code, code.replace(loop, loop.replace("j < ATT_TILE", "j < n"))]
+    assert _forward_matches(monkeypatch, emulated, sources, (q, kk, v), biases, lq, h, want) == [True, False]
 
 
 @pytest.mark.parametrize("dtype,cores", ATTENTION_CORES)
