@@ -9,7 +9,8 @@ next `__syncthreads()`, its lanes in turn up to each warp-collective instruction
 `Emulator.reverse`, so each barrier holds exactly, a warp runs ahead of the others as far as a GPU lets it,
 and a missing barrier (the block's between warps, or one a warp-collective instruction gives) shows as a wrong
 result in one of the two orders, deterministically; a `cp.async` copy lands only when its thread waits for its
-copies (its bytes read as NaN until then); float16 conversion uses the compiler's _Float16
+copies (its bytes read as NaN until then); each array a launch takes lies between guards (Emulator's `guard`: a
+write past it fails the launch, a read past it reads NaN); float16 conversion uses the compiler's _Float16
 instead of the PTX instruction, and bfloat16's narrowing rounds to nearest even in plain C++
 (tests/test_kernels.py holds it to ml_dtypes' rounding). What this cannot catch: warp-level timing, memory
 coalescing, and NVRTC-specific syntax (tests/test_nvrtc.py compiles the source with NVRTC as CuPy
@@ -338,13 +339,57 @@ def build(code, signatures, workdir, tag):
     return ctypes.CDLL(so)
 
 
-class Emulator:
-    """Compiles kernels.source(dtype) once per dtype; `launch` has kernels.LAUNCH's signature."""
+GUARD = 1024   # bytes of 0xff before and after each array a guarded launch hands a kernel
 
-    def __init__(self, workdir=None):
+
+def _root(a):
+    """The array that owns a's memory (a itself, or the array a view was taken from, however deep)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+class _Guarded:
+    """The memory of the arrays a launch hands a kernel, copied between GUARD bytes of 0xff (a NaN in every float
+    type, so a read past an array's end shows in the results) into buffers of the same alignment, one for each
+    array that owns memory (views of one array share its copy, as they share its memory, so a kernel may reach
+    past a view into the rest of its array, as the stacked biases' sums do). `pointer(a)` is a's place in its copy;
+    `close(name)` copies the contents back and raises AssertionError if the kernel wrote into any guard."""
+
+    def __init__(self):
+        self.copies = {}   # id(root) -> (root, buffer, offset of the root's first byte in buffer)
+
+    def pointer(self, a):
+        root = _root(a)
+        if id(root) not in self.copies:
+            start, size = root.ctypes.data, max(root.nbytes, 1)
+            buf = np.full(size + 2 * GUARD + 64, 0xff, dtype=np.uint8)
+            off = GUARD + (start - buf.ctypes.data - GUARD) % 64      # the same address modulo 64 as the root's
+            ctypes.memmove(buf.ctypes.data + off, start, root.nbytes)
+            self.copies[id(root)] = (root, buf, off)
+        root, buf, off = self.copies[id(root)]
+        return buf.ctypes.data + off + (a.ctypes.data - root.ctypes.data)
+
+    def close(self, name):
+        for i, (root, buf, off) in enumerate(self.copies.values()):
+            ctypes.memmove(root.ctypes.data, buf.ctypes.data + off, root.nbytes)
+            before, after = buf[off - GUARD:off], buf[off + root.nbytes:off + root.nbytes + GUARD]
+            if (before != 0xff).any() or (after != 0xff).any():
+                side = "before" if (before != 0xff).any() else "after"
+                raise AssertionError(f"{name} wrote {side} the memory of one of its arrays ({root.dtype} "
+                                     f"{root.shape}): out of bounds")
+
+
+class Emulator:
+    """Compiles kernels.source(dtype) once per dtype; `launch` has kernels.LAUNCH's signature. With `guard` (the
+    default) every array goes to the kernel between guard bytes (_Guarded): a write past an array's memory fails the
+    launch, a read past it reads NaN."""
+
+    def __init__(self, workdir=None, guard=True):
         self.workdir = workdir or tempfile.mkdtemp(prefix="minitf-kernels-")
         self.libs = {}
         self.reverse = False   # run the blocks, and a block's warps and lanes, in descending order
+        self.guard = guard
 
     def _ctype(self, c, dtype):
         t, a = kernels.C_TYPES[np.dtype(dtype).name]
@@ -372,6 +417,7 @@ class Emulator:
         sig = [self._ctype(c, dtype) for c in kernels.SIGNATURES[name]]
         assert len(sig) == len(args), (name, len(sig), len(args))
         cargs = []
+        guarded = _Guarded() if self.guard else None
         for c, a in zip(sig, args):
             if c.endswith("*"):
                 # kernels index arrays as C-contiguous, except broadcast views read through strides
@@ -379,7 +425,9 @@ class Emulator:
                 want = {"half_t*": np.float16, "bf16_t*": BFLOAT16, "float*": np.float32, "double*": np.float64,
                         "long long*": np.int64, "int*": np.int32, "unsigned int*": np.uint32}[c]
                 assert a.dtype == want, (name, c, a.dtype)   # the kernel would misread other dtypes
-                cargs.append(ctypes.c_void_p(a.ctypes.data))
+                cargs.append(ctypes.c_void_p(guarded.pointer(a) if guarded else a.ctypes.data))
             else:
                 cargs.append(CTYPES[c](a.item() if hasattr(a, "item") else a))
         fn(ctypes.c_uint(grid), ctypes.c_uint(block), *cargs)
+        if guarded:
+            guarded.close(name)

@@ -830,6 +830,25 @@ def test_the_emulator_shows_a_warp_staging_the_next_tile_before_another_has_read
         assert not (right["ascending"][i] and right["descending"][i]), (what, right)
 
 
+def test_the_emulator_refuses_a_kernel_that_writes_past_its_arrays(monkeypatch, emulated):
+    """The emulator hands each array to a kernel between guard bytes: relu_backward altered to write one value
+    past its rows (i <= n) fails its launch, naming the kernel; as written it runs, even on a view of a larger array
+    whose next value it must not touch."""
+    check = "if (i < n && !((A)y[i] > (A)0)) dy[i] = (T)(A)0;"
+    code = kernels.source(np.float32)
+    assert code.count(check) == 1
+    monkeypatch.setenv("MINITF_FUSED_VEC", "0")
+    y = -np.ones(8, np.float32)                       # every dy zeroed, and one more past the end when altered
+    whole = np.ones(9, np.float32)
+    kernels.relu_backward(whole[:8], y)
+    assert whole.tolist() == [0.0] * 8 + [1.0]
+    current = {"code": code.replace(check, check.replace("i < n", "i <= n"))}
+    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, dt, grid, block, args: emulated.launch(
+        name, dt, grid, block, args, code=current["code"]))
+    with pytest.raises(AssertionError, match="relu_backward wrote after the memory of one of its arrays"):
+        kernels.relu_backward(np.ones(8, np.float32), y)
+
+
 def _forward_matches(monkeypatch, emulated, sources, qkv, biases, lq, h, want):
     """For each CUDA source of `sources` (kernels.source(dtype) or an altered copy, run by the emulator): whether
     kernels.attention_rows (self-attention over sentences of lq rows, h heads, scale 0.25) gives `want` (float64) to
