@@ -217,6 +217,8 @@ static inline void emu_mma_1688_tf32(float* c, const unsigned* a, const unsigned
 // warps) gives a wrong result in one of the two orders.
 static unsigned emu_reverse = 0;
 extern "C" void emu_set_reverse(int r) { emu_reverse = r != 0; }
+// What stopped the emulation of the last launch (a kernel that misuses a barrier), or nullptr.
+static const char* emu_error = nullptr;
 // Runs the live lanes lo .. hi - 1 of one warp until each waits at the block barrier or has ended.
 static void emu_run_warp(unsigned lo, unsigned hi) {
     for (;;) {
@@ -230,7 +232,10 @@ static void emu_run_warp(unsigned lo, unsigned hi) {
             if (!emu_done[t]) (emu_at_warp[t] ? at_warp : at_block) += 1;
         }
         if (at_warp == 0) return;
-        if (at_block) __builtin_trap();   // lanes of one warp at different barriers: a GPU would hang or worse
+        if (at_block) {   // lanes of one warp at different barriers: a GPU would hang or worse
+            emu_error = "lanes of one warp wait at different barriers (a warp-collective instruction some skip)";
+            return;
+        }
     }
 }
 extern "C" char __start_emu_shared[] __attribute__((weak)), __stop_emu_shared[] __attribute__((weak));
@@ -255,9 +260,18 @@ static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
             for (unsigned i = 0; i < warps; ++i) {
                 unsigned w = emu_reverse ? warps - 1 - i : i;
                 emu_run_warp(32 * w, 32 * w + 32 < block ? 32 * w + 32 : block);
+                if (emu_error) return;
             }
+            unsigned before = left;
             left = 0;
             for (unsigned t = 0; t < block; ++t) left += !emu_done[t];
+            // threads that ended while others wait at a block barrier: a __syncthreads not every thread of the
+            // block reaches (CUDA leaves that undefined)
+            if (left > 0 && left < before) {
+                emu_error = "threads of a block ended while others wait at __syncthreads (a barrier not every thread "
+                            "reaches)";
+                return;
+            }
         }
     }
 }
@@ -284,8 +298,10 @@ template <> inline float emu_widen16<1>(unsigned short h) { return bf2f(h); }
 """
 
 LAUNCHER = r"""
-extern "C" void launch_{name}(unsigned grid, unsigned block{params}) {{
+extern "C" const char* launch_{name}(unsigned grid, unsigned block{params}) {{
+    emu_error = nullptr;
     emu_run(grid, block, [=] {{ {name}({args}); }});
+    return emu_error;
 }}
 """
 
@@ -428,6 +444,9 @@ class Emulator:
                 cargs.append(ctypes.c_void_p(guarded.pointer(a) if guarded else a.ctypes.data))
             else:
                 cargs.append(CTYPES[c](a.item() if hasattr(a, "item") else a))
-        fn(ctypes.c_uint(grid), ctypes.c_uint(block), *cargs)
+        fn.restype = ctypes.c_char_p
+        error = fn(ctypes.c_uint(grid), ctypes.c_uint(block), *cargs)
         if guarded:
             guarded.close(name)
+        if error:
+            raise AssertionError(f"{name}: {error.decode()}")

@@ -97,6 +97,42 @@ extern "C" __global__ void probe_ldmatrix(const unsigned short* src, const long 
 """
 
 
+MISUSED_BARRIERS = r"""
+typedef float T;
+typedef float A;
+// threads at or past n leave before the barrier the others wait at
+extern "C" __global__ void leaves_early(float* x, int n) {
+    if ((int)threadIdx.x >= n) return;
+    __syncthreads();
+    x[threadIdx.x] = 1.0f;
+}
+// lanes below n shuffle (the warp's barrier) while the others go on to the block's
+extern "C" __global__ void shuffles_apart(float* x, int n) {
+    float v = x[threadIdx.x];
+    if ((int)threadIdx.x < n) v = __shfl_xor_sync(0xffffffffu, v, 1);
+    __syncthreads();
+    x[threadIdx.x] = v;
+}
+"""
+
+
+@pytest.mark.parametrize("kernel,says", [("leaves_early", "ended while others wait at __syncthreads"),
+                                         ("shuffles_apart", "lanes of one warp wait at different barriers")])
+def test_the_emulator_refuses_a_barrier_some_threads_skip(tmp_path, kernel, says):
+    """A __syncthreads some threads of the block never reach (they returned), and a warp-collective instruction some
+    lanes of a warp skip, are undefined on a GPU: the emulator stops the launch and says which, where every thread
+    taking the same path runs."""
+    from cuda_emulator import build
+    lib = build(MISUSED_BARRIERS, {name: ["float*", "int"] for name in ("leaves_early", "shuffles_apart")},
+                str(tmp_path), "barriers")
+    fn = getattr(lib, f"launch_{kernel}")
+    fn.restype = ctypes.c_char_p
+    x = np.zeros(32, np.float32)
+    assert fn(ctypes.c_uint(1), ctypes.c_uint(32), ctypes.c_void_p(x.ctypes.data), ctypes.c_int(32)) is None
+    error = fn(ctypes.c_uint(1), ctypes.c_uint(32), ctypes.c_void_p(x.ctypes.data), ctypes.c_int(16))
+    assert error is not None and says in error.decode()
+
+
 @pytest.mark.parametrize("bf", [0, 1], ids=["float16", "bfloat16"])
 def test_the_emulated_mma_and_ldmatrix_follow_the_ptx_isa_tables(tmp_path, bf):
     """The tensor-core attention is tested on the CPU only through the emulator's mma.sync m16n8k16 and ldmatrix
