@@ -99,9 +99,12 @@ static void emu_prepare(unsigned block) { emu_ctx.assign(block, ucontext_t()); }
 // below waits at (a shuffle, mma.sync, ldmatrix): emu_run runs one warp at a time from one block barrier to the
 // next, its lanes in turn between its warp barriers, so a warp runs ahead of the others through its shuffles and
 // tensor-core products as it may on a GPU (a warp that reads shared memory another warp writes without a block
-// barrier between them reads it too early or too late in one of the two orders). A lane waiting at one barrier
-// while a lane of its warp waits at the other (a warp-collective instruction some lanes skip) stops the emulation.
-static std::vector<char> emu_at_warp;   // per thread: 1 waiting at its warp's barrier, 0 at the block's
+// barrier between them reads it too early or too late in one of the two orders). A warp barrier waits for the lanes
+// its mask names (a shuffle's mask; mma.sync and ldmatrix, .aligned: every lane); a lane it names that has ended or
+// waits at the block's barrier (a warp-collective instruction some of its lanes skip) stops the emulation.
+static std::vector<char> emu_blocked;       // per thread: 1 waiting at the block's barrier
+static std::vector<unsigned> emu_mask;      // per thread: the lanes its warp barrier waits for
+static const char* emu_error = nullptr;     // what stopped the emulation of the last launch, or nullptr
 // cp.async (kernels.py's mma_copy16 and mma_copy_wait): a copy lands when its thread waits for its copies, not
 // before; until then its 16 bytes of shared memory read as 0xff bytes (a NaN in every float type), so a read before
 // the wait (the thread's own, or another's without the wait before their barrier) sees what a GPU may show.
@@ -118,17 +121,18 @@ static inline void emu_cp_async_wait_all() {
     for (const emu_copy& c : emu_copies[threadIdx.x]) std::memcpy(c.dst, c.data, 16);
     emu_copies[threadIdx.x].clear();
 }
-static inline void __syncthreads() { emu_at_warp[emu_cur] = 0; emu_yield(); }
-static inline void emu_syncwarp() { emu_at_warp[emu_cur] = 1; emu_yield(); }
-// A warp shuffle: every lane puts its value in a slot, the warp waits, each reads its partner's, the warp waits
-// again. Every lane of a warp must make the same shuffle calls (minitf's warp kernels do: warps past the last row
-// shuffle too).
-template <typename V> static inline V __shfl_xor_sync(unsigned, V v, int lane_mask) {
+static inline void __syncthreads() { emu_blocked[emu_cur] = 1; emu_yield(); }
+static inline void emu_syncwarp(unsigned mask = 0xffffffffu) { emu_mask[emu_cur] = mask; emu_yield(); }
+// A warp shuffle: every lane puts its value in a slot, the lanes of the mask wait for each other, each reads its
+// partner's (a partner outside the mask stops the emulation: undefined on a GPU), and they wait again.
+template <typename V> static inline V __shfl_xor_sync(unsigned mask, V v, int lane_mask) {
     static V slots[1024];
     slots[threadIdx.x] = v;
-    emu_syncwarp();
-    V r = slots[(threadIdx.x & ~31u) | ((threadIdx.x & 31u) ^ (unsigned)lane_mask)];
-    emu_syncwarp();
+    emu_syncwarp(mask);
+    unsigned partner = (threadIdx.x & 31u) ^ (unsigned)lane_mask;
+    if (!((mask >> partner) & 1u)) emu_error = "a shuffle reads a lane its mask does not name";
+    V r = slots[(threadIdx.x & ~31u) | partner];
+    emu_syncwarp(mask);
     return r;
 }
 // mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32 (kernels.py's mma_16816): c (16 x 8, float) +=
@@ -217,24 +221,31 @@ static inline void emu_mma_1688_tf32(float* c, const unsigned* a, const unsigned
 // warps) gives a wrong result in one of the two orders.
 static unsigned emu_reverse = 0;
 extern "C" void emu_set_reverse(int r) { emu_reverse = r != 0; }
-// What stopped the emulation of the last launch (a kernel that misuses a barrier), or nullptr.
-static const char* emu_error = nullptr;
-// Runs the live lanes lo .. hi - 1 of one warp until each waits at the block barrier or has ended.
+// Runs the lanes lo .. hi - 1 of one warp that neither have ended nor wait at the block's barrier, round after round
+// (a round: each such lane up to its next barrier), until none is left: each warp barrier passed when every lane its
+// waiting lanes name waits at it too.
 static void emu_run_warp(unsigned lo, unsigned hi) {
     for (;;) {
-        unsigned at_warp = 0, at_block = 0;
+        unsigned at_warp = 0;
         for (unsigned i = lo; i < hi; ++i) {
             unsigned t = emu_reverse ? hi - 1 - (i - lo) : i;
-            if (emu_done[t]) continue;
+            if (emu_done[t] || emu_blocked[t]) continue;
             emu_cur = t;
             threadIdx = {t, 0, 0};
             emu_resume(t);
-            if (!emu_done[t]) (emu_at_warp[t] ? at_warp : at_block) += 1;
+            if (emu_error) return;
+            at_warp += !emu_done[t] && !emu_blocked[t];
         }
         if (at_warp == 0) return;
-        if (at_block) {   // lanes of one warp at different barriers: a GPU would hang or worse
-            emu_error = "lanes of one warp wait at different barriers (a warp-collective instruction some skip)";
-            return;
+        for (unsigned t = lo; t < hi; ++t) {
+            if (emu_done[t] || emu_blocked[t]) continue;
+            for (unsigned u = lo; u < hi; ++u)
+                if (((emu_mask[t] >> (u - lo)) & 1u) && (emu_done[u] || emu_blocked[u])) {
+                    // a GPU would hang, or read what the lane never gave
+                    emu_error = "a lane of a warp-collective instruction's mask skipped it (ended, or waits at the "
+                                "block's barrier)";
+                    return;
+                }
         }
     }
 }
@@ -252,11 +263,12 @@ static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
         unsigned b = emu_reverse ? grid - 1 - i : i;   // the blocks too: a kernel may not rely on their order
         blockIdx = {b, 0, 0};
         emu_done.assign(block, 0);
-        emu_at_warp.assign(block, 0);
+        emu_mask.assign(block, 0xffffffffu);
         emu_copies.assign(block, std::vector<emu_copy>());
         if (__start_emu_shared) std::memset(__start_emu_shared, 0xff, __stop_emu_shared - __start_emu_shared);
         for (unsigned t = 0; t < block; ++t) emu_start(t, &stacks[(size_t)t * stack], stack);
         for (unsigned left = block; left > 0;) {
+            emu_blocked.assign(block, 0);   // the block's barrier passed (or the block begins)
             for (unsigned i = 0; i < warps; ++i) {
                 unsigned w = emu_reverse ? warps - 1 - i : i;
                 emu_run_warp(32 * w, 32 * w + 32 < block ? 32 * w + 32 : block);
@@ -365,35 +377,50 @@ def _root(a):
     return a
 
 
+_byte_bounds = getattr(getattr(np.lib, "array_utils", None), "byte_bounds", None) or getattr(np, "byte_bounds", None)
+
+
 class _Guarded:
     """The memory of the arrays a launch hands a kernel, copied between GUARD bytes of 0xff (a NaN in every float
-    type, so a read past an array's end shows in the results) into buffers of the same alignment, one for each
-    array that owns memory (views of one array share its copy, as they share its memory, so a kernel may reach
-    past a view into the rest of its array, as the stacked biases' sums do). `pointer(a)` is a's place in its copy;
-    `close(name)` copies the contents back and raises AssertionError if the kernel wrote into any guard."""
+    type, so a read past an array's end shows in the results) into buffers of the same address modulo 64. Each
+    array stands for the bytes its root spans (the array that owns its memory, or an array over memory no array
+    owns: its own bytes), and bytes that overlap share one copy, as they share memory: a kernel may reach past a
+    view into the rest of its array, as the stacked biases' sums do. `pointer(a)` is a's place in its copy;
+    `close(name)` copies back what the kernel changed and gives what it wrote into a guard."""
 
-    def __init__(self):
-        self.copies = {}   # id(root) -> (root, buffer, offset of the root's first byte in buffer)
+    def __init__(self, arrays):
+        spans = sorted(_byte_bounds(_root(a)) for a in arrays)
+        self.copies = []   # (first byte, end byte, buffer, offset of the first byte in the buffer)
+        merged = []
+        for lo, hi in spans:
+            if merged and lo < merged[-1][1]:   # overlapping (arrays that only touch keep a guard between them)
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        for lo, hi in merged:
+            buf = np.full(hi - lo + 2 * GUARD + 64, 0xff, dtype=np.uint8)
+            off = GUARD + (lo - buf.ctypes.data - GUARD) % 64      # the same address modulo 64 as the memory's
+            ctypes.memmove(buf.ctypes.data + off, lo, hi - lo)
+            self.copies.append((lo, hi, buf, off))
 
     def pointer(self, a):
-        root = _root(a)
-        if id(root) not in self.copies:
-            start, size = root.ctypes.data, max(root.nbytes, 1)
-            buf = np.full(size + 2 * GUARD + 64, 0xff, dtype=np.uint8)
-            off = GUARD + (start - buf.ctypes.data - GUARD) % 64      # the same address modulo 64 as the root's
-            ctypes.memmove(buf.ctypes.data + off, start, root.nbytes)
-            self.copies[id(root)] = (root, buf, off)
-        root, buf, off = self.copies[id(root)]
-        return buf.ctypes.data + off + (a.ctypes.data - root.ctypes.data)
+        p = a.ctypes.data
+        for inside in (lambda lo, hi: lo <= p < hi, lambda lo, hi: lo <= p <= hi):   # an empty array: at an end
+            for lo, hi, buf, off in self.copies:
+                if inside(lo, hi):
+                    return buf.ctypes.data + off + (p - lo)
+        raise AssertionError(f"an array at {p:#x} outside the memory of the launch's arrays")
 
     def close(self, name):
-        for i, (root, buf, off) in enumerate(self.copies.values()):
-            ctypes.memmove(root.ctypes.data, buf.ctypes.data + off, root.nbytes)
-            before, after = buf[off - GUARD:off], buf[off + root.nbytes:off + root.nbytes + GUARD]
-            if (before != 0xff).any() or (after != 0xff).any():
-                side = "before" if (before != 0xff).any() else "after"
-                raise AssertionError(f"{name} wrote {side} the memory of one of its arrays ({root.dtype} "
-                                     f"{root.shape}): out of bounds")
+        wrote = []
+        for lo, hi, buf, off in self.copies:
+            n = hi - lo
+            if n and not np.array_equal(buf[off:off + n], np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(lo))):
+                ctypes.memmove(lo, buf.ctypes.data + off, n)   # only what changed: an input may be read-only
+            for side, guard in (("before", buf[off - GUARD:off]), ("after", buf[off + n:off + n + GUARD])):
+                if (guard != 0xff).any():
+                    wrote.append(f"{name} wrote {side} the memory of its arrays ({n} bytes at {lo:#x}): out of bounds")
+        return wrote
 
 
 class Emulator:
@@ -433,7 +460,7 @@ class Emulator:
         sig = [self._ctype(c, dtype) for c in kernels.SIGNATURES[name]]
         assert len(sig) == len(args), (name, len(sig), len(args))
         cargs = []
-        guarded = _Guarded() if self.guard else None
+        guarded = _Guarded([a for c, a in zip(sig, args) if c.endswith("*")]) if self.guard else None
         for c, a in zip(sig, args):
             if c.endswith("*"):
                 # kernels index arrays as C-contiguous, except broadcast views read through strides
@@ -446,7 +473,6 @@ class Emulator:
                 cargs.append(CTYPES[c](a.item() if hasattr(a, "item") else a))
         fn.restype = ctypes.c_char_p
         error = fn(ctypes.c_uint(grid), ctypes.c_uint(block), *cargs)
-        if guarded:
-            guarded.close(name)
-        if error:
-            raise AssertionError(f"{name}: {error.decode()}")
+        wrong = ([f"{name}: {error.decode()}"] if error else []) + (guarded.close(name) if guarded else [])
+        if wrong:
+            raise AssertionError("; ".join(wrong))

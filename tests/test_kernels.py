@@ -106,31 +106,51 @@ extern "C" __global__ void leaves_early(float* x, int n) {
     __syncthreads();
     x[threadIdx.x] = 1.0f;
 }
-// lanes below n shuffle (the warp's barrier) while the others go on to the block's
+// lanes below n shuffle with the whole warp's mask while the others go on to the block's barrier
 extern "C" __global__ void shuffles_apart(float* x, int n) {
     float v = x[threadIdx.x];
     if ((int)threadIdx.x < n) v = __shfl_xor_sync(0xffffffffu, v, 1);
     __syncthreads();
     x[threadIdx.x] = v;
 }
+// lanes at or past n return while the others shuffle with the whole warp's mask
+extern "C" __global__ void shuffles_alone(float* x, int n) {
+    if ((int)threadIdx.x >= n) return;
+    x[threadIdx.x] = __shfl_xor_sync(0xffffffffu, x[threadIdx.x], 1);
+}
+// lanes below n shuffle with a mask of just them (allowed) while the others go on to the block's barrier; n even
+extern "C" __global__ void shuffles_masked(float* x, int n) {
+    float v = x[threadIdx.x];
+    if ((int)threadIdx.x < n) v = __shfl_xor_sync(n == 32 ? 0xffffffffu : (1u << n) - 1u, v, 1);
+    __syncthreads();
+    x[threadIdx.x] = v;
+}
 """
+KERNELS_MISUSING = ("leaves_early", "shuffles_apart", "shuffles_alone")
 
 
 @pytest.mark.parametrize("kernel,says", [("leaves_early", "ended while others wait at __syncthreads"),
-                                         ("shuffles_apart", "lanes of one warp wait at different barriers")])
+                                         ("shuffles_apart", "mask skipped it"), ("shuffles_alone", "mask skipped it")])
 def test_the_emulator_refuses_a_barrier_some_threads_skip(tmp_path, kernel, says):
     """A __syncthreads some threads of the block never reach (they returned), and a warp-collective instruction some
-    lanes of a warp skip, are undefined on a GPU: the emulator stops the launch and says which, where every thread
-    taking the same path runs."""
+    lanes of its mask skip (for the block's barrier, or returning), are undefined on a GPU: the emulator stops the
+    launch and says which, where every thread taking the same path runs; a shuffle whose mask names only the lanes
+    that make it runs either way, and gives each lane its partner's value."""
     from cuda_emulator import build
-    lib = build(MISUSED_BARRIERS, {name: ["float*", "int"] for name in ("leaves_early", "shuffles_apart")},
+    lib = build(MISUSED_BARRIERS, {name: ["float*", "int"] for name in KERNELS_MISUSING + ("shuffles_masked",)},
                 str(tmp_path), "barriers")
-    fn = getattr(lib, f"launch_{kernel}")
-    fn.restype = ctypes.c_char_p
-    x = np.zeros(32, np.float32)
-    assert fn(ctypes.c_uint(1), ctypes.c_uint(32), ctypes.c_void_p(x.ctypes.data), ctypes.c_int(32)) is None
-    error = fn(ctypes.c_uint(1), ctypes.c_uint(32), ctypes.c_void_p(x.ctypes.data), ctypes.c_int(16))
+
+    def run(name, n):
+        fn = getattr(lib, f"launch_{name}")
+        fn.restype = ctypes.c_char_p
+        x = np.arange(32, dtype=np.float32)
+        error = fn(ctypes.c_uint(1), ctypes.c_uint(32), ctypes.c_void_p(x.ctypes.data), ctypes.c_int(n))
+        return x, error
+    assert run(kernel, 32)[1] is None
+    error = run(kernel, 16)[1]
     assert error is not None and says in error.decode()
+    x, error = run("shuffles_masked", 16)
+    assert error is None and x.tolist() == [i ^ 1 for i in range(16)] + list(range(16, 32))
 
 
 @pytest.mark.parametrize("bf", [0, 1], ids=["float16", "bfloat16"])
@@ -881,8 +901,45 @@ def test_the_emulator_refuses_a_kernel_that_writes_past_its_arrays(monkeypatch, 
     current = {"code": code.replace(check, check.replace("i < n", "i <= n"))}
     monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, dt, grid, block, args: emulated.launch(
         name, dt, grid, block, args, code=current["code"]))
-    with pytest.raises(AssertionError, match="relu_backward wrote after the memory of one of its arrays"):
+    with pytest.raises(AssertionError, match="relu_backward wrote after the memory of its arrays"):
         kernels.relu_backward(np.ones(8, np.float32), y)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_every_shared_variable_of_the_kernels_starts_each_emulated_block_as_nan_bytes(dtype, emulated):
+    """The emulator resets one section of its library before each block: every __shared__ variable of the kernels
+    must lie in it (g++ would place one inside a template function elsewhere, unreset): as many symbols in the
+    section as there are __shared__ declarations in the source."""
+    objdump = shutil.which("objdump")
+    assert objdump, "objdump (binutils, which g++ needs) not found"
+    code = kernels.source(dtype)
+    declared = len(re.findall(r"\b__shared__\b", re.sub(r"//[^\n]*", "", code)))   # not in comments
+    table = subprocess.run([objdump, "-t", emulated._lib(dtype)._name], capture_output=True, text=True, check=True)
+    in_section = [line for line in table.stdout.splitlines() if " emu_shared" in line and "_ZZ" in line]
+    assert declared > 0 and len(in_section) == declared, (declared, in_section)
+
+
+def test_the_emulators_guards_copy_the_memory_arrays_span_once():
+    """_Guarded takes the bytes an array's memory spans: a stride-0 view over 3 floats (its base no array) is 12
+    bytes, not its 12,000; two overlapping arrays over one buffer share one copy (a write through one is read
+    through the other), at the memory's address modulo 64; what a kernel changes is copied back, and a write into a
+    guard is named."""
+    from cuda_emulator import GUARD, _Guarded
+    small = np.arange(3, dtype=np.float32)
+    wide = np.lib.stride_tricks.as_strided(small, shape=(1000, 3), strides=(0, 4))
+    raw = bytearray(16)
+    first, second = np.frombuffer(raw, np.float32, 3), np.frombuffer(raw, np.float32, 2, offset=8)   # overlapping
+    g = _Guarded([wide, small, first, second])
+    assert sorted(hi - lo for lo, hi, _, _ in g.copies) == [12, 16]
+    assert all((buf.ctypes.data + off) % 64 == lo % 64 for lo, hi, buf, off in g.copies)
+    p = g.pointer(second)
+    assert g.pointer(first) + 8 == p and g.pointer(wide) == g.pointer(small)
+    ctypes.memmove(p, np.float32([5.0]).ctypes.data, 4)
+    assert g.close("k") == [] and second[0] == 5.0 and first.tolist() == [0.0, 0.0, 5.0]
+    g = _Guarded([small])
+    ctypes.memmove(g.pointer(small) + 12, np.float32([1.0]).ctypes.data, 4)
+    assert g.close("k") == [f"k wrote after the memory of its arrays (12 bytes at {small.ctypes.data:#x}): out of "
+                            f"bounds"] and GUARD >= 4
 
 
 def _forward_matches(monkeypatch, emulated, sources, qkv, biases, lq, h, want):

@@ -119,7 +119,7 @@ class TokenPairs:
         fo, fo_base = self.files.open(offsets)
         ft, ft_base = self.files.open(tokens)
         item = tokens.dtype.itemsize
-        # one pread a row, issued by map over Python ints (a generator over NumPy values cost more than the reads)
+        # one pread a row, issued by map over Python ints (no Python frame, no NumPy scalar a row)
         n = int(idx.size)
         at = (fo_base + 8 * np.asarray(idx, dtype=np.int64)).tolist()
         bounds = np.frombuffer(b"".join(map(os.pread, itertools.repeat(fo, n), itertools.repeat(16, n), at)),
