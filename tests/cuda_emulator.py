@@ -19,6 +19,7 @@ does, no GPU needed, and tests/test_kernels.py with nvcc when it is installed).
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -221,6 +222,11 @@ static inline void emu_mma_1688_tf32(float* c, const unsigned* a, const unsigned
 // warps) gives a wrong result in one of the two orders.
 static unsigned emu_reverse = 0;
 extern "C" void emu_set_reverse(int r) { emu_reverse = r != 0; }
+// Whether emu_run sets shared memory to 0xff before each block (Emulator.launch: for a kernel that declares
+// __shared__, itself or through a function it calls; resetting ~100 KB before each block of every launch would slow
+// the tests for no purpose).
+static unsigned emu_poison = 1;
+extern "C" void emu_set_poison(int p) { emu_poison = p != 0; }
 // Runs the lanes lo .. hi - 1 of one warp that neither have ended nor wait at the block's barrier, round after round
 // (a round: each such lane up to its next barrier), until none is left: each warp barrier passed when every lane its
 // waiting lanes name waits at it too.
@@ -265,7 +271,8 @@ static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
         emu_done.assign(block, 0);
         emu_mask.assign(block, 0xffffffffu);
         emu_copies.assign(block, std::vector<emu_copy>());
-        if (__start_emu_shared) std::memset(__start_emu_shared, 0xff, __stop_emu_shared - __start_emu_shared);
+        if (emu_poison && __start_emu_shared)
+            std::memset(__start_emu_shared, 0xff, __stop_emu_shared - __start_emu_shared);
         for (unsigned t = 0; t < block; ++t) emu_start(t, &stacks[(size_t)t * stack], stack);
         for (unsigned left = block; left > 0;) {
             emu_blocked.assign(block, 0);   // the block's barrier passed (or the block begins)
@@ -423,6 +430,34 @@ class _Guarded:
         return wrote
 
 
+def shared_kernels(code):
+    """The names of the functions of CUDA source `code` that declare __shared__ memory, themselves or through a
+    function they call (comments and preprocessor lines aside; a function is a name, its parameters and a braced
+    body at the top level)."""
+    text = re.sub(r"/\*.*?\*/|//[^\n]*", "", code, flags=re.S)
+    text = re.sub(r"^[ \t]*#(?:[^\n]*\\\n)*[^\n]*", "", text, flags=re.M)   # #define and its continued lines
+    bodies, depth, i = {}, 0, 0
+    for m in re.finditer(r"[{}]", text):
+        if m.group() == "{":
+            if depth == 0:
+                head = re.search(r"(\w+)\s*\([^()]*(?:\([^()]*\)[^()]*)*\)\s*(?:const\s*)?$", text[i:m.start()])
+                name, start = (head.group(1) if head else None), m.start()
+            depth += 1
+        else:
+            depth -= 1
+            if depth == 0:
+                if name:
+                    bodies[name] = bodies.get(name, "") + text[start:m.end()]
+                i = m.end()
+    calls = {f: set(re.findall(r"\b(\w+)\s*[(<]", body)) & bodies.keys() for f, body in bodies.items()}
+    shared = {f for f, body in bodies.items() if "__shared__" in body}
+    while True:
+        more = {f for f in bodies if f not in shared and calls[f] & shared}
+        if not more:
+            return shared
+        shared |= more
+
+
 class Emulator:
     """Compiles kernels.source(dtype) once per dtype; `launch` has kernels.LAUNCH's signature. With `guard` (the
     default) every array goes to the kernel between guard bytes (_Guarded): a write past an array's memory fails the
@@ -433,6 +468,7 @@ class Emulator:
         self.libs = {}
         self.reverse = False   # run the blocks, and a block's warps and lanes, in descending order
         self.guard = guard
+        self.shared = {}      # CUDA source -> the kernels that declare shared memory (shared_kernels)
 
     def _ctype(self, c, dtype):
         t, a = kernels.C_TYPES[np.dtype(dtype).name]
@@ -456,6 +492,10 @@ class Emulator:
     def launch(self, name, dtype, grid, block, args, code=None):
         lib = self._lib(dtype, code)
         lib.emu_set_reverse(int(self.reverse))
+        source = kernels.source(dtype) if code is None else code
+        if source not in self.shared:
+            self.shared[source] = shared_kernels(source)
+        lib.emu_set_poison(int(name in self.shared[source]))
         fn = getattr(lib, f"launch_{name}")
         sig = [self._ctype(c, dtype) for c in kernels.SIGNATURES[name]]
         assert len(sig) == len(args), (name, len(sig), len(args))

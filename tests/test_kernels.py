@@ -907,9 +907,10 @@ def test_the_emulator_refuses_a_kernel_that_writes_past_its_arrays(monkeypatch, 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_every_shared_variable_of_the_kernels_starts_each_emulated_block_as_nan_bytes(dtype, emulated):
-    """The emulator resets one section of its library before each block: every __shared__ variable of the kernels
-    must lie in it (g++ would place one inside a template function elsewhere, unreset): as many symbols in the
-    section as there are __shared__ declarations in the source."""
+    """The emulator resets one section of its library before each block of a kernel that declares shared memory
+    (cuda_emulator.shared_kernels): every __shared__ variable of the kernels must lie in it (g++ would place one
+    inside a template function elsewhere, unreset), as many symbols in the section as there are __shared__
+    declarations in the source, and each belong to a function shared_kernels finds."""
     objdump = shutil.which("objdump")
     assert objdump, "objdump (binutils, which g++ needs) not found"
     code = kernels.source(dtype)
@@ -917,6 +918,16 @@ def test_every_shared_variable_of_the_kernels_starts_each_emulated_block_as_nan_
     table = subprocess.run([objdump, "-t", emulated._lib(dtype)._name], capture_output=True, text=True, check=True)
     in_section = [line for line in table.stdout.splitlines() if " emu_shared" in line and "_ZZ" in line]
     assert declared > 0 and len(in_section) == declared, (declared, in_section)
+    # the emulator resets the section before the blocks of the kernels shared_kernels finds: every function that
+    # holds one of these variables (named in its mangled name, _ZZ<length><name>...) among them
+    from cuda_emulator import shared_kernels
+    found = shared_kernels(code)
+    for line in in_section:
+        m = re.search(r"_ZZ(\d+)", line)
+        owner = line[m.end():m.end() + int(m.group(1))]
+        assert owner in found, (owner, line)
+    assert {"column_sums_into", "attention_rows_forward_mma", "update_check"} <= found
+    assert not {"bias_relu", "adam_update", "masked_softmax_warp"} & found
 
 
 def test_the_emulators_guards_copy_the_memory_arrays_span_once():
