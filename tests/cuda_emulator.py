@@ -3,7 +3,7 @@
 The kernel source is compiled UNCHANGED by the C++ compiler ($CXX, default g++) under a small shim: `__global__`/`__device__`
 vanish, `__shared__` becomes `static` (one copy, shared by the block's threads, since blocks
 run one after another, in ascending order or, with `Emulator.reverse`, descending; set to NaN bytes before each
-block), and the CUDA threads of a block are coroutines: one warp at a time runs up to the
+block of a kernel that declares any), and the CUDA threads of a block are coroutines: one warp at a time runs up to the
 next `__syncthreads()`, its lanes in turn up to each warp-collective instruction (a shuffle, `mma.sync`,
 `ldmatrix`: the warp's own barrier), the warps and lanes in ascending order, or descending with
 `Emulator.reverse`, so each barrier holds exactly, a warp runs ahead of the others as far as a GPU lets it,
@@ -141,8 +141,8 @@ template <typename V> static inline V __shfl_xor_sync(unsigned mask, V v, int la
 // row gid, columns 2 tig, 2 tig + 1, a[1] row gid + 8, a[2] and a[3] 8 columns on; b[0] rows 2 tig, 2 tig + 1 of column
 // gid, b[1] 8 rows on; c[0], c[1] row gid, columns 2 tig, 2 tig + 1, c[2], c[3] row gid + 8; the lower index in the low
 // 16 bits). Every lane puts its fragments in a slot (emu_mma_slots), all wait, each sums its four elements in float
-// (exact products, in k order), all wait again: the warp's barrier, as for the shuffle above. The PTX ISA leaves the order and rounding of the sums to the GPU, so a GPU's results agree with these to
-// rounding, not bits.
+// (exact products, in k order), all wait again: the warp's barrier, as for the shuffle above. The PTX ISA leaves the
+// order and rounding of the sums to the GPU, so a GPU's results agree with these to rounding, not bits.
 template <int BF> static inline float emu_widen16(unsigned short h);
 // A lane's A and B fragment registers into the block's slots, then the warp's barrier: each mma below then reads its
 // warp's.
@@ -218,8 +218,8 @@ static inline void emu_mma_1688_tf32(float* c, const unsigned* a, const unsigned
 }
 // The blocks run one after another; between two block barriers the warps run one after another, each from the block
 // barrier to the next, and between two of a warp's barriers its lanes one after another: blocks, warps and lanes in
-// ascending order, or descending where emu_set_reverse(1) says so. A kernel that reads what another thread writes without a barrier between (the block's for threads of two
-// warps) gives a wrong result in one of the two orders.
+// ascending order, or descending where emu_set_reverse(1) says so. A kernel that reads what another thread writes
+// without a barrier between (the block's for threads of two warps) gives a wrong result in one of the two orders.
 static unsigned emu_reverse = 0;
 extern "C" void emu_set_reverse(int r) { emu_reverse = r != 0; }
 // Whether emu_run sets shared memory to 0xff before each block (Emulator.launch: for a kernel that declares
@@ -298,8 +298,9 @@ static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
 #define __launch_bounds__(...)
 #define __device__
 // Shared memory: every __shared__ variable in one section of the library, whose bytes emu_run sets to 0xff (a NaN
-// in every float type) before each block, so a block that reads shared memory it did not write reads what a GPU may
-// hold there (another block's leftovers, or anything), not what the block before left.
+// in every float type) before each block of a kernel that declares any (emu_set_poison), so a block that reads
+// shared memory it did not write reads what a GPU may hold there (another block's leftovers, or anything), not what
+// the block before left.
 #define __shared__ static __attribute__((section("emu_shared")))
 // (the kernels' functions lose `inline` here: a static variable of an inline function lies in a COMDAT group, which
 // a section cannot share with the kernels' own; one translation unit, so nothing is defined twice)
@@ -468,7 +469,7 @@ class Emulator:
         self.libs = {}
         self.reverse = False   # run the blocks, and a block's warps and lanes, in descending order
         self.guard = guard
-        self.shared = {}      # CUDA source -> the kernels that declare shared memory (shared_kernels)
+        self.shared = {}      # as libs' keys -> the kernels of that source that declare shared memory (shared_kernels)
 
     def _ctype(self, c, dtype):
         t, a = kernels.C_TYPES[np.dtype(dtype).name]
@@ -484,18 +485,16 @@ class Emulator:
         arguments: another version of them, as a cupy.RawModule of the stand-in compiles it)."""
         key = (np.dtype(dtype).name, code)
         if key not in self.libs:
+            source = kernels.source(dtype) if code is None else code
             signatures = {name: [self._ctype(c, dtype) for c in sig] for name, sig in kernels.SIGNATURES.items()}
-            self.libs[key] = build(kernels.source(dtype) if code is None else code, signatures, self.workdir,
-                                   f"kernels_{key[0]}")
+            self.libs[key] = build(source, signatures, self.workdir, f"kernels_{key[0]}")
+            self.shared[key] = shared_kernels(source)
         return self.libs[key]
 
     def launch(self, name, dtype, grid, block, args, code=None):
         lib = self._lib(dtype, code)
         lib.emu_set_reverse(int(self.reverse))
-        source = kernels.source(dtype) if code is None else code
-        if source not in self.shared:
-            self.shared[source] = shared_kernels(source)
-        lib.emu_set_poison(int(name in self.shared[source]))
+        lib.emu_set_poison(int(name in self.shared[(np.dtype(dtype).name, code)]))
         fn = getattr(lib, f"launch_{name}")
         sig = [self._ctype(c, dtype) for c in kernels.SIGNATURES[name]]
         assert len(sig) == len(args), (name, len(sig), len(args))

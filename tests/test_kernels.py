@@ -840,6 +840,15 @@ def test_attention_on_packed_rows_forward_and_backward(dtype, cores, case, h, k,
     assert launched == ["attention_rows_forward" + mma, "attention_rows_backward" + mma]
 
 
+def _run_source(monkeypatch, emulated):
+    """Sends minitf's launches to the emulator with the CUDA source held in the returned dict's "code" (set it before
+    a launch: an altered copy of kernels.source)."""
+    current = {}
+    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, dt, grid, block, args: emulated.launch(
+        name, dt, grid, block, args, code=current["code"]))
+    return current
+
+
 def _without_tile_barriers(code):
     """The CUDA source `code` with the barrier at the top of each tile loop of the tensor-core attention taken out:
     att_mma_forward's, and the backward's query blocks' and key blocks'."""
@@ -868,9 +877,7 @@ def test_the_emulator_shows_a_warp_staging_the_next_tile_before_another_has_read
     biases = tuple(np.zeros(h * k, dtype=dtype) for _ in range(3))
     want_out, _, want = attention_reference(q, kk, v, biases, lq, lq, h, False, 0.25, dout)
     out, lse = kernels.attention_rows(q, kk, v, biases, spans_of(lq), spans_of(lq), h, False, 0.25)
-    broken = _without_tile_barriers(kernels.source(dtype))
-    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, dt, grid, block, args: emulated.launch(
-        name, dt, grid, block, args, code=broken))
+    _run_source(monkeypatch, emulated)["code"] = _without_tile_barriers(kernels.source(dtype))
     launched = record_launches(monkeypatch)
     right = {}
     for order in ("ascending", "descending"):
@@ -898,9 +905,7 @@ def test_the_emulator_refuses_a_kernel_that_writes_past_its_arrays(monkeypatch, 
     whole = np.ones(9, np.float32)
     kernels.relu_backward(whole[:8], y)
     assert whole.tolist() == [0.0] * 8 + [1.0]
-    current = {"code": code.replace(check, check.replace("i < n", "i <= n"))}
-    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, dt, grid, block, args: emulated.launch(
-        name, dt, grid, block, args, code=current["code"]))
+    _run_source(monkeypatch, emulated)["code"] = code.replace(check, check.replace("i < n", "i <= n"))
     with pytest.raises(AssertionError, match="relu_backward wrote after the memory of its arrays"):
         kernels.relu_backward(np.ones(8, np.float32), y)
 
@@ -957,9 +962,7 @@ def _forward_matches(monkeypatch, emulated, sources, qkv, biases, lq, h, want):
     """For each CUDA source of `sources` (kernels.source(dtype) or an altered copy, run by the emulator): whether
     kernels.attention_rows (self-attention over sentences of lq rows, h heads, scale 0.25) gives `want` (float64) to
     the tensor cores' rounding."""
-    current = {}
-    monkeypatch.setitem(kernels.LAUNCH, "launch", lambda name, dt, grid, block, args: emulated.launch(
-        name, dt, grid, block, args, code=current["code"]))
+    current = _run_source(monkeypatch, emulated)
     launched = record_launches(monkeypatch)
     right = []
     for code in sources:

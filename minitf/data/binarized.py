@@ -125,10 +125,11 @@ class TokenPairs:
         bounds = np.frombuffer(b"".join(map(os.pread, itertools.repeat(fo, n), itertools.repeat(16, n), at)),
                                dtype=offsets.dtype).reshape(-1, 2).astype(np.int64)
         _check_rows(offsets.filename, idx, bounds, lens, tokens.size)
-        sizes, at = (item * (bounds[:, 1] - bounds[:, 0])).tolist(), (ft_base + item * bounds[:, 0]).tolist()
+        lengths = bounds[:, 1] - bounds[:, 0]
+        sizes, at = (item * lengths).tolist(), (ft_base + item * bounds[:, 0]).tolist()
         data = b"".join(map(os.pread, itertools.repeat(ft, n), sizes, at))
         local = np.zeros(idx.size + 1, dtype=np.int64)
-        np.cumsum(bounds[:, 1] - bounds[:, 0], out=local[1:])
+        np.cumsum(lengths, out=local[1:])
         if len(data) != item * local[-1]:
             raise DataError(f"{tokens.filename}: rows end before the file does: truncated while in use")
         ids = np.frombuffer(data, dtype=tokens.dtype)
