@@ -41,6 +41,7 @@ template <typename V> static inline V __ldcg(const V* p) { return *p; }
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <functional>
 #include <ucontext.h>
 #include <vector>
@@ -124,16 +125,21 @@ static inline void emu_cp_async_wait_all() {
 }
 static inline void __syncthreads() { emu_blocked[emu_cur] = 1; emu_yield(); }
 static inline void emu_syncwarp(unsigned mask = 0xffffffffu) { emu_mask[emu_cur] = mask; emu_yield(); }
-// A warp shuffle: every lane puts its value in a slot, the lanes of the mask wait for each other, each reads its
-// partner's (a partner outside the mask stops the emulation: undefined on a GPU), and they wait again.
+// A warp shuffle: every lane puts its value in a slot and names the lane it reads (a partner outside the mask stops
+// the emulation: undefined on a GPU), the lanes of the mask wait for each other, and when they all wait emu_run_warp
+// hands each the value its partner put (emu_shuffle_exchange): one warp barrier a shuffle, each lane's result its own
+// slot, which no lane writes again before the warp's next barrier.
+static unsigned long long emu_shfl_in[1024], emu_shfl_out[1024];   // a lane's value, what it receives (its bytes)
+static int emu_shfl_from[1024];    // per thread: the thread whose value its waiting shuffle receives, or -1
 template <typename V> static inline V __shfl_xor_sync(unsigned mask, V v, int lane_mask) {
-    static V slots[1024];
-    slots[threadIdx.x] = v;
-    emu_syncwarp(mask);
+    static_assert(sizeof(V) <= sizeof(unsigned long long), "a shuffled value fits a slot");
     unsigned partner = (threadIdx.x & 31u) ^ (unsigned)lane_mask;
     if (!((mask >> partner) & 1u)) emu_error = "a shuffle reads a lane its mask does not name";
-    V r = slots[(threadIdx.x & ~31u) | partner];
+    std::memcpy(&emu_shfl_in[threadIdx.x], &v, sizeof(V));
+    emu_shfl_from[threadIdx.x] = (int)((threadIdx.x & ~31u) | partner);
     emu_syncwarp(mask);
+    V r;
+    std::memcpy(&r, &emu_shfl_out[threadIdx.x], sizeof(V));
     return r;
 }
 // mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32 (kernels.py's mma_16816): c (16 x 8, float) +=
@@ -243,16 +249,20 @@ static void emu_run_warp(unsigned lo, unsigned hi) {
             at_warp += !emu_done[t] && !emu_blocked[t];
         }
         if (at_warp == 0) return;
-        for (unsigned t = lo; t < hi; ++t) {
-            if (emu_done[t] || emu_blocked[t]) continue;
-            for (unsigned u = lo; u < hi; ++u)
-                if (((emu_mask[t] >> (u - lo)) & 1u) && (emu_done[u] || emu_blocked[u])) {
-                    // a GPU would hang, or read what the lane never gave
-                    emu_error = "a lane of a warp-collective instruction's mask skipped it (ended, or waits at the "
-                                "block's barrier)";
-                    return;
-                }
-        }
+        unsigned gone = 0;   // the lanes that have ended or wait at the block's barrier
+        for (unsigned u = lo; u < hi; ++u) gone |= (unsigned)(emu_done[u] || emu_blocked[u]) << (u - lo);
+        for (unsigned t = lo; t < hi; ++t)
+            if (!emu_done[t] && !emu_blocked[t] && (emu_mask[t] & gone)) {
+                // a GPU would hang, or read what the lane never gave
+                emu_error = "a lane of a warp-collective instruction's mask skipped it (ended, or waits at the "
+                            "block's barrier)";
+                return;
+            }
+        for (unsigned t = lo; t < hi; ++t)   // the warp barrier passed: each waiting shuffle gets its partner's value
+            if (emu_shfl_from[t] >= 0) {
+                emu_shfl_out[t] = emu_shfl_in[emu_shfl_from[t]];
+                emu_shfl_from[t] = -1;
+            }
     }
 }
 extern "C" char __start_emu_shared[] __attribute__((weak)), __stop_emu_shared[] __attribute__((weak));
@@ -270,10 +280,13 @@ static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
         blockIdx = {b, 0, 0};
         emu_done.assign(block, 0);
         emu_mask.assign(block, 0xffffffffu);
+        std::fill(emu_shfl_from, emu_shfl_from + block, -1);
         emu_copies.assign(block, std::vector<emu_copy>());
         if (emu_poison && __start_emu_shared)
             std::memset(__start_emu_shared, 0xff, __stop_emu_shared - __start_emu_shared);
-        for (unsigned t = 0; t < block; ++t) emu_start(t, &stacks[(size_t)t * stack], stack);
+        // each stack's top 64 bytes further down than the one before: tops a multiple of 64 KB apart would share
+        // the CPU cache's sets, and a warp's 32 lanes switch between them at every shuffle
+        for (unsigned t = 0; t < block; ++t) emu_start(t, &stacks[(size_t)t * stack], stack - 64 * (t % 128));
         for (unsigned left = block; left > 0;) {
             emu_blocked.assign(block, 0);   // the block's barrier passed (or the block begins)
             for (unsigned i = 0; i < warps; ++i) {

@@ -118,6 +118,14 @@ extern "C" __global__ void shuffles_alone(float* x, int n) {
     if ((int)threadIdx.x >= n) return;
     x[threadIdx.x] = __shfl_xor_sync(0xffffffffu, x[threadIdx.x], 1);
 }
+// lanes below 16 shuffle with a mask of just them, reading lane + 1 (allowed) where n is 32, else lane ^ n: for n = 16
+// a lane the mask does not name
+extern "C" __global__ void shuffles_outside(float* x, int n) {
+    float v = x[threadIdx.x];
+    if (threadIdx.x < 16) v = __shfl_xor_sync(0xffffu, v, n == 32 ? 1 : n);
+    __syncthreads();
+    x[threadIdx.x] = v;
+}
 // lanes below n shuffle with a mask of just them (allowed) while the others go on to the block's barrier; n even
 extern "C" __global__ void shuffles_masked(float* x, int n) {
     float v = x[threadIdx.x];
@@ -126,16 +134,18 @@ extern "C" __global__ void shuffles_masked(float* x, int n) {
     x[threadIdx.x] = v;
 }
 """
-KERNELS_MISUSING = ("leaves_early", "shuffles_apart", "shuffles_alone")
+KERNELS_MISUSING = ("leaves_early", "shuffles_apart", "shuffles_alone", "shuffles_outside")
 
 
 @pytest.mark.parametrize("kernel,says", [("leaves_early", "ended while others wait at __syncthreads"),
-                                         ("shuffles_apart", "mask skipped it"), ("shuffles_alone", "mask skipped it")])
+                                         ("shuffles_apart", "mask skipped it"), ("shuffles_alone", "mask skipped it"),
+                                         ("shuffles_outside", "reads a lane its mask does not name")])
 def test_the_emulator_refuses_a_barrier_some_threads_skip(tmp_path, kernel, says):
-    """A __syncthreads some threads of the block never reach (they returned), and a warp-collective instruction some
-    lanes of its mask skip (for the block's barrier, or returning), are undefined on a GPU: the emulator stops the
-    launch and says which, where every thread taking the same path runs; a shuffle whose mask names only the lanes
-    that make it runs either way, and gives each lane its partner's value."""
+    """A __syncthreads some threads of the block never reach (they returned), a warp-collective instruction some
+    lanes of its mask skip (for the block's barrier, or returning), and a shuffle that reads a lane outside its mask
+    are undefined on a GPU: the emulator stops the launch and says which, where every thread taking the same path
+    runs; a shuffle whose mask names only the lanes that make it runs either way, and gives each lane its partner's
+    value."""
     from cuda_emulator import build
     lib = build(MISUSED_BARRIERS, {name: ["float*", "int"] for name in KERNELS_MISUSING + ("shuffles_masked",)},
                 str(tmp_path), "barriers")
