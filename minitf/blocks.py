@@ -96,7 +96,8 @@ class DecoderLayer(Layer):
 
     def forward(self, y, memory, src_bias, tgt_bias, sites=None, tgt_rows=None, src_rows=None):
         """y [B, T, D], memory [B, S, D] (encoder output), tgt_bias [B, 1, T, T] -> [B, T, D]
-        (packed: y [N_t, D], memory [N_s, D] -> [N_t, D] with `tgt_rows`/`src_rows`)."""
+        (packed: y [N_t, D], memory [N_s, D] -> [N_t, D] with `tgt_rows`/`src_rows`; tgt_bias None where the
+        self-attention runs on packed rows, which masks by the rows' spans)."""
         if self.pre:
             n = self.norm1.forward(y)
             h1 = residual(y, self.drop1, self.self_attn.forward(n, n, tgt_bias, tgt_rows, tgt_rows, sites),

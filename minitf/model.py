@@ -73,7 +73,7 @@ class Transformer(Seq2Seq):
         Packed (training): with keep_tgt [B, T] bool, every layer runs on the non-pad source
         positions and the kept target positions only (packing.py) and h is [N_t, D]."""
         src_rows = tgt_rows = None
-        plans = (None, None)
+        plans, whole = (None, None), False
         src = self.check_ids("src", src, host=keep_tgt is not None)
         if keep_tgt is not None:   # on the host: no GPU sync (packing.Rows)
             host_in = self.check_ids("tgt_in", tgt_in, host=True)
@@ -87,13 +87,15 @@ class Transformer(Seq2Seq):
             keys = whole and np.array_equal(to_numpy(keep_tgt), host_in != self.cfg.pad_id)
             tgt_rows = make_rows(keep_tgt, self.xp, keys=keys, whole=whole)
             plans = self._embedding_plans(src, host_in, src_rows, tgt_rows)
-        # the padding biases from the ids where they are (the host, in training: one copy each, no kernels)
-        src_bias, tgt_pad = (padding_bias(ids, self.cfg.pad_id, self.dtype, self.xp) for ids in (src, tgt_in))
+        # the padding biases from the ids where they are (the host, in training: one copy each, no kernels); the
+        # decoder's self-attention on packed rows masks by the rows' spans (kernels.attention_rows): no bias for it
+        on_rows = whole and tgt_rows is not None and tgt_rows.spans is not None
+        src_bias = padding_bias(src, self.cfg.pad_id, self.dtype, self.xp)
+        tgt_pad = None if on_rows else padding_bias(tgt_in, self.cfg.pad_id, self.dtype, self.xp)
         src, tgt_in = to_device(src, self.xp), self.check_ids("tgt_in", tgt_in)
         sites = self._dropout_sites()
         memory, src_bias, src_ids = self.encode(src, sites, src_rows, plans[0], src_bias)
-        t = tgt_in.shape[1]
-        tgt_bias = causal_bias(t, self.xp, self.dtype)[None, None] + tgt_pad
+        tgt_bias = None if on_rows else causal_bias(tgt_in.shape[1], self.xp, self.dtype)[None, None] + tgt_pad
         y = self._embed(tgt_in, tgt_rows, self.tgt_dropout, sites, plans[1])
         h = self.decoder.forward(y, memory, src_bias, tgt_bias, sites, tgt_rows, src_rows)
         self._cache = {"src_ids": src_ids, "tgt_ids": tgt_in, "src_rows": src_rows, "tgt_rows": tgt_rows,
