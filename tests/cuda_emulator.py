@@ -102,10 +102,14 @@ static void emu_prepare(unsigned block) { emu_ctx.assign(block, ucontext_t()); }
 // next, its lanes in turn between its warp barriers, so a warp runs ahead of the others through its shuffles and
 // tensor-core products as it may on a GPU (a warp that reads shared memory another warp writes without a block
 // barrier between them reads it too early or too late in one of the two orders). A warp barrier waits for the lanes
-// its mask names (a shuffle's mask; mma.sync and ldmatrix, .aligned: every lane); a lane it names that has ended or
-// waits at the block's barrier (a warp-collective instruction some of its lanes skip) stops the emulation.
+// its mask names (a shuffle's mask; mma.sync and ldmatrix, .aligned: every lane) to wait at the same barrier with the
+// same mask; a lane it names that has ended, waits at the block's barrier or lies past the block's last thread (a
+// warp-collective instruction some of its lanes skip), or lanes that wait for each other at different barriers, stop
+// the emulation (emu_run_warp).
 static std::vector<char> emu_blocked;       // per thread: 1 waiting at the block's barrier
 static std::vector<unsigned> emu_mask;      // per thread: the lanes its warp barrier waits for
+static std::vector<int> emu_kind;           // per thread: which warp barrier it waits at (EMU_SHUFFLE ...)
+enum { EMU_SHUFFLE = 1, EMU_MMA_IN, EMU_MMA_OUT, EMU_LDSM_IN, EMU_LDSM_OUT };
 static const char* emu_error = nullptr;     // what stopped the emulation of the last launch, or nullptr
 // cp.async (kernels.py's mma_copy16 and mma_copy_wait): a copy lands when its thread waits for its copies, not
 // before; until then its 16 bytes of shared memory read as 0xff bytes (a NaN in every float type), so a read before
@@ -124,20 +128,26 @@ static inline void emu_cp_async_wait_all() {
     emu_copies[threadIdx.x].clear();
 }
 static inline void __syncthreads() { emu_blocked[emu_cur] = 1; emu_yield(); }
-static inline void emu_syncwarp(unsigned mask = 0xffffffffu) { emu_mask[emu_cur] = mask; emu_yield(); }
+static inline void emu_syncwarp(int kind, unsigned mask = 0xffffffffu) {
+    emu_mask[emu_cur] = mask;
+    emu_kind[emu_cur] = kind;
+    emu_yield();
+}
 // A warp shuffle: every lane puts its value in a slot and names the lane it reads (a partner outside the mask stops
 // the emulation: undefined on a GPU), the lanes of the mask wait for each other, and when they all wait emu_run_warp
-// hands each the value its partner put (emu_shuffle_exchange): one warp barrier a shuffle, each lane's result its own
-// slot, which no lane writes again before the warp's next barrier.
+// hands each the value its partner put: one warp barrier a shuffle, each lane's result its own slot, which no lane
+// writes again before the warp's next barrier. A partner past the warp's 32 lanes (lane_mask 32 or more) gives the
+// lane its own value, as CUDA's shuffle does for a lane past the width.
 static unsigned long long emu_shfl_in[1024], emu_shfl_out[1024];   // a lane's value, what it receives (its bytes)
 static int emu_shfl_from[1024];    // per thread: the thread whose value its waiting shuffle receives, or -1
 template <typename V> static inline V __shfl_xor_sync(unsigned mask, V v, int lane_mask) {
     static_assert(sizeof(V) <= sizeof(unsigned long long), "a shuffled value fits a slot");
     unsigned partner = (threadIdx.x & 31u) ^ (unsigned)lane_mask;
+    if (partner > 31u) partner = threadIdx.x & 31u;
     if (!((mask >> partner) & 1u)) emu_error = "a shuffle reads a lane its mask does not name";
     std::memcpy(&emu_shfl_in[threadIdx.x], &v, sizeof(V));
     emu_shfl_from[threadIdx.x] = (int)((threadIdx.x & ~31u) | partner);
-    emu_syncwarp(mask);
+    emu_syncwarp(EMU_SHUFFLE, mask);
     V r;
     std::memcpy(&r, &emu_shfl_out[threadIdx.x], sizeof(V));
     return r;
@@ -156,7 +166,7 @@ static unsigned emu_sa[1024][4], emu_sb[1024][2];
 static inline void emu_mma_slots(const unsigned* a, const unsigned* b) {
     for (int i = 0; i < 4; ++i) emu_sa[threadIdx.x][i] = a[i];
     for (int i = 0; i < 2; ++i) emu_sb[threadIdx.x][i] = b[i];
-    emu_syncwarp();
+    emu_syncwarp(EMU_MMA_IN);
 }
 template <int BF> static inline void emu_mma_16816(float* c, const unsigned* a, const unsigned* b) {
     emu_mma_slots(a, b);
@@ -173,7 +183,7 @@ template <int BF> static inline void emu_mma_16816(float* c, const unsigned* a, 
         }
         c[i] += sum;
     }
-    emu_syncwarp();
+    emu_syncwarp(EMU_MMA_OUT);
 }
 // ldmatrix.sync.aligned.m8n8.x4{.trans}.b16 (kernels.py's mma_ldsm_x4 and mma_ldsm_x4_trans): lanes 8 i .. 8 i + 7
 // give the addresses of matrix i's 8 rows of 8 16-bit values (each 16-byte aligned, or the emulation stops), and lane
@@ -185,7 +195,7 @@ template <int TRANS> static inline void emu_ldmatrix_x4(unsigned* d, const void*
     static unsigned short rows[1024][8];
     if ((uintptr_t)p % 16 != 0) __builtin_trap();
     std::memcpy(rows[threadIdx.x], p, 16);
-    emu_syncwarp();
+    emu_syncwarp(EMU_LDSM_IN);
     unsigned warp = threadIdx.x & ~31u, lane = threadIdx.x & 31u, gid = lane >> 2, tig = lane & 3u;
     for (unsigned i = 0; i < 4; ++i) {
         const unsigned short (*m)[8] = rows + warp + 8 * i;
@@ -193,7 +203,7 @@ template <int TRANS> static inline void emu_ldmatrix_x4(unsigned* d, const void*
         unsigned hi = TRANS ? m[2 * tig + 1][gid] : m[gid][2 * tig + 1];
         d[i] = lo | (hi << 16);
     }
-    emu_syncwarp();
+    emu_syncwarp(EMU_LDSM_OUT);
 }
 // cvt.rna.tf32.f32 (kernels.py's mma_tf32 in float32): x rounded to TF32's 10 mantissa bits, to nearest, ties away
 // from zero (half a unit of the last kept bit added to the magnitude's bits, the 13 bits below it cleared); infinities
@@ -220,7 +230,7 @@ static inline void emu_mma_1688_tf32(float* c, const unsigned* a, const unsigned
                    * emu_tf32_value(emu_sb[warp + col * 4 + (k & 3)][k >> 2]);
         c[i] += sum;
     }
-    emu_syncwarp();
+    emu_syncwarp(EMU_MMA_OUT);
 }
 // The blocks run one after another; between two block barriers the warps run one after another, each from the block
 // barrier to the next, and between two of a warp's barriers its lanes one after another: blocks, warps and lanes in
@@ -234,35 +244,62 @@ extern "C" void emu_set_reverse(int r) { emu_reverse = r != 0; }
 static unsigned emu_poison = 1;
 extern "C" void emu_set_poison(int p) { emu_poison = p != 0; }
 // Runs the lanes lo .. hi - 1 of one warp that neither have ended nor wait at the block's barrier, round after round
-// (a round: each such lane up to its next barrier), until none is left: each warp barrier passed when every lane its
-// waiting lanes name waits at it too.
+// (a round: each such lane that no warp barrier holds, up to its next barrier), until none is left. A lane waiting at
+// a warp barrier passes it once every lane its mask names waits at the same barrier with the same mask (as CUDA's
+// *_sync instructions ask): lanes 0-15 may shuffle among themselves while lanes 16-31 wait at a shuffle of the whole
+// warp for them. A lane its mask names that has ended, waits at the block's barrier or lies past the block's last
+// thread, or waiting lanes of which none can pass (other instructions, or other masks), stop the emulation.
+static std::vector<char> emu_held;          // per thread: 1 waiting at a warp barrier it has not yet passed
 static void emu_run_warp(unsigned lo, unsigned hi) {
     for (;;) {
-        unsigned at_warp = 0;
+        unsigned held = 0, gone = hi - lo < 32 ? ~0u << (hi - lo) : 0u;   // bits by lane
         for (unsigned i = lo; i < hi; ++i) {
             unsigned t = emu_reverse ? hi - 1 - (i - lo) : i;
-            if (emu_done[t] || emu_blocked[t]) continue;
+            if (emu_done[t] || emu_blocked[t] || emu_held[t]) continue;
             emu_cur = t;
             threadIdx = {t, 0, 0};
             emu_resume(t);
             if (emu_error) return;
-            at_warp += !emu_done[t] && !emu_blocked[t];
+            emu_held[t] = !emu_done[t] && !emu_blocked[t];
         }
-        if (at_warp == 0) return;
-        unsigned gone = 0;   // the lanes that have ended or wait at the block's barrier
-        for (unsigned u = lo; u < hi; ++u) gone |= (unsigned)(emu_done[u] || emu_blocked[u]) << (u - lo);
-        for (unsigned t = lo; t < hi; ++t)
-            if (!emu_done[t] && !emu_blocked[t] && (emu_mask[t] & gone)) {
-                // a GPU would hang, or read what the lane never gave
-                emu_error = "a lane of a warp-collective instruction's mask skipped it (ended, or waits at the "
-                            "block's barrier)";
+        bool one = true;   // every held lane at one barrier with one mask
+        int first = -1;
+        for (unsigned u = lo; u < hi; ++u) {
+            if (emu_held[u]) {
+                held |= 1u << (u - lo);
+                if (first < 0) first = (int)u;
+                else one = one && emu_kind[u] == emu_kind[first] && emu_mask[u] == emu_mask[first];
+            } else {
+                gone |= 1u << (u - lo);   // ended, or at the block's barrier
+            }
+        }
+        if (!held) return;
+        unsigned passes = 0;
+        for (unsigned t = lo; t < hi; ++t) {
+            if (!emu_held[t]) continue;
+            if (emu_mask[t] & gone) {   // a GPU would hang, or read what the lane never gave
+                emu_error = "a lane of a warp-collective instruction's mask skipped it (ended, waits at the block's "
+                            "barrier, or is past the block's last thread)";
                 return;
             }
-        for (unsigned t = lo; t < hi; ++t)   // the warp barrier passed: each waiting shuffle gets its partner's value
+            bool pass = true;
+            for (unsigned u = lo; !one && pass && u < hi; ++u)
+                pass = !((emu_mask[t] >> (u - lo)) & 1u) || (emu_kind[u] == emu_kind[t] && emu_mask[u] == emu_mask[t]);
+            passes |= (unsigned)pass << (t - lo);
+        }
+        if (!passes) {
+            emu_error = "lanes of a warp wait at warp barriers none of which can pass (lanes its mask names wait at "
+                        "another instruction, or with another mask)";
+            return;
+        }
+        for (unsigned t = lo; t < hi; ++t) {   // the barriers passed: each shuffle gets its partner's value
+            if (!((passes >> (t - lo)) & 1u)) continue;
+            emu_held[t] = 0;
             if (emu_shfl_from[t] >= 0) {
                 emu_shfl_out[t] = emu_shfl_in[emu_shfl_from[t]];
                 emu_shfl_from[t] = -1;
             }
+        }
     }
 }
 extern "C" char __start_emu_shared[] __attribute__((weak)), __stop_emu_shared[] __attribute__((weak));
@@ -280,6 +317,8 @@ static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
         blockIdx = {b, 0, 0};
         emu_done.assign(block, 0);
         emu_mask.assign(block, 0xffffffffu);
+        emu_kind.assign(block, 0);
+        emu_held.assign(block, 0);
         std::fill(emu_shfl_from, emu_shfl_from + block, -1);
         emu_copies.assign(block, std::vector<emu_copy>());
         if (emu_poison && __start_emu_shared)

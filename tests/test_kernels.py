@@ -126,6 +126,21 @@ extern "C" __global__ void shuffles_outside(float* x, int n) {
     __syncthreads();
     x[threadIdx.x] = v;
 }
+// lanes at or past n shuffle with a mask that names lane 0 and them, the others with the whole warp's mask: each waits
+// for a lane at another mask, forever
+extern "C" __global__ void shuffles_unmatched(float* x, int n) {
+    unsigned mask = (int)threadIdx.x < n ? 0xffffffffu : 0xffff0001u;
+    x[threadIdx.x] = __shfl_xor_sync(mask, x[threadIdx.x], 1);
+}
+// lanes 0-15 shuffle among themselves, then the whole warp together, then lanes 16-31 among themselves (allowed: a
+// shuffle of the whole warp waits for lanes 0-15 to come to it); n unused
+extern "C" __global__ void shuffles_in_turn(float* x, int n) {
+    float v = x[threadIdx.x];
+    if (threadIdx.x < 16) v += 10.0f * __shfl_xor_sync(0xffffu, v, 1);
+    v += 100.0f * __shfl_xor_sync(0xffffffffu, v, 16);
+    if (threadIdx.x >= 16) v += 1000.0f * __shfl_xor_sync(0xffff0000u, v, 1);
+    x[threadIdx.x] = v;
+}
 // lanes below n shuffle with a mask of just them (allowed) while the others go on to the block's barrier; n even
 extern "C" __global__ void shuffles_masked(float* x, int n) {
     float v = x[threadIdx.x];
@@ -134,12 +149,13 @@ extern "C" __global__ void shuffles_masked(float* x, int n) {
     x[threadIdx.x] = v;
 }
 """
-KERNELS_MISUSING = ("leaves_early", "shuffles_apart", "shuffles_alone", "shuffles_outside")
+KERNELS_MISUSING = ("leaves_early", "shuffles_apart", "shuffles_alone", "shuffles_outside", "shuffles_unmatched")
 
 
 @pytest.mark.parametrize("kernel,says", [("leaves_early", "ended while others wait at __syncthreads"),
                                          ("shuffles_apart", "mask skipped it"), ("shuffles_alone", "mask skipped it"),
-                                         ("shuffles_outside", "reads a lane its mask does not name")])
+                                         ("shuffles_outside", "reads a lane its mask does not name"),
+                                         ("shuffles_unmatched", "none of which can pass")])
 def test_the_emulator_refuses_a_barrier_some_threads_skip(tmp_path, kernel, says):
     """A __syncthreads some threads of the block never reach (they returned), a warp-collective instruction some
     lanes of its mask skip (for the block's barrier, or returning), and a shuffle that reads a lane outside its mask
@@ -161,6 +177,32 @@ def test_the_emulator_refuses_a_barrier_some_threads_skip(tmp_path, kernel, says
     assert error is not None and says in error.decode()
     x, error = run("shuffles_masked", 16)
     assert error is None and x.tolist() == [i ^ 1 for i in range(16)] + list(range(16, 32))
+
+
+def test_the_emulator_lets_lanes_shuffle_in_turn_and_refuses_a_mask_past_the_block(tmp_path):
+    """A shuffle passes when every lane its mask names is at a shuffle with that mask: lanes 0-15 may shuffle among
+    themselves while lanes 16-31 wait at a shuffle of the whole warp, and each gets what CUDA gives. A mask that names
+    lanes past the block's last thread (a block of 48 threads, the whole warp's mask in its second warp) stops the
+    launch: those lanes never come."""
+    from cuda_emulator import build
+    lib = build(MISUSED_BARRIERS, {name: ["float*", "int"] for name in ("shuffles_in_turn", "shuffles_alone")},
+                str(tmp_path), "in_turn")
+    fn = lib.launch_shuffles_in_turn
+    fn.restype = ctypes.c_char_p
+    x = np.arange(32, dtype=np.float32)
+    assert fn(ctypes.c_uint(1), ctypes.c_uint(32), ctypes.c_void_p(x.ctypes.data), ctypes.c_int(0)) is None
+    want = np.arange(32, dtype=np.float32)
+    lane = np.arange(32)
+    want[:16] += 10 * want[lane[:16] ^ 1]
+    want = want + 100 * want[lane ^ 16]
+    want[16:] += 1000 * want[16:][(lane[16:] ^ 1) - 16]
+    np.testing.assert_array_equal(x, want)    # e.g. lane 1: 1701, lane 16: 118016, lane 17: 1016117
+    assert (x[1], x[16], x[17]) == (1701, 118016, 1016117)
+    fn = lib.launch_shuffles_alone
+    fn.restype = ctypes.c_char_p
+    x = np.arange(48, dtype=np.float32)
+    error = fn(ctypes.c_uint(1), ctypes.c_uint(48), ctypes.c_void_p(x.ctypes.data), ctypes.c_int(48))
+    assert error is not None and b"past the block's last thread" in error
 
 
 @pytest.mark.parametrize("bf", [0, 1], ids=["float16", "bfloat16"])
