@@ -132,6 +132,21 @@ extern "C" __global__ void shuffles_unmatched(float* x, int n) {
     unsigned mask = (int)threadIdx.x < n ? 0xffffffffu : 0xffff0001u;
     x[threadIdx.x] = __shfl_xor_sync(mask, x[threadIdx.x], 1);
 }
+// lanes below n make a tensor-core product (the emulator's mma.sync) while the others shuffle twice with the whole
+// warp's mask: each waits for lanes at another instruction
+extern "C" __global__ void mma_against_shuffles(float* x, int n) {
+    float v = x[threadIdx.x];
+    if ((int)threadIdx.x < n) {
+        unsigned a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+        float c[4] = {0, 0, 0, 0};
+        emu_mma_16816<0>(c, a, b);
+        v += c[0];
+    } else {
+        v += __shfl_xor_sync(0xffffffffu, v, 16);
+        v += __shfl_xor_sync(0xffffffffu, v, 16);
+    }
+    x[threadIdx.x] = v;
+}
 // lanes 0-15 shuffle among themselves, then the whole warp together, then lanes 16-31 among themselves (allowed: a
 // shuffle of the whole warp waits for lanes 0-15 to come to it); n unused
 extern "C" __global__ void shuffles_in_turn(float* x, int n) {
@@ -149,13 +164,15 @@ extern "C" __global__ void shuffles_masked(float* x, int n) {
     x[threadIdx.x] = v;
 }
 """
-KERNELS_MISUSING = ("leaves_early", "shuffles_apart", "shuffles_alone", "shuffles_outside", "shuffles_unmatched")
+KERNELS_MISUSING = ("leaves_early", "shuffles_apart", "shuffles_alone", "shuffles_outside", "shuffles_unmatched",
+                    "mma_against_shuffles")
 
 
 @pytest.mark.parametrize("kernel,says", [("leaves_early", "ended while others wait at __syncthreads"),
                                          ("shuffles_apart", "mask skipped it"), ("shuffles_alone", "mask skipped it"),
                                          ("shuffles_outside", "reads a lane its mask does not name"),
-                                         ("shuffles_unmatched", "none of which can pass")])
+                                         ("shuffles_unmatched", "none of which can pass"),
+                                         ("mma_against_shuffles", "none of which can pass")])
 def test_the_emulator_refuses_a_barrier_some_threads_skip(tmp_path, kernel, says):
     """A __syncthreads some threads of the block never reach (they returned), a warp-collective instruction some
     lanes of its mask skip (for the block's barrier, or returning), and a shuffle that reads a lane outside its mask
