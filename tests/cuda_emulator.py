@@ -252,7 +252,7 @@ extern "C" void emu_set_poison(int p) { emu_poison = p != 0; }
 static std::vector<char> emu_held;          // per thread: 1 waiting at a warp barrier it has not yet passed
 static void emu_run_warp(unsigned lo, unsigned hi) {
     for (;;) {
-        unsigned held = 0, gone = hi - lo < 32 ? ~0u << (hi - lo) : 0u;   // bits by lane
+        unsigned gone = hi - lo < 32 ? ~0u << (hi - lo) : 0u;   // bits by lane
         for (unsigned i = lo; i < hi; ++i) {
             unsigned t = emu_reverse ? hi - 1 - (i - lo) : i;
             if (emu_done[t] || emu_blocked[t] || emu_held[t]) continue;
@@ -263,17 +263,16 @@ static void emu_run_warp(unsigned lo, unsigned hi) {
             emu_held[t] = !emu_done[t] && !emu_blocked[t];
         }
         bool one = true;   // every held lane at one barrier with one mask
-        int first = -1;
+        int first = -1;    // the first held lane (none: every lane has ended or waits at the block's barrier)
         for (unsigned u = lo; u < hi; ++u) {
             if (emu_held[u]) {
-                held |= 1u << (u - lo);
                 if (first < 0) first = (int)u;
                 else one = one && emu_kind[u] == emu_kind[first] && emu_mask[u] == emu_mask[first];
             } else {
                 gone |= 1u << (u - lo);   // ended, or at the block's barrier
             }
         }
-        if (!held) return;
+        if (first < 0) return;
         unsigned passes = 0;
         for (unsigned t = lo; t < hi; ++t) {
             if (!emu_held[t]) continue;
@@ -408,7 +407,8 @@ def compiler():
 
 def build(code, signatures, workdir, tag):
     """The shared library of CUDA source `code` under the shim, with a `launch_<name>(grid, block, args...)` for each
-    kernel of `signatures` ({name: [C types of its parameters]}), built once per source in `workdir`."""
+    kernel of `signatures` ({name: [C types of its parameters]}), built once per source in `workdir`; a launch returns
+    what stopped the emulation (bytes), or None."""
     parts = [SHIM, code]
     for name, types in signatures.items():
         params = "".join(f", {c} a{i}" for i, c in enumerate(types))
@@ -424,7 +424,10 @@ def build(code, signatures, workdir, tag):
                        check=True, capture_output=True, text=True)
         os.replace(tmp, so)
         os.unlink(cpp)
-    return ctypes.CDLL(so)
+    lib = ctypes.CDLL(so)
+    for name in signatures:
+        getattr(lib, f"launch_{name}").restype = ctypes.c_char_p
+    return lib
 
 
 GUARD = 1024   # bytes of 0xff before and after each array a guarded launch hands a kernel
@@ -562,7 +565,6 @@ class Emulator:
                 cargs.append(ctypes.c_void_p(guarded.pointer(a) if guarded else a.ctypes.data))
             else:
                 cargs.append(CTYPES[c](a.item() if hasattr(a, "item") else a))
-        fn.restype = ctypes.c_char_p
         error = fn(ctypes.c_uint(grid), ctypes.c_uint(block), *cargs)
         wrong = ([f"{name}: {error.decode()}"] if error else []) + (guarded.close(name) if guarded else [])
         if wrong:

@@ -164,6 +164,14 @@ extern "C" __global__ void shuffles_masked(float* x, int n) {
     x[threadIdx.x] = v;
 }
 """
+def _launch_one_block(lib, name, threads, n):
+    """launch_<name> of `lib` (MISUSED_BARRIERS built) on one block of `threads` threads over x = 0, 1, ..., with n:
+    (x after it, what stopped the emulation or None)."""
+    x = np.arange(threads, dtype=np.float32)
+    return x, getattr(lib, f"launch_{name}")(ctypes.c_uint(1), ctypes.c_uint(threads), ctypes.c_void_p(x.ctypes.data),
+                                            ctypes.c_int(n))
+
+
 KERNELS_MISUSING = ("leaves_early", "shuffles_apart", "shuffles_alone", "shuffles_outside", "shuffles_unmatched",
                     "mma_against_shuffles")
 
@@ -183,16 +191,10 @@ def test_the_emulator_refuses_a_barrier_some_threads_skip(tmp_path, kernel, says
     lib = build(MISUSED_BARRIERS, {name: ["float*", "int"] for name in KERNELS_MISUSING + ("shuffles_masked",)},
                 str(tmp_path), "barriers")
 
-    def run(name, n):
-        fn = getattr(lib, f"launch_{name}")
-        fn.restype = ctypes.c_char_p
-        x = np.arange(32, dtype=np.float32)
-        error = fn(ctypes.c_uint(1), ctypes.c_uint(32), ctypes.c_void_p(x.ctypes.data), ctypes.c_int(n))
-        return x, error
-    assert run(kernel, 32)[1] is None
-    error = run(kernel, 16)[1]
+    assert _launch_one_block(lib, kernel, 32, 32)[1] is None
+    error = _launch_one_block(lib, kernel, 32, 16)[1]
     assert error is not None and says in error.decode()
-    x, error = run("shuffles_masked", 16)
+    x, error = _launch_one_block(lib, "shuffles_masked", 32, 16)
     assert error is None and x.tolist() == [i ^ 1 for i in range(16)] + list(range(16, 32))
 
 
@@ -204,10 +206,8 @@ def test_the_emulator_lets_lanes_shuffle_in_turn_and_refuses_a_mask_past_the_blo
     from cuda_emulator import build
     lib = build(MISUSED_BARRIERS, {name: ["float*", "int"] for name in ("shuffles_in_turn", "shuffles_alone")},
                 str(tmp_path), "in_turn")
-    fn = lib.launch_shuffles_in_turn
-    fn.restype = ctypes.c_char_p
-    x = np.arange(32, dtype=np.float32)
-    assert fn(ctypes.c_uint(1), ctypes.c_uint(32), ctypes.c_void_p(x.ctypes.data), ctypes.c_int(0)) is None
+    x, error = _launch_one_block(lib, "shuffles_in_turn", 32, 0)
+    assert error is None
     want = np.arange(32, dtype=np.float32)
     lane = np.arange(32)
     want[:16] += 10 * want[lane[:16] ^ 1]
@@ -215,10 +215,7 @@ def test_the_emulator_lets_lanes_shuffle_in_turn_and_refuses_a_mask_past_the_blo
     want[16:] += 1000 * want[16:][(lane[16:] ^ 1) - 16]
     np.testing.assert_array_equal(x, want)    # e.g. lane 1: 1701, lane 16: 118016, lane 17: 1016117
     assert (x[1], x[16], x[17]) == (1701, 118016, 1016117)
-    fn = lib.launch_shuffles_alone
-    fn.restype = ctypes.c_char_p
-    x = np.arange(48, dtype=np.float32)
-    error = fn(ctypes.c_uint(1), ctypes.c_uint(48), ctypes.c_void_p(x.ctypes.data), ctypes.c_int(48))
+    error = _launch_one_block(lib, "shuffles_alone", 48, 48)[1]
     assert error is not None and b"past the block's last thread" in error
 
 
