@@ -89,13 +89,13 @@ class Transformer(Seq2Seq):
             plans = self._embedding_plans(src, host_in, src_rows, tgt_rows)
         # the padding biases from the ids where they are (the host, in training: one copy each, no kernels); the
         # decoder's self-attention on packed rows masks by the rows' spans (kernels.attention_rows): no bias for it
-        on_rows = whole and tgt_rows is not None and tgt_rows.spans is not None
         src_bias = padding_bias(src, self.cfg.pad_id, self.dtype, self.xp)
-        tgt_pad = None if on_rows else padding_bias(tgt_in, self.cfg.pad_id, self.dtype, self.xp)
+        tgt_bias = None if whole and tgt_rows is not None and tgt_rows.spans is not None else (
+            causal_bias(tgt_in.shape[1], self.xp, self.dtype)[None, None]
+            + padding_bias(tgt_in, self.cfg.pad_id, self.dtype, self.xp))
         src, tgt_in = to_device(src, self.xp), self.check_ids("tgt_in", tgt_in)
         sites = self._dropout_sites()
         memory, src_bias, src_ids = self.encode(src, sites, src_rows, plans[0], src_bias)
-        tgt_bias = None if on_rows else causal_bias(tgt_in.shape[1], self.xp, self.dtype)[None, None] + tgt_pad
         y = self._embed(tgt_in, tgt_rows, self.tgt_dropout, sites, plans[1])
         h = self.decoder.forward(y, memory, src_bias, tgt_bias, sites, tgt_rows, src_rows)
         self._cache = {"src_ids": src_ids, "tgt_ids": tgt_in, "src_rows": src_rows, "tgt_rows": tgt_rows,
