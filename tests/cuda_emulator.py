@@ -10,9 +10,11 @@ next `__syncthreads()`, its lanes in turn up to each warp-collective instruction
 and a missing barrier (the block's between warps, or one a warp-collective instruction gives) shows as a wrong
 result in one of the two orders, deterministically; a `cp.async` copy lands only when its thread waits for its
 copies (its bytes read as NaN until then); each array a launch takes lies between guards (Emulator's `guard`: a
-write past it fails the launch, a read past it reads NaN); float16 conversion uses the compiler's _Float16
-instead of the PTX instruction, and bfloat16's narrowing rounds to nearest even in plain C++
-(tests/test_kernels.py holds it to ml_dtypes' rounding). What this cannot catch: warp-level timing, memory
+write past it fails the launch, a read past it reads NaN); a load or store at an address its type's alignment does
+not divide (a GPU's "misaligned address"; -fsanitize=alignment checks every typed access) stops the launch; a local
+read before anything is written to it reads 0xfe bytes (-ftrivial-auto-var-init=pattern), every time; float16
+conversion uses the compiler's _Float16 instead of the PTX instruction, and bfloat16's narrowing rounds to nearest
+even in plain C++ (tests/test_kernels.py holds it to ml_dtypes' rounding). What this cannot catch: warp-level timing, memory
 coalescing, and NVRTC-specific syntax (tests/test_nvrtc.py compiles the source with NVRTC as CuPy
 does, no GPU needed, and tests/test_kernels.py with nvcc when it is installed).
 """
@@ -40,6 +42,7 @@ static inline void __threadfence() {}
 template <typename V> static inline V __ldcg(const V* p) { return *p; }
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <algorithm>
 #include <functional>
@@ -111,12 +114,37 @@ static std::vector<unsigned> emu_mask;      // per thread: the lanes its warp ba
 static std::vector<int> emu_kind;           // per thread: which warp barrier it waits at (EMU_SHUFFLE ...)
 enum { EMU_SHUFFLE = 1, EMU_MMA_IN, EMU_MMA_OUT, EMU_LDSM_IN, EMU_LDSM_OUT };
 static const char* emu_error = nullptr;     // what stopped the emulation of the last launch, or nullptr
+// A misaligned access: a GPU stops the kernel ("misaligned address"), where an x86 CPU reads and writes on (or faults,
+// where the compiler chose an aligned vector instruction). The library is compiled with -fsanitize=alignment (build,
+// below), so the compiler checks every typed load and store against its type's alignment (16 bytes for a Vec) and
+// calls the sanitizer's handler (its ABI: GCC's and LLVM's ubsan_handlers.h, TypeMismatchData) before a misaligned
+// one; the sanitizer's own library is not linked. The handler, like ldmatrix's and cp.async's checks, says what was
+// misaligned and stops the thread before the access: it is never resumed, and the launch stops (emu_run_warp).
+struct emu_ubsan_location { const char* file; unsigned line, column; };
+struct emu_ubsan_type { unsigned short kind, info; char name[1]; };
+struct emu_ubsan_mismatch { emu_ubsan_location where; const emu_ubsan_type* type; unsigned char log_alignment, check; };
+static char emu_misaligned[320];
+extern "C" void __ubsan_handle_type_mismatch_v1(emu_ubsan_mismatch* d, uintptr_t p) {
+    if (emu_error) return;
+    std::snprintf(emu_misaligned, sizeof emu_misaligned, "a misaligned %s of %s at %#llx (it needs %u-byte "
+                  "alignment): line %u of the kernels' source", d->check == 0 ? "load" : d->check == 1 ? "store" :
+                  "access", d->type->name, (unsigned long long)p, 1u << d->log_alignment, d->where.line);
+    emu_error = emu_misaligned;
+    for (;;) emu_yield();
+}
+static inline void emu_check_aligned16(const void* p, const char* what) {
+    if ((uintptr_t)p % 16 == 0) return;
+    if (!emu_error) emu_error = what;
+    for (;;) emu_yield();
+}
 // cp.async (kernels.py's mma_copy16 and mma_copy_wait): a copy lands when its thread waits for its copies, not
 // before; until then its 16 bytes of shared memory read as 0xff bytes (a NaN in every float type), so a read before
 // the wait (the thread's own, or another's without the wait before their barrier) sees what a GPU may show.
 struct emu_copy { void* dst; unsigned char data[16]; };
 static std::vector<std::vector<emu_copy>> emu_copies;   // per thread: its copies not yet waited for
 static inline void emu_cp_async16(void* dst, const void* src, int bytes) {
+    emu_check_aligned16(dst, "cp.async: a 16-byte copy to shared memory not 16-byte aligned");
+    emu_check_aligned16(src, "cp.async: a 16-byte copy from global memory not 16-byte aligned");
     emu_copy c;
     c.dst = dst;
     if (bytes) std::memcpy(c.data, src, 16); else std::memset(c.data, 0, 16);
@@ -193,7 +221,7 @@ template <int BF> static inline void emu_mma_16816(float* c, const unsigned* a, 
 // (a barrier missing after the staging) is read stale in one of the two thread orders, as it could be on a GPU.
 template <int TRANS> static inline void emu_ldmatrix_x4(unsigned* d, const void* p) {
     static unsigned short rows[1024][8];
-    if ((uintptr_t)p % 16 != 0) __builtin_trap();
+    emu_check_aligned16(p, "ldmatrix: a row's address not 16-byte aligned");
     std::memcpy(rows[threadIdx.x], p, 16);
     emu_syncwarp(EMU_LDSM_IN);
     unsigned warp = threadIdx.x & ~31u, lane = threadIdx.x & 31u, gid = lane >> 2, tig = lane & 3u;
@@ -409,7 +437,7 @@ def build(code, signatures, workdir, tag):
     """The shared library of CUDA source `code` under the shim, with a `launch_<name>(grid, block, args...)` for each
     kernel of `signatures` ({name: [C types of its parameters]}), built once per source in `workdir`; a launch returns
     what stopped the emulation (bytes), or None."""
-    parts = [SHIM, code]
+    parts = [SHIM, '#line 1 "kernels"', code]   # the kernels' lines as in their source, in errors and warnings
     for name, types in signatures.items():
         params = "".join(f", {c} a{i}" for i, c in enumerate(types))
         parts.append(LAUNCHER.format(name=name, params=params, args=", ".join(f"a{i}" for i in range(len(types)))))
@@ -417,13 +445,19 @@ def build(code, signatures, workdir, tag):
     digest = hashlib.sha256(src.encode()).hexdigest()[:16]
     so = os.path.join(workdir, f"{tag}_{digest}.so")
     if not os.path.exists(so):   # built under a name of this process, then renamed: processes may share workdir
-        cpp, tmp = f"{so[:-3]}.{os.getpid()}.cpp", f"{so}.{os.getpid()}.tmp"
+        cpp, obj, tmp = (f"{so[:-3]}.{os.getpid()}.{ext}" for ext in ("cpp", "o", "tmp"))
         with open(cpp, "w") as f:
             f.write(src)
-        subprocess.run([compiler(), "-std=c++17", "-O1", "-shared", "-fPIC", cpp, "-o", tmp],
-                       check=True, capture_output=True, text=True)
+        # compiled with the alignment checks, linked without the sanitizer's library (the shim handles what they find);
+        # a local variable read before it is written reads 0xfe bytes (a GPU's register holds anything), not what the
+        # coroutine's stack kept from an earlier launch
+        for step in (["-std=c++17", "-O1", "-fPIC", "-fsanitize=alignment", "-ftrivial-auto-var-init=pattern", "-c",
+                      cpp, "-o", obj],
+                     ["-shared", obj, "-o", tmp]):
+            subprocess.run([compiler()] + step, check=True, capture_output=True, text=True)
         os.replace(tmp, so)
         os.unlink(cpp)
+        os.unlink(obj)
     lib = ctypes.CDLL(so)
     for name in signatures:
         getattr(lib, f"launch_{name}").restype = ctypes.c_char_p

@@ -219,6 +219,87 @@ def test_the_emulator_lets_lanes_shuffle_in_turn_and_refuses_a_mask_past_the_blo
     assert error is not None and b"past the block's last thread" in error
 
 
+MISALIGNED = r"""
+typedef float T;
+typedef float A;
+struct alignas(16) Vec4 { float v[4]; };
+// each reads (or writes) 16 bytes at x + n: 16-byte aligned for n a multiple of 4, not otherwise
+extern "C" __global__ void vec_load_at(float* x, int n) {
+    Vec4 v = *(const Vec4*)(x + n);
+    __syncthreads();
+    x[threadIdx.x] = v.v[0] + v.v[3];
+}
+extern "C" __global__ void vec_store_at(float* x, int n) {
+    if (threadIdx.x == 0) *(Vec4*)(x + n) = Vec4{{1.0f, 2.0f, 3.0f, 4.0f}};
+}
+extern "C" __global__ void ldmatrix_at(float* x, int n) {
+    unsigned d[4];
+    emu_ldmatrix_x4<0>(d, x + n + 4 * (threadIdx.x & 7u));
+    x[32 + threadIdx.x] = (float)(d[0] & 0xffffu);
+}
+extern "C" __global__ void cp_async_at(float* x, int n) {
+    __shared__ Vec4 staged[32];
+    emu_cp_async16(&staged[threadIdx.x], x + n, 16);
+    emu_cp_async_wait_all();
+    __syncthreads();
+    x[32 + threadIdx.x] = staged[threadIdx.x].v[0];
+}
+"""
+
+
+@pytest.mark.parametrize("kernel,says", [("vec_load_at", "misaligned access of 'const struct Vec4' at"),
+                                         ("vec_store_at", "misaligned store of 'struct Vec4' at"),
+                                         ("ldmatrix_at", "ldmatrix: a row's address not 16-byte aligned"),
+                                         ("cp_async_at", "cp.async: a 16-byte copy from global memory")])
+def test_the_emulator_refuses_a_misaligned_wide_access(tmp_path, kernel, says):
+    """A GPU stops a kernel that loads or stores a type at an address its alignment does not divide ("misaligned
+    address": a 16-byte vector off a 16-byte boundary, an ldmatrix row or a cp.async copy likewise), where an x86 CPU
+    reads and writes on: the emulator's library checks every typed access (-fsanitize=alignment) and ldmatrix's and
+    cp.async's addresses, and stops the launch saying which, with the line of the kernels' source."""
+    from cuda_emulator import build
+    lib = build(MISALIGNED, {kernel: ["float*", "int"]}, str(tmp_path), "misaligned")
+
+    def launch(n):
+        x = np.zeros(128, dtype=np.float32)   # NumPy's memory: 16-byte aligned at least
+        assert x.ctypes.data % 16 == 0
+        return getattr(lib, f"launch_{kernel}")(ctypes.c_uint(1), ctypes.c_uint(32), ctypes.c_void_p(x.ctypes.data),
+                                                ctypes.c_int(n))
+    assert launch(4) is None
+    error = launch(1)
+    assert error is not None and says in error.decode(), error
+    if kernel.startswith("vec"):   # the line of the access in MISALIGNED
+        line = 1 + MISALIGNED.split("\n").index(next(ln for ln in MISALIGNED.split("\n") if f"void {kernel}(" in ln))
+        assert error.decode().endswith(f"line {line + 1} of the kernels' source"), error
+
+
+def test_the_emulator_reads_a_local_never_written_as_one_pattern(tmp_path):
+    """A local variable read before anything is written to it holds anything on a GPU (a register): the emulator's
+    library fills every local with 0xfe bytes where it is declared (-ftrivial-auto-var-init=pattern), so such a read
+    gives the same value of about -1.7e38 (float's 0xfefefefe) every time, not whatever an earlier launch or call left on
+    the thread's stack."""
+    from cuda_emulator import build
+    code = """
+typedef float T;
+typedef float A;
+extern "C" __global__ void leftover(float* x, int n) {
+    float v[2];
+    if (n) { v[0] = x[threadIdx.x] + 1.0f; v[1] = 2.0f; }
+    x[threadIdx.x] = v[0] + v[1];
+}
+"""
+    lib = build(code, {"leftover": ["float*", "int"]}, str(tmp_path), "leftover")
+    def launch(n):
+        x = np.arange(4, dtype=np.float32)
+        assert lib.launch_leftover(ctypes.c_uint(1), ctypes.c_uint(4), ctypes.c_void_p(x.ctypes.data),
+                                   ctypes.c_int(n)) is None
+        return x
+    np.testing.assert_array_equal(launch(1), [3, 4, 5, 6])
+    never_written = launch(0)
+    assert (never_written < -1e38).all() and len(set(never_written.tolist())) == 1, never_written
+    np.testing.assert_array_equal(launch(1), [3, 4, 5, 6])
+    np.testing.assert_array_equal(launch(0), never_written)
+
+
 @pytest.mark.parametrize("bf", [0, 1], ids=["float16", "bfloat16"])
 def test_the_emulated_mma_and_ldmatrix_follow_the_ptx_isa_tables(tmp_path, bf):
     """The tensor-core attention is tested on the CPU only through the emulator's mma.sync m16n8k16 and ldmatrix
