@@ -11,8 +11,10 @@ and a missing barrier (the block's between warps, or one a warp-collective instr
 result in one of the two orders, deterministically; a `cp.async` copy lands only when its thread waits for its
 copies (its bytes read as NaN until then); each array a launch takes lies between guards (Emulator's `guard`: a
 write past it fails the launch, a read past it reads NaN); a load or store at an address its type's alignment does
-not divide (a GPU's "misaligned address"; -fsanitize=alignment checks every typed access) stops the launch; a local
-read before anything is written to it reads 0xfe bytes (-ftrivial-auto-var-init=pattern), every time; float16
+not divide (a GPU's "misaligned address"; -fsanitize=alignment checks every typed access) stops the launch, as do
+an index past a __shared__ or local array, a shift by the type's width or more and an integer division by 0 (the
+other checks of CXXFLAGS: a GPU and x86 differ there); a local read before anything is written to it reads
+0xfe bytes (-ftrivial-auto-var-init=pattern), every time; float16
 conversion uses the compiler's _Float16 instead of the PTX instruction, and bfloat16's narrowing rounds to nearest
 even in plain C++ (tests/test_kernels.py holds it to ml_dtypes' rounding). What this cannot catch: warp-level timing, memory
 coalescing, and NVRTC-specific syntax (tests/test_nvrtc.py compiles the source with NVRTC as CuPy
@@ -114,28 +116,54 @@ static std::vector<unsigned> emu_mask;      // per thread: the lanes its warp ba
 static std::vector<int> emu_kind;           // per thread: which warp barrier it waits at (EMU_SHUFFLE ...)
 enum { EMU_SHUFFLE = 1, EMU_MMA_IN, EMU_MMA_OUT, EMU_LDSM_IN, EMU_LDSM_OUT };
 static const char* emu_error = nullptr;     // what stopped the emulation of the last launch, or nullptr
-// A misaligned access: a GPU stops the kernel ("misaligned address"), where an x86 CPU reads and writes on (or faults,
-// where the compiler chose an aligned vector instruction). The library is compiled with -fsanitize=alignment (build,
-// below), so the compiler checks every typed load and store against its type's alignment (16 bytes for a Vec) and
-// calls the sanitizer's handler (its ABI: GCC's and LLVM's ubsan_handlers.h, TypeMismatchData) before a misaligned
-// one; the sanitizer's own library is not linked. The handler, like ldmatrix's and cp.async's checks, says what was
-// misaligned and stops the thread before the access: it is never resumed, and the launch stops (emu_run_warp).
+// What a GPU does otherwise than an x86 CPU, checked by the compiler: the library is compiled with -fsanitize=
+// alignment,bounds,shift-exponent,integer-divide-by-zero (CXXFLAGS, below), so the compiler checks each typed load and
+// store against its type's alignment (a GPU stops the kernel at a misaligned one, "misaligned address", where x86 reads
+// and writes on, or faults where the compiler chose an aligned vector instruction), each index into an array whose
+// length it knows (a __shared__ array, a thread's local array: a GPU reads or writes what lies beside it), each shift
+// (by the type's width or more: a GPU's shift gives 0 or the sign, x86's takes the amount modulo the width) and each
+// integer division (by 0: a GPU gives an unspecified value, x86 stops the process), and calls the sanitizer's handler
+// (their ABI: GCC's and LLVM's ubsan_handlers.h) before the operation. The sanitizer's own library is not linked: the
+// handlers below, like ldmatrix's and cp.async's address checks, say what was wrong and where, and stop the thread
+// before the operation (it is never resumed: the launch stops, emu_run_warp).
 struct emu_ubsan_location { const char* file; unsigned line, column; };
-struct emu_ubsan_type { unsigned short kind, info; char name[1]; };
+struct emu_ubsan_type { unsigned short kind, info; char name[1]; };   // info of an integer: log2 of its bits, signed
 struct emu_ubsan_mismatch { emu_ubsan_location where; const emu_ubsan_type* type; unsigned char log_alignment, check; };
-static char emu_misaligned[320];
-extern "C" void __ubsan_handle_type_mismatch_v1(emu_ubsan_mismatch* d, uintptr_t p) {
-    if (emu_error) return;
-    std::snprintf(emu_misaligned, sizeof emu_misaligned, "a misaligned %s of %s at %#llx (it needs %u-byte "
-                  "alignment): line %u of the kernels' source", d->check == 0 ? "load" : d->check == 1 ? "store" :
-                  "access", d->type->name, (unsigned long long)p, 1u << d->log_alignment, d->where.line);
-    emu_error = emu_misaligned;
-    for (;;) emu_yield();
-}
-static inline void emu_check_aligned16(const void* p, const char* what) {
-    if ((uintptr_t)p % 16 == 0) return;
+struct emu_ubsan_bounds { emu_ubsan_location where; const emu_ubsan_type* array; const emu_ubsan_type* index; };
+struct emu_ubsan_shift { emu_ubsan_location where; const emu_ubsan_type* lhs; const emu_ubsan_type* rhs; };
+struct emu_ubsan_overflow { emu_ubsan_location where; const emu_ubsan_type* type; };
+static char emu_ubsan_said[320];
+static void emu_stop(const char* what) {
     if (!emu_error) emu_error = what;
     for (;;) emu_yield();
+}
+static long long emu_ubsan_int(const emu_ubsan_type* t, uintptr_t v) {   // an integer of up to 64 bits is the handle
+    unsigned bits = 1u << (t->info >> 1);
+    return (t->info & 1) && bits < 64 ? (long long)(v << (64 - bits)) >> (64 - bits) : (long long)v;
+}
+extern "C" void __ubsan_handle_type_mismatch_v1(emu_ubsan_mismatch* d, uintptr_t p) {
+    std::snprintf(emu_ubsan_said, sizeof emu_ubsan_said, "a misaligned %s of %s at %#llx (it needs %u-byte alignment): "
+                  "line %u of the kernels' source", d->check == 0 ? "load" : d->check == 1 ? "store" : "access",
+                  d->type->name, (unsigned long long)p, 1u << d->log_alignment, d->where.line);
+    emu_stop(emu_ubsan_said);
+}
+extern "C" void __ubsan_handle_out_of_bounds(emu_ubsan_bounds* d, uintptr_t index) {
+    std::snprintf(emu_ubsan_said, sizeof emu_ubsan_said, "index %lld out of bounds for %s: line %u of the kernels' "
+                  "source", emu_ubsan_int(d->index, index), d->array->name, d->where.line);
+    emu_stop(emu_ubsan_said);
+}
+extern "C" void __ubsan_handle_shift_out_of_bounds(emu_ubsan_shift* d, uintptr_t lhs, uintptr_t rhs) {
+    std::snprintf(emu_ubsan_said, sizeof emu_ubsan_said, "a shift of %s by %lld (its width or more, or negative): line "
+                  "%u of the kernels' source", d->lhs->name, emu_ubsan_int(d->rhs, rhs), d->where.line);
+    emu_stop(emu_ubsan_said);
+}
+extern "C" void __ubsan_handle_divrem_overflow(emu_ubsan_overflow* d, uintptr_t lhs, uintptr_t rhs) {
+    std::snprintf(emu_ubsan_said, sizeof emu_ubsan_said, "an integer division of %s by %lld: line %u of the kernels' "
+                  "source", d->type->name, emu_ubsan_int(d->type, rhs), d->where.line);
+    emu_stop(emu_ubsan_said);
+}
+static inline void emu_check_aligned16(const void* p, const char* what) {
+    if ((uintptr_t)p % 16 != 0) emu_stop(what);
 }
 // cp.async (kernels.py's mma_copy16 and mma_copy_wait): a copy lands when its thread waits for its copies, not
 // before; until then its 16 bytes of shared memory read as 0xff bytes (a NaN in every float type), so a read before
@@ -433,6 +461,13 @@ def compiler():
     return _COMPILER[0]
 
 
+# The library's compile flags: the checks of what a GPU does otherwise than x86 (the shim's handlers take what they
+# find: the library is linked without the sanitizer's own); a local variable read before anything is written to it
+# reads 0xfe bytes (a GPU's register holds anything), not what the coroutine's stack kept from an earlier launch.
+CXXFLAGS = ["-std=c++17", "-O1", "-fPIC", "-fsanitize=alignment,bounds,shift-exponent,integer-divide-by-zero",
+            "-ftrivial-auto-var-init=pattern"]
+
+
 def build(code, signatures, workdir, tag):
     """The shared library of CUDA source `code` under the shim, with a `launch_<name>(grid, block, args...)` for each
     kernel of `signatures` ({name: [C types of its parameters]}), built once per source in `workdir`; a launch returns
@@ -442,18 +477,13 @@ def build(code, signatures, workdir, tag):
         params = "".join(f", {c} a{i}" for i, c in enumerate(types))
         parts.append(LAUNCHER.format(name=name, params=params, args=", ".join(f"a{i}" for i in range(len(types)))))
     src = "\n".join(parts)
-    digest = hashlib.sha256(src.encode()).hexdigest()[:16]
+    digest = hashlib.sha256((" ".join(CXXFLAGS) + "\n" + src).encode()).hexdigest()[:16]
     so = os.path.join(workdir, f"{tag}_{digest}.so")
     if not os.path.exists(so):   # built under a name of this process, then renamed: processes may share workdir
         cpp, obj, tmp = (f"{so[:-3]}.{os.getpid()}.{ext}" for ext in ("cpp", "o", "tmp"))
         with open(cpp, "w") as f:
             f.write(src)
-        # compiled with the alignment checks, linked without the sanitizer's library (the shim handles what they find);
-        # a local variable read before it is written reads 0xfe bytes (a GPU's register holds anything), not what the
-        # coroutine's stack kept from an earlier launch
-        for step in (["-std=c++17", "-O1", "-fPIC", "-fsanitize=alignment", "-ftrivial-auto-var-init=pattern", "-c",
-                      cpp, "-o", obj],
-                     ["-shared", obj, "-o", tmp]):
+        for step in (CXXFLAGS + ["-c", cpp, "-o", obj], ["-shared", obj, "-o", tmp]):
             subprocess.run([compiler()] + step, check=True, capture_output=True, text=True)
         os.replace(tmp, so)
         os.unlink(cpp)

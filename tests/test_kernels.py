@@ -237,6 +237,28 @@ extern "C" __global__ void ldmatrix_at(float* x, int n) {
     emu_ldmatrix_x4<0>(d, x + n + 4 * (threadIdx.x & 7u));
     x[32 + threadIdx.x] = (float)(d[0] & 0xffffu);
 }
+// a __shared__ array, and a thread's own array, indexed at n (past its end for n >= 32, or 4)
+extern "C" __global__ void shared_at(float* x, int n) {
+    __shared__ float staged[32];
+    __shared__ float after[32];
+    staged[threadIdx.x] = x[threadIdx.x];
+    after[threadIdx.x] = 0.0f;
+    __syncthreads();
+    if (threadIdx.x == 0) staged[n] = -1.0f;
+    __syncthreads();
+    x[32 + threadIdx.x] = staged[threadIdx.x] + after[threadIdx.x];
+}
+extern "C" __global__ void local_at(float* x, int n) {
+    float kept[4] = {x[0], x[1], x[2], x[3]};
+    x[32 + threadIdx.x] = kept[n > 3 ? n : (int)threadIdx.x % 4];
+}
+// a shift by n (by the width or more for n >= 32), an integer division by n - 4
+extern "C" __global__ void shift_by(float* x, int n) {
+    x[32 + threadIdx.x] = (float)((1u << n) >> 16);
+}
+extern "C" __global__ void divide_by(float* x, int n) {
+    x[32 + threadIdx.x] = (float)((int)threadIdx.x / (n - 4));
+}
 extern "C" __global__ void cp_async_at(float* x, int n) {
     __shared__ Vec4 staged[32];
     emu_cp_async16(&staged[threadIdx.x], x + n, 16);
@@ -250,12 +272,19 @@ extern "C" __global__ void cp_async_at(float* x, int n) {
 @pytest.mark.parametrize("kernel,says", [("vec_load_at", "misaligned access of 'const struct Vec4' at"),
                                          ("vec_store_at", "misaligned store of 'struct Vec4' at"),
                                          ("ldmatrix_at", "ldmatrix: a row's address not 16-byte aligned"),
-                                         ("cp_async_at", "cp.async: a 16-byte copy from global memory")])
-def test_the_emulator_refuses_a_misaligned_wide_access(tmp_path, kernel, says):
+                                         ("cp_async_at", "cp.async: a 16-byte copy from global memory"),
+                                         ("shared_at", "index 33 out of bounds for 'float [32]'"),
+                                         ("local_at", "index 5 out of bounds for 'float [4]'"),
+                                         ("shift_by", "a shift of 'unsigned int' by 32"),
+                                         ("divide_by", "an integer division of 'int' by 0")])
+def test_the_emulator_stops_where_a_gpu_and_a_cpu_differ(tmp_path, kernel, says):
     """A GPU stops a kernel that loads or stores a type at an address its alignment does not divide ("misaligned
     address": a 16-byte vector off a 16-byte boundary, an ldmatrix row or a cp.async copy likewise), where an x86 CPU
     reads and writes on: the emulator's library checks every typed access (-fsanitize=alignment) and ldmatrix's and
-    cp.async's addresses, and stops the launch saying which, with the line of the kernels' source."""
+    cp.async's addresses, and stops the launch saying which, with the line of the kernels' source. So does an index
+    past an array of known length (-fsanitize=bounds): a __shared__ array's (on a GPU it reaches the array beside it,
+    silently) or a thread's local array's; and a shift by the type's width or more (a GPU gives 0, x86 shifts by the
+    amount modulo the width) and an integer division by 0 (a GPU gives some value, x86 stops the process)."""
     from cuda_emulator import build
     lib = build(MISALIGNED, {kernel: ["float*", "int"]}, str(tmp_path), "misaligned")
 
@@ -264,12 +293,15 @@ def test_the_emulator_refuses_a_misaligned_wide_access(tmp_path, kernel, says):
         assert x.ctypes.data % 16 == 0
         return getattr(lib, f"launch_{kernel}")(ctypes.c_uint(1), ctypes.c_uint(32), ctypes.c_void_p(x.ctypes.data),
                                                 ctypes.c_int(n))
-    assert launch(4) is None
-    error = launch(1)
+    fine, wrong = {"shared_at": (4, 33), "local_at": (3, 5), "shift_by": (31, 32), "divide_by": (5, 4)}.get(kernel, (4, 1))
+    assert launch(fine) is None
+    error = launch(wrong)
     assert error is not None and says in error.decode(), error
-    if kernel.startswith("vec"):   # the line of the access in MISALIGNED
-        line = 1 + MISALIGNED.split("\n").index(next(ln for ln in MISALIGNED.split("\n") if f"void {kernel}(" in ln))
-        assert error.decode().endswith(f"line {line + 1} of the kernels' source"), error
+    access = {"vec_load_at": "*(const Vec4*)(x + n)", "vec_store_at": "*(Vec4*)(x + n)", "shared_at": "staged[n]",
+              "local_at": "kept[n > 3", "shift_by": "(1u << n)", "divide_by": "/ (n - 4)"}.get(kernel)
+    if access:   # the line of the access in MISALIGNED
+        line = 1 + next(i for i, ln in enumerate(MISALIGNED.split("\n")) if access in ln)
+        assert error.decode().endswith(f"line {line} of the kernels' source"), error
 
 
 def test_the_emulator_reads_a_local_never_written_as_one_pattern(tmp_path):
