@@ -483,8 +483,12 @@ def build(code, signatures, workdir, tag):
         cpp, obj, tmp = (f"{so[:-3]}.{os.getpid()}.{ext}" for ext in ("cpp", "o", "tmp"))
         with open(cpp, "w") as f:
             f.write(src)
-        for step in (CXXFLAGS + ["-c", cpp, "-o", obj], ["-shared", obj, "-o", tmp]):
-            subprocess.run([compiler()] + step, check=True, capture_output=True, text=True)
+        # linked with -z defs: a check whose handler the shim lacks fails here, not when the library is loaded
+        for step in (CXXFLAGS + ["-c", cpp, "-o", obj], ["-shared", "-Wl,-z,defs", obj, "-o", tmp]):
+            r = subprocess.run([compiler()] + step, capture_output=True, text=True)
+            if r.returncode:
+                raise RuntimeError(f"the emulator's library for {tag} did not build ({' '.join(step[-4:])}):\n"
+                                   + r.stderr[-4000:])
         os.replace(tmp, so)
         os.unlink(cpp)
         os.unlink(obj)
