@@ -11,9 +11,9 @@ and a missing barrier (the block's between warps, or one a warp-collective instr
 result in one of the two orders, deterministically; a `cp.async` copy lands only when its thread waits for its
 copies (its bytes read as NaN until then); each array a launch takes lies between guards (Emulator's `guard`: a
 write past it fails the launch, a read past it reads NaN); a load or store at an address its type's alignment does
-not divide (a GPU's "misaligned address"; -fsanitize=alignment checks every typed access) stops the launch, as do
-an index past a __shared__ or local array, a shift by the type's width or more and an integer division by 0 (the
-other checks of CXXFLAGS: a GPU and x86 differ there); a local read before anything is written to it reads
+not divide (a GPU's "misaligned address"; -fsanitize=alignment checks typed loads and stores) stops the launch, as do
+an index past a __shared__ or local array (indexed directly), a shift by the type's width or more and an integer
+division by 0 (the other checks of CXXFLAGS: a GPU and x86 differ there); a local read before anything is written to it reads
 0xfe bytes (-ftrivial-auto-var-init=pattern), every time; float16
 conversion uses the compiler's _Float16 instead of the PTX instruction, and bfloat16's narrowing rounds to nearest
 even in plain C++ (tests/test_kernels.py holds it to ml_dtypes' rounding). What this cannot catch: warp-level timing, memory
@@ -117,15 +117,16 @@ static std::vector<int> emu_kind;           // per thread: which warp barrier it
 enum { EMU_SHUFFLE = 1, EMU_MMA_IN, EMU_MMA_OUT, EMU_LDSM_IN, EMU_LDSM_OUT };
 static const char* emu_error = nullptr;     // what stopped the emulation of the last launch, or nullptr
 // What a GPU does otherwise than an x86 CPU, checked by the compiler: the library is compiled with -fsanitize=
-// alignment,bounds,shift-exponent,integer-divide-by-zero (CXXFLAGS, below), so the compiler checks each typed load and
-// store against its type's alignment (a GPU stops the kernel at a misaligned one, "misaligned address", where x86 reads
-// and writes on, or faults where the compiler chose an aligned vector instruction), each index into an array whose
-// length it knows (a __shared__ array, a thread's local array: a GPU reads or writes what lies beside it), each shift
-// (by the type's width or more: a GPU's shift gives 0 or the sign, x86's takes the amount modulo the width) and each
-// integer division (by 0: a GPU gives an unspecified value, x86 stops the process), and calls the sanitizer's handler
-// (their ABI: GCC's and LLVM's ubsan_handlers.h) before the operation. The sanitizer's own library is not linked: the
-// handlers below, like ldmatrix's and cp.async's address checks, say what was wrong and where, and stop the thread
-// before the operation (it is never resumed: the launch stops, emu_run_warp).
+// alignment,bounds,shift-exponent,integer-divide-by-zero (CXXFLAGS, below), so g++ checks each typed load and store it
+// cannot prove aligned against its type's alignment (a GPU stops the kernel at a misaligned one, "misaligned address",
+// where x86 reads and writes on, or faults where the compiler chose an aligned vector instruction; memcpy is not
+// checked), each index into an array whose length it knows (a __shared__ array, a thread's local array, indexed
+// directly, not through a pointer: a GPU reads or writes what lies beside it), each shift (by the type's width or more:
+// a GPU's shift gives 0 or the sign bits, x86's takes the amount modulo the width) and each integer division and
+// remainder by 0 (a GPU gives an unspecified value, x86 stops the process; INT_MIN / -1 is not checked), and calls the
+// sanitizer's handler (their ABI: GCC's and LLVM's ubsan_handlers.h) before the operation. The sanitizer's own library
+// is not linked: the handlers below, like ldmatrix's and cp.async's address checks, say what was wrong and where, and
+// stop the thread before the operation (it is never resumed: the launch stops, emu_run_warp).
 struct emu_ubsan_location { const char* file; unsigned line, column; };
 struct emu_ubsan_type { unsigned short kind, info; char name[1]; };   // info of an integer: log2 of its bits, signed
 struct emu_ubsan_mismatch { emu_ubsan_location where; const emu_ubsan_type* type; unsigned char log_alignment, check; };
@@ -137,29 +138,38 @@ static void emu_stop(const char* what) {
     if (!emu_error) emu_error = what;
     for (;;) emu_yield();
 }
-static long long emu_ubsan_int(const emu_ubsan_type* t, uintptr_t v) {   // an integer of up to 64 bits is the handle
-    unsigned bits = 1u << (t->info >> 1);
-    return (t->info & 1) && bits < 64 ? (long long)(v << (64 - bits)) >> (64 - bits) : (long long)v;
+static const char* emu_ubsan_int(const emu_ubsan_type* t, uintptr_t v, char* out, size_t n) {
+    unsigned bits = 1u << (t->info >> 1);   // up to 64 bits the handle is the value, wider a pointer to it
+    unsigned long long u = bits > 64 ? *(const unsigned long long*)v : (unsigned long long)v;   // (its low 64 bits)
+    if (t->info & 1) std::snprintf(out, n, "%lld", bits < 64 ? (long long)(u << (64 - bits)) >> (64 - bits) : (long long)u);
+    else std::snprintf(out, n, "%llu", u);
+    return out;
 }
+// TypeCheckKind: what the misaligned address was about to be used for
+static const char* const emu_ubsan_checks[] = {"load", "store", "reference binding", "member access", "member call",
+                                               "constructor call"};
 extern "C" void __ubsan_handle_type_mismatch_v1(emu_ubsan_mismatch* d, uintptr_t p) {
-    std::snprintf(emu_ubsan_said, sizeof emu_ubsan_said, "a misaligned %s of %s at %#llx (it needs %u-byte alignment): "
-                  "line %u of the kernels' source", d->check == 0 ? "load" : d->check == 1 ? "store" : "access",
+    std::snprintf(emu_ubsan_said, sizeof emu_ubsan_said, "a misaligned %s (%s) at %#llx (it needs %u-byte alignment): "
+                  "line %u of the kernels' source", d->check < 6 ? emu_ubsan_checks[d->check] : "access",
                   d->type->name, (unsigned long long)p, 1u << d->log_alignment, d->where.line);
     emu_stop(emu_ubsan_said);
 }
 extern "C" void __ubsan_handle_out_of_bounds(emu_ubsan_bounds* d, uintptr_t index) {
-    std::snprintf(emu_ubsan_said, sizeof emu_ubsan_said, "index %lld out of bounds for %s: line %u of the kernels' "
-                  "source", emu_ubsan_int(d->index, index), d->array->name, d->where.line);
+    char i[24];
+    std::snprintf(emu_ubsan_said, sizeof emu_ubsan_said, "index %s out of bounds for %s: line %u of the kernels' "
+                  "source", emu_ubsan_int(d->index, index, i, sizeof i), d->array->name, d->where.line);
     emu_stop(emu_ubsan_said);
 }
 extern "C" void __ubsan_handle_shift_out_of_bounds(emu_ubsan_shift* d, uintptr_t lhs, uintptr_t rhs) {
-    std::snprintf(emu_ubsan_said, sizeof emu_ubsan_said, "a shift of %s by %lld (its width or more, or negative): line "
-                  "%u of the kernels' source", d->lhs->name, emu_ubsan_int(d->rhs, rhs), d->where.line);
+    char r[24];
+    std::snprintf(emu_ubsan_said, sizeof emu_ubsan_said, "a shift of %s by %s (its width or more, or negative): line "
+                  "%u of the kernels' source", d->lhs->name, emu_ubsan_int(d->rhs, rhs, r, sizeof r), d->where.line);
     emu_stop(emu_ubsan_said);
 }
 extern "C" void __ubsan_handle_divrem_overflow(emu_ubsan_overflow* d, uintptr_t lhs, uintptr_t rhs) {
-    std::snprintf(emu_ubsan_said, sizeof emu_ubsan_said, "an integer division of %s by %lld: line %u of the kernels' "
-                  "source", d->type->name, emu_ubsan_int(d->type, rhs), d->where.line);
+    char r[24];
+    std::snprintf(emu_ubsan_said, sizeof emu_ubsan_said, "an integer division or remainder of %s by %s: line %u of the "
+                  "kernels' source", d->type->name, emu_ubsan_int(d->type, rhs, r, sizeof r), d->where.line);
     emu_stop(emu_ubsan_said);
 }
 static inline void emu_check_aligned16(const void* p, const char* what) {
@@ -436,7 +446,17 @@ CTYPES = {"int": ctypes.c_int, "long long": ctypes.c_longlong, "unsigned long lo
           "float": ctypes.c_float, "double": ctypes.c_double}
 
 
+# The library's compile flags: the checks of what a GPU does otherwise than x86 (the shim's handlers take what they
+# find: the library is linked without the sanitizer's own); a local variable read before anything is written to it
+# reads 0xfe bytes (a GPU's register holds anything), not what the coroutine's stack kept from an earlier launch.
+CXXFLAGS = ["-std=c++17", "-O1", "-fPIC", "-fsanitize=alignment,bounds,shift-exponent,integer-divide-by-zero",
+            "-ftrivial-auto-var-init=pattern"]
+
+
 PROBE = r"""
+#if defined(__clang__) || !defined(__GNUC__)
+#error "the emulator's checks (CXXFLAGS) are g++'s: clang's -fsanitize=bounds traps, and its locals' pattern differs"
+#endif
 #include <ucontext.h>
 #include <cstring>
 extern "C" float probe(float x) { _Float16 h = (_Float16)x; ucontext_t c; getcontext(&c); return (float)h; }
@@ -445,8 +465,8 @@ _COMPILER = []
 
 
 def compiler():
-    """The C++ compiler used, or None when there is none that builds the shim (C++17 with
-    _Float16 and ucontext, e.g. g++ 12 or newer; x86-64 switches contexts by hand, other CPUs with ucontext)."""
+    """The C++ compiler used, or None when there is none that builds the shim (g++ with C++17, _Float16, ucontext and
+    CXXFLAGS' checks, e.g. g++ 12 or newer; x86-64 switches contexts by hand, other CPUs with ucontext)."""
     if not _COMPILER:
         cxx = shutil.which(os.environ.get("CXX", "g++"))
         if cxx:
@@ -454,18 +474,12 @@ def compiler():
                 src = os.path.join(d, "probe.cpp")
                 with open(src, "w") as f:
                     f.write(PROBE)
-                r = subprocess.run([cxx, "-std=c++17", "-shared", "-fPIC", src, "-o", os.path.join(d, "p.so")],
-                                   capture_output=True)
-                cxx = cxx if r.returncode == 0 else None
+                obj = os.path.join(d, "p.o")   # compiled as the library is, linked without the sanitizer's library
+                ok = all(subprocess.run([cxx] + step, capture_output=True).returncode == 0 for step in
+                         (CXXFLAGS + ["-c", src, "-o", obj], ["-shared", obj, "-o", os.path.join(d, "p.so")]))
+                cxx = cxx if ok else None
         _COMPILER.append(cxx)
     return _COMPILER[0]
-
-
-# The library's compile flags: the checks of what a GPU does otherwise than x86 (the shim's handlers take what they
-# find: the library is linked without the sanitizer's own); a local variable read before anything is written to it
-# reads 0xfe bytes (a GPU's register holds anything), not what the coroutine's stack kept from an earlier launch.
-CXXFLAGS = ["-std=c++17", "-O1", "-fPIC", "-fsanitize=alignment,bounds,shift-exponent,integer-divide-by-zero",
-            "-ftrivial-auto-var-init=pattern"]
 
 
 def build(code, signatures, workdir, tag):
@@ -487,6 +501,9 @@ def build(code, signatures, workdir, tag):
         for step in (CXXFLAGS + ["-c", cpp, "-o", obj], ["-shared", "-Wl,-z,defs", obj, "-o", tmp]):
             r = subprocess.run([compiler()] + step, capture_output=True, text=True)
             if r.returncode:
+                for leftover in (cpp, obj):
+                    if os.path.exists(leftover):
+                        os.unlink(leftover)
                 raise RuntimeError(f"the emulator's library for {tag} did not build ({' '.join(step[-4:])}):\n"
                                    + r.stderr[-4000:])
         os.replace(tmp, so)

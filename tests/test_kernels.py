@@ -269,22 +269,23 @@ extern "C" __global__ void cp_async_at(float* x, int n) {
 """
 
 
-@pytest.mark.parametrize("kernel,says", [("vec_load_at", "misaligned access of 'const struct Vec4' at"),
-                                         ("vec_store_at", "misaligned store of 'struct Vec4' at"),
+@pytest.mark.parametrize("kernel,says", [("vec_load_at", "a misaligned reference binding ('const struct Vec4') at"),
+                                         ("vec_store_at", "a misaligned store ('struct Vec4') at"),
                                          ("ldmatrix_at", "ldmatrix: a row's address not 16-byte aligned"),
                                          ("cp_async_at", "cp.async: a 16-byte copy from global memory"),
                                          ("shared_at", "index 33 out of bounds for 'float [32]'"),
                                          ("local_at", "index 5 out of bounds for 'float [4]'"),
                                          ("shift_by", "a shift of 'unsigned int' by 32"),
-                                         ("divide_by", "an integer division of 'int' by 0")])
+                                         ("divide_by", "an integer division or remainder of 'int' by 0")])
 def test_the_emulator_stops_where_a_gpu_and_a_cpu_differ(tmp_path, kernel, says):
     """A GPU stops a kernel that loads or stores a type at an address its alignment does not divide ("misaligned
     address": a 16-byte vector off a 16-byte boundary, an ldmatrix row or a cp.async copy likewise), where an x86 CPU
-    reads and writes on: the emulator's library checks every typed access (-fsanitize=alignment) and ldmatrix's and
+    reads and writes on: the emulator's library checks typed loads and stores (-fsanitize=alignment) and ldmatrix's and
     cp.async's addresses, and stops the launch saying which, with the line of the kernels' source. So does an index
     past an array of known length (-fsanitize=bounds): a __shared__ array's (on a GPU it reaches the array beside it,
-    silently) or a thread's local array's; and a shift by the type's width or more (a GPU gives 0, x86 shifts by the
-    amount modulo the width) and an integer division by 0 (a GPU gives some value, x86 stops the process)."""
+    silently) or a thread's local array's; and a shift by the type's width or more (a GPU gives 0 or the sign bits, x86
+    shifts by the amount modulo the width) and an integer division by 0 (a GPU gives some value, x86 stops the
+    process)."""
     from cuda_emulator import build
     lib = build(MISALIGNED, {kernel: ["float*", "int"]}, str(tmp_path), "misaligned")
 
