@@ -274,6 +274,20 @@ def test_training_on_a_gpu_says_what_tf32_cannot_do(standin, monkeypatch, capsys
         capsys.readouterr().err
 
 
+@pytest.mark.parametrize("capability,warned", [("75", True), ("80", False), ("90", False)])
+def test_bf16_on_a_gpu_without_bfloat16_tensor_cores_says_fp16_is_faster(standin, monkeypatch, capsys, capability,
+                                                                         warned):
+    """Before Ampere (sm_80) a GPU has no bfloat16 tensor cores: --bf16 runs there, slower, and the log says that
+    --fp16 is the faster choice; from sm_80 on it says nothing of the kind."""
+    from minitf import distributed, train
+    from minitf.train_cli import parse_args
+    monkeypatch.setenv("STRICT_CUPY_COMPUTE_CAPABILITY", capability)
+    train._prepare_device(parse_args(["--dataset", "multi30k", "--device", "gpu", "--bf16"]), distributed.World())
+    err = capsys.readouterr().err
+    assert (f"warning: --bf16 on sm_{capability}: this GPU has no bfloat16 tensor cores" in err) == warned, err
+    assert ("--fp16 is the faster choice here" in err) == warned
+
+
 def marked_train_wmt(tmp_path, monkeypatch):
     """train_wmt.py as a module of this process, its training marked for count_transfers: "forward_backward"
     where an update begins, "save" where training has ended (the final save)."""

@@ -1,5 +1,6 @@
 """The fused CUDA kernels (minitf/kernels.py) compile with NVRTC exactly as CuPy compiles them,
-on machines without a GPU: for every storage dtype, for sm_80 (A100) and sm_90 (H100).
+on machines without a GPU: for every storage dtype, for sm_80 (A100) and sm_90 (H100), and sm_75 (T4, RTX 20xx) and
+sm_86 (A10, A40, RTX 30xx).
 
 minitf builds each dtype's kernels with `cupy.RawModule(code=kernels.source(dtype),
 options=("-std=c++14",))`. What CuPy then hands NVRTC, read in CuPy 13.6.0 and 14.0-14.2:
@@ -58,7 +59,7 @@ import pytest
 
 from minitf import kernels
 
-ARCHS = ["sm_80", "sm_90"]
+ARCHS = ["sm_80", "sm_90", "sm_75", "sm_86"]   # A100, H100; T4 and RTX 20xx; A10, A40 and RTX 30xx
 DTYPES = ["float16", "bfloat16", "float32", "float64"]
 PACKAGE = "nvidia-cuda-nvrtc-cu12"
 
