@@ -230,9 +230,9 @@ def source(dtype):
     mma = {"float16": '#define ATT_MMA 1\n#define ATT_MMA_TF32 0\n#define ATT_MMA_BF16 0\n#define ATT_MMA_AB "f16"\n',
            "bfloat16": '#define ATT_MMA 1\n#define ATT_MMA_TF32 0\n#define ATT_MMA_BF16 1\n#define ATT_MMA_AB "bf16"\n',
            "float32": '#define ATT_MMA 1\n#define ATT_MMA_TF32 1\n'}.get(name, "#define ATT_MMA 0\n#define ATT_MMA_TF32 0\n")
-    # column_sums_into's blocks a multiprocessor (its comment): 8 on sm_90 and newer, but in float64 (tests only); 4 before
-    # sm_80 (sm_75 runs at most 1,024 threads a multiprocessor)
-    sums = ("#" if name == "float64" else "#if __CUDA_ARCH__ >= 900\n#define SUMS_BLOCKS 8\n#el") + (
+    # column_sums_into's blocks a multiprocessor (its comment): 8 on sm_90 and sm_100, but in float64 (tests only); 4 before
+    # sm_80 (sm_75 runs at most 1,024 threads a multiprocessor), 6 on sm_80 to sm_89 and sm_120 (1,536 on sm_86, sm_120)
+    sums = ("#" if name == "float64" else "#if __CUDA_ARCH__ >= 900 && __CUDA_ARCH__ < 1200\n#define SUMS_BLOCKS 8\n#el") + (
         "if __CUDA_ARCH__ >= 800\n#define SUMS_BLOCKS 6\n#else\n#define SUMS_BLOCKS 4\n#endif\n")
     sums += f"#define NLL_BLOCKS {1 if name == 'float64' else 2}\n"   # smoothed_nll_rows_grad_vec's (its comment)
     return (STORAGE16 + HALF + (BFLOAT16 if name == "bfloat16" else "") + f"typedef {t} T;\ntypedef {a} A;\n" + mma
@@ -1376,7 +1376,7 @@ __device__ inline void column_sums_body(T* x, const A* y, int parts, T* x3, A* p
 // takes otherwise in 16 bits only 6 blocks fit (registers are given out 8 at a time), and the last quarter of the
 // grid runs as a second wave after the first, each block's row loop waiting on memory just as long. On sm_80 to
 // sm_89 SUMS_BLOCKS is 6 (40 registers): at 32, sm_80's float32 and bfloat16 code and float64's (tests only) would
-// spill; before sm_80 it is 4 (sm_75 holds 1,024 threads a multiprocessor).
+// spill; 6 on sm_120 too (1,536 threads a multiprocessor), and 4 before sm_80 (sm_75 holds 1,024).
 extern "C" __global__ void __launch_bounds__(256, SUMS_BLOCKS)
 column_sums_into(T* x, const A* y, int parts, T* x3, A* partial, unsigned int* counter, T* out1, T* out2, T* out3,
                  long long n, int d, long long rows_per_slab, const T* ys, const A* mean, const A* rstd, int from_mean,

@@ -1,6 +1,6 @@
 """The fused CUDA kernels (minitf/kernels.py) compile with NVRTC exactly as CuPy compiles them,
-on machines without a GPU: for every storage dtype, for sm_80 (A100) and sm_90 (H100), and sm_75 (T4, RTX 20xx) and
-sm_86 (A10, A40, RTX 30xx).
+on machines without a GPU: for every storage dtype, for sm_80 (A100) and sm_90 (H100), and sm_75 (T4, RTX 20xx),
+sm_86 (A10, A40, RTX 30xx) and sm_120 (RTX 50xx; with NVRTC 12.8 or newer, which knows it).
 
 minitf builds each dtype's kernels with `cupy.RawModule(code=kernels.source(dtype),
 options=("-std=c++14",))`. What CuPy then hands NVRTC, read in CuPy 13.6.0 and 14.0-14.2:
@@ -59,7 +59,7 @@ import pytest
 
 from minitf import kernels
 
-ARCHS = ["sm_80", "sm_90", "sm_75", "sm_86"]   # A100, H100; T4 and RTX 20xx; A10, A40 and RTX 30xx
+ARCHS = ["sm_80", "sm_90", "sm_75", "sm_86", "sm_120"]   # A100, H100; T4, RTX 20xx; A10, A40, RTX 30xx; RTX 50xx
 DTYPES = ["float16", "bfloat16", "float32", "float64"]
 PACKAGE = "nvidia-cuda-nvrtc-cu12"
 
@@ -214,6 +214,8 @@ def compiled(nvrtc, dtype, arch):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kernels_compile_as_cupy_compiles_them(nvrtc, dtype, arch):
+    if arch == "sm_120" and nvrtc.version < (12, 8):
+        pytest.skip(f"NVRTC {nvrtc.version[0]}.{nvrtc.version[1]} does not know sm_120 (12.8 and newer do)")
     result = compiled(nvrtc, dtype, arch)
     assert_compiled(result, f"minitf's {dtype} kernels for {arch} (NVRTC {nvrtc.version[0]}.{nvrtc.version[1]})")
     _, _, cubin, ptx = result
