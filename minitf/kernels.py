@@ -132,11 +132,12 @@ __device__ inline float bf2f(unsigned short h) { return __uint_as_float(((unsign
 #if __CUDA_ARCH__ >= 800
 __device__ inline unsigned short f2bf(float f) { unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 #else
-// before sm_80 PTX has no bfloat16 conversion: round to nearest even on the bits, as cvt.rn.bf16.f32 does (a NaN stays
-// a quiet NaN; the CPU emulator's f2bf is the same code, held to ml_dtypes' rounding by tests/test_kernels.py)
+// before sm_80 PTX has no bfloat16 conversion: round to nearest even on the bits, as cvt.rn.bf16.f32 does (a NaN gives
+// the canonical NaN 0x7fff, as CUDA's own fallback in cuda_bf16.hpp does; the CPU emulator's f2bf is the same code, held
+// to ml_dtypes' rounding by tests/test_kernels.py)
 __device__ inline unsigned short f2bf(float f) {
     unsigned int u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)0x7fffu;
     return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 #endif
@@ -230,9 +231,11 @@ def source(dtype):
     mma = {"float16": '#define ATT_MMA 1\n#define ATT_MMA_TF32 0\n#define ATT_MMA_BF16 0\n#define ATT_MMA_AB "f16"\n',
            "bfloat16": '#define ATT_MMA 1\n#define ATT_MMA_TF32 0\n#define ATT_MMA_BF16 1\n#define ATT_MMA_AB "bf16"\n',
            "float32": '#define ATT_MMA 1\n#define ATT_MMA_TF32 1\n'}.get(name, "#define ATT_MMA 0\n#define ATT_MMA_TF32 0\n")
-    # column_sums_into's blocks a multiprocessor (its comment): 8 on sm_90 and sm_100, but in float64 (tests only); 4 before
-    # sm_80 (sm_75 runs at most 1,024 threads a multiprocessor), 6 on sm_80 to sm_89 and sm_120 (1,536 on sm_86, sm_120)
-    sums = ("#" if name == "float64" else "#if __CUDA_ARCH__ >= 900 && __CUDA_ARCH__ < 1200\n#define SUMS_BLOCKS 8\n#el") + (
+    # column_sums_into's blocks a multiprocessor (its comment): 8 on sm_90, sm_100 and sm_103 (2,048 threads a
+    # multiprocessor), but in float64 (tests only); 6 on sm_80 to sm_89 and on the others from sm_90 on (1,536 threads on
+    # sm_86, sm_89, Thor's sm_101 (sm_110 from CUDA 13) and sm_120); 4 before sm_80 (sm_75 runs at most 1,024)
+    sums = ("#" if name == "float64" else "#if __CUDA_ARCH__ == 900 || __CUDA_ARCH__ == 1000 || __CUDA_ARCH__ == 1030\n"
+                                          "#define SUMS_BLOCKS 8\n#el") + (
         "if __CUDA_ARCH__ >= 800\n#define SUMS_BLOCKS 6\n#else\n#define SUMS_BLOCKS 4\n#endif\n")
     sums += f"#define NLL_BLOCKS {1 if name == 'float64' else 2}\n"   # smoothed_nll_rows_grad_vec's (its comment)
     return (STORAGE16 + HALF + (BFLOAT16 if name == "bfloat16" else "") + f"typedef {t} T;\ntypedef {a} A;\n" + mma
@@ -1376,7 +1379,8 @@ __device__ inline void column_sums_body(T* x, const A* y, int parts, T* x3, A* p
 // takes otherwise in 16 bits only 6 blocks fit (registers are given out 8 at a time), and the last quarter of the
 // grid runs as a second wave after the first, each block's row loop waiting on memory just as long. On sm_80 to
 // sm_89 SUMS_BLOCKS is 6 (40 registers): at 32, sm_80's float32 and bfloat16 code and float64's (tests only) would
-// spill; 6 on sm_120 too (1,536 threads a multiprocessor), and 4 before sm_80 (sm_75 holds 1,024).
+// spill; 6 also on the GPUs after sm_90 other than sm_100 and sm_103 (sm_101/sm_110 and sm_120 hold 1,536 threads
+// a multiprocessor), and 4 before sm_80 (sm_75 holds 1,024).
 extern "C" __global__ void __launch_bounds__(256, SUMS_BLOCKS)
 column_sums_into(T* x, const A* y, int parts, T* x3, A* partial, unsigned int* counter, T* out1, T* out2, T* out3,
                  long long n, int d, long long rows_per_slab, const T* ys, const A* mean, const A* rstd, int from_mean,

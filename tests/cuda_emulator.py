@@ -425,9 +425,9 @@ static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
 static inline float h2f(unsigned short h) { _Float16 v; std::memcpy(&v, &h, 2); return (float)v; }
 static inline unsigned short f2h(float f) { _Float16 v = (_Float16)f; unsigned short h; std::memcpy(&h, &v, 2); return h; }
 static inline float bf2f(unsigned short h) { unsigned int u = (unsigned int)h << 16; float f; std::memcpy(&f, &u, 4); return f; }
-static inline unsigned short f2bf(float f) {   // cvt.rn.bf16.f32: round to nearest even; a NaN stays a (quiet) NaN
-    unsigned int u; std::memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+static inline unsigned short f2bf(float f) {   // cvt.rn.bf16.f32: round to nearest even; a NaN gives 0x7fff (as
+    unsigned int u; std::memcpy(&u, &f, 4);      // CUDA's cuda_bf16.hpp fallback)
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)0x7fffu;
     return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 template <> inline float emu_widen16<0>(unsigned short h) { return h2f(h); }
