@@ -10,9 +10,9 @@ on row-major matrices described by where they lie (`Mat`: array, first element, 
 columns, leading dimension, batch stride), with op = transpose or not as a cuBLAS flag, so
 a transpose costs nothing, a scale goes into alpha, and beta = 1 accumulates into a gradient
 buffer without a separate add. float16 and bfloat16 run on tensor cores with float32
-accumulation (CUBLAS_COMPUTE_32F); float32 uses TF32 tensor cores when CUPY_TF32 is a positive number (as
-CuPy's 2-d matmul does; its batched matmul runs full float32 whatever CUPY_TF32 says:
-docs/performance.md), else full float32; float64 stays float64.
+accumulation (CUBLAS_COMPUTE_32F); float32 uses TF32 tensor cores when CUPY_TF32 is a positive number and the
+GPU has them, compute capability 8.0 or newer (as CuPy's 2-d matmul does; its batched matmul runs full float32
+whatever CUPY_TF32 says: docs/performance.md), else full float32; float64 stays float64.
 
 cuBLAS is column-major: a row-major matrix of r rows and q columns with leading dimension ld
 is the column-major q x r matrix with the same ld. So the row-major c = op(a) op(b) is asked of
@@ -63,10 +63,12 @@ def _dtype_name(dtype):
 
 
 def compute_type(dtype_name):
-    """The cuBLAS compute type and the dtype of alpha/beta for a storage dtype."""
+    """The cuBLAS compute type and the dtype of alpha/beta for a storage dtype. TF32 only on a GPU that has it
+    (compute capability 8.0 or newer): before that, float32 products run in full float32, as CuPy's own matmul
+    does there whatever CUPY_TF32 says (cupy/_core/_routines_linalg.pyx, set_compute_type)."""
     if dtype_name == "float64":
         return COMPUTE_64F, np.float64
-    if dtype_name == "float32" and kernels.tf32():
+    if dtype_name == "float32" and kernels.tf32() and backend.gpu_arch() >= 80:
         return COMPUTE_32F_FAST_TF32, np.float32
     return COMPUTE_32F, np.float32
 

@@ -260,7 +260,8 @@ def test_training_on_a_gpu_runs_float32_products_on_tf32_unless_told(standin, mo
 
 def test_training_on_a_gpu_says_what_tf32_cannot_do(standin, monkeypatch, capsys):
     """A CUPY_TF32 that is not a whole number is one clear error before training starts (CuPy would fail at its first
-    float32 product); a GPU older than Ampere has no TF32, and the log says it runs full float32."""
+    float32 product); a GPU older than Ampere has no TF32: the log says it runs full float32, and the products ask
+    cuBLAS for full float32 there."""
     from minitf import distributed, train
     from minitf.train_cli import parse_args
     args = parse_args(["--dataset", "multi30k", "--device", "gpu"])
@@ -272,6 +273,11 @@ def test_training_on_a_gpu_says_what_tf32_cannot_do(standin, monkeypatch, capsys
     train._prepare_device(args, distributed.World())
     assert "float32 products in full float32 (TF32 needs an Ampere GPU or newer; this one is sm_75)" in \
         capsys.readouterr().err
+    from minitf import gemm    # ... and so they do: cuBLAS is asked for full float32 there, as CuPy asks it
+    assert gemm._types(np.dtype("float32"))[1] == gemm.COMPUTE_32F
+    gemm._TYPES.clear()
+    monkeypatch.setenv("STRICT_CUPY_COMPUTE_CAPABILITY", "80")
+    assert gemm._types(np.dtype("float32"))[1] == gemm.COMPUTE_32F_FAST_TF32
 
 
 @pytest.mark.parametrize("capability,warned", [("75", True), ("80", False), ("90", False)])
