@@ -125,22 +125,23 @@ MINITF_STORAGE16(half_t, f2h, h2f)
 
 
 # bfloat16: the top 16 bits of a float32 (widening is a shift), narrowed with cvt.rn.bf16.f32 (round
-# to nearest even; sm_80 and newer). Only in the bfloat16 source.
+# to nearest even; sm_80 and newer) or, before sm_80 and on the CPU emulator, the same rounding on the bits. Only in
+# the bfloat16 source.
 BFLOAT16 = r"""
 #ifndef MINITF_EMULATE
 __device__ inline float bf2f(unsigned short h) { return __uint_as_float(((unsigned int)h) << 16); }
-#if __CUDA_ARCH__ >= 800
+#endif
+#if __CUDA_ARCH__ >= 800 && !defined(MINITF_EMULATE)
 __device__ inline unsigned short f2bf(float f) { unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 #else
 // before sm_80 PTX has no bfloat16 conversion: round to nearest even on the bits, as cvt.rn.bf16.f32 does (a NaN gives
-// the canonical NaN 0x7fff, as CUDA's own fallback in cuda_bf16.hpp does; the CPU emulator's f2bf is the same code, held
-// to ml_dtypes' rounding by tests/test_kernels.py)
+// the canonical NaN 0x7fff, as CUDA's own fallback in cuda_bf16.hpp does); the CPU emulator runs this too, and
+// tests/test_kernels.py holds it to ml_dtypes' rounding
 __device__ inline unsigned short f2bf(float f) {
     unsigned int u = __float_as_uint(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)0x7fffu;
     return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
-#endif
 #endif
 MINITF_STORAGE16(bf16_t, f2bf, bf2f)
 """
@@ -234,9 +235,9 @@ def source(dtype):
     # column_sums_into's blocks a multiprocessor (its comment): 8 on sm_90, sm_100 and sm_103 (2,048 threads a
     # multiprocessor), but in float64 (tests only); 6 on sm_80 to sm_89 and on the others from sm_90 on (1,536 threads on
     # sm_86, sm_89, Thor's sm_101 (sm_110 from CUDA 13) and sm_120); 4 before sm_80 (sm_75 runs at most 1,024)
-    sums = ("#" if name == "float64" else "#if __CUDA_ARCH__ == 900 || __CUDA_ARCH__ == 1000 || __CUDA_ARCH__ == 1030\n"
-                                          "#define SUMS_BLOCKS 8\n#el") + (
-        "if __CUDA_ARCH__ >= 800\n#define SUMS_BLOCKS 6\n#else\n#define SUMS_BLOCKS 4\n#endif\n")
+    eight = "0" if name == "float64" else "__CUDA_ARCH__ == 900 || __CUDA_ARCH__ == 1000 || __CUDA_ARCH__ == 1030"
+    sums = (f"#if {eight}\n#define SUMS_BLOCKS 8\n#elif __CUDA_ARCH__ >= 800\n#define SUMS_BLOCKS 6\n"
+            "#else\n#define SUMS_BLOCKS 4\n#endif\n")
     sums += f"#define NLL_BLOCKS {1 if name == 'float64' else 2}\n"   # smoothed_nll_rows_grad_vec's (its comment)
     return (STORAGE16 + HALF + (BFLOAT16 if name == "bfloat16" else "") + f"typedef {t} T;\ntypedef {a} A;\n" + mma
             + sums + PRELUDE + KERNELS)

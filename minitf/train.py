@@ -287,9 +287,11 @@ def _prepare_device(args, world):
     dtype_named(compute_dtype(args))   # ... or bfloat16 has no dtype (no ml_dtypes)
     if args.device == "gpu" and compute_dtype(args) == "float32":
         _choose_tf32(args, world)
-    if args.device == "gpu" and compute_dtype(args) == "bfloat16" and world.rank == 0 and gpu_arch() < 80:
-        log(f"warning: --bf16 on sm_{gpu_arch()}: this GPU has no bfloat16 tensor cores (Ampere, sm_80, and newer have "
-            f"them), so its bfloat16 products run on the slower paths; --fp16 is the faster choice here")
+    if args.device == "gpu" and compute_dtype(args) == "bfloat16" and world.rank == 0:
+        arch = gpu_arch()
+        if arch < 80:
+            log(f"warning: --bf16 on sm_{arch}: this GPU has no bfloat16 tensor cores (Ampere, sm_80, and newer have "
+                f"them), so its bfloat16 products run on the slower paths; --fp16 is the faster choice here")
     if world.rank == 0 and getattr(args, "fp16", False) and args.device == "cpu":
         log("warning: --fp16 on the CPU is slower than float32 (NumPy has no float16 arithmetic of its own: every "
             "product and sum converts to float32 and back); it is meant for GPUs")

@@ -15,8 +15,8 @@ not divide (a GPU's "misaligned address"; -fsanitize=alignment checks typed load
 an index past a __shared__ or local array (indexed directly), a shift by the type's width or more and an integer
 division by 0 (the other checks of CXXFLAGS: a GPU and x86 differ there); a local read before anything is written to it reads
 0xfe bytes (-ftrivial-auto-var-init=pattern), every time; float16
-conversion uses the compiler's _Float16 instead of the PTX instruction, and bfloat16's narrowing rounds to nearest
-even in plain C++ (tests/test_kernels.py holds it to ml_dtypes' rounding). What this cannot catch: warp-level timing, memory
+conversion uses the compiler's _Float16 instead of the PTX instruction, and bfloat16's narrowing is the kernels' own
+rounding on the bits for GPUs before sm_80 (tests/test_kernels.py holds it to ml_dtypes' rounding). What this cannot catch: warp-level timing, memory
 coalescing, and NVRTC-specific syntax (tests/test_nvrtc.py compiles the source with NVRTC as CuPy
 does, no GPU needed, and tests/test_kernels.py with nvcc when it is installed).
 """
@@ -425,11 +425,8 @@ static void emu_run(unsigned grid, unsigned block, std::function<void()> body) {
 static inline float h2f(unsigned short h) { _Float16 v; std::memcpy(&v, &h, 2); return (float)v; }
 static inline unsigned short f2h(float f) { _Float16 v = (_Float16)f; unsigned short h; std::memcpy(&h, &v, 2); return h; }
 static inline float bf2f(unsigned short h) { unsigned int u = (unsigned int)h << 16; float f; std::memcpy(&f, &u, 4); return f; }
-static inline unsigned short f2bf(float f) {   // cvt.rn.bf16.f32: round to nearest even; a NaN gives 0x7fff (as
-    unsigned int u; std::memcpy(&u, &f, 4);      // CUDA's cuda_bf16.hpp fallback)
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)0x7fffu;
-    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+// (bfloat16's narrowing, f2bf, is the kernels' own integer rounding, which they use before sm_80)
+static inline unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &f, 4); return u; }
 template <> inline float emu_widen16<0>(unsigned short h) { return h2f(h); }
 template <> inline float emu_widen16<1>(unsigned short h) { return bf2f(h); }
 """

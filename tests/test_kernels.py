@@ -409,26 +409,13 @@ def test_the_emulated_tf32_mma_follows_the_ptx_isa_table(tmp_path):
             assert fc[lane, i] == want[_ptx_c(lane >> 2, lane & 3, i)], (lane, i)
 
 
-def _kernels_f2bf_before_sm80():
-    """kernels.BFLOAT16's f2bf for GPUs before sm_80 (no cvt.rn.bf16.f32 there), as plain C++."""
-    text = kernels.BFLOAT16
-    start = text.index("#if __CUDA_ARCH__ >= 800")
-    body = text[text.index("#else", start) + len("#else"):text.index("#endif", start)]
-    assert "f2bf" in body and "asm" not in body
-    return ("#include <cstring>\n#define __device__\n"
-            "static inline unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &f, 4); return u; }\n"
-            "static inline float bf2f(unsigned short h) { unsigned int u = (unsigned int)h << 16; float f; "
-            "std::memcpy(&f, &u, 4); return f; }\n" + body)
-
-
-@pytest.mark.parametrize("which", ["emulator", "kernels before sm_80"])
-def test_the_emulators_bfloat16_narrowing_rounds_as_ml_dtypes(tmp_path, which):
-    """The emulator stands in for cvt.rn.bf16.f32 with integer rounding, as the kernels themselves do on a GPU before
-    sm_80 (whose PTX has no bfloat16 conversion): each must round to nearest even exactly as ml_dtypes (the generic
-    path's bfloat16) does, ties, NaN, infinities, float32's subnormals and overflow to infinity included, and widen
-    back without loss."""
+def test_the_emulators_bfloat16_narrowing_rounds_as_ml_dtypes(tmp_path):
+    """bfloat16's narrowing on the emulator is the kernels' own integer rounding, which a GPU before sm_80 (whose PTX
+    has no bfloat16 conversion) runs in place of cvt.rn.bf16.f32: it must round to nearest even exactly as ml_dtypes
+    (the generic path's bfloat16) does, ties, NaN, infinities, float32's subnormals and overflow to infinity included,
+    and widen back without loss."""
     src, so = tmp_path / "bf16.cpp", tmp_path / "bf16.so"
-    src.write_text((SHIM if which == "emulator" else _kernels_f2bf_before_sm80()) + """
+    src.write_text(SHIM + kernels.STORAGE16 + kernels.BFLOAT16 + """
 extern "C" void narrow(const float* x, unsigned short* y, long long n) { for (long long i = 0; i < n; i++) y[i] = f2bf(x[i]); }
 extern "C" void widen(const unsigned short* x, float* y, long long n) { for (long long i = 0; i < n; i++) y[i] = bf2f(x[i]); }
 """)
