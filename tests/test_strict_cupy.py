@@ -161,10 +161,13 @@ def test_triu_of_bfloat16_comes_back_float32_as_cupys_does(monkeypatch):
     assert np.array_equal(host == 0, np.tril(np.ones((4, 4), bool))) and (host[np.triu_indices(4, 1)] < -1e8).all()
 
 
-def test_bfloat16_sums_add_in_float32_as_cupys():
-    """CuPy 14's sum and mean of a bfloat16 array add in float32 and round once to bfloat16 (NumPy with ml_dtypes
-    adds in bfloat16, where 10,000 ones sum to 256): the stand-in does the same, so minitf's unfused bias gradients
-    of a bfloat16 model are as exact on it as on a GPU."""
+def test_16_bit_sums_add_in_float32_and_every_sum_like_a_tree_as_cupys():
+    """CuPy 14's sum and mean of a bfloat16 or float16 array add in float32 and round once (NumPy with ml_dtypes adds
+    bfloat16 in bfloat16, where 10,000 ones sum to 256; NumPy adds a float16 array's rows in float16), and CuPy's
+    reductions add like a tree (a block's threads, then the blocks) where NumPy adds a leading axis one row at a time:
+    the stand-in does the same, so minitf's unfused bias gradients are as exact on it as on a GPU (at the GPU tests'
+    real sizes, 3,000 rows, the fused column sums are held to the unfused ones within 2e-3 in float16, 1e-6 in
+    float32)."""
     bf16 = np.dtype("bfloat16")
     x = cp.ones((10000, 4), dtype=bf16)
     assert x.sum(axis=0).dtype == bf16 and (cp.asnumpy(x.sum(axis=0)).astype(np.float32) == 9984).all()  # 10,000 in bf16
@@ -174,6 +177,16 @@ def test_bfloat16_sums_add_in_float32_as_cupys():
     assert x.sum(dtype=np.float32).dtype == np.float32 and float(cp.asnumpy(x.sum(dtype=np.float32))) == 40000
     assert float(cp.asnumpy(x.sum(axis=0, dtype=bf16)).astype(np.float32)[0]) == 9984     # _sum_keep_dtype: float sums
     assert cp.asnumpy(cp.ones((3, 2), dtype=np.float16).sum(axis=1, keepdims=True)).shape == (3, 1)
+    # float16: 4,000 ones are 4,000 when added in float32 (2,048 in float16, where 2,048 + 1 rounds back to 2,048)
+    h = cp.ones((4000, 3), dtype=np.float16)
+    assert h.sum(axis=0).dtype == np.float16 and (cp.asnumpy(h.sum(axis=0)) == 4000).all()
+    assert (cp.asnumpy(h.sum(axis=(0, 1), keepdims=True)) == np.float16(12000)).all() and h.sum().shape == ()
+    # every float sum like a tree: 3,000 rows' column sums in float32 within 3e-7 of float64's (row by row: ~1e-6)
+    host = np.random.default_rng(0).standard_normal((3000, 512)).astype(np.float32)
+    exact = host.astype(np.float64).sum(axis=0)
+    for got in (cp.asnumpy(cp.asarray(host).sum(axis=0)), cp.asnumpy(cp.asarray(host).mean(axis=0)) * 3000):
+        assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 3e-7
+    assert np.linalg.norm(host.sum(axis=0) - exact) / np.linalg.norm(exact) > 6e-7   # what NumPy's order gives
 
 
 def test_bfloat16_with_a_python_float_matmul_and_argpartition_as_cupys():
