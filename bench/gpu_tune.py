@@ -11,8 +11,9 @@ Some of minitf's GPU code is off by default until a GPU has timed it: attention 
 the feed-forward's bias sums (MINITF_FUSED_RELUSUMS=1); docs/performance.md says what each does. This runs, each
 stage as a process of its own with what is left of --deadline, every stage's output kept in --out:
 
-  suite        `pytest tests/test_gpu.py tests/test_nvrtc.py` (suite.txt): a variant with MINITF_FUSED_ATTN=1 is
-               timed and chosen only where every test passed (they hold the attention kernels to NumPy on this GPU)
+  suite        `pytest tests/test_gpu.py` (suite.txt): a variant with MINITF_FUSED_ATTN=1 is timed and chosen only
+               where every test passed (they hold the attention kernels to NumPy on this GPU; tests/test_nvrtc.py,
+               which compiles for other GPUs too and takes a minute of NVRTC, is left to gpu_report.py's suite)
   allocations  bench/allocations.py (allocations.txt): what an array from CuPy's pool costs the host here
   ab           bench/gpu_ab.py (ab/ab.json, ab.txt): the training step of `base` in --modes (float32 (TF32), --fp16
                and --bf16), each variant against `now` (the defaults) on the same weights and batch, in rounds of
@@ -320,7 +321,7 @@ def run_stages(args, st, skip, before):
     if "suite" in skip:
         st.skip("suite", "--skip")
     else:
-        rec, text = st.run("suite", suite.command(), "suite.txt", suite_s, env=suite.ENV)
+        rec, text = st.run("suite", suite.command(suite.ON_THE_GPU), "suite.txt", suite_s, env=suite.ENV)
         passed = rec["rc"] == 0 and suite.all_passed(text)
         rec["passed"] = passed
     if "allocations" in skip:

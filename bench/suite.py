@@ -6,12 +6,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ("tests/test_gpu.py", "tests/test_nvrtc.py")
+# What runs on the GPU itself: the kernels and the whole step against NumPy (test_nvrtc.py compiles for several
+# architectures, the GPU's or not; ~60 s of NVRTC on a 2-core CPU, which CI runs too)
+ON_THE_GPU = ("tests/test_gpu.py",)
 ENV = {"COLUMNS": "250"}   # wide lines keep the failure summaries whole
 
 
-def command():
-    """pytest on the GPU tests there are, run from the project's root."""
-    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *(f for f in FILES if (ROOT / f).exists())]
+def command(files=FILES):
+    """pytest on those of `files` there are (the GPU tests), run from the project's root."""
+    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *(f for f in files if (ROOT / f).exists())]
 
 
 def counts(text):

@@ -133,6 +133,7 @@ def test_the_report_runs_under_the_chosen_switches_within_the_deadline(tmp_path,
     fake_stages(monkeypatch, calls)
     s = gpu_tune.main(["--out", str(tmp_path / "t"), "--deadline", "570"])
     assert [c[0] for c in calls] == ["suite", "allocations", "ab", "ab_attn", "report", "gemm"]
+    assert calls[0][1][1:] == ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"]  # not NVRTC's minute
     first, second = calls[2][1], calls[3][1]
     assert first[1] == "bench/gpu_ab.py" and "--no-torch" in first and "attn=MINITF_FUSED_ATTN=1" not in first
     assert "rest=MINITF_FUSED_LNWARP=1,MINITF_FUSED_RELUSUMS=1" in first
