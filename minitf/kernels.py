@@ -1355,11 +1355,16 @@ __device__ inline void column_sums_body(T* x, const A* y, int parts, T* x3, A* p
         }
         __syncthreads();
     }
-    __threadfence();                               // this block's partials are visible before its ticket
-    if (threadIdx.x == 0) last = atomicAdd(counter + chunk, 1u) == (unsigned int)slabs - 1u;
+    // The loop's last barrier ordered the block's partials before thread 0's fence, which makes them visible before its
+    // ticket (cooperative groups' grid sync: a barrier, then one thread's fence and atomic); the thread that draws the
+    // last ticket fences again before the barrier that tells the block, and the partials are read at L2 (__ldcg)
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(counter + chunk, 1u) == (unsigned int)slabs - 1u;
+        if (last) __threadfence();
+    }
     __syncthreads();
     if (last) {                                    // every slab of this chunk is written
-        __threadfence();
         for (int part = 0; part < parts; part++) {
             buf[threadIdx.x] = c < d ? slab_run(partial, w, part * d + c, slabs, group) : (A)0;   // group = run
             __syncthreads();
