@@ -645,7 +645,7 @@ ALLOWED = {
     "broadcast_to": "array!, shape",
     "repeat": "a!, repeats, axis=None",
     "take_along_axis": "a!, indices!, axis",              # CuPy: axis has no default (NumPy 2.3+: -1)
-    "argsort": "a!, axis=-1, kind=None",                 # CuPy: always stable (kind is ignored)
+    "argsort": "a!, axis=-1, kind=None",                 # CuPy: always stable (kind None or 'stable')
     "argpartition": "a!, kth, axis=-1",                  # CuPy: sorts fully (stable); no kind=, order=
     "flatnonzero": "a!",                                 # CuPy: reads the count back (a sync)
     "einsum": "*operands, dtype=None, optimize=False",   # CuPy: **kwargs, only dtype and optimize accepted
@@ -839,6 +839,8 @@ def _triu(m, k=0):
 
 
 def _argsort(a, axis=-1, kind=None):
+    if kind is not None and kind != "stable":   # cupy/_core/core.pyx, _check_kind_sort
+        raise ValueError("kind can only be None or 'stable'")
     return _new(numpy.argsort(a._a, axis=axis, kind="stable"))
 
 
@@ -974,7 +976,8 @@ class ufunc:
 
     # _routines_indexing.pyx _scatter_op_single: the atomics CuPy has
     _AT_DTYPES = {"add": {"int32", "int64", "float16", "float32", "float64", "uint32", "uint64"},
-                  "subtract": {"int32", "uint32"}}
+                  "subtract": {"int32", "uint32"}, **{f"bitwise_{op}": {"int32", "int64", "uint32", "uint64"}
+                                                      for op in ("and", "or", "xor")}}
 
     def _at(self, a, indices, b=None):
         if not isinstance(a, ndarray):
@@ -1088,7 +1091,7 @@ def _summed(name):
 
 _METHOD_IMPLS = {"astype": _astype, "fill": _fill, "nonzero": _nonzero, "reshape": _reshape,
                  "sum": _summed("sum"), "mean": _summed("mean"),
-                 "argsort": lambda self, axis=-1, kind=None: _argsort(self, axis),
+                 "argsort": lambda self, axis=-1, kind=None: _argsort(self, axis, kind),
                  "argpartition": lambda self, kth, axis=-1: _argpartition(self, kth, axis)}
 for _name in METHODS:
     setattr(ndarray, _name, _method(_name, _METHOD_IMPLS.get(_name)))

@@ -60,6 +60,15 @@ def test_only_cupys_names_and_keywords():
     # argpartition sorts fully and argsort is stable, as CuPy's
     x = cp.asarray(np.array([[3.0, 1.0, 2.0, 1.0]]))
     assert cp.argpartition(x, 1, axis=1).tolist() == [[1, 3, 2, 0]] == cp.argsort(x, axis=1).tolist()
+    assert x.argsort(axis=1, kind="stable").tolist() == [[1, 3, 2, 0]] == cp.argsort(x, axis=1, kind=None).tolist()
+    for bad in (lambda: cp.argsort(x, kind="quicksort"), lambda: x.argsort(kind="mergesort")):   # _check_kind_sort
+        with pytest.raises(ValueError, match="kind can only be None or 'stable'"):
+            bad()
+    # ufunc.at only where CuPy has the atomics (_routines_indexing.pyx, _scatter_op_single)
+    cp.bitwise_or.at(cp.zeros(3, dtype=cp.int32), cp.asarray(np.array([0, 2])), 5)
+    for dt, op in ((np.int16, cp.bitwise_or), (np.uint8, cp.bitwise_xor), (np.float32, cp.subtract)):
+        with pytest.raises(TypeError, match="does not support"):
+            op.at(cp.zeros(3, dtype=dt), cp.asarray(np.array([0, 2])), 1)
 
 
 def test_transfers_are_counted_with_their_call_site():
