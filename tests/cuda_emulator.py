@@ -16,7 +16,10 @@ an index past a __shared__ or local array (indexed directly), a shift by the typ
 division by 0 (the other checks of CXXFLAGS: a GPU and x86 differ there); a local read before anything is written to it reads
 0xfe bytes (-ftrivial-auto-var-init=pattern), every time; float16
 conversion uses the compiler's _Float16 instead of the PTX instruction, and bfloat16's narrowing is the kernels' own
-rounding on the bits for GPUs before sm_80 (tests/test_kernels.py holds it to ml_dtypes' rounding). What this cannot catch: warp-level timing, memory
+rounding on the bits for GPUs before sm_80 (tests/test_kernels.py holds it to ml_dtypes' rounding). Two numeric differences remain, so a GPU's results differ from this one's in the last bits (the
+GPU tests hold them to tolerances there): NVRTC contracts a * b + c into fused multiply-adds, which g++ for x86-64
+does not, and CuPy compiles with -ftz=true, so a GPU flushes float32 subnormals to 0 where x86 keeps them. What this
+cannot catch: warp-level timing, memory
 coalescing, and NVRTC-specific syntax (tests/test_nvrtc.py compiles the source with NVRTC as CuPy
 does, no GPU needed, and tests/test_kernels.py with nvcc when it is installed).
 """
