@@ -29,9 +29,11 @@ preset and mode it prints and writes (--out):
   kernels  under the PyTorch profiler (CUPTI records CuPy's kernels too): kernels per step,
            GPU-busy ms per step, and the --top kernels by time (bench/gpu_kernels.py)
 
-A preset and mode whose run fails (a first run of new kernels, say) is printed as FAILED with its error and
-written to ab.json as such, and the others still run, unless the error left the CUDA context unusable (an illegal
-address does: every later call fails too; run such variants in a process of their own).
+A variant other than the first that raises in a preset and mode (a first run of new kernels, say; another copy of
+the kernels that does not build) is printed as FAILED with its error and left out of that mode (ab.json: the mode's
+"failed"), and the other variants go on; where the first variant or PyTorch fails, the whole preset and mode is
+printed and written as FAILED, and the other modes still run. Neither holds where the error left the CUDA context
+unusable (an illegal address does: every later call fails too; run such variants in a process of their own).
 
 The batch is bench/gpu_report.py's (bench/data.py's `wmt_batch`): at most 25,000 padded tokens a side of
 WMT14-shaped lengths.
@@ -166,8 +168,14 @@ class Float64Runner(MinitfRunner):
         self.model.train()
 
 
-def compare(cfg, batch, fp16, variants, float64):
-    """Loss and gradients of each variant against the first, and against float64 (float64=True)."""
+def _failure(e):
+    return f"{type(e).__name__}: {e}"[:300]
+
+
+def compare(cfg, batch, fp16, variants, float64, failed):
+    """Loss and gradients of each variant against the first, and against float64 (float64=True). A variant but the
+    first that raises is left out, its error in `failed` (name -> error), and the others go on; the first's error
+    ends the mode."""
     out, ref, ref64 = {}, None, None
     if float64:
         runner = Float64Runner(cfg, batch)
@@ -175,9 +183,20 @@ def compare(cfg, batch, fp16, variants, float64):
         del runner
         backend.cupy.get_default_memory_pool().free_all_blocks()
     for name, env in variants:
-        with VariantEnv(env):
-            runner = MinitfRunner(cfg, "gpu", batch, 1e-4, fp16, name=name)
-            loss, g = one_step_grads(runner)
+        runner = None
+        try:
+            with VariantEnv(env):
+                runner = MinitfRunner(cfg, "gpu", batch, 1e-4, fp16, name=name)
+                loss, g = one_step_grads(runner)
+        except Exception as e:
+            if ref is None:
+                raise
+            failed[name] = _failure(e)
+            print(f"## {name}: FAILED: {failed[name]}", flush=True)
+            traceback.print_exc()
+            del runner
+            backend.cupy.get_default_memory_pool().free_all_blocks()
+            continue
         if ref is None:
             ref = (loss, g)
         out[name] = {"loss": loss, "loss_rel_diff": abs(loss - ref[0]) / abs(ref[0]),
@@ -190,26 +209,51 @@ def compare(cfg, batch, fp16, variants, float64):
     return out
 
 
-def timing(cfg, batch, fp16, variants, args, torch):
+def timing(cfg, batch, fp16, variants, args, torch, failed):
+    """Each variant's step (those not in `failed`), then PyTorch's, in alternating rounds. A variant but the first that
+    raises is dropped with its error in `failed`; the first's error (or PyTorch's) ends the mode."""
     runners = []
     for name, env in variants:
-        with VariantEnv(env):
-            runners.append((env, MinitfRunner(cfg, "gpu", batch, 1e-4, fp16, name=name)))
+        if name in failed:
+            continue
+        try:
+            with VariantEnv(env):
+                runners.append((env, MinitfRunner(cfg, "gpu", batch, 1e-4, fp16, name=name)))
+        except Exception as e:
+            if not runners:
+                raise
+            failed[name] = _failure(e)
+            print(f"## {name}: FAILED: {failed[name]}", flush=True)
+            traceback.print_exc()
     if torch is not None and not args.no_torch_runs:
         runners.append(({}, torch_runner_like(runners[0][1], "gpu", batch, 1e-4, fp16)))
         if args.strong:
             runners.append(({}, torch_runner_like(runners[0][1], "gpu", batch, 1e-4, fp16, strong=True,
                                                   compile=args.torch_compile)))
     k = args.steps_per_round
-    for env, r in runners:
-        with VariantEnv(env):
-            for _ in range(args.warmup):
-                timed_round(r, k)
+    base = runners[0][1]
+
+    def round_of(env, r, times=None):
+        """A round of r's steps; False where r is a variant but the first and raised (then dropped)."""
+        try:
+            with VariantEnv(env):
+                t = timed_round(r, k)[0] / k
+        except Exception as e:
+            if r is base or r.name not in dict(variants):
+                raise
+            failed[r.name] = _failure(e)
+            print(f"## {r.name}: FAILED: {failed[r.name]}", flush=True)
+            traceback.print_exc()
+            return False
+        if times is not None:
+            times[r.name].append(t)
+        return True
+    for _ in range(args.warmup):
+        runners = [(env, r) for env, r in runners if round_of(env, r)]
     times = {r.name: [] for _, r in runners}
     for _ in range(args.rounds):
-        for env, r in runners:
-            with VariantEnv(env):
-                times[r.name].append(timed_round(r, k)[0] / k)
+        runners = [(env, r) for env, r in runners if round_of(env, r, times)]
+    times = {name: ts for name, ts in times.items() if name not in failed}
     tokens = int((batch[2] != cfg.pad_id).sum())
     res = {}
     first = runners[0][1].name
@@ -322,9 +366,12 @@ def main(argv=None):
             key = f"{preset} {mode}"
             try:
                 log(f"{key}: same ...")
-                entry = {"same": compare(cfg, batch, fp16, variants, args.float64)}
+                failed = {}   # variant -> its error (a variant but the first; the others go on)
+                entry = {"same": compare(cfg, batch, fp16, variants, args.float64, failed)}
                 log(f"{key}: time ...")
-                entry["time"], entry["kernels"] = timing(cfg, batch, fp16, variants, args, torch)
+                entry["time"], entry["kernels"] = timing(cfg, batch, fp16, variants, args, torch, failed)
+                if failed:
+                    entry["failed"] = failed
             except Exception as e:   # one mode's failure (a first run of new kernels) does not end the others
                 report["results"][key] = {"error": f"{type(e).__name__}: {e}"}
                 print(f"## {key}: FAILED: {type(e).__name__}: {e}", flush=True)
@@ -344,6 +391,8 @@ def main(argv=None):
                       + (f"  grad diff {s['grad_rel_diff']:.2e}" if s else "")
                       + (f"  vs float64 {s['grad_rel_err_vs_float64']:.2e}" if "grad_rel_err_vs_float64" in s else "")
                       + (f"  kernels {k['kernels']} busy {k['busy_ms']} ms" if "kernels" in k else ""), flush=True)
+            for name, error in entry.get("failed", {}).items():
+                print(f"  {name:8s} FAILED: {error}", flush=True)
             _write(args, report)
     for key, entry in report["results"].items():
         for name, k in entry.get("kernels", {}).items():

@@ -20,7 +20,8 @@ stage as a process of its own with what is left of --deadline, every stage's out
                --steps-per-round steps: `lnwarp` and `relusums` (each switch alone), `rest` (both) and `before`
                (--before-kernels) in one process, then, where the GPU tests all passed, `attn` (attention alone) and
                `all` (every switch) with `now` again in another (ab_attn/ab.json, ab_attn.txt), so that a first run of
-               the new attention kernels that stops the CUDA context costs only its own process
+               the new attention kernels that stops the CUDA context costs only its own process (a variant that
+               raises is left out of that mode, and the others of its process go on)
   report       where at least 120 s are left: bench/gpu_report.py --skip suite,beam --fp16 under the chosen switches
                (the training step of `base` and `big` against PyTorch, the kernel tables, and the WMT14-shaped run,
                in float16, where its --budget, what is left of the deadline, leaves it time; report/report.md and
@@ -135,6 +136,9 @@ def judge(ab, suite_passed):
         bad, mode_speeds = [], []
         for key in wanted:
             same, times = results[key].get("same", {}), results[key].get("time", {})
+            if name in results[key].get("failed", {}):
+                bad.append(f"{key}: failed ({str(results[key]['failed'][name])[:120]})")
+                continue
             s0, s = same.get(base, {}), same.get(name, {})
             if not s0 or not s:
                 bad.append(f"{key}: no comparison of its loss and gradients")
@@ -387,7 +391,8 @@ def run_stages(args, st, skip, before):
 
 def ab_table(ab, group="ab"):
     """The A/B's rows: [its process (`group`), preset and mode, variant, step ms, target tokens/s, speed against the
-    process's first variant, gradients' difference from its], or [group, preset and mode, the error]."""
+    process's first variant, gradients' difference from its], or [group, preset and mode, the error] (of the mode, or
+    of a variant that failed in it, named)."""
     base, rows = list(ab["variants"])[0], []
     for key, entry in ab.get("results", {}).items():
         if "error" in entry:
@@ -397,6 +402,7 @@ def ab_table(ab, group="ab"):
             s = entry.get("same", {}).get(name, {})
             rows.append([group, key, name, t.get("step_ms"), t.get("tgt_tokens_per_s"), t.get("speed_vs_" + base),
                          s.get("grad_rel_diff")])
+        rows += [[group, key, f"{name}: {str(error)[:200]}"] for name, error in entry.get("failed", {}).items()]
     return rows
 
 

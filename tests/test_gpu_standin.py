@@ -1017,6 +1017,30 @@ def test_gpu_ab_reports_a_failing_mode_and_runs_the_others(tmp_path, standin, mo
     assert results["tiny fp16"]["time"]["now"]["step_ms"] > 0
 
 
+def test_gpu_ab_leaves_a_variant_that_raises_out_of_that_mode_and_the_others_go_on(tmp_path):
+    """bench/gpu_ab.py on the stand-in with a copy of the kernels whose bfloat16 source does not build, between two
+    variants that do: in --bf16 that copy is FAILED with the compiler's error and the variant after it is still
+    compared and timed; in --fp16 all three run."""
+    from cuda_emulator import compiler
+    if compiler() is None:
+        pytest.skip("needs g++ >= 12 to emulate the CUDA kernels on the CPU")
+    broken = tmp_path / "broken_kernels.py"
+    text = open(os.path.join(ROOT, "minitf", "kernels.py")).read()
+    assert text.count('MINITF_STORAGE16(bf16_t, f2bf, bf2f)\n"""') == 1
+    broken.write_text(text.replace('MINITF_STORAGE16(bf16_t, f2bf, bf2f)\n"""',
+                                   'MINITF_STORAGE16(bf16_t, f2bf, bf2f)\nnot_a_type x;\n"""'))
+    r = run_bench(tmp_path, "gpu_ab.py", "--smoke", "--no-torch", "--modes", "bf16,fp16", "--variant", "now=",
+                  "--variant", f"broken=KERNELS={broken}", "--variant", "lnwarp=MINITF_FUSED_LNWARP=1",
+                  "--out", tmp_path / "ab")
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads((tmp_path / "ab" / "ab.json").read_text())["results"]
+    bf16, fp16 = results["tiny bf16"], results["tiny fp16"]
+    assert list(bf16["failed"]) == ["broken"] and "did not build" in bf16["failed"]["broken"], bf16
+    assert set(bf16["time"]) == set(bf16["same"]) == {"now", "lnwarp"} and bf16["same"]["lnwarp"]["finite"]
+    assert "failed" not in fp16 and set(fp16["time"]) == {"now", "broken", "lnwarp"}
+    assert "  broken   FAILED: RuntimeError: the emulator's library for kernels_bfloat16 did not build" in r.stdout
+
+
 def test_gpu_ab_times_the_cuda_of_another_copy_of_the_kernels(tmp_path):
     """A variant's KERNELS=FILE runs the CUDA of FILE (another minitf/kernels.py) under minitf's launchers: a copy
     gives the same gradients to the bit, a copy whose LayerNorm adds 0.25 to the variance other ones; a file

@@ -80,6 +80,21 @@ def test_another_copy_of_the_kernels_is_timed_never_chosen():
     assert winner is None and why["before"] == "another copy of the kernels: timed, never chosen"
 
 
+def test_a_variant_that_failed_in_one_mode_is_not_chosen_and_the_others_still_are():
+    """gpu_ab.py leaves a variant that raised out of that mode (its "failed"), and the other variants of its process go
+    on: that variant is not chosen, said why, and the others are judged as ever."""
+    data = ab({"lnwarp": 1.2, "relusums": 1.05})
+    bf16 = data["results"]["base bf16"]
+    for part in ("same", "time"):
+        del bf16[part]["lnwarp"]
+    bf16["failed"] = {"lnwarp": "RuntimeError: the kernels did not build"}
+    winner, why = choose(data, suite_passed=True)
+    assert winner == "relusums" and why["lnwarp"] == "not chosen: base bf16: failed (RuntimeError: the kernels did not build)"
+    rows = gpu_tune.ab_table(data)
+    assert ["ab", "base bf16", "lnwarp: RuntimeError: the kernels did not build"] in rows
+    assert [r[2] for r in rows if r[1] == "base bf16"] == ["now", "relusums", "lnwarp: RuntimeError: the kernels did not build"]
+
+
 def test_the_gpu_tests_count_as_passed_only_on_a_summary_of_passes():
     assert all_passed("...\n28 passed in 50.12s\n")
     assert all_passed("2 skipped, 26 passed in 3s")
