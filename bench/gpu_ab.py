@@ -29,9 +29,9 @@ preset and mode it prints and writes (--out):
   kernels  under the PyTorch profiler (CUPTI records CuPy's kernels too): kernels per step,
            GPU-busy ms per step, and the --top kernels by time (bench/gpu_kernels.py)
 
-A variant other than the first that raises in a preset and mode (a first run of new kernels, say; another copy of
-the kernels that does not build) is printed as FAILED with its error and left out of that mode (ab.json: the mode's
-"failed"), and the other variants go on; where the first variant or PyTorch fails, the whole preset and mode is
+A variant other than the first that raises in a preset and mode's comparison or timed rounds (a first run of new
+kernels, say; another copy of the kernels that does not build) is printed as FAILED with its error and left out of
+that mode (ab.json: the mode's "failed", its error on one line), and the other variants go on; where the first variant or PyTorch fails, the whole preset and mode is
 printed and written as FAILED, and the other modes still run. Neither holds where the error left the CUDA context
 unusable (an illegal address does: every later call fails too; run such variants in a process of their own).
 
@@ -169,7 +169,16 @@ class Float64Runner(MinitfRunner):
 
 
 def _failure(e):
-    return f"{type(e).__name__}: {e}"[:300]
+    """An exception as one line of text (a compiler's log runs over many), at most 300 characters."""
+    return " ".join(f"{type(e).__name__}: {e}".split())[:300]
+
+
+def _after_failure():
+    """After a variant raised: the column sums' ticket counters made afresh (a launch the emulator stopped part-way
+    leaves some above 0; a GPU's stopped launch leaves the context unusable anyway) and the pool's free blocks
+    returned."""
+    minitf_kernels._COUNTERS.clear()
+    backend.cupy.get_default_memory_pool().free_all_blocks()
 
 
 def compare(cfg, batch, fp16, variants, float64, failed):
@@ -195,7 +204,7 @@ def compare(cfg, batch, fp16, variants, float64, failed):
             print(f"## {name}: FAILED: {failed[name]}", flush=True)
             traceback.print_exc()
             del runner
-            backend.cupy.get_default_memory_pool().free_all_blocks()
+            _after_failure()
             continue
         if ref is None:
             ref = (loss, g)
@@ -211,7 +220,8 @@ def compare(cfg, batch, fp16, variants, float64, failed):
 
 def timing(cfg, batch, fp16, variants, args, torch, failed):
     """Each variant's step (those not in `failed`), then PyTorch's, in alternating rounds. A variant but the first that
-    raises is dropped with its error in `failed`; the first's error (or PyTorch's) ends the mode."""
+    raises (made, or in a round) is dropped with its error in `failed`; the first's error (or PyTorch's) ends the
+    mode. The kernel tables' and host profiles' runs are not guarded so."""
     runners = []
     for name, env in variants:
         if name in failed:
@@ -225,13 +235,14 @@ def timing(cfg, batch, fp16, variants, args, torch, failed):
             failed[name] = _failure(e)
             print(f"## {name}: FAILED: {failed[name]}", flush=True)
             traceback.print_exc()
+            _after_failure()
     if torch is not None and not args.no_torch_runs:
         runners.append(({}, torch_runner_like(runners[0][1], "gpu", batch, 1e-4, fp16)))
         if args.strong:
             runners.append(({}, torch_runner_like(runners[0][1], "gpu", batch, 1e-4, fp16, strong=True,
                                                   compile=args.torch_compile)))
     k = args.steps_per_round
-    base = runners[0][1]
+    first_runner = runners[0][1]
 
     def round_of(env, r, times=None):
         """A round of r's steps; False where r is a variant but the first and raised (then dropped)."""
@@ -239,11 +250,12 @@ def timing(cfg, batch, fp16, variants, args, torch, failed):
             with VariantEnv(env):
                 t = timed_round(r, k)[0] / k
         except Exception as e:
-            if r is base or r.name not in dict(variants):
+            if r is first_runner or not isinstance(r, MinitfRunner):   # the first variant, or PyTorch
                 raise
             failed[r.name] = _failure(e)
             print(f"## {r.name}: FAILED: {failed[r.name]}", flush=True)
             traceback.print_exc()
+            _after_failure()
             return False
         if times is not None:
             times[r.name].append(t)
@@ -370,10 +382,11 @@ def main(argv=None):
                 entry = {"same": compare(cfg, batch, fp16, variants, args.float64, failed)}
                 log(f"{key}: time ...")
                 entry["time"], entry["kernels"] = timing(cfg, batch, fp16, variants, args, torch, failed)
-                if failed:
+                if failed:   # a variant that failed in the timing after its comparison: out of both
                     entry["failed"] = failed
+                    entry["same"] = {n: v for n, v in entry["same"].items() if n not in failed}
             except Exception as e:   # one mode's failure (a first run of new kernels) does not end the others
-                report["results"][key] = {"error": f"{type(e).__name__}: {e}"}
+                report["results"][key] = {"error": _failure(e), **({"failed": failed} if failed else {})}
                 print(f"## {key}: FAILED: {type(e).__name__}: {e}", flush=True)
                 traceback.print_exc()
                 _write(args, report)

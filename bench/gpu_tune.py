@@ -124,7 +124,10 @@ def judge(ab, suite_passed):
     for name in names[1:]:
         env = ab["variants"][name]
         if "KERNELS" in env:
-            why[name] = "another copy of the kernels: timed, never chosen"
+            failed = [f"{k} ({_line(results[k]['failed'][name])[:120]})" for k in wanted
+                      if name in results.get(k, {}).get("failed", {})]
+            why[name] = "another copy of the kernels: timed, never chosen" + (
+                f"; failed in {', '.join(failed)}" if failed else "")
             continue
         if missing:
             why[name] = f"not chosen: not every preset and mode ran ({', '.join(missing)})"
@@ -137,7 +140,7 @@ def judge(ab, suite_passed):
         for key in wanted:
             same, times = results[key].get("same", {}), results[key].get("time", {})
             if name in results[key].get("failed", {}):
-                bad.append(f"{key}: failed ({str(results[key]['failed'][name])[:120]})")
+                bad.append(f"{key}: failed ({_line(results[key]['failed'][name])[:120]})")
                 continue
             s0, s = same.get(base, {}), same.get(name, {})
             if not s0 or not s:
@@ -389,6 +392,11 @@ def run_stages(args, st, skip, before):
                st.left() - 2, env=switches)
 
 
+def _line(text):
+    """An error as one line of a Markdown table: whitespace runs (a compiler's log) as one space, `|` escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
 def ab_table(ab, group="ab"):
     """The A/B's rows: [its process (`group`), preset and mode, variant, step ms, target tokens/s, speed against the
     process's first variant, gradients' difference from its], or [group, preset and mode, the error] (of the mode, or
@@ -396,13 +404,14 @@ def ab_table(ab, group="ab"):
     base, rows = list(ab["variants"])[0], []
     for key, entry in ab.get("results", {}).items():
         if "error" in entry:
-            rows.append([group, key, str(entry["error"])[:200]])
+            rows.append([group, key, _line(entry["error"])[:200]])
+            rows += [[group, key, f"{name}: {_line(error)[:200]}"] for name, error in entry.get("failed", {}).items()]
             continue
         for name, t in entry.get("time", {}).items():
             s = entry.get("same", {}).get(name, {})
             rows.append([group, key, name, t.get("step_ms"), t.get("tgt_tokens_per_s"), t.get("speed_vs_" + base),
                          s.get("grad_rel_diff")])
-        rows += [[group, key, f"{name}: {str(error)[:200]}"] for name, error in entry.get("failed", {}).items()]
+        rows += [[group, key, f"{name}: {_line(error)[:200]}"] for name, error in entry.get("failed", {}).items()]
     return rows
 
 

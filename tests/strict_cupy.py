@@ -1053,12 +1053,18 @@ def _reshape(self, *shape, order="C", copy=None):
     return _new(self._a.reshape(*shape, order=order, copy=copy))
 
 
+try:
+    from numpy.lib.array_utils import normalize_axis_tuple as _normalize_axis_tuple   # NumPy 2
+except ImportError:
+    from numpy.core.numeric import normalize_axis_tuple as _normalize_axis_tuple      # NumPy 1
+
+
 def _tree_reduce(a, name, axis, keepdims):
     """a.sum or a.mean over `axis` added along a contiguous axis, where NumPy adds pairwise: an error that grows like a
     tree's, as in CuPy's reductions (a block's threads, then the blocks). NumPy over a leading axis adds one row at a
     time into the result instead (in float32, 3,000 rows of a column sum off by 1e-6 where CuPy's is off by 1e-7)."""
-    axes = range(a.ndim) if axis is None else axis if isinstance(axis, tuple) else (axis,)
-    axes = sorted({ax % a.ndim for ax in axes})
+    axes = sorted(range(a.ndim) if axis is None else _normalize_axis_tuple(axis, a.ndim))   # NumPy's AxisError and
+    # "repeated axis" ValueError, as CuPy's
     kept = [ax for ax in range(a.ndim) if ax not in axes]
     n = 1
     for ax in axes:
@@ -1072,8 +1078,8 @@ def _summed(name):
     """sum and mean of float16, bfloat16 and float32 arrays as CuPy computes them: 16-bit values added in float32 and
     the result rounded once (cupy/_core/_routines_math.pyx, sum's 'e->e' and bfloat16 loops with a float reduce type;
     _routines_statistics.pyx, mean), where NumPy adds a bfloat16 array in bfloat16 (10,000 ones sum to 256 there) and
-    a float16 array's rows in float16 (a column sum of 3,000 rows off by 8e-3); every float32 or narrower sum along a
-    contiguous axis (_tree_reduce)."""
+    a float16 array's rows in float16 (a column sum of 3,000 rows off by 8e-3); every float32 or narrower sum in the
+    array's own dtype along a contiguous axis (_tree_reduce)."""
     def impl(self, axis=None, dtype=None, out=None, keepdims=False):
         if out is not None and not isinstance(out, ndarray):
             raise TypeError(f"cupy.ndarray.{name}: out must be a cupy.ndarray")

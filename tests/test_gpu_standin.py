@@ -1041,6 +1041,30 @@ def test_gpu_ab_leaves_a_variant_that_raises_out_of_that_mode_and_the_others_go_
     assert "  broken   FAILED: RuntimeError: the emulator's library for kernels_bfloat16 did not build" in r.stdout
 
 
+def test_gpu_ab_drops_a_variant_that_raises_in_its_timed_rounds(tmp_path, standin, monkeypatch, capsys):
+    """A variant that passed the comparison and raises in a later round (its second of --smoke's three: a warm-up and
+    two timed) is dropped from the mode, out of
+    its "same" and "time" both, its error in "failed" on one line; the variant after it is timed against now."""
+    sys.path.insert(0, ROOT)
+    import bench.gpu_ab as gpu_ab
+    rounds = {}
+    timed_round = gpu_ab.timed_round
+
+    def raising_in_bads_second_round(runner, steps):
+        rounds[runner.name] = rounds.get(runner.name, 0) + 1
+        if runner.name == "bad" and rounds["bad"] == 2:
+            raise RuntimeError("boom\n  in its second round")
+        return timed_round(runner, steps)
+    monkeypatch.setattr(gpu_ab, "timed_round", raising_in_bads_second_round)
+    gpu_ab.main(["--smoke", "--no-torch", "--modes", "fp16", "--variant", "now=", "--variant",
+                 "bad=MINITF_FUSED_LNWARP=1", "--variant", "other=MINITF_FUSED_RELUSUMS=1", "--out", str(tmp_path / "ab")])
+    entry = json.loads((tmp_path / "ab" / "ab.json").read_text())["results"]["tiny fp16"]
+    assert entry["failed"] == {"bad": "RuntimeError: boom in its second round"}
+    assert set(entry["same"]) == set(entry["time"]) == {"now", "other"} and rounds == {"now": 3, "bad": 2, "other": 3}
+    assert entry["time"]["other"]["speed_vs_now"] > 0
+    assert "  bad      FAILED: RuntimeError: boom in its second round" in capsys.readouterr().out
+
+
 def test_gpu_ab_times_the_cuda_of_another_copy_of_the_kernels(tmp_path):
     """A variant's KERNELS=FILE runs the CUDA of FILE (another minitf/kernels.py) under minitf's launchers: a copy
     gives the same gradients to the bit, a copy whose LayerNorm adds 0.25 to the variance other ones; a file

@@ -76,8 +76,12 @@ def test_attention_on_packed_rows_needs_the_gpu_tests_to_have_passed():
 
 
 def test_another_copy_of_the_kernels_is_timed_never_chosen():
-    winner, why = choose(ab({"before": 1.5}, env={"before": {"KERNELS": "old.py"}}), suite_passed=True)
+    data = ab({"before": 1.5}, env={"before": {"KERNELS": "old.py"}})
+    winner, why = choose(data, suite_passed=True)
     assert winner is None and why["before"] == "another copy of the kernels: timed, never chosen"
+    data["results"]["base bf16"]["failed"] = {"before": "RuntimeError: did not build (kern.cu):\n  a | b"}
+    assert choose(data, suite_passed=True)[1]["before"] == ("another copy of the kernels: timed, never chosen; failed "
+                                                            "in base bf16 (RuntimeError: did not build (kern.cu): a \\| b)")
 
 
 def test_a_variant_that_failed_in_one_mode_is_not_chosen_and_the_others_still_are():
