@@ -1090,6 +1090,8 @@ def _summed(name):
         else:
             r = getattr(a, name)(axis=axis, dtype=dtype, keepdims=keepdims)
         if out is not None:
+            if out.shape != numpy.shape(r):   # cupy/_core/_kernel.pyx, _get_out_args_from_optionals
+                raise ValueError("Out shape is mismatched")
             out._a[...] = r
         return _wrap(r, out)
     return impl

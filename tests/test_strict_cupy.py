@@ -185,6 +185,8 @@ def test_16_bit_sums_add_in_float32_and_every_sum_like_a_tree_as_cupys():
     assert float(cp.asnumpy(x.mean()).astype(np.float32)) == 1.0
     out = cp.zeros(4, dtype=bf16)
     assert x.sum(axis=0, out=out) is out and (cp.asnumpy(out).astype(np.float32) == 9984).all()
+    with pytest.raises(ValueError, match="Out shape is mismatched"):   # not broadcast into it
+        x.sum(axis=0, out=cp.zeros((2, 4), dtype=bf16))
     assert x.sum(dtype=np.float32).dtype == np.float32 and float(cp.asnumpy(x.sum(dtype=np.float32))) == 40000
     assert float(cp.asnumpy(x.sum(axis=0, dtype=bf16)).astype(np.float32)[0]) == 9984     # _sum_keep_dtype: float sums
     assert cp.asnumpy(cp.ones((3, 2), dtype=np.float16).sum(axis=1, keepdims=True)).shape == (3, 1)
