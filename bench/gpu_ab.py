@@ -31,9 +31,10 @@ preset and mode it prints and writes (--out):
 
 A variant other than the first that raises in a preset and mode's comparison or timed rounds (a first run of new
 kernels, say; another copy of the kernels that does not build) is printed as FAILED with its error and left out of
-that mode (ab.json: the mode's "failed", its error on one line), and the other variants go on; where the first variant or PyTorch fails, the whole preset and mode is
-printed and written as FAILED, and the other modes still run. Neither holds where the error left the CUDA context
-unusable (an illegal address does: every later call fails too; run such variants in a process of their own).
+that mode (ab.json: the mode's "failed", its error on one line), and the other variants go on; where the first
+variant or PyTorch fails, the whole preset and mode is printed and written as FAILED, and the other modes still run.
+Neither holds where the error left the CUDA context unusable (an illegal address does: every later call fails too;
+run such variants in a process of their own).
 
 The batch is bench/gpu_report.py's (bench/data.py's `wmt_batch`): at most 25,000 padded tokens a side of
 WMT14-shaped lengths.
@@ -173,10 +174,13 @@ def _failure(e):
     return " ".join(f"{type(e).__name__}: {e}".split())[:300]
 
 
-def _after_failure():
-    """After a variant raised: the column sums' ticket counters made afresh (a launch the emulator stopped part-way
-    leaves some above 0; a GPU's stopped launch leaves the context unusable anyway) and the pool's free blocks
-    returned."""
+def _drop(failed, name, e):
+    """A variant that raised leaves the mode: its error in `failed`, printed with the traceback; the column sums'
+    ticket counters made afresh (a launch the emulator stopped part-way leaves some above 0; a GPU's stopped launch
+    leaves the context unusable anyway) and the pool's free blocks returned."""
+    failed[name] = _failure(e)
+    print(f"## {name}: FAILED: {failed[name]}", flush=True)
+    traceback.print_exc()
     minitf_kernels._COUNTERS.clear()
     backend.cupy.get_default_memory_pool().free_all_blocks()
 
@@ -200,11 +204,8 @@ def compare(cfg, batch, fp16, variants, float64, failed):
         except Exception as e:
             if ref is None:
                 raise
-            failed[name] = _failure(e)
-            print(f"## {name}: FAILED: {failed[name]}", flush=True)
-            traceback.print_exc()
             del runner
-            _after_failure()
+            _drop(failed, name, e)
             continue
         if ref is None:
             ref = (loss, g)
@@ -232,10 +233,7 @@ def timing(cfg, batch, fp16, variants, args, torch, failed):
         except Exception as e:
             if not runners:
                 raise
-            failed[name] = _failure(e)
-            print(f"## {name}: FAILED: {failed[name]}", flush=True)
-            traceback.print_exc()
-            _after_failure()
+            _drop(failed, name, e)
     if torch is not None and not args.no_torch_runs:
         runners.append(({}, torch_runner_like(runners[0][1], "gpu", batch, 1e-4, fp16)))
         if args.strong:
@@ -252,10 +250,7 @@ def timing(cfg, batch, fp16, variants, args, torch, failed):
         except Exception as e:
             if r is first_runner or not isinstance(r, MinitfRunner):   # the first variant, or PyTorch
                 raise
-            failed[r.name] = _failure(e)
-            print(f"## {r.name}: FAILED: {failed[r.name]}", flush=True)
-            traceback.print_exc()
-            _after_failure()
+            _drop(failed, r.name, e)
             return False
         if times is not None:
             times[r.name].append(t)

@@ -112,6 +112,13 @@ def _finite(x):
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+def _failed_in(results, key, name):
+    """The error of variant `name` in preset and mode `key` where gpu_ab left it out there (one line, at most 120
+    characters), else None."""
+    error = results.get(key, {}).get("failed", {}).get(name)
+    return None if error is None else _line(error)[:120]
+
+
 def judge(ab, suite_passed):
     """({variant: why it is or is not eligible}, {eligible variant: its geometric-mean speed against the first}) from
     gpu_ab's ab.json (`ab`) and whether the GPU tests all passed (None: they did not run)."""
@@ -124,8 +131,7 @@ def judge(ab, suite_passed):
     for name in names[1:]:
         env = ab["variants"][name]
         if "KERNELS" in env:
-            failed = [f"{k} ({_line(results[k]['failed'][name])[:120]})" for k in wanted
-                      if name in results.get(k, {}).get("failed", {})]
+            failed = [f"{k} ({error})" for k in wanted if (error := _failed_in(results, k, name))]
             why[name] = "another copy of the kernels: timed, never chosen" + (
                 f"; failed in {', '.join(failed)}" if failed else "")
             continue
@@ -139,8 +145,9 @@ def judge(ab, suite_passed):
         bad, mode_speeds = [], []
         for key in wanted:
             same, times = results[key].get("same", {}), results[key].get("time", {})
-            if name in results[key].get("failed", {}):
-                bad.append(f"{key}: failed ({_line(results[key]['failed'][name])[:120]})")
+            error = _failed_in(results, key, name)
+            if error:
+                bad.append(f"{key}: failed ({error})")
                 continue
             s0, s = same.get(base, {}), same.get(name, {})
             if not s0 or not s:
