@@ -342,18 +342,19 @@ def main(argv=None):
             "warmup": args.warmup, "lr_factor": args.lr_factor, "target_tokens_per_batch": tokens / len(train),
             "vocab": tok.vocab_size, "shape": shape_overrides(args), "runners": records, "engines": engines,
             "failed": failed}
-    print(f"{'runner':11} {'made':>5} {'skipped':>7} {'ms/upd':>7} {'train loss':>10} {'valid nll':>9} "
+    w = max([11] + [len(r["runner"]) for r in records + failed])   # the names' column: the longest name
+    print(f"{'runner':{w}} {'made':>5} {'skipped':>7} {'ms/upd':>7} {'train loss':>10} {'valid nll':>9} "
           f"{'vs first':>8} {'peak MiB':>8}")
     for r in records:
-        print(f"{r['runner']:11} {r['updates']:5d} {r['skipped']:7d} {r['ms_per_update']:7.1f} "
+        print(f"{r['runner']:{w}} {r['updates']:5d} {r['skipped']:7d} {r['ms_per_update']:7.1f} "
               f"{r['train_loss_last50'] or float('nan'):10.4f} {r['valid_nll']:9.4f} {100 * r['valid_nll_rel_diff']:+7.2f}% "
               f"{r['peak_mib'] if r['peak_mib'] is not None else '-':>8}")
     for f in failed:
-        print(f"{f['runner']:11} FAILED: {f['error']}")
+        print(f"{f['runner']:{w}} FAILED: {f['error']}")
     if any(e["seeds"] > 1 for e in engines):
-        print(f"\n{'engine':11} {'seeds':>5} {'valid nll: mean (min-max)':>26} {'mean vs first':>13}")
+        print(f"\n{'engine':{w}} {'seeds':>5} {'valid nll: mean (min-max)':>26} {'mean vs first':>13}")
         for e in engines:
-            print(f"{e['engine']:11} {e['seeds']:5d} {e['valid_nll_mean']:9.4f} ({e['valid_nll_min']:.4f}-"
+            print(f"{e['engine']:{w}} {e['seeds']:5d} {e['valid_nll_mean']:9.4f} ({e['valid_nll_min']:.4f}-"
                   f"{e['valid_nll_max']:.4f}) {100 * e['mean_rel_diff']:+12.2f}%")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -895,6 +895,10 @@ def test_same_training_judges_engines_over_their_seeds(tmp_path):
     assert now["valid_nll_min"] == min(runs["now"], runs["now@seed1"]) < now["valid_nll_max"]
     assert now["mean_rel_diff"] == 0 and abs(before["mean_rel_diff"]) < 1e-3
     assert re.search(r"^now\s+2\s+\d\.\d{4} \(\d\.\d{4}-\d\.\d{4}\)\s+\+0\.00%$", r.stdout, re.M), r.stdout
+    # the names' column as wide as the longest name ("before@seed1"): each run's count of updates ends under "made"
+    table = r.stdout[r.stdout.index("runner "):].splitlines()[:5]
+    ends = {line.index("made") + 4 if i == 0 else re.match(r"\S+ +\d+", line).end() for i, line in enumerate(table)}
+    assert len(ends) == 1, table
     bad = run_same_training(tmp_path, "--seeds", "0")
     assert bad.returncode == 2 and "--seeds must be at least 1, got 0" in bad.stderr
 
