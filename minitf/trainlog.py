@@ -25,7 +25,7 @@ def summary_lines(results, out, tgt):
     scores (sacreBLEU with the run's beam on the whole set; the paper's tokenized BLEU where computed),
     and the files to look at."""
     wall = int(results["train_wall_s"])
-    model = (f"the average of {len(results['model_checkpoints'])} checkpoints" if results["model"] == "averaged"
+    model = (f"the average of {plural(len(results['model_checkpoints']), 'checkpoint')}" if results["model"] == "averaged"
              else f"the last checkpoint ({results['model_checkpoints'][0]})")
     lines = [f"summary: {results['steps']:,} updates, {results['epochs']:.1f} epochs, {wall // 60}m {wall % 60:02d}s "
              f"of training; reported: {model}; scores: sacreBLEU and chrF, beam {results['beam']}, whole sets"]

@@ -73,6 +73,20 @@ def test_end_to_end_writes_results(corpus, tmp_path):
     assert "valid: BLEU" in r.stderr and "(sacreBLEU, beam 2, all 30 sentences" in r.stderr
 
 
+def test_the_summary_counts_one_averaged_checkpoint_in_the_singular():
+    """A run's summary line names the model it reports: 'the average of 1 checkpoint' (the only one of a short run's
+    second half), 'of 2 checkpoints', or the last checkpoint."""
+    from minitf.trainlog import summary_lines
+    base = {"train_wall_s": 13.4, "steps": 30, "epochs": 0.2, "beam": 4, "bleu": {"valid": 0.0}, "chrf": {"valid": 0.5},
+            "bleu_paper": {}}
+    first = {n: summary_lines({**base, "model": model, "model_checkpoints": cps}, "out", "de")[0]
+             for n, model, cps in ((1, "averaged", ["c30.npz"]), (2, "averaged", ["c20.npz", "c30.npz"]),
+                                   (0, "last", ["c30.npz"]))}
+    assert "reported: the average of 1 checkpoint; scores" in first[1]
+    assert "reported: the average of 2 checkpoints; scores" in first[2]
+    assert "reported: the last checkpoint (c30.npz); scores" in first[0]
+
+
 def test_resume_is_exact(corpus, tmp_path):
     straight, split = tmp_path / "straight", tmp_path / "split"
     cache = tmp_path / "cache"
