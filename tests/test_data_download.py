@@ -417,3 +417,30 @@ def test_a_progress_bar_in_a_log_file_ends_its_line(server, tmp_path):
     assert r.returncode == 0
     text = log.read_text()
     assert "error: the next message" in text.split("\n")   # not glued after a "\r"
+
+
+def test_a_download_that_fails_into_a_named_data_dir_says_which_folder_and_whether_it_existed(server, tmp_path,
+                                                                                               monkeypatch):
+    """--data-dir names the folder the files are looked up in, and downloaded into when missing. A mistyped path
+    reads as a new folder to download into: when that download fails, the error names the flag, the folder and that
+    it did not exist, and the folder made for it is removed again; an existing folder without the files is named as
+    such, and stays."""
+    from minitf.data.pipeline import DataSettings, load_data
+    monkeypatch.setenv("MINITF_MULTI30K_BASE_URL", server.url + "/raw/")     # the server holds none of the files
+    typo = tmp_path / "multi30kk"
+    with pytest.raises(DataError) as e:
+        load_data(DataSettings(dataset="multi30k", data_dir=str(typo), quiet=True))
+    msg = str(e.value)
+    assert msg.startswith(f"--data-dir {typo} does not exist, so minitf tried to download multi30k's files into it: "
+                          f"cannot download {server.url}/raw/train.en.gz: HTTP 404"), msg
+    assert not typo.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataError) as e:
+        load_data(DataSettings(dataset="multi30k", data_dir=str(empty), quiet=True))
+    assert str(e.value).startswith(f"--data-dir {empty} does not hold every file of the train and valid sets, so "
+                                   f"minitf tried to download multi30k's files into it: cannot download"), str(e.value)
+    assert empty.is_dir()
+    with pytest.raises(DataError) as e:          # --offline: the missing files named, nothing downloaded
+        load_data(DataSettings(dataset="multi30k", data_dir=str(empty), offline=True, quiet=True))
+    assert "train.en[.gz]" in str(e.value) and "--data-dir" not in str(e.value)

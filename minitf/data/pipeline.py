@@ -29,8 +29,8 @@ def add_data_args(p):
     g = p.add_argument_group("data")
     g.add_argument("--dataset", default="wmt14", choices=sorted(DATASETS),
                    help="a known dataset, downloaded when missing (default wmt14; ignored with --train)")
-    g.add_argument("--data-dir", help="folder with the corpus files (plain or .gz); default $MINITF_CACHE/<dataset> or "
-                        "~/.cache/minitf/<dataset>")
+    g.add_argument("--data-dir", help="folder with the corpus files (plain or .gz), which are downloaded into it where "
+                        "missing (not with --offline); default $MINITF_CACHE/<dataset> or ~/.cache/minitf/<dataset>")
     g.add_argument("--offline", action="store_true", help="never download: fail if files are missing")
     g.add_argument("--src", help="source language (default en); with --train and files of other languages, give it")
     g.add_argument("--tgt", help="target language (default de); with --train and files of other languages, give it")
@@ -133,6 +133,28 @@ class Data:
         return self.corpus.data_id
 
 
+def _dataset_in(args, progress, notes):
+    """prepare_dataset in --data-dir (else the default folder). A download that fails into a --data-dir the user
+    named says which folder it was and whether it existed (a mistyped path reads as a folder to download into); a
+    folder made for it and left empty is removed again."""
+    given = args.data_dir
+    fresh = bool(given) and not os.path.exists(given)
+    try:
+        return prepare_dataset(args.dataset, given or default_data_dir(args.dataset), args.src, args.tgt,
+                               download=not args.offline, progress=progress, notes=notes)
+    except DataError as e:
+        if not given or not hasattr(e, "http_status"):   # not a failed download (download.download's errors)
+            raise
+        if fresh:
+            try:
+                os.rmdir(given)            # only if empty: a partial download (.part) is kept to be resumed
+            except OSError:
+                pass
+        what = "does not exist" if fresh else "does not hold every file of the train and valid sets"
+        raise DataError(f"--data-dir {given} {what}, so minitf tried to download {args.dataset}'s files into it: "
+                        f"{e}") from None
+
+
 def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True, verify=False):
     """Locate (or download) the corpus of `args` (DataSettings), then prepare or reuse its binarized
     cache.
@@ -149,8 +171,7 @@ def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True, v
         data = user_dataset(args.train, args.valid, args.test, args.src, args.tgt)
         vocab, max_ratio = 8000, 1.5
     else:
-        data = prepare_dataset(args.dataset, args.data_dir or default_data_dir(args.dataset), args.src, args.tgt,
-                               download=not args.offline, progress=progress, notes=notes)
+        data = _dataset_in(args, progress, notes)
         vocab = dataset_default(args.dataset, "vocab_size", args.src, args.tgt)
         max_ratio = dataset_default(args.dataset, "max_ratio", args.src, args.tgt)
     if args.vocab_size:
