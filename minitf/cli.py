@@ -10,6 +10,7 @@ from .data.pipeline import add_data_args, check_data_args
 from .errors import ConfigError, DataError, MinitfError, out_of_memory, report
 from .ctranslate2_export import QUANTIZATIONS
 from .flags import MAX_BEAM, Number, Parser, positive
+from .trainlog import plural
 
 
 def _read_input(path):
@@ -136,7 +137,7 @@ def cmd_evaluate(args):
     from .translate import load, metrics
     src, ref = _read_input(args.src), _read_input(args.ref)
     if len(src) != len(ref):
-        raise DataError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
+        raise DataError(f"--src {args.src} has {plural(len(src), 'line')} but --ref {args.ref} has {len(ref)}")
     if not src:
         raise DataError(f"--src {args.src} and --ref {args.ref} are empty: there is nothing to translate and score")
     translator = load(args.checkpoint, args.device)

@@ -30,6 +30,7 @@ import numpy as np
 
 from .errors import ConfigError, DataError, MinitfError
 from .flags import MAX_BEAM, Number, fraction, positive
+from .trainlog import plural
 
 DPI = 100
 FORMATS = ("png", "svg", "pdf")
@@ -390,12 +391,12 @@ def _check_layer_head(model, layer, head):
     n_heads = model.cfg.n_heads
     n_layers = min(model.cfg.n_layers, model.cfg.n_decoder_layers)   # layer l of each stack is drawn
     if not 0 <= layer < n_layers:
-        stacks = (f"{n_layers} layers" if model.cfg.n_layers == model.cfg.n_decoder_layers else
+        stacks = (plural(n_layers, "layer") if model.cfg.n_layers == model.cfg.n_decoder_layers else
                   f"{model.cfg.n_layers} encoder and {model.cfg.n_decoder_layers} decoder layers")
         raise ConfigError(f"--layer {layer} is out of range: this model has {stacks}, "
                           f"valid --layer is 0..{n_layers - 1}")
     if not 0 <= head < n_heads:
-        raise ConfigError(f"--head {head} is out of range: this model has {n_heads} heads, "
+        raise ConfigError(f"--head {head} is out of range: this model has {plural(n_heads, 'head')}, "
                           f"valid --head is 0..{n_heads - 1}")
 
 

@@ -57,6 +57,10 @@ def test_user_errors_are_one_line(setup):
     d = setup
     out = run("evaluate", "--checkpoint", d / "model.npz", "--src", d / "src.txt", "--ref", d / "short.txt")
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "short.txt" in out.stderr
+    one = d / "one_line.txt"
+    one.write_text("a cat\n")
+    out = run("evaluate", "--checkpoint", d / "model.npz", "--src", one, "--ref", d / "src.txt")
+    assert out.returncode == 2 and f"--src {one} has 1 line but --ref" in out.stderr, out.stderr
     out = run("translate", "--checkpoint", d / "missing.npz", "--input", d / "src.txt")
     assert out.returncode == 2 and "does not exist" in out.stderr and "Traceback" not in out.stderr
     out = run("translate", "--checkpoint", d / "model.npz", "--input", d / "nope.txt")

@@ -1,4 +1,5 @@
 """minitf.viz: the numbers behind the pictures (no matplotlib needed) and `python -m minitf plot`."""
+import dataclasses
 import json
 import math
 import os
@@ -205,7 +206,6 @@ def test_attention_maps_are_distributions_with_the_right_masks(ckpt):
 
 def test_attention_maps_limit_the_length_only_for_learned_positions(ckpt):
     """Sinusoidal positions extend past max_len (as decoding's do); learned ones stop there, one line."""
-    import dataclasses
     from minitf.translate import load_for_inference
     model, tok = load_for_inference(ckpt)
     model.cfg = dataclasses.replace(model.cfg, max_len=4)          # shorter than the sentence below
@@ -227,6 +227,12 @@ def test_attention_layer_and_head_out_of_range(ckpt, tmp_path):
         viz.attention_maps(model, tok, "a cat", layer=0, head=-1, tgt="a dog")
     out = run_cli("plot", "attention", "--checkpoint", ckpt, "--src", "a cat", "--layer", 5, "--out", tmp_path / "a.png")
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "0..1" in out.stderr, out.stderr
+    # a model of one layer and one head says so in the singular (the range is checked before anything is computed)
+    model.cfg = dataclasses.replace(model.cfg, n_layers=1, n_decoder_layers=1, n_heads=1, d_k=model.cfg.d_model)
+    with pytest.raises(ConfigError, match=r"this model has 1 layer, valid --layer is 0\.\.0"):
+        viz.attention_maps(model, tok, "a cat", layer=1, head=0, tgt="a dog")
+    with pytest.raises(ConfigError, match=r"this model has 1 head, valid --head is 0\.\.0"):
+        viz.attention_maps(model, tok, "a cat", layer=0, head=1, tgt="a dog")
 
 
 # ------------------------------------------------------------------------------ matplotlib stays optional
