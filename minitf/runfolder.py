@@ -114,7 +114,8 @@ def choose_model(run):
     save_checkpoint(os.path.join(args.out, "model.npz"), params=ckpt.params, config=ckpt.config, tokenizer=ckpt.tokenizer,
                     train_state={"model": chosen, "from": used, "step": run.state["step"],
                                  "languages": run.state["languages"]})
-    spacing = f"every {args.save_every_minutes:g} min" if args.save_every_minutes else f"every {args.save_every} steps"
+    spacing = (f"every {args.save_every_minutes:g} min" if args.save_every_minutes
+               else f"every {plural(args.save_every, 'step')}")
     names = ", ".join(os.path.basename(c) for c in window)
     log(f"averaged {plural(len(window), 'checkpoint')} ({spacing} and the final one, from the run's second half: "
         f"{names}) -> {avg_path}")

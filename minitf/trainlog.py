@@ -25,10 +25,12 @@ def summary_lines(results, out, tgt):
     scores (sacreBLEU with the run's beam on the whole set; the paper's tokenized BLEU where computed),
     and the files to look at."""
     wall = int(results["train_wall_s"])
-    model = (f"the average of {plural(len(results['model_checkpoints']), 'checkpoint')}" if results["model"] == "averaged"
-             else f"the last checkpoint ({results['model_checkpoints'][0]})")
-    lines = [f"summary: {results['steps']:,} updates, {results['epochs']:.1f} epochs, {wall // 60}m {wall % 60:02d}s "
-             f"of training; reported: {model}; scores: sacreBLEU and chrF, beam {results['beam']}, whole sets"]
+    checkpoints = results["model_checkpoints"]
+    model = (f"the average of {plural(len(checkpoints), 'checkpoint')}" if results["model"] == "averaged"
+             else f"the last checkpoint ({checkpoints[0]})")
+    lines = [f"summary: {plural(results['steps'], 'update')}, {results['epochs']:.1f} epochs, {wall // 60}m "
+             f"{wall % 60:02d}s of training; reported: {model}; scores: sacreBLEU and chrF, beam {results['beam']}, "
+             f"whole sets"]
     width = max(map(len, results["bleu"]), default=0)
     for name, bleu in results["bleu"].items():
         paper = results["bleu_paper"].get(name)

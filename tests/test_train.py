@@ -73,9 +73,9 @@ def test_end_to_end_writes_results(corpus, tmp_path):
     assert "valid: BLEU" in r.stderr and "(sacreBLEU, beam 2, all 30 sentences" in r.stderr
 
 
-def test_the_summary_counts_one_averaged_checkpoint_in_the_singular():
+def test_the_summary_says_one_checkpoint_and_one_update_in_the_singular():
     """A run's summary line names the model it reports: 'the average of 1 checkpoint' (the only one of a short run's
-    second half), 'of 2 checkpoints', or the last checkpoint."""
+    second half), 'of 2 checkpoints', or the last checkpoint; and its updates: '1 update', '30 updates'."""
     from minitf.trainlog import summary_lines
     base = {"train_wall_s": 13.4, "steps": 30, "epochs": 0.2, "beam": 4, "bleu": {"valid": 0.0}, "chrf": {"valid": 0.5},
             "bleu_paper": {}}
@@ -85,6 +85,9 @@ def test_the_summary_counts_one_averaged_checkpoint_in_the_singular():
     assert "reported: the average of 1 checkpoint; scores" in first[1]
     assert "reported: the average of 2 checkpoints; scores" in first[2]
     assert "reported: the last checkpoint (c30.npz); scores" in first[0]
+    assert first[1].startswith("summary: 30 updates, 0.2 epochs, 0m 13s of training;")
+    assert summary_lines({**base, "steps": 1, "model": "last", "model_checkpoints": ["c1.npz"]}, "out", "de")[0].startswith(
+        "summary: 1 update, 0.2 epochs,")
 
 
 def test_resume_is_exact(corpus, tmp_path):
@@ -109,7 +112,8 @@ def test_resume_is_exact(corpus, tmp_path):
 
 def test_existing_out_without_resume_and_bad_data_are_one_line_errors(corpus, tmp_path):
     out = tmp_path / "run"
-    assert run_train(corpus, out, "--max-steps", 2, "--save-every", 1, "--average-last", 1).returncode == 0
+    r = run_train(corpus, out, "--max-steps", 2, "--save-every", 1, "--average-last", 1)
+    assert r.returncode == 0 and "averaged 1 checkpoint (every 1 step and the final one" in r.stderr, r.stderr[-2000:]
     r = run_train(corpus, out, "--max-steps", 2)
     assert r.returncode == 2 and "--resume" in r.stderr and "Traceback" not in r.stderr
     bad = tmp_path / "bad"
