@@ -444,3 +444,16 @@ def test_a_download_that_fails_into_a_named_data_dir_says_which_folder_and_wheth
     with pytest.raises(DataError) as e:          # --offline: the missing files named, nothing downloaded
         load_data(DataSettings(dataset="multi30k", data_dir=str(empty), offline=True, quiet=True))
     assert "train.en[.gz]" in str(e.value) and "--data-dir" not in str(e.value)
+
+
+def test_a_data_dir_that_is_a_file_or_cannot_be_made_is_one_clear_error(tmp_path):
+    """--data-dir naming a file, or a folder that cannot be made (here: below a file), is a DataError naming it, not
+    an OSError's traceback."""
+    from minitf.data.pipeline import DataSettings, load_data
+    a_file = tmp_path / "train.en"
+    a_file.write_text("a cat\n")
+    with pytest.raises(DataError, match=f"^--data-dir {a_file} is a file: name the folder that holds"):
+        load_data(DataSettings(dataset="multi30k", data_dir=str(a_file), quiet=True))
+    below = a_file / "m30k"
+    with pytest.raises(DataError, match=f"^cannot make the data folder {below} \\(Not a directory\\): name another"):
+        prepare_dataset("multi30k", below, progress=False)

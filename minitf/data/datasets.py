@@ -296,7 +296,11 @@ def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
     if not base_url.endswith("/"):
         base_url += "/"
     if download:
-        os.makedirs(data_dir, exist_ok=True)
+        try:
+            os.makedirs(data_dir, exist_ok=True)
+        except OSError as e:
+            raise DataError(f"cannot make the data folder {data_dir} ({e.strerror or e}): name another "
+                            f"(--data-dir)") from None
     args = (spec, base_url, data_dir)
     result = {"tests": {}, "paths": {"tests": {}}, "data_dir": data_dir}
     local_before = all(_locate(data_dir, c, src, tgt) for split in ("train", "valid") for c in splits[split])

@@ -138,6 +138,9 @@ def _dataset_in(args, progress, notes):
     named says which folder it was and whether it existed (a mistyped path reads as a folder to download into); a
     folder made for it and left empty is removed again."""
     given = args.data_dir
+    if given and os.path.exists(given) and not os.path.isdir(given):
+        raise DataError(f"--data-dir {given} is a file: name the folder that holds (or is to hold) {args.dataset}'s "
+                        f"files")
     fresh = bool(given) and not os.path.exists(given)
     try:
         return prepare_dataset(args.dataset, given or default_data_dir(args.dataset), args.src, args.tgt,
