@@ -151,10 +151,14 @@ def test_help_texts_quote_the_presets_defaults():
      "(--subword unigram): add --subword bpe"),
     (["--subword", "unigram", "--tokenizer", "TOK"], "--subword unigram trains a tokenizer and --tokenizer gives one"),
     (["--subword", "wordpiece"], "argument --subword: invalid choice: 'wordpiece'"),
+    (["--tokenizer", "DIR"], "--tokenizer DIR: a folder, not a SentencePiece model file"),
+    (["--tokenizer", "NOPE"], "--tokenizer NOPE: file not found"),
 ])
 def test_the_subword_flag_against_bpe_dropout_and_a_given_tokenizer(argv, says, tmp_path, capsys):
     (tmp_path / "TOK").write_bytes(b"")
-    argv = [str(tmp_path / a) if a == "TOK" else a for a in argv]
+    (tmp_path / "DIR").mkdir()
+    says = says.replace("DIR", str(tmp_path / "DIR")).replace("NOPE", str(tmp_path / "NOPE"))
+    argv = [str(tmp_path / a) if a in ("TOK", "DIR", "NOPE") else a for a in argv]
     with pytest.raises(SystemExit) as e:
         train_cli.parse_args(["--out", str(tmp_path / "run"), *argv])
     err = capsys.readouterr().err.strip()

@@ -619,3 +619,19 @@ def test_the_pipeline_reads_data_settings_not_the_parsed_flags():
         s.src = "de"
     with pytest.raises(TypeError, match="DataSettings"):
         load_data(argparse.Namespace(src="en"))
+
+
+def test_a_cache_dir_that_is_a_file_or_cannot_be_made_is_one_clear_error(tmp_path):
+    """--cache-dir naming a file, or a folder that cannot be made (here: below a file), is a DataError naming it, not
+    an OSError's traceback."""
+    from minitf.data.pipeline import DataSettings, load_data
+    for split in ("tr", "va"):
+        for lang in ("en", "de"):
+            (tmp_path / f"{split}.{lang}").write_text("a cat sits\nthe dog runs\n")
+    a_file = tmp_path / "tr.en"
+    own = dict(train=str(tmp_path / "tr"), valid=str(tmp_path / "va"), test=(), vocab_size=20, quiet=True)
+    with pytest.raises(DataError, match=f"^--cache-dir {a_file} is a file: name the folder"):
+        load_data(DataSettings(cache_dir=str(a_file), **own))
+    with pytest.raises(DataError, match=f"^cannot make the cache folder {a_file}/sub \\(Not a directory\\): name "
+                                        f"another \\(--cache-dir\\)"):
+        load_data(DataSettings(cache_dir=str(a_file / "sub"), **own))

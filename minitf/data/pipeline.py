@@ -68,7 +68,8 @@ def check_data_args(p, args):
     if args.src == args.tgt:
         p.error(f"--src and --tgt are both {args.src!r}")
     if args.tokenizer and not os.path.isfile(args.tokenizer):
-        p.error(f"--tokenizer {args.tokenizer}: file not found")
+        p.error(f"--tokenizer {args.tokenizer}: " + ("a folder, not a SentencePiece model file"
+                                                     if os.path.isdir(args.tokenizer) else "file not found"))
     if args.tokenizer and getattr(args, "subword", None):
         p.error(f"--subword {args.subword} trains a tokenizer and --tokenizer gives one: use one or the other")
 
@@ -190,6 +191,8 @@ def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True, v
     # one cache per corpus location: the same dataset read from two folders gets two caches
     where = hashlib.sha256("\n".join(os.path.abspath(p) for pair in files for p in sorted(pair)).encode()).hexdigest()[:8]
     root = args.cache_dir or default_data_dir("bin")   # $MINITF_CACHE/bin or ~/.cache/minitf/bin
+    if args.cache_dir and os.path.exists(root) and not os.path.isdir(root):
+        raise DataError(f"--cache-dir {root} is a file: name the folder the binarized caches go into")
     folder = cache_folder(root, f"{'own' if args.train else args.dataset}.{where}", (args.src, args.tgt))
     corpus = prepare_cache(folder, files, (args.src, args.tgt), vocab_size=vocab, tokenizer=tokenizer, model_type=subword_model(args),
                            max_len=args.max_len, max_ratio=max_ratio, progress=progress, log=log,

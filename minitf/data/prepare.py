@@ -279,7 +279,11 @@ def _data_id(manifest):
 def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, log, sample_size, seed,
            chunk_lines, threads):
     parent = os.path.dirname(os.path.abspath(folder))
-    os.makedirs(parent, exist_ok=True)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot make the cache folder {parent} ({e.strerror or e}): name another "
+                        f"(--cache-dir)") from None
     base = os.path.basename(folder)
     for stale in os.listdir(parent):   # leftovers of a killed build
         if stale.startswith(f".{base}.tmp-") or stale.startswith(f".{base}.old-"):
