@@ -59,6 +59,12 @@ def check_data_args(p, args):
         p.error("--train needs --valid PREFIX (a held-out set for validation loss and BLEU)")
     if (args.valid or args.test) and not args.train:
         p.error("--valid/--test name your own files: give --train PREFIX too (or use --dataset)")
+    names = [name for name, _ in args.test or ()]
+    for name in names:
+        if name == "valid":   # results.json, the log and the summary name the validation set's scores so
+            p.error("--test valid=...: 'valid' names the validation set's scores; give the test set another NAME")
+        if names.count(name) > 1:
+            p.error(f"--test {name}=... is given {names.count(name)} times: give each test set its own NAME")
     if args.train and args.src is None and args.tgt is None:   # the direction is not guessed from other files
         langs = own_languages(args.train)
         if len(langs) > 2 or (len(langs) == 2 and set(langs) != {"en", "de"}):
