@@ -171,16 +171,20 @@ def test_the_subword_flag_against_bpe_dropout_and_a_given_tokenizer(argv, says, 
 @pytest.mark.parametrize("tests, says", [
     (["a=T", "a=T2"], "--test a=... is given 2 times: give each test set its own NAME"),
     (["valid=T"], "--test valid=...: 'valid' names the validation set's scores; give the test set another NAME"),
+    (["../up=T"], "NAME '../up' in '../up=T': letters, digits, '.', '-' and '_' only (it names the file "
+                  "OUT/NAME.hyp.<tgt>)"),
+    (["news/2014=T"], "NAME 'news/2014' in"),
 ])
 def test_each_own_test_set_needs_a_name_of_its_own(tests, says, tmp_path, capsys):
     """results.json, the log and the summary key each set's scores by its name: a second --test of one NAME, or a
-    test set named 'valid', would overwrite a set's scores (the validation set's, for 'valid'), so both are refused."""
+    test set named 'valid', would overwrite a set's scores (the validation set's, for 'valid'), so both are refused;
+    and NAME names the file OUT/NAME.hyp.<tgt>, so a path in it (a folder, or one outside OUT) is refused too."""
     argv = ["--out", str(tmp_path / "run"), "--train", str(tmp_path / "tr"), "--valid", str(tmp_path / "va")]
     for t in tests:
         argv += ["--test", t.replace("=T", f"={tmp_path / 'te'}")]
     with pytest.raises(SystemExit) as e:
         train_cli.parse_args(argv)
-    err = capsys.readouterr().err.strip()
+    err = capsys.readouterr().err.strip().replace(str(tmp_path / "te"), "T")
     assert e.value.code == 2 and says in err and len(err.splitlines()) == 1, err
     fine = argv[:6] + ["--test", f"a={tmp_path / 'te'}", "--test", f"b={tmp_path / 'te'}"]
     assert [name for name, _ in train_cli.parse_args(fine).test] == ["a", "b"]

@@ -6,6 +6,7 @@ valid/test sets.
 import dataclasses
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 
 from minitf.errors import DataError
@@ -17,10 +18,13 @@ from minitf.data.tokenizer import MODEL_TYPES
 
 
 def _test_arg(text):
+    import argparse
     name, sep, prefix = text.partition("=")
     if not sep or not name or not prefix:
-        import argparse
         raise argparse.ArgumentTypeError(f"expected NAME=PREFIX (e.g. newstest2014=data/test), got {text!r}")
+    if not re.fullmatch(r"[\w.-]+", name):   # it names OUT/NAME.hyp.<tgt>: no folders, nothing outside OUT
+        raise argparse.ArgumentTypeError(f"NAME {name!r} in {text!r}: letters, digits, '.', '-' and '_' only (it "
+                                         f"names the file OUT/NAME.hyp.<tgt>)")
     return name, prefix
 
 
