@@ -6,7 +6,7 @@ import platform
 import shutil
 import tempfile
 
-from .errors import MinitfError
+from .errors import DataError, MinitfError
 
 
 TMP_PREFIX = ".tmp-"   # atomic_write's temporary file beside `path`: TMP_PREFIX + 8 random characters + its name
@@ -44,6 +44,15 @@ def disk_full(what, folder, size_hint=None, advice=None):
     need = f"; writing it takes {size_hint / 1e6:,.1f} MB" if size_hint else ""
     return DiskFull(f"{what}: no space left on the device of {folder}, the disk is full ({free / 1e6:,.1f} MB "
                     f"free{need}); {advice or 'free some space and run again'}")
+
+
+def make_folder(path, what, flag):
+    """os.makedirs(path, exist_ok=True); a folder that cannot be made (below a file, no permission) is a one-line
+    DataError naming `what` it is (e.g. "the data folder") and the flag that chooses it."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot make {what} {path} ({e.strerror or e}): name another ({flag})") from None
 
 
 def atomic_write(path, write, size_hint=None, advice=None):

@@ -30,6 +30,7 @@ import sys
 from dataclasses import dataclass
 
 from minitf.errors import DataError
+from minitf.fileio import make_folder
 from minitf.data.download import check_gzip, download as _download, extract, set_aside
 from minitf.data.readers import find_file, read_parallel
 
@@ -296,11 +297,7 @@ def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
     if not base_url.endswith("/"):
         base_url += "/"
     if download:
-        try:
-            os.makedirs(data_dir, exist_ok=True)
-        except OSError as e:
-            raise DataError(f"cannot make the data folder {data_dir} ({e.strerror or e}): name another "
-                            f"(--data-dir)") from None
+        make_folder(data_dir, "the data folder", "--data-dir")
     args = (spec, base_url, data_dir)
     result = {"tests": {}, "paths": {"tests": {}}, "data_dir": data_dir}
     local_before = all(_locate(data_dir, c, src, tgt) for split in ("train", "valid") for c in splits[split])

@@ -144,14 +144,18 @@ class Data:
         return self.corpus.data_id
 
 
+def _refuse_a_file(flag, path, purpose):
+    """A DataError where the folder flag `flag` names an existing file: 'name the folder <purpose>'."""
+    if path and os.path.exists(path) and not os.path.isdir(path):
+        raise DataError(f"{flag} {path} is a file: name the folder {purpose}")
+
+
 def _dataset_in(args, progress, notes):
     """prepare_dataset in --data-dir (else the default folder). A download that fails into a --data-dir the user
     named says which folder it was and whether it existed (a mistyped path reads as a folder to download into); a
     folder made for it and left empty is removed again."""
     given = args.data_dir
-    if given and os.path.exists(given) and not os.path.isdir(given):
-        raise DataError(f"--data-dir {given} is a file: name the folder that holds (or is to hold) {args.dataset}'s "
-                        f"files")
+    _refuse_a_file("--data-dir", given, f"that holds (or is to hold) {args.dataset}'s files")
     fresh = bool(given) and not os.path.exists(given)
     try:
         return prepare_dataset(args.dataset, given or default_data_dir(args.dataset), args.src, args.tgt,
@@ -181,6 +185,7 @@ def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True, v
     if not isinstance(args, DataSettings):
         raise TypeError("load_data takes DataSettings (DataSettings.of(parsed flags))")
     progress = not args.quiet
+    _refuse_a_file("--cache-dir", args.cache_dir, "the binarized caches go into")   # before any data work
     if args.train:
         data = user_dataset(args.train, args.valid, args.test, args.src, args.tgt)
         vocab, max_ratio = 8000, 1.5
@@ -201,8 +206,6 @@ def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True, v
     # one cache per corpus location: the same dataset read from two folders gets two caches
     where = hashlib.sha256("\n".join(os.path.abspath(p) for pair in files for p in sorted(pair)).encode()).hexdigest()[:8]
     root = args.cache_dir or default_data_dir("bin")   # $MINITF_CACHE/bin or ~/.cache/minitf/bin
-    if args.cache_dir and os.path.exists(root) and not os.path.isdir(root):
-        raise DataError(f"--cache-dir {root} is a file: name the folder the binarized caches go into")
     folder = cache_folder(root, f"{'own' if args.train else args.dataset}.{where}", (args.src, args.tgt))
     corpus = prepare_cache(folder, files, (args.src, args.tgt), vocab_size=vocab, tokenizer=tokenizer, model_type=subword_model(args),
                            max_len=args.max_len, max_ratio=max_ratio, progress=progress, log=log,

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from minitf.errors import DataError
-from minitf.fileio import atomic_write_bytes, disk_full, folder_lock, is_disk_full
+from minitf.fileio import atomic_write_bytes, disk_full, folder_lock, is_disk_full, make_folder
 from minitf.progress import bar as progress_bar
 from minitf.data.binarized import (FORMAT, MANIFEST, TOKENIZER, VERSION, CacheDefect, StaleData, open_cache,
                                    read_manifest, verify_cache)
@@ -279,11 +279,7 @@ def _data_id(manifest):
 def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, log, sample_size, seed,
            chunk_lines, threads):
     parent = os.path.dirname(os.path.abspath(folder))
-    try:
-        os.makedirs(parent, exist_ok=True)
-    except OSError as e:
-        raise DataError(f"cannot make the cache folder {parent} ({e.strerror or e}): name another "
-                        f"(--cache-dir)") from None
+    make_folder(parent, "the cache folder", "--cache-dir")
     base = os.path.basename(folder)
     for stale in os.listdir(parent):   # leftovers of a killed build
         if stale.startswith(f".{base}.tmp-") or stale.startswith(f".{base}.old-"):
