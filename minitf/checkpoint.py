@@ -26,7 +26,7 @@ import zipfile
 import numpy as np
 
 from .backend import to_numpy
-from .config import Config
+from .config import Config, shown
 from .errors import CheckpointError, MinitfError, one_line
 from .fileio import atomic_write
 from .architectures import parameter_shapes
@@ -221,11 +221,19 @@ def average_checkpoints(paths, output):
     """Parameter-wise mean of several checkpoints (paper 6.1: the last 5), written to `output`
     with the last input's config and tokenizer and no optimizer state. The checkpoints must hold
     the same model (`Config.model_fields`; the training recipe may differ, e.g. a
-    resumed run's --max-steps); `output` must not be one of them."""
+    resumed run's --max-steps), each once; `output` must not be one of them, nor named .safetensors."""
     if not paths:
         raise CheckpointError("average: give at least one --inputs checkpoint")
     if os.path.isdir(output):
         raise CheckpointError(f"average: the output {output} is a folder; name the .npz file to write")
+    if os.fspath(output).endswith(".safetensors"):
+        raise CheckpointError(f"average: the output {output} is named .safetensors, but an average is a .npz "
+                              f"checkpoint: name it *.npz (`python -m minitf export` then writes a .safetensors of it)")
+    for i, p in enumerate(paths):
+        twin = next((q for q in paths[:i] if os.path.exists(p) and os.path.exists(q) and os.path.samefile(p, q)), None)
+        if twin is not None:
+            raise CheckpointError(f"average: {p} is among the inputs twice{'' if p == twin else f' (as {twin})'}; "
+                                  f"each checkpoint counts once in the mean")
     for p in paths:
         if os.path.exists(output) and os.path.samefile(p, output):
             raise CheckpointError(f"average: the output {output} is one of the inputs; writing it would replace "
@@ -234,7 +242,7 @@ def average_checkpoints(paths, output):
     first = ckpts[0]
     for c in ckpts[1:]:
         ours, theirs = first.config.model_fields(), c.config.model_fields()
-        diff = [f"{k} {theirs[k]} vs {ours[k]}" for k in ours if theirs[k] != ours[k]]
+        diff = [f"{k} {shown(k, theirs[k])} vs {shown(k, ours[k])}" for k in ours if theirs[k] != ours[k]]
         if not diff and set(c.params) != set(first.params):
             diff = [f"parameters {', '.join(sorted(set(c.params) ^ set(first.params))[:3])} in one only"]
         if diff:

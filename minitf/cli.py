@@ -62,6 +62,9 @@ def cmd_average(args):
                 print(f"note: left out {path}: {kind}, not a training checkpoint", file=sys.stderr)
             else:
                 paths.append(path)
+    if args.inputs and not paths:
+        raise DataError(f"--inputs: every checkpoint given was left out (above): nothing to average; name a run's "
+                        f"checkpoint_<step>.npz files, or its folder with --folder")
     average_checkpoints(paths, args.output)
     print(f"averaged {len(paths)} checkpoint{'' if len(paths) == 1 else 's'} "
           f"({', '.join(os.path.basename(p) for p in paths)}) -> {args.output}", file=sys.stderr)
@@ -214,12 +217,13 @@ def build_parser(prog="python -m minitf"):
                                    "optimizer state.")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--inputs", nargs="+", metavar="CHECKPOINT",
-                       help="the checkpoints to average (e.g. runs/x/checkpoint_*.npz); an average, a run's model.npz "
-                            "or checkpoint_best.npz among them is left out, with a note")
+                       help="the checkpoints to average (e.g. runs/x/checkpoint_*.npz), each once; an average, a run's "
+                            "model.npz or checkpoint_best.npz among them is left out, with a note")
     which.add_argument("--folder", metavar="DIR", help="a run's --out folder: average its last --last training "
                                                        "checkpoints (checkpoint_<step>.npz)")
     p.add_argument("--last", type=positive(), default=5, metavar="COUNT", help="with --folder: how many (default 5, the paper's)")
-    p.add_argument("--output", required=True, help="the averaged checkpoint (.npz)")
+    p.add_argument("--output", required=True, help="the averaged checkpoint (.npz; `export` makes a .safetensors "
+                                                   "of it)")
     p.set_defaults(func=cmd_average)
     p = sub.add_parser("translate", help="translate raw sentences (file or stdin), one per line",
                        description="Translate raw sentences, one per line (an empty line gives an empty one). With "

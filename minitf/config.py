@@ -66,6 +66,19 @@ def parse_id_ranges(text, vocab_size):
     return ids
 
 
+def shown(field, value):
+    """A config value as a message names it: an output_vocab (thousands of ids) as its count of pieces and its first
+    ranges, everything else as it is."""
+    if field == "output_vocab" and isinstance(value, str) and len(value) > 40:
+        parts, count = value.split(","), 0
+        for part in parts:
+            first, _, last = part.partition("-")
+            if first.isdigit() and (last or first).isdigit():
+                count += int(last or first) - int(first) + 1
+        return f"<{count:,} pieces: {','.join(parts[:4])},...>"
+    return value
+
+
 @dataclass
 class Config:
     """The settings of a run's model and recipe, one dataclass: the architecture and its sizes
@@ -180,6 +193,7 @@ class Config:
             raise ConfigError(f"output_layer must be 'joint' or 'target', got {self.output_layer!r}")
         if self.output_vocab is not None:
             ids = parse_id_ranges(self.output_vocab, self.vocab_size)
+            self.output_vocab = id_ranges(ids)    # one spelling for one set of ids: "3,4,5" is "3-5"
             missing = [name for name in ("eos_id", "unk_id") if getattr(self, name) not in set(ids.tolist())]
             if missing:
                 raise ConfigError(f"output_vocab must hold {' and '.join(missing)} (it scores the end of a sentence, and "

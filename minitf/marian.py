@@ -372,7 +372,7 @@ def _check_options(options, where):
 
 def import_marian(path):
     """(Config, {minitf name: float32 array}, MarianTokenizer) of a Marian model."""
-    from .config import Config
+    from .config import Config, id_ranges
     model_path, vocab_paths, src_spm, tgt_spm = marian_files(path)
     arrays, options = read_marian_npz(model_path)
     norm = _check_options(options, model_path)
@@ -408,7 +408,7 @@ def import_marian(path):
     inside = [i for i, r in enumerate(rows) if r is not None and bias[r] > OUTSIDE / 10]   # the output vocabulary
     logit_bias = np.zeros(len(rows), dtype=np.float32)
     logit_bias[inside] = bias[[rows[i] for i in inside]]
-    output_vocab = None if len(inside) == len(rows) else ",".join(map(str, inside))
+    output_vocab = None if len(inside) == len(rows) else id_ranges(inside)
     max_len = int(options.get("max-length", 1024)) if not learned else arrays["Wpos"].shape[0]
     cfg = Config(vocab_size=len(rows), d_model=d, n_heads=heads, d_ff=d_ff, n_layers=n_layers, n_decoder_layers=n_dec,
                  norm_position=norm, positional="learned" if learned else "sinusoidal", max_len=max(max_len, 16),

@@ -8,7 +8,8 @@ import os
 import re
 
 from .checkpoint import average_checkpoints, load_checkpoint, read_train_state, save_checkpoint
-from .errors import ConfigError
+from .config import id_ranges, parse_id_ranges, shown
+from .errors import ConfigError, MinitfError
 from .fileio import leftover_temp_files
 from .trainlog import log, plural
 from .validation import evaluate_loss, perplexity
@@ -40,7 +41,7 @@ def prepare_out(out):
     for path in stale:
         os.unlink(path)
     if stale:
-        log(f"removed {len(stale)} temporary file(s) of an earlier run killed while saving: "
+        log(f"removed {plural(len(stale), 'temporary file')} of an earlier run killed while saving: "
             f"{', '.join(os.path.basename(p) for p in stale)}")
 
 
@@ -64,7 +65,12 @@ def check_resumed(out, resume):
     model = recorded_run.get("model")
     if isinstance(model, dict):
         ours = resume.config.to_dict()
-        diff = [f"{k} {model.get(k)!r} in config.json, {ours.get(k)!r} in the checkpoint"
+        if isinstance(model.get("output_vocab"), str):   # spelled as the config spells it ("3,4,5" as "3-5")
+            try:
+                model = dict(model, output_vocab=id_ranges(parse_id_ranges(model["output_vocab"], ours["vocab_size"])))
+            except MinitfError:
+                pass
+        diff = [f"{k} {shown(k, model.get(k))!r} in config.json, {shown(k, ours.get(k))!r} in the checkpoint"
                 for k in sorted(set(model) | set(ours)) if model.get(k) != ours.get(k)]
         if diff:
             raise ConfigError(f"--resume: {resume.path} is not this run's model: {'; '.join(diff[:4])}"

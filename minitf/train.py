@@ -23,7 +23,7 @@ import numpy as np
 
 from .backend import dtype_named, get_xp, gpu_arch, is_gpu, to_numpy
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import FLAG_FIELDS, Config
+from .config import FLAG_FIELDS, Config, shown
 from .data.binarized import StaleData
 from .data.pipeline import DataSettings, load_data
 from .data.tokenizer import tokenizer_from_bytes
@@ -170,15 +170,16 @@ def _agree(world, **facts):
         for k, v in f.items():
             for key, value in (v.items() if k == "config" else [(k, v)]):
                 if k == "config" and key not in flag and key not in plain:
-                    out[f"the config's {key}"] = value
+                    out[f"the config's {key}"] = key, value
                     continue
                 label = plain.get(key) or "--" + flag.get(key, key).replace("_", "-")
-                out[f"the config's {key}" if k == "config" and key in f else label] = value
+                out[f"the config's {key}" if k == "config" and key in f else label] = key, value
         return out
 
     every = [named(f) for f in world.allgather(facts)]
     for rank, other in enumerate(every):
-        diff = [f"{k} {v} (rank 0) vs {other.get(k)} (rank {rank})" for k, v in every[0].items() if other.get(k) != v]
+        diff = [f"{k} {shown(key, v)} (rank 0) vs {shown(key, other.get(k, (key, None))[1])} (rank {rank})"
+                for k, (key, v) in every[0].items() if other.get(k, (key, None))[1] != v]
         if diff:
             raise ConfigError(f"the ranks disagree: {'; '.join(diff)}; launch every rank with the same flags and files")
 

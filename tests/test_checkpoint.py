@@ -117,6 +117,19 @@ def test_average_refuses_an_output_that_is_an_input_or_a_folder(tmp_path):
         assert r.returncode == 2 and what in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
+def test_average_refuses_a_checkpoint_given_twice_and_an_output_named_safetensors(tmp_path):
+    save_checkpoint(tmp_path / "a.npz", tiny_model(1))
+    save_checkpoint(tmp_path / "b.npz", tiny_model(2))
+    with pytest.raises(minitf.CheckpointError, match="among the inputs twice") as e:
+        average_checkpoints([str(tmp_path / "a.npz"), tmp_path / "b.npz", f"{tmp_path}/./a.npz"], tmp_path / "avg.npz")
+    assert f"(as {tmp_path / 'a.npz'})" in str(e.value) and not (tmp_path / "avg.npz").exists()
+    r = subprocess.run([sys.executable, "-m", "minitf", "average", "--inputs", str(tmp_path / "a.npz"),
+                        str(tmp_path / "b.npz"), "--output", str(tmp_path / "avg.safetensors")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "name it *.npz" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert not (tmp_path / "avg.safetensors").exists()
+
+
 def test_truncated_checkpoint_is_a_clear_error(tmp_path):
     path = tmp_path / "c.npz"
     save_checkpoint(path, tiny_model())

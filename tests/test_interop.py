@@ -9,6 +9,7 @@ import pytest
 
 import minitf
 from minitf.checkpoint import load_checkpoint, save_checkpoint
+from minitf.config import id_ranges
 from minitf.data.tokenizer import Tokenizer
 from minitf.errors import CheckpointError
 from minitf.marian import (OUTSIDE, dump_vocab, dump_yaml, export_marian, halves_order, import_marian,
@@ -70,7 +71,7 @@ def trained(request, tmp_path_factory):
     extra = dict(VARIANTS[request.param])
     if extra.get("output_bias"):   # the target side uses a subset of the pieces: score only those (and unk, eos)
         used = sorted(set(i for s in ids for i in s) | {1, 3})
-        extra["output_vocab"] = ",".join(map(str, used))
+        extra["output_vocab"] = id_ranges(used)   # as training writes it: runs of ids as ranges
     cfg = minitf.Config(vocab_size=tok.vocab_size, d_model=32, n_heads=4, d_ff=64, n_layers=extra.pop("n_layers", 1),
                         dropout=0.0, max_len=64, **extra)
     model = minitf.Transformer(cfg, seed=1)
@@ -189,6 +190,7 @@ def test_an_opus_mt_folder_loads_and_scores_as_ctranslate2_scores_it(marian_fold
     assert (cfg.activation, cfg.output_bias, cfg.n_layers, cfg.n_decoder_layers) == ("swish", True, 2, 1)
     assert cfg.vocab_size == len(pieces) + 2          # a <pad> and a <s> row added, outside the output vocabulary
     assert not t.model.embedding.params["weight"][[0, 2]].any()
+    assert cfg.output_vocab == id_ranges(cfg.output_ids())     # spelled as training spells it: runs as ranges
     OpusMTConverter(str(folder)).convert(str(tmp_path / "ct2"))
     tr = ct2.Translator(str(tmp_path / "ct2"), device="cpu")
     lines = sentences(20, 9)

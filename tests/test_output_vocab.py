@@ -121,8 +121,33 @@ def test_checkpoint_and_average_keep_the_output_vocabulary(tmp_path):
     assert back.build_model().embedding.output_ids.tolist() == IDS.tolist()
     other = minitf.Transformer(cfg(), seed=1)
     save_checkpoint(tmp_path / "joint.npz", other)
-    with pytest.raises(minitf.errors.CheckpointError, match="output_vocab"):
+    with pytest.raises(minitf.errors.CheckpointError, match="output_vocab") as e:
         average_checkpoints([tmp_path / "c0.npz", tmp_path / "joint.npz"], tmp_path / "bad.npz")
+    for name, ids in (("few.npz", IDS), ("many.npz", np.arange(1, 120, 2))):   # many: 60 ids, 60 runs
+        save_checkpoint(tmp_path / name, minitf.Transformer(cfg(vocab_size=120, output_vocab=id_ranges(ids)), seed=1))
+    with pytest.raises(minitf.errors.CheckpointError, match="output_vocab") as e:
+        average_checkpoints([tmp_path / "few.npz", tmp_path / "many.npz"], tmp_path / "bad.npz")
+    assert str(e.value).endswith(f"output_vocab <60 pieces: 1,3,5,7,...> vs {id_ranges(IDS)}") and len(str(e.value)) < 300
+
+
+def test_one_output_vocabulary_has_one_spelling_in_averages_and_resumes(tmp_path):
+    """"1,3,4,5,7,8" (how an older import wrote it) and "1,3-5,7-8" are one vocabulary: the config spells it the
+    second way, an average takes both, and a run whose config.json has the first resumes from a checkpoint."""
+    from minitf.checkpoint import average_checkpoints, save_checkpoint
+    from minitf.runfolder import check_resumed
+    assert cfg(output_vocab="1,3,4,5,7,8").output_vocab == "1,3-5,7-8" == id_ranges([1, 3, 4, 5, 7, 8])
+    model = minitf.Transformer(cfg(output_vocab="1,3-5,7-8"), seed=1)
+    save_checkpoint(tmp_path / "checkpoint_0000001.npz", model, train_state={"step": 1})
+    save_checkpoint(tmp_path / "spelled.npz", minitf.Transformer(cfg(output_vocab="1,3,4,5,7,8"), seed=2))
+    average_checkpoints([tmp_path / "checkpoint_0000001.npz", tmp_path / "spelled.npz"], tmp_path / "avg.npz")
+    ckpt = load_checkpoint(tmp_path / "checkpoint_0000001.npz")
+    for spelled, same in (("1,3,4,5,7,8", True), ("1,3,4,5,7", False)):
+        (tmp_path / "config.json").write_text(json.dumps({"model": dict(model.cfg.to_dict(), output_vocab=spelled)}))
+        if same:
+            check_resumed(str(tmp_path), ckpt)
+        else:
+            with pytest.raises(ConfigError, match="output_vocab '1,3-5,7' in config.json, '1,3-5,7-8' in the"):
+                check_resumed(str(tmp_path), ckpt)
 
 
 def test_training_with_output_vocab_target(corpus, tmp_path):   # noqa: F811

@@ -264,6 +264,11 @@ def test_average_leaves_out_what_is_not_a_training_checkpoint_and_takes_the_last
         in out.stderr, out.stderr
     out = run("average", "--folder", tmp_path, "--last", 1, "--output", tmp_path / "last1.npz")
     assert "averaged 1 checkpoint (checkpoint_0000003.npz)" in out.stderr
+    out = run("average", "--inputs", tmp_path / "averaged.npz", tmp_path / "checkpoint_best.npz",
+              "--output", tmp_path / "none.npz")
+    assert out.returncode == 2 and "every checkpoint given was left out" in out.stderr, out.stderr
+    assert [x for x in out.stderr.splitlines() if not x.startswith("note: left out")] == [
+        x for x in out.stderr.splitlines() if x.startswith("error:")] and not (tmp_path / "none.npz").exists()
     helped = run("average", "--help").stdout
     assert "--inputs" in helped and "--folder" in helped and "--last" in helped and "training checkpoint" in helped
 
