@@ -16,6 +16,7 @@ from .backend import blas_threads, can_limit_blas_threads, is_gpu, usable_cores
 from .data.batching import pad_ids
 from .decode import beam_search, greedy_search, length_penalty, restores_mode
 from .errors import CheckpointError
+from .flags import MAX_BEAM
 
 
 def progress_bar(total, desc, enabled=True, stream=None):
@@ -39,6 +40,31 @@ def search_threads(model, n_sentences):
     return max(1, min(usable_cores(), MAX_THREADS, n_sentences // MIN_THREAD_SENTENCES))
 
 
+STOPS = ("fairseq", "bound", "ctranslate2")   # decode.beam_search's rules for when a sentence ends
+
+
+def check_search(beam_size, alpha, batch_size, max_len_b, stop, nbest=None, beam_name="beam_size"):
+    """ValueError (TypeError for a value that is no number) naming the setting, as the command line's flags refuse
+    it: a misspelt `stop` or a beam of 0 would otherwise decode some other way without a word, or fail deep inside
+    the search."""
+    def whole(name, value, low, high=None):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name}={value!r}: expected a whole number")
+        if value < low or high is not None and value > high:
+            raise ValueError(f"{name}={value}: expected {low} to {high}" if high else f"{name}={value}: expected {low} or more")
+    whole(beam_name, beam_size, 1, MAX_BEAM)
+    whole("batch_size", batch_size, 1)
+    whole("max_len_b", max_len_b, 0)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)):
+        raise TypeError(f"alpha={alpha!r}: expected a number (the length penalty's exponent)")
+    if not alpha >= 0:
+        raise ValueError(f"alpha={alpha}: expected 0 or more (0: no length penalty)")
+    if stop not in STOPS:
+        raise ValueError(f"stop={stop!r}: choose one of {', '.join(STOPS)}")
+    if nbest is not None:
+        whole("nbest", nbest, 1, beam_size)
+
+
 @restores_mode
 def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len_b=50, progress=None, stop="fairseq",
                   use_cache=True, threads=None, nbest=None):
@@ -53,6 +79,7 @@ def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len
     Every sentence is decoded exactly as alone: the threads only split the list.
     nbest=n: each sentence's n best hypotheses with their scores (beam_search's nbest; with
     beam_size 1, greedy_search's one with scores)."""
+    check_search(beam_size, alpha, batch_size, max_len_b, stop, nbest)
     if not len(src_ids):
         return []
     model.eval()   # here, not in each thread: their searches then all restore eval mode
@@ -138,6 +165,9 @@ def translate_lines(model, tokenizer, lines, beam_size=4, alpha=None, batch_size
     Hypothesis instead (an empty line: one, empty, score 0). stop: when beam search ends a sentence
     (decode.beam_search: "fairseq", "bound" or "ctranslate2")."""
     alpha = model.cfg.decode_alpha if alpha is None else alpha
+    for i, line in enumerate(lines):
+        if not isinstance(line, str):
+            raise TypeError(f"line {i + 1} of {len(lines)} is {type(line).__name__}, not a string of text")
     todo = [i for i, line in enumerate(lines) if line.strip()]
     src_ids = [ids + [tokenizer.eos_id] for ids in tokenizer.encode([lines[i] for i in todo])]   # never cut: see Seq2Seq.check_ids
     with progress_bar(len(src_ids), "translate", progress) as bar:
@@ -247,6 +277,7 @@ class Translator:
         line comes back empty. stop: when beam search ends a sentence ("fairseq": once `beam`
         hypotheses finished; "bound": once no live beam can beat the best finished one;
         "ctranslate2": CTranslate2's rule, decode.beam_search)."""
+        check_search(beam, self.alpha if alpha is None else alpha, batch_size, max_len_b, stop, beam_name="beam")
         one = isinstance(lines, str)
         out = translate_lines(self.model, self.tokenizer, [lines] if one else list(lines), beam, alpha, batch_size,
                               max_len_b, progress, stop=stop)
@@ -255,6 +286,7 @@ class Translator:
     def nbest(self, lines, n=4, beam=4, alpha=None, max_len_b=50, batch_size=64, progress=False, stop="fairseq"):
         """Each sentence's n best translations (n <= beam) as Hypothesis(text, score, token_logprobs),
         best first."""
+        check_search(beam, self.alpha if alpha is None else alpha, batch_size, max_len_b, stop, beam_name="beam")
         if not 1 <= n <= beam:
             raise ValueError(f"n-best {n}: choose 1 to the beam size ({beam})")
         return translate_lines(self.model, self.tokenizer, list(lines), beam, alpha, batch_size, max_len_b, progress,

@@ -161,6 +161,33 @@ def test_the_library_translates_in_one_call_as_the_cli_does(alpha2):
     assert translator.translate(lines[0], max_len_b=8) == ours[0]          # one string in, one out
 
 
+def test_the_library_refuses_what_the_flags_refuse_naming_the_setting(alpha2):
+    import minitf
+    from minitf.translate import translate_ids
+    path, lines = alpha2
+    t = minitf.load(path)
+    for kw, error, says in ((dict(beam=0), ValueError, "beam=0: expected 1 to 1024"),
+                            (dict(beam=2.5), TypeError, "beam=2.5: expected a whole number"),
+                            (dict(batch_size=0), ValueError, "batch_size=0: expected 1 or more"),
+                            (dict(max_len_b=-1), ValueError, "max_len_b=-1: expected 0 or more"),
+                            (dict(alpha=-0.5), ValueError, "alpha=-0.5: expected 0 or more"),
+                            (dict(alpha="2"), TypeError, "alpha='2': expected a number"),
+                            (dict(stop="fairsec"), ValueError, "stop='fairsec': choose one of fairseq, bound, ctranslate2")):
+        with pytest.raises(error) as e:
+            t.translate(lines[:2], **kw)
+        assert says in str(e.value), str(e.value)
+        with pytest.raises(error):
+            t.nbest(lines[:2], n=1, **kw)
+    with pytest.raises(TypeError, match="line 2 of 3 is NoneType, not a string"):
+        t.translate([lines[0], None, lines[1]])
+    with pytest.raises(ValueError, match="beam_size=0"):
+        translate_ids(t.model, [[5, 3]], beam_size=0)
+    with pytest.raises(ValueError, match="nbest=3: expected 1 to 2"):
+        translate_ids(t.model, [[5, 3]], beam_size=2, nbest=3)
+    assert t.translate(lines[:2], beam=1, max_len_b=0, batch_size=1, alpha=0, stop="bound") == \
+        t.translate(lines[:2], beam=1, max_len_b=0)     # the edges of each range are taken
+
+
 def test_empty_lines_stay_empty_and_no_bar_is_drawn_off_a_terminal(setup):
     d = setup
     src = (d / "src.txt").read_text().splitlines()
