@@ -9,6 +9,7 @@ import sys
 from .data.pipeline import add_data_args, check_data_args
 from .errors import ConfigError, DataError, MinitfError, out_of_memory, report
 from .ctranslate2_export import QUANTIZATIONS
+from .fileio import check_output_file
 from .flags import MAX_BEAM, Number, Parser, positive
 from .trainlog import plural
 
@@ -18,15 +19,6 @@ def _read_input(path):
     if path in (None, "-"):
         return [line.rstrip("\r\n") for line in sys.stdin]
     return read_lines(path)
-
-
-def _output_file(path, flag):
-    """ConfigError unless `path` can be written as a file: its folder exists, and it is no folder."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise ConfigError(f"{flag} {path} is a folder; name the file to write")
-    if not os.path.isdir(folder):
-        raise ConfigError(f"{flag} {path}: the folder {folder} does not exist; create it first or fix the path")
 
 
 def cmd_prepare(args):
@@ -43,7 +35,7 @@ def cmd_average(args):
     not training checkpoints (an average, a run's model.npz, checkpoint_best.npz) are left out
     with a note; the output must not be one of the inputs."""
     from .checkpoint import average_checkpoints, read_train_state
-    _output_file(args.output, "--output")
+    check_output_file(args.output, "--output")
     if args.folder:
         from .runfolder import checkpoint_paths
         paths = checkpoint_paths(args.folder)[-args.last:]
@@ -73,7 +65,7 @@ def cmd_average(args):
 def cmd_export(args):
     if args.format == "safetensors":
         from .checkpoint import export_safetensors
-        _output_file(args.output, "--output")
+        check_output_file(args.output, "--output")
         size = export_safetensors(args.checkpoint, args.output)
         print(f"exported {args.checkpoint} ({os.path.getsize(args.checkpoint) / 1e6:,.1f} MB) -> {args.output} "
               f"({size / 1e6:,.1f} MB: parameters, config and tokenizer; no optimizer state)", file=sys.stderr)
@@ -97,7 +89,7 @@ def cmd_export(args):
 def cmd_translate(args):
     from .translate import load
     if args.output:
-        _output_file(args.output, "--output")
+        check_output_file(args.output, "--output")
     translator = load(args.checkpoint, args.device)
     if args.input in (None, "-") and sys.stdin.isatty() and not args.output:
         return _interactive(translator, args)

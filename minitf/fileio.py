@@ -6,7 +6,7 @@ import platform
 import shutil
 import tempfile
 
-from .errors import DataError, MinitfError
+from .errors import ConfigError, DataError, MinitfError
 
 
 TMP_PREFIX = ".tmp-"   # atomic_write's temporary file beside `path`: TMP_PREFIX + 8 random characters + its name
@@ -53,6 +53,16 @@ def make_folder(path, what, flag):
         os.makedirs(path, exist_ok=True)
     except OSError as e:
         raise DataError(f"cannot make {what} {path} ({e.strerror or e}): name another ({flag})") from None
+
+
+def check_output_file(path, flag):
+    """ConfigError unless `path` can be written as a file: its folder exists (a mistyped folder is not made), and it
+    is no folder itself."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ConfigError(f"{flag} {path} is a folder; name the file to write")
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{flag} {path}: the folder {folder} does not exist; create it first or fix the path")
 
 
 def atomic_write(path, write, size_hint=None, advice=None):

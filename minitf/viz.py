@@ -29,6 +29,7 @@ import sys
 import numpy as np
 
 from .errors import ConfigError, DataError, MinitfError
+from .fileio import check_output_file
 from .flags import MAX_BEAM, Number, fraction, positive
 from .trainlog import plural
 
@@ -53,6 +54,7 @@ def _check_out(out):
     fmt = os.path.splitext(os.fspath(out))[1].lower().lstrip(".")
     if fmt not in FORMATS:
         raise ConfigError(f"--out {out}: the file name must end in .png, .svg or .pdf")
+    check_output_file(out, "--out")
     return fmt
 
 
@@ -555,6 +557,11 @@ def plot_packing(out, lens=(5, 2, 4)):
 
 
 # ------------------------------------------------------------------------------ Table 1
+# the measurements recorded beside the package (docs/img of the repository the package was installed from, found
+# from any working folder)
+TABLE1_JSON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "img", "table1.json")
+
+
 def read_table1(path):
     """The JSON bench/table1.py writes; a DataError naming the file if it is not one."""
     import json
@@ -672,7 +679,8 @@ def add_plot_parser(sub):
     q.set_defaults(func=lambda a: plot_packing(a.out, a.lens))
 
     q = what.add_parser("table1", help="Table 1 measured: self-attention, recurrent and convolutional layers")
-    q.add_argument("--results", default="docs/img/table1.json", help="the JSON of bench/table1.py --out")
+    q.add_argument("--results", default=TABLE1_JSON, help="the JSON of bench/table1.py --out (default: the one "
+                                                          "recorded in the repository, docs/img/table1.json)")
     q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_table1(a.results, a.out))
     return p

@@ -166,9 +166,15 @@ def test_bad_log_is_a_one_line_error_with_exit_2(tmp_path):
         assert not (tmp_path / "c.png").exists()
 
 
-def test_out_must_be_a_picture_file(tmp_path):
+def test_out_must_be_a_picture_file_in_a_folder_that_exists(tmp_path):
     with pytest.raises(ConfigError, match=r"\.png"):
         viz.plot_lr(tmp_path / "lr.txt")
+    with pytest.raises(ConfigError, match="the folder .*typo does not exist; create it first"):
+        viz.plot_lr(tmp_path / "typo" / "lr.png")             # not made: a mistyped folder stays a mistake
+    assert not (tmp_path / "typo").exists()
+    (tmp_path / "lr.png").mkdir()
+    with pytest.raises(ConfigError, match="is a folder; name the file to write"):
+        viz.plot_lr(tmp_path / "lr.png")
 
 
 # ------------------------------------------------------------------------------ attention
@@ -375,6 +381,12 @@ def test_table1_bench_and_its_plot(tmp_path):
     needs_matplotlib()
     viz.plot_table1(out, tmp_path / "t.png")
     assert_png(tmp_path / "t.png")
+    # without --results, from any folder: the measurements recorded in the repository
+    r = subprocess.run([sys.executable, "-m", "minitf", "plot", "table1", "--out", "recorded.png"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(viz.__file__))))
+    assert r.returncode == 0, r.stderr
+    assert_png(tmp_path / "recorded.png")
 
 
 def test_table1_path_gradients_of_both_archs(tmp_path):
