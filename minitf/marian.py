@@ -284,11 +284,6 @@ def load_vocab(path):
 
 
 # ------------------------------------------------------------------------------ import
-# the Config fields an imported model sets (--init-from keeps them over the preset's; the recipe's are the preset's)
-ARCHITECTURE_FIELDS = ("arch", "vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "n_decoder_layers", "d_k",
-                       "pad_id", "unk_id", "bos_id", "eos_id", "output_vocab", "layer_norm_eps", "norm_position",
-                       "positional", "max_len", "activation", "output_bias")
-
 # options minitf reads, and the values it can build; anything else set differently is refused
 REQUIRED = {"type": ("transformer",), "transformer-decoder-autoreg": ("self-attention",),
             "transformer-ffn-activation": ("relu", "swish"), "transformer-ffn-depth": (2,),

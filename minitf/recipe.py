@@ -38,14 +38,13 @@ def build_config(args, vocab_size, target_pieces=None, note=None):
 
 def resolve_config(args, data, resume, lead=True, imported=None):
     """(config, settings): the resumed checkpoint's config (a flag that would change it is an error),
-    or the preset's with the flags over it (and with `imported`, --init-from's Marian model config,
-    that model's architecture: marian.ARCHITECTURE_FIELDS); and the run's Settings, the recipe's
-    flags left unset filled (resolve_recipe)."""
+    or the preset's with the flags over it (and with `imported`, --init-from's model config, that
+    model's fields: Config.model_fields); and the run's Settings, the recipe's flags left unset filled
+    (resolve_recipe)."""
     vocab_size = data.tokenizer.vocab_size
-    if resume is None and imported is not None:
-        from .marian import ARCHITECTURE_FIELDS
+    if resume is None and imported is not None:   # the model's fields (Config.model_fields) from it, the recipe's not
         cfg = build_config(args, vocab_size, None, note=log if lead else None)
-        cfg = dataclasses.replace(cfg, output_layer="joint", **{f: getattr(imported, f) for f in ARCHITECTURE_FIELDS})
+        cfg = dataclasses.replace(cfg, output_layer=imported.output_layer, **imported.model_fields())
     elif resume is None:
         cfg = build_config(args, vocab_size, lambda both: target_pieces(data, vocab_size, both),
                            note=log if lead else None)

@@ -220,7 +220,7 @@ def set_up(args, world):
     resume = load_checkpoint(ckpts[-1]) if args.resume and ckpts else None
     if resume is not None:
         check_resumed(args.out, resume)
-    init = _init_from(args) if resume is None else None
+    init = _init_from(args, lead) if resume is None else None
     data = _load_data(args, world, resume, init.tokenizer if init else None)
     flags = args
     cfg, args = resolve_config(args, data, resume, lead, init.config if init else None)   # args: settled, read-only
@@ -323,15 +323,26 @@ def compute_dtype(args):
     return getattr(args, "dtype", "float32")
 
 
-def _init_from(args):
-    """--init-from: the Marian model's config, weights and tokenizer (marian.import_marian), the
-    tokenizer told which side is the source; None without the flag."""
-    if getattr(args, "init_from", None) is None:
+def _init_from(args, lead=True):
+    """--init-from: the model's config, weights and tokenizer; of a minitf checkpoint (load_checkpoint) or of a Marian
+    model (marian.import_marian, the tokenizer told which side is the source); None without the flag."""
+    path = getattr(args, "init_from", None)
+    if path is None:
         return None
-    from .marian import import_marian
-    cfg, params, tokenizer = import_marian(args.init_from)
-    tokenizer.source_language = args.src
-    return argparse.Namespace(config=cfg, params=params, tokenizer=tokenizer)
+    from .marian import import_marian, is_marian
+    if is_marian(path):
+        cfg, params, tokenizer = import_marian(path)
+        tokenizer.source_language = args.src
+        return argparse.Namespace(config=cfg, params=params, tokenizer=tokenizer)
+    ckpt = load_checkpoint(path)
+    if not ckpt.tokenizer:
+        raise ConfigError(f"--init-from {path}: the checkpoint holds no tokenizer, so the corpus cannot be encoded as "
+                          f"the model reads it; name a checkpoint that train_wmt.py wrote (or an export of one)")
+    languages = ckpt.train_state.get("languages")
+    if languages and list(languages) != [args.src, args.tgt] and lead:
+        log(f"note: --init-from {path} was trained {languages[0]} -> {languages[1]}; this run trains "
+            f"{args.src} -> {args.tgt}")
+    return argparse.Namespace(config=ckpt.config, params=ckpt.params, tokenizer=tokenizer_from_bytes(ckpt.tokenizer))
 
 
 def _load_data(args, world, resume, tokenizer=None):

@@ -117,10 +117,12 @@ def build_parser(prog=None):
                         "--lr-fade, --weight-decay; the run's schedule may change: --max-steps, --save-every, "
                         "--save-every-minutes, --average-last, and --max-tokens as long as the batches keep their "
                         "size)")
-    p.add_argument("--init-from", metavar="MARIAN_MODEL",
-                   help="fine-tune a Marian model: start from its weights and tokenizer (an OPUS-MT folder: the .npz, "
-                        "its vocabulary .yml, source.spm and target.spm; docs/interop.md). Its architecture replaces "
-                        "the preset's; the recipe (dropout, schedule, tokens per update) is the preset's and the flags'")
+    p.add_argument("--init-from", metavar="MODEL",
+                   help="fine-tune a trained model: start from its weights and tokenizer, a minitf checkpoint (.npz, "
+                        "e.g. another run's model.npz, or a .safetensors export) or a Marian model (an OPUS-MT "
+                        "folder: the .npz, its vocabulary .yml, source.spm and target.spm; docs/interop.md). Its "
+                        "architecture replaces the preset's; the recipe (dropout, schedule, tokens per update) is the "
+                        "preset's and the flags'")
     p.add_argument("--seed", type=Number(int, 0, 2**32 - 1), default=1)
     p.add_argument("--log-every", type=positive(), default=50,
                    help="updates between train_log.jsonl records, and between progress lines when stderr is not a "
@@ -241,13 +243,14 @@ def parse_args(argv=None, prog=None):
 
 
 def _check_init_from(p, args):
-    """--init-from names a Marian model, and no flag asks for another model or tokenizer."""
+    """--init-from names a minitf checkpoint or a Marian model, and no flag asks for another model or tokenizer."""
     from .marian import is_marian
     if not os.path.exists(args.init_from):
         p.error(f"--init-from {args.init_from}: no such file or folder")
-    if not is_marian(args.init_from):
-        p.error(f"--init-from {args.init_from}: not a Marian model (a folder with decoder.yml, or with one .npz "
-                f"holding special:model.yml, beside its vocabulary .yml, source.spm and target.spm)")
+    if not is_marian(args.init_from) and not os.path.isfile(args.init_from):
+        p.error(f"--init-from {args.init_from}: a folder, but not a Marian model (one with decoder.yml, or with one "
+                f".npz holding special:model.yml, beside its vocabulary .yml, source.spm and target.spm); a minitf "
+                f"model is a file: name its .npz (e.g. a run's model.npz) or .safetensors")
     taken = [f"--{flag.replace('_', '-')}" for flag in ("tokenizer", "subword", "vocab_size", "d_model", "heads", "d_ff",
                                                        "layers", "decoder_layers", "norm", "output_vocab", "attention")
              if getattr(args, flag, None) is not None]

@@ -894,3 +894,41 @@ def test_the_recipe_settles_a_read_only_copy_of_the_flags():
                                                                      cfg.average_last + 1)
     with pytest.raises(AttributeError, match="read-only"):
         s.max_steps = 5
+
+
+def test_init_from_a_minitf_checkpoint_fine_tunes_from_its_weights_and_tokenizer(corpus, tmp_path):
+    """--init-from another run's model.npz (or its .safetensors export): that model and tokenizer, the recipe of
+    the preset and the flags; a learning rate of ~0 leaves its weights as they were. A flag asking for another
+    model is refused, and so is a checkpoint without a tokenizer, each in one line."""
+    first = tmp_path / "first"
+    r = run_train(corpus, first, "--max-steps", 3, "--valid-every", 0)
+    assert r.returncode == 0, r.stderr[-2000:]
+    from minitf.checkpoint import export_safetensors, save_checkpoint
+    export_safetensors(first / "model.npz", tmp_path / "first.safetensors")
+    env = dict(os.environ, MINITF_CACHE=str(tmp_path / "cache"), PYTHONHASHSEED="0")
+
+    def fine_tune(init, out, *extra):
+        cmd = [sys.executable, os.path.join(ROOT, "train_wmt.py"), "--dataset", "multi30k", "--data-dir", str(corpus),
+               "--preset", "tiny", "--device", "cpu", "--init-from", str(init), "--out", str(out), "--quiet",
+               "--valid-every", "0", "--beam", "1", *map(str, extra)]
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+
+    source = load_checkpoint(first / "model.npz")
+    for init in (first / "model.npz", tmp_path / "first.safetensors"):
+        out = tmp_path / f"ft-{init.suffix[1:]}"
+        r = fine_tune(init, out, "--max-steps", 2, "--lr-factor", 1e-12, "--dropout", 0.3)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert f"init: the weights of {init}" in r.stderr
+        tuned = load_checkpoint(out / "checkpoint_0000002.npz")
+        assert tuned.config.model_fields() == source.config.model_fields() and tuned.config.dropout == 0.3
+        assert tuned.tokenizer == source.tokenizer
+        for name, value in source.params.items():
+            np.testing.assert_allclose(tuned.params[name], value, atol=1e-6, err_msg=name)
+    r = fine_tune(first / "model.npz", tmp_path / "x", "--d-model", 32)
+    assert r.returncode == 2 and "drop --d-model" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = fine_tune(tmp_path, tmp_path / "x")
+    assert r.returncode == 2 and "a folder, but not a Marian model" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    save_checkpoint(tmp_path / "bare.npz", source.build_model())
+    r = fine_tune(tmp_path / "bare.npz", tmp_path / "x")
+    assert r.returncode == 2 and "holds no tokenizer" in r.stderr, r.stderr[-2000:]
+    assert [line for line in r.stderr.splitlines() if line.startswith("error")] == r.stderr.splitlines()[-1:]
