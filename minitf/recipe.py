@@ -14,16 +14,17 @@ VALID_EVERY = 200   # updates between validations when checkpoints are spaced in
 
 
 
-def build_config(args, vocab_size, target_pieces=None, note=None):
+def build_config(args, vocab_size, target_pieces=None, note=None, arch=None):
     """The preset's config with the flags over it; `target_pieces(both_sides)`: the pieces the training
     data's targets hold (both sides' with bidirectional training, whose targets are both languages),
     called when the run's output layer (--output-vocab, or the preset's) is "target"; `note`
-    (rank 0's log) is told when the preset's choice gives way to a flag."""
+    (rank 0's log) is told when the preset's choice gives way to a flag; `arch` (default: --arch's) chooses the
+    preset's recipe for that architecture (Config.preset)."""
     over = {field: getattr(args, flag) for flag, field in FLAG_FIELDS.items()   # config.FLAG_FIELDS: the one table
             if flag not in ("arch", "output_vocab") and getattr(args, flag, None) is not None}
     if args.save_every is not None and args.save_every_minutes is None:
         over["save_every_minutes"] = None   # spacing in steps asked for: a resumed run keeps it
-    cfg = Config.preset(args.preset, arch=getattr(args, "arch", None) or "transformer",
+    cfg = Config.preset(args.preset, arch=arch or getattr(args, "arch", None) or "transformer",
                                    vocab_size=vocab_size, **over)
     layer = getattr(args, "output_vocab", None) or cfg.output_layer
     if layer == "target" and cfg.bpe_dropout_target:   # only the preset's choice gets here (the flags exclude it)
@@ -43,7 +44,7 @@ def resolve_config(args, data, resume, lead=True, imported=None):
     (resolve_recipe)."""
     vocab_size = data.tokenizer.vocab_size
     if resume is None and imported is not None:   # the model's fields (Config.model_fields) from it, the recipe's not
-        cfg = build_config(args, vocab_size, None, note=log if lead else None)
+        cfg = build_config(args, vocab_size, None, note=log if lead else None, arch=imported.arch)   # its recipe
         cfg = dataclasses.replace(cfg, output_layer=imported.output_layer, **imported.model_fields())
     elif resume is None:
         cfg = build_config(args, vocab_size, lambda both: target_pieces(data, vocab_size, both),

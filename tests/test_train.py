@@ -868,6 +868,10 @@ def test_every_flag_reaches_a_config_field_or_is_a_run_flag():
     cfg = build_config(args, 100)
     assert (cfg.dropout, cfg.warmup, cfg.n_heads, cfg.d_model, cfg.lr_fade, cfg.average_last, cfg.max_tokens) == (
         0.25, 123, 4, 64, 0.3, 3, 999)
+    # the recipe of the architecture asked for (--init-from a recurrent model asks for the recurrent preset's)
+    small = parse_args(["--out", "x", "--preset", "small"])
+    assert build_config(small, 100, arch="rnn").warmup == Config.preset("small", arch="rnn").warmup != \
+        build_config(small, 100).warmup
     helps = {a.dest: a.help for a in parser._actions}
     assert f"small {PRESETS['small']['d_model']}, tiny {PRESETS['tiny']['d_model']}" in helps["d_model"]
     assert f"big {PRESETS['big']['dropout']:g}" in helps["dropout"] and "[presets:" in helps["warmup"]
