@@ -383,3 +383,42 @@ def test_the_stop_rule_of_beam_search_is_a_flag(setup):
     assert all(b[0].score >= f[0].score - 1e-6 * abs(f[0].score) for f, b in zip(fair, bound))
     bad = run("translate", "--checkpoint", d / "model.npz", "--stop", "never", stdin="x\n")
     assert bad.returncode == 2 and "--stop" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_info_says_what_each_kind_of_model_file_is(setup, tmp_path, capsys):
+    import json
+    import minitf
+    from minitf.checkpoint import average_checkpoints, export_safetensors, load_checkpoint, save_checkpoint
+    from minitf.cli import main
+    source = load_checkpoint(setup / "model.npz")
+    model = source.build_model()
+    state = {"step": 7, "epoch": 0, "batch": 7, "train_tokens": 1234, "train_wall_s": 3.2, "data_id": "abc123",
+             "languages": ["en", "de"]}
+    save_checkpoint(tmp_path / "checkpoint_0000007.npz", model, minitf.Adam(model, lr=1e-3),
+                    tokenizer=source.tokenizer, train_state=state)
+    average_checkpoints([tmp_path / "checkpoint_0000007.npz"], tmp_path / "avg.npz")
+    save_checkpoint(tmp_path / "model.npz", model, tokenizer=source.tokenizer,
+                    train_state={"model": "averaged", "from": ["a.npz", "b.npz"], "step": 7, "languages": ["en", "de"]})
+    export_safetensors(tmp_path / "model.npz", tmp_path / "model.safetensors")
+    expected = {"checkpoint_0000007.npz": "a training checkpoint, with Adam's moments (--resume continues from it)",
+                "avg.npz": "an average of 1 checkpoint",
+                "model.npz": "a run's reported model: the average of 2 checkpoints",
+                "model.safetensors": "a run's reported model: the average of 2 checkpoints, exported as .safetensors"}
+    n = sum(a.size for a in model.state_dict().values())
+    c = model.cfg
+    for name, kind in expected.items():
+        assert main(["info", str(tmp_path / name)]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0] == f"{tmp_path / name}: {kind}"
+        assert f"  model: Transformer, {c.n_layers}+{c.n_decoder_layers} layers, post-norm, D {c.d_model}, " \
+               f"{c.n_heads} heads of {c.d_k}, F {c.d_ff}" in lines[2] and f"{n:,} parameters (float32)" in lines[2]
+        assert lines[1] == "  languages: en -> de"
+        assert f"  vocabulary: {c.vocab_size:,} pieces (a SentencePiece" in lines[3]
+    assert main(["info", str(tmp_path / "checkpoint_0000007.npz")]) == 0
+    assert "  training: 7 updates, 1,234 target tokens, 3 s of training, corpus abc123" in capsys.readouterr().out
+    assert main(["info", str(tmp_path / "model.safetensors"), "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert facts["parameters"] == n and facts["config"] == c.to_dict() and facts["resumable"] is False
+    assert facts["train_state"]["from"] == ["a.npz", "b.npz"] and facts["tokenizer"]["pieces"] == c.vocab_size
+    assert main(["info", str(tmp_path / "missing.npz")]) == 2
+    assert "missing.npz does not exist" in capsys.readouterr().err
