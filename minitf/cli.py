@@ -1,4 +1,4 @@
-"""minitf's commands (python -m minitf COMMAND, or minitf COMMAND once installed): train, prepare, average, translate, evaluate, info, export, plot.
+"""minitf's commands (python -m minitf COMMAND, or minitf COMMAND once installed): train, prepare, average, translate, evaluate, score, info, export, plot.
 
 Every user error (a bad flag, a MinitfError) is printed as one line on stderr with exit status 2.
 """
@@ -155,6 +155,31 @@ def cmd_evaluate(args):
             print(f"paper BLEU {result['bleu_paper']}  ({result['bleu_paper_method']}; compares with Table 2)")
         else:
             print(f"note: the paper's tokenized BLEU was {result['bleu_paper_method']}")
+
+
+def cmd_score(args):
+    """Score given translations: each (--src, --tgt) pair's log-probability under the model."""
+    from .translate import load
+    src, tgt = _read_input(args.src), _read_input(args.tgt)
+    if len(src) != len(tgt):
+        raise DataError(f"--src {args.src} has {plural(len(src), 'line')} but --tgt {args.tgt} has {len(tgt)}")
+    empty = [i + 1 for i, line in enumerate(src) if not line.strip()]
+    if empty:
+        raise DataError(f"--src {args.src}: line {empty[0]} is empty: a translation needs a source to be scored against")
+    if args.output:
+        check_output_file(args.output, "--output")
+    translator = load(args.checkpoint, args.device)
+    scored = translator.score(src, tgt, alpha=args.alpha, batch_size=args.batch_size, progress=not args.quiet)
+    if args.scores:
+        text = "".join(f"S-{i}\t{s}\nH-{i}\t{h.score:.4f}\t{h.text}\nP-{i}\t"
+                       f"{' '.join(f'{p:.4f}' for p in h.token_logprobs)}\n" for i, (s, h) in enumerate(zip(src, scored)))
+    else:
+        text = "".join(f"{h.score:.4f}\n" for h in scored)
+    if args.output:
+        from .fileio import atomic_write
+        atomic_write(args.output, lambda f: f.write(text.encode()))
+    else:
+        sys.stdout.write(text)
 
 
 def cmd_info(args):
@@ -330,6 +355,28 @@ def build_parser(prog="python -m minitf"):
                    "splits compounds); default: the one the checkpoint was trained on")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_evaluate, memory=DECODE_MEMORY)
+    p = sub.add_parser("score", help="how likely the model finds given translations: --src and --tgt, line by line",
+                       description="Score given translations (forced decoding): for each line of --src and the same "
+                                   "line of --tgt, the natural log-probability of the translation's pieces and end of "
+                                   "sentence under the model, over the length penalty ((5 + length) / 6) ** alpha, as "
+                                   "beam search scores a hypothesis (translate --scores prints the same scale): one "
+                                   "score a line, or with --scores the S-, H- and P- lines of translate --scores. The "
+                                   "translation is split into pieces as the tokenizer splits text; a piece outside an "
+                                   "output vocabulary is scored as the unknown piece, as training scores it.")
+    p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz, or a .safetensors export) with "
+                                                       "its tokenizer, or a Marian model folder (docs/interop.md)")
+    p.add_argument("--src", required=True, help="source sentences (a file, plain or .gz, a pipe, or - for stdin)")
+    p.add_argument("--tgt", required=True, help="their translations, one a line, the same way")
+    p.add_argument("--alpha", type=Number(float, 0), default=None,
+                   help="length penalty alpha (0: the plain sum of log-probabilities; default: the checkpoint's preset, "
+                        "as translate)")
+    p.add_argument("--scores", action="store_true", help="print S-, H- and P- lines (the score and each piece's "
+                                                         "log-probability) instead of one score a line")
+    p.add_argument("--output", help="output file; default stdout")
+    p.add_argument("--batch-size", type=positive(), default=64, help="pairs scored together")
+    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_score, memory="--batch-size (the logits of a batch are pairs x length x vocabulary)")
     p = sub.add_parser("info", help="what a model file is: kind, languages, architecture, size, vocabulary, training",
                        description="What a model file is, without building the model: which kind (a run's reported "
                                    "model, an average, a training checkpoint that --resume continues, an export, a "

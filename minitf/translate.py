@@ -185,6 +185,68 @@ def translate_lines(model, tokenizer, lines, beam_size=4, alpha=None, batch_size
     return result
 
 
+# ------------------------------------------------------------------------------ scoring given translations
+@restores_mode
+def score_ids(model, src_ids, tgt_ids, batch_size=64, progress=None):
+    """Forced decoding: the natural log-probability of each target piece and of the end of sentence, given the
+    source (src_ids with their EOS, tgt_ids without), in eval mode, as beam search scores them: one list per pair,
+    in input order, `batch_size` pairs at a time (the logits of a batch are [pairs, T, V]). A target piece outside an
+    output vocabulary is scored as the unknown piece, as training and validation score it."""
+    from .backend import to_numpy
+    from .decode import _logsumexp
+    from .functional import as_float32_if_half
+    check_search(1, 0.0, batch_size, 0, "fairseq")
+    if len(src_ids) != len(tgt_ids):
+        raise ValueError(f"{len(src_ids)} sources but {len(tgt_ids)} targets: one target a source")
+    model.eval()
+    cfg, xp = model.cfg, model.xp
+    inside = None
+    if cfg.output_vocab is not None:
+        inside = np.zeros(cfg.vocab_size, dtype=bool)
+        inside[cfg.output_ids()] = True
+    order = np.argsort([len(s) + len(t) for s, t in zip(src_ids, tgt_ids)], kind="stable")   # little padding
+    out = [None] * len(src_ids)
+    for start in range(0, len(order), batch_size):
+        part = order[start:start + batch_size]
+        targets = [tgt_ids[i] for i in part]
+        gold = pad_ids(targets, cfg.pad_id, suffix=cfg.eos_id)                       # [b, T]: the pieces, then EOS
+        if inside is not None:
+            gold = np.where(inside[gold], gold, cfg.unk_id)
+        logits = as_float32_if_half(model.forward(pad_ids([src_ids[i] for i in part], cfg.pad_id),
+                                                  pad_ids(targets, cfg.pad_id, prefix=cfg.bos_id)))
+        b, t, v = logits.shape
+        flat = logits.reshape(b * t, v)
+        logp = to_numpy(flat[xp.arange(b * t), xp.asarray(gold.ravel())] - _logsumexp(flat)).reshape(b, t)
+        for row, i in enumerate(part):
+            out[i] = logp[row, :len(tgt_ids[i]) + 1].astype(np.float64).tolist()
+        if progress is not None:
+            progress.update(len(part))
+    return out
+
+
+def score_lines(model, tokenizer, sources, targets, alpha=None, batch_size=64, progress=False):
+    """Raw (source, translation) pairs -> Hypothesis(translation, score, token_logprobs) each: the translation's
+    log-probability piece by piece (score_ids) and its score as beam search ranks a hypothesis (their sum over the
+    length penalty with `alpha`, default the checkpoint preset's), so a translation of `translate` scores here as
+    there. An empty translation is scored too (its end of sentence); an empty source is an error (`translate` gives
+    it an empty translation without asking the model)."""
+    alpha = model.cfg.decode_alpha if alpha is None else alpha
+    for what, lines in (("source", sources), ("translation", targets)):
+        for i, line in enumerate(lines):
+            if not isinstance(line, str):
+                raise TypeError(f"{what} {i + 1} of {len(lines)} is {type(line).__name__}, not a string of text")
+    if len(sources) != len(targets):
+        raise ValueError(f"{len(sources)} sources but {len(targets)} translations: one translation a source")
+    empty = [i + 1 for i, line in enumerate(sources) if not line.strip()]
+    if empty:
+        raise ValueError(f"source {empty[0]} of {len(sources)} is empty: there is nothing to translate it from")
+    src_ids = [ids + [tokenizer.eos_id] for ids in tokenizer.encode(list(sources))]
+    tgt_ids = tokenizer.encode_target(list(targets))
+    with progress_bar(len(src_ids), "score", progress) as bar:
+        logps = score_ids(model, src_ids, tgt_ids, batch_size, progress=bar)
+    return [Hypothesis(text, sum(p) / length_penalty(len(p), alpha), p) for text, p in zip(targets, logps)]
+
+
 def metrics(hyps, refs, lang=None):
     """sacreBLEU BLEU and chrF of detokenized hypotheses against one reference each, and with
     the target language `lang`, the paper's tokenized BLEU beside them (`paper_bleu`)."""
@@ -282,6 +344,11 @@ class Translator:
         out = translate_lines(self.model, self.tokenizer, [lines] if one else list(lines), beam, alpha, batch_size,
                               max_len_b, progress, stop=stop)
         return out[0] if one else out
+
+    def score(self, sources, translations, alpha=None, batch_size=64, progress=False):
+        """Each (source, translation) pair's Hypothesis(translation, score, token_logprobs): how likely the model
+        finds a given translation, piece by piece, scored as `nbest` scores its own (score_lines)."""
+        return score_lines(self.model, self.tokenizer, list(sources), list(translations), alpha, batch_size, progress)
 
     def nbest(self, lines, n=4, beam=4, alpha=None, max_len_b=50, batch_size=64, progress=False, stop="fairseq"):
         """Each sentence's n best translations (n <= beam) as Hypothesis(text, score, token_logprobs),

@@ -474,6 +474,16 @@ def test_translate_on_the_gpu_path_equals_the_cpu(checkpoints, tmp_path, arch):
             assert r.returncode == 0, r.stderr[-3000:]
             out[device] = r.stdout
         assert len(out["gpu"].splitlines()) == 6 and out["gpu"] == out["cpu"], (beam, out)
+    # scoring those translations: the CPU's scores
+    (tmp_path / "hyp.txt").write_text(out["cpu"])
+    scores = {}
+    for device in ("gpu", "cpu"):
+        r = subprocess.run([sys.executable, "-m", "minitf", "score", "--checkpoint", str(paths[arch]), "--src", str(src),
+                            "--tgt", str(tmp_path / "hyp.txt"), "--batch-size", "4", "--quiet", "--device", device],
+                           capture_output=True, text=True, env=standin_env(tmp_path), timeout=300, cwd=ROOT)
+        assert r.returncode == 0, r.stderr[-3000:]
+        scores[device] = [float(x) for x in r.stdout.split()]
+    assert len(scores["gpu"]) == 6 and np.allclose(scores["gpu"], scores["cpu"], atol=2e-4), scores
 
 
 @pytest.mark.skipif(shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))

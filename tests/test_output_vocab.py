@@ -199,3 +199,15 @@ def test_the_output_layer_comes_from_the_flag_or_else_the_preset(monkeypatch, tm
     assert len(notes) == 1 and "--output-vocab joint" in notes[0]
     with pytest.raises(SystemExit):
         parse_args(base + ["--bpe-dropout-target", "0.1", "--output-vocab", "target"])
+
+
+def test_scoring_a_piece_outside_the_output_vocabulary_scores_the_unknown_piece():
+    from minitf.translate import score_ids
+    _, restricted = pair()
+    src = [[5, 6, 7, 9, 3]]
+    outside, unk = 6, 1
+    assert outside not in IDS and unk in IDS
+    (as_unk,) = score_ids(restricted, src, [[4, unk, 8]])
+    (mine,) = score_ids(restricted, src, [[4, outside, 8]])
+    assert np.isfinite(mine).all() and mine[1] == as_unk[1]
+    assert mine[2] != as_unk[2]   # the next position reads the piece itself as its input

@@ -422,3 +422,45 @@ def test_info_says_what_each_kind_of_model_file_is(setup, tmp_path, capsys):
     assert facts["train_state"]["from"] == ["a.npz", "b.npz"] and facts["tokenizer"]["pieces"] == c.vocab_size
     assert main(["info", str(tmp_path / "missing.npz")]) == 2
     assert "missing.npz does not exist" in capsys.readouterr().err
+
+
+def test_score_gives_a_translation_the_log_probabilities_beam_search_gave_it(setup, tmp_path):
+    import numpy as np
+    import minitf
+    from minitf.decode import length_penalty
+    from minitf.translate import score_ids, translate_ids
+    d = setup
+    t = minitf.load(d / "model.npz")
+    tok = t.tokenizer
+    src = (d / "src.txt").read_text().splitlines()[:5]
+    src_ids = [ids + [tok.eos_id] for ids in tok.encode(src)]
+    found = translate_ids(t.model, src_ids, beam_size=3, alpha=0.6, max_len_b=4, nbest=3)
+    pairs = [(i, tokens, logps) for i, hyps in enumerate(found) for tokens, logps in hyps]
+    for batch in (1, 4, 64):   # batched and padded, in any order, as one at a time
+        forced = score_ids(t.model, [src_ids[i] for i, _, _ in pairs], [tokens for _, tokens, _ in pairs], batch)
+        for (_, tokens, logps), mine in zip(pairs, forced):
+            assert len(mine) == len(tokens) + 1
+            np.testing.assert_allclose(mine, logps, atol=1e-5)
+    # text in: the translation split as the tokenizer splits text, scored as nbest scores its own
+    text = tok.decode([pairs[0][1]])[0]
+    (h,) = t.score([src[0]], [text], alpha=0.6)
+    expected = score_ids(t.model, [src_ids[0]], tok.encode_target([text]))[0]
+    assert h.text == text and h.token_logprobs == expected
+    assert h.score == pytest.approx(sum(expected) / length_penalty(len(expected), 0.6))
+    assert t.score([src[0]], [""])[0].token_logprobs == score_ids(t.model, [src_ids[0]], [[]])[0]   # EOS alone
+    with pytest.raises(ValueError, match="source 2 of 2 is empty"):
+        t.score([src[0], " "], ["a", "b"])
+    # the command: one score a line, or translate's S-/H-/P- lines; mismatched files refused in one line
+    (tmp_path / "tgt.txt").write_text("".join(tok.decode([tokens])[0] + "\n" for _, tokens, _ in pairs[:5]))
+    (tmp_path / "src.txt").write_text("".join(src[i] + "\n" for i, _, _ in pairs[:5]))
+    plain = run("score", "--checkpoint", d / "model.npz", "--src", tmp_path / "src.txt", "--tgt", tmp_path / "tgt.txt")
+    assert plain.returncode == 0, plain.stderr
+    mine = t.score((tmp_path / "src.txt").read_text().splitlines(), (tmp_path / "tgt.txt").read_text().splitlines())
+    assert plain.stdout == "".join(f"{h.score:.4f}\n" for h in mine)
+    lines = run("score", "--checkpoint", d / "model.npz", "--src", tmp_path / "src.txt", "--tgt", tmp_path / "tgt.txt",
+                "--scores", "--alpha", 0).stdout.splitlines()
+    assert [line[:2] for line in lines] == ["S-", "H-", "P-"] * 5
+    p = [float(x) for x in lines[2].split("\t")[1].split()]
+    assert float(lines[1].split("\t")[1]) == pytest.approx(sum(p), abs=1e-3)
+    bad = run("score", "--checkpoint", d / "model.npz", "--src", d / "src.txt", "--tgt", tmp_path / "tgt.txt")
+    assert bad.returncode == 2 and "has 7 lines but --tgt" in bad.stderr and bad.stderr.count("\n") == 1
