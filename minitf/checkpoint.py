@@ -232,7 +232,7 @@ def average_checkpoints(paths, output):
     for i, p in enumerate(paths):
         twin = next((q for q in paths[:i] if os.path.exists(p) and os.path.exists(q) and os.path.samefile(p, q)), None)
         if twin is not None:
-            raise CheckpointError(f"average: {p} is among the inputs twice{'' if p == twin else f' (as {twin})'}; "
+            raise CheckpointError(f"average: {p} is among the inputs twice{'' if os.fspath(p) == os.fspath(twin) else f' (as {twin})'}; "
                                   f"each checkpoint counts once in the mean")
     for p in paths:
         if os.path.exists(output) and os.path.samefile(p, output):

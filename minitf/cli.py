@@ -160,6 +160,8 @@ def cmd_evaluate(args):
 def cmd_score(args):
     """Score given translations: each (--src, --tgt) pair's log-probability under the model."""
     from .translate import load
+    if args.src == args.tgt == "-":
+        raise ConfigError("--src - and --tgt -: standard input can be only one of them; name a file for the other")
     src, tgt = _read_input(args.src), _read_input(args.tgt)
     if len(src) != len(tgt):
         raise DataError(f"--src {args.src} has {plural(len(src), 'line')} but --tgt {args.tgt} has {len(tgt)}")
@@ -169,7 +171,10 @@ def cmd_score(args):
     if args.output:
         check_output_file(args.output, "--output")
     translator = load(args.checkpoint, args.device)
-    scored = translator.score(src, tgt, alpha=args.alpha, batch_size=args.batch_size, progress=not args.quiet)
+    try:
+        scored = translator.score(src, tgt, alpha=args.alpha, batch_size=args.batch_size, progress=not args.quiet)
+    except ValueError as e:   # a line the model cannot take (longer than learned positions reach): named by its number
+        raise DataError(f"--src {args.src}, --tgt {args.tgt}: {e}") from None
     if args.scores:
         text = "".join(f"S-{i}\t{s}\nH-{i}\t{h.score:.4f}\t{h.text}\nP-{i}\t"
                        f"{' '.join(f'{p:.4f}' for p in h.token_logprobs)}\n" for i, (s, h) in enumerate(zip(src, scored)))
@@ -197,15 +202,15 @@ def model_facts(path):
     from .marian import import_marian, is_marian
     if is_marian(path):
         cfg, params, tokenizer = import_marian(path)
-        state, kind, optimizer = {}, "a Marian model (OPUS-MT's layout)", False
+        state, kind, optimizer, marian = {}, "a Marian model (OPUS-MT's layout)", False, True
     else:
         from .checkpoint import load_checkpoint
         from .data.tokenizer import tokenizer_from_bytes
         ckpt = load_checkpoint(path)
         cfg, params, state, optimizer = ckpt.config, ckpt.params, ckpt.train_state or {}, ckpt.optimizer is not None
         tokenizer = tokenizer_from_bytes(ckpt.tokenizer) if ckpt.tokenizer else None
-        kind = _kind(state, optimizer, path.endswith(".safetensors"))
-    return {"path": path, "kind": kind, "languages": state.get("languages"),
+        kind, marian = _kind(state, optimizer, path.endswith(".safetensors")), False
+    return {"path": path, "kind": kind, "marian": marian, "languages": state.get("languages"),
             "parameters": int(sum(int(a.size) for a in params.values())),
             "dtype": str(next(iter(params.values())).dtype) if params else None,
             "tokenizer": None if tokenizer is None else {"type": tokenizer.model_type, "pieces": tokenizer.vocab_size},
@@ -259,7 +264,7 @@ def _info_lines(f):
         if state.get("data_id"):
             done.append(f"corpus {state['data_id']}")
         lines.append(f"  training: {', '.join(done)}")
-    if tok is None or tok["type"] != "marian":   # a Marian model records no recipe of minitf's
+    if not f["marian"]:   # a Marian model records no recipe of minitf's (one fine-tuned here does)
         lines.append(f"  recipe: dropout {c['dropout']:g}, label smoothing {c['label_smoothing']:g}, warmup "
                      f"{c['warmup']:,}, learning-rate factor {c['lr_factor']:g}, weight decay {c['weight_decay']:g}, "
                      f"{c['update_tokens']:,} tokens an update")

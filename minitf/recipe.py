@@ -5,7 +5,7 @@ fade's clock), when a step ends a checkpoint interval, and whether the run ends 
 import argparse
 import dataclasses
 
-from .config import FLAG_FIELDS, SCHEDULE_FLAGS, Config, id_ranges
+from .config import FLAG_FIELDS, SCHEDULE_FLAGS, Config, id_ranges, parse_id_ranges
 from .data.tokenizer import EOS_ID, UNK_ID
 from .errors import ConfigError
 from .trainlog import log
@@ -44,8 +44,11 @@ def resolve_config(args, data, resume, lead=True, imported=None):
     (resolve_recipe)."""
     vocab_size = data.tokenizer.vocab_size
     if resume is None and imported is not None:   # the model's fields (Config.model_fields) from it, the recipe's not
-        cfg = build_config(args, vocab_size, None, note=log if lead else None, arch=imported.arch)   # its recipe
-        cfg = dataclasses.replace(cfg, output_layer=imported.output_layer, **imported.model_fields())
+        cfg = build_config(args, vocab_size, None, arch=imported.arch)   # the recipe of the preset for its architecture
+        fields = imported.model_fields()
+        if imported.output_layer == "target":
+            fields["output_vocab"] = _widened_output_vocab(args, data, cfg, imported)
+        cfg = dataclasses.replace(cfg, output_layer=imported.output_layer, **fields)
     elif resume is None:
         cfg = build_config(args, vocab_size, lambda both: target_pieces(data, vocab_size, both),
                            note=log if lead else None)
@@ -66,6 +69,21 @@ def resolve_config(args, data, resume, lead=True, imported=None):
     if cfg.vocab_size != vocab_size:
         raise ConfigError(f"the checkpoint's vocabulary ({cfg.vocab_size}) != the tokenizer's ({vocab_size})")
     return cfg, settings
+
+
+def _widened_output_vocab(args, data, cfg, imported):
+    """--init-from a model whose output layer scores the pieces of its training data's target side (--output-vocab
+    target): those and the new corpus's target pieces (its source pieces too with --bidirectional-epochs), so every
+    target of the new corpus can be scored and produced. The parameters do not depend on it (the embedding has a row
+    for every piece)."""
+    if cfg.bpe_dropout_target:
+        raise ConfigError(f"--bpe-dropout-target makes pieces the plain segmentation does not, and --init-from "
+                          f"{args.init_from} scores only the pieces of its training data's target side "
+                          f"(--output-vocab target): use one or the other")
+    vocab_size = data.tokenizer.vocab_size
+    ids = set(imported.output_ids().tolist())
+    ids |= set(parse_id_ranges(target_pieces(data, vocab_size, bool(cfg.bidirectional_epochs)), vocab_size).tolist())
+    return id_ranges(sorted(ids))
 
 
 def target_pieces(data, vocab_size, both_sides=False):

@@ -216,7 +216,7 @@ def parse_args(argv=None, prog=None):
                 "--bpe-dropout-target makes smaller ones: use one or the other")
     if args.bidirectional_epochs and (args.bpe_dropout_source or args.bpe_dropout_target):
         p.error("--bidirectional-epochs and BPE-dropout each choose an epoch's training pairs: use one or the other")
-    if (args.bpe_dropout_source or args.bpe_dropout_target) and not args.tokenizer and not args.resume:
+    if (args.bpe_dropout_source or args.bpe_dropout_target) and not (args.tokenizer or args.resume or args.init_from):
         subword = subword_model(args)
         if subword != "bpe":
             p.error(f"BPE-dropout resegments with BPE merges, and this run would train a {subword} tokenizer ("
@@ -254,8 +254,8 @@ def _check_init_from(p, args):
     taken = [f"--{flag.replace('_', '-')}" for flag in ("tokenizer", "subword", "vocab_size", "d_model", "heads", "d_ff",
                                                        "layers", "decoder_layers", "norm", "output_vocab", "attention")
              if getattr(args, flag, None) is not None]
-    if args.arch == "rnn":
-        taken.append("--arch rnn")
+    if args.arch is not None:
+        taken.append(f"--arch {args.arch}")
     if taken:
         p.error(f"--init-from {args.init_from} brings its own model and tokenizer: drop {', '.join(taken)}")
 

@@ -200,6 +200,10 @@ def score_ids(model, src_ids, tgt_ids, batch_size=64, progress=None):
         raise ValueError(f"{len(src_ids)} sources but {len(tgt_ids)} targets: one target a source")
     model.eval()
     cfg, xp = model.cfg, model.xp
+    for what, lists in (("source", src_ids), ("target", tgt_ids)):
+        for i, ids in enumerate(lists):
+            if len(ids) and not 0 <= min(ids) <= max(ids) < cfg.vocab_size:
+                raise ValueError(f"{what} {i + 1}: piece ids must lie in [0, {cfg.vocab_size}), got {min(ids)}..{max(ids)}")
     inside = None
     if cfg.output_vocab is not None:
         inside = np.zeros(cfg.vocab_size, dtype=bool)
@@ -231,6 +235,7 @@ def score_lines(model, tokenizer, sources, targets, alpha=None, batch_size=64, p
     there. An empty translation is scored too (its end of sentence); an empty source is an error (`translate` gives
     it an empty translation without asking the model)."""
     alpha = model.cfg.decode_alpha if alpha is None else alpha
+    check_search(1, alpha, batch_size, 0, "fairseq")
     for what, lines in (("source", sources), ("translation", targets)):
         for i, line in enumerate(lines):
             if not isinstance(line, str):
@@ -242,6 +247,14 @@ def score_lines(model, tokenizer, sources, targets, alpha=None, batch_size=64, p
         raise ValueError(f"source {empty[0]} of {len(sources)} is empty: there is nothing to translate it from")
     src_ids = [ids + [tokenizer.eos_id] for ids in tokenizer.encode(list(sources))]
     tgt_ids = tokenizer.encode_target(list(targets))
+    limit = model.cfg.max_len if model.cfg.positional == "learned" else None   # sinusoids have no limit
+    if limit:   # a source with its EOS, a translation after the BOS: at most max_len positions each
+        for what, lists, most in (("source", src_ids, limit), ("translation", tgt_ids, limit - 1)):
+            for i, ids in enumerate(lists):
+                if len(ids) > most:
+                    raise ValueError(f"{what} {i + 1} has {len(ids)} pieces"
+                                     f"{' with its end of sentence' if what == 'source' else ''}: the model's learned "
+                                     f"positions take at most {most}")
     with progress_bar(len(src_ids), "score", progress) as bar:
         logps = score_ids(model, src_ids, tgt_ids, batch_size, progress=bar)
     return [Hypothesis(text, sum(p) / length_penalty(len(p), alpha), p) for text, p in zip(targets, logps)]
@@ -347,8 +360,14 @@ class Translator:
 
     def score(self, sources, translations, alpha=None, batch_size=64, progress=False):
         """Each (source, translation) pair's Hypothesis(translation, score, token_logprobs): how likely the model
-        finds a given translation, piece by piece, scored as `nbest` scores its own (score_lines)."""
-        return score_lines(self.model, self.tokenizer, list(sources), list(translations), alpha, batch_size, progress)
+        finds a given translation, piece by piece, scored as `nbest` scores its own (score_lines). Two lists of
+        sentences -> a list; a source string and a translation string -> one Hypothesis."""
+        one = isinstance(sources, str) and isinstance(translations, str)    # a pair of strings -> one Hypothesis
+        if not one and (isinstance(sources, str) or isinstance(translations, str)):
+            raise TypeError("score: give two strings (one pair) or two lists of strings (pairs line by line)")
+        out = score_lines(self.model, self.tokenizer, [sources] if one else list(sources),
+                          [translations] if one else list(translations), alpha, batch_size, progress)
+        return out[0] if one else out
 
     def nbest(self, lines, n=4, beam=4, alpha=None, max_len_b=50, batch_size=64, progress=False, stop="fairseq"):
         """Each sentence's n best translations (n <= beam) as Hypothesis(text, score, token_logprobs),

@@ -569,6 +569,10 @@ def read_table1(path):
         with open(path, encoding="utf-8") as f:
             res = json.load(f)
     except FileNotFoundError:
+        if os.fspath(path) == TABLE1_JSON:   # installed without the repository's docs/
+            raise DataError("no --results given, and the measurements recorded in the repository (docs/img/table1.json) "
+                            "are not beside this installation: measure them with python bench/table1.py --out "
+                            "table1.json (from a clone of the repository) and give --results table1.json") from None
         raise DataError(f"--results {path} does not exist: write it with python bench/table1.py --out {path}") from None
     except ValueError as e:
         raise DataError(f"--results {path} is not the JSON bench/table1.py writes ({e})") from None

@@ -123,6 +123,8 @@ def test_average_refuses_a_checkpoint_given_twice_and_an_output_named_safetensor
     with pytest.raises(minitf.CheckpointError, match="among the inputs twice") as e:
         average_checkpoints([str(tmp_path / "a.npz"), tmp_path / "b.npz", f"{tmp_path}/./a.npz"], tmp_path / "avg.npz")
     assert f"(as {tmp_path / 'a.npz'})" in str(e.value) and not (tmp_path / "avg.npz").exists()
+    with pytest.raises(minitf.CheckpointError, match="among the inputs twice; each") as e:   # the same name twice
+        average_checkpoints([tmp_path / "a.npz", str(tmp_path / "a.npz")], tmp_path / "avg.npz")
     r = subprocess.run([sys.executable, "-m", "minitf", "average", "--inputs", str(tmp_path / "a.npz"),
                         str(tmp_path / "b.npz"), "--output", str(tmp_path / "avg.safetensors")],
                        capture_output=True, text=True, timeout=120)

@@ -193,7 +193,7 @@ def test_an_opus_mt_folder_loads_and_scores_as_ctranslate2_scores_it(marian_fold
     assert cfg.output_vocab == id_ranges(cfg.output_ids())     # spelled as training spells it: runs as ranges
     from minitf.cli import model_facts
     facts = model_facts(str(folder))
-    assert facts["kind"] == "a Marian model (OPUS-MT's layout)" and facts["config"] == cfg.to_dict()
+    assert facts["kind"] == "a Marian model (OPUS-MT's layout)" and facts["config"] == cfg.to_dict() and facts["marian"]
     assert facts["tokenizer"] == {"type": "marian", "pieces": cfg.vocab_size}
     OpusMTConverter(str(folder)).convert(str(tmp_path / "ct2"))
     tr = ct2.Translator(str(tmp_path / "ct2"), device="cpu")

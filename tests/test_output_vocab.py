@@ -211,3 +211,39 @@ def test_scoring_a_piece_outside_the_output_vocabulary_scores_the_unknown_piece(
     (mine,) = score_ids(restricted, src, [[4, outside, 8]])
     assert np.isfinite(mine).all() and mine[1] == as_unk[1]
     assert mine[2] != as_unk[2]   # the next position reads the piece itself as its input
+
+
+def test_init_from_a_model_with_an_output_vocabulary_widens_it_to_the_new_corpus(corpus, tmp_path):   # noqa: F811
+    """--init-from a model whose output layer scores its training targets' pieces: the new run's scores those and
+    the new corpus's targets' (with --bidirectional-epochs its sources' too); --bpe-dropout-target is refused."""
+    import os
+    import subprocess
+    import sys
+    from test_train import ROOT
+    first = tmp_path / "first"
+    r = run_train(corpus, first, "--max-steps", 2, "--output-vocab", "target", "--valid-every", 0)
+    assert r.returncode == 0, r.stderr[-2000:]
+    source = load_checkpoint(first / "model.npz")
+    env = dict(os.environ, MINITF_CACHE=str(tmp_path / "cache"))
+
+    def fine_tune(out, *extra):
+        return subprocess.run([sys.executable, os.path.join(ROOT, "train_wmt.py"), "--dataset", "multi30k",
+                               "--data-dir", str(corpus), "--preset", "tiny", "--device", "cpu", "--init-from",
+                               str(first / "model.npz"), "--out", str(out), "--quiet", "--valid-every", "0", "--beam",
+                               "1", "--max-steps", "1", *map(str, extra)], capture_output=True, text=True, env=env,
+                              timeout=600)
+    tok = Tokenizer.from_bytes(source.tokenizer)
+    import gzip
+    with gzip.open(corpus / "train.en.gz", "rt") as f:
+        source_side = {i for ids in tok.encode([line.strip() for line in f]) for i in ids}
+    same = fine_tune(tmp_path / "same")
+    assert same.returncode == 0, same.stderr[-2000:]
+    assert load_checkpoint(tmp_path / "same" / "model.npz").config.output_vocab == source.config.output_vocab
+    both = fine_tune(tmp_path / "both", "--bidirectional-epochs", 1)
+    assert both.returncode == 0, both.stderr[-2000:]
+    ids = set(load_checkpoint(tmp_path / "both" / "model.npz").config.output_ids().tolist())
+    assert ids == set(source.config.output_ids().tolist()) | source_side and not source_side <= set(
+        source.config.output_ids().tolist())
+    bad = fine_tune(tmp_path / "bad", "--bpe-dropout-target", 0.1)
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("error")]
+    assert bad.returncode == 2 and len(errors) == 1 and "--init-from" in errors[0] and "use one or the other" in errors[0]

@@ -928,8 +928,12 @@ def test_init_from_a_minitf_checkpoint_fine_tunes_from_its_weights_and_tokenizer
         assert tuned.tokenizer == source.tokenizer
         for name, value in source.params.items():
             np.testing.assert_allclose(tuned.params[name], value, atol=1e-6, err_msg=name)
-    r = fine_tune(first / "model.npz", tmp_path / "x", "--d-model", 32)
-    assert r.returncode == 2 and "drop --d-model" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    for flags, says in ((["--d-model", 32], "drop --d-model"), (["--arch", "transformer"], "drop --arch transformer")):
+        r = fine_tune(first / "model.npz", tmp_path / "x", *flags)
+        assert r.returncode == 2 and says in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    # BPE-dropout: the model's tokenizer decides (a unigram one has no merges), not the --subword default
+    r = fine_tune(first / "model.npz", tmp_path / "x", "--bpe-dropout-source", 0.1, "--max-steps", 1)
+    assert r.returncode == 2 and "add --subword bpe" not in r.stderr and "no BPE merges" in r.stderr, r.stderr[-2000:]
     r = fine_tune(tmp_path, tmp_path / "x")
     assert r.returncode == 2 and "a folder, but not a Marian model" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     save_checkpoint(tmp_path / "bare.npz", source.build_model())

@@ -450,6 +450,28 @@ def test_score_gives_a_translation_the_log_probabilities_beam_search_gave_it(set
     assert t.score([src[0]], [""])[0].token_logprobs == score_ids(t.model, [src_ids[0]], [[]])[0]   # EOS alone
     with pytest.raises(ValueError, match="source 2 of 2 is empty"):
         t.score([src[0], " "], ["a", "b"])
+    assert t.score(src[0], text) == h                             # two strings: one pair, one Hypothesis
+    with pytest.raises(TypeError, match="two strings"):
+        t.score(src[0], [text])
+    with pytest.raises(ValueError, match="alpha=-1: expected 0 or more"):
+        t.score([src[0]], [text], alpha=-1)
+    with pytest.raises(ValueError, match=r"target 1: piece ids must lie in \[0, "):
+        score_ids(t.model, [src_ids[0]], [[4, tok.vocab_size]])
+    # learned positions reach max_len: a longer line is named, in one line on the command line
+    from minitf.checkpoint import load_checkpoint, save_checkpoint
+    ck = load_checkpoint(d / "model.npz")
+    learned = minitf.Config(**{**ck.config.to_dict(), "positional": "learned", "max_len": 6})
+    save_checkpoint(tmp_path / "learned.npz", minitf.Transformer(learned, seed=1), tokenizer=ck.tokenizer)
+    long, short = " ".join(src[:3]), min(src, key=lambda line: len(tok.encode([line])[0]))
+    assert len(tok.encode_target([long])[0]) > 5 and len(tok.encode([short])[0]) < 6
+    with pytest.raises(ValueError, match="translation 1 has .* pieces: the model's learned positions take at most 5"):
+        minitf.load(tmp_path / "learned.npz").score([short], [long])
+    (tmp_path / "one.txt").write_text(short + "\n")
+    (tmp_path / "long.txt").write_text(long + "\n")
+    r = run("score", "--checkpoint", tmp_path / "learned.npz", "--src", tmp_path / "one.txt", "--tgt", tmp_path / "long.txt")
+    assert r.returncode == 2 and "at most 5" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = run("score", "--checkpoint", d / "model.npz", "--src", "-", "--tgt", "-", stdin="a\n")
+    assert r.returncode == 2 and "standard input can be only one of them" in r.stderr, r.stderr
     # the command: one score a line, or translate's S-/H-/P- lines; mismatched files refused in one line
     (tmp_path / "tgt.txt").write_text("".join(tok.decode([tokens])[0] + "\n" for _, tokens, _ in pairs[:5]))
     (tmp_path / "src.txt").write_text("".join(src[i] + "\n" for i, _, _ in pairs[:5]))
