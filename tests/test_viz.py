@@ -378,6 +378,10 @@ def test_table1_bench_and_its_plot(tmp_path):
     assert all(r["seconds"]["recurrent"] > 0 for r in res["by_n"])
     with pytest.raises(DataError, match="bench/table1.py"):
         viz.plot_table1(tmp_path / "missing.json", tmp_path / "t.png")
+    absent = str(tmp_path / "docs" / "img" / "table1.json")   # the default, installed without the repository's docs/
+    import unittest.mock
+    with unittest.mock.patch.object(viz, "TABLE1_JSON", absent), pytest.raises(DataError, match="no --results given"):
+        viz.read_table1(absent)
     needs_matplotlib()
     viz.plot_table1(out, tmp_path / "t.png")
     assert_png(tmp_path / "t.png")
