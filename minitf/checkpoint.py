@@ -64,11 +64,13 @@ def save_checkpoint(path, model=None, optimizer=None, tokenizer=None, train_stat
 
 class Checkpoint:
     """What load_checkpoint returns: config, params {name: np.ndarray}, optimizer state or
-    None, tokenizer bytes or None, train_state dict."""
+    None, tokenizer bytes or None, train_state dict; has_optimizer: whether the file holds Adam's
+    state (read or not)."""
 
-    def __init__(self, path, config, params, optimizer, tokenizer, train_state):
+    def __init__(self, path, config, params, optimizer, tokenizer, train_state, has_optimizer=None):
         self.path, self.config, self.params = path, config, params
         self.optimizer, self.tokenizer, self.train_state = optimizer, tokenizer, train_state
+        self.has_optimizer = optimizer is not None if has_optimizer is None else has_optimizer
 
     def build_model(self, device="cpu", dtype="float32"):
         """The model of the checkpoint's config (a Transformer, or the `arch` it names), in eval mode."""
@@ -151,9 +153,11 @@ def _checkpoint_in(folder):
     return os.path.join(folder, steps[-1]) if steps else None
 
 
-def load_checkpoint(path):
+def load_checkpoint(path, optimizer=True):
     """Read and verify a checkpoint (.npz, or a .safetensors export); any defect is a
-    CheckpointError naming the file."""
+    CheckpointError naming the file. optimizer=False: Adam's moments (two thirds of a training
+    checkpoint) are neither read nor checked, and `optimizer` is None (`has_optimizer` still says
+    whether the file holds them): for everything but --resume."""
     path = os.fspath(path)
     if os.path.isdir(path):
         inside = _checkpoint_in(path)
@@ -170,7 +174,7 @@ def load_checkpoint(path):
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = _checked_manifest(path, z)   # reads __meta__ alone; every other entry's size is checked first
-            arrays = {k: z[k] for k in z.files}
+            arrays = {k: z[k] for k in z.files if optimizer or not k.startswith("optim/")}
     except CheckpointError:
         raise
     except ValueError as e:
@@ -190,8 +194,9 @@ def load_checkpoint(path):
     except MinitfError as e:
         raise CheckpointError(f"checkpoint {path}: bad config ({e})") from None
     params = {k[len("param/"):]: a for k, a in arrays.items() if k.startswith("param/")}
+    moments = optimizer
     optimizer = None
-    if meta.get("has_optimizer"):
+    if meta.get("has_optimizer") and moments:
         optimizer = {"step": meta["optimizer_step"]}
         for k, a in arrays.items():
             if k.startswith("optim/"):
@@ -199,7 +204,7 @@ def load_checkpoint(path):
                 optimizer[f"{key}.{name}"] = a
     tok = arrays.get("tokenizer")
     return Checkpoint(path, config, params, optimizer, tok.tobytes() if tok is not None else None,
-                      meta.get("train_state", {}))
+                      meta.get("train_state", {}), bool(meta.get("has_optimizer")))
 
 
 def read_train_state(path):
@@ -238,20 +243,27 @@ def average_checkpoints(paths, output):
         if os.path.exists(output) and os.path.samefile(p, output):
             raise CheckpointError(f"average: the output {output} is one of the inputs; writing it would replace "
                                   f"that checkpoint (and its optimizer state) by the average: name another output")
-    ckpts = [load_checkpoint(p) for p in paths]
-    first = ckpts[0]
-    for c in ckpts[1:]:
-        ours, theirs = first.config.model_fields(), c.config.model_fields()
+    # one checkpoint in memory at a time, its weights alone, into a float64 sum: for `big`'s 20 (213M parameters
+    # each, 2.6 GB with Adam's moments) that is the sum and one model, not all 20 checkpoints
+    total = first = c = None
+    for p in paths:
+        c = load_checkpoint(p, optimizer=False)
+        if first is None:
+            first = (c.path, c.config.model_fields(), {n: a.dtype for n, a in c.params.items()})
+            total = {n: a.astype(np.float64) for n, a in c.params.items()}
+            continue
+        ours, theirs = first[1], c.config.model_fields()
         diff = [f"{k} {shown(k, theirs[k])} vs {shown(k, ours[k])}" for k in ours if theirs[k] != ours[k]]
-        if not diff and set(c.params) != set(first.params):
-            diff = [f"parameters {', '.join(sorted(set(c.params) ^ set(first.params))[:3])} in one only"]
+        if not diff and set(c.params) != set(total):
+            diff = [f"parameters {', '.join(sorted(set(c.params) ^ set(total))[:3])} in one only"]
         if diff:
-            raise CheckpointError(f"average: {c.path} has a different model than {first.path}: {'; '.join(diff)}")
-    mean = {n: (sum(c.params[n].astype(np.float64) for c in ckpts) / len(ckpts)).astype(first.params[n].dtype)
-            for n in first.params}
-    save_checkpoint(output, params=mean, config=ckpts[-1].config, tokenizer=ckpts[-1].tokenizer,
+            raise CheckpointError(f"average: {c.path} has a different model than {first[0]}: {'; '.join(diff)}")
+        for n, a in c.params.items():
+            total[n] += a
+    mean = {n: (s / len(paths)).astype(first[2][n]) for n, s in total.items()}
+    save_checkpoint(output, params=mean, config=c.config, tokenizer=c.tokenizer,
                     train_state={"averaged_from": [os.path.abspath(p) for p in paths],
-                                 **{k: ckpts[-1].train_state[k] for k in ("languages",) if k in ckpts[-1].train_state}})
+                                 **{k: c.train_state[k] for k in ("languages",) if k in c.train_state}})
     return output
 
 
@@ -262,7 +274,7 @@ def export_safetensors(checkpoint, output):
     """The parameters of a checkpoint (no optimizer state) as a .safetensors file, with its config,
     tokenizer and a few facts of its train_state in the metadata; returns the output's size."""
     from .safetensors import save_safetensors
-    ckpt = load_checkpoint(checkpoint)
+    ckpt = load_checkpoint(checkpoint, optimizer=False)
     state = {k: ckpt.train_state[k] for k in SAFETENSORS_STATE if k in ckpt.train_state}
     meta = {"format": "minitf", "format_version": str(VERSION), "config": json.dumps(ckpt.config.to_dict()),
             "train_state": json.dumps(state)}

@@ -206,8 +206,8 @@ def model_facts(path):
     else:
         from .checkpoint import load_checkpoint
         from .data.tokenizer import tokenizer_from_bytes
-        ckpt = load_checkpoint(path)
-        cfg, params, state, optimizer = ckpt.config, ckpt.params, ckpt.train_state or {}, ckpt.optimizer is not None
+        ckpt = load_checkpoint(path, optimizer=False)
+        cfg, params, state, optimizer = ckpt.config, ckpt.params, ckpt.train_state or {}, ckpt.has_optimizer
         tokenizer = tokenizer_from_bytes(ckpt.tokenizer) if ckpt.tokenizer else None
         kind, marian = _kind(state, optimizer, path.endswith(".safetensors")), False
     return {"path": path, "kind": kind, "marian": marian, "languages": state.get("languages"),

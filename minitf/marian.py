@@ -181,7 +181,7 @@ def checkpoint_model(checkpoint):
     """(config, params, tokenizer) of a checkpoint to export; CheckpointError without a tokenizer."""
     from .checkpoint import load_checkpoint
     from .data.tokenizer import tokenizer_from_bytes
-    ckpt = load_checkpoint(checkpoint)
+    ckpt = load_checkpoint(checkpoint, optimizer=False)
     if ckpt.tokenizer is None:
         raise CheckpointError(f"{checkpoint} has no tokenizer inside: a Marian model needs its vocabulary")
     return ckpt.config, ckpt.params, tokenizer_from_bytes(ckpt.tokenizer)

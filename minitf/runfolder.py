@@ -108,7 +108,7 @@ def choose_model(run):
     average_checkpoints(window, avg_path)
     candidates = {"averaged": load_checkpoint(avg_path)}
     if len(window) > 1:
-        candidates["last"] = load_checkpoint(last)
+        candidates["last"] = load_checkpoint(last, optimizer=False)
     losses = {}   # name -> (loss, nll) on the validation set
     for name, ckpt in candidates.items() if run.validation else ():
         model.load_state_dict(ckpt.params)

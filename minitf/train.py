@@ -334,7 +334,7 @@ def _init_from(args, lead=True):
         cfg, params, tokenizer = import_marian(path)
         tokenizer.source_language = args.src
         return argparse.Namespace(config=cfg, params=params, tokenizer=tokenizer)
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, optimizer=False)
     if not ckpt.tokenizer:
         raise ConfigError(f"--init-from {path}: the checkpoint holds no tokenizer, so the corpus cannot be encoded as "
                           f"the model reads it; name a checkpoint that train_wmt.py wrote (or an export of one)")

@@ -316,7 +316,7 @@ def load_for_inference(path, device="cpu"):
 def _load(path, device):
     from .checkpoint import load_checkpoint
     from .data.tokenizer import tokenizer_from_bytes
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, optimizer=False)
     if ckpt.tokenizer is None:
         raise CheckpointError(f"checkpoint {path} has no tokenizer inside: it cannot translate text")
     return ckpt.build_model(device=device), tokenizer_from_bytes(ckpt.tokenizer), ckpt.train_state

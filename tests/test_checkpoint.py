@@ -68,6 +68,38 @@ def test_average_of_two_checkpoints_is_the_mean(tmp_path):
     assert avg.optimizer is None
 
 
+def test_average_holds_one_checkpoint_at_a_time_and_never_reads_adams_moments(tmp_path, monkeypatch):
+    """Averaging `big`'s last 20 training checkpoints (2.6 GB each with Adam's state) must not hold them all: one
+    checkpoint's weights at a time go into a float64 sum."""
+    import weakref
+    from minitf import checkpoint as ck
+    paths, models = [], [tiny_model(s) for s in range(4)]
+    for s, model in enumerate(models):
+        opt = minitf.Adam(model, lr=1e-3)
+        model.forward_loss(SRC, TGT, TGT)
+        model.backward()
+        opt.step()
+        save_checkpoint(tmp_path / f"{s}.npz", model, opt)
+        paths.append(tmp_path / f"{s}.npz")
+    alive, held = [], []
+    real = ck.load_checkpoint
+
+    def counting(path, optimizer=True):
+        held.append(sum(ref() is not None for ref in alive))   # checkpoints still in memory when the next is read
+        c = real(path, optimizer)
+        assert c.optimizer is None and c.has_optimizer           # the moments were in the file, and not read
+        alive.append(weakref.ref(c))
+        return c
+    monkeypatch.setattr(ck, "load_checkpoint", counting)
+    average_checkpoints(paths, tmp_path / "avg.npz")
+    assert len(held) == 4 and max(held) <= 1, held
+    avg = real(tmp_path / "avg.npz")
+    for name in avg.params:
+        expected = sum(m.state_dict()[name].astype(np.float64) for m in models) / 4
+        np.testing.assert_array_equal(avg.params[name], expected.astype(np.float32))
+    assert real(paths[0]).optimizer["step"] == 1 and real(paths[0], optimizer=False).optimizer is None
+
+
 def test_average_cli(tmp_path):
     for s in (1, 2, 3):
         save_checkpoint(tmp_path / f"{s}.npz", tiny_model(s))
