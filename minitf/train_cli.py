@@ -118,9 +118,9 @@ def build_parser(prog=None):
                         "--save-every-minutes, --average-last, and --max-tokens as long as the batches keep their "
                         "size)")
     p.add_argument("--init-from", metavar="MODEL",
-                   help="fine-tune a trained model: start from its weights and tokenizer, a minitf checkpoint (.npz, "
-                        "e.g. another run's model.npz, or a .safetensors export) or a Marian model (an OPUS-MT "
-                        "folder: the .npz, its vocabulary .yml, source.spm and target.spm; docs/interop.md). Its "
+                   help="fine-tune a trained model, a minitf checkpoint (.npz, e.g. another run's model.npz, or a "
+                        ".safetensors export) or a Marian model (an OPUS-MT folder: the .npz, its vocabulary .yml, "
+                        "source.spm and target.spm; docs/interop.md): start from its weights and tokenizer. Its "
                         "architecture replaces the preset's; the recipe (dropout, schedule, tokens per update) is the "
                         "preset's and the flags'")
     p.add_argument("--seed", type=Number(int, 0, 2**32 - 1), default=1)
