@@ -223,7 +223,7 @@ def _kind(state, optimizer, exported):
     if state.get("model") == "averaged":
         kind = f"a run's reported model: the average of {plural(len(state.get('from', [])), 'checkpoint')}"
     elif "model" in state:
-        kind = "a run's reported model: its last checkpoint"
+        kind = "a run's reported model: its last checkpoint" + "".join(f" ({name})" for name in state.get("from", [])[:1])
     elif "averaged_from" in state:
         kind = f"an average of {plural(len(state['averaged_from']), 'checkpoint')}"
     elif state.get("best"):

@@ -400,10 +400,13 @@ def test_info_says_what_each_kind_of_model_file_is(setup, tmp_path, capsys):
     save_checkpoint(tmp_path / "model.npz", model, tokenizer=source.tokenizer,
                     train_state={"model": "averaged", "from": ["a.npz", "b.npz"], "step": 7, "languages": ["en", "de"]})
     export_safetensors(tmp_path / "model.npz", tmp_path / "model.safetensors")
+    save_checkpoint(tmp_path / "last.npz", model, tokenizer=source.tokenizer,
+                    train_state={"model": "last", "from": ["checkpoint_0000007.npz"], "step": 7, "languages": ["en", "de"]})
     expected = {"checkpoint_0000007.npz": "a training checkpoint, with Adam's moments (--resume continues from it)",
                 "avg.npz": "an average of 1 checkpoint",
                 "model.npz": "a run's reported model: the average of 2 checkpoints",
-                "model.safetensors": "a run's reported model: the average of 2 checkpoints, exported as .safetensors"}
+                "model.safetensors": "a run's reported model: the average of 2 checkpoints, exported as .safetensors",
+                "last.npz": "a run's reported model: its last checkpoint (checkpoint_0000007.npz)"}
     n = sum(a.size for a in model.state_dict().values())
     c = model.cfg
     for name, kind in expected.items():
