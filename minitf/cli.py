@@ -189,87 +189,12 @@ def cmd_score(args):
 
 def cmd_info(args):
     """What a model file is: its kind, languages, architecture and size, vocabulary, training and recipe."""
+    from .modelinfo import info_lines, model_facts
     facts = model_facts(args.checkpoint)
     if args.json:
         print(json.dumps(facts, indent=2))
     else:
-        print("\n".join(_info_lines(facts)))
-
-
-def model_facts(path):
-    """{path, kind, languages, parameters, dtype, tokenizer, config, train_state} of a minitf checkpoint (.npz or
-    .safetensors) or a Marian model folder; its arrays are read (and their digests checked), no model is built."""
-    from .marian import import_marian, is_marian
-    if is_marian(path):
-        cfg, params, tokenizer = import_marian(path)
-        state, kind, optimizer, marian = {}, "a Marian model (OPUS-MT's layout)", False, True
-    else:
-        from .checkpoint import load_checkpoint
-        from .data.tokenizer import tokenizer_from_bytes
-        ckpt = load_checkpoint(path, optimizer=False)
-        cfg, params, state, optimizer = ckpt.config, ckpt.params, ckpt.train_state or {}, ckpt.has_optimizer
-        tokenizer = tokenizer_from_bytes(ckpt.tokenizer) if ckpt.tokenizer else None
-        kind, marian = _kind(state, optimizer, path.endswith(".safetensors")), False
-    return {"path": path, "kind": kind, "marian": marian, "languages": state.get("languages"),
-            "parameters": int(sum(int(a.size) for a in params.values())),
-            "dtype": str(next(iter(params.values())).dtype) if params else None,
-            "tokenizer": None if tokenizer is None else {"type": tokenizer.model_type, "pieces": tokenizer.vocab_size},
-            "resumable": optimizer, "config": cfg.to_dict(), "train_state": state}
-
-
-def _kind(state, optimizer, exported):
-    """What a checkpoint is, from its train_state (runfolder and checkpoint.average_checkpoints write it)."""
-    from .trainlog import plural
-    if state.get("model") == "averaged":
-        kind = f"a run's reported model: the average of {plural(len(state.get('from', [])), 'checkpoint')}"
-    elif "model" in state:
-        kind = "a run's reported model: its last checkpoint" + "".join(f" ({name})" for name in state.get("from", [])[:1])
-    elif "averaged_from" in state:
-        kind = f"an average of {plural(len(state['averaged_from']), 'checkpoint')}"
-    elif state.get("best"):
-        kind = "the best validation checkpoint of a run"
-    elif optimizer:
-        kind = "a training checkpoint, with Adam's moments (--resume continues from it)"
-    else:
-        kind = "a model's weights"
-    return kind + (", exported as .safetensors" if exported else "")
-
-
-def _info_lines(f):
-    c, state = f["config"], f["train_state"]
-    layers = f"{c['n_layers']}+{c['n_decoder_layers']} layers"
-    if c["arch"] == "rnn":
-        model = f"recurrent (bi-LSTM encoder, {c['attention']} attention), {layers}, D {c['d_model']}, hidden {c['rnn_hidden']}"
-    else:
-        model = (f"Transformer, {layers}, {c['norm_position']}-norm, D {c['d_model']}, {c['n_heads']} heads of "
-                 f"{c['d_k']}, F {c['d_ff']}, {c['activation']}, {c['positional']} positions (at most {c['max_len']})")
-    lines = [f"{f['path']}: {f['kind']}"]
-    if f["languages"]:
-        lines.append(f"  languages: {f['languages'][0]} -> {f['languages'][1]}")
-    lines.append(f"  model: {model}; {f['parameters']:,} parameters ({f['dtype']})")
-    tok = f["tokenizer"]
-    kinds = {"unigram": "a SentencePiece unigram model", "bpe": "a SentencePiece BPE model",
-             "marian": "Marian's vocabulary over source.spm and target.spm"}
-    vocab = f"{c['vocab_size']:,} pieces ({kinds.get(tok['type'], tok['type']) if tok else 'no tokenizer kept'})"
-    if c["output_vocab"]:
-        from .config import parse_id_ranges
-        vocab += f"; the output layer scores {parse_id_ranges(c['output_vocab'], c['vocab_size']).size:,} of them"
-    lines.append(f"  vocabulary: {vocab}")
-    if "step" in state:
-        done = [f"{plural(state['step'], 'update')}"]
-        if "train_tokens" in state:
-            done.append(f"{state['train_tokens']:,} target tokens")
-        if state.get("train_wall_s"):
-            done.append(f"{state['train_wall_s']:,.0f} s of training")
-        if state.get("data_id"):
-            done.append(f"corpus {state['data_id']}")
-        lines.append(f"  training: {', '.join(done)}")
-    if not f["marian"]:   # a Marian model records no recipe of minitf's (one fine-tuned here does)
-        lines.append(f"  recipe: dropout {c['dropout']:g}, label smoothing {c['label_smoothing']:g}, warmup "
-                     f"{c['warmup']:,}, learning-rate factor {c['lr_factor']:g}, weight decay {c['weight_decay']:g}, "
-                     f"{c['update_tokens']:,} tokens an update")
-    lines.append(f"  decoding: length penalty alpha {c['decode_alpha']:g} by default (translate and evaluate)")
-    return lines
+        print("\n".join(info_lines(facts)))
 
 
 def _decode_args(p):

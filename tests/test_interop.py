@@ -191,7 +191,7 @@ def test_an_opus_mt_folder_loads_and_scores_as_ctranslate2_scores_it(marian_fold
     assert cfg.vocab_size == len(pieces) + 2          # a <pad> and a <s> row added, outside the output vocabulary
     assert not t.model.embedding.params["weight"][[0, 2]].any()
     assert cfg.output_vocab == id_ranges(cfg.output_ids())     # spelled as training spells it: runs as ranges
-    from minitf.cli import model_facts
+    from minitf.modelinfo import model_facts
     facts = model_facts(str(folder))
     assert facts["kind"] == "a Marian model (OPUS-MT's layout)" and facts["config"] == cfg.to_dict() and facts["marian"]
     assert facts["tokenizer"] == {"type": "marian", "pieces": cfg.vocab_size}
