@@ -49,6 +49,7 @@ TABLE = {
     ("average",): {"--last": POSITIVE_INT},
     ("translate",): {**DECODE, "--nbest": POSITIVE_INT},
     ("evaluate",): DECODE,
+    ("score",): {"--alpha": ALPHA, "--batch-size": POSITIVE_INT},
     ("plot", "pe"): {"--max-len": AT_LEAST_2, "--d-model": AT_LEAST_2, "--table-n": AT_LEAST_2, "--table-d": AT_LEAST_2},
     ("plot", "lr"): {"--d-model": POSITIVE_INT, "--warmup": POSITIVE_INT, "--factor": POSITIVE_FLOAT,
                      "--steps": AT_LEAST_2, "--fade": FRACTION},
@@ -60,6 +61,7 @@ TABLE = {
 # what each command needs besides the flag under test (files need not exist: parsing comes first)
 NEEDS = {("average",): ["--inputs", "a.npz", "--output", "b.npz"], ("translate",): ["--checkpoint", "c.npz"],
          ("evaluate",): ["--checkpoint", "c.npz", "--src", "s.txt", "--ref", "r.txt"],
+         ("score",): ["--checkpoint", "c.npz", "--src", "s.txt", "--tgt", "t.txt"],
          ("plot", "attention"): ["--checkpoint", "c.npz", "--src", "a b", "--out", "x.png"]}
 ROWS = [(cmd, flag, bad) for cmd, flags in TABLE.items() for flag, (_, bads) in flags.items() for bad in bads]
 GOOD = [(cmd, flag, good) for cmd, flags in TABLE.items() for flag, (good, _) in flags.items()]
