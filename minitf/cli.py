@@ -188,13 +188,16 @@ def cmd_score(args):
 
 
 def cmd_info(args):
-    """What a model file is: its kind, languages, architecture and size, vocabulary, training and recipe."""
-    from .modelinfo import info_lines, model_facts
-    facts = model_facts(args.checkpoint)
+    """What a model file is: its kind, languages, architecture and size, vocabulary, training and recipe; of a run's
+    folder, its checkpoints and scores, then its model's."""
+    from .marian import is_marian
+    from .modelinfo import info_lines, model_facts, run_lines, run_facts
+    run = os.path.isdir(args.checkpoint) and not is_marian(args.checkpoint)   # a run's --out folder
+    facts = run_facts(args.checkpoint) if run else model_facts(args.checkpoint)
     if args.json:
         print(json.dumps(facts, indent=2))
     else:
-        print("\n".join(info_lines(facts)))
+        print("\n".join(run_lines(facts) if run else info_lines(facts)))
 
 
 def _decode_args(p):
@@ -312,7 +315,9 @@ def build_parser(prog="python -m minitf"):
                                    "model, an average, a training checkpoint that --resume continues, an export, a "
                                    "Marian model), its languages, architecture and parameters, its vocabulary, how "
                                    "long it trained, and its recipe.")
-    p.add_argument("checkpoint", help="a minitf checkpoint (.npz, or a .safetensors export), or a Marian model folder")
+    p.add_argument("checkpoint", metavar="MODEL", help="a minitf checkpoint (.npz, or a .safetensors export), a Marian "
+                                                       "model folder, or a run's --out folder (its checkpoints and "
+                                                       "scores, then the model it reported)")
     p.add_argument("--json", action="store_true", help="print every fact as JSON (the whole config and training state)")
     p.set_defaults(func=cmd_info)
     p = sub.add_parser("export", help="a checkpoint as a .safetensors file (translate/evaluate read it), a Marian model "

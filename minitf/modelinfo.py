@@ -78,3 +78,45 @@ def info_lines(f):
                      f"{c['update_tokens']:,} tokens an update")
     lines.append(f"  decoding: length penalty alpha {c['decode_alpha']:g} by default (translate and evaluate)")
     return lines
+
+
+def run_facts(folder):
+    """{path, checkpoints, best, results, model} of a run's --out folder: its training checkpoints (oldest first),
+    whether it holds checkpoint_best.npz, results.json once the run has ended (None before), and model_facts of
+    the model it reported (model.npz), or of its newest checkpoint while it has none."""
+    import json
+    import os
+    from .errors import DataError
+    from .runfolder import BEST, checkpoint_paths
+    checkpoints = [os.path.basename(p) for p in checkpoint_paths(folder)]
+    model = os.path.join(folder, "model.npz")
+    if not os.path.isfile(model):
+        if not checkpoints:
+            raise DataError(f"{folder} is a folder, but neither a run's --out folder (no model.npz, no "
+                            f"checkpoint_<step>.npz) nor a Marian model: name a model file or a run's folder")
+        model = os.path.join(folder, checkpoints[-1])
+    results = None
+    try:
+        with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
+            results = json.load(f)
+    except (OSError, ValueError):
+        pass
+    return {"path": folder, "checkpoints": checkpoints, "best": os.path.isfile(os.path.join(folder, BEST)),
+            "results": results if isinstance(results, dict) else None, "model": model_facts(model)}
+
+
+def run_lines(r):
+    """The facts of run_facts as the lines `python -m minitf info FOLDER` prints: the run, then its model."""
+    res, steps = r["results"], [int(name[len("checkpoint_"):-len(".npz")]) for name in r["checkpoints"]]
+    if res:
+        head = f"{r['path']}: a training run that ended after {plural(res.get('steps', 0), 'update')}"
+    else:
+        head = f"{r['path']}: a training run without results.json (running, or stopped before its end)"
+    lines = [head]
+    if steps:
+        lines.append(f"  checkpoints: {plural(len(steps), 'training checkpoint')} ({'step' if len(steps) == 1 else 'steps'} {', '.join(map(str, steps))}"
+                     f"{'; checkpoint_best.npz' if r['best'] else ''}): --resume continues from step {steps[-1]}")
+    if res and isinstance(res.get("bleu"), dict):
+        scores = ", ".join(f"{name} {value}" for name, value in res["bleu"].items())
+        lines.append(f"  scores: sacreBLEU {scores} (beam {res.get('beam')}, alpha {res.get('alpha')}; results.json)")
+    return lines + info_lines(r["model"])

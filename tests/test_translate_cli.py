@@ -425,6 +425,34 @@ def test_info_says_what_each_kind_of_model_file_is(setup, tmp_path, capsys):
     assert facts["train_state"]["from"] == ["a.npz", "b.npz"] and facts["tokenizer"]["pieces"] == c.vocab_size
     assert main(["info", str(tmp_path / "missing.npz")]) == 2
     assert "missing.npz does not exist" in capsys.readouterr().err
+    # a run's folder: its checkpoints, scores and model; before its end, its newest checkpoint
+    run = tmp_path / "run"
+    run.mkdir()
+    for step in (4, 7):
+        save_checkpoint(run / f"checkpoint_{step:07d}.npz", model, minitf.Adam(model, lr=1e-3),
+                        tokenizer=source.tokenizer, train_state=dict(state, step=step))
+    assert main(["info", str(run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == [f"{run}: a training run without results.json (running, or stopped before its end)",
+                         "  checkpoints: 2 training checkpoints (steps 4, 7): --resume continues from step 7"]
+    assert lines[2] == f"{run / 'checkpoint_0000007.npz'}: {expected['checkpoint_0000007.npz']}"
+    save_checkpoint(run / "model.npz", model, tokenizer=source.tokenizer,
+                    train_state={"model": "last", "from": ["checkpoint_0000007.npz"], "step": 7})
+    save_checkpoint(run / "checkpoint_best.npz", model, tokenizer=source.tokenizer, train_state={"best": True})
+    (run / "results.json").write_text(json.dumps({"steps": 7, "beam": 4, "alpha": 0.6,
+                                                  "bleu": {"valid": 1.5, "news": 2.25}}))
+    assert main(["info", str(run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:4] == [f"{run}: a training run that ended after 7 updates",
+                         "  checkpoints: 2 training checkpoints (steps 4, 7; checkpoint_best.npz): --resume continues "
+                         "from step 7",
+                         "  scores: sacreBLEU valid 1.5, news 2.25 (beam 4, alpha 0.6; results.json)",
+                         f"{run / 'model.npz'}: a run's reported model: its last checkpoint (checkpoint_0000007.npz)"]
+    assert main(["info", str(run), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"]["parameters"] == n
+    (tmp_path / "empty").mkdir()
+    assert main(["info", str(tmp_path / "empty")]) == 2
+    assert "neither a run's --out folder" in capsys.readouterr().err
 
 
 def test_score_gives_a_translation_the_log_probabilities_beam_search_gave_it(setup, tmp_path):
