@@ -8,7 +8,8 @@ Layout (format version 1), every entry an array loaded with `allow_pickle=False`
   `tokenizer`           uint8, the tokenizer's bytes (optional; `to_bytes`: a SentencePiece proto, or an
                         imported Marian model's vocabulary and two protos)
 The SHA-256 of every entry is stored in the meta, so a tampered or partly written file is
-rejected with a CheckpointError. Before any array is read, the zip directory's entries must be
+rejected with a CheckpointError (`load_checkpoint(path, optimizer=False)`, for everything but --resume, neither reads
+nor checks Adam's moments). Before any array is read, the zip directory's entries must be
 the manifest's and each entry's declared size that of the parameter it holds
 (`minitf.architectures.parameter_shapes` of its config): an extra or inflated entry (a zip bomb) is
 refused unread. `export_safetensors` writes a checkpoint's parameters (not
@@ -250,7 +251,7 @@ def average_checkpoints(paths, output):
         c = load_checkpoint(p, optimizer=False)
         if first is None:
             first = (c.path, c.config.model_fields(), {n: a.dtype for n, a in c.params.items()})
-            total = {n: a.astype(np.float64) for n, a in c.params.items()}
+            total = {n: a.astype(np.float64) + 0.0 for n, a in c.params.items()}   # 0 + a as sum() began: -0.0 too
             continue
         ours, theirs = first[1], c.config.model_fields()
         diff = [f"{k} {shown(k, theirs[k])} vs {shown(k, ours[k])}" for k in ours if theirs[k] != ours[k]]

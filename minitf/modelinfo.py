@@ -10,7 +10,8 @@ from .trainlog import plural
 
 def model_facts(path):
     """{path, kind, languages, parameters, dtype, tokenizer, config, train_state} of a minitf checkpoint (.npz or
-    .safetensors) or a Marian model folder; its arrays are read (and their digests checked), no model is built."""
+    .safetensors) or a Marian model folder; its weights are read and their digests checked (Adam's moments are not
+    read: --resume checks those), no model is built."""
     if is_marian(path):
         cfg, params, tokenizer = import_marian(path)
         state, kind, optimizer, marian = {}, "a Marian model (OPUS-MT's layout)", False, True
@@ -37,7 +38,7 @@ def _kind(state, optimizer, exported):
     elif state.get("best"):
         kind = "the best validation checkpoint of a run"
     elif optimizer:
-        kind = "a training checkpoint, with Adam's moments (--resume continues from it)"
+        kind = "a training checkpoint that holds Adam's moments (--resume continues from it)"
     else:
         kind = "a model's weights"
     return kind + (", exported as .safetensors" if exported else "")
@@ -82,41 +83,55 @@ def info_lines(f):
 
 def run_facts(folder):
     """{path, checkpoints, best, results, model} of a run's --out folder: its training checkpoints (oldest first),
-    whether it holds checkpoint_best.npz, results.json once the run has ended (None before), and model_facts of
-    the model it reported (model.npz), or of its newest checkpoint while it has none."""
+    whether it holds checkpoint_best.npz, results ("missing" before the run's end, "unreadable", or results.json's
+    dict) and model_facts of the model it reported (model.npz; else its average, best or newest checkpoint), or
+    {"path", "error"} when that file cannot be read (the rest is still reported)."""
     import json
     import os
-    from .errors import DataError
+    from .checkpoint import _checkpoint_in
+    from .errors import DataError, MinitfError
     from .runfolder import BEST, checkpoint_paths
     checkpoints = [os.path.basename(p) for p in checkpoint_paths(folder)]
-    model = os.path.join(folder, "model.npz")
-    if not os.path.isfile(model):
-        if not checkpoints:
-            raise DataError(f"{folder} is a folder, but neither a run's --out folder (no model.npz, no "
-                            f"checkpoint_<step>.npz) nor a Marian model: name a model file or a run's folder")
-        model = os.path.join(folder, checkpoints[-1])
-    results = None
+    model = _checkpoint_in(folder)
+    if model is None:
+        raise DataError(f"{folder} is a folder, but neither a run's --out folder (no model.npz, no "
+                        f"checkpoint_<step>.npz) nor a Marian model: name a model file or a run's folder")
+    results = "missing"
+    if os.path.exists(os.path.join(folder, "results.json")):
+        try:
+            with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
+                results = json.load(f)
+        except (OSError, ValueError):
+            results = "unreadable"
+        if not isinstance(results, dict):
+            results = "unreadable"
     try:
-        with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
-            results = json.load(f)
-    except (OSError, ValueError):
-        pass
+        facts = model_facts(model)
+    except MinitfError as e:   # a corrupt model file: the run's other facts still say what is there
+        facts = {"path": model, "error": str(e)}
     return {"path": folder, "checkpoints": checkpoints, "best": os.path.isfile(os.path.join(folder, BEST)),
-            "results": results if isinstance(results, dict) else None, "model": model_facts(model)}
+            "results": results, "model": facts}
 
 
 def run_lines(r):
     """The facts of run_facts as the lines `python -m minitf info FOLDER` prints: the run, then its model."""
     res, steps = r["results"], [int(name[len("checkpoint_"):-len(".npz")]) for name in r["checkpoints"]]
-    if res:
-        head = f"{r['path']}: a training run that ended after {plural(res.get('steps', 0), 'update')}"
+    if res == "missing":
+        head = "a training run without results.json (running, or stopped before its end)"
+    elif res == "unreadable":
+        head = "a training run whose results.json cannot be read (not the JSON object a run writes)"
+    elif isinstance(res.get("steps"), int):
+        head = f"a training run that ended after {plural(res['steps'], 'update')}"
     else:
-        head = f"{r['path']}: a training run without results.json (running, or stopped before its end)"
-    lines = [head]
+        head = "a training run that ended (its results.json gives no count of updates)"
+    lines = [f"{r['path']}: {head}"]
     if steps:
-        lines.append(f"  checkpoints: {plural(len(steps), 'training checkpoint')} ({'step' if len(steps) == 1 else 'steps'} {', '.join(map(str, steps))}"
+        lines.append(f"  checkpoints: {plural(len(steps), 'training checkpoint')} "
+                     f"({'step' if len(steps) == 1 else 'steps'} {', '.join(map(str, steps))}"
                      f"{'; checkpoint_best.npz' if r['best'] else ''}): --resume continues from step {steps[-1]}")
-    if res and isinstance(res.get("bleu"), dict):
+    if isinstance(res, dict) and isinstance(res.get("bleu"), dict):
         scores = ", ".join(f"{name} {value}" for name, value in res["bleu"].items())
         lines.append(f"  scores: sacreBLEU {scores} (beam {res.get('beam')}, alpha {res.get('alpha')}; results.json)")
+    if "error" in r["model"]:
+        return lines + [f"{r['model']['path']}: cannot be read: {r['model']['error']}"]
     return lines + info_lines(r["model"])

@@ -79,6 +79,10 @@ def test_average_holds_one_checkpoint_at_a_time_and_never_reads_adams_moments(tm
         model.forward_loss(SRC, TGT, TGT)
         model.backward()
         opt.step()
+        state = model.state_dict()
+        state["embedding.weight"] = state["embedding.weight"].copy()
+        state["embedding.weight"][0, :2] = (-0.0, -1.0 if s % 2 else 1.0)   # -0.0 in every input at [0, 0]
+        model.load_state_dict(state)
         save_checkpoint(tmp_path / f"{s}.npz", model, opt)
         paths.append(tmp_path / f"{s}.npz")
     alive, held = [], []
@@ -98,6 +102,7 @@ def test_average_holds_one_checkpoint_at_a_time_and_never_reads_adams_moments(tm
         expected = sum(m.state_dict()[name].astype(np.float64) for m in models) / 4
         np.testing.assert_array_equal(avg.params[name], expected.astype(np.float32))
     assert real(paths[0]).optimizer["step"] == 1 and real(paths[0], optimizer=False).optimizer is None
+    assert not np.signbit(avg.params["embedding.weight"][0, 0])   # 0 + (-0.0) + ...: +0.0, as sum() from 0 gives
 
 
 def test_average_cli(tmp_path):

@@ -402,7 +402,7 @@ def test_info_says_what_each_kind_of_model_file_is(setup, tmp_path, capsys):
     export_safetensors(tmp_path / "model.npz", tmp_path / "model.safetensors")
     save_checkpoint(tmp_path / "last.npz", model, tokenizer=source.tokenizer,
                     train_state={"model": "last", "from": ["checkpoint_0000007.npz"], "step": 7, "languages": ["en", "de"]})
-    expected = {"checkpoint_0000007.npz": "a training checkpoint, with Adam's moments (--resume continues from it)",
+    expected = {"checkpoint_0000007.npz": "a training checkpoint that holds Adam's moments (--resume continues from it)",
                 "avg.npz": "an average of 1 checkpoint",
                 "model.npz": "a run's reported model: the average of 2 checkpoints",
                 "model.safetensors": "a run's reported model: the average of 2 checkpoints, exported as .safetensors",
@@ -453,6 +453,21 @@ def test_info_says_what_each_kind_of_model_file_is(setup, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["info", str(tmp_path / "empty")]) == 2
     assert "neither a run's --out folder" in capsys.readouterr().err
+    # odd folders: a hand-edited results.json, a model.npz cut short, a folder with only checkpoint_best.npz
+    for text, head in (('{"steps": "7"}', "a training run that ended (its results.json gives no count of updates)"),
+                       ("[1, 2]", "a training run whose results.json cannot be read"), ("{", "cannot be read")):
+        (run / "results.json").write_text(text)
+        assert main(["info", str(run)]) == 0
+        assert head in capsys.readouterr().out.splitlines()[0]
+    (run / "model.npz").write_bytes((run / "model.npz").read_bytes()[:5000])
+    assert main(["info", str(run)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("  checkpoints: 2") and out[-1].startswith(f"{run / 'model.npz'}: cannot be read: ")
+    only = tmp_path / "only_best"
+    only.mkdir()
+    (only / "checkpoint_best.npz").write_bytes((run / "checkpoint_best.npz").read_bytes())
+    assert main(["info", str(only)]) == 0
+    assert f"{only / 'checkpoint_best.npz'}: the best validation checkpoint of a run" in capsys.readouterr().out
 
 
 def test_score_gives_a_translation_the_log_probabilities_beam_search_gave_it(setup, tmp_path):
