@@ -337,7 +337,8 @@ def load(path, device="cpu"):
 class Translator:
     """A trained model and its tokenizer. `translate` and `nbest` decode with the command line's
     defaults: beam 4 (paper 6.1), the length penalty alpha of the checkpoint's preset (`alpha`:
-    the paper's 0.6; small 2.0, small with --arch rnn 1.5), max length input + 50, 64 sentences at a time."""
+    the paper's 0.6; small 2.0, small with --arch rnn 1.5), max length input + 50, 64 sentences at a time;
+    `score` gives given translations the scores `nbest` gives its own."""
 
     def __init__(self, model, tokenizer, languages=None):
         self.model, self.tokenizer = model, tokenizer
