@@ -23,7 +23,11 @@ def _read_input(path):
 
 def cmd_prepare(args):
     from .data.pipeline import DataSettings, load_data
-    data = load_data(DataSettings.of(args), verify=args.verify)
+    tokenizer = None
+    if args.init_from:   # the cache a fine-tuning run of that model opens: its tokenizer's ids
+        from .train import init_from
+        tokenizer = init_from(args).tokenizer
+    data = load_data(DataSettings.of(args), tokenizer=tokenizer, verify=args.verify)
     m = data.corpus.manifest
     print(f"{data.corpus.folder}: {m['counts']['kept']:,} pairs, {sum(m['tokens'].values()):,} tokens, "
           f"vocabulary {m['tokenizer']['vocab_size']} ({data.tokenizer.model_type}), data_id {m['data_id']}; valid {len(data.valid[0]):,} "
@@ -219,6 +223,13 @@ def _decode_args(p):
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def _check_prepare(p, args):
+    check_data_args(p, args)
+    if args.init_from is not None:
+        from .train_cli import check_init_from
+        check_init_from(p, args)
+
+
 def _check_translate(p, args):
     if args.nbest is not None and not 1 <= args.nbest <= args.beam:
         p.error(f"--nbest {args.nbest}: choose 1 to --beam ({args.beam})")
@@ -246,7 +257,10 @@ def build_parser(prog="python -m minitf"):
     p.add_argument("--verify", action="store_true",
                    help="also read the whole cache back and check every array against the SHA-256 recorded when "
                         "it was built (a start checks only cheap invariants); a cache that fails is rebuilt")
-    p.set_defaults(func=cmd_prepare, check=lambda args, p=p: check_data_args(p, args))
+    p.add_argument("--init-from", metavar="MODEL",
+                   help="prepare the corpus for train_wmt.py --init-from MODEL (a minitf checkpoint or a Marian model "
+                        "folder): encoded with that model's tokenizer, as the fine-tuning run will open it")
+    p.set_defaults(func=cmd_prepare, check=lambda args, p=p: _check_prepare(p, args))
     p = sub.add_parser("average", help="parameter-wise mean of checkpoints (paper 6.1)",
                        description="The parameter-wise mean of training checkpoints (paper 6.1), written without "
                                    "optimizer state.")

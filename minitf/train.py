@@ -220,7 +220,7 @@ def set_up(args, world):
     resume = load_checkpoint(ckpts[-1]) if args.resume and ckpts else None
     if resume is not None:
         check_resumed(args.out, resume)
-    init = _init_from(args, lead) if resume is None else None
+    init = init_from(args, lead) if resume is None else None
     data = _load_data(args, world, resume, init.tokenizer if init else None)
     flags = args
     cfg, args = resolve_config(args, data, resume, lead, init.config if init else None)   # args: settled, read-only
@@ -323,7 +323,7 @@ def compute_dtype(args):
     return getattr(args, "dtype", "float32")
 
 
-def _init_from(args, lead=True):
+def init_from(args, lead=True):
     """--init-from: the model's config, weights and tokenizer; of a minitf checkpoint (load_checkpoint) or of a Marian
     model (marian.import_marian, the tokenizer told which side is the source); None without the flag."""
     path = getattr(args, "init_from", None)

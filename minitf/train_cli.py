@@ -229,7 +229,7 @@ def parse_args(argv=None, prog=None):
             p.error(f"--d-model {d} is not divisible by --heads {h} (each head gets d_model / heads); "
                     f"change one of them")
     if args.init_from is not None:
-        _check_init_from(p, args)
+        check_init_from(p, args)
     if args.valid_every is not None and args.valid_every_minutes is not None:
         p.error("--valid-every (updates) and --valid-every-minutes: give one spacing")
     if args.patience and args.valid_every == 0:
@@ -242,7 +242,7 @@ def parse_args(argv=None, prog=None):
     return args
 
 
-def _check_init_from(p, args):
+def check_init_from(p, args):
     """--init-from names a minitf checkpoint or a Marian model, and no flag asks for another model or tokenizer."""
     from .marian import is_marian
     if not os.path.exists(args.init_from):
@@ -254,7 +254,7 @@ def _check_init_from(p, args):
     taken = [f"--{flag.replace('_', '-')}" for flag in ("tokenizer", "subword", "vocab_size", "d_model", "heads", "d_ff",
                                                        "layers", "decoder_layers", "norm", "output_vocab", "attention")
              if getattr(args, flag, None) is not None]
-    if args.arch is not None:
+    if getattr(args, "arch", None) is not None:
         taken.append(f"--arch {args.arch}")
     if taken:
         p.error(f"--init-from {args.init_from} brings its own model and tokenizer: drop {', '.join(taken)}")

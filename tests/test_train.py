@@ -936,6 +936,17 @@ def test_init_from_a_minitf_checkpoint_fine_tunes_from_its_weights_and_tokenizer
     assert r.returncode == 2 and "add --subword bpe" not in r.stderr and "no BPE merges" in r.stderr, r.stderr[-2000:]
     r = fine_tune(tmp_path, tmp_path / "x")
     assert r.returncode == 2 and "a folder, but not a Marian model" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    # `prepare --init-from` builds the cache the fine-tuning run then opens (encoded with the model's tokenizer)
+    env["MINITF_CACHE"] = str(tmp_path / "cache2")
+    r = subprocess.run([sys.executable, "-m", "minitf", "prepare", "--dataset", "multi30k", "--data-dir", str(corpus),
+                        "--init-from", str(first / "model.npz")], capture_output=True, text=True, env=env, timeout=600,
+                       cwd=ROOT)
+    assert r.returncode == 0 and "cache: building" in r.stderr, r.stderr[-2000:]
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "train_wmt.py"), "--dataset", "multi30k", "--data-dir",
+                        str(corpus), "--preset", "tiny", "--device", "cpu", "--init-from", str(first / "model.npz"),
+                        "--out", str(tmp_path / "ft-prepared"), "--max-steps", "1", "--valid-every", "0", "--beam", "1"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0 and "cache: building" not in r.stderr and "init: the weights of" in r.stderr, r.stderr[-2000:]
     save_checkpoint(tmp_path / "bare.npz", source.build_model())
     r = fine_tune(tmp_path / "bare.npz", tmp_path / "x")
     assert r.returncode == 2 and "holds no tokenizer" in r.stderr, r.stderr[-2000:]
