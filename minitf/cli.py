@@ -62,7 +62,7 @@ def cmd_average(args):
         raise DataError(f"--inputs: every checkpoint given was left out (above): nothing to average; name a run's "
                         f"checkpoint_<step>.npz files, or its folder with --folder")
     average_checkpoints(paths, args.output)
-    print(f"averaged {len(paths)} checkpoint{'' if len(paths) == 1 else 's'} "
+    print(f"averaged {plural(len(paths), 'checkpoint')} "
           f"({', '.join(os.path.basename(p) for p in paths)}) -> {args.output}", file=sys.stderr)
 
 
@@ -98,12 +98,27 @@ def cmd_translate(args):
     if args.input in (None, "-") and sys.stdin.isatty() and not args.output:
         return _interactive(translator, args)
     lines = _read_input(args.input)
-    text = "".join(_translations(translator, lines, args, progress=not args.quiet))
-    if args.output:
+    _write_text(args.output, "".join(_translations(translator, lines, args, progress=not args.quiet)))
+
+
+def _write_text(output, text):
+    """text into the file --output names (atomically), or to stdout without one."""
+    if output:
         from .fileio import atomic_write
-        atomic_write(args.output, lambda f: f.write(text.encode()))
+        atomic_write(output, lambda f: f.write(text.encode()))
     else:
         sys.stdout.write(text)
+
+
+def _scored_lines(i, line, hyps, per_piece):
+    """translate --scores' lines of input line i: S-i<TAB>line, then for each hypothesis H-i<TAB>score<TAB>text and,
+    with per_piece, P-i<TAB>each piece's log-probability."""
+    out = [f"S-{i}\t{line}\n"]
+    for h in hyps:
+        out.append(f"H-{i}\t{h.score:.4f}\t{h.text}\n")
+        if per_piece:
+            out.append(f"P-{i}\t{' '.join(f'{p:.4f}' for p in h.token_logprobs)}\n")
+    return out
 
 
 def _translations(translator, lines, args, progress=False, first=0):
@@ -115,11 +130,7 @@ def _translations(translator, lines, args, progress=False, first=0):
         return [h + "\n" for h in translator.translate(lines, **opts)]
     out = []
     for i, (line, hyps) in enumerate(zip(lines, translator.nbest(lines, n=args.nbest or 1, **opts)), first):
-        out.append(f"S-{i}\t{line}\n")
-        for h in hyps:
-            out.append(f"H-{i}\t{h.score:.4f}\t{h.text}\n")
-            if args.scores:
-                out.append(f"P-{i}\t{' '.join(f'{p:.4f}' for p in h.token_logprobs)}\n")
+        out += _scored_lines(i, line, hyps, args.scores)
     return out
 
 
@@ -179,16 +190,11 @@ def cmd_score(args):
         scored = translator.score(src, tgt, alpha=args.alpha, batch_size=args.batch_size, progress=not args.quiet)
     except ValueError as e:   # a line the model cannot take (longer than learned positions reach): named by its number
         raise DataError(f"--src {args.src}, --tgt {args.tgt}: {e}") from None
-    if args.scores:
-        text = "".join(f"S-{i}\t{s}\nH-{i}\t{h.score:.4f}\t{h.text}\nP-{i}\t"
-                       f"{' '.join(f'{p:.4f}' for p in h.token_logprobs)}\n" for i, (s, h) in enumerate(zip(src, scored)))
+    if args.scores:   # the lines translate --scores prints, the given translation as the one hypothesis
+        text = "".join(line for i, (s, h) in enumerate(zip(src, scored)) for line in _scored_lines(i, s, [h], True))
     else:
         text = "".join(f"{h.score:.4f}\n" for h in scored)
-    if args.output:
-        from .fileio import atomic_write
-        atomic_write(args.output, lambda f: f.write(text.encode()))
-    else:
-        sys.stdout.write(text)
+    _write_text(args.output, text)
 
 
 def cmd_info(args):
