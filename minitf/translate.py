@@ -157,6 +157,13 @@ class Hypothesis(NamedTuple):
         return self.token_logprobs
 
 
+def _check_texts(lines, what):
+    """A TypeError naming the first of `lines` that is not a string (`what` it is: "line", "source", ...)."""
+    for i, line in enumerate(lines):
+        if not isinstance(line, str):
+            raise TypeError(f"{what} {i + 1} of {len(lines)} is {type(line).__name__}, not a string of text")
+
+
 def translate_lines(model, tokenizer, lines, beam_size=4, alpha=None, batch_size=64, max_len_b=50, progress=True,
                     nbest=None, stop="fairseq"):
     """Raw sentences -> detokenized translations (paper 6.1: beam 4, max length input + 50); alpha
@@ -165,9 +172,7 @@ def translate_lines(model, tokenizer, lines, beam_size=4, alpha=None, batch_size
     Hypothesis instead (an empty line: one, empty, score 0). stop: when beam search ends a sentence
     (decode.beam_search: "fairseq", "bound" or "ctranslate2")."""
     alpha = model.cfg.decode_alpha if alpha is None else alpha
-    for i, line in enumerate(lines):
-        if not isinstance(line, str):
-            raise TypeError(f"line {i + 1} of {len(lines)} is {type(line).__name__}, not a string of text")
+    _check_texts(lines, "line")
     todo = [i for i, line in enumerate(lines) if line.strip()]
     src_ids = [ids + [tokenizer.eos_id] for ids in tokenizer.encode([lines[i] for i in todo])]   # never cut: see Seq2Seq.check_ids
     with progress_bar(len(src_ids), "translate", progress) as bar:
@@ -236,10 +241,8 @@ def score_lines(model, tokenizer, sources, targets, alpha=None, batch_size=64, p
     it an empty translation without asking the model)."""
     alpha = model.cfg.decode_alpha if alpha is None else alpha
     check_search(1, alpha, batch_size, 0, "fairseq")
-    for what, lines in (("source", sources), ("translation", targets)):
-        for i, line in enumerate(lines):
-            if not isinstance(line, str):
-                raise TypeError(f"{what} {i + 1} of {len(lines)} is {type(line).__name__}, not a string of text")
+    _check_texts(sources, "source")
+    _check_texts(targets, "translation")
     if len(sources) != len(targets):
         raise ValueError(f"{len(sources)} sources but {len(targets)} translations: one translation a source")
     empty = [i + 1 for i, line in enumerate(sources) if not line.strip()]
