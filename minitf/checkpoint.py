@@ -144,7 +144,7 @@ def _holds_objects(z, info):
         return False
 
 
-def _checkpoint_in(folder):
+def checkpoint_in(folder):
     """The checkpoint a user most likely meant inside a run's folder: the model the run reported
     (model.npz), else its average, best or newest checkpoint; None if it holds none."""
     for name in ("model.npz", "averaged.npz", "checkpoint_best.npz"):
@@ -161,7 +161,7 @@ def load_checkpoint(path, optimizer=True):
     whether the file holds them): for everything but --resume."""
     path = os.fspath(path)
     if os.path.isdir(path):
-        inside = _checkpoint_in(path)
+        inside = checkpoint_in(path)
         raise CheckpointError(f"checkpoint {path} is a folder, not a file"
                               + (f"; did you mean {inside}?" if inside else ""))
     if not os.path.isfile(path):
@@ -206,6 +206,17 @@ def load_checkpoint(path, optimizer=True):
     tok = arrays.get("tokenizer")
     return Checkpoint(path, config, params, optimizer, tok.tobytes() if tok is not None else None,
                       meta.get("train_state", {}), bool(meta.get("has_optimizer")))
+
+
+def role(train_state):
+    """What a checkpoint is, from the train_state minitf wrote into it: "average" (average_checkpoints), "reported"
+    (a run's model.npz: runfolder.choose_model), "best" (checkpoint_best.npz), or None: a training checkpoint, or
+    weights of no run."""
+    if "averaged_from" in train_state:
+        return "average"
+    if "model" in train_state:
+        return "reported"
+    return "best" if train_state.get("best") else None
 
 
 def read_train_state(path):

@@ -38,7 +38,7 @@ def cmd_average(args):
     """Average --inputs, or the last --last training checkpoints of --folder; models that are
     not training checkpoints (an average, a run's model.npz, checkpoint_best.npz) are left out
     with a note; the output must not be one of the inputs."""
-    from .checkpoint import average_checkpoints, read_train_state
+    from .checkpoint import average_checkpoints, read_train_state, role
     check_output_file(args.output, "--output")
     if args.folder:
         from .runfolder import checkpoint_paths
@@ -51,9 +51,8 @@ def cmd_average(args):
             if os.path.abspath(path) == os.path.abspath(args.output):   # average_checkpoints refuses it
                 paths.append(path)
                 continue
-            state = read_train_state(path)
-            kind = ("an average" if "averaged_from" in state else "a run's chosen model" if "model" in state else
-                    "the best validation checkpoint" if state.get("best") else None)
+            kind = {"average": "an average", "reported": "a run's chosen model",
+                    "best": "the best validation checkpoint"}.get(role(read_train_state(path)))
             if kind:
                 print(f"note: left out {path}: {kind}, not a training checkpoint", file=sys.stderr)
             else:

@@ -1,10 +1,15 @@
 """What a model file is, without building the model (`python -m minitf info`): its kind (a run's reported model,
 an average, a training checkpoint, a .safetensors export, a Marian model), languages, architecture and size,
 vocabulary, training and recipe."""
-from .checkpoint import load_checkpoint
+import json
+import os
+
+from .checkpoint import checkpoint_in, load_checkpoint, role
 from .config import parse_id_ranges
 from .data.tokenizer import tokenizer_from_bytes
+from .errors import DataError, MinitfError
 from .marian import import_marian, is_marian
+from .runfolder import BEST, checkpoint_paths
 from .trainlog import plural
 
 
@@ -28,14 +33,15 @@ def model_facts(path):
 
 
 def _kind(state, optimizer, exported):
-    """What a checkpoint is, from its train_state (runfolder and checkpoint.average_checkpoints write it)."""
-    if state.get("model") == "averaged":
+    """What a checkpoint is, in words, from its train_state (checkpoint.role)."""
+    which = role(state)
+    if which == "reported" and state["model"] == "averaged":
         kind = f"a run's reported model: the average of {plural(len(state.get('from', [])), 'checkpoint')}"
-    elif "model" in state:
+    elif which == "reported":
         kind = "a run's reported model: its last checkpoint" + "".join(f" ({name})" for name in state.get("from", [])[:1])
-    elif "averaged_from" in state:
+    elif which == "average":
         kind = f"an average of {plural(len(state['averaged_from']), 'checkpoint')}"
-    elif state.get("best"):
+    elif which == "best":
         kind = "the best validation checkpoint of a run"
     elif optimizer:
         kind = "a training checkpoint that holds Adam's moments (--resume continues from it)"
@@ -86,13 +92,8 @@ def run_facts(folder):
     whether it holds checkpoint_best.npz, results ("missing" before the run's end, "unreadable", or results.json's
     dict) and model_facts of the model it reported (model.npz; else its average, best or newest checkpoint), or
     {"path", "error"} when that file cannot be read (the rest is still reported)."""
-    import json
-    import os
-    from .checkpoint import _checkpoint_in
-    from .errors import DataError, MinitfError
-    from .runfolder import BEST, checkpoint_paths
     checkpoints = [os.path.basename(p) for p in checkpoint_paths(folder)]
-    model = _checkpoint_in(folder)
+    model = checkpoint_in(folder)
     if model is None:
         raise DataError(f"{folder} is a folder, but neither a run's --out folder (no model.npz, no "
                         f"checkpoint_<step>.npz) nor a Marian model: name a model file or a run's folder")
