@@ -70,12 +70,11 @@ def shown(field, value):
     """A config value as a message names it: an output_vocab (thousands of ids) as its count of pieces and its first
     ranges, everything else as it is."""
     if field == "output_vocab" and isinstance(value, str) and len(value) > 40:
-        parts, count = value.split(","), 0
-        for part in parts:
-            first, _, last = part.partition("-")
-            if first.isdigit() and (last or first).isdigit():
-                count += int(last or first) - int(first) + 1
-        return f"<{count:,} pieces: {','.join(parts[:4])},...>"
+        try:
+            count = f"{parse_id_ranges(value, 2**62).size:,} pieces"   # counted as the config reads them
+        except ConfigError:
+            count = "not id ranges"
+        return f"<{count}: {','.join(value.split(',')[:4])[:40]},...>"
     return value
 
 
