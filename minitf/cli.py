@@ -15,9 +15,13 @@ from .trainlog import plural
 
 
 def _read_input(path):
-    from .data.readers import read_lines
+    """The lines of a file (plain or .gz, a pipe), or of standard input for None or "-": UTF-8 checked as a file's."""
+    from .data.readers import read_lines, read_stream_lines
     if path in (None, "-"):
-        return [line.rstrip("\r\n") for line in sys.stdin]
+        stream = getattr(sys.stdin, "buffer", None)
+        if stream is None:   # a text stream put in place of sys.stdin (by a program that calls main())
+            return [line.rstrip("\r\n") for line in sys.stdin]
+        return read_stream_lines(stream, "standard input")
     return read_lines(path)
 
 
@@ -138,8 +142,14 @@ def _interactive(translator, args):
     fairseq-interactive does) instead of waiting for the end of input; Ctrl-D ends."""
     print("type a sentence and press Enter (Ctrl-D to end)", file=sys.stderr)
     args.batch_size = 1
-    for n, line in enumerate(sys.stdin):
-        print("".join(_translations(translator, [line.rstrip("\r\n")], args, first=n)), end="", flush=True)
+    for n, raw in enumerate(sys.stdin.buffer):
+        try:
+            line = raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as e:   # a terminal in another encoding: say so, and go on with the next line
+            print(f"error: that line is not UTF-8 (bytes 0x{raw[e.start:e.end].hex()}); set the terminal to UTF-8",
+                  file=sys.stderr)
+            continue
+        print("".join(_translations(translator, [line], args, first=n)), end="", flush=True)
 
 
 def cmd_evaluate(args):

@@ -82,6 +82,7 @@ def test_translate_on_a_terminal_answers_each_line_as_it_is_entered(setup):
     os.close(follower)
     try:
         line = (d / "src.txt").read_text().splitlines()[0]
+        os.write(leader, b"caf\xe9\n")             # Latin-1, not UTF-8: said, and the next line translated
         os.write(leader, (line + "\n").encode())
         deadline = time.time() + 120
         ready = []
@@ -98,8 +99,28 @@ def test_translate_on_a_terminal_answers_each_line_as_it_is_entered(setup):
             p.kill()
     assert p.returncode == 0, err
     assert first.endswith("\n") and rest == ""
+    assert "error: that line is not UTF-8 (bytes 0xe9)" in err and "Traceback" not in err
     want = run("translate", "--checkpoint", d / "model.npz", "--beam", 2, "--max-len-b", 3, "--quiet", stdin=line + "\n")
     assert first == want.stdout
+
+
+def test_standard_input_is_read_as_a_file_is(setup):
+    # the same UTF-8 check as a file's, and gzip recognised by its first bytes
+    import gzip
+    d = setup
+    args = [sys.executable, "-m", "minitf", "translate", "--checkpoint", str(d / "model.npz"), "--beam", "2",
+            "--max-len-b", "3", "--quiet"]
+    want = run("translate", "--checkpoint", d / "model.npz", "--input", d / "src.txt", "--beam", 2, "--max-len-b", 3)
+    packed = gzip.compress((d / "src.txt").read_bytes())
+    got = subprocess.run(args, input=packed, capture_output=True, timeout=300)
+    assert got.returncode == 0 and got.stdout.decode() == want.stdout, got.stderr
+    bad = subprocess.run(args, input=b"a cat\ncaf\xe9\n", capture_output=True, timeout=300)
+    err = bad.stderr.decode()
+    assert bad.returncode == 2 and err == ("error: standard input:2: invalid UTF-8 (bytes 0xe9); convert the file to "
+                                           "UTF-8 (e.g. iconv) or fix that line\n"), err
+    cut = subprocess.run(args, input=packed[:len(packed) // 2], capture_output=True, timeout=300)
+    err = cut.stderr.decode()
+    assert cut.returncode == 2 and err.startswith("error: standard input: cannot read") and err.count("\n") == 1, err
 
 
 def test_bad_files_and_folders_are_one_line(setup, tmp_path):

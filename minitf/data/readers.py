@@ -39,6 +39,16 @@ def _must_be_a_file(path):
         raise DataError(f"{path}: file not found; check the path")
 
 
+def _read_stream(f, name):
+    """The (decompressed) bytes of a binary stream read once (a pipe, standard input): its first
+    two bytes tell whether it is gzip."""
+    head = f.read(2)
+    if head == _GZIP_MAGIC:
+        with gzip.GzipFile(fileobj=_Prefixed(head, f), mode="rb") as g:
+            return _read_capped(g, name)
+    return _read_capped(_Prefixed(head, f), name)
+
+
 def _read_bytes(path):
     """The (decompressed) bytes of `path`, a file or a pipe (/dev/stdin, a shell's <(zcat f.gz));
     DataError if missing or unreadable."""
@@ -46,13 +56,9 @@ def _read_bytes(path):
     if os.path.isdir(path) or not os.path.exists(path):   # a pipe (not a regular file) is read below
         _must_be_a_file(path)
     try:
-        if not os.path.isfile(path):   # a pipe can be read once: read it, then look for gzip's magic
+        if not os.path.isfile(path):   # a pipe can be read once
             with open(path, "rb") as f:
-                head = f.read(2)
-                if head == _GZIP_MAGIC:
-                    with gzip.GzipFile(fileobj=_Prefixed(head, f), mode="rb") as g:
-                        return _read_capped(g, path)
-                return _read_capped(_Prefixed(head, f), path)
+                return _read_stream(f, path)
         if _is_gzip(path):
             with gzip.open(path, "rb") as f:
                 return _read_capped(f, path)
@@ -127,7 +133,21 @@ def read_lines(path):
     ``"\\n"``/``"\\r"`` are stripped from each line, everything else is kept.
     """
     path = os.fspath(path)
-    text = _decode(path, _read_bytes(path))
+    return _split_lines(_decode(path, _read_bytes(path)))
+
+
+def read_stream_lines(f, name):
+    """read_lines of a binary stream read once, such as standard input (`sys.stdin.buffer`),
+    plain or gzip; `name` stands for the file in messages."""
+    try:
+        data = _read_stream(f, name)
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(f"{name}: cannot read ({e.__class__.__name__}: {e}); the input is probably "
+                        f"truncated or corrupt") from None
+    return _split_lines(_decode(name, data))
+
+
+def _split_lines(text):
     if not text:
         return []
     lines = text.split("\n")
