@@ -75,10 +75,15 @@ class Checkpoint:
 
     def build_model(self, device="cpu", dtype="float32"):
         """The model of the checkpoint's config (a Transformer, or the `arch` it names), in eval mode."""
-        from .architectures import build_model
-        model = build_model(self.config, device=device, dtype=dtype)
-        model.load_state_dict(self.params)
-        return model.eval()
+        return built_model(self.config, self.params, device, dtype)
+
+
+def built_model(config, params, device="cpu", dtype="float32"):
+    """The model of `config` with the weights `params`, in eval mode."""
+    from .architectures import build_model
+    model = build_model(config, device=device, dtype=dtype)
+    model.load_state_dict(params)
+    return model.eval()
 
 
 META_LIMIT = 64 << 20   # bytes: the metadata (a JSON manifest) and the tokenizer are far smaller

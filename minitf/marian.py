@@ -427,12 +427,3 @@ def import_marian(path):
     tokenizer = MarianTokenizer.from_files(src_spm, tgt_spm, [pieces[r] if r is not None else s for r, s in
                                                              zip(rows, list(SPECIALS) + [None] * (len(rows) - 4))])
     return cfg, params, tokenizer
-
-
-def load_marian(path, device="cpu"):
-    """(model, MarianTokenizer) of a Marian model folder, in eval mode."""
-    from .architectures import build_model
-    cfg, params, tokenizer = import_marian(path)
-    model = build_model(cfg, device=device)
-    model.load_state_dict(params)
-    return model.eval(), tokenizer

@@ -4,11 +4,10 @@ vocabulary, training and recipe."""
 import json
 import os
 
-from .checkpoint import checkpoint_in, load_checkpoint, role
+from .checkpoint import checkpoint_in, role
 from .config import parse_id_ranges
-from .data.tokenizer import tokenizer_from_bytes
 from .errors import DataError, MinitfError
-from .marian import import_marian, is_marian
+from .modelfile import read_model
 from .runfolder import BEST, checkpoint_paths
 from .trainlog import plural
 
@@ -17,19 +16,15 @@ def model_facts(path):
     """{path, kind, languages, parameters, dtype, tokenizer, config, train_state} of a minitf checkpoint (.npz or
     .safetensors) or a Marian model folder; its weights are read and their digests checked (Adam's moments are not
     read: --resume checks those), no model is built."""
-    if is_marian(path):
-        cfg, params, tokenizer = import_marian(path)
-        state, kind, optimizer, marian = {}, "a Marian model (OPUS-MT's layout)", False, True
-    else:
-        ckpt = load_checkpoint(path, optimizer=False)
-        cfg, params, state, optimizer = ckpt.config, ckpt.params, ckpt.train_state or {}, ckpt.has_optimizer
-        tokenizer = tokenizer_from_bytes(ckpt.tokenizer) if ckpt.tokenizer else None
-        kind, marian = _kind(state, optimizer, path.endswith(".safetensors")), False
-    return {"path": path, "kind": kind, "marian": marian, "languages": state.get("languages"),
+    stored = read_model(path)
+    params, state, tokenizer = stored.params, stored.train_state, stored.tokenizer
+    kind = ("a Marian model (OPUS-MT's layout)" if stored.marian
+            else _kind(state, stored.has_optimizer, path.endswith(".safetensors")))
+    return {"path": path, "kind": kind, "marian": stored.marian, "languages": state.get("languages"),
             "parameters": int(sum(int(a.size) for a in params.values())),
             "dtype": str(next(iter(params.values())).dtype) if params else None,
             "tokenizer": None if tokenizer is None else {"type": tokenizer.model_type, "pieces": tokenizer.vocab_size},
-            "resumable": optimizer, "config": cfg.to_dict(), "train_state": state}
+            "resumable": stored.has_optimizer, "config": stored.config.to_dict(), "train_state": state}
 
 
 def _kind(state, optimizer, exported):

@@ -31,6 +31,7 @@ from . import distributed, gemm
 from .errors import ConfigError, Interrupted, MinitfError
 from .feed import UpdateFeed, open_feed
 from .kernels import accum_dtype
+from .modelfile import read_model
 from .architectures import build_model
 from .optim import Adam, LossScaler, UpdateCheck
 from .recipe import on_grid, on_save_grid, resolve_config, run_progress, short_run_ends
@@ -324,25 +325,22 @@ def compute_dtype(args):
 
 
 def init_from(args, lead=True):
-    """--init-from: the model's config, weights and tokenizer; of a minitf checkpoint (load_checkpoint) or of a Marian
-    model (marian.import_marian, the tokenizer told which side is the source); None without the flag."""
+    """--init-from: the model's config, params and tokenizer (checkpoint.StoredModel) of a minitf checkpoint or of a
+    Marian model (its tokenizer told which side is the source); None without the flag."""
     path = getattr(args, "init_from", None)
     if path is None:
         return None
-    from .marian import import_marian, is_marian
-    if is_marian(path):
-        cfg, params, tokenizer = import_marian(path)
-        tokenizer.source_language = args.src
-        return argparse.Namespace(config=cfg, params=params, tokenizer=tokenizer)
-    ckpt = load_checkpoint(path, optimizer=False)
-    if not ckpt.tokenizer:
+    stored = read_model(path)
+    if stored.marian:
+        stored.tokenizer.source_language = args.src
+    elif stored.tokenizer is None:
         raise ConfigError(f"--init-from {path}: the checkpoint holds no tokenizer, so the corpus cannot be encoded as "
                           f"the model reads it; name a checkpoint that train_wmt.py wrote (or an export of one)")
-    languages = ckpt.train_state.get("languages")
+    languages = stored.train_state.get("languages")
     if languages and list(languages) != [args.src, args.tgt] and lead:
         log(f"note: --init-from {path} was trained {languages[0]} -> {languages[1]}; this run trains "
             f"{args.src} -> {args.tgt}")
-    return argparse.Namespace(config=ckpt.config, params=ckpt.params, tokenizer=tokenizer_from_bytes(ckpt.tokenizer))
+    return stored
 
 
 def _load_data(args, world, resume, tokenizer=None):

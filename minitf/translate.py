@@ -308,33 +308,20 @@ def paper_bleu(hyps, refs, lang):
 
 
 def load_for_inference(path, device="cpu"):
-    """(model, tokenizer) from a checkpoint that carries its tokenizer, or from a Marian model."""
-    from .marian import is_marian, load_marian
-    if is_marian(path):
-        return load_marian(path, device)
-    model, tokenizer, _ = _load(path, device)
-    return model, tokenizer
-
-
-def _load(path, device):
-    from .checkpoint import load_checkpoint
-    from .data.tokenizer import tokenizer_from_bytes
-    ckpt = load_checkpoint(path, optimizer=False)
-    if ckpt.tokenizer is None:
-        raise CheckpointError(f"checkpoint {path} has no tokenizer inside: it cannot translate text")
-    return ckpt.build_model(device=device), tokenizer_from_bytes(ckpt.tokenizer), ckpt.train_state
+    """(model, tokenizer) of any model file `load` reads."""
+    translator = load(path, device)
+    return translator.model, translator.tokenizer
 
 
 def load(path, device="cpu"):
     """A checkpoint ready to translate: `minitf.load("runs/m30k/model.npz").translate(lines)`.
     `device`: "cpu" or "gpu". A Marian model (an OPUS-MT folder: the .npz, its vocabulary,
     source.spm and target.spm) loads too (minitf.marian, docs/interop.md)."""
-    from .marian import is_marian, load_marian
-    if is_marian(path):
-        model, tokenizer = load_marian(path, device)
-        return Translator(model, tokenizer)
-    model, tokenizer, train_state = _load(path, device)
-    return Translator(model, tokenizer, train_state.get("languages"))
+    from .modelfile import read_model
+    stored = read_model(path)
+    if stored.tokenizer is None:
+        raise CheckpointError(f"checkpoint {path} has no tokenizer inside: it cannot translate text")
+    return Translator(stored.build_model(device), stored.tokenizer, stored.train_state.get("languages"))
 
 
 class Translator:

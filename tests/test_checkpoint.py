@@ -287,3 +287,38 @@ def test_a_full_disk_is_one_line_and_the_previous_file_survives(tmp_path):
     msg = str(e.value)
     assert "no space left" in msg and str(tmp_path) in msg and "12.5 MB" in msg and "\n" not in msg
     assert path.read_bytes() == before and os.listdir(tmp_path) == ["c.npz"]
+
+
+def test_read_model_reads_every_kind_of_model_file_alike(tmp_path):
+    # a checkpoint, its .safetensors export and its Marian export: one config, the same weights, one tokenizer's
+    # pieces; the model each builds translates alike; a checkpoint without a tokenizer reads, and cannot translate
+    from conftest import make_tiny_checkpoint
+    from minitf.checkpoint import export_safetensors
+    from minitf.errors import CheckpointError
+    from minitf.marian import export_marian
+    from minitf.modelfile import read_model
+    from minitf.translate import load
+    path, lines = make_tiny_checkpoint(tmp_path)
+    save_checkpoint(tmp_path / "train.npz", minitf.Transformer(load_checkpoint(path).config, seed=0),
+                    minitf.Adam(minitf.Transformer(load_checkpoint(path).config, seed=0)),
+                    tokenizer=load_checkpoint(path).tokenizer, train_state={"languages": ["en", "de"]})
+    export_safetensors(path, tmp_path / "m.safetensors")
+    export_marian(path, tmp_path / "marian")
+    npz, st, marian, train = (read_model(str(p)) for p in (path, tmp_path / "m.safetensors", tmp_path / "marian",
+                                                           tmp_path / "train.npz"))
+    assert (npz.marian, st.marian, marian.marian) == (False, False, True)
+    assert (npz.has_optimizer, train.has_optimizer, marian.has_optimizer) == (False, True, False)
+    assert train.train_state["languages"] == ["en", "de"] and marian.train_state == {}
+    for other in (st, marian, train):
+        assert other.config.model_fields() == npz.config.model_fields()
+        assert other.params.keys() == npz.params.keys()
+        for k, a in npz.params.items():
+            np.testing.assert_array_equal(other.params[k], a, err_msg=k)
+        assert other.tokenizer.encode(lines[:5]) == npz.tokenizer.encode(lines[:5])
+    want = load(str(path)).translate(lines[:3], beam=2, max_len_b=3)
+    assert load(str(tmp_path / "marian")).translate(lines[:3], beam=2, max_len_b=3) == want
+    assert npz.build_model().training is False
+    save_checkpoint(tmp_path / "bare.npz", npz.build_model())
+    assert read_model(str(tmp_path / "bare.npz")).tokenizer is None
+    with pytest.raises(CheckpointError, match="has no tokenizer inside: it cannot translate text"):
+        load(str(tmp_path / "bare.npz"))
