@@ -158,10 +158,27 @@ class Hypothesis(NamedTuple):
 
 
 def _check_texts(lines, what):
-    """A TypeError naming the first of `lines` that is not a string (`what` it is: "line", "source", ...)."""
+    """A TypeError naming the first of `lines` that is not a string (`what` it is: "line", "source", ...), a
+    ValueError naming the first that is no text (a lone surrogate, such as bytes decoded with errors="surrogateescape"
+    leave: it has no UTF-8, which the tokenizer reads)."""
     for i, line in enumerate(lines):
         if not isinstance(line, str):
             raise TypeError(f"{what} {i + 1} of {len(lines)} is {type(line).__name__}, not a string of text")
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"{what} {i + 1} of {len(lines)} holds U+{ord(line[e.start]):04X} at character "
+                             f"{e.start + 1}, a lone surrogate (undecodable bytes?): not text") from None
+
+
+def _as_list(lines, what):
+    """(list of lines, whether one string was given) of a string or an iterable of them."""
+    if isinstance(lines, str):
+        return [lines], True
+    try:
+        return list(lines), False
+    except TypeError:
+        raise TypeError(f"expected a string or a list of strings as the {what}s, got {type(lines).__name__}") from None
 
 
 def translate_lines(model, tokenizer, lines, beam_size=4, alpha=None, batch_size=64, max_len_b=50, progress=True,
@@ -344,9 +361,9 @@ class Translator:
         hypotheses finished; "bound": once no live beam can beat the best finished one;
         "ctranslate2": CTranslate2's rule, decode.beam_search)."""
         check_search(beam, self.alpha if alpha is None else alpha, batch_size, max_len_b, stop, beam_name="beam")
-        one = isinstance(lines, str)
-        out = translate_lines(self.model, self.tokenizer, [lines] if one else list(lines), beam, alpha, batch_size,
-                              max_len_b, progress, stop=stop)
+        lines, one = _as_list(lines, "line")
+        out = translate_lines(self.model, self.tokenizer, lines, beam, alpha, batch_size, max_len_b, progress,
+                              stop=stop)
         return out[0] if one else out
 
     def score(self, sources, translations, alpha=None, batch_size=64, progress=False):
@@ -356,15 +373,17 @@ class Translator:
         one = isinstance(sources, str) and isinstance(translations, str)    # a pair of strings -> one Hypothesis
         if not one and (isinstance(sources, str) or isinstance(translations, str)):
             raise TypeError("score: give two strings (one pair) or two lists of strings (pairs line by line)")
-        out = score_lines(self.model, self.tokenizer, [sources] if one else list(sources),
-                          [translations] if one else list(translations), alpha, batch_size, progress)
+        out = score_lines(self.model, self.tokenizer, _as_list(sources, "source")[0],
+                          _as_list(translations, "translation")[0], alpha, batch_size, progress)
         return out[0] if one else out
 
     def nbest(self, lines, n=4, beam=4, alpha=None, max_len_b=50, batch_size=64, progress=False, stop="fairseq"):
         """Each sentence's n best translations (n <= beam) as Hypothesis(text, score, token_logprobs),
-        best first."""
+        best first: a list of them per sentence (a single string -> its list)."""
         check_search(beam, self.alpha if alpha is None else alpha, batch_size, max_len_b, stop, beam_name="beam")
         if not 1 <= n <= beam:
             raise ValueError(f"n-best {n}: choose 1 to the beam size ({beam})")
-        return translate_lines(self.model, self.tokenizer, list(lines), beam, alpha, batch_size, max_len_b, progress,
-                               nbest=n, stop=stop)
+        lines, one = _as_list(lines, "line")
+        out = translate_lines(self.model, self.tokenizer, lines, beam, alpha, batch_size, max_len_b, progress,
+                              nbest=n, stop=stop)
+        return out[0] if one else out

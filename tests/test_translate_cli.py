@@ -180,6 +180,9 @@ def test_the_library_translates_in_one_call_as_the_cli_does(alpha2):
     assert cli.stdout.splitlines() == ours
     assert translator.translate(lines, max_len_b=8, alpha=0.6) != ours     # the checkpoint's alpha matters here
     assert translator.translate(lines[0], max_len_b=8) == ours[0]          # one string in, one out
+    best = translator.nbest(lines[:2], n=2, max_len_b=8)
+    assert translator.nbest(lines[1], n=2, max_len_b=8) == best[1]         # one string: its list, not each character's
+    assert [h[0].text for h in best] == ours[:2]
 
 
 def test_the_library_refuses_what_the_flags_refuse_naming_the_setting(alpha2):
@@ -201,6 +204,16 @@ def test_the_library_refuses_what_the_flags_refuse_naming_the_setting(alpha2):
             t.nbest(lines[:2], n=1, **kw)
     with pytest.raises(TypeError, match="line 2 of 3 is NoneType, not a string"):
         t.translate([lines[0], None, lines[1]])
+    with pytest.raises(TypeError, match="expected a string or a list of strings as the lines, got NoneType"):
+        t.translate(None)
+    with pytest.raises(TypeError, match="expected a string or a list of strings as the translations, got int"):
+        t.score(lines[:1], 7)
+    undecodable = b"caf\xe9".decode("utf-8", errors="surrogateescape")      # what SentencePiece cannot take
+    for call in (lambda: t.translate([lines[0], undecodable]), lambda: t.nbest([undecodable], n=1),
+                 lambda: t.score([lines[0]], [undecodable])):
+        with pytest.raises(ValueError, match=r"2 of 2 holds U\+DCE9 at character 4, a lone surrogate|"
+                                             r"1 of 1 holds U\+DCE9 at character 4, a lone surrogate"):
+            call()
     with pytest.raises(ValueError, match="beam_size=0"):
         translate_ids(t.model, [[5, 3]], beam_size=0)
     with pytest.raises(ValueError, match="nbest=3: expected 1 to 2"):
