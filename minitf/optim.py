@@ -34,8 +34,28 @@ def _chunks(xp, n, min_chunk=1 << 20):
     return [slice(edges[i], edges[i + 1]) for i in range(k)]
 
 
+def _check_settings(lr, betas, eps, weight_decay):
+    """A ValueError (TypeError for what is no number) naming the first of Adam's settings out of its range."""
+    def number(name, value):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise TypeError(f"Adam: {name}={value!r}: expected a number")
+        return float(value)
+    if not callable(lr) and not number("lr", lr) >= 0:
+        raise ValueError(f"Adam: lr={lr!r}: expected 0 or more, or a function of the step (e.g. NoamSchedule)")
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise TypeError(f"Adam: betas={betas!r}: expected two numbers (beta1, beta2)")
+    for name, beta in zip(("betas[0]", "betas[1]"), betas):
+        if not 0 <= number(name, beta) < 1:
+            raise ValueError(f"Adam: {name}={beta!r}: expected 0 or more and below 1")
+    if not number("eps", eps) > 0:
+        raise ValueError(f"Adam: eps={eps!r}: expected more than 0")
+    if not number("weight_decay", weight_decay) >= 0:
+        raise ValueError(f"Adam: weight_decay={weight_decay!r}: expected 0 or more")
+
+
 class Adam:
     def __init__(self, model, lr=1e-3, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0):
+        _check_settings(lr, betas, eps, weight_decay)
         self.model = model
         self.lr = lr                      # a float, or a callable step -> lr (e.g. NoamSchedule)
         self.beta1, self.beta2 = betas

@@ -59,10 +59,18 @@ class Seq2Seq(Layer):
     # ------------------------------------------------------------------ inputs, dropout
     def check_ids(self, name, ids, host=False):
         """ids as a 2-D integer array on the host (host=True) or the model's device; a one-line
-        ConfigError naming `name` when they are not, or are longer than learned positions cover."""
-        ids = to_numpy(ids) if host else to_device(ids, self.xp)
-        if ids.ndim != 2 or ids.dtype.kind not in "iu":
-            raise ConfigError(f"{name} must be a 2-D integer array [batch, length], got {ids.dtype} {ids.shape}")
+        ConfigError naming `name` when they are not, are longer than learned positions cover, or (ids on the host:
+        checked without a device sync) hold a piece id outside the vocabulary, where a negative one would index the
+        embedding from its end."""
+        given = to_numpy(ids) if host or isinstance(ids, (list, tuple)) else ids
+        if given.ndim != 2 or given.dtype.kind not in "iu":
+            raise ConfigError(f"{name} must be a 2-D integer array [batch, length], got {given.dtype} {given.shape}")
+        if isinstance(given, np.ndarray) and given.size:    # on the host: no device sync
+            low, high = int(given.min()), int(given.max())
+            if low < 0 or high >= self.cfg.vocab_size:
+                raise ConfigError(f"{name} holds the piece id {low if low < 0 else high}: ids must lie in "
+                                  f"[0, {self.cfg.vocab_size}), the vocabulary")
+        ids = given if host else to_device(given, self.xp)
         if self.cfg.positional == "learned" and ids.shape[1] > self.cfg.max_len:
             raise ConfigError(f"{name} has length {ids.shape[1]} but learned positions cover max_len "
                               f"{self.cfg.max_len}: shorten it (sinusoidal positions have no limit)")
@@ -73,6 +81,9 @@ class Seq2Seq(Layer):
         tgt_in, tgt_out = self.check_ids("tgt_in", tgt_in, host=True), self.check_ids("tgt_out", tgt_out, host=True)
         if tgt_out.shape != tgt_in.shape:
             raise ConfigError(f"tgt_out shape {tgt_out.shape} != tgt_in shape {tgt_in.shape}")
+        if not (tgt_out != self.cfg.pad_id).any():
+            raise ConfigError(f"tgt_out {tgt_out.shape} is all padding (id {self.cfg.pad_id}): no target token to "
+                              f"take a loss over")
         return tgt_in, tgt_out
 
     def _dropout_sites(self):

@@ -237,6 +237,31 @@ def test_bad_inputs_raise_clear_errors():
     model = minitf.Transformer(tiny())
     with pytest.raises(minitf.ConfigError, match="2-D integer"):
         model.forward(np.zeros((2, 3), dtype=np.float32), np.zeros((2, 3), dtype=np.int64))
+    # a piece id outside the vocabulary, in any of the three inputs (a negative one would index the embedding
+    # from its end and train on without a word); a batch with no target token
+    src, tgt = np.array([[5, 6, 3]]), np.array([[2, 7, 3]])
+    v = model.cfg.vocab_size
+    for bad, which in ((0, "src"), (1, "tgt_in"), (2, "tgt_out")):
+        for value in (-1, v):
+            args = [src.copy(), tgt.copy(), tgt.copy()]
+            args[bad][0, 1] = value
+            with pytest.raises(minitf.ConfigError, match=rf"^{which} holds the piece id {value}: ids must lie in "
+                                                         rf"\[0, {v}\), the vocabulary$"):
+                model.forward_loss(*args)
+    with pytest.raises(minitf.ConfigError, match="holds the piece id -2"):
+        model.forward([[5, -2, 3]], tgt)
+    with pytest.raises(minitf.ConfigError, match=r"tgt_out \(1, 3\) is all padding \(id 0\)"):
+        model.forward_loss(src, tgt, tgt * 0)
+    model.forward_loss(src, tgt, tgt)     # the same arrays, in range, are taken
+    for kw, error, says in ((dict(lr=-1e-3), ValueError, "Adam: lr=-0.001: expected 0 or more, or a function"),
+                            (dict(lr="1e-3"), TypeError, "Adam: lr='1e-3': expected a number"),
+                            (dict(betas=(0.9,)), TypeError, r"Adam: betas=\(0.9,\): expected two numbers"),
+                            (dict(betas=(0.9, 1.0)), ValueError, r"Adam: betas\[1\]=1.0: expected 0 or more and below 1"),
+                            (dict(eps=0), ValueError, "Adam: eps=0: expected more than 0"),
+                            (dict(weight_decay=-0.1), ValueError, "Adam: weight_decay=-0.1: expected 0 or more")):
+        with pytest.raises(error, match=says):
+            minitf.Adam(model, **kw)
+    minitf.Adam(model, lr=0, betas=[0, 0.999], eps=1e-9, weight_decay=0)     # the edges are taken
     with pytest.raises(minitf.ConfigError, match="'bfloat16'"):
         minitf.Transformer(tiny(), dtype="int8")
     with pytest.raises(minitf.ConfigError, match=r"bfloat16 \(--bf16\) is for device='gpu'"):
