@@ -15,6 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from .backend import is_gpu, to_device, to_numpy, to_numpy_all, xp_of
+from .errors import ConfigError
 from .functional import as_float32_if_half
 
 
@@ -68,6 +69,8 @@ def _host_and_device_src(model, src):
     so a search reads nothing back from the GPU but one copy per step (two in greedy search with
     scores=True)."""
     host = model.check_ids("src", src, host=True)
+    if 0 in host.shape:
+        raise ConfigError(f"src {host.shape}: no sentence to decode (a source is its pieces and EOS, at least one id)")
     return to_device(host, model.xp), (host != model.cfg.pad_id).sum(axis=1)
 
 

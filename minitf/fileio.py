@@ -73,6 +73,8 @@ def atomic_write(path, write, size_hint=None, advice=None):
     MinitfError naming the folder, its free space, (with `size_hint`, bytes) what was needed and
     `advice` (what to do; default: free some space); the previous file at `path` is untouched."""
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise MinitfError(f"{path} is a folder: name the file to write inside it")
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=os.path.basename(path), dir=folder)

@@ -12,6 +12,7 @@ import numpy as np
 
 from .backend import (DTYPES, check_gpu_dtype, dtype_named, get_xp, half_dtype, is_gpu, keep_freed_memory, to_device,
                       to_numpy)
+from .config import Config
 from .functional import DropoutSites
 from .errors import CheckpointError, ConfigError
 from .layers import Layer, flatten_parameters
@@ -21,6 +22,9 @@ from .loss import label_smoothed_nll, label_smoothed_nll_backward
 class Seq2Seq(Layer):
     def __init__(self, cfg, device="cpu", dtype="float32", seed=0):
         super().__init__()
+        if not isinstance(cfg, Config):
+            raise ConfigError(f"{type(self).__name__}(cfg): expected a minitf.Config, got {type(cfg).__name__} "
+                              f"(Config(**fields), Config.from_dict(d) or Config.preset(name, vocab_size=V) makes one)")
         if dtype not in DTYPES:
             raise ConfigError(f"dtype must be 'float32', 'float64', or 'float16' or 'bfloat16' (mixed precision), "
                               f"got {dtype!r}")

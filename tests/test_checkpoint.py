@@ -169,6 +169,14 @@ def test_average_refuses_a_checkpoint_given_twice_and_an_output_named_safetensor
     assert not (tmp_path / "avg.safetensors").exists()
 
 
+def test_saving_onto_a_folder_is_one_line_and_leaves_nothing(tmp_path):
+    from minitf.errors import MinitfError
+    (tmp_path / "run").mkdir()
+    with pytest.raises(MinitfError, match=r"run is a folder: name the file to write inside it$"):
+        save_checkpoint(tmp_path / "run", tiny_model())
+    assert sorted(os.listdir(tmp_path)) == ["run"] and os.listdir(tmp_path / "run") == []
+
+
 def test_truncated_checkpoint_is_a_clear_error(tmp_path):
     path = tmp_path / "c.npz"
     save_checkpoint(path, tiny_model())

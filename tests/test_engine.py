@@ -262,6 +262,13 @@ def test_bad_inputs_raise_clear_errors():
         with pytest.raises(error, match=says):
             minitf.Adam(model, **kw)
     minitf.Adam(model, lr=0, betas=[0, 0.999], eps=1e-9, weight_decay=0)     # the edges are taken
+    with pytest.raises(minitf.ConfigError, match=r"^Transformer\(cfg\): expected a minitf.Config, got dict"):
+        minitf.Transformer(tiny().to_dict())
+    from minitf.decode import beam_search, greedy_search
+    for search in (beam_search, greedy_search):
+        for shape in ((0, 3), (2, 0)):
+            with pytest.raises(minitf.ConfigError, match=rf"src \({shape[0]}, {shape[1]}\): no sentence to decode"):
+                search(model, np.zeros(shape, dtype=np.int64), max_len_b=2)
     with pytest.raises(minitf.ConfigError, match="'bfloat16'"):
         minitf.Transformer(tiny(), dtype="int8")
     with pytest.raises(minitf.ConfigError, match=r"bfloat16 \(--bf16\) is for device='gpu'"):
