@@ -19,6 +19,22 @@ def test_plain_and_gz_read_the_same(tmp_path):
     assert read_lines(str(tmp_path / "a.txt.gz")) == expected
 
 
+def test_a_byte_order_mark_at_the_start_is_not_text(tmp_path):
+    # what Windows editors write: dropped at the start of a file by every reader, kept elsewhere (U+FEFF in a line
+    # is a character of it)
+    import io
+    from minitf.data.readers import LineStream, read_stream_lines
+    data = "\ufeffA dog runs.\nmid \ufeff line\n".encode("utf-8")
+    (tmp_path / "bom.txt").write_bytes(data)
+    (tmp_path / "bom.txt.gz").write_bytes(gzip.compress(data))
+    want = ["A dog runs.", "mid \ufeff line"]
+    for path in (tmp_path / "bom.txt", tmp_path / "bom.txt.gz"):
+        assert read_lines(path) == want
+        assert list(LineStream(str(path))) == want
+    assert read_stream_lines(io.BytesIO(data), "standard input") == want
+    assert read_lines(tmp_path / "bom.txt")[0] == "A dog runs."
+
+
 def test_gzip_detected_by_magic_and_trailing_newline(tmp_path):
     with gzip.open(tmp_path / "noext", "wb") as f:
         f.write(b"x\ny\n")

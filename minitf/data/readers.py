@@ -4,6 +4,7 @@ Every failure (missing file, bad gzip, invalid UTF-8, parallel files of differen
 lengths) raises `DataError` with a one-line message naming the file, the line where
 relevant, and what to do.
 
+A byte-order mark at the start of a file is dropped (Windows editors write one; it is not text of line 1).
 Lines are split on ``"\\n"`` only (never on the other Unicode line breaks that
 `str.splitlines` honours, such as U+2028 or U+0085, which would silently shift a
 parallel corpus out of alignment); a trailing ``"\\r"`` is removed.
@@ -115,10 +116,13 @@ def _read_capped(f, path):
     return b"".join(parts)
 
 
+BOM = "\ufeff"   # a byte-order mark, which some editors put at the start of a UTF-8 file: not part of line 1
+
+
 def _decode(path, data):
-    """Strict UTF-8 decode; an error names the file and the 1-based line number."""
+    """Strict UTF-8 decode, a leading byte-order mark dropped; an error names the file and the 1-based line number."""
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix(BOM)
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         bad = data[e.start:e.end].hex()
@@ -289,6 +293,8 @@ class LineStream:
                             raise DataError(f"{self.path}:{number}: invalid UTF-8 (bytes 0x{bad}); "
                                             f"convert the file to UTF-8 (e.g. iconv) or fix that "
                                             f"line") from None
+                        if number == 1:
+                            text = text.removeprefix(BOM)
                         yield text.rstrip("\n").rstrip("\r")
                 while self._read_raw(raw, 1 << 20):  # gzip may stop before trailing bytes
                     pass
