@@ -445,10 +445,16 @@ def attention_maps(model, tokenizer, src, layer, head, tgt=None, beam_size=4, al
             "translated": translated, "target": tokenizer.decode([tgt_ids])[0], **maps}
 
 
+CELL = 0.32               # inches a piece takes in the attention maps, labelled at font size 8
+ATTENTION_WIDTH = 40.0    # inches the three maps' cells may take together; beyond it the cells shrink
+
+
 def plot_attention(checkpoint, src, out, layer=0, head=0, tgt=None, beam_size=4, alpha=None, max_len_b=50,
                    device="cpu"):
     from .translate import load_for_inference
     _check_out(out)
+    if not src.strip():
+        raise ConfigError("--src is empty: give the sentence whose attention to draw")
     model, tok = load_for_inference(checkpoint, device)
     alpha = model.cfg.decode_alpha if alpha is None else alpha
     _check_layer_head(model, layer, head)
@@ -461,7 +467,11 @@ def plot_attention(checkpoint, src, out, layer=0, head=0, tgt=None, beam_size=4,
     print(f"target ({how}): {m['target']}")
     print(f"decoder input: {' '.join(m['tgt_pieces'])}")
     s, t = len(m["src_pieces"]), len(m["tgt_pieces"])
-    cell = 0.32
+    cell = min(CELL, ATTENTION_WIDTH / (2 * s + t))   # inches a piece: a long sentence's cells shrink
+    font = 8 * cell / CELL
+    if font < 4:
+        print(f"note: {s} source and {t} target pieces: too many to label at this size; the axes number them "
+              f"(the pieces are the lines above)", file=sys.stderr)
     width = max(9.0, cell * (2 * s + t) + 4.5)
     height = max(3.8, cell * max(s, t) + 2.5)
     fig = _figure(width, height)
@@ -471,8 +481,9 @@ def plot_attention(checkpoint, src, out, layer=0, head=0, tgt=None, beam_size=4,
               ("encoder-decoder attention", m["cross"], m["src_pieces"], m["tgt_pieces"])]
     for ax, (title, p, keys, queries) in zip(axes, panels):
         im = ax.imshow(p, cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
-        ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=8)
-        ax.set_yticks(range(len(queries)), queries, fontsize=8)
+        if font >= 4:
+            ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=font)
+            ax.set_yticks(range(len(queries)), queries, fontsize=font)
         ax.set_xlabel("key")
         ax.set_ylabel("query")
         ax.set_title(title, fontsize=10)

@@ -328,6 +328,17 @@ def test_plot_attention_writes_a_png(ckpt, tmp_path, capsys):
     assert main(["plot", "attention", "--checkpoint", str(ckpt), "--src", "the big dog eats", "--tgt",
                  "a red house", "--out", str(out2)]) == 0
     assert_png(out2)
+    # a long sentence: the picture stays within ATTENTION_WIDTH (its cells shrink, the axes numbered), not one that
+    # grows with the sentence (200 words made 21,378 x 8,314 pixels); an empty --src is refused
+    import struct
+    long = " ".join(["the big dog eats"] * 60)
+    assert main(["plot", "attention", "--checkpoint", str(ckpt), "--src", long, "--tgt", long,
+                 "--out", str(tmp_path / "long.png")]) == 0
+    assert "too many to label at this size; the axes number them" in capsys.readouterr().err
+    width, height = struct.unpack(">II", (tmp_path / "long.png").read_bytes()[16:24])   # the PNG's IHDR
+    assert width <= (viz.ATTENTION_WIDTH + 4.5) * viz.DPI + 1 and height <= width
+    with pytest.raises(ConfigError, match="--src is empty"):
+        viz.plot_attention(ckpt, " ", tmp_path / "empty.png")
 
 
 def test_plot_cli_end_to_end(tmp_path):
