@@ -243,7 +243,7 @@ def average_checkpoints(paths, output):
     """Parameter-wise mean of several checkpoints (paper 6.1: the last 5), written to `output`
     with the last input's config and tokenizer and no optimizer state. The checkpoints must hold
     the same model (`Config.model_fields`; the training recipe may differ, e.g. a
-    resumed run's --max-steps), each once; `output` must not be one of them, nor named .safetensors."""
+    resumed run's --max-steps) and tokenizer, each once; `output` must not be one of them, nor named .safetensors."""
     if not paths:
         raise CheckpointError("average: give at least one --inputs checkpoint")
     if os.path.isdir(output):
@@ -266,7 +266,7 @@ def average_checkpoints(paths, output):
     for p in paths:
         c = load_checkpoint(p, optimizer=False)
         if first is None:
-            first = (c.path, c.config.model_fields(), {n: a.dtype for n, a in c.params.items()})
+            first = (c.path, c.config.model_fields(), {n: a.dtype for n, a in c.params.items()}, c.tokenizer)
             total = {n: a.astype(np.float64) + 0.0 for n, a in c.params.items()}   # 0 + a as sum() began: -0.0 too
             continue
         ours, theirs = first[1], c.config.model_fields()
@@ -275,6 +275,10 @@ def average_checkpoints(paths, output):
             diff = [f"parameters {', '.join(sorted(set(c.params) ^ set(total))[:3])} in one only"]
         if diff:
             raise CheckpointError(f"average: {c.path} has a different model than {first[0]}: {'; '.join(diff)}")
+        if c.tokenizer is not None and first[3] is not None and c.tokenizer != first[3]:
+            raise CheckpointError(f"average: {c.path} has another tokenizer than {first[0]}: the same row of the "
+                                  f"embedding is another piece in each, so their mean would mix pieces; average "
+                                  f"checkpoints of one run (or of runs that share a tokenizer, as --init-from does)")
         for n, a in c.params.items():
             total[n] += a
     mean = {n: (s / len(paths)).astype(first[2][n]) for n, s in total.items()}

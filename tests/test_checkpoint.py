@@ -124,6 +124,18 @@ def test_average_rejects_different_models_naming_the_field(tmp_path):
     assert "different model" in str(e.value) and "d_model 8 vs 16" in str(e.value) and "vocab_size" not in str(e.value)
 
 
+def test_average_refuses_checkpoints_of_two_tokenizers(tmp_path):
+    # the same architecture trained on two corpora: row i of the embedding is another piece in each
+    save_checkpoint(tmp_path / "a.npz", tiny_model(1), tokenizer=b"pieces of corpus A")
+    save_checkpoint(tmp_path / "b.npz", tiny_model(2), tokenizer=b"pieces of corpus B")
+    save_checkpoint(tmp_path / "c.npz", tiny_model(3), tokenizer=b"pieces of corpus A")
+    with pytest.raises(minitf.CheckpointError, match=r"b.npz has another tokenizer than .*a.npz: the same row"):
+        average_checkpoints([tmp_path / "a.npz", tmp_path / "b.npz"], tmp_path / "avg.npz")
+    assert not (tmp_path / "avg.npz").exists()
+    average_checkpoints([tmp_path / "a.npz", tmp_path / "c.npz"], tmp_path / "avg.npz")   # one tokenizer: taken
+    assert load_checkpoint(tmp_path / "avg.npz").tokenizer == b"pieces of corpus A"
+
+
 def test_average_takes_checkpoints_that_differ_only_in_the_recipe(tmp_path):
     import dataclasses
     model = tiny_model(1)
