@@ -7,6 +7,7 @@ import shutil
 import tempfile
 
 from .errors import MinitfError
+from .fileio import check_export_folder
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int16", "float16", "bfloat16", "float32")
 
@@ -38,17 +39,34 @@ def _converter_class():
 def export_ctranslate2(checkpoint, out_dir, quantization=None):
     """Write the checkpoint as a CTranslate2 model folder (model.bin, shared_vocabulary.json,
     config.json) plus its SentencePiece model (source.spm, target.spm). `quantization`: one of
-    QUANTIZATIONS, or None (the weights' float32). Returns the folder."""
+    QUANTIZATIONS, or None (the weights' float32). The folder's other files are kept; a file of the same name that no
+    earlier CTranslate2 export wrote is refused (fileio.check_export_folder). Returns the folder."""
     from .marian import checkpoint_model, write_marian
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise MinitfError(f"--quantization {quantization!r}: choose one of {', '.join(QUANTIZATIONS)}")
     converter_class = _converter_class()
     cfg, params, tokenizer = checkpoint_model(checkpoint)   # the checkpoint read once
-    with tempfile.TemporaryDirectory(prefix="minitf-marian-") as tmp:
+    check_export_folder(out_dir, (), is_ctranslate2, "CTranslate2 model")   # a file named out_dir: refused now
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="minitf-marian-") as tmp, \
+            tempfile.TemporaryDirectory(prefix=".minitf-ct2-", dir=parent) as made:
         write_marian(cfg, params, tokenizer, tmp)
         converter = converter_class(os.path.join(tmp, "model.npz"), [os.path.join(tmp, "vocab.yml")],
                                     cfg.layer_norm_eps)
-        converter.convert(out_dir, quantization=quantization, force=True)
+        # CTranslate2 empties the folder it converts into (shutil.rmtree with force=True): a folder of its own,
+        # beside out_dir, whose files then replace their namesakes in out_dir and nothing else
+        converter.convert(made, quantization=quantization, force=True)
         for name in ("source.spm", "target.spm"):
-            shutil.copyfile(os.path.join(tmp, name), os.path.join(out_dir, name))
+            shutil.copyfile(os.path.join(tmp, name), os.path.join(made, name))
+        names = sorted(os.listdir(made))
+        check_export_folder(out_dir, names, is_ctranslate2, "CTranslate2 model")
+        os.makedirs(out_dir, exist_ok=True)
+        for name in names:
+            os.replace(os.path.join(made, name), os.path.join(out_dir, name))
     return out_dir
+
+
+def is_ctranslate2(folder):
+    """Whether `folder` holds a CTranslate2 model (its model.bin: minitf writes no file of that name)."""
+    return os.path.isfile(os.path.join(folder, "model.bin"))

@@ -65,6 +65,19 @@ def check_output_file(path, flag):
         raise ConfigError(f"{flag} {path}: the folder {folder} does not exist; create it first or fix the path")
 
 
+def check_export_folder(out_dir, names, earlier, what):
+    """ConfigError where writing the files `names` into the folder `out_dir` would replace files that are not those of
+    an earlier export of the same kind (`earlier(out_dir)` says whether the folder holds one): a run's folder keeps its
+    model.npz and config.json. A new or empty folder, or an earlier export (written again), is taken."""
+    out_dir = os.fspath(out_dir)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ConfigError(f"{out_dir} is a file; name the folder to write the {what} into")
+    clash = sorted(n for n in names if os.path.lexists(os.path.join(out_dir, n)))
+    if clash and not earlier(out_dir):
+        raise ConfigError(f"{out_dir} holds {', '.join(clash)}, and no earlier {what}: writing the {what} there would "
+                          f"replace {'it' if len(clash) == 1 else 'them'} (a run's folder?); name a new or empty folder")
+
+
 def atomic_write(path, write, size_hint=None, advice=None):
     """write(fileobj) into a temp file beside `path`, fsync it, rename it over `path`, fsync the dir.
 

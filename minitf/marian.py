@@ -35,7 +35,7 @@ import numpy as np
 
 from .data.tokenizer import SPECIALS, MarianTokenizer
 from .errors import CheckpointError, one_line
-from .fileio import atomic_write
+from .fileio import atomic_write, check_export_folder
 
 OUTSIDE = -1.0e9        # the logit bias of a piece outside the output vocabulary: exp underflows to 0
 
@@ -203,13 +203,14 @@ def write_marian(cfg, params, tokenizer, out_dir):
         src_spm, tgt_spm = tokenizer.source_proto, tokenizer.target_proto
     else:
         src_spm = tgt_spm = tokenizer.to_bytes()
-    os.makedirs(out_dir, exist_ok=True)
     files = {"model.npz": lambda f: np.savez(f, **arrays),
              "vocab.yml": lambda f: f.write(dump_vocab(pieces).encode("utf-8")),
              "source.spm": lambda f: f.write(src_spm),
              "target.spm": lambda f: f.write(tgt_spm),
              "decoder.yml": lambda f: f.write(dump_yaml({"models": ["model.npz"], "vocabs": ["vocab.yml", "vocab.yml"],
                                                          "beam-size": 4, "normalize": 0.6}).encode())}
+    check_export_folder(out_dir, files, is_marian, "Marian model")
+    os.makedirs(out_dir, exist_ok=True)
     for name, write in files.items():
         atomic_write(os.path.join(out_dir, name), write)
     return [os.path.join(out_dir, n) for n in files]

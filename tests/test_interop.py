@@ -377,3 +377,35 @@ def test_plot_attention_draws_an_imported_model(marian_folder, tmp_path, capsys)
     plot_attention(str(folder), "the cat", str(tmp_path / "b.png"), tgt="A DOG")   # --tgt through target.spm
     decoder_input = [line for line in capsys.readouterr().out.splitlines() if line.startswith("decoder input:")][-1]
     assert decoder_input.startswith("decoder input: <s> ▁") and "DOG" in decoder_input.replace(" ", "")
+
+
+def test_export_never_replaces_what_an_earlier_export_did_not_write(tmp_path):
+    # a run's folder as --out: CTranslate2's converter empties the folder it writes (shutil.rmtree with force=True),
+    # which had deleted a run's checkpoints; Marian's model.npz had replaced the run's. Both are refused now, the
+    # folder untouched; a folder of other files keeps them; an earlier export of the same kind is written again.
+    from conftest import make_tiny_checkpoint
+    from minitf.ctranslate2_export import export_ctranslate2
+    from minitf.errors import ConfigError
+    (tmp_path / "src").mkdir()
+    path, _ = make_tiny_checkpoint(tmp_path / "src")
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("model.npz", "config.json", "checkpoint_0000010.npz"):
+        (run / name).write_bytes(path.read_bytes() if name.endswith(".npz") else b"{}")
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    with pytest.raises(ConfigError, match=r"run holds config.json, and no earlier CTranslate2 model: .* would "
+                                          r"replace it \(a run's folder\?\); name a new or empty folder$"):
+        export_ctranslate2(str(path), str(run))
+    with pytest.raises(ConfigError, match=r"run holds model.npz, and no earlier Marian model"):
+        export_marian(str(path), str(run))
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".minitf-ct2-")]    # no converter folder left
+    for fmt, export, made in (("ct2", export_ctranslate2, "model.bin"), ("marian", export_marian, "decoder.yml")):
+        out = tmp_path / fmt
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+        export(str(path), str(out))
+        export(str(path), str(out))                                  # written again over the earlier export
+        assert (out / "notes.txt").read_text() == "mine" and (out / made).is_file()
+    with pytest.raises(ConfigError, match="is a file; name the folder"):
+        export_ctranslate2(str(path), str(run / "config.json"))
