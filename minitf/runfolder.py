@@ -33,6 +33,31 @@ def save(out, step, model, opt, tok, state, keep_last):
     return path
 
 
+RESULTS = ("model.npz", "averaged.npz", "results.json")   # what a run leaves at its end beside its checkpoints
+
+
+def check_fresh_out(out):
+    """A ConfigError where a new run in `out` (which holds no training checkpoint) would replace files it did not write:
+    a run's results whose checkpoints were deleted (its model.npz, results.json, ...), or a config.json of something
+    else. A folder of other files, or one a run left before its first checkpoint (config.json, train_log.jsonl), is
+    taken."""
+    kept = [name for name in RESULTS if os.path.lexists(os.path.join(out, name))]
+    if kept:
+        raise ConfigError(f"--out {out} holds {', '.join(kept)} of an earlier run (its checkpoints gone): a new run "
+                          f"there would replace {'it' if len(kept) == 1 else 'them'}; choose another --out, or move "
+                          f"{'it' if len(kept) == 1 else 'them'} away")
+    path = os.path.join(out, "config.json")
+    if os.path.lexists(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                ours = set(json.load(f)) >= {"model", "args"}
+        except (OSError, ValueError, TypeError):
+            ours = False
+        if not ours:
+            raise ConfigError(f"--out {out} holds a config.json that no minitf run wrote: a run there would replace "
+                              f"it; choose another --out")
+
+
 def prepare_out(out):
     """--out is made once the data is ready (a failed download leaves no empty folder); the temporary
     files of a run killed while saving are removed."""

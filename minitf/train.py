@@ -35,7 +35,7 @@ from .modelfile import read_model
 from .architectures import build_model
 from .optim import Adam, LossScaler, UpdateCheck
 from .recipe import on_grid, on_save_grid, resolve_config, run_progress, short_run_ends
-from .runfolder import BEST, check_resumed, checkpoint_paths, choose_model, prepare_out, save
+from .runfolder import BEST, check_fresh_out, check_resumed, checkpoint_paths, choose_model, prepare_out, save
 from .schedule import NoamSchedule, learning_rate
 from .fileio import atomic_write, folder_lock, refuse_if_busy
 from .trainlog import Console, TrainLog, log, plural, print_summary, summary_lines
@@ -218,6 +218,8 @@ def set_up(args, world):
     if ckpts and not args.resume:
         raise ConfigError(f"--out {args.out} already holds checkpoints: pass --resume to continue, "
                           f"or choose another --out")
+    if not ckpts:
+        check_fresh_out(args.out)
     resume = load_checkpoint(ckpts[-1]) if args.resume and ckpts else None
     if resume is not None:
         check_resumed(args.out, resume)

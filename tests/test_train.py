@@ -116,6 +116,21 @@ def test_existing_out_without_resume_and_bad_data_are_one_line_errors(corpus, tm
     assert r.returncode == 0 and "averaged 1 checkpoint (every 1 step and the final one" in r.stderr, r.stderr[-2000:]
     r = run_train(corpus, out, "--max-steps", 2)
     assert r.returncode == 2 and "--resume" in r.stderr and "Traceback" not in r.stderr
+    # its checkpoints deleted to save space, the run's results stay: a new run there is refused, not written over them
+    for p in out.glob("checkpoint_0*.npz"):
+        p.unlink()
+    kept = {p.name: p.read_bytes() for p in out.iterdir()}
+    r = run_train(corpus, out, "--max-steps", 2)
+    assert r.returncode == 2 and r.stderr.endswith(f"--out {out} holds model.npz, averaged.npz, results.json of an "
+                                                   f"earlier run (its checkpoints gone): a new run there would replace "
+                                                   f"them; choose another --out, or move them away\n"), r.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == kept
+    mine = tmp_path / "mine"           # a folder of the user's own, with a config.json of something else
+    mine.mkdir()
+    (mine / "config.json").write_text('{"lr": 3}')
+    r = run_train(corpus, mine, "--max-steps", 2)
+    assert r.returncode == 2 and "holds a config.json that no minitf run wrote" in r.stderr, r.stderr
+    assert (mine / "config.json").read_text() == '{"lr": 3}'
     bad = tmp_path / "bad"
     bad.mkdir()
     for name in os.listdir(corpus):
