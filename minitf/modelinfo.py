@@ -8,7 +8,7 @@ from .checkpoint import checkpoint_in, role
 from .config import parse_id_ranges
 from .errors import DataError, MinitfError
 from .modelfile import read_model
-from .runfolder import BEST, checkpoint_paths
+from .runfolder import BEST, RESULTS, checkpoint_paths
 from .trainlog import plural
 
 
@@ -125,6 +125,11 @@ def run_lines(r):
         lines.append(f"  checkpoints: {plural(len(steps), 'training checkpoint')} "
                      f"({'step' if len(steps) == 1 else 'steps'} {', '.join(map(str, steps))}"
                      f"{'; checkpoint_best.npz' if r['best'] else ''}): --resume continues from step {steps[-1]}")
+    else:
+        refused = any(os.path.lexists(os.path.join(r["path"], name)) for name in RESULTS)   # runfolder.check_fresh_out
+        lines.append(f"  checkpoints: no training checkpoint{' (checkpoint_best.npz alone)' if r['best'] else ''}: "
+                     f"--resume cannot continue this run" + (", and a new run in this folder is refused" if refused
+                                                             else "; a new run in this folder starts afresh"))
     if isinstance(res, dict) and isinstance(res.get("bleu"), dict):
         scores = ", ".join(f"{name} {value}" for name, value in res["bleu"].items())
         lines.append(f"  scores: sacreBLEU {scores} (beam {res.get('beam')}, alpha {res.get('alpha')}; results.json)")

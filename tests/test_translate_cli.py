@@ -501,7 +501,17 @@ def test_info_says_what_each_kind_of_model_file_is(setup, tmp_path, capsys):
     only.mkdir()
     (only / "checkpoint_best.npz").write_bytes((run / "checkpoint_best.npz").read_bytes())
     assert main(["info", str(only)]) == 0
-    assert f"{only / 'checkpoint_best.npz'}: the best validation checkpoint of a run" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"{only / 'checkpoint_best.npz'}: the best validation checkpoint of a run" in out
+    assert ("  checkpoints: no training checkpoint (checkpoint_best.npz alone): --resume cannot continue this run; "
+            "a new run in this folder starts afresh") in out.splitlines()
+    for p in run.glob("checkpoint_0*.npz"):    # a run's checkpoints deleted to save space, its model and scores kept
+        p.unlink()
+    (run / "model.npz").write_bytes((only / "checkpoint_best.npz").read_bytes())
+    assert main(["info", str(run)]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == ("  checkpoints: no training checkpoint (checkpoint_best.npz "
+                                                       "alone): --resume cannot continue this run, and a new run in "
+                                                       "this folder is refused")
 
 
 def test_score_gives_a_translation_the_log_probabilities_beam_search_gave_it(setup, tmp_path):
