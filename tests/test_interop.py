@@ -409,3 +409,9 @@ def test_export_never_replaces_what_an_earlier_export_did_not_write(tmp_path):
         assert (out / "notes.txt").read_text() == "mine" and (out / made).is_file()
     with pytest.raises(ConfigError, match="is a file; name the folder"):
         export_ctranslate2(str(path), str(run / "config.json"))
+    # minitf writes CTranslate2's format but does not read it: said in one line, for the folder and its model.bin
+    from minitf.cli import main
+    for name in (tmp_path / "ct2", tmp_path / "ct2" / "model.bin"):
+        with pytest.raises(CheckpointError, match=r"is a CTranslate2 model: minitf writes that format"):
+            minitf.load(str(name))
+        assert main(["info", str(name)]) == 2
