@@ -457,3 +457,79 @@ def test_a_data_dir_that_is_a_file_or_cannot_be_made_is_one_clear_error(tmp_path
     below = a_file / "m30k"
     with pytest.raises(DataError, match=f"^cannot make the data folder {below} \\(Not a directory\\): name another"):
         prepare_dataset("multi30k", below, progress=False)
+
+
+def test_a_network_error_while_reading_is_retried_and_a_disk_error_is_not(server, tmp_path, monkeypatch):
+    # an OSError from the response (an SSL record, a network gone) is the network's: retried and resumed; one from
+    # writing the file is the disk's: one line at once, no retry
+    import errno
+    import http.client
+    server.files["/blob.bin"] = PAYLOAD
+    real_read, failed = http.client.HTTPResponse.read, []
+
+    def flaky_read(self, *a):
+        if not failed:
+            failed.append(1)
+            raise OSError(errno.ENETUNREACH, "Network is unreachable")
+        return real_read(self, *a)
+    monkeypatch.setattr(http.client.HTTPResponse, "read", flaky_read)
+    assert _dl(server, tmp_path, sha256=PAYLOAD_SHA) == str(tmp_path / "blob.bin") and failed
+    assert _read(tmp_path / "blob.bin") == PAYLOAD and len(server.requests) == 2
+    monkeypatch.setattr(http.client.HTTPResponse, "read", real_read)
+
+    class FullDisk(io.BytesIO):
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    import sys
+    dl = sys.modules["minitf.data.download"]        # the module (minitf.data's `download` is its function)
+    monkeypatch.setattr(dl, "open", lambda *a, **k: FullDisk(), raising=False)
+    server.requests.clear()
+    from minitf.errors import MinitfError
+    with pytest.raises(MinitfError, match=r"other.bin.part: no space left on the device of .*, the disk is full"):
+        download(server.url + "/blob.bin", tmp_path / "other.bin", progress=False, backoff=0, timeout=5)
+    assert len(server.requests) == 1
+    # extracting onto a full disk: the same line, and no .part file left
+    with gzip.open(tmp_path / "c.txt.gz", "wb") as f:
+        f.write(b"a corpus line\n")
+    monkeypatch.setattr(dl, "open", lambda path, mode="r", *a, **k: FullDisk() if "w" in mode else open(path, mode),
+                        raising=False)
+    with pytest.raises(MinitfError, match=r"c.txt.part: no space left on the device"):
+        extract(tmp_path / "c.txt.gz", tmp_path / "out")
+    assert os.listdir(tmp_path / "out") == []
+
+
+def test_a_first_download_cut_short_fetches_its_test_sets_on_the_next_run(server, tmp_path, capsys):
+    # train and valid came down, the test sets did not (the server failed, Ctrl-C): the folder is minitf's download,
+    # not a user's own copy, so the next run fetches the test sets instead of skipping them
+    src_dir = tmp_path / "served"
+    _multi30k_folder(src_dir, stems=("train", "val", "test_2016_flickr"))
+    for p in src_dir.iterdir():
+        if not p.name.startswith("test"):
+            server.files["/raw/" + p.name] = p.read_bytes()
+    first = prepare_dataset("multi30k", tmp_path / "m30k", "en", "de", progress=False, base_url=server.url + "/raw/")
+    assert first["tests"] == {}
+    for p in src_dir.glob("test*"):
+        server.files["/raw/" + p.name] = p.read_bytes()
+    again = prepare_dataset("multi30k", tmp_path / "m30k", "en", "de", progress=False, base_url=server.url + "/raw/")
+    assert sorted(again["tests"]) == ["test_2016_flickr"]
+    assert again["tests"]["test_2016_flickr"][0][1] == "test_2016_flickr en 1"
+
+
+def test_two_processes_downloading_into_one_folder_take_turns(server, tmp_path, capsys):
+    # the second waits for the first's lock (they would share .part files), then finds the files there
+    from minitf.fileio import folder_lock
+    src_dir = tmp_path / "served"
+    _multi30k_folder(src_dir, stems=("train", "val", "test_2016_flickr"))
+    for p in src_dir.iterdir():
+        server.files["/raw/" + p.name] = p.read_bytes()
+    folder, out = tmp_path / "m30k", {}
+    folder.mkdir()
+    with folder_lock(folder, lambda holder, path: None):      # another process's download, in progress
+        t = threading.Thread(target=lambda: out.update(data=prepare_dataset(
+            "multi30k", folder, "en", "de", progress=False, base_url=server.url + "/raw/")))
+        t.start()
+        t.join(timeout=1.0)
+        assert t.is_alive() and server.requests == []         # waiting, nothing fetched
+    t.join(timeout=60)
+    assert not t.is_alive() and sorted(out["data"]["tests"]) == ["test_2016_flickr"]
+    assert f"note: waiting for process {os.getpid()}" in capsys.readouterr().err

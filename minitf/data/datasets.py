@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass
 
 from minitf.errors import DataError
-from minitf.fileio import make_folder
+from minitf.fileio import folder_lock, make_folder
 from minitf.data.download import check_gzip, download as _download, extract, set_aside
 from minitf.data.readers import find_file, read_parallel
 
@@ -204,10 +204,19 @@ def _expected(data_dir, corpus, src, tgt):
     return " and ".join(names) + found
 
 
+DOWNLOADED = ".minitf-downloaded"   # in a data folder minitf downloaded into (not a user's own copy)
+
+
 def _fetch(spec, base_url, data_dir, corpus, src, tgt, progress):
-    """Download (and extract) what `corpus` needs into data_dir.
+    """Download (and extract) what `corpus` needs into data_dir, marked as minitf's (DOWNLOADED).
 
     Returns the path of the downloaded archive (None for direct files)."""
+    try:
+        if not os.path.lexists(os.path.join(data_dir, DOWNLOADED)):
+            with open(os.path.join(data_dir, DOWNLOADED), "w") as f:
+                f.write("minitf downloads into this folder: a test set missing here is downloaded too\n")
+    except OSError:   # a folder that cannot be written: the download below says so
+        pass
     if corpus.archive is None:
         for templates in (corpus.src, corpus.tgt):
             rel = templates[0].format(src=src, tgt=tgt) + ".gz"
@@ -253,13 +262,25 @@ def _get(spec, base_url, data_dir, corpus, src, tgt, download, progress, require
                             f"; put the files there or allow downloading")
         note(f"test set {label} not found ({_expected(data_dir, corpus, src, tgt)}); skipping it")
         return None
-    try:
-        archive = _fetch(spec, base_url, data_dir, corpus, src, tgt, progress)
-    except DataError as e:
-        if required or getattr(e, "http_status", None) != 404:
-            raise
-        note(f"test set {label} is not available for {src}-{tgt} ({e}); skipping it")
-        return None
+    def wait(holder, path):
+        note(f"waiting for {holder}, which is downloading into {data_dir}")
+    with folder_lock(data_dir, wait):   # one process downloads into a folder at a time (they would share .part files)
+        paths = _locate(data_dir, corpus, src, tgt)       # what the process waited for may have fetched it
+        if paths:
+            return paths
+        try:
+            archive = _fetch(spec, base_url, data_dir, corpus, src, tgt, progress)
+        except DataError as e:
+            if required or getattr(e, "http_status", None) != 404:
+                raise
+            note(f"test set {label} is not available for {src}-{tgt} ({e}); skipping it")
+            return None
+        return _fetched(data_dir, corpus, src, tgt, label, archive)
+
+
+def _fetched(data_dir, corpus, src, tgt, label, archive):
+    """The paths of `corpus` once downloaded; the archive removed (the extracted files are what is looked up next
+    time)."""
     paths = _locate(data_dir, corpus, src, tgt)
     if paths is None:
         raise DataError(f"{label}: downloaded {archive or 'the files'}, but "
@@ -278,7 +299,7 @@ def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
     used as they are, with no network access; missing ones are downloaded (if
     `download`) from `base_url`, else ``$MINITF_WMT_BASE_URL`` /
     ``$MINITF_MULTI30K_BASE_URL``, else the official location. Missing test sets
-    (in a folder that already held train and valid, or that cannot be downloaded) are skipped with a one-line note on stderr (none with `notes=False`); missing
+    (in a folder of the user's that already held train and valid, or that cannot be downloaded) are skipped with a one-line note on stderr (none with `notes=False`); missing
     train/valid files raise DataError. The
     training corpora are NOT read here (they can be tens of GB): their paths go to
     `minitf.data.prepare.prepare_cache`, which streams them.
@@ -300,13 +321,14 @@ def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
         make_folder(data_dir, "the data folder", "--data-dir")
     args = (spec, base_url, data_dir)
     result = {"tests": {}, "paths": {"tests": {}}, "data_dir": data_dir}
-    local_before = all(_locate(data_dir, c, src, tgt) for split in ("train", "valid") for c in splits[split])
+    local_before = (all(_locate(data_dir, c, src, tgt) for split in ("train", "valid") for c in splits[split])
+                    and not os.path.lexists(os.path.join(data_dir, DOWNLOADED)))
     for split in ("train", "valid"):
         result["paths"][split] = [_get(*args, corpus, src, tgt, download, progress, True, f"{name} {split}")
                                   for corpus in splits[split]]
     result["valid"] = _read_all(result["paths"]["valid"])
-    # a folder that already held train and valid is the user's own copy: use the test sets
-    # it has and fetch nothing (e.g. a Multi30k folder with only test_2016_flickr)
+    # a folder that already held train and valid, and that minitf did not download into, is the user's own copy:
+    # use the test sets it has and fetch nothing (e.g. a Multi30k folder with only test_2016_flickr)
     note = _note if notes else (lambda msg: None)   # notes=False: MPI ranks other than 0
     for test, corpus in splits["tests"].items():
         p = _get(*args, corpus, src, tgt, download and not local_before, progress, False, f"{name} {test}", note=note)

@@ -12,8 +12,6 @@ import hashlib
 import http.client
 import os
 import re
-import shutil
-import socket
 import tarfile
 import time
 import urllib.error
@@ -52,6 +50,23 @@ def _check_digests(path, sha256, md5):
     return None
 
 
+class _WriteError(Exception):
+    """Writing `path` (the download, or an extracted file) failed: an OSError `error` of the disk's, not the
+    network's, so it is not retried."""
+
+    def __init__(self, path, error):
+        super().__init__(path, error)
+        self.path, self.error = path, error
+
+
+def _write_failed(path, e):
+    """The one-line DataError for a file that could not be written: a full disk says how full."""
+    from minitf.fileio import disk_full, is_disk_full
+    if is_disk_full(e):
+        return disk_full(path, os.path.dirname(os.path.abspath(path)))
+    return DataError(f"{path}: cannot write it ({e.strerror or e}); check disk space and permissions")
+
+
 def _fetch_once(url, part, progress, timeout):
     """One HTTP attempt, appending to `part` if the server honours Range.
 
@@ -80,14 +95,21 @@ def _fetch_once(url, part, progress, timeout):
         remaining = int(length) if length and length.isdigit() else None
         total = have + remaining if remaining is not None else None
         received = 0
-        with open(part, mode) as f, progress_bar(total, os.path.basename(part[:-5]), progress, unit="B",
-                                                 initial=have, unit_scale=True, unit_divisor=1024,
-                                                 leave=False) as bar:
+        try:
+            f = open(part, mode)
+        except OSError as e:
+            raise _WriteError(part, e) from None
+        with f, progress_bar(total, os.path.basename(part[:-5]), progress, unit="B", initial=have, unit_scale=True,
+                             unit_divisor=1024, leave=False) as bar:
             while True:
-                chunk = resp.read(_CHUNK)
+                chunk = resp.read(_CHUNK)       # an OSError here is the network's: retried
                 if not chunk:
                     break
-                f.write(chunk)
+                try:
+                    f.write(chunk)
+                    f.flush()
+                except OSError as e:
+                    raise _WriteError(part, e) from None
                 received += len(chunk)
                 bar.update(len(chunk))
         return remaining is None or received >= remaining
@@ -137,12 +159,10 @@ def download(url, dest_path, sha256=None, progress=True, retries=3, md5=None,
                 err.http_status = e.code
                 raise err from None
             last_error = f"HTTP {e.code} {e.reason}"
-        except (urllib.error.URLError, http.client.HTTPException, socket.timeout,
-                ConnectionError, TimeoutError) as e:
+        except _WriteError as e:  # writing the file failed: not worth retrying
+            raise _write_failed(e.path, e.error) from None
+        except (OSError, http.client.HTTPException) as e:   # the network's (URLError, a reset, SSL, unreachable): retried
             last_error = str(getattr(e, "reason", None) or e) or e.__class__.__name__
-        except OSError as e:  # writing the file failed: not worth retrying
-            raise DataError(f"{part}: cannot write the download ({e}); check disk "
-                            f"space and permissions") from None
     else:
         err = _network_error(url, f"{last_error}; gave up after {retries + 1} tries")
         err.http_status = None
@@ -175,10 +195,28 @@ def _safe_target(dest_dir, name, archive):
 
 
 def _write_stream(src, target):
+    """src's bytes into `target`, through target.part (removed on any failure, Ctrl-C included); a failed write is a
+    _WriteError."""
     tmp = target + ".part"
-    with open(tmp, "wb") as out:
-        shutil.copyfileobj(src, out, _CHUNK)
-    os.replace(tmp, target)
+    try:
+        try:
+            out = open(tmp, "wb")
+        except OSError as e:
+            raise _WriteError(tmp, e) from None
+        with out:
+            while True:
+                chunk = src.read(_CHUNK)         # a corrupt archive's error here is the archive's
+                if not chunk:
+                    break
+                try:
+                    out.write(chunk)
+                except OSError as e:
+                    raise _WriteError(tmp, e) from None
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def _member_name(name):
@@ -233,8 +271,13 @@ def extract(archive, dest_dir, members=None):
             written.append(target)
         else:
             raise DataError(f"{archive}: not a tar or .gz archive")
+    except _WriteError as e:
+        raise _write_failed(e.path, e.error) from None
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
         raise DataError(f"{archive}: corrupt archive ({e})") from None
+    except OSError as e:   # a folder that cannot be made in dest_dir, a read error of the disk's
+        raise DataError(f"{archive}: cannot extract it into {dest_dir} ({e.strerror or e}); check disk space and "
+                        f"permissions") from None
     return written
 
 

@@ -13,7 +13,7 @@ from minitf.errors import DataError
 from minitf.flags import Number, positive
 from minitf.data.binarized import BinarizedCorpus
 from minitf.data.prepare import cache_folder, prepare_cache
-from minitf.data.datasets import DATASETS, dataset_default, default_data_dir, prepare_dataset, user_dataset
+from minitf.data.datasets import DATASETS, DOWNLOADED, dataset_default, default_data_dir, prepare_dataset, user_dataset
 from minitf.data.tokenizer import MODEL_TYPES
 
 
@@ -165,6 +165,8 @@ def _dataset_in(args, progress, notes):
             raise
         if fresh:
             try:
+                if os.listdir(given) == [DOWNLOADED]:   # nothing came down but the mark of minitf's downloads
+                    os.unlink(os.path.join(given, DOWNLOADED))
                 os.rmdir(given)            # only if empty: a partial download (.part) is kept to be resumed
             except OSError:
                 pass
