@@ -116,6 +116,9 @@ def run_lines(r):
         head = "a training run without results.json (running, or stopped before its end)"
     elif res == "unreadable":
         head = "a training run whose results.json cannot be read (not the JSON object a run writes)"
+    elif isinstance(res.get("steps"), int) and steps and steps[-1] > res["steps"]:   # resumed past its end, not ended
+        head = (f"a training run that ended after {plural(res['steps'], 'update')}, then was resumed and stopped at "
+                f"step {steps[-1]} before ending again: its results.json and model.npz are of step {res['steps']}")
     elif isinstance(res.get("steps"), int):
         head = f"a training run that ended after {plural(res['steps'], 'update')}"
     else:

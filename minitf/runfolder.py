@@ -11,7 +11,7 @@ from .checkpoint import average_checkpoints, load_checkpoint, read_train_state, 
 from .config import id_ranges, parse_id_ranges, shown
 from .errors import ConfigError, MinitfError
 from .fileio import leftover_temp_files
-from .trainlog import log, plural
+from .trainlog import cut_after, log, plural
 from .validation import evaluate_loss, perplexity
 
 # what a run writes into --out (atomic_write's temporary files of these are its leftovers)
@@ -26,10 +26,18 @@ def checkpoint_paths(out):
 
 
 def save(out, step, model, opt, tok, state, keep_last):
+    """checkpoint_<step>.npz, then checkpoints removed until keep_last stay: the newest always, and of the others
+    those saved off the --save-every spacing (at a stop) go first, oldest first, then the oldest on it; so the ones
+    the end averages (averaging_window) stay."""
     path = os.path.join(out, f"checkpoint_{step:07d}.npz")
     save_checkpoint(path, model, opt, tokenizer=tok.to_bytes(), train_state=state)
-    for old in checkpoint_paths(out)[:-keep_last]:
-        os.unlink(old)
+    paths = checkpoint_paths(out)
+    excess = len(paths) - keep_last
+    if excess > 0:
+        older = paths[:-1]
+        spaced = [read_train_state(p).get("on_grid", True) for p in older]
+        for old in ([p for p, s in zip(older, spaced) if not s] + [p for p, s in zip(older, spaced) if s])[:excess]:
+            os.unlink(old)
     return path
 
 
@@ -56,6 +64,44 @@ def check_fresh_out(out):
         if not ours:
             raise ConfigError(f"--out {out} holds a config.json that no minitf run wrote: a run there would replace "
                               f"it; choose another --out")
+
+
+def settle_leftovers(out, resume=None):
+    """What a run stopped early left in `out` that this start would take as its own, set right (rank 0, before the
+    log is opened). A new run (resume None; check_fresh_out found no checkpoint and no results): the log and
+    checkpoint_best.npz of a run stopped before its first checkpoint are removed. A resumed one (`resume`, the
+    Checkpoint it continues from): the log's records after its step are dropped, and a checkpoint_best.npz of a later
+    step (the work after the last checkpoint, done again now) is made again from the checkpoint of the best validation
+    the resumed run knows, where that is kept, or else removed."""
+    log_path, best = os.path.join(out, "train_log.jsonl"), os.path.join(out, BEST)
+    if resume is None:
+        gone = [p for p in (log_path, best) if os.path.isfile(p) and not os.path.islink(p)]   # a link: the user's
+        for p in gone:
+            os.unlink(p)
+        if gone:
+            log(f"note: removed {', '.join(os.path.basename(p) for p in gone)} of a run in {out} stopped before its "
+                f"first checkpoint: this run starts afresh")
+        return
+    step = resume.train_state["step"]
+    dropped = cut_after(log_path, step)
+    if dropped:
+        log(f"note: {log_path}: dropped {plural(dropped, 'record')} after step {step}, where this run resumes (a run "
+            f"stopped after its last checkpoint had gone on)")
+    best_step = read_train_state(best).get("step") if os.path.isfile(best) else None
+    if best_step is None or best_step <= step:
+        return
+    known = (resume.train_state.get("best_valid") or {}).get("step")
+    source = os.path.join(out, f"checkpoint_{known:07d}.npz") if isinstance(known, int) else None
+    if source and os.path.isfile(source):
+        c = load_checkpoint(source, optimizer=False)
+        save_checkpoint(best, params=c.params, config=c.config, tokenizer=c.tokenizer,
+                        train_state={**c.train_state, "best": True})
+        log(f"note: {best} was of step {best_step}, after step {step} where this run resumes: made again from "
+            f"{os.path.basename(source)}, the best validation up to there")
+    else:
+        os.unlink(best)
+        log(f"note: removed {best} of step {best_step}, after step {step} where this run resumes (the checkpoint of the "
+            f"best validation before it is not kept); its next better validation writes it again")
 
 
 def prepare_out(out):

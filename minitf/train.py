@@ -35,7 +35,8 @@ from .modelfile import read_model
 from .architectures import build_model
 from .optim import Adam, LossScaler, UpdateCheck
 from .recipe import on_grid, on_save_grid, resolve_config, run_progress, short_run_ends
-from .runfolder import BEST, check_fresh_out, check_resumed, checkpoint_paths, choose_model, prepare_out, save
+from .runfolder import (BEST, check_fresh_out, check_resumed, checkpoint_paths, choose_model, prepare_out, save,
+                        settle_leftovers)
 from .schedule import NoamSchedule, learning_rate
 from .fileio import atomic_write, folder_lock, refuse_if_busy
 from .trainlog import Console, TrainLog, log, plural, print_summary, summary_lines
@@ -134,7 +135,10 @@ class Run:
         return time.time() - self.start_wall
 
     def save(self, on_grid):
-        """A checkpoint of this step (rank 0 only); `on_grid`: on the --save-every spacing."""
+        """A checkpoint of this step (rank 0 only); `on_grid`: on the --save-every spacing. Saved again at the same step
+        (after the final validation, at a signal), a checkpoint saved on the spacing stays on it."""
+        again = os.path.isfile(os.path.join(self.args.out, f"checkpoint_{self.state['step']:07d}.npz"))
+        on_grid = on_grid or (again and self.state.get("on_grid", False))
         self.state["train_wall_s"], self.state["on_grid"] = self.elapsed(), on_grid
         return save(self.args.out, self.state["step"], self.model, self.opt, self.data.tokenizer, self.state,
                     self.args.keep_last)
@@ -249,11 +253,8 @@ def set_up(args, world):
         run.check = UpdateCheck(model, run.scaler)
     if lead:
         prepare_out(args.out)
-        atomic_write(os.path.join(args.out, "config.json"), lambda f: f.write(json.dumps(
-            {"model": cfg.to_dict(), "args": vars(args), "ranks": world.size,
-             # the config fields this run's flags set (config.FLAG_FIELDS); the others are the preset's
-             "set_by_flags": {field: flag for flag, field in FLAG_FIELDS.items() if getattr(flags, flag, None) is not None},
-             "tokenizer_sha256": hashlib.sha256(data.tokenizer.to_bytes()).hexdigest()}, indent=2).encode()))
+        settle_leftovers(args.out, resume)
+        _write_run_config(args, flags, cfg, world, data, resume)
         corpus = f"--train {args.train}" if args.train else args.dataset
         log(f"task: {corpus}, {args.src} -> {args.tgt}; the scores go to {os.path.join(args.out, 'results.json')}, "
             f"the model to {os.path.join(args.out, 'model.npz')}")
@@ -278,6 +279,28 @@ def set_up(args, world):
     run.console = Console(run.state, args.max_steps, args.time_budget, quiet=args.quiet, enabled=lead)
     run.window = new_window()
     return run
+
+
+def _write_run_config(args, flags, cfg, world, data, resume):
+    """OUT/config.json: the model, the settled flags, the ranks, the config fields the flags set (config.FLAG_FIELDS;
+    the others are the preset's) and the tokenizer's hash. A resumed run keeps what the run's first start recorded of
+    its flags (a resume gives few: the model's come from the checkpoint) and adds what it sets itself."""
+    path = os.path.join(args.out, "config.json")
+    settled = vars(args)
+    set_by_flags = {field: flag for flag, field in FLAG_FIELDS.items() if getattr(flags, flag, None) is not None}
+    if resume is not None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                before = json.load(f)
+            merged = dict(before["args"])
+            merged.update((k, v) for k, v in settled.items() if v is not None or k not in merged)
+            settled = merged
+            set_by_flags = {**before["set_by_flags"], **set_by_flags}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass   # no (readable) record of the first start: this start's alone
+    atomic_write(path, lambda f: f.write(json.dumps(
+        {"model": cfg.to_dict(), "args": settled, "ranks": world.size, "set_by_flags": set_by_flags,
+         "tokenizer_sha256": hashlib.sha256(data.tokenizer.to_bytes()).hexdigest()}, indent=2).encode()))
 
 
 def _prepare_device(args, world):
@@ -674,7 +697,7 @@ def end(run, stop):
         raise Interrupted(stop.split()[0])
     validated = False
     if run.validation and (args.valid_every or args.valid_every_minutes) and state.get("valid_step") != state["step"]:
-        validate(run)   # the final model too (every rank), so that checkpoint_best.npz is the best of the whole run
+        _final_validation(run)   # the final model too (every rank), so that checkpoint_best.npz is the best of the run
         validated = True
     if not run.lead:
         return None
@@ -682,7 +705,7 @@ def end(run, stop):
     saved = bool(last) and last[-1].endswith(f"{state['step']:07d}.npz")
     state["train_wall_s"] = run.elapsed()
     if not saved or validated:
-        run.save(on_grid=saved and state.get("on_grid", False))   # off the spacing unless it was saved on it
+        run.save(on_grid=False)   # off the spacing unless it was saved on it (Run.save)
     why = (f"patience: validation {'BLEU' if state['best_valid']['metric'] == 'valid_bleu' else 'loss'} no better "
            f"than step {state['best_valid']['step']}'s for {args.patience} validations" if stop == "patience" else stop)
     log(f"training stopped ({why}) at step {state['step']} after {state['train_wall_s']:.0f}s")
@@ -701,6 +724,22 @@ def end(run, stop):
         raise Interrupted(signame) from None
     finally:
         run.log.close()
+
+
+def _final_validation(run):
+    """validate(run) at the end; Ctrl-C or SIGTERM there saves this step's checkpoint first (the updates since the last
+    one are kept) and raises Interrupted: --resume validates and ends the run."""
+    try:
+        with sigterm_raises():
+            validate(run)
+    except (KeyboardInterrupt, Interrupted) as e:
+        signame = e.signame if isinstance(e, Interrupted) else "SIGINT"
+        if run.lead:
+            path = run.save(on_grid=False)
+            run.log.close()
+            log(f"interrupted ({signame}) in the final validation at step {run.state['step']}: saved {path}; "
+                f"--resume validates and ends the run")
+        raise Interrupted(signame) from None
 
 
 @contextlib.contextmanager

@@ -144,7 +144,8 @@ def build_parser(prog=None):
     p.add_argument("--save-every", type=positive(), help="steps between checkpoints (default from the preset: small 80, tiny 10)")
     p.add_argument("--save-every-minutes", type=positive(float),
                    help="minutes of training between checkpoints (default base/big: 10, the paper's spacing)")
-    p.add_argument("--keep-last", type=positive(), help="checkpoints kept (default: --average-last + 1)")
+    p.add_argument("--keep-last", type=positive(), help="checkpoints kept, the newest among them (one saved off the "
+                   "--save-every spacing, at a stop, gives way before one on it; default: --average-last + 1)")
     p.add_argument("--average-last", type=positive(),
                    help="checkpoints averaged at the end: the final one and the evenly spaced ones before it from "
                         "the run's second half (default from the preset: base 5, big 20, as in the paper)")

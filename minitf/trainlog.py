@@ -8,6 +8,7 @@ import sys
 import time
 
 from .errors import MinitfError
+from .fileio import atomic_write
 from .progress import on_terminal
 
 
@@ -78,6 +79,29 @@ class TrainLog:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+def cut_after(path, step):
+    """Drop the records of `path` (train_log.jsonl) that a run resumed from `step` makes again: those of later steps
+    (a run killed after its last checkpoint had gone on), and the end's scores ("eval" records) of `step` itself.
+    Rewritten atomically; returns how many were dropped (0: the file untouched)."""
+    if not os.path.isfile(path):
+        return 0
+    with open(path, "rb") as f:
+        lines = f.read().splitlines(keepends=True)
+    kept = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            later = isinstance(rec, dict) and isinstance(rec.get("step"), int) and (
+                rec["step"] > step or rec["step"] == step and "eval" in rec)
+        except ValueError:
+            later = False          # not a record of ours: kept as it is
+        if not later:
+            kept.append(line)
+    if len(kept) < len(lines):
+        atomic_write(path, lambda f: f.write(b"".join(kept)))
+    return len(lines) - len(kept)
 
 
 def drop_torn_last_line(path):

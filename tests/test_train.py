@@ -30,6 +30,15 @@ def run_train(corpus, out, *extra, cache=None):
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
 
 
+def train_wmt_module():
+    """train_wmt.py loaded as a module, to call its main() in this process (monkeypatches reach it)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("train_wmt", os.path.join(ROOT, "train_wmt.py"))
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    return cli
+
+
 def losses(out):
     with open(out / "train_log.jsonl") as f:
         return {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
@@ -187,17 +196,13 @@ def test_sigterm_saves_then_exits_143(corpus, tmp_path):
 def test_ctrl_c_in_the_final_evaluation_exits_130_in_one_line(corpus, tmp_path, monkeypatch, capsys):
     # Ctrl-C after training, while translating the test sets: no traceback, exit 130, and
     # the message says the checkpoints are complete and how to score them
-    import importlib.util
-
     import minitf.train
 
     def interrupted_finish(*args, **kwargs):
         raise KeyboardInterrupt
     monkeypatch.setattr(minitf.train, "finish", interrupted_finish)
     monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))
-    spec = importlib.util.spec_from_file_location("train_wmt", os.path.join(ROOT, "train_wmt.py"))
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    cli = train_wmt_module()
     out = tmp_path / "run"
     code = cli.main(["--dataset", "multi30k", "--data-dir", str(corpus), "--preset", "tiny", "--vocab-size", "60",
                      "--device", "cpu", "--out", str(out), "--quiet", "--max-steps", "3", "--save-every", "3"])
@@ -516,14 +521,6 @@ def test_resume_with_other_batches_is_one_line(corpus, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-def _train_wmt():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("train_wmt", os.path.join(ROOT, "train_wmt.py"))
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
-    return cli
-
-
 def test_flags_and_files_that_cannot_work_are_one_line_errors(corpus, tmp_path):
     (tmp_path / "afile").write_text("x")
     (tmp_path / "garbage.model").write_text("not a model")
@@ -554,7 +551,7 @@ def test_ctrl_c_while_the_cache_is_built_is_one_line_and_keeps_nothing(corpus, t
         raise KeyboardInterrupt
     monkeypatch.setattr(prepare, "_encode_all", ctrl_c)
     monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))
-    code = _train_wmt().main(["--dataset", "multi30k", "--data-dir", str(corpus), "--preset", "tiny", "--vocab-size",
+    code = train_wmt_module().main(["--dataset", "multi30k", "--data-dir", str(corpus), "--preset", "tiny", "--vocab-size",
                               "60", "--device", "cpu", "--out", str(tmp_path / "run"), "--quiet", "--max-steps", "3"])
     err = capsys.readouterr().err
     assert code == 130 and "Traceback" not in err
@@ -632,7 +629,7 @@ def test_a_full_disk_while_preparing_the_data_is_one_line(corpus, tmp_path, monk
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(prepare._NpyWriter, "append", full)
     monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))
-    code = _train_wmt().main(["--dataset", "multi30k", "--data-dir", str(corpus), "--preset", "tiny", "--vocab-size",
+    code = train_wmt_module().main(["--dataset", "multi30k", "--data-dir", str(corpus), "--preset", "tiny", "--vocab-size",
                               "60", "--device", "cpu", "--out", str(tmp_path / "run"), "--quiet", "--max-steps", "3"])
     err = capsys.readouterr().err
     lines = [x for x in err.splitlines() if x.startswith("error:")]
@@ -966,3 +963,109 @@ def test_init_from_a_minitf_checkpoint_fine_tunes_from_its_weights_and_tokenizer
     r = fine_tune(tmp_path / "bare.npz", tmp_path / "x")
     assert r.returncode == 2 and "holds no tokenizer" in r.stderr, r.stderr[-2000:]
     assert [line for line in r.stderr.splitlines() if line.startswith("error")] == r.stderr.splitlines()[-1:]
+
+
+def test_what_a_stopped_run_left_is_set_right_by_the_next_start(corpus, tmp_path):
+    """A run killed after its last checkpoint had gone on (logged steps, a better checkpoint_best.npz): --resume drops
+    the log's later records and makes checkpoint_best.npz again from the best checkpoint it knows; a run stopped before
+    its first checkpoint left a log and a checkpoint_best.npz: a new run in its folder starts them afresh. Each start
+    says what it set right."""
+    out = tmp_path / "run"
+    args = ("--save-every", 3, "--valid-every", 2, "--valid-bleu-sentences", 0, "--keep-last", 10, "--beam", 1)
+    assert run_train(corpus, out, "--max-steps", 6, *args).returncode == 0
+    for name in ("checkpoint_0000006.npz", "model.npz", "averaged.npz", "results.json"):   # killed after step 6
+        (out / name).unlink()
+    from minitf.checkpoint import read_train_state
+    best = read_train_state(out / "checkpoint_best.npz")["step"]
+    assert best in (4, 6)                                # a validation after step 3, where the run resumes
+    r = run_train(corpus, out, "--max-steps", 4, "--resume", *args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    # updates 4-6, the validations at 4 and 6, the end's two scores
+    assert "train_log.jsonl: dropped 7 records after step 3, where this run resumes" in r.stderr, r.stderr[-3000:]
+    # the best known at step 3 is step 2's, whose checkpoint is not kept: removed, and written again at step 4
+    assert f"note: removed {out / 'checkpoint_best.npz'} of step {best}, after step 3 where this run resumes" in r.stderr
+    recs = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    trained = [r["step"] for r in recs if "loss" in r and "eval" not in r and "valid_loss" not in r]
+    assert trained == [1, 2, 3, 4]                                          # each update once, in order
+    assert [r["step"] for r in recs if "valid_loss" in r] == [2, 4]
+    assert read_train_state(out / "checkpoint_best.npz")["step"] == 4
+    # stopped before its first checkpoint: a log and a best checkpoint of another model are left
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "train_log.jsonl").write_text('{"step": 1, "loss": 9.0}\n{"step": 2, "loss": 8.0}\n')
+    (fresh / "checkpoint_best.npz").write_bytes((out / "checkpoint_best.npz").read_bytes())
+    r = run_train(corpus, fresh, "--max-steps", 1, "--valid-every", 0, "--beam", 1)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"note: removed train_log.jsonl, checkpoint_best.npz of a run in {fresh} stopped before its first " \
+           f"checkpoint: this run starts afresh" in r.stderr
+    assert [json.loads(line)["step"] for line in (fresh / "train_log.jsonl").read_text().splitlines()
+            if "loss" in json.loads(line) and "eval" not in json.loads(line)] == [1]
+
+
+def test_an_interrupt_keeps_a_checkpoint_on_the_spacing_and_off_spacing_ones_give_way_first(corpus, tmp_path):
+    """Stops at 7 and 8 leave checkpoints off the --save-every 3 spacing; they are removed before the spaced ones the
+    end averages (keep-last 3: the newest and the last two on the spacing), so the end at 9 averages step 6's with its
+    own (counted among the last three, the stops' had pushed step 6's out: an average of 1)."""
+    out = tmp_path / "run"
+    args = ("--save-every", 3, "--valid-every", 0, "--average-last", 3, "--keep-last", 3, "--beam", 1)
+    for steps in (6, 7, 8, 9):
+        r = run_train(corpus, out, "--max-steps", steps, *(["--resume"] if steps > 6 else ["--dropout", 0.2]), *args)
+        assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(p.name for p in out.glob("checkpoint_0*.npz")) == [
+        "checkpoint_0000003.npz", "checkpoint_0000006.npz", "checkpoint_0000009.npz"]
+    assert json.loads((out / "results.json").read_text())["averaged_checkpoints"] == [
+        "checkpoint_0000006.npz", "checkpoint_0000009.npz"]
+    config = json.loads((out / "config.json").read_text())      # the first start's flags, kept through the resumes
+    assert config["args"]["dropout"] == 0.2 and config["set_by_flags"]["dropout"] == "dropout"
+    assert config["model"]["dropout"] == 0.2 and config["args"]["max_steps"] == 9
+
+
+def test_ctrl_c_in_the_final_validation_saves_the_last_updates(corpus, tmp_path, monkeypatch, capsys):
+    # after the last update, in the end's validation: the updates since the last checkpoint are saved (it had said
+    # "interrupted before training began" and lost them); --resume validates and ends the run
+    import minitf.train
+    real, calls = minitf.train.validate, []
+
+    def interrupted_at_the_end(run):
+        calls.append(run.state["step"])
+        if run.state["step"] == 5:
+            raise KeyboardInterrupt
+        return real(run)
+    monkeypatch.setattr(minitf.train, "validate", interrupted_at_the_end)
+    monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))
+    cli = train_wmt_module()
+    out = tmp_path / "run"
+    flags = ["--dataset", "multi30k", "--data-dir", str(corpus), "--preset", "tiny", "--vocab-size", "60", "--device",
+             "cpu", "--out", str(out), "--quiet", "--max-steps", "5", "--save-every", "3", "--valid-every", "3",
+             "--beam", "1"]
+    code = cli.main(flags)
+    err = capsys.readouterr().err
+    assert code == 130 and "Traceback" not in err, err[-2000:]
+    assert "interrupted (SIGINT) in the final validation at step 5: saved" in err and "checkpoint_0000005.npz" in err
+    monkeypatch.setattr(minitf.train, "validate", real)
+    assert cli.main(flags + ["--resume"]) == 0
+    assert json.loads((out / "results.json").read_text())["steps"] == 5
+
+
+def test_a_later_best_checkpoint_is_made_again_from_the_best_the_resumed_run_knows(tmp_path, capsys):
+    from minitf.checkpoint import Checkpoint, load_checkpoint, read_train_state, save_checkpoint
+    from minitf.runfolder import settle_leftovers
+    cfg = minitf.Config(vocab_size=17, d_model=16, n_heads=2, d_ff=24, n_layers=1)
+    four, six = minitf.Transformer(cfg, seed=4), minitf.Transformer(cfg, seed=6)
+    best4 = {"step": 4, "best_valid": {"step": 4, "metric": "valid_loss", "value": -3.0}}
+    save_checkpoint(tmp_path / "checkpoint_0000004.npz", four, minitf.Adam(four), tokenizer=b"tok", train_state=best4)
+    save_checkpoint(tmp_path / "checkpoint_best.npz", six, tokenizer=b"tok", train_state={"step": 6, "best": True})
+    (tmp_path / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
+        {"step": 4, "loss": 3.0}, {"step": 5, "loss": 2.9}, {"step": 6, "valid_loss": 2.5}, "not a record",
+        {"step": 4, "eval": "valid", "bleu": 1.0})))
+    settle_leftovers(str(tmp_path), Checkpoint(str(tmp_path / "checkpoint_0000004.npz"), cfg, {}, None, b"tok", best4))
+    err = capsys.readouterr().err
+    assert "checkpoint_best.npz was of step 6, after step 4 where this run resumes: made again from " \
+           "checkpoint_0000004.npz, the best validation up to there" in err
+    assert "dropped 3 records after step 4" in err
+    made = load_checkpoint(tmp_path / "checkpoint_best.npz")
+    assert read_train_state(tmp_path / "checkpoint_best.npz")["best"] is True and made.train_state["step"] == 4
+    for name, a in four.state_dict().items():
+        np.testing.assert_array_equal(made.params[name], a)
+    assert [line for line in (tmp_path / "train_log.jsonl").read_text().splitlines()] == [
+        json.dumps({"step": 4, "loss": 3.0}), json.dumps("not a record")]

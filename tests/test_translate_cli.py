@@ -484,6 +484,14 @@ def test_info_says_what_each_kind_of_model_file_is(setup, tmp_path, capsys):
                          f"{run / 'model.npz'}: a run's reported model: its last checkpoint (checkpoint_0000007.npz)"]
     assert main(["info", str(run), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["model"]["parameters"] == n
+    # resumed past its end and stopped before ending again: its results are of the earlier end, and say so
+    save_checkpoint(run / "checkpoint_0000009.npz", model, minitf.Adam(model, lr=1e-3), tokenizer=source.tokenizer,
+                    train_state=dict(state, step=9))
+    assert main(["info", str(run)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"{run}: a training run that ended after 7 updates, then was resumed and stopped at step 9 before ending "
+        f"again: its results.json and model.npz are of step 7")
+    (run / "checkpoint_0000009.npz").unlink()
     (tmp_path / "empty").mkdir()
     assert main(["info", str(tmp_path / "empty")]) == 2
     assert "neither a run's --out folder" in capsys.readouterr().err
