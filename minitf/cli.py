@@ -7,7 +7,7 @@ import os
 import sys
 
 from .data.pipeline import add_data_args, check_data_args
-from .errors import ConfigError, DataError, MinitfError, out_of_memory, report
+from .errors import ConfigError, DataError, MinitfError, one_line_warnings, out_of_memory, report
 from .ctranslate2_export import QUANTIZATIONS
 from .fileio import check_output_file
 from .flags import MAX_BEAM, Number, Parser, positive
@@ -415,7 +415,8 @@ def main(argv=None):
     except SystemExit as e:   # a bad flag (one line printed, status 2), or --help / --version (0)
         return e.code
     try:
-        args.func(args)
+        with one_line_warnings():
+            args.func(args)
         sys.stdout.flush()       # inside the handling: a full disk or a closed pipe is reported, not lost at exit
     except OSError as e:
         if not _is_stdout_error(e):

@@ -3,7 +3,9 @@
 The command-line entry points catch `MinitfError` and print its message as one line
 (no traceback), so every user-facing failure should raise one of these.
 """
+import contextlib
 import sys
+import warnings
 
 
 def one_line(text, limit=400):
@@ -17,6 +19,22 @@ def report(message):
     (MPI ranks sharing a terminal) never run into each other."""
     sys.stderr.write(one_line(message, limit=4000) + "\n")
     sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def one_line_warnings():
+    """Within the block, a Python warning (a tokenizer trained smaller than asked, kernels that did not compile) is
+    printed as one line, `warning: MESSAGE`, not as Python's `FILE:LINE: UserWarning: MESSAGE` and the source line
+    under it; the command-line entry points run in it."""
+    before = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        report(f"warning: {message}")
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = before
 
 
 def out_of_memory(e, knobs=None):

@@ -29,6 +29,7 @@ Every array is read with allow_pickle=False.
 """
 import json
 import os
+import re
 import zipfile
 
 import numpy as np
@@ -222,7 +223,12 @@ def _scalar(text):
     if not t:
         return ""
     if t[0] in "\"'":
-        return json.loads(t) if t[0] == '"' else t[1:-1].replace("''", "'")
+        if t[0] == "'":
+            return t[1:-1].replace("''", "'")
+        try:
+            return _double_quoted(t)
+        except ValueError:   # not YAML's double quoting after all: the text between the quotes
+            return t[1:-1]
     if t[0] == "[":
         inner = t[1:-1].strip()
         return [_scalar(x) for x in inner.split(",")] if inner else []
@@ -260,25 +266,54 @@ def load_yaml(text):
     return out
 
 
+# YAML's escapes in a double-quoted scalar (YAML 1.2, 5.7) beside JSON's: yaml-cpp, which writes Marian's vocabularies,
+# writes U+0080..U+00A0 and control characters as \xNN
+_YAML_ESCAPES = {"0": "\0", "a": "\a", "b": "\b", "t": "\t", "\t": "\t", "n": "\n", "v": "\v", "f": "\f", "r": "\r",
+                 "e": "\x1b", " ": " ", '"': '"', "/": "/", "\\": "\\", "N": "\x85", "_": "\xa0", "L": "\u2028",
+                 "P": "\u2029"}
+_YAML_ESCAPE = re.compile(r'\\(x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|.)')
+
+
+def _double_quoted(text):
+    """The string a YAML double-quoted scalar ("...", quotes included) stands for; ValueError if it is not one."""
+    if len(text) < 2 or text[-1] != '"':
+        raise ValueError("no closing quote")
+
+    def one(m):
+        e = m.group(1)
+        if e[0] in "xuU" and len(e) > 1:
+            return chr(int(e[1:], 16))
+        if e not in _YAML_ESCAPES:
+            raise ValueError(f"unknown escape \\{e}")
+        return _YAML_ESCAPES[e]
+    out = _YAML_ESCAPE.sub(one, text[1:-1])
+    return out.encode("utf-16", "surrogatepass").decode("utf-16")   # a pair of \u escapes: one character
+
+
 def load_vocab(path):
     """A Marian vocabulary (YAML {piece: id}) -> [piece] in id order."""
     pieces = {}
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            piece, sep, idx = line.rpartition(":")
-            try:
-                i = int(idx)
-            except ValueError:
-                raise CheckpointError(f"{path}:{n}: not a vocabulary line ('piece: id'): {line[:60]!r}") from None
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path}: not a YAML vocabulary (binary: a SentencePiece model?); minitf reads Marian's "
+                              f"vocabulary as .yml, 'piece: id' a line") from None
+    for n, line in enumerate(lines, 1):
+        line = line.rstrip("\r")
+        if not line.strip():
+            continue
+        piece, sep, idx = line.rpartition(":")
+        try:
+            i = int(idx)
             piece = piece.strip()
             if piece[:1] == '"':
-                piece = json.loads(piece)
+                piece = _double_quoted(piece)
             elif piece[:1] == "'":
                 piece = piece[1:-1].replace("''", "'")
-            pieces[i] = piece
+        except ValueError:
+            raise CheckpointError(f"{path}:{n}: not a vocabulary line ('piece: id'): {line[:60]!r}") from None
+        pieces[i] = piece
     if sorted(pieces) != list(range(len(pieces))):
         raise CheckpointError(f"{path}: the ids are not 0..{len(pieces) - 1}")
     return [pieces[i] for i in range(len(pieces))]
@@ -302,8 +337,12 @@ def marian_files(path):
         if os.path.isfile(decoder):
             with open(decoder, encoding="utf-8") as f:
                 conf = load_yaml(f.read())
-            model = os.path.join(folder, conf["models"][0])
-            vocabs = [os.path.join(folder, v) for v in conf["vocabs"]]
+            try:
+                model = os.path.join(folder, conf["models"][0])
+                vocabs = [os.path.join(folder, v) for v in conf["vocabs"]]
+            except (KeyError, IndexError, TypeError):
+                raise CheckpointError(f"{decoder}: expected the lists 'models' (the .npz) and 'vocabs' (the vocabulary "
+                                      f".yml), as OPUS-MT's decoder.yml gives them") from None
         else:
             npz = sorted(n for n in os.listdir(path) if n.endswith(".npz"))
             if len(npz) != 1:
@@ -383,9 +422,13 @@ def import_marian(path):
             raise CheckpointError(f"{model_path}: separate source and target embeddings; minitf ties them "
                                   f"(Marian's --tied-embeddings-all)")
         emb = enc
-    if "decoder_ff_logit_out_W" in arrays:
-        raise CheckpointError(f"{model_path}: an output layer of its own (decoder_ff_logit_out_W); minitf ties it to "
-                              f"the embedding (Marian's --tied-embeddings-all)")
+    for name in ("decoder_ff_logit_out_W", "decoder_ff_logit_out_Wt"):   # legacy Marian's, and today's transposed one
+        if name in arrays:
+            raise CheckpointError(f"{model_path}: an output layer of its own ({name}); minitf ties it to the "
+                                  f"embedding (Marian's --tied-embeddings-all)")
+    if len(pieces) != emb.shape[0]:
+        raise CheckpointError(f"{vocab_paths[0]}: {len(pieces):,} pieces, but the embedding of {model_path} has "
+                              f"{emb.shape[0]:,} rows: not this model's vocabulary")
     for name in ("</s>", "<unk>"):
         if name not in pieces:
             raise CheckpointError(f"{vocab_paths[0]}: no {name} piece")

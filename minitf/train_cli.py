@@ -279,12 +279,13 @@ def main(argv=None, prog=None):
     """train_wmt.py, `minitf-train` and `python -m minitf train`: parse the flags, train, score;
     returns the exit status (2: a user error, in one line; 130/143: stopped by Ctrl-C / SIGTERM, saved
     unless a second Ctrl-C came first or training had not begun)."""
-    from minitf.errors import Interrupted, MinitfError, out_of_memory, report
+    from minitf.errors import Interrupted, MinitfError, one_line_warnings, out_of_memory, report
     from minitf.runfolder import checkpoint_paths
     from minitf.train import train
     args = parse_args(argv, prog)
     try:
-        train(args)
+        with one_line_warnings():
+            train(args)
     except MinitfError as e:
         report(f"error: {e}")
         return 2

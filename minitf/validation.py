@@ -37,12 +37,16 @@ def evaluate_loss(model, batches, world=None):
 
 
 def valid_batches(valid, tok, max_tokens):
-    """The (src, tgt) lines of the validation set as batches of at most max_tokens per side."""
+    """The (src, tgt) lines of the validation set as batches of at most max_tokens per side; a sentence longer than
+    that (validation sets are not cleaned) is a batch of its own."""
     from .data import TokenPairs, token_batches
     from .data.batching import training_batch
     pairs = TokenPairs.from_lists(tok.encode(valid[0]), tok.encode_target(valid[1]))
-    idxs = token_batches(pairs.src_lens, pairs.tgt_lens, max_tokens, seed=0, epoch=0, shuffle=False)
-    return [training_batch(pairs, idx, tok) for idx in idxs]
+    longest = np.maximum(pairs.src_lens, pairs.tgt_lens)
+    fits, alone = np.flatnonzero(longest < max_tokens), np.flatnonzero(longest >= max_tokens)
+    idxs = [fits[b] for b in token_batches(pairs.src_lens[fits], pairs.tgt_lens[fits], max_tokens, seed=0, epoch=0,
+                                           shuffle=False)] if fits.size else []
+    return [training_batch(pairs, idx, tok) for idx in idxs + [alone[i:i + 1] for i in range(alone.size)]]
 
 
 def even_sample(n, k):

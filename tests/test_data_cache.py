@@ -635,3 +635,55 @@ def test_a_cache_dir_that_is_a_file_or_cannot_be_made_is_one_clear_error(tmp_pat
     with pytest.raises(DataError, match=f"^cannot make the cache folder {a_file}/sub \\(Not a directory\\): name "
                                         f"another \\(--cache-dir\\)"):
         load_data(DataSettings(cache_dir=str(a_file / "sub"), **own))
+
+
+def test_own_sets_that_cannot_work_are_refused_at_the_start(tmp_path):
+    # an empty --valid or --test set had trained the whole run and then failed in sacreBLEU (an IndexError) before
+    # results.json was written; a --vocab-size below the corpus's characters had been SentencePiece's INTERNAL error
+    # naming a deleted temporary file and an option minitf does not have
+    from minitf.data.datasets import user_dataset
+    d = _own(tmp_path)
+    for stem in ("empty.en", "empty.de"):
+        (d / stem).write_text("")
+    with pytest.raises(DataError, match=r"^--valid .*empty: .*empty.en and .*empty.de hold no lines: there is nothing "
+                                        r"to validate on$"):
+        user_dataset(d / "train", d / "empty")
+    with pytest.raises(DataError, match=r"^--test news=.*empty: .* hold no lines: there is nothing to score$"):
+        user_dataset(d / "train", d / "dev", tests=[("news", d / "empty")])
+    paths, _, _ = _corpus(tmp_path / "data")
+    with pytest.raises(DataError, match=r"^--vocab-size 8 is too small for this corpus: it needs at least \d+ pieces "
+                                        r"\(its characters and the special pieces\)$"):
+        _prepare(tmp_path, paths, vocab_size=8)
+
+
+def test_a_corpus_still_being_written_is_not_cached_cut_short(tmp_path, monkeypatch):
+    # with a given tokenizer (as --resume and --tokenizer give) the corpus is read once: a file that grows meanwhile
+    # (a `zcat ... >>` still running) had left a cache of its first part, trusted by size and mtime ever after
+    paths, en, de = _corpus(tmp_path / "data", gz=(False, False))
+    tok = _prepare(tmp_path / "first", paths).tokenizer
+    real = prepare._fingerprint
+
+    def grown_after_reading(*args, **kwargs):    # more lines written once minitf had read to the end
+        for path, lines in zip(paths, (en, de)):
+            with open(path, "a") as f:
+                f.write("".join(line + "\n" for line in lines[:5]))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(prepare, "_fingerprint", grown_after_reading)
+    with pytest.raises(DataError, match=r"the corpus changed while it was being prepared \(.*train\.(en|de): [\d,]+ bytes "
+                                        r"read, [\d,]+ now\); run again once it is complete"):
+        _prepare(tmp_path, paths, tokenizer=tok)
+    assert not [p for p in _left(tmp_path / "cache") if not p.startswith(".")]   # nothing cached
+
+
+def test_a_validation_sentence_longer_than_a_batch_is_a_batch_of_its_own(tmp_path):
+    # validation sets are not cleaned: a sentence past --max-tokens had stopped the run with "example 40 needs ...
+    # raise --max-tokens or lower --max-len", which the --valid file could not be told from
+    from minitf.validation import valid_batches
+    paths, en, de = _corpus(tmp_path / "data")
+    tok = _prepare(tmp_path, paths).tokenizer
+    src, tgt = en[:6] + [" ".join(en[:40])], de[:6] + [" ".join(de[:40])]
+    batches = valid_batches((src, tgt), tok, max_tokens=64)
+    sizes = sorted(len(b[0]) for b in batches)
+    assert sum(sizes) == 7 and 1 in sizes and max(b[0].shape[1] for b in batches) > 64
+    whole = [b for b in batches if len(b[0]) == 1 and b[0].shape[1] > 64]
+    assert len(whole) == 1

@@ -281,6 +281,55 @@ def test_options_minitf_lacks_are_refused_in_one_line(tmp_path):
         assert named in str(e.value) and "\n" not in str(e.value)
 
 
+def test_what_real_opus_mt_folders_hold_is_read_or_refused_in_one_line(tmp_path):
+    # an output layer of its own under today's name (_Wt, transposed) had been ignored: the tied embedding scored
+    # instead, silently; a vocabulary of another length, a SentencePiece model named as the vocabulary, a decoder.yml
+    # without its lists, and yaml-cpp's \x escapes had been tracebacks
+    import yaml
+    folder, pieces = write_marian_by_hand(tmp_path / "opus")
+    with np.load(folder / "opus.npz", allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    np.savez(folder / "opus.npz", **arrays, decoder_ff_logit_out_Wt=arrays["Wemb"][::-1].copy())
+    with pytest.raises(CheckpointError, match=r"an output layer of its own \(decoder_ff_logit_out_Wt\)"):
+        import_marian(str(folder))
+    np.savez(folder / "opus.npz", **arrays)
+    vocab = (folder / "opus.vocab.yml").read_text(encoding="utf-8")
+    (folder / "opus.vocab.yml").write_text("".join(vocab.splitlines(keepends=True)[:-3]), encoding="utf-8")
+    with pytest.raises(CheckpointError, match=rf"opus.vocab.yml: {len(pieces) - 3} pieces, but the embedding of .* has "
+                                              rf"{len(pieces)} rows: not this model's vocabulary"):
+        import_marian(str(folder))
+    (folder / "opus.vocab.yml").write_bytes((folder / "source.spm").read_bytes())
+    with pytest.raises(CheckpointError, match=r"opus.vocab.yml: not a YAML vocabulary \(binary"):
+        import_marian(str(folder))
+    (folder / "opus.vocab.yml").write_text(vocab, encoding="utf-8")
+    decoder = (folder / "decoder.yml").read_text()
+    (folder / "decoder.yml").write_text("beam-size: 4\n")
+    with pytest.raises(CheckpointError, match=r"decoder.yml: expected the lists 'models' .* and 'vocabs'"):
+        import_marian(str(folder))
+    (folder / "decoder.yml").write_text(decoder)
+    # yaml-cpp's escapes (U+0080..U+00A0 and control characters as \xNN), read as YAML reads them
+    text = '"\\xa0": 0\n"a\\x85b": 1\n"\\u00e9\\U0001F600": 2\n"tab\\there": 3\n"\\ud83d\\ude00": 4\n'
+    (tmp_path / "esc.yml").write_text(text, encoding="utf-8")
+    as_yaml = [k for k, _ in sorted(yaml.safe_load(text).items(), key=lambda kv: kv[1])]
+    assert load_vocab(tmp_path / "esc.yml") == as_yaml[:4] + ["\U0001F600"]     # a \u pair is one character, as in JSON
+    (tmp_path / "bad.yml").write_text('"\\q": 0\n', encoding="utf-8")
+    with pytest.raises(CheckpointError, match=r"bad.yml:1: not a vocabulary line"):
+        load_vocab(tmp_path / "bad.yml")
+
+
+def test_a_multilingual_models_language_token_is_its_piece(tmp_path):
+    # a multilingual OPUS-MT model reads the target language from a first token such as >>deu<<, a piece of its
+    # vocabulary: SentencePiece had cut it into characters (<unk> among them), so the model never saw it
+    from minitf.data.tokenizer import MarianTokenizer
+    folder, pieces = write_marian_by_hand(tmp_path / "opus")
+    tok = MarianTokenizer.from_files(folder / "source.spm", folder / "target.spm", pieces + [">>deu<<"])
+    lang = len(pieces)
+    plain = tok.encode(["the cat sees a dog"])[0]
+    assert tok.encode([">>deu<< the cat sees a dog", "  >>deu<<the cat sees a dog"]) == [[lang] + plain] * 2
+    assert tok.encode([">>fra<< the cat sees a dog"])[0][0] != lang      # not a piece of this vocabulary: text
+    assert tok.encode_target([">>deu<< the cat sees a dog"])[0][0] == lang
+
+
 def test_vocabulary_and_yaml_files_round_trip(tmp_path):
     pieces = ["</s>", "<unk>", "▁a", 'quote"d', "back\\slash", "colon:", "'single'", "▁über"]
     (tmp_path / "v.yml").write_text(dump_vocab(pieces), encoding="utf-8")

@@ -369,8 +369,13 @@ def user_dataset(train, valid, tests=(), src="en", tgt="de"):
                                      "valid": [_prefix_files(valid, src, tgt, "--valid")], "tests": {}},
               "data_dir": os.path.dirname(os.path.abspath(os.fspath(train)))}
     result["valid"] = _read_all(result["paths"]["valid"])
+    if not result["valid"][0]:
+        raise DataError(f"--valid {valid}: {' and '.join(result['paths']['valid'][0])} hold no lines: there is "
+                        f"nothing to validate on")
     for name, prefix in tests:
         p = _prefix_files(prefix, src, tgt, f"--test {name}=")
         result["tests"][name] = read_parallel(*p)
         result["paths"]["tests"][name] = p
+        if not result["tests"][name][0]:
+            raise DataError(f"--test {name}={prefix}: {' and '.join(p)} hold no lines: there is nothing to score")
     return result

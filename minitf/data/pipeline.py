@@ -214,5 +214,6 @@ def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True, v
                            expect_data_id=expect_data_id, verify=verify)
     if len(corpus) == 0:
         raise DataError(f"no training pairs left after cleaning ({corpus.manifest['counts']}); check "
-                        f"{files[0][0]} and the cleaning limits (--max-len, --max-ratio)")
+                        f"{' and '.join(p for pair in files for p in pair)} and the cleaning limits (--max-len, "
+                        f"--max-ratio)")
     return Data(corpus.tokenizer, corpus, corpus.pairs(args.src, args.tgt), data["valid"], data["tests"])

@@ -246,7 +246,18 @@ def _stream_pass(files, progress, desc, chunk_lines):
 
 
 def _fingerprint(files, streams):
-    return [{**_stat(s.path), "sha256": s.sha256} for pair in streams for s in pair]
+    """Each file's path, size, mtime and the SHA-256 of the bytes read; DataError where the file's size now is not the
+    bytes read (a file still being written, as by a `zcat ... >>` still running): the cache would hold a cut corpus
+    that every later start trusts by its size and mtime."""
+    out = []
+    for pair in streams:
+        for s in pair:
+            now = _stat(s.path)
+            if now["size"] != s.bytes_read:
+                raise DataError(f"the corpus changed while it was being prepared ({s.path}: {s.bytes_read:,} bytes "
+                                f"read, {now['size']:,} now); run again once it is complete")
+            out.append({**now, "sha256": s.sha256})
+    return out
 
 
 def _sample_for_tokenizer(files, progress, sample_size, seed, chunk_lines):

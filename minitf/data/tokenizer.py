@@ -237,9 +237,13 @@ class Tokenizer:
         try:
             proto = run()
         except RuntimeError as e:
+            small = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", str(e))
+            if small or "insert_id(trainer_spec_.unk_id()" in str(e):
+                need = f" at least {int(small.group(2))}" if small else " more"
+                raise DataError(f"--vocab-size {vocab_size} is too small for this corpus: it needs{need} pieces (its "
+                                f"characters and the special pieces)") from None
             if "Vocabulary size too high" not in str(e):
-                raise DataError(f"{model_path}: SentencePiece training failed: "
-                                f"{str(e).splitlines()[-1]}") from None
+                raise DataError(f"SentencePiece training failed: {str(e).splitlines()[-1]}") from None
             proto = run(hard_vocab_limit=False)
             got = spm.SentencePieceProcessor(model_proto=proto).get_piece_size()
             m = re.search(r"<= (\d+)", str(e))
@@ -309,11 +313,22 @@ class MarianTokenizer:
     def vocab_size(self):
         return len(self.pieces)
 
+    LANGUAGE_TOKEN = re.compile(r"\s*(>>[^<>\s]+<<)\s*")   # a multilingual model's target language: >>deu<<
+
     def _ids(self, sp, lines):
+        """Each line's ids; a leading target-language token (`>>deu<<`) that is a piece of the vocabulary is that
+        piece, as Marian reads it, not text for SentencePiece to cut up."""
         if isinstance(lines, str):
             raise TypeError("encode takes a list of strings")
-        unk = self.unk_id
-        return [[self.ids.get(p, unk) for p in pieces] for pieces in sp.encode(list(lines), out_type=str)]
+        unk, lines = self.unk_id, list(lines)
+        heads = []
+        for i, line in enumerate(lines):
+            m = self.LANGUAGE_TOKEN.match(line)
+            heads.append([self.ids[m.group(1)]] if m and m.group(1) in self.ids else [])
+            if heads[-1]:
+                lines[i] = line[m.end():]
+        return [head + [self.ids.get(p, unk) for p in pieces]
+                for head, pieces in zip(heads, sp.encode(lines, out_type=str))]
 
     def encode(self, lines, num_threads=1):
         """Source sentences -> id lists (no EOS)."""
