@@ -389,14 +389,32 @@ def _load_data(args, world, resume, tokenizer=None):
 
 def new_state(args, data):
     return {"step": 0, "epoch": 0, "batch": 0, "forward_count": 0, "train_wall_s": 0.0, "train_tokens": 0,
-            "nonfinite": 0, "data_id": data.data_id, "languages": [args.src, args.tgt]}
+            "nonfinite": 0, "data_id": data.data_id, "languages": [args.src, args.tgt], "valid_sha256": _valid_id(data)}
+
+
+def _valid_id(data):
+    """The SHA-256 of the validation set's lines, both sides: the set the run's best and --patience compare on."""
+    h = hashlib.sha256()
+    for side in data.valid:
+        for line in side:
+            h.update(line.encode("utf-8", "surrogatepass") + b"\n")
+        h.update(b"\0")
+    return h.hexdigest()
 
 
 def _restore(run, resume):
-    """Parameters, Adam's moments and step, the train state (and the loss scale) of a checkpoint."""
+    """Parameters, Adam's moments and step, the train state (and the loss scale) of a checkpoint. A validation set
+    other than the one the run validated on so far is said, and the run goes on with it."""
     run.model.load_state_dict(resume.params)
     run.opt.load_state_dict(resume.optimizer)
+    now = run.state["valid_sha256"]
     run.state.update(resume.train_state)
+    before = resume.train_state.get("valid_sha256")
+    if run.lead and before and before != now and resume.train_state.get("best_valid"):
+        log(f"note: the validation set is not the one this run validated on before step {resume.train_state['step']}: "
+            f"the best so far (step {resume.train_state['best_valid']['step']}'s) and --patience compare scores of "
+            f"the two sets")
+    run.state["valid_sha256"] = now
     if run.scaler is not None and "loss_scale" in run.state:
         run.scaler.scale, run.scaler.good_steps = run.state["loss_scale"], run.state["good_steps"]
 

@@ -687,3 +687,16 @@ def test_a_validation_sentence_longer_than_a_batch_is_a_batch_of_its_own(tmp_pat
     assert sum(sizes) == 7 and 1 in sizes and max(b[0].shape[1] for b in batches) > 64
     whole = [b for b in batches if len(b[0]) == 1 and b[0].shape[1] > 64]
     assert len(whole) == 1
+
+
+def test_a_resume_on_another_validation_set_says_that_its_best_compares_two_sets(tmp_path):
+    d = _own(tmp_path)
+    args = ["--train", d / "train", *TRAIN, "--save-every", 1, "--valid-every", 1, "--out", tmp_path / "run"]
+    r = _run([*args, "--valid", d / "dev", "--max-steps", 2], tmp_path / "cache")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = _run([*args, "--valid", d / "dev", "--max-steps", 3, "--resume"], tmp_path / "cache")
+    assert r.returncode == 0 and "the validation set is not the one" not in r.stderr, r.stderr[-2000:]
+    r = _run([*args, "--valid", d / "news", "--max-steps", 4, "--resume"], tmp_path / "cache")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "note: the validation set is not the one this run validated on before step 3: the best so far (step " \
+           in r.stderr and "and --patience compare scores of the two sets" in r.stderr
