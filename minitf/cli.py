@@ -70,6 +70,12 @@ def cmd_average(args):
 
 
 def cmd_export(args):
+    from .marian import is_marian
+    if is_marian(args.checkpoint):
+        raise ConfigError(f"--checkpoint {args.checkpoint} is a Marian model: export writes minitf's checkpoints; "
+                          f"CTranslate2 converts an OPUS-MT folder itself (ct2-opus-mt-converter --model_dir "
+                          f"{args.checkpoint} --output_dir OUT), and a model fine-tuned from it (--init-from) exports "
+                          f"as any minitf checkpoint")
     if args.format == "safetensors":
         from .checkpoint import export_safetensors
         check_output_file(args.output, "--output")

@@ -291,15 +291,22 @@ def _double_quoted(text):
 
 
 def load_vocab(path):
-    """A Marian vocabulary (YAML {piece: id}) -> [piece] in id order."""
+    """A Marian vocabulary (YAML {piece: id} a line, or JSON, which Marian reads as YAML too) -> [piece] in id order."""
     pieces = {}
     try:
         with open(path, encoding="utf-8") as f:
-            lines = f.read().split("\n")
+            text = f.read()
     except UnicodeDecodeError:
         raise CheckpointError(f"{path}: not a YAML vocabulary (binary: a SentencePiece model?); minitf reads Marian's "
-                              f"vocabulary as .yml, 'piece: id' a line") from None
-    for n, line in enumerate(lines, 1):
+                              f"vocabulary as .yml, 'piece: id' a line, or .json") from None
+    if text.lstrip().startswith("{"):   # a .json vocabulary: one object
+        try:
+            mapping = json.loads(text)
+            pieces = {int(i): str(p) for p, i in mapping.items()}
+        except (ValueError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{path}: not a JSON vocabulary {{piece: id}} ({one_line(e)})") from None
+        text = ""
+    for n, line in enumerate(text.split("\n"), 1):
         line = line.rstrip("\r")
         if not line.strip():
             continue
@@ -353,9 +360,10 @@ def marian_files(path):
     else:
         model, vocabs = path, None
     if vocabs is None:
-        ymls = sorted(n for n in os.listdir(folder) if n.endswith(".yml") and "vocab" in n)
+        ymls = sorted(n for n in os.listdir(folder) if n.endswith((".yml", ".json")) and "vocab" in n)
         if not ymls:
-            raise CheckpointError(f"{folder}: no vocabulary (*vocab*.yml) beside {os.path.basename(model)}")
+            raise CheckpointError(f"{folder}: no vocabulary (*vocab*.yml or *vocab*.json) beside "
+                                  f"{os.path.basename(model)}")
         vocabs = [os.path.join(folder, ymls[0])]
     spms = [os.path.join(folder, n) for n in ("source.spm", "target.spm")]
     for f in [model] + vocabs + spms:
@@ -396,6 +404,10 @@ def _check_options(options, where):
         if key in options and options[key] not in allowed:
             raise CheckpointError(f"{where}: Marian option --{key} {options[key]!r} is not supported by minitf "
                                   f"(it builds {' or '.join(map(repr, allowed))})")
+    ffn, dec_ffn = options.get("transformer-dim-ffn"), options.get("transformer-decoder-dim-ffn", 0)
+    if dec_ffn and dec_ffn != ffn:
+        raise CheckpointError(f"{where}: Marian option --transformer-decoder-dim-ffn {dec_ffn} (the encoder's "
+                              f"--transformer-dim-ffn {ffn}) is not supported by minitf (one feed-forward width)")
     pre, post = options.get("transformer-preprocess", ""), options.get("transformer-postprocess", "dan")
     top = options.get("transformer-postprocess-top", "")
     if (pre, post, top) not in (("", "dan", ""), ("n", "da", "n")):

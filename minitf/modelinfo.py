@@ -53,7 +53,9 @@ def info_lines(f):
         model = f"recurrent (bi-LSTM encoder, {c['attention']} attention), {layers}, D {c['d_model']}, hidden {c['rnn_hidden']}"
     else:
         model = (f"Transformer, {layers}, {c['norm_position']}-norm, D {c['d_model']}, {c['n_heads']} heads of "
-                 f"{c['d_k']}, F {c['d_ff']}, {c['activation']}, {c['positional']} positions (at most {c['max_len']})")
+                 f"{c['d_k']}, F {c['d_ff']}, {c['activation']}, "
+                 + (f"learned positions (at most {c['max_len']})" if c["positional"] == "learned"
+                    else "sinusoidal positions"))   # sinusoids reach any length
     lines = [f"{f['path']}: {f['kind']}"]
     if f["languages"]:
         lines.append(f"  languages: {f['languages'][0]} -> {f['languages'][1]}")

@@ -315,6 +315,23 @@ def test_what_real_opus_mt_folders_hold_is_read_or_refused_in_one_line(tmp_path)
     (tmp_path / "bad.yml").write_text('"\\q": 0\n', encoding="utf-8")
     with pytest.raises(CheckpointError, match=r"bad.yml:1: not a vocabulary line"):
         load_vocab(tmp_path / "bad.yml")
+    # a .json vocabulary, which Marian reads as YAML too, found beside a model without decoder.yml
+    (folder / "decoder.yml").unlink()
+    (folder / "opus.vocab.yml").rename(folder / "opus.vocab.json")
+    (folder / "opus.vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}, ensure_ascii=False))
+    assert load_vocab(folder / "opus.vocab.json") == pieces
+    assert import_marian(str(folder))[2].pieces[4:] == import_marian(str(folder / "opus.npz"))[2].pieces[4:]
+    # a decoder feed-forward width of its own is named as the Marian option, not as a shape further on
+    text = arrays["special:model.yml"].tobytes().rstrip(b"\0").decode() + "transformer-decoder-dim-ffn: 32\n"
+    np.savez(folder / "opus.npz", **{**arrays, "special:model.yml": np.frombuffer(text.encode() + b"\0", np.int8)})
+    with pytest.raises(CheckpointError, match=r"--transformer-decoder-dim-ffn 32 \(the encoder's --transformer-dim-ffn "
+                                              r"24\) is not supported by minitf"):
+        import_marian(str(folder))
+    np.savez(folder / "opus.npz", **arrays)
+    # export takes minitf's checkpoints: an OPUS-MT folder is pointed to CTranslate2's own converter
+    from minitf.cli import main
+    assert main(["export", "--format", "ctranslate2", "--checkpoint", str(folder), "--out", str(tmp_path / "c")]) == 2
+    assert not (tmp_path / "c").exists()
 
 
 def test_a_multilingual_models_language_token_is_its_piece(tmp_path):

@@ -449,6 +449,7 @@ def test_info_says_what_each_kind_of_model_file_is(setup, tmp_path, capsys):
         assert lines[0] == f"{tmp_path / name}: {kind}"
         assert f"  model: Transformer, {c.n_layers}+{c.n_decoder_layers} layers, post-norm, D {c.d_model}, " \
                f"{c.n_heads} heads of {c.d_k}, F {c.d_ff}" in lines[2] and f"{n:,} parameters (float32)" in lines[2]
+        assert f"{c.activation}, sinusoidal positions; " in lines[2]       # no bound: sinusoids reach any length
         assert lines[1] == "  languages: en -> de"
         assert f"  vocabulary: {c.vocab_size:,} pieces (a SentencePiece" in lines[3]
     assert main(["info", str(tmp_path / "checkpoint_0000007.npz")]) == 0
@@ -457,6 +458,10 @@ def test_info_says_what_each_kind_of_model_file_is(setup, tmp_path, capsys):
     facts = json.loads(capsys.readouterr().out)
     assert facts["parameters"] == n and facts["config"] == c.to_dict() and facts["resumable"] is False
     assert facts["train_state"]["from"] == ["a.npz", "b.npz"] and facts["tokenizer"]["pieces"] == c.vocab_size
+    learned = minitf.Transformer(minitf.Config(**{**c.to_dict(), "positional": "learned", "max_len": 40}))
+    save_checkpoint(tmp_path / "learned.npz", learned, tokenizer=source.tokenizer)
+    assert main(["info", str(tmp_path / "learned.npz")]) == 0
+    assert ", learned positions (at most 40); " in capsys.readouterr().out
     assert main(["info", str(tmp_path / "missing.npz")]) == 2
     assert "missing.npz does not exist" in capsys.readouterr().err
     # a run's folder: its checkpoints, scores and model; before its end, its newest checkpoint
