@@ -10,7 +10,7 @@ from .data.pipeline import add_data_args, check_data_args
 from .errors import ConfigError, DataError, MinitfError, one_line_warnings, out_of_memory, report
 from .ctranslate2_export import QUANTIZATIONS
 from .fileio import check_output_file
-from .flags import MAX_BEAM, Number, Parser, positive
+from .flags import MAX_ALPHA, MAX_BEAM, MAX_LEN_B, Number, Parser, positive
 from .trainlog import plural
 
 
@@ -99,10 +99,23 @@ def cmd_export(args):
     print(f"exported {args.checkpoint} -> {args.output}/ ({what})", file=sys.stderr)
 
 
+def _check_output(args, *inputs):
+    """--output (when given) can be written, and is none of the files the command reads (it would be replaced by the
+    text written: the checkpoint, the input): (flag, path) pairs."""
+    if not args.output:
+        return
+    check_output_file(args.output, "--output")
+    if not os.path.exists(args.output) or not os.path.isfile(args.output):
+        return
+    for flag, path in (("--checkpoint", args.checkpoint),) + inputs:
+        if path not in (None, "-") and os.path.exists(path) and os.path.samefile(path, args.output):
+            raise ConfigError(f"--output {args.output} is {flag} {path}: writing it would replace that file; name "
+                              f"another output")
+
+
 def cmd_translate(args):
     from .translate import load
-    if args.output:
-        check_output_file(args.output, "--output")
+    _check_output(args, ("--input", args.input))
     translator = load(args.checkpoint, args.device)
     if args.input in (None, "-") and sys.stdin.isatty() and not args.output:
         return _interactive(translator, args)
@@ -111,12 +124,25 @@ def cmd_translate(args):
 
 
 def _write_text(output, text):
-    """text into the file --output names (atomically), or to stdout without one."""
-    if output:
-        from .fileio import atomic_write
-        atomic_write(output, lambda f: f.write(text.encode()))
-    else:
+    """text into the file --output names, or to stdout without one: a regular file atomically (gzip-compressed where
+    its name ends in .gz, as the readers take it back); through a link, a pipe or a device (/dev/stdout, a shell's
+    >(gzip > f.gz)) as it is, the link kept."""
+    if not output:
         sys.stdout.write(text)
+        return
+    from .fileio import atomic_write
+    data = text.encode()
+    try:
+        if os.path.islink(output) or (os.path.exists(output) and not os.path.isfile(output)):
+            with open(output, "wb") as f:
+                f.write(data)
+            return
+        if output.endswith(".gz"):
+            import gzip
+            data = gzip.compress(data, mtime=0)
+        atomic_write(output, lambda f: f.write(data))
+    except OSError as e:
+        raise DataError(f"--output {output}: cannot write it ({e.strerror or e})") from None
 
 
 def _scored_lines(i, line, hyps, per_piece):
@@ -160,6 +186,8 @@ def _interactive(translator, args):
 
 def cmd_evaluate(args):
     from .translate import load, metrics
+    if args.src == args.ref == "-":
+        raise ConfigError("--src - and --ref -: standard input can be only one of them; name a file for the other")
     src, ref = _read_input(args.src), _read_input(args.ref)
     if len(src) != len(ref):
         raise DataError(f"--src {args.src} has {plural(len(src), 'line')} but --ref {args.ref} has {len(ref)}")
@@ -167,7 +195,7 @@ def cmd_evaluate(args):
         raise DataError(f"--src {args.src} and --ref {args.ref} are empty: there is nothing to translate and score")
     translator = load(args.checkpoint, args.device)
     alpha = translator.alpha if args.alpha is None else args.alpha
-    lang = args.lang or (translator.languages or [None, None])[1]
+    lang = (args.lang or (translator.languages or [None, None])[1] or "").lower() or None   # "DE": German too
     hyps = translator.translate(src, beam=args.beam, alpha=alpha, max_len_b=args.max_len_b, batch_size=args.batch_size,
                                 progress=not args.quiet, stop=args.stop)
     result = metrics(hyps, ref, lang=lang)
@@ -198,8 +226,7 @@ def cmd_score(args):
     empty = [i + 1 for i, line in enumerate(src) if not line.strip()]
     if empty:
         raise DataError(f"--src {args.src}: line {empty[0]} is empty: a translation needs a source to be scored against")
-    if args.output:
-        check_output_file(args.output, "--output")
+    _check_output(args, ("--src", args.src), ("--tgt", args.tgt))
     translator = load(args.checkpoint, args.device)
     try:
         scored = translator.score(src, tgt, alpha=args.alpha, batch_size=args.batch_size, progress=not args.quiet)
@@ -230,10 +257,10 @@ def _decode_args(p):
     p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz, or a .safetensors export) with "
                                                        "its tokenizer, or a Marian model folder (docs/interop.md)")
     p.add_argument("--beam", type=Number(int, 1, MAX_BEAM), default=4, help="beam size (paper: 4; 1 = greedy)")
-    p.add_argument("--alpha", type=Number(float, 0), default=None,
+    p.add_argument("--alpha", type=Number(float, 0, MAX_ALPHA), default=None,
                    help="length penalty alpha (paper: 0.6; default: the checkpoint's preset, small 2.0, "
                         "small with --arch rnn 1.5)")
-    p.add_argument("--max-len-b", type=Number(int, 0), default=50, help="max output length = input length (in pieces, its EOS "
+    p.add_argument("--max-len-b", type=Number(int, 0, MAX_LEN_B), default=50, help="max output length = input length (in pieces, its EOS "
                    "included) + this; with learned positions at most max_len - 1")
     p.add_argument("--stop", choices=["fairseq", "bound", "ctranslate2"], default="fairseq",
                    help="when beam search ends a sentence: fairseq (once --beam hypotheses finished, fairseq's rule) or "
@@ -330,13 +357,15 @@ def build_parser(prog="python -m minitf"):
                                    "sentence under the model, over the length penalty ((5 + length) / 6) ** alpha, as "
                                    "beam search scores a hypothesis (translate --scores prints the same scale): one "
                                    "score a line, or with --scores the S-, H- and P- lines of translate --scores. The "
-                                   "translation is split into pieces as the tokenizer splits text; a piece outside an "
-                                   "output vocabulary is scored as the unknown piece, as training scores it.")
+                                   "translation is split into pieces as the tokenizer splits text (a translation whose "
+                                   "search chose pieces of bare spaces scores otherwise here: its text is the same "
+                                   "words in fewer pieces); a piece outside an output vocabulary is scored as the "
+                                   "unknown piece, as training scores it.")
     p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz, or a .safetensors export) with "
                                                        "its tokenizer, or a Marian model folder (docs/interop.md)")
     p.add_argument("--src", required=True, help="source sentences (a file, plain or .gz, a pipe, or - for stdin)")
     p.add_argument("--tgt", required=True, help="their translations, one a line, the same way")
-    p.add_argument("--alpha", type=Number(float, 0), default=None,
+    p.add_argument("--alpha", type=Number(float, 0, MAX_ALPHA), default=None,
                    help="length penalty alpha (0: the plain sum of log-probabilities; default: the checkpoint's preset, "
                         "as translate)")
     p.add_argument("--scores", action="store_true", help="print S-, H- and P- lines (the score and each piece's "

@@ -292,7 +292,8 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
     stop="ctranslate2" is CTranslate2's rule with its length penalty at 0 (docs/interop.md): every
     EOS among the k best finishes (not only k of them), and a sentence ends at the first step
     whose best candidate is an EOS (with alpha 0 no live beam can beat it then). A model exported
-    there searches the same way.
+    there searches the same way. With nbest=n the search goes on past that step until n hypotheses have finished
+    (or the length limit), so the n-best list is n long; its best is that first one.
 
     At most `batch_size` sentences (default: all) are decoded at once, in the order given;
     as they finish, the next ones take their places (continuous batching, _Waiting).
@@ -360,8 +361,10 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
         if stop == "bound":   # a live beam could still beat the best finished hypothesis
             best_live = np.take_along_axis(values, pick[:, :1], axis=1)[:, 0]
             going = best_live / length_penalty(max_lens[alive] + 1, alpha) > best_score[alive]
-        elif stop == "ctranslate2":   # until the best candidate of a step is an EOS
-            going = ~(is_eos[:, 0] & finite[:, 0])
+        elif stop == "ctranslate2":   # until the best candidate of a step is an EOS (and n-best's n have finished:
+            going = ~(is_eos[:, 0] & finite[:, 0])        # with alpha 0 none of them beats that first one)
+            if nbest:
+                going |= n_done[alive] < nbest
         still = _compact(going & ~at_limit & live[:, 0], cohort)
         if progress is not None and n > len(still):
             progress.update(n - len(still))

@@ -12,6 +12,8 @@ import math
 import sys
 
 MAX_BEAM = 1024   # beams per sentence: far past any use (the paper: 4), well before memory runs out
+MAX_ALPHA = 10.0  # the length penalty's exponent: far past any use (the paper: 0.6), before ((5 + |Y|) / 6) ** alpha overflows
+MAX_LEN_B = 10_000   # pieces a translation may add to its source's length
 
 
 class Parser(argparse.ArgumentParser):

@@ -33,7 +33,7 @@ import os
 
 from minitf.config import ARCHS, ATTENTIONS, FLAG_FIELDS, NORM_POSITIONS, PRESETS, preset_defaults
 from minitf.data.pipeline import add_data_args, check_data_args, subword_model
-from minitf.flags import MAX_BEAM, Number, Parser, fraction, positive
+from minitf.flags import MAX_ALPHA, MAX_BEAM, Number, Parser, fraction, positive
 
 
 def build_parser(prog=None):
@@ -151,7 +151,7 @@ def build_parser(prog=None):
                         "the run's second half (default from the preset: base 5, big 20, as in the paper)")
     p.add_argument("--beam", type=Number(int, 1, MAX_BEAM), default=4,
                    help="beam size for the final evaluation (paper: 4; 1 = greedy)")
-    p.add_argument("--alpha", type=Number(float, 0), default=None,
+    p.add_argument("--alpha", type=Number(float, 0, MAX_ALPHA), default=None,
                    help="length penalty alpha of beam search (paper: 0.6; default: the preset's, small 2.0, "
                         "small with --arch rnn 1.5)")
     p.add_argument("--decode-batch", type=positive(), default=100, help="sentences decoded together")

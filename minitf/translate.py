@@ -16,7 +16,7 @@ from .backend import blas_threads, can_limit_blas_threads, is_gpu, usable_cores
 from .data.batching import pad_ids
 from .decode import beam_search, greedy_search, length_penalty, restores_mode
 from .errors import CheckpointError
-from .flags import MAX_BEAM
+from .flags import MAX_ALPHA, MAX_BEAM, MAX_LEN_B
 
 
 def progress_bar(total, desc, enabled=True, stream=None):
@@ -54,11 +54,11 @@ def check_search(beam_size, alpha, batch_size, max_len_b, stop, nbest=None, beam
             raise ValueError(f"{name}={value}: expected {low} to {high}" if high else f"{name}={value}: expected {low} or more")
     whole(beam_name, beam_size, 1, MAX_BEAM)
     whole("batch_size", batch_size, 1)
-    whole("max_len_b", max_len_b, 0)
+    whole("max_len_b", max_len_b, 0, MAX_LEN_B)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)):
         raise TypeError(f"alpha={alpha!r}: expected a number (the length penalty's exponent)")
-    if not alpha >= 0:
-        raise ValueError(f"alpha={alpha}: expected 0 or more (0: no length penalty)")
+    if not 0 <= alpha <= MAX_ALPHA:
+        raise ValueError(f"alpha={alpha}: expected 0 to {MAX_ALPHA:g} (0: no length penalty)")
     if stop not in STOPS:
         raise ValueError(f"stop={stop!r}: choose one of {', '.join(STOPS)}")
     if nbest is not None:
@@ -254,7 +254,8 @@ def score_lines(model, tokenizer, sources, targets, alpha=None, batch_size=64, p
     """Raw (source, translation) pairs -> Hypothesis(translation, score, token_logprobs) each: the translation's
     log-probability piece by piece (score_ids) and its score as beam search ranks a hypothesis (their sum over the
     length penalty with `alpha`, default the checkpoint preset's), so a translation of `translate` scores here as
-    there. An empty translation is scored too (its end of sentence); an empty source is an error (`translate` gives
+    there, when its text splits into the pieces the search chose (it does not where the search chose pieces of bare
+    spaces, `▁`: the text, rescored, is the same words in fewer pieces). An empty translation is scored too (its end of sentence); an empty source is an error (`translate` gives
     it an empty translation without asking the model)."""
     alpha = model.cfg.decode_alpha if alpha is None else alpha
     check_search(1, alpha, batch_size, 0, "fairseq")

@@ -30,7 +30,7 @@ import numpy as np
 
 from .errors import ConfigError, DataError, MinitfError
 from .fileio import check_output_file
-from .flags import MAX_BEAM, Number, fraction, positive
+from .flags import MAX_ALPHA, MAX_BEAM, MAX_LEN_B, Number, fraction, positive
 from .trainlog import plural
 
 DPI = 100
@@ -673,9 +673,9 @@ def add_plot_parser(sub):
     q.add_argument("--layer", type=Number(int, 0), default=0, help="layer index, from 0 (default 0)")
     q.add_argument("--head", type=Number(int, 0), default=0, help="head index, from 0 (default 0)")
     q.add_argument("--beam", type=Number(int, 1, MAX_BEAM), default=4, help="beam size when translating (1 = greedy; default 4)")
-    q.add_argument("--alpha", type=Number(float, 0), default=None, help="length penalty when translating (default: the "
+    q.add_argument("--alpha", type=Number(float, 0, MAX_ALPHA), default=None, help="length penalty when translating (default: the "
                    "checkpoint's preset)")
-    q.add_argument("--max-len-b", type=Number(int, 0), default=50, help="max output length = input length (in pieces, its EOS "
+    q.add_argument("--max-len-b", type=Number(int, 0, MAX_LEN_B), default=50, help="max output length = input length (in pieces, its EOS "
                    "included) + this; with learned positions at most max_len - 1")
     q.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")

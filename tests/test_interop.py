@@ -93,6 +93,17 @@ def minitf_and_ct2(path, folder, quantization=None):
     return minitf.load(str(path)), ct2.Translator(str(out), device="cpu")
 
 
+def test_ctranslate2s_stop_gives_nbest_as_many_hypotheses_as_asked_and_the_same_best(trained):
+    # the rule ends a sentence at the first step whose best candidate is EOS: a trained model ends most sentences
+    # that way with fewer than n finished, and `--nbest n` had printed as few as 1 of them
+    path, _ = trained
+    t = minitf.load(str(path))
+    src = sentences(20, 5)
+    lists = t.nbest(src, n=3, beam=3, alpha=0, stop="ctranslate2")
+    assert [len(hyps) for hyps in lists] == [3] * len(src)
+    assert [hyps[0].text for hyps in lists] == t.translate(src, beam=3, alpha=0, stop="ctranslate2")
+
+
 def test_ctranslate2_translates_and_scores_as_minitf(trained):
     path, folder = trained
     t, tr = minitf_and_ct2(path, folder)

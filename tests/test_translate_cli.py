@@ -193,8 +193,11 @@ def test_the_library_refuses_what_the_flags_refuse_naming_the_setting(alpha2):
     for kw, error, says in ((dict(beam=0), ValueError, "beam=0: expected 1 to 1024"),
                             (dict(beam=2.5), TypeError, "beam=2.5: expected a whole number"),
                             (dict(batch_size=0), ValueError, "batch_size=0: expected 1 or more"),
-                            (dict(max_len_b=-1), ValueError, "max_len_b=-1: expected 0 or more"),
-                            (dict(alpha=-0.5), ValueError, "alpha=-0.5: expected 0 or more"),
+                            (dict(max_len_b=-1), ValueError, "max_len_b=-1: expected 0 to 10000"),
+                            (dict(max_len_b=10 ** 19), ValueError, "max_len_b=10000000000000000000: expected 0 to 10000"),
+                            (dict(alpha=-0.5), ValueError, "alpha=-0.5: expected 0 to 10 (0: no length penalty)"),
+                            (dict(alpha=float("inf")), ValueError, "alpha=inf: expected 0 to 10"),
+                            (dict(alpha=1000), ValueError, "alpha=1000: expected 0 to 10"),
                             (dict(alpha="2"), TypeError, "alpha='2': expected a number"),
                             (dict(stop="fairsec"), ValueError, "stop='fairsec': choose one of fairseq, bound, ctranslate2")):
         with pytest.raises(error) as e:
@@ -556,7 +559,7 @@ def test_score_gives_a_translation_the_log_probabilities_beam_search_gave_it(set
     assert t.score(src[0], text) == h                             # two strings: one pair, one Hypothesis
     with pytest.raises(TypeError, match="two strings"):
         t.score(src[0], [text])
-    with pytest.raises(ValueError, match="alpha=-1: expected 0 or more"):
+    with pytest.raises(ValueError, match="alpha=-1: expected 0 to 10"):
         t.score([src[0]], [text], alpha=-1)
     with pytest.raises(ValueError, match=r"target 1: piece ids must lie in \[0, "):
         score_ids(t.model, [src_ids[0]], [[4, tok.vocab_size]])
@@ -589,3 +592,50 @@ def test_score_gives_a_translation_the_log_probabilities_beam_search_gave_it(set
     assert float(lines[1].split("\t")[1]) == pytest.approx(sum(p), abs=1e-3)
     bad = run("score", "--checkpoint", d / "model.npz", "--src", d / "src.txt", "--tgt", tmp_path / "tgt.txt")
     assert bad.returncode == 2 and "has 7 lines but --tgt" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+def test_output_never_replaces_what_the_command_reads_and_goes_where_it_is_pointed(setup, tmp_path):
+    # --output naming the checkpoint or the input had replaced it with text; a link, a pipe or /dev/stdout had been
+    # replaced by a regular file (as root) or was a traceback; a .gz name had held plain text that minitf then could
+    # not read back
+    import gzip
+    d = setup
+    model = tmp_path / "model.npz"
+    model.write_bytes((d / "model.npz").read_bytes())
+    src = tmp_path / "src.txt"
+    src.write_text((d / "src.txt").read_text())
+    flags = ["--beam", 2, "--max-len-b", 3, "--quiet"]
+    for args, flag, named in ((["translate", "--checkpoint", model, "--input", src, "--output", model], "--checkpoint",
+                               model),
+                              (["translate", "--checkpoint", model, "--input", src, "--output", src], "--input", src),
+                              (["score", "--checkpoint", model, "--src", src, "--tgt", d / "ref.txt", "--output", src],
+                               "--src", src)):
+        r = run(*args, *(flags if args[0] == "translate" else ["--quiet"]))
+        assert r.returncode == 2 and r.stderr == (f"error: --output {args[-1]} is {flag} {named}: writing it would "
+                                                  f"replace that file; name another output\n"), r.stderr
+    assert model.read_bytes() == (d / "model.npz").read_bytes() and src.read_text() == (d / "src.txt").read_text()
+    want = run("translate", "--checkpoint", model, "--input", src, *flags).stdout
+    run("translate", "--checkpoint", model, "--input", src, "--output", tmp_path / "out.de.gz", *flags)
+    assert gzip.decompress((tmp_path / "out.de.gz").read_bytes()).decode() == want
+    (tmp_path / "real.txt").write_text("")
+    os.symlink(tmp_path / "real.txt", tmp_path / "link.txt")
+    run("translate", "--checkpoint", model, "--input", src, "--output", tmp_path / "link.txt", *flags)
+    assert os.path.islink(tmp_path / "link.txt") and (tmp_path / "real.txt").read_text() == want
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    p = subprocess.Popen([sys.executable, "-m", "minitf", "translate", "--checkpoint", str(model), "--input", str(src),
+                          "--output", str(fifo), *map(str, flags)], stderr=subprocess.PIPE, text=True)
+    with open(fifo) as f:
+        assert f.read() == want
+    assert p.wait(timeout=300) == 0 and fifo.is_fifo()
+
+
+def test_evaluate_names_a_doubled_stdin_and_takes_the_language_in_any_case(setup):
+    d = setup
+    r = run("evaluate", "--checkpoint", d / "model.npz", "--src", "-", "--ref", "-", stdin="a\n")
+    assert r.returncode == 2 and "standard input can be only one of them" in r.stderr
+    lower, upper = (json.loads(run("evaluate", "--checkpoint", d / "model.npz", "--src", d / "src.txt", "--ref",
+                                   d / "ref.txt", "--beam", 1, "--max-len-b", 3, "--quiet", "--json", "--lang",
+                                   lang).stdout) for lang in ("de", "DE"))
+    assert "compound splitting" in upper["bleu_paper_method"] and upper["bleu_paper"] == lower["bleu_paper"]
+
