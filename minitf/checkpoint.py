@@ -275,6 +275,12 @@ def average_checkpoints(paths, output):
             diff = [f"parameters {', '.join(sorted(set(c.params) ^ set(total))[:3])} in one only"]
         if diff:
             raise CheckpointError(f"average: {c.path} has a different model than {first[0]}: {'; '.join(diff)}")
+        theirs = {n: a.dtype for n, a in c.params.items()}
+        if theirs != first[2]:
+            odd = next(n for n in first[2] if theirs[n] != first[2][n])
+            raise CheckpointError(f"average: {c.path} holds {theirs[odd]} weights, {first[0]} {first[2][odd]} (as "
+                                  f"{odd}): average checkpoints of one precision (the mean would be written in the "
+                                  f"first's)")
         if c.tokenizer is not None and first[3] is not None and c.tokenizer != first[3]:
             raise CheckpointError(f"average: {c.path} has another tokenizer than {first[0]}: the same row of the "
                                   f"embedding is another piece in each, so their mean would mix pieces; average "

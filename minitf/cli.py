@@ -46,9 +46,16 @@ def cmd_average(args):
     check_output_file(args.output, "--output")
     if args.folder:
         from .runfolder import checkpoint_paths
-        paths = checkpoint_paths(args.folder)[-args.last:]
+        if not os.path.isdir(args.folder):
+            raise DataError(f"--folder {args.folder} " + ("is a file: name the run's folder" if os.path.exists(args.folder)
+                                                          else "does not exist: name a run's --out folder"))
+        found = checkpoint_paths(args.folder)
+        paths = found[-args.last:]
         if not paths:
             raise DataError(f"--folder {args.folder}: no training checkpoints (checkpoint_<step>.npz) in it")
+        if len(found) < args.last:
+            print(f"note: --last {args.last}, but {args.folder} holds {plural(len(found), 'training checkpoint')}: "
+                  f"averaging those", file=sys.stderr)
     else:
         paths = []
         for path in args.inputs:
@@ -65,8 +72,9 @@ def cmd_average(args):
         raise DataError(f"--inputs: every checkpoint given was left out (above): nothing to average; name a run's "
                         f"checkpoint_<step>.npz files, or its folder with --folder")
     average_checkpoints(paths, args.output)
-    print(f"averaged {plural(len(paths), 'checkpoint')} "
-          f"({', '.join(os.path.basename(p) for p in paths)}) -> {args.output}", file=sys.stderr)
+    names = [os.path.basename(p) for p in paths]
+    shown = names if len(set(names)) == len(names) else paths   # two runs' checkpoint_0000020.npz: their paths
+    print(f"averaged {plural(len(paths), 'checkpoint')} ({', '.join(shown)}) -> {args.output}", file=sys.stderr)
 
 
 def cmd_export(args):

@@ -209,7 +209,7 @@ def write_marian(cfg, params, tokenizer, out_dir):
              "source.spm": lambda f: f.write(src_spm),
              "target.spm": lambda f: f.write(tgt_spm),
              "decoder.yml": lambda f: f.write(dump_yaml({"models": ["model.npz"], "vocabs": ["vocab.yml", "vocab.yml"],
-                                                         "beam-size": 4, "normalize": 0.6}).encode())}
+                                                         "beam-size": 4, "normalize": cfg.decode_alpha}).encode())}
     check_export_folder(out_dir, files, is_marian, "Marian model")
     os.makedirs(out_dir, exist_ok=True)
     for name, write in files.items():

@@ -91,6 +91,9 @@ def run_facts(folder):
     {"path", "error"} when that file cannot be read (the rest is still reported)."""
     checkpoints = [os.path.basename(p) for p in checkpoint_paths(folder)]
     model = checkpoint_in(folder)
+    if model is None and any(os.path.isfile(os.path.join(folder, n)) for n in ("config.json", "train_log.jsonl")):
+        raise DataError(f"{folder} is a training run's folder with no model yet: the run writes its first checkpoint "
+                        f"at --save-every (checkpoint_<step>.npz); nothing to describe before that")
     if model is None:
         raise DataError(f"{folder} is a folder, but neither a run's --out folder (no model.npz, no "
                         f"checkpoint_<step>.npz) nor a Marian model: name a model file or a run's folder")

@@ -34,6 +34,10 @@ from .flags import MAX_ALPHA, MAX_BEAM, MAX_LEN_B, Number, fraction, positive
 from .trainlog import plural
 
 DPI = 100
+PICTURE_MAX = 100_000    # positions or widths a picture draws: past any model, before the arrays run out of memory
+MAX_STEPS = 10 ** 9      # updates a schedule draws (the paper's big model: 300,000)
+DRAWN_LEN = 100          # a sentence's positions in the masks and packing pictures, each a labelled cell
+DRAWN_ROWS = 200         # the packed rows the packing picture labels, all sentences together
 FORMATS = ("png", "svg", "pdf")
 
 
@@ -391,7 +395,7 @@ def _check_layer_head(model, layer, head):
         raise ConfigError(f"plot attention draws the Transformer's multi-head attention; this checkpoint is "
                           f"--arch {model.cfg.arch}")
     n_heads = model.cfg.n_heads
-    n_layers = min(model.cfg.n_layers, model.cfg.n_decoder_layers)   # layer l of each stack is drawn
+    n_layers = max(model.cfg.n_layers, model.cfg.n_decoder_layers)   # layer l of each stack that has one is drawn
     if not 0 <= layer < n_layers:
         stacks = (plural(n_layers, "layer") if model.cfg.n_layers == model.cfg.n_decoder_layers else
                   f"{model.cfg.n_layers} encoder and {model.cfg.n_decoder_layers} decoder layers")
@@ -409,7 +413,8 @@ def attention_maps(model, tokenizer, src, layer, head, tgt=None, beam_size=4, al
     greedy if beam_size == 1). Runs model.forward(src ids + EOS, BOS + tgt ids) in eval mode
     and reads the softmax p of each attention's cache. Returns {'src_pieces' [S],
     'tgt_pieces' [T] (decoder inputs, BOS first), 'translated' (bool), 'target' (text),
-    'enc_self' [S, S], 'dec_self' [T, T], 'cross' [T, S]} as NumPy float64; row = query.
+    'enc_self' [S, S], 'dec_self' [T, T], 'cross' [T, S]} as NumPy float64; row = query. A stack with fewer layers
+    than `layer` + 1 has no maps in it (the encoder's 'enc_self', the decoder's 'dec_self' and 'cross').
     """
     from .backend import to_numpy
     from .translate import translate_ids
@@ -437,9 +442,13 @@ def attention_maps(model, tokenizer, src, layer, head, tgt=None, beam_size=4, al
         model.forward(np.asarray([src_ids], dtype=np.int64), np.asarray([tgt_in], dtype=np.int64))
     finally:
         model.train(was_training)
-    enc, dec = model.encoder.layer_list[layer], model.decoder.layer_list[layer]
     get = lambda attn: to_numpy(attn.cache[3])[0, head].astype(np.float64)   # p of (q, k, v, p)
-    maps = {"enc_self": get(enc.self_attn), "dec_self": get(dec.self_attn), "cross": get(dec.cross_attn)}
+    maps = {}   # a stack shallower than `layer` has no maps of it
+    if layer < model.cfg.n_layers:
+        maps["enc_self"] = get(model.encoder.layer_list[layer].self_attn)
+    if layer < model.cfg.n_decoder_layers:
+        dec = model.decoder.layer_list[layer]
+        maps.update(dec_self=get(dec.self_attn), cross=get(dec.cross_attn))
     return {"src_pieces": [tokenizer.id_to_piece(i) for i in src_ids],
             "tgt_pieces": [tokenizer.id_to_piece(i) for i in tgt_in],
             "translated": translated, "target": tokenizer.decode([tgt_ids])[0], **maps}
@@ -474,11 +483,17 @@ def plot_attention(checkpoint, src, out, layer=0, head=0, tgt=None, beam_size=4,
               f"(the pieces are the lines above)", file=sys.stderr)
     width = max(9.0, cell * (2 * s + t) + 4.5)
     height = max(3.8, cell * max(s, t) + 2.5)
+    panels = [(title, m[key], keys, queries) for title, key, keys, queries in (
+        ("encoder self-attention", "enc_self", m["src_pieces"], m["src_pieces"]),
+        ("masked decoder self-attention", "dec_self", m["tgt_pieces"], m["tgt_pieces"]),
+        ("encoder-decoder attention", "cross", m["src_pieces"], m["tgt_pieces"])) if key in m]
+    if len(panels) < 3:
+        print(f"note: layer {layer} is the {'encoder' if 'enc_self' in m else 'decoder'}'s alone (this model has "
+              f"{model.cfg.n_layers} encoder and {model.cfg.n_decoder_layers} decoder layers): its maps alone are "
+              f"drawn", file=sys.stderr)
     fig = _figure(width, height)
-    axes = fig.subplots(1, 3, gridspec_kw={"width_ratios": [max(s, 3), max(t, 3), max(s, 3)]})
-    panels = [("encoder self-attention", m["enc_self"], m["src_pieces"], m["src_pieces"]),
-              ("masked decoder self-attention", m["dec_self"], m["tgt_pieces"], m["tgt_pieces"]),
-              ("encoder-decoder attention", m["cross"], m["src_pieces"], m["tgt_pieces"])]
+    axes = fig.subplots(1, len(panels), gridspec_kw={"width_ratios": [max(len(k), 3) for _, _, k, _ in panels]},
+                        squeeze=False)[0]
     for ax, (title, p, keys, queries) in zip(axes, panels):
         im = ax.imshow(p, cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
         if font >= 4:
@@ -514,7 +529,7 @@ def packing_grid(lens):
     from .packing import make_rows
     width = max(lens)
     keep = np.array([[True] * n + [False] * (width - n) for n in lens])
-    rows = make_rows(keep, np)
+    rows = make_rows(keep, np, whole=True)   # a batch without padding too
     grid = np.full(keep.shape, -1)
     grid.reshape(-1)[rows.host_index] = np.arange(len(rows.host_index))
     return grid, len(rows.host_index)
@@ -524,6 +539,9 @@ def plot_masks(out, src_lens=(5, 3), tgt_lens=(4, 6)):
     _check_out(out)
     if min(src_lens) < 1 or min(tgt_lens) < 1:
         raise ConfigError("every sentence needs at least one source and one target position")
+    if len(src_lens) != len(tgt_lens):
+        raise ConfigError(f"--src-lens gives {plural(len(src_lens), 'sentence')} and --tgt-lens "
+                          f"{len(tgt_lens)}: give each sentence a source and a target length")
     grids = mask_grids(list(src_lens), list(tgt_lens))
     b = len(src_lens)
     fig = _figure(3.2 * 3, 3.0 * b)
@@ -547,6 +565,9 @@ def plot_packing(out, lens=(5, 2, 4)):
     _check_out(out)
     if min(lens) < 1:
         raise ConfigError("every sentence needs at least one position")
+    if sum(lens) > DRAWN_ROWS:
+        raise ConfigError(f"--lens add up to {sum(lens):,} positions, each a labelled cell: at most {DRAWN_ROWS} are "
+                          f"drawn to be read")
     grid, n = packing_grid(list(lens))
     fig = _figure(max(6, 0.55 * n + 1), 1.6 + 0.5 * len(lens))
     top, bottom = fig.subplots(2, 1, height_ratios=[len(lens), 1])
@@ -587,9 +608,18 @@ def read_table1(path):
         raise DataError(f"--results {path} does not exist: write it with python bench/table1.py --out {path}") from None
     except ValueError as e:
         raise DataError(f"--results {path} is not the JSON bench/table1.py writes ({e})") from None
+    except OSError as e:   # a folder, no permission
+        raise DataError(f"--results {path}: cannot read it ({e.strerror or e})") from None
     missing = [key for key in ("by_n", "by_d", "path") if not isinstance(res, dict) or key not in res]
     if missing:
         raise DataError(f"--results {path} is not the JSON bench/table1.py writes (no {', '.join(missing)})")
+    names = ("self-attention", "self-attention+", "recurrent", "convolutional")
+    for key in ("by_n", "by_d"):
+        for row in res[key]:
+            if not isinstance(row, dict) or any(name not in (row.get("seconds") or {}) or name not in
+                                                (row.get("steps") or {}) for name in names):
+                raise DataError(f"--results {path}: a row of {key} lacks the seconds or steps of one of "
+                                f"{', '.join(names)}: not the JSON bench/table1.py writes")
     return res
 
 
@@ -616,7 +646,8 @@ def plot_table1(results, out):
         ax.set_xlabel(vary)
         ax.set_ylabel("forward + backward, ms")
         ax.set_title(f"{fixed} = {rows[0][fixed]}: time against {vary} ({vary} = {fixed} dotted)", fontsize=9)
-    by_n.legend(fontsize=7)
+    if res["by_n"]:
+        by_n.legend(fontsize=7)
     rows = res["by_n"]
     for name in names:
         steps_ax.loglog([r["n"] for r in rows], [r["steps"][name] for r in rows], "o-", ms=3, label=name)
@@ -643,18 +674,20 @@ def add_plot_parser(sub):
     what = p.add_subparsers(dest="what", required=True, metavar="WHAT")
 
     q = what.add_parser("pe", help="sinusoidal positional encoding (3.5): heatmap, norms, distance by offset")
-    q.add_argument("--max-len", type=Number(int, 2), default=100, help="positions to draw (default 100)")
-    q.add_argument("--d-model", type=Number(int, 2), default=128, help="model width, even (default 128)")
-    q.add_argument("--table-n", type=Number(int, 2), default=10, help="positions in the printed table (default 10)")
-    q.add_argument("--table-d", type=Number(int, 2), default=10, help="d_model of the printed table (default 10)")
+    q.add_argument("--max-len", type=Number(int, 2, PICTURE_MAX), default=100, help="positions to draw (default 100)")
+    q.add_argument("--d-model", type=Number(int, 2, PICTURE_MAX), default=128, help="model width, even (default 128)")
+    q.add_argument("--table-n", type=Number(int, 2, PICTURE_MAX), default=10,
+                   help="positions in the printed table (default 10)")
+    q.add_argument("--table-d", type=Number(int, 2, PICTURE_MAX), default=10,
+                   help="d_model of the printed table (default 10)")
     q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_pe(a.out, a.max_len, a.d_model, a.table_n, a.table_d))
 
     q = what.add_parser("lr", help="learning-rate schedule (5.3, eq. 3) with its peak at warmup")
-    q.add_argument("--d-model", type=positive(), default=512)
-    q.add_argument("--warmup", type=positive(), default=4000)
+    q.add_argument("--d-model", type=positive(high=PICTURE_MAX), default=512)
+    q.add_argument("--warmup", type=positive(high=MAX_STEPS), default=4000)
     q.add_argument("--factor", type=positive(float), default=1.0)
-    q.add_argument("--steps", type=Number(int, 2), default=100_000, help="last step drawn (default 100000)")
+    q.add_argument("--steps", type=Number(int, 2, MAX_STEPS), default=100_000, help="last step drawn (default 100000)")
     q.add_argument("--fade", type=fraction(), default=0.0,
                    help="train_wmt.py's --lr-fade for a run that ends at --steps (default 0: the paper's)")
     q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
@@ -683,13 +716,16 @@ def add_plot_parser(sub):
                                                  a.alpha, a.max_len_b, a.device))
 
     q = what.add_parser("masks", help="the attention masks: padding, causal + padding, cross-attention")
-    q.add_argument("--src-lens", type=positive(), nargs="+", default=[5, 3], help="source lengths (default 5 3)")
-    q.add_argument("--tgt-lens", type=positive(), nargs="+", default=[4, 6], help="target lengths (default 4 6)")
+    q.add_argument("--src-lens", type=positive(high=DRAWN_LEN), nargs="+", default=[5, 3],
+                   help=f"source lengths, one a sentence (default 5 3; at most {DRAWN_LEN} each, to be read)")
+    q.add_argument("--tgt-lens", type=positive(high=DRAWN_LEN), nargs="+", default=[4, 6],
+                   help="target lengths, as many (default 4 6)")
     q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_masks(a.out, a.src_lens, a.tgt_lens))
 
     q = what.add_parser("packing", help="pad-free rows: a padded batch and its packed rows")
-    q.add_argument("--lens", type=positive(), nargs="+", default=[5, 2, 4], help="sentence lengths (default 5 2 4)")
+    q.add_argument("--lens", type=positive(high=DRAWN_LEN), nargs="+", default=[5, 2, 4],
+                   help=f"sentence lengths (default 5 2 4; at most {DRAWN_LEN} each, to be read)")
     q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_packing(a.out, a.lens))
 

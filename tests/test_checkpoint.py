@@ -342,3 +342,26 @@ def test_read_model_reads_every_kind_of_model_file_alike(tmp_path):
     assert read_model(str(tmp_path / "bare.npz")).tokenizer is None
     with pytest.raises(CheckpointError, match="has no tokenizer inside: it cannot translate text"):
         load(str(tmp_path / "bare.npz"))
+
+
+def test_average_refuses_two_precisions_and_the_command_says_what_it_found(tmp_path, capsys):
+    from minitf.cli import main
+    cfg = minitf.Config(vocab_size=17, d_model=16, n_heads=2, d_ff=24, n_layers=1)
+    save_checkpoint(tmp_path / "a.npz", minitf.Transformer(cfg, seed=1), tokenizer=b"t")
+    save_checkpoint(tmp_path / "b.npz", minitf.Transformer(cfg, dtype="float64", seed=2), tokenizer=b"t")
+    with pytest.raises(minitf.CheckpointError, match=r"b.npz holds float64 weights, .*a.npz float32 \(as .*\): "
+                                                     r"average checkpoints of one precision"):
+        average_checkpoints([tmp_path / "a.npz", tmp_path / "b.npz"], tmp_path / "avg.npz")
+    run = tmp_path / "run"
+    run.mkdir()
+    for step in (2, 4):
+        m = minitf.Transformer(cfg, seed=step)
+        save_checkpoint(run / f"checkpoint_{step:07d}.npz", m, minitf.Adam(m), tokenizer=b"t", train_state={"step": step})
+    capsys.readouterr()
+    assert main(["average", "--folder", str(run), "--last", "5", "--output", str(tmp_path / "avg.npz")]) == 0
+    err = capsys.readouterr().err
+    assert f"note: --last 5, but {run} holds 2 training checkpoints: averaging those" in err
+    assert main(["average", "--folder", str(tmp_path / "nope"), "--output", str(tmp_path / "avg.npz")]) == 2
+    assert "does not exist: name a run's --out folder" in capsys.readouterr().err
+    assert main(["average", "--folder", str(tmp_path / "a.npz"), "--output", str(tmp_path / "avg.npz")]) == 2
+    assert "is a file: name the run's folder" in capsys.readouterr().err

@@ -492,3 +492,16 @@ def test_export_never_replaces_what_an_earlier_export_did_not_write(tmp_path):
         with pytest.raises(CheckpointError, match=r"is a CTranslate2 model: minitf writes that format"):
             minitf.load(str(name))
         assert main(["info", str(name)]) == 2
+
+
+def test_the_marian_export_records_the_models_length_penalty(tmp_path):
+    # decoder.yml's normalize is Marian's length penalty: the model's own (small: 2.0), not a fixed 0.6
+    from minitf.marian import load_yaml
+    (tmp_path / "src").mkdir()
+    from conftest import make_tiny_checkpoint
+    path, _ = make_tiny_checkpoint(tmp_path / "src")
+    c = load_checkpoint(path)
+    save_checkpoint(tmp_path / "a2.npz", params=c.params, tokenizer=c.tokenizer,
+                    config=minitf.Config(**{**c.config.to_dict(), "decode_alpha": 2.0}))
+    export_marian(str(tmp_path / "a2.npz"), str(tmp_path / "mar"))
+    assert load_yaml((tmp_path / "mar" / "decoder.yml").read_text())["normalize"] == 2.0

@@ -503,6 +503,11 @@ def test_info_says_what_each_kind_of_model_file_is(setup, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["info", str(tmp_path / "empty")]) == 2
     assert "neither a run's --out folder" in capsys.readouterr().err
+    (tmp_path / "early").mkdir()                 # a run before its first checkpoint
+    (tmp_path / "early" / "train_log.jsonl").write_text('{"step": 1, "loss": 9.0}\n')
+    assert main(["info", str(tmp_path / "early")]) == 2
+    assert "is a training run's folder with no model yet: the run writes its first checkpoint at --save-every" in \
+        capsys.readouterr().err
     # odd folders: a hand-edited results.json, a model.npz cut short, a folder with only checkpoint_best.npz
     for text, head in (('{"steps": "7"}', "a training run that ended (its results.json gives no count of updates)"),
                        ("[1, 2]", "a training run whose results.json cannot be read"), ("{", "cannot be read")):

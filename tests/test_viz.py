@@ -428,3 +428,43 @@ def test_table1_results_of_another_shape_are_one_line(tmp_path):
     bad.write_text(json.dumps({"by_n": []}))
     with pytest.raises(DataError, match="no by_d, path"):
         viz.read_table1(bad)
+
+
+def test_pictures_of_odd_but_valid_input_and_flags_past_their_bounds(ckpt, tmp_path, capsys):
+    # a batch without padding (packing had failed on make_rows' None), lists of two lengths (masks had drawn one
+    # sentence fewer or failed), a table1 file that is a folder or lacks a layer (tracebacks), numbers past any use
+    # (tracebacks from NumPy), a layer only the deeper stack has (refused before)
+    needs_matplotlib()
+    assert main(["plot", "packing", "--lens", "3", "3", "--out", str(tmp_path / "p.png")]) == 0
+    assert_png(tmp_path / "p.png")
+    grid, n = viz.packing_grid([3, 3])
+    assert n == 6 and grid.tolist() == [[0, 1, 2], [3, 4, 5]]
+    with pytest.raises(ConfigError, match="--src-lens gives 2 sentences and --tgt-lens 1"):
+        viz.plot_masks(tmp_path / "m.png", [5, 3], [4])
+    with pytest.raises(ConfigError, match="add up to 300 positions"):
+        viz.plot_packing(tmp_path / "p.png", [100, 100, 100])
+    with pytest.raises(DataError, match="cannot read it"):
+        viz.plot_table1(tmp_path, tmp_path / "t.png")
+    (tmp_path / "t.json").write_text('{"by_n": [{"n": 8, "d": 4, "seconds": {}, "steps": {}}], "by_d": [], "path": []}')
+    with pytest.raises(DataError, match="a row of by_n lacks the seconds or steps"):
+        viz.plot_table1(tmp_path / "t.json", tmp_path / "t.png")
+    for args in (["lr", "--steps", "99999999999999999999"], ["pe", "--max-len", "99999999999"],
+                 ["masks", "--src-lens", "99999999999999999999", "--tgt-lens", "3"], ["packing", "--lens", "101"]):
+        r = run_cli("plot", *args, "--out", tmp_path / "x.png")
+        assert r.returncode == 2 and "must be an integer in [" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    from minitf.checkpoint import load_checkpoint, save_checkpoint
+    import minitf
+    c = load_checkpoint(ckpt)
+    deep = minitf.Transformer(minitf.Config(**{**c.config.to_dict(), "n_layers": 3, "n_decoder_layers": 1}))
+    save_checkpoint(tmp_path / "deep.npz", deep, tokenizer=c.tokenizer)
+    capsys.readouterr()
+    assert main(["plot", "attention", "--checkpoint", str(tmp_path / "deep.npz"), "--src", "the big dog eats",
+                 "--tgt", "a red house", "--layer", "2", "--out", str(tmp_path / "a.png")]) == 0
+    assert_png(tmp_path / "a.png")
+    assert "note: layer 2 is the encoder's alone (this model has 3 encoder and 1 decoder layers)" in capsys.readouterr().err
+    from minitf.translate import load_for_inference
+    model, tok = load_for_inference(tmp_path / "deep.npz")
+    m = viz.attention_maps(model, tok, "the big dog eats", layer=2, head=0, tgt="a red house")
+    assert "enc_self" in m and "dec_self" not in m and "cross" not in m
+    with pytest.raises(ConfigError, match=r"3 encoder and 1 decoder layers, valid --layer is 0\.\.2"):
+        viz.attention_maps(model, tok, "a cat", layer=3, head=0, tgt="a dog")
