@@ -107,6 +107,10 @@ def cmd_export(args):
     print(f"exported {args.checkpoint} -> {args.output}/ ({what})", file=sys.stderr)
 
 
+OUTPUT_HELP = ("output file (a .gz name is gzip-compressed; a link, a pipe or /dev/stdout is written through; never "
+               "the checkpoint or an input); default stdout")
+
+
 def _check_output(args, *inputs):
     """--output (when given) can be written, and is none of the files the command reads (it would be replaced by the
     text written: the checkpoint, the input): (flag, path) pairs."""
@@ -343,7 +347,7 @@ def build_parser(prog="python -m minitf"):
     _decode_args(p)
     p.add_argument("--input", help="input file (plain or .gz, or a pipe); default stdin (on a terminal: each line "
                    "translated as you type it)")
-    p.add_argument("--output", help="output file; default stdout")
+    p.add_argument("--output", help=OUTPUT_HELP)
     p.add_argument("--nbest", type=positive(), metavar="COUNT", help="the COUNT best translations of each line (COUNT <= --beam), as "
                                                           "H- lines with their scores")
     p.add_argument("--scores", action="store_true", help="print S-, H- and P- lines (scores per hypothesis and per "
@@ -366,7 +370,7 @@ def build_parser(prog="python -m minitf"):
                                    "beam search scores a hypothesis (translate --scores prints the same scale): one "
                                    "score a line, or with --scores the S-, H- and P- lines of translate --scores. The "
                                    "translation is split into pieces as the tokenizer splits text (a translation whose "
-                                   "search chose pieces of bare spaces scores otherwise here: its text is the same "
+                                   "search chose pieces of bare spaces scores differently here: its text is the same "
                                    "words in fewer pieces); a piece outside an output vocabulary is scored as the "
                                    "unknown piece, as training scores it.")
     p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz, or a .safetensors export) with "
@@ -378,7 +382,7 @@ def build_parser(prog="python -m minitf"):
                         "as translate)")
     p.add_argument("--scores", action="store_true", help="print S-, H- and P- lines (the score and each piece's "
                                                          "log-probability) instead of one score a line")
-    p.add_argument("--output", help="output file; default stdout")
+    p.add_argument("--output", help=OUTPUT_HELP)
     p.add_argument("--batch-size", type=positive(), default=64, help="pairs scored together")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -72,7 +72,8 @@ def build_parser(prog=None):
                         "float32 storage with products of 10-bit-mantissa inputs, on Ampere and newer; without this "
                         "flag a CUPY_TF32 already set in the environment decides)")
     p.add_argument("--out", default="runs/train", help="output folder: a new one, a folder of other files, or a run's "
-                   "to --resume (a folder holding an earlier run's model.npz or results.json is refused)")
+                   "to --resume (a new run in a folder holding an earlier run's model.npz, averaged.npz or "
+                   "results.json without its checkpoints, or a config.json no minitf run wrote, is refused)")
     p.add_argument("--max-steps", type=Number(int, 0, meaning=" (0 = no limit)"),
                    help="updates (the paper: base 100k, big 300k); 0 = no limit")
     p.add_argument("--time-budget", type=positive(float), help="stop training after this many seconds")

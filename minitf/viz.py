@@ -725,7 +725,8 @@ def add_plot_parser(sub):
 
     q = what.add_parser("packing", help="pad-free rows: a padded batch and its packed rows")
     q.add_argument("--lens", type=positive(high=DRAWN_LEN), nargs="+", default=[5, 2, 4],
-                   help=f"sentence lengths (default 5 2 4; at most {DRAWN_LEN} each, to be read)")
+                   help=f"sentence lengths (default 5 2 4; at most {DRAWN_LEN} each and {DRAWN_ROWS} in all, "
+                        f"to be read)")
     q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_packing(a.out, a.lens))
 
