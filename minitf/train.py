@@ -155,6 +155,12 @@ def train(args):
             raise
         log(f"rank {world.rank}: error: {e}")
         world.abort(2)
+    except KeyboardInterrupt:   # Ctrl-C outside the update loop's agreed stop (the data being prepared): the other
+        if world.size == 1:     # ranks may be waiting in a collective, so the whole job is ended
+            raise
+        log(f"rank {world.rank}: interrupted (SIGINT) before training began: nothing half-written was kept; run the "
+            f"command again" + (" (with --resume to continue)" if args.resume else ""))
+        world.abort(130)
     except Exception:
         if world.size == 1:
             raise
@@ -252,9 +258,6 @@ def set_up(args, world):
     if UpdateCheck.applies(run.opt):   # the step without a sync (take_step)
         run.check = UpdateCheck(model, run.scaler)
     if lead:
-        prepare_out(args.out)
-        settle_leftovers(args.out, resume)
-        _write_run_config(args, flags, cfg, world, data, resume)
         corpus = f"--train {args.train}" if args.train else args.dataset
         log(f"task: {corpus}, {args.src} -> {args.tgt}; the scores go to {os.path.join(args.out, 'results.json')}, "
             f"the model to {os.path.join(args.out, 'model.npz')}")
@@ -270,7 +273,11 @@ def set_up(args, world):
             log(f"note: no --preset given: {args.preset}, the preset for --device {args.device} "
                 + ("(sized for minutes on a CPU; --preset base is the paper's model, for GPUs)" if args.device == "cpu"
                    else "(the paper's base model)"))
-    _open_feed(run)
+    _open_feed(run)   # a resume the batches refuse (other ranks, --update-freq) stops here: --out not yet touched
+    if lead:
+        prepare_out(args.out)
+        settle_leftovers(args.out, resume)
+        _write_run_config(args, flags, cfg, world, data, resume)
     run.log = TrainLog(os.path.join(args.out, "train_log.jsonl"), enabled=lead)
     if lead and run.log.dropped:
         log(f"{run.log.path}: dropped its torn last line ({run.log.dropped} bytes, a record cut by a kill or a "
@@ -745,19 +752,31 @@ def end(run, stop):
 
 
 def _final_validation(run):
-    """validate(run) at the end; Ctrl-C or SIGTERM there saves this step's checkpoint first (the updates since the last
-    one are kept) and raises Interrupted: --resume validates and ends the run."""
+    """validate(run) at the end; Ctrl-C or SIGTERM there saves this step's checkpoint (the updates since the last
+    one are kept) and raises Interrupted: --resume validates and ends the run. Under MPI the signals are flagged, as
+    in the update loop, and agreed once the validation's collectives are done, so every rank stops together (a
+    rank raising alone would leave the others waiting in a collective)."""
+    if run.world.size > 1:
+        with StopSignals(run.world.size, notify=run.console.line_from_a_signal_handler if run.lead else None) as signals:
+            validate(run)
+        term, interrupt = run.world.allreduce_numbers(["SIGTERM" in signals.received, "SIGINT" in signals.received])
+        if term or interrupt:
+            _stopped_in_final_validation(run, "SIGTERM" if term else "SIGINT")
+        return
     try:
         with sigterm_raises():
             validate(run)
     except (KeyboardInterrupt, Interrupted) as e:
-        signame = e.signame if isinstance(e, Interrupted) else "SIGINT"
-        if run.lead:
-            path = run.save(on_grid=False)
-            run.log.close()
-            log(f"interrupted ({signame}) in the final validation at step {run.state['step']}: saved {path}; "
-                f"--resume validates and ends the run")
-        raise Interrupted(signame) from None
+        _stopped_in_final_validation(run, e.signame if isinstance(e, Interrupted) else "SIGINT")
+
+
+def _stopped_in_final_validation(run, signame):
+    if run.lead:
+        path = run.save(on_grid=False)
+        run.log.close()
+        log(f"interrupted ({signame}) in the final validation at step {run.state['step']}: saved {path}; "
+            f"--resume validates and ends the run")
+    raise Interrupted(signame)
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import minitf
+from minitf import distributed
 from minitf.checkpoint import load_checkpoint
 from conftest import write_multi30k
 
@@ -512,8 +513,10 @@ def test_resume_with_other_batches_is_one_line(corpus, tmp_path):
     out = tmp_path / "run"
     r = run_train(corpus, out, "--max-steps", 2, "--save-every", 2)
     assert r.returncode == 0, r.stderr[-3000:]
+    kept = {p.name: p.read_bytes() for p in out.iterdir()}
     r = run_train(corpus, out, "--max-steps", 4, "--save-every", 2, "--update-freq", 2, "--resume")
     assert r.returncode == 2 and "batches of 512 tokens" in r.stderr and "Traceback" not in r.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == kept     # config.json's record of the run untouched
     r = run_train(corpus, out, "--max-steps", 4, "--save-every", 2, "--max-tokens", 300, "--resume")
     assert r.returncode == 2 and "--max-tokens 300 makes batches of 300" in r.stderr and "Traceback" not in r.stderr
     # an explicit --max-tokens that keeps the batches' size resumes with another --update-freq
@@ -1069,3 +1072,53 @@ def test_a_later_best_checkpoint_is_made_again_from_the_best_the_resumed_run_kno
         np.testing.assert_array_equal(made.params[name], a)
     assert [line for line in (tmp_path / "train_log.jsonl").read_text().splitlines()] == [
         json.dumps({"step": 4, "loss": 3.0}), json.dumps("not a record")]
+
+
+class TwoRanks(distributed.World):
+    """What train() sees of a job of two ranks, with MPI's Abort recorded instead of made."""
+    size, aborted = 2, None
+
+    def abort(self, code=1):
+        TwoRanks.aborted = code
+        raise SystemExit(code)
+
+
+def test_under_mpi_ctrl_c_before_training_ends_the_whole_job(monkeypatch, capsys):
+    # Ctrl-C while rank 0 prepared the data had returned on that rank and left the others waiting in a barrier
+    import minitf.train
+    monkeypatch.setattr(minitf.train.distributed, "init", TwoRanks)
+
+    def interrupted(args, world):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(minitf.train, "_train", interrupted)
+    with pytest.raises(SystemExit):
+        minitf.train.train(dataclasses.make_dataclass("A", [("resume", bool)])(False))
+    assert TwoRanks.aborted == 130
+    assert "rank 0: interrupted (SIGINT) before training began" in capsys.readouterr().err
+
+
+def test_under_mpi_a_signal_in_the_final_validation_is_agreed_before_anyone_stops(monkeypatch, capsys):
+    # one rank raising alone in the validation's collectives had left the other waiting there for good: the signal is
+    # now flagged, as in the update loop, agreed after the validation, and every rank saves (rank 0) and stops together
+    import signal as signals
+    import minitf.train
+    from minitf.errors import Interrupted
+    saved = []
+
+    class Run:
+        world, lead, state = TwoRanks(), True, {"step": 7}
+        console = type("C", (), {"line_from_a_signal_handler": staticmethod(lambda text: None)})()
+        log = type("L", (), {"close": staticmethod(lambda: None)})()
+
+        def save(self, on_grid):
+            saved.append(on_grid)
+            return "OUT/checkpoint_0000007.npz"
+    monkeypatch.setattr(minitf.train, "validate", lambda run: os.kill(os.getpid(), signals.SIGTERM))
+    with pytest.raises(Interrupted) as e:
+        minitf.train._final_validation(Run())
+    assert e.value.signame == "SIGTERM" and saved == [False]
+    assert "interrupted (SIGTERM) in the final validation at step 7: saved OUT/checkpoint_0000007.npz" in \
+        capsys.readouterr().err
+    monkeypatch.setattr(minitf.train, "validate", lambda run: None)
+    minitf.train._final_validation(Run())          # no signal: nothing saved, nothing raised
+    assert saved == [False]
