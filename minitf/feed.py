@@ -60,7 +60,12 @@ def open_feed(run):
         raise ConfigError(f"--resume: {run.resume_path} was trained with batches of {run.state['batch_tokens']} "
                           f"tokens, but {made}: resume with the run's ranks, --update-freq and --max-tokens (or a "
                           f"--max-tokens of {run.state['batch_tokens']}), or start a new --out")
-    run.state["batch_tokens"] = max_tokens
+    before = run.state.get("update_batches")
+    if run.resume_path is not None and before and before != per_update and run.lead:
+        log(f"note: an update is now {per_update} batches of {max_tokens} tokens ({world.size} rank(s) x --update-freq "
+            f"{args.update_freq}), {per_update * max_tokens:,} tokens where the run made {before * max_tokens:,}: the "
+            f"same batches, in updates of another size")
+    run.state["batch_tokens"], run.state["update_batches"] = max_tokens, per_update
     corpus = bpe_dropout(run) or both_directions(run)   # the pairs of each epoch, when they change
     lengths = corpus.lengths if corpus else (lambda epoch: (pairs.src_lens, pairs.tgt_lens))
     first = token_batches(*lengths(run.state["epoch"]), max_tokens, args.seed, run.state["epoch"])

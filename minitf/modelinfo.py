@@ -79,7 +79,9 @@ def info_lines(f):
     if not f["marian"]:   # a Marian model records no recipe of minitf's (one fine-tuned here does)
         lines.append(f"  recipe: dropout {c['dropout']:g}, label smoothing {c['label_smoothing']:g}, warmup "
                      f"{c['warmup']:,}, learning-rate factor {c['lr_factor']:g}, weight decay {c['weight_decay']:g}, "
-                     f"{c['update_tokens']:,} tokens an update")
+                     + (f"{state['batch_tokens'] * state['update_batches']:,} tokens an update (at most, padding "
+                        f"included)" if isinstance(state.get("batch_tokens"), int) and isinstance(
+                            state.get("update_batches"), int) else f"{c['update_tokens']:,} tokens an update"))
     lines.append(f"  decoding: length penalty alpha {c['decode_alpha']:g} by default (translate and evaluate)")
     return lines
 

@@ -522,6 +522,8 @@ def test_resume_with_other_batches_is_one_line(corpus, tmp_path):
     # an explicit --max-tokens that keeps the batches' size resumes with another --update-freq
     r = run_train(corpus, out, "--max-steps", 4, "--save-every", 2, "--update-freq", 2, "--max-tokens", 512, "--resume")
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "note: an update is now 2 batches of 512 tokens (1 rank(s) x --update-freq 2), 1,024 tokens where the run " \
+           "made 512: the same batches, in updates of another size" in r.stderr
 
 
 def test_flags_and_files_that_cannot_work_are_one_line_errors(corpus, tmp_path):

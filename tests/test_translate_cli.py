@@ -456,7 +456,13 @@ def test_info_says_what_each_kind_of_model_file_is(setup, tmp_path, capsys):
         assert lines[1] == "  languages: en -> de"
         assert f"  vocabulary: {c.vocab_size:,} pieces (a SentencePiece" in lines[3]
     assert main(["info", str(tmp_path / "checkpoint_0000007.npz")]) == 0
-    assert "  training: 7 updates, 1,234 target tokens, 3 s of training, corpus abc123" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "  training: 7 updates, 1,234 target tokens, 3 s of training, corpus abc123" in out
+    assert f"{c.update_tokens:,} tokens an update\n" in out             # no record of the batches: the preset's
+    save_checkpoint(tmp_path / "ranks.npz", model, minitf.Adam(model, lr=1e-3), tokenizer=source.tokenizer,
+                    train_state=dict(state, batch_tokens=200, update_batches=2))   # 2 ranks of --max-tokens 200
+    assert main(["info", str(tmp_path / "ranks.npz")]) == 0
+    assert "400 tokens an update (at most, padding included)" in capsys.readouterr().out
     assert main(["info", str(tmp_path / "model.safetensors"), "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
     assert facts["parameters"] == n and facts["config"] == c.to_dict() and facts["resumable"] is False
