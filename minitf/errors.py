@@ -63,6 +63,11 @@ class ConfigError(MinitfError):
     """A configuration value is out of range or inconsistent."""
 
 
+class SameOnEveryRank(ConfigError):
+    """A ConfigError that every rank of a job raises alike (the ranks disagree, the batches of a resume): rank 0 says
+    it, the others end without repeating it (train.train)."""
+
+
 class Interrupted(BaseException):
     """Training stopped by a signal (after saving a checkpoint, unless a second Ctrl-C came first): the command exits 128 + the
     signal's number (143 for SIGTERM, 130 for Ctrl-C), so a scheduler can tell it from a

@@ -8,7 +8,7 @@ import numpy as np
 
 from .backend import release_freed_memory
 from .data.batching import training_batch
-from .errors import ConfigError
+from .errors import SameOnEveryRank
 from .trainlog import log
 
 
@@ -57,9 +57,9 @@ def open_feed(run):
         made = (f"--max-tokens {args.max_tokens} makes batches of {max_tokens}" if args.max_tokens else
                 f"{world.size} rank(s) x --update-freq {args.update_freq} make batches of {max_tokens} (the preset's "
                 f"{run.cfg.update_tokens} tokens per update split over them)")
-        raise ConfigError(f"--resume: {run.resume_path} was trained with batches of {run.state['batch_tokens']} "
-                          f"tokens, but {made}: resume with the run's ranks, --update-freq and --max-tokens (or a "
-                          f"--max-tokens of {run.state['batch_tokens']}), or start a new --out")
+        raise SameOnEveryRank(f"--resume: {run.resume_path} was trained with batches of {run.state['batch_tokens']} "
+                              f"tokens, but {made}: resume with the run's ranks, --update-freq and --max-tokens (or "
+                              f"a --max-tokens of {run.state['batch_tokens']}), or start a new --out")
     before = run.state.get("update_batches")
     if run.resume_path is not None and before and before != per_update and run.lead:
         log(f"note: an update is now {per_update} batches of {max_tokens} tokens ({world.size} rank(s) x --update-freq "
@@ -74,9 +74,9 @@ def open_feed(run):
     if run.state["epoch"] < run.cfg.bidirectional_epochs:
         run.epoch_len = (len(first) + 1) // 2   # of an epoch of one direction (an epoch of both has twice the batches)
     if per_update > run.epoch_len:
-        raise ConfigError(f"{world.size} ranks x --update-freq {args.update_freq} = {per_update} batches per update, "
-                          f"but an epoch has only {run.epoch_len}: use fewer ranks, a smaller --update-freq or "
-                          f"--max-tokens")
+        raise SameOnEveryRank(f"{world.size} ranks x --update-freq {args.update_freq} = {per_update} batches per "
+                              f"update, but an epoch has only {run.epoch_len}: use fewer ranks, a smaller --update-freq "
+                              f"or --max-tokens")
     batches = iterate_batches(pairs.src_lens, pairs.tgt_lens, max_tokens, args.seed, run.state["epoch"],
                               run.state["batch"], first=first, after_plan=release_freed_memory, lengths=lengths)
     return UpdateFeed(batches, corpus.epoch if corpus else (lambda epoch: pairs), run.data.tokenizer, per_update,

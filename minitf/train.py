@@ -28,7 +28,7 @@ from .data.binarized import StaleData
 from .data.pipeline import DataSettings, load_data
 from .data.tokenizer import tokenizer_from_bytes
 from . import distributed, gemm
-from .errors import ConfigError, Interrupted, MinitfError
+from .errors import ConfigError, Interrupted, MinitfError, SameOnEveryRank
 from .feed import UpdateFeed, open_feed
 from .kernels import accum_dtype
 from .modelfile import read_model
@@ -153,7 +153,10 @@ def train(args):
     except MinitfError as e:
         if world.size == 1:
             raise
-        log(f"rank {world.rank}: error: {e}")
+        if isinstance(e, SameOnEveryRank) and world.rank != 0:
+            time.sleep(2.0)   # rank 0 says it and ends the job; this rank ends it too if rank 0 could not
+        else:
+            log(f"rank {world.rank}: error: {e}")
         world.abort(2)
     except KeyboardInterrupt:   # Ctrl-C outside the update loop's agreed stop (the data being prepared): the other
         if world.size == 1:     # ranks may be waiting in a collective, so the whole job is ended
@@ -192,7 +195,8 @@ def _agree(world, **facts):
         diff = [f"{k} {shown(key, v)} (rank 0) vs {shown(key, other.get(k, (key, None))[1])} (rank {rank})"
                 for k, (key, v) in every[0].items() if other.get(k, (key, None))[1] != v]
         if diff:
-            raise ConfigError(f"the ranks disagree: {'; '.join(diff)}; launch every rank with the same flags and files")
+            raise SameOnEveryRank(f"the ranks disagree: {'; '.join(diff)}; launch every rank with the same flags and "
+                                  f"files")
 
 
 def _train(args, world):

@@ -1124,3 +1124,22 @@ def test_under_mpi_a_signal_in_the_final_validation_is_agreed_before_anyone_stop
     monkeypatch.setattr(minitf.train, "validate", lambda run: None)
     minitf.train._final_validation(Run())          # no signal: nothing saved, nothing raised
     assert saved == [False]
+
+
+def test_under_mpi_an_error_every_rank_raises_alike_is_said_once(monkeypatch, capsys):
+    # the ranks disagree, a resume's batches: every rank raises the same error, which 64 ranks had printed 64 times
+    import minitf.train
+    from minitf.errors import ConfigError, SameOnEveryRank
+
+    class RankOne(TwoRanks):
+        rank = 1
+    monkeypatch.setattr(minitf.train.time, "sleep", lambda s: None)
+    for world, error, said in ((RankOne, SameOnEveryRank("the ranks disagree"), ""),
+                               (TwoRanks, SameOnEveryRank("the ranks disagree"), "rank 0: error: the ranks disagree\n"),
+                               (RankOne, ConfigError("rank 1 lacks a file"), "rank 1: error: rank 1 lacks a file\n")):
+        monkeypatch.setattr(minitf.train.distributed, "init", world)
+        monkeypatch.setattr(minitf.train, "_train", lambda args, w, e=error: (_ for _ in ()).throw(e))
+        TwoRanks.aborted = None
+        with pytest.raises(SystemExit):
+            minitf.train.train(None)
+        assert TwoRanks.aborted == 2 and capsys.readouterr().err == said
