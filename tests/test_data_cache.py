@@ -700,3 +700,17 @@ def test_a_resume_on_another_validation_set_says_that_its_best_compares_two_sets
     assert r.returncode == 0, r.stderr[-2000:]
     assert "note: the validation set is not the one this run validated on before step 3: the best so far (step " \
            in r.stderr and "and --patience compare scores of the two sets" in r.stderr
+
+
+def test_a_cleaning_rule_that_keeps_no_pair_leaves_the_cache_as_it_was(tmp_path):
+    # a --max-len typo (1 for 100) had replaced a good cache with an empty one before the "no pairs left" error
+    paths, en, de = _corpus(tmp_path / "data")
+    _write(paths[0], [line + " the man sees the dog" for line in en])   # every sentence some pieces long
+    _write(paths[1], [line + " der mann sieht den hund" for line in de])
+    good = _prepare(tmp_path, paths)
+    folder, before = good.folder, sorted(os.listdir(good.folder))
+    with pytest.raises(DataError, match=r"no training pairs left after cleaning .*; check .*train\.(de|en\.gz) and "
+                                        r".*train\.(de|en\.gz) and the cleaning limits \(--max-len, --max-ratio\)"):
+        _prepare(tmp_path, paths, max_len=2)
+    assert sorted(os.listdir(folder)) == before and len(_prepare(tmp_path, paths)) == len(good)
+    assert not [p for p in _left(tmp_path / "cache") if p.startswith(".") and "tmp" in p]

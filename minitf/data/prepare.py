@@ -321,6 +321,10 @@ def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, lo
         except CacheDefect as e:
             raise DataError(f"the cache just written reads back different from what was written ({e}); "
                             f"the disk or the memory of this machine may be failing") from None
+        if not manifest["counts"]["kept"]:   # before a good cache is replaced by an empty one (a --max-len typo)
+            raise DataError(f"no training pairs left after cleaning ({manifest['counts']}); check "
+                            f"{' and '.join(p for pair in files for p in pair)} and the cleaning limits (--max-len, "
+                            f"--max-ratio)")
         manifest["prepare_s"] = round(time.time() - t0, 1)
         manifest["data_id"] = _data_id(manifest)
         atomic_write_bytes(os.path.join(tmp, MANIFEST), json.dumps(manifest, indent=1).encode())
