@@ -152,6 +152,8 @@ def test_help_texts_quote_the_presets_defaults():
     (["--dataset", "wmt14", "--subword", "unigram", "--bpe-dropout-target", "0.1", "--output-vocab", "joint"],
      "(--subword unigram): add --subword bpe"),
     (["--subword", "unigram", "--tokenizer", "TOK"], "--subword unigram trains a tokenizer and --tokenizer gives one"),
+    (["--vocab-size", "8000", "--tokenizer", "TOK"],
+     "--vocab-size 8000 trains a tokenizer of that many pieces and --tokenizer gives one: use one or the other"),
     (["--subword", "wordpiece"], "argument --subword: invalid choice: 'wordpiece'"),
     (["--tokenizer", "DIR"], "--tokenizer DIR: a folder, not a SentencePiece model file"),
     (["--tokenizer", "NOPE"], "--tokenizer NOPE: file not found"),

@@ -43,7 +43,8 @@ def add_data_args(p):
     g.add_argument("--test", metavar="NAME=PREFIX", action="append", type=_test_arg, default=[],
                    help="your own test set, scored at the end (repeatable; with --train)")
     g.add_argument("--vocab-size", type=positive(),
-                   help="joint subword pieces (default: wmt14 en-de 37000, en-fr 32000; multi30k and own data 8000)")
+                   help="joint subword pieces of the tokenizer trained (default: wmt14 en-de 37000, en-fr 32000; "
+                        "multi30k and own data 8000; not with --tokenizer, whose model has its own)")
     g.add_argument("--subword", choices=MODEL_TYPES,
                    help="the joint SentencePiece model to train: bpe (byte-pair encoding, the paper's for en-de) or unigram "
                         "(a unigram language model); default: multi30k unigram, wmt14 and own data bpe")
@@ -82,6 +83,9 @@ def check_data_args(p, args):
                                                      if os.path.isdir(args.tokenizer) else "file not found"))
     if args.tokenizer and getattr(args, "subword", None):
         p.error(f"--subword {args.subword} trains a tokenizer and --tokenizer gives one: use one or the other")
+    if args.tokenizer and getattr(args, "vocab_size", None):   # it had been ignored: the given model's size decides
+        p.error(f"--vocab-size {args.vocab_size} trains a tokenizer of that many pieces and --tokenizer gives one: "
+                f"use one or the other")
 
 
 def own_languages(prefix):
