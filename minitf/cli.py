@@ -69,8 +69,8 @@ def cmd_average(args):
             else:
                 paths.append(path)
     if args.inputs and not paths:
-        raise DataError(f"--inputs: every checkpoint given was left out (above): nothing to average; name a run's "
-                        f"checkpoint_<step>.npz files, or its folder with --folder")
+        raise DataError("--inputs: every checkpoint given was left out (above): nothing to average; name a run's "
+                        "checkpoint_<step>.npz files, or its folder with --folder")
     average_checkpoints(paths, args.output)
     names = [os.path.basename(p) for p in paths]
     shown = names if len(set(names)) == len(names) else paths   # two runs' checkpoint_0000020.npz: their paths
@@ -117,7 +117,7 @@ def _check_output(args, *inputs):
     if not args.output:
         return
     check_output_file(args.output, "--output")
-    if not os.path.exists(args.output) or not os.path.isfile(args.output):
+    if not os.path.isfile(args.output):   # a new file, a pipe or a device: none of the inputs
         return
     for flag, path in (("--checkpoint", args.checkpoint),) + inputs:
         if path not in (None, "-") and os.path.exists(path) and os.path.samefile(path, args.output):
@@ -196,13 +196,21 @@ def _interactive(translator, args):
         print("".join(_translations(translator, [line], args, first=n)), end="", flush=True)
 
 
+def _read_pair(flag_a, path_a, flag_b, path_b):
+    """The lines of two line-aligned inputs (a file, or one of them standard input): refused when both are standard
+    input or their line counts differ."""
+    if path_a == path_b == "-":
+        raise ConfigError(f"{flag_a} - and {flag_b} -: standard input can be only one of them; name a file for the "
+                          f"other")
+    a, b = _read_input(path_a), _read_input(path_b)
+    if len(a) != len(b):
+        raise DataError(f"{flag_a} {path_a} has {plural(len(a), 'line')} but {flag_b} {path_b} has {len(b)}")
+    return a, b
+
+
 def cmd_evaluate(args):
     from .translate import load, metrics
-    if args.src == args.ref == "-":
-        raise ConfigError("--src - and --ref -: standard input can be only one of them; name a file for the other")
-    src, ref = _read_input(args.src), _read_input(args.ref)
-    if len(src) != len(ref):
-        raise DataError(f"--src {args.src} has {plural(len(src), 'line')} but --ref {args.ref} has {len(ref)}")
+    src, ref = _read_pair("--src", args.src, "--ref", args.ref)
     if not src:
         raise DataError(f"--src {args.src} and --ref {args.ref} are empty: there is nothing to translate and score")
     translator = load(args.checkpoint, args.device)
@@ -230,11 +238,7 @@ def cmd_evaluate(args):
 def cmd_score(args):
     """Score given translations: each (--src, --tgt) pair's log-probability under the model."""
     from .translate import load
-    if args.src == args.tgt == "-":
-        raise ConfigError("--src - and --tgt -: standard input can be only one of them; name a file for the other")
-    src, tgt = _read_input(args.src), _read_input(args.tgt)
-    if len(src) != len(tgt):
-        raise DataError(f"--src {args.src} has {plural(len(src), 'line')} but --tgt {args.tgt} has {len(tgt)}")
+    src, tgt = _read_pair("--src", args.src, "--tgt", args.tgt)
     empty = [i + 1 for i, line in enumerate(src) if not line.strip()]
     if empty:
         raise DataError(f"--src {args.src}: line {empty[0]} is empty: a translation needs a source to be scored against")

@@ -93,7 +93,9 @@ class Transformer(Seq2Seq):
         tgt_bias = None if whole and tgt_rows is not None and tgt_rows.spans is not None else (
             causal_bias(tgt_in.shape[1], self.xp, self.dtype)[None, None]
             + padding_bias(tgt_in, self.cfg.pad_id, self.dtype, self.xp))
-        src, tgt_in = to_device(src, self.xp), self.check_ids("tgt_in", tgt_in)
+        # tgt_in onto the device: checked above where packed (host_in), else here
+        src, tgt_in = to_device(src, self.xp), (to_device(host_in, self.xp) if keep_tgt is not None
+                                                else self.check_ids("tgt_in", tgt_in))
         sites = self._dropout_sites()
         memory, src_bias, src_ids = self.encode(src, sites, src_rows, plans[0], src_bias)
         y = self._embed(tgt_in, tgt_rows, self.tgt_dropout, sites, plans[1])

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from minitf.errors import DataError
 from minitf.flags import Number, positive
 from minitf.data.binarized import BinarizedCorpus
-from minitf.data.prepare import cache_folder, prepare_cache
+from minitf.data.prepare import cache_folder, no_pairs_left, prepare_cache
 from minitf.data.datasets import DATASETS, DOWNLOADED, dataset_default, default_data_dir, prepare_dataset, user_dataset
 from minitf.data.tokenizer import MODEL_TYPES
 
@@ -216,8 +216,6 @@ def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True, v
     corpus = prepare_cache(folder, files, (args.src, args.tgt), vocab_size=vocab, tokenizer=tokenizer, model_type=subword_model(args),
                            max_len=args.max_len, max_ratio=max_ratio, progress=progress, log=log,
                            expect_data_id=expect_data_id, verify=verify)
-    if len(corpus) == 0:
-        raise DataError(f"no training pairs left after cleaning ({corpus.manifest['counts']}); check "
-                        f"{' and '.join(p for pair in files for p in pair)} and the cleaning limits (--max-len, "
-                        f"--max-ratio)")
+    if len(corpus) == 0:   # a cache built empty by an earlier minitf (a build now refuses to keep no pair)
+        raise no_pairs_left(corpus.manifest["counts"], files)
     return Data(corpus.tokenizer, corpus, corpus.pairs(args.src, args.tgt), data["valid"], data["tests"])

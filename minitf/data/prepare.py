@@ -287,6 +287,13 @@ def _data_id(manifest):
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def no_pairs_left(counts, files):
+    """The DataError for a corpus whose cleaning kept no pair: its counts, its files (pairs), the flags to look at."""
+    return DataError(f"no training pairs left after cleaning ({counts}); check "
+                     f"{' and '.join(p for pair in files for p in pair)} and the cleaning limits (--max-len, "
+                     f"--max-ratio)")
+
+
 def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, log, sample_size, seed,
            chunk_lines, threads):
     parent = os.path.dirname(os.path.abspath(folder))
@@ -322,9 +329,7 @@ def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, lo
             raise DataError(f"the cache just written reads back different from what was written ({e}); "
                             f"the disk or the memory of this machine may be failing") from None
         if not manifest["counts"]["kept"]:   # before a good cache is replaced by an empty one (a --max-len typo)
-            raise DataError(f"no training pairs left after cleaning ({manifest['counts']}); check "
-                            f"{' and '.join(p for pair in files for p in pair)} and the cleaning limits (--max-len, "
-                            f"--max-ratio)")
+            raise no_pairs_left(manifest["counts"], files)
         manifest["prepare_s"] = round(time.time() - t0, 1)
         manifest["data_id"] = _data_id(manifest)
         atomic_write_bytes(os.path.join(tmp, MANIFEST), json.dumps(manifest, indent=1).encode())
