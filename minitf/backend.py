@@ -277,9 +277,10 @@ def can_limit_blas_threads():
 
 @contextlib.contextmanager
 def blas_threads(n):
-    """NumPy's matrix products in THIS thread use n BLAS threads (other threads keep theirs):
-    several Python threads, each working on its own data, then use one core each instead of
-    all fighting over every core. A no-op where can_limit_blas_threads() is False."""
+    """NumPy's matrix products use n BLAS threads until the block ends, then the count found before. OpenBLAS's
+    openblas_set_num_threads_local is meant for the calling thread only, but the OpenBLAS NumPy ships (0.3.31,
+    NumPy 2.x wheels) applies it to the whole process: enter it from one thread, around work that waits for any
+    threads it starts (translate._side_by_side). A no-op where can_limit_blas_threads() is False."""
     fn = _openblas_local_threads()
     previous = fn(int(n)) if fn is not None else None
     try:
@@ -290,7 +291,8 @@ def blas_threads(n):
 
 
 def set_blas_threads(n):
-    """From now on, THIS thread's BLAS uses n threads; False where that cannot be set."""
+    """From now on, BLAS uses n threads (this thread's, or the process's: blas_threads); False where that cannot be
+    set."""
     fn = _openblas_local_threads()
     if fn is not None:
         fn(int(n))

@@ -39,7 +39,7 @@ def _kind(state, optimizer, exported):
     elif which == "best":
         kind = "the best validation checkpoint of a run"
     elif optimizer:
-        kind = "a training checkpoint that holds Adam's moments (--resume continues from it)"
+        kind = "a training checkpoint that holds Adam's moments (--resume continues from a run's last one)"
     else:
         kind = "a model's weights"
     return kind + (", exported as .safetensors" if exported else "")

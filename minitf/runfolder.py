@@ -83,10 +83,13 @@ def settle_leftovers(out, resume=None):
                 f"first checkpoint: this run starts afresh")
         return
     step = resume.train_state["step"]
-    dropped = cut_after(log_path, step)
-    if dropped:
-        log(f"note: {log_path}: dropped {plural(dropped, 'record')} after step {step}, where this run resumes (a run "
+    later, ends = cut_after(log_path, step)
+    if later:
+        log(f"note: {log_path}: dropped {plural(later, 'record')} after step {step}, where this run resumes (a run "
             f"stopped after its last checkpoint had gone on)")
+    if ends:
+        log(f"note: {log_path}: dropped {plural(ends, 'score')} of the run's end at step {step} (it ended there; this "
+            f"start goes on from it and scores its own end)")
     best_step = read_train_state(best).get("step") if os.path.isfile(best) else None
     if best_step is None or best_step <= step:
         return

@@ -243,6 +243,9 @@ def set_up(args, world):
     cfg, args = resolve_config(args, data, resume, lead, init.config if init else None)   # args: settled, read-only
     if resume is not None and lead:
         log(f"resuming from {resume.path} (step {resume.train_state['step']})")
+        if getattr(flags, "restored", None):
+            log(f"the first start's flags, from {os.path.join(args.out, 'config.json')} (flags given now take their "
+                f"place): {' '.join(flags.restored)}")
     fp16 = getattr(args, "fp16", False)
     dtype = compute_dtype(args)
     _agree(world, data_id=data.data_id, config=cfg.to_dict(), seed=args.seed, update_freq=args.update_freq,
@@ -297,7 +300,7 @@ def _write_run_config(args, flags, cfg, world, data, resume):
     the others are the preset's) and the tokenizer's hash. A resumed run keeps what the run's first start recorded of
     its flags (a resume gives few: the model's come from the checkpoint) and adds what it sets itself."""
     path = os.path.join(args.out, "config.json")
-    settled = vars(args)
+    settled = {k: v for k, v in vars(args).items() if k != "restored"}
     set_by_flags = {field: flag for flag, field in FLAG_FIELDS.items() if getattr(flags, flag, None) is not None}
     if resume is not None:
         try:

@@ -18,8 +18,10 @@ two ranks, one per core, trained 23% faster than one process (measured with 3+3 
 On several GPUs or CPU processes, one or several machines (pip install -e ".[dist]"; docs/distributed.md);
 the preset's tokens per update (base: 25000, as in the paper) are split over the ranks:
     mpiexec -n 8 python train_wmt.py --device gpu
-Continue an interrupted run (Ctrl-C saves a checkpoint) exactly where it stopped:
-    python train_wmt.py ... --out runs/m30k --resume
+Continue an interrupted run (Ctrl-C saves a checkpoint) exactly where it stopped, with the first start's data, device,
+batch and schedule flags (read from OUT/config.json; a flag given again takes their place, and --max-steps or
+--time-budget sets a new end):
+    python train_wmt.py --out runs/m30k --resume
 Prints a validation line (loss, perplexity, greedy BLEU) every --valid-every updates (base/big: at every
 checkpoint).
 Writes OUT/config.json (the config, the flags given and the tokenizer's hash, which --resume checks against),
@@ -118,7 +120,8 @@ def build_parser(prog=None):
                         "label smoothing, BPE-dropout, --bidirectional-epochs, --output-vocab, --warmup, the rate, "
                         "--lr-fade, --weight-decay; the run's schedule may change: --max-steps, --save-every, "
                         "--save-every-minutes, --average-last, and --max-tokens as long as the batches keep their "
-                        "size)")
+                        "size); the data, device, batch and schedule flags left out are the first start's, read from "
+                        "--out's config.json")
     p.add_argument("--init-from", metavar="MODEL",
                    help="fine-tune a trained model, a minitf checkpoint (.npz, e.g. another run's model.npz, or a "
                         ".safetensors export) or a Marian model (an OPUS-MT folder: the .npz, its vocabulary .yml, "
@@ -194,10 +197,63 @@ def check_precision_args(p, args):
                 "products to float32); on the CPU train in float32 (or --fp16)")
 
 
+# What --resume takes from the run's first start (OUT/config.json's record of its flags) where the command line does not
+# give it: the data, the device and precision, the batches and the run's schedule, so that `--out OUT --resume` alone
+# continues the run. A group is taken whole or not at all (flags that exclude or bound each other; --max-steps and
+# --time-budget together say where the run ends, so giving either sets a new end). The model's and
+# the recipe's flags come from the checkpoint instead (recipe.resolve_config); --out, --init-from and --quiet are this
+# start's own.
+RESUMED_GROUPS = (("dataset", "train", "valid", "test"), ("data_dir",), ("offline",), ("src",), ("tgt",),
+                  ("tokenizer", "vocab_size", "subword"), ("max_len",), ("max_ratio",), ("cache_dir",),
+                  ("device", "dtype", "fp16", "bf16", "no_tf32"), ("preset",), ("max_tokens",), ("update_freq",),
+                  ("seed",), ("max_steps", "time_budget"), ("valid_every", "valid_every_minutes"),
+                  ("save_every", "save_every_minutes"), ("keep_last", "average_last"), ("valid_bleu_sentences",),
+                  ("patience",), ("log_every",), ("beam",), ("alpha",), ("decode_batch",), ("max_nonfinite",))
+
+
+def _given(p, argv):
+    """The dests the command line gives (argparse fills a dest with its default only where the namespace lacks it)."""
+    unset = object()
+    ns = argparse.Namespace(**{a.dest: unset for a in p._actions
+                               if a.dest != argparse.SUPPRESS and not isinstance(a, argparse._AppendAction)})
+    ns = p.parse_args(argv, namespace=ns)
+    return {dest for dest, value in vars(ns).items() if value is not unset and value != []}
+
+
+def restore_first_start(p, args, argv):
+    """--resume: the flags of RESUMED_GROUPS the command line does not give, from OUT/config.json (a run's first start
+    records them); returns the flags taken, as they would be typed."""
+    import json
+    try:
+        with open(os.path.join(args.out, "config.json"), encoding="utf-8") as f:
+            before = json.load(f)["args"]
+        if not isinstance(before, dict):
+            return []
+    except (OSError, ValueError, KeyError, TypeError):
+        return []   # no readable record (runfolder.check_resumed says more where it matters)
+    given = _given(p, argv)
+    defaults = {a.dest: a.default for a in p._actions}
+    taken = []
+    for group in RESUMED_GROUPS:
+        if given.intersection(group) or not all(dest in before for dest in group):
+            continue
+        for dest in group:
+            value = before[dest]
+            if dest == "test":
+                value = [tuple(pair) for pair in value or ()]
+            setattr(args, dest, value)
+            if value != defaults.get(dest) and value is not False and value is not None and value != []:
+                flag = "--" + dest.replace("_", "-")
+                taken.extend([f"{flag} {name}={prefix}" for name, prefix in value] if dest == "test"
+                             else [flag if value is True else f"{flag} {value}"])
+    return taken
+
+
 def parse_args(argv=None, prog=None):
     """The flags, checked: a bad value or combination is one line on stderr and exit status 2."""
     p = build_parser(prog)
     args = p.parse_args(argv)
+    args.restored = restore_first_start(p, args, argv) if args.resume else []
     args.preset_chosen = args.preset is None   # chosen for the device (the run says so in one line)
     if args.preset is None:
         args.preset = "small" if args.device == "cpu" else "base"

@@ -84,24 +84,27 @@ class TrainLog:
 def cut_after(path, step):
     """Drop the records of `path` (train_log.jsonl) that a run resumed from `step` makes again: those of later steps
     (a run killed after its last checkpoint had gone on), and the end's scores ("eval" records) of `step` itself.
-    Rewritten atomically; returns how many were dropped (0: the file untouched)."""
+    Rewritten atomically; returns how many were dropped: (of later steps, of the end's scores); (0, 0): the file
+    untouched."""
     if not os.path.isfile(path):
-        return 0
+        return 0, 0
     with open(path, "rb") as f:
         lines = f.read().splitlines(keepends=True)
-    kept = []
+    kept, later, ends = [], 0, 0
     for line in lines:
         try:
             rec = json.loads(line)
-            later = isinstance(rec, dict) and isinstance(rec.get("step"), int) and (
-                rec["step"] > step or rec["step"] == step and "eval" in rec)
         except ValueError:
-            later = False          # not a record of ours: kept as it is
-        if not later:
+            rec = None             # not a record of ours: kept as it is
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] > step:
+            later += 1
+        elif isinstance(rec, dict) and rec.get("step") == step and "eval" in rec:
+            ends += 1
+        else:
             kept.append(line)
-    if len(kept) < len(lines):
+    if later or ends:
         atomic_write(path, lambda f: f.write(b"".join(kept)))
-    return len(lines) - len(kept)
+    return later, ends
 
 
 def drop_torn_last_line(path):

@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 
-from .backend import blas_threads, can_limit_blas_threads, is_gpu, usable_cores
+from .backend import blas_threads, can_limit_blas_threads, is_gpu, set_blas_threads, usable_cores
 from .data.batching import pad_ids
 from .decode import beam_search, greedy_search, length_penalty, restores_mode
 from .errors import CheckpointError
@@ -126,14 +126,17 @@ class _SharedProgress:
 
 
 def _side_by_side(search, parts, progress):
-    """search(part, progress) for every part, each in its own thread with single-threaded BLAS."""
+    """search(part, progress) for every part, each in its own thread with single-threaded BLAS. The caller's BLAS
+    thread count is set back once every thread has ended: the OpenBLAS NumPy ships applies a thread's setting to the
+    whole process, so threads that each put back what they found would race, and training after a validation went on
+    with one BLAS thread or two, by chance (its sums then rounded differently from run to run)."""
     shared = _SharedProgress(progress)
 
     def alone(part):
-        with blas_threads(1):
-            return search(part, shared)
+        set_blas_threads(1)   # a pool thread's own, where OpenBLAS keeps one per thread; not put back: see above
+        return search(part, shared)
 
-    with concurrent.futures.ThreadPoolExecutor(len(parts), thread_name_prefix="minitf-decode") as pool:
+    with blas_threads(1), concurrent.futures.ThreadPoolExecutor(len(parts), thread_name_prefix="minitf-decode") as pool:
         futures = [pool.submit(alone, part) for part in parts]
         try:
             return [f.result() for f in futures]

@@ -253,6 +253,26 @@ def test_blas_threads_are_set_per_thread_and_restored():
     assert backend.set_blas_threads(1) and fn(before) == 1
 
 
+def test_searches_side_by_side_give_back_the_callers_blas_threads():
+    """Each search thread asks for one BLAS thread; the OpenBLAS NumPy ships applies that to the whole process, so the
+    caller's count is set back once, after the threads (threads that each put back what they found raced: training
+    after a validation then went on with 1 or 2 BLAS threads by chance, and its sums rounded differently)."""
+    from minitf import backend
+    from minitf.translate import translate_ids
+    fn = backend._openblas_local_threads()
+    if fn is None:                         # not OpenBLAS: one search at a time, nothing set
+        assert not backend.can_limit_blas_threads()
+        return
+    model, _ = model_and_src()
+    before = fn(3)
+    try:
+        for _ in range(30):
+            translate_ids(model, [[5, 6, 7, 3]] * 8, 2, max_len_b=4, threads=2)
+            assert fn(3) == 3
+    finally:
+        fn(before)
+
+
 @pytest.mark.parametrize("v,k", [(640, 4), (13, 4), (148, 2), (96, 3), (8000, 4), (4, 4)])
 def test_top_candidates_equal_a_full_sort(v, k):
     rng = np.random.default_rng(v + k)

@@ -109,8 +109,15 @@ def test_resume_is_exact(corpus, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     r = run_train(corpus, split, "--max-steps", 8, *args, cache=cache)
     assert r.returncode == 0, r.stderr[-3000:]
-    r = run_train(corpus, split, "--max-steps", 12, "--resume", *args, cache=cache)
+    # `--out OUT --resume` alone: the data, the device, the batches and the schedule are the first start's
+    # (OUT/config.json); --max-steps given now sets a new end
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "train_wmt.py"), "--out", str(split), "--resume",
+                        "--max-steps", "12"], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, MINITF_CACHE=str(cache), PYTHONHASHSEED="0"))
     assert r.returncode == 0, r.stderr[-3000:]
+    restored = next(line for line in r.stderr.splitlines() if line.startswith("the first start's flags"))
+    assert f"--dataset multi30k --data-dir {corpus} " in restored and "--vocab-size 60 " in restored
+    assert "--max-steps" not in restored and "--preset tiny" in restored and "--log-every 1" in restored
     a, b = losses(straight), losses(split)
     assert sorted(a) == list(range(1, 13))
     assert [a[s] for s in range(9, 13)] == [b[s] for s in range(9, 13)]
@@ -119,6 +126,30 @@ def test_resume_is_exact(corpus, tmp_path):
     for name in pa.params:
         np.testing.assert_array_equal(pa.params[name], pb.params[name])
     assert pa.train_state["forward_count"] == pb.train_state["forward_count"] == 12
+
+
+def test_resume_takes_the_first_starts_flags_a_group_at_a_time(tmp_path):
+    """--resume fills the flags the command line leaves out from OUT/config.json's record, a group at a time: a flag
+    given now takes its group's place (--valid-every-minutes given: no --valid-every restored beside it)."""
+    from minitf.train_cli import parse_args
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "checkpoint_0000004.npz").write_bytes(b"")
+    first = vars(parse_args(["--train", str(tmp_path / "tr"), "--valid", str(tmp_path / "va"), "--test",
+                             f"news={tmp_path / 'te'}", "--src", "en", "--tgt", "de", "--out", str(out), "--fp16",
+                             "--valid-every", "7", "--time-budget", "60", "--seed", "3", "--max-tokens", "900"]))
+    (out / "config.json").write_text(json.dumps({"args": first}))
+    args = parse_args(["--out", str(out), "--resume", "--valid-every-minutes", "5", "--seed", "4"])
+    assert (args.train, args.valid, args.test) == (first["train"], first["valid"], [("news", str(tmp_path / "te"))])
+    assert (args.fp16, args.time_budget, args.max_tokens, args.seed) == (True, 60, 900, 4)
+    assert (args.valid_every, args.valid_every_minutes) == (None, 5)
+    assert "--fp16" in args.restored and "--seed 3" not in args.restored and "--valid-every 7" not in args.restored
+    # --device given now: the first start's precision (--fp16 with it) is not taken
+    args = parse_args(["--out", str(out), "--resume", "--device", "cpu"])
+    assert (args.device, args.fp16, args.train) == ("cpu", False, first["train"])
+    # without a readable record, the command line alone (check_resumed says more)
+    (out / "config.json").write_text("{")
+    assert parse_args(["--out", str(out), "--resume"]).restored == []
 
 
 def test_existing_out_without_resume_and_bad_data_are_one_line_errors(corpus, tmp_path):
@@ -1068,7 +1099,9 @@ def test_a_later_best_checkpoint_is_made_again_from_the_best_the_resumed_run_kno
     err = capsys.readouterr().err
     assert "checkpoint_best.npz was of step 6, after step 4 where this run resumes: made again from " \
            "checkpoint_0000004.npz, the best validation up to there" in err
-    assert "dropped 3 records after step 4" in err
+    assert "dropped 2 records after step 4" in err
+    # the end's scores of the step it resumes from (a run that had ended there, extended): said as what they are
+    assert "train_log.jsonl: dropped 1 score of the run's end at step 4 (it ended there; this start goes on from it" in err
     made = load_checkpoint(tmp_path / "checkpoint_best.npz")
     assert read_train_state(tmp_path / "checkpoint_best.npz")["best"] is True and made.train_state["step"] == 4
     for name, a in four.state_dict().items():

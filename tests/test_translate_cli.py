@@ -439,7 +439,7 @@ def test_info_says_what_each_kind_of_model_file_is(setup, tmp_path, capsys):
     export_safetensors(tmp_path / "model.npz", tmp_path / "model.safetensors")
     save_checkpoint(tmp_path / "last.npz", model, tokenizer=source.tokenizer,
                     train_state={"model": "last", "from": ["checkpoint_0000007.npz"], "step": 7, "languages": ["en", "de"]})
-    expected = {"checkpoint_0000007.npz": "a training checkpoint that holds Adam's moments (--resume continues from it)",
+    expected = {"checkpoint_0000007.npz": "a training checkpoint that holds Adam's moments (--resume continues from a run's last one)",
                 "avg.npz": "an average of 1 checkpoint",
                 "model.npz": "a run's reported model: the average of 2 checkpoints",
                 "model.safetensors": "a run's reported model: the average of 2 checkpoints, exported as .safetensors",
