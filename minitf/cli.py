@@ -123,6 +123,17 @@ def _check_output(args, *inputs):
         if path not in (None, "-") and os.path.exists(path) and os.path.samefile(path, args.output):
             raise ConfigError(f"--output {args.output} is {flag} {path}: writing it would replace that file; name "
                               f"another output")
+        if path in (None, "-") and flag != "--checkpoint" and _is_stdin(args.output):
+            raise ConfigError(f"--output {args.output} is the file on standard input ({flag} "
+                              f"{path or '-'}): writing it would replace that file; name another output")
+
+
+def _is_stdin(path):
+    """Whether standard input reads the file at path (`< FILE`)."""
+    try:
+        return os.path.samestat(os.fstat(sys.stdin.fileno()), os.stat(path))
+    except (OSError, ValueError, AttributeError):   # no standard input (closed, or replaced by one without a file)
+        return False
 
 
 def cmd_translate(args):
@@ -136,22 +147,22 @@ def cmd_translate(args):
 
 
 def _write_text(output, text):
-    """text into the file --output names, or to stdout without one: a regular file atomically (gzip-compressed where
-    its name ends in .gz, as the readers take it back); through a link, a pipe or a device (/dev/stdout, a shell's
-    >(gzip > f.gz)) as it is, the link kept."""
+    """text into the file --output names, or to stdout without one, gzip-compressed where the name ends in .gz (as the
+    readers take it back): a regular file atomically; through a link, a pipe or a device (/dev/stdout, a shell's
+    >(gzip > f.gz)), the link kept."""
     if not output:
         sys.stdout.write(text)
         return
     from .fileio import atomic_write
     data = text.encode()
     try:
+        if output.endswith(".gz"):
+            import gzip
+            data = gzip.compress(data, mtime=0)
         if os.path.islink(output) or (os.path.exists(output) and not os.path.isfile(output)):
             with open(output, "wb") as f:
                 f.write(data)
             return
-        if output.endswith(".gz"):
-            import gzip
-            data = gzip.compress(data, mtime=0)
         atomic_write(output, lambda f: f.write(data))
     except OSError as e:
         raise DataError(f"--output {output}: cannot write it ({e.strerror or e})") from None
@@ -353,7 +364,8 @@ def build_parser(prog="python -m minitf"):
                    "translated as you type it)")
     p.add_argument("--output", help=OUTPUT_HELP)
     p.add_argument("--nbest", type=positive(), metavar="COUNT", help="the COUNT best translations of each line (COUNT <= --beam), as "
-                                                          "H- lines with their scores")
+                                                          "H- lines with their scores (an empty line, or one of no "
+                                                          "piece: one empty H- line, score 0)")
     p.add_argument("--scores", action="store_true", help="print S-, H- and P- lines (scores per hypothesis and per "
                                                          "piece)")
     p.set_defaults(func=cmd_translate, check=lambda args, p=p: _check_translate(p, args), memory=DECODE_MEMORY)

@@ -83,7 +83,11 @@ def _max_lengths(model, src_len, max_len_a, max_len_b):
 class _Waiting:
     """Continuous batching: the sentences of src [B, S] not started yet, in order. At most
     `capacity` are decoded at once; the waiting ones start (`admit`) once ADMIT_WHEN_FREE
-    of the places are free, so a batch never runs on for a few long sentences."""
+    of the places are free, so a batch never runs on for a few long sentences. The sentences that
+    start together are cut to the widest of them, so a group stops before a sentence that would make
+    padding more than half of its positions (one long line among short ones waits and starts on its
+    own: it had made every sentence of its group as wide, ~60 short lines beside a 3,000-piece one took
+    19 GB and 20x the time)."""
 
     def __init__(self, src, widths, capacity):
         self.src, self.widths, self.next = src, widths, 0
@@ -95,6 +99,9 @@ class _Waiting:
         if self.next >= self.src.shape[0] or (free < max(1, int(self.capacity * ADMIT_WHEN_FREE)) and n_alive):
             return np.arange(0), None
         new = np.arange(self.next, min(self.src.shape[0], self.next + free))
+        widths = self.widths[new]
+        padded = np.arange(1, len(new) + 1) * np.maximum.accumulate(widths)   # positions if cut after each
+        new = new[: max(1, int(np.sum(np.cumprod(padded <= 2 * np.cumsum(widths)))))]
         self.next = int(new[-1]) + 1
         return new, self.src[xp_of(self.src).asarray(new), : int(self.widths[new].max())]   # cut to the widest
 
@@ -292,8 +299,11 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
     stop="ctranslate2" is CTranslate2's rule with its length penalty at 0 (docs/interop.md): every
     EOS among the k best finishes (not only k of them), and a sentence ends at the first step
     whose best candidate is an EOS (with alpha 0 no live beam can beat it then). A model exported
-    there searches the same way. With nbest=n the search goes on past that step until n hypotheses have finished
-    (or the length limit), so the n-best list is n long; its best is that first one.
+    there searches the same way.
+
+    With nbest=n and stop "ctranslate2" or "bound", the search goes on past the step its rule ends a sentence at
+    until n hypotheses have finished (or the length limit), so the n-best list is n long; the hypotheses finished
+    after that step rank below those finished before it, so its first is the search's one best whatever alpha.
 
     At most `batch_size` sentences (default: all) are decoded at once, in the order given;
     as they finish, the next ones take their places (continuous batching, _Waiting).
@@ -318,7 +328,8 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
     n_done = np.zeros(b, dtype=int)               # finished hypotheses per sentence
     best, best_score = [[] for _ in range(b)], np.full(b, -np.inf)
     paths = np.zeros_like(hyps, dtype=np.float64) if nbest else None   # [rows, T_max] the score after each token
-    finished = [[] for _ in range(b)] if nbest else None               # [(score, tokens, logprobs)]
+    finished = [[] for _ in range(b)] if nbest else None   # [(after the rule's end, score, tokens, logprobs)]
+    ruled = np.zeros(b, dtype=bool)                         # nbest: the sentence's rule has ended it
     next_tokens = np.full(len(alive), cfg.bos_id)   # one row a sentence at its first step
     while len(alive):
         logits = as_float32_if_half(dec.logits(xp.asarray(next_tokens, dtype=src.dtype)))   # [rows, V]
@@ -352,7 +363,8 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
                     best_score[sent], best[sent] = s, hyps[i * k + beam[i, r], : steps[i]].tolist()
                 if nbest:
                     path = np.concatenate([[0.0], paths[i * k + beam[i, r], : steps[i]], [values[i, r]]])
-                    finished[sent].append((s, hyps[i * k + beam[i, r], : steps[i]].tolist(), np.diff(path).tolist()))
+                    finished[sent].append((bool(ruled[sent]), s, hyps[i * k + beam[i, r], : steps[i]].tolist(),
+                                           np.diff(path).tolist()))
         # the next beams: the first k continuations that are not EOS, in rank order
         cont = ~is_eos & finite
         pick = np.argsort(~cont, axis=1, kind="stable")[:, :k]               # continuations first
@@ -361,10 +373,11 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
         if stop == "bound":   # a live beam could still beat the best finished hypothesis
             best_live = np.take_along_axis(values, pick[:, :1], axis=1)[:, 0]
             going = best_live / length_penalty(max_lens[alive] + 1, alpha) > best_score[alive]
-        elif stop == "ctranslate2":   # until the best candidate of a step is an EOS (and n-best's n have finished:
-            going = ~(is_eos[:, 0] & finite[:, 0])        # with alpha 0 none of them beats that first one)
-            if nbest:
-                going |= n_done[alive] < nbest
+        elif stop == "ctranslate2":   # until the best candidate of a step is an EOS
+            going = ~(is_eos[:, 0] & finite[:, 0])
+        if nbest and stop != "fairseq":   # ... and n-best's n have finished: those after the rule's end rank below
+            ruled[alive[~going]] = True
+            going |= n_done[alive] < nbest
         still = _compact(going & ~at_limit & live[:, 0], cohort)
         if progress is not None and n > len(still):
             progress.update(n - len(still))
@@ -392,7 +405,7 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
                 paths = np.concatenate([paths, np.zeros((n_new * k, steps_max))])
             next_tokens = np.concatenate([next_tokens, np.full(n_new, cfg.bos_id)])   # one row each
     if nbest:
-        return [[(tokens, logprobs) for _, tokens, logprobs in sorted(f, key=lambda h: -h[0])[:nbest]]
+        return [[(tokens, logprobs) for _, _, tokens, logprobs in sorted(f, key=lambda h: (h[0], -h[1]))[:nbest]]
                 for f in finished]
     return best
 

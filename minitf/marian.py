@@ -417,6 +417,21 @@ def _check_options(options, where):
     return "pre" if pre == "n" else "post"
 
 
+def _length_penalty(path):
+    """{"decode_alpha": decoder.yml's normalize} where a Marian folder's decoder.yml gives one in minitf's range, else {}
+    (Config's 0.6). Marian divides a score by |Y|^normalize, minitf by GNMT's ((5 + |Y|) / 6)^alpha: one number, two
+    rules; export_marian writes the model's alpha there, so a model exported and read back searches as before."""
+    from .flags import MAX_ALPHA
+    decoder = os.path.join(path, "decoder.yml") if os.path.isdir(path) else None
+    try:
+        with open(decoder, encoding="utf-8") as f:
+            value = load_yaml(f.read()).get("normalize")
+    except (OSError, TypeError, AttributeError, CheckpointError):
+        return {}
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_ALPHA
+    return {"decode_alpha": float(value)} if ok else {}
+
+
 def import_marian(path):
     """(Config, {minitf name: float32 array}, MarianTokenizer) of a Marian model."""
     from .config import Config, id_ranges
@@ -464,7 +479,8 @@ def import_marian(path):
     cfg = Config(vocab_size=len(rows), d_model=d, n_heads=heads, d_ff=d_ff, n_layers=n_layers, n_decoder_layers=n_dec,
                  norm_position=norm, positional="learned" if learned else "sinusoidal", max_len=max(max_len, 16),
                  activation=options.get("transformer-ffn-activation", "relu"), output_bias=bool(np.any(logit_bias)),
-                 output_vocab=output_vocab, layer_norm_eps=float(options.get("minitf-layer-norm-eps", 1e-6)))
+                 output_vocab=output_vocab, layer_norm_eps=float(options.get("minitf-layer-norm-eps", 1e-6)),
+                 **_length_penalty(path))
     order = halves_order(d)
     table = np.zeros((len(rows), d), dtype=np.float32)
     for i, r in enumerate(rows):

@@ -178,6 +178,9 @@ def _as_list(lines, what):
     """(list of lines, whether one string was given) of a string or an iterable of them."""
     if isinstance(lines, str):
         return [lines], True
+    if isinstance(lines, (bytes, bytearray)):
+        raise TypeError(f"expected a string or a list of strings as the {what}s, got {type(lines).__name__}: decode "
+                        f"it first (e.g. .decode('utf-8'))")
     try:
         return list(lines), False
     except TypeError:
@@ -188,13 +191,16 @@ def translate_lines(model, tokenizer, lines, beam_size=4, alpha=None, batch_size
                     nbest=None, stop="fairseq"):
     """Raw sentences -> detokenized translations (paper 6.1: beam 4, max length input + 50); alpha
     None: the checkpoint preset's (model.cfg.decode_alpha; the paper's 0.6, small 2.0, small with --arch rnn 1.5), as the
-    command line. An empty line (or one of spaces) comes back empty. nbest=n: each line's n best
+    command line. An empty line (one of spaces, or of characters the tokenizer drops, such as a zero-width space or a
+    lone byte-order mark: no piece) comes back empty. nbest=n: each line's n best
     Hypothesis instead (an empty line: one, empty, score 0). stop: when beam search ends a sentence
     (decode.beam_search: "fairseq", "bound" or "ctranslate2")."""
     alpha = model.cfg.decode_alpha if alpha is None else alpha
     _check_texts(lines, "line")
     todo = [i for i, line in enumerate(lines) if line.strip()]
-    src_ids = [ids + [tokenizer.eos_id] for ids in tokenizer.encode([lines[i] for i in todo])]   # never cut: see Seq2Seq.check_ids
+    pieces = tokenizer.encode([lines[i] for i in todo])
+    todo = [i for i, ids in zip(todo, pieces) if ids]   # a line of no piece is empty too: the model never sees it
+    src_ids = [ids + [tokenizer.eos_id] for ids in pieces if ids]   # never cut: see Seq2Seq.check_ids
     with progress_bar(len(src_ids), "translate", progress) as bar:
         out = translate_ids(model, src_ids, beam_size, alpha, batch_size, max_len_b, progress=bar, nbest=nbest,
                             stop=stop)
@@ -266,10 +272,11 @@ def score_lines(model, tokenizer, sources, targets, alpha=None, batch_size=64, p
     _check_texts(targets, "translation")
     if len(sources) != len(targets):
         raise ValueError(f"{len(sources)} sources but {len(targets)} translations: one translation a source")
-    empty = [i + 1 for i, line in enumerate(sources) if not line.strip()]
-    if empty:
-        raise ValueError(f"source {empty[0]} of {len(sources)} is empty: there is nothing to translate it from")
     src_ids = [ids + [tokenizer.eos_id] for ids in tokenizer.encode(list(sources))]
+    empty = [i + 1 for i, ids in enumerate(src_ids) if len(ids) == 1]   # spaces, or characters the tokenizer drops
+    if empty:
+        raise ValueError(f"source {empty[0]} of {len(sources)} is empty (no piece): there is nothing to translate it "
+                         f"from")
     tgt_ids = tokenizer.encode_target(list(targets))
     limit = model.cfg.max_len if model.cfg.positional == "learned" else None   # sinusoids have no limit
     if limit:   # a source with its EOS, a translation after the BOS: at most max_len positions each

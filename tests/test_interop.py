@@ -505,3 +505,10 @@ def test_the_marian_export_records_the_models_length_penalty(tmp_path):
                     config=minitf.Config(**{**c.config.to_dict(), "decode_alpha": 2.0}))
     export_marian(str(tmp_path / "a2.npz"), str(tmp_path / "mar"))
     assert load_yaml((tmp_path / "mar" / "decoder.yml").read_text())["normalize"] == 2.0
+    # ... and read back, the model searches with it (it had searched with 0.6: other translations than the .npz's)
+    assert minitf.load(str(tmp_path / "mar")).model.cfg.decode_alpha == 2.0
+    decoder = tmp_path / "mar" / "decoder.yml"
+    for normalize, alpha in (("1", 1.0), ("-1", 0.6), ("yes", 0.6)):   # outside minitf's range, or no number: 0.6
+        decoder.write_text(decoder.read_text().replace(f"normalize: {load_yaml(decoder.read_text())['normalize']}",
+                                                       f"normalize: {normalize}"))
+        assert minitf.load(str(tmp_path / "mar")).model.cfg.decode_alpha == alpha

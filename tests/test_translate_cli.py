@@ -565,8 +565,14 @@ def test_score_gives_a_translation_the_log_probabilities_beam_search_gave_it(set
     assert h.text == text and h.token_logprobs == expected
     assert h.score == pytest.approx(sum(expected) / length_penalty(len(expected), 0.6))
     assert t.score([src[0]], [""])[0].token_logprobs == score_ids(t.model, [src_ids[0]], [[]])[0]   # EOS alone
-    with pytest.raises(ValueError, match="source 2 of 2 is empty"):
-        t.score([src[0], " "], ["a", "b"])
+    for blank in (" ", "\u200b", "\ufeff"):   # spaces, or characters the tokenizer drops: no piece
+        with pytest.raises(ValueError, match="source 2 of 2 is empty"):
+            t.score([src[0], blank], ["a", "b"])
+    # ... and translated, such a line comes back empty (the model had been asked, and made up a sentence)
+    assert t.translate(["\u200b", "\ufeff", " "]) == ["", "", ""]
+    assert [h.text for h in t.nbest(["\u200b"], n=2)[0]] == [""]
+    with pytest.raises(TypeError, match="got bytes: decode it first"):
+        t.translate(b"A dog runs.")
     assert t.score(src[0], text) == h                             # two strings: one pair, one Hypothesis
     with pytest.raises(TypeError, match="two strings"):
         t.score(src[0], [text])
@@ -624,6 +630,14 @@ def test_output_never_replaces_what_the_command_reads_and_goes_where_it_is_point
         r = run(*args, *(flags if args[0] == "translate" else ["--quiet"]))
         assert r.returncode == 2 and r.stderr == (f"error: --output {args[-1]} is {flag} {named}: writing it would "
                                                   f"replace that file; name another output\n"), r.stderr
+    # the file on standard input (`< src.txt`) is an input too
+    for args, flag in ((["translate", "--checkpoint", model, *flags], "--input -"),
+                       (["score", "--checkpoint", model, "--src", "-", "--tgt", d / "ref.txt", "--quiet"], "--src -")):
+        with open(src) as stdin:
+            r = subprocess.run([sys.executable, "-m", "minitf", *map(str, args), "--output", str(src)], stdin=stdin,
+                               capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2 and r.stderr == (f"error: --output {src} is the file on standard input ({flag}): "
+                                                  f"writing it would replace that file; name another output\n"), r.stderr
     assert model.read_bytes() == (d / "model.npz").read_bytes() and src.read_text() == (d / "src.txt").read_text()
     want = run("translate", "--checkpoint", model, "--input", src, *flags).stdout
     run("translate", "--checkpoint", model, "--input", src, "--output", tmp_path / "out.de.gz", *flags)
@@ -632,6 +646,9 @@ def test_output_never_replaces_what_the_command_reads_and_goes_where_it_is_point
     os.symlink(tmp_path / "real.txt", tmp_path / "link.txt")
     run("translate", "--checkpoint", model, "--input", src, "--output", tmp_path / "link.txt", *flags)
     assert os.path.islink(tmp_path / "link.txt") and (tmp_path / "real.txt").read_text() == want
+    os.symlink(tmp_path / "real.gz", tmp_path / "link.gz")   # a .gz name through a link: compressed too
+    run("translate", "--checkpoint", model, "--input", src, "--output", tmp_path / "link.gz", *flags)
+    assert gzip.decompress((tmp_path / "real.gz").read_bytes()).decode() == want
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     p = subprocess.Popen([sys.executable, "-m", "minitf", "translate", "--checkpoint", str(model), "--input", str(src),
