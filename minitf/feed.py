@@ -8,7 +8,7 @@ import numpy as np
 
 from .backend import release_freed_memory
 from .data.batching import training_batch
-from .errors import SameOnEveryRank
+from .errors import DataError, SameOnEveryRank
 from .trainlog import log
 
 
@@ -68,15 +68,26 @@ def open_feed(run):
     run.state["batch_tokens"], run.state["update_batches"] = max_tokens, per_update
     corpus = bpe_dropout(run) or both_directions(run)   # the pairs of each epoch, when they change
     lengths = corpus.lengths if corpus else (lambda epoch: (pairs.src_lens, pairs.tgt_lens))
-    first = token_batches(*lengths(run.state["epoch"]), max_tokens, args.seed, run.state["epoch"])
+    try:
+        first = token_batches(*lengths(run.state["epoch"]), max_tokens, args.seed, run.state["epoch"])
+    except DataError as e:
+        if args.max_tokens:
+            raise
+        raise SameOnEveryRank(f"{e}; without --max-tokens a batch is the preset's {run.cfg.update_tokens:,} tokens per "
+                              f"update split over {world.size} rank(s) x --update-freq {args.update_freq} = "
+                              f"{max_tokens:,} tokens: a smaller --update-freq or fewer ranks make larger batches "
+                              f"too") from None
     release_freed_memory()   # the sort's temporaries: hundreds of MB for a 36M-pair corpus
-    run.epoch_len = len(first)   # for the log's fractional epoch (other epochs differ by a few batches)
+    run.epoch_len = len(first)   # for the log's fractional epoch (other epochs differ by a few batches: below)
     if run.state["epoch"] < run.cfg.bidirectional_epochs:
         run.epoch_len = (len(first) + 1) // 2   # of an epoch of one direction (an epoch of both has twice the batches)
     if per_update > run.epoch_len:
         raise SameOnEveryRank(f"{world.size} ranks x --update-freq {args.update_freq} = {per_update} batches per "
                               f"update, but an epoch has only {run.epoch_len}: use fewer ranks, a smaller --update-freq "
                               f"or --max-tokens")
+    # the log's fractional epochs count in the first start's epoch length, so that a resumed run logs what an
+    # uninterrupted one does (a run resumed after bidirectional epochs had counted in another)
+    run.epoch_len = run.state.setdefault("epoch_len", run.epoch_len)
     batches = iterate_batches(pairs.src_lens, pairs.tgt_lens, max_tokens, args.seed, run.state["epoch"],
                               run.state["batch"], first=first, after_plan=release_freed_memory, lengths=lengths)
     return UpdateFeed(batches, corpus.epoch if corpus else (lambda epoch: pairs), run.data.tokenizer, per_update,

@@ -77,13 +77,21 @@ def info_lines(f):
             done.append(f"corpus {state['data_id']}")
         lines.append(f"  training: {', '.join(done)}")
     if not f["marian"]:   # a Marian model records no recipe of minitf's (one fine-tuned here does)
-        lines.append(f"  recipe: dropout {c['dropout']:g}, label smoothing {c['label_smoothing']:g}, warmup "
+        lines.append(f"  recipe: dropout {c['dropout']:g}{_extras(c)}, label smoothing {c['label_smoothing']:g}, warmup "
                      f"{c['warmup']:,}, learning-rate factor {c['lr_factor']:g}, weight decay {c['weight_decay']:g}, "
                      + (f"{state['batch_tokens'] * state['update_batches']:,} tokens an update (at most, padding "
                         f"included)" if isinstance(state.get("batch_tokens"), int) and isinstance(
                             state.get("update_batches"), int) else f"{c['update_tokens']:,} tokens an update"))
     lines.append(f"  decoding: length penalty alpha {c['decode_alpha']:g} by default (translate and evaluate)")
     return lines
+
+
+def _extras(c):
+    """The recipe's options beyond the paper's, where the config sets them, as the flags that set them."""
+    parts = [f"--{name.replace('_', '-')} {c[name]:g}" for name in (
+        "attention_dropout", "relu_dropout", "bpe_dropout_source", "bpe_dropout_target", "bidirectional_epochs",
+        "lr_fade") if c.get(name)]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def run_facts(folder):

@@ -140,6 +140,8 @@ class Run:
         again = os.path.isfile(os.path.join(self.args.out, f"checkpoint_{self.state['step']:07d}.npz"))
         on_grid = on_grid or (again and self.state.get("on_grid", False))
         self.state["train_wall_s"], self.state["on_grid"] = self.elapsed(), on_grid
+        w = self.window   # the log's sums since its last record: a resumed run's next record averages the same updates
+        self.state["log_window"] = {"loss": float(w["loss"]), "nll": float(w["nll"]), "n": int(w["n"])}
         return save(self.args.out, self.state["step"], self.model, self.opt, self.data.tokenizer, self.state,
                     self.args.keep_last)
 
@@ -292,6 +294,9 @@ def set_up(args, world):
     run.start_wall = time.time() - run.state["train_wall_s"]
     run.console = Console(run.state, args.max_steps, args.time_budget, quiet=args.quiet, enabled=lead)
     run.window = new_window()
+    kept = run.state.get("log_window")
+    if resume is not None and isinstance(kept, dict):
+        run.window.update((k, kept[k]) for k in ("loss", "nll", "n") if isinstance(kept.get(k), (int, float)))
     return run
 
 
@@ -613,6 +618,7 @@ def after_step(run, loss_sum, nll_sum, tokens, lr):
     w["loss"] += loss_sum
     w["nll"] += nll_sum
     w["n"] += tokens
+    w["timed"] += tokens
     run.console.update(state["step"], run.elapsed())
     if run.lead and not run.short_noted:   # the rate of 30 s of updates says how many the budget makes
         if run.budget_clock is None:
@@ -624,7 +630,7 @@ def after_step(run, loss_sum, nll_sum, tokens, lr):
         rec = {"step": state["step"], "epoch": run.epochs(),
                "loss": round(w["loss"] / w["n"], 4), "nll": round(w["nll"] / w["n"], 4),
                "ppl": perplexity(w["nll"] / w["n"]), "lr": lr,
-               "tokens_per_s": round(w["n"] / dt, 1), "wall_s": round(run.elapsed(), 1)}
+               "tokens_per_s": round(w["timed"] / dt, 1), "wall_s": round(run.elapsed(), 1)}
         run.log.write(rec)
         run.console.show(rec)
         run.window = new_window()
@@ -684,7 +690,9 @@ def validate(run):
 
 
 def new_window():
-    return {"loss": 0.0, "nll": 0.0, "n": 0, "t0": time.time()}
+    """The log's sums since its last record: loss and NLL over n target tokens; the rate counts the tokens of this
+    process since t0 (`timed`: a resumed run's first window holds updates made before it started)."""
+    return {"loss": 0.0, "nll": 0.0, "n": 0, "t0": time.time(), "timed": 0}
 
 
 class StopSignals:

@@ -232,6 +232,9 @@ def restore_first_start(p, args, argv):
     except (OSError, ValueError, KeyError, TypeError):
         return []   # no readable record (runfolder.check_resumed says more where it matters)
     given = _given(p, argv)
+    if "seed" in given and before.get("seed") not in (None, args.seed):
+        p.error(f"--seed {args.seed}: the run in --out {args.out} was started with --seed {before['seed']}, which its "
+                f"batches and dropout follow; drop --seed to resume it, or start a new --out")
     defaults = {a.dest: a.default for a in p._actions}
     taken = []
     for group in RESUMED_GROUPS:

@@ -72,7 +72,8 @@ def test_bidirectional_training_resumes_exactly_across_the_switch(corpus, tmp_pa
     the fractional epochs count one direction's batches, a run stopped and resumed across the switch
     makes the uninterrupted run's losses, and the same run one way learns from other batches."""
     straight, split, cache = tmp_path / "straight", tmp_path / "split", tmp_path / "cache"
-    args = ("--bidirectional-epochs", 1, "--output-vocab", "target", "--max-tokens", 256, "--save-every", 10,
+    # --max-tokens 300: an epoch both ways then has other than twice the batches of one way (checked below)
+    args = ("--bidirectional-epochs", 1, "--output-vocab", "target", "--max-tokens", 300, "--save-every", 10,
             "--valid-every", 0, "--keep-last", 5, "--average-last", 1)
     r = run_train(corpus, straight, "--max-steps", 40, *args, cache=cache)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -93,6 +94,16 @@ def test_bidirectional_training_resumes_exactly_across_the_switch(corpus, tmp_pa
     assert r.returncode == 0, r.stderr[-3000:]
     a, b = losses(straight), losses(split)
     assert [a[s] for s in range(21, 41)] == [b[s] for s in range(21, 41)]
+    # resumed after the switch, the log counts epochs as the uninterrupted run (it had counted in the length of an
+    # epoch of one direction, not of the first start's: 1.637 against 1.663)
+    after = tmp_path / "after"
+    switch = next(rec["step"] for rec in log if rec.get("epoch", 0) > 1)
+    assert run_train(corpus, after, "--max-steps", switch + 1, *args, cache=cache).returncode == 0
+    assert run_train(corpus, after, "--max-steps", 40, "--resume", *args, cache=cache).returncode == 0
+    epochs_of = lambda out: {rec["step"]: rec["epoch"] for rec in map(json.loads, (out / "train_log.jsonl").open())
+                             if "loss" in rec and "epoch" in rec}
+    assert {s: e for s, e in epochs_of(after).items() if s > switch + 1} == {
+        s: e for s, e in epochs_of(straight).items() if s > switch + 1}
     one_way = tmp_path / "one_way"
     assert run_train(corpus, one_way, "--max-steps", 5, *args[2:], cache=cache).returncode == 0
     assert losses(one_way)[1] != a[1]

@@ -41,6 +41,11 @@ def train_wmt_module():
     return cli
 
 
+def records(out):
+    with open(out / "train_log.jsonl") as f:
+        return {r["step"]: r for r in map(json.loads, f) if "loss" in r}
+
+
 def losses(out):
     with open(out / "train_log.jsonl") as f:
         return {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
@@ -104,7 +109,7 @@ def test_the_summary_says_one_checkpoint_and_one_update_in_the_singular():
 def test_resume_is_exact(corpus, tmp_path):
     straight, split = tmp_path / "straight", tmp_path / "split"
     cache = tmp_path / "cache"
-    args = ("--save-every", 4, "--valid-every", 0, "--keep-last", 5, "--average-last", 1)
+    args = ("--save-every", 4, "--valid-every", 0, "--keep-last", 5, "--average-last", 1, "--log-every", 3)
     r = run_train(corpus, straight, "--max-steps", 12, *args, cache=cache)
     assert r.returncode == 0, r.stderr[-3000:]
     r = run_train(corpus, split, "--max-steps", 8, *args, cache=cache)
@@ -117,10 +122,13 @@ def test_resume_is_exact(corpus, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     restored = next(line for line in r.stderr.splitlines() if line.startswith("the first start's flags"))
     assert f"--dataset multi30k --data-dir {corpus} " in restored and "--vocab-size 60 " in restored
-    assert "--max-steps" not in restored and "--preset tiny" in restored and "--log-every 1" in restored
+    assert "--max-steps" not in restored and "--preset tiny" in restored and "--log-every 3" in restored
     a, b = losses(straight), losses(split)
-    assert sorted(a) == list(range(1, 13))
-    assert [a[s] for s in range(9, 13)] == [b[s] for s in range(9, 13)]
+    assert sorted(a) == [3, 6, 9, 12]
+    # the record of step 9 averages updates 7-9 after the resume at 8 too (it had averaged update 9 alone), and
+    # counts epochs as the uninterrupted run does
+    assert [a[s] for s in (9, 12)] == [b[s] for s in (9, 12)]
+    assert [records(straight)[s]["epoch"] for s in (9, 12)] == [records(split)[s]["epoch"] for s in (9, 12)]
     pa = load_checkpoint(straight / "checkpoint_0000012.npz")
     pb = load_checkpoint(split / "checkpoint_0000012.npz")
     for name in pa.params:
@@ -128,7 +136,7 @@ def test_resume_is_exact(corpus, tmp_path):
     assert pa.train_state["forward_count"] == pb.train_state["forward_count"] == 12
 
 
-def test_resume_takes_the_first_starts_flags_a_group_at_a_time(tmp_path):
+def test_resume_takes_the_first_starts_flags_a_group_at_a_time(tmp_path, capsys):
     """--resume fills the flags the command line leaves out from OUT/config.json's record, a group at a time: a flag
     given now takes its group's place (--valid-every-minutes given: no --valid-every restored beside it)."""
     from minitf.train_cli import parse_args
@@ -139,17 +147,30 @@ def test_resume_takes_the_first_starts_flags_a_group_at_a_time(tmp_path):
                              f"news={tmp_path / 'te'}", "--src", "en", "--tgt", "de", "--out", str(out), "--fp16",
                              "--valid-every", "7", "--time-budget", "60", "--seed", "3", "--max-tokens", "900"]))
     (out / "config.json").write_text(json.dumps({"args": first}))
-    args = parse_args(["--out", str(out), "--resume", "--valid-every-minutes", "5", "--seed", "4"])
+    args = parse_args(["--out", str(out), "--resume", "--valid-every-minutes", "5", "--max-tokens", "800"])
     assert (args.train, args.valid, args.test) == (first["train"], first["valid"], [("news", str(tmp_path / "te"))])
-    assert (args.fp16, args.time_budget, args.max_tokens, args.seed) == (True, 60, 900, 4)
+    assert (args.fp16, args.time_budget, args.max_tokens, args.seed) == (True, 60, 800, 3)
     assert (args.valid_every, args.valid_every_minutes) == (None, 5)
-    assert "--fp16" in args.restored and "--seed 3" not in args.restored and "--valid-every 7" not in args.restored
+    assert "--fp16" in args.restored and "--seed 3" in args.restored and "--valid-every 7" not in args.restored
+    # another seed would change the batches and dropout mid-run (and had been taken without a word)
+    with pytest.raises(SystemExit):
+        parse_args(["--out", str(out), "--resume", "--seed", "4"])
+    assert "--seed 4: the run in --out" in capsys.readouterr().err
+    assert parse_args(["--out", str(out), "--resume", "--seed", "3"]).seed == 3
     # --device given now: the first start's precision (--fp16 with it) is not taken
     args = parse_args(["--out", str(out), "--resume", "--device", "cpu"])
     assert (args.device, args.fp16, args.train) == ("cpu", False, first["train"])
     # without a readable record, the command line alone (check_resumed says more)
     (out / "config.json").write_text("{")
     assert parse_args(["--out", str(out), "--resume"]).restored == []
+
+
+def test_batches_too_small_for_a_sentence_name_update_freq_where_it_made_them(corpus, tmp_path):
+    # the preset's tokens per update split by --update-freq: the error had named only --max-tokens and --max-len,
+    # neither given
+    r = run_train(corpus, tmp_path / "run", "--max-steps", 2, "--update-freq", 256)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.splitlines()[-1].startswith("error: example ") and "the preset's 512 tokens per update split over 1 rank(s) x --update-freq 256 = 2 tokens" in r.stderr
 
 
 def test_existing_out_without_resume_and_bad_data_are_one_line_errors(corpus, tmp_path):
