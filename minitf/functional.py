@@ -321,6 +321,16 @@ def dropout_backward(dy, mask):
 
 
 # ----------------------------------------------------------------------------- attention
+def check_attention_bias(bias):
+    """ValueError unless bias has the four axes of [B, H, T, S] (each 1 or its length): a [B, S] padding bias (as
+    the recurrent attention takes) would broadcast as [1, 1, B, S] and mask query b of every sentence by row b's
+    padding, without an error, wherever B equals T."""
+    if getattr(bias, "ndim", 4) != 4:
+        raise ValueError(f"attention bias of shape {tuple(bias.shape)}: expected 4 axes, [B, H, T, S] with 1 for "
+                         f"those it is the same along (a padding bias [B, S] is bias[:, None, None, :]: "
+                         f"masks.padding_bias)")
+
+
 def attention_forward(q, k, v, bias, scale, drop_mask=None):
     """Scaled dot-product attention (paper 3.2.1): softmax(q k^T * scale + bias) v.
 
@@ -331,6 +341,7 @@ def attention_forward(q, k, v, bias, scale, drop_mask=None):
     the paper (docs/deviations.md).
     Returns out [B, H, T, K] and p [B, H, T, S] (the softmax output, kept for backward).
     """
+    check_attention_bias(bias)
     scores = batched_matmul(scaled(q, scale), k.swapaxes(-1, -2))
     if kernels.enabled(scores):
         p = kernels.masked_softmax(scores, bias, out=scores)   # one pass: + bias, softmax

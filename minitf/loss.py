@@ -20,6 +20,7 @@ class LossCache(NamedTuple):
     n_safe: object
     eps: float
     out_dtype: object
+    spent: list           # [True] once the backward has used p: a second backward is refused (p is its output)
 
 
 class FusedLossCache(NamedTuple):
@@ -79,7 +80,7 @@ def label_smoothed_nll(logits, target, eps, pad_id, grad=None):
     n_safe = xp.maximum(n, 1.0)
     loss = (per_tok * w).sum() / n_safe
     nll_sum = (-gold * w).sum()
-    return loss, nll_sum, n, LossCache(p, tgt, w, n_safe, eps, out_dtype)
+    return loss, nll_sum, n, LossCache(p, tgt, w, n_safe, eps, out_dtype, [False])
 
 
 def _fused_label_smoothed_nll(logits, tgt, eps, pad_id, grad=None):
@@ -132,7 +133,11 @@ def label_smoothed_nll_backward(cache, dloss=1.0, dscale=None):
                                                  w_scale=dloss / c.n_safe, dscale=dscale)
         return kernels.smoothed_nll_backward(c.logits, c.tgt, c.lse, c.w * (dloss / c.n_safe), c.eps, out=c.logits,
                                              dscale=dscale)
-    p, tgt, w, n_safe, eps, out_dtype = cache
+    p, tgt, w, n_safe, eps, out_dtype, spent = cache
+    if spent[0]:   # p now holds the last backward's result: a second one would start from it
+        raise ValueError("label_smoothed_nll_backward: this forward's cache was used by a backward already (it "
+                         "overwrites the softmax it keeps): run label_smoothed_nll again for another backward")
+    spent[0] = True
     xp = xp_of(p)
     v = p.shape[-1]
     # loss = sum_rows w * ((1-eps) * -logp[gold] - eps * mean_v logp) / N

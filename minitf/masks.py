@@ -37,5 +37,8 @@ def causal_bias(length, xp, dtype):
     if key not in _CAUSAL:
         if len(_CAUSAL) > 512:   # lengths come and go with the batches: bound the cache
             _CAUSAL.clear()
-        _CAUSAL[key] = (xp, to_device(np.triu(np.full((length, length), _neg_inf(dtype), dtype=dtype), k=1), xp))
+        made = to_device(np.triu(np.full((length, length), _neg_inf(dtype), dtype=dtype), k=1), xp)
+        if isinstance(made, np.ndarray):
+            made.flags.writeable = False   # shared by every model of the process: a write would unmask the future
+        _CAUSAL[key] = (xp, made)
     return _CAUSAL[key][1]

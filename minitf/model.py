@@ -9,6 +9,7 @@ import numpy as np
 
 from . import kernels
 from .backend import to_device, to_numpy
+from .errors import ConfigError
 from .blocks import Decoder, Encoder
 from .incremental import IncrementalDecoder
 from .layers import Dropout, LearnedPositional, SinusoidalPositional, TokenEmbedding
@@ -74,6 +75,8 @@ class Transformer(Seq2Seq):
         positions and the kept target positions only (packing.py) and h is [N_t, D]."""
         src_rows = tgt_rows = None
         plans, whole = (None, None), False
+        if len(src) != len(tgt_in):   # one source would broadcast over every target, without a word
+            raise ConfigError(f"src has {len(src)} sentences but tgt_in {len(tgt_in)}: one source a target")
         src = self.check_ids("src", src, host=keep_tgt is not None)
         if keep_tgt is not None:   # on the host: no GPU sync (packing.Rows)
             host_in = self.check_ids("tgt_in", tgt_in, host=True)
@@ -107,7 +110,8 @@ class Transformer(Seq2Seq):
 
     def forward(self, src, tgt_in):
         """src [B, S], tgt_in [B, T] int -> logits [B, T, V] = h @ embedding^T (3.4); -inf outside
-        an output vocabulary."""
+        an output vocabulary. In training mode (a new model's) dropout applies and each call draws the next
+        forward's masks, as forward_loss does: call eval() first for inference (decoding does)."""
         return self.embedding.project_all(self.decoder_hidden(src, tgt_in))
 
     def forward_loss(self, src, tgt_in, tgt_out, packed=True):

@@ -51,16 +51,17 @@ def check_layer(layer, inputs, forward, backward, rng, skip_inputs=()):
     def loss():
         return float((forward(*inputs) * r).sum())
 
-    for l in layer.layers():
-        for g in l.grads.values():
-            g[...] = 0
+    before = {}   # gradients already there: a backward must ADD to them (one that assigns loses other terms)
+    for pname, l, key in layer.named_parameters():
+        l.grads[key][...] = rng.standard_normal(l.grads[key].shape)
+        before[pname] = l.grads[key].copy()
     forward(*inputs)
     dins = backward(r)
     if not isinstance(dins, tuple):
         dins = (dins,)
     errs = {}
     for pname, l, key in list(layer.named_parameters()):
-        errs[pname] = check(pname, l.grads[key].copy(), loss, l.params[key])
+        errs[pname] = check(pname, l.grads[key] - before[pname], loss, l.params[key])
     float_inputs = [i for i, x in enumerate(inputs) if isinstance(x, np.ndarray) and x.dtype == np.float64
                     and i not in skip_inputs]
     assert len(float_inputs) == len(dins), (len(float_inputs), len(dins))
@@ -69,17 +70,20 @@ def check_layer(layer, inputs, forward, backward, rng, skip_inputs=()):
     return errs
 
 
-def check_model(model, src, tgt_in, tgt_out):
+def check_model(model, src, tgt_in, tgt_out, packed=True):
     """Gradcheck every parameter of a whole model's forward_loss (the same dropout masks on
-    every call); returns the number of parameters checked."""
+    every call; `packed`: forward_loss's layout); returns the number of parameters checked. The
+    gradient buffers hold random values before the backward, which must add to them."""
     def loss():
         model.forward_count = 0
-        return model.forward_loss(src, tgt_in, tgt_out)
+        return model.forward_loss(src, tgt_in, tgt_out, packed=packed)
 
     model.zero_grad()
+    model.flat_grads[...] = np.random.default_rng(7).standard_normal(model.flat_grads.shape)
+    before = {n: g.copy() for n, g in model.grad_dict().items()}
     loss()
     model.backward()
-    grads = {n: g.copy() for n, g in model.grad_dict().items()}
+    grads = {n: g - before[n] for n, g in model.grad_dict().items()}
     params = model.state_dict()
     for name in model.names:
         check(name, grads[name], loss, params[name])

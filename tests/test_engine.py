@@ -164,6 +164,40 @@ def test_backward_accumulates():
     np.testing.assert_allclose(model.flat_grads, 2 * once, rtol=1e-12)
 
 
+def test_library_misuse_is_a_clear_error_at_the_call():
+    """What a reader trying the pieces on their own meets: each had given a wrong answer without a word, or failed
+    deep inside."""
+    from minitf.errors import ConfigError
+    from minitf.layers import Linear, MultiHeadAttention
+    from minitf.loss import label_smoothed_nll, label_smoothed_nll_backward
+    from minitf.masks import causal_bias
+    rng = np.random.default_rng(0)
+    # the causal mask is shared by every model of the process: written to, it had unmasked the future for all
+    with pytest.raises(ValueError, match="read-only"):
+        causal_bias(3, np, np.float64)[0, 1] = 0.0
+    # one source for three targets had broadcast over them (and two for three failed inside a product)
+    model = minitf.Transformer(tiny(), dtype="float64")
+    src, tgt_in, tgt_out = batch()
+    for n_src in (1, 2):
+        with pytest.raises(ConfigError, match=f"src has {n_src} sentences but tgt_in 3"):
+            model.forward_loss(np.repeat(src, 2, axis=0)[:n_src], np.repeat(tgt_in, 2, axis=0)[:3],
+                               np.repeat(tgt_out, 2, axis=0)[:3])
+    # a [B, S] padding bias broadcast as [1, 1, B, S] where B == T: row b's padding masked query b of every sentence
+    mha = MultiHeadAttention(8, 2, 4, rng)
+    x = rng.standard_normal((2, 2, 8))
+    with pytest.raises(ValueError, match=r"attention bias of shape \(2, 2\): expected 4 axes"):
+        mha.forward(x, x, np.zeros((2, 2)))
+    # the loss's backward overwrites the softmax it keeps: a second one had started from its own result
+    loss, _, _, cache = label_smoothed_nll(rng.standard_normal((4, 5)), np.array([1, 2, 0, 4]), 0.1, 0)
+    label_smoothed_nll_backward(cache)
+    with pytest.raises(ValueError, match="used by a backward already"):
+        label_smoothed_nll_backward(cache)
+    # a layer's backward without its forward (or a second one) had been an AttributeError inside
+    for layer, dy in ((Linear(4, 3, rng), np.ones((2, 3))), (mha, np.ones((2, 2, 8)))):
+        with pytest.raises(RuntimeError, match=f"{type(layer).__name__}.backward: no forward to go back through"):
+            layer.backward(dy)
+
+
 def test_positional_encoding_formula():
     pe = sinusoid_table(50, 10)
     pos, i = 7, 3

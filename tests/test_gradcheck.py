@@ -1,7 +1,10 @@
 """Every backward pass against central differences, in float64, relative error <= 1e-6.
 
 Each test checks every parameter gradient and every float input gradient of one layer
-(or of the whole model), with padding and causal masks where they apply.
+(or of the whole model), with padding and causal masks where they apply. The gradient buffers
+hold random values before each backward, which must add to them (+=, never =). The recurrent
+baseline's layers (LSTM, BiLSTM, recurrent attention, Conv1d) and model are checked in
+tests/test_gradcheck_rnn.py.
 """
 import numpy as np
 import pytest
@@ -57,6 +60,9 @@ def test_gradcheck_embedding_projection_over_an_output_vocabulary(rng):
     assert layer.project(h)[0].shape == (B, T, ids.size)
     errs = check_layer(layer, [h], lambda x: layer.project(x)[0], lambda d: layer.project_backward(d, h), rng)
     assert set(errs) == {"weight", "input0"}
+    layer.grads["weight"][...] = 0
+    layer.project(h)
+    layer.project_backward(rng.standard_normal((B, T, ids.size)), h)
     others = np.setdiff1d(np.arange(V), ids)
     assert np.all(layer.grads["weight"][others] == 0) and np.abs(layer.grads["weight"][ids]).min() > 0
 
@@ -296,7 +302,7 @@ def _batch():
 
 @pytest.mark.parametrize("variant", ["sinusoidal", "learned", "dropout", "all dropouts", "unpadded",
                                      "2+1 layers", "1+2 layers", "output vocabulary", "pre-norm", "pre-norm unpadded",
-                                     "swish and a logit bias"])
+                                     "swish and a logit bias", "rows without a loss", "plain padded"])
 def test_gradcheck_transformer_every_parameter(variant):
     """Padded batches take the pad-free packed layout (packing.py); "unpadded" (no pad
     anywhere) takes the plain [B, L, D] layout with no row index. "all dropouts": residual,
@@ -305,7 +311,9 @@ def test_gradcheck_transformer_every_parameter(variant):
     reference piece (5) outside them (scored as the unknown piece, 1). "pre-norm": the LayerNorm
     before each sublayer and after each stack (norm_position "pre"), with all dropouts; packed and
     plain. "swish and a logit bias": Marian's options (activation "swish", output_bias), over an
-    output vocabulary, with all dropouts."""
+    output vocabulary, with all dropouts. "rows without a loss": the shorter sentence first, a target position
+    kept (tgt_in not pad) whose tgt_out is pad, so the loss head's rows go back into the decoder's by index;
+    "plain padded": that batch in the plain [B, L, D] layout, pads included (forward_loss(packed=False))."""
     dropouts = {"dropout": dict(dropout=0.2), "all dropouts": ALL_DROPOUTS, "pre-norm": ALL_DROPOUTS,
                 "pre-norm unpadded": ALL_DROPOUTS}.get(variant, dict(dropout=0.0))
     if variant.startswith("pre-norm"):
@@ -329,4 +337,8 @@ def test_gradcheck_transformer_every_parameter(variant):
     if variant.endswith("unpadded"):
         src, tgt_in, tgt_out = src[1:, :5], tgt_in[:1, :4], tgt_out[:1, :4]
         assert (src != 0).all() and (tgt_in != 0).all() and (tgt_out != 0).all()
-    assert check_model(model, src, tgt_in, tgt_out) > 50
+    if variant in ("rows without a loss", "plain padded"):
+        src = np.array([[5, 6, 7, 0, 0, 0], [9, 10, 5, 6, 7, 3]])
+        tgt_in, tgt_out = np.array([[2, 4, 6, 8, 0], [2, 7, 5, 9, 4]]), np.array([[4, 6, 3, 0, 0], [7, 5, 9, 4, 3]])
+        assert ((tgt_in != 0) & (tgt_out == 0)).any()
+    assert check_model(model, src, tgt_in, tgt_out, packed=variant != "plain padded") > 50

@@ -90,6 +90,7 @@ class MultiHeadAttention(Layer):
         (functional.DropoutSites): the attention-dropout mask, drawn on [B, H, T, S] in
         either layout, when training with dropout > 0.
         """
+        F.check_attention_bias(bias)
         if gemm.enabled(x_q):
             return self._forward_gpu(x_q, x_kv, bias, rows_q, rows_kv, sites, out_bias)
         h = self.n_heads
@@ -108,10 +109,11 @@ class MultiHeadAttention(Layer):
         x_kv (self-attention: then both returned are that array, holding the whole gradient). On a
         GPU each addition is a GEMM's beta = 1. out_bias=False: the output projection's bias
         gradient is the caller's (Linear.backward's bias)."""
+        if self.cache is None:
+            self.take_cache()   # raises: no forward to go back through
         if gemm.enabled(dy):
             return self._backward_gpu(dy, dx_into, dkv_into, out_bias)
-        q, k, v, p, mask, rows_q, rows_kv, _, _ = self.cache     # the inputs are the projections' caches here
-        self.cache = None
+        q, k, v, p, mask, rows_q, rows_kv, _, _ = self.take_cache()   # the inputs are the projections' caches here
         h = self.n_heads
         # y = out(pack(merge_heads(ctx)))
         dctx = F.split_heads(unpack(rows_q, self.out.backward(dy, bias=out_bias)), h)

@@ -30,6 +30,15 @@ class Layer:
         self.cache = None
         self.training = True
 
+    def take_cache(self):
+        """What forward kept for backward, handed over once: a RuntimeError naming the layer where there is none (a
+        backward without a forward, or a second one for one forward), not a failure deep inside the backward."""
+        cache, self.cache = self.cache, None
+        if cache is None:
+            raise RuntimeError(f"{type(self).__name__}.backward: no forward to go back through (call forward first; "
+                               f"one backward per forward)")
+        return cache
+
     def add(self, name, layer):
         self.children[name] = layer
         return layer

@@ -39,7 +39,7 @@ class Conv1d(Layer):
         return cols @ self.params["weight"] + self.params["bias"]
 
     def backward(self, dy):
-        cols, self.cache = self.cache, None
+        cols = self.take_cache()
         xp = xp_of(dy)
         b, length, _ = dy.shape
         d = cols.shape[-1] // self.k

@@ -38,7 +38,7 @@ class FeedForward(Layer):
 
     def backward(self, dy, out_bias=True):
         """dx; out_bias=False: fc2's bias gradient is the caller's (Linear.backward's bias)."""
-        h, self.cache = self.cache, None
+        h = self.take_cache()
         # y = fc2(drop(h))
         dh = self.drop.backward(self.fc2.backward(dy, bias=out_bias))
         if self.activation == "swish":

@@ -34,7 +34,7 @@ class LayerNorm(Layer):
         inside this LayerNorm's input x + dropout(sublayer)): (dx, its dropout's backward of dx),
         in one pass on a GPU (functional.layernorm_backward). `sublayer`: the sublayer's last
         Linear, whose bias gradient this backward takes (on a GPU in its column-sum launch, beside dg and db)."""
-        cache, self.cache = self.cache, None
+        cache = self.take_cache()
         mask = None if dropout is None else dropout.take_mask()
         out = F.layernorm_backward(dy, cache, self.params["weight"], self.grads["weight"], self.grads["bias"],
                                    dy_residual, mask, None if sublayer is None else sublayer.grads["bias"])

@@ -36,6 +36,6 @@ class Linear(Layer):
         """dx; with `dx_into` (an array of x's shape the caller owns) dx is added into it instead.
         bias=False: the bias gradient (the column sums of dy) is the caller's to take (a post-norm
         block's LayerNorm takes it in its own launch: blocks, LayerNorm.backward)."""
-        x, self.cache = self.cache, None
+        x = self.take_cache()
         return F.linear_backward(dy, x, self.params["weight"], self.grads["weight"],
                                  self.grads["bias"] if bias else None, dx_into)

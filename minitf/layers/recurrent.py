@@ -124,8 +124,7 @@ class LSTM(Layer):
 
     def backward(self, dout, dh_last=None, dc_last=None):
         """dout [B, L, R] (and the last state's gradients) -> (dx [B, L, I], dh0, dc0)."""
-        x, hs, caches = self.cache
-        self.cache = None
+        x, hs, caches = self.take_cache()
         xp = xp_of(dout)
         b, length, _ = x.shape
         dout_t = (dout[:, ::-1] if self.reverse else dout).transpose(1, 0, 2)

@@ -63,7 +63,7 @@ class RecurrentAttention(Layer):
         """dkeys (summed over every attend) -> dmemory [B, S, M]; accumulates d w_k."""
         if self.kind == "dot":
             return dkeys
-        memory, self.cache = self.cache, None
+        memory = self.take_cache()
         m = memory.shape[-1]
         # keys = memory @ w_k
         self.grads["w_k"] += memory.reshape(-1, m).T @ dkeys.reshape(-1, dkeys.shape[-1])
