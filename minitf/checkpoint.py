@@ -307,8 +307,10 @@ def export_safetensors(checkpoint, output):
             "train_state": json.dumps(state)}
     if ckpt.tokenizer is not None:
         meta["tokenizer"] = base64.b64encode(ckpt.tokenizer).decode()
+    meta["sha256"] = json.dumps({name: _digest(a) for name, a in ckpt.params.items()})   # checked on load
     save_safetensors(output, ckpt.params, meta)
     return os.path.getsize(output)
+
 
 
 def _load_safetensors(path):
@@ -323,4 +325,14 @@ def _load_safetensors(path):
         tok = base64.b64decode(meta["tokenizer"], validate=True) if "tokenizer" in meta else None
     except (ValueError, MinitfError) as e:
         raise CheckpointError(f"{path}: bad minitf metadata ({e})") from None
+    if "sha256" in meta:   # an export that recorded its tensors' digests (a damaged file had translated silently)
+        try:
+            digests = json.loads(meta["sha256"])
+            wrong = [name for name, a in params.items() if digests.get(name) != _digest(a)]
+        except (ValueError, AttributeError):
+            raise CheckpointError(f"{path}: bad minitf metadata (sha256)") from None
+        if wrong:
+            raise CheckpointError(f"{path}: tensor {wrong[0]}{f' (and {len(wrong) - 1} more)' if len(wrong) > 1 else ''} "
+                                  f"does not match the SHA-256 recorded when it was exported: the file is damaged; "
+                                  f"export it again from its checkpoint")
     return Checkpoint(path, config, params, None, tok, state)

@@ -4,6 +4,7 @@ Every user error (a bad flag, a MinitfError) is printed as one line on stderr wi
 """
 import json
 import os
+import signal
 import sys
 
 from .data.pipeline import add_data_args, check_data_args
@@ -38,12 +39,28 @@ def cmd_prepare(args):
           f"pairs, tests: {', '.join(data.tests) or 'none'}")
 
 
+def _check_not_a_runs_model(output):
+    """ConfigError where --output would replace a training run's own model file (its model.npz, which its
+    results.json scores, checkpoint_best.npz, or a checkpoint --resume continues from); averaged.npz may be made
+    again."""
+    import re
+    from .runfolder import BEST, checkpoint_paths
+    folder, name = os.path.split(os.path.abspath(output))
+    ours = name in ("model.npz", BEST) or re.fullmatch(r"checkpoint_\d+\.npz", name)
+    if ours and os.path.exists(output) and (os.path.isfile(os.path.join(folder, "config.json"))
+                                            or checkpoint_paths(folder)):
+        raise ConfigError(f"--output {output} is the {name} of the training run in {folder}: writing the average "
+                          f"there would replace it (its results.json scores model.npz; --resume continues from its "
+                          f"checkpoints); name another file, e.g. {os.path.join(folder, 'averaged.npz')}")
+
+
 def cmd_average(args):
     """Average --inputs, or the last --last training checkpoints of --folder; models that are
     not training checkpoints (an average, a run's model.npz, checkpoint_best.npz) are left out
     with a note; the output must not be one of the inputs."""
     from .checkpoint import average_checkpoints, read_train_state, role
     check_output_file(args.output, "--output")
+    _check_not_a_runs_model(args.output)
     if args.folder:
         from .runfolder import checkpoint_paths
         if not os.path.isdir(args.folder):
@@ -477,13 +494,17 @@ def main(argv=None):
             args.check(args)
     except SystemExit as e:   # a bad flag (one line printed, status 2), or --help / --version (0)
         return e.code
+    before = _terminate_as_interrupt()
     try:
         with one_line_warnings():
             args.func(args)
         sys.stdout.flush()       # inside the handling: a full disk or a closed pipe is reported, not lost at exit
     except OSError as e:
         if not _is_stdout_error(e):
-            raise
+            if e.filename is None:
+                raise
+            report(f"error: {e.filename}: {e.strerror or e}")   # a read-only folder, a link to nowhere, ...
+            return 2
         _drop_stdout()
         if isinstance(e, BrokenPipeError):    # the reader stopped reading (`| head`): nothing to report
             return 141
@@ -495,7 +516,26 @@ def main(argv=None):
     except MemoryError as e:
         report(f"error: {out_of_memory(e, getattr(args, 'memory', None))}")
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         report("interrupted: nothing half-written was kept")
-        return 130
+        return 143 if isinstance(e, Terminated) else 130
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
     return 0
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, `timeout`, a scheduler cancelling the job), raised where the command is, as Ctrl-C's
+    KeyboardInterrupt is: what it was writing is removed (fileio.atomic_write) and the command exits 143."""
+
+
+def _terminate_as_interrupt():
+    """SIGTERM raises Terminated in the main thread from now on; returns the handler before (None where signals
+    cannot be set: not the main thread)."""
+    def handler(signum, frame):
+        raise Terminated()
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:
+        return None

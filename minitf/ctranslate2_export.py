@@ -7,7 +7,7 @@ import shutil
 import tempfile
 
 from .errors import MinitfError
-from .fileio import check_export_folder
+from .fileio import check_export_folder, move_in
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int16", "float16", "bfloat16", "float32")
 
@@ -61,9 +61,7 @@ def export_ctranslate2(checkpoint, out_dir, quantization=None):
             shutil.copyfile(os.path.join(tmp, name), os.path.join(made, name))
         names = sorted(os.listdir(made))
         check_export_folder(out_dir, names, is_ctranslate2, "CTranslate2 model")
-        os.makedirs(out_dir, exist_ok=True)
-        for name in names:
-            os.replace(os.path.join(made, name), os.path.join(out_dir, name))
+        move_in(made, out_dir, names)
     return out_dir
 
 

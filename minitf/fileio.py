@@ -4,6 +4,7 @@ import errno
 import os
 import platform
 import shutil
+import signal
 import tempfile
 
 from .errors import ConfigError, DataError, MinitfError
@@ -88,9 +89,15 @@ def atomic_write(path, write, size_hint=None, advice=None):
     path = os.fspath(path)
     if os.path.isdir(path):
         raise MinitfError(f"{path} is a folder: name the file to write inside it")
+    if os.path.islink(path):   # written through: the link stays, its target gets the new file
+        path = os.path.realpath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=os.path.basename(path), dir=folder)
+    name = os.path.basename(path)
+    # the temporary name is longer by the prefix and 8 random characters: a name near the file system's 255 bytes
+    # keeps only its end
+    suffix = name if len(name.encode()) <= 200 else name.encode()[-40:].decode(errors="ignore")
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=suffix, dir=folder)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
@@ -114,13 +121,35 @@ def atomic_write(path, write, size_hint=None, advice=None):
         pass
 
 
+def move_in(made, out_dir, names):
+    """The files `names` of the folder `made` into `out_dir`, each replacing its namesake, with Ctrl-C and SIGTERM held
+    back until all are in (delivered then): an export written file by file into its folder, stopped part-way, had
+    left one model's weights beside another's vocabulary. `made` is on out_dir's file system (renames)."""
+    os.makedirs(out_dir, exist_ok=True)
+    held = {signal.SIGINT, signal.SIGTERM}
+    try:
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    except (AttributeError, ValueError, OSError):   # no POSIX signal masks here
+        before = None
+    try:
+        for name in names:
+            os.replace(os.path.join(made, name), os.path.join(out_dir, name))
+    finally:
+        if before is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def atomic_write_bytes(path, data):
     atomic_write(path, lambda f: f.write(data))
 
 
 def lock_path(folder):
-    """The lock file of a folder: `.<name>.lock` beside it."""
-    parent, name = os.path.split(os.path.abspath(folder))
+    """The lock file of a folder: `.<name>.lock` beside it, the folder's real path (a link to it, or a path through
+    one, takes the same lock); a name too long for the lock's own (255 bytes) is cut and told apart by its hash."""
+    parent, name = os.path.split(os.path.realpath(folder))
+    if len(name.encode()) > 200:
+        import hashlib
+        name = name.encode()[:100].decode(errors="ignore") + "-" + hashlib.sha256(name.encode()).hexdigest()[:16]
     return os.path.join(parent, f".{name}.lock")
 
 

@@ -9,6 +9,7 @@ declared and a bad value never reaches the code that would trip over it.
 """
 import argparse
 import math
+import os
 import sys
 
 MAX_BEAM = 1024   # beams per sentence: far past any use (the paper: 4), well before memory runs out
@@ -17,7 +18,19 @@ MAX_LEN_B = 10_000   # pieces a translation may add to its source's length
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse.ArgumentParser with one-line errors (sub-parsers made from it are the same)."""
+    """argparse.ArgumentParser with one-line errors (sub-parsers made from it are the same), and `~` expanded at the
+    start of a value (the shell leaves `--out=~/runs/x` as it is: it had made a folder named `~`)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        for dest, value in vars(namespace).items():
+            if isinstance(value, str) and value.startswith("~"):
+                setattr(namespace, dest, os.path.expanduser(value))
+            elif isinstance(value, list):
+                setattr(namespace, dest, [os.path.expanduser(v) if isinstance(v, str) and v.startswith("~") else
+                                          (v[0], os.path.expanduser(v[1])) if isinstance(v, tuple) and len(v) == 2
+                                          and isinstance(v[1], str) and v[1].startswith("~") else v for v in value])
+        return namespace, extras
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {' '.join(str(message).split())}\n")

@@ -151,7 +151,12 @@ def train(args):
     any rank prints that rank's message and aborts the whole job (MPI Abort), never a hang."""
     world = distributed.init()
     try:
-        return _train(args, world)
+        try:
+            return _train(args, world)
+        except OSError as e:   # a read-only folder, a link to nowhere: one line naming the file, as the others
+            if e.filename is None:
+                raise
+            raise MinitfError(f"{e.filename}: {e.strerror or e}") from None
     except MinitfError as e:
         if world.size == 1:
             raise
@@ -300,12 +305,19 @@ def set_up(args, world):
     return run
 
 
+RUN_PATHS = ("data_dir", "train", "valid", "tokenizer", "cache_dir")   # and --test's prefixes: recorded absolute
+
+
 def _write_run_config(args, flags, cfg, world, data, resume):
     """OUT/config.json: the model, the settled flags, the ranks, the config fields the flags set (config.FLAG_FIELDS;
     the others are the preset's) and the tokenizer's hash. A resumed run keeps what the run's first start recorded of
     its flags (a resume gives few: the model's come from the checkpoint) and adds what it sets itself."""
     path = os.path.join(args.out, "config.json")
     settled = {k: v for k, v in vars(args).items() if k != "restored"}
+    for dest in RUN_PATHS:   # absolute: a resume from another folder reads the same files
+        if isinstance(settled.get(dest), str):
+            settled[dest] = os.path.abspath(settled[dest])
+    settled["test"] = [(name, os.path.abspath(prefix)) for name, prefix in settled.get("test") or ()]
     set_by_flags = {field: flag for flag, field in FLAG_FIELDS.items() if getattr(flags, flag, None) is not None}
     if resume is not None:
         try:

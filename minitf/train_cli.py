@@ -222,16 +222,25 @@ def _given(p, argv):
 
 def restore_first_start(p, args, argv):
     """--resume: the flags of RESUMED_GROUPS the command line does not give, from OUT/config.json (a run's first start
-    records them); returns the flags taken, as they would be typed."""
+    records them, its paths made absolute: train.RUN_PATHS); returns the flags taken, as they
+    would be typed."""
     import json
-    try:
-        with open(os.path.join(args.out, "config.json"), encoding="utf-8") as f:
-            before = json.load(f)["args"]
-        if not isinstance(before, dict):
-            return []
-    except (OSError, ValueError, KeyError, TypeError):
-        return []   # no readable record (runfolder.check_resumed says more where it matters)
+    path = os.path.join(args.out, "config.json")
     given = _given(p, argv)
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+        before = record["args"]
+        if not isinstance(before, dict):
+            raise TypeError("its args are not a dict")
+    except FileNotFoundError:
+        return []   # a run of a minitf that wrote none: the command line alone
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        if given.intersection(RESUMED_GROUPS[0]):   # the data named again: the run can go on without the record
+            return []
+        p.error(f"--resume: {path} is unreadable ({type(e).__name__}: {e}), so the first start's flags cannot be read "
+                f"from it: give the run's data flags again (--dataset or --train/--valid, --src, --tgt, ...), or put "
+                f"back the file")
     if "seed" in given and before.get("seed") not in (None, args.seed):
         p.error(f"--seed {args.seed}: the run in --out {args.out} was started with --seed {before['seed']}, which its "
                 f"batches and dropout follow; drop --seed to resume it, or start a new --out")
@@ -324,6 +333,9 @@ def check_init_from(p, args):
 
 def _check_out(p, args):
     """--out must be (or become) a folder; --resume needs a checkpoint in it."""
+    if os.path.islink(args.out) and not os.path.exists(args.out):
+        p.error(f"--out {args.out} is a link to {os.readlink(args.out)}, which does not exist: create that folder, or "
+                f"name another --out")
     above = os.path.abspath(args.out)
     while not os.path.exists(above):
         above = os.path.dirname(above)

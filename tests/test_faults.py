@@ -347,3 +347,77 @@ def test_a_run_that_cannot_compute_the_papers_bleu_says_so_at_its_start(corpus, 
     note = [i for i, line in enumerate(err) if "sacremoses is not installed" in line]
     started = [i for i, line in enumerate(err) if line.startswith("train:")]
     assert note and started and note[0] < started[0], err[:12]
+
+
+def test_files_on_real_machines_links_long_names_read_only_folders_and_sigterm(tiny_checkpoint, tmp_path, monkeypatch,
+                                                                              capsys):
+    """A file written through a link keeps the link (average and export had replaced it with a file, the target left
+    as it was); a name near 255 bytes is written (the temporary name had been too long); a link to the run's folder
+    takes the folder's lock (two trainings had written one folder); a write refused by the file system is one line
+    naming the file (a read-only folder had been a traceback); SIGTERM stops a command as Ctrl-C does, exit 143."""
+    import signal
+    from minitf import cli, fileio, modelinfo
+    ckpt, _ = tiny_checkpoint
+    target = tmp_path / "target.npz"
+    target.write_bytes(b"")
+    os.symlink(target, tmp_path / "link.npz")
+    fileio.atomic_write(tmp_path / "link.npz", lambda f: f.write(b"new"))
+    assert os.path.islink(tmp_path / "link.npz") and target.read_bytes() == b"new"
+    long = tmp_path / ("a" * 246 + ".npz")
+    fileio.atomic_write(long, lambda f: f.write(b"x"))
+    assert long.read_bytes() == b"x" and not [p for p in os.listdir(tmp_path) if p.startswith(".tmp")]
+    (tmp_path / "run").mkdir()
+    os.symlink(tmp_path / "run", tmp_path / "run_link")
+    assert fileio.lock_path(tmp_path / "run_link") == fileio.lock_path(tmp_path / "run")
+    assert len(os.path.basename(fileio.lock_path(tmp_path / ("r" * 252)))) < 255
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "ro"))
+    (tmp_path / "ro").mkdir()
+    monkeypatch.setattr(fileio.tempfile, "mkstemp", refused)
+    assert cli.main(["average", "--inputs", str(ckpt), "--output", str(tmp_path / "ro" / "a.npz")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'ro'}: Permission denied\n"
+    monkeypatch.undo()
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+    monkeypatch.setattr(modelinfo, "info_lines", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.main(["info", str(ckpt)]) == 143
+    assert "interrupted" in capsys.readouterr().err and signal.getsignal(signal.SIGTERM) == before
+
+
+def test_average_does_not_replace_a_runs_own_model_and_tilde_is_home(tiny_checkpoint, tmp_path, capsys):
+    # average --output RUN/model.npz had replaced the model the run's results.json scores; `--out=~/x` had made a
+    # folder named `~` (the shell leaves a `~` after `=` as it is)
+    from minitf import cli
+    from minitf.train_cli import build_parser
+    ckpt, _ = tiny_checkpoint
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("model.npz", "checkpoint_best.npz", "checkpoint_0000004.npz"):
+        (run / name).write_bytes(ckpt.read_bytes())
+    (run / "config.json").write_text("{}")
+    for name in ("model.npz", "checkpoint_best.npz", "checkpoint_0000004.npz"):
+        assert cli.main(["average", "--inputs", str(ckpt), "--output", str(run / name)]) == 2
+        assert f"is the {name} of the training run in {run}" in capsys.readouterr().err
+        assert (run / name).read_bytes() == ckpt.read_bytes()
+    assert cli.main(["average", "--inputs", str(ckpt), "--output", str(run / "averaged.npz")]) == 0
+    assert build_parser().parse_args(["--out=~/r", "--test", "n=~/t"]).out == os.path.expanduser("~/r")
+    assert build_parser().parse_args(["--out", "x", "--test", "n=~/t"]).test == [("n", os.path.expanduser("~/t"))]
+
+
+def test_a_damaged_safetensors_export_is_refused_by_its_digests(tiny_checkpoint, tmp_path):
+    # a .safetensors export whose tensor bytes were damaged had loaded, and translated every line as empty
+    import minitf
+    from minitf.checkpoint import export_safetensors
+    ckpt, _ = tiny_checkpoint
+    path = tmp_path / "m.safetensors"
+    export_safetensors(ckpt, path)
+    assert minitf.load(str(path)).translate(["a"]) is not None   # whole: loads
+    data = bytearray(path.read_bytes())
+    data[-8:] = b"\xff" * 8                                       # the last tensor's last bytes
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"m\.safetensors: tensor .* does not match the SHA-256 recorded when it "
+                                              r"was exported: the file is damaged"):
+        minitf.load(str(path))

@@ -160,9 +160,36 @@ def test_resume_takes_the_first_starts_flags_a_group_at_a_time(tmp_path, capsys)
     # --device given now: the first start's precision (--fp16 with it) is not taken
     args = parse_args(["--out", str(out), "--resume", "--device", "cpu"])
     assert (args.device, args.fp16, args.train) == ("cpu", False, first["train"])
-    # without a readable record, the command line alone (check_resumed says more)
+    # an unreadable record: the data named again, the command line alone; else one line saying so (it had gone on
+    # with the default dataset, downloading WMT14)
     (out / "config.json").write_text("{")
+    assert parse_args(["--out", str(out), "--resume", "--dataset", "multi30k"]).restored == []
+    with pytest.raises(SystemExit):
+        parse_args(["--out", str(out), "--resume"])
+    assert "config.json is unreadable (JSONDecodeError" in capsys.readouterr().err
+    (out / "config.json").unlink()   # none at all (a run of a minitf that wrote none): the command line alone
     assert parse_args(["--out", str(out), "--resume"]).restored == []
+
+
+def test_a_resume_from_another_folder_reads_the_first_starts_files(corpus, tmp_path):
+    """config.json records the data's paths absolute: a first start with a relative --data-dir, resumed from another
+    folder, reads the same files (it had looked for them under the new folder); a damaged config.json is one line."""
+    out, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = dict(os.environ, MINITF_CACHE=str(tmp_path / "cache"), PYTHONHASHSEED="0")
+    first = [sys.executable, os.path.join(ROOT, "train_wmt.py"), "--dataset", "multi30k", "--data-dir", corpus.name,
+             "--preset", "tiny", "--vocab-size", "60", "--device", "cpu", "--quiet", "--beam", "1",
+             "--valid-every", "0", "--average-last", "1", "--out", str(out), "--max-steps", "2"]
+    r = subprocess.run(first, capture_output=True, text=True, env=env, timeout=600, cwd=corpus.parent)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((out / "config.json").read_text())["args"]["data_dir"] == str(corpus)
+    again = [sys.executable, os.path.join(ROOT, "train_wmt.py"), "--out", str(out), "--resume", "--max-steps", "3"]
+    r = subprocess.run(again, capture_output=True, text=True, env=env, timeout=600, cwd=elsewhere)
+    assert r.returncode == 0 and f"--data-dir {corpus} " in r.stderr, r.stderr[-2000:]
+    (out / "config.json").write_text((out / "config.json").read_text()[:100])   # cut short
+    r = subprocess.run(again[:-1] + ["4"], capture_output=True, text=True, env=env, timeout=600, cwd=elsewhere)
+    assert r.returncode == 2 and "config.json is unreadable" in r.stderr and "give the run's data flags again" \
+        in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
 
 
 def test_batches_too_small_for_a_sentence_name_update_freq_where_it_made_them(corpus, tmp_path):

@@ -66,9 +66,11 @@ def _read_bytes(path):
         with open(path, "rb") as f:
             return _read_capped(f, path)
     except (OSError, EOFError, zlib.error) as e:
-        raise DataError(f"{path}: cannot read ({e.__class__.__name__}: {e}); the file "
-                        f"is probably truncated or corrupt, delete it and download "
-                        f"it again") from None
+        raise DataError(f"{path}: cannot read ({e.__class__.__name__}: {e}); {_DAMAGED}") from None
+
+
+_DAMAGED = ("the file is probably truncated or corrupt: a downloaded one can be deleted and downloaded again (the next "
+            "run does it); a file of your own, made again from its source (`gzip -t FILE` tests a .gz)")
 
 
 class _Prefixed:
@@ -299,9 +301,7 @@ class LineStream:
                 while self._read_raw(raw, 1 << 20):  # gzip may stop before trailing bytes
                     pass
         except (OSError, EOFError, zlib.error) as e:
-            raise DataError(f"{self.path}: cannot read ({e.__class__.__name__}: {e}); the file "
-                            f"is probably truncated or corrupt, delete it and download "
-                            f"it again") from None
+            raise DataError(f"{self.path}: cannot read ({e.__class__.__name__}: {e}); {_DAMAGED}") from None
 
 
 class _RawHashing(io.RawIOBase):
