@@ -16,14 +16,15 @@ from .trainlog import plural
 
 
 def _read_input(path):
-    """The lines of a file (plain or .gz, a pipe), or of standard input for None or "-": UTF-8 checked as a file's."""
-    from .data.readers import read_lines, read_stream_lines
+    """The lines of a file (plain or .gz, a pipe; an .sgm file's segments), or of standard input for None or "-": UTF-8
+    checked as a file's."""
+    from .data.readers import read_stream_lines, read_text
     if path in (None, "-"):
         stream = getattr(sys.stdin, "buffer", None)
         if stream is None:   # a text stream put in place of sys.stdin (by a program that calls main())
             return [line.rstrip("\r\n") for line in sys.stdin]
         return read_stream_lines(stream, "standard input")
-    return read_lines(path)
+    return read_text(path)   # an .sgm file's segments (newstest2014's test set comes so), not its markup
 
 
 def cmd_prepare(args):
@@ -237,7 +238,7 @@ def _read_pair(flag_a, path_a, flag_b, path_b):
 
 
 def cmd_evaluate(args):
-    from .translate import load, metrics
+    from .translate import base_language, load, metrics
     src, ref = _read_pair("--src", args.src, "--ref", args.ref)
     if not src:
         raise DataError(f"--src {args.src} and --ref {args.ref} are empty: there is nothing to translate and score")
@@ -258,7 +259,9 @@ def cmd_evaluate(args):
         print(f"BLEU {result['bleu']}  ({result['bleu_signature']})")
         print(f"chrF {result['chrf']}  ({result['chrf_signature']})")
         if result["bleu_paper"] is not None:
-            print(f"paper BLEU {result['bleu_paper']}  ({result['bleu_paper_method']}; compares with Table 2)")
+            table = base_language(lang) in ("de", "fr")   # Table 2's two tasks: English to German and to French
+            print(f"paper BLEU {result['bleu_paper']}  ({result['bleu_paper_method']}"
+                  f"{'; compares with Table 2' if table else ''})")
         else:
             print(f"note: the paper's tokenized BLEU was {result['bleu_paper_method']}")
 

@@ -463,7 +463,7 @@ def _open_feed(run):
         note_a_short_run(run, start=True)
     if len(run.data.valid[0]):
         run.validation = Validation(run.data.valid, run.data.tokenizer, max_tokens, args.valid_bleu_sentences,
-                                    args.decode_batch, world)
+                                    args.decode_batch, world, lang=args.tgt)
 
 
 # ------------------------------------------------------------------------------ the loop

@@ -291,15 +291,35 @@ def score_lines(model, tokenizer, sources, targets, alpha=None, batch_size=64, p
     return [Hypothesis(text, sum(p) / length_penalty(len(p), alpha), p) for text, p in zip(targets, logps)]
 
 
-def metrics(hyps, refs, lang=None):
-    """sacreBLEU BLEU and chrF of detokenized hypotheses against one reference each, and with
-    the target language `lang`, the paper's tokenized BLEU beside them (`paper_bleu`)."""
-    from sacrebleu.metrics import BLEU, CHRF
-    bleu, chrf = BLEU(), CHRF()
+UNSPACED = ("zh", "ja", "ko")   # languages written without spaces between words
+
+
+def base_language(lang):
+    """The language of a code, lowercase, without its region: "DE", "de-AT", "de_DE" -> "de"; None -> None."""
+    return lang.lower().replace("_", "-").split("-")[0] if lang else None
+
+
+def sacrebleu_bleu(lang=None):
+    """sacreBLEU's BLEU for the target language `lang`, as its command line's `-l` chooses the tokenizer: 13a, but
+    Chinese's (zh) and MeCab's for Japanese and Korean (ja, ko; where MeCab's packages are not installed, characters:
+    tok:char, which the signature says). Splitting on spaces had given Chinese a BLEU near 0."""
+    from sacrebleu.metrics import BLEU
+    try:
+        return BLEU(trg_lang=base_language(lang) or "")
+    except (RuntimeError, ImportError):   # ja, ko without their tokenizers' packages
+        return BLEU(tokenize="char")
+
+
+def metrics(hyps, refs, lang=None, paper=None):
+    """sacreBLEU BLEU (sacrebleu_bleu: the target language's tokenizer) and chrF of detokenized hypotheses against
+    one reference each, and with the target language `lang` (unless paper=False), the paper's tokenized BLEU beside
+    them (`paper_bleu`)."""
+    from sacrebleu.metrics import CHRF
+    bleu, chrf = sacrebleu_bleu(lang), CHRF()
     b, c = bleu.corpus_score(hyps, [refs]), chrf.corpus_score(hyps, [refs])
     out = {"bleu": round(b.score, 2), "chrf": round(c.score, 2), "bleu_signature": str(bleu.get_signature()),
            "chrf_signature": str(chrf.get_signature()), "bleu_detail": str(b), "n": len(hyps)}
-    if lang is not None:
+    if lang is not None and paper is not False:
         out["bleu_paper"], out["bleu_paper_method"] = paper_bleu(hyps, refs, lang)
     return out
 
@@ -316,8 +336,13 @@ def paper_bleu(hyps, refs, lang):
     escaping like tokenizer.perl -l LANG), German compounds split (`a-b` -> `a ##AT##-##AT## b`),
     then multi-bleu.perl's BLEU of the tokens (case-sensitive, no smoothing).
 
-    Returns (BLEU rounded to 2 places, a description); (None, why) without sacremoses.
+    `lang` is taken without case or region ("DE", "de-AT": de). Returns (BLEU rounded to 2 places, a description);
+    (None, why) without sacremoses, or for a language written without spaces (zh, ja, ko: Moses does not split it).
     """
+    lang = base_language(lang)
+    if lang in UNSPACED:
+        return None, (f"not computed: the Moses tokenizer does not split {lang} into words (sacreBLEU's BLEU above "
+                      f"uses {lang}'s own tokenizer)")
     try:
         from sacremoses import MosesTokenizer
     except ImportError:

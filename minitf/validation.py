@@ -63,8 +63,8 @@ class Validation:
     `world`: the ranks that share the work (every rank calls `run` at the same step and gets
     the same record); one process by default."""
 
-    def __init__(self, valid, tok, max_tokens, bleu_sentences, decode_batch, world=None):
-        self.tok, self.decode_batch, self.world = tok, decode_batch, world or World()
+    def __init__(self, valid, tok, max_tokens, bleu_sentences, decode_batch, world=None, lang=None):
+        self.tok, self.decode_batch, self.world, self.lang = tok, decode_batch, world or World(), lang
         self.batches = valid_batches(valid, tok, max_tokens)
         self.size = len(valid[0])
         pick = even_sample(self.size, bleu_sentences)
@@ -84,7 +84,7 @@ class Validation:
                                                         batch_size=self.decode_batch, threads=self._threads(model)))
             for r, share in enumerate(shares):   # rank r translated sentences r, r + n, r + 2n, ...
                 ids[r::n] = share
-            rec["valid_bleu"] = metrics(self.tok.decode(ids), self.refs)["bleu"]
+            rec["valid_bleu"] = metrics(self.tok.decode(ids), self.refs, self.lang, paper=False)["bleu"]
         rec.update(valid_bleu_sentences=len(self.src_ids), valid_s=round(time.time() - t0, 2))
         return rec
 

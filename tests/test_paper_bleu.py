@@ -40,3 +40,38 @@ def test_a_missing_sacremoses_is_named_not_a_traceback(monkeypatch):
     bleu, how = paper_bleu(HYP, REF, "de")
     assert bleu is None and "pip install 'minitf[paper]'" in how
     assert metrics(HYP, REF, lang="de")["bleu_paper"] is None
+
+
+def test_the_language_is_taken_without_case_or_region_and_unspaced_languages_get_their_tokenizer():
+    # "DE" or "de-AT" had skipped the compound splitting; Chinese had been split on spaces (BLEU near 0)
+    for lang in ("DE", "de-AT", "de_DE"):
+        assert paper_bleu(HYP, REF, lang) == paper_bleu(HYP, REF, "de")
+    zh = metrics(["我喜欢吃苹果。"], ["我喜欢吃红苹果。"], lang="zh")
+    assert "tok:zh" in zh["bleu_signature"] and zh["bleu"] > 40
+    assert zh["bleu_paper"] is None and "does not split zh into words" in zh["bleu_paper_method"]
+    assert "tok:13a" in metrics(HYP, REF, lang="de")["bleu_signature"]
+
+
+def test_evaluate_reads_sgm_segments_and_names_table_2_for_its_languages(tmp_path, capsys):
+    # an .sgm file (newstest2014's test set comes so) had been scored with its markup as lines
+    from conftest import make_tiny_checkpoint
+    from minitf.cli import main
+    ckpt, lines = make_tiny_checkpoint(tmp_path)
+    def sgm(name, segs):
+        (tmp_path / name).write_text('<srcset setid="t" srclang="any">\n<doc docid="d" genre="news">\n'
+                                     + "".join(f'<seg id="{i + 1}">{s}</seg>\n' for i, s in enumerate(segs))
+                                     + "</doc>\n</srcset>\n")
+    sgm("src.sgm", lines[:4])
+    sgm("ref.sgm", lines[4:8])
+    (tmp_path / "src.txt").write_text("\n".join(lines[:4]) + "\n")
+    (tmp_path / "ref.txt").write_text("\n".join(lines[4:8]) + "\n")
+    flags = ["--beam", "1", "--max-len-b", "3", "--quiet", "--lang"]
+    assert main(["evaluate", "--checkpoint", str(ckpt), "--src", str(tmp_path / "src.sgm"), "--ref",
+                 str(tmp_path / "ref.sgm"), *flags, "de"]) == 0
+    from_sgm = capsys.readouterr().out
+    assert main(["evaluate", "--checkpoint", str(ckpt), "--src", str(tmp_path / "src.txt"), "--ref",
+                 str(tmp_path / "ref.txt"), *flags, "de"]) == 0
+    assert capsys.readouterr().out == from_sgm and "compares with Table 2" in from_sgm
+    assert main(["evaluate", "--checkpoint", str(ckpt), "--src", str(tmp_path / "src.txt"), "--ref",
+                 str(tmp_path / "ref.txt"), *flags, "en"]) == 0
+    assert "compares with Table 2" not in capsys.readouterr().out
