@@ -11,7 +11,7 @@ from .data.pipeline import add_data_args, check_data_args
 from .errors import ConfigError, DataError, MinitfError, one_line_warnings, out_of_memory, report
 from .ctranslate2_export import QUANTIZATIONS
 from .fileio import check_output_file
-from .flags import MAX_ALPHA, MAX_BEAM, MAX_LEN_B, Number, Parser, positive
+from .flags import MAX_ALPHA, MAX_BEAM, MAX_LEN_B, Number, Parser, path_arg, positive
 from .trainlog import plural
 
 
@@ -301,7 +301,7 @@ def cmd_info(args):
 
 
 def _decode_args(p):
-    p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz, or a .safetensors export) with "
+    p.add_argument("--checkpoint", type=path_arg, required=True, help="a minitf checkpoint (.npz, or a .safetensors export) with "
                                                        "its tokenizer, or a Marian model folder (docs/interop.md)")
     p.add_argument("--beam", type=Number(int, 1, MAX_BEAM), default=4, help="beam size (paper: 4; 1 = greedy)")
     p.add_argument("--alpha", type=Number(float, 0, MAX_ALPHA), default=None,
@@ -353,7 +353,7 @@ def build_parser(prog="python -m minitf"):
     p.add_argument("--verify", action="store_true",
                    help="also read the whole cache back and check every array against the SHA-256 recorded when "
                         "it was built (a start checks only cheap invariants); a cache that fails is rebuilt")
-    p.add_argument("--init-from", metavar="MODEL",
+    p.add_argument("--init-from", type=path_arg, metavar="MODEL",
                    help="prepare the corpus for train_wmt.py --init-from MODEL (a minitf checkpoint or a Marian model "
                         "folder): encoded with that model's tokenizer, as the fine-tuning run will open it")
     p.set_defaults(func=cmd_prepare, check=lambda args, p=p: _check_prepare(p, args))
@@ -361,13 +361,13 @@ def build_parser(prog="python -m minitf"):
                        description="The parameter-wise mean of training checkpoints (paper 6.1), written without "
                                    "optimizer state.")
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--inputs", nargs="+", metavar="CHECKPOINT",
+    which.add_argument("--inputs", type=path_arg, nargs="+", metavar="CHECKPOINT",
                        help="the checkpoints to average (e.g. runs/x/checkpoint_*.npz), each once; an average, a run's "
                             "model.npz or checkpoint_best.npz among them is left out, with a note")
-    which.add_argument("--folder", metavar="DIR", help="a run's --out folder: average its last --last training "
+    which.add_argument("--folder", type=path_arg, metavar="DIR", help="a run's --out folder: average its last --last training "
                                                        "checkpoints (checkpoint_<step>.npz)")
     p.add_argument("--last", type=positive(), default=5, metavar="COUNT", help="with --folder: how many (default 5, the paper's)")
-    p.add_argument("--output", required=True, help="the averaged checkpoint (.npz; `export` makes a .safetensors "
+    p.add_argument("--output", type=path_arg, required=True, help="the averaged checkpoint (.npz; `export` makes a .safetensors "
                                                    "of it)")
     p.set_defaults(func=cmd_average)
     p = sub.add_parser("translate", help="translate raw sentences (file or stdin), one per line",
@@ -380,9 +380,9 @@ def build_parser(prog="python -m minitf"):
                                    "On a terminal, with no --input and no --output, each line is translated as you "
                                    "type it (Ctrl-D ends).")
     _decode_args(p)
-    p.add_argument("--input", help="input file (plain or .gz, or a pipe); default stdin (on a terminal: each line "
+    p.add_argument("--input", type=path_arg, help="input file (plain or .gz, or a pipe); default stdin (on a terminal: each line "
                    "translated as you type it)")
-    p.add_argument("--output", help=OUTPUT_HELP)
+    p.add_argument("--output", type=path_arg, help=OUTPUT_HELP)
     p.add_argument("--nbest", type=positive(), metavar="COUNT", help="the COUNT best translations of each line (COUNT <= --beam), as "
                                                           "H- lines with their scores (an empty line, or one of no "
                                                           "piece: one empty H- line, score 0)")
@@ -392,9 +392,9 @@ def build_parser(prog="python -m minitf"):
     p = sub.add_parser("evaluate", help="translate --src and score against --ref with sacreBLEU and chrF, and "
                        "the paper's tokenized BLEU")
     _decode_args(p)
-    p.add_argument("--src", required=True, help="source sentences (a file, plain or .gz, a pipe such as "
+    p.add_argument("--src", type=path_arg, required=True, help="source sentences (a file, plain or .gz, a pipe such as "
                                                 "<(zcat f.gz), or - for stdin)")
-    p.add_argument("--ref", required=True, help="reference translations, the same way")
+    p.add_argument("--ref", type=path_arg, required=True, help="reference translations, the same way")
     p.add_argument("--lang", help="target language of the paper's tokenized BLEU (Moses tokenizer; 'de' also "
                    "splits compounds); default: the one the checkpoint was trained on")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -409,16 +409,16 @@ def build_parser(prog="python -m minitf"):
                                    "search chose pieces of bare spaces scores differently here: its text is the same "
                                    "words in fewer pieces); a piece outside an output vocabulary is scored as the "
                                    "unknown piece, as training scores it.")
-    p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz, or a .safetensors export) with "
+    p.add_argument("--checkpoint", type=path_arg, required=True, help="a minitf checkpoint (.npz, or a .safetensors export) with "
                                                        "its tokenizer, or a Marian model folder (docs/interop.md)")
-    p.add_argument("--src", required=True, help="source sentences (a file, plain or .gz, a pipe, or - for stdin)")
-    p.add_argument("--tgt", required=True, help="their translations, one a line, the same way")
+    p.add_argument("--src", type=path_arg, required=True, help="source sentences (a file, plain or .gz, a pipe, or - for stdin)")
+    p.add_argument("--tgt", type=path_arg, required=True, help="their translations, one a line, the same way")
     p.add_argument("--alpha", type=Number(float, 0, MAX_ALPHA), default=None,
                    help="length penalty alpha (0: the plain sum of log-probabilities; default: the checkpoint's preset, "
                         "as translate)")
     p.add_argument("--scores", action="store_true", help="print S-, H- and P- lines (the score and each piece's "
                                                          "log-probability) instead of one score a line")
-    p.add_argument("--output", help=OUTPUT_HELP)
+    p.add_argument("--output", type=path_arg, help=OUTPUT_HELP)
     p.add_argument("--batch-size", type=positive(), default=64, help="pairs scored together")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -442,9 +442,9 @@ def build_parser(prog="python -m minitf"):
                                    "decoder.yml), which CTranslate2 (tested), Marian and minitf.load read; --format "
                                    "ctranslate2 a CTranslate2 model folder "
                                    "(needs pip install 'minitf[serve]').")
-    p.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz, or a .safetensors export)")
+    p.add_argument("--checkpoint", type=path_arg, required=True, help="a minitf checkpoint (.npz, or a .safetensors export)")
     p.add_argument("--format", choices=["safetensors", "marian", "ctranslate2"], default="safetensors")
-    p.add_argument("--output", "--out", dest="output", required=True,
+    p.add_argument("--output", "--out", type=path_arg, dest="output", required=True,
                    help="the .safetensors file, or the folder of a marian or ctranslate2 model")
     p.add_argument("--quantization", choices=QUANTIZATIONS,
                    help="--format ctranslate2: the weights' type (one of CTranslate2's --quantization types; default float32)")

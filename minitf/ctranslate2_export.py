@@ -7,7 +7,7 @@ import shutil
 import tempfile
 
 from .errors import MinitfError
-from .fileio import check_export_folder, move_in
+from .fileio import check_export_folder, move_in, staging_folder
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int16", "float16", "bfloat16", "float32")
 
@@ -47,15 +47,12 @@ def export_ctranslate2(checkpoint, out_dir, quantization=None):
     converter_class = _converter_class()
     cfg, params, tokenizer = checkpoint_model(checkpoint)   # the checkpoint read once
     check_export_folder(out_dir, (), is_ctranslate2, "CTranslate2 model")   # a file named out_dir: refused now
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="minitf-marian-") as tmp, \
-            tempfile.TemporaryDirectory(prefix=".minitf-ct2-", dir=parent) as made:
+    with tempfile.TemporaryDirectory(prefix="minitf-marian-") as tmp, staging_folder(out_dir, ".minitf-ct2-") as made:
         write_marian(cfg, params, tokenizer, tmp)
         converter = converter_class(os.path.join(tmp, "model.npz"), [os.path.join(tmp, "vocab.yml")],
                                     cfg.layer_norm_eps)
         # CTranslate2 empties the folder it converts into (shutil.rmtree with force=True): a folder of its own,
-        # beside out_dir, whose files then replace their namesakes in out_dir and nothing else
+        # inside out_dir, whose files then replace their namesakes in out_dir and nothing else
         converter.convert(made, quantization=quantization, force=True)
         for name in ("source.spm", "target.spm"):
             shutil.copyfile(os.path.join(tmp, name), os.path.join(made, name))

@@ -121,22 +121,46 @@ def atomic_write(path, write, size_hint=None, advice=None):
         pass
 
 
+@contextlib.contextmanager
+def staging_folder(out_dir, prefix):
+    """A hidden folder inside out_dir (made where missing; removed again if the block fails) for files to be written
+    whole before move_in puts them in place: on out_dir's own file system, whatever a link or a mount makes it."""
+    created = not os.path.lexists(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix=prefix, dir=os.path.realpath(out_dir)) as made:
+            yield made
+    except BaseException:
+        if created:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+
+
 def move_in(made, out_dir, names):
     """The files `names` of the folder `made` into `out_dir`, each replacing its namesake, with Ctrl-C and SIGTERM held
-    back until all are in (delivered then): an export written file by file into its folder, stopped part-way, had
-    left one model's weights beside another's vocabulary. `made` is on out_dir's file system (renames)."""
+    back until all are in (handled then): an export written file by file into its folder, stopped part-way, had
+    left one model's weights beside another's vocabulary. `made` is on out_dir's file system (renames). The signals
+    are held by Python's handlers, which run in the main thread whichever thread the kernel gave the signal to (a
+    thread's signal mask does not hold back a signal another thread, such as BLAS's, takes)."""
     os.makedirs(out_dir, exist_ok=True)
-    held = {signal.SIGINT, signal.SIGTERM}
+    arrived, before = [], {}
     try:
-        before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    except (AttributeError, ValueError, OSError):   # no POSIX signal masks here
-        before = None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            before[sig] = signal.signal(sig, lambda signum, frame: arrived.append(signum))
+    except ValueError:   # not the main thread: signals are not this thread's to handle
+        pass
     try:
         for name in names:
             os.replace(os.path.join(made, name), os.path.join(out_dir, name))
     finally:
-        if before is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        for sig in arrived:   # handled now, as it would have been
+            handler = before.get(sig)
+            if callable(handler):
+                handler(sig, None)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(sig)
 
 
 def atomic_write_bytes(path, data):

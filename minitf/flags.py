@@ -18,19 +18,7 @@ MAX_LEN_B = 10_000   # pieces a translation may add to its source's length
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse.ArgumentParser with one-line errors (sub-parsers made from it are the same), and `~` expanded at the
-    start of a value (the shell leaves `--out=~/runs/x` as it is: it had made a folder named `~`)."""
-
-    def parse_known_args(self, args=None, namespace=None):
-        namespace, extras = super().parse_known_args(args, namespace)
-        for dest, value in vars(namespace).items():
-            if isinstance(value, str) and value.startswith("~"):
-                setattr(namespace, dest, os.path.expanduser(value))
-            elif isinstance(value, list):
-                setattr(namespace, dest, [os.path.expanduser(v) if isinstance(v, str) and v.startswith("~") else
-                                          (v[0], os.path.expanduser(v[1])) if isinstance(v, tuple) and len(v) == 2
-                                          and isinstance(v[1], str) and v[1].startswith("~") else v for v in value])
-        return namespace, extras
+    """argparse.ArgumentParser with one-line errors (sub-parsers made from it are the same)."""
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {' '.join(str(message).split())}\n")
@@ -40,6 +28,12 @@ class Parser(argparse.ArgumentParser):
             sys.stderr.write(message)   # one write: lines of several processes do not interleave
             sys.stderr.flush()
         sys.exit(status)
+
+
+def path_arg(text):
+    """argparse type of a flag naming a file or folder: `~` at its start is the home folder, as the shell makes it of
+    a word but not after `=` (`--out=~/runs/x` had made a folder named `~`)."""
+    return os.path.expanduser(text) if text.startswith("~") else text
 
 
 class Number:

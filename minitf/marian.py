@@ -30,14 +30,13 @@ Every array is read with allow_pickle=False.
 import json
 import os
 import re
-import tempfile
 import zipfile
 
 import numpy as np
 
 from .data.tokenizer import SPECIALS, MarianTokenizer
 from .errors import CheckpointError, one_line
-from .fileio import atomic_write, check_export_folder, move_in
+from .fileio import atomic_write, check_export_folder, move_in, staging_folder
 
 OUTSIDE = -1.0e9        # the logit bias of a piece outside the output vocabulary: exp underflows to 0
 
@@ -212,9 +211,7 @@ def write_marian(cfg, params, tokenizer, out_dir):
              "decoder.yml": lambda f: f.write(dump_yaml({"models": ["model.npz"], "vocabs": ["vocab.yml", "vocab.yml"],
                                                          "beam-size": 4, "normalize": cfg.decode_alpha}).encode())}
     check_export_folder(out_dir, files, is_marian, "Marian model")
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".minitf-marian-", dir=parent) as made:   # written whole, then moved in
+    with staging_folder(out_dir, ".minitf-marian-") as made:   # written whole, then moved in
         for name, write in files.items():
             atomic_write(os.path.join(made, name), write)
         move_in(made, out_dir, files)

@@ -41,6 +41,22 @@ def save(out, step, model, opt, tok, state, keep_last):
     return path
 
 
+# What --resume takes from the run's first start (OUT/config.json's record of its flags, kept up to date by each start:
+# train._write_run_config) where the command line does not give it: the data, the device and precision, the batches and
+# the run's schedule, so that `--out OUT --resume` alone continues the run. A group is taken whole or not at all (flags
+# that exclude or bound each other), and a start that gives a member records its whole group. --max-steps given sets a
+# new end (the first start's --time-budget is not taken); --time-budget given sets a time limit beside the run's
+# --max-steps (the checkpoint's). --test is taken where the data flags are the first start's. The model's and the
+# recipe's flags come from the checkpoint instead (recipe.resolve_config); --out, --init-from and --quiet are each
+# start's own.
+RESUMED_GROUPS = (("dataset", "train", "valid"), ("test",), ("data_dir",), ("offline",), ("src",), ("tgt",),
+                  ("tokenizer", "vocab_size", "subword"), ("max_len",), ("max_ratio",), ("cache_dir",), ("device",),
+                  ("dtype", "fp16", "bf16", "no_tf32"), ("preset",), ("max_tokens",), ("update_freq",), ("seed",),
+                  ("max_steps", "time_budget"), ("valid_every", "valid_every_minutes"),
+                  ("save_every", "save_every_minutes"), ("keep_last", "average_last"), ("valid_bleu_sentences",),
+                  ("patience",), ("log_every",), ("beam",), ("alpha",), ("decode_batch",), ("max_nonfinite",))
+RUN_PATHS = ("data_dir", "train", "valid", "tokenizer", "cache_dir")   # and --test's prefixes: recorded absolute
+
 RESULTS = ("model.npz", "averaged.npz", "results.json")   # what a run leaves at its end beside its checkpoints
 
 

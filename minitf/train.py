@@ -35,8 +35,8 @@ from .modelfile import read_model
 from .architectures import build_model
 from .optim import Adam, LossScaler, UpdateCheck
 from .recipe import on_grid, on_save_grid, resolve_config, run_progress, short_run_ends
-from .runfolder import (BEST, check_fresh_out, check_resumed, checkpoint_paths, choose_model, prepare_out, save,
-                        settle_leftovers)
+from .runfolder import (BEST, RESUMED_GROUPS, RUN_PATHS, check_fresh_out, check_resumed, checkpoint_paths,
+                        choose_model, prepare_out, save, settle_leftovers)
 from .schedule import NoamSchedule, learning_rate
 from .fileio import atomic_write, folder_lock, refuse_if_busy
 from .trainlog import Console, TrainLog, log, plural, print_summary, summary_lines
@@ -234,6 +234,9 @@ def _locked_train(args, world):
 def set_up(args, world):
     """Device, data (and the checkpoint to resume), model, optimizer, the batch feed, the log."""
     lead = world.rank == 0
+    if lead and getattr(args, "restored", None):   # said first: the data it names is read next
+        log(f"the first start's flags, from {os.path.join(args.out, 'config.json')} (flags given now take their "
+            f"place): {' '.join(args.restored)}")
     _prepare_device(args, world)
     ckpts = checkpoint_paths(args.out)
     if ckpts and not args.resume:
@@ -250,9 +253,6 @@ def set_up(args, world):
     cfg, args = resolve_config(args, data, resume, lead, init.config if init else None)   # args: settled, read-only
     if resume is not None and lead:
         log(f"resuming from {resume.path} (step {resume.train_state['step']})")
-        if getattr(flags, "restored", None):
-            log(f"the first start's flags, from {os.path.join(args.out, 'config.json')} (flags given now take their "
-                f"place): {' '.join(flags.restored)}")
     fp16 = getattr(args, "fp16", False)
     dtype = compute_dtype(args)
     _agree(world, data_id=data.data_id, config=cfg.to_dict(), seed=args.seed, update_freq=args.update_freq,
@@ -305,9 +305,6 @@ def set_up(args, world):
     return run
 
 
-RUN_PATHS = ("data_dir", "train", "valid", "tokenizer", "cache_dir")   # and --test's prefixes: recorded absolute
-
-
 def _write_run_config(args, flags, cfg, world, data, resume):
     """OUT/config.json: the model, the settled flags, the ranks, the config fields the flags set (config.FLAG_FIELDS;
     the others are the preset's) and the tokenizer's hash. A resumed run keeps what the run's first start recorded of
@@ -325,6 +322,9 @@ def _write_run_config(args, flags, cfg, world, data, resume):
                 before = json.load(f)
             merged = dict(before["args"])
             merged.update((k, v) for k, v in settled.items() if v is not None or k not in merged)
+            for group in RESUMED_GROUPS:   # a group this start set (a member given) is recorded whole, None included
+                if any(settled.get(k) != before["args"].get(k) for k in group):
+                    merged.update((k, settled.get(k)) for k in group)
             settled = merged
             set_by_flags = {**before["set_by_flags"], **set_by_flags}
         except (OSError, ValueError, KeyError, TypeError, AttributeError):

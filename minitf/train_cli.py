@@ -19,8 +19,8 @@ On several GPUs or CPU processes, one or several machines (pip install -e ".[dis
 the preset's tokens per update (base: 25000, as in the paper) are split over the ranks:
     mpiexec -n 8 python train_wmt.py --device gpu
 Continue an interrupted run (Ctrl-C saves a checkpoint) exactly where it stopped, with the first start's data, device,
-batch and schedule flags (read from OUT/config.json; a flag given again takes their place, and --max-steps or
---time-budget sets a new end):
+batch and schedule flags (read from OUT/config.json; a flag given again takes their place: --max-steps sets a new end,
+--time-budget a time limit beside the run's --max-steps):
     python train_wmt.py --out runs/m30k --resume
 Prints a validation line (loss, perplexity, greedy BLEU) every --valid-every updates (base/big: at every
 checkpoint).
@@ -35,7 +35,7 @@ import os
 
 from minitf.config import ARCHS, ATTENTIONS, FLAG_FIELDS, NORM_POSITIONS, PRESETS, preset_defaults
 from minitf.data.pipeline import add_data_args, check_data_args, subword_model
-from minitf.flags import MAX_ALPHA, MAX_BEAM, Number, Parser, fraction, positive
+from minitf.flags import MAX_ALPHA, MAX_BEAM, Number, Parser, fraction, path_arg, positive
 
 
 def build_parser(prog=None):
@@ -73,7 +73,7 @@ def build_parser(prog=None):
                    help="on a GPU in float32, run the matrix products in full float32 (default: TF32 tensor cores, "
                         "float32 storage with products of 10-bit-mantissa inputs, on Ampere and newer; without this "
                         "flag a CUPY_TF32 already set in the environment decides)")
-    p.add_argument("--out", default="runs/train", help="output folder: a new one, a folder of other files, or a run's "
+    p.add_argument("--out", type=path_arg, default="runs/train", help="output folder: a new one, a folder of other files, or a run's "
                    "to --resume (a new run in a folder holding an earlier run's model.npz, averaged.npz or "
                    "results.json without its checkpoints, or a config.json no minitf run wrote, is refused)")
     p.add_argument("--max-steps", type=Number(int, 0, meaning=" (0 = no limit)"),
@@ -122,7 +122,7 @@ def build_parser(prog=None):
                         "--save-every-minutes, --average-last, and --max-tokens as long as the batches keep their "
                         "size); the data, device, batch and schedule flags left out are the first start's, read from "
                         "--out's config.json")
-    p.add_argument("--init-from", metavar="MODEL",
+    p.add_argument("--init-from", type=path_arg, metavar="MODEL",
                    help="fine-tune a trained model, a minitf checkpoint (.npz, e.g. another run's model.npz, or a "
                         ".safetensors export) or a Marian model (an OPUS-MT folder: the .npz, its vocabulary .yml, "
                         "source.spm and target.spm; docs/interop.md): start from its weights and tokenizer. Its "
@@ -197,20 +197,6 @@ def check_precision_args(p, args):
                 "products to float32); on the CPU train in float32 (or --fp16)")
 
 
-# What --resume takes from the run's first start (OUT/config.json's record of its flags) where the command line does not
-# give it: the data, the device and precision, the batches and the run's schedule, so that `--out OUT --resume` alone
-# continues the run. A group is taken whole or not at all (flags that exclude or bound each other; --max-steps and
-# --time-budget together say where the run ends, so giving either sets a new end). The model's and
-# the recipe's flags come from the checkpoint instead (recipe.resolve_config); --out, --init-from and --quiet are this
-# start's own.
-RESUMED_GROUPS = (("dataset", "train", "valid", "test"), ("data_dir",), ("offline",), ("src",), ("tgt",),
-                  ("tokenizer", "vocab_size", "subword"), ("max_len",), ("max_ratio",), ("cache_dir",),
-                  ("device", "dtype", "fp16", "bf16", "no_tf32"), ("preset",), ("max_tokens",), ("update_freq",),
-                  ("seed",), ("max_steps", "time_budget"), ("valid_every", "valid_every_minutes"),
-                  ("save_every", "save_every_minutes"), ("keep_last", "average_last"), ("valid_bleu_sentences",),
-                  ("patience",), ("log_every",), ("beam",), ("alpha",), ("decode_batch",), ("max_nonfinite",))
-
-
 def _given(p, argv):
     """The dests the command line gives (argparse fills a dest with its default only where the namespace lacks it)."""
     unset = object()
@@ -221,10 +207,11 @@ def _given(p, argv):
 
 
 def restore_first_start(p, args, argv):
-    """--resume: the flags of RESUMED_GROUPS the command line does not give, from OUT/config.json (a run's first start
-    records them, its paths made absolute: train.RUN_PATHS); returns the flags taken, as they
-    would be typed."""
+    """--resume: the flags of runfolder.RESUMED_GROUPS the command line does not give, from OUT/config.json (a run's
+    first start records them, its paths made absolute: runfolder.RUN_PATHS); returns the flags taken, as they would be
+    typed. A later error about a flag (p.error) says the flags came from there."""
     import json
+    from minitf.runfolder import RESUMED_GROUPS
     path = os.path.join(args.out, "config.json")
     given = _given(p, argv)
     try:
@@ -249,6 +236,8 @@ def restore_first_start(p, args, argv):
     for group in RESUMED_GROUPS:
         if given.intersection(group) or not all(dest in before for dest in group):
             continue
+        if group == ("test",) and given.intersection(RESUMED_GROUPS[0]):   # other data named: not its test sets
+            continue
         for dest in group:
             value = before[dest]
             if dest == "test":
@@ -258,6 +247,9 @@ def restore_first_start(p, args, argv):
                 flag = "--" + dest.replace("_", "-")
                 taken.extend([f"{flag} {name}={prefix}" for name, prefix in value] if dest == "test"
                              else [flag if value is True else f"{flag} {value}"])
+    if taken:
+        error = p.error
+        p.error = lambda message: error(f"{message} (with the first start's flags from {path}: {' '.join(taken)})")
     return taken
 
 

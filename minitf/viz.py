@@ -30,7 +30,7 @@ import numpy as np
 
 from .errors import ConfigError, DataError, MinitfError
 from .fileio import check_output_file
-from .flags import MAX_ALPHA, MAX_BEAM, MAX_LEN_B, Number, fraction, positive
+from .flags import MAX_ALPHA, MAX_BEAM, MAX_LEN_B, Number, fraction, path_arg, positive
 from .trainlog import plural
 
 DPI = 100
@@ -680,7 +680,7 @@ def add_plot_parser(sub):
                    help="positions in the printed table (default 10)")
     q.add_argument("--table-d", type=Number(int, 2, PICTURE_MAX), default=10,
                    help="d_model of the printed table (default 10)")
-    q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
+    q.add_argument("--out", type=path_arg, required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_pe(a.out, a.max_len, a.d_model, a.table_n, a.table_d))
 
     q = what.add_parser("lr", help="learning-rate schedule (5.3, eq. 3) with its peak at warmup")
@@ -690,16 +690,16 @@ def add_plot_parser(sub):
     q.add_argument("--steps", type=Number(int, 2, MAX_STEPS), default=100_000, help="last step drawn (default 100000)")
     q.add_argument("--fade", type=fraction(), default=0.0,
                    help="train_wmt.py's --lr-fade for a run that ends at --steps (default 0: the paper's)")
-    q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
+    q.add_argument("--out", type=path_arg, required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_lr(a.out, a.d_model, a.warmup, a.factor, a.steps, a.fade))
 
     q = what.add_parser("curves", help="loss, perplexity, BLEU and learning rate of a run against steps")
     q.add_argument("--log", required=True, help="RUN/train_log.jsonl (or the RUN folder)")
-    q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
+    q.add_argument("--out", type=path_arg, required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_curves(a.log, a.out))
 
     q = what.add_parser("attention", help="attention maps of one layer and head for one sentence")
-    q.add_argument("--checkpoint", required=True, help="a minitf checkpoint (.npz or .safetensors) with its tokenizer, or "
+    q.add_argument("--checkpoint", type=path_arg, required=True, help="a minitf checkpoint (.npz or .safetensors) with its tokenizer, or "
                                                       "a Marian model folder (docs/interop.md)")
     q.add_argument("--src", required=True, help="source sentence (raw text)")
     q.add_argument("--tgt", help="target sentence (raw text); default: translate --src first")
@@ -711,7 +711,7 @@ def add_plot_parser(sub):
     q.add_argument("--max-len-b", type=Number(int, 0, MAX_LEN_B), default=50, help="max output length = input length (in pieces, its EOS "
                    "included) + this; with learned positions at most max_len - 1")
     q.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
-    q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
+    q.add_argument("--out", type=path_arg, required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_attention(a.checkpoint, a.src, a.out, a.layer, a.head, a.tgt, a.beam,
                                                  a.alpha, a.max_len_b, a.device))
 
@@ -720,19 +720,19 @@ def add_plot_parser(sub):
                    help=f"source lengths, one a sentence (default 5 3; at most {DRAWN_LEN} each, to be read)")
     q.add_argument("--tgt-lens", type=positive(high=DRAWN_LEN), nargs="+", default=[4, 6],
                    help="target lengths, as many (default 4 6)")
-    q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
+    q.add_argument("--out", type=path_arg, required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_masks(a.out, a.src_lens, a.tgt_lens))
 
     q = what.add_parser("packing", help="pad-free rows: a padded batch and its packed rows")
     q.add_argument("--lens", type=positive(high=DRAWN_LEN), nargs="+", default=[5, 2, 4],
                    help=f"sentence lengths (default 5 2 4; at most {DRAWN_LEN} each and {DRAWN_ROWS} in all, "
                         f"to be read)")
-    q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
+    q.add_argument("--out", type=path_arg, required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_packing(a.out, a.lens))
 
     q = what.add_parser("table1", help="Table 1 measured: self-attention, recurrent and convolutional layers")
     q.add_argument("--results", default=TABLE1_JSON, help="the JSON of bench/table1.py --out (default: the one "
                                                           "recorded in the repository, docs/img/table1.json)")
-    q.add_argument("--out", required=True, help="picture file (.png, .svg or .pdf)")
+    q.add_argument("--out", type=path_arg, required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_table1(a.results, a.out))
     return p

@@ -405,6 +405,9 @@ def test_average_does_not_replace_a_runs_own_model_and_tilde_is_home(tiny_checkp
     assert cli.main(["average", "--inputs", str(ckpt), "--output", str(run / "averaged.npz")]) == 0
     assert build_parser().parse_args(["--out=~/r", "--test", "n=~/t"]).out == os.path.expanduser("~/r")
     assert build_parser().parse_args(["--out", "x", "--test", "n=~/t"]).test == [("n", os.path.expanduser("~/t"))]
+    plot = cli.build_parser("minitf").parse_args(["plot", "attention", "--checkpoint", "~/m.npz", "--src", "~/a b",
+                                                  "--out", "a.png"])
+    assert plot.checkpoint == os.path.expanduser("~/m.npz") and plot.src == "~/a b"   # a sentence stays as written
 
 
 def test_a_damaged_safetensors_export_is_refused_by_its_digests(tiny_checkpoint, tmp_path):
@@ -421,3 +424,38 @@ def test_a_damaged_safetensors_export_is_refused_by_its_digests(tiny_checkpoint,
     with pytest.raises(CheckpointError, match=r"m\.safetensors: tensor .* does not match the SHA-256 recorded when it "
                                               r"was exported: the file is damaged"):
         minitf.load(str(path))
+
+
+def test_an_export_moved_into_its_folder_is_not_cut_by_a_signal(tmp_path, monkeypatch):
+    # Ctrl-C between two of an export's renames had left one model's weights beside another's vocabulary (a thread's
+    # signal mask did not hold it back: BLAS's thread took the signal); it is now handled once all are in
+    import signal
+    from minitf import fileio
+    made, out = tmp_path / "made", tmp_path / "out"
+    made.mkdir()
+    for name in "abc":
+        (made / name).write_text(name)
+    real = os.replace
+
+    def replace_then_interrupt(src, dst):
+        real(src, dst)
+        os.kill(os.getpid(), signal.SIGINT)
+    monkeypatch.setattr(fileio.os, "replace", replace_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        fileio.move_in(str(made), str(out), ["a", "b", "c"])
+    assert sorted(os.listdir(out)) == ["a", "b", "c"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat("/tmp").st_dev,
+                    reason="needs /dev/shm on another file system than /tmp")
+def test_an_export_into_a_folder_on_another_file_system(tiny_checkpoint, tmp_path):
+    # the export's files are written inside the folder before they are moved in: a link (or a mount) to another
+    # file system had failed with "Invalid cross-device link"
+    import tempfile
+    from minitf.marian import export_marian
+    ckpt, _ = tiny_checkpoint
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as far:
+        os.symlink(far, tmp_path / "link")
+        export_marian(str(ckpt), str(tmp_path / "link"))
+        assert sorted(os.listdir(far)) == ["decoder.yml", "model.npz", "source.spm", "target.spm", "vocab.yml"]

@@ -157,9 +157,19 @@ def test_resume_takes_the_first_starts_flags_a_group_at_a_time(tmp_path, capsys)
         parse_args(["--out", str(out), "--resume", "--seed", "4"])
     assert "--seed 4: the run in --out" in capsys.readouterr().err
     assert parse_args(["--out", str(out), "--resume", "--seed", "3"]).seed == 3
-    # --device given now: the first start's precision (--fp16 with it) is not taken
+    # --device given again: the first start's precision is still taken (retyping it had dropped --fp16)
     args = parse_args(["--out", str(out), "--resume", "--device", "cpu"])
-    assert (args.device, args.fp16, args.train) == ("cpu", False, first["train"])
+    assert (args.device, args.fp16, args.train) == ("cpu", True, first["train"])
+    # a test set named now: the first start's training and validation data with it (it had refused: "give --train")
+    args = parse_args(["--out", str(out), "--resume", "--test", f"other={tmp_path / 'o'}"])
+    assert (args.train, args.valid, args.test) == (first["train"], first["valid"], [("other", str(tmp_path / "o"))])
+    # an error after the restore says where the flags came from
+    with pytest.raises(SystemExit):
+        parse_args(["--out", str(out), "--resume", "--bf16"])
+    assert "--fp16 and --bf16" not in capsys.readouterr().err   # a precision flag given: the group is this start's
+    with pytest.raises(SystemExit):
+        parse_args(["--out", str(out), "--resume", "--patience", "2", "--valid-every", "0"])
+    assert "(with the first start's flags from " in capsys.readouterr().err
     # an unreadable record: the data named again, the command line alone; else one line saying so (it had gone on
     # with the default dataset, downloading WMT14)
     (out / "config.json").write_text("{")
@@ -169,6 +179,20 @@ def test_resume_takes_the_first_starts_flags_a_group_at_a_time(tmp_path, capsys)
     assert "config.json is unreadable (JSONDecodeError" in capsys.readouterr().err
     (out / "config.json").unlink()   # none at all (a run of a minitf that wrote none): the command line alone
     assert parse_args(["--out", str(out), "--resume"]).restored == []
+
+
+def test_each_resume_records_the_groups_it_set_so_the_next_resume_takes_them(corpus, tmp_path):
+    """A resume that gives one member of a group (--save-every-minutes where the run had --save-every) records the whole
+    group as it set it: the next `--resume` alone had restored both members and refused them ("give one spacing")."""
+    out = tmp_path / "run"
+    assert run_train(corpus, out, "--max-steps", 2, "--save-every", 2, "--valid-every", 0).returncode == 0
+    env = dict(os.environ, MINITF_CACHE=str(tmp_path / "cache"), PYTHONHASHSEED="0")
+    again = [sys.executable, os.path.join(ROOT, "train_wmt.py"), "--out", str(out), "--resume"]
+    for extra in (["--max-steps", "3", "--save-every-minutes", "30"], ["--max-steps", "4"]):
+        r = subprocess.run(again + extra, capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+    record = json.loads((out / "config.json").read_text())["args"]
+    assert (record["save_every"], record["save_every_minutes"], record["max_steps"]) == (None, 30, 4)
 
 
 def test_a_resume_from_another_folder_reads_the_first_starts_files(corpus, tmp_path):

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 
 from minitf.errors import DataError
-from minitf.flags import Number, positive
+from minitf.flags import Number, path_arg, positive
 from minitf.data.binarized import BinarizedCorpus
 from minitf.data.prepare import cache_folder, no_pairs_left, prepare_cache
 from minitf.data.datasets import DATASETS, DOWNLOADED, dataset_default, default_data_dir, prepare_dataset, user_dataset
@@ -25,7 +25,7 @@ def _test_arg(text):
     if not re.fullmatch(r"[\w.-]+", name):   # it names OUT/NAME.hyp.<tgt>: no folders, nothing outside OUT
         raise argparse.ArgumentTypeError(f"NAME {name!r} in {text!r}: letters, digits, '.', '-' and '_' only (it "
                                          f"names the file OUT/NAME.hyp.<tgt>)")
-    return name, prefix
+    return name, path_arg(prefix)
 
 
 def add_data_args(p):
@@ -33,13 +33,13 @@ def add_data_args(p):
     g = p.add_argument_group("data")
     g.add_argument("--dataset", default="wmt14", choices=sorted(DATASETS),
                    help="a known dataset, downloaded when missing (default wmt14; ignored with --train)")
-    g.add_argument("--data-dir", help="folder with the corpus files (plain or .gz), which are downloaded into it where "
+    g.add_argument("--data-dir", type=path_arg, help="folder with the corpus files (plain or .gz), which are downloaded into it where "
                         "missing (not with --offline); default $MINITF_CACHE/<dataset> or ~/.cache/minitf/<dataset>")
     g.add_argument("--offline", action="store_true", help="never download: fail if files are missing")
     g.add_argument("--src", help="source language (default en); with --train and files of other languages, give it")
     g.add_argument("--tgt", help="target language (default de); with --train and files of other languages, give it")
-    g.add_argument("--train", metavar="PREFIX", help="your own training corpus: PREFIX.<src> and PREFIX.<tgt> (plain or .gz)")
-    g.add_argument("--valid", metavar="PREFIX", help="your own validation set (with --train)")
+    g.add_argument("--train", type=path_arg, metavar="PREFIX", help="your own training corpus: PREFIX.<src> and PREFIX.<tgt> (plain or .gz)")
+    g.add_argument("--valid", type=path_arg, metavar="PREFIX", help="your own validation set (with --train)")
     g.add_argument("--test", metavar="NAME=PREFIX", action="append", type=_test_arg, default=[],
                    help="your own test set, scored at the end (repeatable; with --train)")
     g.add_argument("--vocab-size", type=positive(),
@@ -48,13 +48,13 @@ def add_data_args(p):
     g.add_argument("--subword", choices=MODEL_TYPES,
                    help="the joint SentencePiece model to train: bpe (byte-pair encoding, the paper's for en-de) or unigram "
                         "(a unigram language model); default: multi30k unigram, wmt14 and own data bpe")
-    g.add_argument("--tokenizer", metavar="MODEL", help="encode with this SentencePiece model (ids pad,unk,bos,eos = 0,1,2,3) "
+    g.add_argument("--tokenizer", type=path_arg, metavar="MODEL", help="encode with this SentencePiece model (ids pad,unk,bos,eos = 0,1,2,3) "
                                                         "instead of training one")
     g.add_argument("--max-len", type=positive(), default=250, help="drop training pairs with a side longer than this many pieces")
     g.add_argument("--max-ratio", type=Number(float, 1, allowed=(0,), meaning=" (0 = no ratio rule)"),
                    help="drop training pairs whose sides' lengths differ by more than this factor "
                         "(default: wmt14 and own data 1.5, multi30k none; 0 = none)")
-    g.add_argument("--cache-dir", help="where binarized corpora are kept (default: $MINITF_CACHE/bin or ~/.cache/minitf/bin)")
+    g.add_argument("--cache-dir", type=path_arg, help="where binarized corpora are kept (default: $MINITF_CACHE/bin or ~/.cache/minitf/bin)")
     return g
 
 
