@@ -373,7 +373,9 @@ def build_parser(prog="python -m minitf"):
     p = sub.add_parser("translate", help="translate raw sentences (file or stdin), one per line",
                        description="Translate raw sentences, one per line (an empty line gives an empty one). With "
                                    "--nbest or --scores the output is, per input line i (from 0): S-i<TAB>source, "
-                                   "then for each hypothesis, best first, H-i<TAB>score<TAB>translation (score: the "
+                                   "then for each hypothesis, best first (with --stop bound or ctranslate2, those found "
+                                   "after the rule would have ended the sentence follow those found before it, so the "
+                                   "first is the translation), H-i<TAB>score<TAB>translation (score: the "
                                    "natural log-probability of its pieces and end of sentence over the length "
                                    "penalty ((5 + length) / 6) ** alpha, as beam search ranks them) and, with "
                                    "--scores, P-i<TAB>the log-probability of each piece and of the end of sentence. "
@@ -405,9 +407,10 @@ def build_parser(prog="python -m minitf"):
                                    "sentence under the model, over the length penalty ((5 + length) / 6) ** alpha, as "
                                    "beam search scores a hypothesis (translate --scores prints the same scale): one "
                                    "score a line, or with --scores the S-, H- and P- lines of translate --scores. The "
-                                   "translation is split into pieces as the tokenizer splits text (a translation whose "
-                                   "search chose pieces of bare spaces scores differently here: its text is the same "
-                                   "words in fewer pieces); a piece outside an output vocabulary is scored as the "
+                                   "translation is split into pieces as the tokenizer splits text, so a translation "
+                                   "whose search put it together from other pieces (pieces of bare spaces, or a word "
+                                   "built from smaller pieces than the tokenizer's) scores differently here, the same "
+                                   "text in other pieces; a piece outside an output vocabulary is scored as the "
                                    "unknown piece, as training scores it.")
     p.add_argument("--checkpoint", type=path_arg, required=True, help="a minitf checkpoint (.npz, or a .safetensors export) with "
                                                        "its tokenizer, or a Marian model folder (docs/interop.md)")

@@ -158,7 +158,8 @@ def marian_arrays(cfg, params):
     """{marian name: array} of a minitf Transformer's parameters (float32), the config in
     `special:model.yml`."""
     if cfg.arch != "transformer":
-        raise CheckpointError(f"the {cfg.arch!r} model has no Marian counterpart: only the Transformer exports")
+        raise CheckpointError(f"the {cfg.arch!r} model has no Marian or CTranslate2 counterpart here: only the "
+                              f"Transformer exports to them (.safetensors takes any minitf model)")
     if cfg.d_k * cfg.n_heads != cfg.d_model:
         raise CheckpointError(f"d_k {cfg.d_k} x {cfg.n_heads} heads is not d_model {cfg.d_model}: Marian's "
                               f"attention needs H * K = D")

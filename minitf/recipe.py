@@ -54,6 +54,11 @@ def resolve_config(args, data, resume, lead=True, imported=None):
                            note=log if lead else None)
     else:
         cfg = resume.config
+        other = {"rnn": ("heads", "d_ff", "norm", "decoder_layers", "attention_dropout", "relu_dropout"),
+                 "transformer": ("attention",)}.get(cfg.arch, ())
+        for flag in (f for f in other if getattr(args, f, None) is not None):   # flags of the other architecture
+            raise ConfigError(f"--{flag.replace('_', '-')} sets what --arch {cfg.arch} has not (the checkpoint "
+                              f"{resume.path} is a {cfg.arch} model); drop the flag to resume it")
         for flag, name in ((f, field) for f, field in FLAG_FIELDS.items() if f not in SCHEDULE_FLAGS):
             asked = getattr(args, flag, None)
             if asked is not None and asked != getattr(cfg, name):

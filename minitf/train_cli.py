@@ -51,7 +51,8 @@ def build_parser(prog=None):
     p.add_argument("--attention", choices=ATTENTIONS,
                    help="--arch rnn: Luong's general or dot score, or Bahdanau's additive score (default: additive in the "
                         "small preset, general in the others)")
-    p.add_argument("--d-model", type=positive(), help="model width D")
+    p.add_argument("--d-model", type=positive(), help="model width D (--arch rnn: the embeddings' and the output's; its "
+                                                       "LSTMs' width is the preset's)")
     p.add_argument("--heads", type=positive(), help="attention heads H")
     p.add_argument("--d-ff", type=positive(), help="feed-forward width F (--arch rnn has none)")
     p.add_argument("--layers", type=positive(), help="layers of the encoder (the paper's N), and of the decoder unless --decoder-layers")
@@ -228,6 +229,9 @@ def restore_first_start(p, args, argv):
         p.error(f"--resume: {path} is unreadable ({type(e).__name__}: {e}), so the first start's flags cannot be read "
                 f"from it: give the run's data flags again (--dataset or --train/--valid, --src, --tgt, ...), or put "
                 f"back the file")
+    if "preset" in given and before.get("preset") not in (None, args.preset):   # the checkpoint's recipe stays
+        p.error(f"--preset {args.preset}: the run in --out {args.out} was started with --preset {before['preset']}, "
+                f"whose model and recipe its checkpoint carries; drop --preset to resume it, or start a new --out")
     if "seed" in given and before.get("seed") not in (None, args.seed):
         p.error(f"--seed {args.seed}: the run in --out {args.out} was started with --seed {before['seed']}, which its "
                 f"batches and dropout follow; drop --seed to resume it, or start a new --out")
@@ -284,7 +288,8 @@ def parse_args(argv=None, prog=None):
         if subword != "bpe":
             p.error(f"BPE-dropout resegments with BPE merges, and this run would train a {subword} tokenizer ("
                     f"{'--subword ' + subword if args.subword else 'the ' + args.dataset + ' default'}): add --subword bpe")
-    if args.attention is not None and args.arch == "transformer":
+    if args.attention is not None and (args.arch == "transformer" or args.arch is None and not (args.resume
+                                                                                                  or args.init_from)):
         p.error("--attention chooses the attention of --arch rnn; the Transformer's is multi-head scaled dot-product")
     if (args.d_model or args.heads) and args.arch != "rnn":
         d, h = args.d_model or PRESETS[args.preset]["d_model"], args.heads or PRESETS[args.preset]["n_heads"]

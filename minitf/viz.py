@@ -698,7 +698,7 @@ def add_plot_parser(sub):
     q.add_argument("--out", type=path_arg, required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_curves(a.log, a.out))
 
-    q = what.add_parser("attention", help="attention maps of one layer and head for one sentence")
+    q = what.add_parser("attention", help="attention maps of one layer and head for one sentence (a Transformer's: --arch rnn models are refused)")
     q.add_argument("--checkpoint", type=path_arg, required=True, help="a minitf checkpoint (.npz or .safetensors) with its tokenizer, or "
                                                       "a Marian model folder (docs/interop.md)")
     q.add_argument("--src", required=True, help="source sentence (raw text)")

@@ -152,6 +152,10 @@ def test_resume_takes_the_first_starts_flags_a_group_at_a_time(tmp_path, capsys)
     assert (args.fp16, args.time_budget, args.max_tokens, args.seed) == (True, 60, 800, 3)
     assert (args.valid_every, args.valid_every_minutes) == (None, 5)
     assert "--fp16" in args.restored and "--seed 3" in args.restored and "--valid-every 7" not in args.restored
+    # another preset: the checkpoint's model and recipe stay (it had been recorded, changing nothing)
+    with pytest.raises(SystemExit):
+        parse_args(["--out", str(out), "--resume", "--preset", "base"])
+    assert "--preset base: the run in --out" in capsys.readouterr().err
     # another seed would change the batches and dropout mid-run (and had been taken without a word)
     with pytest.raises(SystemExit):
         parse_args(["--out", str(out), "--resume", "--seed", "4"])
@@ -495,6 +499,12 @@ def test_arch_rnn_end_to_end_and_exact_resume(corpus, tmp_path):
     assert r.returncode != 0 and "--arch transformer" in r.stderr and "Traceback" not in r.stderr
     r = run_train(corpus, tmp_path / "x", "--attention", "dot", "--arch", "transformer", cache=cache)
     assert r.returncode == 2 and "--attention" in r.stderr
+    # without --arch a new run is a Transformer: --attention refused too (it had been recorded in its config)
+    r = run_train(corpus, tmp_path / "x", "--attention", "dot", cache=cache)
+    assert r.returncode == 2 and "--attention chooses the attention of --arch rnn" in r.stderr
+    # resumed, the Transformer's flags are refused for what the RNN has not (they had been compared as if it had)
+    r = run_train(corpus, split, "--max-steps", 8, "--resume", "--heads", 4, cache=cache)
+    assert r.returncode == 2 and "--heads sets what --arch rnn has not" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_lr_fade_brings_the_learning_rate_to_zero_at_the_runs_end(corpus, tmp_path):
