@@ -8,7 +8,8 @@ import signal
 import sys
 
 from .data.pipeline import add_data_args, check_data_args
-from .errors import ConfigError, DataError, MinitfError, one_line_warnings, out_of_memory, report
+from .errors import (ConfigError, DataError, MinitfError, Terminated, one_line_warnings, out_of_memory, report,
+                     terminate_as_interrupt)
 from .ctranslate2_export import QUANTIZATIONS
 from .fileio import check_output_file
 from .flags import MAX_ALPHA, MAX_BEAM, MAX_LEN_B, Number, Parser, path_arg, positive
@@ -500,7 +501,7 @@ def main(argv=None):
             args.check(args)
     except SystemExit as e:   # a bad flag (one line printed, status 2), or --help / --version (0)
         return e.code
-    before = _terminate_as_interrupt()
+    before = terminate_as_interrupt()
     try:
         with one_line_warnings():
             args.func(args)
@@ -529,19 +530,3 @@ def main(argv=None):
         if before is not None:
             signal.signal(signal.SIGTERM, before)
     return 0
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (`kill`, `timeout`, a scheduler cancelling the job), raised where the command is, as Ctrl-C's
-    KeyboardInterrupt is: what it was writing is removed (fileio.atomic_write) and the command exits 143."""
-
-
-def _terminate_as_interrupt():
-    """SIGTERM raises Terminated in the main thread from now on; returns the handler before (None where signals
-    cannot be set: not the main thread)."""
-    def handler(signum, frame):
-        raise Terminated()
-    try:
-        return signal.signal(signal.SIGTERM, handler)
-    except ValueError:
-        return None

@@ -61,6 +61,12 @@ class World:
     def barrier(self):
         pass
 
+    def quiet_barrier(self):
+        pass
+
+    def wait_for_lead(self, grace=5.0):
+        return []
+
     def abort(self, code=1):
         sys.exit(code)
 
@@ -112,6 +118,36 @@ class MPIWorld(World):
 
     def barrier(self):
         self.comm.Barrier()
+
+    def quiet_barrier(self):
+        """A barrier whose waiting ranks sleep between looks (MPI_Barrier spins: a rank waiting while rank 0 prepared
+        the data took a core from it, and the preparation ran 1.5x as long on 2 cores)."""
+        req = self.comm.Ibarrier()
+        while not req.Test():
+            time.sleep(0.02)
+
+    def wait_for_lead(self, grace=5.0):
+        """A rank other than 0 after training: wait (asleep) at a quiet_barrier for rank 0 to end the run, with Ctrl-C
+        and SIGTERM recorded, not fatal (the Python handlers would be gone at the interpreter's exit, and a signal
+        there had ended the job with a launcher's error, rank 0's scoring cut without a word). Returns the signals
+        that arrived (names); rank 0 has `grace` seconds after one to end the job first (it says why and aborts
+        with 130 or 143), after which the wait gives up (the caller ends the job)."""
+        import signal
+        got = []
+        held = {sig: signal.signal(sig, lambda signum, frame: got.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            req, since = self.comm.Ibarrier(), None
+            while not req.Test():
+                if got and since is None:
+                    since = time.monotonic()
+                if since is not None and time.monotonic() - since > grace:
+                    break
+                time.sleep(0.05)
+        finally:
+            for sig, handler in held.items():
+                signal.signal(sig, handler)
+        return [signal.Signals(s).name for s in got]
 
     def abort(self, code=1):
         # The launcher forwards each rank's output through a pipe, and MPI_Abort kills every rank

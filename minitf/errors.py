@@ -4,6 +4,7 @@ The command-line entry points catch `MinitfError` and print its message as one l
 (no traceback), so every user-facing failure should raise one of these.
 """
 import contextlib
+import signal as _signal
 import sys
 import warnings
 
@@ -77,3 +78,19 @@ class Interrupted(BaseException):
         super().__init__(signame)
         self.signame = signame
         self.exit_code = {"SIGTERM": 143, "SIGINT": 130}.get(signame, 130)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, `timeout`, a scheduler cancelling the job), raised where the command is, as Ctrl-C's
+    KeyboardInterrupt is: what it was writing is removed (fileio.atomic_write) and the command exits 143."""
+
+
+def terminate_as_interrupt():
+    """SIGTERM raises Terminated in the main thread from now on; returns the handler before (None where signals
+    cannot be set: not the main thread)."""
+    def handler(signum, frame):
+        raise Terminated()
+    try:
+        return _signal.signal(_signal.SIGTERM, handler)
+    except ValueError:
+        return None

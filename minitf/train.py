@@ -28,7 +28,7 @@ from .data.binarized import StaleData
 from .data.pipeline import DataSettings, load_data
 from .data.tokenizer import tokenizer_from_bytes
 from . import distributed, gemm
-from .errors import ConfigError, Interrupted, MinitfError, SameOnEveryRank
+from .errors import ConfigError, Interrupted, MinitfError, SameOnEveryRank, Terminated
 from .feed import UpdateFeed, open_feed
 from .kernels import accum_dtype
 from .modelfile import read_model
@@ -165,12 +165,13 @@ def train(args):
         else:
             log(f"rank {world.rank}: error: {e}")
         world.abort(2)
-    except KeyboardInterrupt:   # Ctrl-C outside the update loop's agreed stop (the data being prepared): the other
-        if world.size == 1:     # ranks may be waiting in a collective, so the whole job is ended
+    except KeyboardInterrupt as e:   # Ctrl-C or SIGTERM outside the update loop's agreed stop (the data being
+        if world.size == 1:          # prepared): the other ranks may be waiting in a collective, so the job is ended
             raise
-        log(f"rank {world.rank}: interrupted (SIGINT) before training began: nothing half-written was kept; run the "
+        name = "SIGTERM" if isinstance(e, Terminated) else "SIGINT"
+        log(f"rank {world.rank}: interrupted ({name}) before training began: nothing half-written was kept; run the "
             f"command again" + (" (with --resume to continue)" if args.resume else ""))
-        world.abort(130)
+        world.abort(143 if name == "SIGTERM" else 130)
     except Exception:
         if world.size == 1:
             raise
@@ -414,7 +415,7 @@ def _load_data(args, world, resume, tokenizer=None):
             except StaleData as e:
                 raise ConfigError(f"--resume: {resume.path} was trained on other data: {e}; restore it, "
                                   f"or start a new --out") from None
-        world.barrier()
+        world.quiet_barrier()
     return data
 
 
@@ -751,7 +752,12 @@ def end(run, stop):
     if run.validation and (args.valid_every or args.valid_every_minutes) and state.get("valid_step") != state["step"]:
         _final_validation(run)   # the final model too (every rank), so that checkpoint_best.npz is the best of the run
         validated = True
-    if not run.lead:
+    if not run.lead:   # rank 0 averages and scores alone: wait for it, a signal meanwhile ending the job as one
+        got = run.world.wait_for_lead()
+        if got:
+            log(f"rank {run.world.rank}: interrupted ({got[0]}) while rank 0 scored the run: its checkpoints are "
+                f"complete; --resume validates and ends the run")
+            run.world.abort(143 if got[0] == "SIGTERM" else 130)
         return None
     last = checkpoint_paths(args.out)
     saved = bool(last) and last[-1].endswith(f"{state['step']:07d}.npz")
@@ -766,6 +772,7 @@ def end(run, stop):
         with sigterm_raises():
             results = finish(run)
         print_summary(summary_lines(results, args.out, args.tgt))
+        run.world.quiet_barrier()   # the other ranks wait for this (wait_for_lead)
         return results
     except (KeyboardInterrupt, Interrupted) as e:   # while averaging or translating: training itself is saved
         signame = e.signame if isinstance(e, Interrupted) else "SIGINT"
@@ -773,6 +780,9 @@ def end(run, stop):
         log(f"interrupted ({signame}) during the final evaluation: the checkpoints in {args.out} are complete; "
             f"score {'the model the run chose' if os.path.exists(chosen) else 'one'} with `python -m minitf evaluate "
             f"--checkpoint {chosen if os.path.exists(chosen) else checkpoint_paths(args.out)[-1]} --src ... --ref ...`")
+        if run.world.size > 1:   # the other ranks wait in wait_for_lead: the job ends here, with the signal's status
+            run.log.close()
+            run.world.abort(143 if signame == "SIGTERM" else 130)
         raise Interrupted(signame) from None
     finally:
         run.log.close()

@@ -1259,3 +1259,24 @@ def test_under_mpi_an_error_every_rank_raises_alike_is_said_once(monkeypatch, ca
         with pytest.raises(SystemExit):
             minitf.train.train(None)
         assert TwoRanks.aborted == 2 and capsys.readouterr().err == said
+
+
+def test_sigterm_before_training_and_flag_errors_under_a_launcher(tmp_path, monkeypatch, capsys):
+    """SIGTERM while the data is prepared is Ctrl-C's case with exit 143 (it had killed the process: exit 15, a
+    launcher's banner); a flag error is printed by rank 0 alone (every rank of a job had printed it)."""
+    import signal
+    from minitf import train_cli
+    from minitf import train as train_module
+
+    def terminated(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+    monkeypatch.setattr(train_module, "train", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    assert train_cli.main(["--dataset", "multi30k", "--out", str(tmp_path / "run")]) == 143
+    assert "interrupted (SIGTERM) before training began" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) == before
+    for rank, said in (("1", False), ("0", True)):
+        monkeypatch.setenv("PMI_RANK", rank)
+        with pytest.raises(SystemExit):
+            train_cli.parse_args(["--bogus"])
+        assert ("unrecognized arguments: --bogus" in capsys.readouterr().err) == said
