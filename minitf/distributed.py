@@ -65,7 +65,7 @@ class World:
         pass
 
     def wait_for_lead(self, grace=5.0):
-        return []
+        return [], True
 
     def abort(self, code=1):
         sys.exit(code)
@@ -129,16 +129,18 @@ class MPIWorld(World):
     def wait_for_lead(self, grace=5.0):
         """A rank other than 0 after training: wait (asleep) at a quiet_barrier for rank 0 to end the run, with Ctrl-C
         and SIGTERM recorded, not fatal (the Python handlers would be gone at the interpreter's exit, and a signal
-        there had ended the job with a launcher's error, rank 0's scoring cut without a word). Returns the signals
-        that arrived (names); rank 0 has `grace` seconds after one to end the job first (it says why and aborts
-        with 130 or 143), after which the wait gives up (the caller ends the job)."""
+        there had ended the job with a launcher's error, rank 0's scoring cut without a word). Returns (the signals
+        that arrived, by name, whether rank 0 ended the run): rank 0 has `grace` seconds after a signal to end the
+        job first (it says why and aborts with 130 or 143) or to finish, after which the wait gives up (the caller
+        ends the job)."""
         import signal
         got = []
         held = {sig: signal.signal(sig, lambda signum, frame: got.append(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
+        done = False
         try:
             req, since = self.comm.Ibarrier(), None
-            while not req.Test():
+            while not (done := req.Test()):
                 if got and since is None:
                     since = time.monotonic()
                 if since is not None and time.monotonic() - since > grace:
@@ -147,7 +149,7 @@ class MPIWorld(World):
         finally:
             for sig, handler in held.items():
                 signal.signal(sig, handler)
-        return [signal.Signals(s).name for s in got]
+        return [signal.Signals(s).name for s in got], done
 
     def abort(self, code=1):
         # The launcher forwards each rank's output through a pipe, and MPI_Abort kills every rank

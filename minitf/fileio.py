@@ -131,7 +131,7 @@ def staging_folder(out_dir, prefix):
         with tempfile.TemporaryDirectory(prefix=prefix, dir=os.path.realpath(out_dir)) as made:
             yield made
     except BaseException:
-        if created:
+        if created and not os.listdir(out_dir):   # nothing moved in yet (a signal held by move_in comes after)
             shutil.rmtree(out_dir, ignore_errors=True)
         raise
 

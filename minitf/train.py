@@ -753,8 +753,8 @@ def end(run, stop):
         _final_validation(run)   # the final model too (every rank), so that checkpoint_best.npz is the best of the run
         validated = True
     if not run.lead:   # rank 0 averages and scores alone: wait for it, a signal meanwhile ending the job as one
-        got = run.world.wait_for_lead()
-        if got:
+        got, done = run.world.wait_for_lead()
+        if got and not done:   # (once rank 0 has ended the run, it is complete: nothing to say)
             log(f"rank {run.world.rank}: interrupted ({got[0]}) while rank 0 scored the run: its checkpoints are "
                 f"complete; --resume validates and ends the run")
             run.world.abort(143 if got[0] == "SIGTERM" else 130)

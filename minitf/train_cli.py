@@ -291,7 +291,8 @@ def parse_args(argv=None, prog=None):
     if args.attention is not None and (args.arch == "transformer" or args.arch is None and not (args.resume
                                                                                                   or args.init_from)):
         p.error("--attention chooses the attention of --arch rnn; the Transformer's is multi-head scaled dot-product")
-    if (args.d_model or args.heads) and args.arch != "rnn":
+    if (args.d_model or args.heads) and args.arch != "rnn" and not (args.resume or args.init_from):   # (else the
+        # model's sizes are the checkpoint's: recipe.resolve_config compares the flags with them)
         d, h = args.d_model or PRESETS[args.preset]["d_model"], args.heads or PRESETS[args.preset]["n_heads"]
         if d % h:
             p.error(f"--d-model {d} is not divisible by --heads {h} (each head gets d_model / heads); "

@@ -694,7 +694,7 @@ def add_plot_parser(sub):
     q.set_defaults(func=lambda a: plot_lr(a.out, a.d_model, a.warmup, a.factor, a.steps, a.fade))
 
     q = what.add_parser("curves", help="loss, perplexity, BLEU and learning rate of a run against steps")
-    q.add_argument("--log", required=True, help="RUN/train_log.jsonl (or the RUN folder)")
+    q.add_argument("--log", type=path_arg, required=True, help="RUN/train_log.jsonl (or the RUN folder)")
     q.add_argument("--out", type=path_arg, required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_curves(a.log, a.out))
 
@@ -731,7 +731,7 @@ def add_plot_parser(sub):
     q.set_defaults(func=lambda a: plot_packing(a.out, a.lens))
 
     q = what.add_parser("table1", help="Table 1 measured: self-attention, recurrent and convolutional layers")
-    q.add_argument("--results", default=TABLE1_JSON, help="the JSON of bench/table1.py --out (default: the one "
+    q.add_argument("--results", type=path_arg, default=TABLE1_JSON, help="the JSON of bench/table1.py --out (default: the one "
                                                           "recorded in the repository, docs/img/table1.json)")
     q.add_argument("--out", type=path_arg, required=True, help="picture file (.png, .svg or .pdf)")
     q.set_defaults(func=lambda a: plot_table1(a.results, a.out))

@@ -442,7 +442,10 @@ def test_an_export_moved_into_its_folder_is_not_cut_by_a_signal(tmp_path, monkey
         os.kill(os.getpid(), signal.SIGINT)
     monkeypatch.setattr(fileio.os, "replace", replace_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
-        fileio.move_in(str(made), str(out), ["a", "b", "c"])
+        with fileio.staging_folder(str(out), ".staged-") as staged:   # a new folder: kept once the files are in
+            for name in "abc":
+                (made / name).rename(os.path.join(staged, name))
+            fileio.move_in(staged, str(out), ["a", "b", "c"])
     assert sorted(os.listdir(out)) == ["a", "b", "c"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 

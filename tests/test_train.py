@@ -152,6 +152,8 @@ def test_resume_takes_the_first_starts_flags_a_group_at_a_time(tmp_path, capsys)
     assert (args.fp16, args.time_budget, args.max_tokens, args.seed) == (True, 60, 800, 3)
     assert (args.valid_every, args.valid_every_minutes) == (None, 5)
     assert "--fp16" in args.restored and "--seed 3" in args.restored and "--valid-every 7" not in args.restored
+    # the model's sizes are the checkpoint's: --heads given again is not checked against the preset's width
+    assert parse_args(["--out", str(out), "--resume", "--heads", "5"]).heads == 5
     # another preset: the checkpoint's model and recipe stay (it had been recorded, changing nothing)
     with pytest.raises(SystemExit):
         parse_args(["--out", str(out), "--resume", "--preset", "base"])

@@ -204,7 +204,11 @@ def read_text(path):
     """`read_sgm` for ``*.sgm`` / ``*.sgm.gz`` files, `read_lines` otherwise."""
     name = os.fspath(path)
     if name.endswith(".sgm") or name.endswith(".sgm.gz"):
-        return read_sgm(name)
+        segments = read_sgm(name)
+        if not segments and any(line.strip() for line in read_lines(name)):
+            raise DataError(f"{name}: named .sgm, but it has no <seg> lines: not SGM (a plain text file is read line "
+                            f"by line under another name)")
+        return segments
     return read_lines(name)
 
 
