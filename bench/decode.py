@@ -43,7 +43,7 @@ from minitf.data.batching import pad_ids  # noqa: E402
 from minitf.decode import length_penalty  # noqa: E402
 from minitf.translate import search_threads, translate_ids  # noqa: E402
 from minitf.loss import log_softmax  # noqa: E402
-from bench.flags import at_least_one  # noqa: E402
+from bench.flags import at_least_one, need_torch  # noqa: E402
 
 
 def load(args):
@@ -222,6 +222,8 @@ def main():
     p.add_argument("--top", type=int, default=25, help="--profile: functions shown")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     args = p.parse_args()
+    if args.vs_torch:
+        need_torch(p)
     at_least_one(p, args, "streams", "torch_streams")
     model, src_ids = load(args)
     if model.cfg.arch != "transformer" and (args.vs_torch or args.vs_uncached):

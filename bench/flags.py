@@ -19,3 +19,12 @@ def known_modes(parser, text, modes):
         if mode not in names:
             parser.error(f"--modes: unknown mode {mode!r} ({', '.join(names)})")
     return chosen
+
+
+def need_torch(parser, flag="--vs-torch"):
+    """A usage error where `flag` asks for PyTorch and it is not installed (it is never a dependency of minitf; a CPU
+    build for the comparisons: pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu)."""
+    import importlib.util
+    if importlib.util.find_spec("torch") is None:
+        parser.error(f"{flag} times the same model in PyTorch, which is not installed here: pip install torch (a CPU "
+                     f"build is enough on a CPU), or drop {flag}")

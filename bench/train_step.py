@@ -38,6 +38,7 @@ from minitf import backend, kernels  # noqa: E402
 from minitf.backend import get_xp, synchronize, to_numpy  # noqa: E402
 from minitf.config import id_ranges  # noqa: E402
 from minitf.errors import ConfigError  # noqa: E402
+from bench.flags import need_torch  # noqa: E402
 from bench.shape import add_shape_flags, shape_overrides  # noqa: E402
 
 
@@ -299,6 +300,8 @@ def main(argv=None):
     sizes = shape_overrides(args)
     if args.vs_joint and not args.output_pieces:
         ap.error("--vs-joint compares with --output-pieces V_o: give it")
+    if args.vs_torch:
+        need_torch(ap)
     if args.vs_torch and args.output_pieces:
         ap.error("--vs-torch times the paper's joint output (the PyTorch model has no output vocabulary): "
                  "drop --output-pieces")

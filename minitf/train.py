@@ -254,6 +254,11 @@ def set_up(args, world):
     cfg, args = resolve_config(args, data, resume, lead, init.config if init else None)   # args: settled, read-only
     if resume is not None and lead:
         log(f"resuming from {resume.path} (step {resume.train_state['step']})")
+        spent = resume.train_state.get("train_wall_s") or 0
+        if args.time_budget and spent >= args.time_budget:   # it would end at once, and only say "time_budget"
+            log(f"note: --time-budget {args.time_budget:g} counts the run's training over all its starts, and it has "
+                f"trained {spent:.0f} s: it ends at once; give a larger --time-budget (or --max-steps, which drops the "
+                f"first start's budget) to go on")
     fp16 = getattr(args, "fp16", False)
     dtype = compute_dtype(args)
     _agree(world, data_id=data.data_id, config=cfg.to_dict(), seed=args.seed, update_freq=args.update_freq,

@@ -21,7 +21,7 @@ the preset's tokens per update (base: 25000, as in the paper) are split over the
 Continue an interrupted run (Ctrl-C saves a checkpoint) exactly where it stopped, with the first start's data, device,
 batch and schedule flags (read from OUT/config.json; a flag given again takes their place: --max-steps sets a new end,
 --time-budget a time limit beside the run's --max-steps):
-    python train_wmt.py --out runs/m30k --resume
+    mpiexec -n 2 python train_wmt.py --out runs/m30k --resume    (the run's ranks again: they are not recorded)
 Prints a validation line (loss, perplexity, greedy BLEU) every --valid-every updates (base/big: at every
 checkpoint).
 Writes OUT/config.json (the config, the flags given and the tokenizer's hash, which --resume checks against),
@@ -79,7 +79,8 @@ def build_parser(prog=None):
                    "results.json without its checkpoints, or a config.json no minitf run wrote, is refused)")
     p.add_argument("--max-steps", type=Number(int, 0, meaning=" (0 = no limit)"),
                    help="updates (the paper: base 100k, big 300k); 0 = no limit")
-    p.add_argument("--time-budget", type=positive(float), help="stop training after this many seconds")
+    p.add_argument("--time-budget", type=positive(float), help="stop training after this many seconds of it, over all "
+                                                              "the run's starts (a --resume counts the earlier ones)")
     p.add_argument("--max-tokens", type=positive(),
                    help="tokens per batch and side on each rank, padding included (fairseq's meaning); default: the "
                         "preset's tokens per update (base/big 25000 as in the paper, small 3072 (4096 with --arch rnn), tiny 512) split over the "

@@ -316,7 +316,7 @@ def bleu_title(data):
         parts.append(f"validation during training (greedy{f', {n:,} sentences' if n else ''})")
     if data["eval"]:
         parts.append(f"at the end (beam search, {model})")
-    return "sacreBLEU / chrF: " + (" and ".join(parts) if parts else "no scores yet")
+    return "sacreBLEU / chrF: " + ("\nand ".join(parts) if parts else "no scores yet")   # two lines: it fits the panel
 
 
 def plot_curves(log, out):

@@ -344,7 +344,7 @@ def test_a_missing_local_test_set_is_one_note_and_none_with_notes_off(tmp_path, 
     data = prepare_dataset("multi30k", tmp_path / "m30k", "en", "de", download=False, progress=False)
     err = capsys.readouterr().err.splitlines()
     assert sorted(data["tests"]) == ["test_2016_flickr"]
-    assert len(err) == 2 and all(line.startswith(f"note: test set multi30k {t} not found")
+    assert len(err) == 2 and all(line.startswith(f"note: test set multi30k {t} skipped: ")
                                  for line, t in zip(err, ("test_2017_flickr", "test_2018_flickr")))
     data = prepare_dataset("multi30k", tmp_path / "m30k", "en", "de", download=False, progress=False, notes=False)
     assert sorted(data["tests"]) == ["test_2016_flickr"] and capsys.readouterr().err == ""

@@ -1282,3 +1282,15 @@ def test_sigterm_before_training_and_flag_errors_under_a_launcher(tmp_path, monk
         with pytest.raises(SystemExit):
             train_cli.parse_args(["--bogus"])
         assert ("unrecognized arguments: --bogus" in capsys.readouterr().err) == said
+
+
+def test_a_resume_whose_time_budget_is_spent_says_so(corpus, tmp_path):
+    # --time-budget counts the run's training over all its starts: a resume of a run its budget ended trained nothing
+    # and said only "training stopped (time_budget)"
+    out = tmp_path / "run"
+    assert run_train(corpus, out, "--time-budget", 1, "--valid-every", 0).returncode == 0
+    env = dict(os.environ, MINITF_CACHE=str(tmp_path / "cache"), PYTHONHASHSEED="0")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "train_wmt.py"), "--out", str(out), "--resume"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0 and "note: --time-budget 1 counts the run's training over all its starts" in r.stderr, \
+        r.stderr[-2000:]

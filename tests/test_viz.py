@@ -124,8 +124,8 @@ def test_read_train_log_series_and_ignored_lines(tmp_path):
                          "test_2016_flickr": {"step": [150], "bleu": [31.5], "chrf": [57.2], "model": "last"}}
     assert d["valid"]["valid_bleu"][1].tolist() == [12.5] and d["valid_bleu_sentences"] == 500
     # the BLEU panel says what was scored, as results.json does: here the last checkpoint, not the average
-    assert viz.bleu_title(d) == ("sacreBLEU / chrF: validation during training (greedy, 500 sentences) and at the end "
-                                 "(beam search, the last checkpoint)")
+    assert viz.bleu_title(d) == ("sacreBLEU / chrF: validation during training (greedy, 500 sentences)\nand at the "
+                                 "end (beam search, the last checkpoint)")
     averaged = viz.read_train_log(write_log(tmp_path / "avg.jsonl", [dict(r, model="averaged") if "eval" in r else r
                                                                      for r in LOG if "valid_bleu" not in r]))
     assert viz.bleu_title(averaged) == "sacreBLEU / chrF: at the end (beam search, the averaged checkpoints)"

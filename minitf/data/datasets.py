@@ -260,7 +260,8 @@ def _get(spec, base_url, data_dir, corpus, src, tgt, download, progress, require
         if required:
             raise DataError(f"{label}: expected {_expected(data_dir, corpus, src, tgt)}"
                             f"; put the files there or allow downloading")
-        note(f"test set {label} not found ({_expected(data_dir, corpus, src, tgt)}); skipping it")
+        names = " and ".join(os.path.basename(c[0].format(src=src, tgt=tgt)) + "[.gz]" for c in (corpus.src, corpus.tgt))
+        note(f"test set {label} skipped: {data_dir} has not both {names}")
         return None
     def wait(holder, path):
         note(f"waiting for {holder}, which is downloading into {data_dir}")
