@@ -140,12 +140,16 @@ def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True, batch
         logits = dec.logits(xp.asarray(tokens, dtype=src.dtype))   # argmax log p = argmax logits: no softmax
         lse = _logsumexp(as_float32_if_half(logits)) if scores else None
         _ban(logits, cfg, steps == 0)
-        best = to_numpy(logits.argmax(axis=1))
+        if scores:   # the argmax with its log p and the EOS's, in ONE copy (the EOS's ends a sentence at its limit)
+            best = logits.argmax(axis=1)
+            best, best_logp, eos_logp = to_numpy_all(best, logits[xp.arange(len(alive)), best] - lse,
+                                                     logits[:, cfg.eos_id] - lse)
+        else:
+            best = to_numpy(logits.argmax(axis=1))
         ends = (best == cfg.eos_id) | (steps >= max_lens[alive])
         keep = _compact(~ends, cohort)   # EOS, or the length limit: done
         if scores:   # the chosen token's log p, or the EOS's where the sentence ends
-            chosen = np.where(ends, cfg.eos_id, best)
-            step_logp = to_numpy(logits[xp.arange(len(alive)), xp.asarray(chosen)] - lse)
+            step_logp = np.where(ends, eos_logp, best_logp)
             for row, sent in enumerate(alive):
                 logp[sent].append(float(step_logp[row]))
         for row in keep:

@@ -137,13 +137,15 @@ def test_a_decoding_step_reads_back_one_array(standin, monkeypatch, arch):
     """Beam search needs each step's best candidates on the host (its bookkeeping runs there):
     values, beams and tokens of the 2k best, the EOS scores at the length limit, come back in ONE
     copy per step (backend.to_numpy_all), also at the steps where new sentences join (continuous
-    batching: batch_size 2 of 5); greedy search reads back its argmax. Nothing else: the source
-    lengths are measured on the host, so a search of n steps makes exactly n copies."""
+    batching: batch_size 2 of 5); greedy search reads back its argmax (with scores, beside the argmax's and the
+    EOS's log-probabilities, in the same copy: it had made a second). Nothing else: the source lengths are measured
+    on the host, so a search of n steps makes exactly n copies."""
     from minitf.decode import beam_search, greedy_search
     model = tiny(arch)
     mark_steps(model, monkeypatch)
     for search in (lambda m: beam_search(m, SRC, beam_size=3, max_len_b=4, batch_size=2),
-                   lambda m: greedy_search(m, SRC, max_len_b=4, batch_size=2)):
+                   lambda m: greedy_search(m, SRC, max_len_b=4, batch_size=2),
+                   lambda m: greedy_search(m, SRC, max_len_b=4, batch_size=2, scores=True)):
         steps, every = steps_and_copies(model, search)
         assert len(steps) >= 8                                  # several admissions and the length limit
         assert all(len(s) == 1 for s in steps), [s for s in steps if len(s) != 1]
