@@ -94,6 +94,24 @@ def _extras(c):
     return f" ({', '.join(parts)})" if parts else ""
 
 
+def _how_to_go_on(folder, res, last):
+    """For a run that ended at its last checkpoint: what a --resume must give to train on (its end, from config.json's
+    record of its flags: a spent --time-budget counts all its starts; --max-steps reached)."""
+    if not (isinstance(res, dict) and res.get("steps") == last):
+        return ""
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            flags = json.load(f)["args"]
+        budget, max_steps = flags.get("time_budget"), flags.get("max_steps")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return ""
+    if isinstance(budget, (int, float)) and (res.get("train_wall_s") or 0) >= 0.99 * budget:
+        return f" (its --time-budget {budget:g} is spent over its starts: give a larger one, or a --max-steps)"
+    if isinstance(max_steps, int) and last >= max_steps:
+        return f" (it reached its --max-steps {max_steps}: give a larger one)"
+    return ""
+
+
 def run_facts(folder):
     """{path, checkpoints, best, results, model} of a run's --out folder: its training checkpoints (oldest first),
     whether it holds checkpoint_best.npz, results ("missing" before the run's end, "unreadable", or results.json's
@@ -142,7 +160,8 @@ def run_lines(r):
     if steps:
         lines.append(f"  checkpoints: {plural(len(steps), 'training checkpoint')} "
                      f"({'step' if len(steps) == 1 else 'steps'} {', '.join(map(str, steps))}"
-                     f"{'; checkpoint_best.npz' if r['best'] else ''}): --resume continues from step {steps[-1]}")
+                     f"{'; checkpoint_best.npz' if r['best'] else ''}): --resume continues from step {steps[-1]}"
+                     + _how_to_go_on(r["path"], res, steps[-1]))
     else:
         refused = any(os.path.lexists(os.path.join(r["path"], name)) for name in RESULTS)   # runfolder.check_fresh_out
         lines.append(f"  checkpoints: no training checkpoint{' (checkpoint_best.npz alone)' if r['best'] else ''}: "

@@ -506,6 +506,15 @@ def test_info_says_what_each_kind_of_model_file_is(setup, tmp_path, capsys):
                          f"{run / 'model.npz'}: a run's reported model: its last checkpoint (checkpoint_0000007.npz)"]
     assert main(["info", str(run), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["model"]["parameters"] == n
+    # how a resume goes on from a run that ended on its budget or its steps (config.json's record of its flags)
+    for flags, end in (({"time_budget": 60, "max_steps": 100}, "(its --time-budget 60 is spent over its starts: give "
+                                                                 "a larger one, or a --max-steps)"),
+                       ({"time_budget": None, "max_steps": 7}, "(it reached its --max-steps 7: give a larger one)")):
+        (run / "config.json").write_text(json.dumps({"args": flags}))
+        (run / "results.json").write_text(json.dumps({"steps": 7, "train_wall_s": 60.2, "beam": 4, "alpha": 0.6}))
+        assert main(["info", str(run)]) == 0
+        assert capsys.readouterr().out.splitlines()[1].endswith(f"--resume continues from step 7 {end}")
+    (run / "config.json").unlink()
     # resumed past its end and stopped before ending again: its results are of the earlier end, and say so
     save_checkpoint(run / "checkpoint_0000009.npz", model, minitf.Adam(model, lr=1e-3), tokenizer=source.tokenizer,
                     train_state=dict(state, step=9))
