@@ -312,7 +312,6 @@ def export_safetensors(checkpoint, output):
     return os.path.getsize(output)
 
 
-
 def _load_safetensors(path):
     from .safetensors import load_safetensors
     params, meta = load_safetensors(path)

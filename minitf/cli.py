@@ -4,12 +4,11 @@ Every user error (a bad flag, a MinitfError) is printed as one line on stderr wi
 """
 import json
 import os
-import signal
 import sys
 
 from .data.pipeline import add_data_args, check_data_args
-from .errors import (ConfigError, DataError, MinitfError, Terminated, one_line_warnings, out_of_memory, report,
-                     terminate_as_interrupt)
+from .errors import (SIGNAL_EXIT, ConfigError, DataError, MinitfError, one_line_warnings, out_of_memory, report,
+                     sigterm_raises)
 from .ctranslate2_export import QUANTIZATIONS
 from .fileio import check_output_file
 from .flags import MAX_ALPHA, MAX_BEAM, MAX_LEN_B, Number, Parser, path_arg, positive
@@ -45,10 +44,9 @@ def _check_not_a_runs_model(output):
     """ConfigError where --output would replace a training run's own model file (its model.npz, which its
     results.json scores, checkpoint_best.npz, or a checkpoint --resume continues from); averaged.npz may be made
     again."""
-    import re
-    from .runfolder import BEST, checkpoint_paths
+    from .runfolder import BEST, STEP_CHECKPOINT, checkpoint_paths
     folder, name = os.path.split(os.path.abspath(output))
-    ours = name in ("model.npz", BEST) or re.fullmatch(r"checkpoint_\d+\.npz", name)
+    ours = name in ("model.npz", BEST) or STEP_CHECKPOINT.fullmatch(name)
     if ours and os.path.exists(output) and (os.path.isfile(os.path.join(folder, "config.json"))
                                             or checkpoint_paths(folder)):
         raise ConfigError(f"--output {output} is the {name} of the training run in {folder}: writing the average "
@@ -501,11 +499,10 @@ def main(argv=None):
             args.check(args)
     except SystemExit as e:   # a bad flag (one line printed, status 2), or --help / --version (0)
         return e.code
-    before = terminate_as_interrupt()
     try:
-        with one_line_warnings():
+        with sigterm_raises(), one_line_warnings():   # SIGTERM as Ctrl-C: what was being written is removed
             args.func(args)
-        sys.stdout.flush()       # inside the handling: a full disk or a closed pipe is reported, not lost at exit
+            sys.stdout.flush()   # inside the handling: a full disk or a closed pipe is reported, not lost at exit
     except OSError as e:
         if not _is_stdout_error(e):
             if e.filename is None:
@@ -523,10 +520,7 @@ def main(argv=None):
     except MemoryError as e:
         report(f"error: {out_of_memory(e, getattr(args, 'memory', None))}")
         return 2
-    except KeyboardInterrupt as e:
+    except KeyboardInterrupt as e:   # Ctrl-C, or SIGTERM (errors.Terminated)
         report("interrupted: nothing half-written was kept")
-        return 143 if isinstance(e, Terminated) else 130
-    finally:
-        if before is not None:
-            signal.signal(signal.SIGTERM, before)
+        return SIGNAL_EXIT[getattr(e, "signame", "SIGINT")]
     return 0

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, signals_held
 
 # what the common launchers put in the environment of every process they start
 _LAUNCHER_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
@@ -26,6 +26,15 @@ _LAUNCHER_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 def launched_by_mpi():
     """True when an MPI launcher (mpiexec, mpirun, srun --mpi=...) started this process."""
     return any(v in os.environ for v in _LAUNCHER_RANK_VARS)
+
+
+def launcher_rank():
+    """This process's rank as its MPI launcher's environment gives it, before MPI is started; None outside one."""
+    for name in _LAUNCHER_RANK_VARS:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
 
 
 _THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -134,11 +143,7 @@ class MPIWorld(World):
         job first (it says why and aborts with 130 or 143) or to finish, after which the wait gives up (the caller
         ends the job)."""
         import signal
-        got = []
-        held = {sig: signal.signal(sig, lambda signum, frame: got.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-        done = False
-        try:
+        with signals_held() as got:
             req, since = self.comm.Ibarrier(), None
             while not (done := req.Test()):
                 if got and since is None:
@@ -146,9 +151,6 @@ class MPIWorld(World):
                 if since is not None and time.monotonic() - since > grace:
                     break
                 time.sleep(0.05)
-        finally:
-            for sig, handler in held.items():
-                signal.signal(sig, handler)
         return [signal.Signals(s).name for s in got], done
 
     def abort(self, code=1):

@@ -69,6 +69,9 @@ class SameOnEveryRank(ConfigError):
     it, the others end without repeating it (train.train)."""
 
 
+SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}   # 128 + the signal's number: the exit status a scheduler reads
+
+
 class Interrupted(BaseException):
     """Training stopped by a signal (after saving a checkpoint, unless a second Ctrl-C came first): the command exits 128 + the
     signal's number (143 for SIGTERM, 130 for Ctrl-C), so a scheduler can tell it from a
@@ -77,20 +80,52 @@ class Interrupted(BaseException):
     def __init__(self, signame):
         super().__init__(signame)
         self.signame = signame
-        self.exit_code = {"SIGTERM": 143, "SIGINT": 130}.get(signame, 130)
+        self.exit_code = SIGNAL_EXIT.get(signame, 130)
 
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM (`kill`, `timeout`, a scheduler cancelling the job), raised where the command is, as Ctrl-C's
     KeyboardInterrupt is: what it was writing is removed (fileio.atomic_write) and the command exits 143."""
+    signame = "SIGTERM"
 
 
-def terminate_as_interrupt():
-    """SIGTERM raises Terminated in the main thread from now on; returns the handler before (None where signals
-    cannot be set: not the main thread)."""
+@contextlib.contextmanager
+def sigterm_raises(make=Terminated):
+    """SIGTERM raises make() wherever it lands in the block, as Ctrl-C raises KeyboardInterrupt; the handler before is
+    back after it (outside the main thread, where no handler can be set, the block runs as it is)."""
     def handler(signum, frame):
-        raise Terminated()
+        raise make()
     try:
-        return _signal.signal(_signal.SIGTERM, handler)
+        before = _signal.signal(_signal.SIGTERM, handler)
     except ValueError:
-        return None
+        yield
+        return
+    try:
+        yield
+    finally:
+        _signal.signal(_signal.SIGTERM, before)
+
+
+@contextlib.contextmanager
+def signals_held(replay=False):
+    """Ctrl-C and SIGTERM recorded (the yielded list of their numbers) instead of handled while the block runs; the
+    handlers before are back after it, and with `replay` each recorded signal is then handled by them. Python runs a
+    handler in the main thread whichever thread the kernel gave the signal to (a thread's signal mask does not hold
+    back a signal another thread, such as BLAS's, takes); outside the main thread nothing is held."""
+    arrived, before = [], {}
+    try:
+        for sig in (_signal.SIGINT, _signal.SIGTERM):
+            before[sig] = _signal.signal(sig, lambda signum, frame: arrived.append(signum))
+    except ValueError:   # not the main thread: signals are not this thread's to handle
+        pass
+    try:
+        yield arrived
+    finally:
+        for sig, handler in before.items():
+            _signal.signal(sig, handler)
+        for sig in arrived if replay else ():   # handled now, as it would have been
+            handler = before.get(sig)
+            if callable(handler):
+                handler(sig, None)
+            elif handler == _signal.SIG_DFL:
+                _signal.raise_signal(sig)

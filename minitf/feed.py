@@ -53,18 +53,17 @@ def open_feed(run):
     # --max-tokens, or the config's (the preset's update split over the ranks): on a resume the flag
     # applies too, the checkpoint's config unchanged, as long as the batches keep their size (below)
     max_tokens = args.max_tokens or run.cfg.batch_tokens(world.size, args.update_freq)
+    before = run.state.get("update_batches")   # batches an update of the run so far (none before its first start)
     if run.resume_path is not None and run.state.get("batch_tokens", max_tokens) != max_tokens:
         made = (f"--max-tokens {args.max_tokens} makes batches of {max_tokens}" if args.max_tokens else
                 f"{world.size} rank(s) x --update-freq {args.update_freq} make batches of {max_tokens} (the preset's "
                 f"{run.cfg.update_tokens} tokens per update split over them)")
-        updates = run.state.get("update_batches")
-        fits = (f"; the run's updates were {updates} batches: with {world.size} rank(s), --update-freq "
-                f"{updates // world.size} makes them" if isinstance(updates, int) and updates % world.size == 0
-                and updates // world.size != args.update_freq else "")
+        fits = (f"; the run's updates were {before} batches: with {world.size} rank(s), --update-freq "
+                f"{before // world.size} makes them" if isinstance(before, int) and before % world.size == 0
+                and before // world.size != args.update_freq else "")
         raise SameOnEveryRank(f"--resume: {run.resume_path} was trained with batches of {run.state['batch_tokens']} "
                               f"tokens, but {made}: resume with the run's ranks, --update-freq and --max-tokens (or "
                               f"a --max-tokens of {run.state['batch_tokens']}), or start a new --out{fits}")
-    before = run.state.get("update_batches")
     if run.resume_path is not None and before and before != per_update and run.lead:
         log(f"note: an update is now {per_update} batches of {max_tokens} tokens ({world.size} rank(s) x --update-freq "
             f"{args.update_freq}), {per_update * max_tokens:,} tokens where the run made {before * max_tokens:,}: the "

@@ -4,10 +4,9 @@ import errno
 import os
 import platform
 import shutil
-import signal
 import tempfile
 
-from .errors import ConfigError, DataError, MinitfError
+from .errors import ConfigError, DataError, MinitfError, signals_held
 
 
 TMP_PREFIX = ".tmp-"   # atomic_write's temporary file beside `path`: TMP_PREFIX + 8 random characters + its name
@@ -139,28 +138,12 @@ def staging_folder(out_dir, prefix):
 def move_in(made, out_dir, names):
     """The files `names` of the folder `made` into `out_dir`, each replacing its namesake, with Ctrl-C and SIGTERM held
     back until all are in (handled then): an export written file by file into its folder, stopped part-way, had
-    left one model's weights beside another's vocabulary. `made` is on out_dir's file system (renames). The signals
-    are held by Python's handlers, which run in the main thread whichever thread the kernel gave the signal to (a
-    thread's signal mask does not hold back a signal another thread, such as BLAS's, takes)."""
+    left one model's weights beside another's vocabulary. `made` is on out_dir's file system (renames)
+    (errors.signals_held)."""
     os.makedirs(out_dir, exist_ok=True)
-    arrived, before = [], {}
-    try:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            before[sig] = signal.signal(sig, lambda signum, frame: arrived.append(signum))
-    except ValueError:   # not the main thread: signals are not this thread's to handle
-        pass
-    try:
+    with signals_held(replay=True):
         for name in names:
             os.replace(os.path.join(made, name), os.path.join(out_dir, name))
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
-        for sig in arrived:   # handled now, as it would have been
-            handler = before.get(sig)
-            if callable(handler):
-                handler(sig, None)
-            elif handler == signal.SIG_DFL:
-                signal.raise_signal(sig)
 
 
 def atomic_write_bytes(path, data):

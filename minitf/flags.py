@@ -17,16 +17,6 @@ MAX_ALPHA = 10.0  # the length penalty's exponent: far past any use (the paper: 
 MAX_LEN_B = 10_000   # pieces a translation may add to its source's length
 
 
-def launcher_rank():
-    """This process's rank as an MPI launcher's environment gives it (MPICH's PMI_RANK, Open MPI's
-    OMPI_COMM_WORLD_RANK, PMIx's PMIX_RANK), before MPI is started; None outside a launcher."""
-    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return None
-
-
 class Parser(argparse.ArgumentParser):
     """argparse.ArgumentParser with one-line errors (sub-parsers made from it are the same)."""
 
@@ -34,6 +24,7 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {' '.join(str(message).split())}\n")
 
     def exit(self, status=0, message=None):
+        from .distributed import launcher_rank
         if message and launcher_rank() not in (None, 0):   # every rank of an MPI job parses alike: rank 0 says it
             message = None
         if message:

@@ -28,7 +28,7 @@ from .data.binarized import StaleData
 from .data.pipeline import DataSettings, load_data
 from .data.tokenizer import tokenizer_from_bytes
 from . import distributed, gemm
-from .errors import ConfigError, Interrupted, MinitfError, SameOnEveryRank, Terminated
+from .errors import SIGNAL_EXIT, ConfigError, Interrupted, MinitfError, SameOnEveryRank, sigterm_raises
 from .feed import UpdateFeed, open_feed
 from .kernels import accum_dtype
 from .modelfile import read_model
@@ -168,10 +168,10 @@ def train(args):
     except KeyboardInterrupt as e:   # Ctrl-C or SIGTERM outside the update loop's agreed stop (the data being
         if world.size == 1:          # prepared): the other ranks may be waiting in a collective, so the job is ended
             raise
-        name = "SIGTERM" if isinstance(e, Terminated) else "SIGINT"
+        name = getattr(e, "signame", "SIGINT")   # errors.Terminated's
         log(f"rank {world.rank}: interrupted ({name}) before training began: nothing half-written was kept; run the "
             f"command again" + (" (with --resume to continue)" if args.resume else ""))
-        world.abort(143 if name == "SIGTERM" else 130)
+        world.abort(SIGNAL_EXIT[name])
     except Exception:
         if world.size == 1:
             raise
@@ -762,7 +762,7 @@ def end(run, stop):
         if got and not done:   # (once rank 0 has ended the run, it is complete: nothing to say)
             log(f"rank {run.world.rank}: interrupted ({got[0]}) while rank 0 scored the run: its checkpoints are "
                 f"complete; --resume validates and ends the run")
-            run.world.abort(143 if got[0] == "SIGTERM" else 130)
+            run.world.abort(SIGNAL_EXIT[got[0]])
         return None
     last = checkpoint_paths(args.out)
     saved = bool(last) and last[-1].endswith(f"{state['step']:07d}.npz")
@@ -774,7 +774,7 @@ def end(run, stop):
     log(f"training stopped ({why}) at step {state['step']} after {state['train_wall_s']:.0f}s")
     state["epochs"] = run.epochs()
     try:
-        with sigterm_raises():
+        with sigterm_raises(_sigterm):
             results = finish(run)
         print_summary(summary_lines(results, args.out, args.tgt))
         run.world.quiet_barrier()   # the other ranks wait for this (wait_for_lead)
@@ -787,7 +787,7 @@ def end(run, stop):
             f"--checkpoint {chosen if os.path.exists(chosen) else checkpoint_paths(args.out)[-1]} --src ... --ref ...`")
         if run.world.size > 1:   # the other ranks wait in wait_for_lead: the job ends here, with the signal's status
             run.log.close()
-            run.world.abort(143 if signame == "SIGTERM" else 130)
+            run.world.abort(SIGNAL_EXIT[signame])
         raise Interrupted(signame) from None
     finally:
         run.log.close()
@@ -806,7 +806,7 @@ def _final_validation(run):
             _stopped_in_final_validation(run, "SIGTERM" if term else "SIGINT")
         return
     try:
-        with sigterm_raises():
+        with sigterm_raises(_sigterm):
             validate(run)
     except (KeyboardInterrupt, Interrupted) as e:
         _stopped_in_final_validation(run, e.signame if isinstance(e, Interrupted) else "SIGINT")
@@ -821,17 +821,9 @@ def _stopped_in_final_validation(run, signame):
     raise Interrupted(signame)
 
 
-@contextlib.contextmanager
-def sigterm_raises():
-    """SIGTERM raises Interrupted("SIGTERM") wherever it lands, as Ctrl-C raises KeyboardInterrupt
-    (after training, where nothing is left to save)."""
-    def handler(signum, frame):
-        raise Interrupted("SIGTERM")
-    before = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
+def _sigterm():
+    """What SIGTERM raises after training, where nothing is left to save (errors.sigterm_raises)."""
+    return Interrupted("SIGTERM")
 
 
 def finish(run):

@@ -350,15 +350,13 @@ def main(argv=None, prog=None):
     """train_wmt.py, `minitf-train` and `python -m minitf train`: parse the flags, train, score;
     returns the exit status (2: a user error, in one line; 130/143: stopped by Ctrl-C / SIGTERM, saved
     unless a second Ctrl-C came first or training had not begun)."""
-    import signal
-    from minitf.errors import (Interrupted, MinitfError, Terminated, one_line_warnings, out_of_memory, report,
-                               terminate_as_interrupt)
+    from minitf.errors import SIGNAL_EXIT, Interrupted, MinitfError, one_line_warnings, out_of_memory, report, \
+        sigterm_raises
     from minitf.runfolder import checkpoint_paths
     from minitf.train import train
     args = parse_args(argv, prog)
-    before = terminate_as_interrupt()   # SIGTERM before training (the data being prepared) as Ctrl-C, exit 143
     try:
-        with one_line_warnings():
+        with sigterm_raises(), one_line_warnings():   # SIGTERM before training (the data being prepared) as Ctrl-C
             train(args)
     except MinitfError as e:
         report(f"error: {e}")
@@ -366,14 +364,12 @@ def main(argv=None, prog=None):
     except Interrupted as e:   # saved; 143 after SIGTERM, 130 after Ctrl-C, as a scheduler expects
         return e.exit_code
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM before training began (reading data, preparing the cache)
-        report(f"interrupted{' (SIGTERM)' if isinstance(e, Terminated) else ''} before training began: nothing "
+        signame = getattr(e, "signame", "SIGINT")   # errors.Terminated's
+        report(f"interrupted{' (SIGTERM)' if signame == 'SIGTERM' else ''} before training began: nothing "
                "half-written was kept (the cache and checkpoints are written whole or not at all); "
                + ("continue with --resume" if checkpoint_paths(args.out) else "run the command again"))
-        return 143 if isinstance(e, Terminated) else 130
+        return SIGNAL_EXIT[signame]
     except MemoryError as e:
         report(f"error: {out_of_memory(e, '--max-tokens, the model size (--preset, --d-model, ...) or --decode-batch')}")
         return 2
-    finally:
-        if before is not None:
-            signal.signal(signal.SIGTERM, before)
     return 0

@@ -310,7 +310,7 @@ def sacrebleu_bleu(lang=None):
         return BLEU(tokenize="char")
 
 
-def metrics(hyps, refs, lang=None, paper=None):
+def metrics(hyps, refs, lang=None, paper=True):
     """sacreBLEU BLEU (sacrebleu_bleu: the target language's tokenizer) and chrF of detokenized hypotheses against
     one reference each, and with the target language `lang` (unless paper=False), the paper's tokenized BLEU beside
     them (`paper_bleu`)."""
@@ -319,7 +319,7 @@ def metrics(hyps, refs, lang=None, paper=None):
     b, c = bleu.corpus_score(hyps, [refs]), chrf.corpus_score(hyps, [refs])
     out = {"bleu": round(b.score, 2), "chrf": round(c.score, 2), "bleu_signature": str(bleu.get_signature()),
            "chrf_signature": str(chrf.get_signature()), "bleu_detail": str(b), "n": len(hyps)}
-    if lang is not None and paper is not False:
+    if lang is not None and paper:
         out["bleu_paper"], out["bleu_paper_method"] = paper_bleu(hyps, refs, lang)
     return out
 
