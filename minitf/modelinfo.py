@@ -8,7 +8,7 @@ from .checkpoint import checkpoint_in, role
 from .config import parse_id_ranges
 from .errors import DataError, MinitfError
 from .modelfile import read_model
-from .runfolder import BEST, RESULTS, checkpoint_paths
+from .runfolder import BEST, RECORD, RESULTS, UnreadableRecord, checkpoint_paths, read_run_record
 from .trainlog import plural
 
 
@@ -100,11 +100,12 @@ def _how_to_go_on(folder, res, last):
     if not (isinstance(res, dict) and res.get("steps") == last):
         return ""
     try:
-        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
-            flags = json.load(f)["args"]
-        budget, max_steps = flags.get("time_budget"), flags.get("max_steps")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        record = read_run_record(folder)
+    except UnreadableRecord:
         return ""
+    if record is None:
+        return ""
+    budget, max_steps = record["args"].get("time_budget"), record["args"].get("max_steps")
     if isinstance(budget, (int, float)) and (res.get("train_wall_s") or 0) >= 0.99 * budget:
         return f" (its --time-budget {budget:g} is spent over its starts: give a larger one, or a --max-steps)"
     if isinstance(max_steps, int) and last >= max_steps:
@@ -119,7 +120,7 @@ def run_facts(folder):
     {"path", "error"} when that file cannot be read (the rest is still reported)."""
     checkpoints = [os.path.basename(p) for p in checkpoint_paths(folder)]
     model = checkpoint_in(folder)
-    if model is None and any(os.path.isfile(os.path.join(folder, n)) for n in ("config.json", "train_log.jsonl")):
+    if model is None and any(os.path.isfile(os.path.join(folder, n)) for n in (RECORD, "train_log.jsonl")):
         raise DataError(f"{folder} is a training run's folder with no model yet: the run writes its first checkpoint "
                         f"at --save-every (checkpoint_<step>.npz); nothing to describe before that")
     if model is None:

@@ -60,6 +60,37 @@ RUN_PATHS = ("data_dir", "train", "valid", "tokenizer", "cache_dir")   # and --t
 RESULTS = ("model.npz", "averaged.npz", "results.json")   # what a run leaves at its end beside its checkpoints
 
 
+RECORD = "config.json"   # a run's record of itself, kept up to date by each start (train._write_run_config)
+
+
+class UnreadableRecord(Exception):
+    """OUT/config.json is there but cannot be read as a run's record: `path`, and `reason` in a few words."""
+
+    def __init__(self, path, reason):
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+def read_run_record(out):
+    """OUT/config.json, the record a run's starts keep of it: a dict whose "model" (the config) and "args" (the settled
+    flags) are dicts, beside "ranks", "set_by_flags" and "tokenizer_sha256". None where the folder has none (a run
+    killed before writing it, or not a run's folder); UnreadableRecord where it is there but unreadable, not JSON, or
+    not such a record (a link to nowhere included)."""
+    path = os.path.join(out, RECORD)
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except FileNotFoundError:
+        if os.path.lexists(path):
+            raise UnreadableRecord(path, "a link to nowhere") from None
+        return None
+    except (OSError, ValueError) as e:   # UnicodeDecodeError and json's errors are ValueErrors
+        raise UnreadableRecord(path, f"{type(e).__name__}: {e}") from None
+    if not (isinstance(record, dict) and isinstance(record.get("model"), dict) and isinstance(record.get("args"), dict)):
+        raise UnreadableRecord(path, "not a run's record: a JSON object with its model and args")
+    return record
+
+
 def check_fresh_out(out):
     """A ConfigError where a new run in `out` (which holds no training checkpoint) would replace files it did not write:
     a run's results whose checkpoints were deleted (its model.npz, results.json, ...), or a config.json of something
@@ -70,16 +101,11 @@ def check_fresh_out(out):
         raise ConfigError(f"--out {out} holds {', '.join(kept)} of an earlier run (its checkpoints gone): a new run "
                           f"there would replace {'it' if len(kept) == 1 else 'them'}; choose another --out, or move "
                           f"{'it' if len(kept) == 1 else 'them'} away")
-    path = os.path.join(out, "config.json")
-    if os.path.lexists(path):
-        try:
-            with open(path, encoding="utf-8") as f:
-                ours = set(json.load(f)) >= {"model", "args"}
-        except (OSError, ValueError, TypeError):
-            ours = False
-        if not ours:
-            raise ConfigError(f"--out {out} holds a config.json that no minitf run wrote: a run there would replace "
-                              f"it; choose another --out")
+    try:
+        read_run_record(out)
+    except UnreadableRecord as e:
+        raise ConfigError(f"--out {out} holds a config.json that no minitf run wrote ({e.reason}): a run there would "
+                          f"replace it; choose another --out") from None
 
 
 def settle_leftovers(out, resume=None):
@@ -146,25 +172,23 @@ def check_resumed(out, resume):
         raise ConfigError(f"--resume: {resume.path} is named step {named} but records step {recorded}: it is not "
                           f"this run's checkpoint; move it out of {out} (or start a new --out)")
     try:
-        with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
-            recorded_run = json.load(f)
-    except (OSError, ValueError):
+        recorded_run = read_run_record(out)
+    except UnreadableRecord:
+        recorded_run = None
+    if recorded_run is None:
         return   # no (readable) config.json: a run killed before writing it, or an older minitf
-    if not isinstance(recorded_run, dict):
-        return
-    model = recorded_run.get("model")
-    if isinstance(model, dict):
-        ours = resume.config.to_dict()
-        if isinstance(model.get("output_vocab"), str):   # spelled as the config spells it ("3,4,5" as "3-5")
-            try:
-                model = dict(model, output_vocab=id_ranges(parse_id_ranges(model["output_vocab"], ours["vocab_size"])))
-            except MinitfError:
-                pass
-        diff = [f"{k} {shown(k, model.get(k))!r} in config.json, {shown(k, ours.get(k))!r} in the checkpoint"
-                for k in sorted(set(model) | set(ours)) if model.get(k) != ours.get(k)]
-        if diff:
-            raise ConfigError(f"--resume: {resume.path} is not this run's model: {'; '.join(diff[:4])}"
-                              f"{' ...' if len(diff) > 4 else ''}; move it out of {out} (or start a new --out)")
+    model = recorded_run["model"]
+    ours = resume.config.to_dict()
+    if isinstance(model.get("output_vocab"), str):   # spelled as the config spells it ("3,4,5" as "3-5")
+        try:
+            model = dict(model, output_vocab=id_ranges(parse_id_ranges(model["output_vocab"], ours["vocab_size"])))
+        except MinitfError:
+            pass
+    diff = [f"{k} {shown(k, model.get(k))!r} in config.json, {shown(k, ours.get(k))!r} in the checkpoint"
+            for k in sorted(set(model) | set(ours)) if model.get(k) != ours.get(k)]
+    if diff:
+        raise ConfigError(f"--resume: {resume.path} is not this run's model: {'; '.join(diff[:4])}"
+                          f"{' ...' if len(diff) > 4 else ''}; move it out of {out} (or start a new --out)")
     sha = recorded_run.get("tokenizer_sha256")
     if sha and resume.tokenizer and hashlib.sha256(resume.tokenizer).hexdigest() != sha:
         raise ConfigError(f"--resume: {resume.path} holds another tokenizer than the run's (config.json): it is "

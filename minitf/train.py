@@ -35,8 +35,8 @@ from .modelfile import read_model
 from .architectures import build_model
 from .optim import Adam, LossScaler, UpdateCheck
 from .recipe import on_grid, on_save_grid, resolve_config, run_progress, short_run_ends
-from .runfolder import (BEST, RESUMED_GROUPS, RUN_PATHS, check_fresh_out, check_resumed, checkpoint_paths,
-                        choose_model, prepare_out, save, settle_leftovers)
+from .runfolder import (BEST, RECORD, RESUMED_GROUPS, RUN_PATHS, UnreadableRecord, check_fresh_out, check_resumed,
+                        checkpoint_paths, choose_model, prepare_out, read_run_record, save, settle_leftovers)
 from .schedule import NoamSchedule, learning_rate
 from .fileio import atomic_write, folder_lock, refuse_if_busy
 from .trainlog import Console, TrainLog, log, plural, print_summary, summary_lines
@@ -315,26 +315,28 @@ def _write_run_config(args, flags, cfg, world, data, resume):
     """OUT/config.json: the model, the settled flags, the ranks, the config fields the flags set (config.FLAG_FIELDS;
     the others are the preset's) and the tokenizer's hash. A resumed run keeps what the run's first start recorded of
     its flags (a resume gives few: the model's come from the checkpoint) and adds what it sets itself."""
-    path = os.path.join(args.out, "config.json")
+    path = os.path.join(args.out, RECORD)
     settled = {k: v for k, v in vars(args).items() if k != "restored"}
     for dest in RUN_PATHS:   # absolute: a resume from another folder reads the same files
         if isinstance(settled.get(dest), str):
             settled[dest] = os.path.abspath(settled[dest])
     settled["test"] = [(name, os.path.abspath(prefix)) for name, prefix in settled.get("test") or ()]
     set_by_flags = {field: flag for flag, field in FLAG_FIELDS.items() if getattr(flags, flag, None) is not None}
+    before = None
     if resume is not None:
         try:
-            with open(path, encoding="utf-8") as f:
-                before = json.load(f)
-            merged = dict(before["args"])
-            merged.update((k, v) for k, v in settled.items() if v is not None or k not in merged)
-            for group in RESUMED_GROUPS:   # a group this start set (a member given) is recorded whole, None included
-                if any(settled.get(k) != before["args"].get(k) for k in group):
-                    merged.update((k, settled.get(k)) for k in group)
-            settled = merged
+            before = read_run_record(args.out)
+        except UnreadableRecord:
+            pass   # no readable record of the first start: this start's alone
+    if before is not None:
+        merged = dict(before["args"])
+        merged.update((k, v) for k, v in settled.items() if v is not None or k not in merged)
+        for group in RESUMED_GROUPS:   # a group this start set (a member given) is recorded whole, None included
+            if any(settled.get(k) != before["args"].get(k) for k in group):
+                merged.update((k, settled.get(k)) for k in group)
+        settled = merged
+        if isinstance(before.get("set_by_flags"), dict):
             set_by_flags = {**before["set_by_flags"], **set_by_flags}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            pass   # no (readable) record of the first start: this start's alone
     atomic_write(path, lambda f: f.write(json.dumps(
         {"model": cfg.to_dict(), "args": settled, "ranks": world.size, "set_by_flags": set_by_flags,
          "tokenizer_sha256": hashlib.sha256(data.tokenizer.to_bytes()).hexdigest()}, indent=2).encode()))

@@ -212,24 +212,19 @@ def restore_first_start(p, args, argv):
     """--resume: the flags of runfolder.RESUMED_GROUPS the command line does not give, from OUT/config.json (a run's
     first start records them, its paths made absolute: runfolder.RUN_PATHS); returns the flags taken, as they would be
     typed. A later error about a flag (p.error) says the flags came from there."""
-    import json
-    from minitf.runfolder import RESUMED_GROUPS
-    path = os.path.join(args.out, "config.json")
+    from minitf.runfolder import RECORD, RESUMED_GROUPS, UnreadableRecord, read_run_record
+    path = os.path.join(args.out, RECORD)
     given = _given(p, argv)
     try:
-        with open(path, encoding="utf-8") as f:
-            record = json.load(f)
-        before = record["args"]
-        if not isinstance(before, dict):
-            raise TypeError("its args are not a dict")
-    except FileNotFoundError:
-        return []   # a run of a minitf that wrote none: the command line alone
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        record = read_run_record(args.out)
+    except UnreadableRecord as e:
         if given.intersection(RESUMED_GROUPS[0]):   # the data named again: the run can go on without the record
             return []
-        p.error(f"--resume: {path} is unreadable ({type(e).__name__}: {e}), so the first start's flags cannot be read "
-                f"from it: give the run's data flags again (--dataset or --train/--valid, --src, --tgt, ...), or put "
-                f"back the file")
+        p.error(f"--resume: {path} is unreadable ({e.reason}), so the first start's flags cannot be read from it: give "
+                f"the run's data flags again (--dataset or --train/--valid, --src, --tgt, ...), or put back the file")
+    if record is None:
+        return []   # a run of a minitf that wrote none: the command line alone
+    before = record["args"]
     if "preset" in given and before.get("preset") not in (None, args.preset):   # the checkpoint's recipe stays
         p.error(f"--preset {args.preset}: the run in --out {args.out} was started with --preset {before['preset']}, "
                 f"whose model and recipe its checkpoint carries; drop --preset to resume it, or start a new --out")

@@ -142,7 +142,7 @@ def test_one_output_vocabulary_has_one_spelling_in_averages_and_resumes(tmp_path
     average_checkpoints([tmp_path / "checkpoint_0000001.npz", tmp_path / "spelled.npz"], tmp_path / "avg.npz")
     ckpt = load_checkpoint(tmp_path / "checkpoint_0000001.npz")
     for spelled, same in (("1,3,4,5,7,8", True), ("1,3,4,5,7", False)):
-        (tmp_path / "config.json").write_text(json.dumps({"model": dict(model.cfg.to_dict(), output_vocab=spelled)}))
+        (tmp_path / "config.json").write_text(json.dumps({"model": dict(model.cfg.to_dict(), output_vocab=spelled), "args": {}}))
         if same:
             check_resumed(str(tmp_path), ckpt)
         else:

@@ -146,7 +146,7 @@ def test_resume_takes_the_first_starts_flags_a_group_at_a_time(tmp_path, capsys)
     first = vars(parse_args(["--train", str(tmp_path / "tr"), "--valid", str(tmp_path / "va"), "--test",
                              f"news={tmp_path / 'te'}", "--src", "en", "--tgt", "de", "--out", str(out), "--fp16",
                              "--valid-every", "7", "--time-budget", "60", "--seed", "3", "--max-tokens", "900"]))
-    (out / "config.json").write_text(json.dumps({"args": first}))
+    (out / "config.json").write_text(json.dumps({"model": {}, "args": first}))
     args = parse_args(["--out", str(out), "--resume", "--valid-every-minutes", "5", "--max-tokens", "800"])
     assert (args.train, args.valid, args.test) == (first["train"], first["valid"], [("news", str(tmp_path / "te"))])
     assert (args.fp16, args.time_budget, args.max_tokens, args.seed) == (True, 60, 800, 3)
@@ -183,8 +183,40 @@ def test_resume_takes_the_first_starts_flags_a_group_at_a_time(tmp_path, capsys)
     with pytest.raises(SystemExit):
         parse_args(["--out", str(out), "--resume"])
     assert "config.json is unreadable (JSONDecodeError" in capsys.readouterr().err
+    (out / "config.json").write_text(json.dumps({"args": first}))   # JSON, but not a run's record: no model
+    with pytest.raises(SystemExit):
+        parse_args(["--out", str(out), "--resume"])
+    assert "config.json is unreadable (not a run's record" in capsys.readouterr().err
     (out / "config.json").unlink()   # none at all (a run of a minitf that wrote none): the command line alone
     assert parse_args(["--out", str(out), "--resume"]).restored == []
+
+
+def test_a_runs_record_is_read_in_one_place(tmp_path):
+    """runfolder.read_run_record, which the fresh --out check, the resume's checks and flags, the record's update and
+    `info` read OUT/config.json through: None where there is none, the dict where it is a run's record, and
+    UnreadableRecord (its reason) for anything else: cut short, not UTF-8, not an object, no model or args, a folder,
+    a link to nowhere."""
+    from minitf.runfolder import UnreadableRecord, read_run_record
+    assert read_run_record(tmp_path) is None
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model": {"d_model": 8}, "args": {"seed": 1}, "ranks": 1}))
+    assert read_run_record(tmp_path)["args"] == {"seed": 1}
+    bad = {b'{"model": {}, "args"': "JSONDecodeError", b'\xff{}': "UnicodeDecodeError", b"[1, 2]": "not a run's record",
+           b'{"model": {}}': "not a run's record", b'{"model": [], "args": {}}': "not a run's record",
+           b'{"lr": 3}': "not a run's record"}
+    for content, reason in bad.items():
+        path.write_bytes(content)
+        with pytest.raises(UnreadableRecord) as e:
+            read_run_record(tmp_path)
+        assert e.value.path == str(path) and reason in e.value.reason, (content, e.value.reason)
+    path.unlink()
+    path.symlink_to(tmp_path / "gone.json")
+    with pytest.raises(UnreadableRecord, match="a link to nowhere"):
+        read_run_record(tmp_path)
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(UnreadableRecord, match="IsADirectoryError"):
+        read_run_record(tmp_path)
 
 
 def test_each_resume_records_the_groups_it_set_so_the_next_resume_takes_them(corpus, tmp_path):

@@ -510,7 +510,7 @@ def test_info_says_what_each_kind_of_model_file_is(setup, tmp_path, capsys):
     for flags, end in (({"time_budget": 60, "max_steps": 100}, "(its --time-budget 60 is spent over its starts: give "
                                                                  "a larger one, or a --max-steps)"),
                        ({"time_budget": None, "max_steps": 7}, "(it reached its --max-steps 7: give a larger one)")):
-        (run / "config.json").write_text(json.dumps({"args": flags}))
+        (run / "config.json").write_text(json.dumps({"model": {}, "args": flags}))
         (run / "results.json").write_text(json.dumps({"steps": 7, "train_wall_s": 60.2, "beam": 4, "alpha": 0.6}))
         assert main(["info", str(run)]) == 0
         assert capsys.readouterr().out.splitlines()[1].endswith(f"--resume continues from step 7 {end}")
