@@ -113,13 +113,13 @@ def test_npy_writer_streams_a_loadable_array(tmp_path):
 
 
 def test_a_cleaning_rule_and_the_vocabulary_changed_together_train_a_new_tokenizer(tmp_path):
-    """The reason names the cleaning rule (checked first), but the tokenizer is trained anew at the size
-    asked for, not kept from the cache: only a change of the cleaning rule alone keeps it."""
+    """The reason names both changes (it had named the cleaning rule alone), and the tokenizer is trained anew at the
+    size asked for, not kept from the cache: only a change of the cleaning rule alone keeps it."""
     paths, _, _ = _corpus(tmp_path / "data")
     first = _prepare(tmp_path, paths)
     log = Log()
     both = _prepare(tmp_path, paths, log, vocab_size=50, max_len=5)
-    assert log.built() == [f"cache: building {first.folder} (cleaning rule max_len 250 -> 5)"]
+    assert log.built() == [f"cache: building {first.folder} (cleaning rule max_len 250 -> 5; vocabulary size 60 -> 50)"]
     assert both.tokenizer.vocab_size == 50 and both.tokenizer.sha256 != first.tokenizer.sha256
     assert [m for m in log if m.startswith("tokenizer: training")], log
 

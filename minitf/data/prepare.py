@@ -58,26 +58,32 @@ def _corpus_changes(recorded, files):
 
 
 def _why_stale(manifest, files, languages, wanted):
-    """None if `manifest` describes the cache we want, else a short reason."""
+    """None if `manifest` describes the cache we want, else a short reason: every difference, "; "-joined (a start
+    that changed the cleaning rule and the tokenizer says both)."""
     if manifest.get("version") != VERSION:
-        return f"format version {manifest.get('version')} -> {VERSION}"
+        return f"format version {manifest.get('version')} -> {VERSION}"   # the other fields may be spelled otherwise
+    reasons = []
     if manifest["languages"] != languages:
-        return f"language pair {'-'.join(manifest['languages'])} -> {'-'.join(languages)}"
+        reasons.append(f"language pair {'-'.join(manifest['languages'])} -> {'-'.join(languages)}")
     for key, label in (("max_len", "cleaning rule max_len"), ("max_ratio", "cleaning rule max_ratio")):
         if manifest["cleaning"][key] != wanted["cleaning"][key]:
-            return f"{label} {manifest['cleaning'][key]} -> {wanted['cleaning'][key]}"
+            reasons.append(f"{label} {manifest['cleaning'][key]} -> {wanted['cleaning'][key]}")
     tok = wanted["tokenizer"]
     if tok.get("sha256") and manifest["tokenizer"]["sha256"] != tok["sha256"]:
-        return "another tokenizer was given"
+        reasons.append("another tokenizer was given")
     if not tok.get("sha256"):
         trained = manifest["tokenizer"].get("trained", "bpe")   # caches before the field: BPE trained here
         if trained is None:
-            return "its tokenizer was given then (--tokenizer); training one"
-        if trained != tok["trained"]:
-            return f"subword model {trained} -> {tok['trained']}"
+            reasons.append("its tokenizer was given then (--tokenizer); training one")
+        elif trained != tok["trained"]:
+            reasons.append(f"subword model {trained} -> {tok['trained']}")
         if manifest["tokenizer"]["requested_vocab_size"] != tok["requested_vocab_size"]:
-            return f"vocabulary size {manifest['tokenizer']['requested_vocab_size']} -> {tok['requested_vocab_size']}"
-    return _corpus_changes(manifest["corpus"], files)
+            reasons.append(f"vocabulary size {manifest['tokenizer']['requested_vocab_size']} -> "
+                           f"{tok['requested_vocab_size']}")
+    changed = _corpus_changes(manifest["corpus"], files)
+    if changed:
+        reasons.append(changed)
+    return "; ".join(reasons) or None
 
 
 @contextlib.contextmanager
