@@ -96,11 +96,10 @@ def cmd_average(args):
 
 def cmd_export(args):
     from .marian import is_marian
-    if is_marian(args.checkpoint):
-        raise ConfigError(f"--checkpoint {args.checkpoint} is a Marian model: export writes minitf's checkpoints; "
-                          f"CTranslate2 converts an OPUS-MT folder itself (ct2-opus-mt-converter --model_dir "
-                          f"{args.checkpoint} --output_dir OUT), and a model fine-tuned from it (--init-from) exports "
-                          f"as any minitf checkpoint")
+    if args.format == "safetensors" and is_marian(args.checkpoint):
+        raise ConfigError(f"--checkpoint {args.checkpoint} is a Marian model: a .safetensors export holds a minitf "
+                          f"checkpoint (one SentencePiece model for both sides); --format ctranslate2 or marian take "
+                          f"it, and a model fine-tuned from it (--init-from) exports as any minitf checkpoint")
     if args.format == "safetensors":
         from .checkpoint import export_safetensors
         check_output_file(args.output, "--output")
@@ -114,9 +113,17 @@ def cmd_export(args):
     if not os.path.isdir(parent):
         raise ConfigError(f"--out {args.output}: the folder {parent} does not exist; create it first or fix the path")
     if args.format == "marian":
-        from .marian import export_marian
-        export_marian(args.checkpoint, args.output)
+        from .fileio import export_into
+        from .marian import checkpoint_model, starts_from_zeros, write_marian
+        cfg, params, tokenizer, languages = checkpoint_model(args.checkpoint)
+        with export_into(args.output):
+            write_marian(cfg, params, tokenizer, languages, args.output)
         what = "model.npz, vocab.yml, source.spm, target.spm, decoder.yml: Marian's format, OPUS-MT's layout"
+        if not starts_from_zeros(params):
+            print(f"note: Marian, and CTranslate2's own Marian converters (ct2-opus-mt-converter, ct2-marian-converter), "
+                  f"start the decoder from a zero vector, this model from <s>'s embedding: they would translate it "
+                  f"otherwise. minitf reads the folder as the model it is; for CTranslate2, export --format "
+                  f"ctranslate2 (from {args.checkpoint} or from {args.output}) tells it the start", file=sys.stderr)
     else:
         from .ctranslate2_export import export_ctranslate2
         export_ctranslate2(args.checkpoint, args.output, args.quantization)
@@ -441,10 +448,13 @@ def build_parser(prog="python -m minitf"):
                                    "its parameters, config and tokenizer as one .safetensors file (translate and "
                                    "evaluate read it); --format marian a Marian model folder in OPUS-MT's layout "
                                    "(model.npz with special:model.yml, vocab.yml, source.spm, target.spm, "
-                                   "decoder.yml), which CTranslate2 (tested), Marian and minitf.load read; --format "
-                                   "ctranslate2 a CTranslate2 model folder "
-                                   "(needs pip install 'minitf[serve]').")
-    p.add_argument("--checkpoint", type=path_arg, required=True, help="a minitf checkpoint (.npz, or a .safetensors export)")
+                                   "decoder.yml), which minitf reads back as the same model (Marian and CTranslate2's "
+                                   "Marian converters start the decoder from zeros, a minitf model from <s>: they "
+                                   "translate it otherwise); --format ctranslate2 a CTranslate2 model folder, exact "
+                                   "(needs pip install 'minitf[serve]'). --checkpoint may also be a Marian model (an "
+                                   "OPUS-MT folder) for marian and ctranslate2.")
+    p.add_argument("--checkpoint", type=path_arg, required=True, help="a minitf checkpoint (.npz, or a .safetensors export), or for --format marian or ctranslate2 a "
+                        "Marian model (an OPUS-MT folder, or minitf's Marian export)")
     p.add_argument("--format", choices=["safetensors", "marian", "ctranslate2"], default="safetensors")
     p.add_argument("--output", "--out", type=path_arg, dest="output", required=True,
                    help="the .safetensors file, or the folder of a marian or ctranslate2 model")

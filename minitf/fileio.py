@@ -67,15 +67,16 @@ def check_output_file(path, flag):
 
 def check_export_folder(out_dir, names, earlier, what):
     """ConfigError where writing the files `names` into the folder `out_dir` would replace files that are not those of
-    an earlier export of the same kind (`earlier(out_dir)` says whether the folder holds one): a run's folder keeps its
-    model.npz and config.json. A new or empty folder, or an earlier export (written again), is taken."""
+    an earlier minitf export of the same kind (`earlier(out_dir)` says whether the folder holds one): a run's folder
+    keeps its model.npz and config.json, an OPUS-MT folder or another converter's CTranslate2 model its files. A new or empty folder, or an earlier export (written again), is taken."""
     out_dir = os.fspath(out_dir)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ConfigError(f"{out_dir} is a file; name the folder to write the {what} into")
     clash = sorted(n for n in names if os.path.lexists(os.path.join(out_dir, n)))
     if clash and not earlier(out_dir):
-        raise ConfigError(f"{out_dir} holds {', '.join(clash)}, and no earlier {what}: writing the {what} there would "
-                          f"replace {'it' if len(clash) == 1 else 'them'} (a run's folder?); name a new or empty folder")
+        raise ConfigError(f"{out_dir} holds {', '.join(clash)}, and no {what} minitf exported: writing the {what} "
+                          f"there would replace {'it' if len(clash) == 1 else 'them'} (another model's files, or a run's "
+                          f"folder?); name a new or empty folder")
 
 
 def atomic_write(path, write, size_hint=None, advice=None):
@@ -120,10 +121,32 @@ def atomic_write(path, write, size_hint=None, advice=None):
         pass
 
 
+STAGING = ".minitf-staging-"   # staging_folder's names: STAGING + what + random characters
+
+
 @contextlib.contextmanager
-def staging_folder(out_dir, prefix):
-    """A hidden folder inside out_dir (made where missing; removed again if the block fails) for files to be written
-    whole before move_in puts them in place: on out_dir's own file system, whatever a link or a mount makes it."""
+def export_into(out_dir):
+    """Hold the folder an export writes (`out_dir`) for the block: a second export into it meanwhile is refused,
+    naming the first (fileio.folder_lock), and the staging folders of an export killed there (SIGKILL, a power cut:
+    nothing removed them) are removed first, as nothing else can be writing them. A link to nowhere is refused."""
+    out_dir = os.fspath(out_dir)
+    if os.path.islink(out_dir) and not os.path.exists(out_dir):
+        raise ConfigError(f"--out {out_dir} is a link to nowhere (to {os.readlink(out_dir)}): name a folder, or make "
+                          f"the one it points to")
+    with folder_lock(out_dir, refuse_if_busy("--out", out_dir)):
+        if os.path.isdir(out_dir):
+            for name in os.listdir(out_dir):
+                if name.startswith(STAGING) and os.path.isdir(os.path.join(out_dir, name)):
+                    shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
+        yield
+
+
+@contextlib.contextmanager
+def staging_folder(out_dir, what):
+    """A hidden folder inside out_dir (STAGING + `what` + random characters; made where missing; removed again if the
+    block fails) for files to be written whole before move_in puts them in place: on out_dir's own file system,
+    whatever a link or a mount makes it."""
+    prefix = STAGING + what + "-"
     created = not os.path.lexists(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     try:

@@ -36,7 +36,7 @@ import numpy as np
 
 from .data.tokenizer import SPECIALS, MarianTokenizer
 from .errors import CheckpointError, one_line
-from .fileio import atomic_write, check_export_folder, move_in, staging_folder
+from .fileio import atomic_write, check_export_folder, export_into, move_in, staging_folder
 
 OUTSIDE = -1.0e9        # the logit bias of a piece outside the output vocabulary: exp underflows to 0
 
@@ -154,9 +154,9 @@ def dump_vocab(pieces):
     return "".join(f"{json.dumps(p, ensure_ascii=False)}: {i}\n" for i, p in enumerate(pieces))
 
 
-def marian_arrays(cfg, params):
-    """{marian name: array} of a minitf Transformer's parameters (float32), the config in
-    `special:model.yml`."""
+def marian_arrays(cfg, params, languages=None):
+    """{marian name: array} of a minitf Transformer's parameters (float32), the config (and the languages, where
+    known) in `special:model.yml`."""
     if cfg.arch != "transformer":
         raise CheckpointError(f"the {cfg.arch!r} model has no Marian or CTranslate2 counterpart here: only the "
                               f"Transformer exports to them (.safetensors takes any minitf model)")
@@ -175,31 +175,35 @@ def marian_arrays(cfg, params):
         outside[ids] = False
         bias = np.where(outside, np.float32(OUTSIDE), bias)
     out["decoder_ff_logit_out_b"] = bias[None]
-    out["special:model.yml"] = np.frombuffer(dump_yaml(marian_config(cfg)).encode() + b"\0", dtype=np.int8)
+    options = dict(marian_config(cfg), **({"minitf-languages": list(languages)} if languages else {}))
+    out["special:model.yml"] = np.frombuffer(dump_yaml(options).encode() + b"\0", dtype=np.int8)
     return out
 
 
 def checkpoint_model(checkpoint):
-    """(config, params, tokenizer) of a checkpoint to export; CheckpointError without a tokenizer."""
-    from .checkpoint import load_checkpoint
-    from .data.tokenizer import tokenizer_from_bytes
-    ckpt = load_checkpoint(checkpoint, optimizer=False)
-    if ckpt.tokenizer is None:
+    """(config, params, tokenizer, languages) of a model to export: a minitf checkpoint, or a Marian model (an OPUS-MT
+    folder, or minitf's own Marian export, read as modelfile.read_model reads it); languages [src, tgt] where the file
+    records them, else None. CheckpointError without a tokenizer."""
+    from .modelfile import read_model
+    stored = read_model(checkpoint)
+    if stored.tokenizer is None:
         raise CheckpointError(f"{checkpoint} has no tokenizer inside: a Marian model needs its vocabulary")
-    return ckpt.config, ckpt.params, tokenizer_from_bytes(ckpt.tokenizer)
+    return stored.config, stored.params, stored.tokenizer, stored.train_state.get("languages")
 
 
 def export_marian(checkpoint, out_dir):
     """Write the checkpoint as a Marian model folder in OPUS-MT's layout: model.npz, vocab.yml,
     source.spm and target.spm (the checkpoint's SentencePiece model) and decoder.yml. Returns
     the files written."""
-    return write_marian(*checkpoint_model(checkpoint), out_dir)
+    with export_into(out_dir):
+        return write_marian(*checkpoint_model(checkpoint), out_dir)
 
 
-def write_marian(cfg, params, tokenizer, out_dir):
-    """Write a model's config, parameters {name: array} and tokenizer (minitf's Tokenizer, or the
-    MarianTokenizer of an imported model) as a Marian model folder (export_marian)."""
-    arrays = marian_arrays(cfg, params)
+def write_marian(cfg, params, tokenizer, languages, out_dir):
+    """Write a model's config, parameters {name: array}, tokenizer (minitf's Tokenizer, or the MarianTokenizer of an
+    imported model) and languages ([src, tgt], or None: recorded in model.yml as minitf-languages) as a Marian model
+    folder (export_marian; an export holds the folder with fileio.export_into)."""
+    arrays = marian_arrays(cfg, params, languages)
     pieces = [tokenizer.id_to_piece(i) for i in range(cfg.vocab_size)]
     if isinstance(tokenizer, MarianTokenizer):
         src_spm, tgt_spm = tokenizer.source_proto, tokenizer.target_proto
@@ -211,12 +215,25 @@ def write_marian(cfg, params, tokenizer, out_dir):
              "target.spm": lambda f: f.write(tgt_spm),
              "decoder.yml": lambda f: f.write(dump_yaml({"models": ["model.npz"], "vocabs": ["vocab.yml", "vocab.yml"],
                                                          "beam-size": 4, "normalize": cfg.decode_alpha}).encode())}
-    check_export_folder(out_dir, files, is_marian, "Marian model")
-    with staging_folder(out_dir, ".minitf-marian-") as made:   # written whole, then moved in
+    check_export_folder(out_dir, files, is_minitf_export, "Marian model")
+    with staging_folder(out_dir, "marian") as made:   # written whole, then moved in
         for name, write in files.items():
             atomic_write(os.path.join(made, name), write)
         move_in(made, out_dir, files)
     return [os.path.join(out_dir, n) for n in files]
+
+
+def starts_from_zeros(params):
+    """Whether the decoder's first input, <s>'s embedding, is a zero vector as Marian's start is (a model imported from
+    Marian and not fine-tuned): then Marian's own readers translate the export exactly."""
+    return not np.any(np.asarray(params["embedding.weight"])[SPECIALS.index("<s>")])
+
+
+def recorded_languages(options):
+    """[src, tgt] of model.yml's minitf-languages (a minitf export records its model's), else None."""
+    pair = options.get("minitf-languages")
+    ok = isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) and x for x in pair)
+    return list(pair) if ok else None
 
 
 # ------------------------------------------------------------------------------ reading YAML
@@ -298,7 +315,12 @@ def load_vocab(path):
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
-    except UnicodeDecodeError:
+    except UnicodeDecodeError as e:
+        with open(path, "rb") as f:
+            size = len(f.read())
+        if e.start >= size - 3 and e.reason == "unexpected end of data":   # text whose last character was cut
+            raise CheckpointError(f"{path}: cut short inside a character at byte {e.start:,} of {size:,} (a copy or "
+                                  f"download that stopped part-way?); get the vocabulary again") from None
         raise CheckpointError(f"{path}: not a YAML vocabulary (binary: a SentencePiece model?); minitf reads Marian's "
                               f"vocabulary as .yml, 'piece: id' a line, or .json") from None
     if text.lstrip().startswith("{"):   # a .json vocabulary: one object
@@ -388,13 +410,24 @@ def is_marian(path):
         return False
 
 
+def is_minitf_export(folder):
+    """Whether `folder` holds a Marian model minitf wrote (write_marian): its decoder.yml names a model.npz whose
+    model.yml carries minitf's own option (minitf-decoder-start). Another model's files (an OPUS-MT folder) are not."""
+    try:
+        model, _, _, _ = marian_files(folder)
+        with zipfile.ZipFile(model) as z, z.open("special:model.yml.npy") as f:
+            return b"minitf-decoder-start" in f.read()
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile, CheckpointError):
+        return False
+
+
 def read_marian_npz(path):
     """{name: array} of a Marian .npz and its model.yml options."""
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError, zipfile.BadZipFile) as e:
-        raise CheckpointError(f"{path}: not a readable .npz file ({one_line(e)})") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:   # EOFError: an empty file
+        raise CheckpointError(f"{path}: not a readable .npz file ({one_line(e) or type(e).__name__})") from None
     if "special:model.yml" not in arrays:
         raise CheckpointError(f"{path}: no special:model.yml entry: not a Marian model")
     text = arrays.pop("special:model.yml").tobytes().rstrip(b"\0").decode("utf-8")
@@ -422,20 +455,25 @@ def _check_options(options, where):
 def _length_penalty(path):
     """{"decode_alpha": decoder.yml's normalize} where a Marian folder's decoder.yml gives one in minitf's range, else {}
     (Config's 0.6). Marian divides a score by |Y|^normalize, minitf by GNMT's ((5 + |Y|) / 6)^alpha: one number, two
-    rules; export_marian writes the model's alpha there, so a model exported and read back searches as before."""
+    rules; export_marian writes the model's alpha there, so a model exported and read back searches as before. The
+    folder's .npz named alone takes the decoder.yml beside it that names it (it had searched with 0.6)."""
     from .flags import MAX_ALPHA
-    decoder = os.path.join(path, "decoder.yml") if os.path.isdir(path) else None
+    folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
     try:
-        with open(decoder, encoding="utf-8") as f:
-            value = load_yaml(f.read()).get("normalize")
-    except (OSError, TypeError, AttributeError, CheckpointError):
+        with open(os.path.join(folder, "decoder.yml"), encoding="utf-8") as f:
+            conf = load_yaml(f.read())
+        value = conf.get("normalize")
+        if not os.path.isdir(path) and os.path.basename(path) not in [os.path.basename(str(m)) for m in conf["models"]]:
+            return {}   # a decoder.yml of another model in the folder
+    except (OSError, TypeError, AttributeError, KeyError, CheckpointError):
         return {}
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_ALPHA
     return {"decode_alpha": float(value)} if ok else {}
 
 
 def import_marian(path):
-    """(Config, {minitf name: float32 array}, MarianTokenizer) of a Marian model."""
+    """(Config, {minitf name: float32 array}, MarianTokenizer, languages) of a Marian model; languages [src, tgt] where
+    its model.yml records them (minitf's exports), else None."""
     from .config import Config, id_ranges
     model_path, vocab_paths, src_spm, tgt_spm = marian_files(path)
     arrays, options = read_marian_npz(model_path)
@@ -500,4 +538,4 @@ def import_marian(path):
         params[name] = _from_marian(arrays[mname], kind, order).astype(np.float32)
     tokenizer = MarianTokenizer.from_files(src_spm, tgt_spm, [pieces[r] if r is not None else s for r, s in
                                                              zip(rows, list(SPECIALS) + [None] * (len(rows) - 4))])
-    return cfg, params, tokenizer
+    return cfg, params, tokenizer, recorded_languages(options)

@@ -34,8 +34,8 @@ def read_model(path):
     a .safetensors export; Adam's moments not read) or a Marian model (an OPUS-MT folder or its .npz: marian.py)."""
     _refuse_ctranslate2(path)
     if is_marian(path):
-        config, params, tokenizer = import_marian(path)
-        return StoredModel(path, config, params, tokenizer, {}, False, True)
+        config, params, tokenizer, languages = import_marian(path)
+        return StoredModel(path, config, params, tokenizer, {"languages": languages} if languages else {}, False, True)
     ckpt = load_checkpoint(path, optimizer=False)
     tokenizer = tokenizer_from_bytes(ckpt.tokenizer) if ckpt.tokenizer else None
     return StoredModel(path, ckpt.config, ckpt.params, tokenizer, ckpt.train_state or {}, ckpt.has_optimizer, False)

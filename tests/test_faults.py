@@ -442,12 +442,36 @@ def test_an_export_moved_into_its_folder_is_not_cut_by_a_signal(tmp_path, monkey
         os.kill(os.getpid(), signal.SIGINT)
     monkeypatch.setattr(fileio.os, "replace", replace_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
-        with fileio.staging_folder(str(out), ".staged-") as staged:   # a new folder: kept once the files are in
+        with fileio.staging_folder(str(out), "staged") as staged:   # a new folder: kept once the files are in
             for name in "abc":
                 (made / name).rename(os.path.join(staged, name))
             fileio.move_in(staged, str(out), ["a", "b", "c"])
     assert sorted(os.listdir(out)) == ["a", "b", "c"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_export_refuses_a_link_to_nowhere_and_a_busy_folder_and_clears_a_killed_exports_leftovers(tiny_checkpoint,
+                                                                                                       tmp_path):
+    # a link to nowhere as --out had been "File exists"; an export killed with SIGKILL had left its staging folders
+    # (a hidden one in the folder, and the CTranslate2 export's Marian files in /tmp) for good
+    from minitf import fileio
+    from minitf.errors import ConfigError, MinitfError
+    from minitf.marian import export_marian
+    ckpt, _ = tiny_checkpoint
+    os.symlink(tmp_path / "gone", tmp_path / "dangling")
+    with pytest.raises(ConfigError, match=r"--out .*dangling is a link to nowhere \(to .*gone\)"):
+        export_marian(str(ckpt), str(tmp_path / "dangling"))
+    assert not (tmp_path / "gone").exists()
+    out = tmp_path / "out"
+    leftover = out / (fileio.STAGING + "ct2-x1y2")
+    (leftover / "inner").mkdir(parents=True)
+    (leftover / "inner" / "model.npz").write_bytes(b"half")
+    (out / "notes.txt").write_text("mine")
+    export_marian(str(ckpt), str(out))
+    assert sorted(os.listdir(out)) == ["decoder.yml", "model.npz", "notes.txt", "source.spm", "target.spm", "vocab.yml"]
+    with fileio.folder_lock(str(out), fileio.refuse_if_busy("--out", str(out))):   # another export writing it
+        with pytest.raises(MinitfError, match=r"--out .*out is in use by process \d+"):
+            export_marian(str(ckpt), str(out))
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat("/tmp").st_dev,

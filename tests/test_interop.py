@@ -3,6 +3,7 @@ CTranslate2 translates and scores as minitf does; a Marian model (OPUS-MT's layo
 by hand with random weights) read into minitf scores as CTranslate2 scores it, and fine-tunes."""
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -238,7 +239,7 @@ def test_an_imported_model_fine_tunes_and_exports_again(marian_folder, tmp_path)
     ids = tok.encode(sentences(300, 3))
     losses = train_steps(model, ids, 60)
     assert np.mean(losses[-10:]) < 0.8 * np.mean(losses[:10])
-    write_marian(model.cfg, model.state_dict(), tok, str(tmp_path / "tuned"))
+    write_marian(model.cfg, model.state_dict(), tok, None, str(tmp_path / "tuned"))
     again = minitf.load(str(tmp_path / "tuned"))
     batch = copy_batch(ids[:16])
     model.eval()
@@ -312,6 +313,10 @@ def test_what_real_opus_mt_folders_hold_is_read_or_refused_in_one_line(tmp_path)
     (folder / "opus.vocab.yml").write_bytes((folder / "source.spm").read_bytes())
     with pytest.raises(CheckpointError, match=r"opus.vocab.yml: not a YAML vocabulary \(binary"):
         import_marian(str(folder))
+    cut = vocab.encode("utf-8") + '"\u00e9": 99\n'.encode("utf-8")
+    (folder / "opus.vocab.yml").write_bytes(cut[:-7])    # cut inside the é: a copy stopped part-way, not binary
+    with pytest.raises(CheckpointError, match=r"opus.vocab.yml: cut short inside a character at byte"):
+        import_marian(str(folder))
     (folder / "opus.vocab.yml").write_text(vocab, encoding="utf-8")
     decoder = (folder / "decoder.yml").read_text()
     (folder / "decoder.yml").write_text("beam-size: 4\n")
@@ -339,10 +344,10 @@ def test_what_real_opus_mt_folders_hold_is_read_or_refused_in_one_line(tmp_path)
                                               r"24\) is not supported by minitf"):
         import_marian(str(folder))
     np.savez(folder / "opus.npz", **arrays)
-    # export takes minitf's checkpoints: an OPUS-MT folder is pointed to CTranslate2's own converter
+    # a .safetensors export holds a minitf checkpoint: an OPUS-MT folder is refused there in one line
     from minitf.cli import main
-    assert main(["export", "--format", "ctranslate2", "--checkpoint", str(folder), "--out", str(tmp_path / "c")]) == 2
-    assert not (tmp_path / "c").exists()
+    assert main(["export", "--checkpoint", str(folder), "--out", str(tmp_path / "c.safetensors")]) == 2
+    assert not (tmp_path / "c.safetensors").exists()
 
 
 def test_a_multilingual_models_language_token_is_its_piece(tmp_path):
@@ -470,13 +475,14 @@ def test_export_never_replaces_what_an_earlier_export_did_not_write(tmp_path):
     for name in ("model.npz", "config.json", "checkpoint_0000010.npz"):
         (run / name).write_bytes(path.read_bytes() if name.endswith(".npz") else b"{}")
     before = {p.name: p.read_bytes() for p in run.iterdir()}
-    with pytest.raises(ConfigError, match=r"run holds config.json, and no earlier CTranslate2 model: .* would "
-                                          r"replace it \(a run's folder\?\); name a new or empty folder$"):
+    with pytest.raises(ConfigError, match=r"run holds config.json, and no CTranslate2 model minitf exported: .* "
+                                          r"would replace it \(another model's files, or a run's folder\?\); name a "
+                                          r"new or empty folder$"):
         export_ctranslate2(str(path), str(run))
-    with pytest.raises(ConfigError, match=r"run holds model.npz, and no earlier Marian model"):
+    with pytest.raises(ConfigError, match=r"run holds model.npz, and no Marian model minitf exported"):
         export_marian(str(path), str(run))
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".minitf-ct2-")]    # no converter folder left
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".minitf-")]    # no converter folder left
     for fmt, export, made in (("ct2", export_ctranslate2, "model.bin"), ("marian", export_marian, "decoder.yml")):
         out = tmp_path / fmt
         out.mkdir()
@@ -512,3 +518,92 @@ def test_the_marian_export_records_the_models_length_penalty(tmp_path):
         decoder.write_text(decoder.read_text().replace(f"normalize: {load_yaml(decoder.read_text())['normalize']}",
                                                        f"normalize: {normalize}"))
         assert minitf.load(str(tmp_path / "mar")).model.cfg.decode_alpha == alpha
+
+
+def test_a_marian_folder_exports_to_ctranslate2_exactly_and_the_stock_converters_start_is_said(trained, marian_folder,
+                                                                                                 tmp_path, capsys):
+    # CTranslate2's own Marian converters start the decoder from a zero vector: a minitf model's Marian export (which
+    # starts from <s>'s embedding) translated otherwise through them, and export had pointed there for a Marian
+    # folder. export --format ctranslate2 now reads a Marian folder (minitf's export or OPUS-MT's) as minitf reads
+    # it; --format marian says where the start differs
+    from minitf.cli import main
+    from ctranslate2.converters import OpusMTConverter
+    path, _ = trained
+    assert main(["export", "--format", "marian", "--checkpoint", str(path), "--out", str(tmp_path / "m")]) == 0
+    assert "start the decoder from a zero vector, this model from <s>'s embedding" in capsys.readouterr().err
+    for name, source in (("from_ckpt", path), ("from_marian", tmp_path / "m")):
+        assert main(["export", "--format", "ctranslate2", "--checkpoint", str(source), "--out", str(tmp_path / name)]) == 0
+    t = minitf.load(str(path))
+    src = [[t.tokenizer.id_to_piece(i) for i in s] for s in t.tokenizer.encode(sentences(20, 11))]
+    options = dict(beam_size=4, max_decoding_length=40, min_decoding_length=1, length_penalty=0.0)
+    via_ckpt = [r.hypotheses[0] for r in ct2.Translator(str(tmp_path / "from_ckpt")).translate_batch(src, **options)]
+    via_marian = [r.hypotheses[0] for r in ct2.Translator(str(tmp_path / "from_marian")).translate_batch(src, **options)]
+    assert via_marian == via_ckpt
+    OpusMTConverter(str(tmp_path / "m")).convert(str(tmp_path / "stock"))   # what the note warns of: another start
+    stock = [r.hypotheses[0] for r in ct2.Translator(str(tmp_path / "stock")).translate_batch(src, **options)]
+    assert stock != via_ckpt
+    # an OPUS-MT folder (a zero start): minitf's conversion translates as the stock converter's, and no note
+    folder, _ = marian_folder
+    OpusMTConverter(str(folder)).convert(str(tmp_path / "opus_stock"))
+    assert main(["export", "--format", "ctranslate2", "--checkpoint", str(folder), "--out", str(tmp_path / "opus_ours")]) == 0
+    assert main(["export", "--format", "marian", "--checkpoint", str(folder), "--out", str(tmp_path / "opus_m")]) == 0
+    assert "zero vector" not in capsys.readouterr().err
+    u = minitf.load(str(folder))
+    src = [[u.tokenizer.id_to_piece(i) for i in s] for s in u.tokenizer.encode(sentences(20, 12))]
+    options = dict(beam_size=1, max_decoding_length=10, min_decoding_length=1)
+    ours = [r.hypotheses[0] for r in ct2.Translator(str(tmp_path / "opus_ours")).translate_batch(src, **options)]
+    theirs = [r.hypotheses[0] for r in ct2.Translator(str(tmp_path / "opus_stock")).translate_batch(src, **options)]
+    assert ours == theirs
+
+
+def test_an_export_never_replaces_another_models_files(trained, marian_folder, tmp_path):
+    # an export into an OPUS-MT folder had replaced its decoder.yml, source.spm and target.spm (any decoder.yml counted
+    # as an earlier export), leaving its .npz beside another model's tokenizer; into another converter's CTranslate2
+    # folder, its model.bin. Refused now, the folder untouched; minitf's own exports are written again
+    from ctranslate2.converters import OpusMTConverter
+    from minitf.ctranslate2_export import export_ctranslate2
+    from minitf.errors import ConfigError
+    path, _ = trained
+    folder, _ = marian_folder
+    opus = tmp_path / "opus"
+    shutil.copytree(folder, opus)
+    OpusMTConverter(str(folder)).convert(str(tmp_path / "ct2"))
+    for out, export in ((opus, export_marian), (tmp_path / "ct2", export_ctranslate2)):
+        before = {p.name: p.read_bytes() for p in out.iterdir()}
+        with pytest.raises(ConfigError, match=r"minitf exported: writing .* \(another model's files, or a run's folder\?\)"):
+            export(str(path), str(out))
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    for name, export in (("m", export_marian), ("c", export_ctranslate2)):
+        export(str(path), str(tmp_path / name))
+        export(str(path), str(tmp_path / name))
+
+
+def test_a_marian_export_keeps_its_languages_and_its_npz_alone_searches_as_the_folder(tmp_path, capsys):
+    # the .npz of a Marian folder, named alone, had searched with alpha 0.6 where the folder's decoder.yml gives the
+    # model's; the export had dropped the language pair (info showed none, evaluate skipped the paper's BLEU); an
+    # empty model.npz had been a traceback (EOFError)
+    from minitf.cli import main
+    from minitf.modelinfo import model_facts
+    from conftest import make_tiny_checkpoint
+    (tmp_path / "src").mkdir()
+    ckpt, _ = make_tiny_checkpoint(tmp_path / "src")
+    c = load_checkpoint(ckpt)
+    save_checkpoint(tmp_path / "a2.npz", params=c.params, tokenizer=c.tokenizer,
+                    config=minitf.Config(**{**c.config.to_dict(), "decode_alpha": 2.0}),
+                    train_state={"languages": ["en", "de"]})
+    export_marian(str(tmp_path / "a2.npz"), str(tmp_path / "mar"))
+    assert minitf.load(str(tmp_path / "mar" / "model.npz")).model.cfg.decode_alpha == 2.0
+    for name in ("mar", "mar/model.npz"):
+        assert model_facts(str(tmp_path / name))["languages"] == ["en", "de"]
+    assert minitf.load(str(tmp_path / "mar")).languages == ["en", "de"]
+    (tmp_path / "other").mkdir()
+    shutil.copy(tmp_path / "mar" / "model.npz", tmp_path / "other" / "model.npz")
+    (tmp_path / "other" / "decoder.yml").write_text("models: [another.npz]\nvocabs: [v.yml]\nnormalize: 1.0\n")
+    shutil.copy(tmp_path / "mar" / "vocab.yml", tmp_path / "other" / "vocab.yml")
+    for name in ("source.spm", "target.spm"):
+        shutil.copy(tmp_path / "mar" / name, tmp_path / "other" / name)
+    assert minitf.load(str(tmp_path / "other" / "model.npz")).model.cfg.decode_alpha == 0.6   # not its decoder.yml
+    (tmp_path / "mar" / "model.npz").write_bytes(b"")
+    assert main(["info", str(tmp_path / "mar")]) == 2
+    err = capsys.readouterr().err
+    assert "model.npz: not a readable .npz file" in err and "Traceback" not in err
