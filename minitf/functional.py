@@ -331,7 +331,10 @@ def check_attention_bias(bias):
                          f"masks.padding_bias)")
 
 
-def attention_forward(q, k, v, bias, scale, drop_mask=None):
+QUERY_BLOCK = 256   # attention_forward without p: this many queries' weights [B, H, QUERY_BLOCK, S] at a time
+
+
+def attention_forward(q, k, v, bias, scale, drop_mask=None, keep_p=True):
     """Scaled dot-product attention (paper 3.2.1): softmax(q k^T * scale + bias) v.
 
     q [B, H, T, K], k and v [B, H, S, K] (T, S: the query and key lengths, as cross-attention's;
@@ -339,9 +342,13 @@ def attention_forward(q, k, v, bias, scale, drop_mask=None):
     attending is allowed, a large negative number where it is masked). `drop_mask` [B, H, T,
     S] (an inverted-dropout mask, dropout_mask): attention dropout, (p * drop_mask) v, not in
     the paper (docs/deviations.md).
-    Returns out [B, H, T, K] and p [B, H, T, S] (the softmax output, kept for backward).
+    Returns out [B, H, T, K] and p [B, H, T, S] (the softmax output, kept for backward). keep_p=False (a forward
+    without a backward: decoding, a loss alone): p is None, and over QUERY_BLOCK queries the weights are made a block
+    of queries at a time (each query's softmax is its own row), so memory grows with T * S by one block, not all.
     """
     check_attention_bias(bias)
+    if not keep_p and drop_mask is None and q.shape[-2] > QUERY_BLOCK:
+        return _attention_in_blocks(q, k, v, bias, scale), None
     scores = batched_matmul(scaled(q, scale), k.swapaxes(-1, -2))
     if kernels.enabled(scores):
         p = kernels.masked_softmax(scores, bias, out=scores)   # one pass: + bias, softmax
@@ -349,6 +356,16 @@ def attention_forward(q, k, v, bias, scale, drop_mask=None):
         scores += bias
         p = softmax_forward(scores)
     return batched_matmul(p if drop_mask is None else p * drop_mask, v), p
+
+
+def _attention_in_blocks(q, k, v, bias, scale):
+    """attention_forward's out, QUERY_BLOCK queries at a time (bias [.., T or 1, S] taken along)."""
+    out = xp_of(q).empty(q.shape[:-1] + v.shape[-1:], dtype=v.dtype)
+    for a in range(0, q.shape[-2], QUERY_BLOCK):
+        b = min(a + QUERY_BLOCK, q.shape[-2])
+        out[..., a:b, :] = attention_forward(q[..., a:b, :], k, v, bias[..., a:b, :] if bias.shape[-2] > 1 else bias,
+                                             scale)[0]
+    return out
 
 
 def attention_backward(dout, q, k, v, p, scale, drop_mask=None):

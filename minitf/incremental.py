@@ -15,6 +15,7 @@ from .backend import to_numpy
 from . import functional as F
 from .backend import xp_of
 from .decode import check_step_rows
+from .layers.attention import maps_off
 from .layers.embedding import decoding_logits
 from .loss import log_softmax
 from .masks import causal_bias
@@ -138,7 +139,8 @@ class IncrementalDecoder:
 
     def admit(self, src):
         """Start decoding the sentences src [m, S] (after those held), at step 0."""
-        memory, src_bias, _ = self.model.encode(src)                   # once per sentence, not per beam
+        with maps_off(self.model.encoder):                              # no backward: no attention weights kept
+            memory, src_bias, _ = self.model.encode(src)                   # once per sentence, not per beam
         g = _Group(src.shape[0], src_bias)
         rows = src.shape[0] * self.beam                                # room for the beams after the first step
         if self.use_cache:

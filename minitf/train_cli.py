@@ -236,7 +236,8 @@ def restore_first_start(p, args, argv):
     for group in RESUMED_GROUPS:
         if given.intersection(group) or not all(dest in before for dest in group):
             continue
-        if group == ("test",) and given.intersection(RESUMED_GROUPS[0]):   # other data named: not its test sets
+        if group in (("test",), ("data_dir",), ("offline",)) and given.intersection(RESUMED_GROUPS[0]):
+            # other data named: not the first start's test sets, nor where its --dataset was
             continue
         for dest in group:
             value = before[dest]

@@ -14,6 +14,7 @@ import numpy as np
 
 from .backend import blas_threads, can_limit_blas_threads, is_gpu, set_blas_threads, usable_cores
 from .data.batching import pad_ids
+from .layers.attention import maps_off
 from .decode import beam_search, greedy_search, length_penalty, restores_mode
 from .errors import CheckpointError
 from .flags import MAX_ALPHA, MAX_BEAM, MAX_LEN_B
@@ -247,8 +248,9 @@ def score_ids(model, src_ids, tgt_ids, batch_size=64, progress=None):
         gold = pad_ids(targets, cfg.pad_id, suffix=cfg.eos_id)                       # [b, T]: the pieces, then EOS
         if inside is not None:
             gold = np.where(inside[gold], gold, cfg.unk_id)
-        logits = as_float32_if_half(model.forward(pad_ids([src_ids[i] for i in part], cfg.pad_id),
-                                                  pad_ids(targets, cfg.pad_id, prefix=cfg.bos_id)))
+        with maps_off(model):   # no backward: no attention weights kept
+            logits = as_float32_if_half(model.forward(pad_ids([src_ids[i] for i in part], cfg.pad_id),
+                                                      pad_ids(targets, cfg.pad_id, prefix=cfg.bos_id)))
         b, t, v = logits.shape
         flat = logits.reshape(b * t, v)
         logp = to_numpy(flat[xp.arange(b * t), xp.asarray(gold.ravel())] - _logsumexp(flat)).reshape(b, t)

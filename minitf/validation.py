@@ -11,6 +11,7 @@ import numpy as np
 
 from .backend import is_gpu, usable_cores
 from .distributed import World
+from .layers.attention import maps_off
 
 
 def perplexity(nll):
@@ -26,7 +27,8 @@ def evaluate_loss(model, batches, world=None):
     model.eval()
     tot_loss = tot_nll = tot_n = 0.0
     for src, tgt_in, tgt_out, n in batches:
-        loss = model.forward_loss(src, tgt_in, tgt_out)
+        with maps_off(model):   # no backward: no attention weights kept
+            loss = model.forward_loss(src, tgt_in, tgt_out)
         tot_loss += float(loss) * n
         tot_nll += float(model.last_stats["nll_sum"])
         tot_n += n

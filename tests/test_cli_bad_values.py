@@ -192,3 +192,22 @@ def test_each_own_test_set_needs_a_name_of_its_own(tests, says, tmp_path, capsys
     assert e.value.code == 2 and says in err and len(err.splitlines()) == 1, err
     fine = argv[:6] + ["--test", f"a={tmp_path / 'te'}", "--test", f"b={tmp_path / 'te'}"]
     assert [name for name, _ in train_cli.parse_args(fine).test] == ["a", "b"]
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--data-dir", "D"], "--data-dir is for --dataset's files; --train/--valid/--test name your own files as paths"),
+    (["--offline"], "--offline is for --dataset's files"),
+    (["--data-dir", "D", "--offline"], "--data-dir and --offline are for --dataset's files"),
+])
+def test_dataset_flags_beside_own_files_are_refused(extra, says, tmp_path, capsys):
+    # --data-dir beside --train had been ignored without a word: the prefixes were read from the current folder
+    from minitf import cli
+    own = ["--train", str(tmp_path / "tr"), "--valid", str(tmp_path / "va")]
+    argv = own + [str(tmp_path) if a == "D" else a for a in extra]
+    with pytest.raises(SystemExit) as e:
+        train_cli.parse_args(["--out", str(tmp_path / "run"), *argv])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and says in err and len(err.splitlines()) == 1, err
+    assert cli.main(["prepare", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1, err

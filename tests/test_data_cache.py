@@ -161,7 +161,8 @@ def test_reuse_and_each_reason_to_rebuild(tmp_path):
     log = Log()
     assert _prepare(tmp_path, paths, log, vocab_size=50, max_len=5, max_ratio=None,
                     tokenizer=given).tokenizer.sha256 == given.sha256
-    assert log.built() == [f"cache: building {first.folder} (another tokenizer was given)"]
+    assert log.built() == [f"cache: building {first.folder} (another tokenizer than the cache's: --tokenizer, or a "
+                           f"resumed or --init-from model's)"]
 
     assert de[-2][::-1] != de[-2]
     _write(paths[1], de[:-2] + [de[-2][::-1], de[-1]])     # same size, other text
@@ -201,7 +202,8 @@ def test_the_subword_model_trained_is_the_one_asked_for_and_a_change_rebuilds(tm
     assert _prepare(tmp_path, paths, log, tokenizer=given, vocab_size=45).tokenizer.sha256 == given.sha256
     log = Log()                                       # the next run without --tokenizer trains its own again
     again = _prepare(tmp_path, paths, log, model_type="unigram", vocab_size=45)
-    assert log.built() == [f"cache: building {uni.folder} (its tokenizer was given then (--tokenizer); training one)"]
+    assert log.built() == [f"cache: building {uni.folder} (its tokenizer was given then (--tokenizer, or a resumed or "
+                           f"--init-from model's); training one)"]
     assert again.tokenizer.sha256 == uni.tokenizer.sha256 and again.data_id == uni.data_id
 
 
@@ -469,6 +471,23 @@ def test_every_array_has_a_checksum_that_verify_checks(tmp_path):
     assert not log.built() and any("6 arrays" in m and "match their SHA-256" in m for m in log)
 
 
+def test_verify_hashes_a_corpus_file_edited_without_a_change_of_size_or_time(tmp_path):
+    # two lines of the German side swapped, its mtime put back: a start trusts size and mtime (documented), and
+    # prepare --verify had said the cache matched, training on misaligned pairs
+    paths, en, de = _corpus(tmp_path / "data")
+    first = _prepare(tmp_path, paths)
+    st = os.stat(paths[1])
+    _write(paths[1], [de[1], de[0]] + de[2:])
+    os.utime(paths[1], ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(paths[1]).st_size == st.st_size
+    log = Log()
+    assert _prepare(tmp_path, paths, log).data_id == first.data_id and not log.built()
+    log = Log()
+    again = _prepare(tmp_path, paths, log, verify=True)
+    assert log.built() == [f"cache: building {first.folder} ({paths[1]} changed (same size, different content))"]
+    assert again.data_id != first.data_id
+
+
 def test_a_build_that_reads_back_different_is_refused_and_the_old_cache_kept(tmp_path, monkeypatch):
     paths, en, _ = _corpus(tmp_path / "data")
     first = _prepare(tmp_path, paths)
@@ -714,3 +733,16 @@ def test_a_cleaning_rule_that_keeps_no_pair_leaves_the_cache_as_it_was(tmp_path)
         _prepare(tmp_path, paths, max_len=2)
     assert sorted(os.listdir(folder)) == before and len(_prepare(tmp_path, paths)) == len(good)
     assert not [p for p in _left(tmp_path / "cache") if p.startswith(".") and "tmp" in p]
+
+
+@pytest.mark.parametrize("text", ["null", "[1, 2]", '"a string"', "{"])
+def test_a_manifest_that_is_not_an_object_is_rebuilt_with_a_note(tmp_path, text):
+    # JSON that is not an object had been an AttributeError on every start, until the folder was deleted
+    paths, _, _ = _corpus(tmp_path / "data")
+    first = _prepare(tmp_path, paths)
+    with open(os.path.join(first.folder, "manifest.json"), "w") as f:
+        f.write(text)
+    log = Log()
+    again = _prepare(tmp_path, paths, log)
+    notes = [m for m in log if m.startswith("note: cache file") and "is unreadable" in m and "rebuilding it" in m]
+    assert len(notes) == 1 and len(log.built()) == 1 and again.data_id == first.data_id

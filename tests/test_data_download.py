@@ -533,3 +533,41 @@ def test_two_processes_downloading_into_one_folder_take_turns(server, tmp_path, 
     t.join(timeout=60)
     assert not t.is_alive() and sorted(out["data"]["tests"]) == ["test_2016_flickr"]
     assert f"note: waiting for process {os.getpid()}" in capsys.readouterr().err
+
+
+def test_an_optional_test_set_that_cannot_be_downloaded_is_skipped_and_a_failed_download_marks_nothing(server, tmp_path,
+                                                                                                      capsys):
+    # a folder minitf downloaded into, used again with the server out of reach: a test set missing there had ended the
+    # run (connection refused) where it is a note; a download that failed into a folder of the user's own had left the
+    # mark of minitf's downloads, so the folder was taken for minitf's from then on
+    from minitf.data.datasets import DOWNLOADED
+    src_dir = tmp_path / "served"
+    _multi30k_folder(src_dir, stems=("train", "val", "test_2016_flickr"))
+    for p in src_dir.iterdir():
+        server.files["/raw/" + p.name] = p.read_bytes()
+    prepare_dataset("multi30k", tmp_path / "m30k", "en", "de", progress=False, base_url=server.url + "/raw/")
+    assert (tmp_path / "m30k" / DOWNLOADED).is_file()
+    capsys.readouterr()
+    again = prepare_dataset("multi30k", tmp_path / "m30k", "en", "de", progress=False, base_url=_unreachable_url())
+    assert sorted(again["tests"]) == ["test_2016_flickr"]
+    notes = capsys.readouterr().err.splitlines()
+    assert [n[:60] for n in notes] == [f"note: test set multi30k {t} could not be downloaded for en-de"[:60]
+                                       for t in ("test_2017_flickr", "test_2018_flickr")], notes
+    own = tmp_path / "own"          # the user's copy, lacking val: the download of val fails
+    _multi30k_folder(own, stems=("train",))
+    with pytest.raises(DataError):
+        prepare_dataset("multi30k", own, "en", "de", progress=False, base_url=_unreachable_url())
+    assert not (own / DOWNLOADED).exists()
+
+
+def test_an_empty_valid_or_test_set_in_a_dataset_folder_is_refused_at_the_start(tmp_path):
+    # it had trained to the end without a validation and then failed in sacreBLEU (IndexError), results.json unwritten
+    for stem, says in (("val", "multi30k valid: .*val.en.gz and .*val.de.gz hold no lines: there is nothing to "
+                                "validate on"),
+                       ("test_2016_flickr", "multi30k test_2016_flickr: .* hold no lines: there is nothing to score")):
+        folder = tmp_path / stem
+        _multi30k_folder(folder)
+        for lang in ("en", "de"):
+            (folder / f"{stem}.{lang}.gz").write_bytes(gzip.compress(b""))
+        with pytest.raises(DataError, match=says):
+            prepare_dataset("multi30k", folder, "en", "de", download=False, progress=False, notes=False)

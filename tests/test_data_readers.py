@@ -92,12 +92,17 @@ def test_missing_and_corrupt_files(tmp_path):
         read_lines(tmp_path / "trunc.gz")
 
 
-def test_find_file(tmp_path):
+def test_find_file(tmp_path, capsys):
     assert find_file(tmp_path, "train.en") is None
     (tmp_path / "train.en.gz").write_bytes(gzip.compress(b"x\n"))
     assert find_file(tmp_path, "train.en").endswith("train.en.gz")
-    (tmp_path / "train.en").write_text("x\n")
+    assert capsys.readouterr().err == ""
+    (tmp_path / "train.en").write_text("x\n")      # both there: the plain one is read, and said once
     assert find_file(tmp_path, "train.en").endswith("train.en")
+    assert find_file(tmp_path, "train.en").endswith("train.en")
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"note: {tmp_path / 'train.en'} and {tmp_path / 'train.en.gz'} are both there: reading "
+                   f"{tmp_path / 'train.en'} (remove the one that is not the corpus)"]
 
 
 def test_clean_pairs_drops_what_it_should():

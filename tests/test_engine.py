@@ -578,3 +578,41 @@ def test_spans_of_packed_rows_are_each_sentences_first_positions_or_none():
     assert make_rows(full) is None
     whole = make_rows(full, whole=True)
     assert whole.host_index.tolist() == list(range(6)) and whole.spans.start.tolist() == [0, 3]
+
+
+def test_a_forward_without_a_backward_keeps_no_attention_weights_and_gives_the_same_values():
+    # decoding's encoder and a loss alone had kept every layer's softmax weights [B, H, T, S]: a line of 30,084
+    # characters held 3.35 GB while it was translated. Under maps_off the weights are made QUERY_BLOCK queries at a time
+    # and not kept; the values are the same
+    from minitf import functional as F
+    from minitf.layers.attention import MultiHeadAttention, maps_off
+    from minitf.masks import causal_bias
+    rng = np.random.default_rng(0)
+    t = F.QUERY_BLOCK * 2 + 37
+    q, k, v = (rng.standard_normal((2, 3, t, 8)) for _ in range(3))
+    for bias in (np.where(rng.random((2, 1, 1, t)) < 0.1, -1e9, 0.0), causal_bias(t, np, np.float64)[None, None]):
+        whole, p = F.attention_forward(q, k, v, bias, 0.3)
+        blocks, none = F.attention_forward(q, k, v, bias, 0.3, keep_p=False)
+        assert none is None and p.shape == (2, 3, t, t)
+        np.testing.assert_allclose(blocks, whole, rtol=1e-12, atol=1e-14)
+    cfg = minitf.Config(vocab_size=30, d_model=16, n_heads=2, d_ff=32, n_layers=2, dropout=0.0, max_len=1024)
+    model = minitf.Transformer(cfg, seed=0)
+    src = rng.integers(4, 30, size=(2, t))
+    tgt = rng.integers(4, 30, size=(2, 40))
+    model.eval()
+    want = model.forward_loss(src, tgt[:, :-1], tgt[:, 1:])
+    attention = [layer for layer in model.layers() if isinstance(layer, MultiHeadAttention)]
+    assert all(layer.cache is not None and layer.cache.p is not None for layer in attention)   # kept (plots read them)
+    with maps_off(model):
+        assert model.forward_loss(src, tgt[:, :-1], tgt[:, 1:]) == pytest.approx(want, rel=1e-12)
+        assert all(layer.cache is None for layer in attention)
+    model.forward_loss(src, tgt[:, :-1], tgt[:, 1:])
+    assert all(layer.cache is not None for layer in attention)           # on again after the block
+    model.train()
+    with maps_off(model):                     # training keeps them: a backward follows
+        model.forward_loss(src, tgt[:, :-1], tgt[:, 1:])
+    model.backward()
+    from minitf.translate import translate_ids   # decoding's encoder keeps none either
+    model.eval()
+    translate_ids(model, [list(src[0]) + [3]], beam_size=2, alpha=0.6, max_len_b=3, nbest=1)
+    assert all(layer.cache is None for layer in model.encoder.layers() if isinstance(layer, MultiHeadAttention))

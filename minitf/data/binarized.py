@@ -271,6 +271,8 @@ def read_manifest(folder):
     try:
         with open(path, "rb") as f:
             m = json.loads(f.read().decode())
+        if not isinstance(m, dict):   # JSON, but not the manifest's object (null, a list)
+            raise ValueError(f"a JSON {type(m).__name__}, not an object")
         if m.get("format") != FORMAT:
             raise ValueError(f"format {m.get('format')!r}")
         return m

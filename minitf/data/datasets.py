@@ -208,15 +208,9 @@ DOWNLOADED = ".minitf-downloaded"   # in a data folder minitf downloaded into (n
 
 
 def _fetch(spec, base_url, data_dir, corpus, src, tgt, progress):
-    """Download (and extract) what `corpus` needs into data_dir, marked as minitf's (DOWNLOADED).
+    """Download (and extract) what `corpus` needs into data_dir (_get marks the folder as minitf's once it succeeded).
 
     Returns the path of the downloaded archive (None for direct files)."""
-    try:
-        if not os.path.lexists(os.path.join(data_dir, DOWNLOADED)):
-            with open(os.path.join(data_dir, DOWNLOADED), "w") as f:
-                f.write("minitf downloads into this folder: a test set missing here is downloaded too\n")
-    except OSError:   # a folder that cannot be written: the download below says so
-        pass
     if corpus.archive is None:
         for templates in (corpus.src, corpus.tgt):
             rel = templates[0].format(src=src, tgt=tgt) + ".gz"
@@ -272,11 +266,26 @@ def _get(spec, base_url, data_dir, corpus, src, tgt, download, progress, require
         try:
             archive = _fetch(spec, base_url, data_dir, corpus, src, tgt, progress)
         except DataError as e:
-            if required or getattr(e, "http_status", None) != 404:
+            if required or not hasattr(e, "http_status"):   # a damaged download (its checksum, its gzip): said
                 raise
-            note(f"test set {label} is not available for {src}-{tgt} ({e}); skipping it")
+            # an optional test set the network did not give (offline, a mirror without it): the run goes on without it
+            why = "is not available" if getattr(e, "http_status", None) == 404 else "could not be downloaded"
+            note(f"test set {label} {why} for {src}-{tgt} ({e}); skipping it")
             return None
-        return _fetched(data_dir, corpus, src, tgt, label, archive)
+        paths = _fetched(data_dir, corpus, src, tgt, label, archive)
+        _mark_downloaded(data_dir)
+        return paths
+
+
+def _mark_downloaded(data_dir):
+    """DOWNLOADED in data_dir, once a download into it succeeded (a folder of the user's own that a failed download
+    had marked would have been taken for minitf's from then on)."""
+    try:
+        if not os.path.lexists(os.path.join(data_dir, DOWNLOADED)):
+            with open(os.path.join(data_dir, DOWNLOADED), "w") as f:
+                f.write("minitf downloads into this folder: a test set missing here is downloaded too\n")
+    except OSError:   # a folder that cannot be written: nothing marks it, test sets missing there are skipped
+        pass
 
 
 def _fetched(data_dir, corpus, src, tgt, label, archive):
@@ -328,6 +337,10 @@ def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
         result["paths"][split] = [_get(*args, corpus, src, tgt, download, progress, True, f"{name} {split}")
                                   for corpus in splits[split]]
     result["valid"] = _read_all(result["paths"]["valid"])
+    if not result["valid"][0]:   # an empty copy: said now, not as a traceback after training
+        files = " and ".join(p for pair in result["paths"]["valid"] for p in pair)
+        raise DataError(f"{name} valid: {files} hold no lines: there is nothing to validate on; put the set's files "
+                        f"back (or delete them to download them again)")
     # a folder that already held train and valid, and that minitf did not download into, is the user's own copy:
     # use the test sets it has and fetch nothing (e.g. a Multi30k folder with only test_2016_flickr)
     note = _note if notes else (lambda msg: None)   # notes=False: MPI ranks other than 0
@@ -336,6 +349,9 @@ def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
         if p is not None:
             result["tests"][test] = read_parallel(*p)
             result["paths"]["tests"][test] = p
+            if not result["tests"][test][0]:
+                raise DataError(f"{name} {test}: {' and '.join(p)} hold no lines: there is nothing to score; put the "
+                                f"set's files back (or delete them: a test set missing from the folder is skipped)")
     return result
 
 

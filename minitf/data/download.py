@@ -153,8 +153,9 @@ def download(url, dest_path, sha256=None, progress=True, retries=3, md5=None,
                 continue
             if 400 <= e.code < 500:
                 err = DataError(f"cannot download {url}: HTTP {e.code} {e.reason}; "
-                                f"the file is not on the server (check the URL / "
-                                f"base URL), or pass --data-dir with the files "
+                                f"the file is not on the server (check the URL; a mirror of "
+                                f"the same layout is named by MINITF_MULTI30K_BASE_URL or "
+                                f"MINITF_WMT_BASE_URL), or pass --data-dir with the files "
                                 f"already present")
                 err.http_status = e.code
                 raise err from None

@@ -64,6 +64,12 @@ def check_data_args(p, args):
         p.error("--train needs --valid PREFIX (a held-out set for validation loss and BLEU)")
     if (args.valid or args.test) and not args.train:
         p.error("--valid/--test name your own files: give --train PREFIX too (or use --dataset)")
+    own = [flag for flag, given in (("--data-dir", getattr(args, "data_dir", None)),
+                                    ("--offline", getattr(args, "offline", False))) if given]
+    if args.train and own:   # they had been ignored: --train's prefixes are read as given, from the current folder
+        p.error(f"{' and '.join(own)} {'are' if len(own) > 1 else 'is'} for --dataset's files; --train/--valid/--test "
+                f"name your own files as paths (PREFIX.<lang>, from the current folder): drop "
+                f"{'them' if len(own) > 1 else 'it'}, or put the folder into the prefixes")
     names = [name for name, _ in args.test or ()]
     for name in names:
         if name == "valid":   # results.json, the log and the summary name the validation set's scores so

@@ -38,16 +38,17 @@ def _stat(path):
     return {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def _corpus_changes(recorded, files):
+def _corpus_changes(recorded, files, rehash=False):
     """Why the corpus differs from the manifest's record (None if it does not). A file whose size
-    and mtime match is trusted; one whose size matches but mtime does not is hashed again."""
+    and mtime match is trusted (unless `rehash`: prepare --verify); one whose size matches but mtime does not is
+    hashed again."""
     if len(recorded) != len(files):
         return f"the corpus has {len(files)} files, the cache was built from {len(recorded)}"
     for rec, path in zip(recorded, files):
         now = _stat(path)
         if now["size"] != rec["size"]:
             return f"{path} changed (size {rec['size']} -> {now['size']} bytes)"
-        if now["mtime_ns"] != rec["mtime_ns"] or now["path"] != rec["path"]:
+        if rehash or now["mtime_ns"] != rec["mtime_ns"] or now["path"] != rec["path"]:
             stream = LineStream(path)
             for _ in stream:
                 pass
@@ -57,7 +58,7 @@ def _corpus_changes(recorded, files):
     return None
 
 
-def _why_stale(manifest, files, languages, wanted):
+def _why_stale(manifest, files, languages, wanted, rehash=False):
     """None if `manifest` describes the cache we want, else a short reason: every difference, "; "-joined (a start
     that changed the cleaning rule and the tokenizer says both)."""
     if manifest.get("version") != VERSION:
@@ -70,17 +71,18 @@ def _why_stale(manifest, files, languages, wanted):
             reasons.append(f"{label} {manifest['cleaning'][key]} -> {wanted['cleaning'][key]}")
     tok = wanted["tokenizer"]
     if tok.get("sha256") and manifest["tokenizer"]["sha256"] != tok["sha256"]:
-        reasons.append("another tokenizer was given")
+        reasons.append("another tokenizer than the cache's: --tokenizer, or a resumed or --init-from model's")
     if not tok.get("sha256"):
         trained = manifest["tokenizer"].get("trained", "bpe")   # caches before the field: BPE trained here
         if trained is None:
-            reasons.append("its tokenizer was given then (--tokenizer); training one")
+            reasons.append("its tokenizer was given then (--tokenizer, or a resumed or --init-from model's); "
+                           "training one")
         elif trained != tok["trained"]:
             reasons.append(f"subword model {trained} -> {tok['trained']}")
         if manifest["tokenizer"]["requested_vocab_size"] != tok["requested_vocab_size"]:
             reasons.append(f"vocabulary size {manifest['tokenizer']['requested_vocab_size']} -> "
                            f"{tok['requested_vocab_size']}")
-    changed = _corpus_changes(manifest["corpus"], files)
+    changed = _corpus_changes(manifest["corpus"], files, rehash)
     if changed:
         reasons.append(changed)
     return "; ".join(reasons) or None
@@ -128,8 +130,9 @@ def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max
     the ratio rule. One log line says why a cache is (re)built.
     `expect_data_id` (a resumed checkpoint's): when the cache holds exactly that data but its
     inputs changed, StaleData is raised BEFORE rebuilding, naming the change (a defective cache
-    is rebuilt: the same inputs give the same data). `verify`: a cache that is reused is first read
-    back against its checksums (`verify_cache`; a new one always is). Returns the opened
+    is rebuilt: the same inputs give the same data). `verify`: the corpus files are hashed again (an edit that kept
+    a file's size and modification time) and a cache that is reused is read back against its checksums
+    (`verify_cache`; a new one always is). Returns the opened
     `BinarizedCorpus`."""
     if log is None:
         log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
@@ -145,7 +148,8 @@ def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max
         try:
             manifest = read_manifest(folder)
             try:
-                reason = "no cache yet" if manifest is None else _why_stale(manifest, flat_files, languages, wanted)
+                reason = "no cache yet" if manifest is None else _why_stale(manifest, flat_files, languages, wanted,
+                                                                            rehash=verify)
             except (KeyError, TypeError, IndexError, AttributeError) as e:
                 raise CacheDefect(f"cache file {os.path.join(folder, MANIFEST)} lacks an entry ({e!r})") from None
             if reason is not None and expect_data_id is not None and manifest is not None \

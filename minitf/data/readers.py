@@ -14,6 +14,7 @@ import gzip
 import io
 import os
 import re
+import sys
 import zlib
 
 from minitf.errors import DataError
@@ -226,13 +227,20 @@ def read_parallel(src_path, tgt_path):
     return src, tgt
 
 
+_BOTH_SAID = set()   # the plain files find_file has said it reads beside a .gz (once each)
+
+
 def find_file(data_dir, stem):
-    """Path of `stem` or `stem + '.gz'` inside `data_dir` (plain first), else None."""
-    for name in (stem, stem + ".gz"):
-        path = os.path.join(os.fspath(data_dir), name)
-        if os.path.isfile(path):
-            return path
-    return None
+    """Path of `stem` or `stem + '.gz'` inside `data_dir` (plain first), else None. Where both are there, a note on
+    stderr (once a process) says which is read: a plain copy left beside a newer .gz would be read without a word."""
+    plain, gz = (os.path.join(os.fspath(data_dir), name) for name in (stem, stem + ".gz"))
+    if os.path.isfile(plain):
+        if os.path.isfile(gz) and plain not in _BOTH_SAID:
+            _BOTH_SAID.add(plain)
+            print(f"note: {plain} and {gz} are both there: reading {plain} (remove the one that is not the corpus)",
+                  file=sys.stderr, flush=True)
+        return plain
+    return gz if os.path.isfile(gz) else None
 
 
 class LineStream:
