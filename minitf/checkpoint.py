@@ -22,6 +22,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import zipfile
 
 import numpy as np
@@ -159,6 +160,16 @@ def checkpoint_in(folder):
     return os.path.join(folder, steps[-1]) if steps else None
 
 
+def _same_step(path):
+    """"; did you mean FOLDER/checkpoint_0000400.npz?" for a step checkpoint named without its 7 digits
+    (checkpoint_400.npz), where that file is there; else ""."""
+    m = re.fullmatch(r"checkpoint_0*(\d+)\.npz", os.path.basename(path))
+    if m is None:
+        return ""
+    padded = os.path.join(os.path.dirname(path), f"checkpoint_{int(m.group(1)):07d}.npz")
+    return f"; did you mean {padded}? (the step is written in 7 digits)" if os.path.isfile(padded) else ""
+
+
 def load_checkpoint(path, optimizer=True):
     """Read and verify a checkpoint (.npz, or a .safetensors export); any defect is a
     CheckpointError naming the file. optimizer=False: Adam's moments (two thirds of a training
@@ -170,7 +181,7 @@ def load_checkpoint(path, optimizer=True):
         raise CheckpointError(f"checkpoint {path} is a folder, not a file"
                               + (f"; did you mean {inside}?" if inside else ""))
     if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint {path} does not exist")
+        raise CheckpointError(f"checkpoint {path} does not exist{_same_step(path)}")
     if path.endswith(".safetensors"):
         return _load_safetensors(path)
     with open(path, "rb") as f:

@@ -214,8 +214,14 @@ def test_tampered_checkpoint_is_a_clear_error(tmp_path):
 
 
 def test_not_a_checkpoint_and_missing_file(tmp_path):
-    with pytest.raises(minitf.CheckpointError, match="does not exist"):
+    with pytest.raises(minitf.CheckpointError, match="does not exist$"):
         load_checkpoint(tmp_path / "nope.npz")
+    (tmp_path / "checkpoint_0000400.npz").write_bytes(b"")   # a step named without its 7 digits: the file suggested
+    with pytest.raises(minitf.CheckpointError, match=r"checkpoint_400.npz does not exist; did you mean .*"
+                                                     r"checkpoint_0000400.npz\? \(the step is written in 7 digits\)"):
+        load_checkpoint(tmp_path / "checkpoint_400.npz")
+    with pytest.raises(minitf.CheckpointError, match="checkpoint_401.npz does not exist$"):
+        load_checkpoint(tmp_path / "checkpoint_401.npz")
     (tmp_path / "x.npz").write_text("hello")
     with pytest.raises(minitf.CheckpointError) as e:
         load_checkpoint(tmp_path / "x.npz")
