@@ -417,8 +417,11 @@ def _load_data(args, world, resume, tokenizer=None):
     for turn in range(2 if world.size > 1 else 1):
         if lead == (turn == 0):
             try:
+                state = resume.train_state if resume else {}
+                corpus = state.get("corpus_sha256")
                 data = load_data(DataSettings.of(args), tokenizer=tokenizer, log=log if lead else (lambda msg: None),
-                                 expect_data_id=resume.train_state.get("data_id") if resume else None, notes=lead)
+                                 expect_data_id=state.get("data_id"), notes=lead,
+                                 expect_corpus=corpus if isinstance(corpus, list) else None)
             except StaleData as e:
                 raise ConfigError(f"--resume: {resume.path} was trained on other data: {e}; restore it, "
                                   f"or start a new --out") from None
@@ -428,7 +431,8 @@ def _load_data(args, world, resume, tokenizer=None):
 
 def new_state(args, data):
     return {"step": 0, "epoch": 0, "batch": 0, "forward_count": 0, "train_wall_s": 0.0, "train_tokens": 0,
-            "nonfinite": 0, "data_id": data.data_id, "languages": [args.src, args.tgt], "valid_sha256": _valid_id(data)}
+            "nonfinite": 0, "data_id": data.data_id, "languages": [args.src, args.tgt], "valid_sha256": _valid_id(data),
+            "corpus_sha256": [f["sha256"] for f in data.corpus.manifest["corpus"]]}   # a resume's first check
 
 
 def _valid_id(data):

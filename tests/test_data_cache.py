@@ -438,6 +438,25 @@ def test_a_resumed_runs_data_is_checked_before_any_rebuild(tmp_path):
     assert not log.built() and open_cache(first.folder).data_id == first.data_id
 
 
+def test_a_resume_whose_cache_another_run_rebuilt_for_other_data_is_refused_before_building(tmp_path):
+    # the corpus edited and prepared anew for another run (another tokenizer, another data_id): a resume of the first
+    # run had rebuilt the whole cache with its own tokenizer, then been refused, and the next start rebuilt it again.
+    # The checkpoint's record of the corpus files' SHA-256 refuses it first
+    paths, en, de = _corpus(tmp_path / "data")
+    first = _prepare(tmp_path, paths)
+    hashes = [f["sha256"] for f in first.manifest["corpus"]]
+    _write(paths[0], en[:-1] + ["the red dog"])
+    other = _prepare(tmp_path, paths, vocab_size=50)                     # another run's cache, in the same folder
+    log = Log()
+    with pytest.raises(binarized.StaleData, match=r"changed since this run started: .*train.en.gz \(its SHA-256\); "
+                                                  r"nothing was rebuilt"):
+        _prepare(tmp_path, paths, log, tokenizer=first.tokenizer, expect_data_id=first.data_id, expect_corpus=hashes)
+    assert not log.built() and open_cache(other.folder).data_id == other.data_id
+    _write(paths[0], en)                                                  # the files put back: rebuilt and taken
+    again = _prepare(tmp_path, paths, tokenizer=first.tokenizer, expect_data_id=first.data_id, expect_corpus=hashes)
+    assert again.data_id == first.data_id
+
+
 # ------------------------------------------------------------------------------ corrupt contents
 def _poke(path, index, value):
     """Set element `index` of a cache array in place (its header and size stay right)."""

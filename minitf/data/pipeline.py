@@ -185,12 +185,12 @@ def _dataset_in(args, progress, notes):
                         f"{e}") from None
 
 
-def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True, verify=False):
+def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True, verify=False, expect_corpus=None):
     """Locate (or download) the corpus of `args` (DataSettings), then prepare or reuse its binarized
     cache.
 
     `tokenizer`: encode with this one (a resumed checkpoint's); else `--tokenizer`, else the
-    cache's or a newly trained one. `expect_data_id`: see `prepare_cache`. `notes`: print the
+    cache's or a newly trained one. `expect_data_id`, `expect_corpus`: see `prepare_cache`. `notes`: print the
     line about a missing optional test set (False on all MPI ranks but one). `verify`: check a reused
     cache's arrays against their checksums (`prepare --verify`). Returns `Data`."""
     from minitf.data.tokenizer import Tokenizer
@@ -221,7 +221,7 @@ def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True, v
     folder = cache_folder(root, f"{'own' if args.train else args.dataset}.{where}", (args.src, args.tgt))
     corpus = prepare_cache(folder, files, (args.src, args.tgt), vocab_size=vocab, tokenizer=tokenizer, model_type=subword_model(args),
                            max_len=args.max_len, max_ratio=max_ratio, progress=progress, log=log,
-                           expect_data_id=expect_data_id, verify=verify)
+                           expect_data_id=expect_data_id, expect_corpus=expect_corpus, verify=verify)
     if len(corpus) == 0:   # a cache built empty by an earlier minitf (a build now refuses to keep no pair)
         raise no_pairs_left(corpus.manifest["counts"], files)
     return Data(corpus.tokenizer, corpus, corpus.pairs(args.src, args.tgt), data["valid"], data["tests"])

@@ -58,6 +58,23 @@ def _corpus_changes(recorded, files, rehash=False):
     return None
 
 
+def _corpus_hashes(manifest, files):
+    """The SHA-256 of each corpus file now: the manifest's record where the file's path, size and mtime are the
+    record's, else read again."""
+    records = {r.get("path"): r for r in (manifest or {}).get("corpus", ()) if isinstance(r, dict)}
+    out = []
+    for path in files:
+        now, rec = _stat(path), records.get(os.path.abspath(path))
+        if rec and rec.get("size") == now["size"] and rec.get("mtime_ns") == now["mtime_ns"] and rec.get("sha256"):
+            out.append(rec["sha256"])
+            continue
+        stream = LineStream(path)
+        for _ in stream:
+            pass
+        out.append(stream.sha256)
+    return out
+
+
 def _why_stale(manifest, files, languages, wanted, rehash=False):
     """None if `manifest` describes the cache we want, else a short reason: every difference, "; "-joined (a start
     that changed the cleaning rule and the tokenizer says both)."""
@@ -119,7 +136,7 @@ def cache_folder(cache_root, name, languages):
 
 def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max_len=250, max_ratio=1.5, model_type="bpe",
                   progress=True, log=None, sample_size=2_000_000, seed=0, chunk_lines=20_000, threads=None,
-                  expect_data_id=None, verify=False):
+                  expect_data_id=None, expect_corpus=None, verify=False):
     """The binarized training corpus in `folder`: reused if it matches, (re)built otherwise.
 
     `files`: [(path_lang0, path_lang1), ...] line-aligned text files (plain or .gz), in the order
@@ -130,7 +147,9 @@ def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max
     the ratio rule. One log line says why a cache is (re)built.
     `expect_data_id` (a resumed checkpoint's): when the cache holds exactly that data but its
     inputs changed, StaleData is raised BEFORE rebuilding, naming the change (a defective cache
-    is rebuilt: the same inputs give the same data). `verify`: the corpus files are hashed again (an edit that kept
+    is rebuilt: the same inputs give the same data). `expect_corpus` (a resumed checkpoint's [SHA-256 of each corpus
+    file], in `files`' order): where the cache has to be built, StaleData BEFORE building if the files are not those
+    (a cache built since for other data would otherwise be rebuilt first, then refused). `verify`: the corpus files are hashed again (an edit that kept
     a file's size and modification time) and a cache that is reused is read back against its checksums
     (`verify_cache`; a new one always is). Returns the opened
     `BinarizedCorpus`."""
@@ -155,6 +174,13 @@ def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max
             if reason is not None and expect_data_id is not None and manifest is not None \
                     and manifest.get("data_id") == expect_data_id:
                 raise StaleData(f"the training data changed since it was cached for this run: {reason}")
+            if reason is not None and expect_corpus is not None:   # the cache is another's: the files themselves
+                changed = [p for p, now, then in zip(flat_files, _corpus_hashes(manifest, flat_files), expect_corpus)
+                           if now != then]
+                if changed or len(expect_corpus) != len(flat_files):
+                    raise StaleData(f"the training data changed since this run started: "
+                                    f"{', '.join(changed) or 'another number of files'} (its SHA-256); nothing was "
+                                    f"rebuilt")
             if reason is None:
                 corpus = open_cache(folder)
                 if verify:
