@@ -139,7 +139,7 @@ class IncrementalDecoder:
 
     def admit(self, src):
         """Start decoding the sentences src [m, S] (after those held), at step 0."""
-        with maps_off(self.model.encoder):                              # no backward: no attention weights kept
+        with maps_off():   # no backward: no attention weights kept
             memory, src_bias, _ = self.model.encode(src)                   # once per sentence, not per beam
         g = _Group(src.shape[0], src_bias)
         rows = src.shape[0] * self.beam                                # room for the beams after the first step

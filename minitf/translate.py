@@ -248,7 +248,7 @@ def score_ids(model, src_ids, tgt_ids, batch_size=64, progress=None):
         gold = pad_ids(targets, cfg.pad_id, suffix=cfg.eos_id)                       # [b, T]: the pieces, then EOS
         if inside is not None:
             gold = np.where(inside[gold], gold, cfg.unk_id)
-        with maps_off(model):   # no backward: no attention weights kept
+        with maps_off():   # no backward: no attention weights kept
             logits = as_float32_if_half(model.forward(pad_ids([src_ids[i] for i in part], cfg.pad_id),
                                                       pad_ids(targets, cfg.pad_id, prefix=cfg.bos_id)))
         b, t, v = logits.shape

@@ -27,7 +27,7 @@ def evaluate_loss(model, batches, world=None):
     model.eval()
     tot_loss = tot_nll = tot_n = 0.0
     for src, tgt_in, tgt_out, n in batches:
-        with maps_off(model):   # no backward: no attention weights kept
+        with maps_off():   # no backward: no attention weights kept
             loss = model.forward_loss(src, tgt_in, tgt_out)
         tot_loss += float(loss) * n
         tot_nll += float(model.last_stats["nll_sum"])

@@ -603,13 +603,22 @@ def test_a_forward_without_a_backward_keeps_no_attention_weights_and_gives_the_s
     want = model.forward_loss(src, tgt[:, :-1], tgt[:, 1:])
     attention = [layer for layer in model.layers() if isinstance(layer, MultiHeadAttention)]
     assert all(layer.cache is not None and layer.cache.p is not None for layer in attention)   # kept (plots read them)
-    with maps_off(model):
+    with maps_off():
         assert model.forward_loss(src, tgt[:, :-1], tgt[:, 1:]) == pytest.approx(want, rel=1e-12)
         assert all(layer.cache is None for layer in attention)
     model.forward_loss(src, tgt[:, :-1], tgt[:, 1:])
     assert all(layer.cache is not None for layer in attention)           # on again after the block
+    import threading
+    from minitf.layers.attention import keeps_maps
+    seen = []
+    with maps_off(), maps_off():            # per thread, nested: searches side by side share one model
+        worker = threading.Thread(target=lambda: seen.append(keeps_maps()))
+        worker.start()
+        worker.join()
+        assert not keeps_maps()
+    assert seen == [True] and keeps_maps()
     model.train()
-    with maps_off(model):                     # training keeps them: a backward follows
+    with maps_off():                     # training keeps them: a backward follows
         model.forward_loss(src, tgt[:, :-1], tgt[:, 1:])
     model.backward()
     from minitf.translate import translate_ids   # decoding's encoder keeps none either

@@ -23,6 +23,7 @@ the [B, H, T, S] weights) and one for the backward, without the head layout or t
 """
 import contextlib
 import math
+import threading
 from typing import NamedTuple
 
 from .. import functional as F
@@ -68,8 +69,6 @@ class RowsCache(NamedTuple):
 
 
 class MultiHeadAttention(Layer):
-    keep_maps = True   # keep p [B, H, T, S] for a backward (or attention plots); maps_off turns it off in eval mode
-
     def __init__(self, d_model, n_heads, d_k, rng, dropout=0.0, causal=False):
         """causal: the bias this layer is given masks later positions (the decoder's self-attention);
         the attention on packed rows applies that mask itself."""
@@ -101,7 +100,7 @@ class MultiHeadAttention(Layer):
         k = F.split_heads(unpack(rows_kv, self.k.forward(x_kv)), h)
         v = F.split_heads(unpack(rows_kv, self.v.forward(x_kv)), h)
         mask = self.drop.draw(sites, q.shape[:-1] + k.shape[-2:-1], q.dtype, F.xp_of(q))
-        keep = self.keep_maps or self.training
+        keep = self.training or keeps_maps()   # p [B, H, T, S] for a backward, or attention plots
         ctx, p = F.attention_forward(q, k, v, bias, self.scale, mask, keep_p=keep)
         self.cache = AttentionCache(q, k, v, p, mask, rows_q, rows_kv) if keep else None
         return self.out.forward(pack(rows_q, F.merge_heads(ctx)), out_bias)
@@ -216,7 +215,7 @@ class MultiHeadAttention(Layer):
         kernels.masked_softmax(p, bias, out=p)
         # ctx = p @ v, or (p * mask) @ v
         ctx = gemm.matmul(p if mask is None else p * mask, v, xp.empty_like(q), batch=b * h)
-        self.cache = AttentionCache(q, k, v, p, mask, rows_q, rows_kv, x_q, x_kv) if self.keep_maps or self.training \
+        self.cache = AttentionCache(q, k, v, p, mask, rows_q, rows_kv, x_q, x_kv) if self.training or keeps_maps() \
             else None
         return self.out.forward(self._merged(ctx, rows_q, x_q), out_bias)
 
@@ -328,18 +327,24 @@ class MultiHeadAttention(Layer):
         return F.split_heads(self.k.apply(x_kv), h), F.split_heads(self.v.apply(x_kv), h)
 
 
+_MAPS = threading.local()   # .off: how many maps_off blocks this thread is in
+
+
+def keeps_maps():
+    """Whether a forward in this thread keeps its attention weights (outside maps_off, or in training)."""
+    return not getattr(_MAPS, "off", 0)
+
+
 @contextlib.contextmanager
-def maps_off(root):
-    """For the block, the attention layers under `root` in eval mode keep no softmax weights p [B, H, T, S] (no
-    backward follows: decoding's encoder, a loss alone) and make them a block of queries at a time
+def maps_off():
+    """For the block, the attention layers' forwards in this thread, in eval mode, keep no softmax weights
+    p [B, H, T, S] (no backward follows: decoding's encoder, a loss alone) and make them a block of queries at a time
     (functional.attention_forward's keep_p=False): a forward's memory then grows with T * S by one block, not by every
     layer's weights (a line of 30,084 characters had held 3.35 GB of them while it was decoded; docs/data.md). The
-    same outputs, to float rounding. On a GPU the weights are made whole as before, a layer's at a time (none kept)."""
-    layers = [layer for layer in root.layers() if isinstance(layer, MultiHeadAttention)]
-    for layer in layers:
-        layer.keep_maps = False
+    same outputs, to float rounding. On a GPU the weights are made whole as before, a layer's at a time (none kept).
+    Per thread: searches side by side share one model."""
+    _MAPS.off = getattr(_MAPS, "off", 0) + 1
     try:
         yield
     finally:
-        for layer in layers:
-            del layer.keep_maps   # the class's default again
+        _MAPS.off -= 1
