@@ -9,7 +9,7 @@ from .config import Config
 from .ctranslate2_export import is_ctranslate2
 from .data.tokenizer import tokenizer_from_bytes
 from .errors import CheckpointError
-from .marian import import_marian, is_marian
+from .marian import import_marian, is_marian, marian_files
 
 
 class StoredModel(NamedTuple):
@@ -33,6 +33,10 @@ def read_model(path):
     """Any model file minitf reads, for translating, scoring, fine-tuning or describing: a minitf checkpoint (.npz or
     a .safetensors export; Adam's moments not read) or a Marian model (an OPUS-MT folder or its .npz: marian.py)."""
     _refuse_ctranslate2(path)
+    if os.path.isdir(path) and not is_marian(path):   # Marian .npz files, but no decoder.yml to say which: said so
+        npz = [n for n in os.listdir(path) if n.endswith(".npz")]
+        if len(npz) > 1 and any(is_marian(os.path.join(path, n)) for n in npz):
+            marian_files(path)
     if is_marian(path):
         config, params, tokenizer, languages = import_marian(path)
         return StoredModel(path, config, params, tokenizer, {"languages": languages} if languages else {}, False, True)

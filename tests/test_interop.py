@@ -603,6 +603,10 @@ def test_a_marian_export_keeps_its_languages_and_its_npz_alone_searches_as_the_f
     for name in ("source.spm", "target.spm"):
         shutil.copy(tmp_path / "mar" / name, tmp_path / "other" / name)
     assert minitf.load(str(tmp_path / "other" / "model.npz")).model.cfg.decode_alpha == 0.6   # not its decoder.yml
+    (tmp_path / "other" / "decoder.yml").unlink()            # two Marian .npz files and nothing to say which
+    shutil.copy(tmp_path / "other" / "model.npz", tmp_path / "other" / "second.npz")
+    with pytest.raises(CheckpointError, match=r"a Marian model folder holds decoder.yml or one .npz file, found 2"):
+        minitf.load(str(tmp_path / "other"))
     (tmp_path / "mar" / "model.npz").write_bytes(b"")
     assert main(["info", str(tmp_path / "mar")]) == 2
     err = capsys.readouterr().err
