@@ -236,9 +236,11 @@ def restore_first_start(p, args, argv):
     for group in RESUMED_GROUPS:
         if given.intersection(group) or not all(dest in before for dest in group):
             continue
-        if group in (("test",), ("data_dir",), ("offline",)) and given.intersection(RESUMED_GROUPS[0]):
-            # other data named: not the first start's test sets, nor where its --dataset was
+        if group == ("test",) and given.intersection(RESUMED_GROUPS[0]):   # other data named: not its test sets
             continue
+        if group in (("data_dir",), ("offline",)) and (given.intersection({"train", "valid"}) or before.get("train")
+                                                         or "dataset" in given and args.dataset != before.get("dataset")):
+            continue   # --dataset's flags, where own files (or another --dataset) are in play: not taken
         for dest in group:
             value = before[dest]
             if dest == "test":

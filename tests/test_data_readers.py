@@ -103,6 +103,12 @@ def test_find_file(tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert err == [f"note: {tmp_path / 'train.en'} and {tmp_path / 'train.en.gz'} are both there: reading "
                    f"{tmp_path / 'train.en'} (remove the one that is not the corpus)"]
+    from minitf.data.readers import notes_off   # MPI ranks other than 0 (load_data's notes=False): unsaid
+    (tmp_path / "val.en.gz").write_bytes(gzip.compress(b"x\n"))
+    (tmp_path / "val.en").write_text("x\n")
+    with notes_off():
+        assert find_file(tmp_path, "val.en").endswith("val.en")
+    assert capsys.readouterr().err == ""
 
 
 def test_clean_pairs_drops_what_it_should():

@@ -189,6 +189,18 @@ def test_resume_takes_the_first_starts_flags_a_group_at_a_time(tmp_path, capsys)
     assert "config.json is unreadable (not a run's record" in capsys.readouterr().err
     (out / "config.json").unlink()   # none at all (a run of a minitf that wrote none): the command line alone
     assert parse_args(["--out", str(out), "--resume"]).restored == []
+    # --data-dir and --offline are --dataset's: a record of own files that holds them (an earlier minitf took them
+    # beside --train) resumes without them; the same --dataset named again takes them, another does not
+    (out / "config.json").write_text(json.dumps({"model": {}, "args": {**first, "offline": True,
+                                                                        "data_dir": str(tmp_path)}}))
+    args = parse_args(["--out", str(out), "--resume"])
+    assert args.train == first["train"] and not args.offline and args.data_dir is None
+    first_m30k = vars(parse_args(["--dataset", "multi30k", "--data-dir", str(tmp_path / "m"), "--offline", "--out",
+                                  str(out)]))
+    (out / "config.json").write_text(json.dumps({"model": {}, "args": first_m30k}))
+    for again, kept in ((["--dataset", "multi30k"], True), ([], True), (["--dataset", "wmt14"], False)):
+        args = parse_args(["--out", str(out), "--resume", *again])
+        assert (args.data_dir == str(tmp_path / "m") and args.offline) == kept, again
 
 
 def test_a_runs_record_is_read_in_one_place(tmp_path):

@@ -3,6 +3,7 @@ share, the data settings they give (`DataSettings`), and `load_data`, which find
 the corpus, prepares or reuses its binarized cache (`prepare.prepare_cache`) and reads the small
 valid/test sets.
 """
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -14,6 +15,7 @@ from minitf.flags import Number, path_arg, positive
 from minitf.data.binarized import BinarizedCorpus
 from minitf.data.prepare import cache_folder, no_pairs_left, prepare_cache
 from minitf.data.datasets import DATASETS, DOWNLOADED, dataset_default, default_data_dir, prepare_dataset, user_dataset
+from minitf.data.readers import notes_off
 from minitf.data.tokenizer import MODEL_TYPES
 
 
@@ -191,11 +193,16 @@ def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True, v
 
     `tokenizer`: encode with this one (a resumed checkpoint's); else `--tokenizer`, else the
     cache's or a newly trained one. `expect_data_id`, `expect_corpus`: see `prepare_cache`. `notes`: print the
-    line about a missing optional test set (False on all MPI ranks but one). `verify`: check a reused
+    lines about a missing optional test set and a plain file beside its .gz (False on all MPI ranks but one). `verify`: check a reused
     cache's arrays against their checksums (`prepare --verify`). Returns `Data`."""
-    from minitf.data.tokenizer import Tokenizer
     if not isinstance(args, DataSettings):
         raise TypeError("load_data takes DataSettings (DataSettings.of(parsed flags))")
+    with contextlib.nullcontext() if notes else notes_off():   # ranks other than 0: rank 0 says what it saw
+        return _load_data(args, tokenizer, log, expect_data_id, notes, verify, expect_corpus)
+
+
+def _load_data(args, tokenizer, log, expect_data_id, notes, verify, expect_corpus):
+    from minitf.data.tokenizer import Tokenizer
     progress = not args.quiet
     _refuse_a_file("--cache-dir", args.cache_dir, "the binarized caches go into")   # before any data work
     if args.train:

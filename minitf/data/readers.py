@@ -10,6 +10,7 @@ Lines are split on ``"\\n"`` only (never on the other Unicode line breaks that
 parallel corpus out of alignment); a trailing ``"\\r"`` is removed.
 """
 
+import contextlib
 import gzip
 import io
 import os
@@ -228,6 +229,17 @@ def read_parallel(src_path, tgt_path):
 
 
 _BOTH_SAID = set()   # the plain files find_file has said it reads beside a .gz (once each)
+_QUIET = [0]         # > 0 inside notes_off: find_file's note is not printed (MPI ranks other than 0)
+
+
+@contextlib.contextmanager
+def notes_off():
+    """find_file's notes unsaid for the block: every rank of an MPI job reads the data, rank 0 says what it saw."""
+    _QUIET[0] += 1
+    try:
+        yield
+    finally:
+        _QUIET[0] -= 1
 
 
 def find_file(data_dir, stem):
@@ -235,7 +247,7 @@ def find_file(data_dir, stem):
     stderr (once a process) says which is read: a plain copy left beside a newer .gz would be read without a word."""
     plain, gz = (os.path.join(os.fspath(data_dir), name) for name in (stem, stem + ".gz"))
     if os.path.isfile(plain):
-        if os.path.isfile(gz) and plain not in _BOTH_SAID:
+        if os.path.isfile(gz) and plain not in _BOTH_SAID and not _QUIET[0]:
             _BOTH_SAID.add(plain)
             print(f"note: {plain} and {gz} are both there: reading {plain} (remove the one that is not the corpus)",
                   file=sys.stderr, flush=True)
