@@ -6,7 +6,6 @@ pass over the whole flat buffer, rounds alternating in the same process.
 BLAS plays no part (elementwise NumPy); the update runs in one thread, as in each MPI rank's
 share of a 2-core machine (the multi-core split of optim._chunks is turned off here).
 """
-import argparse
 import statistics
 import sys
 import time
@@ -18,10 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import minitf  # noqa: E402
 from minitf import optim  # noqa: E402
 from bench.shape import add_shape_flags, shape_overrides  # noqa: E402
+from bench.flags import parser  # noqa: E402
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--preset", default="small", choices=sorted(minitf.PRESETS))
     add_shape_flags(ap)
     ap.add_argument("--vocab", type=int, default=8000)

@@ -16,7 +16,6 @@ arrays an update. Each is its best case: the pool finds the block just given bac
 sizes), and the kept buffer is one. Nothing here
 waits for the GPU: these are the host's costs, which set a `--fp16` step where the host is slower than the GPU.
 """
-import argparse
 import statistics
 import sys
 from contextlib import nullcontext
@@ -28,7 +27,7 @@ import numpy as np  # noqa: E402
 
 from minitf import backend  # noqa: E402
 from bench.rounds import alternate  # noqa: E402
-from bench.flags import at_least_one  # noqa: E402
+from bench.flags import at_least_one, parser  # noqa: E402
 
 SHAPES = ((19760, 512), (19760, 2048), (3, 19760, 512))   # a [rows, D] activation, a feed-forward's, stacked q|k|v
 
@@ -48,7 +47,7 @@ def ways(cp, shape, dtype):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--calls", type=int, default=2000, help="arrays made a round")
     p.add_argument("--per-update", type=int, default=417, help="arrays an update takes from the pool")

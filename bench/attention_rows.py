@@ -17,7 +17,6 @@ before and after each round. Printed per mode and attention: the median ms of a 
 the ratio of the head layout's to each packed path's (above 1, the packed rows are faster), and the largest
 difference between a packed path's input gradients and the head layout's, relative to the largest value.
 """
-import argparse
 import os
 import statistics
 import sys
@@ -35,6 +34,7 @@ from minitf.packing import make_rows  # noqa: E402
 from bench.data import wmt_batch  # noqa: E402
 from bench.env import Env  # noqa: E402
 from bench.rounds import alternate  # noqa: E402
+from bench.flags import parser  # noqa: E402
 
 DTYPES = {"float32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 # (name, what it is called in the output, its switches); "cuda" only where "rows" takes tensor cores (16 bits, TF32)
@@ -87,7 +87,7 @@ def gradient_difference(args_of, paths):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--preset", default="base")
     p.add_argument("--modes", default="float32,fp16,bf16", help="comma-separated: float32 (TF32), fp16, bf16")
     p.add_argument("--rounds", type=int, default=9)

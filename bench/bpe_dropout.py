@@ -12,9 +12,7 @@ usage: python bench/bpe_dropout.py --cache ~/.cache/minitf/bin/multi30k.XXXXXXXX
 (a BPE cache: Multi30k's default tokenizer is unigram, so prepare it with
 `python -m minitf prepare --dataset multi30k --subword bpe`)
 """
-import argparse
 import os
-import platform
 import random
 import statistics
 import sys
@@ -26,19 +24,22 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from minitf.data.binarized import open_cache            # noqa: E402
 from minitf.data.resegment import POOL, BPEDropout, _Words   # noqa: E402
+from minitf.flags import Number                         # noqa: E402
+from bench.flags import count, parser, run              # noqa: E402
+from bench.train_step import cpu_model                  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cache", required=True, help="a binarized cache folder")
+    ap = parser(__doc__)
+    ap.add_argument("--cache", required=True, help="a binarized cache folder of a BPE tokenizer")
     ap.add_argument("--src", default="en")
     ap.add_argument("--tgt", default="de")
-    ap.add_argument("--p", type=float, nargs="+", default=[0.05, 0.1], metavar="PROB")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--p", type=Number(float, above=0, below=1), nargs="+", default=[0.05, 0.1], metavar="PROB")
+    ap.add_argument("--rounds", type=count(), default=5)
     args = ap.parse_args()
     corpus = open_cache(args.cache)
     pairs, tok = corpus.pairs(args.src, args.tgt), corpus.tokenizer
-    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; {len(pairs):,} pairs")
+    print(f"{cpu_model()}, {os.cpu_count()} cores; {len(pairs):,} pairs")
     for name, side in zip((args.src, args.tgt), pairs.sides()):
         words = _Words(*side, tok, 0.0, random.Random(0))
         tokens, _, lens = words.draw(np.random.default_rng(0))
@@ -60,4 +61,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

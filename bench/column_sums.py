@@ -20,7 +20,6 @@ refuses a file where they differ. A launch
 that takes the GPU less time than the host takes to make it (~10-20 us of Python and CuPy) is timed at the host's
 rate, the same for both versions.
 """
-import argparse
 import importlib.util
 import os
 import statistics
@@ -34,7 +33,7 @@ import numpy as np  # noqa: E402
 
 from minitf import backend, kernels  # noqa: E402
 from bench.rounds import alternate  # noqa: E402
-from bench.flags import at_least_one  # noqa: E402
+from bench.flags import at_least_one, parser  # noqa: E402
 
 DTYPES = {"float32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -137,7 +136,7 @@ def same_bits(fn, buf, versions):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--modes", default="float32,fp16,bf16", help="comma-separated: float32, fp16, bf16")
     p.add_argument("--rows", type=int, default=19760)
     p.add_argument("--rounds", type=int, default=5)

@@ -24,11 +24,11 @@ With --synthetic n it also writes a cache of n random pairs straight through the
 usage: python bench/data.py --multi30k $MULTI30K --sizes 100000 1000000 4500000 \\
            --synthetic 36000000 --work /tmp/minitf-data-bench --json docs/data_bench.json
 """
-import argparse
 import gzip
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import statistics
@@ -40,6 +40,9 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from bench.flags import count, output_path, parser, run  # noqa: E402
+from bench.train_step import cpu_model  # noqa: E402
 
 
 def write_corpus(multi30k, out, n, seed=0):
@@ -96,13 +99,12 @@ def start_run(prefix, out, cache, preset, steps, resume=False, max_tokens=None, 
     stopped with SIGTERM (it saves a checkpoint: what --resume starts from)."""
     env = dict(os.environ, MINITF_CACHE=cache)
     cmd = [sys.executable, os.path.join(ROOT, "train_wmt.py"), "--train", prefix, "--valid",
-           os.path.join(os.path.dirname(prefix), "val"), "--src", "en", "--tgt", "de", "--vocab-size", "37000",
+           os.path.join(os.path.dirname(prefix), "val"), "--src", "en", "--tgt", "de",
            "--cache-dir", cache, "--preset", preset, "--device", "cpu", "--out", out, "--quiet",
            "--log-every", "1", "--valid-every", "0", "--save-every", "1000000", "--max-steps", "0"]
     if max_tokens:
         cmd += ["--max-tokens", str(max_tokens)]
-    if tokenizer:
-        cmd += ["--tokenizer", tokenizer]
+    cmd += ["--tokenizer", tokenizer] if tokenizer else ["--vocab-size", "37000"]   # one or the other
     if resume:
         cmd.append("--resume")
     log = os.path.join(out, "train_log.jsonl")
@@ -267,25 +269,42 @@ def markdown(results):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--multi30k", default=os.environ.get("MULTI30K"), required="MULTI30K" not in os.environ,
                    help="a folder holding Multi30k's train/val .en/.de[.gz] (default: $MULTI30K)")
-    p.add_argument("--sizes", type=int, nargs="*", default=[100_000, 1_000_000, 4_500_000])
-    p.add_argument("--synthetic", type=int, nargs="*", default=[], help="pair counts of synthetic caches")
+    p.add_argument("--sizes", type=count(), nargs="*", default=[100_000, 1_000_000, 4_500_000])
+    p.add_argument("--synthetic", type=count(), nargs="*", default=[], help="pair counts of synthetic caches")
     p.add_argument("--work", default="/tmp/minitf-data-bench")
     p.add_argument("--preset", default="tiny",
                    help="model trained in the start / RSS runs (tiny: its update takes ~0.1 s, so the start time "
                         "is the data's and the program's own)")
-    p.add_argument("--max-tokens", type=int, default=4096, help="batch size of the start runs")
-    p.add_argument("--plan-tokens", type=int, nargs="*", default=[4096, 25000], help="batch sizes timed for planning")
-    p.add_argument("--runs", type=int, default=3, help="launches per start measurement (median)")
-    p.add_argument("--steps", type=int, default=5, help="updates before the RSS reading")
-    p.add_argument("--keep", action="store_true", help="keep the corpora and caches in --work")
+    p.add_argument("--max-tokens", type=count(), default=4096, help="batch size of the start runs")
+    p.add_argument("--plan-tokens", type=count(), nargs="*", default=[4096, 25000], help="batch sizes timed for planning")
+    p.add_argument("--runs", type=count(), default=3, help="launches per start measurement (median)")
+    p.add_argument("--steps", type=count(), default=5, help="updates before the RSS reading")
+    p.add_argument("--keep", action="store_true", help="keep the corpora, caches and runs in --work (else removed, "
+                                                       "also when the measurement stops early)")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
+    output_path(p, args.json, "--json")
     os.makedirs(args.work, exist_ok=True)
+    try:
+        measure_all(args)
+    finally:
+        if not args.keep:
+            for name in os.listdir(args.work):   # what this script makes there (a folder of other things stays)
+                if WORK_NAMES.fullmatch(name):
+                    path = os.path.join(args.work, name)
+                    shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)
+
+
+_MADE = r"base|base-cache|n\d+|cache\d+|run-.*|synthetic-cache\d+|synthetic\.model"
+WORK_NAMES = re.compile(rf"(?:{_MADE})|\.(?:{_MADE})\.lock")   # and the runs' and caches' lock files beside them
+
+
+def measure_all(args):
     results = {"runs": args.runs,
-               "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+               "machine": f"{platform.node()} {cpu_model()}, {os.cpu_count()} cores",
                "date": time.strftime("%Y-%m-%d"), "preset": args.preset, "max_tokens": args.max_tokens,
                "numpy": np.__version__, "corpora": []}
 
@@ -366,4 +385,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -21,13 +21,11 @@ are reported with their ratio. The hypotheses are compared: greedy must match ex
 beam hypothesis may differ only where two candidates' scores tie to float32 rounding
 (both are rescored in float64 to show it).
 """
-import argparse
 import concurrent.futures
 import cProfile
 import datetime
 import io
 import os
-import platform
 import pstats
 import statistics
 import sys
@@ -43,7 +41,9 @@ from minitf.data.batching import pad_ids  # noqa: E402
 from minitf.decode import length_penalty  # noqa: E402
 from minitf.translate import search_threads, translate_ids  # noqa: E402
 from minitf.loss import log_softmax  # noqa: E402
-from bench.flags import at_least_one, need_torch  # noqa: E402
+from bench.flags import count, need_torch, parser, run  # noqa: E402
+from bench.train_step import cpu_model  # noqa: E402
+from minitf.flags import MAX_ALPHA, Number  # noqa: E402
 
 
 def load(args):
@@ -126,7 +126,7 @@ def compare(model, src_ids, a, b, beam, alpha):
 
 
 def header(model, src_ids, args):
-    print(f"date {datetime.datetime.now().isoformat(timespec='seconds')}  machine {platform.processor() or platform.machine()}"
+    print(f"date {datetime.datetime.now().isoformat(timespec='seconds')}  machine {cpu_model()}"
           f" ({os.cpu_count()} cores)  numpy {np.__version__}  device {args.device}")
     cfg = model.cfg
     print(f"model D={cfg.d_model} H={cfg.n_heads} F={cfg.d_ff} layers={cfg.n_layers}+{cfg.n_decoder_layers} V={cfg.vocab_size}; {len(src_ids)} sentences "
@@ -200,31 +200,33 @@ def profile(model, src_ids, args):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    mode = p.add_mutually_exclusive_group()
+    p = parser(__doc__)
+    mode = p.add_mutually_exclusive_group(required=True)   # what to measure: one of the three
     mode.add_argument("--vs-torch", action="store_true", help="against bench/torch_decode.py (needs torch)")
     mode.add_argument("--vs-uncached", action="store_true", help="with and without the KV cache")
     mode.add_argument("--profile", action="store_true", help="cProfile one minitf run per beam size")
     p.add_argument("--preset", default="small", help="random weights of this preset without --checkpoint")
-    p.add_argument("--vocab", type=int, default=8000)
-    p.add_argument("--checkpoint")
-    p.add_argument("--src", help="raw source sentences (with --checkpoint)")
-    p.add_argument("--n", type=int, default=0, metavar="SENTENCES", help="the first n sentences (0: all; random sources: 100)")
-    p.add_argument("--beams", type=int, nargs="+", default=[1, 4])
-    p.add_argument("--alpha", type=float, default=0.6)
-    p.add_argument("--max-len-b", type=int, default=50)
-    p.add_argument("--batch-size", type=int, default=64, help="sentences a batch (translate's default)")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--streams", type=int, default=None,
+    p.add_argument("--vocab", type=count(5), default=8000, help="pieces of the random model without --checkpoint")
+    p.add_argument("--checkpoint", help="a trained model (without it: random weights, which rarely end a sentence)")
+    p.add_argument("--src", help="raw source sentences (with --checkpoint; without: random ids)")
+    p.add_argument("--n", type=count(0), default=0, metavar="SENTENCES",
+                   help="the first n sentences (0: all; random sources: 100)")
+    p.add_argument("--beams", type=count(), nargs="+", default=[1, 4])
+    p.add_argument("--alpha", type=Number(float, 0, MAX_ALPHA), default=0.6)
+    p.add_argument("--max-len-b", type=count(0), default=50)
+    p.add_argument("--batch-size", type=count(), default=64, help="sentences a batch (translate's default)")
+    p.add_argument("--rounds", type=count(), default=3)
+    p.add_argument("--streams", type=count(), default=None,
                    help="minitf's searches side by side (translate_ids; default: its default, one per core)")
-    p.add_argument("--torch-streams", type=int, default=1,
+    p.add_argument("--torch-streams", type=count(), default=1,
                    help="--vs-torch: PyTorch searches side by side, one op thread each (default 1: torch's own threads)")
-    p.add_argument("--top", type=int, default=25, help="--profile: functions shown")
+    p.add_argument("--top", type=count(), default=25, help="--profile: functions shown")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     args = p.parse_args()
     if args.vs_torch:
         need_torch(p)
-    at_least_one(p, args, "streams", "torch_streams")
+    if args.src and not args.checkpoint:   # its sentences would be timed on random ids, named as the file's
+        p.error("--src is read with --checkpoint's tokenizer: give --checkpoint too (without both: random sources)")
     model, src_ids = load(args)
     if model.cfg.arch != "transformer" and (args.vs_torch or args.vs_uncached):
         p.error(f"--vs-torch and --vs-uncached time the Transformer's KV cache; {args.checkpoint} is --arch "
@@ -240,4 +242,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -22,6 +22,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench.shape import add_shape_flags, shape_overrides  # noqa: E402
+from bench.flags import parser  # noqa: E402
 
 
 def worker(args):
@@ -76,7 +77,7 @@ def worker(args):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--preset", default="small")
     add_shape_flags(p)
     p.add_argument("--vocab", type=int, default=8000)

@@ -9,7 +9,6 @@ drawing only the packed rows (the cheapest NumPy draw, whose masks depend on the
 
 Rounds alternate in one process (2 steps each, the first 2 rounds dropped); medians and the ratio.
 """
-import argparse
 import statistics
 import sys
 import time
@@ -22,6 +21,7 @@ import minitf  # noqa: E402
 from minitf import functional as F  # noqa: E402
 from bench.shape import add_shape_flags, shape_overrides  # noqa: E402
 from bench.train_step import make_batch  # noqa: E402
+from bench.flags import parser  # noqa: E402
 
 
 def packed_only(stream, xp, shape, rows=None):
@@ -33,7 +33,7 @@ def packed_only(stream, xp, shape, rows=None):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--rounds", type=int, default=21)
     p.add_argument("--dropout", type=float, help="the dropout rate (default: the preset's)")
     add_shape_flags(p)

@@ -28,3 +28,68 @@ def need_torch(parser, flag="--vs-torch"):
     if importlib.util.find_spec("torch") is None:
         parser.error(f"{flag} times the same model in PyTorch, which is not installed here: pip install torch (a CPU "
                      f"build is enough on a CPU), or drop {flag}")
+
+
+# ----------------------------------------------------------------------------- the scripts' command lines
+def count(low=1):
+    """argparse type of a count: an integer >= low (1: rounds, sentences, sizes; 0: warm-up rounds), else a one-line
+    usage error naming the flag before anything is measured."""
+    from minitf.flags import Number
+    return Number(int, low)
+
+
+def parser(doc):
+    """An argument parser for a benchmark: its whole docstring as --help (what it measures, how to run it), each
+    flag's default shown, and one-line usage errors (minitf.flags.Parser)."""
+    import argparse
+    from minitf.flags import Parser
+
+    class Help(argparse.RawDescriptionHelpFormatter):
+        def _get_help_string(self, action):   # "(default: 7)" where a default says something
+            text = action.help or ""
+            if action.default in (None, False, argparse.SUPPRESS) or "%(default)" in text:
+                return text
+            return f"{text} (default: %(default)s)".strip()
+
+    class BenchParser(Parser):
+        def add_argument(self, *names, **kw):   # a flag without help says its default
+            if "help" not in kw and kw.get("default") not in (None, False):
+                kw["help"] = "(default: %(default)s)"
+            return super().add_argument(*names, **kw)
+
+    return BenchParser(description=doc, formatter_class=Help)
+
+
+def output_path(parser, path, flag):
+    """A usage error, before anything is measured, where --out/--json `path` cannot be written (no such folder, or
+    a folder there); a measurement had run to its end and then failed to save."""
+    import os
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        parser.error(f"{flag} {path} is a folder: name the file to write")
+    if not os.path.isdir(folder):
+        parser.error(f"{flag} {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        parser.error(f"{flag} {path}: the folder {folder} cannot be written")
+
+
+def run(main):
+    """main(), with what stops it said in one line: Ctrl-C (exit 130: nothing more is measured; what was printed
+    stands) and minitf's own errors (a missing checkpoint or file, a model that does not fit: exit 2)."""
+    import sys
+    from minitf.errors import MinitfError
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print("\ninterrupted (Ctrl-C): nothing more is measured", file=sys.stderr)
+        sys.exit(130)
+    except MinitfError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:
+        if e.filename is None:
+            raise
+        print(f"error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+        sys.exit(2)

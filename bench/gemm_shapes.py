@@ -25,7 +25,6 @@ What it answers: how near the hardware the update's products run (float32's step
 whether minitf's cuBLAS calls (cublasGemmEx, cublasGemmStridedBatchedEx) take longer than PyTorch's choice for
 the same product (PyTorch goes through cuBLASLt) on the GPU or on the host.
 """
-import argparse
 import math
 import os
 import statistics
@@ -44,7 +43,7 @@ import minitf  # noqa: E402
 from minitf import backend, gemm, kernels  # noqa: E402
 from bench.data import wmt_batch  # noqa: E402
 from bench.rounds import alternate  # noqa: E402
-from bench.flags import at_least_one, known_modes  # noqa: E402
+from bench.flags import at_least_one, known_modes, parser  # noqa: E402
 from bench.gpu_ab import cuda_torch  # noqa: E402
 from bench.launches import MODES as LAUNCH_MODES  # noqa: E402
 from bench.train_step import MinitfRunner  # noqa: E402
@@ -252,7 +251,7 @@ def report(mode, rows, top, yard):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--preset", default="base", choices=sorted(minitf.PRESETS))
     p.add_argument("--modes", default="float32,fp16,bf16", help="comma-separated: float32 (TF32), fp16, bf16")
     p.add_argument("--rounds", type=int, default=3)

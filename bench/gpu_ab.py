@@ -39,7 +39,6 @@ run such variants in a process of their own).
 The batch is bench/gpu_report.py's (bench/data.py's `wmt_batch`): at most 25,000 padded tokens a side of
 WMT14-shaped lengths.
 """
-import argparse
 import json
 import os
 import statistics
@@ -59,7 +58,7 @@ from minitf import kernels as minitf_kernels  # noqa: E402
 from bench.column_sums import differing_kernels, launcher, other_kernels  # noqa: E402
 from bench.data import wmt_batch  # noqa: E402
 from bench.env import Env  # noqa: E402
-from bench.flags import known_modes  # noqa: E402
+from bench.flags import known_modes, parser  # noqa: E402
 from bench.launches import MODES  # noqa: E402
 from bench.train_step import MinitfRunner, timed_round, torch_runner_like  # noqa: E402
 
@@ -318,7 +317,7 @@ def host_profile(runner, steps, top):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--variant", action="append", help="name=VAR=value[,VAR=value] (repeat; the first is the baseline "
                    "of the ratios)")
     p.add_argument("--presets", default="base")

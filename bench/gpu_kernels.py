@@ -13,7 +13,6 @@ kernels grouped by name, most time first, with their share of the summed kernel 
 
 Needs cupy and torch, on a CUDA GPU.
 """
-import argparse
 import collections
 import os
 import sys
@@ -27,6 +26,7 @@ import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
 from bench.data import wmt_batch  # noqa: E402
 from bench.train_step import make_runners  # noqa: E402
+from bench.flags import parser  # noqa: E402
 
 
 def kernel_intervals(prof):
@@ -94,7 +94,7 @@ def report(name, res, steps, top):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--preset", default="base", choices=sorted(minitf.PRESETS))
     ap.add_argument("--modes", default="float32,fp16", help="comma-separated: float32 (TF32), fp16")
     ap.add_argument("--tokens", type=int, default=25000, help="padded tokens a side in the batch")

@@ -35,7 +35,6 @@ reported even when another fails:
           the lengths above, by bench/data.py's make_synthetic): updates/s over a few minutes of
           training and the projected hours for the paper's 100k updates
 """
-import argparse
 import datetime
 import json
 import os
@@ -61,7 +60,7 @@ from minitf import backend  # noqa: E402
 from minitf.fileio import atomic_write_bytes  # noqa: E402
 from bench.data import make_synthetic, wmt_batch, wmt_lengths  # noqa: E402
 from bench import suite  # noqa: E402
-from bench.flags import at_least_one  # noqa: E402
+from bench.flags import at_least_one, parser  # noqa: E402
 from bench.launches import MODES  # noqa: E402
 from bench.train_step import make_runners, step_flops, timed_round  # noqa: E402
 
@@ -414,12 +413,14 @@ def _pct(x):
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
+SECTIONS = ("suite", "launches", "step", "kernels", "beam", "wmt")   # in the order they run
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--out", help="folder for report.md and report.json (written again after every section: a "
                    "command stopped part-way keeps what it measured)")
-    p.add_argument("--skip", default="", help="comma-separated sections to leave out: "
-                   "suite,launches,step,kernels,beam,wmt")
+    p.add_argument("--skip", default="", help=f"comma-separated sections to leave out: {','.join(SECTIONS)}")
     p.add_argument("--smoke", action="store_true", help="tiny sizes (checks this script, e.g. under the CuPy stand-in)")
     p.add_argument("--fp16", action="store_true", help="the WMT14-shaped run with --fp16")
     p.add_argument("--no-strong", action="store_true",
@@ -445,6 +446,8 @@ def main(argv=None):
     # (--smoke's suite: the GPU tests at a GPU's sizes when the stand-in is the GPU, ~150 s on a 2-core CPU)
     args.wmt_seconds, args.wmt_log_every, args.suite_timeout = (150.0, 10, 200) if big else (8.0, 2, 300)
     skip = {s for s in args.skip.split(",") if s}
+    for s in sorted(skip - set(SECTIONS)):   # a misspelt name had been ignored: the section ran
+        p.error(f"--skip: unknown section {s!r} ({', '.join(SECTIONS)})")
     ok, why = backend.gpu_available()
     if not ok:
         sys.exit(f"gpu_report: no GPU: {why}")
@@ -454,10 +457,12 @@ def main(argv=None):
            "switches": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MINITF_") and k != "MINITF_CACHE"},
            "steps_per_round": args.steps_per_round, "sections": {}}
     log(f"{rep['env'].get('gpu')}, CuPy {rep['env']['cupy']}, torch {rep['env']['torch']}")
-    for name, fn in (("suite", lambda: section_suite(args)), ("launches", lambda: section_launches(args)),
-                     ("step", lambda: section_step(args, rep["env"])),
-                     ("kernels", lambda: section_kernels(args)), ("beam", lambda: section_beam(args)),
-                     ("wmt", lambda: section_wmt(args))):
+    sections = (("suite", lambda: section_suite(args)), ("launches", lambda: section_launches(args)),
+                ("step", lambda: section_step(args, rep["env"])),
+                ("kernels", lambda: section_kernels(args)), ("beam", lambda: section_beam(args)),
+                ("wmt", lambda: section_wmt(args)))
+    assert tuple(name for name, _ in sections) == SECTIONS
+    for name, fn in sections:
         if name in skip:
             continue
         if name == "wmt":   # the run takes what the budget leaves (corpus, start and the final evaluation: ~90 s)

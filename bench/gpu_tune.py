@@ -40,7 +40,6 @@ at least 1.01x as a geometric mean over the modes (SPEED_LEAST). Of those, the f
 each against the `now` of its own process. A KERNELS=FILE variant (--before-kernels) is timed, never chosen; a file
 whose kernels take other arguments than minitf's launchers pass is refused up front.
 """
-import argparse
 import json
 import math
 import os
@@ -55,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import suite  # noqa: E402
-from bench.flags import known_modes  # noqa: E402
+from bench.flags import known_modes, parser  # noqa: E402
 from bench.launches import MODES  # noqa: E402
 from minitf.fileio import atomic_write_bytes  # noqa: E402
 
@@ -278,7 +277,7 @@ def log(msg):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--out", required=True, help="folder for every stage's output and summary.md")
     p.add_argument("--deadline", type=float, default=420.0,
                    help="seconds for the whole command (default 420); each stage gets what is left of it")

@@ -14,7 +14,6 @@ the preset's layers, heads and stacks at width 64 (d_ff 128, 64 pieces) on a sho
 the step's second update counted (the first compiles and sets up). On a GPU, bench/gpu_report.py
 and bench/gpu_ab.py count the kernels the profiler sees.
 """
-import argparse
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
 from bench.env import Env  # noqa: E402
+from bench.flags import parser  # noqa: E402
 
 
 MODES = (("float32", False), ("fp16", True), ("bf16", "bfloat16"))   # (name, count_update's fp16)
@@ -77,7 +77,7 @@ def peak_bytes(preset="base", fp16=False, env=None):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--preset", default="base")
     ap.add_argument("--by-name", action="store_true", help="list the kernels launched, most launched first")
     ap.add_argument("--allocations", action="store_true",

@@ -37,7 +37,6 @@ same code: a check of this script). A runner that fails (a first run of new kern
 with its error (and listed under "failed" in --out's JSON), and the others still run, unless the error left the
 CUDA context unusable (an illegal address does). The relative differences are to the first runner that finished.
 """
-import argparse
 import json
 import os
 import sys
@@ -58,7 +57,8 @@ from minitf.train import compute_dtype, step_stats  # noqa: E402
 from minitf.validation import evaluate_loss  # noqa: E402
 from bench.gpu_ab import DEFAULT_VARIANTS, VariantEnv, check_kernel_files, parse_variant  # noqa: E402
 from bench.shape import add_shape_flags, shape_overrides  # noqa: E402
-from bench.flags import at_least_one  # noqa: E402
+from bench.flags import count, parser  # noqa: E402
+from minitf.flags import Number  # noqa: E402
 
 
 def log(msg):
@@ -256,20 +256,21 @@ def by_engine(records):
 
 # ----------------------------------------------------------------------------- main
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--train-src", required=True)
     p.add_argument("--train-tgt", required=True)
     p.add_argument("--valid-src", required=True)
     p.add_argument("--valid-tgt", required=True)
     p.add_argument("--tokenizer", required=True, help="a SentencePiece model with minitf's special ids")
-    p.add_argument("--pairs", type=int, default=400_000, help="read at most this many training pairs")
-    p.add_argument("--valid-pairs", type=int, default=1000)
+    p.add_argument("--pairs", type=count(), default=400_000, help="read at most this many training pairs")
+    p.add_argument("--valid-pairs", type=count(), default=1000)
     p.add_argument("--preset", default="base")
     add_shape_flags(p)
-    p.add_argument("--updates", type=int, default=300)
-    p.add_argument("--max-tokens", type=int, default=25000, help="padded tokens a side per batch")
-    p.add_argument("--warmup", type=int, default=None, help="warmup updates (default: the preset's)")
-    p.add_argument("--lr-factor", type=float, default=None, help="the schedule's factor (default: the preset's)")
+    p.add_argument("--updates", type=count(), default=300)
+    p.add_argument("--max-tokens", type=count(), default=25000, help="padded tokens a side per batch")
+    p.add_argument("--warmup", type=count(), default=None, help="warmup updates (default: the preset's)")
+    p.add_argument("--lr-factor", type=Number(float, above=0), default=None,
+                   help="the schedule's factor (default: the preset's)")
     p.add_argument("--device", default="gpu", choices=["cpu", "gpu"])
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--bf16", action="store_true", help="minitf --bf16 against PyTorch AMP bfloat16 (no loss scaling)")
@@ -277,7 +278,7 @@ def main(argv=None):
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--also-seed", type=int, action="append", default=[], metavar="SEED",
                    help="also the first variant with dropout seed SEED: how far runs of one engine differ by chance")
-    p.add_argument("--seeds", type=int, default=1, metavar="COUNT",
+    p.add_argument("--seeds", type=count(), default=1, metavar="COUNT",
                    help="every runner (each variant and PyTorch) with dropout seeds 0 .. COUNT-1, seed by seed; the "
                         "summary gives each engine's mean validation NLL and its spread")
     p.add_argument("--grad-float16", type=float, metavar="SCALE",
@@ -288,7 +289,7 @@ def main(argv=None):
                    help="minitf in float32 with every LayerNorm's output rounded to float16: the post-norm residual "
                         "stream as minitf --fp16 stores it (PyTorch AMP keeps it in float32), apart from the rest of "
                         "float16 arithmetic")
-    p.add_argument("--out")
+    p.add_argument("--out", help="a folder for same_training.json (made where missing)")
     args = p.parse_args(argv)
     if args.fp16 and args.bf16:
         p.error("--fp16 and --bf16 each choose the 16-bit dtype: give one")
@@ -297,7 +298,6 @@ def main(argv=None):
                 "gradients as float16 would")
     if args.norm_float16 and (args.fp16 or args.bf16):
         p.error("--norm-float16 is for float32 (no --fp16 or --bf16): it rounds a float32 model's LayerNorm outputs")
-    at_least_one(p, args, "seeds")
     variants = [parse_variant(v) for v in args.variant or DEFAULT_VARIANTS]
     check_kernel_files(variants)
     tok = Tokenizer(args.tokenizer)

@@ -19,7 +19,6 @@ Also minitf with the checkpoint's own settings (beam 4, its preset's alpha, fair
 its BLEU. Prints and writes (--out) medians over --rounds of the wall time, sentences/s, and
 sacreBLEU. Needs `pip install 'minitf[serve]'`.
 """
-import argparse
 import json
 import os
 import platform
@@ -35,21 +34,30 @@ from minitf.backend import usable_cores  # noqa: E402
 from minitf.ctranslate2_export import export_ctranslate2  # noqa: E402
 from minitf.data.readers import read_text  # noqa: E402
 from minitf.translate import metrics, translate_ids  # noqa: E402
+from bench.flags import count, output_path, parser, run  # noqa: E402
+from bench.train_step import cpu_model  # noqa: E402
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--src", required=True)
-    p.add_argument("--ref", required=True)
-    p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--out")
+    p = parser(__doc__)
+    p.add_argument("--checkpoint", required=True, help="a minitf Transformer checkpoint")
+    p.add_argument("--src", required=True, help="source sentences, one a line (plain or .gz)")
+    p.add_argument("--ref", required=True, help="their references, line for line")
+    p.add_argument("--beam", type=count(), default=4)
+    p.add_argument("--rounds", type=count(), default=3)
+    p.add_argument("--out", help="also write the results here (JSON)")
     args = p.parse_args()
-    import ctranslate2
+    output_path(p, args.out, "--out")
+    try:
+        import ctranslate2
+    except ImportError:
+        p.error("this compares with CTranslate2, which is not installed here: pip install 'minitf[serve]'")
     t = minitf.load(args.checkpoint)
     tok = t.tokenizer
     src_lines, refs = read_text(args.src), read_text(args.ref)
+    if len(src_lines) != len(refs):
+        p.error(f"--src {args.src} has {len(src_lines):,} lines, --ref {args.ref} {len(refs):,}: BLEU needs one "
+                f"reference a sentence")
     src = tok.encode(src_lines)
     with_eos = [s + [tok.eos_id] for s in src]
     pieces = [[tok.id_to_piece(i) for i in s] for s in src]
@@ -77,16 +85,17 @@ def main():
         times = {name: [] for name in runners}
         outputs = {}
         for r in range(args.rounds):
-            for name, run in runners.items():
+            for name, runner in runners.items():
                 t0 = time.perf_counter()
-                outputs[name] = run()
+                outputs[name] = runner()
                 times[name].append(time.perf_counter() - t0)
                 print(f"round {r + 1} {name}: {times[name][-1]:.2f} s", file=sys.stderr, flush=True)
     result = {"checkpoint": args.checkpoint, "src": args.src, "sentences": len(src), "beam": args.beam,
-              "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {cores} cores",
+              "machine": f"{platform.node()} {cpu_model()}, {cores} cores",
               "date": time.strftime("%Y-%m-%d %H:%M"), "ctranslate2": ctranslate2.__version__, "runs": {}}
     base = statistics.median(times["minitf"])
-    print(f"{len(src)} sentences, beam {args.beam}, {args.rounds} rounds; medians")
+    print(f"{result['date']}, {result['machine']}, ctranslate2 {ctranslate2.__version__}: {len(src)} sentences, beam "
+          f"{args.beam}, {args.rounds} rounds; medians (x: speed against minitf's)")
     for name in runners:
         score = metrics(tok.decode(outputs[name]), refs)
         med = statistics.median(times[name])
@@ -101,4 +110,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

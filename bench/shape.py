@@ -12,8 +12,9 @@ FLAGS = {  # flag -> (config field, help)
 
 def add_shape_flags(ap):
     """The flags of FLAGS (--layers, --decoder-layers, --d-model, --d-ff, --heads) on an argparse parser."""
+    from bench.flags import count
     for flag, (_, help_text) in FLAGS.items():
-        ap.add_argument(flag, type=int, help=help_text)
+        ap.add_argument(flag, type=count(), help=help_text)   # 0 heads or layers: a usage error, not a traceback
 
 
 def shape_overrides(args):

@@ -21,11 +21,9 @@ Each timing is the median of --rounds, the layers alternating within each round.
 column counts the layer's dependent steps in one forward: the LSTM's cell calls (counted by
 wrapping layers.recurrent.cell_forward), 1 for the others (one matmul chain over all positions).
 """
-import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -37,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minitf import functional as F  # noqa: E402
 from minitf.layers import LSTM, Conv1d, MultiHeadAttention  # noqa: E402
 from minitf.layers import recurrent  # noqa: E402
+from bench.flags import count, output_path, parser, run  # noqa: E402
+from bench.train_step import cpu_model  # noqa: E402
 
 LAYERS = ("self-attention", "self-attention+", "recurrent", "convolutional")
 
@@ -150,29 +150,30 @@ def path_gradients(checkpoint, sentences, lengths, samples, rng):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--n", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512, 1024], metavar="LENGTH",
+    p = parser(__doc__)
+    p.add_argument("--n", type=count(), nargs="+", default=[16, 32, 64, 128, 256, 512, 1024], metavar="LENGTH",
                    help="lengths at --d")
-    p.add_argument("--d", type=int, default=256, metavar="WIDTH", help="width for the sweep over n")
-    p.add_argument("--widths", type=int, nargs="+", default=[32, 64, 128, 256, 512, 1024], help="widths at --n-fixed")
-    p.add_argument("--n-fixed", type=int, default=128, help="length for the sweep over d")
-    p.add_argument("--k", type=int, default=3, metavar="WIDTH", help="kernel width of the convolution")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--d", type=count(), default=256, metavar="WIDTH", help="width for the sweep over n")
+    p.add_argument("--widths", type=count(), nargs="+", default=[32, 64, 128, 256, 512, 1024], help="widths at --n-fixed")
+    p.add_argument("--n-fixed", type=count(), default=128, help="length for the sweep over d")
+    p.add_argument("--k", type=count(), default=3, metavar="WIDTH", help="kernel width of the convolution")
+    p.add_argument("--batch", type=count(), default=8)
+    p.add_argument("--rounds", type=count(), default=5)
     p.add_argument("--rnn", help="a trained --arch rnn checkpoint (path-length part)")
     p.add_argument("--transformer", help="a trained Transformer checkpoint (path-length part)")
     p.add_argument("--sentences", help="source sentences (plain or .gz) the path-length part encodes")
-    p.add_argument("--lengths", type=int, nargs="+", default=[2, 4, 8, 12, 16, 24, 32, 48, 64, 96])
-    p.add_argument("--samples", type=int, default=16)
+    p.add_argument("--lengths", type=count(2), nargs="+", default=[2, 4, 8, 12, 16, 24, 32, 48, 64, 96])
+    p.add_argument("--samples", type=count(), default=16)
     p.add_argument("--out", help="write the results as JSON (for `python -m minitf plot table1`)")
     args = p.parse_args(argv)
+    output_path(p, args.out, "--out")
     if (args.rnn or args.transformer) and not args.sentences:
         p.error("--rnn/--transformer need --sentences (the text to encode)")
     for path in filter(None, [args.rnn, args.transformer, args.sentences]):
         if not os.path.isfile(path):
             p.error(f"{path} does not exist")
     rng = np.random.default_rng(0)
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__}"
+    machine = f"{cpu_model()}, {os.cpu_count()} cores, numpy {np.__version__}"
     print(f"date {datetime.date.today()}  machine {machine}  batch {args.batch}  rounds {args.rounds}  k {args.k}")
     results = {"date": str(datetime.date.today()), "machine": machine, "batch": args.batch, "k": args.k,
                "rounds": args.rounds, "by_n": sweep(args.n, args.d, "n", args.k, args.batch, args.rounds, rng, print),
@@ -188,4 +189,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -18,10 +18,16 @@ PyTorch is not a dependency of minitf: only bench/ imports this.
 """
 import math
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import torch
 
-from bench.torch_model import sinusoids
+if __name__ == "__main__":   # a module of bench/decode.py --vs-torch, not a script of its own
+    sys.exit("bench/torch_decode.py is the PyTorch side of `python bench/decode.py --vs-torch`: run that (its --help)")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.torch_model import sinusoids  # noqa: E402
 
 
 def length_penalty(length, alpha):

@@ -16,7 +16,6 @@ q k^T and p v, each 2 * H*d_k * l_q * l_k forward per sentence (l_q, l_k its que
 Biases, LayerNorm, softmax, embedding lookups and Adam are not counted. The same count on
 the padded shapes is in the JSON (`flops_per_step.padded`).
 """
-import argparse
 import datetime
 import json
 import os
@@ -38,7 +37,7 @@ from minitf import backend, kernels  # noqa: E402
 from minitf.backend import get_xp, synchronize, to_numpy  # noqa: E402
 from minitf.config import id_ranges  # noqa: E402
 from minitf.errors import ConfigError  # noqa: E402
-from bench.flags import need_torch  # noqa: E402
+from bench.flags import count, need_torch, output_path, parser, run  # noqa: E402
 from bench.shape import add_shape_flags, shape_overrides  # noqa: E402
 
 
@@ -266,7 +265,7 @@ def timed_round(runner, steps):
 
 # ----------------------------------------------------------------------------- main
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--preset", default="small", choices=sorted(minitf.PRESETS))
     add_shape_flags(ap)
     ap.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
@@ -276,10 +275,10 @@ def main(argv=None):
     ap.add_argument("--tf32", action="store_true",
                     help="GPU float32 matmuls on TF32 tensor cores, on both sides (CUPY_TF32=1 for minitf, "
                          "torch.backends.cuda.matmul.allow_tf32 for torch); default: full float32 on both")
-    ap.add_argument("--batch-sentences", type=int, default=64)
-    ap.add_argument("--src-len", type=int, default=24)
-    ap.add_argument("--tgt-len", type=int, default=24)
-    ap.add_argument("--vocab", type=int, default=8000)
+    ap.add_argument("--batch-sentences", type=count(), default=64)
+    ap.add_argument("--src-len", type=count(), default=24)
+    ap.add_argument("--tgt-len", type=count(), default=24)
+    ap.add_argument("--vocab", type=count(5), default=8000, help="pieces (at least the 4 special ones and one more)")
     ap.add_argument("--output-pieces", type=int, metavar="V_o",
                     help="an output vocabulary of V_o of the --vocab pieces (ids 1..V_o; the targets drawn from them): "
                          "train_wmt.py --output-vocab target")
@@ -288,14 +287,15 @@ def main(argv=None):
     ap.add_argument("--full-length", action="store_true",
                     help="every sentence exactly --src-len/--tgt-len long: no padding, so minitf's pad-free "
                          "rows save nothing (the like-for-like kernel comparison)")
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--warmup-rounds", type=int, default=2)
-    ap.add_argument("--steps-per-round", type=int, default=1)
+    ap.add_argument("--rounds", type=count(), default=7)
+    ap.add_argument("--warmup-rounds", type=count(0), default=2)
+    ap.add_argument("--steps-per-round", type=count(), default=1)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--json", metavar="OUT")
     ap.add_argument("--profile", action="store_true",
                     help="instead of timing, run minitf's steps under cProfile and print the top functions")
     args = ap.parse_args(argv)
+    output_path(ap, args.json, "--json")
 
     sizes = shape_overrides(args)
     if args.vs_joint and not args.output_pieces:
@@ -485,4 +485,4 @@ def report(info):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

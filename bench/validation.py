@@ -11,7 +11,6 @@ prints one JSON line per mode, with the record, which is the same in both.
 usage: mpiexec -n 2 python bench/validation.py --checkpoint runs/m30k/model.npz \\
            --src $MULTI30K/val.en.gz --ref $MULTI30K/val.de.gz --rounds 5
 """
-import argparse
 import json
 import os
 import statistics
@@ -21,17 +20,20 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench.flags import count, parser, run  # noqa: E402
+
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True)
+    p = parser(__doc__)
+    p.add_argument("--checkpoint", required=True, help="a trained model")
     p.add_argument("--src", required=True, help="validation source text (.gz or plain)")
     p.add_argument("--ref", required=True, help="its references")
-    p.add_argument("--max-tokens", type=int, default=1536,
+    p.add_argument("--max-tokens", type=count(), default=1536,
                    help="tokens per loss batch (the small preset's batch on each of two ranks: 3072 / 2)")
-    p.add_argument("--bleu-sentences", type=int, default=500, help="greedy BLEU sample (train_wmt.py's default)")
-    p.add_argument("--decode-batch", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--bleu-sentences", type=count(0), default=500,
+                   help="greedy BLEU sample (train_wmt.py's default; 0: no BLEU)")
+    p.add_argument("--decode-batch", type=count(), default=64)
+    p.add_argument("--rounds", type=count(), default=5)
     args = p.parse_args()
 
     from minitf import distributed
@@ -62,4 +64,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -182,13 +182,16 @@ def marian_arrays(cfg, params, languages=None):
 
 def checkpoint_model(checkpoint):
     """(config, params, tokenizer, languages) of a model to export: a minitf checkpoint, or a Marian model (an OPUS-MT
-    folder, or minitf's own Marian export, read as modelfile.read_model reads it); languages [src, tgt] where the file
-    records them, else None. CheckpointError without a tokenizer."""
-    from .modelfile import read_model
-    stored = read_model(checkpoint)
-    if stored.tokenizer is None:
+    folder, or minitf's own Marian export: import_marian); languages [src, tgt] where the file records them, else
+    None. CheckpointError without a tokenizer."""
+    if is_marian(checkpoint):
+        return import_marian(checkpoint)
+    from .checkpoint import load_checkpoint
+    from .data.tokenizer import tokenizer_from_bytes
+    ckpt = load_checkpoint(checkpoint, optimizer=False)
+    if ckpt.tokenizer is None:
         raise CheckpointError(f"{checkpoint} has no tokenizer inside: a Marian model needs its vocabulary")
-    return stored.config, stored.params, stored.tokenizer, stored.train_state.get("languages")
+    return ckpt.config, ckpt.params, tokenizer_from_bytes(ckpt.tokenizer), ckpt.train_state.get("languages")
 
 
 def export_marian(checkpoint, out_dir):

@@ -211,3 +211,49 @@ def test_dataset_flags_beside_own_files_are_refused(extra, says, tmp_path, capsy
     assert cli.main(["prepare", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("script, argv, says", [
+    ("train_step", ["--rounds", "0"], "argument --rounds: must be an integer >= 1, got 0"),
+    ("train_step", ["--heads", "0"], "argument --heads: must be an integer >= 1, got 0"),
+    ("train_step", ["--json", "NOPE/x.json"], "--json NOPE/x.json: the folder NOPE does not exist"),
+    ("decode", ["--vs-uncached", "--src", "x.en"], "--src is read with --checkpoint's tokenizer: give --checkpoint"),
+    ("decode", ["--checkpoint", "m.npz"], "one of the arguments --vs-torch --vs-uncached --profile is required"),
+    ("table1", ["--k", "0"], "argument --k: must be an integer >= 1, got 0"),
+    ("validation", ["--checkpoint", "m", "--src", "a", "--ref", "b", "--bleu-sentences", "-1"],
+     "argument --bleu-sentences: must be an integer >= 0, got -1"),
+    ("gpu_report", ["--smoke", "--skip", "suit"], "--skip: unknown section 'suit' (suite, launches, step, kernels"),
+])
+def test_a_benchmarks_bad_value_is_one_line_before_anything_is_measured(script, argv, says, tmp_path, capsys,
+                                                                         monkeypatch):
+    # they had been tracebacks (a median of no rounds, a division by 0 heads), some after the whole measurement (an
+    # output file in a folder that is not there), or ignored (a misspelt --skip ran the section)
+    import importlib
+    argv = [str(tmp_path / "nope") + a[4:] if a.startswith("NOPE") else a for a in argv]
+    says = says.replace("NOPE", str(tmp_path / "nope"))
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(f"bench.{script}").main()
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and says in err and len(err.splitlines()) == 1, err
+
+
+def test_a_benchmark_says_its_defaults_and_stops_on_ctrl_c_or_a_missing_file_in_one_line(capsys):
+    import minitf
+    from bench import train_step
+    from bench.flags import run
+    with pytest.raises(SystemExit):
+        train_step.main(["--help"])
+    help_text = capsys.readouterr().out
+    assert "--rounds ROUNDS       (default: 7)" in help_text and "FLOP utilisation" in help_text   # its method too
+
+    def stopped():
+        raise KeyboardInterrupt
+
+    def missing():
+        minitf.load("/nonexistent/model.npz")
+    for main, code, says in ((stopped, 130, "interrupted (Ctrl-C): nothing more is measured"),
+                             (missing, 2, "error: checkpoint /nonexistent/model.npz does not exist")):
+        with pytest.raises(SystemExit) as e:
+            run(main)
+        assert e.value.code == code and capsys.readouterr().err.strip() == says

@@ -912,7 +912,7 @@ def test_same_training_judges_engines_over_their_seeds(tmp_path):
     ends = {line.index("made") + 4 if i == 0 else re.match(r"\S+ +\d+", line).end() for i, line in enumerate(table)}
     assert len(ends) == 1, table
     bad = run_same_training(tmp_path, "--seeds", "0")
-    assert bad.returncode == 2 and "--seeds must be at least 1, got 0" in bad.stderr
+    assert bad.returncode == 2 and "argument --seeds: must be an integer >= 1, got 0" in bad.stderr
 
 
 def test_same_training_stores_float32_gradients_as_float16_would(tmp_path):
