@@ -288,11 +288,12 @@ def main():
     args = p.parse_args()
     output_path(p, args.json, "--json")
     os.makedirs(args.work, exist_ok=True)
+    there = set(os.listdir(args.work))   # kept by an earlier --keep, or the user's: never removed here
     try:
         measure_all(args)
     finally:
         if not args.keep:
-            for name in os.listdir(args.work):   # what this script makes there (a folder of other things stays)
+            for name in set(os.listdir(args.work)) - there:   # what this run made there
                 if WORK_NAMES.fullmatch(name):
                     path = os.path.join(args.work, name)
                     shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)

@@ -69,6 +69,10 @@ def output_path(parser, path, flag):
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         parser.error(f"{flag} {path} is a folder: name the file to write")
+    if os.path.exists(path):   # written in place (a file of the user's, /dev/null): the file itself must take it
+        if not os.access(path, os.W_OK):
+            parser.error(f"{flag} {path} cannot be written")
+        return
     if not os.path.isdir(folder):
         parser.error(f"{flag} {path}: the folder {folder} does not exist")
     if not os.access(folder, os.W_OK):

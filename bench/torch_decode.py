@@ -17,15 +17,15 @@ The search rules are minitf.decode's, so both must produce the same hypotheses:
 PyTorch is not a dependency of minitf: only bench/ imports this.
 """
 import math
-
 import sys
 from pathlib import Path
 
-import numpy as np
-import torch
-
-if __name__ == "__main__":   # a module of bench/decode.py --vs-torch, not a script of its own
+if __name__ == "__main__":   # a module of bench/decode.py --vs-torch, not a script of its own (torch or not)
     sys.exit("bench/torch_decode.py is the PyTorch side of `python bench/decode.py --vs-torch`: run that (its --help)")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.torch_model import sinusoids  # noqa: E402
 

@@ -295,7 +295,7 @@ def cmd_score(args):
 def cmd_info(args):
     """What a model file is: its kind, languages, architecture and size, vocabulary, training and recipe; of a run's
     folder, its checkpoints and scores, then its model's."""
-    from .ctranslate2_export import is_ctranslate2
+    from .marian import is_ctranslate2
     from .marian import is_marian
     from .modelinfo import info_lines, model_facts, run_lines, run_facts
     run = os.path.isdir(args.checkpoint) and not is_marian(args.checkpoint) and not is_ctranslate2(args.checkpoint)

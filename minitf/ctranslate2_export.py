@@ -8,6 +8,7 @@ import shutil
 
 from .errors import MinitfError
 from .fileio import check_export_folder, export_into, move_in, staging_folder
+from .marian import is_ctranslate2
 
 MARK = "minitf_export"   # the key of config.json that says minitf wrote the folder
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int16", "float16", "bfloat16", "float32")
@@ -81,6 +82,3 @@ def is_minitf_export(folder):
                                         and os.path.isfile(os.path.join(folder, "source.spm")))
 
 
-def is_ctranslate2(folder):
-    """Whether `folder` holds a CTranslate2 model (its model.bin: minitf writes no file of that name)."""
-    return os.path.isfile(os.path.join(folder, "model.bin"))

@@ -184,6 +184,7 @@ def checkpoint_model(checkpoint):
     """(config, params, tokenizer, languages) of a model to export: a minitf checkpoint, or a Marian model (an OPUS-MT
     folder, or minitf's own Marian export: import_marian); languages [src, tgt] where the file records them, else
     None. CheckpointError without a tokenizer."""
+    refuse_unreadable(checkpoint)
     if is_marian(checkpoint):
         return import_marian(checkpoint)
     from .checkpoint import load_checkpoint
@@ -398,6 +399,26 @@ def marian_files(path):
             raise CheckpointError(f"{folder}: {os.path.basename(f)} is missing (a Marian model folder as OPUS-MT "
                                   f"distributes it: the .npz, the vocabulary .yml, source.spm and target.spm)")
     return model, vocabs, spms[0], spms[1]
+
+
+def is_ctranslate2(folder):
+    """Whether `folder` holds a CTranslate2 model (its model.bin: minitf writes no file of that name)."""
+    return os.path.isfile(os.path.join(folder, "model.bin"))
+
+
+def refuse_unreadable(path):
+    """A CheckpointError, before a model file is read, for what looks like a model but is none minitf reads: a
+    CTranslate2 model (a folder, or its model.bin), which minitf writes but does not read, and a folder of several
+    Marian .npz files without a decoder.yml to say which is the model."""
+    folder = path if os.path.isdir(path) else os.path.dirname(path) if os.path.basename(path) == "model.bin" else None
+    if folder is not None and is_ctranslate2(folder):
+        raise CheckpointError(f"{path} is a CTranslate2 model: minitf writes that format (export --format ctranslate2) "
+                              f"but reads its own checkpoints and Marian models; translate it with ctranslate2 "
+                              f"(docs/interop.md), or name the minitf checkpoint it was exported from")
+    if os.path.isdir(path) and not is_marian(path):
+        npz = [n for n in os.listdir(path) if n.endswith(".npz")]
+        if len(npz) > 1 and any(is_marian(os.path.join(path, n)) for n in npz):
+            marian_files(path)   # raises: it names what a Marian folder holds
 
 
 def is_marian(path):

@@ -257,3 +257,20 @@ def test_a_benchmark_says_its_defaults_and_stops_on_ctrl_c_or_a_missing_file_in_
         with pytest.raises(SystemExit) as e:
             run(main)
         assert e.value.code == code and capsys.readouterr().err.strip() == says
+
+
+def test_bench_data_removes_only_what_it_made_in_work(tmp_path, capsys, monkeypatch):
+    # its clean-up had removed every name of its kind in --work: corpora and caches an earlier --keep run left, a
+    # folder of the user's named run-..., also when it stopped at once
+    from bench import data
+    work = tmp_path / "work"
+    for name in ("n4500000", "cache4500000", "run-mine", "base"):
+        (work / name).mkdir(parents=True)
+    monkeypatch.setattr(sys, "argv", ["data.py", "--multi30k", str(tmp_path / "none"), "--sizes", "1000", "--work",
+                                      str(work)])
+    with pytest.raises(SystemExit) as e:
+        data.run(data.main)
+    assert e.value.code == 2 and "none/train.en.gz" in capsys.readouterr().err
+    assert sorted(p.name for p in work.iterdir()) == ["base", "cache4500000", "n4500000", "run-mine"]
+    from bench.flags import output_path, parser
+    output_path(parser("x"), os.devnull, "--json")        # a file there, written in place: taken

@@ -498,6 +498,7 @@ def test_export_never_replaces_what_an_earlier_export_did_not_write(tmp_path):
         with pytest.raises(CheckpointError, match=r"is a CTranslate2 model: minitf writes that format"):
             minitf.load(str(name))
         assert main(["info", str(name)]) == 2
+        assert main(["export", "--format", "marian", "--checkpoint", str(name), "--out", str(tmp_path / "m2")]) == 2
 
 
 def test_the_marian_export_records_the_models_length_penalty(tmp_path):
@@ -607,6 +608,9 @@ def test_a_marian_export_keeps_its_languages_and_its_npz_alone_searches_as_the_f
     shutil.copy(tmp_path / "other" / "model.npz", tmp_path / "other" / "second.npz")
     with pytest.raises(CheckpointError, match=r"a Marian model folder holds decoder.yml or one .npz file, found 2"):
         minitf.load(str(tmp_path / "other"))
+    assert main(["export", "--format", "marian", "--checkpoint", str(tmp_path / "other"), "--out",
+                 str(tmp_path / "again")]) == 2      # the export reads it as translate does: the same line
+    assert "holds decoder.yml or one .npz file, found 2" in capsys.readouterr().err
     (tmp_path / "mar" / "model.npz").write_bytes(b"")
     assert main(["info", str(tmp_path / "mar")]) == 2
     err = capsys.readouterr().err
