@@ -41,17 +41,21 @@ def cmd_prepare(args):
 
 
 def _check_not_a_runs_model(output):
-    """ConfigError where --output would replace a training run's own model file (its model.npz, which its
-    results.json scores, checkpoint_best.npz, or a checkpoint --resume continues from); averaged.npz may be made
-    again."""
+    """ConfigError where --output names a training run's own file, wherever a link points: its model.npz (which its
+    results.json scores), averaged.npz (whose checkpoints results.json names), checkpoint_best.npz, or a
+    checkpoint_<step>.npz, there or not (--resume and info take every such name for the run's own checkpoint). An
+    average, like the model it is of, is an .npz."""
     from .runfolder import BEST, STEP_CHECKPOINT, checkpoint_paths
-    folder, name = os.path.split(os.path.abspath(output))
-    ours = name in ("model.npz", BEST) or STEP_CHECKPOINT.fullmatch(name)
-    if ours and os.path.exists(output) and (os.path.isfile(os.path.join(folder, "config.json"))
-                                            or checkpoint_paths(folder)):
-        raise ConfigError(f"--output {output} is the {name} of the training run in {folder}: writing the average "
-                          f"there would replace it (its results.json scores model.npz; --resume continues from its "
-                          f"checkpoints); name another file, e.g. {os.path.join(folder, 'averaged.npz')}")
+    if not output.endswith(".npz"):   # it had been written as an .npz under any name (x.pt, no extension)
+        raise ConfigError(f"--output {output}: an average is a checkpoint, an .npz file: name it *.npz")
+    folder, name = os.path.split(os.path.realpath(output))
+    ours = name in ("model.npz", "averaged.npz", BEST) or STEP_CHECKPOINT.fullmatch(name)
+    if ours and (os.path.isfile(os.path.join(folder, "config.json")) or checkpoint_paths(folder)):
+        what = "the" if os.path.exists(output) else "a name of the"
+        raise ConfigError(f"--output {output} is {what} {name} of the training run in {folder}: an average written "
+                          f"there would be taken for the run's own (its results.json names model.npz and "
+                          f"averaged.npz; --resume continues from its checkpoint_<step>.npz); name a file of another "
+                          f"name, e.g. {os.path.join(folder, 'average_mine.npz')}")
 
 
 def cmd_average(args):
@@ -66,13 +70,20 @@ def cmd_average(args):
         if not os.path.isdir(args.folder):
             raise DataError(f"--folder {args.folder} " + ("is a file: name the run's folder" if os.path.exists(args.folder)
                                                           else "does not exist: name a run's --out folder"))
+        from .runfolder import averaging_window
         found = checkpoint_paths(args.folder)
-        paths = found[-args.last:]
-        if not paths:
+        if not found:
             raise DataError(f"--folder {args.folder}: no training checkpoints (checkpoint_<step>.npz) in it")
         if len(found) < args.last:
             print(f"note: --last {args.last}, but {args.folder} holds {plural(len(found), 'training checkpoint')}: "
                   f"averaging those", file=sys.stderr)
+        # the run's own rule (paper 6.1: the last few, evenly spaced): the final one and those of the run's second
+        # half, not one made in the warmup (a short run's first checkpoints pull an average back) or at an interrupt
+        paths = averaging_window(found, args.last)
+        left = [os.path.basename(p) for p in found[-args.last:] if p not in paths]
+        if left:
+            print(f"note: left out {', '.join(left)}: from the run's first half, or saved off its spacing at an "
+                  f"interrupt (the run's own average leaves them out too)", file=sys.stderr)
     else:
         paths = []
         for path in args.inputs:
@@ -88,6 +99,8 @@ def cmd_average(args):
     if args.inputs and not paths:
         raise DataError("--inputs: every checkpoint given was left out (above): nothing to average; name a run's "
                         "checkpoint_<step>.npz files, or its folder with --folder")
+    if args.inputs and len(paths) < len(args.inputs):
+        print(f"note: averaging {plural(len(paths), 'checkpoint')} of the {len(args.inputs)} given", file=sys.stderr)
     average_checkpoints(paths, args.output)
     names = [os.path.basename(p) for p in paths]
     shown = names if len(set(names)) == len(names) else paths   # two runs' checkpoint_0000020.npz: their paths
@@ -371,10 +384,13 @@ def build_parser(prog="python -m minitf"):
                        help="the checkpoints to average (e.g. runs/x/checkpoint_*.npz), each once; an average, a run's "
                             "model.npz or checkpoint_best.npz among them is left out, with a note")
     which.add_argument("--folder", type=path_arg, metavar="DIR", help="a run's --out folder: average its last --last training "
-                                                       "checkpoints (checkpoint_<step>.npz)")
+                                                       "checkpoints (checkpoint_<step>.npz) as the run does: the final "
+                                                       "one and the evenly spaced ones of the run's second half (those "
+                                                       "left out are named)")
     p.add_argument("--last", type=positive(), default=5, metavar="COUNT", help="with --folder: how many (default 5, the paper's)")
-    p.add_argument("--output", type=path_arg, required=True, help="the averaged checkpoint (.npz; `export` makes a .safetensors "
-                                                   "of it)")
+    p.add_argument("--output", type=path_arg, required=True, help="the averaged checkpoint (*.npz; `export` makes a .safetensors "
+                                                   "of it); not one of a run's own names (model.npz, averaged.npz, "
+                                                   "checkpoint_best.npz, checkpoint_<step>.npz) in its folder")
     p.set_defaults(func=cmd_average)
     p = sub.add_parser("translate", help="translate raw sentences (file or stdin), one per line",
                        description="Translate raw sentences, one per line (an empty line gives an empty one). With "

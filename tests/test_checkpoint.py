@@ -367,6 +367,13 @@ def test_average_refuses_two_precisions_and_the_command_says_what_it_found(tmp_p
     assert main(["average", "--folder", str(run), "--last", "5", "--output", str(tmp_path / "avg.npz")]) == 0
     err = capsys.readouterr().err
     assert f"note: --last 5, but {run} holds 2 training checkpoints: averaging those" in err
+    for step in (6, 8, 10):   # the run's own rule: its first half (the warmup of a short run) is left out, and said
+        m = minitf.Transformer(cfg, seed=step)
+        save_checkpoint(run / f"checkpoint_{step:07d}.npz", m, minitf.Adam(m), tokenizer=b"t", train_state={"step": step})
+    assert main(["average", "--folder", str(run), "--last", "5", "--output", str(tmp_path / "avg.npz")]) == 0
+    err = capsys.readouterr().err
+    assert "note: left out checkpoint_0000002.npz, checkpoint_0000004.npz: from the run's first half" in err
+    assert "averaged 3 checkpoints (checkpoint_0000006.npz, checkpoint_0000008.npz, checkpoint_0000010.npz)" in err
     assert main(["average", "--folder", str(tmp_path / "nope"), "--output", str(tmp_path / "avg.npz")]) == 2
     assert "does not exist: name a run's --out folder" in capsys.readouterr().err
     assert main(["average", "--folder", str(tmp_path / "a.npz"), "--output", str(tmp_path / "avg.npz")]) == 2

@@ -402,7 +402,18 @@ def test_average_does_not_replace_a_runs_own_model_and_tilde_is_home(tiny_checkp
         assert cli.main(["average", "--inputs", str(ckpt), "--output", str(run / name)]) == 2
         assert f"is the {name} of the training run in {run}" in capsys.readouterr().err
         assert (run / name).read_bytes() == ckpt.read_bytes()
-    assert cli.main(["average", "--inputs", str(ckpt), "--output", str(run / "averaged.npz")]) == 0
+    # its averaged.npz (results.json names its checkpoints), a new checkpoint_<step>.npz (--resume and info had taken
+    # it for the run's, then refused it), a link into the run, a name not *.npz: refused too; another name is taken
+    (tmp_path / "link.npz").symlink_to(run / "checkpoint_0000004.npz")
+    for out, says in ((run / "averaged.npz", "is a name of the averaged.npz of the training run"),
+                      (run / "checkpoint_0000099.npz", "is a name of the checkpoint_0000099.npz of the training run"),
+                      (tmp_path / "link.npz", "is the checkpoint_0000004.npz of the training run"),
+                      (tmp_path / "avg.pt", "an average is a checkpoint, an .npz file: name it *.npz"),
+                      (tmp_path / "new" / "", "is a folder; name the file to write")):
+        assert cli.main(["average", "--inputs", str(ckpt), "--output", str(out) + ("/" if out.name == "new" else "")]) == 2
+        assert says in capsys.readouterr().err, out
+    assert (run / "checkpoint_0000004.npz").read_bytes() == ckpt.read_bytes() and not (run / "averaged.npz").exists()
+    assert cli.main(["average", "--inputs", str(ckpt), "--output", str(run / "average_mine.npz")]) == 0
     assert build_parser().parse_args(["--out=~/r", "--test", "n=~/t"]).out == os.path.expanduser("~/r")
     assert build_parser().parse_args(["--out", "x", "--test", "n=~/t"]).test == [("n", os.path.expanduser("~/t"))]
     plot = cli.build_parser("minitf").parse_args(["plot", "attention", "--checkpoint", "~/m.npz", "--src", "~/a b",
