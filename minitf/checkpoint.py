@@ -305,7 +305,8 @@ def average_checkpoints(paths, output):
     return output
 
 
-SAFETENSORS_STATE = ("step", "languages", "model", "from", "averaged_from")   # the train_state an export keeps
+SAFETENSORS_STATE = ("step", "languages", "model", "from", "averaged_from", "best")   # the train_state an export keeps
+# (what `role` reads among them: an exported checkpoint_best.npz is still the best validation's)
 
 
 def export_safetensors(checkpoint, output):

@@ -343,6 +343,12 @@ def test_read_model_reads_every_kind_of_model_file_alike(tmp_path):
         assert other.tokenizer.encode(lines[:5]) == npz.tokenizer.encode(lines[:5])
     want = load(str(path)).translate(lines[:3], beam=2, max_len_b=3)
     assert load(str(tmp_path / "marian")).translate(lines[:3], beam=2, max_len_b=3) == want
+    from minitf.checkpoint import read_train_state, role   # an export keeps what the file is (it had lost "best")
+    c = load_checkpoint(path)
+    save_checkpoint(tmp_path / "checkpoint_best.npz", params=c.params, config=c.config, tokenizer=c.tokenizer,
+                    train_state={"step": 4, "best": True})
+    export_safetensors(tmp_path / "checkpoint_best.npz", tmp_path / "best.safetensors")
+    assert role(read_train_state(tmp_path / "best.safetensors")) == "best"
     assert npz.build_model().training is False
     save_checkpoint(tmp_path / "bare.npz", npz.build_model())
     assert read_model(str(tmp_path / "bare.npz")).tokenizer is None
