@@ -58,6 +58,7 @@ def make_folder(path, what, flag):
 def check_output_file(path, flag):
     """ConfigError unless `path` can be written as a file: its folder exists (a mistyped folder is not made), and it
     is no folder itself."""
+    path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path) or path.endswith(("/", os.sep)):   # "new/": a folder's name, not a file's
         raise ConfigError(f"{flag} {path} is a folder; name the file to write")

@@ -14,9 +14,12 @@ from .distributed import World
 from .layers.attention import maps_off
 
 
+NLL_CAP = 50   # perplexity's cap: exp(50)
+
+
 def perplexity(nll):
-    """exp of a per-token NLL, capped at exp(50) (a diverged model's loss must not overflow the log)."""
-    return round(float(np.exp(min(nll, 50))), 2)
+    """exp of a per-token NLL, capped at exp(NLL_CAP) (a diverged model's loss must not overflow the log)."""
+    return round(float(np.exp(min(nll, NLL_CAP))), 2)
 
 
 def evaluate_loss(model, batches, world=None):

@@ -32,6 +32,7 @@ from .errors import ConfigError, DataError, MinitfError
 from .fileio import check_output_file
 from .flags import MAX_ALPHA, MAX_BEAM, MAX_LEN_B, Number, fraction, path_arg, positive
 from .trainlog import plural
+from .validation import NLL_CAP
 
 DPI = 100
 PICTURE_MAX = 100_000    # positions or widths a picture draws: past any model, before the arrays run out of memory
@@ -261,6 +262,7 @@ def read_train_log(path):
 def _parse_train_log(path, lines):
     train, valid, evals = {k: {} for k in TRAIN_KEYS}, {k: {} for k in VALID_KEYS}, {}
     skipped, first_bad, n_lines, bleu_sentences = 0, None, 0, None
+    skips, not_finite = {}, set()   # step -> a skipped update's event; steps of values neither drawn nor finite
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -275,6 +277,8 @@ def _parse_train_log(path, lines):
             continue
         step = rec["step"]
         if "event" in rec:
+            if rec["event"] in ("nonfinite_loss_skipped", "overflow_skipped"):
+                skips[step] = rec["event"]
             continue
         if "eval" in rec:
             if isinstance(rec["eval"], str) and _number(rec.get("bleu")):
@@ -289,11 +293,16 @@ def _parse_train_log(path, lines):
             for k in keys:
                 if _number(rec.get(k)):
                     series[k][step] = rec[k]   # a resumed run re-logs steps: the later line wins
+                elif isinstance(rec.get(k), float):   # NaN or an infinity: left out of the lines, and said
+                    not_finite.add(step)
         if _number(rec.get("valid_bleu_sentences")):
             bleu_sentences = rec["valid_bleu_sentences"]
     if n_lines == 0:
         raise DataError(f"{path}: the training log is empty (no step has been logged yet)")
     found = any(train.values()) or any(valid.values()) or evals
+    if not found and skips:
+        raise DataError(f"{path}: {plural(len(skips), 'update')} skipped (a non-finite loss or gradient) and none made: "
+                        f"nothing to draw; the run diverged from its start (its learning rate, --lr-factor, or data)")
     if not found:
         raise DataError(f"{path}: no training, validation or evaluation records in {n_lines} lines "
                         f"({skipped} unreadable{f', first at line {first_bad}' if first_bad else ''}); "
@@ -301,7 +310,8 @@ def _parse_train_log(path, lines):
     as_arrays = lambda d: {k: (np.asarray(sorted(v), dtype=float), np.asarray([v[s] for s in sorted(v)], dtype=float))
                            for k, v in d.items()}
     return {"path": path, "train": as_arrays(train), "valid": as_arrays(valid), "eval": evals,
-            "valid_bleu_sentences": bleu_sentences, "skipped": skipped, "first_bad_line": first_bad}
+            "valid_bleu_sentences": bleu_sentences, "skipped": skipped, "first_bad_line": first_bad,
+            "skipped_updates": sorted(skips), "not_finite_steps": sorted(not_finite)}
 
 
 def bleu_title(data):
@@ -328,6 +338,13 @@ def plot_curves(log, out):
     if data["skipped"]:
         print(f"warning: {data['path']}: skipped {data['skipped']} unreadable line(s), first at line "
               f"{data['first_bad_line']}", file=sys.stderr)
+    skips, bad = data["skipped_updates"], data["not_finite_steps"]
+    if skips:
+        print(f"note: {data['path']}: {plural(len(skips), 'update')} skipped (a non-finite loss or gradient), marked "
+              f"in the loss panel", file=sys.stderr)
+    if bad:
+        print(f"warning: {data['path']}: values that are NaN or infinite at {plural(len(bad), 'step')} (first "
+              f"{bad[0]:g}) are left out of the lines", file=sys.stderr)
     tr, va, ev = data["train"], data["valid"], data["eval"]
     fig = _figure(11, 7.5)
     axes = fig.subplots(2, 2)
@@ -347,11 +364,17 @@ def plot_curves(log, out):
              line(ax, tr, "nll", "train NLL", color="C0", ls=":"),
              line(ax, va, "valid_loss", "valid loss (label-smoothed)", color="C1"),
              line(ax, va, "valid_nll", "valid NLL", color="C1", ls=":")]
+    if skips:
+        ax.vlines(skips, 0, 1, transform=ax.get_xaxis_transform(), colors="red", alpha=0.4, lw=0.8,
+                  label=f"{plural(len(skips), 'update')} skipped")
     ax.set_title("loss per target token (nats)")
     ax.legend() if any(drawn) else empty(ax, "loss records")
 
     ax = axes[0, 1]
     drawn = [line(ax, tr, "ppl", "train", color="C0"), line(ax, va, "valid_ppl", "valid", color="C1")]
+    cap = math.exp(NLL_CAP)
+    if any(v.size and v.max() >= cap * (1 - 1e-6) for _, v in (tr["ppl"], va["valid_ppl"])):
+        ax.axhline(cap, ls="--", color="gray", label=f"exp({NLL_CAP}): the log's cap (the value was higher)")
     if any(drawn):
         ax.set_yscale("log")
         ax.legend()
@@ -365,7 +388,8 @@ def plot_curves(log, out):
         ax.plot(e["step"], e["bleu"], "o", ms=7, color=f"C{i}", label=f"{name} BLEU {e['bleu'][-1]:.1f}")
         ax.plot(e["step"], e["chrf"], "s", ms=7, mfc="none", color=f"C{i}", label=f"{name} chrF {e['chrf'][-1]:.1f}")
     if ev or during:
-        ax.set_ylim(0, 100)
+        scores = [v for e in ev.values() for v in e["bleu"] + e["chrf"] if _number(v)] + list(va["valid_bleu"][1])
+        ax.set_ylim(0, min(100, max(scores + [1]) * 1.25))   # BLEU of 0-2 had been a flat line at the bottom
         ax.legend(fontsize=8, loc="upper left")
     else:
         empty(ax, "BLEU evaluations")
@@ -385,7 +409,9 @@ def plot_curves(log, out):
         ax.set_xlabel("step")
         ax.set_xlim(0, max(steps) * 1.05 if steps and max(steps) > 0 else 1)
         ax.grid(alpha=0.3)
-    fig.suptitle(os.path.basename(os.path.dirname(os.path.abspath(data["path"]))) or data["path"])
+    name = os.path.basename(data["path"])   # a run's log: its folder's name; a log kept under another name: that name
+    fig.suptitle(os.path.basename(os.path.dirname(os.path.abspath(data["path"]))) if name == "train_log.jsonl"
+                 else name)
     _save(fig, out)
 
 

@@ -316,6 +316,33 @@ def test_plot_curves_writes_a_png(tmp_path):
     assert_png(tmp_path / "early.png")
 
 
+def test_plot_curves_says_what_it_does_not_draw(tmp_path, capsys):
+    # skipped updates had been left out of the picture without a word, NaN values dropped with the line drawn across
+    # the gap, a perplexity at the log's cap drawn as a flat line of real values, and a run whose every update was
+    # skipped called "no training records ... is this a minitf train_log.jsonl?"
+    import math
+    from minitf.validation import NLL_CAP
+    d = viz.read_train_log(write_log(tmp_path / "train_log.jsonl", LOG))
+    assert d["skipped_updates"] == [60] and d["not_finite_steps"] == []
+    cap = round(math.exp(NLL_CAP), 2)
+    odd = LOG + [{"step": 160, "loss": float("nan"), "nll": float("inf"), "ppl": cap, "lr": 3e-4},
+                 {"step": 170, "loss": 30.0, "nll": 60.0, "ppl": cap, "lr": 3e-4}]
+    log = tmp_path / "odd.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in odd))      # json writes NaN and Infinity as Python does
+    d = viz.read_train_log(log)
+    assert d["not_finite_steps"] == [160] and d["train"]["loss"][0].tolist() == [50, 100, 150, 170]
+    needs_matplotlib()
+    capsys.readouterr()
+    assert main(["plot", "curves", "--log", str(log), "--out", str(tmp_path / "odd.png")]) == 0
+    err = capsys.readouterr().err
+    assert "1 update skipped (a non-finite loss or gradient), marked in the loss panel" in err
+    assert "values that are NaN or infinite at 1 step (first 160) are left out of the lines" in err
+    diverged = write_log(tmp_path / "train_log.jsonl", [{"step": s, "event": "nonfinite_loss_skipped", "count": s}
+                                                         for s in range(1, 6)])
+    assert main(["plot", "curves", "--log", str(diverged), "--out", str(tmp_path / "d.png")]) == 2
+    assert "5 updates skipped (a non-finite loss or gradient) and none made: nothing to draw" in capsys.readouterr().err
+
+
 def test_plot_attention_writes_a_png(ckpt, tmp_path, capsys):
     needs_matplotlib()
     out = tmp_path / "att.png"
