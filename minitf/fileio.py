@@ -184,6 +184,25 @@ def lock_path(folder):
     return os.path.join(parent, f".{name}.lock")
 
 
+def lock_holder(folder):
+    """Who holds `folder`'s lock now ("process PID on HOST"), or None: no live process holds it (or the file system
+    cannot lock, or there is no lock file)."""
+    try:
+        import fcntl
+        fd = os.open(lock_path(folder), os.O_RDONLY)
+    except (ImportError, OSError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None   # taken at once: nobody holds it
+    except BlockingIOError:
+        return os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+    except OSError:
+        return None
+    finally:
+        os.close(fd)   # a lock taken here goes with it
+
+
 @contextlib.contextmanager
 def folder_lock(folder, busy):
     """Hold `folder`'s lock for the block: an exclusive `flock` on `lock_path(folder)`, the file

@@ -113,6 +113,20 @@ def _how_to_go_on(folder, res, last):
     return ""
 
 
+def _before_a_checkpoint(folder):
+    """What a run's folder that holds no checkpoint yet is: a run in progress (its lock held), or one that stopped
+    before its first checkpoint, with the last step its log records."""
+    from .fileio import lock_holder
+    from .trainlog import last_step
+    holder, step = lock_holder(folder), last_step(os.path.join(folder, "train_log.jsonl"))
+    logged = f"its log's last record is of step {step}" if step is not None else "its log records no step"
+    if holder:
+        return (f"{folder} is the folder of a training run in progress ({holder}; {logged}) that has not written its "
+                f"first checkpoint yet: it does at --save-every (checkpoint_<step>.npz); nothing to describe before that")
+    return (f"{folder} is the folder of a training run that stopped before its first checkpoint ({logged}): no model "
+            f"to describe; a new run with --out {folder} starts afresh there")
+
+
 def run_facts(folder):
     """{path, checkpoints, best, results, model} of a run's --out folder: its training checkpoints (oldest first),
     whether it holds checkpoint_best.npz, results ("missing" before the run's end, "unreadable", or results.json's
@@ -121,8 +135,7 @@ def run_facts(folder):
     checkpoints = [os.path.basename(p) for p in checkpoint_paths(folder)]
     model = checkpoint_in(folder)
     if model is None and any(os.path.isfile(os.path.join(folder, n)) for n in (RECORD, "train_log.jsonl")):
-        raise DataError(f"{folder} is a training run's folder with no model yet: the run writes its first checkpoint "
-                        f"at --save-every (checkpoint_<step>.npz); nothing to describe before that")
+        raise DataError(_before_a_checkpoint(folder))
     if model is None:
         raise DataError(f"{folder} is a folder, but neither a run's --out folder (no model.npz, no "
                         f"checkpoint_<step>.npz) nor a Marian model: name a model file or a run's folder")

@@ -81,6 +81,23 @@ class TrainLog:
             self.fd = None
 
 
+def last_step(path):
+    """The largest step a record of `path` (train_log.jsonl) names, or None (no file, no record)."""
+    steps = []
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+                    steps.append(rec["step"])
+    except OSError:
+        return None
+    return max(steps) if steps else None
+
+
 def cut_after(path, step):
     """Drop the records of `path` (train_log.jsonl) that a run resumed from `step` makes again: those of later steps
     (a run killed after its last checkpoint had gone on), and the end's scores ("eval" records) of `step` itself.

@@ -528,9 +528,17 @@ def test_info_says_what_each_kind_of_model_file_is(setup, tmp_path, capsys):
     assert "neither a run's --out folder" in capsys.readouterr().err
     (tmp_path / "early").mkdir()                 # a run before its first checkpoint
     (tmp_path / "early" / "train_log.jsonl").write_text('{"step": 1, "loss": 9.0}\n')
-    assert main(["info", str(tmp_path / "early")]) == 2
-    assert "is a training run's folder with no model yet: the run writes its first checkpoint at --save-every" in \
-        capsys.readouterr().err
+    assert main(["info", str(tmp_path / "early")]) == 2   # nobody holds its lock: it stopped (it had said "yet")
+    assert "is the folder of a training run that stopped before its first checkpoint (its log's last record is of " \
+           "step 1): no model to describe" in capsys.readouterr().err
+    from minitf.fileio import folder_lock, refuse_if_busy
+    with folder_lock(str(tmp_path / "early"), refuse_if_busy("--out", str(tmp_path / "early"))):   # a run training
+        import subprocess
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        r = subprocess.run([sys.executable, "-m", "minitf", "info", str(tmp_path / "early")], capture_output=True,
+                           text=True, cwd=str(tmp_path), env=dict(os.environ, PYTHONPATH=root))
+    assert r.returncode == 2 and "is the folder of a training run in progress (process " in r.stderr and \
+        "that has not written its first checkpoint yet" in r.stderr, r.stderr
     # odd folders: a hand-edited results.json, a model.npz cut short, a folder with only checkpoint_best.npz
     for text, head in (('{"steps": "7"}', "a training run that ended (its results.json gives no count of updates)"),
                        ("[1, 2]", "a training run whose results.json cannot be read"), ("{", "cannot be read")):
