@@ -181,6 +181,8 @@ def load_checkpoint(path, optimizer=True):
         raise CheckpointError(f"checkpoint {path} is a folder, not a file"
                               + (f"; did you mean {inside}?" if inside else ""))
     if not os.path.isfile(path):
+        if os.path.exists(path):   # a device, a pipe: no file to read a model from
+            raise CheckpointError(f"checkpoint {path} is not a file (a device or a pipe): name a model file")
         raise CheckpointError(f"checkpoint {path} does not exist{_same_step(path)}")
     if path.endswith(".safetensors"):
         return _load_safetensors(path)

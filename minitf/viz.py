@@ -49,13 +49,21 @@ def _figure(width, height):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise MinitfError("matplotlib is not installed: pip install minitf[viz]") from None
+        raise MinitfError(NO_MATPLOTLIB) from None
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
 
+NO_MATPLOTLIB = "matplotlib is not installed: pip install matplotlib (in a clone: pip install -e \".[viz]\")"
+
+
 def _check_out(out):
+    """--out names a picture file, and matplotlib is there to draw it: said before any work (a translation, a table)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise MinitfError(NO_MATPLOTLIB) from None
     fmt = os.path.splitext(os.fspath(out))[1].lower().lstrip(".")
     if fmt not in FORMATS:
         raise ConfigError(f"--out {out}: the file name must end in .png, .svg or .pdf")
@@ -507,12 +515,13 @@ def plot_attention(checkpoint, src, out, layer=0, head=0, tgt=None, beam_size=4,
     if font < 4:
         print(f"note: {s} source and {t} target pieces: too many to label at this size; the axes number them "
               f"(the pieces are the lines above)", file=sys.stderr)
-    width = max(9.0, cell * (2 * s + t) + 4.5)
-    height = max(3.8, cell * max(s, t) + 2.5)
     panels = [(title, m[key], keys, queries) for title, key, keys, queries in (
         ("encoder self-attention", "enc_self", m["src_pieces"], m["src_pieces"]),
         ("masked decoder self-attention", "dec_self", m["tgt_pieces"], m["tgt_pieces"]),
         ("encoder-decoder attention", "cross", m["src_pieces"], m["tgt_pieces"])) if key in m]
+    columns = sum(len(keys) for _, _, keys, _ in panels)   # the panels drawn: a figure as wide as they are
+    width = max(9.0 if len(panels) > 1 else 5.0, cell * columns + 1.5 * len(panels))
+    height = max(3.8, cell * max(len(queries) for _, _, _, queries in panels) + 2.5)
     if len(panels) < 3:
         print(f"note: layer {layer} is the {'encoder' if 'enc_self' in m else 'decoder'}'s alone (this model has "
               f"{model.cfg.n_layers} encoder and {model.cfg.n_decoder_layers} decoder layers): its maps alone are "

@@ -222,6 +222,8 @@ def test_not_a_checkpoint_and_missing_file(tmp_path):
         load_checkpoint(tmp_path / "checkpoint_400.npz")
     with pytest.raises(minitf.CheckpointError, match="checkpoint_401.npz does not exist$"):
         load_checkpoint(tmp_path / "checkpoint_401.npz")
+    with pytest.raises(minitf.CheckpointError, match="checkpoint /dev/null is not a file"):   # it had "not existed"
+        load_checkpoint(os.devnull)
     (tmp_path / "x.npz").write_text("hello")
     with pytest.raises(minitf.CheckpointError) as e:
         load_checkpoint(tmp_path / "x.npz")

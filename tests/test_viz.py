@@ -252,9 +252,12 @@ def test_importing_minitf_does_not_import_matplotlib():
 def test_missing_matplotlib_is_a_clear_error(monkeypatch, tmp_path):
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")] + ["matplotlib"]:
         monkeypatch.setitem(sys.modules, name, None)
-    with pytest.raises(MinitfError, match=r"matplotlib is not installed: pip install minitf\[viz\]"):
+    with pytest.raises(MinitfError, match=r"matplotlib is not installed: pip install matplotlib \(in a clone: pip "
+                                          r"install -e \"\.\[viz\]\"\)"):
         viz.plot_lr(tmp_path / "lr.png")
     assert not (tmp_path / "lr.png").exists()
+    with pytest.raises(MinitfError, match="matplotlib is not installed"):   # said before the table it prints
+        viz.plot_pe(tmp_path / "pe.png")
 
 
 # ------------------------------------------------------------------------------ pictures
