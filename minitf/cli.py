@@ -85,8 +85,12 @@ def cmd_average(args):
             print(f"note: left out {', '.join(left)}: from the run's first half, or saved off its spacing at an "
                   f"interrupt (the run's own average leaves them out too)", file=sys.stderr)
     else:
+        from .marian import is_marian
         paths = []
         for path in args.inputs:
+            if os.path.exists(path) and is_marian(path):   # read as a minitf .npz, it had "no metadata"
+                raise DataError(f"--inputs {path} is a Marian model: average takes a minitf run's checkpoints (fine-tune "
+                                f"it with train_wmt.py --init-from, then average that run's)")
             if os.path.abspath(path) == os.path.abspath(args.output):   # average_checkpoints refuses it
                 paths.append(path)
                 continue

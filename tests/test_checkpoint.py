@@ -351,6 +351,9 @@ def test_read_model_reads_every_kind_of_model_file_alike(tmp_path):
                     train_state={"step": 4, "best": True})
     export_safetensors(tmp_path / "checkpoint_best.npz", tmp_path / "best.safetensors")
     assert role(read_train_state(tmp_path / "best.safetensors")) == "best"
+    from minitf.cli import main   # a Marian model given to average is named as such (it had "no metadata")
+    for marian in (tmp_path / "marian", tmp_path / "marian" / "model.npz"):
+        assert main(["average", "--inputs", str(path), str(marian), "--output", str(tmp_path / "avg.npz")]) == 2
     assert npz.build_model().training is False
     save_checkpoint(tmp_path / "bare.npz", npz.build_model())
     assert read_model(str(tmp_path / "bare.npz")).tokenizer is None
