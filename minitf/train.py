@@ -772,8 +772,11 @@ def end(run, stop):
         return None
     last = checkpoint_paths(args.out)
     saved = bool(last) and last[-1].endswith(f"{state['step']:07d}.npz")
-    state["train_wall_s"] = run.elapsed()
-    if not saved or validated:
+    recorded, state["train_wall_s"] = state["train_wall_s"], run.elapsed()   # the time its last checkpoint records
+    # saved again where this step's checkpoint records less time than the budget that ended the run (it was saved on
+    # the spacing just before): a resume would take the budget for unspent and train on
+    under = stop == "time_budget" and recorded < args.time_budget
+    if not saved or validated or under:
         run.save(on_grid=False)   # off the spacing unless it was saved on it (Run.save)
     why = (f"patience: validation {'BLEU' if state['best_valid']['metric'] == 'valid_bleu' else 'loss'} no better "
            f"than step {state['best_valid']['step']}'s for {args.patience} validations" if stop == "patience" else stop)

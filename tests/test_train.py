@@ -1330,9 +1330,10 @@ def test_sigterm_before_training_and_flag_errors_under_a_launcher(tmp_path, monk
 
 def test_a_resume_whose_time_budget_is_spent_says_so(corpus, tmp_path):
     # --time-budget counts the run's training over all its starts: a resume of a run its budget ended trained nothing
-    # and said only "training stopped (time_budget)"
+    # and said only "training stopped (time_budget)". A checkpoint every step: the budget runs out during a save, so
+    # the last checkpoint, saved on the spacing, had recorded less time than the budget, and the resume trained on
     out = tmp_path / "run"
-    assert run_train(corpus, out, "--time-budget", 1, "--valid-every", 0).returncode == 0
+    assert run_train(corpus, out, "--time-budget", 1, "--valid-every", 0, "--save-every", 1).returncode == 0
     env = dict(os.environ, MINITF_CACHE=str(tmp_path / "cache"), PYTHONHASHSEED="0")
     r = subprocess.run([sys.executable, os.path.join(ROOT, "train_wmt.py"), "--out", str(out), "--resume"],
                        capture_output=True, text=True, env=env, timeout=600)
