@@ -184,6 +184,19 @@ def lock_path(folder):
     return os.path.join(parent, f".{name}.lock")
 
 
+def _take_soon(fd, fcntl, tries=5, wait=0.05):
+    """The exclusive lock on fd within tries * wait seconds, else BlockingIOError: a look at the lock (lock_holder,
+    `info` of a run) holds it for an instant, and is not a run holding the folder."""
+    import time
+    for i in range(tries):
+        try:
+            return fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if i == tries - 1:
+                raise
+            time.sleep(wait)
+
+
 def lock_holder(folder):
     """Who holds `folder`'s lock now ("process PID on HOST"), or None: no live process holds it (or the file system
     cannot lock, or there is no lock file)."""
@@ -221,7 +234,7 @@ def folder_lock(folder, busy):
         return
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _take_soon(fd, fcntl)
         except BlockingIOError:
             busy(os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process", path)
             fcntl.flock(fd, fcntl.LOCK_EX)

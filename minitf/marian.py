@@ -427,6 +427,8 @@ def is_marian(path):
         npz = [n for n in os.listdir(path) if n.endswith(".npz")]
         return os.path.isfile(os.path.join(path, "decoder.yml")) or (
             len(npz) == 1 and is_marian(os.path.join(path, npz[0])))
+    if not os.path.isfile(path):   # a pipe would block the zip reader until something wrote to it
+        return False
     try:
         with zipfile.ZipFile(path) as z:
             return "special:model.yml.npy" in z.namelist()

@@ -58,12 +58,16 @@ def _figure(width, height):
 NO_MATPLOTLIB = "matplotlib is not installed: pip install matplotlib (in a clone: pip install -e \".[viz]\")"
 
 
-def _check_out(out):
-    """--out names a picture file, and matplotlib is there to draw it: said before any work (a translation, a table)."""
+def _need_matplotlib():
+    """MinitfError unless matplotlib is there: called once a plot's input is checked and before its costly work (a
+    translation, a printed table), which had run first and then failed."""
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401  (only whether it imports)
     except ImportError:
         raise MinitfError(NO_MATPLOTLIB) from None
+
+
+def _check_out(out):
     fmt = os.path.splitext(os.fspath(out))[1].lower().lstrip(".")
     if fmt not in FORMATS:
         raise ConfigError(f"--out {out}: the file name must end in .png, .svg or .pdf")
@@ -150,6 +154,7 @@ def plot_pe(out, max_len=100, d_model=128, table_n=10, table_d=10):
     _check_out(out)
     _check_pe_size(max_len, d_model)
     _check_pe_size(table_n, table_d, "--table-n/--table-d")
+    _need_matplotlib()
     print(pe_report(table_n, table_d))
     t = sinusoid_table(max_len, d_model)
     fig = _figure(11, 7.5)
@@ -270,7 +275,8 @@ def read_train_log(path):
 def _parse_train_log(path, lines):
     train, valid, evals = {k: {} for k in TRAIN_KEYS}, {k: {} for k in VALID_KEYS}, {}
     skipped, first_bad, n_lines, bleu_sentences = 0, None, 0, None
-    skips, not_finite = {}, set()   # step -> a skipped update's event; steps of values neither drawn nor finite
+    skips, not_finite = [], set()   # (step, event) of each skipped update (one step may skip several); steps of
+    # values neither drawn nor finite
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -286,7 +292,7 @@ def _parse_train_log(path, lines):
         step = rec["step"]
         if "event" in rec:
             if rec["event"] in ("nonfinite_loss_skipped", "overflow_skipped"):
-                skips[step] = rec["event"]
+                skips.append((step, rec["event"]))   # a skipped update does not advance the step: each counted
             continue
         if "eval" in rec:
             if isinstance(rec["eval"], str) and _number(rec.get("bleu")):
@@ -308,9 +314,13 @@ def _parse_train_log(path, lines):
     if n_lines == 0:
         raise DataError(f"{path}: the training log is empty (no step has been logged yet)")
     found = any(train.values()) or any(valid.values()) or evals
-    if not found and skips:
-        raise DataError(f"{path}: {plural(len(skips), 'update')} skipped (a non-finite loss or gradient) and none made: "
-                        f"nothing to draw; the run diverged from its start (its learning rate, --lr-factor, or data)")
+    if not found and any(event == "nonfinite_loss_skipped" for _, event in skips):
+        raise DataError(f"{path}: {plural(len(skips), 'update')} skipped (a non-finite loss or gradient) and none "
+                        f"logged: nothing to draw; the run diverged from its start (its learning rate, --lr-factor, or "
+                        f"data)")
+    if not found and skips:   # float16's loss scale settling at a run's start: no record yet, nothing wrong
+        raise DataError(f"{path}: {plural(len(skips), 'update')} skipped while the float16 loss scale settled "
+                        f"(overflows) and no record logged yet: nothing to draw")
     if not found:
         raise DataError(f"{path}: no training, validation or evaluation records in {n_lines} lines "
                         f"({skipped} unreadable{f', first at line {first_bad}' if first_bad else ''}); "
@@ -319,7 +329,7 @@ def _parse_train_log(path, lines):
                            for k, v in d.items()}
     return {"path": path, "train": as_arrays(train), "valid": as_arrays(valid), "eval": evals,
             "valid_bleu_sentences": bleu_sentences, "skipped": skipped, "first_bad_line": first_bad,
-            "skipped_updates": sorted(skips), "not_finite_steps": sorted(not_finite)}
+            "skipped_updates": sorted(step for step, _ in skips), "not_finite_steps": sorted(not_finite)}
 
 
 def bleu_title(data):
@@ -343,6 +353,7 @@ def plot_curves(log, out):
     evaluations of the model the run reported), learning rate."""
     _check_out(out)
     data = read_train_log(log)
+    _need_matplotlib()
     if data["skipped"]:
         print(f"warning: {data['path']}: skipped {data['skipped']} unreadable line(s), first at line "
               f"{data['first_bad_line']}", file=sys.stderr)
@@ -373,7 +384,7 @@ def plot_curves(log, out):
              line(ax, va, "valid_loss", "valid loss (label-smoothed)", color="C1"),
              line(ax, va, "valid_nll", "valid NLL", color="C1", ls=":")]
     if skips:
-        ax.vlines(skips, 0, 1, transform=ax.get_xaxis_transform(), colors="red", alpha=0.4, lw=0.8,
+        ax.vlines(sorted(set(skips)), 0, 1, transform=ax.get_xaxis_transform(), colors="red", alpha=0.4, lw=0.8,
                   label=f"{plural(len(skips), 'update')} skipped")
     ax.set_title("loss per target token (nats)")
     ax.legend() if any(drawn) else empty(ax, "loss records")
@@ -501,6 +512,7 @@ def plot_attention(checkpoint, src, out, layer=0, head=0, tgt=None, beam_size=4,
     model, tok = load_for_inference(checkpoint, device)
     alpha = model.cfg.decode_alpha if alpha is None else alpha
     _check_layer_head(model, layer, head)
+    _need_matplotlib()
     m = attention_maps(model, tok, src, layer, head, tgt, beam_size, alpha, max_len_b)
     if m["translated"]:
         how = ("greedy" if beam_size == 1 else f"beam {beam_size}") + " translation"

@@ -414,6 +414,10 @@ def test_average_does_not_replace_a_runs_own_model_and_tilde_is_home(tiny_checkp
         assert says in capsys.readouterr().err, out
     assert (run / "checkpoint_0000004.npz").read_bytes() == ckpt.read_bytes() and not (run / "averaged.npz").exists()
     assert cli.main(["average", "--inputs", str(ckpt), "--output", str(run / "average_mine.npz")]) == 0
+    other = tmp_path / "hf"                  # a folder with a config.json of something else is no run: its names free
+    other.mkdir()
+    (other / "config.json").write_text('{"architectures": ["MarianMTModel"]}')
+    assert cli.main(["average", "--inputs", str(ckpt), "--output", str(other / "averaged.npz")]) == 0
     assert build_parser().parse_args(["--out=~/r", "--test", "n=~/t"]).out == os.path.expanduser("~/r")
     assert build_parser().parse_args(["--out", "x", "--test", "n=~/t"]).test == [("n", os.path.expanduser("~/t"))]
     plot = cli.build_parser("minitf").parse_args(["plot", "attention", "--checkpoint", "~/m.npz", "--src", "~/a b",
@@ -497,3 +501,26 @@ def test_an_export_into_a_folder_on_another_file_system(tiny_checkpoint, tmp_pat
         os.symlink(far, tmp_path / "link")
         export_marian(str(ckpt), str(tmp_path / "link"))
         assert sorted(os.listdir(far)) == ["decoder.yml", "model.npz", "source.spm", "target.spm", "vocab.yml"]
+
+
+def test_a_look_at_a_runs_lock_does_not_refuse_a_start_and_a_pipe_is_no_model(tmp_path):
+    # info of a run folder looks at its lock for an instant (fileio.lock_holder): a training start at that instant had
+    # been refused as if a run held the folder; a pipe named as a model had blocked the zip reader for good
+    import fcntl
+    import threading
+    import time
+    from minitf import fileio
+    run = tmp_path / "run"
+    run.mkdir()
+    with fileio.folder_lock(str(run), fileio.refuse_if_busy("--out", str(run))):
+        pass                                                  # the lock file is there, held by nobody
+    fd = os.open(fileio.lock_path(str(run)), os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)                            # a look in progress
+    threading.Thread(target=lambda: (time.sleep(0.08), os.close(fd))).start()
+    with fileio.folder_lock(str(run), fileio.refuse_if_busy("--out", str(run))):   # waits out the look
+        assert fileio.lock_holder(str(run)) is not None      # and is seen holding it
+    fifo = tmp_path / "model.npz"
+    os.mkfifo(fifo)
+    r = subprocess.run([sys.executable, "-m", "minitf", "info", str(fifo)], capture_output=True, text=True, timeout=60,
+                       cwd=str(tmp_path), env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 2 and "is not a file (a device or a pipe)" in r.stderr, r.stderr

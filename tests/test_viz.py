@@ -340,10 +340,17 @@ def test_plot_curves_says_what_it_does_not_draw(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "1 update skipped (a non-finite loss or gradient), marked in the loss panel" in err
     assert "values that are NaN or infinite at 1 step (first 160) are left out of the lines" in err
-    diverged = write_log(tmp_path / "train_log.jsonl", [{"step": s, "event": "nonfinite_loss_skipped", "count": s}
-                                                         for s in range(1, 6)])
+    # a skipped update does not advance the step: five at step 0 are five (they had been counted once)
+    diverged = write_log(tmp_path / "train_log.jsonl", [{"step": 0, "event": "nonfinite_loss_skipped", "count": c}
+                                                         for c in range(1, 6)])
     assert main(["plot", "curves", "--log", str(diverged), "--out", str(tmp_path / "d.png")]) == 2
-    assert "5 updates skipped (a non-finite loss or gradient) and none made: nothing to draw" in capsys.readouterr().err
+    assert "5 updates skipped (a non-finite loss or gradient) and none logged: nothing to draw; the run diverged" \
+        in capsys.readouterr().err
+    settling = write_log(tmp_path / "train_log.jsonl", [{"step": 0, "event": "overflow_skipped", "loss_scale": 2.0 ** k}
+                                                        for k in (16, 15)])   # float16 at its start: nothing wrong
+    assert main(["plot", "curves", "--log", str(settling), "--out", str(tmp_path / "d.png")]) == 2
+    err = capsys.readouterr().err
+    assert "2 updates skipped while the float16 loss scale settled (overflows)" in err and "diverged" not in err
 
 
 def test_plot_attention_writes_a_png(ckpt, tmp_path, capsys):
