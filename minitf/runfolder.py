@@ -237,8 +237,11 @@ def choose_model(run):
     spacing = (f"every {args.save_every_minutes:g} min" if args.save_every_minutes
                else f"every {plural(args.save_every, 'step')}")
     names = ", ".join(os.path.basename(c) for c in window)
-    log(f"averaged {plural(len(window), 'checkpoint')} ({spacing} and the final one, from the run's second half: "
-        f"{names}) -> {avg_path}")
+    if len(window) > 1:
+        log(f"averaged {plural(len(window), 'checkpoint')} ({spacing} and the final one, from the run's second half: "
+            f"{names}) -> {avg_path}")
+    else:   # nothing to average with: the final checkpoint's weights as they are
+        log(f"the final checkpoint alone ({names}; no other one {spacing} in the run's second half) -> {avg_path}")
     if len(losses) > 1:
         log(f"validation loss: {losses['averaged'][0]:.4f} the average, {losses['last'][0]:.4f} the last checkpoint "
             f"({os.path.basename(last)}); the run reports {'the average' if chosen == 'averaged' else 'the last checkpoint'}"

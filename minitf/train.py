@@ -627,9 +627,13 @@ def _skipped(run, loss_finite, grads_finite):
     if not (loss_finite and grads_finite):
         state["nonfinite"] += 1
         run.log.write({"step": state["step"], "event": "nonfinite_loss_skipped", "count": state["nonfinite"]})
-        if state["nonfinite"] >= run.args.max_nonfinite:
-            raise MinitfError(f"{state['nonfinite']} non-finite updates (loss or gradients) in a row at step {state['step']}: "
-                              f"lower --lr-factor or raise --warmup, then --resume")
+        if state["nonfinite"] >= run.args.max_nonfinite:   # a resume keeps the checkpoint's recipe: no new schedule
+            kept = checkpoint_paths(run.args.out)
+            how = (f"--resume goes on from {os.path.basename(kept[-1])} with the same schedule (--max-nonfinite "
+                   f"{run.args.max_nonfinite} allows that many in a row), or " if kept else "")
+            raise MinitfError(f"{state['nonfinite']} non-finite updates (loss or gradients) in a row at step "
+                              f"{state['step']}: the run diverged; {how}start a new --out with a lower --lr-factor or a "
+                              f"longer --warmup")
         return True
     state["nonfinite"] = 0
     return False
@@ -734,7 +738,8 @@ class StopSignals:
         name = signal.Signals(signum).name
         self.received.append(name)
         if self.notify is not None and len(self.received) == 1:
-            again = " (Ctrl-C again: stop at once, without saving)" if self.second_interrupt_raises else ""
+            again = (" (Ctrl-C again: stop at once, without saving)" if self.second_interrupt_raises
+                     and signum == signal.SIGINT else "")   # after a SIGTERM a Ctrl-C is a first one
             self.notify(f"{name}: stopping after the update in progress, then saving{again}")
         if signum == signal.SIGINT and self.second_interrupt_raises:
             signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -784,7 +789,7 @@ def end(run, stop):
     state["epochs"] = run.epochs()
     try:
         with sigterm_raises(_sigterm):
-            results = finish(run)
+            results = finish(run, stop)
         print_summary(summary_lines(results, args.out, args.tgt))
         run.world.quiet_barrier()   # the other ranks wait for this (wait_for_lead)
         return results
@@ -792,8 +797,9 @@ def end(run, stop):
         signame = e.signame if isinstance(e, Interrupted) else "SIGINT"
         chosen = os.path.join(args.out, "model.npz")
         log(f"interrupted ({signame}) during the final evaluation: the checkpoints in {args.out} are complete; "
-            f"score {'the model the run chose' if os.path.exists(chosen) else 'one'} with `python -m minitf evaluate "
-            f"--checkpoint {chosen if os.path.exists(chosen) else checkpoint_paths(args.out)[-1]} --src ... --ref ...`")
+            f"`--out {args.out} --resume` scores the run's end again (its results.json), or score "
+            f"{'the model the run chose' if os.path.exists(chosen) else 'one'} with `python -m minitf evaluate "
+            f"--checkpoint {chosen if os.path.exists(chosen) else checkpoint_paths(args.out)[-1]} --src FILE --ref FILE`")
         if run.world.size > 1:   # the other ranks wait in wait_for_lead: the job ends here, with the signal's status
             run.log.close()
             run.world.abort(SIGNAL_EXIT[signame])
@@ -835,12 +841,14 @@ def _sigterm():
     return Interrupted("SIGTERM")
 
 
-def finish(run):
+def finish(run, stop=None):
     """The model the run reports (choose_model), then the valid and test sets translated with
-    beam search and scored: OUT/<set>.hyp.<tgt>, OUT/results.json, which names the model."""
+    beam search and scored: OUT/<set>.hyp.<tgt>, OUT/results.json, which names the model and why training stopped
+    (`stop`: max_steps, time_budget or patience)."""
     from .translate import metrics, translate_lines
     args, model, tok, data, state = run.args, run.model, run.data.tokenizer, run.data, run.state
-    results = {"steps": state["step"], "epochs": state["epochs"], "train_wall_s": round(state["train_wall_s"], 1),
+    results = {"steps": state["step"], "stopped": stop, "epochs": state["epochs"],
+               "train_wall_s": round(state["train_wall_s"], 1),
                "train_tokens_per_s": round(state["train_tokens"] / max(state["train_wall_s"], 1e-9), 1),
                **choose_model(run), "beam": args.beam, "alpha": args.alpha,
                "bleu": {}, "chrf": {}, "sacrebleu_signature": None, "chrf_signature": None,

@@ -21,7 +21,7 @@ the preset's tokens per update (base: 25000, as in the paper) are split over the
 Continue an interrupted run (Ctrl-C saves a checkpoint) exactly where it stopped, with the first start's data, device,
 batch and schedule flags (read from OUT/config.json; a flag given again takes their place: --max-steps sets a new end,
 --time-budget a time limit beside the run's --max-steps):
-    mpiexec -n 2 python train_wmt.py --out runs/m30k --resume    (the run's ranks again: they are not recorded)
+    mpiexec -n 2 python train_wmt.py --out runs/m30k --resume    (the run's ranks again: config.json says how many)
 Prints a validation line (loss, perplexity, greedy BLEU) every --valid-every updates (base/big: at every
 checkpoint).
 Writes OUT/config.json (the config, the flags given and the tokenizer's hash, which --resume checks against),

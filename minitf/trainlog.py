@@ -10,6 +10,7 @@ import time
 from .errors import MinitfError
 from .fileio import atomic_write
 from .progress import on_terminal
+from .validation import shown_ppl
 
 
 def log(msg):
@@ -25,7 +26,7 @@ def summary_lines(results, out, tgt):
     """The end of a run in a few lines for stdout: the updates and time, the model reported, each set's
     scores (sacreBLEU with the run's beam on the whole set; the paper's tokenized BLEU where computed),
     and the files to look at."""
-    wall = int(results["train_wall_s"])
+    wall = round(results["train_wall_s"])   # as the stop's line rounds it (int() had shown 5 s where it said 6)
     checkpoints = results["model_checkpoints"]
     model = (f"the average of {plural(len(checkpoints), 'checkpoint')}" if results["model"] == "averaged"
              else f"the last checkpoint ({checkpoints[0]})")
@@ -185,7 +186,7 @@ class Console:
         elif self.mode == "lines":
             budget = f" of {self.budget:.0f}s" if self.budget else ""
             self.line(f"train: step {rec['step']} | epoch {rec['epoch']:.3f} | loss {rec['loss']:.3f} | ppl "
-                      f"{rec['ppl']:.2f} | lr {rec['lr']:.2e} | {rec['tokens_per_s']:,.0f} tok/s | "
+                      f"{shown_ppl(rec['ppl'])} | lr {rec['lr']:.2e} | {rec['tokens_per_s']:,.0f} tok/s | "
                       f"{rec['wall_s']:.0f}s{budget}")
 
     def line(self, text):

@@ -22,6 +22,12 @@ def perplexity(nll):
     return round(float(np.exp(min(nll, NLL_CAP))), 2)
 
 
+def shown_ppl(ppl):
+    """A perplexity as the console prints it: a capped one as what it is, not as a value (a diverged run's 5.2e21 had
+    read as a number that was there)."""
+    return f">= exp({NLL_CAP}) (capped: the run diverged?)" if ppl >= perplexity(NLL_CAP) else f"{ppl:.2f}"
+
+
 def evaluate_loss(model, batches, world=None):
     """Teacher-forced loss and per-token NLL over (src, tgt_in, tgt_out, n_target_tokens) batches, in eval mode
     (the model's train/eval mode is restored afterwards). With a `world`, `batches` are this
@@ -104,5 +110,5 @@ class Validation:
         """One console line of a record of `run` with its 'step' added (train.validate adds it)."""
         bleu = (f" | BLEU {rec['valid_bleu']:.2f} (greedy, {rec['valid_bleu_sentences']:,} of {self.size:,} "
                 f"sentences)" if rec["valid_bleu"] is not None else "")
-        return (f"valid: step {rec['step']} | loss {rec['valid_loss']:.3f} | ppl {rec['valid_ppl']:.2f}{bleu} | "
+        return (f"valid: step {rec['step']} | loss {rec['valid_loss']:.3f} | ppl {shown_ppl(rec['valid_ppl'])}{bleu} | "
                 f"{rec['valid_s']:.1f}s")

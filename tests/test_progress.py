@@ -48,3 +48,11 @@ def test_a_terminal_gets_a_tqdm_bar():
     assert not isinstance(bar, progress.Lines) and hasattr(bar, "update")
     bar.close()
     assert progress.amount(1234, "sent") == "1,234 sent" and progress.amount(1536, "B") == "1.5 KB"
+
+
+def test_a_capped_perplexity_is_printed_as_capped():
+    # a diverged run's lines had printed exp(50) as "ppl 5184705528587072045056.00", a value like any other
+    from minitf.validation import perplexity, shown_ppl
+    assert shown_ppl(perplexity(3.0)) == "20.09"
+    assert shown_ppl(perplexity(4.8e8)) == ">= exp(50) (capped: the run diverged?)"
+    assert shown_ppl(perplexity(49.9)) != shown_ppl(perplexity(50.0))

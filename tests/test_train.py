@@ -57,6 +57,7 @@ def test_end_to_end_writes_results(corpus, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
     assert res["steps"] == 30 and res["epochs"] > 0 and res["train_wall_s"] > 0 and res["train_tokens_per_s"] > 0
+    assert res["stopped"] == "max_steps"   # why training ended (a patience stop had read as a finished run)
     assert set(res["bleu"]) == {"valid", "test_2016_flickr"} and set(res["chrf"]) == set(res["bleu"])
     assert all(0 <= b <= 100 for b in res["bleu"].values())
     assert res["sacrebleu_signature"].startswith("nrefs:1|")
@@ -277,7 +278,8 @@ def test_batches_too_small_for_a_sentence_name_update_freq_where_it_made_them(co
 def test_existing_out_without_resume_and_bad_data_are_one_line_errors(corpus, tmp_path):
     out = tmp_path / "run"
     r = run_train(corpus, out, "--max-steps", 2, "--save-every", 1, "--average-last", 1)
-    assert r.returncode == 0 and "averaged 1 checkpoint (every 1 step and the final one" in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 0 and "the final checkpoint alone (checkpoint_0000002.npz; no other one every 1 step" \
+        in r.stderr, r.stderr[-2000:]   # it had said "averaged 1 checkpoint (every 1 step and the final one"
     r = run_train(corpus, out, "--max-steps", 2)
     assert r.returncode == 2 and "--resume" in r.stderr and "Traceback" not in r.stderr
     # its checkpoints deleted to save space, the run's results stay: a new run there is refused, not written over them
@@ -314,6 +316,10 @@ def test_non_finite_losses_are_skipped_then_stop_the_run(corpus, tmp_path):
     r = run_train(corpus, out, "--max-steps", 200, "--lr-factor", 1e12, "--max-nonfinite", 3, "--save-every", 100)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "non-finite" in r.stderr and "--lr-factor" in r.stderr and "Traceback" not in r.stderr
+    # the advice is one a run can follow: a new --out for a new schedule (a resume keeps the checkpoint's; "lower
+    # --lr-factor ..., then --resume" had been refused), --resume only where a checkpoint is kept
+    assert "the run diverged; start a new --out with a lower --lr-factor or a longer --warmup" in r.stderr or \
+        ("--resume goes on from checkpoint_" in r.stderr and "start a new --out" in r.stderr), r.stderr[-1000:]
     events = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     skipped = [e for e in events if e.get("event") == "nonfinite_loss_skipped"]
     assert [e["count"] for e in skipped] == [1, 2, 3]
