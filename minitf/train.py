@@ -663,11 +663,17 @@ def after_step(run, loss_sum, nll_sum, tokens, lr):
         run.console.show(rec)
         run.window = new_window()
     # every rank validates (its share) at the same steps: the minutes' grid reads rank 0's clock
+    # the next record's tokens/s is of updates: the time of a validation or a save is left out of its window (the
+    # line after a validation had shown a rate of half the updates')
     if run.validation and on_grid(state, "valid_interval", args.valid_every, args.valid_every_minutes,
                                   run.elapsed_lead):
+        t = time.time()
         validate(run)
+        run.window["t0"] += time.time() - t
     if run.lead and on_save_grid(args, state, run.elapsed()):
+        t = time.time()
         run.save(on_grid=True)
+        run.window["t0"] += time.time() - t
 
 
 def note_a_short_run(run, start=False):

@@ -80,7 +80,9 @@ def build_parser(prog=None):
     p.add_argument("--max-steps", type=Number(int, 0, meaning=" (0 = no limit)"),
                    help="updates (the paper: base 100k, big 300k); 0 = no limit")
     p.add_argument("--time-budget", type=positive(float), help="stop training after this many seconds of it, over all "
-                                                              "the run's starts (a --resume counts the earlier ones)")
+                                                              "the run's starts (a --resume counts the earlier ones; "
+                                                              "the validations and checkpoints, the last ones included, "
+                                                              "count; the end's average and test scores do not)")
     p.add_argument("--max-tokens", type=positive(),
                    help="tokens per batch and side on each rank, padding included (fairseq's meaning); default: the "
                         "preset's tokens per update (base/big 25000 as in the paper, small 3072 (4096 with --arch rnn), tiny 512) split over the "
