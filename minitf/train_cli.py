@@ -22,7 +22,7 @@ Continue an interrupted run (Ctrl-C saves a checkpoint) exactly where it stopped
 batch and schedule flags (read from OUT/config.json; a flag given again takes their place: --max-steps sets a new end,
 --time-budget a time limit beside the run's --max-steps):
     mpiexec -n 2 python train_wmt.py --out runs/m30k --resume    (the run's ranks again: config.json says how many)
-Prints a validation line (loss, perplexity, greedy BLEU) every --valid-every updates (base/big: at every
+Prints a validation line (the label-smoothed loss, the NLL, the perplexity exp(NLL), greedy BLEU) every --valid-every updates (base/big: at every
 checkpoint).
 Writes OUT/config.json (the config, the flags given and the tokenizer's hash, which --resume checks against),
 OUT/train_log.jsonl, OUT/checkpoint_*.npz (the last --keep-last kept), OUT/checkpoint_best.npz (best

@@ -149,7 +149,7 @@ class Console:
 
     def __init__(self, state, max_steps, budget, quiet, enabled=True, stream=None):
         self.stream = stream or sys.stderr
-        self.enabled, self.budget = enabled, budget
+        self.enabled, self.budget, self.max_steps = enabled, budget, max_steps
         self.mode = "off" if quiet or not enabled else "bar" if on_terminal(self.stream) else "lines"
         self.bar = None
         self.t0, self.step0 = time.time(), state["step"]
@@ -183,11 +183,19 @@ class Console:
             if self.budget:
                 self.postfix["step"] = rec["step"]
             self.bar.set_postfix(self.postfix)
-        elif self.mode == "lines":
+        elif self.mode == "lines":   # a log file: where the run is, as the bar shows it on a terminal
             budget = f" of {self.budget:.0f}s" if self.budget else ""
-            self.line(f"train: step {rec['step']} | epoch {rec['epoch']:.3f} | loss {rec['loss']:.3f} | ppl "
-                      f"{shown_ppl(rec['ppl'])} | lr {rec['lr']:.2e} | {rec['tokens_per_s']:,.0f} tok/s | "
-                      f"{rec['wall_s']:.0f}s{budget}")
+            of = f"/{self.max_steps:,}" if self.max_steps else ""
+            done = rec["step"] - self.step0
+            left = ""
+            if self.max_steps and not self.budget and done > 0:   # this start's pace over what the run has left
+                secs = (time.time() - self.t0) / done * max(self.max_steps - rec["step"], 0)
+                left = f", about {secs / 3600:.1f} h left" if secs >= 3600 else f", about {secs / 60:.0f} min left" \
+                    if secs >= 60 else f", about {secs:.0f}s left"
+            # loss: label-smoothed (what is minimised); nll: the plain one, whose exp is ppl
+            self.line(f"train: step {rec['step']}{of} | epoch {rec['epoch']:.3f} | loss {rec['loss']:.3f} | nll "
+                      f"{rec['nll']:.3f} | ppl {shown_ppl(rec['ppl'])} | lr {rec['lr']:.2e} | {rec['tokens_per_s']:,.0f} tok/s | "
+                      f"{rec['wall_s']:.0f}s{budget}{left}")
 
     def line(self, text):
         if not self.enabled:

@@ -110,5 +110,6 @@ class Validation:
         """One console line of a record of `run` with its 'step' added (train.validate adds it)."""
         bleu = (f" | BLEU {rec['valid_bleu']:.2f} (greedy, {rec['valid_bleu_sentences']:,} of {self.size:,} "
                 f"sentences)" if rec["valid_bleu"] is not None else "")
-        return (f"valid: step {rec['step']} | loss {rec['valid_loss']:.3f} | ppl {shown_ppl(rec['valid_ppl'])}{bleu} | "
+        return (f"valid: step {rec['step']} | loss {rec['valid_loss']:.3f} | nll {rec['valid_nll']:.3f} | ppl "
+                f"{shown_ppl(rec['valid_ppl'])}{bleu} | "
                 f"{rec['valid_s']:.1f}s")

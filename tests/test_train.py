@@ -3,6 +3,7 @@ import gzip
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -430,8 +431,9 @@ def test_off_a_terminal_progress_is_plain_lines_and_validation_is_printed(corpus
     training = r.stderr[r.stderr.index("\nmodel: "):r.stderr.index("\ntraining stopped")]
     assert "\r" not in training and "%|" not in training
     lines = training.splitlines()
-    assert [line.split(" | ")[0] for line in lines if line.startswith("train: step")] == \
-        [f"train: step {s}" for s in (5, 10, 15, 20)]
+    train = [line for line in lines if line.startswith("train: step")]
+    assert [line.split(" | ")[0] for line in train] == [f"train: step {s}/22" for s in (5, 10, 15, 20)]
+    assert all(re.search(r"\| \d+s, about \d+(\.\d)?(s| min| h) left$", line) for line in train), train   # the bar's
     valid = [line for line in lines if line.startswith("valid: step")]
     assert [v.split(" | ")[0] for v in valid] == ["valid: step 10", "valid: step 20", "valid: step 22"]
     assert all(" | loss " in v and " | ppl " in v and "(greedy, 12 of 30 sentences)" in v for v in valid)
