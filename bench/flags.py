@@ -64,17 +64,19 @@ def output_path(parser, path, flag):
     """A usage error, before anything is measured, where --out/--json `path` cannot be written (no such folder, or
     a folder there); a measurement had run to its end and then failed to save."""
     import os
+    from minitf.errors import ConfigError
+    from minitf.fileio import check_output_file
     if path is None:
         return
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        parser.error(f"{flag} {path} is a folder: name the file to write")
+    try:   # a folder's name, or a folder that is not there: minitf's own check of an output file
+        check_output_file(path, flag)
+    except ConfigError as e:
+        parser.error(str(e))
     if os.path.exists(path):   # written in place (a file of the user's, /dev/null): the file itself must take it
         if not os.access(path, os.W_OK):
             parser.error(f"{flag} {path} cannot be written")
         return
-    if not os.path.isdir(folder):
-        parser.error(f"{flag} {path}: the folder {folder} does not exist")
+    folder = os.path.dirname(os.path.abspath(path))
     if not os.access(folder, os.W_OK):
         parser.error(f"{flag} {path}: the folder {folder} cannot be written")
 

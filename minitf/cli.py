@@ -45,16 +45,13 @@ def _check_not_a_runs_model(output):
     results.json scores), averaged.npz (whose checkpoints results.json names), checkpoint_best.npz, or a
     checkpoint_<step>.npz, there or not (--resume and info take every such name for the run's own checkpoint). An
     average, like the model it is of, is an .npz."""
-    from .runfolder import BEST, STEP_CHECKPOINT, UnreadableRecord, checkpoint_paths, read_run_record
+    from .runfolder import BEST, STEP_CHECKPOINT, checkpoint_paths, read_run_record
     if not output.endswith(".npz"):   # it had been written as an .npz under any name (x.pt, no extension)
         raise ConfigError(f"--output {output}: an average is a checkpoint, an .npz file: name it *.npz")
     folder, name = os.path.split(os.path.realpath(output))
     ours = name in ("model.npz", "averaged.npz", BEST) or STEP_CHECKPOINT.fullmatch(name)
-    try:   # a run's folder: its record (a config.json of something else is not one) or its checkpoints
-        record = read_run_record(folder)
-    except UnreadableRecord:
-        record = None
-    if ours and (record is not None or checkpoint_paths(folder)):
+    # a run's folder: its record (a config.json of something else is not one) or its checkpoints
+    if ours and (read_run_record(folder, strict=False) is not None or checkpoint_paths(folder)):
         what = "the" if os.path.exists(output) else "a name of the"
         raise ConfigError(f"--output {output} is {what} {name} of the training run in {folder}: an average written "
                           f"there would be taken for the run's own (its results.json names model.npz and "
@@ -316,8 +313,7 @@ def cmd_score(args):
 def cmd_info(args):
     """What a model file is: its kind, languages, architecture and size, vocabulary, training and recipe; of a run's
     folder, its checkpoints and scores, then its model's."""
-    from .marian import is_ctranslate2
-    from .marian import is_marian
+    from .marian import is_ctranslate2, is_marian
     from .modelinfo import info_lines, model_facts, run_lines, run_facts
     run = os.path.isdir(args.checkpoint) and not is_marian(args.checkpoint) and not is_ctranslate2(args.checkpoint)
     facts = run_facts(args.checkpoint) if run else model_facts(args.checkpoint)

@@ -80,5 +80,3 @@ def is_minitf_export(folder):
         return False
     return config.get(MARK) is True or (config.get("decoder_start_token") == "<s>" and config.get("add_source_eos") is True
                                         and os.path.isfile(os.path.join(folder, "source.spm")))
-
-

@@ -8,7 +8,7 @@ from .checkpoint import checkpoint_in, role
 from .config import parse_id_ranges
 from .errors import DataError, MinitfError
 from .modelfile import read_model
-from .runfolder import BEST, RECORD, RESULTS, UnreadableRecord, checkpoint_paths, read_run_record
+from .runfolder import BEST, RECORD, RESULTS, checkpoint_paths, read_run_record
 from .trainlog import plural
 
 
@@ -99,10 +99,7 @@ def _how_to_go_on(folder, res, last):
     record of its flags: a spent --time-budget counts all its starts; --max-steps reached)."""
     if not (isinstance(res, dict) and res.get("steps") == last):
         return ""
-    try:
-        record = read_run_record(folder)
-    except UnreadableRecord:
-        return ""
+    record = read_run_record(folder, strict=False)
     if record is None:
         return ""
     budget, max_steps = record["args"].get("time_budget"), record["args"].get("max_steps")

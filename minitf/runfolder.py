@@ -71,11 +71,17 @@ class UnreadableRecord(Exception):
         self.path, self.reason = path, reason
 
 
-def read_run_record(out):
+def read_run_record(out, strict=True):
     """OUT/config.json, the record a run's starts keep of it: a dict whose "model" (the config) and "args" (the settled
     flags) are dicts, beside "ranks", "set_by_flags" and "tokenizer_sha256". None where the folder has none (a run
     killed before writing it, or not a run's folder); UnreadableRecord where it is there but unreadable, not JSON, or
-    not such a record (a link to nowhere included)."""
+    not such a record (a link to nowhere included), or None for that too with strict=False (a caller that goes on
+    without the record)."""
+    if not strict:
+        try:
+            return read_run_record(out)
+        except UnreadableRecord:
+            return None
     path = os.path.join(out, RECORD)
     try:
         with open(path, encoding="utf-8") as f:
@@ -171,10 +177,7 @@ def check_resumed(out, resume):
     if recorded != named:
         raise ConfigError(f"--resume: {resume.path} is named step {named} but records step {recorded}: it is not "
                           f"this run's checkpoint; move it out of {out} (or start a new --out)")
-    try:
-        recorded_run = read_run_record(out)
-    except UnreadableRecord:
-        recorded_run = None
+    recorded_run = read_run_record(out, strict=False)
     if recorded_run is None:
         return   # no (readable) config.json: a run killed before writing it, or an older minitf
     model = recorded_run["model"]

@@ -35,7 +35,7 @@ from .modelfile import read_model
 from .architectures import build_model
 from .optim import Adam, LossScaler, UpdateCheck
 from .recipe import on_grid, on_save_grid, resolve_config, run_progress, short_run_ends
-from .runfolder import (BEST, RECORD, RESUMED_GROUPS, RUN_PATHS, UnreadableRecord, check_fresh_out, check_resumed,
+from .runfolder import (BEST, RECORD, RESUMED_GROUPS, RUN_PATHS, check_fresh_out, check_resumed,
                         checkpoint_paths, choose_model, prepare_out, read_run_record, save, settle_leftovers)
 from .schedule import NoamSchedule, learning_rate
 from .fileio import atomic_write, folder_lock, refuse_if_busy
@@ -322,12 +322,7 @@ def _write_run_config(args, flags, cfg, world, data, resume):
             settled[dest] = os.path.abspath(settled[dest])
     settled["test"] = [(name, os.path.abspath(prefix)) for name, prefix in settled.get("test") or ()]
     set_by_flags = {field: flag for flag, field in FLAG_FIELDS.items() if getattr(flags, flag, None) is not None}
-    before = None
-    if resume is not None:
-        try:
-            before = read_run_record(args.out)
-        except UnreadableRecord:
-            pass   # no readable record of the first start: this start's alone
+    before = read_run_record(args.out, strict=False) if resume is not None else None   # unreadable: this start's alone
     if before is not None:
         merged = dict(before["args"])
         merged.update((k, v) for k, v in settled.items() if v is not None or k not in merged)

@@ -35,12 +35,12 @@ def evaluate_loss(model, batches, world=None):
     was_training = model.training
     model.eval()
     tot_loss = tot_nll = tot_n = 0.0
-    for src, tgt_in, tgt_out, n in batches:
-        with maps_off():   # no backward: no attention weights kept
+    with maps_off():   # no backward: no attention weights kept
+        for src, tgt_in, tgt_out, n in batches:
             loss = model.forward_loss(src, tgt_in, tgt_out)
-        tot_loss += float(loss) * n
-        tot_nll += float(model.last_stats["nll_sum"])
-        tot_n += n
+            tot_loss += float(loss) * n
+            tot_nll += float(model.last_stats["nll_sum"])
+            tot_n += n
     model.train(was_training)
     if world is not None:
         tot_loss, tot_nll, tot_n = world.allreduce_numbers([tot_loss, tot_nll, tot_n])

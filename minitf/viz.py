@@ -61,8 +61,9 @@ NO_MATPLOTLIB = "matplotlib is not installed: pip install matplotlib (in a clone
 def _need_matplotlib():
     """MinitfError unless matplotlib is there: called once a plot's input is checked and before its costly work (a
     translation, a printed table), which had run first and then failed."""
+    import importlib
     try:
-        import matplotlib  # noqa: F401  (only whether it imports)
+        importlib.import_module("matplotlib")   # only whether it imports
     except ImportError:
         raise MinitfError(NO_MATPLOTLIB) from None
 

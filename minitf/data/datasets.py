@@ -337,10 +337,8 @@ def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
         result["paths"][split] = [_get(*args, corpus, src, tgt, download, progress, True, f"{name} {split}")
                                   for corpus in splits[split]]
     result["valid"] = _read_all(result["paths"]["valid"])
-    if not result["valid"][0]:   # an empty copy: said now, not as a traceback after training
-        files = " and ".join(p for pair in result["paths"]["valid"] for p in pair)
-        raise DataError(f"{name} valid: {files} hold no lines: there is nothing to validate on; put the set's files "
-                        f"back (or delete them to download them again)")
+    _refuse_empty(result["valid"], f"{name} valid", [p for pair in result["paths"]["valid"] for p in pair],
+                  "validate on", "put the set's files back (or delete them to download them again)")
     # a folder that already held train and valid, and that minitf did not download into, is the user's own copy:
     # use the test sets it has and fetch nothing (e.g. a Multi30k folder with only test_2016_flickr)
     note = _note if notes else (lambda msg: None)   # notes=False: MPI ranks other than 0
@@ -349,9 +347,8 @@ def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
         if p is not None:
             result["tests"][test] = read_parallel(*p)
             result["paths"]["tests"][test] = p
-            if not result["tests"][test][0]:
-                raise DataError(f"{name} {test}: {' and '.join(p)} hold no lines: there is nothing to score; put the "
-                                f"set's files back (or delete them: a test set missing from the folder is skipped)")
+            _refuse_empty(result["tests"][test], f"{name} {test}", p, "score",
+                          "put the set's files back (or delete them: a test set missing from the folder is skipped)")
     return result
 
 
@@ -386,13 +383,18 @@ def user_dataset(train, valid, tests=(), src="en", tgt="de"):
                                      "valid": [_prefix_files(valid, src, tgt, "--valid")], "tests": {}},
               "data_dir": os.path.dirname(os.path.abspath(os.fspath(train)))}
     result["valid"] = _read_all(result["paths"]["valid"])
-    if not result["valid"][0]:
-        raise DataError(f"--valid {valid}: {' and '.join(result['paths']['valid'][0])} hold no lines: there is "
-                        f"nothing to validate on")
+    _refuse_empty(result["valid"], f"--valid {valid}", result["paths"]["valid"][0], "validate on")
     for name, prefix in tests:
         p = _prefix_files(prefix, src, tgt, f"--test {name}=")
         result["tests"][name] = read_parallel(*p)
         result["paths"]["tests"][name] = p
-        if not result["tests"][name][0]:
-            raise DataError(f"--test {name}={prefix}: {' and '.join(p)} hold no lines: there is nothing to score")
+        _refuse_empty(result["tests"][name], f"--test {name}={prefix}", p, "score")
     return result
+
+
+def _refuse_empty(lines, label, files, what, advice=""):
+    """A DataError where a validation or test set (lines: (src, tgt)) holds no lines, at the start: an empty set had
+    trained to the end, then failed in sacreBLEU."""
+    if not lines[0]:
+        raise DataError(f"{label}: {' and '.join(files)} hold no lines: there is nothing to {what}"
+                        + (f"; {advice}" if advice else ""))

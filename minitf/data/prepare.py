@@ -38,6 +38,14 @@ def _stat(path):
     return {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
+def _file_sha256(path):
+    """The SHA-256 of a corpus file's bytes on disk (LineStream's, as the cache records them)."""
+    stream = LineStream(path)
+    for _ in stream:
+        pass
+    return stream.sha256
+
+
 def _corpus_changes(recorded, files, rehash=False):
     """Why the corpus differs from the manifest's record (None if it does not). A file whose size
     and mtime match is trusted (unless `rehash`: prepare --verify); one whose size matches but mtime does not is
@@ -49,10 +57,7 @@ def _corpus_changes(recorded, files, rehash=False):
         if now["size"] != rec["size"]:
             return f"{path} changed (size {rec['size']} -> {now['size']} bytes)"
         if rehash or now["mtime_ns"] != rec["mtime_ns"] or now["path"] != rec["path"]:
-            stream = LineStream(path)
-            for _ in stream:
-                pass
-            if stream.sha256 != rec["sha256"]:
+            if _file_sha256(path) != rec["sha256"]:
                 return f"{path} changed (same size, different content)"
             rec.update(now)   # same content: remember the new stat, so the next start need not hash it
     return None
@@ -65,13 +70,8 @@ def _corpus_hashes(manifest, files):
     out = []
     for path in files:
         now, rec = _stat(path), records.get(os.path.abspath(path))
-        if rec and rec.get("size") == now["size"] and rec.get("mtime_ns") == now["mtime_ns"] and rec.get("sha256"):
-            out.append(rec["sha256"])
-            continue
-        stream = LineStream(path)
-        for _ in stream:
-            pass
-        out.append(stream.sha256)
+        trusted = rec and rec.get("size") == now["size"] and rec.get("mtime_ns") == now["mtime_ns"] and rec.get("sha256")
+        out.append(rec["sha256"] if trusted else _file_sha256(path))
     return out
 
 
