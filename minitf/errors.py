@@ -64,11 +64,6 @@ class ConfigError(MinitfError):
     """A configuration value is out of range or inconsistent."""
 
 
-class SameOnEveryRank(ConfigError):
-    """A ConfigError that every rank of a job raises alike (the ranks disagree, the batches of a resume): rank 0 says
-    it, the others end without repeating it (train.train)."""
-
-
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}   # 128 + the signal's number: the exit status a scheduler reads
 
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from .backend import release_freed_memory
 from .data.batching import training_batch
-from .errors import DataError, SameOnEveryRank
+from .errors import ConfigError, DataError
 from .trainlog import log
 
 
@@ -61,7 +61,7 @@ def open_feed(run):
         fits = (f"; the run's updates were {before} batches: with {world.size} rank(s), --update-freq "
                 f"{before // world.size} makes them" if isinstance(before, int) and before % world.size == 0
                 and before // world.size != args.update_freq else "")
-        raise SameOnEveryRank(f"--resume: {run.resume_path} was trained with batches of {run.state['batch_tokens']} "
+        raise ConfigError(f"--resume: {run.resume_path} was trained with batches of {run.state['batch_tokens']} "
                               f"tokens, but {made}: resume with the run's ranks, --update-freq and --max-tokens (or "
                               f"a --max-tokens of {run.state['batch_tokens']}), or start a new --out{fits}")
     if run.resume_path is not None and before and before != per_update and run.lead:
@@ -76,7 +76,7 @@ def open_feed(run):
     except DataError as e:
         if args.max_tokens:
             raise
-        raise SameOnEveryRank(f"{e}; without --max-tokens a batch is the preset's {run.cfg.update_tokens:,} tokens per "
+        raise ConfigError(f"{e}; without --max-tokens a batch is the preset's {run.cfg.update_tokens:,} tokens per "
                               f"update split over {world.size} rank(s) x --update-freq {args.update_freq} = "
                               f"{max_tokens:,} tokens: a smaller --update-freq or fewer ranks make larger batches "
                               f"too") from None
@@ -85,7 +85,7 @@ def open_feed(run):
     if run.state["epoch"] < run.cfg.bidirectional_epochs:
         run.epoch_len = (len(first) + 1) // 2   # of an epoch of one direction (an epoch of both has twice the batches)
     if per_update > run.epoch_len:
-        raise SameOnEveryRank(f"{world.size} ranks x --update-freq {args.update_freq} = {per_update} batches per "
+        raise ConfigError(f"{world.size} ranks x --update-freq {args.update_freq} = {per_update} batches per "
                               f"update, but an epoch has only {run.epoch_len}: use fewer ranks, a smaller --update-freq "
                               f"or --max-tokens")
     # the log's fractional epochs count in the first start's epoch length, so that a resumed run logs what an

@@ -30,7 +30,7 @@ def model_facts(path):
 def _kind(state, optimizer, exported):
     """What a checkpoint is, in words, from its train_state (checkpoint.role)."""
     which = role(state)
-    if which == "reported" and state["model"] == "averaged":
+    if which == "reported" and state["model"] == "averaged" and len(state.get("from", [])) != 1:
         kind = f"a run's reported model: the average of {plural(len(state.get('from', [])), 'checkpoint')}"
     elif which == "reported":
         kind = "a run's reported model: its last checkpoint" + "".join(f" ({name})" for name in state.get("from", [])[:1])

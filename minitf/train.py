@@ -28,7 +28,7 @@ from .data.binarized import StaleData
 from .data.pipeline import DataSettings, load_data
 from .data.tokenizer import tokenizer_from_bytes
 from . import distributed, gemm
-from .errors import SIGNAL_EXIT, ConfigError, Interrupted, MinitfError, SameOnEveryRank, sigterm_raises
+from .errors import (SIGNAL_EXIT, ConfigError, Interrupted, MinitfError, out_of_memory, signals_held, sigterm_raises)
 from .feed import UpdateFeed, open_feed
 from .kernels import accum_dtype
 from .modelfile import read_model
@@ -39,7 +39,7 @@ from .runfolder import (BEST, RECORD, RESUMED_GROUPS, RUN_PATHS, check_fresh_out
                         checkpoint_paths, choose_model, prepare_out, read_run_record, save, settle_leftovers)
 from .schedule import NoamSchedule, learning_rate
 from .fileio import atomic_write, folder_lock, refuse_if_busy
-from .trainlog import Console, TrainLog, log, plural, print_summary, summary_lines
+from .trainlog import Console, TrainLog, log, plural, print_summary, reported_model, summary_lines
 from .translate import paper_bleu_available
 from .validation import Validation, perplexity
 
@@ -146,6 +146,9 @@ class Run:
                     self.args.keep_last)
 
 
+MEMORY_KNOBS = "--max-tokens, the model size (--preset, --d-model, ...) or --decode-batch"   # what sizes a run's memory
+
+
 def train(args):
     """Train as train_wmt.py's flags say; under mpiexec, on every rank (distributed.py). An error on
     any rank prints that rank's message and aborts the whole job (MPI Abort), never a hang."""
@@ -160,24 +163,42 @@ def train(args):
     except MinitfError as e:
         if world.size == 1:
             raise
-        if isinstance(e, SameOnEveryRank) and world.rank != 0:
-            time.sleep(2.0)   # rank 0 says it and ends the job; this rank ends it too if rank 0 could not
-        else:
-            log(f"rank {world.rank}: error: {e}")
+        _said_once(world, f"error: {e}")
         world.abort(2)
     except KeyboardInterrupt as e:   # Ctrl-C or SIGTERM outside the update loop's agreed stop (the data being
         if world.size == 1:          # prepared): the other ranks may be waiting in a collective, so the job is ended
             raise
         name = getattr(e, "signame", "SIGINT")   # errors.Terminated's
-        log(f"rank {world.rank}: interrupted ({name}) before training began: nothing half-written was kept; run the "
-            f"command again" + (" (with --resume to continue)" if args.resume else ""))
+        _said_once(world, f"interrupted ({name}) before training began: nothing half-written was kept; run the "
+                          f"command again" + (" (with --resume to continue)" if args.resume else ""))
         world.abort(SIGNAL_EXIT[name])
+    except MemoryError as e:   # the one line a single process gives (train_cli.main), from the rank that ran out
+        if world.size == 1:
+            raise
+        log(f"rank {world.rank}: error: {out_of_memory(e, MEMORY_KNOBS)}")
+        world.abort(2)
     except Exception:
         if world.size == 1:
             raise
         import traceback
         log(f"rank {world.rank}: unexpected error:\n{traceback.format_exc()}")
         world.abort(1)
+
+
+def _said_once(world, message):
+    """`rank R: message` on stderr, on a rank other than 0 after 2 s: an error every rank meets alike (flags, files,
+    the ranks disagreeing, a signal mpiexec forwarded to each) is said by rank 0, whose MPI Abort ends the job
+    meanwhile (64 ranks had printed it 64 times); an error of this rank's own is said after the wait."""
+    if world.rank != 0:
+        time.sleep(2.0)
+    log(f"rank {world.rank}: {message}")
+
+
+# flags outside the config that every rank must share: the loop's stops, spacings and validation run as collectives (a
+# --valid-every of its own had crashed MPICH, a --patience of its own hung the job), rank 0 writes --out
+AGREED_FLAGS = ("max_steps", "save_every", "save_every_minutes", "time_budget", "valid_every", "valid_every_minutes",
+                "valid_bleu_sentences", "patience", "decode_batch", "max_nonfinite", "log_every", "out", "keep_last",
+                "average_last", "beam", "alpha")
 
 
 def _agree(world, **facts):
@@ -203,7 +224,7 @@ def _agree(world, **facts):
         diff = [f"{k} {shown(key, v)} (rank 0) vs {shown(key, other.get(k, (key, None))[1])} (rank {rank})"
                 for k, (key, v) in every[0].items() if other.get(k, (key, None))[1] != v]
         if diff:
-            raise SameOnEveryRank(f"the ranks disagree: {'; '.join(diff)}; launch every rank with the same flags and "
+            raise ConfigError(f"the ranks disagree: {'; '.join(diff)}; launch every rank with the same flags and "
                                   f"files")
 
 
@@ -217,18 +238,29 @@ def _locked_train(args, world):
     """The run: set-up, the update loop, the end."""
     run = set_up(args, world)
     try:
-        stop = run_loop(run)
-    except KeyboardInterrupt:   # a second Ctrl-C: stopped at once, mid-update, so nothing is saved
-        if run.lead:
-            run.log.close()
-            last = checkpoint_paths(args.out)
-            log(f"interrupted again (SIGINT) at step {run.state['step']}: stopped without saving; --resume "
-                f"continues from {last[-1] if last else 'the start'}")
-        raise Interrupted("SIGINT") from None
-    finally:
-        run.feed.close()
-        run.console.close()
-    return end(run, stop)
+        try:
+            stop = run_loop(run)
+        except KeyboardInterrupt:   # a second Ctrl-C: stopped at once, mid-update, so nothing is saved
+            _stopped_unsaved(run, "SIGINT", "again")
+        finally:
+            run.feed.close()
+            run.console.close()
+        return end(run, stop)
+    except KeyboardInterrupt as e:   # a signal outside the windows that hold or agree on them (closing the feed)
+        _stopped_unsaved(run, getattr(e, "signame", "SIGINT"))
+
+
+def _stopped_unsaved(run, signame, again=""):
+    """A signal that stopped the run where it could not save: the last checkpoint is what --resume continues from;
+    raises Interrupted (under mpiexec the job ends, with the signal's status)."""
+    if run.lead:
+        run.log.close()
+        last = checkpoint_paths(run.args.out)
+        log(f"interrupted{' ' + again if again else ''} ({signame}) at step {run.state['step']}: stopped without "
+            f"saving; --resume continues from {last[-1] if last else 'the start'}")
+    if run.world.size > 1 and not again:   # (a second Ctrl-C comes only to one process)
+        run.world.abort(SIGNAL_EXIT[signame])
+    raise Interrupted(signame) from None
 
 
 # ------------------------------------------------------------------------------ set-up
@@ -263,8 +295,7 @@ def set_up(args, world):
     dtype = compute_dtype(args)
     _agree(world, data_id=data.data_id, config=cfg.to_dict(), seed=args.seed, update_freq=args.update_freq,
            dtype=dtype, fp16=fp16, resume_step=resume.train_state["step"] if resume else 0,
-           max_steps=args.max_steps, save_every=args.save_every, save_every_minutes=args.save_every_minutes,
-           time_budget=args.time_budget)
+           **{name: getattr(args, name) for name in AGREED_FLAGS})
     model = build_model(cfg, device=args.device, dtype=dtype, seed=args.seed)
     run = Run(args, world, data, cfg, model, Adam(model, lr=NoamSchedule(cfg.d_model, cfg.warmup, cfg.lr_factor),
                                                  weight_decay=cfg.weight_decay),
@@ -657,15 +688,17 @@ def after_step(run, loss_sum, nll_sum, tokens, lr):
         run.log.write(rec)
         run.console.show(rec)
         run.window = new_window()
-    # every rank validates (its share) at the same steps: the minutes' grid reads rank 0's clock
-    # the next record's tokens/s is of updates: the time of a validation or a save is left out of its window (the
-    # line after a validation had shown a rate of half the updates')
+    # every rank validates (its share) at the same steps: the minutes' grids read rank 0's clock at the top of the
+    # update (agreed in should_stop), the checkpoints' too, so that a validation on the checkpoints' spacing comes
+    # with its checkpoint (read after the update, it had saved one update before each validation); the next
+    # record's tokens/s is of updates: the time of a validation or a save is left out of its window (the line after
+    # a validation had shown a rate of half the updates')
     if run.validation and on_grid(state, "valid_interval", args.valid_every, args.valid_every_minutes,
                                   run.elapsed_lead):
         t = time.time()
         validate(run)
         run.window["t0"] += time.time() - t
-    if run.lead and on_save_grid(args, state, run.elapsed()):
+    if run.lead and on_save_grid(args, state, run.elapsed_lead):
         t = time.time()
         run.save(on_grid=True)
         run.window["t0"] += time.time() - t
@@ -761,7 +794,8 @@ def end(run, stop):
     args, state = run.args, run.state
     if stop not in ("max_steps", "time_budget", "patience"):
         if run.lead:
-            path = run.save(on_grid=False)
+            with signals_held():   # another signal now would cut the checkpoint this stop saves
+                path = run.save(on_grid=False)
             run.log.close()
             log(f"interrupted ({stop}) at step {state['step']}: saved {path}; continue with --resume")
         raise Interrupted(stop.split()[0])
@@ -771,22 +805,23 @@ def end(run, stop):
         validated = True
     if not run.lead:   # rank 0 averages and scores alone: wait for it, a signal meanwhile ending the job as one
         got, done = run.world.wait_for_lead()
-        if got and not done:   # (once rank 0 has ended the run, it is complete: nothing to say)
+        if got and not done:   # rank 0 did not end the job within the grace: it was signalled alone, or not at all
             log(f"rank {run.world.rank}: interrupted ({got[0]}) while rank 0 scored the run: its checkpoints are "
                 f"complete; --resume validates and ends the run")
             run.world.abort(SIGNAL_EXIT[got[0]])
+        if got:   # (it had been dropped without a word)
+            log(f"rank {run.world.rank}: {got[0]} came as rank 0 finished the run, which is complete")
         return None
-    last = checkpoint_paths(args.out)
-    saved = bool(last) and last[-1].endswith(f"{state['step']:07d}.npz")
-    recorded, state["train_wall_s"] = state["train_wall_s"], run.elapsed()   # the time its last checkpoint records
-    # saved again where this step's checkpoint records less time than the budget that ended the run (it was saved on
-    # the spacing just before): a resume would take the budget for unspent and train on
-    under = stop == "time_budget" and recorded < args.time_budget
-    if not saved or validated or under:
-        run.save(on_grid=False)   # off the spacing unless it was saved on it (Run.save)
-    why = (f"patience: validation {'BLEU' if state['best_valid']['metric'] == 'valid_bleu' else 'loss'} no better "
-           f"than step {state['best_valid']['step']}'s for {args.patience} validations" if stop == "patience" else stop)
-    log(f"training stopped ({why}) at step {state['step']} after {state['train_wall_s']:.0f}s")
+    with signals_held() as got:   # a signal while the end's checkpoint is written is answered once it is whole
+        path = _save_the_end(run, stop, validated)
+    if got:
+        signame = signal.Signals(got[0]).name
+        run.log.close()
+        log(f"interrupted ({signame}) at the end of training, step {state['step']}: its checkpoint is saved "
+            f"({path}); `--out {args.out} --resume` scores the run's end")
+        if run.world.size > 1:   # the other ranks wait in wait_for_lead: the job ends here, with the signal's status
+            run.world.abort(SIGNAL_EXIT[signame])
+        raise Interrupted(signame)
     state["epochs"] = run.epochs()
     try:
         with sigterm_raises(_sigterm):
@@ -807,6 +842,23 @@ def end(run, stop):
         raise Interrupted(signame) from None
     finally:
         run.log.close()
+
+
+def _save_the_end(run, stop, validated):
+    """Rank 0 at the end of training: this step's checkpoint, saved unless the spacing saved it already (then again
+    where the final validation ran, or where a --time-budget stop's checkpoint records less than the budget: saved on
+    the spacing just before, a resume would take the budget for unspent and train on), and the stop's line. Returns
+    the checkpoint's path."""
+    args, state = run.args, run.state
+    last = checkpoint_paths(args.out)
+    saved = bool(last) and last[-1].endswith(f"{state['step']:07d}.npz")
+    recorded, state["train_wall_s"] = state["train_wall_s"], run.elapsed()   # the time its last checkpoint records
+    under = stop == "time_budget" and recorded < args.time_budget
+    path = run.save(on_grid=False) if not saved or validated or under else last[-1]   # off the spacing unless it was on it
+    why = (f"patience: validation {'BLEU' if state['best_valid']['metric'] == 'valid_bleu' else 'loss'} no better "
+           f"than step {state['best_valid']['step']}'s for {args.patience} validations" if stop == "patience" else stop)
+    log(f"training stopped ({why}) at step {state['step']} after {round(round(state['train_wall_s'], 1))}s")   # as results.json's 0.1 s, rounded
+    return path
 
 
 def _final_validation(run):
@@ -855,7 +907,7 @@ def finish(run, stop=None):
                "bleu": {}, "chrf": {}, "sacrebleu_signature": None, "chrf_signature": None,
                "bleu_paper": {}, "bleu_paper_method": None, "validation_s": state.get("valid_s", 0.0),
                "best_valid": state.get("best_valid")}
-    which = "the average" if results["model"] == "averaged" else f"the last checkpoint, {results['model_checkpoints'][0]}"
+    which = reported_model(results)
     sets = {"valid": data.valid, **data.tests}
     for name, (src, ref) in sets.items():
         t0 = time.time()

@@ -353,7 +353,7 @@ def main(argv=None, prog=None):
     from minitf.errors import SIGNAL_EXIT, Interrupted, MinitfError, one_line_warnings, out_of_memory, report, \
         sigterm_raises
     from minitf.runfolder import checkpoint_paths
-    from minitf.train import train
+    from minitf.train import MEMORY_KNOBS, train
     args = parse_args(argv, prog)
     try:
         with sigterm_raises(), one_line_warnings():   # SIGTERM before training (the data being prepared) as Ctrl-C
@@ -370,6 +370,6 @@ def main(argv=None, prog=None):
                + ("continue with --resume" if checkpoint_paths(args.out) else "run the command again"))
         return SIGNAL_EXIT[signame]
     except MemoryError as e:
-        report(f"error: {out_of_memory(e, '--max-tokens, the model size (--preset, --d-model, ...) or --decode-batch')}")
+        report(f"error: {out_of_memory(e, MEMORY_KNOBS)}")
         return 2
     return 0

@@ -22,14 +22,21 @@ def plural(n, word):
     return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
+def reported_model(results):
+    """The model a run reports, in words: the average of its checkpoints, or the last checkpoint (also where the
+    average was of the final checkpoint alone, when no other one was in the run's second half)."""
+    checkpoints = results["model_checkpoints"]
+    if results["model"] == "averaged" and len(checkpoints) > 1:
+        return f"the average of {plural(len(checkpoints), 'checkpoint')}"
+    return f"the last checkpoint ({checkpoints[0]})"
+
+
 def summary_lines(results, out, tgt):
     """The end of a run in a few lines for stdout: the updates and time, the model reported, each set's
     scores (sacreBLEU with the run's beam on the whole set; the paper's tokenized BLEU where computed),
     and the files to look at."""
     wall = round(results["train_wall_s"])   # as the stop's line rounds it (int() had shown 5 s where it said 6)
-    checkpoints = results["model_checkpoints"]
-    model = (f"the average of {plural(len(checkpoints), 'checkpoint')}" if results["model"] == "averaged"
-             else f"the last checkpoint ({checkpoints[0]})")
+    model = reported_model(results)
     lines = [f"summary: {plural(results['steps'], 'update')}, {results['epochs']:.1f} epochs, {wall // 60}m "
              f"{wall % 60:02d}s of training; reported: {model}; scores: sacreBLEU and chrF, beam {results['beam']}, "
              f"whole sets"]

@@ -153,13 +153,15 @@ def test_one_rank_failing_ends_the_job_with_its_message(corpus, tmp_path):
 
 def test_ranks_that_disagree_on_the_config_are_stopped_at_start(corpus, tmp_path):
     a = _args(corpus, tmp_path / "run", "--max-steps", 50)
-    r = _run([MPIEXEC, "-n", 1, sys.executable, *a, ":", "-n", 1, sys.executable, *a, "--seed", 7, "--dropout", 0.3],
-             tmp_path / "cache", timeout=120)
+    r = _run([MPIEXEC, "-n", 1, sys.executable, *a, ":", "-n", 1, sys.executable, *a, "--seed", 7, "--dropout", 0.3,
+              "--valid-every", 20, "--patience", 2], tmp_path / "cache", timeout=120)
     assert r.returncode != 0 and "disagree" in r.stderr
     errors = [line for line in r.stderr.splitlines() if "error:" in line]
     assert errors and all(line.startswith("rank ") and line.count("error:") == 1 for line in errors), r.stderr
     assert "--seed 1 (rank 0) vs 7 (rank 1)" in errors[0] and "--dropout 0.0 (rank 0) vs 0.3 (rank 1)" in errors[0]
-    assert len(errors[0]) < 300, r.stderr              # the differing fields, not both configs
+    # flags outside the config too (a --valid-every of one rank's own had crashed MPICH, a --patience hung the job)
+    assert "--valid-every 0 (rank 0) vs 20 (rank 1)" in errors[0] and "--patience 0 (rank 0) vs 2 (rank 1)" in errors[0]
+    assert len(errors) == 1 and len(errors[0]) < 400, r.stderr    # the differing fields, not both configs; once
     assert not (tmp_path / "run" / "train_log.jsonl").exists() or "loss" not in (tmp_path / "run" / "train_log.jsonl").read_text()
 
 

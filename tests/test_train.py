@@ -5,6 +5,7 @@ import json
 import os
 import re
 import subprocess
+import types
 import sys
 
 import numpy as np
@@ -91,16 +92,27 @@ def test_end_to_end_writes_results(corpus, tmp_path):
     assert "valid: BLEU" in r.stderr and "(sacreBLEU, beam 2, all 30 sentences" in r.stderr
 
 
+def test_info_calls_a_reported_average_of_the_final_checkpoint_alone_the_last_checkpoint():
+    """info's words for a run's model.npz follow the summary's: an 'average' of one checkpoint is that checkpoint."""
+    from minitf.modelinfo import _kind
+    assert _kind({"model": "averaged", "from": ["c20.npz", "c30.npz"]}, False, False) == (
+        "a run's reported model: the average of 2 checkpoints")
+    for model in ("averaged", "last"):
+        assert _kind({"model": model, "from": ["c30.npz"]}, False, False) == (
+            "a run's reported model: its last checkpoint (c30.npz)")
+
+
 def test_the_summary_says_one_checkpoint_and_one_update_in_the_singular():
-    """A run's summary line names the model it reports: 'the average of 1 checkpoint' (the only one of a short run's
-    second half), 'of 2 checkpoints', or the last checkpoint; and its updates: '1 update', '30 updates'."""
+    """A run's summary line names the model it reports: the average of 2 checkpoints, or the last checkpoint, also where
+    the 'average' was of the final checkpoint alone (the only one of a short run's second half: 'the average of 1
+    checkpoint' had been said); and its updates: '1 update', '30 updates'."""
     from minitf.trainlog import summary_lines
     base = {"train_wall_s": 13.4, "steps": 30, "epochs": 0.2, "beam": 4, "bleu": {"valid": 0.0}, "chrf": {"valid": 0.5},
             "bleu_paper": {}}
     first = {n: summary_lines({**base, "model": model, "model_checkpoints": cps}, "out", "de")[0]
              for n, model, cps in ((1, "averaged", ["c30.npz"]), (2, "averaged", ["c20.npz", "c30.npz"]),
                                    (0, "last", ["c30.npz"]))}
-    assert "reported: the average of 1 checkpoint; scores" in first[1]
+    assert "reported: the last checkpoint (c30.npz); scores" in first[1]
     assert "reported: the average of 2 checkpoints; scores" in first[2]
     assert "reported: the last checkpoint (c30.npz); scores" in first[0]
     assert first[1].startswith("summary: 30 updates, 0.2 epochs, 0m 13s of training;")
@@ -752,6 +764,38 @@ def test_a_corrupt_cache_found_mid_run_is_one_line(corpus, tmp_path):
     assert len(lines) == 1 and "train.de.offsets.npy" in lines[0] and "prepare --verify" in lines[0]
 
 
+def test_checkpoints_spaced_in_minutes_come_with_their_validations():
+    """With both spaced in minutes (base/big: validation at every checkpoint), the validation and the checkpoint fall
+    on the same update: the save had read the clock after the update and the validation the agreed clock before it,
+    so each checkpoint came one update before its validation (and checkpoint_best.npz at a step with none)."""
+    import minitf.train
+    events = []
+
+    class Run:
+        args = types.SimpleNamespace(log_every=10**9, valid_every=None, valid_every_minutes=1.0, save_every=None,
+                                     save_every_minutes=1.0)
+        state, window, lead, short_noted, validation = {"step": 0}, minitf.train.new_window(), True, True, True
+        console = types.SimpleNamespace(update=lambda step, wall: None)
+        clock = 0.0
+
+        def elapsed(self):
+            return self.clock
+
+        def save(self, on_grid):
+            events.append(("save", self.state["step"]))
+    run = Run()
+    validate = minitf.train.validate
+    try:
+        minitf.train.validate = lambda run: events.append(("valid", run.state["step"]))
+        for step, (top, after) in enumerate(((59.0, 59.6), (59.6, 60.3), (60.3, 60.9), (119.8, 120.1), (120.1, 120.5)),
+                                            start=1):
+            run.state["step"], run.elapsed_lead, run.clock = step, top, after
+            minitf.train.after_step(run, 1.0, 1.0, 1, 1e-3)
+    finally:
+        minitf.train.validate = validate
+    assert events == [("valid", 3), ("save", 3), ("valid", 5), ("save", 5)]
+
+
 def test_ranks_that_disagree_are_told_only_what_differs():
     from minitf.errors import ConfigError
     from minitf.train import _agree
@@ -1296,23 +1340,109 @@ def test_under_mpi_a_signal_in_the_final_validation_is_agreed_before_anyone_stop
     assert saved == [False]
 
 
-def test_under_mpi_an_error_every_rank_raises_alike_is_said_once(monkeypatch, capsys):
-    # the ranks disagree, a resume's batches: every rank raises the same error, which 64 ranks had printed 64 times
+@pytest.mark.parametrize("ranks", ["one process", "two ranks"])
+def test_a_signal_while_the_end_saves_its_checkpoint_waits_for_the_file(tmp_path, monkeypatch, capsys, ranks):
+    # SIGTERM while the end of training wrote its last checkpoint had removed the half-written file and said
+    # "interrupted before training began ... run the command again", which the run's checkpoints then refused
+    import signal as signals
     import minitf.train
-    from minitf.errors import ConfigError, SameOnEveryRank
+    from minitf.errors import Interrupted
+    from minitf.runfolder import checkpoint_paths
+    out, written = tmp_path / "run", []
+    out.mkdir()
+
+    class Run:
+        args = types.SimpleNamespace(out=str(out), valid_every=0, valid_every_minutes=0, time_budget=0, patience=0)
+        world, lead, state, validation = (TwoRanks() if ranks == "two ranks" else distributed.World()), True, \
+            {"step": 20, "train_wall_s": 7.0}, None
+        log = type("L", (), {"close": staticmethod(lambda: None)})()
+        elapsed = staticmethod(lambda: 8.0)
+
+        def save(self, on_grid):
+            os.kill(os.getpid(), signals.SIGTERM)    # lands mid-write
+            path = out / "checkpoint_0000020.npz"
+            path.write_bytes(b"whole")
+            written.append(on_grid)
+            return str(path)
+    monkeypatch.setattr(minitf.train, "finish", lambda run, stop: pytest.fail("scored after the signal"))
+    TwoRanks.aborted = None
+    for stop in ("max_steps", "SIGINT"):    # the end of a run, and the save of a first signal's stop
+        with pytest.raises(SystemExit if ranks == "two ranks" and stop == "max_steps" else Interrupted):
+            minitf.train.end(Run(), stop)
+        assert [os.path.basename(p) for p in checkpoint_paths(out)] == ["checkpoint_0000020.npz"]
+        (out / "checkpoint_0000020.npz").unlink()
+    assert written == [False, False]
+    assert TwoRanks.aborted == (143 if ranks == "two ranks" else None)
+    err = capsys.readouterr().err
+    assert f"interrupted (SIGTERM) at the end of training, step 20: its checkpoint is saved ({out}/checkpoint_0000020" \
+           f".npz); `--out {out} --resume` scores the run's end" in err
+    assert "interrupted (SIGINT) at step 20: saved" in err and "before training began" not in err
+
+
+def test_a_signal_to_a_rank_waiting_for_rank_0_to_score_is_said(monkeypatch, capsys):
+    # the rank that waits for rank 0's scoring: a signal rank 0 beat to the end had been dropped without a word
+    import minitf.train
+
+    class RankOne(TwoRanks):
+        rank, outcome = 1, None
+
+        def wait_for_lead(self, grace=5.0):
+            return self.outcome
+
+    class Run:
+        args, state, validation, lead, world = types.SimpleNamespace(), {"step": 9}, None, False, RankOne()
+    Run.world.outcome, TwoRanks.aborted = (["SIGTERM"], True), None
+    assert minitf.train.end(Run(), "max_steps") is None and TwoRanks.aborted is None
+    assert capsys.readouterr().err == "rank 1: SIGTERM came as rank 0 finished the run, which is complete\n"
+    Run.world.outcome = (["SIGTERM"], False)   # rank 0 did not finish within the grace
+    with pytest.raises(SystemExit):
+        minitf.train.end(Run(), "max_steps")
+    assert TwoRanks.aborted == 143 and "rank 1: interrupted (SIGTERM) while rank 0 scored" in capsys.readouterr().err
+    Run.world.outcome, TwoRanks.aborted = ([], True), None
+    assert minitf.train.end(Run(), "max_steps") is None and TwoRanks.aborted is None and not capsys.readouterr().err
+
+
+def test_under_mpi_an_error_every_rank_raises_alike_is_said_once(monkeypatch, capsys):
+    # the ranks disagree, a resume's batches, a refused --resume: every rank raises the same error, which 64 ranks had
+    # printed 64 times: a rank other than 0 waits 2 s, in which rank 0's MPI Abort ends the job, and says its error
+    # only if it is still there (an error of its own: a file only that rank lacks)
+    import minitf.train
+    from minitf.errors import ConfigError, DataError
 
     class RankOne(TwoRanks):
         rank = 1
-    monkeypatch.setattr(minitf.train.time, "sleep", lambda s: None)
-    for world, error, said in ((RankOne, SameOnEveryRank("the ranks disagree"), ""),
-                               (TwoRanks, SameOnEveryRank("the ranks disagree"), "rank 0: error: the ranks disagree\n"),
-                               (RankOne, ConfigError("rank 1 lacks a file"), "rank 1: error: rank 1 lacks a file\n")):
+    waits = []
+
+    def job_ended_by_rank_0(s):   # the sleep MPI Abort from rank 0 cuts short
+        waits.append(s)
+        raise SystemExit(2)
+    for world, error, sleep, said in (
+            (RankOne, ConfigError("the ranks disagree"), job_ended_by_rank_0, ""),
+            (TwoRanks, ConfigError("the ranks disagree"), job_ended_by_rank_0, "rank 0: error: the ranks disagree\n"),
+            (RankOne, DataError("rank 1 lacks a file"), waits.append, "rank 1: error: rank 1 lacks a file\n")):
+        monkeypatch.setattr(minitf.train.time, "sleep", sleep)
         monkeypatch.setattr(minitf.train.distributed, "init", world)
         monkeypatch.setattr(minitf.train, "_train", lambda args, w, e=error: (_ for _ in ()).throw(e))
         TwoRanks.aborted = None
         with pytest.raises(SystemExit):
             minitf.train.train(None)
-        assert TwoRanks.aborted == 2 and capsys.readouterr().err == said
+        assert capsys.readouterr().err == said
+        assert TwoRanks.aborted == (2 if said else None)
+    assert waits == [2.0, 2.0]   # rank 0 said its error at once
+
+
+def test_under_mpi_out_of_memory_is_one_line(monkeypatch, capsys):
+    # a MemoryError (CuPy's OutOfMemoryError is one) had printed 'unexpected error' and a traceback from every rank
+    import minitf.train
+    monkeypatch.setattr(minitf.train.distributed, "init", TwoRanks)
+    monkeypatch.setattr(minitf.train, "_train", lambda args, w: (_ for _ in ()).throw(MemoryError("Unable to allocate "
+                                                                                                  "8.00 GiB")))
+    TwoRanks.aborted = None
+    with pytest.raises(SystemExit):
+        minitf.train.train(None)
+    assert TwoRanks.aborted == 2
+    assert capsys.readouterr().err == ("rank 0: error: out of memory (Unable to allocate 8.00 GiB); lower --max-tokens, "
+                                       "the model size (--preset, --d-model, ...) or --decode-batch\n")
 
 
 def test_sigterm_before_training_and_flag_errors_under_a_launcher(tmp_path, monkeypatch, capsys):
