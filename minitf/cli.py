@@ -20,6 +20,8 @@ def _read_input(path):
     checked as a file's."""
     from .data.readers import read_stream_lines, read_text
     if path in (None, "-"):
+        if sys.stdin is None:   # started with standard input closed (`<&-`)
+            raise DataError("standard input is closed: name the input file (--input, --src, --tgt or --ref)")
         stream = getattr(sys.stdin, "buffer", None)
         if stream is None:   # a text stream put in place of sys.stdin (by a program that calls main())
             return [line.rstrip("\r\n") for line in sys.stdin]
@@ -149,25 +151,32 @@ def cmd_export(args):
     print(f"exported {args.checkpoint} -> {args.output}/ ({what})", file=sys.stderr)
 
 
-OUTPUT_HELP = ("output file (a .gz name is gzip-compressed; a link, a pipe or /dev/stdout is written through; never "
-               "the checkpoint or an input); default stdout")
+OUTPUT_HELP = ("output file (a .gz name is gzip-compressed; a link, a pipe or /dev/stdout is written through; an "
+               "existing file keeps its permissions; never the checkpoint, an input or a model file's name, *.npz or "
+               "*.safetensors); - or default: stdout")
+MODEL_NAMES = (".npz", ".safetensors")   # a model file's: text written there would take a model's place
 
 
 def _check_output(args, *inputs):
     """--output (when given) can be written, and is none of the files the command reads (it would be replaced by the
-    text written: the checkpoint, the input): (flag, path) pairs."""
+    text written: the checkpoint, the input) nor named as a model file: (flag, path) pairs. `-` is stdout."""
+    if args.output == "-":   # stdout, as - is stdin for the inputs (it had written a file named -)
+        args.output = None
     if not args.output:
+        if sys.stdout is None:   # started with standard output closed (`>&-`)
+            raise ConfigError("standard output is closed: name a file with --output")
         return
     check_output_file(args.output, "--output")
-    if not os.path.isfile(args.output):   # a new file, a pipe or a device: none of the inputs
-        return
-    for flag, path in (("--checkpoint", args.checkpoint),) + inputs:
+    for flag, path in (("--checkpoint", args.checkpoint),) + inputs if os.path.isfile(args.output) else ():
         if path not in (None, "-") and os.path.exists(path) and os.path.samefile(path, args.output):
             raise ConfigError(f"--output {args.output} is {flag} {path}: writing it would replace that file; name "
                               f"another output")
         if path in (None, "-") and flag != "--checkpoint" and _is_stdin(args.output):
             raise ConfigError(f"--output {args.output} is the file on standard input ({flag} "
                               f"{path or '-'}): writing it would replace that file; name another output")
+    if args.output.lower().endswith(MODEL_NAMES):   # (a run's checkpoint_best.npz had been replaced by translations)
+        raise ConfigError(f"--output {args.output}: a model file's name, and what is written is text: name the output "
+                          f"file otherwise (e.g. out.txt)")
 
 
 def _is_stdin(path):
@@ -182,7 +191,7 @@ def cmd_translate(args):
     from .translate import load
     _check_output(args, ("--input", args.input))
     translator = load(args.checkpoint, args.device)
-    if args.input in (None, "-") and sys.stdin.isatty() and not args.output:
+    if args.input in (None, "-") and sys.stdin is not None and sys.stdin.isatty() and not args.output:
         return _interactive(translator, args)
     lines = _read_input(args.input)
     _write_text(args.output, "".join(_translations(translator, lines, args, progress=not args.quiet)))
@@ -296,7 +305,10 @@ def cmd_score(args):
     src, tgt = _read_pair("--src", args.src, "--tgt", args.tgt)
     empty = [i + 1 for i, line in enumerate(src) if not line.strip()]
     if empty:
-        raise DataError(f"--src {args.src}: line {empty[0]} is empty: a translation needs a source to be scored against")
+        more = f" (and {plural(len(empty) - 1, 'more')})" if len(empty) > 1 else ""
+        raise DataError(f"--src {args.src}: line {empty[0]}{more} is empty: a translation needs a source to be scored "
+                        f"against; drop the pairs whose source is empty first (no score is written until every pair "
+                        f"has a source)")
     _check_output(args, ("--src", args.src), ("--tgt", args.tgt))
     translator = load(args.checkpoint, args.device)
     try:
@@ -408,8 +420,9 @@ def build_parser(prog="python -m minitf"):
                                    "On a terminal, with no --input and no --output, each line is translated as you "
                                    "type it (Ctrl-D ends).")
     _decode_args(p)
-    p.add_argument("--input", type=path_arg, help="input file (plain or .gz, or a pipe); default stdin (on a terminal: each line "
-                   "translated as you type it)")
+    p.add_argument("--input", type=path_arg, help="input file (plain or .gz, or a pipe; an .sgm file: its <seg> "
+                   "segments, as newstest sets come); - or default: stdin (on a terminal: each line translated as you "
+                   "type it)")
     p.add_argument("--output", type=path_arg, help=OUTPUT_HELP)
     p.add_argument("--nbest", type=positive(), metavar="COUNT", help="the COUNT best translations of each line (COUNT <= --beam), as "
                                                           "H- lines with their scores (an empty line, or one of no "
@@ -418,7 +431,12 @@ def build_parser(prog="python -m minitf"):
                                                          "piece)")
     p.set_defaults(func=cmd_translate, check=lambda args, p=p: _check_translate(p, args), memory=DECODE_MEMORY)
     p = sub.add_parser("evaluate", help="translate --src and score against --ref with sacreBLEU and chrF, and "
-                       "the paper's tokenized BLEU")
+                       "the paper's tokenized BLEU",
+                       description="Translate --src with beam search (as translate does) and score the translations "
+                                   "against --ref, line by line the same sentences: sacreBLEU's BLEU (the target "
+                                   "language's tokenizer: 13a, zh's, or MeCab's for ja and ko, characters without "
+                                   "it; the signature says which) and chrF, and the paper's tokenized BLEU (Moses "
+                                   "tokens, German compounds split: needs sacremoses) where the language has spaces.")
     _decode_args(p)
     p.add_argument("--src", type=path_arg, required=True, help="source sentences (a file, plain or .gz, a pipe such as "
                                                 "<(zcat f.gz), or - for stdin)")
@@ -437,7 +455,8 @@ def build_parser(prog="python -m minitf"):
                                    "whose search put it together from other pieces (pieces of bare spaces, or a word "
                                    "built from smaller pieces than the tokenizer's) scores differently here, the same "
                                    "text in other pieces; a piece outside an output vocabulary is scored as the "
-                                   "unknown piece, as training scores it.")
+                                   "unknown piece, as training scores it. Every source line must hold a sentence "
+                                   "(one that is empty is an error, before anything is scored).")
     p.add_argument("--checkpoint", type=path_arg, required=True, help="a minitf checkpoint (.npz, or a .safetensors export) with "
                                                        "its tokenizer, or a Marian model folder (docs/interop.md)")
     p.add_argument("--src", type=path_arg, required=True, help="source sentences (a file, plain or .gz, a pipe, or - for stdin)")

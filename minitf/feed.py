@@ -58,9 +58,12 @@ def open_feed(run):
         made = (f"--max-tokens {args.max_tokens} makes batches of {max_tokens}" if args.max_tokens else
                 f"{world.size} rank(s) x --update-freq {args.update_freq} make batches of {max_tokens} (the preset's "
                 f"{run.cfg.update_tokens} tokens per update split over them)")
-        fits = (f"; the run's updates were {before} batches: with {world.size} rank(s), --update-freq "
-                f"{before // world.size} makes them" if isinstance(before, int) and before % world.size == 0
-                and before // world.size != args.update_freq else "")
+        fits = ""
+        if isinstance(before, int) and before % world.size == 0 and before // world.size != args.update_freq:
+            fits = f"; the run's updates were {before} batches: with {world.size} rank(s), --update-freq " \
+                   f"{before // world.size} makes them"
+        elif isinstance(before, int):   # (it had said 'the run's ranks' without their number)
+            fits = f"; the run's updates were {before} batch{'es' if before > 1 else ''} (ranks x --update-freq)"
         raise ConfigError(f"--resume: {run.resume_path} was trained with batches of {run.state['batch_tokens']} "
                               f"tokens, but {made}: resume with the run's ranks, --update-freq and --max-tokens (or "
                               f"a --max-tokens of {run.state['batch_tokens']}), or start a new --out{fits}")

@@ -4,6 +4,7 @@ import errno
 import os
 import platform
 import shutil
+import stat
 import tempfile
 
 from .errors import ConfigError, DataError, MinitfError, signals_held
@@ -83,8 +84,9 @@ def check_export_folder(out_dir, names, earlier, what):
 def atomic_write(path, write, size_hint=None, advice=None):
     """write(fileobj) into a temp file beside `path`, fsync it, rename it over `path`, fsync the dir.
 
-    The file gets the permissions of any new file (0666 less the umask), not the temporary
-    file's 0600, so a teammate can read a shared run's checkpoints. A full disk is a one-line
+    A new file gets the permissions of any new file (0666 less the umask), not the temporary
+    file's 0600, so a teammate can read a shared run's checkpoints; a file written over keeps its own (a
+    private 0600 file had become readable by all). A full disk is a one-line
     MinitfError naming the folder, its free space, (with `size_hint`, bytes) what was needed and
     `advice` (what to do; default: free some space); the previous file at `path` is untouched."""
     path = os.fspath(path)
@@ -100,7 +102,11 @@ def atomic_write(path, write, size_hint=None, advice=None):
     suffix = name if len(name.encode()) <= 200 else name.encode()[-40:].decode(errors="ignore")
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=suffix, dir=folder)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+        except OSError:   # a new file
+            mode = 0o666 & ~_umask()
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

@@ -35,8 +35,20 @@ class Parser(argparse.ArgumentParser):
 
 def path_arg(text):
     """argparse type of a flag naming a file or folder: `~` at its start is the home folder, as the shell makes it of
-    a word but not after `=` (`--out=~/runs/x` had made a folder named `~`)."""
+    a word but not after `=` (`--out=~/runs/x` had made a folder named `~`); an empty value (`--tokenizer=$UNSET`) is
+    an error, not the flag left out."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path: name a file or folder, or leave the flag out")
     return os.path.expanduser(text) if text.startswith("~") else text
+
+
+def language_arg(text):
+    """argparse type of a language code (--src, --tgt): the suffix of the corpus files (train.en), so not empty and
+    with no space or path separator."""
+    if not text or any(c.isspace() or c in "/\\" for c in text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a language code (the corpus files' suffix: en for "
+                                         f"train.en): give one such as en or de")
+    return text
 
 
 class Number:

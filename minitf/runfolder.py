@@ -167,6 +167,47 @@ def prepare_out(out):
             f"{', '.join(os.path.basename(p) for p in stale)}")
 
 
+def check_resumed_flags(args, resume, weights_dtype):
+    """What a resume cannot change beside the model's and the recipe's flags (recipe.resolve_config): the direction
+    (--src, --tgt), the precision of the weights (`weights_dtype`: float64 under --dtype float64, else float32, which
+    --fp16 and --bf16 keep as master weights; the run's average would mix two) and, given again, the tokenizer its
+    checkpoints encode with (--tokenizer, --vocab-size, --subword: they had been ignored without a word; the values the
+    first start gave are taken, a tokenizer trained smaller than its --vocab-size asked among them)."""
+    where = f"the checkpoint {resume.path}"
+    languages = resume.train_state.get("languages")
+    if languages and list(languages) != [args.src, args.tgt]:
+        raise ConfigError(f"--src {args.src} --tgt {args.tgt}: {where} translates {languages[0]} -> {languages[1]}; "
+                          f"resume it with --src {languages[0]} --tgt {languages[1]} (or without them), or start a new "
+                          f"--out")
+    stored = next(iter(resume.params.values())).dtype.name if resume.params else weights_dtype
+    if stored != weights_dtype:
+        told = "--dtype float64" if weights_dtype == "float64" else "--dtype float32 (or --fp16, --bf16)"
+        raise ConfigError(f"{told}: {where} holds {stored} weights, and a run's checkpoints are averaged at its end: "
+                          f"resume it with --dtype {stored}{' (--fp16 and --bf16 too)' if stored == 'float32' else ''}, "
+                          f"or start a new --out")
+    given = set(getattr(args, "given", ()))
+    if not resume.tokenizer or not given.intersection(("tokenizer", "vocab_size", "subword")):
+        return
+    from .data.tokenizer import tokenizer_from_bytes
+    tok = tokenizer_from_bytes(resume.tokenizer)
+    if "tokenizer" in given:
+        try:
+            with open(args.tokenizer, "rb") as f:
+                same = f.read() == resume.tokenizer
+        except OSError as e:
+            raise ConfigError(f"--tokenizer {args.tokenizer}: {e.strerror or e}") from None
+        if not same:
+            raise ConfigError(f"--tokenizer {args.tokenizer} is not the tokenizer {where} encodes with (it holds its "
+                              f"own); drop --tokenizer to resume it, or start a new --out")
+    record = read_run_record(args.out, strict=False)
+    first = record["args"] if record is not None else {}   # what the first start asked (a tokenizer may have fewer)
+    for flag, value, own in (("vocab_size", args.vocab_size, tok.vocab_size), ("subword", args.subword, tok.model_type)):
+        if flag in given and value not in (own, first.get(flag)):
+            dashed = "--" + flag.replace("_", "-")
+            raise ConfigError(f"{dashed} {value}: {where} encodes with its own tokenizer ({dashed} {own}); drop "
+                              f"{dashed} to resume it, or start a new --out")
+
+
 def check_resumed(out, resume):
     """The checkpoint --resume picked must be this run's: the step in its name is the step it
     records, and its model and tokenizer are the ones --out's config.json was written for (a

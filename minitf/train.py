@@ -35,7 +35,7 @@ from .modelfile import read_model
 from .architectures import build_model
 from .optim import Adam, LossScaler, UpdateCheck
 from .recipe import on_grid, on_save_grid, resolve_config, run_progress, short_run_ends
-from .runfolder import (BEST, RECORD, RESUMED_GROUPS, RUN_PATHS, check_fresh_out, check_resumed,
+from .runfolder import (BEST, RECORD, RESUMED_GROUPS, RUN_PATHS, check_fresh_out, check_resumed, check_resumed_flags,
                         checkpoint_paths, choose_model, prepare_out, read_run_record, save, settle_leftovers)
 from .schedule import NoamSchedule, learning_rate
 from .fileio import atomic_write, folder_lock, refuse_if_busy
@@ -268,7 +268,7 @@ def set_up(args, world):
     """Device, data (and the checkpoint to resume), model, optimizer, the batch feed, the log."""
     lead = world.rank == 0
     if lead and getattr(args, "restored", None):   # said first: the data it names is read next
-        log(f"the first start's flags, from {os.path.join(args.out, 'config.json')} (flags given now take their "
+        log(f"the run's recorded flags, from {os.path.join(args.out, 'config.json')} (flags given now take their "
             f"place): {' '.join(args.restored)}")
     _prepare_device(args, world)
     ckpts = checkpoint_paths(args.out)
@@ -280,12 +280,16 @@ def set_up(args, world):
     resume = load_checkpoint(ckpts[-1]) if args.resume and ckpts else None
     if resume is not None:
         check_resumed(args.out, resume)
+        check_resumed_flags(args, resume, "float64" if compute_dtype(args) == "float64" else "float32")
     init = init_from(args, lead) if resume is None else None
     data = _load_data(args, world, resume, init.tokenizer if init else None)
     flags = args
     cfg, args = resolve_config(args, data, resume, lead, init.config if init else None)   # args: settled, read-only
     if resume is not None and lead:
         log(f"resuming from {resume.path} (step {resume.train_state['step']})")
+        if args.max_steps and args.max_steps <= resume.train_state["step"]:
+            log(f"note: --max-steps {args.max_steps:,} is not above the run's step {resume.train_state['step']:,}: no "
+                f"update is made; the run's end (the average and the scores) is made again")
         spent = resume.train_state.get("train_wall_s") or 0
         if args.time_budget and spent >= args.time_budget:   # it would end at once, and only say "time_budget"
             log(f"note: --time-budget {args.time_budget:g} counts the run's training over all its starts, and it has "
@@ -347,7 +351,7 @@ def _write_run_config(args, flags, cfg, world, data, resume):
     the others are the preset's) and the tokenizer's hash. A resumed run keeps what the run's first start recorded of
     its flags (a resume gives few: the model's come from the checkpoint) and adds what it sets itself."""
     path = os.path.join(args.out, RECORD)
-    settled = {k: v for k, v in vars(args).items() if k != "restored"}
+    settled = {k: v for k, v in vars(args).items() if k not in ("restored", "given")}
     for dest in RUN_PATHS:   # absolute: a resume from another folder reads the same files
         if isinstance(settled.get(dest), str):
             settled[dest] = os.path.abspath(settled[dest])
@@ -709,6 +713,9 @@ def note_a_short_run(run, start=False):
     at the start from --max-steps; under a --time-budget after 30 s of training, from the rate of
     those updates (after_step keeps the clock). Rank 0 only."""
     args = run.args
+    if args.max_steps and run.state["step"] >= args.max_steps:   # a resume that only ends the run: no update to come
+        run.short_noted = True
+        return
     if start:
         ends = short_run_ends(args, run.cfg.warmup, 0, 0.0, None)
         run.short_noted = ends is not None or not args.time_budget

@@ -18,7 +18,7 @@ two ranks, one per core, trained 23% faster than one process (measured with 3+3 
 On several GPUs or CPU processes, one or several machines (pip install -e ".[dist]"; docs/distributed.md);
 the preset's tokens per update (base: 25000, as in the paper) are split over the ranks:
     mpiexec -n 8 python train_wmt.py --device gpu
-Continue an interrupted run (Ctrl-C saves a checkpoint) exactly where it stopped, with the first start's data, device,
+Continue an interrupted run (Ctrl-C saves a checkpoint) exactly where it stopped, with the run's data, device,
 batch and schedule flags (read from OUT/config.json; a flag given again takes their place: --max-steps sets a new end,
 --time-budget a time limit beside the run's --max-steps):
     mpiexec -n 2 python train_wmt.py --out runs/m30k --resume    (the run's ranks again: config.json says how many)
@@ -62,7 +62,9 @@ def build_parser(prog=None):
                    help="where each sublayer's LayerNorm sits: post, LayerNorm(x + Sublayer(x)) (the paper's), or pre, "
                         "x + Sublayer(LayerNorm(x)) with a LayerNorm after each stack (not in the paper; "
                         "docs/deviations.md)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"],
+                   help="where to train: the CPU (NumPy), or a CUDA GPU (CuPy: pip install -e \".[gpu]\"); under "
+                        "mpiexec each rank takes its machine's GPU of its local rank")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                    help="parameters and activations (float64: exact checks, e.g. one process against several ranks)")
     p.add_argument("--fp16", action="store_true",
@@ -122,17 +124,20 @@ def build_parser(prog=None):
                    help="continue from the last checkpoint in --out, with its model and recipe (a model or recipe flag that "
                         "differs from the checkpoint's is an error: model size, --arch, --attention, --norm, dropout, "
                         "label smoothing, BPE-dropout, --bidirectional-epochs, --output-vocab, --warmup, the rate, "
-                        "--lr-fade, --weight-decay; the run's schedule may change: --max-steps, --save-every, "
+                        "--lr-fade, --weight-decay; so are another direction, --src/--tgt, weights in another --dtype, "
+                        "and --tokenizer, --vocab-size or --subword naming another tokenizer than the checkpoint's; "
+                        "the run's schedule may change: --max-steps, --save-every, "
                         "--save-every-minutes, --average-last, and --max-tokens as long as the batches keep their "
-                        "size); the data, device, batch and schedule flags left out are the first start's, read from "
-                        "--out's config.json")
+                        "size); the data, device, batch and schedule flags left out are the run's, as --out's "
+                        "config.json records them (the first start's, and those a resume gave)")
     p.add_argument("--init-from", type=path_arg, metavar="MODEL",
                    help="fine-tune a trained model, a minitf checkpoint (.npz, e.g. another run's model.npz, or a "
                         ".safetensors export) or a Marian model (an OPUS-MT folder: the .npz, its vocabulary .yml, "
                         "source.spm and target.spm; docs/interop.md): start from its weights and tokenizer. Its "
                         "architecture replaces the preset's; the recipe (dropout, schedule, tokens per update) is the "
                         "preset's and the flags'")
-    p.add_argument("--seed", type=Number(int, 0, 2**32 - 1), default=1)
+    p.add_argument("--seed", type=Number(int, 0, 2**32 - 1), default=1,
+                   help="the initial weights, the batches' order and the dropout masks follow it (a resume keeps it)")
     p.add_argument("--log-every", type=positive(), default=50,
                    help="updates between train_log.jsonl records, and between progress lines when stderr is not a "
                         "terminal")
@@ -169,7 +174,17 @@ def build_parser(prog=None):
                    help="no progress bar (on a terminal) or progress lines (elsewhere); validation results and "
                         "messages are still printed")
     add_preset_defaults(p)
+    add_plain_defaults(p)
     return p
+
+
+def add_plain_defaults(p):
+    """A flag with a default of its own (not a preset's) says it at the end of its --help, read from the parser, so the
+    text cannot drift from the value (--out, --dtype, --seed, --decode-batch ... had not said theirs)."""
+    for action in p._actions:
+        if (action.help and action.default not in (None, False, [], argparse.SUPPRESS)
+                and "default" not in action.help and "[presets:" not in action.help):
+            action.help = f"{action.help} (default: {action.default})"
 
 
 # the table's flags whose default is not one number a preset sets (their help says how it is chosen)
@@ -210,6 +225,19 @@ def _given(p, argv):
     return {dest for dest, value in vars(ns).items() if value is not unset and value != []}
 
 
+def _same_data(args, given, before):
+    """Whether the data flags given again (--dataset, --train, --valid) name the first start's data (config.json records
+    the paths absolute): then its --test sets stay the run's (a repeated --train had dropped them)."""
+    from minitf.runfolder import RUN_PATHS
+    for dest in given.intersection(("dataset", "train", "valid")):
+        value = getattr(args, dest)
+        if dest in RUN_PATHS and isinstance(value, str):
+            value = os.path.abspath(value)
+        if value != before.get(dest):
+            return False
+    return True
+
+
 def restore_first_start(p, args, argv):
     """--resume: the flags of runfolder.RESUMED_GROUPS the command line does not give, from OUT/config.json (a run's
     first start records them, its paths made absolute: runfolder.RUN_PATHS); returns the flags taken, as they would be
@@ -222,7 +250,7 @@ def restore_first_start(p, args, argv):
     except UnreadableRecord as e:
         if given.intersection(RESUMED_GROUPS[0]):   # the data named again: the run can go on without the record
             return []
-        p.error(f"--resume: {path} is unreadable ({e.reason}), so the first start's flags cannot be read from it: give "
+        p.error(f"--resume: {path} is unreadable ({e.reason}), so the run's recorded flags cannot be read from it: give "
                 f"the run's data flags again (--dataset or --train/--valid, --src, --tgt, ...), or put back the file")
     if record is None:
         return []   # a run of a minitf that wrote none: the command line alone
@@ -238,7 +266,7 @@ def restore_first_start(p, args, argv):
     for group in RESUMED_GROUPS:
         if given.intersection(group) or not all(dest in before for dest in group):
             continue
-        if group == ("test",) and given.intersection(RESUMED_GROUPS[0]):   # other data named: not its test sets
+        if group == ("test",) and not _same_data(args, given, before):   # other data named: not its test sets
             continue
         if group in (("data_dir",), ("offline",)) and (given.intersection({"train", "valid"}) or before.get("train")
                                                          or "dataset" in given and args.dataset != before.get("dataset")):
@@ -254,7 +282,7 @@ def restore_first_start(p, args, argv):
                              else [flag if value is True else f"{flag} {value}"])
     if taken:
         error = p.error
-        p.error = lambda message: error(f"{message} (with the first start's flags from {path}: {' '.join(taken)})")
+        p.error = lambda message: error(f"{message} (with the run's recorded flags from {path}: {' '.join(taken)})")
     return taken
 
 
@@ -262,6 +290,10 @@ def parse_args(argv=None, prog=None):
     """The flags, checked: a bad value or combination is one line on stderr and exit status 2."""
     p = build_parser(prog)
     args = p.parse_args(argv)
+    if args.resume and args.init_from:   # (the weights would be the checkpoint's: --init-from had been ignored)
+        p.error(f"--init-from starts a new run from a model's weights and --resume continues the run in --out "
+                f"{args.out} from its last checkpoint: give one (a run started with --init-from resumes without it)")
+    args.given = sorted(_given(p, argv)) if args.resume else []   # what a resume compares with its checkpoint
     args.restored = restore_first_start(p, args, argv) if args.resume else []
     args.preset_chosen = args.preset is None   # chosen for the device (the run says so in one line)
     if args.preset is None:

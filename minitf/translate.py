@@ -344,7 +344,7 @@ def paper_bleu(hyps, refs, lang):
     lang = base_language(lang)
     if lang in UNSPACED:
         return None, (f"not computed: the Moses tokenizer does not split {lang} into words (sacreBLEU's BLEU above "
-                      f"uses {lang}'s own tokenizer)")
+                      f"uses {lang}'s own tokenizer, or characters where its package is missing: its signature says)")
     try:
         from sacremoses import MosesTokenizer
     except ImportError:

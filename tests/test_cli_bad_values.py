@@ -145,6 +145,33 @@ def test_help_texts_quote_the_presets_defaults():
     assert f"small with --arch rnn {RNN_PRESETS['small']['decode_alpha']})" in alpha.help
 
 
+def test_every_training_flag_has_help_and_a_default_of_its_own_is_said():
+    """Each flag of train_wmt.py has a --help text, and one whose default is its own (not a preset's) ends by saying
+    that default as the parser holds it (--device and --seed had none; --out, --dtype, --decode-batch ... no default)."""
+    for action in train_cli.build_parser()._actions:
+        if action.dest in ("help", "version"):
+            continue
+        assert action.help, action.dest
+        if action.default not in (None, False, []):
+            assert f"default: {action.default}" in action.help or "default" in action.help, action.dest
+    helps = {a.dest: a.help for a in train_cli.build_parser()._actions}
+    assert helps["out"].endswith("(default: runs/train)") and helps["seed"].endswith("(default: 1)")
+    assert helps["decode_batch"].endswith("(default: 100)") and helps["max_len"].endswith("(default: 250)")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--out="], "argument --out: an empty path: name a file or folder, or leave the flag out"),
+    (["--tokenizer="], "argument --tokenizer: an empty path"),
+    (["--src=", "--dataset", "multi30k"], "argument --src: '' is not a language code"),
+    (["--tgt", "d e"], "argument --tgt: 'd e' is not a language code"),
+])
+def test_an_empty_path_or_language_is_refused_not_taken_for_the_flag_left_out(argv, says, capsys):
+    # --tokenizer=$UNSET had trained a new tokenizer, --out= failed after the data was prepared
+    with pytest.raises(SystemExit):
+        train_cli.parse_args(argv)
+    assert says in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--dataset", "multi30k", "--bpe-dropout-source", "0.1"],
      "BPE-dropout resegments with BPE merges, and this run would train a unigram tokenizer (the multi30k default): "

@@ -692,6 +692,11 @@ def test_own_sets_that_cannot_work_are_refused_at_the_start(tmp_path):
     with pytest.raises(DataError, match=r"^--vocab-size 8 is too small for this corpus: it needs at least \d+ pieces "
                                         r"\(its characters and the special pieces\)$"):
         _prepare(tmp_path, paths, vocab_size=8)
+    for tiny in (3, 4):   # no room for eos or unk: SentencePiece's INTERNAL error naming insert_id had come through
+        with pytest.raises(DataError, match=rf"^--vocab-size {tiny} is too small for this corpus: it needs"):
+            _prepare(tmp_path, paths, vocab_size=tiny)
+    with pytest.raises(DataError, match=r"^--test news=\S*nothing: expected"):   # (it had read '--test news= PATH')
+        user_dataset(d / "train", d / "dev", tests=[("news", d / "nothing")])
 
 
 def test_a_corpus_still_being_written_is_not_cached_cut_short(tmp_path, monkeypatch):

@@ -122,3 +122,27 @@ def test_clean_pairs_drops_what_it_should():
     assert stats == {"total": 7, "kept": 3, "empty": 2, "too_long": 1, "ratio": 1}
     kept, _ = clean_pairs(["a"], ["b"], [9], [3], max_ratio=3.0)
     assert kept == [0]
+
+
+class _Terminal:
+    """Standard input on a terminal as a buffered reader meets it: read(n) gives n typed bytes while there are as many,
+    else the rest, the end of input (one Ctrl-D) used up; a read after that would wait for another Ctrl-D."""
+
+    def __init__(self, typed):
+        self.typed, self.done = typed, False
+
+    def read(self, n=-1):
+        assert not self.done, "read again after the Ctrl-D: the command waits for a second one"
+        if 0 <= n <= len(self.typed):
+            out, self.typed = self.typed[:n], self.typed[n:]
+            return out
+        out, self.typed, self.done = self.typed, b"", True
+        return out
+
+
+@pytest.mark.parametrize("typed", [b"A man.\nA dog on the grass.\n", b"", b"A", b"ab", b"no newline at the end"])
+def test_input_typed_at_a_terminal_ends_at_one_ctrl_d(typed):
+    # translate --output, evaluate --src - and score --src - read all of standard input at once: the first read's
+    # short return was the terminal's one end of input, and the reader had asked again, waiting for a second Ctrl-D
+    from minitf.data.readers import _read_stream
+    assert _read_stream(_Terminal(typed), "<stdin>") == typed

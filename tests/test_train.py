@@ -134,7 +134,7 @@ def test_resume_is_exact(corpus, tmp_path):
                         "--max-steps", "12"], capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, MINITF_CACHE=str(cache), PYTHONHASHSEED="0"))
     assert r.returncode == 0, r.stderr[-3000:]
-    restored = next(line for line in r.stderr.splitlines() if line.startswith("the first start's flags"))
+    restored = next(line for line in r.stderr.splitlines() if line.startswith("the run's recorded flags"))
     assert f"--dataset multi30k --data-dir {corpus} " in restored and "--vocab-size 60 " in restored
     assert "--max-steps" not in restored and "--preset tiny" in restored and "--log-every 3" in restored
     a, b = losses(straight), losses(split)
@@ -150,7 +150,7 @@ def test_resume_is_exact(corpus, tmp_path):
     assert pa.train_state["forward_count"] == pb.train_state["forward_count"] == 12
 
 
-def test_resume_takes_the_first_starts_flags_a_group_at_a_time(tmp_path, capsys):
+def test_resume_takes_the_first_starts_flags_a_group_at_a_time(tmp_path, capsys, monkeypatch):
     """--resume fills the flags the command line leaves out from OUT/config.json's record, a group at a time: a flag
     given now takes its group's place (--valid-every-minutes given: no --valid-every restored beside it)."""
     from minitf.train_cli import parse_args
@@ -183,13 +183,24 @@ def test_resume_takes_the_first_starts_flags_a_group_at_a_time(tmp_path, capsys)
     # a test set named now: the first start's training and validation data with it (it had refused: "give --train")
     args = parse_args(["--out", str(out), "--resume", "--test", f"other={tmp_path / 'o'}"])
     assert (args.train, args.valid, args.test) == (first["train"], first["valid"], [("other", str(tmp_path / "o"))])
+    # the first start's data named again (relative or absolute): its test sets stay (they had been dropped), and with
+    # other data named they go
+    os.chdir(tmp_path)
+    args = parse_args(["--out", str(out), "--resume", "--train", "tr", "--valid", str(tmp_path / "va")])
+    assert args.test == [("news", str(tmp_path / "te"))] and args.train == "tr"
+    assert parse_args(["--out", str(out), "--resume", "--train", "other", "--valid", "va"]).test == []
+    # --init-from beside --resume is refused before anything is read (it had been ignored without a word)
+    with pytest.raises(SystemExit):
+        parse_args(["--out", str(out), "--resume", "--init-from", str(tmp_path / "model.npz")])
+    assert "--init-from starts a new run from a model's weights and --resume continues the run" in \
+        capsys.readouterr().err
     # an error after the restore says where the flags came from
     with pytest.raises(SystemExit):
         parse_args(["--out", str(out), "--resume", "--bf16"])
     assert "--fp16 and --bf16" not in capsys.readouterr().err   # a precision flag given: the group is this start's
     with pytest.raises(SystemExit):
         parse_args(["--out", str(out), "--resume", "--patience", "2", "--valid-every", "0"])
-    assert "(with the first start's flags from " in capsys.readouterr().err
+    assert "(with the run's recorded flags from " in capsys.readouterr().err
     # an unreadable record: the data named again, the command line alone; else one line saying so (it had gone on
     # with the default dataset, downloading WMT14)
     (out / "config.json").write_text("{")
@@ -704,6 +715,30 @@ def test_resume_with_other_batches_is_one_line(corpus, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "note: an update is now 2 batches of 512 tokens (1 rank(s) x --update-freq 2), 1,024 tokens where the run " \
            "made 512: the same batches, in updates of another size" in r.stderr
+
+
+def test_a_resume_refuses_what_its_checkpoints_cannot_take(corpus, tmp_path):
+    """Another direction, another precision of the weights, another tokenizer given again: each had been taken (the
+    end's average then failed on float64 beside float32 checkpoints; de -> en was trained into an en -> de run; the
+    tokenizer flags were ignored) and is now one line naming the flag, before anything in --out is written."""
+    out = tmp_path / "run"
+    r = run_train(corpus, out, "--max-steps", 2, "--save-every", 2, "--valid-every", 0)
+    assert r.returncode == 0, r.stderr[-3000:]
+    kept = {p.name: p.read_bytes() for p in out.iterdir()}
+    (tmp_path / "other.model").write_bytes(b"another tokenizer")
+    for extra, said in ((("--dtype", "float64"), "--dtype float64: the checkpoint"),
+                        (("--src", "de", "--tgt", "en"), "translates en -> de; resume it with --src en --tgt de"),
+                        (("--vocab-size", "80"), "--vocab-size 80: the checkpoint"),
+                        (("--subword", "bpe"), "encodes with its own tokenizer (--subword unigram)"),
+                        (("--tokenizer", tmp_path / "other.model"), "is not the tokenizer the checkpoint")):
+        r = run_train(corpus, out, "--max-steps", 4, "--resume", *extra)
+        assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, (extra, r.stderr[-2000:])
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == kept
+    # the run's own tokenizer and its own values given again resume it (the first start's --vocab-size 60 among them,
+    # though its tokenizer has fewer pieces: this corpus is small)
+    own = next((tmp_path / "cache").rglob("tokenizer.model"))
+    r = run_train(corpus, out, "--max-steps", 3, "--resume", "--tokenizer", own, "--dtype", "float32")
+    assert r.returncode == 0, r.stderr[-3000:]
 
 
 def test_flags_and_files_that_cannot_work_are_one_line_errors(corpus, tmp_path):

@@ -367,7 +367,7 @@ def _prefix_files(prefix, src, tgt, flag):
     folder, stem = os.path.split(prefix)
     found = [find_file(folder or ".", f"{stem}.{lang}") for lang in (src, tgt)]
     if None in found:
-        raise DataError(f"{flag} {prefix}: expected {prefix}.{src}[.gz] and {prefix}.{tgt}[.gz]; "
+        raise DataError(f"{flag}{'' if flag.endswith('=') else ' '}{prefix}: expected {prefix}.{src}[.gz] and {prefix}.{tgt}[.gz]; "
                         f"missing {' and '.join(f'{prefix}.{lang}' for lang, f in zip((src, tgt), found) if f is None)}")
     return tuple(found)
 

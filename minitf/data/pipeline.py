@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from minitf.errors import DataError
-from minitf.flags import Number, path_arg, positive
+from minitf.flags import Number, language_arg, path_arg, positive
 from minitf.data.binarized import BinarizedCorpus
 from minitf.data.prepare import cache_folder, no_pairs_left, prepare_cache
 from minitf.data.datasets import DATASETS, DOWNLOADED, dataset_default, default_data_dir, prepare_dataset, user_dataset
@@ -38,8 +38,8 @@ def add_data_args(p):
     g.add_argument("--data-dir", type=path_arg, help="folder with the corpus files (plain or .gz), which are downloaded into it where "
                         "missing (not with --offline); default $MINITF_CACHE/<dataset> or ~/.cache/minitf/<dataset>")
     g.add_argument("--offline", action="store_true", help="never download: fail if files are missing")
-    g.add_argument("--src", help="source language (default en); with --train and files of other languages, give it")
-    g.add_argument("--tgt", help="target language (default de); with --train and files of other languages, give it")
+    g.add_argument("--src", type=language_arg, help="source language (default en); with --train and files of other languages, give it")
+    g.add_argument("--tgt", type=language_arg, help="target language (default de); with --train and files of other languages, give it")
     g.add_argument("--train", type=path_arg, metavar="PREFIX", help="your own training corpus: PREFIX.<src> and PREFIX.<tgt> (plain or .gz)")
     g.add_argument("--valid", type=path_arg, metavar="PREFIX", help="your own validation set (with --train)")
     g.add_argument("--test", metavar="NAME=PREFIX", action="append", type=_test_arg, default=[],

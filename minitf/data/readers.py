@@ -76,19 +76,29 @@ _DAMAGED = ("the file is probably truncated or corrupt: a downloaded one can be 
 
 
 class _Prefixed:
-    """A read(n) stream: `head` (bytes already read from f), then the rest of f."""
+    """A read(n) stream: `head` (bytes already read from f), then the rest of f, read until f first comes back short.
+    f is a buffered binary stream, whose read(n) returns fewer than n bytes only at its end; on a terminal that end is
+    one Ctrl-D, which a second read would wait past (input typed for `translate --output`, `evaluate --src -` had
+    needed Ctrl-D twice)."""
 
-    def __init__(self, head, f):
-        self.head, self.f = head, f
+    def __init__(self, head, f, asked=2):
+        self.head, self.f, self.ended = head, f, len(head) < asked
+
+    def _more(self, n):
+        if self.ended:
+            return b""
+        out = self.f.read(n)
+        self.ended = n < 0 or len(out) < n
+        return out
 
     def read(self, n=-1):
         if self.head:
             out = self.head if n < 0 else self.head[:n]
             self.head = self.head[len(out):]
             if n < 0 or len(out) < n:
-                out += self.f.read(-1 if n < 0 else n - len(out))
+                out += self._more(-1 if n < 0 else n - len(out))
             return out
-        return self.f.read(n)
+        return self._more(n)
 
     def readable(self):
         return True

@@ -238,7 +238,7 @@ class Tokenizer:
             proto = run()
         except RuntimeError as e:
             small = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", str(e))
-            if small or "insert_id(trainer_spec_.unk_id()" in str(e):
+            if small or "insert_id(trainer_spec_." in str(e):   # no room for a special piece (unk, bos, eos)
                 need = f" at least {int(small.group(2))}" if small else " more"
                 raise DataError(f"--vocab-size {vocab_size} is too small for this corpus: it needs{need} pieces (its "
                                 f"characters and the special pieces)") from None
