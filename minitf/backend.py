@@ -12,6 +12,7 @@ In a process, replacing `backend.cupy` does the same: all of minitf reaches CuPy
 import contextlib
 import importlib
 import os
+import threading
 
 import numpy
 
@@ -280,14 +281,29 @@ def blas_threads(n):
     """NumPy's matrix products use n BLAS threads until the block ends, then the count found before. OpenBLAS's
     openblas_set_num_threads_local is meant for the calling thread only, but the OpenBLAS NumPy ships (0.3.31,
     NumPy 2.x wheels) applies it to the whole process: enter it from one thread, around work that waits for any
-    threads it starts (translate._side_by_side). A no-op where can_limit_blas_threads() is False."""
+    threads it starts (translate._side_by_side); blocks of several threads that overlap put back, when the last ends,
+    the count found before the first. A no-op where can_limit_blas_threads() is False."""
     fn = _openblas_local_threads()
-    previous = fn(int(n)) if fn is not None else None
+    if fn is None:
+        yield
+        return
+    with _BLAS_HELD["lock"]:   # blocks of several threads overlap: the count before the first is put back after the last
+        previous = fn(int(n))
+        if _BLAS_HELD["depth"] == 0:
+            _BLAS_HELD["before"] = previous
+        _BLAS_HELD["depth"] += 1
     try:
         yield
     finally:
-        if fn is not None:
-            fn(previous)
+        with _BLAS_HELD["lock"]:
+            _BLAS_HELD["depth"] -= 1
+            if _BLAS_HELD["depth"] == 0:
+                fn(_BLAS_HELD["before"])
+
+
+# blas_threads' blocks open now, and the thread count found before the first of them (two threads' translations had
+# each put back what the other set: the process went on with 1 BLAS thread)
+_BLAS_HELD = {"lock": threading.Lock(), "depth": 0, "before": None}
 
 
 def set_blas_threads(n):

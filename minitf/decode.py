@@ -9,6 +9,7 @@ waiting ones take its place (continuous batching: `_Waiting`, `_admit`). The bea
 share its encoder output: they are the queries of one attention. Several searches side by side
 in threads (`translate_ids`) live with the text in and out, in translate.py.
 """
+import contextlib
 import functools
 from typing import Protocol
 
@@ -57,11 +58,42 @@ def restores_mode(search):
     @functools.wraps(search)
     def wrapper(model, *args, **kwargs):
         was_training = model.training
+        _drop_pending_backward(model)
         try:
             return search(model, *args, **kwargs)
         finally:
             model.train(was_training)
     return wrapper
+
+
+def _drop_pending_backward(model):
+    """A decoding forward overwrites the layers' caches: the last forward_loss's backward can no longer run, and says
+    so (seq2seq.BACKWARD_NEEDS) rather than failing on the caches of another batch."""
+    model._cache = model._head = None
+
+
+def decodes(call):
+    """call(model, ...) inside decoding(model): translate_ids' and score_ids' way in."""
+    @functools.wraps(call)
+    def wrapper(model, *args, **kwargs):
+        with decoding(model):
+            return call(model, *args, **kwargs)
+    return wrapper
+
+
+@contextlib.contextmanager
+def decoding(model):
+    """One decoding or scoring call of the model at a time (translate.translate_ids, score_ids: another thread's waits
+    for the model's decode_lock), in eval mode, the caller's mode given back at the end: two threads that shared a
+    model had switched its mode under each other (dropout on while scoring; training mode lost)."""
+    with getattr(model, "decode_lock", None) or contextlib.nullcontext():
+        was_training = model.training
+        _drop_pending_backward(model)
+        model.eval()
+        try:
+            yield
+        finally:
+            model.train(was_training)
 
 
 def _host_and_device_src(model, src):

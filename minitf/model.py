@@ -15,7 +15,7 @@ from .incremental import IncrementalDecoder
 from .layers import Dropout, LearnedPositional, SinusoidalPositional, TokenEmbedding
 from .masks import causal_bias, padding_bias
 from .packing import make_rows, pack, unpack
-from .seq2seq import Seq2Seq
+from .seq2seq import BACKWARD_NEEDS, Seq2Seq
 
 
 class Transformer(Seq2Seq):
@@ -55,8 +55,9 @@ class Transformer(Seq2Seq):
         w = self.embedding.params["weight"]
         length = ids.shape[1]
         key = sites.next_site()[1] if dropout.active(sites) else None
-        out, dropout.cache = kernels.embed_rows(w, ids, rows, length, self.positional.table_like(w, length),
-                                                self.embedding.scale, key, dropout.p)
+        out, mask = kernels.embed_rows(w, ids, rows, length, self.positional.table_like(w, length),
+                                       self.embedding.scale, key, dropout.p)
+        dropout.hold(mask)
         return out if rows is not None else out.reshape(ids.shape + (-1,))
 
     def _embedding_plans(self, src, tgt_in, src_rows, tgt_rows):
@@ -145,7 +146,7 @@ class Transformer(Seq2Seq):
         accumulated micro-batches, times the float16 loss scale (optim.LossScaler); or that
         scale is loss_scale, a [1] device array (optim.UpdateCheck.loss_scale: the GPU path's)."""
         if self._cache is None:
-            raise RuntimeError("backward() needs a forward_loss() first (and only one backward per forward)")
+            raise RuntimeError(BACKWARD_NEEDS)
         c, self._cache = self._cache, None
         dh = self.loss_head_backward(loss_weight, int(np.prod(c["h_shape"][:-1])), loss_scale)
         dy, dmemory = self.decoder.backward(dh.reshape(c["h_shape"]))

@@ -27,7 +27,7 @@ from .layers.embedding import decoding_logits
 from .layers.recurrent import cell_backward, cell_forward
 from .loss import log_softmax
 from .masks import padding_bias
-from .seq2seq import Seq2Seq
+from .seq2seq import BACKWARD_NEEDS, Seq2Seq
 
 
 class RNNSearch(Seq2Seq):
@@ -108,7 +108,7 @@ class RNNSearch(Seq2Seq):
         """ACCUMULATES d(loss_weight * loss)/d(param) of the last forward_loss into the grads
         (times loss_scale[0] when given: Transformer.backward says how)."""
         if self._cache is None:
-            raise RuntimeError("backward() needs a forward_loss() first (and only one backward per forward)")
+            raise RuntimeError(BACKWARD_NEEDS)
         c, self._cache = self._cache, None
         xp, d, hd = self.xp, self.cfg.d_model, self.cfg.rnn_hidden
         b, t, _ = c["y"].shape

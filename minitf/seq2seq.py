@@ -8,6 +8,8 @@ A model subclass builds its layers (with `self.embedding` the tied TokenEmbeddin
 object beam search steps through: decode.py); `forward_backward` (training's) is both, here.
 Training, checkpoints, averaging and decoding drive only this surface.
 """
+import threading
+
 import numpy as np
 
 from .backend import (DTYPES, check_gpu_dtype, dtype_named, get_xp, half_dtype, is_gpu, keep_freed_memory, to_device,
@@ -17,6 +19,11 @@ from .functional import DropoutSites
 from .errors import CheckpointError, ConfigError
 from .layers import Layer, flatten_parameters
 from .loss import label_smoothed_nll, label_smoothed_nll_backward
+
+
+# a backward's cache is the last forward's: a decoding or scoring forward between (translate, score) drops it
+BACKWARD_NEEDS = ("backward() needs a forward_loss() first (one backward per forward; a translation or scoring "
+                  "call in between takes the layers' caches: call backward() before it, or forward_loss() again)")
 
 
 class Seq2Seq(Layer):
@@ -42,6 +49,7 @@ class Seq2Seq(Layer):
         self._cache = None   # what backward needs of the last forward (the model's own)
         self._head = None    # what loss_head_backward needs of the last loss_head
         self._loss_grad = None   # forward_backward's (loss_weight, loss_scale) while its forward runs
+        self.decode_lock = threading.RLock()   # one decoding or scoring at a time (decode.decoding)
 
     def new_rng(self, seed):
         """The generator the layers draw their initial weights from; a model built by
@@ -139,7 +147,7 @@ class Seq2Seq(Layer):
         """-> dh [n_rows, D] (zero on rows without a loss); accumulates the projection's d embedding.
         loss_scale: a [1] device array the gradient is also multiplied by (model.backward)."""
         if self._head is None:
-            raise RuntimeError("backward() needs a forward_loss() first (and only one backward per forward)")
+            raise RuntimeError(BACKWARD_NEEDS)
         c, self._head = self._head, None
         dlogits = label_smoothed_nll_backward(c["loss"], loss_weight, loss_scale)
         # logits = h[loss_rows] @ embedding[output ids]^T

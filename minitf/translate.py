@@ -15,7 +15,7 @@ import numpy as np
 from .backend import blas_threads, can_limit_blas_threads, is_gpu, set_blas_threads, usable_cores
 from .data.batching import pad_ids
 from .layers.attention import maps_off
-from .decode import beam_search, greedy_search, length_penalty, restores_mode
+from .decode import beam_search, decodes, greedy_search, length_penalty
 from .errors import CheckpointError
 from .flags import MAX_ALPHA, MAX_BEAM, MAX_LEN_B
 
@@ -66,7 +66,7 @@ def check_search(beam_size, alpha, batch_size, max_len_b, stop, nbest=None, beam
         whole("nbest", nbest, 1, beam_size)
 
 
-@restores_mode
+@decodes
 def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len_b=50, progress=None, stop="fairseq",
                   use_cache=True, threads=None, nbest=None):
     """Decode lists of source ids (with EOS), sorted by length (little padding), at most
@@ -83,7 +83,6 @@ def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len
     check_search(beam_size, alpha, batch_size, max_len_b, stop, nbest)
     if not len(src_ids):
         return []
-    model.eval()   # here, not in each thread: their searches then all restore eval mode
     order = np.argsort([len(s) for s in src_ids], kind="stable")
     threads = search_threads(model, len(src_ids)) if threads is None else max(1, min(int(threads), len(src_ids)))
     parts = [order[i::threads] for i in range(threads)]      # each: the same mix of lengths, still sorted
@@ -218,7 +217,7 @@ def translate_lines(model, tokenizer, lines, beam_size=4, alpha=None, batch_size
 
 
 # ------------------------------------------------------------------------------ scoring given translations
-@restores_mode
+@decodes
 def score_ids(model, src_ids, tgt_ids, batch_size=64, progress=None):
     """Forced decoding: the natural log-probability of each target piece and of the end of sentence, given the
     source (src_ids with their EOS, tgt_ids without), in eval mode, as beam search scores them: one list per pair,
@@ -230,7 +229,6 @@ def score_ids(model, src_ids, tgt_ids, batch_size=64, progress=None):
     check_search(1, 0.0, batch_size, 0, "fairseq")
     if len(src_ids) != len(tgt_ids):
         raise ValueError(f"{len(src_ids)} sources but {len(tgt_ids)} targets: one target a source")
-    model.eval()
     cfg, xp = model.cfg, model.xp
     for what, lists in (("source", src_ids), ("target", tgt_ids)):
         for i, ids in enumerate(lists):

@@ -309,6 +309,72 @@ def test_searches_side_by_side_give_back_the_callers_blas_threads():
         fn(before)
 
 
+@pytest.mark.parametrize("other", ["score", "translate"])
+def test_two_threads_sharing_a_model_translate_and_score_as_alone_and_give_back_its_mode_and_blas_threads(other):
+    """Two threads using one model at once (a Translator shared by a server's threads): each call has the model to
+    itself (its decode_lock), in eval mode, and the caller's training mode and BLAS thread count come back after both
+    (a translation that ended while the other thread scored had switched dropout on under it, and the scoring then
+    left the model in eval mode; their BLAS blocks had put back each other's count, leaving the process on 1 BLAS
+    thread). The progress callbacks make the calls overlap that way on every run: the first's first step starts the
+    second and waits (up to 1 s: with the lock the second cannot start) until the second is searching, which then
+    waits until the first has returned."""
+    import threading
+    from minitf import backend
+    from minitf.translate import score_ids, translate_ids
+    model, _ = model_and_src()
+    rng = np.random.default_rng(3)
+    src = [list(rng.integers(4, 13, rng.integers(1, 8))) + [3] for _ in range(40)]
+    tgt = [list(rng.integers(4, 13, rng.integers(1, 6))) for _ in range(40)]
+    inside, first_done = threading.Event(), threading.Event()
+
+    class Second:
+        def update(self, n):
+            inside.set()
+            first_done.wait(10)
+    calls = {"score": lambda progress=None: score_ids(model, src, tgt, batch_size=4, progress=progress),
+             "translate": lambda progress=None: translate_ids(model, src[::-1], 2, max_len_b=5, threads=2,
+                                                              progress=progress)}
+    want_t, want_o = translate_ids(model, src, 2, max_len_b=5, threads=2), calls[other]()
+    fn = backend._openblas_local_threads()
+    before = fn(3) if fn is not None else None
+    got, started = {}, threading.Lock()
+    second = threading.Thread(target=lambda: got.update(o=calls[other](Second())))
+
+    class First:
+        def update(self, n):
+            if started.acquire(blocking=False):
+                second.start()
+                inside.wait(1.0)
+    try:
+        model.train()
+        got["t"] = translate_ids(model, src, 2, max_len_b=5, threads=2, progress=First())
+        first_done.set()
+        second.join()
+        assert got["t"] == want_t and got["o"] == want_o
+        assert model.training                               # the caller's mode, given back
+        if fn is not None:
+            assert fn(3) == 3                               # the caller's BLAS threads, given back
+    finally:
+        first_done.set()
+        if fn is not None:
+            fn(before)
+
+
+def test_a_backward_after_a_translation_says_its_forward_is_gone():
+    # forward_loss, a translation, then backward had run on the decoding's caches: a shape error, gradients half added
+    from minitf.translate import translate_ids
+    model, _ = model_and_src()
+    src = np.array([[5, 6, 7, 3], [8, 9, 3, 0]])
+    tgt_in, tgt_out = np.array([[2, 5, 6], [2, 7, 0]]), np.array([[5, 6, 3], [7, 3, 0]])
+    model.train()
+    model.forward_loss(src, tgt_in, tgt_out)
+    translate_ids(model, [[5, 6, 7, 3], [8, 3], [9, 10, 11, 12, 3]], 2, max_len_b=4)
+    grads = model.flat_grads.copy()
+    with pytest.raises(RuntimeError, match="a translation or scoring call in between takes the layers' caches"):
+        model.backward()
+    assert np.array_equal(model.flat_grads, grads) and model.training
+
+
 @pytest.mark.parametrize("v,k", [(640, 4), (13, 4), (148, 2), (96, 3), (8000, 4), (4, 4)])
 def test_top_candidates_equal_a_full_sort(v, k):
     rng = np.random.default_rng(v + k)

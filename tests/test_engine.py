@@ -196,6 +196,15 @@ def test_library_misuse_is_a_clear_error_at_the_call():
     for layer, dy in ((Linear(4, 3, rng), np.ones((2, 3))), (mha, np.ones((2, 2, 8)))):
         with pytest.raises(RuntimeError, match=f"{type(layer).__name__}.backward: no forward to go back through"):
             layer.backward(dy)
+    # Dropout's too (it had handed dy back unmasked), also after a forward that dropped nothing, at the second backward
+    from minitf.layers import Dropout
+    drop, x = Dropout(0.3), np.ones((2, 3))
+    for forward in (None, lambda: drop.forward(x, mask=np.full((2, 3), 2.0)), lambda: (drop.eval(), drop.forward(x))):
+        if forward is not None:
+            forward()
+            drop.backward(x)
+        with pytest.raises(RuntimeError, match="Dropout.backward: no forward to go back through"):
+            drop.backward(x)
 
 
 def test_positional_encoding_formula():

@@ -2,7 +2,9 @@
 
 Each test checks every parameter gradient and every float input gradient of one layer
 (or of the whole model), with padding and causal masks where they apply. The gradient buffers
-hold random values before each backward, which must add to them (+=, never =). The recurrent
+hold random values before each backward, which must add to them (+=, never =); the parameters are moved off their
+initial values first (a wrong term that vanishes at zero biases and unit gains must show), and a gradient that is 0
+both ways fails but for the key projection's bias, whose true gradient is 0 (gradcheck_util). The recurrent
 baseline's layers (LSTM, BiLSTM, recurrent attention, Conv1d) and model are checked in
 tests/test_gradcheck_rnn.py.
 """

@@ -10,6 +10,9 @@ from .. import functional as F
 from .base import Layer
 
 
+NOT_DROPPED = "not dropped"   # a forward's cache when it dropped nothing (no cache at all: no forward to go back through)
+
+
 class Dropout(Layer):
     def __init__(self, p):
         super().__init__()
@@ -25,11 +28,11 @@ class Dropout(Layer):
         return F.dropout_mask(sites, shape, self.p, dtype, xp, rows) if self.active(sites) else None
 
     def forward(self, x, sites=None, mask=None, rows=None):
-        """x * mask (the next mask of `sites` unless `mask` is given); identity in eval mode."""
+        """x * mask (the next mask of `sites` unless `mask` is given); without a `mask`, identity in eval mode."""
         if mask is None:
             mask = self.draw(sites, x.shape, x.dtype, F.xp_of(x), rows)
             if mask is None:
-                self.cache = None
+                self.cache = NOT_DROPPED
                 return x
         self.cache = mask
         return F.dropout_forward(x, mask)
@@ -38,7 +41,7 @@ class Dropout(Layer):
         """residual + Dropout(x), written into x (the dropout's input: a sublayer output nothing
         else holds); backward returns the gradient of x (the residual's is the sum's own)."""
         if not self.active(sites):
-            self.cache = None
+            self.cache = NOT_DROPPED
             x += residual
             return x
         out, self.cache = F.dropout_add_forward(sites, x, residual, self.p, rows)
@@ -46,17 +49,19 @@ class Dropout(Layer):
 
     def hold(self, mask):
         """Keep `mask` (an array, or a kernels.KeyedMask; None: nothing was dropped) as this forward's,
-        drawn and applied by a caller that fuses the dropout into its own pass (LayerNorm.forward_residual)."""
-        self.cache = mask
+        drawn and applied by a caller that fuses the dropout into its own pass (LayerNorm.forward_residual, the
+        embedding's kernel)."""
+        self.cache = NOT_DROPPED if mask is None else mask
 
     def take_mask(self):
         """The forward's mask (None when it did not drop), handed to a caller that applies it
         itself (LayerNorm.backward, Transformer._embed_backward): this layer's backward is then done."""
-        mask, self.cache = self.cache, None
-        return mask
+        mask = self.take_cache()
+        return None if mask is NOT_DROPPED else mask
 
     def backward(self, dy):
-        mask, self.cache = self.cache, None
-        if mask is None:
+        # y = x * mask  (identity where the forward dropped nothing); a backward without a forward is a RuntimeError
+        mask = self.take_cache()
+        if mask is NOT_DROPPED:
             return dy
         return F.dropout_backward(dy, F.mask_array(mask, dy))
