@@ -94,7 +94,7 @@ def get_xp(device):
     if device == "gpu":
         ok, why = gpu_available()
         if not ok:
-            raise DeviceError(f"--device gpu: {why}. Use --device cpu to run on NumPy.")
+            raise DeviceError(f"device 'gpu' (--device gpu): {why}; run on NumPy with device 'cpu' (--device cpu)")
         return cupy
     raise DeviceError(f"unknown device {device!r}: choose one of {', '.join(DEVICES)}")
 
@@ -287,23 +287,28 @@ def blas_threads(n):
     if fn is None:
         yield
         return
-    with _BLAS_HELD["lock"]:   # blocks of several threads overlap: the count before the first is put back after the last
-        previous = fn(int(n))
-        if _BLAS_HELD["depth"] == 0:
-            _BLAS_HELD["before"] = previous
-        _BLAS_HELD["depth"] += 1
+    entry = object()
+    with _BLAS_LOCK:
+        found = fn(int(n))
+        if not _BLAS_OPEN:
+            _BLAS_BEFORE[0] = found   # the count before the first open block
+        _BLAS_OPEN.append((entry, found))
     try:
         yield
     finally:
-        with _BLAS_HELD["lock"]:
-            _BLAS_HELD["depth"] -= 1
-            if _BLAS_HELD["depth"] == 0:
-                fn(_BLAS_HELD["before"])
+        with _BLAS_LOCK:
+            i = next(k for k, (e, _) in enumerate(_BLAS_OPEN) if e is entry)
+            _, found = _BLAS_OPEN.pop(i)
+            if not _BLAS_OPEN:
+                fn(_BLAS_BEFORE[0])
+            elif i == len(_BLAS_OPEN):   # the newest open block (one nested in another): the count it found
+                fn(found)
 
 
-# blas_threads' blocks open now, and the thread count found before the first of them (two threads' translations had
-# each put back what the other set: the process went on with 1 BLAS thread)
-_BLAS_HELD = {"lock": threading.Lock(), "depth": 0, "before": None}
+# blas_threads' open blocks, oldest first, with the count each found: a nested block puts back its own count, a block
+# that ends before a later one (another thread's) leaves the count alone, and the last to end puts back what the first
+# found (two threads' translations had each put back what the other set: the process went on with 1 BLAS thread)
+_BLAS_LOCK, _BLAS_OPEN, _BLAS_BEFORE = threading.Lock(), [], [None]
 
 
 def set_blas_threads(n):

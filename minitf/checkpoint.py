@@ -45,9 +45,17 @@ def save_checkpoint(path, model=None, optimizer=None, tokenizer=None, train_stat
     """Write a checkpoint atomically. `tokenizer` is the tokenizer's bytes (its `to_bytes`; or None);
     `train_state` is a JSON-serializable dict (step, data position, the dropout masks' position
     `forward_count`, ...: no generator state, the masks are keyed by it).
-    Pass `params` + `config` instead of a model to save plain arrays (checkpoint averaging)."""
+    Pass `params` + `config` instead of a model to save plain arrays (checkpoint averaging). The file is an .npz:
+    `python -m minitf export` writes .safetensors."""
+    if os.fspath(path).endswith(".safetensors"):   # (an .npz had been written under that name, then read as damaged)
+        raise CheckpointError(f"{path}: save_checkpoint writes an .npz checkpoint; name it *.npz (`python -m minitf "
+                              f"export --checkpoint FILE.npz --output {os.fspath(path)}` makes the .safetensors file)")
     if model is not None:
         params, config = model.state_dict(), model.cfg
+    elif params is None or config is None:
+        raise TypeError("save_checkpoint: give a model, or params and config")
+    if tokenizer is not None and hasattr(tokenizer, "to_bytes"):   # a Tokenizer, or its bytes
+        tokenizer = tokenizer.to_bytes()
     arrays = {f"param/{n}": to_numpy(a) for n, a in params.items()}
     if optimizer is not None:
         for key in ("m", "v"):

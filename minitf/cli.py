@@ -305,8 +305,8 @@ def cmd_score(args):
     src, tgt = _read_pair("--src", args.src, "--tgt", args.tgt)
     empty = [i + 1 for i, line in enumerate(src) if not line.strip()]
     if empty:
-        more = f" (and {plural(len(empty) - 1, 'more')})" if len(empty) > 1 else ""
-        raise DataError(f"--src {args.src}: line {empty[0]}{more} is empty: a translation needs a source to be scored "
+        which = f"line {empty[0]} is" if len(empty) == 1 else f"{len(empty):,} lines are (the first: line {empty[0]})"
+        raise DataError(f"--src {args.src}: {which} empty: a translation needs a source to be scored "
                         f"against; drop the pairs whose source is empty first (no score is written until every pair "
                         f"has a source)")
     _check_output(args, ("--src", args.src), ("--tgt", args.tgt))

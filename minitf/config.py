@@ -12,11 +12,13 @@ same training recipe fields.
 """
 import dataclasses
 from dataclasses import dataclass
+import math
 import re
 
 import numpy as np
 
 from .errors import ConfigError
+from .flags import MAX_ALPHA
 
 # how a model is trained and decoded, not what it computes: checkpoints that differ only in these hold
 # the same model (checkpoint averaging compares the other fields, `Config.model_fields`)
@@ -134,6 +136,7 @@ class Config:
     decode_alpha: float = 0.6        # beam search's length penalty alpha (6.1: 0.6); translate's default
 
     def __post_init__(self):
+        self._check_types()
         if self.d_k is None:
             if self.d_model % self.n_heads:
                 raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set d_k explicitly")
@@ -200,6 +203,34 @@ class Config:
             if self.bpe_dropout_target:
                 raise ConfigError("output_vocab holds the pieces of the target side's plain segmentation; "
                                   "bpe_dropout_target makes smaller ones: use one or the other")
+
+    def _check_types(self):
+        """Each field of its annotation's type (a bool is not a number, a whole float not an int, a string neither;
+        None only where the default is None), a float finite, and the recipe's numbers in range: such values had
+        failed later, inside the model ('float' object cannot be interpreted as an integer), in a comparison or in the
+        schedule (warmup 0: a division by zero)."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.default is None:
+                continue
+            kind = {"int": int, "float": float, "str": str, "bool": bool}.get(f.type, f.type)
+            number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+            ok = {int: number and isinstance(value, (int, np.integer)),
+                  float: number and math.isfinite(value), str: isinstance(value, str),
+                  bool: isinstance(value, (bool, np.bool_))}.get(kind, True)
+            if not ok:
+                what = {int: "a whole number", float: "a finite number", str: "a string", bool: "true or false"}[kind]
+                raise ConfigError(f"{f.name} must be {what}{' or None' if f.default is None else ''}, got {value!r}")
+            if isinstance(value, np.generic):   # NumPy's scalars as Python's: the config is written as JSON
+                setattr(self, f.name, value.item())
+        for name, low, strict in (("warmup", 1, False), ("lr_factor", 0, True), ("average_last", 1, False),
+                                  ("save_every", 1, False), ("max_steps", 0, False), ("layer_norm_eps", 0, True),
+                                  ("save_every_minutes", 0, True), ("decode_alpha", 0, False)):
+            value = getattr(self, name)
+            if value is not None and (value <= low if strict else value < low):
+                raise ConfigError(f"{name} must be {'above' if strict else 'at least'} {low}, got {value!r}")
+        if self.decode_alpha > MAX_ALPHA:
+            raise ConfigError(f"decode_alpha must be at most {MAX_ALPHA:g} (the paper's: 0.6), got {self.decode_alpha}")
 
     def output_ids(self):
         """The sorted piece ids [V_o] the output layer scores (int64), or None: all V of them."""

@@ -19,6 +19,13 @@ from .seq2seq import BACKWARD_NEEDS, Seq2Seq
 
 
 class Transformer(Seq2Seq):
+    """The paper's encoder-decoder (3.1-3.5) of a `Config`: `forward_loss(src, tgt_in, tgt_out)` then `backward()`
+    accumulate every parameter's gradient; `forward(src, tgt_in)` gives the logits; `translate`-style decoding goes
+    through `minitf.translate` (`minitf.load` for a trained checkpoint). device: "cpu" (NumPy) or "gpu" (CuPy); dtype:
+    the parameters' and activations' ("float32", "float64", "float16"; "bfloat16" on a GPU); seed: the initial
+    weights and the dropout masks (functional.DropoutSites). A new model is in training mode (dropout on):
+    `model.eval()` turns it off."""
+
     def __init__(self, cfg, device="cpu", dtype="float32", seed=0):
         super().__init__(cfg, device, dtype, seed)
         rng = self.new_rng(seed)

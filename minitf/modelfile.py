@@ -21,9 +21,9 @@ class StoredModel(NamedTuple):
     has_optimizer: bool
     marian: bool
 
-    def build_model(self, device="cpu"):
+    def build_model(self, device="cpu", dtype="float32"):
         """The model of the file's config with its weights, in eval mode."""
-        return built_model(self.config, self.params, device)
+        return built_model(self.config, self.params, device, dtype)
 
 
 def read_model(path):

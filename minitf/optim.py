@@ -54,6 +54,12 @@ def _check_settings(lr, betas, eps, weight_decay):
 
 
 class Adam:
+    """Adam (paper 5.3: betas 0.9, 0.98, eps 1e-9) over a model's flat parameter buffer, with decoupled weight decay
+    (AdamW) when weight_decay > 0. lr: a number, or a function of the step (1, 2, ...) such as
+    `minitf.NoamSchedule(d_model, warmup)`, the paper's schedule. `step()` applies the gradients the model holds (then
+    `model.zero_grad()` before the next forward); `state_dict()` / `load_state_dict()` keep the step and both moments,
+    as checkpoints do."""
+
     def __init__(self, model, lr=1e-3, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0):
         _check_settings(lr, betas, eps, weight_decay)
         self.model = model
@@ -71,6 +77,7 @@ class Adam:
                       "v": {n: model.view(self._v, n) for n in model.names}}
 
     def current_lr(self, step=None):
+        """The learning rate of `step` (default: the last step taken): lr itself, or lr(step) for a schedule."""
         step = self.step_count if step is None else step
         return self.lr(step) if callable(self.lr) else self.lr
 
@@ -172,6 +179,8 @@ class Adam:
         return out
 
     def load_state_dict(self, state):
+        """The step and both moments of `state_dict()` (or of a checkpoint's optimizer state), into this Adam's
+        buffers on its model's device."""
         from .backend import to_numpy
         self.step_count = int(state["step"])
         for key in ("m", "v"):

@@ -77,6 +77,9 @@ class Seq2Seq(Layer):
         given = to_numpy(ids) if host or isinstance(ids, (list, tuple)) else ids
         if given.ndim != 2 or given.dtype.kind not in "iu":
             raise ConfigError(f"{name} must be a 2-D integer array [batch, length], got {given.dtype} {given.shape}")
+        if given.shape[1] == 0:   # (a reduction over no position had failed inside NumPy)
+            raise ConfigError(f"{name} {given.shape}: no position in it (a sentence is its pieces and EOS, at least "
+                              f"one id)")
         if isinstance(given, np.ndarray) and given.size:    # on the host: no device sync
             low, high = int(given.min()), int(given.max())
             if low < 0 or high >= self.cfg.vocab_size:

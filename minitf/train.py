@@ -190,7 +190,8 @@ def _said_once(world, message):
     the ranks disagreeing, a signal mpiexec forwarded to each) is said by rank 0, whose MPI Abort ends the job
     meanwhile (64 ranks had printed it 64 times); an error of this rank's own is said after the wait."""
     if world.rank != 0:
-        time.sleep(2.0)
+        with signals_held():   # a second signal mpiexec forwards meanwhile: this rank still ends the job
+            time.sleep(2.0)
     log(f"rank {world.rank}: {message}")
 
 
@@ -889,7 +890,8 @@ def _final_validation(run):
 
 def _stopped_in_final_validation(run, signame):
     if run.lead:
-        path = run.save(on_grid=False)
+        with signals_held():   # another signal now would cut the checkpoint this stop saves
+            path = run.save(on_grid=False)
         run.log.close()
         log(f"interrupted ({signame}) in the final validation at step {run.state['step']}: saved {path}; "
             f"--resume validates and ends the run")

@@ -182,8 +182,9 @@ def add_plain_defaults(p):
     """A flag with a default of its own (not a preset's) says it at the end of its --help, read from the parser, so the
     text cannot drift from the value (--out, --dtype, --seed, --decode-batch ... had not said theirs)."""
     for action in p._actions:
-        if (action.help and action.default not in (None, False, [], argparse.SUPPRESS)
-                and "default" not in action.help and "[presets:" not in action.help):
+        unset = action.default is None or action.default is False or action.default == [] \
+            or action.default == argparse.SUPPRESS   # (0 is a default to say: --patience 0)
+        if action.help and not unset and "default" not in action.help and "[presets:" not in action.help:
             action.help = f"{action.help} (default: {action.default})"
 
 
@@ -225,6 +226,11 @@ def _given(p, argv):
     return {dest for dest, value in vars(ns).items() if value is not unset and value != []}
 
 
+def _same_path(a, b):
+    """Whether two paths name one file or folder (as typed, or from this folder)."""
+    return a == b or (a is not None and b is not None and os.path.realpath(a) == os.path.realpath(b))
+
+
 def _same_data(args, given, before):
     """Whether the data flags given again (--dataset, --train, --valid) name the first start's data (config.json records
     the paths absolute): then its --test sets stay the run's (a repeated --train had dropped them)."""
@@ -258,6 +264,10 @@ def restore_first_start(p, args, argv):
     if "preset" in given and before.get("preset") not in (None, args.preset):   # the checkpoint's recipe stays
         p.error(f"--preset {args.preset}: the run in --out {args.out} was started with --preset {before['preset']}, "
                 f"whose model and recipe its checkpoint carries; drop --preset to resume it, or start a new --out")
+    if "init_from" in given and not _same_path(args.init_from, before.get("init_from")):   # (it had been ignored)
+        started = f"from {before['init_from']}" if before.get("init_from") else "from no model (--init-from)"
+        p.error(f"--init-from {args.init_from}: the run in --out {args.out} was started {started}, and --resume "
+                f"continues it from its last checkpoint; drop --init-from to resume it, or start a new --out")
     if "seed" in given and before.get("seed") not in (None, args.seed):
         p.error(f"--seed {args.seed}: the run in --out {args.out} was started with --seed {before['seed']}, which its "
                 f"batches and dropout follow; drop --seed to resume it, or start a new --out")
@@ -290,9 +300,6 @@ def parse_args(argv=None, prog=None):
     """The flags, checked: a bad value or combination is one line on stderr and exit status 2."""
     p = build_parser(prog)
     args = p.parse_args(argv)
-    if args.resume and args.init_from:   # (the weights would be the checkpoint's: --init-from had been ignored)
-        p.error(f"--init-from starts a new run from a model's weights and --resume continues the run in --out "
-                f"{args.out} from its last checkpoint: give one (a run started with --init-from resumes without it)")
     args.given = sorted(_given(p, argv)) if args.resume else []   # what a resume compares with its checkpoint
     args.restored = restore_first_start(p, args, argv) if args.resume else []
     args.preset_chosen = args.preset is None   # chosen for the device (the run says so in one line)

@@ -3,6 +3,7 @@
 The library's one call: `minitf.load("model.npz").translate(["A man is riding a bike."])`, with
 the command line's defaults (beam 4, the length penalty alpha of the checkpoint's preset).
 """
+import collections.abc
 import re
 from typing import NamedTuple
 
@@ -181,6 +182,9 @@ def _as_list(lines, what):
     if isinstance(lines, (bytes, bytearray)):
         raise TypeError(f"expected a string or a list of strings as the {what}s, got {type(lines).__name__}: decode "
                         f"it first (e.g. .decode('utf-8'))")
+    if isinstance(lines, (collections.abc.Set, collections.abc.Mapping)):   # no order to give the results back in
+        raise TypeError(f"expected a string or a list of strings as the {what}s, got a {type(lines).__name__}: its "
+                        f"order is not the results' (give a list)")
     try:
         return list(lines), False
     except TypeError:
@@ -366,15 +370,20 @@ def load_for_inference(path, device="cpu"):
     return translator.model, translator.tokenizer
 
 
-def load(path, device="cpu"):
-    """A checkpoint ready to translate: `minitf.load("runs/m30k/model.npz").translate(lines)`.
-    `device`: "cpu" or "gpu". A Marian model (an OPUS-MT folder: the .npz, its vocabulary,
-    source.spm and target.spm) loads too (minitf.marian, docs/interop.md)."""
+def load(path, device="cpu", dtype=None):
+    """A checkpoint ready to translate: `minitf.load("runs/m30k/model.npz").translate(lines)`: a minitf checkpoint
+    (.npz, or a .safetensors export) with its tokenizer, or a Marian model (an OPUS-MT folder: the .npz, its
+    vocabulary, source.spm and target.spm; minitf.marian, docs/interop.md). `device`: "cpu" or "gpu". `dtype`: the
+    model's ("float32", "float64", ...); None: float64 for a checkpoint of float64 weights, else float32. The model
+    (`.model`) comes in eval mode: call its train() to fine-tune it with dropout."""
     from .modelfile import read_model
     stored = read_model(path)
     if stored.tokenizer is None:
         raise CheckpointError(f"checkpoint {path} has no tokenizer inside: it cannot translate text")
-    return Translator(stored.build_model(device), stored.tokenizer, stored.train_state.get("languages"))
+    if dtype is None:   # (a float64 checkpoint had come back float32 without a word)
+        weights = next(iter(stored.params.values()), None)
+        dtype = "float64" if weights is not None and weights.dtype == np.float64 else "float32"
+    return Translator(stored.build_model(device, dtype), stored.tokenizer, stored.train_state.get("languages"))
 
 
 class Translator:
@@ -389,6 +398,7 @@ class Translator:
 
     @property
     def alpha(self):
+        """The length penalty's alpha that translate, nbest and score use when given none: the checkpoint preset's."""
         return self.model.cfg.decode_alpha
 
     def translate(self, lines, beam=4, alpha=None, max_len_b=50, batch_size=64, progress=False, stop="fairseq"):
@@ -417,6 +427,8 @@ class Translator:
         """Each sentence's n best translations (n <= beam) as Hypothesis(text, score, token_logprobs),
         best first: a list of them per sentence (a single string -> its list)."""
         check_search(beam, self.alpha if alpha is None else alpha, batch_size, max_len_b, stop, beam_name="beam")
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"n={n!r}: expected a whole number (1 to the beam size, {beam})")
         if not 1 <= n <= beam:
             raise ValueError(f"n-best {n}: choose 1 to the beam size ({beam})")
         lines, one = _as_list(lines, "line")

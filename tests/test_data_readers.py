@@ -1,6 +1,8 @@
 """Readers (plain/gz/SGM, parallel files) and pair cleaning."""
 
 import gzip
+import io
+import os
 
 import pytest
 
@@ -124,7 +126,7 @@ def test_clean_pairs_drops_what_it_should():
     assert kept == [0]
 
 
-class _Terminal:
+class _Terminal(io.BufferedIOBase):
     """Standard input on a terminal as a buffered reader meets it: read(n) gives n typed bytes while there are as many,
     else the rest, the end of input (one Ctrl-D) used up; a read after that would wait for another Ctrl-D."""
 
@@ -146,3 +148,23 @@ def test_input_typed_at_a_terminal_ends_at_one_ctrl_d(typed):
     # short return was the terminal's one end of input, and the reader had asked again, waiting for a second Ctrl-D
     from minitf.data.readers import _read_stream
     assert _read_stream(_Terminal(typed), "<stdin>") == typed
+
+
+def test_a_raw_stream_is_read_to_its_end_not_to_its_first_short_read():
+    # an unbuffered pipe returns what has come so far: only an empty read ends it (its first line alone had been kept)
+    import threading
+    import time
+    from minitf.data.readers import read_stream_lines
+    r, w = os.pipe()
+    lines = [f"line {i}" for i in range(5)]
+
+    def write():
+        with open(w, "wb", buffering=0) as f:
+            for line in lines:
+                f.write((line + "\n").encode())
+                time.sleep(0.05)
+    writer = threading.Thread(target=write)
+    writer.start()
+    with open(r, "rb", buffering=0) as f:
+        assert read_stream_lines(f, "pipe") == lines
+    writer.join()

@@ -250,6 +250,11 @@ def test_blas_threads_are_set_per_thread_and_restored():
     with backend.blas_threads(1):
         assert fn(1) == 1
     assert fn(before) == before            # given back
+    with backend.blas_threads(2):          # nested: the inner block gives back the outer's count
+        with backend.blas_threads(1):
+            assert fn(1) == 1
+        assert fn(2) == 2
+    assert fn(before) == before
     assert backend.set_blas_threads(1) and fn(before) == 1
 
 

@@ -1,4 +1,5 @@
 """Unit tests of the engine: masks, schedule, Adam, weight tying, devices, errors."""
+import re
 import sys
 
 import numpy as np
@@ -310,7 +311,8 @@ def test_bad_inputs_raise_clear_errors():
     from minitf.decode import beam_search, greedy_search
     for search in (beam_search, greedy_search):
         for shape in ((0, 3), (2, 0)):
-            with pytest.raises(minitf.ConfigError, match=rf"src \({shape[0]}, {shape[1]}\): no sentence to decode"):
+            with pytest.raises(minitf.ConfigError, match=rf"src \({shape[0]}, {shape[1]}\): no (sentence to decode|"
+                                                         rf"position in it) \(a s"):
                 search(model, np.zeros(shape, dtype=np.int64), max_len_b=2)
     with pytest.raises(minitf.ConfigError, match="'bfloat16'"):
         minitf.Transformer(tiny(), dtype="int8")
@@ -634,3 +636,50 @@ def test_a_forward_without_a_backward_keeps_no_attention_weights_and_gives_the_s
     model.eval()
     translate_ids(model, [list(src[0]) + [3]], beam_size=2, alpha=0.6, max_len_b=3, nbest=1)
     assert all(layer.cache is None for layer in model.encoder.layers() if isinstance(layer, MultiHeadAttention))
+
+
+def test_the_library_refuses_bad_configs_and_saves_and_loads_as_it_says(tmp_path):
+    """A value of the wrong type or range in a Config is one ConfigError naming the field (they had failed later,
+    inside the model or the schedule: 'float' object cannot be interpreted as an integer, a division by zero);
+    save_checkpoint takes a Tokenizer as its bytes, refuses a .safetensors name (an .npz had been written under it)
+    and a call without a model; minitf.load keeps a float64 checkpoint float64; nbest's n and the lines are checked."""
+    from minitf.checkpoint import save_checkpoint
+    from minitf.data.tokenizer import tokenizer_from_bytes
+    from minitf.errors import CheckpointError, ConfigError
+    for kw, says in ((dict(decode_alpha="x"), "decode_alpha must be a finite number, got 'x'"),
+                     (dict(decode_alpha=-1.0), "decode_alpha must be at least 0"),
+                     (dict(vocab_size=200.5), "vocab_size must be a whole number, got 200.5"),
+                     (dict(warmup=0), "warmup must be at least 1"),
+                     (dict(d_model="64"), "d_model must be a whole number, got '64'"),
+                     (dict(dropout="0.1"), "dropout must be a finite number"),
+                     (dict(d_model=True), "d_model must be a whole number, got True"),
+                     (dict(lr_factor=float("nan")), "lr_factor must be a finite number"),
+                     (dict(save_every_minutes=0.0), "save_every_minutes must be above 0")):
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            minitf.Config(**kw)
+    cfg = minitf.Config(vocab_size=np.int64(60), dropout=0, lr_factor=2)     # NumPy's ints, ints for floats
+    assert type(cfg.vocab_size) is int and cfg.dropout == 0                   # as Python's: written as JSON
+    model = minitf.Transformer(tiny(), dtype="float64")
+    with pytest.raises(ConfigError, match=r"src \(2, 0\): no position in it"):
+        model.forward_loss(np.zeros((2, 0), dtype=np.int64), np.array([[2, 4], [2, 5]]), np.array([[4, 3], [5, 3]]))
+    tok = tokenizer_from_bytes(_tiny_tokenizer_bytes(tmp_path))
+    with pytest.raises(CheckpointError, match=r"save_checkpoint writes an \.npz checkpoint; name it \*\.npz"):
+        save_checkpoint(tmp_path / "m.safetensors", model, tokenizer=tok)
+    with pytest.raises(TypeError, match="give a model, or params and config"):
+        save_checkpoint(tmp_path / "w.npz")
+    cfg = tiny()
+    big = minitf.Transformer(minitf.Config(**{**cfg.to_dict(), "vocab_size": tok.vocab_size}), dtype="float64")
+    save_checkpoint(tmp_path / "m.npz", big, tokenizer=tok)              # the Tokenizer itself, as its bytes
+    t = minitf.load(tmp_path / "m.npz")
+    assert t.model.dtype == np.float64 and minitf.load(tmp_path / "m.npz", dtype="float32").model.dtype == np.float32
+    with pytest.raises(TypeError, match=r"n='2': expected a whole number"):
+        t.nbest("a b", n="2")
+    for unordered in ({"a b", "c"}, {"a b": 1}):
+        with pytest.raises(TypeError, match="its order is not the results'"):
+            t.translate(unordered)
+
+
+def _tiny_tokenizer_bytes(tmp_path):
+    from minitf.data.tokenizer import Tokenizer
+    lines = ["a b c d e f g h", "b c d a e g f h", "h g f e d c b a"] * 20
+    return Tokenizer.train(lines, str(tmp_path / "tok.model"), vocab_size=21, model_type="bpe").to_bytes()

@@ -189,11 +189,21 @@ def test_resume_takes_the_first_starts_flags_a_group_at_a_time(tmp_path, capsys,
     args = parse_args(["--out", str(out), "--resume", "--train", "tr", "--valid", str(tmp_path / "va")])
     assert args.test == [("news", str(tmp_path / "te"))] and args.train == "tr"
     assert parse_args(["--out", str(out), "--resume", "--train", "other", "--valid", "va"]).test == []
-    # --init-from beside --resume is refused before anything is read (it had been ignored without a word)
+    # --init-from beside --resume: the run's own start (the first command line again) is taken, another model is
+    # refused before anything is read (it had been ignored without a word)
     with pytest.raises(SystemExit):
         parse_args(["--out", str(out), "--resume", "--init-from", str(tmp_path / "model.npz")])
-    assert "--init-from starts a new run from a model's weights and --resume continues the run" in \
+    assert "--init-from " + str(tmp_path / "model.npz") + ": the run in --out " + str(out) + " was started from no " \
+        "model (--init-from), and --resume continues it from its last checkpoint; drop --init-from" in \
         capsys.readouterr().err
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "model.npz").write_bytes(b"")
+    (out / "config.json").write_text(json.dumps({"model": {}, "args": dict(first, init_from="base/model.npz")}))
+    assert parse_args(["--out", str(out), "--resume", "--init-from", "base/model.npz"]).init_from == "base/model.npz"
+    with pytest.raises(SystemExit):
+        parse_args(["--out", str(out), "--resume", "--init-from", "other/model.npz"])
+    assert "was started from base/model.npz" in capsys.readouterr().err
+    (out / "config.json").write_text(json.dumps({"model": {}, "args": first}))
     # an error after the restore says where the flags came from
     with pytest.raises(SystemExit):
         parse_args(["--out", str(out), "--resume", "--bf16"])
@@ -715,6 +725,40 @@ def test_resume_with_other_batches_is_one_line(corpus, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "note: an update is now 2 batches of 512 tokens (1 rank(s) x --update-freq 2), 1,024 tokens where the run " \
            "made 512: the same batches, in updates of another size" in r.stderr
+
+
+def test_a_signal_where_no_checkpoint_can_be_saved_names_the_one_resume_continues_from(tmp_path, monkeypatch, capsys):
+    # a signal outside the loop's and the end's held windows (closing the batch feed) had been reported by the entry
+    # point as 'interrupted before training began ... run the command again'
+    import minitf.train
+    from minitf.errors import Interrupted, Terminated
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "checkpoint_0000010.npz").write_bytes(b"")
+
+    class Run:
+        args, lead, world, state = types.SimpleNamespace(out=str(out)), True, distributed.World(), {"step": 12}
+        log = feed = console = types.SimpleNamespace(close=lambda: None)
+
+    def closing_feed_is_signalled():
+        raise Terminated()
+    Run.feed = types.SimpleNamespace(close=closing_feed_is_signalled)
+    monkeypatch.setattr(minitf.train, "set_up", lambda args, world: Run())
+    monkeypatch.setattr(minitf.train, "run_loop", lambda run: "max_steps")
+    with pytest.raises(Interrupted) as e:
+        minitf.train._locked_train(Run.args, Run.world)
+    assert e.value.signame == "SIGTERM" and capsys.readouterr().err == (
+        f"interrupted (SIGTERM) at step 12: stopped without saving; --resume continues from "
+        f"{out / 'checkpoint_0000010.npz'}\n")
+
+
+def test_a_resume_to_a_step_it_has_passed_says_it_only_ends_the_run(corpus, tmp_path):
+    out = tmp_path / "run"
+    assert run_train(corpus, out, "--max-steps", 3, "--save-every", 3, "--valid-every", 0).returncode == 0
+    r = run_train(corpus, out, "--max-steps", 2, "--resume", "--valid-every", 0)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "note: --max-steps 2 is not above the run's step 3: no update is made; the run's end (the average and the " \
+           "scores) is made again" in r.stderr and "this run makes about" not in r.stderr
 
 
 def test_a_resume_refuses_what_its_checkpoints_cannot_take(corpus, tmp_path):

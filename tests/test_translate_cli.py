@@ -720,6 +720,21 @@ def test_output_dash_is_stdout_a_model_files_name_is_refused_and_a_file_keeps_it
             " (--input, --src, --tgt or --ref)\n" if redirect == "<&-" else "\n"), r.stderr
 
 
+def test_score_names_its_empty_source_lines_before_scoring_any(setup, tmp_path):
+    d = setup
+    src, tgt = tmp_path / "s.txt", tmp_path / "t.txt"
+    for empties, says in (([1], "line 2 is empty"), ([1, 2, 4], "3 lines are (the first: line 2) empty")):
+        lines = (d / "src.txt").read_text().splitlines()[:5]
+        for i in empties:
+            lines[i] = " " if i == 2 else ""
+        src.write_text("\n".join(lines) + "\n")
+        tgt.write_text("\n".join(["x"] * 5) + "\n")
+        r = run("score", "--checkpoint", d / "model.npz", "--src", src, "--tgt", tgt, "--quiet")
+        assert r.returncode == 2 and r.stdout == "" and r.stderr == (
+            f"error: --src {src}: {says}: a translation needs a source to be scored against; drop the pairs whose "
+            f"source is empty first (no score is written until every pair has a source)\n"), r.stderr
+
+
 def test_evaluate_names_a_doubled_stdin_and_takes_the_language_in_any_case(setup):
     d = setup
     r = run("evaluate", "--checkpoint", d / "model.npz", "--src", "-", "--ref", "-", stdin="a\n")

@@ -82,13 +82,14 @@ class _Prefixed:
     needed Ctrl-D twice)."""
 
     def __init__(self, head, f, asked=2):
-        self.head, self.f, self.ended = head, f, len(head) < asked
+        self.buffered = isinstance(f, io.BufferedIOBase)   # a raw stream returns what has come so far: only b"" ends it
+        self.head, self.f, self.ended = head, f, not head or self.buffered and len(head) < asked
 
     def _more(self, n):
         if self.ended:
             return b""
         out = self.f.read(n)
-        self.ended = n < 0 or len(out) < n
+        self.ended = n < 0 or not out or self.buffered and len(out) < n
         return out
 
     def read(self, n=-1):
