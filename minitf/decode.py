@@ -54,41 +54,34 @@ def length_penalty(length, alpha):
 
 def restores_mode(search):
     """Decode in eval mode (no dropout), then give the model back in the caller's mode: a loop that
-    translates between training steps keeps training with dropout."""
-    @functools.wraps(search)
-    def wrapper(model, *args, **kwargs):
-        was_training = model.training
-        _drop_pending_backward(model)
-        try:
-            return search(model, *args, **kwargs)
-        finally:
-            model.train(was_training)
-    return wrapper
-
-
-def _drop_pending_backward(model):
-    """A decoding forward overwrites the layers' caches: the last forward_loss's backward can no longer run, and says
-    so (seq2seq.BACKWARD_NEEDS) rather than failing on the caches of another batch."""
-    model._cache = model._head = None
+    translates between training steps keeps training with dropout. No lock: translate_ids' searches run
+    side by side in threads, inside the call that holds it (decodes)."""
+    return _in_decoding(search, lock=False)
 
 
 def decodes(call):
     """call(model, ...) inside decoding(model): translate_ids' and score_ids' way in."""
+    return _in_decoding(call, lock=True)
+
+
+def _in_decoding(call, lock):
     @functools.wraps(call)
     def wrapper(model, *args, **kwargs):
-        with decoding(model):
+        with decoding(model, lock):
             return call(model, *args, **kwargs)
     return wrapper
 
 
 @contextlib.contextmanager
-def decoding(model):
-    """One decoding or scoring call of the model at a time (translate.translate_ids, score_ids: another thread's waits
-    for the model's decode_lock), in eval mode, the caller's mode given back at the end: two threads that shared a
-    model had switched its mode under each other (dropout on while scoring; training mode lost)."""
-    with getattr(model, "decode_lock", None) or contextlib.nullcontext():
+def decoding(model, lock=True):
+    """One decoding or scoring call of the model at a time (with `lock`: translate.translate_ids, score_ids; another
+    thread's waits for the model's decode_lock), in eval mode, the caller's mode given back at the end: two threads
+    that shared a model had switched its mode under each other (dropout on while scoring; training mode lost). A
+    decoding forward overwrites the layers' caches, so the last forward_loss's backward can no longer run, and says so
+    (seq2seq.BACKWARD_NEEDS) rather than failing on the caches of another batch."""
+    with (getattr(model, "decode_lock", None) if lock else None) or contextlib.nullcontext():
         was_training = model.training
-        _drop_pending_backward(model)
+        model._cache = model._head = None
         model.eval()
         try:
             yield

@@ -65,8 +65,8 @@ def open_feed(run):
         elif isinstance(before, int):   # (it had said 'the run's ranks' without their number)
             fits = f"; the run's updates were {before} batch{'es' if before > 1 else ''} (ranks x --update-freq)"
         raise ConfigError(f"--resume: {run.resume_path} was trained with batches of {run.state['batch_tokens']} "
-                              f"tokens, but {made}: resume with the run's ranks, --update-freq and --max-tokens (or "
-                              f"a --max-tokens of {run.state['batch_tokens']}), or start a new --out{fits}")
+                          f"tokens, but {made}: resume with the run's ranks, --update-freq and --max-tokens (or "
+                          f"a --max-tokens of {run.state['batch_tokens']}), or start a new --out{fits}")
     if run.resume_path is not None and before and before != per_update and run.lead:
         log(f"note: an update is now {per_update} batches of {max_tokens} tokens ({world.size} rank(s) x --update-freq "
             f"{args.update_freq}), {per_update * max_tokens:,} tokens where the run made {before * max_tokens:,}: the "
@@ -80,17 +80,17 @@ def open_feed(run):
         if args.max_tokens:
             raise
         raise ConfigError(f"{e}; without --max-tokens a batch is the preset's {run.cfg.update_tokens:,} tokens per "
-                              f"update split over {world.size} rank(s) x --update-freq {args.update_freq} = "
-                              f"{max_tokens:,} tokens: a smaller --update-freq or fewer ranks make larger batches "
-                              f"too") from None
+                          f"update split over {world.size} rank(s) x --update-freq {args.update_freq} = "
+                          f"{max_tokens:,} tokens: a smaller --update-freq or fewer ranks make larger batches "
+                          f"too") from None
     release_freed_memory()   # the sort's temporaries: hundreds of MB for a 36M-pair corpus
     run.epoch_len = len(first)   # for the log's fractional epoch (other epochs differ by a few batches: below)
     if run.state["epoch"] < run.cfg.bidirectional_epochs:
         run.epoch_len = (len(first) + 1) // 2   # of an epoch of one direction (an epoch of both has twice the batches)
     if per_update > run.epoch_len:
         raise ConfigError(f"{world.size} ranks x --update-freq {args.update_freq} = {per_update} batches per "
-                              f"update, but an epoch has only {run.epoch_len}: use fewer ranks, a smaller --update-freq "
-                              f"or --max-tokens")
+                          f"update, but an epoch has only {run.epoch_len}: use fewer ranks, a smaller --update-freq "
+                          f"or --max-tokens")
     # the log's fractional epochs count in the first start's epoch length, so that a resumed run logs what an
     # uninterrupted one does (a run resumed after bidirectional epochs had counted in another)
     run.epoch_len = run.state.setdefault("epoch_len", run.epoch_len)

@@ -203,6 +203,11 @@ def _take_soon(fd, fcntl, tries=5, wait=0.05):
             time.sleep(wait)
 
 
+def _holder(fd):
+    """Who the lock file open as fd says holds it ("process PID on HOST", written by folder_lock)."""
+    return os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+
+
 def lock_holder(folder):
     """Who holds `folder`'s lock now ("process PID on HOST"), or None: no live process holds it (or the file system
     cannot lock, or there is no lock file)."""
@@ -215,7 +220,7 @@ def lock_holder(folder):
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return None   # taken at once: nobody holds it
     except BlockingIOError:
-        return os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        return _holder(fd)
     except OSError:
         return None
     finally:
@@ -242,7 +247,7 @@ def folder_lock(folder, busy):
         try:
             _take_soon(fd, fcntl)
         except BlockingIOError:
-            busy(os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process", path)
+            busy(_holder(fd), path)
             fcntl.flock(fd, fcntl.LOCK_EX)
         except OSError:   # ENOLCK, EOPNOTSUPP: this file system does not lock
             pass

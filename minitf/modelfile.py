@@ -36,6 +36,3 @@ def read_model(path):
     ckpt = load_checkpoint(path, optimizer=False)
     tokenizer = tokenizer_from_bytes(ckpt.tokenizer) if ckpt.tokenizer else None
     return StoredModel(path, ckpt.config, ckpt.params, tokenizer, ckpt.train_state or {}, ckpt.has_optimizer, False)
-
-
-

@@ -28,7 +28,7 @@ from .data.binarized import StaleData
 from .data.pipeline import DataSettings, load_data
 from .data.tokenizer import tokenizer_from_bytes
 from . import distributed, gemm
-from .errors import (SIGNAL_EXIT, ConfigError, Interrupted, MinitfError, out_of_memory, signals_held, sigterm_raises)
+from .errors import SIGNAL_EXIT, ConfigError, Interrupted, MinitfError, out_of_memory, signals_held, sigterm_raises
 from .feed import UpdateFeed, open_feed
 from .kernels import accum_dtype
 from .modelfile import read_model
@@ -226,7 +226,7 @@ def _agree(world, **facts):
                 for k, (key, v) in every[0].items() if other.get(k, (key, None))[1] != v]
         if diff:
             raise ConfigError(f"the ranks disagree: {'; '.join(diff)}; launch every rank with the same flags and "
-                                  f"files")
+                              f"files")
 
 
 def _train(args, world):
@@ -865,7 +865,8 @@ def _save_the_end(run, stop, validated):
     path = run.save(on_grid=False) if not saved or validated or under else last[-1]   # off the spacing unless it was on it
     why = (f"patience: validation {'BLEU' if state['best_valid']['metric'] == 'valid_bleu' else 'loss'} no better "
            f"than step {state['best_valid']['step']}'s for {args.patience} validations" if stop == "patience" else stop)
-    log(f"training stopped ({why}) at step {state['step']} after {round(round(state['train_wall_s'], 1))}s")   # as results.json's 0.1 s, rounded
+    wall = round(round(state["train_wall_s"], 1))   # results.json's 0.1 s rounded, as the summary rounds it
+    log(f"training stopped ({why}) at step {state['step']} after {wall}s")
     return path
 
 

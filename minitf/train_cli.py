@@ -244,13 +244,13 @@ def _same_data(args, given, before):
     return True
 
 
-def restore_first_start(p, args, argv):
+def restore_first_start(p, args):
     """--resume: the flags of runfolder.RESUMED_GROUPS the command line does not give, from OUT/config.json (a run's
     first start records them, its paths made absolute: runfolder.RUN_PATHS); returns the flags taken, as they would be
     typed. A later error about a flag (p.error) says the flags came from there."""
     from minitf.runfolder import RECORD, RESUMED_GROUPS, UnreadableRecord, read_run_record
     path = os.path.join(args.out, RECORD)
-    given = _given(p, argv)
+    given = set(args.given)
     try:
         record = read_run_record(args.out)
     except UnreadableRecord as e:
@@ -301,7 +301,7 @@ def parse_args(argv=None, prog=None):
     p = build_parser(prog)
     args = p.parse_args(argv)
     args.given = sorted(_given(p, argv)) if args.resume else []   # what a resume compares with its checkpoint
-    args.restored = restore_first_start(p, args, argv) if args.resume else []
+    args.restored = restore_first_start(p, args) if args.resume else []
     args.preset_chosen = args.preset is None   # chosen for the device (the run says so in one line)
     if args.preset is None:
         args.preset = "small" if args.device == "cpu" else "base"

@@ -361,13 +361,13 @@ def _read_all(pairs):
     return src_lines, tgt_lines
 
 
-def _prefix_files(prefix, src, tgt, flag):
-    """(PREFIX.src, PREFIX.tgt), each plain or .gz; DataError naming the flag otherwise."""
+def _prefix_files(prefix, src, tgt, label):
+    """(PREFIX.src, PREFIX.tgt), each plain or .gz; otherwise a DataError led by `label` (the flag and its value)."""
     prefix = os.fspath(prefix)
     folder, stem = os.path.split(prefix)
     found = [find_file(folder or ".", f"{stem}.{lang}") for lang in (src, tgt)]
     if None in found:
-        raise DataError(f"{flag}{'' if flag.endswith('=') else ' '}{prefix}: expected {prefix}.{src}[.gz] and {prefix}.{tgt}[.gz]; "
+        raise DataError(f"{label}: expected {prefix}.{src}[.gz] and {prefix}.{tgt}[.gz]; "
                         f"missing {' and '.join(f'{prefix}.{lang}' for lang, f in zip((src, tgt), found) if f is None)}")
     return tuple(found)
 
@@ -379,13 +379,13 @@ def user_dataset(train, valid, tests=(), src="en", tgt="de"):
     `tests`: (name, prefix) pairs. Returns the dict `prepare_dataset` returns."""
     if src == tgt:
         raise DataError(f"--src and --tgt are both {src!r}: give two different languages")
-    result = {"tests": {}, "paths": {"train": [_prefix_files(train, src, tgt, "--train")],
-                                     "valid": [_prefix_files(valid, src, tgt, "--valid")], "tests": {}},
+    result = {"tests": {}, "paths": {"train": [_prefix_files(train, src, tgt, f"--train {train}")],
+                                     "valid": [_prefix_files(valid, src, tgt, f"--valid {valid}")], "tests": {}},
               "data_dir": os.path.dirname(os.path.abspath(os.fspath(train)))}
     result["valid"] = _read_all(result["paths"]["valid"])
     _refuse_empty(result["valid"], f"--valid {valid}", result["paths"]["valid"][0], "validate on")
     for name, prefix in tests:
-        p = _prefix_files(prefix, src, tgt, f"--test {name}=")
+        p = _prefix_files(prefix, src, tgt, f"--test {name}={prefix}")
         result["tests"][name] = read_parallel(*p)
         result["paths"]["tests"][name] = p
         _refuse_empty(result["tests"][name], f"--test {name}={prefix}", p, "score")
