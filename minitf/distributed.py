@@ -21,6 +21,9 @@ from .errors import ConfigError, signals_held
 
 # what the common launchers put in the environment of every process they start
 _LAUNCHER_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+# the job's size beside each rank: MPICH's hydra, Open MPI's mpirun, PMIx under Open MPI or srun (the step's tasks)
+_LAUNCHER_SIZE_VARS = {"PMI_RANK": ("PMI_SIZE",), "OMPI_COMM_WORLD_RANK": ("OMPI_COMM_WORLD_SIZE",),
+                       "PMIX_RANK": ("OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")}
 
 
 def launched_by_mpi():
@@ -34,6 +37,18 @@ def launcher_rank():
         value = os.environ.get(name, "")
         if value.isdigit():
             return int(value)
+    return None
+
+
+def launcher_size():
+    """The job's number of ranks as its MPI launcher's environment gives it, before MPI is started; None outside one
+    or where the launcher does not say (PMIx alone)."""
+    for rank_var, size_vars in _LAUNCHER_SIZE_VARS.items():
+        if rank_var in os.environ:
+            for name in size_vars:
+                value = os.environ.get(name, "")
+                if value.isdigit():
+                    return int(value)
     return None
 
 
@@ -156,9 +171,42 @@ class MPIWorld(World):
     def abort(self, code=1):
         # The launcher forwards each rank's output through a pipe, and MPI_Abort kills every rank
         # at once: give it a moment to read this rank's message first, or the job can end silently.
+        sys.stdout.flush()
         sys.stderr.flush()
         time.sleep(0.5)
         self.comm.Abort(code)
+        # MPICH's MPI_Abort may return while its launcher ends the job (seen with the mpich wheel's hydra): this
+        # process must not go on meanwhile (a flag error had then gone on to argparse's own exit and said it again)
+        os._exit(code)
+
+
+def said_once(world, message):
+    """`rank R: message` on stderr, on a rank other than 0 after 2 s: an error every rank meets alike (flags, files,
+    the ranks disagreeing, a signal mpiexec forwarded to each) is said by rank 0, whose MPI Abort ends the job
+    meanwhile (64 ranks had printed it 64 times); an error of this rank's own is said after the wait."""
+    if world.rank != 0:
+        with signals_held():   # a second signal mpiexec forwards meanwhile: this rank still ends the job
+            time.sleep(2.0)
+    sys.stderr.write(f"rank {world.rank}: {message}\n")   # one write: the lines of several ranks never run together
+    sys.stderr.flush()
+
+
+def end_job(message, status):
+    """Ends the whole job from a rank that stops before it joined MPI (a flag its command line refuses): the other
+    ranks would wait for it in MPI's start or in their first collective for ever (MPICH's launcher does not end a job
+    whose process exits before MPI starts). This rank joins MPI, says `message` once (`said_once`: rank 0 alone when
+    every rank refuses the same flags) and aborts with `status`. Outside a job of several ranks, or without mpi4py,
+    it says the message and exits."""
+    try:
+        world = init() if (launcher_size() or 1) > 1 else World()
+    except ConfigError:
+        world = World()
+    if world.size == 1:
+        sys.stderr.write(f"{message}\n")
+        sys.stderr.flush()
+        sys.exit(status)
+    said_once(world, message)
+    world.abort(status)
 
 
 def init():

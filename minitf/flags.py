@@ -18,13 +18,17 @@ MAX_LEN_B = 10_000   # pieces a translation may add to its source's length
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse.ArgumentParser with one-line errors (sub-parsers made from it are the same)."""
+    """argparse.ArgumentParser with one-line errors (sub-parsers made from it are the same). `ends_mpi_job`: the
+    command runs as every rank of an MPI job (training), so a usage error ends the whole job (`distributed.end_job`)."""
+    ends_mpi_job = False
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {' '.join(str(message).split())}\n")
 
     def exit(self, status=0, message=None):
-        from .distributed import launcher_rank
+        from .distributed import end_job, launcher_rank, launcher_size
+        if status and message and self.ends_mpi_job and (launcher_size() or 1) > 1:
+            end_job(message.rstrip("\n"), status)   # one rank alone may refuse its flags: the others would wait for it
         if message and launcher_rank() not in (None, 0):   # every rank of an MPI job parses alike: rank 0 says it
             message = None
         if message:

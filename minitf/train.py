@@ -163,14 +163,14 @@ def train(args):
     except MinitfError as e:
         if world.size == 1:
             raise
-        _said_once(world, f"error: {e}")
+        distributed.said_once(world, f"error: {e}")
         world.abort(2)
     except KeyboardInterrupt as e:   # Ctrl-C or SIGTERM outside the update loop's agreed stop (the data being
         if world.size == 1:          # prepared): the other ranks may be waiting in a collective, so the job is ended
             raise
         name = getattr(e, "signame", "SIGINT")   # errors.Terminated's
-        _said_once(world, f"interrupted ({name}) before training began: nothing half-written was kept; run the "
-                          f"command again" + (" (with --resume to continue)" if args.resume else ""))
+        distributed.said_once(world, f"interrupted ({name}) before training began: nothing half-written was kept; "
+                                     f"run the command again" + (" (with --resume to continue)" if args.resume else ""))
         world.abort(SIGNAL_EXIT[name])
     except MemoryError as e:   # the one line a single process gives (train_cli.main), from the rank that ran out
         if world.size == 1:
@@ -183,16 +183,6 @@ def train(args):
         import traceback
         log(f"rank {world.rank}: unexpected error:\n{traceback.format_exc()}")
         world.abort(1)
-
-
-def _said_once(world, message):
-    """`rank R: message` on stderr, on a rank other than 0 after 2 s: an error every rank meets alike (flags, files,
-    the ranks disagreeing, a signal mpiexec forwarded to each) is said by rank 0, whose MPI Abort ends the job
-    meanwhile (64 ranks had printed it 64 times); an error of this rank's own is said after the wait."""
-    if world.rank != 0:
-        with signals_held():   # a second signal mpiexec forwards meanwhile: this rank still ends the job
-            time.sleep(2.0)
-    log(f"rank {world.rank}: {message}")
 
 
 # flags outside the config that every rank must share: the loop's stops, spacings and validation run as collectives (a

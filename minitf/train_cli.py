@@ -41,6 +41,7 @@ from minitf.flags import MAX_ALPHA, MAX_BEAM, Number, Parser, fraction, path_arg
 def build_parser(prog=None):
     from minitf import __version__
     p = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.ends_mpi_job = True   # every rank parses its own flags: one refusing them ends the job (distributed.end_job)
     p.add_argument("--version", action="version", version=f"minitf {__version__}")
     add_data_args(p)
     p.add_argument("--preset", choices=sorted(PRESETS),

@@ -151,6 +151,20 @@ def test_one_rank_failing_ends_the_job_with_its_message(corpus, tmp_path):
     assert "rank 1" in r.stderr and "missing" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_flag_one_rank_refuses_ends_the_job(corpus, tmp_path):
+    # a usage error comes before MPI starts: the rank that refused its flags had exited without a word (only rank 0
+    # says a flag error every rank meets) and the other waited for it in MPI's start for ever, spinning a core
+    good = [str(a) for a in _args(corpus, tmp_path / "run", "--max-steps", 50)]
+    bad = good + ["--max-steps", "abc"]
+    for ranks, said in (((good, bad), "rank 1"), ((bad, good), "rank 0"), ((bad, bad), "rank 0")):
+        r = _run([MPIEXEC, "-n", 1, sys.executable, *ranks[0], ":", "-n", 1, sys.executable, *ranks[1]],
+                 tmp_path / "cache", timeout=60)
+        errors = [line for line in r.stderr.splitlines() if "error:" in line]
+        assert r.returncode == 2 and errors == [f"{said}: train_wmt.py: error: argument --max-steps: must be an integer "
+                                                f">= 0 (0 = no limit), got 'abc'"], r.stderr
+        assert "Traceback" not in r.stderr and not (tmp_path / "run" / "train_log.jsonl").exists()
+
+
 def test_ranks_that_disagree_on_the_config_are_stopped_at_start(corpus, tmp_path):
     a = _args(corpus, tmp_path / "run", "--max-steps", 50)
     r = _run([MPIEXEC, "-n", 1, sys.executable, *a, ":", "-n", 1, sys.executable, *a, "--seed", 7, "--dropout", 0.3,
