@@ -136,8 +136,8 @@ def settle_leftovers(out, resume=None):
         log(f"note: {log_path}: dropped {plural(later, 'record')} after step {step}, where this run resumes (a run "
             f"stopped after its last checkpoint had gone on)")
     if ends:
-        log(f"note: {log_path}: dropped {plural(ends, 'score')} of the run's end at step {step} (it ended there; this "
-            f"start goes on from it and scores its own end)")
+        log(f"note: {log_path}: dropped {plural(ends, 'record')} of the run's end at step {step} (its scores and last "
+            f"training record: it ended there; this start goes on from it and records its own end)")
     best_step = read_train_state(best).get("step") if os.path.isfile(best) else None
     if best_step is None or best_step <= step:
         return

@@ -668,6 +668,7 @@ def after_step(run, loss_sum, nll_sum, tokens, lr):
     w["nll"] += nll_sum
     w["n"] += tokens
     w["timed"] += tokens
+    w["lr"] = lr
     run.console.update(state["step"], run.elapsed())
     if run.lead and not run.short_noted:   # the rate of 30 s of updates says how many the budget makes
         if run.budget_clock is None:
@@ -675,14 +676,7 @@ def after_step(run, loss_sum, nll_sum, tokens, lr):
         elif run.elapsed() - run.budget_clock[1] >= 30:
             note_a_short_run(run)
     if state["step"] % args.log_every == 0:
-        dt = time.time() - w["t0"]
-        rec = {"step": state["step"], "epoch": run.epochs(),
-               "loss": round(w["loss"] / w["n"], 4), "nll": round(w["nll"] / w["n"], 4),
-               "ppl": perplexity(w["nll"] / w["n"]), "lr": lr,
-               "tokens_per_s": round(w["timed"] / dt, 1), "wall_s": round(run.elapsed(), 1)}
-        run.log.write(rec)
-        run.console.show(rec)
-        run.window = new_window()
+        log_record(run)
     # every rank validates (its share) at the same steps: the minutes' grids read rank 0's clock at the top of the
     # update (agreed in should_stop), the checkpoints' too, so that a validation on the checkpoints' spacing comes
     # with its checkpoint (read after the update, it had saved one update before each validation); the next
@@ -697,6 +691,21 @@ def after_step(run, loss_sum, nll_sum, tokens, lr):
         t = time.time()
         run.save(on_grid=True)
         run.window["t0"] += time.time() - t
+
+
+def log_record(run, tail=False):
+    """The log's record (and the console's line) of the updates since the last one, then a new window; `tail`: the
+    run's end between two --log-every records, marked so (`"tail": true`), its window kept for the checkpoint (a run
+    extended from there drops this record, as the end's scores, and logs on as one that never stopped)."""
+    w = run.window
+    rec = {"step": run.state["step"], "epoch": run.epochs(),
+           "loss": round(w["loss"] / w["n"], 4), "nll": round(w["nll"] / w["n"], 4),
+           "ppl": perplexity(w["nll"] / w["n"]), "lr": w["lr"],
+           "tokens_per_s": round(w["timed"] / (time.time() - w["t0"]), 1), "wall_s": round(run.elapsed(), 1)}
+    run.log.write({**rec, "tail": True} if tail else rec)
+    run.console.show(rec)
+    if not tail:
+        run.window = new_window()
 
 
 def note_a_short_run(run, start=False):
@@ -797,6 +806,8 @@ def end(run, stop):
             run.log.close()
             log(f"interrupted ({stop}) at step {state['step']}: saved {path}; continue with --resume")
         raise Interrupted(stop.split()[0])
+    if run.window["timed"] > 0:   # updates since the last record (--log-every): the run's end is recorded too
+        log_record(run, tail=True)
     validated = False
     if run.validation and (args.valid_every or args.valid_every_minutes) and state.get("valid_step") != state["step"]:
         _final_validation(run)   # the final model too (every rank), so that checkpoint_best.npz is the best of the run

@@ -140,8 +140,8 @@ def build_parser(prog=None):
     p.add_argument("--seed", type=Number(int, 0, 2**32 - 1), default=1,
                    help="the initial weights, the batches' order and the dropout masks follow it (a resume keeps it)")
     p.add_argument("--log-every", type=positive(), default=50,
-                   help="updates between train_log.jsonl records, and between progress lines when stderr is not a "
-                        "terminal")
+                   help="updates between train_log.jsonl records (and a record of the updates since the last at the "
+                        "run's end), and between progress lines when stderr is not a terminal")
     p.add_argument("--valid-every", type=Number(int, 0, meaning=" (0 = never)"),
                    help="updates between validations: loss, perplexity and greedy BLEU on the validation set, on the "
                         "console and in train_log.jsonl, and OUT/checkpoint_best.npz at a new best BLEU (the loss with --valid-bleu-sentences 0) (default: "

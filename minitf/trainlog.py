@@ -108,7 +108,8 @@ def last_step(path):
 
 def cut_after(path, step):
     """Drop the records of `path` (train_log.jsonl) that a run resumed from `step` makes again: those of later steps
-    (a run killed after its last checkpoint had gone on), and the end's scores ("eval" records) of `step` itself.
+    (a run killed after its last checkpoint had gone on), and the end's records of `step` itself: its scores ("eval")
+    and its training record between two --log-every records ("tail").
     Rewritten atomically; returns how many were dropped: (of later steps, of the end's scores); (0, 0): the file
     untouched."""
     if not os.path.isfile(path):
@@ -123,7 +124,7 @@ def cut_after(path, step):
             rec = None             # not a record of ours: kept as it is
         if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] > step:
             later += 1
-        elif isinstance(rec, dict) and rec.get("step") == step and "eval" in rec:
+        elif isinstance(rec, dict) and rec.get("step") == step and ("eval" in rec or rec.get("tail") is True):
             ends += 1
         else:
             kept.append(line)

@@ -465,7 +465,7 @@ def test_off_a_terminal_progress_is_plain_lines_and_validation_is_printed(corpus
     assert "\r" not in training and "%|" not in training
     lines = training.splitlines()
     train = [line for line in lines if line.startswith("train: step")]
-    assert [line.split(" | ")[0] for line in train] == [f"train: step {s}/22" for s in (5, 10, 15, 20)]
+    assert [line.split(" | ")[0] for line in train] == [f"train: step {s}/22" for s in (5, 10, 15, 20, 22)]   # (22: the end)
     assert all(re.search(r"\| \d+s, about \d+(\.\d)?(s| min| h) left$", line) for line in train), train   # the bar's
     valid = [line for line in lines if line.startswith("valid: step")]
     assert [v.split(" | ")[0] for v in valid] == ["valid: step 10", "valid: step 20", "valid: step 22"]
@@ -592,6 +592,25 @@ def test_arch_rnn_end_to_end_and_exact_resume(corpus, tmp_path):
     # resumed, the Transformer's flags are refused for what the RNN has not (they had been compared as if it had)
     r = run_train(corpus, split, "--max-steps", 8, "--resume", "--heads", 4, cache=cache)
     assert r.returncode == 2 and "--heads sets what --arch rnn has not" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_runs_end_is_logged_and_an_extension_logs_as_a_run_that_never_stopped(corpus, tmp_path):
+    # --log-every 5 over 7 updates had left the last 2 out of the log (a --time-budget run's last updates never reached
+    # it): a record of them closes the run, marked "tail"; a --resume extending the run drops it, as the end's scores,
+    # and its records are those of the run made at once (the window of updates 6-7 kept in the checkpoint)
+    flags = ("--log-every", 5, "--valid-every", 0, "--save-every", 7, "--average-last", 1)
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert run_train(corpus, straight, "--max-steps", 10, *flags).returncode == 0
+    r = run_train(corpus, split, "--max-steps", 7, *flags)
+    assert r.returncode == 0, r.stderr[-3000:]
+    first = records(split)
+    assert sorted(first) == [5, 7] and first[7]["tail"] is True and "tail" not in first[5]
+    assert first[7]["lr"] > first[5]["lr"] and first[7]["tokens_per_s"] > 0 and first[5]["loss"] == records(straight)[5]["loss"]
+    r = run_train(corpus, split, "--max-steps", 10, *flags, "--resume")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "records of the run's end at step 7 (its scores and last training record" in r.stderr, r.stderr[:3000]
+    a, b = records(straight), records(split)
+    assert sorted(b) == [5, 10] and [a[s]["loss"] for s in (5, 10)] == [b[s]["loss"] for s in (5, 10)]
 
 
 def test_lr_fade_brings_the_learning_rate_to_zero_at_the_runs_end(corpus, tmp_path):
@@ -1353,14 +1372,15 @@ def test_a_later_best_checkpoint_is_made_again_from_the_best_the_resumed_run_kno
     save_checkpoint(tmp_path / "checkpoint_best.npz", six, tokenizer=b"tok", train_state={"step": 6, "best": True})
     (tmp_path / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
         {"step": 4, "loss": 3.0}, {"step": 5, "loss": 2.9}, {"step": 6, "valid_loss": 2.5}, "not a record",
-        {"step": 4, "eval": "valid", "bleu": 1.0})))
+        {"step": 4, "eval": "valid", "bleu": 1.0}, {"step": 4, "loss": 2.8, "tail": True})))
     settle_leftovers(str(tmp_path), Checkpoint(str(tmp_path / "checkpoint_0000004.npz"), cfg, {}, None, b"tok", best4))
     err = capsys.readouterr().err
     assert "checkpoint_best.npz was of step 6, after step 4 where this run resumes: made again from " \
            "checkpoint_0000004.npz, the best validation up to there" in err
     assert "dropped 2 records after step 4" in err
-    # the end's scores of the step it resumes from (a run that had ended there, extended): said as what they are
-    assert "train_log.jsonl: dropped 1 score of the run's end at step 4 (it ended there; this start goes on from it" in err
+    # the end's records of the step it resumes from (a run that had ended there, extended): said as what they are
+    assert "train_log.jsonl: dropped 2 records of the run's end at step 4 (its scores and last training record: it " \
+           "ended there; this start goes on from it" in err
     made = load_checkpoint(tmp_path / "checkpoint_best.npz")
     assert read_train_state(tmp_path / "checkpoint_best.npz")["best"] is True and made.train_state["step"] == 4
     for name, a in four.state_dict().items():
@@ -1434,6 +1454,7 @@ def test_a_signal_while_the_end_saves_its_checkpoint_waits_for_the_file(tmp_path
         args = types.SimpleNamespace(out=str(out), valid_every=0, valid_every_minutes=0, time_budget=0, patience=0)
         world, lead, state, validation = (TwoRanks() if ranks == "two ranks" else distributed.World()), True, \
             {"step": 20, "train_wall_s": 7.0}, None
+        window = minitf.train.new_window()   # no update since the last log record
         log = type("L", (), {"close": staticmethod(lambda: None)})()
         elapsed = staticmethod(lambda: 8.0)
 
@@ -1470,6 +1491,7 @@ def test_a_signal_to_a_rank_waiting_for_rank_0_to_score_is_said(monkeypatch, cap
 
     class Run:
         args, state, validation, lead, world = types.SimpleNamespace(), {"step": 9}, None, False, RankOne()
+        window = minitf.train.new_window()
     Run.world.outcome, TwoRanks.aborted = (["SIGTERM"], True), None
     assert minitf.train.end(Run(), "max_steps") is None and TwoRanks.aborted is None
     assert capsys.readouterr().err == "rank 1: SIGTERM came as rank 0 finished the run, which is complete\n"
