@@ -138,9 +138,9 @@ class Config:
     def __post_init__(self):
         self._check_types()
         if self.d_k is None:
-            if self.d_model % self.n_heads:
+            if self.d_model % self.n_heads and self.arch != "rnn":   # (the recurrent baseline has no heads)
                 raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set d_k explicitly")
-            self.d_k = self.d_model // self.n_heads
+            self.d_k = max(1, self.d_model // self.n_heads)
         if self.n_decoder_layers is None:
             self.n_decoder_layers = self.n_layers
         if self.arch == "rnn" and self.n_decoder_layers != self.n_layers:
@@ -188,6 +188,9 @@ class Config:
             raise ConfigError("activation and output_bias are the Transformer's (arch 'transformer')")
         if self.positional not in ("sinusoidal", "learned"):
             raise ConfigError(f"positional must be 'sinusoidal' or 'learned', got {self.positional!r}")
+        if self.arch == "rnn" and self.positional != "sinusoidal":
+            raise ConfigError("positional is the Transformer's (arch 'transformer'): the recurrent baseline reads "
+                              "positions in order, and has no table of them")
         for name in ("pad_id", "unk_id", "bos_id", "eos_id"):
             if not 0 <= getattr(self, name) < self.vocab_size:
                 raise ConfigError(f"{name}={getattr(self, name)} is outside the vocabulary of {self.vocab_size}")

@@ -25,6 +25,7 @@ class Transformer(Seq2Seq):
     the parameters' and activations' ("float32", "float64", "float16"; "bfloat16" on a GPU); seed: the initial
     weights and the dropout masks (functional.DropoutSites). A new model is in training mode (dropout on):
     `model.eval()` turns it off."""
+    ARCH = "transformer"
 
     def __init__(self, cfg, device="cpu", dtype="float32", seed=0):
         super().__init__(cfg, device, dtype, seed)

@@ -31,6 +31,8 @@ from .seq2seq import BACKWARD_NEEDS, Seq2Seq
 
 
 class RNNSearch(Seq2Seq):
+    ARCH = "rnn"
+
     def __init__(self, cfg, device="cpu", dtype="float32", seed=0):
         super().__init__(cfg, device, dtype, seed)
         if half_dtype(self.dtype):

@@ -27,11 +27,16 @@ BACKWARD_NEEDS = ("backward() needs a forward_loss() first (one backward per for
 
 
 class Seq2Seq(Layer):
+    ARCH = None   # the Config's arch of the model class (architectures.ARCHS)
+
     def __init__(self, cfg, device="cpu", dtype="float32", seed=0):
         super().__init__()
         if not isinstance(cfg, Config):
             raise ConfigError(f"{type(self).__name__}(cfg): expected a minitf.Config, got {type(cfg).__name__} "
                               f"(Config(**fields), Config.from_dict(d) or Config.preset(name, vocab_size=V) makes one)")
+        if self.ARCH is not None and cfg.arch != self.ARCH:   # (its checkpoint would record the other architecture)
+            raise ConfigError(f"{type(self).__name__} is the model of arch {self.ARCH!r}, and this Config's arch is "
+                              f"{cfg.arch!r}: minitf.architectures.build_model(cfg) builds the model a Config names")
         if dtype not in DTYPES:
             raise ConfigError(f"dtype must be 'float32', 'float64', or 'float16' or 'bfloat16' (mixed precision), "
                               f"got {dtype!r}")
