@@ -141,7 +141,8 @@ class Run:
         on_grid = on_grid or (again and self.state.get("on_grid", False))
         self.state["train_wall_s"], self.state["on_grid"] = self.elapsed(), on_grid
         w = self.window   # the log's sums since its last record: a resumed run's next record averages the same updates
-        self.state["log_window"] = {"loss": float(w["loss"]), "nll": float(w["nll"]), "n": int(w["n"])}
+        self.state["log_window"] = {"loss": float(w["loss"]), "nll": float(w["nll"]), "n": int(w["n"]),
+                                    **({"lr": float(w["lr"])} if w.get("lr") is not None else {})}
         return save(self.args.out, self.state["step"], self.model, self.opt, self.data.tokenizer, self.state,
                     self.args.keep_last)
 
@@ -333,7 +334,7 @@ def set_up(args, world):
     run.window = new_window()
     kept = run.state.get("log_window")
     if resume is not None and isinstance(kept, dict):
-        run.window.update((k, kept[k]) for k in ("loss", "nll", "n") if isinstance(kept.get(k), (int, float)))
+        run.window.update((k, kept[k]) for k in ("loss", "nll", "n", "lr") if isinstance(kept.get(k), (int, float)))
     return run
 
 
@@ -700,10 +701,13 @@ def log_record(run, tail=False):
     w = run.window
     rec = {"step": run.state["step"], "epoch": run.epochs(),
            "loss": round(w["loss"] / w["n"], 4), "nll": round(w["nll"] / w["n"], 4),
-           "ppl": perplexity(w["nll"] / w["n"]), "lr": w["lr"],
-           "tokens_per_s": round(w["timed"] / (time.time() - w["t0"]), 1), "wall_s": round(run.elapsed(), 1)}
+           "ppl": perplexity(w["nll"] / w["n"]), "lr": w.get("lr"),
+           # (none where this process made none of the updates: a resume that makes the run's end again)
+           **({"tokens_per_s": round(w["timed"] / (time.time() - w["t0"]), 1)} if w["timed"] else {}),
+           "wall_s": round(run.elapsed(), 1)}
     run.log.write({**rec, "tail": True} if tail else rec)
-    run.console.show(rec)
+    if w["timed"]:
+        run.console.show(rec)
     if not tail:
         run.window = new_window()
 
@@ -806,7 +810,8 @@ def end(run, stop):
             run.log.close()
             log(f"interrupted ({stop}) at step {state['step']}: saved {path}; continue with --resume")
         raise Interrupted(stop.split()[0])
-    if run.window["timed"] > 0:   # updates since the last record (--log-every): the run's end is recorded too
+    if run.window["n"] > 0:   # updates since the last record (--log-every): the run's end is recorded too (again by a
+        # resume that makes the end again: the record was dropped with the end's scores, its window kept)
         log_record(run, tail=True)
     validated = False
     if run.validation and (args.valid_every or args.valid_every_minutes) and state.get("valid_step") != state["step"]:

@@ -611,6 +611,14 @@ def test_the_runs_end_is_logged_and_an_extension_logs_as_a_run_that_never_stoppe
     assert "records of the run's end at step 7 (its scores and last training record" in r.stderr, r.stderr[:3000]
     a, b = records(straight), records(split)
     assert sorted(b) == [5, 10] and [a[s]["loss"] for s in (5, 10)] == [b[s]["loss"] for s in (5, 10)]
+    # a resume that only makes the end again (scores it anew) writes the end's record again, from the kept window
+    short = tmp_path / "short"
+    assert run_train(corpus, short, "--max-steps", 7, *flags).returncode == 0
+    r = run_train(corpus, short, "--max-steps", 7, *flags, "--resume")
+    assert r.returncode == 0, r.stderr[-3000:]
+    made = records(short)
+    assert sorted(made) == [5, 7] and made[7]["loss"] == first[7]["loss"] and made[7]["lr"] == first[7]["lr"]
+    assert "tokens_per_s" not in made[7] and made[7]["tail"] is True   # (no update of this process's to time)
 
 
 def test_lr_fade_brings_the_learning_rate_to_zero_at_the_runs_end(corpus, tmp_path):
