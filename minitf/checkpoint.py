@@ -284,8 +284,11 @@ def average_checkpoints(paths, output):
     # one checkpoint in memory at a time, its weights alone, into a float64 sum: for `big`'s 20 (213M parameters
     # each, 2.6 GB with Adam's moments) that is the sum and one model, not all 20 checkpoints
     total = first = c = None
+    recipe = {}   # the update's size (modelinfo reads it), where every input was trained with the same
     for p in paths:
         c = load_checkpoint(p, optimizer=False)
+        recipe = {k: v for k, v in (recipe if first else c.train_state).items() if k in UPDATE_STATE
+                  and c.train_state.get(k) == v}
         if first is None:
             first = (c.path, c.config.model_fields(), {n: a.dtype for n, a in c.params.items()}, c.tokenizer)
             total = {n: a.astype(np.float64) + 0.0 for n, a in c.params.items()}   # 0 + a as sum() began: -0.0 too
@@ -310,12 +313,13 @@ def average_checkpoints(paths, output):
             total[n] += a
     mean = {n: (s / len(paths)).astype(first[2][n]) for n, s in total.items()}
     save_checkpoint(output, params=mean, config=c.config, tokenizer=c.tokenizer,
-                    train_state={"averaged_from": [os.path.abspath(p) for p in paths],
+                    train_state={"averaged_from": [os.path.abspath(p) for p in paths], **recipe,
                                  **{k: c.train_state[k] for k in ("languages",) if k in c.train_state}})
     return output
 
 
-SAFETENSORS_STATE = ("step", "languages", "model", "from", "averaged_from", "best")   # the train_state an export keeps
+UPDATE_STATE = ("batch_tokens", "update_batches")   # a run's update: batches of batch_tokens, update_batches of them
+SAFETENSORS_STATE = ("step", "languages", "model", "from", "averaged_from", "best") + UPDATE_STATE   # what an export keeps
 # (what `role` reads among them: an exported checkpoint_best.npz is still the best validation's)
 
 

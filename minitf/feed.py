@@ -9,7 +9,7 @@ import numpy as np
 from .backend import release_freed_memory
 from .data.batching import training_batch
 from .errors import ConfigError, DataError
-from .trainlog import log
+from .trainlog import log, plural
 
 
 class UpdateFeed:
@@ -72,7 +72,7 @@ def open_feed(run):
             f"{args.update_freq}), {per_update * max_tokens:,} tokens where the run made {before * max_tokens:,}: the "
             f"same batches, in updates of another size")
     run.state["batch_tokens"], run.state["update_batches"] = max_tokens, per_update
-    corpus = bpe_dropout(run) or both_directions(run)   # the pairs of each epoch, when they change
+    corpus = bpe_dropout(run, max_tokens) or both_directions(run)   # the pairs of each epoch, when they change
     lengths = corpus.lengths if corpus else (lambda epoch: (pairs.src_lens, pairs.tgt_lens))
     try:
         first = token_batches(*lengths(run.state["epoch"]), max_tokens, args.seed, run.state["epoch"])
@@ -113,17 +113,22 @@ def both_directions(run):
     return Bidirectional(run.data.train, epochs)
 
 
-def bpe_dropout(run):
-    """The BPE-dropout resegmenter of the training pairs (None when the config's p are 0)."""
+def bpe_dropout(run, max_tokens):
+    """The BPE-dropout resegmenter of the training pairs (None when the config's p are 0); a sentence drawn longer
+    than a batch of `max_tokens` holds keeps its plain segmentation in that epoch."""
     p = (run.cfg.bpe_dropout_source, run.cfg.bpe_dropout_target)
     if not any(p):
         return None
     from .data.resegment import BPEDropout
     t0 = time.time()
-    resegment = BPEDropout(run.data.train, run.data.tokenizer, p, run.args.seed)
-    growth = resegment.growth(run.state["epoch"])
+    resegment = BPEDropout(run.data.train, run.data.tokenizer, p, run.args.seed, longest=max_tokens - 1)
+    epoch = run.state["epoch"]
+    growth = resegment.growth(epoch)
     if run.lead:
+        plain = resegment.kept_plain[epoch]
         log(f"BPE-dropout: {', '.join(f'{side} p {q}' for side, q in zip(('source', 'target'), p) if q)}; each epoch "
             f"segments the training sentences anew ({', '.join(f'{side} {g:.2f}x' for side, g in growth.items())} the "
-            f"pieces of plain BPE in epoch {run.state['epoch']}; {time.time() - t0:.1f} s)")
+            f"pieces of plain BPE in epoch {epoch}"
+            + (f"; {plural(plain, 'sentence')} drawn longer than a batch of {max_tokens} tokens kept plain BPE "
+               f"there" if plain else "") + f"; {time.time() - t0:.1f} s)")
     return resegment

@@ -7,7 +7,7 @@ import json
 import os
 import re
 
-from .checkpoint import average_checkpoints, load_checkpoint, read_train_state, save_checkpoint
+from .checkpoint import UPDATE_STATE, average_checkpoints, load_checkpoint, read_train_state, save_checkpoint
 from .config import id_ranges, parse_id_ranges, shown
 from .errors import ConfigError, MinitfError
 from .fileio import leftover_temp_files
@@ -277,7 +277,8 @@ def choose_model(run):
     model.eval()
     save_checkpoint(os.path.join(args.out, "model.npz"), params=ckpt.params, config=ckpt.config, tokenizer=ckpt.tokenizer,
                     train_state={"model": chosen, "from": used, "step": run.state["step"],
-                                 "languages": run.state["languages"]})
+                                 "languages": run.state["languages"],
+                                 **{k: run.state[k] for k in UPDATE_STATE if k in run.state}})
     spacing = (f"every {args.save_every_minutes:g} min" if args.save_every_minutes
                else f"every {plural(args.save_every, 'step')}")
     names = ", ".join(os.path.basename(c) for c in window)

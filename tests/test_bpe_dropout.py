@@ -89,6 +89,26 @@ def test_each_epoch_resegments_the_sampled_side_reproducibly(tok):
         BPEDropout(pairs, tok, (0.0, 0.0), seed=3)
 
 
+def test_a_sentence_drawn_longer_than_a_batch_keeps_its_plain_bpe(tok):
+    # a later epoch's draw longer than a batch had stopped the run (and every resume, the draws being the same)
+    pairs = _pairs(tok)
+    longest = int(max(pairs.src_lens.max(), pairs.tgt_lens.max()))   # the plain segmentation fits
+    free = BPEDropout(pairs, tok, (0.5, 0.5), seed=3)
+    fit = BPEDropout(pairs, tok, (0.5, 0.5), seed=3, longest=longest)
+    kept = 0
+    for e in range(4):
+        drawn, made = free.epoch(e), fit.epoch(e)
+        over = [drawn.src_lens > longest, drawn.tgt_lens > longest]
+        assert fit.kept_plain[e] == sum(int(o.sum()) for o in over)
+        kept += fit.kept_plain[e]
+        assert made.src_lens.max() <= longest and made.tgt_lens.max() <= longest
+        for i in range(len(pairs)):
+            want = [(plain if o[i] else other) for plain, other, o in zip(pairs.ids(i), drawn.ids(i), over)]
+            for got, w in zip(made.ids(i), want):
+                np.testing.assert_array_equal(got, w)
+    assert kept > 0   # (the case happened)
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     return write_multi30k(tmp_path_factory.mktemp("m30k"))

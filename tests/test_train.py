@@ -73,6 +73,10 @@ def test_end_to_end_writes_results(corpus, tmp_path):
     assert read_train_state(out / "averaged.npz")["languages"] == ["en", "de"]   # evaluate's default --lang
     assert read_train_state(out / "model.npz")["languages"] == ["en", "de"]
     assert read_train_state(out / "model.npz")["model"] == res["model"]
+    last = read_train_state(out / "checkpoint_0000030.npz")   # the update's size, which info reports, as the run's
+    for name in ("model.npz", "averaged.npz"):
+        assert {k: read_train_state(out / name)[k] for k in ("batch_tokens", "update_batches")} == \
+            {k: last[k] for k in ("batch_tokens", "update_batches")}
     assert len((out / "test_2016_flickr.hyp.de").read_text().splitlines()) == 20
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     train_lines = [r for r in log if "loss" in r]

@@ -467,6 +467,15 @@ def test_info_says_what_each_kind_of_model_file_is(setup, tmp_path, capsys):
                     train_state=dict(state, batch_tokens=200, update_batches=2))   # 2 ranks of --max-tokens 200
     assert main(["info", str(tmp_path / "ranks.npz")]) == 0
     assert "400 tokens an update (at most, padding included)" in capsys.readouterr().out
+    # an average (a run's averaged.npz, its model.npz) and an export keep the update's size where the inputs agree on
+    # it (the preset's had been said for them)
+    average_checkpoints([tmp_path / "ranks.npz"], tmp_path / "ranks_avg.npz")
+    export_safetensors(tmp_path / "ranks_avg.npz", tmp_path / "ranks_avg.safetensors")
+    average_checkpoints([tmp_path / "ranks.npz", tmp_path / "checkpoint_0000007.npz"], tmp_path / "mixed.npz")
+    for name, said in (("ranks_avg.npz", "400 tokens an update (at most"), ("ranks_avg.safetensors", "400 tokens an "
+                       "update (at most"), ("mixed.npz", f"{c.update_tokens:,} tokens an update\n")):
+        assert main(["info", str(tmp_path / name)]) == 0
+        assert said in capsys.readouterr().out, name
     assert main(["info", str(tmp_path / "model.safetensors"), "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
     assert facts["parameters"] == n and facts["config"] == c.to_dict() and facts["resumable"] is False

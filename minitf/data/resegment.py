@@ -104,10 +104,13 @@ class _Words:
 class BPEDropout:
     """`pairs` (TokenPairs, plain BPE) segmented anew each epoch: `epoch(e)` -> TokenPairs.
 
-    `p`: (source p, target p); a side with p 0 keeps the cache's ids (memory-mapped as they are)."""
+    `p`: (source p, target p); a side with p 0 keeps the cache's ids (memory-mapped as they are). `longest`: the
+    most pieces a sentence may have (a batch's tokens less its EOS or BOS): a sentence whose draw has more keeps
+    its plain segmentation in that epoch (`kept_plain[epoch]` counts them), so that a later epoch's draw cannot
+    stop the run (a sentence drawn longer than a batch had ended it epochs in, and every resume again)."""
 
-    def __init__(self, pairs, tokenizer, p, seed):
-        self.pairs, self.seed = pairs, int(seed)
+    def __init__(self, pairs, tokenizer, p, seed, longest=None):
+        self.pairs, self.seed, self.longest, self.kept_plain = pairs, int(seed), longest, {}
         self.p = tuple(float(x) for x in p)
         if len(self.p) != 2 or not all(0.0 <= x < 1.0 for x in self.p) or not any(self.p):
             raise ValueError(f"BPEDropout: p must be (source, target) in [0, 1), one of them > 0, got {p}")
@@ -120,11 +123,32 @@ class BPEDropout:
         batches of an epoch are planned and collated from one TokenPairs)."""
         kept_epoch, kept = self._kept
         if kept_epoch != epoch:
-            sides = [words.draw(np.random.default_rng([self.seed, int(epoch), k])) if words else side
-                     for k, (side, words) in enumerate(zip(self.pairs.sides(), self.words))]
+            sides, self.kept_plain[epoch] = [], 0
+            for k, (side, words) in enumerate(zip(self.pairs.sides(), self.words)):
+                if words is not None:
+                    side = self._within(words.draw(np.random.default_rng([self.seed, int(epoch), k])), side, epoch)
+                sides.append(side)
             kept = TokenPairs(*sides)
             self._kept = (epoch, kept)
         return kept
+
+    def _within(self, drawn, plain, epoch):
+        """`drawn` (tokens, offsets, lens of a side), but for the sentences longer than `longest`: their `plain`
+        segmentation (read with TokenPairs.rows_of)."""
+        tokens, offsets, lens = drawn
+        over = np.flatnonzero(lens > self.longest) if self.longest is not None else ()
+        if not len(over):
+            return drawn
+        self.kept_plain[epoch] += over.size
+        extra, extra_offsets = self.pairs.rows_of(*plain, over)
+        lens = lens.copy()
+        lens[over] = np.diff(extra_offsets)
+        starts = offsets[:-1].copy()                        # where each sentence's pieces lie in tokens + extra
+        starts[over] = tokens.size + extra_offsets[:-1]
+        new_offsets = np.zeros(lens.size + 1, dtype=np.int64)
+        np.cumsum(lens, out=new_offsets[1:])
+        both = np.concatenate([tokens, np.asarray(extra, dtype=tokens.dtype)])
+        return both[np.repeat(starts - new_offsets[:-1], lens) + np.arange(int(new_offsets[-1]))], new_offsets, lens
 
     def lengths(self, epoch):
         """(src_lens, tgt_lens) of `epoch`: what the batches of that epoch are planned with."""
