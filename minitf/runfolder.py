@@ -55,7 +55,7 @@ RESUMED_GROUPS = (("dataset", "train", "valid"), ("test",), ("data_dir",), ("off
                   ("max_steps", "time_budget"), ("valid_every", "valid_every_minutes"),
                   ("save_every", "save_every_minutes"), ("keep_last", "average_last"), ("valid_bleu_sentences",),
                   ("patience",), ("log_every",), ("beam",), ("alpha",), ("decode_batch",), ("max_nonfinite",))
-RUN_PATHS = ("data_dir", "train", "valid", "tokenizer", "cache_dir")   # and --test's prefixes: recorded absolute
+RUN_PATHS = ("data_dir", "train", "valid", "tokenizer", "cache_dir", "init_from")   # and --test's prefixes: recorded absolute
 
 RESULTS = ("model.npz", "averaged.npz", "results.json")   # what a run leaves at its end beside its checkpoints
 

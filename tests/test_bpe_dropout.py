@@ -135,3 +135,4 @@ def test_training_with_bpe_dropout_resumes_exactly_across_epochs(corpus, tmp_pat
     assert losses(plain)[1] != a[1]
     r = run_train(corpus, split, "--max-steps", 16, "--resume", "--bpe-dropout-source", 0.2, *args[2:], cache=cache)
     assert r.returncode == 2 and "--bpe-dropout-source 0.2: the checkpoint" in r.stderr and "Traceback" not in r.stderr
+
