@@ -44,6 +44,7 @@ def resolve_config(args, data, resume, lead=True, imported=None):
     (resolve_recipe)."""
     vocab_size = data.tokenizer.vocab_size
     if resume is None and imported is not None:   # the model's fields (Config.model_fields) from it, the recipe's not
+        _refuse_other_arch_flags(args, imported.arch, f"--init-from {args.init_from}", "")
         cfg = build_config(args, vocab_size, None, arch=imported.arch)   # the recipe of the preset for its architecture
         fields = imported.model_fields()
         if imported.output_layer == "target":
@@ -54,11 +55,7 @@ def resolve_config(args, data, resume, lead=True, imported=None):
                            note=log if lead else None)
     else:
         cfg = resume.config
-        other = {"rnn": ("heads", "d_ff", "norm", "decoder_layers", "attention_dropout", "relu_dropout"),
-                 "transformer": ("attention",)}.get(cfg.arch, ())
-        for flag in (f for f in other if getattr(args, f, None) is not None):   # flags of the other architecture
-            raise ConfigError(f"--{flag.replace('_', '-')} sets what --arch {cfg.arch} has not (the checkpoint "
-                              f"{resume.path} is a {cfg.arch} model); drop the flag to resume it")
+        _refuse_other_arch_flags(args, cfg.arch, f"the checkpoint {resume.path}", " to resume it")
         for flag, name in ((f, field) for f, field in FLAG_FIELDS.items() if f not in SCHEDULE_FLAGS):
             asked = getattr(args, flag, None)
             if asked is not None and asked != getattr(cfg, name):
@@ -74,6 +71,18 @@ def resolve_config(args, data, resume, lead=True, imported=None):
     if cfg.vocab_size != vocab_size:
         raise ConfigError(f"the checkpoint's vocabulary ({cfg.vocab_size}) != the tokenizer's ({vocab_size})")
     return cfg, settings
+
+
+OTHER_ARCH_FLAGS = {"rnn": ("heads", "d_ff", "norm", "decoder_layers", "attention_dropout", "relu_dropout"),
+                    "transformer": ("attention",)}   # the flags of the architecture a model is not
+
+
+def _refuse_other_arch_flags(args, arch, model, why):
+    """A ConfigError for a flag of the other architecture than `arch`, the architecture of `model` (the checkpoint a
+    run resumes, or --init-from's): the Config would refuse its field, by the field's name."""
+    for flag in (f for f in OTHER_ARCH_FLAGS.get(arch, ()) if getattr(args, f, None) is not None):
+        raise ConfigError(f"--{flag.replace('_', '-')} sets what --arch {arch} has not ({model} is "
+                          f"{'an' if arch == 'rnn' else 'a'} {arch} model); drop the flag{why}")
 
 
 def _widened_output_vocab(args, data, cfg, imported):

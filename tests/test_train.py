@@ -596,6 +596,14 @@ def test_arch_rnn_end_to_end_and_exact_resume(corpus, tmp_path):
     # resumed, the Transformer's flags are refused for what the RNN has not (they had been compared as if it had)
     r = run_train(corpus, split, "--max-steps", 8, "--resume", "--heads", 4, cache=cache)
     assert r.returncode == 2 and "--heads sets what --arch rnn has not" in r.stderr and "Traceback" not in r.stderr
+    # and so for a model --init-from brings (its Config had refused the field, by the field's name)
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "train_wmt.py"), "--dataset", "multi30k", "--data-dir",
+                        str(corpus), "--device", "cpu", "--init-from", str(straight / "model.npz"), "--attention-dropout",
+                        "0.1", "--out", str(tmp_path / "y")], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, MINITF_CACHE=str(cache)))
+    assert r.returncode == 2 and r.stderr.splitlines()[-1] == (
+        f"error: --attention-dropout sets what --arch rnn has not (--init-from {straight / 'model.npz'} is an rnn "
+        f"model); drop the flag"), r.stderr[-2000:]
 
 
 def test_the_runs_end_is_logged_and_an_extension_logs_as_a_run_that_never_stopped(corpus, tmp_path):
