@@ -311,6 +311,8 @@ def average_checkpoints(paths, output):
                                   f"checkpoints of one run (or of runs that share a tokenizer, as --init-from does)")
         for n, a in c.params.items():
             total[n] += a
+    if set(recipe) != set(UPDATE_STATE):   # an update of batches of one size and number, or none said
+        recipe = {}
     mean = {n: (s / len(paths)).astype(first[2][n]) for n, s in total.items()}
     save_checkpoint(output, params=mean, config=c.config, tokenizer=c.tokenizer,
                     train_state={"averaged_from": [os.path.abspath(p) for p in paths], **recipe,

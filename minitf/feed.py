@@ -129,9 +129,9 @@ def bpe_dropout(run, max_tokens):
                  f"--tokenizer {args.tokenizer} is" if args.tokenizer else None)
         if given is None:
             raise
-        kind = getattr(run.data.tokenizer, "model_type", None)
-        raise ConfigError(f"{given} a {'SentencePiece ' + kind if kind else 'Marian'} tokenizer, which has no BPE "
-                          f"merges for BPE-dropout to leave out: drop {' and '.join(flags)}, or "
+        kind = getattr(run.data.tokenizer, "model_type", "marian")
+        raise ConfigError(f"{given} a {'Marian' if kind == 'marian' else 'SentencePiece ' + kind} tokenizer, which "
+                          f"has no BPE merges for BPE-dropout to leave out: drop {' and '.join(flags)}, or "
                           + ("start from a model whose tokenizer is BPE" if args.init_from else "give a BPE tokenizer")
                           + " (one trained with --subword bpe)") from None
     epoch = run.state["epoch"]

@@ -131,13 +131,14 @@ def settle_leftovers(out, resume=None):
                 f"first checkpoint: this run starts afresh")
         return
     step = resume.train_state["step"]
-    later, ends = cut_after(log_path, step)
+    later, scores, tails = cut_after(log_path, step)
     if later:
         log(f"note: {log_path}: dropped {plural(later, 'record')} after step {step}, where this run resumes (a run "
             f"stopped after its last checkpoint had gone on)")
-    if ends:
-        log(f"note: {log_path}: dropped {plural(ends, 'record')} of the run's end at step {step} (its scores and last "
-            f"training record: it ended there; this start goes on from it and records its own end)")
+    if scores or tails:
+        what = " and ".join(([plural(scores, "score")] if scores else []) + (["its last training record"] if tails else []))
+        log(f"note: {log_path}: dropped the records of the run's end at step {step} ({what}): it ended there, and this "
+            f"start goes on from there and records its own end")
     best_step = read_train_state(best).get("step") if os.path.isfile(best) else None
     if best_step is None or best_step <= step:
         return

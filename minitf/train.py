@@ -232,6 +232,9 @@ def _locked_train(args, world):
     try:
         try:
             stop = run_loop(run)
+            if stop in ENDS and run.window["n"] > 0:   # updates since the last record (--log-every): the run's end
+                log_record(run, tail=True)   # is recorded too, while the console shows it (again by a resume that
+                # makes the end again: the record was dropped with the end's scores, its window kept)
         except KeyboardInterrupt:   # a second Ctrl-C: stopped at once, mid-update, so nothing is saved
             _stopped_unsaved(run, "SIGINT", "again")
         finally:
@@ -701,7 +704,7 @@ def log_record(run, tail=False):
     w = run.window
     rec = {"step": run.state["step"], "epoch": run.epochs(),
            "loss": round(w["loss"] / w["n"], 4), "nll": round(w["nll"] / w["n"], 4),
-           "ppl": perplexity(w["nll"] / w["n"]), "lr": w.get("lr"),
+           "ppl": perplexity(w["nll"] / w["n"]), **({"lr": w["lr"]} if w.get("lr") is not None else {}),
            # (none where this process made none of the updates: a resume that makes the run's end again)
            **({"tokens_per_s": round(w["timed"] / (time.time() - w["t0"]), 1)} if w["timed"] else {}),
            "wall_s": round(run.elapsed(), 1)}
@@ -799,20 +802,20 @@ class StopSignals:
 
 
 # ------------------------------------------------------------------------------ the end
+ENDS = ("max_steps", "time_budget", "patience")   # the stops that end a run (the others are signals: --resume goes on)
+
+
 def end(run, stop):
     """After the loop: on a signal, save and raise Interrupted; else the last checkpoint, then on
     rank 0 the average, the translations and the scores (finish)."""
     args, state = run.args, run.state
-    if stop not in ("max_steps", "time_budget", "patience"):
+    if stop not in ENDS:
         if run.lead:
             with signals_held():   # another signal now would cut the checkpoint this stop saves
                 path = run.save(on_grid=False)
             run.log.close()
             log(f"interrupted ({stop}) at step {state['step']}: saved {path}; continue with --resume")
         raise Interrupted(stop.split()[0])
-    if run.window["n"] > 0:   # updates since the last record (--log-every): the run's end is recorded too (again by a
-        # resume that makes the end again: the record was dropped with the end's scores, its window kept)
-        log_record(run, tail=True)
     validated = False
     if run.validation and (args.valid_every or args.valid_every_minutes) and state.get("valid_step") != state["step"]:
         _final_validation(run)   # the final model too (every rank), so that checkpoint_best.npz is the best of the run

@@ -109,14 +109,13 @@ def last_step(path):
 def cut_after(path, step):
     """Drop the records of `path` (train_log.jsonl) that a run resumed from `step` makes again: those of later steps
     (a run killed after its last checkpoint had gone on), and the end's records of `step` itself: its scores ("eval")
-    and its training record between two --log-every records ("tail").
-    Rewritten atomically; returns how many were dropped: (of later steps, of the end's scores); (0, 0): the file
-    untouched."""
+    and its training record between two --log-every records ("tail"). Rewritten atomically; returns how many were
+    dropped: (of later steps, the end's scores, the end's training records); all 0: the file untouched."""
     if not os.path.isfile(path):
-        return 0, 0
+        return 0, 0, 0
     with open(path, "rb") as f:
         lines = f.read().splitlines(keepends=True)
-    kept, later, ends = [], 0, 0
+    kept, later, scores, tails = [], 0, 0, 0
     for line in lines:
         try:
             rec = json.loads(line)
@@ -124,13 +123,15 @@ def cut_after(path, step):
             rec = None             # not a record of ours: kept as it is
         if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] > step:
             later += 1
-        elif isinstance(rec, dict) and rec.get("step") == step and ("eval" in rec or rec.get("tail") is True):
-            ends += 1
+        elif isinstance(rec, dict) and rec.get("step") == step and "eval" in rec:
+            scores += 1
+        elif isinstance(rec, dict) and rec.get("step") == step and rec.get("tail") is True:
+            tails += 1
         else:
             kept.append(line)
-    if later or ends:
+    if later or scores or tails:
         atomic_write(path, lambda f: f.write(b"".join(kept)))
-    return later, ends
+    return later, scores, tails
 
 
 def drop_torn_last_line(path):

@@ -89,12 +89,26 @@ def test_each_epoch_resegments_the_sampled_side_reproducibly(tok):
         BPEDropout(pairs, tok, (0.0, 0.0), seed=3)
 
 
-def test_a_sentence_drawn_longer_than_a_batch_keeps_its_plain_bpe(tok):
+def _mapped(pairs, folder):
+    """`pairs` with its arrays memory-mapped from .npy files, as a cache's are (rows are then read with pread)."""
+    sides = []
+    for k, side in enumerate(pairs.sides()):
+        arrays = []
+        for name, a in zip(("tokens", "offsets", "lens"), side):
+            np.save(folder / f"{k}_{name}.npy", np.asarray(a))
+            arrays.append(np.load(folder / f"{k}_{name}.npy", mmap_mode="r"))
+        sides.append(tuple(arrays))
+    return TokenPairs(*sides)
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_a_sentence_drawn_longer_than_a_batch_keeps_its_plain_bpe(tok, mapped, tmp_path):
     # a later epoch's draw longer than a batch had stopped the run (and every resume, the draws being the same)
-    pairs = _pairs(tok)
+    pairs = _mapped(_pairs(tok), tmp_path) if mapped else _pairs(tok)
     longest = int(max(pairs.src_lens.max(), pairs.tgt_lens.max()))   # the plain segmentation fits
     free = BPEDropout(pairs, tok, (0.5, 0.5), seed=3)
     fit = BPEDropout(pairs, tok, (0.5, 0.5), seed=3, longest=longest)
+    assert isinstance(pairs.src_tokens, np.memmap) == mapped
     kept = 0
     for e in range(4):
         drawn, made = free.epoch(e), fit.epoch(e)
@@ -107,6 +121,25 @@ def test_a_sentence_drawn_longer_than_a_batch_keeps_its_plain_bpe(tok):
             for got, w in zip(made.ids(i), want):
                 np.testing.assert_array_equal(got, w)
     assert kept > 0   # (the case happened)
+
+
+def test_the_training_feed_plans_every_epoch_within_its_batches(tok):
+    # the feed's resegmenter is given the batch's tokens less EOS/BOS: a sentence drawn exactly a batch long is a
+    # sentence too long (token_batches refuses a length >= max_tokens)
+    import types
+    from minitf.data.batching import token_batches
+    from minitf.feed import bpe_dropout
+    pairs = _pairs(tok)
+    max_tokens = int(max(pairs.src_lens.max(), pairs.tgt_lens.max())) + 1       # plain BPE fits, just
+    run = types.SimpleNamespace(cfg=types.SimpleNamespace(bpe_dropout_source=0.5, bpe_dropout_target=0.5), lead=False,
+                                data=types.SimpleNamespace(train=pairs, tokenizer=tok),
+                                args=types.SimpleNamespace(seed=3), state={"epoch": 0})
+    resegment, free = bpe_dropout(run, max_tokens), BPEDropout(pairs, tok, (0.5, 0.5), seed=3)
+    exactly = 0
+    for e in range(6):
+        exactly += int((free.epoch(e).src_lens == max_tokens).sum() + (free.epoch(e).tgt_lens == max_tokens).sum())
+        assert token_batches(*resegment.lengths(e), max_tokens, 3, e)
+    assert exactly > 0   # (the case happened)
 
 
 @pytest.fixture(scope="module")
@@ -135,4 +168,3 @@ def test_training_with_bpe_dropout_resumes_exactly_across_epochs(corpus, tmp_pat
     assert losses(plain)[1] != a[1]
     r = run_train(corpus, split, "--max-steps", 16, "--resume", "--bpe-dropout-source", 0.2, *args[2:], cache=cache)
     assert r.returncode == 2 and "--bpe-dropout-source 0.2: the checkpoint" in r.stderr and "Traceback" not in r.stderr
-

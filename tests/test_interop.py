@@ -414,6 +414,12 @@ def test_train_wmt_fine_tunes_an_opus_mt_folder_with_init_from(marian_folder, tm
                         str(tmp_path / "train"), "--valid", str(tmp_path / "valid"), "--src", "xx", "--tgt", "yy",
                         "--out", str(tmp_path / "x")], cwd=root, capture_output=True, text=True)
     assert r.returncode != 0 and "drop --d-model" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run(base[:-5] + ["--out", str(tmp_path / "y"), "--max-steps", "1", "--bpe-dropout-source", "0.1",
+                                    "--cache-dir", str(tmp_path / "cache")], cwd=root, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.splitlines()[-1] == (
+        f"error: --init-from {folder} brings a Marian tokenizer, which has no BPE merges for BPE-dropout to leave out: "
+        f"drop --bpe-dropout-source, or start from a model whose tokenizer is BPE (one trained with --subword bpe)"), \
+        r.stderr[-2000:]
 
 
 def test_the_export_command_writes_each_format_and_refuses_bad_flags_in_one_line(trained, tmp_path):

@@ -620,7 +620,8 @@ def test_the_runs_end_is_logged_and_an_extension_logs_as_a_run_that_never_stoppe
     assert first[7]["lr"] > first[5]["lr"] and first[7]["tokens_per_s"] > 0 and first[5]["loss"] == records(straight)[5]["loss"]
     r = run_train(corpus, split, "--max-steps", 10, *flags, "--resume")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "records of the run's end at step 7 (its scores and last training record" in r.stderr, r.stderr[:3000]
+    assert "dropped the records of the run's end at step 7 (2 scores and its last training record)" in r.stderr, \
+        r.stderr[:3000]
     a, b = records(straight), records(split)
     assert sorted(b) == [5, 10] and [a[s]["loss"] for s in (5, 10)] == [b[s]["loss"] for s in (5, 10)]
     # a resume that only makes the end again (scores it anew) writes the end's record again, from the kept window
@@ -1409,8 +1410,8 @@ def test_a_later_best_checkpoint_is_made_again_from_the_best_the_resumed_run_kno
            "checkpoint_0000004.npz, the best validation up to there" in err
     assert "dropped 2 records after step 4" in err
     # the end's records of the step it resumes from (a run that had ended there, extended): said as what they are
-    assert "train_log.jsonl: dropped 2 records of the run's end at step 4 (its scores and last training record: it " \
-           "ended there; this start goes on from it" in err
+    assert "train_log.jsonl: dropped the records of the run's end at step 4 (1 score and its last training record): " \
+           "it ended there, and this start goes on from there" in err
     made = load_checkpoint(tmp_path / "checkpoint_best.npz")
     assert read_train_state(tmp_path / "checkpoint_best.npz")["best"] is True and made.train_state["step"] == 4
     for name, a in four.state_dict().items():

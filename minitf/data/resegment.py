@@ -139,8 +139,8 @@ class BPEDropout:
         over = np.flatnonzero(lens > self.longest) if self.longest is not None else ()
         if not len(over):
             return drawn
-        self.kept_plain[epoch] += over.size
         extra, extra_offsets = self.pairs.rows_of(*plain, over)
+        self.kept_plain[epoch] += int((np.diff(extra_offsets) <= self.longest).sum())   # (a longer one stops the run)
         lens = lens.copy()
         lens[over] = np.diff(extra_offsets)
         starts = offsets[:-1].copy()                        # where each sentence's pieces lie in tokens + extra
