@@ -80,16 +80,20 @@ def relu_backward(dy, y):
 
 def swish_forward(x):
     """y = x * sigmoid(x) (swish, or SiLU: Marian's --transformer-ffn-activation swish). The
-    sigmoid as 0.5 * (1 + tanh(x / 2)): the same function, with no overflow for large |x|."""
+    sigmoid as 0.5 * (1 + tanh(x / 2)): the same function, with no overflow for large |x|. 16-bit x
+    is computed in float32 and y rounded to x's dtype (CuPy 14 makes a bfloat16 array times a Python
+    float a float32 array: `scaled`)."""
     xp = xp_of(x)
-    return x * (0.5 * (1.0 + xp.tanh(0.5 * x)))
+    x32 = as_float32_if_half(x)
+    return (x32 * (0.5 * (1.0 + xp.tanh(0.5 * x32)))).astype(x.dtype, copy=False)
 
 
 def swish_backward(dy, x):
-    # y = x * s, s = sigmoid(x): dy/dx = s + x * s * (1 - s)
+    # y = x * s, s = sigmoid(x): dy/dx = s + x * s * (1 - s)   (16 bits: in float32, dx in dy's dtype)
     xp = xp_of(x)
-    s = 0.5 * (1.0 + xp.tanh(0.5 * x))
-    return dy * (s + x * s * (1.0 - s))
+    x32 = as_float32_if_half(x)
+    s = 0.5 * (1.0 + xp.tanh(0.5 * x32))
+    return (dy * (s + x32 * s * (1.0 - s))).astype(dy.dtype, copy=False)
 
 
 # ----------------------------------------------------------------------------- softmax

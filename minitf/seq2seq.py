@@ -13,9 +13,10 @@ import threading
 import numpy as np
 
 from .backend import (DTYPES, check_gpu_dtype, dtype_named, get_xp, half_dtype, is_gpu, keep_freed_memory, to_device,
-                      to_numpy)
+                      to_numpy, xp_of)
 from .config import Config
 from .functional import DropoutSites
+from .kernels import accum_dtype
 from .errors import CheckpointError, ConfigError
 from .layers import Layer, flatten_parameters
 from .loss import label_smoothed_nll, label_smoothed_nll_backward
@@ -143,6 +144,7 @@ class Seq2Seq(Layer):
         gradients ACCUMULATED. The same numbers as the two calls; on the fused GPU path (unless
         MINITF_FUSED_LOSS=0) the loss's gradient is written during its forward, by the kernel that reads
         the logits where the 16-byte loads apply (label_smoothed_nll's grad). Training's update calls this."""
+        self._check_loss_scale(loss_scale)
         self._loss_grad = (loss_weight, loss_scale)
         try:
             loss = self.forward_loss(src, tgt_in, tgt_out)
@@ -151,11 +153,24 @@ class Seq2Seq(Layer):
         self.backward(loss_weight, loss_scale)
         return loss
 
+    def _check_loss_scale(self, loss_scale):
+        """A loss_scale is a [1] array of the model's array module in the dtype the loss's gradient is computed in
+        (float32 for 16-bit models: optim.UpdateCheck's): the GPU kernels read its bits as that dtype."""
+        if loss_scale is None:
+            return
+        want = np.dtype(accum_dtype(self.dtype))
+        if xp_of(loss_scale) is not self.xp or getattr(loss_scale, "shape", None) != (1,) \
+                or loss_scale.dtype != want:
+            raise TypeError(f"loss_scale must be a [1] {want.name} array on the model's device ({self.device}) for a "
+                            f"{self.dtype.name} model; got {type(loss_scale).__name__} "
+                            f"{getattr(loss_scale, 'dtype', '')} {list(getattr(loss_scale, 'shape', ()))}")
+
     def loss_head_backward(self, loss_weight, n_rows, loss_scale=None):
         """-> dh [n_rows, D] (zero on rows without a loss); accumulates the projection's d embedding.
         loss_scale: a [1] device array the gradient is also multiplied by (model.backward)."""
         if self._head is None:
             raise RuntimeError(BACKWARD_NEEDS)
+        self._check_loss_scale(loss_scale)
         c, self._head = self._head, None
         dlogits = label_smoothed_nll_backward(c["loss"], loss_weight, loss_scale)
         # logits = h[loss_rows] @ embedding[output ids]^T

@@ -210,6 +210,50 @@ def test_marians_swish_and_logit_bias_on_the_device_give_the_cpus_loss_gradients
     assert np.abs(cpu.grad_dict()["embedding.bias"]).max() > 0
 
 
+def test_attention_on_packed_rows_without_cublas_keeps_the_decoders_mask(standin, monkeypatch):
+    # MINITF_FUSED_ATTN=1 with MINITF_CUBLAS=0 (bench/gpu_ab.py's `before` variant under an opt-in switch): the model
+    # had left out the causal bias for the packed-rows kernels, which only the cuBLAS route reaches: a NaN loss
+    monkeypatch.setenv("MINITF_FUSED_ATTN", "1")
+    monkeypatch.setenv("MINITF_CUBLAS", "0")
+    device_equals_cpu(dropout=0.0)
+
+
+def test_a_swish_model_trains_and_decodes_in_bfloat16_on_the_device(standin):
+    # swish multiplied bfloat16 by Python floats, which CuPy computes in float32: the feed-forward's output left
+    # bfloat16 and the next kernel refused it (an imported Marian model under --bf16)
+    from minitf.architectures import build_model
+    from minitf.decode import beam_search
+    gpu = tiny(dtype="bfloat16", activation="swish", dropout=0.0)
+    cpu = build_model(gpu.cfg, device="cpu", dtype="float32", seed=0)
+    cpu.load_state_dict({n: backend.to_numpy(a).astype(np.float32) for n, a in gpu.state_dict().items()})
+    tgt = np.array([[5, 12, 7, 3], [9, 6, 3, 0]])
+    src, tgt_in = SRC[:2, :5], np.concatenate([np.full((2, 1), 2), tgt[:, :-1]], axis=1)
+    losses = []
+    for model in (gpu, cpu):
+        losses.append(float(model.forward_loss(src, tgt_in, tgt)))
+        model.backward()
+    assert losses[0] == pytest.approx(losses[1], rel=2e-2)
+    assert np.isfinite(backend.to_numpy(gpu.flat_grads).astype(np.float32)).all()
+    assert len(beam_search(gpu, SRC, beam_size=2, max_len_b=5)) == len(SRC)
+
+
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_a_loss_scale_of_another_dtype_is_refused(standin, device):
+    # the GPU kernels read the scale's bits as the accumulation dtype: a float64 scale for a float32 model would have
+    # been read as two float32 values there (the stand-in refused the pointer; the CPU took it)
+    from minitf.architectures import build_model
+    model = build_model(tiny().cfg, device=device)
+    tgt = np.array([[5, 12, 7, 3]])
+    src, tgt_in = SRC[:1, :5], np.array([[2, 5, 12, 7]])
+    with pytest.raises(TypeError, match=r"loss_scale must be a \[1\] float32 array on the model's device"):
+        model.forward_backward(src, tgt_in, tgt, loss_scale=model.xp.asarray([8.0], dtype=np.float64))
+    model.forward_loss(src, tgt_in, tgt)
+    with pytest.raises(TypeError, match="loss_scale must be"):
+        model.backward(1.0, model.xp.asarray([8.0, 1.0], dtype=np.float32))
+    model.forward_loss(src, tgt_in, tgt)
+    model.backward(1.0, model.xp.asarray([8.0], dtype=np.float32))
+
+
 # ----------------------------------------------------------------------------- training
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
