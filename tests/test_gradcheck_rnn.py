@@ -1,4 +1,4 @@
-"""The layers of the recurrent baseline and of Table 1 (issue 15) against central differences, float64,
+"""The layers of the recurrent baseline and of Table 1 against central differences, float64,
 relative error <= 1e-6: every parameter and every input gradient, with padded sequences."""
 import numpy as np
 import pytest

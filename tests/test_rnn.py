@@ -1,4 +1,4 @@
-"""The recurrent baseline (issue 15) driven by the same decoding, checkpoint and training code."""
+"""The recurrent baseline driven by the same decoding, checkpoint and training code."""
 import numpy as np
 import pytest
 
