@@ -284,11 +284,10 @@ def average_checkpoints(paths, output):
     # one checkpoint in memory at a time, its weights alone, into a float64 sum: for `big`'s 20 (213M parameters
     # each, 2.6 GB with Adam's moments) that is the sum and one model, not all 20 checkpoints
     total = first = c = None
-    recipe = {}   # the update's size (modelinfo reads it), where every input was trained with the same
+    updates = set()   # each input's update size (modelinfo reads it): kept where every input says the same
     for p in paths:
         c = load_checkpoint(p, optimizer=False)
-        recipe = {k: v for k, v in (recipe if first else c.train_state).items() if k in UPDATE_STATE
-                  and c.train_state.get(k) == v}
+        updates.add(tuple(c.train_state.get(k) for k in UPDATE_STATE))
         if first is None:
             first = (c.path, c.config.model_fields(), {n: a.dtype for n, a in c.params.items()}, c.tokenizer)
             total = {n: a.astype(np.float64) + 0.0 for n, a in c.params.items()}   # 0 + a as sum() began: -0.0 too
@@ -311,8 +310,7 @@ def average_checkpoints(paths, output):
                                   f"checkpoints of one run (or of runs that share a tokenizer, as --init-from does)")
         for n, a in c.params.items():
             total[n] += a
-    if set(recipe) != set(UPDATE_STATE):   # an update of batches of one size and number, or none said
-        recipe = {}
+    recipe = dict(zip(UPDATE_STATE, *updates)) if len(updates) == 1 and None not in next(iter(updates)) else {}
     mean = {n: (s / len(paths)).astype(first[2][n]) for n, s in total.items()}
     save_checkpoint(output, params=mean, config=c.config, tokenizer=c.tokenizer,
                     train_state={"averaged_from": [os.path.abspath(p) for p in paths], **recipe,

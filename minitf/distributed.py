@@ -19,21 +19,20 @@ import numpy as np
 
 from .errors import ConfigError, signals_held
 
-# what the common launchers put in the environment of every process they start
-_LAUNCHER_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
-# the job's size beside each rank: MPICH's hydra, Open MPI's mpirun, PMIx under Open MPI or srun (the step's tasks)
-_LAUNCHER_SIZE_VARS = {"PMI_RANK": ("PMI_SIZE",), "OMPI_COMM_WORLD_RANK": ("OMPI_COMM_WORLD_SIZE",),
-                       "PMIX_RANK": ("OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")}
+# what the common launchers put in the environment of every process they start: its rank, and beside it the job's
+# size (MPICH's hydra, Open MPI's mpirun, PMIx under Open MPI or srun: the step's tasks)
+_LAUNCHER_VARS = {"PMI_RANK": ("PMI_SIZE",), "OMPI_COMM_WORLD_RANK": ("OMPI_COMM_WORLD_SIZE",),
+                  "PMIX_RANK": ("OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")}
 
 
 def launched_by_mpi():
     """True when an MPI launcher (mpiexec, mpirun, srun --mpi=...) started this process."""
-    return any(v in os.environ for v in _LAUNCHER_RANK_VARS)
+    return any(v in os.environ for v in _LAUNCHER_VARS)
 
 
 def launcher_rank():
     """This process's rank as its MPI launcher's environment gives it, before MPI is started; None outside one."""
-    for name in _LAUNCHER_RANK_VARS:
+    for name in _LAUNCHER_VARS:
         value = os.environ.get(name, "")
         if value.isdigit():
             return int(value)
@@ -43,7 +42,7 @@ def launcher_rank():
 def launcher_size():
     """The job's number of ranks as its MPI launcher's environment gives it, before MPI is started; None outside one
     or where the launcher does not say (PMIx alone)."""
-    for rank_var, size_vars in _LAUNCHER_SIZE_VARS.items():
+    for rank_var, size_vars in _LAUNCHER_VARS.items():
         if rank_var in os.environ:
             for name in size_vars:
                 value = os.environ.get(name, "")
@@ -195,10 +194,9 @@ def end_job(message, status):
     """Ends the whole job from a rank that stops before it joined MPI (a flag its command line refuses): the other
     ranks would wait for it in MPI's start or in their first collective for ever (MPICH's launcher does not end a job
     whose process exits before MPI starts). This rank joins MPI, says `message` once (`said_once`: rank 0 alone when
-    every rank refuses the same flags) and aborts with `status`. Outside a job of several ranks, or without mpi4py,
-    it says the message and exits."""
+    every rank refuses the same flags) and aborts with `status`. Without mpi4py it says the message and exits."""
     try:
-        world = init() if (launcher_size() or 1) > 1 else World()
+        world = init()
     except ConfigError:
         world = World()
     if world.size == 1:

@@ -121,19 +121,17 @@ def bpe_dropout(run, max_tokens):
         return None
     from .data.resegment import BPEDropout
     t0 = time.time()
-    try:
-        resegment = BPEDropout(run.data.train, run.data.tokenizer, p, run.args.seed, longest=max_tokens - 1)
-    except DataError:   # not a BPE tokenizer: named by where it came from (--subword cannot change a given one)
-        args, flags = run.args, [f for f, q in (("--bpe-dropout-source", p[0]), ("--bpe-dropout-target", p[1])) if q]
-        given = (f"--init-from {args.init_from} brings" if args.init_from else
-                 f"--tokenizer {args.tokenizer} is" if args.tokenizer else None)
-        if given is None:
-            raise
-        kind = getattr(run.data.tokenizer, "model_type", "marian")
+    args, kind = run.args, getattr(run.data.tokenizer, "model_type", "marian")
+    given = (f"--init-from {args.init_from} brings" if args.init_from else
+             f"--tokenizer {args.tokenizer} is" if args.tokenizer else None)
+    if kind != "bpe" and given:   # no merges to leave out, named by where the tokenizer came from (--subword, which
+        # Tokenizer.merges' own error advises, cannot change a given one)
+        flags = [f for f, q in (("--bpe-dropout-source", p[0]), ("--bpe-dropout-target", p[1])) if q]
         raise ConfigError(f"{given} a {'Marian' if kind == 'marian' else 'SentencePiece ' + kind} tokenizer, which "
                           f"has no BPE merges for BPE-dropout to leave out: drop {' and '.join(flags)}, or "
                           + ("start from a model whose tokenizer is BPE" if args.init_from else "give a BPE tokenizer")
-                          + " (one trained with --subword bpe)") from None
+                          + " (one trained with --subword bpe)")
+    resegment = BPEDropout(run.data.train, run.data.tokenizer, p, run.args.seed, longest=max_tokens - 1)
     epoch = run.state["epoch"]
     growth = resegment.growth(epoch)
     if run.lead:

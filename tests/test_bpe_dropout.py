@@ -133,7 +133,7 @@ def test_the_training_feed_plans_every_epoch_within_its_batches(tok):
     max_tokens = int(max(pairs.src_lens.max(), pairs.tgt_lens.max())) + 1       # plain BPE fits, just
     run = types.SimpleNamespace(cfg=types.SimpleNamespace(bpe_dropout_source=0.5, bpe_dropout_target=0.5), lead=False,
                                 data=types.SimpleNamespace(train=pairs, tokenizer=tok),
-                                args=types.SimpleNamespace(seed=3), state={"epoch": 0})
+                                args=types.SimpleNamespace(seed=3, init_from=None, tokenizer=None), state={"epoch": 0})
     resegment, free = bpe_dropout(run, max_tokens), BPEDropout(pairs, tok, (0.5, 0.5), seed=3)
     exactly = 0
     for e in range(6):
