@@ -21,8 +21,10 @@ DE = "ein der mann frau hund katze sieht isst rot gross klein haus rennt".split(
 
 
 def _write(path, lines):
+    """The same lines always give the same bytes: gzip's header holds no time (mtime=0), so a file written again
+    with its old lines has its old SHA-256 even when a second has passed between the writes."""
     data = "".join(line + "\n" for line in lines).encode()
-    path.write_bytes(gzip.compress(data) if str(path).endswith(".gz") else data)
+    path.write_bytes(gzip.compress(data, mtime=0) if str(path).endswith(".gz") else data)
 
 
 def _corpus(folder, n=300, seed=0, stem="train", gz=(True, False)):
