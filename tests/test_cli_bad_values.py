@@ -203,9 +203,11 @@ def test_the_subword_flag_against_bpe_dropout_and_a_given_tokenizer(argv, says, 
 @pytest.mark.parametrize("tests, says", [
     (["a=T", "a=T2"], "--test a=... is given 2 times: give each test set its own NAME"),
     (["valid=T"], "--test valid=...: 'valid' names the validation set's scores; give the test set another NAME"),
-    (["../up=T"], "NAME '../up' in '../up=T': letters, digits, '.', '-' and '_' only (it names the file "
-                  "OUT/NAME.hyp.<tgt>)"),
+    (["../up=T"], "NAME '../up' in '../up=T': letters, digits, '.', '-' and '_' only, not starting with '.' (it "
+                  "names the file OUT/NAME.hyp.<tgt>)"),
     (["news/2014=T"], "NAME 'news/2014' in"),
+    (["..=T"], "NAME '..' in '..=T'"),                 # had written the hidden file OUT/...hyp.<tgt>
+    ([".hidden=T"], "NAME '.hidden' in"),
 ])
 def test_each_own_test_set_needs_a_name_of_its_own(tests, says, tmp_path, capsys):
     """results.json, the log and the summary key each set's scores by its name: a second --test of one NAME, or a

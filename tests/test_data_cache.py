@@ -699,6 +699,20 @@ def test_own_sets_that_cannot_work_are_refused_at_the_start(tmp_path):
             _prepare(tmp_path, paths, vocab_size=tiny)
     with pytest.raises(DataError, match=r"^--test news=\S*nothing: expected"):   # (it had read '--test news= PATH')
         user_dataset(d / "train", d / "dev", tests=[("news", d / "nothing")])
+    # a set of blank lines (or one whose every pair has a blank side) had trained to the end, choosing the best
+    # checkpoint on BLEU 0.00 of empty sentences
+    (d / "blank.en").write_text("\n  \nword\n")
+    (d / "blank.de").write_text("\nWort\n\n")
+    with pytest.raises(DataError, match=r"^--valid .*blank: .*blank.en and .*blank.de hold 3 lines, and in none do both "
+                                        r"sides hold text: there is nothing to validate on$"):
+        user_dataset(d / "train", d / "blank")
+    with pytest.raises(DataError, match=r"^--test news=.*blank: .* hold 3 lines, and in none do both sides hold text: "
+                                        r"there is nothing to score$"):
+        user_dataset(d / "train", d / "dev", tests=[("news", d / "blank")])
+    (d / "dir.de").mkdir()                                  # a folder where a file is expected is said to be one
+    (d / "dir.en").write_text("x\n")
+    with pytest.raises(DataError, match=r"^--valid \S*dir: expected .*; missing \S*dir\.de \(a folder\)$"):
+        user_dataset(d / "train", d / "dir")
 
 
 def test_a_corpus_still_being_written_is_not_cached_cut_short(tmp_path, monkeypatch):

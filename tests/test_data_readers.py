@@ -86,6 +86,55 @@ def test_undecodable_bytes_name_file_and_line(tmp_path):
         read_lines(tmp_path / "bad.gz")
 
 
+def _both_readers(path):
+    """What read_lines and LineStream (the training corpus's streaming reader) make of `path`: its lines, or the
+    DataError's message; the two must agree."""
+    from minitf.data.readers import LineStream
+    out = []
+    for read in (read_lines, lambda p: list(LineStream(str(p)))):
+        try:
+            out.append(read(path))
+        except DataError as e:
+            out.append(str(e))
+    return out
+
+
+def test_a_nul_byte_is_refused_naming_the_line(tmp_path):
+    # a UTF-16LE file without a byte-order mark decodes as UTF-8 without error: every other character NUL. It had
+    # trained as characters and <unk>s, one pair more than the file's lines (its final "\x00")
+    (tmp_path / "u16.en").write_bytes("a dog\nthe cat\n".encode("utf-16-le"))
+    (tmp_path / "late.en").write_bytes(b"one\ntwo\nth\x00ree\n")
+    for name, line in (("u16.en", 1), ("late.en", 3)):
+        for said in _both_readers(tmp_path / name):
+            assert said == (f"{tmp_path / name}:{line}: a NUL byte (0x00), which UTF-8 text never holds: the file is "
+                            f"UTF-16 (convert it, e.g. iconv -f UTF-16LE -t UTF-8) or damaged")
+
+
+def test_lines_ended_by_a_carriage_return_alone_are_refused_not_joined(tmp_path):
+    # old Mac text: split on "\n" it had been one sentence (a validation set of 40 became 1 pair); a CR inside a line
+    # of a file with newlines stays a character of it, as before
+    (tmp_path / "mac.en").write_bytes(b"a dog\rthe cat\rthe end\r")
+    for said in _both_readers(tmp_path / "mac.en"):
+        assert said.startswith(f"{tmp_path / 'mac.en'}: its lines end in a carriage return alone (old Mac text), so "
+                               f"it reads as one line; convert them")
+    (tmp_path / "fine.en").write_bytes(b"a dog\r\nmid\rline\none line\r")
+    assert _both_readers(tmp_path / "fine.en") == [["a dog", "mid\rline", "one line"]] * 2
+    (tmp_path / "one.en").write_bytes(b"a single line\r")          # one line, no newline: its ending is a CR
+    assert _both_readers(tmp_path / "one.en") == [["a single line"]] * 2
+    from minitf.data import readers
+    long = b"x" * (readers.MAX_LINE_BYTES // 2) + b"\r"                # a big file in CRs: the 1 MiB cap says why
+    (tmp_path / "big.en").write_bytes(long * 3 + b"\n")
+    for said in _both_readers(tmp_path / "big.en"):
+        assert said.startswith(f"{tmp_path / 'big.en'}:1: a line of over 1,048,576 bytes") and \
+            said.endswith("its lines end in a carriage return alone (old Mac text): convert them, e.g. tr '\\r' '\\n'")
+
+
+def test_a_plain_file_named_gz_is_read_as_text(tmp_path):
+    # the name had decided: a plain file named .gz was refused as "truncated or corrupt"
+    (tmp_path / "p.en.gz").write_bytes(b"a dog\nthe cat\n")
+    assert _both_readers(tmp_path / "p.en.gz") == [["a dog", "the cat"]] * 2
+
+
 def test_missing_and_corrupt_files(tmp_path):
     with pytest.raises(DataError, match="nope.txt: file not found"):
         read_lines(tmp_path / "nope.txt")

@@ -6,6 +6,7 @@ import random
 import pytest
 
 from minitf.data import Tokenizer
+from minitf.data.tokenizer import UNK_ID
 from minitf.errors import DataError
 
 _EN = "the a cat dog sees runs on under big small red house tree".split()
@@ -68,6 +69,17 @@ def test_too_large_vocab_falls_back_with_warning(tmp_path):
         tok = Tokenizer.train(_corpus(_EN, 50), tmp_path / "small.model", 5000)
     assert 4 < tok.vocab_size < 5000
     assert tok.decode(tok.encode(["the big dog"])) == ["the big dog"]
+
+
+def test_lines_longer_than_sentencepieces_default_are_trained_on(tmp_path):
+    # SentencePiece leaves out lines over 4,192 bytes by default: their characters had become <unk> (a 5,000-byte
+    # line of "x" encoded as 2 pieces), and a corpus of only such lines failed inside SentencePiece's trainer
+    lines = _corpus(_EN, 50) + ["q " + "x" * 5000]
+    tok = Tokenizer.train(lines, tmp_path / "long.model", 40)
+    assert UNK_ID not in tok.encode(["x" * 300])[0]
+    with pytest.warns(UserWarning, match="too large"):
+        tok = Tokenizer.train(["ab " * 2000] * 20, tmp_path / "only_long.model", 40)
+    assert tok.decode(tok.encode(["ab ab"])) == ["ab ab"]
 
 
 def test_files_named_as_str_in_a_list_are_refused_not_trained_on_as_text(tmp_path):

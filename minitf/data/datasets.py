@@ -367,8 +367,9 @@ def _prefix_files(prefix, src, tgt, label):
     folder, stem = os.path.split(prefix)
     found = [find_file(folder or ".", f"{stem}.{lang}") for lang in (src, tgt)]
     if None in found:
-        raise DataError(f"{label}: expected {prefix}.{src}[.gz] and {prefix}.{tgt}[.gz]; "
-                        f"missing {' and '.join(f'{prefix}.{lang}' for lang, f in zip((src, tgt), found) if f is None)}")
+        missing = [f"{prefix}.{lang}" + (" (a folder)" * os.path.isdir(f"{prefix}.{lang}"))
+                   for lang, f in zip((src, tgt), found) if f is None]
+        raise DataError(f"{label}: expected {prefix}.{src}[.gz] and {prefix}.{tgt}[.gz]; missing {' and '.join(missing)}")
     return tuple(found)
 
 
@@ -393,8 +394,13 @@ def user_dataset(train, valid, tests=(), src="en", tgt="de"):
 
 
 def _refuse_empty(lines, label, files, what, advice=""):
-    """A DataError where a validation or test set (lines: (src, tgt)) holds no lines, at the start: an empty set had
-    trained to the end, then failed in sacreBLEU."""
+    """A DataError where a validation or test set (lines: (src, tgt)) holds no lines, or no pair whose two sides both
+    hold text, at the start: an empty set had trained to the end, then failed in sacreBLEU; a set of blank lines had
+    trained to the end and chosen the best checkpoint on BLEU 0.00 of empty sentences."""
     if not lines[0]:
         raise DataError(f"{label}: {' and '.join(files)} hold no lines: there is nothing to {what}"
                         + (f"; {advice}" if advice else ""))
+    if not any(s.strip() and t.strip() for s, t in zip(*lines)):
+        n = len(lines[0])
+        raise DataError(f"{label}: {' and '.join(files)} hold {n} line{'s' * (n != 1)}, and in none do both sides hold "
+                        f"text: there is nothing to {what}" + (f"; {advice}" if advice else ""))

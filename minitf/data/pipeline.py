@@ -24,9 +24,9 @@ def _test_arg(text):
     name, sep, prefix = text.partition("=")
     if not sep or not name or not prefix:
         raise argparse.ArgumentTypeError(f"expected NAME=PREFIX (e.g. newstest2014=data/test), got {text!r}")
-    if not re.fullmatch(r"[\w.-]+", name):   # it names OUT/NAME.hyp.<tgt>: no folders, nothing outside OUT
-        raise argparse.ArgumentTypeError(f"NAME {name!r} in {text!r}: letters, digits, '.', '-' and '_' only (it "
-                                         f"names the file OUT/NAME.hyp.<tgt>)")
+    if not re.fullmatch(r"[\w-][\w.-]*", name):   # it names OUT/NAME.hyp.<tgt>: no folders, no hidden file
+        raise argparse.ArgumentTypeError(f"NAME {name!r} in {text!r}: letters, digits, '.', '-' and '_' only, not "
+                                         f"starting with '.' (it names the file OUT/NAME.hyp.<tgt>)")
     return name, path_arg(prefix)
 
 

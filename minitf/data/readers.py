@@ -7,7 +7,11 @@ relevant, and what to do.
 A byte-order mark at the start of a file is dropped (Windows editors write one; it is not text of line 1).
 Lines are split on ``"\\n"`` only (never on the other Unicode line breaks that
 `str.splitlines` honours, such as U+2028 or U+0085, which would silently shift a
-parallel corpus out of alignment); a trailing ``"\\r"`` is removed.
+parallel corpus out of alignment); a trailing ``"\\r"`` is removed. A file whose lines end in
+``"\\r"`` alone (old Mac text) reads as one line: it is refused rather than joined.
+A NUL byte is refused: UTF-8 text holds none, and a UTF-16 file without a byte-order mark (or one
+a crash filled with zeros) decodes without error into pieces of nothing.
+Gzip is told by a file's first two bytes, not its name.
 """
 
 import contextlib
@@ -27,9 +31,8 @@ MAX_LINE_BYTES = 1 << 20   # a training line longer than this is refused before 
 
 
 def _is_gzip(path):
-    """True if `path` ends in .gz or starts with the gzip magic bytes."""
-    if str(path).endswith(".gz"):
-        return True
+    """True if `path` starts with the gzip magic bytes: a plain file named .gz is read as plain text (it had been
+    refused as "truncated or corrupt"), a gzip file with a plain name is decompressed."""
     with open(path, "rb") as f:
         return f.read(2) == _GZIP_MAGIC
 
@@ -105,11 +108,25 @@ class _Prefixed:
         return True
 
 
-def line_too_long(path, number, sentences):
+def line_too_long(path, number, sentences, carriage_returns=False):
     """The DataError for line `number` of `path` passing MAX_LINE_BYTES ("far longer than any
-    sentence {sentences}")."""
+    sentence {sentences}"); carriage_returns: the line holds "\\r", the likely cause is said."""
+    why = ("its lines end in a carriage return alone (old Mac text): convert them, e.g. tr '\\r' '\\n'"
+           if carriage_returns else "the file is not one sentence per line, or it is damaged")
     return DataError(f"{path}:{number}: a line of over {MAX_LINE_BYTES:,} bytes, far longer than any sentence "
-                     f"{sentences}; the file is not one sentence per line, or it is damaged")
+                     f"{sentences}; {why}")
+
+
+def nul_byte(path, number):
+    """The DataError for a NUL byte on line `number` of `path`."""
+    return DataError(f"{path}:{number}: a NUL byte (0x00), which UTF-8 text never holds: the file is UTF-16 (convert "
+                     f"it, e.g. iconv -f UTF-16LE -t UTF-8) or damaged")
+
+
+def only_carriage_returns(path):
+    """The DataError for a file whose lines end in "\\r" alone: read on "\\n", it would be one line."""
+    return DataError(f"{path}: its lines end in a carriage return alone (old Mac text), so it reads as one line; "
+                     f"convert them, e.g. tr '\\r' '\\n' < FILE > NEW")
 
 
 def _read_capped(f, path):
@@ -125,7 +142,7 @@ def _read_capped(f, path):
         lengths = [open_line + len(segments[0])] + [len(x) for x in segments[1:]]
         for i, n in enumerate(lengths):
             if n > MAX_LINE_BYTES:
-                raise line_too_long(path, newlines + i + 1, "minitf reads")
+                raise line_too_long(path, newlines + i + 1, "minitf reads", b"\r" in segments[i])
         newlines += len(segments) - 1
         open_line = lengths[-1]
     return b"".join(parts)
@@ -136,6 +153,11 @@ BOM = "\ufeff"   # a byte-order mark, which some editors put at the start of a U
 
 def _decode(path, data):
     """Strict UTF-8 decode, a leading byte-order mark dropped; an error names the file and the 1-based line number."""
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        raise nul_byte(path, data.count(b"\n", 0, nul) + 1)
+    if b"\n" not in data and b"\r" in data.rstrip(b"\r"):
+        raise only_carriage_returns(path)
     try:
         return data.decode("utf-8").removeprefix(BOM)
     except UnicodeDecodeError as e:
@@ -148,7 +170,7 @@ def _decode(path, data):
 def read_lines(path):
     """Read a UTF-8 text file (plain or gzip) as a list of lines.
 
-    Gzip is detected by the ``.gz`` suffix or the gzip magic bytes. Trailing
+    Gzip is detected by the gzip magic bytes. Trailing
     ``"\\n"``/``"\\r"`` are stripped from each line, everything else is kept.
     """
     path = os.fspath(path)
@@ -322,7 +344,12 @@ class LineStream:
                             break
                         number += 1
                         if len(line) - line.endswith(b"\n") > MAX_LINE_BYTES:   # the limit is read_lines', newline apart
-                            raise line_too_long(self.path, number, "minitf trains on (--max-len pieces)")
+                            raise line_too_long(self.path, number, "minitf trains on (--max-len pieces)",
+                                                b"\r" in line)
+                        if b"\x00" in line:
+                            raise nul_byte(self.path, number)
+                        if number == 1 and not line.endswith(b"\n") and b"\r" in line.rstrip(b"\r"):
+                            raise only_carriage_returns(self.path)   # the file's one line: it has no "\n"
                         try:
                             text = line.decode("utf-8")
                         except UnicodeDecodeError as e:

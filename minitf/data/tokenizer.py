@@ -18,7 +18,7 @@ import sentencepiece as spm
 
 from minitf.errors import DataError
 from minitf.fileio import atomic_write_bytes
-from minitf.data.readers import read_text
+from minitf.data.readers import MAX_LINE_BYTES, read_text
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 MODEL_TYPES = ("bpe", "unigram")   # the subword models Tokenizer.train makes
@@ -225,7 +225,10 @@ class Tokenizer:
                        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
                        character_coverage=1.0, input_sentence_size=int(sample_size),
                        shuffle_input_sentence=True, minloglevel=100,
-                       num_threads=TRAIN_THREADS)
+                       num_threads=TRAIN_THREADS,
+                       # SentencePiece's own default (4,192 bytes) left longer lines out of training without a word:
+                       # their characters became <unk>, and a corpus of only such lines failed in its trainer
+                       max_sentence_length=MAX_LINE_BYTES)
 
         def run(**extra):
             spm.set_random_generator_seed(int(seed))
