@@ -31,13 +31,14 @@ def _read_input(path):
 
 def cmd_prepare(args):
     from .data.pipeline import DataSettings, load_data
+    from .data.prepare import dropped_note
     tokenizer = None
     if args.init_from:   # the cache a fine-tuning run of that model opens: its tokenizer's ids
         from .train import init_from
         tokenizer = init_from(args).tokenizer
     data = load_data(DataSettings.of(args), tokenizer=tokenizer, verify=args.verify)
     m = data.corpus.manifest
-    print(f"{data.corpus.folder}: {m['counts']['kept']:,} pairs, {sum(m['tokens'].values()):,} tokens, "
+    print(f"{data.corpus.folder}: {m['counts']['kept']:,} pairs{dropped_note(m)}, {sum(m['tokens'].values()):,} tokens, "
           f"vocabulary {m['tokenizer']['vocab_size']} ({data.tokenizer.model_type}), data_id {m['data_id']}; valid {len(data.valid[0]):,} "
           f"pairs, tests: {', '.join(data.tests) or 'none'}")
 

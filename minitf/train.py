@@ -26,6 +26,7 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .config import FLAG_FIELDS, Config, shown
 from .data.binarized import StaleData
 from .data.pipeline import DataSettings, load_data
+from .data.prepare import dropped_note
 from .data.tokenizer import tokenizer_from_bytes
 from . import distributed, gemm
 from .errors import SIGNAL_EXIT, ConfigError, Interrupted, MinitfError, out_of_memory, signals_held, sigterm_raises
@@ -493,7 +494,7 @@ def _open_feed(run):
     run.feed, max_tokens = open_feed(run)
     per_update = world.size * args.update_freq
     if run.lead:
-        log(f"train: {len(pairs.src_lens):,} pairs in {run.epoch_len:,} batches per epoch; tokens per side (padding "
+        log(f"train: {len(pairs.src_lens):,} pairs{dropped_note(run.data.corpus.manifest)} in {run.epoch_len:,} batches per epoch; tokens per side (padding "
             f"included), at most: {max_tokens:,} per batch, {args.update_freq * max_tokens:,} per rank "
             f"({args.update_freq} batch{'es' if args.update_freq > 1 else ''}), {per_update * max_tokens:,} per update "
             f"({world.size} rank{'s' if world.size > 1 else ''})")

@@ -3,6 +3,7 @@ corrupt files, interrupted builds, and the user's own files through train_wmt.py
 import gzip
 import json
 import os
+import re
 import platform
 import subprocess
 import sys
@@ -394,11 +395,16 @@ def test_own_files_prepare_then_train_and_score(tmp_path):
     r = _run(["prepare", *own, "--vocab-size", 60, "--quiet"], tmp_path / "cache", module="minitf")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "cache: building" in r.stderr and "data_id" in r.stdout and "tests: news" in r.stdout
+    built = re.search(r"cache: (\d+) of 300 pairs kept", r.stderr)
+    dropped = f"{built.group(1)} pairs (of 300: the cleaning rules dropped {300 - int(built.group(1))} when the cache " \
+              f"was built)"
+    assert int(built.group(1)) < 300 and dropped in r.stdout
 
     out = tmp_path / "run"
     r = _run([*own, *TRAIN, "--max-steps", 4, "--save-every", 2, "--out", out], tmp_path / "cache")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "cache: building" not in r.stderr                     # prepared once, memory-mapped since
+    assert f"train: {dropped} in " in r.stderr                   # what the build dropped, said again by a reuse
     res = json.loads((out / "results.json").read_text())
     assert set(res["bleu"]) == {"valid", "news"}
     assert len((out / "news.hyp.de").read_text().splitlines()) == 12

@@ -391,6 +391,14 @@ def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, lo
     return open_cache(folder)
 
 
+def dropped_note(manifest):
+    """" (of TOTAL: the cleaning rules dropped N when the cache was built)" where they dropped pairs, else "": said on
+    every start, since a start that reuses the cache does not repeat the build's line of what it dropped."""
+    c = manifest["counts"]
+    gone = c["total"] - c["kept"]
+    return f" (of {c['total']:,}: the cleaning rules dropped {gone:,} when the cache was built)" if gone else ""
+
+
 def _encode_all(tmp, files, languages, wanted, tokenizer, progress, chunk_lines, threads):
     """Pass 2: encode, clean and append every chunk; returns the manifest (without data_id)."""
     cleaning = wanted["cleaning"]
