@@ -334,8 +334,16 @@ def export_safetensors(checkpoint, output):
     if ckpt.tokenizer is not None:
         meta["tokenizer"] = base64.b64encode(ckpt.tokenizer).decode()
     meta["sha256"] = json.dumps({name: _digest(a) for name, a in ckpt.params.items()})   # checked on load
+    meta["metadata_sha256"] = _metadata_digest(meta)
     save_safetensors(output, ckpt.params, meta)
     return os.path.getsize(output)
+
+
+def _metadata_digest(meta):
+    """The SHA-256 of a .safetensors export's metadata (config, tokenizer, train_state, the tensors' digests, ...),
+    every entry but itself: a byte changed in the tokenizer had translated with other pieces, silently."""
+    return hashlib.sha256(json.dumps({k: v for k, v in meta.items() if k != "metadata_sha256"},
+                                     sort_keys=True).encode()).hexdigest()
 
 
 def _load_safetensors(path):
@@ -344,6 +352,9 @@ def _load_safetensors(path):
     if meta.get("format") != "minitf" or "config" not in meta:
         raise CheckpointError(f"{path}: a safetensors file without minitf's metadata (its config and tokenizer); "
                               f"export minitf checkpoints with `python -m minitf export`")
+    if "metadata_sha256" in meta and meta["metadata_sha256"] != _metadata_digest(meta):   # (an earlier export has none)
+        raise CheckpointError(f"{path}: its metadata (the config, the tokenizer, ...) does not match the SHA-256 "
+                              f"recorded when it was exported: the file is damaged; export it again from its checkpoint")
     try:
         config = Config.from_dict(json.loads(meta["config"]))
         state = json.loads(meta.get("train_state", "{}"))

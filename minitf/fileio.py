@@ -39,6 +39,17 @@ def is_disk_full(e):
     return isinstance(e, DiskFull) or (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT))
 
 
+class WriteFailed(MinitfError):
+    """A write refused for another reason than space (no permission, a read-only file system, the file-size limit,
+    an I/O error): one line naming the file that was being written (not the temporary file beside it), with `reason`
+    (the system's words) kept for callers that say it their own way."""
+
+    def __init__(self, path, error):
+        self.path = os.fspath(path)
+        self.reason = getattr(error, "reason", None) or getattr(error, "strerror", None) or str(error)
+        super().__init__(f"{self.path}: cannot write it ({self.reason})")
+
+
 def disk_full(what, folder, size_hint=None, advice=None):
     """The one-line MinitfError for a full disk (or quota) while writing `what` into `folder`."""
     free = shutil.disk_usage(folder).free
@@ -64,7 +75,8 @@ def check_output_file(path, flag):
     if os.path.isdir(path) or path.endswith(("/", os.sep)):   # "new/": a folder's name, not a file's
         raise ConfigError(f"{flag} {path} is a folder; name the file to write")
     if not os.path.isdir(folder):
-        raise ConfigError(f"{flag} {path}: the folder {folder} does not exist; create it first or fix the path")
+        raise ConfigError(f"{flag} {path}: {folder} is a file, not a folder; fix the path" if os.path.exists(folder)
+                          else f"{flag} {path}: the folder {folder} does not exist; create it first or fix the path")
 
 
 def check_export_folder(out_dir, names, earlier, what):
@@ -95,12 +107,15 @@ def atomic_write(path, write, size_hint=None, advice=None):
     if os.path.islink(path):   # written through: the link stays, its target gets the new file
         path = os.path.realpath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
     name = os.path.basename(path)
     # the temporary name is longer by the prefix and 8 random characters: a name near the file system's 255 bytes
     # keeps only its end
-    suffix = name if len(name.encode()) <= 200 else name.encode()[-40:].decode(errors="ignore")
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=suffix, dir=folder)
+    suffix = name if len(os.fsencode(name)) <= 200 else os.fsdecode(os.fsencode(name)[-40:])
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=suffix, dir=folder)
+    except OSError as e:
+        raise WriteFailed(path, e) from None
     try:
         try:
             mode = stat.S_IMODE(os.stat(path).st_mode)
@@ -117,6 +132,8 @@ def atomic_write(path, write, size_hint=None, advice=None):
             os.unlink(tmp)
         if is_disk_full(e):
             raise disk_full(path, folder, size_hint, advice) from None
+        if isinstance(e, OSError):   # the file-size limit (EFBIG), an I/O error: one line, not a traceback
+            raise WriteFailed(path, e) from None
         raise
     try:
         dfd = os.open(folder, os.O_RDONLY)
@@ -184,10 +201,31 @@ def lock_path(folder):
     """The lock file of a folder: `.<name>.lock` beside it, the folder's real path (a link to it, or a path through
     one, takes the same lock); a name too long for the lock's own (255 bytes) is cut and told apart by its hash."""
     parent, name = os.path.split(os.path.realpath(folder))
-    if len(name.encode()) > 200:
+    if len(os.fsencode(name)) > 200:   # (fsencode: a name of bytes that are not UTF-8 is one of a file system's too)
         import hashlib
-        name = name.encode()[:100].decode(errors="ignore") + "-" + hashlib.sha256(name.encode()).hexdigest()[:16]
+        name = os.fsencode(name)[:100].decode(errors="ignore") + "-" + hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
     return os.path.join(parent, f".{name}.lock")
+
+
+INNER_LOCK = ".minitf.lock"   # a folder's lock inside it, where its parent cannot be written
+
+
+def _lock_paths(folder):
+    """Where `folder`'s lock may be: beside it (lock_path: it also guards the folder's making), then inside it (a
+    folder one may write whose parent one may not, such as a mounted volume: it had run unlocked, and two trainings
+    had written one --out)."""
+    return lock_path(folder), os.path.join(os.path.realpath(folder), INNER_LOCK)
+
+
+def _open_lock(folder, flags):
+    """(fd, path) of the first of `folder`'s lock files that opens with `flags`; OSError if none does."""
+    beside, inside = _lock_paths(folder)
+    try:
+        return os.open(beside, flags, 0o644), beside
+    except OSError:
+        if not os.path.isdir(inside.rsplit(os.sep, 1)[0]) or os.path.exists(beside):   # (a lock file there is it)
+            raise
+        return os.open(inside, flags, 0o644), inside
 
 
 def _take_soon(fd, fcntl, tries=5, wait=0.05):
@@ -213,7 +251,7 @@ def lock_holder(folder):
     cannot lock, or there is no lock file)."""
     try:
         import fcntl
-        fd = os.open(lock_path(folder), os.O_RDONLY)
+        fd, _ = _open_lock(folder, os.O_RDONLY)
     except (ImportError, OSError):
         return None
     try:
@@ -233,13 +271,13 @@ def folder_lock(folder, busy):
     holding the holder's name ("process PID on HOST"). When another live process holds it,
     busy(holder, path) is called: it raises to refuse, or returns to wait for the lock. A holder
     that died released the lock with its file descriptor, so its stale file is simply taken over.
+    The lock file is beside the folder, or inside it (INNER_LOCK) where the parent cannot be written.
     Where the file system cannot lock (no `fcntl`, a read-only or lockless mount), the block runs
     unlocked."""
     try:
         import fcntl
-        path = lock_path(folder)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        os.makedirs(os.path.dirname(lock_path(folder)), exist_ok=True)
+        fd, path = _open_lock(folder, os.O_RDWR | os.O_CREAT)
     except (ImportError, OSError):
         yield
         return

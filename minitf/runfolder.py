@@ -9,7 +9,7 @@ import re
 
 from .checkpoint import UPDATE_STATE, average_checkpoints, load_checkpoint, read_train_state, save_checkpoint
 from .config import id_ranges, parse_id_ranges, shown
-from .errors import ConfigError, MinitfError
+from .errors import CheckpointError, ConfigError, MinitfError
 from .fileio import leftover_temp_files
 from .trainlog import cut_after, log, plural
 from .validation import evaluate_loss, perplexity
@@ -248,8 +248,40 @@ def averaging_window(paths, average_last):
     off-spacing checkpoint before the final one (saved at an interrupt) is left out."""
     final = paths[-1]
     half = step_of(final) / 2
-    spaced = [p for p in paths[:-1] if step_of(p) >= half and read_train_state(p).get("on_grid", True)]
+    spaced = [p for p in paths[:-1] if step_of(p) >= half and _on_grid(p)]
     return (spaced[-(average_last - 1):] if average_last > 1 else []) + [final]
+
+
+def _on_grid(path):
+    """Whether checkpoint `path` was saved on the spacing; a damaged one is taken as saved there (averaged_from leaves
+    it out, saying so)."""
+    try:
+        return read_train_state(path).get("on_grid", True)
+    except CheckpointError:
+        return True
+
+
+def averaged_from(window, output):
+    """average_checkpoints(window, output), leaving out with a note the checkpoints before the final one that cannot
+    be read (a damaged file had stopped the run's end, and every --resume after it, at the average); the window
+    averaged."""
+    try:
+        average_checkpoints(window, output)
+        return window
+    except CheckpointError:
+        damaged = {}
+        for p in window[:-1]:
+            try:
+                load_checkpoint(p, optimizer=False)
+            except CheckpointError as e:
+                damaged[p] = e
+        if not damaged:
+            raise
+    for p, e in damaged.items():
+        log(f"note: {e}: the average is made without it")
+    window = [p for p in window if p not in damaged]
+    average_checkpoints(window, output)
+    return window
 
 
 def step_of(path):
@@ -264,7 +296,7 @@ def choose_model(run):
     paths = checkpoint_paths(args.out)
     last, window = paths[-1], averaging_window(paths, args.average_last)
     avg_path = os.path.join(args.out, "averaged.npz")
-    average_checkpoints(window, avg_path)
+    window = averaged_from(window, avg_path)
     candidates = {"averaged": load_checkpoint(avg_path)}
     if len(window) > 1:
         candidates["last"] = load_checkpoint(last, optimizer=False)

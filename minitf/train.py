@@ -29,7 +29,8 @@ from .data.pipeline import DataSettings, load_data
 from .data.prepare import dropped_note
 from .data.tokenizer import tokenizer_from_bytes
 from . import distributed, gemm
-from .errors import SIGNAL_EXIT, ConfigError, Interrupted, MinitfError, out_of_memory, signals_held, sigterm_raises
+from .errors import (SIGNAL_EXIT, CheckpointError, ConfigError, Interrupted, MinitfError, out_of_memory, signals_held,
+                     sigterm_raises)
 from .feed import UpdateFeed, open_feed
 from .kernels import accum_dtype
 from .modelfile import read_model
@@ -39,7 +40,7 @@ from .recipe import on_grid, on_save_grid, resolve_config, run_progress, short_r
 from .runfolder import (BEST, RECORD, RESUMED_GROUPS, RUN_PATHS, check_fresh_out, check_resumed, check_resumed_flags,
                         checkpoint_paths, choose_model, prepare_out, read_run_record, save, settle_leftovers)
 from .schedule import NoamSchedule, learning_rate
-from .fileio import atomic_write, folder_lock, refuse_if_busy
+from .fileio import WriteFailed, atomic_write, folder_lock, refuse_if_busy
 from .trainlog import Console, TrainLog, log, plural, print_summary, reported_model, summary_lines
 from .translate import paper_bleu_available
 from .validation import Validation, perplexity
@@ -144,8 +145,13 @@ class Run:
         w = self.window   # the log's sums since its last record: a resumed run's next record averages the same updates
         self.state["log_window"] = {"loss": float(w["loss"]), "nll": float(w["nll"]), "n": int(w["n"]),
                                     **({"lr": float(w["lr"])} if w.get("lr") is not None else {})}
-        return save(self.args.out, self.state["step"], self.model, self.opt, self.data.tokenizer, self.state,
-                    self.args.keep_last)
+        try:
+            return save(self.args.out, self.state["step"], self.model, self.opt, self.data.tokenizer, self.state,
+                        self.args.keep_last)
+        except WriteFailed as e:   # the file-size limit, an I/O error: where to go on from
+            last = checkpoint_paths(self.args.out)
+            raise MinitfError(f"{e}; the run stopped: --resume continues from {last[-1] if last else 'the start'}") \
+                from None
 
 
 MEMORY_KNOBS = "--max-tokens, the model size (--preset, --d-model, ...) or --decode-batch"   # what sizes a run's memory
@@ -260,6 +266,17 @@ def _stopped_unsaved(run, signame, again=""):
 
 
 # ------------------------------------------------------------------------------ set-up
+def _resumed(out, ckpts):
+    """The checkpoint --resume continues from, the last of `ckpts`; where it cannot be read, the error says which
+    one --resume takes once it is moved away."""
+    try:
+        return load_checkpoint(ckpts[-1])
+    except CheckpointError as e:
+        earlier = (f"; move it out of {out}, and --resume continues from {ckpts[-2]}, the checkpoint before it"
+                   if len(ckpts) > 1 else "")
+        raise CheckpointError(f"--resume: {e}{earlier}") from None
+
+
 def set_up(args, world):
     """Device, data (and the checkpoint to resume), model, optimizer, the batch feed, the log."""
     lead = world.rank == 0
@@ -273,7 +290,7 @@ def set_up(args, world):
                           f"or choose another --out")
     if not ckpts:
         check_fresh_out(args.out)
-    resume = load_checkpoint(ckpts[-1]) if args.resume and ckpts else None
+    resume = _resumed(args.out, ckpts) if args.resume and ckpts else None
     if resume is not None:
         check_resumed(args.out, resume)
         check_resumed_flags(args, resume, "float64" if compute_dtype(args) == "float64" else "float32")

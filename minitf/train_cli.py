@@ -259,8 +259,12 @@ def restore_first_start(p, args):
             return []
         p.error(f"--resume: {path} is unreadable ({e.reason}), so the run's recorded flags cannot be read from it: give "
                 f"the run's data flags again (--dataset or --train/--valid, --src, --tgt, ...), or put back the file")
-    if record is None:
-        return []   # a run of a minitf that wrote none: the command line alone
+    if record is None:   # the command line alone: unless it names no data, where the default (WMT14) would be taken
+        from minitf.runfolder import checkpoint_paths
+        if checkpoint_paths(args.out) and not given.intersection(RESUMED_GROUPS[0]):
+            p.error(f"--resume: {path} is missing, so the run's recorded flags cannot be read from it: give the run's "
+                    f"data flags again (--dataset or --train/--valid, --src, --tgt, ...), or put back the file")
+        return []
     before = record["args"]
     if "preset" in given and before.get("preset") not in (None, args.preset):   # the checkpoint's recipe stays
         p.error(f"--preset {args.preset}: the run in --out {args.out} was started with --preset {before['preset']}, "

@@ -9,6 +9,7 @@ import pytest
 
 import minitf
 from minitf.checkpoint import average_checkpoints, load_checkpoint, save_checkpoint
+from minitf.fileio import WriteFailed
 
 
 def tiny_model(seed=0):
@@ -284,7 +285,7 @@ def test_failed_write_leaves_the_old_checkpoint(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(np, "savez", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(WriteFailed, match=r"c\.npz: cannot write it \(disk full\)$"):   # the file named, one line
         save_checkpoint(path, tiny_model(2))
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["c.npz"]

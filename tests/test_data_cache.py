@@ -792,3 +792,31 @@ def test_a_manifest_that_is_not_an_object_is_rebuilt_with_a_note(tmp_path, text)
     again = _prepare(tmp_path, paths, log)
     notes = [m for m in log if m.startswith("note: cache file") and "is unreadable" in m and "rebuilding it" in m]
     assert len(notes) == 1 and len(log.built()) == 1 and again.data_id == first.data_id
+
+
+def test_a_cache_folder_that_cannot_be_written_names_itself_not_a_temporary(tmp_path, monkeypatch):
+    # a read-only --cache-dir had said "error: DIR/.own.c9ddad0a.en-de.tmp-17415: Permission denied"; the file-size
+    # limit while the arrays were written had been blamed on stdout
+    import errno
+    from minitf.fileio import WriteFailed
+    paths, _, _ = _corpus(tmp_path / "data")
+    folder = cache_folder(tmp_path / "cache", "toy", ("en", "de"))
+    real = os.makedirs
+
+    def read_only(path, *args, **kwargs):
+        if ".tmp-" in os.fspath(path):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real(path, *args, **kwargs)
+    monkeypatch.setattr(prepare.os, "makedirs", read_only)
+    with pytest.raises(DataError) as e:
+        _prepare(tmp_path, paths)
+    assert str(e.value) == (f"cache {folder}: cannot write in {os.path.dirname(folder)} (Permission denied); name a "
+                            f"folder you can write with --cache-dir")
+    monkeypatch.setattr(prepare.os, "makedirs", real)
+
+    def too_large(*args, **kwargs):
+        raise OSError(errno.EFBIG, "File too large")
+    monkeypatch.setattr(prepare._NpyWriter, "append", too_large)
+    with pytest.raises(WriteFailed, match=rf"^cache {re.escape(folder)}: cannot write it \(File too large\)$"):
+        _prepare(tmp_path, paths)
+    assert not [p for p in os.listdir(os.path.dirname(folder)) if ".tmp-" in p]   # the temporary folder went

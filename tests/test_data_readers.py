@@ -135,6 +135,18 @@ def test_a_plain_file_named_gz_is_read_as_text(tmp_path):
     assert _both_readers(tmp_path / "p.en.gz") == [["a dog", "the cat"]] * 2
 
 
+def test_a_file_without_read_permission_is_said_as_such_not_as_damaged(tmp_path, monkeypatch):
+    # the advice for a damaged file (delete a downloaded one, make your own again) had come with a permission error
+    from minitf.data import readers
+
+    def refused(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", os.fspath(path))
+    (tmp_path / "locked.en").write_text("a dog\n")
+    monkeypatch.setattr(readers, "open", refused, raising=False)
+    want = f"{tmp_path / 'locked.en'}: cannot read it (permission denied); give read permission to the user running minitf"
+    assert _both_readers(tmp_path / "locked.en") == [want, want]
+
+
 def test_missing_and_corrupt_files(tmp_path):
     with pytest.raises(DataError, match="nope.txt: file not found"):
         read_lines(tmp_path / "nope.txt")

@@ -4,6 +4,7 @@ Each test builds its own tiny fault; together they run in seconds.
 """
 import json
 import os
+import platform
 import struct
 import subprocess
 import sys
@@ -376,7 +377,7 @@ def test_files_on_real_machines_links_long_names_read_only_folders_and_sigterm(t
     (tmp_path / "ro").mkdir()
     monkeypatch.setattr(fileio.tempfile, "mkstemp", refused)
     assert cli.main(["average", "--inputs", str(ckpt), "--output", str(tmp_path / "ro" / "a.npz")]) == 2
-    assert capsys.readouterr().err == f"error: {tmp_path / 'ro'}: Permission denied\n"
+    assert capsys.readouterr().err == f"error: {tmp_path / 'ro' / 'a.npz'}: cannot write it (Permission denied)\n"
     monkeypatch.undo()
 
     def terminated(*args, **kwargs):
@@ -438,6 +439,15 @@ def test_a_damaged_safetensors_export_is_refused_by_its_digests(tiny_checkpoint,
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=r"m\.safetensors: tensor .* does not match the SHA-256 recorded when it "
                                               r"was exported: the file is damaged"):
+        minitf.load(str(path))
+    # a byte of the tokenizer (base64 in the header) changed: it had translated with other pieces, silently
+    export_safetensors(ckpt, path)
+    data = bytearray(path.read_bytes())
+    at = data.index(b'"tokenizer":"') + len(b'"tokenizer":"') + 200
+    data[at] = ord("A") if data[at] != ord("A") else ord("B")
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"m\.safetensors: its metadata \(the config, the tokenizer, \.\.\.\) does not "
+                                              r"match the SHA-256 recorded when it was exported: the file is damaged"):
         minitf.load(str(path))
 
 
@@ -501,6 +511,59 @@ def test_an_export_into_a_folder_on_another_file_system(tiny_checkpoint, tmp_pat
         os.symlink(far, tmp_path / "link")
         export_marian(str(ckpt), str(tmp_path / "link"))
         assert sorted(os.listdir(far)) == ["decoder.yml", "model.npz", "source.spm", "target.spm", "vocab.yml"]
+
+
+def test_a_write_the_file_system_refuses_names_the_file_not_stdout(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    # the file-size limit (EFBIG, `ulimit -f`) while average, export or prepare wrote their file had been reported as
+    # "writing the output to stdout failed", and while training saved a checkpoint as a traceback
+    import errno
+    from minitf import cli, fileio
+    ckpt, _ = tiny_checkpoint
+    real_fsync = os.fsync
+
+    def too_large(fd):
+        raise OSError(errno.EFBIG, "File too large")
+    monkeypatch.setattr(fileio.os, "fsync", too_large)
+    out = tmp_path / "a.npz"
+    assert cli.main(["average", "--inputs", str(ckpt), "--output", str(out)]) == 2
+    assert capsys.readouterr().err == f"error: {out}: cannot write it (File too large)\n"
+    assert cli.main(["export", "--checkpoint", str(ckpt), "--output", str(tmp_path / "m.safetensors")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'm.safetensors'}: cannot write it (File too large)\n"
+    monkeypatch.setattr(fileio.os, "fsync", real_fsync)
+    assert sorted(os.listdir(tmp_path)) == sorted(p.name for p in [ckpt] if p.parent == tmp_path)   # nothing left
+
+
+def test_a_folder_whose_parent_cannot_be_written_is_locked_inside(tmp_path, monkeypatch):
+    # a run's lock file is beside its --out; where the parent refused it (a mounted volume, a folder an admin made),
+    # the run had gone on unlocked, and two trainings in one --out deleted each other's checkpoints
+    from minitf import fileio
+    from minitf.errors import MinitfError
+    out = tmp_path / "run"
+    out.mkdir()
+    real_open = os.open
+
+    def parent_refuses(path, *args, **kwargs):
+        if os.fspath(path) == fileio.lock_path(out):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr(fileio.os, "open", parent_refuses)
+    with fileio.folder_lock(out, fileio.refuse_if_busy("--out", out)):
+        inside = os.path.join(os.path.realpath(out), fileio.INNER_LOCK)
+        assert os.path.isfile(inside) and fileio.lock_holder(out) == f"process {os.getpid()} on {platform.node()}"
+        with pytest.raises(MinitfError, match=f"--out {out} is in use by process {os.getpid()} .*\\(lock {inside}\\)"):
+            with fileio.folder_lock(out, fileio.refuse_if_busy("--out", out)):
+                pass
+    assert fileio.lock_holder(out) is None
+
+
+def test_paths_of_bytes_that_are_not_utf8_are_written_and_locked(tmp_path):
+    # a folder name of Latin-1 bytes (as a shell's $'\\xe9' makes) had been a UnicodeEncodeError traceback in the
+    # lock's name and the temporary file's
+    from minitf import fileio
+    folder = os.path.join(os.fsdecode(os.fsencode(str(tmp_path))), os.fsdecode(b"lat\xe9n"))
+    with fileio.folder_lock(folder, fileio.refuse_if_busy("--out", folder)):
+        fileio.atomic_write(os.path.join(folder, os.fsdecode(b"x\xe9" * 120) + ".npz"), lambda f: f.write(b"x"))
+    assert os.listdir(os.fsencode(folder)) == [b"x\xe9" * 120 + b".npz"]
 
 
 def test_a_look_at_a_runs_lock_does_not_refuse_a_start_and_a_pipe_is_no_model(tmp_path):

@@ -226,8 +226,16 @@ def test_resume_takes_the_first_starts_flags_a_group_at_a_time(tmp_path, capsys,
     with pytest.raises(SystemExit):
         parse_args(["--out", str(out), "--resume"])
     assert "config.json is unreadable (not a run's record" in capsys.readouterr().err
-    (out / "config.json").unlink()   # none at all (a run of a minitf that wrote none): the command line alone
-    assert parse_args(["--out", str(out), "--resume"]).restored == []
+    # none at all: the command line alone (a run of a minitf that wrote none); beside checkpoints, a resume that names
+    # no data is refused: it had gone on with the default dataset (WMT14), downloading it before the checkpoint's data
+    # was found to differ
+    (out / "config.json").unlink()
+    assert any(out.glob("checkpoint_*.npz"))
+    with pytest.raises(SystemExit):
+        parse_args(["--out", str(out), "--resume"])
+    assert f"--resume: {out / 'config.json'} is missing, so the run's recorded flags cannot be read from it: give the " \
+           f"run's data flags again" in capsys.readouterr().err
+    assert parse_args(["--out", str(out), "--resume", "--dataset", "multi30k"]).restored == []
     # --data-dir and --offline are --dataset's: a record of own files that holds them (an earlier minitf took them
     # beside --train) resumes without them; the same --dataset named again takes them, another does not
     (out / "config.json").write_text(json.dumps({"model": {}, "args": {**first, "offline": True,
@@ -1609,3 +1617,50 @@ def test_a_resume_whose_time_budget_is_spent_says_so(corpus, tmp_path):
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0 and "note: --time-budget 1 counts the run's training over all its starts" in r.stderr, \
         r.stderr[-2000:]
+
+
+def test_a_checkpoint_the_file_system_refuses_stops_the_run_saying_where_resume_goes_on(corpus, tmp_path, monkeypatch,
+                                                                                        capsys):
+    # the file-size limit (`ulimit -f`) while a checkpoint was saved had been a traceback; it is one line naming the
+    # checkpoint and the one --resume continues from, and the run goes on from there
+    import errno
+    from minitf import checkpoint, fileio
+    real = checkpoint.atomic_write
+
+    def limited(path, *args, **kwargs):
+        if os.path.basename(path) == "checkpoint_0000002.npz":
+            raise fileio.WriteFailed(path, OSError(errno.EFBIG, "File too large"))
+        return real(path, *args, **kwargs)
+    monkeypatch.setattr(checkpoint, "atomic_write", limited)
+    monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    flags = ["--dataset", "multi30k", "--data-dir", str(corpus), "--preset", "tiny", "--vocab-size", "60", "--device",
+             "cpu", "--out", str(out), "--quiet", "--max-steps", "3", "--save-every", "1", "--valid-every", "0", "--log-every",
+             "1"]
+    assert train_wmt_module().main(flags) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"error: {out / 'checkpoint_0000002.npz'}: cannot write it (File too large); the run stopped: "
+                       f"--resume continues from {out / 'checkpoint_0000001.npz'}"), err[-3:]
+    monkeypatch.setattr(checkpoint, "atomic_write", real)
+    assert train_wmt_module().main(flags + ["--resume"]) == 0
+    assert sorted(losses(out)) == [1, 2, 3]
+
+
+def test_a_damaged_checkpoint_is_averaged_without_and_resume_names_the_one_before(corpus, tmp_path):
+    # a damaged checkpoint in the averaging window had stopped the run's end (and every --resume after it) at the
+    # average; a damaged last checkpoint refused --resume without saying that the one before it is there to go on from
+    out = tmp_path / "run"
+    flags = ("--save-every", 2, "--valid-every", 0, "--average-last", 5, "--keep-last", 6)
+    assert run_train(corpus, out, "--max-steps", 8, *flags).returncode == 0
+    (out / "checkpoint_0000006.npz").write_bytes(b"\x00" * 1000)
+    r = run_train(corpus, out, "--max-steps", 10, "--resume", *flags)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"note: {out / 'checkpoint_0000006.npz'} is not a minitf checkpoint" in r.stderr
+    assert json.loads((out / "results.json").read_text())["averaged_checkpoints"] == [
+        "checkpoint_0000008.npz", "checkpoint_0000010.npz"]
+    (out / "checkpoint_0000010.npz").write_bytes(b"\x00" * 1000)
+    r = run_train(corpus, out, "--max-steps", 12, "--resume", *flags)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(f"error: --resume: {out / 'checkpoint_0000010.npz'} is not a ")
+    assert r.stderr.strip().endswith(f"; move it out of {out}, and --resume continues from "
+                                     f"{out / 'checkpoint_0000008.npz'}, the checkpoint before it")

@@ -172,6 +172,9 @@ def test_out_must_be_a_picture_file_in_a_folder_that_exists(tmp_path):
     with pytest.raises(ConfigError, match="the folder .*typo does not exist; create it first"):
         viz.plot_lr(tmp_path / "typo" / "lr.png")             # not made: a mistyped folder stays a mistake
     assert not (tmp_path / "typo").exists()
+    (tmp_path / "file").write_text("")                        # under a file: said so (it had said "does not exist")
+    with pytest.raises(ConfigError, match=r"file/lr\.png: .*file is a file, not a folder; fix the path$"):
+        viz.plot_lr(tmp_path / "file" / "lr.png")
     (tmp_path / "lr.png").mkdir()
     with pytest.raises(ConfigError, match="is a folder; name the file to write"):
         viz.plot_lr(tmp_path / "lr.png")

@@ -223,7 +223,7 @@ def _load_data(args, tokenizer, log, expect_data_id, notes, verify, expect_corpu
             raise DataError(f"--tokenizer {e}") from None
     files = data["paths"]["train"]
     # one cache per corpus location: the same dataset read from two folders gets two caches
-    where = hashlib.sha256("\n".join(os.path.abspath(p) for pair in files for p in sorted(pair)).encode()).hexdigest()[:8]
+    where = hashlib.sha256(os.fsencode("\n".join(os.path.abspath(p) for pair in files for p in sorted(pair)))).hexdigest()[:8]
     root = args.cache_dir or default_data_dir("bin")   # $MINITF_CACHE/bin or ~/.cache/minitf/bin
     folder = cache_folder(root, f"{'own' if args.train else args.dataset}.{where}", (args.src, args.tgt))
     corpus = prepare_cache(folder, files, (args.src, args.tgt), vocab_size=vocab, tokenizer=tokenizer, model_type=subword_model(args),

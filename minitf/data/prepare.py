@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from minitf.errors import DataError
-from minitf.fileio import atomic_write_bytes, disk_full, folder_lock, is_disk_full, make_folder
+from minitf.fileio import WriteFailed, atomic_write_bytes, disk_full, folder_lock, is_disk_full, make_folder
 from minitf.progress import bar as progress_bar
 from minitf.data.binarized import (FORMAT, MANIFEST, TOKENIZER, VERSION, CacheDefect, StaleData, open_cache,
                                    read_manifest, verify_cache)
@@ -339,7 +339,11 @@ def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, lo
         if stale.startswith(f".{base}.tmp-") or stale.startswith(f".{base}.old-"):
             shutil.rmtree(os.path.join(parent, stale), ignore_errors=True)
     tmp = os.path.join(parent, f".{base}.tmp-{os.getpid()}")
-    os.makedirs(tmp)
+    try:
+        os.makedirs(tmp)
+    except OSError as e:   # a read-only --cache-dir: its folder named, not the temporary one
+        raise DataError(f"cache {folder}: cannot write in {parent} ({e.strerror or e}); name a folder you can write "
+                        f"with --cache-dir") from None
     t0 = time.time()
     try:
         fingerprint = None
@@ -379,6 +383,8 @@ def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, lo
         if is_disk_full(e):
             raise disk_full(f"cache {folder}", parent, advice="free some space, or put the cache on another disk "
                                                                 "with --cache-dir, and run again") from None
+        if isinstance(e, (OSError, WriteFailed)):   # the file-size limit, no permission: the cache, not a temporary
+            raise WriteFailed(f"cache {folder}", e) from None
         raise
     c = manifest["counts"]
     ratio = wanted["cleaning"]["max_ratio"]

@@ -71,7 +71,15 @@ def _read_bytes(path):
         with open(path, "rb") as f:
             return _read_capped(f, path)
     except (OSError, EOFError, zlib.error) as e:
-        raise DataError(f"{path}: cannot read ({e.__class__.__name__}: {e}); {_DAMAGED}") from None
+        raise unreadable(path, e) from None
+
+
+def unreadable(path, e):
+    """The DataError for a file that could not be read: no permission is said as such (the advice for a damaged file
+    had invited deleting a good one), anything else as a damaged file."""
+    if isinstance(e, PermissionError):
+        return DataError(f"{path}: cannot read it (permission denied); give read permission to the user running minitf")
+    return DataError(f"{path}: cannot read ({e.__class__.__name__}: {e}); {_DAMAGED}")
 
 
 _DAMAGED = ("the file is probably truncated or corrupt: a downloaded one can be deleted and downloaded again (the next "
@@ -363,7 +371,7 @@ class LineStream:
                 while self._read_raw(raw, 1 << 20):  # gzip may stop before trailing bytes
                     pass
         except (OSError, EOFError, zlib.error) as e:
-            raise DataError(f"{self.path}: cannot read ({e.__class__.__name__}: {e}); {_DAMAGED}") from None
+            raise unreadable(self.path, e) from None
 
 
 class _RawHashing(io.RawIOBase):
