@@ -33,8 +33,9 @@ class StepDecoder(Protocol):
     def reorder(self, rows):
         """Keep these rows, in this order (beams taking new parents, finished sentences leaving)."""
 
-    def admit(self, src):
-        """Start the sentences of src [n, S] while others are mid-way (one row each, appended)."""
+    def admit(self, src, max_steps=None):
+        """Start the sentences of src [n, S] while others are mid-way (one row each, appended); max_steps: the
+        positions they may take (their cache's length; default the decoder's)."""
 
 
 ADMIT_WHEN_FREE = 0.5    # continuous batching: waiting sentences start once this share of places is free
@@ -112,7 +113,8 @@ class _Waiting:
     start together are cut to the widest of them, so a group stops before a sentence that would make
     padding more than half of its positions (one long line among short ones waits and starts on its
     own: it had made every sentence of its group as wide, ~60 short lines beside a 3,000-piece one took
-    19 GB and 20x the time)."""
+    19 GB and 20x the time). Each group's step cache has room for its own sentences' length limits (_admit),
+    not the longest line's."""
 
     def __init__(self, src, widths, capacity):
         self.src, self.widths, self.next = src, widths, 0
@@ -131,14 +133,16 @@ class _Waiting:
         return new, self.src[xp_of(self.src).asarray(new), : int(self.widths[new].max())]   # cut to the widest
 
 
-def _admit(waiting, dec, alive, steps, cohort):
+def _admit(waiting, dec, alive, steps, cohort, max_lens):
     """Continuous batching's admission, for both searches: the waiting sentences that start now join
-    the decoder (`dec.admit`) as a new cohort at step 0, after the live ones. Returns (how many
-    started, alive, steps, cohort); the caller extends its own per-row arrays by that many."""
+    the decoder (`dec.admit`) as a new cohort at step 0, after the live ones, with room for the steps of their own
+    length limits (max_lens [B]: one long line had sized every group's cache, and a file of short lines beside it
+    took 20x the memory). Returns (how many started, alive, steps, cohort); the caller extends its own per-row
+    arrays by that many."""
     new, new_src = waiting.admit(len(alive))
     if not len(new):
         return 0, alive, steps, cohort
-    dec.admit(new_src)
+    dec.admit(new_src, int(max_lens[new].max()) + 1)
     cohort = np.concatenate([cohort, np.full(len(new), cohort.max(initial=0) + 1)])
     return len(new), np.concatenate([alive, new]), np.concatenate([steps, np.zeros(len(new), dtype=np.int64)]), cohort
 
@@ -155,7 +159,7 @@ def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True, batch
     max_lens = _max_lengths(model, src_len, max_len_a, max_len_b)
     waiting = _Waiting(src, src_len, batch_size)
     alive, first = waiting.admit(0)
-    dec = model.incremental_decoder(first, int(max_lens.max()) + 1, use_cache)
+    dec = model.incremental_decoder(first, int(max_lens[alive].max()) + 1, use_cache)
     steps = np.zeros(len(alive), dtype=np.int64)   # [n] the step each sentence is at
     cohort = np.zeros(len(alive), dtype=np.int64)  # [n] which admission (decoder group) each came in
     out = [[] for _ in range(src.shape[0])]
@@ -183,7 +187,7 @@ def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True, batch
             progress.update(len(alive) - len(keep))
         dec.reorder(keep)
         alive, steps, tokens, cohort = alive[keep], steps[keep] + 1, best[keep], cohort[keep]
-        n_new, alive, steps, cohort = _admit(waiting, dec, alive, steps, cohort)
+        n_new, alive, steps, cohort = _admit(waiting, dec, alive, steps, cohort, max_lens)
         if n_new:
             tokens = np.concatenate([tokens, np.full(n_new, cfg.bos_id)])
     return [[(o, p)] for o, p in zip(out, logp)] if scores else out
@@ -346,9 +350,9 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
     src, src_len = _host_and_device_src(model, src)
     b, k = src.shape[0], beam_size
     max_lens = _max_lengths(model, src_len, max_len_a, max_len_b)
-    steps_max = int(max_lens.max()) + 1
     waiting = _Waiting(src, src_len, batch_size)
     alive, first = waiting.admit(0)               # sentences being decoded, in row order
+    steps_max = int(max_lens[alive].max()) + 1    # the positions the live sentences may take (their own limits)
     dec = model.incremental_decoder(first, steps_max, use_cache, beam=k)
     steps = np.zeros(len(alive), dtype=np.int64)  # [n] the step each is at
     cohort = np.zeros(len(alive), dtype=np.int64) # [n] which admission (decoder group) each came in
@@ -426,7 +430,11 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
         first_row = np.where(np.arange(n) < n_old, np.arange(n) * k, n_old * (k - 1) + np.arange(n))
         dec.reorder((first_row[still][:, None] + new_beam).reshape(-1))        # ... and its decoder row
         alive, steps, cohort = alive[still], steps[still] + 1, cohort[still]
-        n_new, alive, steps, cohort = _admit(waiting, dec, alive, steps, cohort)   # free places to new sentences
+        n_new, alive, steps, cohort = _admit(waiting, dec, alive, steps, cohort, max_lens)   # free places to new ones
+        steps_max = int(max_lens[alive].max()) + 1 if len(alive) else 0   # the per-row arrays' width: the live's
+        hyps = _width(hyps, steps_max)
+        if nbest:
+            paths = _width(paths, steps_max)
         if n_new:
             scores = np.concatenate([scores, _first_scores(n_new, k)]).astype(scores.dtype)
             hyps = np.concatenate([hyps, np.zeros((n_new * k, steps_max), dtype=np.int64)])
@@ -437,6 +445,13 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
         return [[(tokens, logprobs) for _, _, tokens, logprobs in sorted(f, key=lambda h: (h[0], -h[1]))[:nbest]]
                 for f in finished]
     return best
+
+
+def _width(a, columns):
+    """a [rows, *] with `columns` columns: cut (the live rows' tokens all lie before it) or padded with zeros."""
+    if a.shape[1] >= columns:
+        return a[:, :columns]
+    return np.pad(a, ((0, 0), (0, columns - a.shape[1])))
 
 
 def _top_candidates(logits, offset, k, n_best, n_old, extra=()):

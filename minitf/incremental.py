@@ -137,14 +137,15 @@ class IncrementalDecoder:
         self.groups = []
         self.admit(src)
 
-    def admit(self, src):
-        """Start decoding the sentences src [m, S] (after those held), at step 0."""
+    def admit(self, src, max_steps=None):
+        """Start decoding the sentences src [m, S] (after those held), at step 0, with room in their cache for
+        max_steps positions (default the decoder's max_steps)."""
         with maps_off():   # no backward: no attention weights kept
             memory, src_bias, _ = self.model.encode(src)                   # once per sentence, not per beam
         g = _Group(src.shape[0], src_bias)
         rows = src.shape[0] * self.beam                                # room for the beams after the first step
         if self.use_cache:
-            g.cache = StepCache(self.model.decoder.layer_list, memory, rows, self.max_steps)
+            g.cache = StepCache(self.model.decoder.layer_list, memory, rows, max_steps or self.max_steps)
         else:   # the whole prefix again at every step: keep memory [m, S, D] and the tokens so far
             g.memory, g.prefix = memory, self.model.xp.zeros((src.shape[0], 0), dtype=src.dtype)
         self.groups.append(g)

@@ -189,8 +189,9 @@ class RecurrentDecoder:
         self.groups, self.h, self.c, self.feed = [], None, None, None
         self.admit(src)
 
-    def admit(self, src):
-        """Start decoding the sentences src [m, S] (after those held), from the zero state."""
+    def admit(self, src, max_steps=None):
+        """Start decoding the sentences src [m, S] (after those held), from the zero state (max_steps: unused, the
+        recurrent state has no positions to make room for)."""
         m, xp = self.model, self.model.xp
         memory, bias, _ = m.encode(src)
         self.groups.append(_Sentences(src.shape[0], memory, m.attention.keys(memory), bias))
