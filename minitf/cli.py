@@ -304,14 +304,16 @@ def cmd_score(args):
     """Score given translations: each (--src, --tgt) pair's log-probability under the model."""
     from .translate import load
     src, tgt = _read_pair("--src", args.src, "--tgt", args.tgt)
-    empty = [i + 1 for i, line in enumerate(src) if not line.strip()]
-    if empty:
-        which = f"line {empty[0]} is" if len(empty) == 1 else f"{len(empty):,} lines are (the first: line {empty[0]})"
-        raise DataError(f"--src {args.src}: {which} empty: a translation needs a source to be scored "
-                        f"against; drop the pairs whose source is empty first (no score is written until every pair "
-                        f"has a source)")
     _check_output(args, ("--src", args.src), ("--tgt", args.tgt))
     translator = load(args.checkpoint, args.device)
+    # empty: no piece, blank or not (a line of "▁" or of characters the tokenizer drops had been passed over here, and
+    # the first blank one named as the first)
+    empty = [i + 1 for i, ids in enumerate(translator.tokenizer.encode(src)) if not ids]
+    if empty:
+        which = f"line {empty[0]} is" if len(empty) == 1 else f"{len(empty):,} lines are (the first: line {empty[0]})"
+        raise DataError(f"--src {args.src}: {which} empty (no piece): a translation needs a source to be scored "
+                        f"against; drop the pairs whose source is empty first (no score is written until every pair "
+                        f"has a source)")
     try:
         scored = translator.score(src, tgt, alpha=args.alpha, batch_size=args.batch_size, progress=not args.quiet)
     except ValueError as e:   # a line the model cannot take (longer than learned positions reach): named by its number
@@ -442,8 +444,9 @@ def build_parser(prog="python -m minitf"):
     p.add_argument("--src", type=path_arg, required=True, help="source sentences (a file, plain or .gz, a pipe such as "
                                                 "<(zcat f.gz), or - for stdin)")
     p.add_argument("--ref", type=path_arg, required=True, help="reference translations, the same way")
-    p.add_argument("--lang", help="target language of the paper's tokenized BLEU (Moses tokenizer; 'de' also "
-                   "splits compounds); default: the one the checkpoint was trained on")
+    p.add_argument("--lang", help="target language: it picks sacreBLEU's tokenizer (zh, ja, ko their own, "
+                   "characters for ja and ko where MeCab is not installed; 13a for the others) and the paper's tokenized BLEU's (Moses tokenizer; 'de' also splits compounds); "
+                   "default: the one the checkpoint was trained on")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_evaluate, memory=DECODE_MEMORY)
     p = sub.add_parser("score", help="how likely the model finds given translations: --src and --tgt, line by line",

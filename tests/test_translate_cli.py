@@ -732,10 +732,12 @@ def test_output_dash_is_stdout_a_model_files_name_is_refused_and_a_file_keeps_it
 def test_score_names_its_empty_source_lines_before_scoring_any(setup, tmp_path):
     d = setup
     src, tgt = tmp_path / "s.txt", tmp_path / "t.txt"
-    for empties, says in (([1], "line 2 is empty"), ([1, 2, 4], "3 lines are (the first: line 2) empty")):
+    # a line of "▁" (no piece, not blank) had been passed over, and the first blank line named as the first
+    for empties, says in (([1], "line 2 is empty (no piece)"), ([1, 2, 4], "3 lines are (the first: line 2) empty (no piece)"),
+                          ([0, 3], "2 lines are (the first: line 1) empty (no piece)")):
         lines = (d / "src.txt").read_text().splitlines()[:5]
         for i in empties:
-            lines[i] = " " if i == 2 else ""
+            lines[i] = {0: "\u2581\u2581\u2581", 2: " "}.get(i, "")
         src.write_text("\n".join(lines) + "\n")
         tgt.write_text("\n".join(["x"] * 5) + "\n")
         r = run("score", "--checkpoint", d / "model.npz", "--src", src, "--tgt", tgt, "--quiet")
