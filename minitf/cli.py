@@ -131,6 +131,8 @@ def cmd_export(args):
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         raise ConfigError(f"--out {args.output} is a file; name the folder to write the {args.format} model into")
     parent = os.path.dirname(os.path.abspath(args.output))
+    if os.path.exists(parent) and not os.path.isdir(parent):
+        raise ConfigError(f"--out {args.output}: {parent} is a file, not a folder; fix the path")
     if not os.path.isdir(parent):
         raise ConfigError(f"--out {args.output}: the folder {parent} does not exist; create it first or fix the path")
     if args.format == "marian":
@@ -205,7 +207,7 @@ def _write_text(output, text):
     if not output:
         sys.stdout.write(text)
         return
-    from .fileio import atomic_write
+    from .fileio import WriteFailed, atomic_write
     data = text.encode()
     try:
         if output.endswith(".gz"):
@@ -218,6 +220,8 @@ def _write_text(output, text):
         atomic_write(output, lambda f: f.write(data))
     except OSError as e:
         raise DataError(f"--output {output}: cannot write it ({e.strerror or e})") from None
+    except WriteFailed as e:
+        raise DataError(f"--output {output}: cannot write it ({e.reason})") from None
 
 
 def _scored_lines(i, line, hyps, per_piece):

@@ -110,12 +110,13 @@ def atomic_write(path, write, size_hint=None, advice=None):
     name = os.path.basename(path)
     # the temporary name is longer by the prefix and 8 random characters: a name near the file system's 255 bytes
     # keeps only its end
-    suffix = name if len(os.fsencode(name)) <= 200 else os.fsdecode(os.fsencode(name)[-40:])
+    # (cut whole characters: a character cut in two is no name a UTF-8-only file system takes)
+    suffix = name if len(os.fsencode(name)) <= 200 else os.fsencode(name)[-40:].decode(errors="ignore")
     try:
         os.makedirs(folder, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=suffix, dir=folder)
-    except OSError as e:
-        raise WriteFailed(path, e) from None
+    except OSError as e:   # no space (or no inode, the quota) to make the file is a full disk, as below
+        raise (disk_full(path, folder, size_hint, advice) if is_disk_full(e) else WriteFailed(path, e)) from None
     try:
         try:
             mode = stat.S_IMODE(os.stat(path).st_mode)

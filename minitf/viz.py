@@ -77,12 +77,14 @@ def _check_out(out):
 
 
 def _save(fig, out):
-    from .fileio import atomic_write
+    from .fileio import WriteFailed, atomic_write
     fmt = _check_out(out)
     try:
         atomic_write(out, lambda f: fig.savefig(f, format=fmt, dpi=DPI))   # mode 0666 less the umask
     except OSError as e:
         raise DataError(f"--out {out}: cannot write the picture ({e.strerror or e})") from None
+    except WriteFailed as e:
+        raise DataError(f"--out {out}: cannot write the picture ({e.reason})") from None
     print(f"wrote {out}", file=sys.stderr)
 
 

@@ -820,3 +820,14 @@ def test_a_cache_folder_that_cannot_be_written_names_itself_not_a_temporary(tmp_
     with pytest.raises(WriteFailed, match=rf"^cache {re.escape(folder)}: cannot write it \(File too large\)$"):
         _prepare(tmp_path, paths)
     assert not [p for p in os.listdir(os.path.dirname(folder)) if ".tmp-" in p]   # the temporary folder went
+    monkeypatch.undo()
+    # a corpus file moved away while the cache was built is its own error, not the cache's write
+    real_stat = prepare._stat
+
+    def moved(path):
+        raise FileNotFoundError(2, "No such file or directory", os.fspath(path))
+    monkeypatch.setattr(prepare, "_stat", moved)
+    with pytest.raises(FileNotFoundError) as e:
+        _prepare(tmp_path, paths)
+    assert e.value.filename in map(str, paths)
+    monkeypatch.setattr(prepare, "_stat", real_stat)

@@ -99,15 +99,18 @@ def _both_readers(path):
     return out
 
 
-def test_a_nul_byte_is_refused_naming_the_line(tmp_path):
-    # a UTF-16LE file without a byte-order mark decodes as UTF-8 without error: every other character NUL. It had
-    # trained as characters and <unk>s, one pair more than the file's lines (its final "\x00")
+def test_nul_bytes_a_line_is_full_of_are_refused_and_a_stray_one_dropped(tmp_path):
+    # a UTF-16LE file without a BOM decodes as UTF-8 without error, every other byte NUL: it had trained as characters
+    # and <unk>s, one pair more than the file's lines (its final "\x00"); a file a crash filled with zeros is damaged.
+    # A stray NUL in a line of text (web-crawled corpora carry a few) is dropped, not the whole corpus refused
     (tmp_path / "u16.en").write_bytes("a dog\nthe cat\n".encode("utf-16-le"))
-    (tmp_path / "late.en").write_bytes(b"one\ntwo\nth\x00ree\n")
-    for name, line in (("u16.en", 1), ("late.en", 3)):
+    (tmp_path / "zeros.en").write_bytes(b"one\ntwo\n" + b"\x00" * 64)
+    for name, line in (("u16.en", 1), ("zeros.en", 3)):
         for said in _both_readers(tmp_path / name):
-            assert said == (f"{tmp_path / name}:{line}: a NUL byte (0x00), which UTF-8 text never holds: the file is "
-                            f"UTF-16 (convert it, e.g. iconv -f UTF-16LE -t UTF-8) or damaged")
+            assert said == (f"{tmp_path / name}:{line}: a line of NUL bytes (0x00), which text never holds: the file "
+                            f"is UTF-16 (convert it, e.g. iconv -f UTF-16LE -t UTF-8) or damaged")
+    (tmp_path / "stray.en").write_bytes(b"one\nth\x00ree\n\x00four\n")
+    assert _both_readers(tmp_path / "stray.en") == [["one", "three", "four"]] * 2
 
 
 def test_lines_ended_by_a_carriage_return_alone_are_refused_not_joined(tmp_path):
@@ -121,6 +124,9 @@ def test_lines_ended_by_a_carriage_return_alone_are_refused_not_joined(tmp_path)
     assert _both_readers(tmp_path / "fine.en") == [["a dog", "mid\rline", "one line"]] * 2
     (tmp_path / "one.en").write_bytes(b"a single line\r")          # one line, no newline: its ending is a CR
     assert _both_readers(tmp_path / "one.en") == [["a single line"]] * 2
+    (tmp_path / "mac_nl.en").write_bytes(b"a dog\rthe cat\r\n")         # a newline a tool added at the end: the same
+    for said in _both_readers(tmp_path / "mac_nl.en"):
+        assert said.startswith(f"{tmp_path / 'mac_nl.en'}: its lines end in a carriage return alone")
     from minitf.data import readers
     long = b"x" * (readers.MAX_LINE_BYTES // 2) + b"\r"                # a big file in CRs: the 1 MiB cap says why
     (tmp_path / "big.en").write_bytes(long * 3 + b"\n")

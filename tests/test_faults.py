@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from minitf.errors import CheckpointError
+from minitf.errors import CheckpointError, DataError
 from minitf.safetensors import load_safetensors, save_safetensors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -531,6 +531,46 @@ def test_a_write_the_file_system_refuses_names_the_file_not_stdout(tiny_checkpoi
     assert capsys.readouterr().err == f"error: {tmp_path / 'm.safetensors'}: cannot write it (File too large)\n"
     monkeypatch.setattr(fileio.os, "fsync", real_fsync)
     assert sorted(os.listdir(tmp_path)) == sorted(p.name for p in [ckpt] if p.parent == tmp_path)   # nothing left
+
+
+def test_no_space_to_make_the_temporary_file_is_a_full_disk_and_names_stay_utf8(tmp_path, monkeypatch, capsys):
+    # a quota or the inodes spent when the temporary file is made had lost the full disk's message; --output's
+    # refusal keeps its flag; a long name's temporary name is cut at a character, not inside one
+    import errno
+    from minitf import cli, fileio
+
+    def quota(*args, **kwargs):
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")
+    monkeypatch.setattr(fileio.tempfile, "mkstemp", quota)
+    with pytest.raises(fileio.DiskFull, match=r"a\.npz: no space left on the device of "):
+        fileio.atomic_write(tmp_path / "a.npz", lambda f: f.write(b"x"))
+    monkeypatch.undo()
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(fileio.tempfile, "mkstemp", refused)
+    with pytest.raises(DataError, match=r"^--output \S*out\.txt: cannot write it \(Permission denied\)$"):
+        cli._write_text(str(tmp_path / "out.txt"), "text\n")
+    monkeypatch.undo()
+    seen = []
+    real = fileio.tempfile.mkstemp
+
+    def kept(*args, **kwargs):
+        seen.append(kwargs["suffix"])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(fileio.tempfile, "mkstemp", kept)
+    fileio.atomic_write(tmp_path / ("\u00e9" * 100 + "x.npz"), lambda f: f.write(b"x"))
+    assert seen[0].endswith("x.npz") and len(os.fsencode(seen[0])) <= 40 and seen[0].encode("utf-8")
+
+
+def test_a_folder_export_under_a_file_says_so(tiny_checkpoint, tmp_path, capsys):
+    from minitf import cli
+    ckpt, _ = tiny_checkpoint
+    (tmp_path / "afile").write_text("")
+    for fmt in ("marian", "ctranslate2"):
+        assert cli.main(["export", "--checkpoint", str(ckpt), "--format", fmt, "--output", str(tmp_path / "afile" / "m")]) == 2
+        assert capsys.readouterr().err == (f"error: --out {tmp_path / 'afile' / 'm'}: {tmp_path / 'afile'} is a file, not "
+                                           f"a folder; fix the path\n")
 
 
 def test_a_folder_whose_parent_cannot_be_written_is_locked_inside(tmp_path, monkeypatch):

@@ -342,6 +342,9 @@ def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, lo
     try:
         os.makedirs(tmp)
     except OSError as e:   # a read-only --cache-dir: its folder named, not the temporary one
+        if is_disk_full(e):
+            raise disk_full(f"cache {folder}", parent, advice="free some space, or put the cache on another disk "
+                                                                "with --cache-dir, and run again") from None
         raise DataError(f"cache {folder}: cannot write in {parent} ({e.strerror or e}); name a folder you can write "
                         f"with --cache-dir") from None
     t0 = time.time()
@@ -383,8 +386,8 @@ def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, lo
         if is_disk_full(e):
             raise disk_full(f"cache {folder}", parent, advice="free some space, or put the cache on another disk "
                                                                 "with --cache-dir, and run again") from None
-        if isinstance(e, (OSError, WriteFailed)):   # the file-size limit, no permission: the cache, not a temporary
-            raise WriteFailed(f"cache {folder}", e) from None
+        if isinstance(e, WriteFailed) or isinstance(e, OSError) and _written(e, tmp):   # the file-size limit, ...
+            raise WriteFailed(f"cache {folder}", e) from None   # ... the cache named, not a temporary file in it
         raise
     c = manifest["counts"]
     ratio = wanted["cleaning"]["max_ratio"]
@@ -403,6 +406,12 @@ def dropped_note(manifest):
     c = manifest["counts"]
     gone = c["total"] - c["kept"]
     return f" (of {c['total']:,}: the cleaning rules dropped {gone:,} when the cache was built)" if gone else ""
+
+
+def _written(e, tmp):
+    """Whether the OSError `e` came from writing the cache being built in `tmp`: a write names no file, or names one
+    there (a corpus file moved away while it was read stays its own error)."""
+    return e.filename is None or os.path.abspath(os.fspath(e.filename)).startswith(os.path.abspath(tmp) + os.sep)
 
 
 def _encode_all(tmp, files, languages, wanted, tokenizer, progress, chunk_lines, threads):

@@ -9,8 +9,8 @@ Lines are split on ``"\\n"`` only (never on the other Unicode line breaks that
 `str.splitlines` honours, such as U+2028 or U+0085, which would silently shift a
 parallel corpus out of alignment); a trailing ``"\\r"`` is removed. A file whose lines end in
 ``"\\r"`` alone (old Mac text) reads as one line: it is refused rather than joined.
-A NUL byte is refused: UTF-8 text holds none, and a UTF-16 file without a byte-order mark (or one
-a crash filled with zeros) decodes without error into pieces of nothing.
+A line of NUL bytes is refused (`without_stray_nuls`): text holds none, and a UTF-16 file without a byte-order mark
+(or one a crash filled with zeros) decodes without error into pieces of nothing; a stray NUL is dropped.
 Gzip is told by a file's first two bytes, not its name.
 """
 
@@ -125,16 +125,33 @@ def line_too_long(path, number, sentences, carriage_returns=False):
                      f"{sentences}; {why}")
 
 
-def nul_byte(path, number):
-    """The DataError for a NUL byte on line `number` of `path`."""
-    return DataError(f"{path}:{number}: a NUL byte (0x00), which UTF-8 text never holds: the file is UTF-16 (convert "
-                     f"it, e.g. iconv -f UTF-16LE -t UTF-8) or damaged")
+NUL_SHARE = 0.25   # a line this much NUL bytes is not text: UTF-16 (every other byte of ASCII), or zeros
+
+
+def without_stray_nuls(line, path, number):
+    """The bytes of line `number` of `path` without their NUL bytes, which text never holds: a stray one (web-crawled
+    corpora carry a few) is dropped; a line NUL_SHARE or more NUL bytes is a DataError: a UTF-16 file without a
+    byte-order mark decodes as UTF-8 without error, every other byte NUL (it had trained as characters and <unk>s),
+    and a file a crash filled with zeros is damaged."""
+    n = line.count(b"\x00")
+    if not n:
+        return line
+    if n >= NUL_SHARE * len(line.rstrip(b"\r\n")):
+        raise DataError(f"{path}:{number}: a line of NUL bytes (0x00), which text never holds: the file is UTF-16 "
+                        f"(convert it, e.g. iconv -f UTF-16LE -t UTF-8) or damaged")
+    return line.replace(b"\x00", b"")
 
 
 def only_carriage_returns(path):
     """The DataError for a file whose lines end in "\\r" alone: read on "\\n", it would be one line."""
     return DataError(f"{path}: its lines end in a carriage return alone (old Mac text), so it reads as one line; "
                      f"convert them, e.g. tr '\\r' '\\n' < FILE > NEW")
+
+
+def _mac_text(only_line):
+    """Whether the bytes of a file's only line (a "\\n" at its end at most) hold a carriage return before its end:
+    lines ended by "\\r" alone."""
+    return b"\r" in only_line.rstrip(b"\n").rstrip(b"\r")
 
 
 def _read_capped(f, path):
@@ -161,10 +178,9 @@ BOM = "\ufeff"   # a byte-order mark, which some editors put at the start of a U
 
 def _decode(path, data):
     """Strict UTF-8 decode, a leading byte-order mark dropped; an error names the file and the 1-based line number."""
-    nul = data.find(b"\x00")
-    if nul >= 0:
-        raise nul_byte(path, data.count(b"\n", 0, nul) + 1)
-    if b"\n" not in data and b"\r" in data.rstrip(b"\r"):
+    if b"\x00" in data:
+        data = b"\n".join(without_stray_nuls(line, path, i + 1) for i, line in enumerate(data.split(b"\n")))
+    if b"\n" not in data.rstrip(b"\n") and _mac_text(data):
         raise only_carriage_returns(path)
     try:
         return data.decode("utf-8").removeprefix(BOM)
@@ -346,6 +362,7 @@ class LineStream:
                 else:
                     f = io.BufferedReader(_RawHashing(_Hashing(raw)), 1 << 20)
                 with f:
+                    first = None   # line 1, held until line 2 is read: a file of one line may be old Mac text
                     while True:
                         line = f.readline(MAX_LINE_BYTES + 2)   # at most this much, even of a 1 GiB line
                         if not line:
@@ -354,24 +371,35 @@ class LineStream:
                         if len(line) - line.endswith(b"\n") > MAX_LINE_BYTES:   # the limit is read_lines', newline apart
                             raise line_too_long(self.path, number, "minitf trains on (--max-len pieces)",
                                                 b"\r" in line)
-                        if b"\x00" in line:
-                            raise nul_byte(self.path, number)
-                        if number == 1 and not line.endswith(b"\n") and b"\r" in line.rstrip(b"\r"):
-                            raise only_carriage_returns(self.path)   # the file's one line: it has no "\n"
-                        try:
-                            text = line.decode("utf-8")
-                        except UnicodeDecodeError as e:
-                            bad = line[e.start:e.end].hex()
-                            raise DataError(f"{self.path}:{number}: invalid UTF-8 (bytes 0x{bad}); "
-                                            f"convert the file to UTF-8 (e.g. iconv) or fix that "
-                                            f"line") from None
+                        line = without_stray_nuls(line, self.path, number)
                         if number == 1:
-                            text = text.removeprefix(BOM)
-                        yield text.rstrip("\n").rstrip("\r")
+                            first = line
+                            continue
+                        if number == 2:
+                            yield _line_text(self.path, first, 1)
+                        yield _line_text(self.path, line, number)
+                    if number == 1:
+                        if _mac_text(first):
+                            raise only_carriage_returns(self.path)
+                        yield _line_text(self.path, first, 1)
                 while self._read_raw(raw, 1 << 20):  # gzip may stop before trailing bytes
                     pass
         except (OSError, EOFError, zlib.error) as e:
             raise unreadable(self.path, e) from None
+
+
+def _line_text(path, line, number):
+    """Line `number`'s bytes as text, its newline (and a "\\r" before it) and, on line 1, a byte-order mark dropped;
+    invalid UTF-8 is a DataError naming the line."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        bad = line[e.start:e.end].hex()
+        raise DataError(f"{path}:{number}: invalid UTF-8 (bytes 0x{bad}); convert the file to UTF-8 (e.g. iconv) or "
+                        f"fix that line") from None
+    if number == 1:
+        text = text.removeprefix(BOM)
+    return text.rstrip("\n").rstrip("\r")
 
 
 class _RawHashing(io.RawIOBase):
