@@ -124,6 +124,10 @@ def cmd_export(args):
     if args.format == "safetensors":
         from .checkpoint import export_safetensors
         check_output_file(args.output, "--output")
+        from .safetensors import written_by_minitf
+        if os.path.isfile(args.output) and not written_by_minitf(args.output):   # an earlier export is replaced
+            raise ConfigError(f"--output {args.output} is a file minitf did not export (another model's weights?): "
+                              f"an export there would replace it; name another file, or move it away")
         size = export_safetensors(args.checkpoint, args.output)
         print(f"exported {args.checkpoint} ({os.path.getsize(args.checkpoint) / 1e6:,.1f} MB) -> {args.output} "
               f"({size / 1e6:,.1f} MB: parameters, config and tokenizer; no optimizer state)", file=sys.stderr)

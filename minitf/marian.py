@@ -218,7 +218,8 @@ def write_marian(cfg, params, tokenizer, languages, out_dir):
              "source.spm": lambda f: f.write(src_spm),
              "target.spm": lambda f: f.write(tgt_spm),
              "decoder.yml": lambda f: f.write(dump_yaml({"models": ["model.npz"], "vocabs": ["vocab.yml", "vocab.yml"],
-                                                         "beam-size": 4, "normalize": cfg.decode_alpha}).encode())}
+                                                         "beam-size": 4, "normalize": cfg.decode_alpha,
+                                                         "relative-paths": True}).encode())}   # as OPUS-MT's
     check_export_folder(out_dir, files, is_minitf_export, "Marian model")
     with staging_folder(out_dir, "marian") as made:   # written whole, then moved in
         for name, write in files.items():
@@ -360,7 +361,8 @@ REQUIRED = {"type": ("transformer",), "transformer-decoder-autoreg": ("self-atte
             "transformer-ffn-activation": ("relu", "swish"), "transformer-ffn-depth": (2,),
             "transformer-no-projection": (False,), "transformer-tied-layers": ([],),
             "transformer-postprocess-emb": ("d", ""), "right-left": (False,), "lemma-dim-emb": (0,),
-            "transformer-aan-depth": (2,), "factors-combine": ("sum",)}
+            "transformer-aan-depth": (2,), "factors-combine": ("sum",),
+            "transformer-decoder-ffn-depth": (0, 2)}   # 0: the encoder's depth (it had loaded a depth 3 as garbage)
 
 
 def marian_files(path):
@@ -555,13 +557,20 @@ def import_marian(path):
     params = {"embedding.weight": table[:, order]}
     if cfg.output_bias:
         params["embedding.bias"] = logit_bias
+    used = set()
     for mname, name, kind in _names(cfg):
         if name in params:
             continue
         if mname not in arrays:
             raise CheckpointError(f"{model_path}: no {mname} array (the model.yml describes a {n_layers}+{n_dec}-layer "
                                   f"{norm}-norm Transformer)")
+        used.add(mname)
         params[name] = _from_marian(arrays[mname], kind, order).astype(np.float32)
+    unbuilt = sorted(n for n in arrays if n.startswith(("encoder_l", "decoder_l")) and n not in used)
+    if unbuilt:   # a layer's weight minitf has no place for: the model would load as another one, translating garbage
+        raise CheckpointError(f"{model_path}: {', '.join(unbuilt[:3])}{' ...' if len(unbuilt) > 3 else ''}: weights "
+                              f"of a layer minitf does not build (the model.yml describes a {n_layers}+{n_dec}-layer "
+                              f"{norm}-norm Transformer with two-layer feed-forwards)")
     tokenizer = MarianTokenizer.from_files(src_spm, tgt_spm, [pieces[r] if r is not None else s for r, s in
                                                              zip(rows, list(SPECIALS) + [None] * (len(rows) - 4))])
     return cfg, params, tokenizer, recorded_languages(options)

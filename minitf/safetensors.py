@@ -70,6 +70,18 @@ def load_safetensors(path):
     return tensors, metadata
 
 
+def written_by_minitf(path):
+    """Whether the file `path` is a .safetensors file minitf wrote (its header's metadata says format "minitf"),
+    read from its header alone; False for any other file, or one that cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(min(n, 1 << 26)).decode()) if n <= 1 << 26 else None
+        return isinstance(header, dict) and (header.get("__metadata__") or {}).get("format") == "minitf"
+    except (OSError, struct.error, ValueError, AttributeError):
+        return False
+
+
 def _is_int(v):
     return isinstance(v, int) and not isinstance(v, bool)
 

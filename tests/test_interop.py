@@ -12,7 +12,7 @@ import minitf
 from minitf.checkpoint import load_checkpoint, save_checkpoint
 from minitf.config import id_ranges
 from minitf.data.tokenizer import Tokenizer
-from minitf.errors import CheckpointError
+from minitf.errors import CheckpointError, DataError
 from minitf.marian import (OUTSIDE, dump_vocab, dump_yaml, export_marian, halves_order, import_marian,
                            load_vocab, load_yaml, marian_config)
 from minitf.translate import translate_ids
@@ -343,7 +343,25 @@ def test_what_real_opus_mt_folders_hold_is_read_or_refused_in_one_line(tmp_path)
     with pytest.raises(CheckpointError, match=r"--transformer-decoder-dim-ffn 32 \(the encoder's --transformer-dim-ffn "
                                               r"24\) is not supported by minitf"):
         import_marian(str(folder))
+    # a decoder feed-forward of three layers (a real option, 0 in OPUS-MT's model.yml) and a layer's weight minitf has
+    # no place for had loaded as another model, translating garbage with exit 0
+    text = arrays["special:model.yml"].tobytes().rstrip(b"\0").decode() + "transformer-decoder-ffn-depth: 3\n"
+    np.savez(folder / "opus.npz", **{**arrays, "special:model.yml": np.frombuffer(text.encode() + b"\0", np.int8)})
+    with pytest.raises(CheckpointError, match=r"--transformer-decoder-ffn-depth 3 is not supported by minitf"):
+        import_marian(str(folder))
+    text = arrays["special:model.yml"].tobytes().rstrip(b"\0").decode() + "transformer-decoder-ffn-depth: 0\n"
+    np.savez(folder / "opus.npz", **{**arrays, "special:model.yml": np.frombuffer(text.encode() + b"\0", np.int8)})
+    assert import_marian(str(folder))[0].d_ff == 24                     # 0: the encoder's depth, as Marian reads it
+    np.savez(folder / "opus.npz", **arrays, decoder_l1_ffn_W3=arrays["decoder_l1_ffn_W2"].T.copy())
+    with pytest.raises(CheckpointError, match=r"opus\.npz: decoder_l1_ffn_W3: weights of a layer minitf does not build"):
+        import_marian(str(folder))
     np.savez(folder / "opus.npz", **arrays)
+    # an empty source.spm (a copy stopped before it began) had been a traceback inside SentencePiece's first encode
+    spm_bytes = (folder / "source.spm").read_bytes()
+    (folder / "source.spm").write_bytes(b"")
+    with pytest.raises(DataError, match=r"source\.spm or .*target\.spm is not a SentencePiece model"):
+        import_marian(str(folder))
+    (folder / "source.spm").write_bytes(spm_bytes)
     # a .safetensors export holds a minitf checkpoint: an OPUS-MT folder is refused there in one line
     from minitf.cli import main
     assert main(["export", "--checkpoint", str(folder), "--out", str(tmp_path / "c.safetensors")]) == 2
@@ -505,6 +523,17 @@ def test_export_never_replaces_what_an_earlier_export_did_not_write(tmp_path):
             minitf.load(str(name))
         assert main(["info", str(name)]) == 2
         assert main(["export", "--format", "marian", "--checkpoint", str(name), "--out", str(tmp_path / "m2")]) == 2
+    # a .safetensors file minitf did not export (another model's weights) had been replaced without a word; an earlier
+    # export is written again; the Marian export's decoder.yml resolves its files beside itself, as OPUS-MT's does
+    foreign = tmp_path / "hf.safetensors"
+    from minitf.safetensors import save_safetensors
+    save_safetensors(foreign, {"w": np.ones(3, dtype=np.float32)}, {"format": "pt"})
+    before = foreign.read_bytes()
+    assert main(["export", "--checkpoint", str(path), "--output", str(foreign)]) == 2 and foreign.read_bytes() == before
+    ours = tmp_path / "ours.safetensors"
+    assert main(["export", "--checkpoint", str(path), "--output", str(ours)]) == 0
+    assert main(["export", "--checkpoint", str(path), "--output", str(ours)]) == 0
+    assert load_yaml((tmp_path / "marian" / "decoder.yml").read_text())["relative-paths"] is True
 
 
 def test_the_marian_export_records_the_models_length_penalty(tmp_path):

@@ -108,7 +108,7 @@ class Tokenizer:
                 _proto = f.read()
         where = model_path or "tokenizer bytes"
         try:
-            self._sp = spm.SentencePieceProcessor(model_proto=_proto)
+            self._sp = _processor(_proto)
         except Exception:  # sentencepiece raises RuntimeError/OSError variants (its parser's source line)
             raise DataError(f"{where} is not a SentencePiece model (it does not parse as one); "
                             f"name the .model file SentencePiece wrote") from None
@@ -259,6 +259,14 @@ class Tokenizer:
         return tok
 
 
+def _processor(proto):
+    """A SentencePieceProcessor of the model bytes `proto`; ValueError for none (an empty file: SentencePiece takes it
+    without a word, then fails inside its first encode, a traceback)."""
+    if not proto:
+        raise ValueError("an empty SentencePiece model")
+    return spm.SentencePieceProcessor(model_proto=proto)
+
+
 SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")   # the pieces of ids 0-3 (MarianTokenizer)
 
 
@@ -279,9 +287,8 @@ class MarianTokenizer:
         self.pieces = list(pieces)
         self.ids = {p: i for i, p in enumerate(self.pieces)}
         self.source_proto, self.target_proto = bytes(source_proto), bytes(target_proto)
-        self._src = spm.SentencePieceProcessor(model_proto=self.source_proto)
-        self._tgt = self._src if self.target_proto == self.source_proto else \
-            spm.SentencePieceProcessor(model_proto=self.target_proto)
+        self._src = _processor(self.source_proto)
+        self._tgt = self._src if self.target_proto == self.source_proto else _processor(self.target_proto)
 
     @classmethod
     def from_files(cls, source_spm, target_spm, pieces):
