@@ -17,7 +17,7 @@ from .validation import evaluate_loss, perplexity
 # what a run writes into --out (atomic_write's temporary files of these are its leftovers)
 STEP_CHECKPOINT = re.compile(r"checkpoint_\d+\.npz")
 BEST = "checkpoint_best.npz"   # the model of the best validation BLEU so far (the loss with --valid-bleu-sentences 0; no optimizer state)
-OUTPUT_NAMES = re.compile(r"checkpoint_\d+\.npz|checkpoint_best\.npz|averaged\.npz|model\.npz|config\.json|results\.json|[\w.-]+\.hyp\.[\w-]+")
+OUTPUT_NAMES = re.compile(r"checkpoint_\d+\.npz|checkpoint_best\.npz|averaged\.npz|model\.npz|config\.json|results\.json|train_log\.jsonl|[\w.-]+\.hyp\.[\w-]+")
 
 
 def checkpoint_paths(out):

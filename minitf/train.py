@@ -239,17 +239,32 @@ def _locked_train(args, world):
     try:
         try:
             stop = run_loop(run)
+        except BaseException as e:
+            _close_the_loop(run)
+            if isinstance(e, KeyboardInterrupt):   # a second Ctrl-C: stopped at once, mid-update, so nothing is saved
+                _stopped_unsaved(run, getattr(e, "signame", "SIGINT"), "again")
+            raise
+        # the loop has given its signal handlers back: a first signal while the run's end is recorded is held, then
+        # stops the run as one in the last update does (saved: it had been taken for a second Ctrl-C, unsaved)
+        with signals_held() as got:
             if stop in ENDS and run.window["n"] > 0:   # updates since the last record (--log-every): the run's end
                 log_record(run, tail=True)   # is recorded too, while the console shows it (again by a resume that
                 # makes the end again: the record was dropped with the end's scores, its window kept)
-        except KeyboardInterrupt:   # a second Ctrl-C: stopped at once, mid-update, so nothing is saved
-            _stopped_unsaved(run, "SIGINT", "again")
-        finally:
-            run.feed.close()
-            run.console.close()
+            _close_the_loop(run)
+        if got and stop in ENDS:
+            signame = signal.Signals(got[0]).name
+            if world.size > 1:   # the other ranks may be in the end's collectives already: the job ends, unsaved
+                _stopped_unsaved(run, signame)
+            stop = signame
         return end(run, stop)
-    except KeyboardInterrupt as e:   # a signal outside the windows that hold or agree on them (closing the feed)
+    except KeyboardInterrupt as e:   # a signal outside the windows that hold or agree on them
         _stopped_unsaved(run, getattr(e, "signame", "SIGINT"))
+
+
+def _close_the_loop(run):
+    """The batch feed's worker and the console's progress line, ended."""
+    run.feed.close()
+    run.console.close()
 
 
 def _stopped_unsaved(run, signame, again=""):
@@ -290,6 +305,9 @@ def set_up(args, world):
                           f"or choose another --out")
     if not ckpts:
         check_fresh_out(args.out)
+        if args.resume and lead:
+            log(f"note: --resume: {args.out} holds no checkpoint yet (the run stopped before its first): it starts "
+                f"from the beginning, with its recorded flags")
     resume = _resumed(args.out, ckpts) if args.resume and ckpts else None
     if resume is not None:
         check_resumed(args.out, resume)
@@ -544,10 +562,6 @@ def should_stop(run, signals):
     args = run.args
     if run.pending is not None and args.max_steps and run.state["step"] + 1 >= args.max_steps:
         settle(run)   # whether the pending update was the last one depends on its outcome
-    if args.max_steps and run.state["step"] >= args.max_steps:
-        return "max_steps"
-    if patience_reached(run):   # the same on every rank
-        return "patience"
     elapsed = run.elapsed()
     # One snapshot of the signals, read before the all-reduce and used after it: a signal landing
     # during the all-reduce is seen by every rank at the next update, never by this rank alone now
@@ -558,12 +572,18 @@ def should_stop(run, signals):
          elapsed, elapsed if run.lead else 0.0])
     run.elapsed_mean = elapsed_sum / run.world.size
     run.elapsed_lead = elapsed_lead   # rank 0's plus zeros: exactly rank 0's on every rank
-    if over_budget:
-        return "time_budget"
+    # a signal first: one in the last update (or the one reaching the budget or --patience) saves and stops as it
+    # said it would, where the run had gone on through its end (validation, averaging, beam search) and exited 0
     if received:
         return received[0]
     if term or interrupt:
         return f"{'SIGTERM' if term else 'SIGINT'} on another rank"
+    if args.max_steps and run.state["step"] >= args.max_steps:   # the same on every rank
+        return "max_steps"
+    if patience_reached(run):
+        return "patience"
+    if over_budget:
+        return "time_budget"
     return None
 
 

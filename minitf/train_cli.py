@@ -384,8 +384,11 @@ def _check_out(p, args):
         above = os.path.dirname(above)
     if not os.path.isdir(above):
         p.error(f"--out {args.out}: {above} is a file, not a folder; choose another --out")
-    from minitf.runfolder import checkpoint_paths
-    if args.resume and not checkpoint_paths(args.out):   # a typo in --out would otherwise start from scratch
+    from minitf.runfolder import RECORD, checkpoint_paths
+    # a typo in --out would otherwise start from scratch; a run stopped before its first checkpoint (its config.json
+    # there, whose flags were restored) starts again from the beginning: a re-launch that always passes --resume had
+    # been refused for good after a kill in a run's first minutes
+    if args.resume and not checkpoint_paths(args.out) and not os.path.isfile(os.path.join(args.out, RECORD)):
         p.error(f"--resume: --out {args.out} holds no checkpoint_*.npz to continue from; "
                 f"drop --resume to start a new run there, or name the run's folder")
 

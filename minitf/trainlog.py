@@ -217,8 +217,15 @@ class Console:
     def line_from_a_signal_handler(self, text):
         """`line` for a signal handler: one unbuffered write (the handler may run while the main
         thread is inside a write to stderr), off the bar's line when a bar is drawn."""
-        if self.enabled:
-            os.write(self.stream.fileno(), f"{chr(10) if self.bar is not None else ''}{text}\n".encode())
+        if not self.enabled:
+            return
+        line = f"{chr(10) if self.bar is not None else ''}{text}\n"
+        try:
+            fd = self.stream.fileno()
+        except (AttributeError, OSError, ValueError):   # a stream of no file (a notebook's, io.StringIO): written to it
+            self.stream.write(line)
+            return
+        os.write(fd, line.encode())
 
     def close(self):
         if self.bar is not None:

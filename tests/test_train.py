@@ -787,6 +787,7 @@ def test_a_signal_where_no_checkpoint_can_be_saved_names_the_one_resume_continue
     class Run:
         args, lead, world, state = types.SimpleNamespace(out=str(out)), True, distributed.World(), {"step": 12}
         log = feed = console = types.SimpleNamespace(close=lambda: None)
+        window = {"n": 0}
 
     def closing_feed_is_signalled():
         raise Terminated()
@@ -1079,9 +1080,10 @@ def test_a_start_removes_temporary_checkpoints_of_a_killed_save(corpus, tmp_path
     assert run_train(corpus, out, "--max-steps", 2, *args).returncode == 0
     (out / ".tmp-k1ll3d0xcheckpoint_0000004.npz").write_bytes(b"\0" * 1000)   # atomic_write's temp name
     (out / ".tmp-abcdefghnotes.txt").write_bytes(b"not ours")
+    (out / ".tmp-k1ll3d0xtrain_log.jsonl").write_bytes(b"{}\n")   # a resume killed while it cut the log (it had stayed)
     r = run_train(corpus, out, "--max-steps", 4, "--resume", *args)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "removed 1 temporary file of an earlier run" in r.stderr and ".tmp-k1ll3d0xcheckpoint_0000004.npz" in r.stderr
+    assert "removed 2 temporary files of an earlier run" in r.stderr and ".tmp-k1ll3d0xcheckpoint_0000004.npz" in r.stderr
     assert sorted(p.name for p in out.glob(".tmp-*")) == [".tmp-abcdefghnotes.txt"]
 
 
@@ -1664,3 +1666,74 @@ def test_a_damaged_checkpoint_is_averaged_without_and_resume_names_the_one_befor
     assert r.stderr.strip().splitlines()[-1].startswith(f"error: --resume: {out / 'checkpoint_0000010.npz'} is not a ")
     assert r.stderr.strip().endswith(f"; move it out of {out}, and --resume continues from "
                                      f"{out / 'checkpoint_0000008.npz'}, the checkpoint before it")
+
+
+def _tiny_flags(corpus, out, *extra):
+    return ["--dataset", "multi30k", "--data-dir", str(corpus), "--preset", "tiny", "--vocab-size", "60", "--device",
+            "cpu", "--out", str(out), "--quiet", "--log-every", "1", "--beam", "1", *map(str, extra)]
+
+
+def test_a_signal_in_the_last_update_or_as_the_loop_ends_saves_and_stops(corpus, tmp_path, monkeypatch, capsys):
+    # SIGTERM in the update that reached --max-steps had been announced ("stopping after the update in progress, then
+    # saving"), then ignored: the run went on through its end and exited 0. One as the loop had ended (while the
+    # last training record was written) had been taken for a second Ctrl-C: nothing saved, "again", SIGINT's 130.
+    # Both now save the last update and stop with the signal's status; --resume makes the end, as a straight run's
+    import signal
+    from minitf import train
+    monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))
+    straight = tmp_path / "straight"
+    flags = ("--max-steps", 4, "--save-every", 10, "--valid-every", 0, "--log-every", 3)
+    assert train_wmt_module().main(_tiny_flags(corpus, straight, *flags)) == 0
+    real_step, real_record = train.take_step, train.log_record
+    for name, sig, code in (("last_update", signal.SIGTERM, 143), ("tail_record", signal.SIGINT, 130)):
+        out = tmp_path / name
+
+        def step(run, update):
+            if name == "last_update" and run.state["step"] == 3:
+                os.kill(os.getpid(), sig)
+            return real_step(run, update)
+
+        def record(run, tail=False):
+            if name == "tail_record" and tail:
+                os.kill(os.getpid(), sig)
+            return real_record(run, tail)
+        monkeypatch.setattr(train, "take_step", step)
+        monkeypatch.setattr(train, "log_record", record)
+        capsys.readouterr()
+        assert train_wmt_module().main(_tiny_flags(corpus, out, *flags)) == code, name
+        err = capsys.readouterr().err
+        assert f"interrupted ({signal.Signals(sig).name}) at step 4: saved {out / 'checkpoint_0000004.npz'}" in err, err
+        assert not (out / "results.json").exists()
+        monkeypatch.setattr(train, "take_step", real_step)
+        monkeypatch.setattr(train, "log_record", real_record)
+        assert train_wmt_module().main(_tiny_flags(corpus, out, *flags, "--resume")) == 0
+        assert losses(out) == losses(straight)
+        assert json.loads((out / "results.json").read_text())["bleu"] == \
+            json.loads((straight / "results.json").read_text())["bleu"]
+
+
+def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_it_again(corpus, tmp_path, monkeypatch, capsys):
+    # a kill in a run's first minutes (before its first --save-every) had left a folder that --resume refused for good,
+    # so a re-launch that always passes --resume never ran again; it now starts the run from the beginning
+    from minitf import train
+    monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    flags = ("--max-steps", 3, "--save-every", 10, "--valid-every", 0)
+    real = train.take_step
+
+    def killed(run, update):
+        if run.state["step"] == 1:
+            raise SystemExit(137)   # (as kill -9 leaves it: config.json and the log of one update, no checkpoint)
+        return real(run, update)
+    monkeypatch.setattr(train, "take_step", killed)
+    with pytest.raises(SystemExit):
+        train_wmt_module().main(_tiny_flags(corpus, out, *flags))
+    assert (out / "config.json").is_file() and not list(out.glob("checkpoint_*.npz"))
+    monkeypatch.setattr(train, "take_step", real)
+    capsys.readouterr()
+    assert train_wmt_module().main(["--out", str(out), "--resume", "--quiet"]) == 0
+    assert f"note: --resume: {out} holds no checkpoint yet (the run stopped before its first): it starts from the " \
+           f"beginning, with its recorded flags" in capsys.readouterr().err
+    assert sorted(losses(out)) == [1, 2, 3]
+    with pytest.raises(SystemExit):   # a folder that holds no run at all is still refused (a typo in --out)
+        train_wmt_module().parse_args(["--out", str(tmp_path / "typo"), "--resume"])
