@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 from bench import suite  # noqa: E402
 from bench.flags import known_modes, parser  # noqa: E402
 from bench.launches import MODES  # noqa: E402
+from minitf.backend import gpu_available  # noqa: E402
 from minitf.fileio import atomic_write_bytes  # noqa: E402
 
 LOSS_TOL, GRAD_TOL = 1e-2, 5e-2     # a variant's loss and gradients against now's (relative)
@@ -308,6 +309,9 @@ def main(argv=None):
         why = check_before(before)
         if why:
             p.error(f"--before-kernels: {why}")
+    ok, why = gpu_available()   # (the stand-in counts: MINITF_CUPY_MODULE=strict_cupy)
+    if not ok:   # every stage would fail after the GPU tests had "passed" by skipping themselves
+        sys.exit(f"gpu_tune: no GPU: {why}")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     summary = {"command": shlex.join(["python", "bench/gpu_tune.py", *(sys.argv[1:] if argv is None else argv)])}

@@ -2,6 +2,7 @@
 
 Every user error (a bad flag, a MinitfError) is printed as one line on stderr with exit status 2.
 """
+import argparse
 import json
 import os
 import sys
@@ -554,6 +555,10 @@ def main(argv=None):
         from .train_cli import main as train
         return train(argv[1:], prog=f"{prog} train")
     parser = build_parser(prog)
+    if not argv:   # argparse's "the following arguments are required: command" named none of them
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        report(f"{prog}: error: name a command: {', '.join(commands)} (`{prog} COMMAND --help` says more)")
+        return 2
     try:
         args = parser.parse_args(argv)
         if getattr(args, "check", None):

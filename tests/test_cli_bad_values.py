@@ -304,3 +304,11 @@ def test_bench_data_removes_only_what_it_made_in_work(tmp_path, capsys, monkeypa
     assert sorted(p.name for p in work.iterdir()) == ["base", "cache4500000", "n4500000", "run-mine"]
     from bench.flags import output_path, parser
     output_path(parser("x"), os.devnull, "--json")        # a file there, written in place: taken
+
+
+def test_no_command_names_the_commands(capsys):
+    # `minitf` alone had said only "the following arguments are required: command"
+    from minitf import cli
+    assert cli.main([]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error: name a command: train, prepare, average, translate, evaluate, score" in err

@@ -142,6 +142,7 @@ def fake_stages(monkeypatch, calls, speeds=SPEEDS):
                              "output": log_name}
         return self.record[name], (self.out / log_name).read_text()
     monkeypatch.setattr(gpu_tune.Stages, "run", fake_run)
+    monkeypatch.setattr(gpu_tune, "gpu_available", lambda: (True, ""))   # (the stages are faked: no GPU is asked for)
 
 
 def test_the_report_runs_under_the_chosen_switches_within_the_deadline(tmp_path, monkeypatch):
@@ -257,3 +258,11 @@ def test_the_whole_command_on_the_standin(tmp_path):
     chosen = summary["choice"]["chosen"]
     assert summary["stages"]["gemm"]["switches"] == (gpu_tune.variants()[chosen] if chosen else {})
     assert (tmp_path / "t" / "gemm_shapes.txt").read_text().strip()
+
+
+def test_without_a_gpu_it_stops_at_once_in_one_line(tmp_path, monkeypatch):
+    # every stage had failed after the GPU tests "passed" by skipping themselves, a minute later
+    monkeypatch.setattr(gpu_tune, "gpu_available", lambda: (False, "CuPy is not installed"))
+    with pytest.raises(SystemExit) as e:
+        gpu_tune.main(["--out", str(tmp_path / "t")])
+    assert e.value.code == "gpu_tune: no GPU: CuPy is not installed" and not (tmp_path / "t").exists()
