@@ -261,10 +261,12 @@ def _on_grid(path):
         return True
 
 
-def averaged_from(window, output):
-    """average_checkpoints(window, output), leaving out with a note the checkpoints before the final one that cannot
-    be read (a damaged file had stopped the run's end, and every --resume after it, at the average); the window
-    averaged."""
+def averaged_from(paths, average_last, output):
+    """The averaging window of the checkpoints `paths` averaged into `output` (average_checkpoints), the checkpoints
+    before the final one that cannot be read left out with a note and the window taken again without them, so older
+    ones take their places (a damaged file had stopped the run's end, and every --resume after it, at the average);
+    returns the window averaged."""
+    window = averaging_window(paths, average_last)
     try:
         average_checkpoints(window, output)
         return window
@@ -279,9 +281,7 @@ def averaged_from(window, output):
             raise
     for p, e in damaged.items():
         log(f"note: {e}: the average is made without it")
-    window = [p for p in window if p not in damaged]
-    average_checkpoints(window, output)
-    return window
+    return averaged_from([p for p in paths if p not in damaged], average_last, output)
 
 
 def step_of(path):
@@ -294,9 +294,8 @@ def choose_model(run):
     loaded into run.model. Returns what results.json says about it."""
     args, model = run.args, run.model
     paths = checkpoint_paths(args.out)
-    last, window = paths[-1], averaging_window(paths, args.average_last)
-    avg_path = os.path.join(args.out, "averaged.npz")
-    window = averaged_from(window, avg_path)
+    last, avg_path = paths[-1], os.path.join(args.out, "averaged.npz")
+    window = averaged_from(paths, args.average_last, avg_path)
     candidates = {"averaged": load_checkpoint(avg_path)}
     if len(window) > 1:
         candidates["last"] = load_checkpoint(last, optimizer=False)

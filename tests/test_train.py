@@ -1652,20 +1652,20 @@ def test_a_damaged_checkpoint_is_averaged_without_and_resume_names_the_one_befor
     # a damaged checkpoint in the averaging window had stopped the run's end (and every --resume after it) at the
     # average; a damaged last checkpoint refused --resume without saying that the one before it is there to go on from
     out = tmp_path / "run"
-    flags = ("--save-every", 2, "--valid-every", 0, "--average-last", 5, "--keep-last", 6)
+    flags = ("--save-every", 1, "--valid-every", 0, "--average-last", 3, "--keep-last", 12)
     assert run_train(corpus, out, "--max-steps", 8, *flags).returncode == 0
-    (out / "checkpoint_0000006.npz").write_bytes(b"\x00" * 1000)
-    r = run_train(corpus, out, "--max-steps", 10, "--resume", *flags)
+    (out / "checkpoint_0000007.npz").write_bytes(b"\x00" * 1000)
+    r = run_train(corpus, out, "--max-steps", 9, "--resume", *flags)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert f"note: {out / 'checkpoint_0000006.npz'} is not a minitf checkpoint" in r.stderr
-    assert json.loads((out / "results.json").read_text())["averaged_checkpoints"] == [
-        "checkpoint_0000008.npz", "checkpoint_0000010.npz"]
-    (out / "checkpoint_0000010.npz").write_bytes(b"\x00" * 1000)
+    assert f"note: {out / 'checkpoint_0000007.npz'} is not a minitf checkpoint" in r.stderr
+    assert json.loads((out / "results.json").read_text())["averaged_checkpoints"] == [   # an older one in its place
+        "checkpoint_0000006.npz", "checkpoint_0000008.npz", "checkpoint_0000009.npz"]
+    (out / "checkpoint_0000010.npz").write_bytes(b"\x00" * 1000)   # the last checkpoint damaged
     r = run_train(corpus, out, "--max-steps", 12, "--resume", *flags)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith(f"error: --resume: {out / 'checkpoint_0000010.npz'} is not a ")
     assert r.stderr.strip().endswith(f"; move it out of {out}, and --resume continues from "
-                                     f"{out / 'checkpoint_0000008.npz'}, the checkpoint before it")
+                                     f"{out / 'checkpoint_0000009.npz'}, the checkpoint before it")
 
 
 def _tiny_flags(corpus, out, *extra):
