@@ -247,13 +247,18 @@ def _locked_train(args, world):
         # the loop has given its signal handlers back: a first signal while the run's end is recorded is held, then
         # stops the run as one in the last update does (saved: it had been taken for a second Ctrl-C, unsaved)
         with signals_held() as got:
-            if stop in ENDS and run.window["n"] > 0:   # updates since the last record (--log-every): the run's end
-                log_record(run, tail=True)   # is recorded too, while the console shows it (again by a resume that
-                # makes the end again: the record was dropped with the end's scores, its window kept)
-            _close_the_loop(run)
+            try:
+                if stop in ENDS and run.window["n"] > 0:   # updates since the last record (--log-every): the run's
+                    log_record(run, tail=True)   # end is recorded too, while the console shows it (again by a resume
+                    # that makes the end again: the record was dropped with the end's scores, its window kept)
+            finally:
+                _close_the_loop(run)
         if got and stop in ENDS:
             signame = signal.Signals(got[0]).name
             if world.size > 1:   # the other ranks may be in the end's collectives already: the job ends, unsaved
+                if not run.lead:
+                    log(f"rank {world.rank}: interrupted ({signame}) as training ended: the job ends; --resume "
+                        f"continues from the last checkpoint")
                 _stopped_unsaved(run, signame)
             stop = signame
         return end(run, stop)
@@ -305,7 +310,7 @@ def set_up(args, world):
                           f"or choose another --out")
     if not ckpts:
         check_fresh_out(args.out)
-        if args.resume and lead:
+        if getattr(args, "restarted", False) and lead:
             log(f"note: --resume: {args.out} holds no checkpoint yet (the run stopped before its first): it starts "
                 f"from the beginning, with its recorded flags")
     resume = _resumed(args.out, ckpts) if args.resume and ckpts else None
@@ -551,9 +556,23 @@ def run_loop(run):
             stop = should_stop(run, signals)
             if stop:
                 settle(run)   # the last update's outcome, read before the run ends
-                return stop
+                return late_signal(run, signals) or stop if stop in ENDS else stop
             update = run.feed.next()   # collated while the last update computed
             take_step(run, update)
+
+
+def late_signal(run, signals):
+    """A signal that came while the run's end was decided (after should_stop read the signals, or while the last
+    update was settled: its validation, its checkpoint), agreed on by every rank (one more all-reduce, on every
+    rank alike): the name should_stop would give it, or None. It had been announced, then dropped: the run went
+    through its end and exited 0."""
+    received = list(signals.received)
+    term, interrupt = run.world.allreduce_numbers(["SIGTERM" in received, "SIGINT" in received])
+    if received:
+        return received[0]
+    if term or interrupt:
+        return f"{'SIGTERM' if term else 'SIGINT'} on another rank"
+    return None
 
 
 def should_stop(run, signals):

@@ -295,6 +295,18 @@ def restore_first_start(p, args):
                 flag = "--" + dest.replace("_", "-")
                 taken.extend([f"{flag} {name}={prefix}" for name, prefix in value] if dest == "test"
                              else [flag if value is True else f"{flag} {value}"])
+    from minitf.runfolder import checkpoint_paths
+    if not checkpoint_paths(args.out):   # stopped before its first checkpoint: no checkpoint brings the model's and
+        # the recipe's flags (nor --init-from), so every recorded flag is taken, and the run starts afresh (the model
+        # of the defaults had been trained instead, config.json then written over with them)
+        grouped = {dest for group in RESUMED_GROUPS for dest in group}
+        for dest, value in before.items():
+            if dest in grouped or dest in given or dest in ("out", "resume") or dest not in defaults:
+                continue
+            setattr(args, dest, value)
+            if value != defaults[dest] and value is not False and value is not None and value != []:
+                taken.append(f"--{dest.replace('_', '-')}" + ("" if value is True else f" {value}"))
+        args.resume, args.restarted = False, True
     if taken:
         error = p.error
         p.error = lambda message: error(f"{message} (with the run's recorded flags from {path}: {' '.join(taken)})")
@@ -384,11 +396,10 @@ def _check_out(p, args):
         above = os.path.dirname(above)
     if not os.path.isdir(above):
         p.error(f"--out {args.out}: {above} is a file, not a folder; choose another --out")
-    from minitf.runfolder import RECORD, checkpoint_paths
-    # a typo in --out would otherwise start from scratch; a run stopped before its first checkpoint (its config.json
-    # there, whose flags were restored) starts again from the beginning: a re-launch that always passes --resume had
-    # been refused for good after a kill in a run's first minutes
-    if args.resume and not checkpoint_paths(args.out) and not os.path.isfile(os.path.join(args.out, RECORD)):
+    from minitf.runfolder import checkpoint_paths
+    # a typo in --out would otherwise start from scratch (a run stopped before its first checkpoint, its config.json
+    # there, starts again from the beginning with every recorded flag: restore_first_start)
+    if args.resume and not checkpoint_paths(args.out):
         p.error(f"--resume: --out {args.out} holds no checkpoint_*.npz to continue from; "
                 f"drop --resume to start a new run there, or name the run's folder")
 

@@ -1685,8 +1685,25 @@ def test_a_signal_in_the_last_update_or_as_the_loop_ends_saves_and_stops(corpus,
     flags = ("--max-steps", 4, "--save-every", 10, "--valid-every", 0, "--log-every", 3)
     assert train_wmt_module().main(_tiny_flags(corpus, straight, *flags)) == 0
     real_step, real_record = train.take_step, train.log_record
-    for name, sig, code in (("last_update", signal.SIGTERM, 143), ("tail_record", signal.SIGINT, 130)):
+    real_reduce = distributed.World.allreduce_numbers
+    for name, sig, code in (("last_update", signal.SIGTERM, 143), ("tail_record", signal.SIGINT, 130),
+                            ("deciding", signal.SIGTERM, 143)):
         out = tmp_path / name
+        sent = []
+
+        def reduce(world, values):   # while the ranks agree on the stop, after the signals were read
+            if name == "deciding" and not sent and train_state[0]["step"] == 4:
+                sent.append(os.kill(os.getpid(), sig))
+            return real_reduce(world, values)
+        train_state = [{"step": 0}]
+        real_set_up = train.set_up
+
+        def set_up(args, world):
+            run = real_set_up(args, world)
+            train_state[0] = run.state
+            return run
+        monkeypatch.setattr(distributed.World, "allreduce_numbers", reduce)
+        monkeypatch.setattr(train, "set_up", set_up)
 
         def step(run, update):
             if name == "last_update" and run.state["step"] == 3:
@@ -1706,6 +1723,8 @@ def test_a_signal_in_the_last_update_or_as_the_loop_ends_saves_and_stops(corpus,
         assert not (out / "results.json").exists()
         monkeypatch.setattr(train, "take_step", real_step)
         monkeypatch.setattr(train, "log_record", real_record)
+        monkeypatch.setattr(distributed.World, "allreduce_numbers", real_reduce)
+        monkeypatch.setattr(train, "set_up", real_set_up)
         assert train_wmt_module().main(_tiny_flags(corpus, out, *flags, "--resume")) == 0
         assert losses(out) == losses(straight)
         assert json.loads((out / "results.json").read_text())["bleu"] == \
@@ -1717,8 +1736,10 @@ def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_it_again(corp
     # so a re-launch that always passes --resume never ran again; it now starts the run from the beginning
     from minitf import train
     monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))
-    out = tmp_path / "run"
-    flags = ("--max-steps", 3, "--save-every", 10, "--valid-every", 0)
+    out, straight = tmp_path / "run", tmp_path / "straight"
+    # the model's and the recipe's flags too (no checkpoint brings them): the defaults' model had been trained
+    flags = ("--max-steps", 3, "--save-every", 10, "--valid-every", 0, "--dropout", 0.3, "--warmup", 5, "--d-ff", 40)
+    assert train_wmt_module().main(_tiny_flags(corpus, straight, *flags)) == 0
     real = train.take_step
 
     def killed(run, update):
@@ -1734,6 +1755,8 @@ def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_it_again(corp
     assert train_wmt_module().main(["--out", str(out), "--resume", "--quiet"]) == 0
     assert f"note: --resume: {out} holds no checkpoint yet (the run stopped before its first): it starts from the " \
            f"beginning, with its recorded flags" in capsys.readouterr().err
-    assert sorted(losses(out)) == [1, 2, 3]
+    assert losses(out) == losses(straight) and len(losses(out)) == 3
+    model = json.loads((out / "config.json").read_text())["model"]
+    assert (model["dropout"], model["warmup"], model["d_ff"]) == (0.3, 5, 40)
     with pytest.raises(SystemExit):   # a folder that holds no run at all is still refused (a typo in --out)
         train_wmt_module().parse_args(["--out", str(tmp_path / "typo"), "--resume"])
