@@ -266,14 +266,16 @@ def restore_first_start(p, args):
                     f"data flags again (--dataset or --train/--valid, --src, --tgt, ...), or put back the file")
         return []
     before = record["args"]
-    if "preset" in given and before.get("preset") not in (None, args.preset):   # the checkpoint's recipe stays
+    from minitf.runfolder import checkpoint_paths
+    restart = not checkpoint_paths(args.out)   # stopped before its first checkpoint: flags given take their place
+    if "preset" in given and before.get("preset") not in (None, args.preset) and not restart:   # the checkpoint's
         p.error(f"--preset {args.preset}: the run in --out {args.out} was started with --preset {before['preset']}, "
                 f"whose model and recipe its checkpoint carries; drop --preset to resume it, or start a new --out")
-    if "init_from" in given and not _same_path(args.init_from, before.get("init_from")):   # (it had been ignored)
+    if "init_from" in given and not _same_path(args.init_from, before.get("init_from")) and not restart:
         started = f"from {before['init_from']}" if before.get("init_from") else "from no model (--init-from)"
         p.error(f"--init-from {args.init_from}: the run in --out {args.out} was started {started}, and --resume "
                 f"continues it from its last checkpoint; drop --init-from to resume it, or start a new --out")
-    if "seed" in given and before.get("seed") not in (None, args.seed):
+    if "seed" in given and before.get("seed") not in (None, args.seed) and not restart:
         p.error(f"--seed {args.seed}: the run in --out {args.out} was started with --seed {before['seed']}, which its "
                 f"batches and dropout follow; drop --seed to resume it, or start a new --out")
     defaults = {a.dest: a.default for a in p._actions}
@@ -295,8 +297,7 @@ def restore_first_start(p, args):
                 flag = "--" + dest.replace("_", "-")
                 taken.extend([f"{flag} {name}={prefix}" for name, prefix in value] if dest == "test"
                              else [flag if value is True else f"{flag} {value}"])
-    from minitf.runfolder import checkpoint_paths
-    if not checkpoint_paths(args.out):   # stopped before its first checkpoint: no checkpoint brings the model's and
+    if restart:   # stopped before its first checkpoint: no checkpoint brings the model's and
         # the recipe's flags (nor --init-from), so every recorded flag is taken, and the run starts afresh (the model
         # of the defaults had been trained instead, config.json then written over with them)
         grouped = {dest for group in RESUMED_GROUPS for dest in group}

@@ -1750,6 +1750,8 @@ def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_it_again(corp
     with pytest.raises(SystemExit):
         train_wmt_module().main(_tiny_flags(corpus, out, *flags))
     assert (out / "config.json").is_file() and not list(out.glob("checkpoint_*.npz"))
+    again = train_wmt_module().parse_args(["--out", str(out), "--resume", "--seed", "7", "--preset", "small"])
+    assert (again.seed, again.preset, again.dropout) == (7, "small", 0.3)   # given: theirs; the rest recorded
     monkeypatch.setattr(train, "take_step", real)
     capsys.readouterr()
     assert train_wmt_module().main(["--out", str(out), "--resume", "--quiet"]) == 0
