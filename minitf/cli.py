@@ -11,7 +11,7 @@ from .data.pipeline import add_data_args, check_data_args
 from .errors import (SIGNAL_EXIT, ConfigError, DataError, MinitfError, one_line_warnings, out_of_memory, report,
                      sigterm_raises)
 from .ctranslate2_export import QUANTIZATIONS
-from .fileio import check_output_file
+from .fileio import check_output_file, check_parent_folder
 from .flags import MAX_ALPHA, MAX_BEAM, MAX_LEN_B, Number, Parser, path_arg, positive
 from .trainlog import plural
 
@@ -135,11 +135,7 @@ def cmd_export(args):
         return
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         raise ConfigError(f"--out {args.output} is a file; name the folder to write the {args.format} model into")
-    parent = os.path.dirname(os.path.abspath(args.output))
-    if os.path.exists(parent) and not os.path.isdir(parent):
-        raise ConfigError(f"--out {args.output}: {parent} is a file, not a folder; fix the path")
-    if not os.path.isdir(parent):
-        raise ConfigError(f"--out {args.output}: the folder {parent} does not exist; create it first or fix the path")
+    check_parent_folder(args.output, "--out")
     if args.format == "marian":
         from .fileio import export_into
         from .marian import checkpoint_model, starts_from_zeros, write_marian

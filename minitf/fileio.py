@@ -71,9 +71,14 @@ def check_output_file(path, flag):
     """ConfigError unless `path` can be written as a file: its folder exists (a mistyped folder is not made), and it
     is no folder itself."""
     path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path) or path.endswith(("/", os.sep)):   # "new/": a folder's name, not a file's
         raise ConfigError(f"{flag} {path} is a folder; name the file to write")
+    check_parent_folder(path, flag)
+
+
+def check_parent_folder(path, flag):
+    """ConfigError unless the folder `path` goes into exists (a mistyped folder is not made) and is a folder."""
+    folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise ConfigError(f"{flag} {path}: {folder} is a file, not a folder; fix the path" if os.path.exists(folder)
                           else f"{flag} {path}: the folder {folder} does not exist; create it first or fix the path")

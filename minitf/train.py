@@ -568,6 +568,12 @@ def late_signal(run, signals):
     through its end and exited 0."""
     received = list(signals.received)
     term, interrupt = run.world.allreduce_numbers(["SIGTERM" in received, "SIGINT" in received])
+    return _signal_stop(received, term, interrupt)
+
+
+def _signal_stop(received, term, interrupt):
+    """The stop a signal makes, once the ranks have agreed on it: this rank's own (`received`, first come), else
+    "SIGTERM on another rank" / "SIGINT on another rank" (`term`, `interrupt`: any rank's), else None."""
     if received:
         return received[0]
     if term or interrupt:
@@ -593,10 +599,9 @@ def should_stop(run, signals):
     run.elapsed_lead = elapsed_lead   # rank 0's plus zeros: exactly rank 0's on every rank
     # a signal first: one in the last update (or the one reaching the budget or --patience) saves and stops as it
     # said it would, where the run had gone on through its end (validation, averaging, beam search) and exited 0
-    if received:
-        return received[0]
-    if term or interrupt:
-        return f"{'SIGTERM' if term else 'SIGINT'} on another rank"
+    signalled = _signal_stop(received, term, interrupt)
+    if signalled:
+        return signalled
     if args.max_steps and run.state["step"] >= args.max_steps:   # the same on every rank
         return "max_steps"
     if patience_reached(run):

@@ -249,7 +249,7 @@ def restore_first_start(p, args):
     """--resume: the flags of runfolder.RESUMED_GROUPS the command line does not give, from OUT/config.json (a run's
     first start records them, its paths made absolute: runfolder.RUN_PATHS); returns the flags taken, as they would be
     typed. A later error about a flag (p.error) says the flags came from there."""
-    from minitf.runfolder import RECORD, RESUMED_GROUPS, UnreadableRecord, read_run_record
+    from minitf.runfolder import RECORD, RESUMED_GROUPS, UnreadableRecord, checkpoint_paths, read_run_record
     path = os.path.join(args.out, RECORD)
     given = set(args.given)
     try:
@@ -260,13 +260,11 @@ def restore_first_start(p, args):
         p.error(f"--resume: {path} is unreadable ({e.reason}), so the run's recorded flags cannot be read from it: give "
                 f"the run's data flags again (--dataset or --train/--valid, --src, --tgt, ...), or put back the file")
     if record is None:   # the command line alone: unless it names no data, where the default (WMT14) would be taken
-        from minitf.runfolder import checkpoint_paths
         if checkpoint_paths(args.out) and not given.intersection(RESUMED_GROUPS[0]):
             p.error(f"--resume: {path} is missing, so the run's recorded flags cannot be read from it: give the run's "
                     f"data flags again (--dataset or --train/--valid, --src, --tgt, ...), or put back the file")
         return []
     before = record["args"]
-    from minitf.runfolder import checkpoint_paths
     restart = not checkpoint_paths(args.out)   # stopped before its first checkpoint: flags given take their place
     if "preset" in given and before.get("preset") not in (None, args.preset) and not restart:   # the checkpoint's
         p.error(f"--preset {args.preset}: the run in --out {args.out} was started with --preset {before['preset']}, "

@@ -81,8 +81,6 @@ def _save(fig, out):
     fmt = _check_out(out)
     try:
         atomic_write(out, lambda f: fig.savefig(f, format=fmt, dpi=DPI))   # mode 0666 less the umask
-    except OSError as e:
-        raise DataError(f"--out {out}: cannot write the picture ({e.strerror or e})") from None
     except WriteFailed as e:
         raise DataError(f"--out {out}: cannot write the picture ({e.reason})") from None
     print(f"wrote {out}", file=sys.stderr)

@@ -343,8 +343,7 @@ def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, lo
         os.makedirs(tmp)
     except OSError as e:   # a read-only --cache-dir: its folder named, not the temporary one
         if is_disk_full(e):
-            raise disk_full(f"cache {folder}", parent, advice="free some space, or put the cache on another disk "
-                                                                "with --cache-dir, and run again") from None
+            raise _cache_disk_full(folder, parent) from None
         raise DataError(f"cache {folder}: cannot write in {parent} ({e.strerror or e}); name a folder you can write "
                         f"with --cache-dir") from None
     t0 = time.time()
@@ -384,8 +383,7 @@ def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, lo
     except BaseException as e:   # Ctrl-C included: the temporary folder goes, the old cache stays
         shutil.rmtree(tmp, ignore_errors=True)
         if is_disk_full(e):
-            raise disk_full(f"cache {folder}", parent, advice="free some space, or put the cache on another disk "
-                                                                "with --cache-dir, and run again") from None
+            raise _cache_disk_full(folder, parent) from None
         if isinstance(e, WriteFailed) or isinstance(e, OSError) and _written(e, tmp):   # the file-size limit, ...
             raise WriteFailed(f"cache {folder}", e) from None   # ... the cache named, not a temporary file in it
         raise
@@ -398,6 +396,12 @@ def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, lo
         log(f"note: the length-ratio rule (--max-ratio {ratio:g}, the WMT recipe's) dropped {c['ratio'] / c['total']:.1%} "
             f"of the pairs; for a corpus of short sentences a larger --max-ratio (e.g. 3), or 0 (no rule), keeps them")
     return open_cache(folder)
+
+
+def _cache_disk_full(folder, parent):
+    """The full disk's one-line error for the cache `folder` built in `parent`."""
+    return disk_full(f"cache {folder}", parent, advice="free some space, or put the cache on another disk with "
+                                                       "--cache-dir, and run again")
 
 
 def dropped_note(manifest):

@@ -185,10 +185,13 @@ def _decode(path, data):
     try:
         return data.decode("utf-8").removeprefix(BOM)
     except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        bad = data[e.start:e.end].hex()
-        raise DataError(f"{path}:{line}: invalid UTF-8 (bytes 0x{bad}); convert the "
-                        f"file to UTF-8 (e.g. iconv) or fix that line") from None
+        raise invalid_utf8(path, data.count(b"\n", 0, e.start) + 1, data, e) from None
+
+
+def invalid_utf8(path, number, data, e):
+    """The DataError for the UnicodeDecodeError `e` of `data` (line `number` of `path`, or the whole file)."""
+    return DataError(f"{path}:{number}: invalid UTF-8 (bytes 0x{data[e.start:e.end].hex()}); convert the file to "
+                     f"UTF-8 (e.g. iconv) or fix that line")
 
 
 def read_lines(path):
@@ -394,9 +397,7 @@ def _line_text(path, line, number):
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as e:
-        bad = line[e.start:e.end].hex()
-        raise DataError(f"{path}:{number}: invalid UTF-8 (bytes 0x{bad}); convert the file to UTF-8 (e.g. iconv) or "
-                        f"fix that line") from None
+        raise invalid_utf8(path, number, line, e) from None
     if number == 1:
         text = text.removeprefix(BOM)
     return text.rstrip("\n").rstrip("\r")
