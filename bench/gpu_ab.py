@@ -203,7 +203,7 @@ def compare(cfg, batch, fp16, variants, float64, failed):
         except Exception as e:
             if ref is None:
                 raise
-            del runner
+            runner = None   # its arrays freed before the next variant is made
             _drop(failed, name, e)
             continue
         if ref is None:

@@ -8,7 +8,7 @@ import os
 import sys
 
 from .data.pipeline import add_data_args, check_data_args
-from .errors import (SIGNAL_EXIT, ConfigError, DataError, MinitfError, one_line_warnings, out_of_memory, report,
+from .errors import (SIGNAL_EXIT, ConfigError, DataError, MinitfError, nothing_half_written, one_line_warnings, out_of_memory, report,
                      sigterm_raises)
 from .ctranslate2_export import QUANTIZATIONS
 from .fileio import check_output_file, check_parent_folder
@@ -583,6 +583,6 @@ def main(argv=None):
         report(f"error: {out_of_memory(e, getattr(args, 'memory', None))}")
         return 2
     except KeyboardInterrupt as e:   # Ctrl-C, or SIGTERM (errors.Terminated)
-        report("interrupted: nothing half-written was kept")
+        report(f"interrupted: {nothing_half_written(e)}")
         return SIGNAL_EXIT[getattr(e, "signame", "SIGINT")]
     return 0

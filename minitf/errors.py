@@ -67,6 +67,14 @@ class ConfigError(MinitfError):
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}   # 128 + the signal's number: the exit status a scheduler reads
 
 
+def nothing_half_written(e):
+    """What an interruption `e` (KeyboardInterrupt) left: nothing half-written, or a download's part, which
+    data.download keeps (as `e.kept`) for the same command to resume."""
+    kept = getattr(e, "kept", None)
+    return (f"the download so far is kept in {kept}, and the same command again resumes it; nothing else "
+            f"half-written was kept" if kept else "nothing half-written was kept")
+
+
 class Interrupted(BaseException):
     """Training stopped by a signal (after saving a checkpoint, unless a second Ctrl-C came first): the command exits 128 + the
     signal's number (143 for SIGTERM, 130 for Ctrl-C), so a scheduler can tell it from a

@@ -407,8 +407,8 @@ def main(argv=None, prog=None):
     """train_wmt.py, `minitf-train` and `python -m minitf train`: parse the flags, train, score;
     returns the exit status (2: a user error, in one line; 130/143: stopped by Ctrl-C / SIGTERM, saved
     unless a second Ctrl-C came first or training had not begun)."""
-    from minitf.errors import SIGNAL_EXIT, Interrupted, MinitfError, one_line_warnings, out_of_memory, report, \
-        sigterm_raises
+    from minitf.errors import SIGNAL_EXIT, Interrupted, MinitfError, nothing_half_written, one_line_warnings, \
+        out_of_memory, report, sigterm_raises
     from minitf.runfolder import checkpoint_paths
     from minitf.train import MEMORY_KNOBS, train
     args = parse_args(argv, prog)
@@ -422,8 +422,8 @@ def main(argv=None, prog=None):
         return e.exit_code
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM before training began (reading data, preparing the cache)
         signame = getattr(e, "signame", "SIGINT")   # errors.Terminated's
-        report(f"interrupted{' (SIGTERM)' if signame == 'SIGTERM' else ''} before training began: nothing "
-               "half-written was kept (the cache and checkpoints are written whole or not at all); "
+        report(f"interrupted{' (SIGTERM)' if signame == 'SIGTERM' else ''} before training began: "
+               f"{nothing_half_written(e)} (the cache and checkpoints are written whole or not at all); "
                + ("continue with --resume" if checkpoint_paths(args.out) else "run the command again"))
         return SIGNAL_EXIT[signame]
     except MemoryError as e:

@@ -35,6 +35,14 @@ class _Handler(BaseHTTPRequestHandler):
         srv = self.server
         srv.requests.append((self.path, self.headers.get("Range")))
         data = srv.files.get(self.path)
+        if self.path in srv.answers:   # a status (and headers) of this test's choosing instead of the file
+            code, headers = srv.answers[self.path]
+            self.send_response(code)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if data is None:
             self.send_error(404)
             return
@@ -47,6 +55,7 @@ class _Handler(BaseHTTPRequestHandler):
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
         self.send_header("Content-Length", str(len(data) - start))
+        self.send_header("Content-Type", srv.types.get(self.path, "application/octet-stream"))
         self.end_headers()
         body = data[start:]
         if srv.cut_after and self.path not in srv.cut_done:  # first time: cut short
@@ -60,7 +69,7 @@ class _Handler(BaseHTTPRequestHandler):
 def server():
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     srv.daemon_threads = True
-    srv.files, srv.requests, srv.cut_done = {}, [], set()
+    srv.files, srv.requests, srv.cut_done, srv.answers, srv.types = {}, [], set(), {}, {}
     srv.honour_range, srv.cut_after = True, 0
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05},
                               daemon=True)
@@ -551,8 +560,11 @@ def test_an_optional_test_set_that_cannot_be_downloaded_is_skipped_and_a_failed_
     again = prepare_dataset("multi30k", tmp_path / "m30k", "en", "de", progress=False, base_url=_unreachable_url())
     assert sorted(again["tests"]) == ["test_2016_flickr"]
     notes = capsys.readouterr().err.splitlines()
-    assert [n[:60] for n in notes] == [f"note: test set multi30k {t} could not be downloaded for en-de"[:60]
-                                       for t in ("test_2017_flickr", "test_2018_flickr")], notes
+    skipped = [n for n in notes if n.startswith("note: test set")]
+    assert [n[:60] for n in skipped] == [f"note: test set multi30k {t} could not be downloaded for en-de"[:60]
+                                         for t in ("test_2017_flickr", "test_2018_flickr")], notes
+    retries = [n for n in notes if n not in skipped]   # each retry is said (a stalled server had been minutes of silence)
+    assert len(retries) == 6 and all("trying again in" in n and "(try " in n for n in retries), notes
     own = tmp_path / "own"          # the user's copy, lacking val: the download of val fails
     _multi30k_folder(own, stems=("train",))
     with pytest.raises(DataError):
@@ -571,3 +583,154 @@ def test_an_empty_valid_or_test_set_in_a_dataset_folder_is_refused_at_the_start(
             (folder / f"{stem}.{lang}.gz").write_bytes(gzip.compress(b""))
         with pytest.raises(DataError, match=says):
             prepare_dataset("multi30k", folder, "en", "de", download=False, progress=False, notes=False)
+
+
+def _serve_multi30k(server, tmp_path, stems=("train", "val", "test_2016_flickr")):
+    src_dir = tmp_path / "served"
+    _multi30k_folder(src_dir, stems=stems)
+    for p in src_dir.iterdir():
+        server.files["/raw/" + p.name] = p.read_bytes()
+    return server.url + "/raw/"
+
+
+PORTAL = b"<!DOCTYPE html>\n<html><body>Access denied: log in to use this network</body></html>\n"
+
+
+def test_a_web_page_or_an_empty_file_in_the_corpus_s_place_is_refused(server, tmp_path):
+    """A login page sent with status 200 (as text/html, or gzip-encoded as a file) had been taken for the corpus and
+    prepared with exit 0; an empty body had been kept as train.de.gz and read as a corpus of no lines by every later
+    run. Each is one line naming the URL, nothing is kept under the corpus's name, and the next run downloads it."""
+    base = _serve_multi30k(server, tmp_path)
+    good = server.files["/raw/train.de.gz"]
+    data_dir = tmp_path / "m30k"
+    server.files["/raw/train.de.gz"], server.types["/raw/train.de.gz"] = PORTAL, "text/html; charset=utf-8"
+    with pytest.raises(DataError, match=r"train.de.gz: the server sent a web page \(text/html\), not the file"):
+        prepare_dataset("multi30k", data_dir, "en", "de", progress=False, base_url=base)
+    assert not (data_dir / "train.de.gz").exists()
+    del server.types["/raw/train.de.gz"]
+    server.files["/raw/train.de.gz"] = gzip.compress(PORTAL)   # Content-Encoding: gzip, as a file
+    with pytest.raises(DataError, match=r"train.de.gz: holds a web page, not the corpus's text.*moved it aside"):
+        prepare_dataset("multi30k", data_dir, "en", "de", progress=False, base_url=base)
+    assert not (data_dir / "train.de.gz").exists() and (data_dir / "train.de.gz.bad").exists()
+    for body in (b"", gzip.compress(b"")):
+        server.files["/raw/train.de.gz"] = body
+        with pytest.raises(DataError, match=r"train.de.gz(: the server sent an empty file|: holds no text)"):
+            prepare_dataset("multi30k", data_dir, "en", "de", progress=False, base_url=base)
+        assert not (data_dir / "train.de.gz").exists() and not (data_dir / "train.de.gz.part").exists()
+    server.files["/raw/train.de.gz"] = good
+    data = prepare_dataset("multi30k", data_dir, "en", "de", progress=False, base_url=base)
+    assert (data_dir / "train.de.gz").read_bytes() == good and data["paths"]["train"]
+    assert not (data_dir / "train.de.gz.bad").exists()   # the failed one is gone once a download passed
+
+
+def test_an_optional_test_set_served_empty_is_skipped_with_a_note(server, tmp_path, capsys):
+    base = _serve_multi30k(server, tmp_path, stems=("train", "val", "test_2016_flickr", "test_2017_flickr"))
+    server.files["/raw/test_2017_flickr.de.gz"] = b""
+    data = prepare_dataset("multi30k", tmp_path / "m30k", "en", "de", progress=False, base_url=base)
+    assert sorted(data["tests"]) == ["test_2016_flickr"]
+    assert "note: test set multi30k test_2017_flickr could not be downloaded for en-de (cannot download " \
+           f"{base}test_2017_flickr.de.gz: the server sent an empty file" in capsys.readouterr().err
+
+
+def _gzip_trailer_damaged(data):
+    """A .tgz whose gzip CRC no longer matches its contents (the last 8 bytes: CRC-32, then the length)."""
+    return data[:-8] + bytes([data[-8] ^ 0xFF]) + data[-7:]
+
+
+def test_a_tgz_whose_gzip_check_fails_is_not_extracted(server, tmp_path, monkeypatch):
+    """tarfile stops at the archive's end marker and never reads gzip's CRC: a .tgz with a damaged byte had been
+    extracted (changed lines, NUL bytes) and prepared without a word. Its gzip stream is now read through first:
+    a damaged or shortened archive is refused before a file is written, and moved aside."""
+    archive = _tgz({"train.en": "a line\n", "train.de": "eine Zeile\n"})
+    for bad in (_gzip_trailer_damaged(archive), archive[:-4]):
+        (tmp_path / "a.tgz").write_bytes(bad)
+        with tarfile.open(tmp_path / "a.tgz") as tar:        # what tarfile alone makes of it: the members, whole
+            assert tar.extractfile("train.en").read() == b"a line\n"
+        with pytest.raises(DataError, match=r"a.tgz: corrupt archive"):
+            extract(tmp_path / "a.tgz", tmp_path / "out")
+        assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []
+    from minitf.data import datasets
+    spec = {"archives": {"a": ("a.tgz", None)}}
+    corpus = datasets._in("a", "train.{lang}")
+    server.files["/a.tgz"] = _gzip_trailer_damaged(archive)
+    with pytest.raises(DataError, match="corrupt archive.*moved it aside"):
+        datasets._fetch(spec, server.url + "/", str(tmp_path / "d"), corpus, "en", "de", progress=False)
+    assert (tmp_path / "d" / "a.tgz.bad").exists() and not (tmp_path / "d" / "train.en").exists()
+
+
+def test_an_archive_without_the_files_is_moved_aside_and_fetched_again(server, tmp_path, monkeypatch):
+    """A dev.tgz that extracted without newstest2013 (cut at a member boundary, another layout) had been kept, and
+    every later run took it again without a request, repeating the same error."""
+    _serve_wmt(server, monkeypatch)
+    monkeypatch.setenv("MINITF_WMT_BASE_URL", server.url + "/")
+    good = server.files["/wmt14/dev.tgz"]
+    server.files["/wmt14/dev.tgz"] = _tgz({"dev/other.en": "x\n"})
+    with pytest.raises(DataError, match=r"wmt14 valid: .*newstest2013.* are missing from the archive .*"
+                                        r"moved it aside to .*dev.tgz.bad, and run again"):
+        prepare_dataset("wmt14", tmp_path / "wmt", src="en", tgt="de", progress=False)
+    assert not (tmp_path / "wmt" / "dev.tgz").exists()
+    server.files["/wmt14/dev.tgz"] = good
+    data = prepare_dataset("wmt14", tmp_path / "wmt", src="en", tgt="de", progress=False)
+    assert data["valid"] == (["dev en"], ["dev de"])
+
+
+def test_http_errors_say_what_they_are_and_only_passing_ones_are_retried(server, tmp_path):
+    server.files["/blob.bin"] = PAYLOAD
+    for code, retried, says in ((403, False, "refused access"), (407, False, "refused access"),
+                                (301, False, "redirects lead nowhere or go round in a loop"),
+                                (503, True, "the server is failing: try again later"),
+                                (429, True, "the server asks for fewer requests: try again later")):
+        server.answers["/blob.bin"] = (code, {"Location": "/blob.bin"} if code == 301 else {})
+        server.requests.clear()
+        with pytest.raises(DataError) as e:
+            _dl(server, tmp_path, retries=2)
+        assert f"HTTP {code}" in str(e.value) and says in str(e.value), str(e.value)
+        # one try each (a loop of redirects is urllib's several requests, at most 11), three for the passing ones
+        n = len(server.requests)
+        assert (n == 3) if retried else (n < 12 if code == 301 else n == 1), (code, n)
+        assert "check your internet connection" not in str(e.value)
+    del server.answers["/blob.bin"]
+    assert _read(_dl(server, tmp_path)) == PAYLOAD
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8765/raw/", "htp://example.org/x/", "https://example.org/x/ "])
+def test_a_malformed_base_url_names_where_it_came_from(tmp_path, monkeypatch, url):
+    monkeypatch.setenv("MINITF_MULTI30K_BASE_URL", url)
+    with pytest.raises(DataError, match=r"^MINITF_MULTI30K_BASE_URL .* is not a URL the files can be downloaded from"):
+        prepare_dataset("multi30k", tmp_path / "m30k", progress=False)
+
+
+def test_a_data_folder_below_a_file_named_by_minitf_cache_names_it(tmp_path, monkeypatch):
+    (tmp_path / "cache").write_text("not a folder")
+    monkeypatch.setenv("MINITF_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(DataError, match=r"cannot make the data folder .*: name another \(--data-dir, or MINITF_CACHE\)"):
+        prepare_dataset("multi30k", progress=False)
+
+
+def test_ctrl_c_during_a_download_keeps_the_part_and_says_so(server, tmp_path, monkeypatch, capsys):
+    """The interruption's line had said 'nothing half-written was kept' while the .part stayed (rightly: the same
+    command resumes it). It now says where the part is; a download that gives up says so too."""
+    import http.client
+    from minitf.errors import nothing_half_written
+    server.files["/blob.bin"] = PAYLOAD
+    real_read, calls = http.client.HTTPResponse.read, []
+
+    def read_then_ctrl_c(self, *a):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_read(self, 1000)
+    monkeypatch.setattr(http.client.HTTPResponse, "read", read_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt) as e:
+        _dl(server, tmp_path)
+    part = tmp_path / "blob.bin.part"
+    assert part.stat().st_size == 1000
+    assert nothing_half_written(e.value) == (f"the download so far is kept in {part} (1,000 bytes), and the same "
+                                             f"command again resumes it; nothing else half-written was kept")
+    assert nothing_half_written(KeyboardInterrupt()) == "nothing half-written was kept"
+    monkeypatch.setattr(http.client.HTTPResponse, "read", real_read)
+    server.cut_after = 500   # the server cuts every first answer short: then it is out of reach
+    server.files["/other.bin"] = PAYLOAD
+    with pytest.raises(DataError, match=r"gave up after 1 tries; the 500 bytes received are kept in .*other.bin.part, "
+                                        r"and a run again resumes from there"):
+        download(server.url + "/other.bin", tmp_path / "other.bin", progress=False, retries=0, backoff=0, timeout=5)

@@ -27,6 +27,7 @@ extracted into the folder)::
 
 import os
 import sys
+import urllib.parse
 from dataclasses import dataclass
 
 from minitf.errors import DataError
@@ -234,9 +235,19 @@ def _checked_download(url, path, check):
     try:
         check(path)
     except DataError as e:
-        bad = set_aside(path)
-        where = f"moved it aside to {bad}" if bad else "it could not be moved aside: delete it"
-        raise DataError(f"{e}, downloaded from {url}; {where}, and run again to download it anew") from None
+        raise _set_aside_error(e, url, path) from None
+    if os.path.lexists(path + ".bad"):   # an earlier download that failed its check: this one passed
+        try:
+            os.unlink(path + ".bad")
+        except OSError:
+            pass
+
+
+def _set_aside_error(e, url, path):
+    """The DataError `e` of a download at `path` that is unusable, moved aside (download.set_aside)."""
+    bad = set_aside(path)
+    where = f"moved it aside to {bad}" if bad else "it could not be moved aside: delete it"
+    return DataError(f"{e}, downloaded from {url}; {where}, and run again to download it anew")
 
 
 def _note(msg):
@@ -265,6 +276,8 @@ def _get(spec, base_url, data_dir, corpus, src, tgt, download, progress, require
             return paths
         try:
             archive = _fetch(spec, base_url, data_dir, corpus, src, tgt, progress)
+            paths = _fetched(data_dir, corpus, src, tgt, label, archive,
+                             archive and base_url + spec["archives"][corpus.archive][0])
         except DataError as e:
             if required or not hasattr(e, "http_status"):   # a damaged download (its checksum, its gzip): said
                 raise
@@ -272,7 +285,6 @@ def _get(spec, base_url, data_dir, corpus, src, tgt, download, progress, require
             why = "is not available" if getattr(e, "http_status", None) == 404 else "could not be downloaded"
             note(f"test set {label} {why} for {src}-{tgt} ({e}); skipping it")
             return None
-        paths = _fetched(data_dir, corpus, src, tgt, label, archive)
         _mark_downloaded(data_dir)
         return paths
 
@@ -288,14 +300,16 @@ def _mark_downloaded(data_dir):
         pass
 
 
-def _fetched(data_dir, corpus, src, tgt, label, archive):
+def _fetched(data_dir, corpus, src, tgt, label, archive, url):
     """The paths of `corpus` once downloaded; the archive removed (the extracted files are what is looked up next
-    time)."""
+    time). An archive without them is moved aside (it had been kept, and taken again by every later run)."""
     paths = _locate(data_dir, corpus, src, tgt)
     if paths is None:
-        raise DataError(f"{label}: downloaded {archive or 'the files'}, but "
-                        f"{_expected(data_dir, corpus, src, tgt)} are still missing; "
-                        f"the archive layout changed, put the files there by hand")
+        e = DataError(f"{label}: {_expected(data_dir, corpus, src, tgt)} are missing from the archive (cut short, or "
+                      f"its layout changed: then put the files there by hand)")
+        if archive is None:
+            raise e
+        raise _set_aside_error(e, url, archive)
     if archive:
         os.unlink(archive)  # the extracted files are what is looked up next time
     return paths
@@ -323,12 +337,11 @@ def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
          "data_dir": data_dir}
     """
     spec, splits = _spec(name, src, tgt)
+    folder_flag = "--data-dir" if data_dir or not os.environ.get("MINITF_CACHE") else "--data-dir, or MINITF_CACHE"
     data_dir = os.fspath(data_dir) if data_dir else default_data_dir(name)
-    base_url = base_url or os.environ.get(spec["base_url_env"]) or spec["base_url"]
-    if not base_url.endswith("/"):
-        base_url += "/"
+    base_url = _base_url(base_url, spec)
     if download:
-        make_folder(data_dir, "the data folder", "--data-dir")
+        make_folder(data_dir, "the data folder", folder_flag)
     args = (spec, base_url, data_dir)
     result = {"tests": {}, "paths": {"tests": {}}, "data_dir": data_dir}
     local_before = (all(_locate(data_dir, c, src, tgt) for split in ("train", "valid") for c in splits[split])
@@ -347,9 +360,26 @@ def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
         if p is not None:
             result["tests"][test] = read_parallel(*p)
             result["paths"]["tests"][test] = p
+            gone = ("downloaded again" if download and os.path.lexists(os.path.join(data_dir, DOWNLOADED))
+                    else "skipped")   # in a folder minitf downloaded into, a missing test set is fetched again
             _refuse_empty(result["tests"][test], f"{name} {test}", p, "score",
-                          "put the set's files back (or delete them: a test set missing from the folder is skipped)")
+                          f"put the set's files back (or delete them: a test set missing from the folder is {gone})")
     return result
+
+
+def _base_url(given, spec):
+    """The URL the dataset's files are below: `given`, else its environment variable's, else the official one; ends
+    with "/". A value that is no http(s)/ftp/file URL is refused naming where it came from (a URL without its scheme,
+    or with a space, had been tried four times and blamed on the network)."""
+    env = spec["base_url_env"]
+    url, origin = ((given, "the base URL") if given else
+                   (os.environ[env], env) if os.environ.get(env) else (spec["base_url"], "the base URL"))
+    parts = urllib.parse.urlsplit(url)
+    if (parts.scheme not in ("http", "https", "ftp", "file") or (parts.scheme != "file" and not parts.netloc)
+            or any(c.isspace() for c in url)):
+        raise DataError(f"{origin} {url!r} is not a URL the files can be downloaded from: give one as "
+                        f"https://HOST/PATH/ (a mirror with the official layout), without spaces")
+    return url if url.endswith("/") else url + "/"
 
 
 def _read_all(pairs):

@@ -12,6 +12,7 @@ import hashlib
 import http.client
 import os
 import re
+import sys
 import tarfile
 import time
 import urllib.error
@@ -26,9 +27,47 @@ _USER_AGENT = "minitf-data/0.1 (+python urllib)"
 
 
 def _network_error(url, reason):
-    return DataError(f"cannot download {url} ({reason}); check your internet "
-                     f"connection, or pass --data-dir pointing at a folder that "
+    if reason.startswith("HTTP 429"):
+        advice = "the server asks for fewer requests: try again later"
+    elif reason.startswith("HTTP 5"):
+        advice = "the server is failing: try again later"
+    else:
+        advice = "check your internet connection"
+    return DataError(f"cannot download {url} ({reason}); {advice}, or pass --data-dir pointing at a folder that "
                      f"already holds the data files")
+
+
+def _http_advice(code):
+    """What to do about an HTTP error that is not retried (a client error, a redirect that goes nowhere)."""
+    if code in (401, 403, 407):
+        return ("the server (or a proxy between) refused access: a network that wants a login first, or a proxy "
+                "that needs its settings (HTTPS_PROXY)? Or pass --data-dir with the files already present")
+    if 300 <= code < 400:
+        return ("its redirects lead nowhere or go round in a loop; check the URL (a mirror of the same layout is named "
+                "by MINITF_MULTI30K_BASE_URL or MINITF_WMT_BASE_URL), or pass --data-dir with the files already "
+                "present")
+    return ("the file is not on the server (check the URL; a mirror of the same layout is named by "
+            "MINITF_MULTI30K_BASE_URL or MINITF_WMT_BASE_URL), or pass --data-dir with the files already present")
+
+
+def _seconds(retry_after):
+    """An HTTP Retry-After of seconds as a float (at most 60; 0 for none or a date)."""
+    try:
+        return min(max(float(retry_after), 0.0), 60.0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _kept(part):
+    """', the part downloaded is kept ...' where a .part file holds bytes a next run resumes from."""
+    if os.path.isfile(part) and os.path.getsize(part):
+        return f"; the {os.path.getsize(part):,} bytes received are kept in {part}, and a run again resumes from there"
+    return ""
+
+
+def _note(msg):
+    """One plain line on stderr."""
+    print(f"note: {msg}", file=sys.stderr, flush=True)
 
 
 def file_digest(path, algorithm="sha256"):
@@ -48,6 +87,12 @@ def _check_digests(path, sha256, md5):
             if actual.lower() != expected.lower():
                 return algo, expected, actual
     return None
+
+
+class NotTheFile(DataError):
+    """The server answered with something that is not the file (a web page, an empty body): not retried; an optional
+    test set is skipped as one the network did not give (`http_status` None)."""
+    http_status = None
 
 
 class _WriteError(Exception):
@@ -80,6 +125,10 @@ def _fetch_once(url, part, progress, timeout):
     request = urllib.request.Request(url, headers=headers)
     with urllib.request.urlopen(request, timeout=timeout) as resp:
         status = getattr(resp, "status", 200)
+        if resp.headers.get_content_type() == "text/html":   # a login page, a proxy's or a portal's, sent as 200
+            raise NotTheFile(f"cannot download {url}: the server sent a web page (text/html), not the file: a "
+                             f"network that wants a login first, or a proxy's page? Open the URL in a browser, or "
+                             f"pass --data-dir with the files already present")
         mode = "wb"
         if have and status == 206:
             m = re.match(r"bytes (\d+)-", resp.headers.get("Content-Range", ""))
@@ -137,37 +186,48 @@ def download(url, dest_path, sha256=None, progress=True, retries=3, md5=None,
     os.makedirs(os.path.dirname(os.path.abspath(dest_path)), exist_ok=True)
     part = dest_path + ".part"
 
-    last_error = "no attempt made"
-    for attempt in range(int(retries) + 1):
-        if attempt and backoff:
-            time.sleep(min(backoff * 2 ** (attempt - 1), 30.0))
-        try:
-            if _fetch_once(url, part, progress, timeout):
-                break
-            last_error = "connection closed before the end of the file"
-        except urllib.error.HTTPError as e:
-            e.close()  # release the connection the error response holds
-            if e.code == 416 and os.path.exists(part):  # bad resume point: restart
-                os.unlink(part)
-                last_error = "HTTP 416 on resume"
-                continue
-            if 400 <= e.code < 500:
-                err = DataError(f"cannot download {url}: HTTP {e.code} {e.reason}; "
-                                f"the file is not on the server (check the URL; a mirror of "
-                                f"the same layout is named by MINITF_MULTI30K_BASE_URL or "
-                                f"MINITF_WMT_BASE_URL), or pass --data-dir with the files "
-                                f"already present")
+    last_error, retry_after = "no attempt made", 0.0
+    try:
+        for attempt in range(int(retries) + 1):
+            if attempt:   # a retry, said (a stalled server had been minutes of silence)
+                wait = max(min(backoff * 2 ** (attempt - 1), 30.0), retry_after) if backoff else 0.0
+                _note(f"{url}: {last_error}; trying again" + (f" in {wait:.0f} s" if wait else "")
+                      + f" (try {attempt + 1} of {retries + 1})")
+                time.sleep(wait)
+            retry_after = 0.0
+            try:
+                if _fetch_once(url, part, progress, timeout):
+                    break
+                last_error = "connection closed before the end of the file"
+            except urllib.error.HTTPError as e:
+                e.close()  # release the connection the error response holds
+                if e.code == 416 and os.path.exists(part):  # bad resume point: restart
+                    os.unlink(part)
+                    last_error = "HTTP 416 on resume"
+                    continue
+                if e.code == 429 or e.code >= 500:   # busy or failing for now: retried, after the wait it asks for
+                    retry_after = _seconds(e.headers.get("Retry-After") if e.headers else None)
+                    last_error = f"HTTP {e.code} {e.reason}"
+                    continue
+                err = DataError(f"cannot download {url}: HTTP {e.code} {e.reason}; {_http_advice(e.code)}")
                 err.http_status = e.code
                 raise err from None
-            last_error = f"HTTP {e.code} {e.reason}"
-        except _WriteError as e:  # writing the file failed: not worth retrying
-            raise _write_failed(e.path, e.error) from None
-        except (OSError, http.client.HTTPException) as e:   # the network's (URLError, a reset, SSL, unreachable): retried
-            last_error = str(getattr(e, "reason", None) or e) or e.__class__.__name__
-    else:
-        err = _network_error(url, f"{last_error}; gave up after {retries + 1} tries")
-        err.http_status = None
-        raise err
+            except _WriteError as e:  # writing the file failed: not worth retrying
+                raise _write_failed(e.path, e.error) from None
+            except (OSError, http.client.HTTPException) as e:   # the network's (URLError, a reset, SSL): retried
+                last_error = str(getattr(e, "reason", None) or e) or e.__class__.__name__
+        else:
+            err = _network_error(url, f"{last_error}; gave up after {retries + 1} tries" + _kept(part))
+            err.http_status = None
+            raise err
+    except KeyboardInterrupt as e:   # Ctrl-C, SIGTERM: the part downloaded stays for the next run to resume
+        if os.path.isfile(part) and os.path.getsize(part):
+            e.kept = f"{part} ({os.path.getsize(part):,} bytes)"
+        raise
+    if os.path.getsize(part) == 0:
+        os.unlink(part)
+        raise NotTheFile(f"cannot download {url}: the server sent an empty file; try again later, or pass "
+                         f"--data-dir with the files already present")
 
     mismatch = _check_digests(part, sha256, md5)
     if mismatch is not None:
@@ -175,7 +235,7 @@ def download(url, dest_path, sha256=None, progress=True, retries=3, md5=None,
         os.unlink(part)
         raise DataError(f"checksum mismatch for {url}: expected {algo} {expected}, "
                         f"got {actual}; the download is corrupt or the file changed "
-                        f"upstream, try again or fetch it by hand")
+                        f"upstream, try again or fetch it by hand into {dest_path}")
     os.replace(part, dest_path)
     return dest_path
 
@@ -244,6 +304,8 @@ def extract(archive, dest_dir, members=None):
     written = []
     try:
         if tarfile.is_tarfile(archive):
+            if _is_gzip(archive):   # tarfile stops at the archive's end marker and never reads gzip's CRC: a
+                _read_through(archive)   # damaged .tgz had extracted changed lines without a word
             with tarfile.open(archive, "r:*") as tar:
                 wanted = None if members is None else {_member_name(n) for n in members}
                 chosen = []
@@ -293,12 +355,32 @@ def set_aside(path):
     return bad
 
 
+def _is_gzip(path):
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def _read_through(path):
+    """Decompress the gzip file `path` to its end (its CRC and length checked there); returns its first bytes. The
+    error of a damaged or truncated file propagates (OSError, EOFError, zlib.error)."""
+    with gzip.open(path, "rb") as f:
+        head = f.read(1 << 16)
+        while f.read(1 << 20):
+            pass
+    return head
+
+
 def check_gzip(path):
-    """DataError naming `path` unless it is a complete, readable gzip file (read through: the
-    Multi30k files are a few MB)."""
+    """DataError naming `path` unless it is a complete, readable gzip file of text (read through: the Multi30k files
+    are a few MB): not empty, and not a web page (a portal's or a proxy's page sent gzip-encoded had been taken for
+    the corpus)."""
     try:
-        with gzip.open(path, "rb") as f:
-            while f.read(1 << 20):
-                pass
+        head = _read_through(path)
     except (OSError, EOFError, zlib.error) as e:
         raise DataError(f"{path}: not a readable gzip file ({e})") from None
+    if not head.strip():
+        raise DataError(f"{path}: holds no text")
+    start = head.lstrip()[:64].lower()
+    if start.startswith((b"<!doctype html", b"<html", b"<?xml", b"<head")):
+        raise DataError(f"{path}: holds a web page, not the corpus's text (a network that wants a login first, or a "
+                        f"proxy's page?)")
