@@ -87,6 +87,7 @@ def open_feed(run):
     run.epoch_len = len(first)   # for the log's fractional epoch (other epochs differ by a few batches: below)
     if run.state["epoch"] < run.cfg.bidirectional_epochs:
         run.epoch_len = (len(first) + 1) // 2   # of an epoch of one direction (an epoch of both has twice the batches)
+        run.both_len = len(first)               # said in the run's first line
     if per_update > run.epoch_len:
         raise ConfigError(f"{world.size} ranks x --update-freq {args.update_freq} = {per_update} batches per "
                           f"update, but an epoch has only {run.epoch_len}: use fewer ranks, a smaller --update-freq "

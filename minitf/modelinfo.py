@@ -77,11 +77,12 @@ def info_lines(f):
             done.append(f"corpus {state['data_id']}")
         lines.append(f"  training: {', '.join(done)}")
     if not f["marian"]:   # a Marian model records no recipe of minitf's (one fine-tuned here does)
-        lines.append(f"  recipe: dropout {c['dropout']:g}{_extras(c)}, label smoothing {c['label_smoothing']:g}, warmup "
+        lines.append(f"  recipe: dropout {c['dropout']:g}, label smoothing {c['label_smoothing']:g}, warmup "
                      f"{c['warmup']:,}, learning-rate factor {c['lr_factor']:g}, weight decay {c['weight_decay']:g}, "
                      + (f"{state['batch_tokens'] * state['update_batches']:,} tokens an update (at most, padding "
                         f"included)" if isinstance(state.get("batch_tokens"), int) and isinstance(
-                            state.get("update_batches"), int) else f"{c['update_tokens']:,} tokens an update"))
+                            state.get("update_batches"), int) else f"{c['update_tokens']:,} tokens an update")
+                     + _extras(c))
     lines.append(f"  decoding: length penalty alpha {c['decode_alpha']:g} by default (translate and evaluate)")
     return lines
 
@@ -91,7 +92,8 @@ def _extras(c):
     parts = [f"--{name.replace('_', '-')} {c[name]:g}" for name in (
         "attention_dropout", "relu_dropout", "bpe_dropout_source", "bpe_dropout_target", "bidirectional_epochs",
         "lr_fade") if c.get(name)]
-    return f" ({', '.join(parts)})" if parts else ""
+    return f"; beyond the paper's: {', '.join(parts)}" if parts else ""   # after the line ("dropout 0.1 (--lr-fade
+    # 1)" had read as a detail of the dropout)
 
 
 def _how_to_go_on(folder, res, last):

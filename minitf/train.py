@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import time
+from types import SimpleNamespace
 from typing import Optional
 
 import numpy as np
@@ -109,6 +110,7 @@ class Run:
     resume_path: Optional[str] = None
     feed: Optional[UpdateFeed] = None   # the updates' batches
     epoch_len: int = 1             # batches in an epoch (for the log's fractional epoch)
+    both_len: int = 0              # batches in this start's first epoch where it reads both directions, else 0
     validation: Optional[Validation] = None   # on every rank: each validates its share
     log: Optional[TrainLog] = None
     console: Optional[Console] = None
@@ -329,7 +331,7 @@ def set_up(args, world):
         spent = resume.train_state.get("train_wall_s") or 0
         if args.time_budget and spent >= args.time_budget:   # it would end at once, and only say "time_budget"
             log(f"note: --time-budget {args.time_budget:g} counts the run's training over all its starts, and it has "
-                f"trained {spent:.0f} s: it ends at once; give a larger --time-budget (or --max-steps, which drops the "
+                f"trained {spent:.{1 if spent < 10 else 0}f} s: it ends at once; give a larger --time-budget (or --max-steps, which drops the "
                 f"first start's budget) to go on")
     fp16 = getattr(args, "fp16", False)
     dtype = compute_dtype(args)
@@ -368,6 +370,8 @@ def set_up(args, world):
     if lead:
         prepare_out(args.out)
         settle_leftovers(args.out, resume)
+        if resume is not None:
+            _note_fade_moved(run, read_run_record(args.out, strict=False))   # before this start's flags replace it
         _write_run_config(args, flags, cfg, world, data, resume)
     run.log = TrainLog(os.path.join(args.out, "train_log.jsonl"), enabled=lead)
     if lead and run.log.dropped:
@@ -380,6 +384,27 @@ def set_up(args, world):
     if resume is not None and isinstance(kept, dict):
         run.window.update((k, kept[k]) for k in ("loss", "nll", "n", "lr") if isinstance(kept.get(k), (int, float)))
     return run
+
+
+def _note_fade_moved(run, record):
+    """A note where a resume's later end (--max-steps, --time-budget given again) moves --lr-fade's fade back, so
+    that the learning rate goes up again from the last update's (it had, 4.8x, without a word). `record`: the run's
+    config.json before this start (its ends), or None."""
+    cfg, step, wall = run.cfg, run.state["step"], run.state["train_wall_s"]
+    if not cfg.lr_fade or not step or record is None:
+        return
+    before = SimpleNamespace(max_steps=record["args"].get("max_steps"), time_budget=record["args"].get("time_budget"))
+    if not all(v is None or isinstance(v, (int, float)) for v in vars(before).values()):
+        return
+    last_lr = learning_rate(step, cfg.d_model, cfg.warmup, cfg.lr_factor, cfg.lr_fade,
+                            run_progress(before, step - 1, wall))
+    nxt = learning_rate(step + 1, cfg.d_model, cfg.warmup, cfg.lr_factor, cfg.lr_fade,
+                        run_progress(run.args, step, wall))
+    if nxt > 1.05 * last_lr:
+        ends = " and ".join(f"{f} {v:g}" for f, v in (("--max-steps", run.args.max_steps),
+                                                        ("--time-budget", run.args.time_budget)) if v)
+        log(f"note: --lr-fade {cfg.lr_fade:g} fades the learning rate over the run's end now ({ends}): from step "
+            f"{step + 1:,} it is {nxt:.3g}, up from the last update's {last_lr:.3g}, and fades again from there")
 
 
 def _write_run_config(args, flags, cfg, world, data, resume):
@@ -534,7 +559,10 @@ def _open_feed(run):
     run.feed, max_tokens = open_feed(run)
     per_update = world.size * args.update_freq
     if run.lead:
-        log(f"train: {len(pairs.src_lens):,} pairs{dropped_note(run.data.corpus.manifest)} in {run.epoch_len:,} batches per epoch; tokens per side (padding "
+        both = (f" ({2 * len(pairs.src_lens):,} pairs in {run.both_len:,} batches while --bidirectional-epochs reads "
+                f"both directions)" if run.both_len else "")
+        log(f"train: {len(pairs.src_lens):,} pairs{dropped_note(run.data.corpus.manifest)} in {run.epoch_len:,} batches "
+            f"per epoch{both}; tokens per side (padding "
             f"included), at most: {max_tokens:,} per batch, {args.update_freq * max_tokens:,} per rank "
             f"({args.update_freq} batch{'es' if args.update_freq > 1 else ''}), {per_update * max_tokens:,} per update "
             f"({world.size} rank{'s' if world.size > 1 else ''})")
@@ -719,8 +747,9 @@ def _skipped(run, loss_finite, grads_finite):
             how = (f"--resume goes on from {os.path.basename(kept[-1])} with the same schedule (--max-nonfinite "
                    f"{run.args.max_nonfinite} allows that many in a row), or " if kept else "")
             raise MinitfError(f"{state['nonfinite']} non-finite updates (loss or gradients) in a row at step "
-                              f"{state['step']}: the run diverged; {how}start a new --out with a lower --lr-factor or a "
-                              f"longer --warmup")
+                              f"{state['step']}: the run diverged; {how}"
+                              + ("start a new --out" if kept else "run the command again")   # no checkpoint: --out
+                              + " with a lower --lr-factor or a longer --warmup")             # is started afresh
         return True
     state["nonfinite"] = 0
     return False

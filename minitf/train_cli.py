@@ -37,6 +37,8 @@ from minitf.config import ARCHS, ATTENTIONS, FLAG_FIELDS, NORM_POSITIONS, PRESET
 from minitf.data.pipeline import add_data_args, check_data_args, subword_model
 from minitf.flags import MAX_ALPHA, MAX_BEAM, Number, Parser, fraction, path_arg, positive
 
+MAX_BUDGET_S = 1e9   # --time-budget's largest, ~32 years (1e308 s had overflowed the projection of the run's end)
+
 
 def build_parser(prog=None):
     from minitf import __version__
@@ -82,7 +84,7 @@ def build_parser(prog=None):
                    "results.json without its checkpoints, or a config.json no minitf run wrote, is refused)")
     p.add_argument("--max-steps", type=Number(int, 0, meaning=" (0 = no limit)"),
                    help="updates (the paper: base 100k, big 300k); 0 = no limit")
-    p.add_argument("--time-budget", type=positive(float), help="stop training after this many seconds of it, over all "
+    p.add_argument("--time-budget", type=positive(float, high=MAX_BUDGET_S), help="stop training after this many seconds of it, over all "
                                                               "the run's starts (a --resume counts the earlier ones; "
                                                               "the validations and checkpoints, the last ones included, "
                                                               "count; the end's average and test scores do not)")
@@ -126,7 +128,8 @@ def build_parser(prog=None):
                         "differs from the checkpoint's is an error: model size, --arch, --attention, --norm, dropout, "
                         "label smoothing, BPE-dropout, --bidirectional-epochs, --output-vocab, --warmup, the rate, "
                         "--lr-fade, --weight-decay; so are another direction, --src/--tgt, weights in another --dtype, "
-                        "and --tokenizer, --vocab-size or --subword naming another tokenizer than the checkpoint's; "
+                        "--tokenizer, --vocab-size or --subword naming another tokenizer than the checkpoint's, "
+                        "and --max-len or --max-ratio cleaning the corpus otherwise than the run's first start; "
                         "the run's schedule may change: --max-steps, --save-every, "
                         "--save-every-minutes, --average-last, and --max-tokens as long as the batches keep their "
                         "size); the data, device, batch and schedule flags left out are the run's, as --out's "
@@ -245,6 +248,26 @@ def _same_data(args, given, before):
     return True
 
 
+def _same_cleaning(p, args, given, before, restart):
+    """--max-len or --max-ratio given to a resume with another rule than the run's first start (the rules its corpus
+    was cleaned with): refused naming the flag (the cache had refused it as data changed, "cleaning rule max_ratio")."""
+    from minitf.data.pipeline import ratio_rule
+    if restart or not given.intersection(("max_len", "max_ratio")):
+        return
+    try:
+        rules = [(flag, getattr(args, dest), before[dest], rule(getattr(args, dest)), rule(before[dest]))
+                 for flag, dest, rule in (("--max-len", "max_len", lambda v: v), ("--max-ratio", "max_ratio",
+                 lambda v: ratio_rule(v, before.get("train"), before.get("dataset"), before.get("src"), before.get("tgt"))))
+                 if dest in given and dest in before]
+    except KeyError:   # a record of another dataset than minitf knows: the cache's own check stays
+        return
+    for flag, now, then, rule_now, rule_then in rules:
+        if rule_now != rule_then:
+            started = f"{flag} {then}" if then is not None else f"{flag} {rule_then or 0} (the default)"
+            p.error(f"{flag} {now}: the run in --out {args.out} was started with {started}, which cleaned the corpus "
+                    f"its batches come from; drop {flag} to resume it, or start a new --out")
+
+
 def restore_first_start(p, args):
     """--resume: the flags of runfolder.RESUMED_GROUPS the command line does not give, from OUT/config.json (a run's
     first start records them, its paths made absolute: runfolder.RUN_PATHS); returns the flags taken, as they would be
@@ -276,6 +299,7 @@ def restore_first_start(p, args):
     if "seed" in given and before.get("seed") not in (None, args.seed) and not restart:
         p.error(f"--seed {args.seed}: the run in --out {args.out} was started with --seed {before['seed']}, which its "
                 f"batches and dropout follow; drop --seed to resume it, or start a new --out")
+    _same_cleaning(p, args, given, before, restart)
     defaults = {a.dest: a.default for a in p._actions}
     taken = []
     for group in RESUMED_GROUPS:

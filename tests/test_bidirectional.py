@@ -1,6 +1,7 @@
 """Bidirectional training (--bidirectional-epochs): the first epochs train on the pairs in both
 directions, then on source -> target alone; a resumed run sees the pairs an uninterrupted one does."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -79,6 +80,10 @@ def test_bidirectional_training_resumes_exactly_across_the_switch(corpus, tmp_pa
     assert r.returncode == 0, r.stderr[-3000:]
     assert "bidirectional training: epoch 1 on the 400 pairs in both directions (en -> de and de -> en, 800 " \
            "pairs an epoch), then en -> de alone" in r.stderr
+    # the first line counts the batches of both epochs (it had said only one direction's after "800 pairs an epoch")
+    m = re.search(r"train: 400 pairs in (\d+) batches per epoch \(800 pairs in (\d+) batches while "
+                  r"--bidirectional-epochs reads both directions\)", r.stderr)
+    assert m and int(m.group(1)) == (int(m.group(2)) + 1) // 2, r.stderr[-3000:]
     log = [json.loads(line) for line in (straight / "train_log.jsonl").read_text().splitlines()]
     epochs = [rec["epoch"] for rec in log if "epoch" in rec]
     assert epochs == sorted(epochs) and max(epochs) > 1.3   # the runs below cross the switch at epoch 1

@@ -181,6 +181,15 @@ def test_resume_takes_the_first_starts_flags_a_group_at_a_time(tmp_path, capsys,
         parse_args(["--out", str(out), "--resume", "--seed", "4"])
     assert "--seed 4: the run in --out" in capsys.readouterr().err
     assert parse_args(["--out", str(out), "--resume", "--seed", "3"]).seed == 3
+    # other cleaning rules: refused naming the flag (the cache had refused them as "other data", "cleaning rule
+    # max_ratio 1.5 -> 3.0"); the first start's rule given again, its default (1.5 for own files) included, is taken
+    for flags, says in ((["--max-ratio", "3"], "--max-ratio 3.0: the run in --out " + str(out) + " was started with "
+                                               "--max-ratio 1.5 (the default), which cleaned the corpus"),
+                        (["--max-ratio", "0"], "--max-ratio 0.0: the run"), (["--max-len", "5"], "with --max-len 250,")):
+        with pytest.raises(SystemExit):
+            parse_args(["--out", str(out), "--resume", *flags])
+        assert says in capsys.readouterr().err
+    assert parse_args(["--out", str(out), "--resume", "--max-ratio", "1.5", "--max-len", "250"]).max_ratio == 1.5
     # --device given again: the first start's precision is still taken (retyping it had dropped --fp16)
     args = parse_args(["--out", str(out), "--resume", "--device", "cpu"])
     assert (args.device, args.fp16, args.train) == ("cpu", True, first["train"])
@@ -364,11 +373,15 @@ def test_non_finite_losses_are_skipped_then_stop_the_run(corpus, tmp_path):
     assert "non-finite" in r.stderr and "--lr-factor" in r.stderr and "Traceback" not in r.stderr
     # the advice is one a run can follow: a new --out for a new schedule (a resume keeps the checkpoint's; "lower
     # --lr-factor ..., then --resume" had been refused), --resume only where a checkpoint is kept
-    assert "the run diverged; start a new --out with a lower --lr-factor or a longer --warmup" in r.stderr or \
+    # (without a checkpoint, the same --out is started afresh: "start a new --out" had been more than needed)
+    assert "the run diverged; run the command again with a lower --lr-factor or a longer --warmup" in r.stderr or \
         ("--resume goes on from checkpoint_" in r.stderr and "start a new --out" in r.stderr), r.stderr[-1000:]
     events = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     skipped = [e for e in events if e.get("event") == "nonfinite_loss_skipped"]
     assert [e["count"] for e in skipped] == [1, 2, 3]
+    if "run the command again" in r.stderr:   # and it does: a run with a sane rate in the same --out
+        again = run_train(corpus, out, "--max-steps", 2, "--save-every", 100)
+        assert again.returncode == 0, again.stderr[-2000:]
 
 
 def test_gpu_without_cupy_fails_fast_with_one_line(corpus, tmp_path):
@@ -660,6 +673,17 @@ def test_lr_fade_brings_the_learning_rate_to_zero_at_the_runs_end(corpus, tmp_pa
         assert lrs[step] == pytest.approx(expect, rel=1e-12), step
     assert lrs[6] == pytest.approx(noam(6, cfg.d_model, cfg.warmup, cfg.lr_factor))   # not faded yet
     assert lrs[12] == pytest.approx(noam(12, cfg.d_model, cfg.warmup, cfg.lr_factor) / 6)   # (1 - 11/12) / 0.5
+    # extended to a later end, the fade starts again from there: the rate goes up, and the resume says by how much
+    # (it had, without a word); its figures are the log's
+    r = run_train(corpus, out, "--resume", "--max-steps", 24)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(out / "train_log.jsonl") as f:
+        lrs = {rec["step"]: rec["lr"] for rec in map(json.loads, f) if "lr" in rec}
+    assert lrs[13] > 3 * lrs[12]
+    assert (f"note: --lr-fade 0.5 fades the learning rate over the run's end now (--max-steps 24): from step 13 it is "
+            f"{lrs[13]:.3g}, up from the last update's {lrs[12]:.3g}, and fades again from there") in r.stderr
+    r = run_train(corpus, out, "--resume", "--max-steps", 24)          # the same end again: nothing to say
+    assert r.returncode == 0 and "--lr-fade" not in r.stderr
 
 
 def test_weight_decay_shrinks_the_weights_and_a_resume_keeps_it(corpus, tmp_path):

@@ -201,21 +201,27 @@ def load_data(args, tokenizer=None, log=None, expect_data_id=None, notes=True, v
         return _load_data(args, tokenizer, log, expect_data_id, notes, verify, expect_corpus)
 
 
+def ratio_rule(max_ratio, train, dataset, src, tgt):
+    """The length-ratio cleaning rule --max-ratio sets (None: no rule): the flag's (0: none), else 1.5 for own files
+    (--train) and the dataset's default for a --dataset."""
+    if max_ratio is not None:
+        return max_ratio or None
+    return 1.5 if train else dataset_default(dataset, "max_ratio", src, tgt)
+
+
 def _load_data(args, tokenizer, log, expect_data_id, notes, verify, expect_corpus):
     from minitf.data.tokenizer import Tokenizer
     progress = not args.quiet
     _refuse_a_file("--cache-dir", args.cache_dir, "the binarized caches go into")   # before any data work
     if args.train:
         data = user_dataset(args.train, args.valid, args.test, args.src, args.tgt)
-        vocab, max_ratio = 8000, 1.5
+        vocab = 8000
     else:
         data = _dataset_in(args, progress, notes)
         vocab = dataset_default(args.dataset, "vocab_size", args.src, args.tgt)
-        max_ratio = dataset_default(args.dataset, "max_ratio", args.src, args.tgt)
     if args.vocab_size:
         vocab = args.vocab_size
-    if args.max_ratio is not None:
-        max_ratio = args.max_ratio or None
+    max_ratio = ratio_rule(args.max_ratio, args.train, args.dataset, args.src, args.tgt)
     if tokenizer is None and args.tokenizer:
         try:
             tokenizer = Tokenizer(args.tokenizer)
