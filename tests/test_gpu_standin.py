@@ -180,6 +180,30 @@ def device_equals_cpu(**kw):
 
 
 @pytest.mark.parametrize("fused", ["1", "0"])
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_a_second_backward_on_the_device_adds_to_the_gradients(standin, monkeypatch, fused, norm):
+    """Backward accumulates (+=) on the device path too: two backwards of one batch give twice one backward's
+    gradients, every parameter. The GEMMs that add into a gradient buffer (beta = 1), the bias and LayerNorm column
+    sums and the embedding's scatter each write over the buffer if they go wrong, which a single backward after
+    zero_grad never shows (a weight GEMM with beta = 0 had been caught only by a 2-rank training run)."""
+    monkeypatch.setenv("MINITF_FUSED", fused)
+    model = tiny(dropout=0.0, norm_position=norm, d_model=32, d_ff=64)
+    tgt = np.array([[5, 12, 7, 3], [9, 6, 3, 0]])
+    src, tgt_in = SRC[:2, :5], np.concatenate([np.full((2, 1), 2), tgt[:, :-1]], axis=1)
+    model.zero_grad()
+    model.forward_loss(src, tgt_in, tgt)
+    model.backward()
+    once = backend.to_numpy(model.flat_grads).copy()
+    model.forward_loss(src, tgt_in, tgt)
+    model.backward()
+    twice = backend.to_numpy(model.flat_grads)
+    for name in model.names:   # each parameter by name, so a failure says which
+        a, b = (model.view(g, name) for g in (once, twice))
+        assert np.abs(a).max() > 0, name
+        np.testing.assert_allclose(b, 2 * a, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("fused", ["1", "0"])
 def test_an_output_vocabulary_on_the_device_gives_the_cpus_loss_gradients_and_decoding(standin, monkeypatch, fused):
     """--output-vocab target on the device path (the fused loss kernel, or the generic one): the CPU
     model's loss and every gradient, one reference piece (12) outside the output vocabulary; beam

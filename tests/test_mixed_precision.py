@@ -193,3 +193,55 @@ def test_float16_products_on_the_cpu_are_float32_blas_rounded_once(monkeypatch):
     q, k = rng.standard_normal((2, 3, 5, 16)).astype(np.float16), rng.standard_normal((2, 3, 16, 7)).astype(np.float16)
     assert np.array_equal(functional.batched_matmul(q, k), want(q, k))
     assert len(seen) == 6 and set(seen) == {(np.dtype(np.float32), np.dtype(np.float32))}, seen
+
+
+@pytest.mark.parametrize("dtype,device", [("float32", "cpu"), ("float16", "cpu"), ("float16", "gpu")])
+def test_adam_divides_the_gradients_by_the_loss_scale_before_its_moments(dtype, device, request):
+    """Adam.step(grad_divisor=s) on gradients times s is step() on the gradients themselves, bit for bit (s a power
+    of 2). Adam's m / (sqrt(v) + eps) hides a missing division except through eps, so no training curve showed one:
+    a large eps, and gradients of every size down to 0, make it show here. float16 takes the master-weights branch
+    (float16 gradients, float32 weights), float32 the same-dtype one; on the GPU stand-in the fused kernel."""
+    if device == "gpu":
+        request.getfixturevalue("standin")
+    scale = 2.0 ** 12
+    models = [minitf.Transformer(cfg(), dtype=dtype, seed=0, device=device) for _ in range(2)]
+    opts = [minitf.Adam(m, lr=1e-2, eps=1e-3) for m in models]
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        g = (rng.standard_normal(models[0].flat_grads.size) * 10.0 ** rng.integers(-6, 0, models[0].flat_grads.size))
+        g[rng.random(g.size) < 0.1] = 0.0
+        g = g.astype(models[0].flat_grads.dtype)
+        xp = models[0].xp
+        models[0].flat_grads[...] = xp.asarray(g * scale)
+        models[1].flat_grads[...] = xp.asarray(g)
+        opts[0].step(grad_divisor=scale)
+        opts[1].step()
+    a, b = (to_numpy(m.weights) for m in models)
+    assert np.array_equal(a, b)
+    fresh = to_numpy(minitf.Transformer(cfg(), dtype=dtype, seed=0, device=device).weights)
+    assert np.abs(a - fresh).max() > 1e-3   # the updates moved the weights
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_fused_adam_kernel_updates_as_adams_passes_do(standin, monkeypatch, dtype):
+    """Adam.step through the one kernel (kernels.adam_update) against the same steps as separate passes
+    (MINITF_FUSED_ADAM=0), on the stand-in, with the coefficients Adam.step works out (bias corrections, weight decay,
+    the loss scale): the kernel's own test hands it coefficients of its own, so a wrong one passed from Adam (a bias
+    correction dropped) had been caught only by a whole training run."""
+    scale = 2.0 ** 10
+    models = [minitf.Transformer(cfg(), dtype=dtype, seed=0, device="gpu") for _ in range(2)]
+    opts = [minitf.Adam(m, lr=lambda s: 1e-2 / s, eps=1e-6, weight_decay=0.1) for m in models]
+    rng = np.random.default_rng(5)
+    for _ in range(4):
+        g = (rng.standard_normal(models[0].flat_grads.size) * 1e-2).astype(models[0].flat_grads.dtype) * scale
+        for model, opt, fused in zip(models, opts, ("1", "0")):
+            monkeypatch.setenv("MINITF_FUSED_ADAM", fused)
+            assert opt.fused() == (fused == "1")
+            model.flat_grads[...] = model.xp.asarray(g)
+            opt.step(grad_divisor=scale)
+    a, b = (to_numpy(m.weights) for m in models)
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(to_numpy(models[0].flat_params).astype(np.float32),      # the 16-bit copy too
+                               to_numpy(models[1].flat_params).astype(np.float32), rtol=2e-3, atol=1e-6)
+    fresh = to_numpy(minitf.Transformer(cfg(), dtype=dtype, seed=0, device="gpu").weights)
+    assert np.abs(a - fresh).max() > 1e-3
