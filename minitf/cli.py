@@ -5,6 +5,7 @@ Every user error (a bad flag, a MinitfError) is printed as one line on stderr wi
 import argparse
 import json
 import os
+import re
 import sys
 
 from .data.pipeline import add_data_args, check_data_args
@@ -284,6 +285,7 @@ def cmd_evaluate(args):
     translator = load(args.checkpoint, args.device)
     alpha = translator.alpha if args.alpha is None else args.alpha
     lang = (args.lang or (translator.languages or [None, None])[1] or "").lower() or None   # "DE": German too
+    _check_lang(args.lang)
     hyps = translator.translate(src, beam=args.beam, alpha=alpha, max_len_b=args.max_len_b, batch_size=args.batch_size,
                                 progress=not args.quiet, stop=args.stop)
     result = metrics(hyps, ref, lang=lang)
@@ -300,9 +302,19 @@ def cmd_evaluate(args):
         if result["bleu_paper"] is not None:
             table = base_language(lang) in ("de", "fr")   # Table 2's two tasks: English to German and to French
             print(f"paper BLEU {result['bleu_paper']}  ({result['bleu_paper_method']}"
-                  f"{'; compares with Table 2' if table else ''})")
+                  f"{'; on newstest2014 from English, the number Table 2 reports' if table else ''})")
         else:
             print(f"note: the paper's tokenized BLEU was {result['bleu_paper_method']}")
+
+
+def _check_lang(lang):
+    """ConfigError for a --lang that is a language pair as sacreBLEU's -l takes it ("en-zh": its first half, the
+    source, had been taken for the target); a region ("de-AT", "zh_CN", "pt-BR") is taken."""
+    m = re.fullmatch(r"([a-z]{2,3})[-_]([a-z]{2,3})", lang or "")
+    if m and m.group(1) != m.group(2):
+        raise ConfigError(f"--lang {lang}: give the target language alone (--lang {m.group(2)}), not a pair as "
+                          f"sacrebleu -l takes it (a region is written in capitals: {m.group(1)}-"
+                          f"{m.group(2).upper()})")
 
 
 def cmd_score(args):
@@ -444,12 +456,16 @@ def build_parser(prog="python -m minitf"):
                                    "against --ref, line by line the same sentences: sacreBLEU's BLEU (the target "
                                    "language's tokenizer: 13a, zh's, or MeCab's for ja and ko, characters without "
                                    "it; the signature says which) and chrF, and the paper's tokenized BLEU (Moses "
-                                   "tokens, German compounds split: needs sacremoses) where the language has spaces.")
+                                   "tokens, German compounds split: needs sacremoses) where the language has spaces. "
+                                   "Files are read as minitf reads text (a leading UTF-8 byte-order mark dropped, "
+                                   "CRLF endings taken as LF), so a --ref with a BOM can score a little above the "
+                                   "sacrebleu command's, which keeps it in the first word.")
     _decode_args(p)
     p.add_argument("--src", type=path_arg, required=True, help="source sentences (a file, plain or .gz, a pipe such as "
                                                 "<(zcat f.gz), or - for stdin)")
     p.add_argument("--ref", type=path_arg, required=True, help="reference translations, the same way")
-    p.add_argument("--lang", help="target language: it picks sacreBLEU's tokenizer (zh, ja, ko their own, "
+    p.add_argument("--lang", help="target language (de, zh, pt-BR: not a pair such as en-de): it picks sacreBLEU's "
+                   "tokenizer (zh, ja, ko their own, "
                    "characters for ja and ko where MeCab is not installed; 13a for the others) and the paper's tokenized BLEU's (Moses tokenizer; 'de' also splits compounds); "
                    "default: the one the checkpoint was trained on")
     p.add_argument("--json", action="store_true", help="print the result as JSON")

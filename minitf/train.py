@@ -30,8 +30,8 @@ from .data.pipeline import DataSettings, load_data
 from .data.prepare import dropped_note
 from .data.tokenizer import tokenizer_from_bytes
 from . import distributed, gemm
-from .errors import (SIGNAL_EXIT, CheckpointError, ConfigError, Interrupted, MinitfError, out_of_memory, signals_held,
-                     sigterm_raises)
+from .errors import (SIGNAL_EXIT, CheckpointError, ConfigError, Interrupted, MinitfError, nothing_half_written,
+                     out_of_memory, signals_held, sigterm_raises)
 from .feed import UpdateFeed, open_feed
 from .kernels import accum_dtype
 from .modelfile import read_model
@@ -40,7 +40,7 @@ from .optim import Adam, LossScaler, UpdateCheck
 from .recipe import on_grid, on_save_grid, resolve_config, run_progress, short_run_ends
 from .runfolder import (BEST, RECORD, RESUMED_GROUPS, RUN_PATHS, check_fresh_out, check_resumed, check_resumed_flags,
                         checkpoint_paths, choose_model, prepare_out, read_run_record, save, settle_leftovers)
-from .schedule import NoamSchedule, learning_rate
+from .schedule import NoamSchedule, fade, learning_rate
 from .fileio import WriteFailed, atomic_write, folder_lock, refuse_if_busy
 from .trainlog import Console, TrainLog, log, plural, print_summary, reported_model, summary_lines
 from .translate import paper_bleu_available
@@ -179,7 +179,7 @@ def train(args):
         if world.size == 1:          # prepared): the other ranks may be waiting in a collective, so the job is ended
             raise
         name = getattr(e, "signame", "SIGINT")   # errors.Terminated's
-        distributed.said_once(world, f"interrupted ({name}) before training began: nothing half-written was kept; "
+        distributed.said_once(world, f"interrupted ({name}) before training began: {nothing_half_written(e)}; "
                                      f"run the command again" + (" (with --resume to continue)" if args.resume else ""))
         world.abort(SIGNAL_EXIT[name])
     except MemoryError as e:   # the one line a single process gives (train_cli.main), from the rank that ran out
@@ -387,24 +387,27 @@ def set_up(args, world):
 
 
 def _note_fade_moved(run, record):
-    """A note where a resume's later end (--max-steps, --time-budget given again) moves --lr-fade's fade back, so
-    that the learning rate goes up again from the last update's (it had, 4.8x, without a word). `record`: the run's
-    config.json before this start (its ends), or None."""
+    """A note where a resume's other end (--max-steps, --time-budget given again) moves --lr-fade's fade back, so
+    that the learning rate goes up again (it had, 4.8x, without a word). `record`: the run's config.json before this
+    start (its ends), or None. The fade alone is compared, at the run's step and seconds, under both ends (the
+    warmup's own rise is no news)."""
     cfg, step, wall = run.cfg, run.state["step"], run.state["train_wall_s"]
     if not cfg.lr_fade or not step or record is None:
         return
     before = SimpleNamespace(max_steps=record["args"].get("max_steps"), time_budget=record["args"].get("time_budget"))
     if not all(v is None or isinstance(v, (int, float)) for v in vars(before).values()):
         return
-    last_lr = learning_rate(step, cfg.d_model, cfg.warmup, cfg.lr_factor, cfg.lr_fade,
-                            run_progress(before, step - 1, wall))
-    nxt = learning_rate(step + 1, cfg.d_model, cfg.warmup, cfg.lr_factor, cfg.lr_fade,
-                        run_progress(run.args, step, wall))
-    if nxt > 1.05 * last_lr:
-        ends = " and ".join(f"{f} {v:g}" for f, v in (("--max-steps", run.args.max_steps),
-                                                        ("--time-budget", run.args.time_budget)) if v)
-        log(f"note: --lr-fade {cfg.lr_fade:g} fades the learning rate over the run's end now ({ends}): from step "
-            f"{step + 1:,} it is {nxt:.3g}, up from the last update's {last_lr:.3g}, and fades again from there")
+    def said(key, value):
+        return f"--{key.replace('_', '-')} {value:g}" if value else f"no --{key.replace('_', '-')}"
+    moved = [f"{said(key, getattr(run.args, key))} (before: {said(key, getattr(before, key))})"
+             for key in ("max_steps", "time_budget") if (getattr(before, key) or 0) != (getattr(run.args, key) or 0)]
+    p_before, p_now = run_progress(before, step, wall), run_progress(run.args, step, wall)
+    if not moved or fade(p_now, cfg.lr_fade) <= 1.05 * fade(p_before, cfg.lr_fade):
+        return
+    rate = [learning_rate(step + 1, cfg.d_model, cfg.warmup, cfg.lr_factor, cfg.lr_fade, p) for p in (p_now, p_before)]
+    log(f"note: --lr-fade {cfg.lr_fade:g} fades the learning rate over the run's new end, {' and '.join(moved)}: "
+        f"from step {step + 1:,} it is {rate[0]:.3g}, where the earlier end would have made it {rate[1]:.3g}; it "
+        f"fades to 0 again from there")
 
 
 def _write_run_config(args, flags, cfg, world, data, resume):
@@ -1029,8 +1032,8 @@ def finish(run, stop=None):
         results["bleu_paper"][name], results["bleu_paper_method"] = s["bleu_paper"], s["bleu_paper_method"]
         run.log.write({"step": state["step"], "eval": name, "model": results["model"], "bleu": s["bleu"],
                        "chrf": s["chrf"], "bleu_paper": s["bleu_paper"], "decode_s": round(time.time() - t0, 1)})
-        paper = f" (paper's tokenized BLEU {s['bleu_paper']})" if s["bleu_paper"] is not None else ""
-        log(f"{name}: BLEU {s['bleu']}{paper} chrF {s['chrf']} (sacreBLEU, beam {args.beam}, all {len(src):,} "
+        paper = f" (paper's tokenized BLEU {s['bleu_paper']:.2f})" if s["bleu_paper"] is not None else ""
+        log(f"{name}: BLEU {s['bleu']:.2f}{paper} chrF {s['chrf']:.2f} (sacreBLEU, beam {args.beam}, all {len(src):,} "
             f"sentences, {time.time() - t0:.0f}s; {which})")
     if results["bleu_paper"] and None in results["bleu_paper"].values():
         log(f"note: the paper's tokenized BLEU was {results['bleu_paper_method']}")

@@ -295,7 +295,7 @@ def score_lines(model, tokenizer, sources, targets, alpha=None, batch_size=64, p
     return [Hypothesis(text, sum(p) / length_penalty(len(p), alpha), p) for text, p in zip(targets, logps)]
 
 
-UNSPACED = ("zh", "ja", "ko")   # languages written without spaces between words
+UNSPACED = ("zh", "ja")   # languages written without spaces between words (Korean has them: Moses splits it)
 
 
 def base_language(lang):
@@ -319,6 +319,7 @@ def metrics(hyps, refs, lang=None, paper=True):
     one reference each, and with the target language `lang` (unless paper=False), the paper's tokenized BLEU beside
     them (`paper_bleu`)."""
     from sacrebleu.metrics import CHRF
+    _same_count(hyps, refs)
     bleu, chrf = sacrebleu_bleu(lang), CHRF()
     b, c = bleu.corpus_score(hyps, [refs]), chrf.corpus_score(hyps, [refs])
     out = {"bleu": round(b.score, 2), "chrf": round(c.score, 2), "bleu_signature": str(bleu.get_signature()),
@@ -326,6 +327,15 @@ def metrics(hyps, refs, lang=None, paper=True):
     if lang is not None and paper:
         out["bleu_paper"], out["bleu_paper_method"] = paper_bleu(hyps, refs, lang)
     return out
+
+
+def _same_count(hyps, refs):
+    """ValueError unless there are as many hypotheses as references, and some: sacreBLEU's functions had scored the
+    shorter list alone (100 for 2 hypotheses against 3 references) and failed inside on none."""
+    if len(hyps) != len(refs):
+        raise ValueError(f"{len(hyps)} hypotheses and {len(refs)} references: give one reference a hypothesis")
+    if not hyps:
+        raise ValueError("no hypotheses and no references: there is nothing to score")
 
 
 def paper_bleu_available():
@@ -341,8 +351,9 @@ def paper_bleu(hyps, refs, lang):
     then multi-bleu.perl's BLEU of the tokens (case-sensitive, no smoothing).
 
     `lang` is taken without case or region ("DE", "de-AT": de). Returns (BLEU rounded to 2 places, a description);
-    (None, why) without sacremoses, or for a language written without spaces (zh, ja, ko: Moses does not split it).
+    (None, why) without sacremoses, or for a language written without spaces (zh, ja: Moses does not split it).
     """
+    _same_count(hyps, refs)
     lang = base_language(lang)
     if lang in UNSPACED:
         return None, (f"not computed: the Moses tokenizer does not split {lang} into words (sacreBLEU's BLEU above "

@@ -34,7 +34,8 @@ DECODE = {"--beam": BEAM, "--alpha": ALPHA, "--max-len-b": ("0", ["-100", "x"]),
 TABLE = {
     ("train_wmt.py",): {
         **DATA, "--d-model": ("64", ["0", "-5", "2.5", "x"]), "--heads": POSITIVE_INT, "--d-ff": POSITIVE_INT,
-        "--layers": POSITIVE_INT, "--decoder-layers": POSITIVE_INT, "--max-steps": ZERO_OR_MORE, "--time-budget": ("0.5", POSITIVE_FLOAT[1] + ["1e308"]),   # a huge budget had overflowed mid-run "--bidirectional-epochs": ZERO_OR_MORE,
+        "--layers": POSITIVE_INT, "--decoder-layers": POSITIVE_INT, "--max-steps": ZERO_OR_MORE, "--bidirectional-epochs": ZERO_OR_MORE,
+        "--time-budget": ("0.5", POSITIVE_FLOAT[1] + ["1e308"]),   # a huge budget had overflowed mid-run
         "--max-tokens": POSITIVE_INT, "--update-freq": POSITIVE_INT, "--warmup": POSITIVE_INT,
         "--lr-factor": POSITIVE_FLOAT, "--lr-fade": FRACTION, "--weight-decay": FRACTION_BELOW_1, "--dropout": FRACTION_BELOW_1,
         "--attention-dropout": FRACTION_BELOW_1, "--relu-dropout": FRACTION_BELOW_1,

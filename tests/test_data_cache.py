@@ -426,9 +426,17 @@ def test_resume_refuses_a_cache_that_no_longer_matches_its_checkpoint(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     r = _run([*own, *TRAIN, "--max-steps", 4, "--save-every", 2, "--out", out, "--max-len", 6, "--resume"],
              tmp_path / "cache")
+    # the flag against the run's record, before the data is read
+    assert r.returncode == 2 and "--max-len 6: the run in --out" in r.stderr and "Traceback" not in r.stderr
+    assert "cache: building" not in r.stderr and "checkpoint_0000004.npz" not in os.listdir(out)
+    # without the record (config.json gone, the data flags given), the checkpoint's data against the cache's
+    os.replace(out / "config.json", tmp_path / "config.json")
+    r = _run([*own, *TRAIN, "--max-steps", 4, "--save-every", 2, "--out", out, "--max-len", 6, "--resume"],
+             tmp_path / "cache")
     assert r.returncode == 2 and "--resume" in r.stderr and "Traceback" not in r.stderr
     assert "cleaning rule max_len 250 -> 6" in r.stderr and "cache: building" not in r.stderr   # said before any rebuild
     assert "checkpoint_0000004.npz" not in os.listdir(out)
+    os.replace(tmp_path / "config.json", out / "config.json")
     r = _run([*own, *TRAIN, "--max-steps", 4, "--save-every", 2, "--out", out, "--resume"], tmp_path / "cache")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "checkpoint_0000004.npz" in os.listdir(out)

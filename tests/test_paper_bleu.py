@@ -71,10 +71,10 @@ def test_evaluate_reads_sgm_segments_and_names_table_2_for_its_languages(tmp_pat
     from_sgm = capsys.readouterr().out
     assert main(["evaluate", "--checkpoint", str(ckpt), "--src", str(tmp_path / "src.txt"), "--ref",
                  str(tmp_path / "ref.txt"), *flags, "de"]) == 0
-    assert capsys.readouterr().out == from_sgm and "compares with Table 2" in from_sgm
+    assert capsys.readouterr().out == from_sgm and "the number Table 2 reports" in from_sgm
     assert main(["evaluate", "--checkpoint", str(ckpt), "--src", str(tmp_path / "src.txt"), "--ref",
                  str(tmp_path / "ref.txt"), *flags, "en"]) == 0
-    assert "compares with Table 2" not in capsys.readouterr().out
+    assert "the number Table 2 reports" not in capsys.readouterr().out
     (tmp_path / "plain.sgm").write_text("\n".join(lines[:4]) + "\n")   # no markup: not read as no segment at all
     assert main(["evaluate", "--checkpoint", str(ckpt), "--src", str(tmp_path / "plain.sgm"), "--ref",
                  str(tmp_path / "ref.txt"), *flags, "de"]) == 2

@@ -183,9 +183,10 @@ def test_resume_takes_the_first_starts_flags_a_group_at_a_time(tmp_path, capsys,
     assert parse_args(["--out", str(out), "--resume", "--seed", "3"]).seed == 3
     # other cleaning rules: refused naming the flag (the cache had refused them as "other data", "cleaning rule
     # max_ratio 1.5 -> 3.0"); the first start's rule given again, its default (1.5 for own files) included, is taken
-    for flags, says in ((["--max-ratio", "3"], "--max-ratio 3.0: the run in --out " + str(out) + " was started with "
-                                               "--max-ratio 1.5 (the default), which cleaned the corpus"),
-                        (["--max-ratio", "0"], "--max-ratio 0.0: the run"), (["--max-len", "5"], "with --max-len 250,")):
+    for flags, says in ((["--max-ratio", "3"], "--max-ratio 3.0: the run in --out " + str(out) + " cleans its corpus "
+                                               "with --max-ratio 1.5 (the default) (its config.json), which made the "
+                                               "batches"),
+                        (["--max-ratio", "0"], "--max-ratio 0.0: the run"), (["--max-len", "5"], "with --max-len 250 (")):
         with pytest.raises(SystemExit):
             parse_args(["--out", str(out), "--resume", *flags])
         assert says in capsys.readouterr().err
@@ -680,9 +681,19 @@ def test_lr_fade_brings_the_learning_rate_to_zero_at_the_runs_end(corpus, tmp_pa
     with open(out / "train_log.jsonl") as f:
         lrs = {rec["step"]: rec["lr"] for rec in map(json.loads, f) if "lr" in rec}
     assert lrs[13] > 3 * lrs[12]
-    assert (f"note: --lr-fade 0.5 fades the learning rate over the run's end now (--max-steps 24): from step 13 it is "
-            f"{lrs[13]:.3g}, up from the last update's {lrs[12]:.3g}, and fades again from there") in r.stderr
+    assert (f"note: --lr-fade 0.5 fades the learning rate over the run's new end, --max-steps 24 (before: --max-steps "
+            f"12): from step 13 it is {lrs[13]:.3g}, where the earlier end would have made it 0; it fades to 0 again "
+            f"from there") in r.stderr
     r = run_train(corpus, out, "--resume", "--max-steps", 24)          # the same end again: nothing to say
+    assert r.returncode == 0 and "--lr-fade" not in r.stderr
+    # nor where the end did not move and the warmup's rise is all (it had said so at every resume during warmup)
+    warm = tmp_path / "warm"
+    r = run_train(corpus, warm, "--max-steps", 3, "--lr-fade", 0.5, "--warmup", 4000, "--save-every", 3,
+                  "--valid-every", 0)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_train(corpus, warm, "--resume", "--max-steps", 6, "--warmup", 4000)
+    assert r.returncode == 0 and "before: --max-steps 3" in r.stderr     # the end moved: said
+    r = run_train(corpus, warm, "--resume", "--max-steps", 6, "--warmup", 4000)
     assert r.returncode == 0 and "--lr-fade" not in r.stderr
 
 

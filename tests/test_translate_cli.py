@@ -757,3 +757,27 @@ def test_evaluate_names_a_doubled_stdin_and_takes_the_language_in_any_case(setup
                                    lang).stdout) for lang in ("de", "DE"))
     assert "compound splitting" in upper["bleu_paper_method"] and upper["bleu_paper"] == lower["bleu_paper"]
 
+
+
+def test_metrics_refuse_lists_of_other_lengths_and_evaluate_a_language_pair():
+    """sacreBLEU's functions score the shorter list alone: 2 hypotheses against 3 references had scored 100, and
+    none against none failed inside sacreBLEU. --lang en-zh (sacrebleu -l's pair) had been read as English, its
+    first half: BLEU 0 on Chinese with the 13a tokenizer."""
+    from minitf.cli import _check_lang
+    from minitf.errors import ConfigError
+    from minitf.translate import metrics, paper_bleu
+    two, three = ["Ein Mann fährt Rad.", "Ein Hund läuft."], ["Ein Mann fährt Rad.", "Ein Hund läuft.", "Eine Katze."]
+    for hyps, refs in ((two, three), (three, two), ([], [])):
+        with pytest.raises(ValueError, match="hypotheses and .* references|nothing to score"):
+            metrics(hyps, refs, lang="de")
+        with pytest.raises(ValueError):
+            paper_bleu(hyps, refs, "de")
+    assert metrics(two, two[:], lang="de")["bleu"] == 100.0
+    for pair in ("en-zh", "en_de", "EN-DE".lower()):
+        with pytest.raises(ConfigError, match=r"--lang .*: give the target language alone \(--lang (zh|de)\)"):
+            _check_lang(pair)
+    for fine in ("de", "de-AT", "zh_CN", "pt-BR", None, "de-de"):
+        _check_lang(fine)
+    ko = ["저는 오늘 학교에 갑니다 그리고 친구를 만납니다 ."]
+    assert paper_bleu(ko, ko, "ko")[0] == 100.0   # Korean has spaces: Moses splits it (it had been left out)
+    assert paper_bleu(["我 喜欢"], ["我 喜欢"], "zh")[0] is None

@@ -305,11 +305,13 @@ def _fetched(data_dir, corpus, src, tgt, label, archive, url):
     time). An archive without them is moved aside (it had been kept, and taken again by every later run)."""
     paths = _locate(data_dir, corpus, src, tgt)
     if paths is None:
-        e = DataError(f"{label}: {_expected(data_dir, corpus, src, tgt)} are missing from the archive (cut short, or "
-                      f"its layout changed: then put the files there by hand)")
+        e = DataError(f"{label}: the download did not bring {_expected(data_dir, corpus, src, tgt)}")
         if archive is None:
             raise e
-        raise _set_aside_error(e, url, archive)
+        bad = set_aside(archive)
+        where = f"moved it aside to {bad}" if bad else "it could not be moved aside: delete it"
+        raise DataError(f"{e}, which {archive} ({url}) should hold; {where}. Run again to download it anew if it was "
+                        f"cut short; if its layout changed, put the files there by hand")
     if archive:
         os.unlink(archive)  # the extracted files are what is looked up next time
     return paths
@@ -339,13 +341,18 @@ def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
     spec, splits = _spec(name, src, tgt)
     folder_flag = "--data-dir" if data_dir or not os.environ.get("MINITF_CACHE") else "--data-dir, or MINITF_CACHE"
     data_dir = os.fspath(data_dir) if data_dir else default_data_dir(name)
-    base_url = _base_url(base_url, spec)
     if download:
         make_folder(data_dir, "the data folder", folder_flag)
-    args = (spec, base_url, data_dir)
     result = {"tests": {}, "paths": {"tests": {}}, "data_dir": data_dir}
     local_before = (all(_locate(data_dir, c, src, tgt) for split in ("train", "valid") for c in splits[split])
                     and not os.path.lexists(os.path.join(data_dir, DOWNLOADED)))
+    wanted = [c for split in ("train", "valid") for c in splits[split]] + ([] if local_before else
+                                                                           list(splits["tests"].values()))
+    fetching = download and not all(_locate(data_dir, c, src, tgt) for c in wanted)
+    # the URL is checked only where something is to be downloaded (--offline, or a folder that holds every file,
+    # needs none: a mirror variable left set had refused them)
+    base_url = _base_url(base_url, spec) if fetching else None
+    args = (spec, base_url, data_dir)
     for split in ("train", "valid"):
         result["paths"][split] = [_get(*args, corpus, src, tgt, download, progress, True, f"{name} {split}")
                                   for corpus in splits[split]]
@@ -370,13 +377,13 @@ def prepare_dataset(name, data_dir=None, src="en", tgt="de", download=True,
 def _base_url(given, spec):
     """The URL the dataset's files are below: `given`, else its environment variable's, else the official one; ends
     with "/". A value that is no http(s)/ftp/file URL is refused naming where it came from (a URL without its scheme,
-    or with a space, had been tried four times and blamed on the network)."""
+    or with a space (but in a file:// path), had been tried four times and blamed on the network)."""
     env = spec["base_url_env"]
     url, origin = ((given, "the base URL") if given else
                    (os.environ[env], env) if os.environ.get(env) else (spec["base_url"], "the base URL"))
     parts = urllib.parse.urlsplit(url)
-    if (parts.scheme not in ("http", "https", "ftp", "file") or (parts.scheme != "file" and not parts.netloc)
-            or any(c.isspace() for c in url)):
+    if (parts.scheme not in ("http", "https", "ftp", "file")
+            or (parts.scheme != "file" and (not parts.netloc or any(c.isspace() for c in url)))):
         raise DataError(f"{origin} {url!r} is not a URL the files can be downloaded from: give one as "
                         f"https://HOST/PATH/ (a mirror with the official layout), without spaces")
     return url if url.endswith("/") else url + "/"

@@ -7,6 +7,8 @@ paths, ``..`` and links) and single .gz files, writing each file atomically too,
 so a half-written file is never mistaken for a complete one.
 """
 
+import datetime
+import email.utils
 import gzip
 import hashlib
 import http.client
@@ -51,11 +53,20 @@ def _http_advice(code):
 
 
 def _seconds(retry_after):
-    """An HTTP Retry-After of seconds as a float (at most 60; 0 for none or a date)."""
-    try:
-        return min(max(float(retry_after), 0.0), 60.0)
-    except (TypeError, ValueError):
+    """An HTTP Retry-After, in seconds or as a date, as seconds from now (0 to 60; 0 for none or one unreadable)."""
+    if not retry_after:
         return 0.0
+    try:
+        wait = float(retry_after)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(retry_after)
+        except (TypeError, ValueError):
+            return 0.0
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.timezone.utc)
+        wait = (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+    return min(max(wait, 0.0), 60.0) if wait == wait else 0.0
 
 
 def _kept(part):
@@ -171,7 +182,9 @@ def download(url, dest_path, sha256=None, progress=True, retries=3, md5=None,
     If `dest_path` already exists and matches the checksums (or none is given),
     nothing is fetched. A partial ``dest_path + ".part"`` from an earlier attempt
     is resumed with a Range request. Up to `retries` further attempts follow a
-    cut connection or network error, sleeping ``backoff * 2**k`` seconds (at most 30).
+    cut connection, a network error or an HTTP 408, 429 or 5xx, each said in a note,
+    sleeping ``backoff * 2**k`` seconds (at most 30), or the Retry-After the server
+    asks for where longer (at most 60); backoff 0 sleeps not at all.
 
     DataError when the network fails (the message says to check the connection or
     to use --data-dir with the files already present), on an HTTP error (its code
@@ -205,7 +218,7 @@ def download(url, dest_path, sha256=None, progress=True, retries=3, md5=None,
                     os.unlink(part)
                     last_error = "HTTP 416 on resume"
                     continue
-                if e.code == 429 or e.code >= 500:   # busy or failing for now: retried, after the wait it asks for
+                if e.code in (408, 429) or e.code >= 500:   # busy or failing for now: retried, after the wait it asks
                     retry_after = _seconds(e.headers.get("Retry-After") if e.headers else None)
                     last_error = f"HTTP {e.code} {e.reason}"
                     continue
@@ -215,9 +228,14 @@ def download(url, dest_path, sha256=None, progress=True, retries=3, md5=None,
             except _WriteError as e:  # writing the file failed: not worth retrying
                 raise _write_failed(e.path, e.error) from None
             except (OSError, http.client.HTTPException) as e:   # the network's (URLError, a reset, SSL): retried
+                if isinstance(getattr(e, "reason", None), FileNotFoundError):   # a file:// mirror without it: a 404
+                    err = DataError(f"cannot download {url}: no such file; {_http_advice(404)}")
+                    err.http_status = 404
+                    raise err from None
                 last_error = str(getattr(e, "reason", None) or e) or e.__class__.__name__
         else:
-            err = _network_error(url, f"{last_error}; gave up after {retries + 1} tries" + _kept(part))
+            tries = f"{retries + 1} tries" if retries else "1 try"
+            err = _network_error(url, f"{last_error}; gave up after {tries}" + _kept(part))
             err.http_status = None
             raise err
     except KeyboardInterrupt as e:   # Ctrl-C, SIGTERM: the part downloaded stays for the next run to resume
@@ -360,13 +378,34 @@ def _is_gzip(path):
         return f.read(2) == b"\x1f\x8b"
 
 
-def _read_through(path):
-    """Decompress the gzip file `path` to its end (its CRC and length checked there); returns its first bytes. The
-    error of a damaged or truncated file propagates (OSError, EOFError, zlib.error)."""
-    with gzip.open(path, "rb") as f:
-        head = f.read(1 << 16)
-        while f.read(1 << 20):
-            pass
+def _read_through(path, keep=1 << 16):
+    """Decompress the gzip file `path` to its end, each member's CRC and length checked (zlib checks the trailer);
+    returns its first `keep` bytes. Bytes after the last member that start no other one (a tape's zero padding) are
+    ignored, as gzip and tar ignore them. A damaged or truncated file raises zlib.error or EOFError."""
+    head, d, members, carry = b"", None, 0, b""
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            chunk, carry = carry + chunk, b""
+            while chunk:
+                if d is None:                     # a member's start, or what follows the last one
+                    if chunk == b"\x1f":
+                        carry = chunk             # the magic split between two reads
+                        break
+                    if chunk[:2] != b"\x1f\x8b":
+                        if members:
+                            return head           # trailing bytes after the last member
+                        raise zlib.error("not a gzip file")
+                    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                out = d.decompress(chunk)
+                head += out[:max(keep - len(head), 0)]
+                if d.eof:                         # this member ends here: what follows may start another
+                    chunk, d, members = d.unused_data, None, members + 1
+                else:
+                    chunk = b""
+    if d is not None:
+        raise EOFError("the gzip stream ends early (the file is truncated)")
+    if not members:
+        raise EOFError("the file is empty" if not carry else "not a gzip file")
     return head
 
 

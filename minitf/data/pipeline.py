@@ -170,7 +170,7 @@ def _dataset_in(args, progress, notes):
     _refuse_a_file("--data-dir", given, f"that holds (or is to hold) {args.dataset}'s files")
     fresh = bool(given) and not os.path.exists(given)
     try:
-        return prepare_dataset(args.dataset, given or default_data_dir(args.dataset), args.src, args.tgt,
+        return prepare_dataset(args.dataset, given, args.src, args.tgt,   # None: the default folder (MINITF_CACHE's)
                                download=not args.offline, progress=progress, notes=notes)
     except DataError as e:
         if not given or not hasattr(e, "http_status"):   # not a failed download (download.download's errors)

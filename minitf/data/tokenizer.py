@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+import unicodedata
 import warnings
 
 import numpy as np
@@ -242,9 +243,10 @@ class Tokenizer:
         except RuntimeError as e:
             small = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", str(e))
             if small or "insert_id(trainer_spec_." in str(e):   # no room for a special piece (unk, bos, eos)
-                # below the special pieces SentencePiece says no figure: its characters, "▁" and the four specials
-                chars = len({c for line in lines for c in line if not c.isspace()}) + 1 + 4
-                need = int(small.group(2)) if small else chars
+                # below the special pieces SentencePiece says no figure: its characters (as its NFKC normalisation
+                # leaves them), "▁" and the four specials
+                chars = {c for line in lines for c in unicodedata.normalize("NFKC", line) if not c.isspace()}
+                need = int(small.group(2)) if small else len(chars) + 1 + 4
                 raise DataError(f"--vocab-size {vocab_size} is too small for this corpus: it needs at least {need} pieces (its "
                                 f"characters and the special pieces)") from None
             if "Vocabulary size too high" not in str(e):
