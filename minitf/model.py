@@ -93,7 +93,12 @@ class Transformer(Seq2Seq):
             # padding as packed rows too
             whole = (kernels.attention_rows_ok(self.embedding.params["weight"], self.cfg.d_k)
                      and not (self.training and self.cfg.attention_dropout))
-            src_rows = make_rows(src != self.cfg.pad_id, self.xp, whole=whole)
+            real = src != self.cfg.pad_id
+            if not real.any(axis=1).all():   # its cross-attention would read no memory: packed and padded differ
+                raise ConfigError(f"src row {int(np.argmin(real.any(axis=1)))} is all padding (id {self.cfg.pad_id}): "
+                                  f"give every sentence at least one source piece (the data pipeline ends each "
+                                  f"with </s>)")
+            src_rows = make_rows(real, self.xp, whole=whole)
             # the kept target positions are the keys the decoder's attention sees where they are tgt_in's non-pads
             # (asked only where the attention on packed rows may read the rows' spans)
             keys = whole and np.array_equal(to_numpy(keep_tgt), host_in != self.cfg.pad_id)

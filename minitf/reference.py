@@ -8,7 +8,7 @@ a comment quoting the forward line it differentiates, as in llm.c's train_gpt2.c
 no fused kernels, no flat buffers, no activation overwritten in place. It imports nothing
 but NumPy; `python minitf/reference.py` trains it for a few steps on a toy batch.
 tests/test_reference.py holds it equal to the engine in float64: loss, logits and every
-gradient, dropout off and on, and Adam steps; tests/test_reference_gradcheck.py holds its
+gradient, dropout off and on, and Adam steps, on a fixed batch and over random configurations; tests/test_reference_gradcheck.py holds its
 every backward to central differences on its own. The derivations: docs/derivations/.
 
 Left out (the engine's options outside the paper; tests/test_reference_gradcheck.py checks
@@ -103,7 +103,8 @@ def linear_backward(dy, x, params, grads, name):
 
 # ---------------------------------------------------------------------------- layernorm
 def layernorm_forward(x, params, name, eps):
-    """Each position over its D features (biased variance, eps inside the root):
+    """Layer normalisation (Ba et al. 2016; the LayerNorm of 3.1's LayerNorm(x + Sublayer(x))): each position over
+    its D features (biased variance, eps inside the root), then a gain and a bias per feature:
     x [B, L, D] -> y [B, L, D], cache (xhat, rstd)."""
     mu = x.mean(axis=-1, keepdims=True)                          # [B, L, 1]
     var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)           # [B, L, 1]
@@ -114,6 +115,7 @@ def layernorm_forward(x, params, name, eps):
 
 
 def layernorm_backward(dy, cache, params, grads, name):
+    """dy [B, L, D] -> dx [B, L, D]; adds into the gain's and the bias's gradients."""
     xhat, rstd = cache
     d = dy.shape[-1]
     # y = xhat * g + b
@@ -135,6 +137,7 @@ def dropout_forward(x, mask_fn, site):
 
 
 def dropout_backward(dy, mask):
+    """dy -> dx: the forward's mask again (no mask: dropout was off)."""
     if mask is None:
         return dy
     # y = x * mask
@@ -209,6 +212,7 @@ def ffn_forward(x, params, name):
 
 
 def ffn_backward(dy, cache, params, grads, name):
+    """dy [B, L, D] -> dx [B, L, D]; adds into both linear layers' gradients."""
     x, h = cache
     # y = h @ W2 + b2
     dh = linear_backward(dy, h, params, grads, name + ".fc2")              # [B, L, F]
@@ -230,6 +234,7 @@ def encoder_layer_forward(x, src_bias, params, name, n_heads, eps, mask_fn, site
 
 
 def encoder_layer_backward(dy, cache, params, grads, name):
+    """dy [B, S, D] -> dx [B, S, D]; adds into the layer's parameters' gradients."""
     attn, mask1, norm1, ffn, mask2, norm2 = cache
     # y = LN2(h + Drop(FFN(h)))
     dz = layernorm_backward(dy, norm2, params, grads, name + ".norm2")
@@ -241,7 +246,7 @@ def encoder_layer_backward(dy, cache, params, grads, name):
 
 
 def decoder_layer_forward(y, memory, src_bias, tgt_bias, params, name, n_heads, eps, mask_fn, site):
-    """h1 = LN1(y + Drop(SelfAttn(y))) (masked), h2 = LN2(h1 + Drop(CrossAttn(h1, memory))),
+    """Post-norm (3.1): h1 = LN1(y + Drop(SelfAttn(y))) (masked, 3.2.3), h2 = LN2(h1 + Drop(CrossAttn(h1, memory))),
     o = LN3(h2 + Drop(FFN(h2))). y [B, T, D], memory [B, S, D] -> o [B, T, D]; dropout
     sites `site`, `site + 1`, `site + 2`."""
     a, self_attn = attention_forward(y, y, tgt_bias, params, name + ".self_attn", n_heads)
@@ -274,11 +279,16 @@ def decoder_layer_backward(do, cache, params, grads, name):
 
 # ---------------------------------------------------------------------------- embeddings and masks
 def sinusoids(length, d):
-    """PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(pos / 10000^(2i/D)) (3.5): [L, D]."""
-    angle = np.arange(length)[:, None] / np.power(10000.0, np.arange(0, d, 2)[None, :] / d)
+    """PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(pos / 10000^(2i/D)) (3.5): [L, D]. Written
+    position by position, as the formula reads (the engine builds the table with array operations: the two are
+    compared through the whole model in tests/test_reference.py)."""
     pe = np.zeros((length, d))
-    pe[:, 0::2] = np.sin(angle)
-    pe[:, 1::2] = np.cos(angle[:, : d // 2])
+    for pos in range(length):
+        for i in range(0, d, 2):                 # i = 2i of the formula: the even feature of each pair
+            angle = pos / 10000.0 ** (i / d)
+            pe[pos, i] = np.sin(angle)
+            if i + 1 < d:                        # an odd D has no cosine for its last sine
+                pe[pos, i + 1] = np.cos(angle)
     return pe
 
 
@@ -309,12 +319,14 @@ def embed_backward(dx, ids, params, grads):
 
 
 def padding_bias(ids, pad_id):
-    """ids [B, L] -> [B, 1, 1, L]: NEG_INF on pad keys, 0 elsewhere."""
+    """ids [B, L] -> [B, 1, 1, L]: NEG_INF on pad keys, 0 elsewhere (a pad position is attended by no query; a
+    query whose keys are all pads would spread its weight evenly over them: every source holds a piece)."""
     return ((ids == pad_id) * NEG_INF)[:, None, None, :]
 
 
 def causal_bias(length):
-    """[T, T]: NEG_INF above the diagonal (query i sees keys j <= i); the decoder's self-attention only."""
+    """[T, T]: NEG_INF above the diagonal (query i sees keys j <= i): the decoder's self-attention only, "preventing
+    leftward information flow" (3.2.3)."""
     return np.triu(np.full((length, length), NEG_INF), k=1)
 
 
@@ -333,6 +345,7 @@ def label_smoothed_loss(logits, gold, eps, pad_id):
 
 
 def label_smoothed_loss_backward(cache):
+    """-> dloss/dlogits [B, T, V]: softmax minus the smoothed target, weighted by 1/N on the tokens with a loss."""
     logp, q, w, n = cache
     # loss = sum_bt w * (-sum_v q log softmax(logits)) / N       (sum_v q = 1)
     return (w / n)[..., None] * (np.exp(logp) - q)                         # [B, T, V]
@@ -340,6 +353,7 @@ def label_smoothed_loss_backward(cache):
 
 # ---------------------------------------------------------------------------- the model
 def n_layers(params, stack):
+    """How many layers the stack ("encoder" or "decoder") has in `params` (each has one norm1)."""
     return sum(1 for name in params if name.startswith(f"{stack}.layers.") and name.endswith(".norm1.weight"))
 
 

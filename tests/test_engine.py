@@ -153,6 +153,21 @@ def test_tied_embedding_gradient_is_sum_of_three_uses():
     np.testing.assert_allclose(total, proj + tgt_part + src_part, rtol=1e-12, atol=1e-15)
 
 
+def test_a_source_row_of_padding_alone_is_refused_where_packed_and_padded_would_differ():
+    """A sentence with no source piece: its cross-attention reads no memory. The padded computation (and
+    reference.py) spread it evenly over the pad positions, the packed one read zeros: another loss (1.7% off) and
+    other gradients, without a word. The data pipeline ends every source with </s>; a caller's batch is refused."""
+    from minitf.errors import ConfigError
+    model = minitf.Transformer(tiny(), dtype="float64")
+    src, tgt_in, tgt_out = batch()
+    src[1] = 0
+    with pytest.raises(ConfigError, match=r"src row 1 is all padding \(id 0\)"):
+        model.forward_loss(src, tgt_in, tgt_out)
+    src[1, 0] = 3   # one piece: taken, packed equal to padded
+    losses = [model.forward_loss(src, tgt_in, tgt_out, packed=p) for p in (True, False)]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-12)
+
+
 def test_backward_accumulates():
     model = minitf.Transformer(tiny(), dtype="float64")
     src, tgt_in, tgt_out = batch()

@@ -2,7 +2,8 @@
 compute the same training step: loss, logits and every parameter gradient in float64 to
 1e-10, both positional kinds, padding on both sides, dropout off and on (the reference gets
 the engine's masks through its mask_fn), the engine's packed default and its plain path;
-and the same parameters after Adam steps with the warmup schedule."""
+and the same parameters after Adam steps with the warmup schedule; then over random
+configurations (heads, widths, d_k, pad id, label smoothing, eps, depths) and batches."""
 import numpy as np
 import pytest
 
@@ -170,3 +171,68 @@ def test_the_reference_schedule_is_the_engines_rate_in_warmup_and_in_decay():
             assert ref.noam(step, 512, 4000, factor) == learning_rate(step, 512, 4000, factor)
     assert learning_rate(16_000, 512, 4000) == pytest.approx(learning_rate(4000, 512, 4000) / 2)   # sqrt(w / t)
     assert learning_rate(10, 512, 4000, 1.0, 0.5, 0.75) == pytest.approx(learning_rate(10, 512, 4000) / 2)   # fade
+
+
+def random_batch(rng, cfg):
+    """2-3 sentences of random lengths and pieces (none special), each source with one piece at least, padded at
+    the end with cfg.pad_id; tgt_in = BOS + target, tgt_out = target + EOS."""
+    specials = {cfg.pad_id, cfg.bos_id, cfg.eos_id, cfg.unk_id}
+    pieces = np.array([i for i in range(cfg.vocab_size) if i not in specials])
+    b = int(rng.integers(2, 4))
+    src_lens, tgt_lens = rng.integers(1, 7, size=b), rng.integers(1, 6, size=b)
+    src = np.full((b, src_lens.max()), cfg.pad_id)
+    tgt_in = np.full((b, tgt_lens.max() + 1), cfg.pad_id)
+    tgt_out = tgt_in.copy()
+    for i in range(b):
+        src[i, :src_lens[i]] = rng.choice(pieces, src_lens[i])
+        words = rng.choice(pieces, tgt_lens[i])
+        tgt_in[i, :tgt_lens[i] + 1] = np.r_[cfg.bos_id, words]
+        tgt_out[i, :tgt_lens[i] + 1] = np.r_[words, cfg.eos_id]
+    return src, tgt_in, tgt_out
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_reference_gives_the_engines_step_over_random_configurations(seed):
+    """Beyond the fixed batch above: random head counts (1 to 4), widths, a d_k set apart from D / H (Table 3 row
+    (B)), a pad id other than 0, label smoothing 0 to 0.3, the LayerNorm's eps, both positions, dropout, stack depths,
+    packed or padded, on random batches. Gradients are compared against the whole gradient's norm (a tensor that is
+    round-off in both, as the key biases are, has no relative error worth the name)."""
+    rng = np.random.default_rng(seed)
+    h, d = (1, 2, 4)[seed % 3], (8, 12, 16)[seed % 3 - 1]      # every head count, with each width but one
+    d_k = None if seed % 4 < 2 else int(rng.integers(1, 6))     # d_k set apart in 2 of 4
+    cfg = minitf.Config(vocab_size=19, d_model=d, n_heads=h, d_k=d_k, d_ff=int(rng.choice([8, 24])),
+                        n_layers=int(rng.integers(1, 3)), n_decoder_layers=int(rng.integers(1, 3)),
+                        dropout=(0.0, 0.3)[seed // 2 % 2], label_smoothing=(0.0, 0.1, 0.3)[seed % 3 - 2],
+                        layer_norm_eps=float(rng.choice([1e-6, 1e-5, 0.1])), pad_id=(0, 4)[seed // 4 % 2],
+                        positional=("sinusoidal", "learned")[seed % 2], max_len=12)
+    model = minitf.Transformer(cfg, dtype="float64", seed=seed)
+    params = {n: p + rng.normal(0, 0.05, p.shape) for n, p in model.state_dict().items()}   # biases and gains not 0, 1
+    model.load_state_dict(params)
+    src, tgt_in, tgt_out = random_batch(rng, cfg)
+    model.zero_grad()
+    loss = model.forward_loss(src, tgt_in, tgt_out, packed=bool(rng.random() < 0.5))
+    model.backward()
+    model.forward_count = 0
+    logits = model.forward(src, tgt_in)
+    mask_fn, _ = engine_masks(cfg, model.seed, 0)
+    ref_loss, ref_logits, cache = ref.forward(params, src, tgt_in, tgt_out, cfg.n_heads, mask_fn,
+                                              cfg.label_smoothing, cfg.pad_id, cfg.layer_norm_eps)
+    ref_grads = ref.backward(params, cache)
+    grads = model.grad_dict()
+    assert abs(ref_loss - loss) <= 1e-12 * abs(loss)
+    assert rel_err(ref_logits, logits) <= 1e-12
+    total = np.sqrt(sum(np.linalg.norm(g) ** 2 for g in ref_grads.values()))
+    assert list(ref_grads) == list(grads)
+    for name, g in ref_grads.items():
+        assert np.linalg.norm(g - grads[name]) <= 1e-12 * total, f"{name}: {np.linalg.norm(g - grads[name]):.2e}"
+
+
+def test_the_references_sinusoids_written_position_by_position_are_the_engines_table():
+    """The positions have no gradient, so no gradient check reaches a wrong table: the reference writes 3.5's formula
+    one position and feature at a time (it had been the engine's array code, copied), the engine with arrays; odd
+    widths and positions past any max_len included."""
+    from minitf.layers.positional import sinusoid_table
+    for length, d in ((50, 16), (7, 9), (300, 64), (1, 2)):
+        np.testing.assert_allclose(ref.sinusoids(length, d), sinusoid_table(length, d), rtol=0, atol=1e-15)
+    pe = ref.sinusoids(3, 4)
+    assert pe[2, 0] == np.sin(2.0) and pe[2, 1] == np.cos(2.0) and pe[2, 2] == np.sin(2.0 / 100.0)   # 10000^(2/4)
