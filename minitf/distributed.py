@@ -103,6 +103,7 @@ class MPIWorld(World):
         node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)   # the ranks of this machine
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         self._nccl = None
+        self._wide = None   # the float32 buffer 16-bit gradients are summed in (allreduce_sum)
 
     def use_gpu(self):
         """Take the GPU of this rank's local rank, and open the NCCL communicator (its unique id
@@ -121,9 +122,22 @@ class MPIWorld(World):
         if self._nccl is None:
             raise ConfigError("allreduce of a GPU array before use_gpu(): call world.use_gpu() first")
         nccl, comm = self._nccl
-        kind = {"float16": nccl.NCCL_FLOAT16, "bfloat16": nccl.NCCL_BFLOAT16, "float32": nccl.NCCL_FLOAT32,
-                "float64": nccl.NCCL_FLOAT64}[buf.dtype.name]
         from .backend import current_stream_ptr
+        if buf.dtype.name == "bfloat16":   # --bf16: summed in float32, rounded once
+            # NCCL sums a 16-bit buffer in 16 bits, rounding after each rank's addition: up to 2^-9 relative per rank
+            # in bfloat16's 8 bits (a sum over 8 ranks off by several of its units); the sum goes through a float32
+            # buffer instead (two casts, 4 bytes a parameter kept, twice the bytes over the links). float16's 11
+            # bits keep the 16-bit sum (as PyTorch's fp16 compression hook): its loss scale keeps the values in range
+            wide = self._wide
+            if wide is None or wide.size != buf.size:
+                wide = self._wide = buf.astype("float32")
+            else:
+                wide[...] = buf
+            comm.allReduce(wide.data.ptr, wide.data.ptr, wide.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+                           current_stream_ptr())
+            buf[...] = wide
+            return buf
+        kind = {"float16": nccl.NCCL_FLOAT16, "float32": nccl.NCCL_FLOAT32, "float64": nccl.NCCL_FLOAT64}[buf.dtype.name]
         comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, kind, nccl.NCCL_SUM, current_stream_ptr())
         return buf
 

@@ -67,6 +67,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import types
 import weakref
 
@@ -340,7 +341,7 @@ class _MemoryPointer:
 
     def __init__(self, a):
         self.ptr = int(a.__array_interface__["data"][0])
-        self.device_id = _CURRENT_DEVICE[0]
+        self.device_id = _CURRENT_DEVICE.id
         _PTRS[self.ptr] = a
         root = a
         while isinstance(root.base, numpy.ndarray):
@@ -666,7 +667,7 @@ _COMPARISONS = {"greater", "greater_equal", "less", "less_equal", "equal", "not_
 
 # ndarray methods (cupy/_core/core.pyx)
 METHODS = {
-    "reshape": "*shape, order='C', copy=None",
+    "reshape": "*shape, order='C'",
     "transpose": "*axes",
     "swapaxes": "axis1, axis2",
     "ravel": "order='C'",
@@ -974,8 +975,8 @@ class ufunc:
         raise AttributeError(f"cupy ufunc '{self.__name__}' has no usable {name!r} (CuPy: NotImplementedError, or "
                              f"not among the methods checked for minitf)")
 
-    # _routines_indexing.pyx _scatter_op_single: the atomics CuPy has
-    _AT_DTYPES = {"add": {"int32", "int64", "float16", "float32", "float64", "uint32", "uint64"},
+    # _routines_indexing.pyx _scatter_op_single: the atomics CuPy has (int64 add only since after 14.0: left out)
+    _AT_DTYPES = {"add": {"int32", "float16", "float32", "float64", "uint32", "uint64"},
                   "subtract": {"int32", "uint32"}, **{f"bitwise_{op}": {"int32", "int64", "uint32", "uint64"}
                                                       for op in ("and", "or", "xor")}}
 
@@ -1049,8 +1050,8 @@ def _nonzero(self):
     return _wrap(self._a.nonzero())
 
 
-def _reshape(self, *shape, order="C", copy=None):
-    return _new(self._a.reshape(*shape, order=order, copy=copy))
+def _reshape(self, *shape, order="C"):   # CuPy 14.0 and 14.1 take no copy= (14.2 does): minitf may not pass it
+    return _new(self._a.reshape(*shape, order=order))
 
 
 try:
@@ -1307,7 +1308,13 @@ def _emulator():
 
 
 # ============================================================================ cuda
-_CURRENT_DEVICE = [0]
+class _CurrentDevice(threading.local):
+    """The current device, per thread as CUDA's (and CuPy's cuBLAS handles) are: a new thread starts on device 0,
+    whatever the thread that made it uses."""
+    id = 0
+
+
+_CURRENT_DEVICE = _CurrentDevice()
 
 
 def _device_count():
@@ -1318,12 +1325,12 @@ class _Device:
     """cupy.cuda.Device: a number here."""
 
     def __init__(self, device=None):
-        self.id = _CURRENT_DEVICE[0] if device is None else int(device)
+        self.id = _CURRENT_DEVICE.id if device is None else int(device)
         if not 0 <= self.id < _device_count():
             raise RuntimeError(f"cudaErrorInvalidDevice: invalid device ordinal {self.id}")
 
     def use(self):
-        _CURRENT_DEVICE[0] = self.id
+        _CURRENT_DEVICE.id = self.id
 
     @property
     def compute_capability(self):
@@ -1355,7 +1362,7 @@ _POOL = _MemoryPool()
 
 _runtime = types.ModuleType(__name__ + ".cuda.runtime")
 _runtime.getDeviceCount = _device_count
-_runtime.getDevice = lambda: _CURRENT_DEVICE[0]
+_runtime.getDevice = lambda: _CURRENT_DEVICE.id
 _runtime.getDeviceProperties = lambda device: {"name": b"strict_cupy (NumPy)", "totalGlobalMem": 1 << 34,
                                               "multiProcessorCount": 1, "major": 9, "minor": 0}
 
@@ -1500,7 +1507,7 @@ class _NcclCommunicator:
         if (self.comm.Get_size(), self.comm.Get_rank()) != (ndev, rank):
             raise RuntimeError(f"NCCL error: rank {rank} of {ndev}, but MPI has rank {self.comm.Get_rank()} of "
                                f"{self.comm.Get_size()}")
-        seen = self.comm.allgather((commId, _CURRENT_DEVICE[0]))
+        seen = self.comm.allgather((commId, _CURRENT_DEVICE.id))
         if len({s[0] for s in seen}) != 1:
             raise RuntimeError("NCCL error: the ranks were given different unique ids")
         if len({s[1] for s in seen}) != len(seen):
@@ -1524,8 +1531,14 @@ class _NcclCommunicator:
                                    f"contiguous {numpy.dtype(dtype).name}")
             bufs.append(a.reshape(-1)[:count])
         send, recv = bufs
-        work = send.astype(numpy.float32) if send.itemsize == 2 else send.copy()   # MPI has no 16-bit float sum
-        self.comm.Allreduce(self.MPI.IN_PLACE, work, op=self.MPI.SUM)
+        if send.itemsize == 2:   # NCCL sums 16-bit floats in 16 bits: each rank's addition rounded (a ring's order)
+            parts = self.comm.allgather(send.copy())
+            work = parts[0]
+            for part in parts[1:]:
+                work = (work.astype(numpy.float32) + part.astype(numpy.float32)).astype(send.dtype)
+        else:
+            work = send.copy()
+            self.comm.Allreduce(self.MPI.IN_PLACE, work, op=self.MPI.SUM)
         recv[...] = work
         LAUNCHES["nccl.allReduce"] = LAUNCHES.get("nccl.allReduce", 0) + 1
 

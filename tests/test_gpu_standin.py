@@ -1184,3 +1184,46 @@ def test_gpu_ab_refuses_an_unknown_mode_before_running_anything(tmp_path):
     r = run_bench(tmp_path, "gpu_ab.py", "--smoke", "--no-torch", "--modes", "fp16,bf61")
     assert r.returncode == 2 and "gpu_ab.py: error: --modes: unknown mode 'bf61' (float32, fp16, bf16)" in r.stderr, \
         r.stderr[-2000:]
+
+
+class _Ranks:
+    """MPI.COMM_WORLD as ranks whose others hold `others` (the stand-in's NCCL sums through it)."""
+
+    def __init__(self, *others):
+        self.others = others
+
+    def allgather(self, mine):
+        return [mine, *(o.astype(mine.dtype) for o in self.others)]
+
+    def Allreduce(self, _in_place, work, op=None):
+        for o in self.others:
+            work += o.astype(work.dtype)
+
+
+def test_bfloat16_gradients_are_summed_over_gpus_in_float32_and_float16_in_16_bits(standin):
+    """NCCL sums a 16-bit buffer in 16 bits, rounding after each rank's addition (the stand-in now models that: it had
+    summed in float32, so no test could see the difference). minitf sums --bf16 gradients through a float32 buffer,
+    rounding once; --fp16's stay 16-bit on the wire. Three ranks holding 1, u/2 and u/2 (u: the unit after 1): 1
+    added rank by rank (1 + u/2 rounds to 1), 1 + u at once."""
+    import types
+    import numpy
+    from minitf.distributed import MPIWorld
+    cp = backend.cupy
+    nccl = cp.cuda.nccl
+    world = object.__new__(MPIWorld)
+    world._wide = None
+    for dtype, kind, u in ((numpy.float16, nccl.NCCL_FLOAT16, 2.0 ** -10), (strict_cupy.BFLOAT16, None, 2.0 ** -7)):
+        half = numpy.array([u / 2], dtype=dtype)
+        comm = object.__new__(strict_cupy._NcclCommunicator)
+        comm.comm, comm.MPI = _Ranks(half, half), types.SimpleNamespace(IN_PLACE=None, SUM=None)
+        world._nccl = (nccl, comm)
+        if kind is not None:   # the stand-in's NCCL on a 16-bit buffer: rounded per rank, as NCCL does
+            a = cp.asarray(numpy.array([1.0], dtype=dtype))
+            comm.allReduce(a.data.ptr, a.data.ptr, a.size, kind, nccl.NCCL_SUM, 0)
+            assert float(backend.to_numpy(a)[0]) == 1.0
+        for _ in range(2):     # (bfloat16: the float32 buffer made once, then reused)
+            g = cp.asarray(numpy.array([1.0], dtype=dtype))
+            world.allreduce_sum(g)
+            assert g.dtype == dtype
+            assert float(backend.to_numpy(g)[0]) == (1.0 if dtype == numpy.float16 else 1.0 + u)
+    assert world._wide.dtype == numpy.float32
