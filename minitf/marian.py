@@ -35,7 +35,7 @@ import zipfile
 import numpy as np
 
 from .data.tokenizer import SPECIALS, MarianTokenizer
-from .errors import CheckpointError, one_line
+from .errors import CheckpointError, ConfigError, one_line
 from .fileio import atomic_write, check_export_folder, export_into, move_in, staging_folder
 
 OUTSIDE = -1.0e9        # the logit bias of a piece outside the output vocabulary: exp underflows to 0
@@ -209,6 +209,12 @@ def write_marian(cfg, params, tokenizer, languages, out_dir):
     folder (export_marian; an export holds the folder with fileio.export_into)."""
     arrays = marian_arrays(cfg, params, languages)
     pieces = [tokenizer.id_to_piece(i) for i in range(cfg.vocab_size)]
+    if tuple(pieces[:4]) != SPECIALS:   # a tokenizer of the user's, its ids right but its names other
+        named = ", ".join(f"{p} ({i})" for i, p in enumerate(pieces[:4]))
+        raise ConfigError(f"the model's tokenizer names its special pieces {named}: Marian, and CTranslate2 through "
+                          f"its Marian converter, find the end of a sentence and the unknown piece by the names "
+                          f"{', '.join(SPECIALS)} (an export would not be read back); export as .safetensors, or "
+                          f"train the tokenizer with SentencePiece's default piece names")
     if isinstance(tokenizer, MarianTokenizer):
         src_spm, tgt_spm = tokenizer.source_proto, tokenizer.target_proto
     else:

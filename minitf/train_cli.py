@@ -307,6 +307,9 @@ def restore_first_start(p, args):
             continue
         if group == ("test",) and not _same_data(args, given, before):   # other data named: not its test sets
             continue
+        if group[0] == "tokenizer" and before.get("tokenizer") and not os.path.exists(before["tokenizer"]) \
+                and not restart:   # the checkpoint carries the tokenizer: a --tokenizer file moved away is not needed
+            continue
         if group in (("data_dir",), ("offline",)) and (given.intersection({"train", "valid"}) or before.get("train")
                                                          or "dataset" in given and args.dataset != before.get("dataset")):
             continue   # --dataset's flags, where own files (or another --dataset) are in play: not taken

@@ -168,3 +168,28 @@ def test_training_with_bpe_dropout_resumes_exactly_across_epochs(corpus, tmp_pat
     assert losses(plain)[1] != a[1]
     r = run_train(corpus, split, "--max-steps", 16, "--resume", "--bpe-dropout-source", 0.2, *args[2:], cache=cache)
     assert r.returncode == 2 and "--bpe-dropout-source 0.2: the checkpoint" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_models_user_defined_symbols_stay_whole(tmp_path):
+    """A BPE model trained with user_defined_symbols (a <2xx> language tag): SentencePiece matches the symbol whole
+    before BPE; no merge builds it, so segmenting its characters anew had split it into <, 2, d, e, > in every epoch
+    (the tag was never seen whole in training, and always at translation). It stays whole; the rest of the word
+    around it is resegmented as before."""
+    import sentencepiece as spm
+    rng = np.random.default_rng(0)
+    lines = ["<2de> " + " ".join(rng.choice(WORDS, size=5)) for _ in range(200)] + ["a <b> c > d < e 2"] * 20
+    (tmp_path / "text").write_text("\n".join(lines) + "\n")
+    spm.SentencePieceTrainer.train(input=str(tmp_path / "text"), model_prefix=str(tmp_path / "m"), vocab_size=90,
+                                   model_type="bpe", user_defined_symbols=["<2de>"], pad_id=0, unk_id=1, bos_id=2,
+                                   eos_id=3, hard_vocab_limit=False, minloglevel=100)
+    tok = Tokenizer(str(tmp_path / "m.model"))
+    tag = tok.encode(["<2de>"])[0]
+    tag = [i for i in tag if tok.id_to_piece(i) == "<2de>"]
+    assert tag
+    enc = tok.encode(lines[:40])
+    pairs = TokenPairs.from_lists(enc, enc)
+    drawn = BPEDropout(pairs, tok, (0.3, 0.0), seed=1).epoch(0)
+    assert (drawn.src_tokens == tag[0]).sum() == (pairs.src_tokens == tag[0]).sum() == 40
+    assert drawn.src_lens.sum() > pairs.src_lens.sum()                # the other words still resegmented
+    for i in range(len(pairs)):
+        assert tok.decode([drawn.ids(i)[0].tolist()]) == tok.decode([pairs.ids(i)[0].tolist()])

@@ -842,3 +842,22 @@ def test_a_cache_folder_that_cannot_be_written_names_itself_not_a_temporary(tmp_
         _prepare(tmp_path, paths)
     assert e.value.filename in map(str, paths)
     monkeypatch.setattr(prepare, "_stat", real_stat)
+
+
+def test_a_tokenizer_that_does_not_cover_the_corpus_is_said_at_the_build_and_each_start(tmp_path):
+    """A --tokenizer trained on other text (here: Greek, for an English-German corpus) turns the corpus into <unk>s;
+    it had trained to chrF 0 without a word. More than 1% <unk> on a side is a note when the cache is built and each
+    time it is opened; the corpus's own tokenizer says nothing."""
+    paths, _, _ = _corpus(tmp_path / "data")
+    log = Log()
+    _prepare(tmp_path, paths, log)
+    assert not [m for m in log if "<unk>" in m]
+    greek = Tokenizer.train(["Καλημέρα κόσμε", "Το σπίτι είναι μεγάλο", "Ο σκύλος τρέχει"] * 10,
+                            tmp_path / "greek.model", vocab_size=30)
+    for _ in range(2):   # built, then opened again
+        log = Log()
+        corpus = _prepare(tmp_path / "g", paths, log, tokenizer=greek)
+        notes = [m for m in log if "<unk>" in m]
+        assert len(notes) == 2 and all(re.match(r"note: \d+\.\d% of the (en|de) side's [\d,]+ pieces are <unk>: the "
+                                                r"tokenizer does not cover this corpus's characters", m) for m in notes)
+        assert corpus.manifest["unknown"]["en"] > 0.01 * corpus.manifest["tokens"]["en"]

@@ -650,3 +650,30 @@ def test_a_marian_export_keeps_its_languages_and_its_npz_alone_searches_as_the_f
     assert main(["info", str(tmp_path / "mar")]) == 2
     err = capsys.readouterr().err
     assert "model.npz: not a readable .npz file" in err and "Traceback" not in err
+
+
+def test_a_tokenizer_with_other_special_piece_names_is_refused_by_the_marian_and_ctranslate2_exports(tmp_path):
+    """SentencePiece lets a model name its specials [PAD], [UNK], [CLS], [SEP] at minitf's ids: training and the
+    .safetensors export take it; the Marian export had written a folder minitf itself could not read back ('no </s>
+    piece') and the CTranslate2 one a model that translated [PAD] [PAD] ...: both are refused in one line."""
+    import sentencepiece as spm
+    from minitf.cli import main
+    from conftest import make_tiny_checkpoint
+    (tmp_path / "src").mkdir()
+    path, lines = make_tiny_checkpoint(tmp_path / "src")
+    c = load_checkpoint(path)
+    (tmp_path / "text").write_text("\n".join(lines) + "\n")
+    spm.SentencePieceTrainer.train(input=str(tmp_path / "text"), model_prefix=str(tmp_path / "named"),
+                                   vocab_size=c.config.vocab_size, pad_id=0, unk_id=1, bos_id=2, eos_id=3,
+                                   pad_piece="[PAD]", unk_piece="[UNK]", bos_piece="[CLS]", eos_piece="[SEP]",
+                                   hard_vocab_limit=False, minloglevel=100)
+    tok = Tokenizer(str(tmp_path / "named.model"))
+    assert tok.id_to_piece(3) == "[SEP]"
+    cfg = minitf.Config(**{**c.config.to_dict(), "vocab_size": tok.vocab_size})
+    save_checkpoint(tmp_path / "named.npz", minitf.Transformer(cfg, seed=0), tokenizer=tok.to_bytes())
+    for fmt in ("marian", "ctranslate2"):
+        assert main(["export", "--checkpoint", str(tmp_path / "named.npz"), "--format", fmt,
+                     "--out", str(tmp_path / fmt)]) == 2
+        assert not (tmp_path / fmt).exists() or not os.listdir(tmp_path / fmt)
+    assert main(["export", "--checkpoint", str(tmp_path / "named.npz"), "--format", "safetensors",
+                 "--output", str(tmp_path / "named.safetensors")]) == 0

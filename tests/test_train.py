@@ -191,6 +191,16 @@ def test_resume_takes_the_first_starts_flags_a_group_at_a_time(tmp_path, capsys,
             parse_args(["--out", str(out), "--resume", *flags])
         assert says in capsys.readouterr().err
     assert parse_args(["--out", str(out), "--resume", "--max-ratio", "1.5", "--max-len", "250"]).max_ratio == 1.5
+    # a --tokenizer file moved away since: the checkpoint carries the tokenizer, so the resume does not ask for it (it
+    # had stopped: "--tokenizer PATH: file not found"); a run with no checkpoint yet still needs it
+    (out / "config.json").write_text(json.dumps({"model": {}, "args": {**first, "tokenizer": str(tmp_path / "gone")}}))
+    assert parse_args(["--out", str(out), "--resume"]).tokenizer is None
+    (out / "checkpoint_0000004.npz").unlink()
+    with pytest.raises(SystemExit):
+        parse_args(["--out", str(out), "--resume"])
+    assert "gone" in capsys.readouterr().err
+    (out / "checkpoint_0000004.npz").write_bytes(b"")
+    (out / "config.json").write_text(json.dumps({"model": {}, "args": first}))
     # --device given again: the first start's precision is still taken (retyping it had dropped --fp16)
     args = parse_args(["--out", str(out), "--resume", "--device", "cpu"])
     assert (args.device, args.fp16, args.train) == ("cpu", True, first["train"])

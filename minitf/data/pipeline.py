@@ -49,7 +49,8 @@ def add_data_args(p):
                         "multi30k and own data 8000; not with --tokenizer, whose model has its own)")
     g.add_argument("--subword", choices=MODEL_TYPES,
                    help="the joint SentencePiece model to train: bpe (byte-pair encoding, the paper's for en-de) or unigram "
-                        "(a unigram language model); default: multi30k unigram, wmt14 and own data bpe")
+                        "(a unigram language model); default: multi30k unigram, wmt14 and own data bpe; not with "
+                        "--tokenizer")
     g.add_argument("--tokenizer", type=path_arg, metavar="MODEL", help="encode with this SentencePiece model (ids pad,unk,bos,eos = 0,1,2,3) "
                                                         "instead of training one")
     g.add_argument("--max-len", type=positive(), default=250, help="drop training pairs with a side longer than this many pieces")

@@ -27,7 +27,7 @@ from minitf.data.binarized import (FORMAT, MANIFEST, TOKENIZER, VERSION, CacheDe
                                    read_manifest, verify_cache)
 from minitf.data.clean import clean_mask, clean_stats
 from minitf.data.readers import LineStream
-from minitf.data.tokenizer import Tokenizer
+from minitf.data.tokenizer import UNK_ID, Tokenizer
 
 _HEADER = 128   # bytes reserved for a streamed .npy header (the dict needs < 100)
 
@@ -183,6 +183,7 @@ def prepare_cache(folder, files, languages, vocab_size=8000, tokenizer=None, max
                                     f"rebuilt")
             if reason is None:
                 corpus = open_cache(folder)
+                _note_unknown(manifest, log)   # said at each start, as the cache's build said it
                 if verify:
                     t0, n = time.time(), verify_cache(folder, manifest)
                     log(f"cache: {len(manifest['files'])} arrays ({n / 1e6:,.1f} MB) match their SHA-256 "
@@ -392,10 +393,23 @@ def _build(folder, files, languages, wanted, tokenizer, vocab_size, progress, lo
     log(f"cache: {c['kept']:,} of {c['total']:,} pairs kept (dropped: {c['empty']:,} empty, {c['too_long']:,} "
         f"> {wanted['cleaning']['max_len']} pieces, " + (f"{c['ratio']:,} length ratio > {ratio}" if ratio else
                                                           "no ratio rule") + f") in {manifest['prepare_s']:.0f}s -> {folder}")
+    _note_unknown(manifest, log)
     if ratio and c["ratio"] > 0.01 * c["total"]:   # short sentences: 3 pieces against 5 already break 1.5
         log(f"note: the length-ratio rule (--max-ratio {ratio:g}, the WMT recipe's) dropped {c['ratio'] / c['total']:.1%} "
             f"of the pairs; for a corpus of short sentences a larger --max-ratio (e.g. 3), or 0 (no rule), keeps them")
     return open_cache(folder)
+
+
+def _note_unknown(manifest, log):
+    """A note where more than 1% of a side's kept pieces are <unk>: a tokenizer that does not cover the corpus (one
+    trained on other text or another language, given with --tokenizer) had trained on <unk>s without a word (a Greek
+    model on English and German: every word one <unk>, chrF 0)."""
+    for lang, n in manifest.get("unknown", {}).items():
+        total = manifest["tokens"][lang]
+        if total and n > 0.01 * total:
+            log(f"note: {n / total:.1%} of the {lang} side's {total:,} pieces are <unk>: the tokenizer does not "
+                f"cover this corpus's characters (one trained on other text or another language?); its translations "
+                f"will hold <unk> where those characters were")
 
 
 def _cache_disk_full(folder, parent):
@@ -432,6 +446,7 @@ def _encode_all(tmp, files, languages, wanted, tokenizer, progress, chunk_lines,
     for lang in languages:
         writers[lang, "offsets"].append(np.zeros(1, dtype=np.int64))
     ends = {lang: 0 for lang in languages}
+    unknown = {lang: 0 for lang in languages}   # kept pieces that are <unk>: the tokenizer does not cover the text
     codes_total = np.zeros(4, dtype=np.int64)
     streams, chunks = _stream_pass(files, progress, "encode", chunk_lines)
     for chunk in chunks:
@@ -444,7 +459,9 @@ def _encode_all(tmp, files, languages, wanted, tokenizer, progress, chunk_lines,
         for k, lang in enumerate(languages):
             flat = np.fromiter(itertools.chain.from_iterable(ids[k]), dtype=tok_dtype, count=int(lens[k].sum()))
             kept_lens = lens[k][keep]
-            writers[lang, "tokens"].append(flat[np.repeat(keep, lens[k])])
+            kept = flat[np.repeat(keep, lens[k])]
+            unknown[lang] += int(np.count_nonzero(kept == UNK_ID))
+            writers[lang, "tokens"].append(kept)
             writers[lang, "lengths"].append(kept_lens)
             writers[lang, "offsets"].append(ends[lang] + np.cumsum(kept_lens))
             ends[lang] += int(kept_lens.sum())
@@ -455,5 +472,5 @@ def _encode_all(tmp, files, languages, wanted, tokenizer, progress, chunk_lines,
             "tokenizer": {"sha256": tokenizer.sha256, "vocab_size": vocab,
                           "requested_vocab_size": wanted["tokenizer"]["requested_vocab_size"],
                           "trained": wanted["tokenizer"]["trained"]},
-            "counts": counts, "tokens": {lang: ends[lang] for lang in languages}, "files": info,
+            "counts": counts, "tokens": {lang: ends[lang] for lang in languages}, "unknown": unknown, "files": info,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S")}

@@ -45,6 +45,22 @@ def segment(chars, merges, p, draw):
     return symbols
 
 
+def _resegment(ids, atomic, piece_of, piece_ids, merges, p, draw):
+    """One word's ids segmented anew (`segment`), its `atomic` ids kept as they are and the runs between them
+    segmented each on its own."""
+    out, run = [], []
+    for i in ids + [None]:
+        if i is None or i in atomic:
+            if run:
+                out += [piece_ids[piece] for piece in segment("".join(piece_of[j] for j in run), merges, p, draw)]
+                run = []
+            if i is not None:
+                out.append(i)
+        else:
+            run.append(i)
+    return out
+
+
 def _seed(*key):
     """An integer seed from integers (a hash: neighbouring keys give unrelated streams)."""
     return int(np.random.SeedSequence([int(k) for k in key]).generate_state(1)[0])
@@ -72,6 +88,9 @@ class _Words:
         for a, b in zip(word_pos.tolist(), ends.tolist()):
             word_type.append(types.setdefault(raw[4 * a:4 * b], len(types)))
         self.word_type = np.array(word_type, dtype=np.int64)
+        # pieces no merge builds (a model's user-defined symbols, e.g. a <2de> tag): SentencePiece matches them
+        # whole before BPE, so they stay whole here too (rebuilt from their characters, they had been lost)
+        atomic = {i for piece, i in piece_ids.items() if len(piece) > 1 and segment(piece, merges, 0, None) != [piece]}
         pool = []
         for key in types:   # in order of first occurrence: the draws do not depend on a dict's hashing
             ids = np.frombuffer(key, dtype="<i4").tolist()
@@ -80,7 +99,7 @@ class _Words:
                 pool.extend([ids] * POOL)
                 continue
             for _ in range(POOL):
-                pool.append([piece_ids[piece] for piece in segment(text, merges, p, rnd.random)])
+                pool.append(_resegment(ids, atomic, piece_of, piece_ids, merges, p, rnd.random))
         self.pool_len = np.fromiter(map(len, pool), dtype=np.int64, count=len(pool))
         self.pool_start = np.zeros(len(pool), dtype=np.int64)
         np.cumsum(self.pool_len[:-1], out=self.pool_start[1:])

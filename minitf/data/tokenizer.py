@@ -118,7 +118,8 @@ class Tokenizer:
         if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
             raise DataError(f"{where}: SentencePiece model has special ids "
                             f"pad,unk,bos,eos={ids}, minitf needs (0, 1, 2, 3); "
-                            f"train one with those ids (Tokenizer.train does)")
+                            f"train one with those ids (spm_train --pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3, or "
+                            f"let minitf train it: leave out --tokenizer)")
         self._proto = bytes(_proto)
         self.model_path = model_path
 
