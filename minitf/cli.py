@@ -284,8 +284,8 @@ def cmd_evaluate(args):
         raise DataError(f"--src {args.src} and --ref {args.ref} are empty: there is nothing to translate and score")
     translator = load(args.checkpoint, args.device)
     alpha = translator.alpha if args.alpha is None else args.alpha
+    _check_lang(args.lang, translator.languages)
     lang = (args.lang or (translator.languages or [None, None])[1] or "").lower() or None   # "DE": German too
-    _check_lang(args.lang)
     hyps = translator.translate(src, beam=args.beam, alpha=alpha, max_len_b=args.max_len_b, batch_size=args.batch_size,
                                 progress=not args.quiet, stop=args.stop)
     result = metrics(hyps, ref, lang=lang)
@@ -307,14 +307,17 @@ def cmd_evaluate(args):
             print(f"note: the paper's tokenized BLEU was {result['bleu_paper_method']}")
 
 
-def _check_lang(lang):
+def _check_lang(lang, languages):
     """ConfigError for a --lang that is a language pair as sacreBLEU's -l takes it ("en-zh": its first half, the
-    source, had been taken for the target); a region ("de-AT", "zh_CN", "pt-BR") is taken."""
-    m = re.fullmatch(r"([a-z]{2,3})[-_]([a-z]{2,3})", lang or "")
-    if m and m.group(1) != m.group(2):
+    source, had been taken for the target): one whose first half is the model's source language or whose second half
+    is its target (`languages`: [src, tgt] the checkpoint records, or None). Any other "xx-yy" is a language with its
+    region or script ("de-AT", "pt-br", "zh_Hans"), in any case."""
+    m = re.fullmatch(r"([a-z]{2,3})[-_]([a-z]{2,3})", (lang or "").lower())
+    src, tgt = ((languages or [None, None]) + [None, None])[:2]
+    if m and src and tgt and (m.group(1) == src.lower() or m.group(2) == tgt.lower()) \
+            and m.group(1) != tgt.lower():
         raise ConfigError(f"--lang {lang}: give the target language alone (--lang {m.group(2)}), not a pair as "
-                          f"sacrebleu -l takes it (a region is written in capitals: {m.group(1)}-"
-                          f"{m.group(2).upper()})")
+                          f"sacrebleu -l takes it (this model translates {src} -> {tgt})")
 
 
 def cmd_score(args):

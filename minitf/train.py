@@ -398,7 +398,10 @@ def _note_fade_moved(run, record):
     if not all(v is None or isinstance(v, (int, float)) for v in vars(before).values()):
         return
     def said(key, value):
-        return f"--{key.replace('_', '-')} {value:g}" if value else f"no --{key.replace('_', '-')}"
+        if not value:
+            return f"no --{key.replace('_', '-')}"
+        shown = f"{int(value):,}" if float(value).is_integer() else f"{value:g}"   # 1,000,000 steps, not 1e+06
+        return f"--{key.replace('_', '-')} {shown}"
     moved = [f"{said(key, getattr(run.args, key))} (before: {said(key, getattr(before, key))})"
              for key in ("max_steps", "time_budget") if (getattr(before, key) or 0) != (getattr(run.args, key) or 0)]
     p_before, p_now = run_progress(before, step, wall), run_progress(run.args, step, wall)

@@ -263,9 +263,9 @@ def _same_cleaning(p, args, given, before, restart):
         return
     for flag, now, then, rule_now, rule_then in rules:
         if rule_now != rule_then:
-            rule = f"{flag} {then}" if then is not None else f"{flag} {rule_then or 0} (the default)"
-            p.error(f"{flag} {now}: the run in --out {args.out} cleans its corpus with {rule} (its config.json), "
-                    f"which made the batches it trains on; drop {flag} to resume it, or start a new --out")
+            rule = f"{flag} {then}" if then is not None else f"{flag} {rule_then or 0}, the default"
+            p.error(f"{flag} {now}: the run in --out {args.out} cleans its corpus with {rule} (its config.json "
+                    f"says), which made the batches it trains on; drop {flag} to resume it, or start a new --out")
 
 
 def restore_first_start(p, args):

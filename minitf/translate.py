@@ -333,7 +333,7 @@ def _same_count(hyps, refs):
     """ValueError unless there are as many hypotheses as references, and some: sacreBLEU's functions had scored the
     shorter list alone (100 for 2 hypotheses against 3 references) and failed inside on none."""
     if len(hyps) != len(refs):
-        raise ValueError(f"{len(hyps)} hypotheses and {len(refs)} references: give one reference a hypothesis")
+        raise ValueError(f"{len(hyps)} hypotheses and {len(refs)} references: give one reference for each hypothesis")
     if not hyps:
         raise ValueError("no hypotheses and no references: there is nothing to score")
 

@@ -184,9 +184,9 @@ def test_resume_takes_the_first_starts_flags_a_group_at_a_time(tmp_path, capsys,
     # other cleaning rules: refused naming the flag (the cache had refused them as "other data", "cleaning rule
     # max_ratio 1.5 -> 3.0"); the first start's rule given again, its default (1.5 for own files) included, is taken
     for flags, says in ((["--max-ratio", "3"], "--max-ratio 3.0: the run in --out " + str(out) + " cleans its corpus "
-                                               "with --max-ratio 1.5 (the default) (its config.json), which made the "
-                                               "batches"),
-                        (["--max-ratio", "0"], "--max-ratio 0.0: the run"), (["--max-len", "5"], "with --max-len 250 (")):
+                                               "with --max-ratio 1.5, the default (its config.json says), which made "
+                                               "the batches"),
+                        (["--max-ratio", "0"], "--max-ratio 0.0: the run"), (["--max-len", "5"], "with --max-len 250 (its config.json says)")):
         with pytest.raises(SystemExit):
             parse_args(["--out", str(out), "--resume", *flags])
         assert says in capsys.readouterr().err

@@ -323,7 +323,7 @@ def extract(archive, dest_dir, members=None):
     try:
         if tarfile.is_tarfile(archive):
             if _is_gzip(archive):   # tarfile stops at the archive's end marker and never reads gzip's CRC: a
-                _read_through(archive)   # damaged .tgz had extracted changed lines without a word
+                _read_through(archive, trailing_ok=True)   # damaged .tgz had extracted changed lines without a word
             with tarfile.open(archive, "r:*") as tar:
                 wanted = None if members is None else {_member_name(n) for n in members}
                 chosen = []
@@ -378,10 +378,12 @@ def _is_gzip(path):
         return f.read(2) == b"\x1f\x8b"
 
 
-def _read_through(path, keep=1 << 16):
-    """Decompress the gzip file `path` to its end, each member's CRC and length checked (zlib checks the trailer);
-    returns its first `keep` bytes. Bytes after the last member that start no other one (a tape's zero padding) are
-    ignored, as gzip and tar ignore them. A damaged or truncated file raises zlib.error or EOFError."""
+def _read_through(path, keep=1 << 16, trailing_ok=False):
+    """Decompress the gzip file `path` to its end, each member's CRC and length checked (zlib checks the trailer),
+    1 MiB of output at a time (a small file that inflates to gigabytes costs no more memory); returns its first `keep`
+    bytes. After the last member, zero bytes (padding) are ignored, as Python's gzip ignores them; other bytes are
+    an error unless `trailing_ok` (an archive for tar, which ignores them too). A damaged or truncated file raises
+    zlib.error or EOFError."""
     head, d, members, carry = b"", None, 0, b""
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -392,20 +394,24 @@ def _read_through(path, keep=1 << 16):
                         carry = chunk             # the magic split between two reads
                         break
                     if chunk[:2] != b"\x1f\x8b":
-                        if members:
-                            return head           # trailing bytes after the last member
-                        raise zlib.error("not a gzip file")
+                        if members and (trailing_ok or not chunk.strip(b"\0")):
+                            chunk = b""           # padding after the last member: the rest of the file too
+                            continue
+                        raise zlib.error("not a gzip file" if not members else
+                                         f"bytes after the gzip stream that start no gzip member ({chunk[:8]!r})")
                     d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                out = d.decompress(chunk)
+                out = d.decompress(chunk, 1 << 20)
                 head += out[:max(keep - len(head), 0)]
                 if d.eof:                         # this member ends here: what follows may start another
                     chunk, d, members = d.unused_data, None, members + 1
                 else:
-                    chunk = b""
+                    chunk = d.unconsumed_tail     # more output for this input, or the next read
     if d is not None:
         raise EOFError("the gzip stream ends early (the file is truncated)")
     if not members:
         raise EOFError("the file is empty" if not carry else "not a gzip file")
+    if carry and not trailing_ok:
+        raise zlib.error("bytes after the gzip stream that start no gzip member (b'\\x1f')")
     return head
 
 
