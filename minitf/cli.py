@@ -309,15 +309,23 @@ def cmd_evaluate(args):
 
 def _check_lang(lang, languages):
     """ConfigError for a --lang that is a language pair as sacreBLEU's -l takes it ("en-zh": its first half, the
-    source, had been taken for the target): one whose first half is the model's source language or whose second half
-    is its target (`languages`: [src, tgt] the checkpoint records, or None). Any other "xx-yy" is a language with its
-    region or script ("de-AT", "pt-br", "zh_Hans"), in any case."""
-    m = re.fullmatch(r"([a-z]{2,3})[-_]([a-z]{2,3})", (lang or "").lower())
-    src, tgt = ((languages or [None, None]) + [None, None])[:2]
-    if m and src and tgt and (m.group(1) == src.lower() or m.group(2) == tgt.lower()) \
-            and m.group(1) != tgt.lower():
-        raise ConfigError(f"--lang {lang}: give the target language alone (--lang {m.group(2)}), not a pair as "
-                          f"sacrebleu -l takes it (this model translates {src} -> {tgt})")
+    source, had been taken for the target). With the model's languages (`languages`: [src, tgt] the checkpoint
+    records), a pair is one whose first half is its source or whose second half is its target, in any case, and any
+    other "xx-yy" a language with its region or script ("de-AT", "pt-br", "zh_Hans"). Without them (an OPUS-MT
+    folder), "xx-yy" with two different lowercase halves is refused as ambiguous, and a region in capitals taken."""
+    m = re.fullmatch(r"([a-zA-Z]{2,3})[-_]([a-zA-Z]{2,3})", lang or "")
+    if not m:
+        return
+    first, second = m.group(1).lower(), m.group(2).lower()
+    src, tgt = [x.lower() if x else None for x in ((languages or [None, None]) + [None, None])[:2]]
+    if src and tgt:
+        if first != tgt and (first == src or second == tgt):
+            raise ConfigError(f"--lang {lang}: give the target language alone (--lang {tgt}), not a pair as "
+                              f"sacrebleu -l takes it (this model translates {src} -> {tgt})")
+    elif first != second and m.group(2).islower():
+        raise ConfigError(f"--lang {lang}: a language pair as sacrebleu -l takes it, or a language and its region? "
+                          f"Give the target language alone (--lang {second}), or the region in capitals "
+                          f"(--lang {first}-{second.upper()}); the model records no languages to tell")
 
 
 def cmd_score(args):

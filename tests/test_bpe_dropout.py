@@ -180,8 +180,8 @@ def test_a_models_user_defined_symbols_stay_whole(tmp_path):
     lines = ["<2de> " + " ".join(rng.choice(WORDS, size=5)) for _ in range(200)] + ["a <b> c > d < e 2"] * 20
     (tmp_path / "text").write_text("\n".join(lines) + "\n")
     spm.SentencePieceTrainer.train(input=str(tmp_path / "text"), model_prefix=str(tmp_path / "m"), vocab_size=90,
-                                   model_type="bpe", user_defined_symbols=["<2de>"], pad_id=0, unk_id=1, bos_id=2,
-                                   eos_id=3, hard_vocab_limit=False, minloglevel=100)
+                                   model_type="bpe", user_defined_symbols=["<2de>", "ing", "ion"], pad_id=0,
+                                   unk_id=1, bos_id=2, eos_id=3, hard_vocab_limit=False, minloglevel=100)
     tok = Tokenizer(str(tmp_path / "m.model"))
     tag = tok.encode(["<2de>"])[0]
     tag = [i for i in tag if tok.id_to_piece(i) == "<2de>"]
@@ -193,3 +193,16 @@ def test_a_models_user_defined_symbols_stay_whole(tmp_path):
     assert drawn.src_lens.sum() > pairs.src_lens.sum()                # the other words still resegmented
     for i in range(len(pairs)):
         assert tok.decode([drawn.ids(i)[0].tolist()]) == tok.decode([pairs.ids(i)[0].tolist()])
+    # symbols merges could also build ("ing" in "understanding", "ion" in "attention"): not merges (their score 0 had ranked them
+    # first), so p 0 is SentencePiece's own segmentation, and p > 0 keeps them
+    user = {tok.encode([w])[0][-1] for w in ("ing", "ion")}
+    assert {tok.id_to_piece(i) for i in user} == {"ing", "ion"}
+    merges, ids = tok.merges()
+    assert {"<2de>", "ing", "ion"} <= set(ids) and not {"<2de>", "ing", "ion"} & set(merges)
+    enc = tok.encode(lines[:200])
+    pairs = TokenPairs.from_lists(enc, enc)
+    plain = BPEDropout(pairs, tok, (1e-9, 0.0), seed=1).epoch(0)
+    np.testing.assert_array_equal(plain.src_tokens, pairs.src_tokens)
+    drawn = BPEDropout(pairs, tok, (0.5, 0.0), seed=1).epoch(0)
+    for i in user:
+        assert (drawn.src_tokens == i).sum() == (pairs.src_tokens == i).sum() > 0

@@ -773,16 +773,23 @@ def test_metrics_refuse_lists_of_other_lengths_and_evaluate_a_language_pair():
         with pytest.raises(ValueError):
             paper_bleu(hyps, refs, "de")
     assert metrics(two, two[:], lang="de")["bleu"] == 100.0
-    for pair, languages in (("en-zh", ["en", "zh"]), ("en_de", ["en", "de"]), ("EN-DE", ["en", "de"]),
-                            ("en-zh", ["en", "de"]), ("fr-de", ["en", "de"])):
-        with pytest.raises(ConfigError, match=r"--lang .*: give the target language alone \(--lang (zh|de)\)"):
+    for pair, languages, target in (("en-zh", ["en", "zh"], "zh"), ("en_de", ["en", "de"], "de"),
+                                    ("EN-DE", ["en", "de"], "de"), ("en-zh", ["en", "de"], "de"),
+                                    ("fr-de", ["en", "de"], "de")):
+        with pytest.raises(ConfigError, match=rf"--lang .*: give the target language alone \(--lang {target}\)"):
             _check_lang(pair, languages)
-    # a region or a script, in any case (a lowercase region had been refused, pt-br sent to Breton)
+    # a region or a script, in any case, where the model's languages tell (a lowercase region had been refused,
+    # pt-br sent to Breton)
     for fine in ("de", "de-AT", "de-at", "de-ch", "zh_CN", "zh_cn", "pt-BR", "pt-br", "zh-hans", "es-419", None,
                  "de-de"):
         _check_lang(fine, ["en", "de"])
+    # a model that records no languages (an OPUS-MT folder): a lowercase pair is ambiguous, a capital region taken
+    for ambiguous in ("en-zh", "pt-br", "eng-zho"):
+        with pytest.raises(ConfigError, match=r"a language pair as sacrebleu -l takes it, or a language and its "
+                                              r"region\?"):
+            _check_lang(ambiguous, None)
+    for fine in ("de", "de-AT", "zh_CN", "pt-BR", "zh-Hans", "es-419", "de-de", None):
         _check_lang(fine, None)
-    _check_lang("en-zh", None)   # no languages recorded: nothing to tell a pair by
     ko = ["저는 오늘 학교에 갑니다 그리고 친구를 만납니다 ."]
     assert paper_bleu(ko, ko, "ko")[0] == 100.0   # Korean has spaces: Moses splits it (it had been left out)
     assert paper_bleu(["我 喜欢"], ["我 喜欢"], "zh")[0] is None

@@ -408,8 +408,8 @@ def _note_unknown(manifest, log):
         total = manifest["tokens"][lang]
         if total and n > 0.01 * total:
             log(f"note: {n / total:.1%} of the {lang} side's {total:,} pieces are <unk>: the tokenizer does not "
-                f"cover this corpus's characters (one trained on other text or another language?); its translations "
-                f"will hold <unk> where those characters were")
+                f"cover this corpus's characters (one trained on other text or another language?); the model reads "
+                f"<unk> for them, and writes <unk> where a translation needs them")
 
 
 def _cache_disk_full(folder, parent):

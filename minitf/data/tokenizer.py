@@ -175,19 +175,35 @@ class Tokenizer:
         """({piece: rank} of the BPE merges, {piece: id} of every normal piece). A merge is a piece of
         two or more characters; its rank is its score negated, the order the merges were learnt in:
         SentencePiece's BPE applies the applicable merge of lowest rank first. Unknown and control
-        ids are left out. Only a BPE model has merges: any other is a DataError."""
+        ids are left out, and user-defined symbols are no merges. Only a BPE model has merges: any other is a DataError."""
         if self.model_type != "bpe":
             raise DataError(f"{self.model_path or 'this tokenizer'} is a SentencePiece {self.model_type} model: it has no "
                             f"BPE merges to resegment with (BPE-dropout needs a BPE model: --subword bpe)")
         sp, merges, ids = self._sp, {}, {}
+        user = self._user_defined_ids()
         for i in range(sp.get_piece_size()):
             if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i):
                 continue
             piece = sp.id_to_piece(i)
             ids[piece] = i
-            if len(piece) > 1:
+            if len(piece) > 1 and i not in user:   # a user-defined symbol is matched whole, merged from nothing
                 merges[piece] = -sp.get_score(i)
         return merges, ids
+
+    def _user_defined_ids(self):
+        """The ids of the model's user-defined symbols (ModelProto field 1, each piece's type, field 3, USER_DEFINED
+        = 4): SentencePiece matches them whole before BPE, and their score 0 is no merge's rank."""
+        user = set()
+        try:
+            i = 0
+            for number, piece in _proto_fields(self._proto):
+                if number == 1:
+                    if any(field == 3 and value == 4 for field, value in _proto_fields(piece)):
+                        user.add(i)
+                    i += 1
+        except (ValueError, IndexError):
+            pass
+        return user
 
     def decode(self, id_lists):
         """list[list[int]] -> list[str]; stops at the first EOS, drops pad/bos."""
