@@ -84,7 +84,7 @@ def build_parser(prog=None):
                    "results.json without its checkpoints, or a config.json no minitf run wrote, is refused)")
     p.add_argument("--max-steps", type=Number(int, 0, meaning=" (0 = no limit)"),
                    help="updates (the paper: base 100k, big 300k); 0 = no limit")
-    p.add_argument("--time-budget", type=positive(float, high=MAX_BUDGET_S), help="stop training after this many seconds of it, over all "
+    p.add_argument("--time-budget", type=positive(float, high=MAX_BUDGET_S), help="stop training after this many seconds of it (at most 1e9), over all "
                                                               "the run's starts (a --resume counts the earlier ones; "
                                                               "the validations and checkpoints, the last ones included, "
                                                               "count; the end's average and test scores do not)")
