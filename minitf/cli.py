@@ -9,8 +9,8 @@ import re
 import sys
 
 from .data.pipeline import add_data_args, check_data_args
-from .errors import (SIGNAL_EXIT, ConfigError, DataError, MinitfError, nothing_half_written, one_line_warnings, out_of_memory, report,
-                     sigterm_raises)
+from .errors import (SIGNAL_EXIT, ConfigError, DataError, MinitfError, nothing_half_written, one_line_warnings,
+                     out_of_memory, report, sigterm_raises)
 from .ctranslate2_export import QUANTIZATIONS
 from .fileio import check_output_file, check_parent_folder
 from .flags import MAX_ALPHA, MAX_BEAM, MAX_LEN_B, Number, Parser, path_arg, positive

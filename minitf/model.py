@@ -94,8 +94,9 @@ class Transformer(Seq2Seq):
             whole = (kernels.attention_rows_ok(self.embedding.params["weight"], self.cfg.d_k)
                      and not (self.training and self.cfg.attention_dropout))
             real = src != self.cfg.pad_id
-            if not real.any(axis=1).all():   # its cross-attention would read no memory: packed and padded differ
-                raise ConfigError(f"src row {int(np.argmin(real.any(axis=1)))} is all padding (id {self.cfg.pad_id}): "
+            held = real.any(axis=1)
+            if not held.all():   # its cross-attention would read no memory: packed and padded differ
+                raise ConfigError(f"src row {int(np.argmin(held))} is all padding (id {self.cfg.pad_id}): "
                                   f"give every sentence at least one source piece (the data pipeline ends each "
                                   f"with </s>)")
             src_rows = make_rows(real, self.xp, whole=whole)

@@ -254,11 +254,15 @@ def _same_cleaning(p, args, given, before, restart):
     from minitf.data.pipeline import ratio_rule
     if restart or not given.intersection(("max_len", "max_ratio")):
         return
+
+    def rule(dest, value):   # the rule a value sets: --max-ratio's default depends on the run's data
+        if dest == "max_len":
+            return value
+        return ratio_rule(value, before.get("train"), before.get("dataset"), before.get("src"), before.get("tgt"))
+    compared = [dest for dest in ("max_len", "max_ratio") if dest in given and dest in before]
     try:
-        rules = [(flag, getattr(args, dest), before[dest], rule(getattr(args, dest)), rule(before[dest]))
-                 for flag, dest, rule in (("--max-len", "max_len", lambda v: v), ("--max-ratio", "max_ratio",
-                 lambda v: ratio_rule(v, before.get("train"), before.get("dataset"), before.get("src"), before.get("tgt"))))
-                 if dest in given and dest in before]
+        rules = [(f"--{dest.replace('_', '-')}", getattr(args, dest), before[dest], rule(dest, getattr(args, dest)),
+                  rule(dest, before[dest])) for dest in compared]
     except KeyError:   # a record of another dataset than minitf knows: the cache's own check stays
         return
     for flag, now, then, rule_now, rule_then in rules:

@@ -26,13 +26,12 @@ extracted into the folder)::
 """
 
 import os
-import sys
 import urllib.parse
 from dataclasses import dataclass
 
 from minitf.errors import DataError
 from minitf.fileio import folder_lock, make_folder
-from minitf.data.download import check_gzip, download as _download, extract, set_aside
+from minitf.data.download import check_gzip, download as _download, extract, note as _note, set_aside
 from minitf.data.readers import find_file, read_parallel
 
 MULTI30K_BASE_URL = ("https://raw.githubusercontent.com/multi30k/dataset/master/"
@@ -245,14 +244,13 @@ def _checked_download(url, path, check):
 
 def _set_aside_error(e, url, path):
     """The DataError `e` of a download at `path` that is unusable, moved aside (download.set_aside)."""
+    return DataError(f"{e}, downloaded from {url}; {_moved_aside(path)}, and run again to download it anew")
+
+
+def _moved_aside(path):
+    """download.set_aside(path), said: where it went, or that it could not be moved."""
     bad = set_aside(path)
-    where = f"moved it aside to {bad}" if bad else "it could not be moved aside: delete it"
-    return DataError(f"{e}, downloaded from {url}; {where}, and run again to download it anew")
-
-
-def _note(msg):
-    """One plain line on stderr (not a Python warning with a source line under it)."""
-    print(f"note: {msg}", file=sys.stderr, flush=True)
+    return f"moved it aside to {bad}" if bad else "it could not be moved aside: delete it"
 
 
 def _get(spec, base_url, data_dir, corpus, src, tgt, download, progress, required,
@@ -308,9 +306,7 @@ def _fetched(data_dir, corpus, src, tgt, label, archive, url):
         e = DataError(f"{label}: the download did not bring {_expected(data_dir, corpus, src, tgt)}")
         if archive is None:
             raise e
-        bad = set_aside(archive)
-        where = f"moved it aside to {bad}" if bad else "it could not be moved aside: delete it"
-        raise DataError(f"{e}, which {archive} ({url}) should hold; {where}. Run again to download it anew if it was "
+        raise DataError(f"{e}, which {archive} ({url}) should hold; {_moved_aside(archive)}. Run again to download it anew if it was "
                         f"cut short; if its layout changed, put the files there by hand")
     if archive:
         os.unlink(archive)  # the extracted files are what is looked up next time

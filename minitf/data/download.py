@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 import zlib
 
+from minitf.data.readers import GZIP_MAGIC, is_gzip
 from minitf.errors import DataError
 from minitf.progress import bar as progress_bar
 
@@ -69,15 +70,19 @@ def _seconds(retry_after):
     return min(max(wait, 0.0), 60.0) if wait == wait else 0.0
 
 
+def _part_bytes(part):
+    """The bytes a .part file holds for a next run to resume from (0: none)."""
+    return os.path.getsize(part) if os.path.isfile(part) else 0
+
+
 def _kept(part):
-    """', the part downloaded is kept ...' where a .part file holds bytes a next run resumes from."""
-    if os.path.isfile(part) and os.path.getsize(part):
-        return f"; the {os.path.getsize(part):,} bytes received are kept in {part}, and a run again resumes from there"
-    return ""
+    """'; the bytes received are kept ...' where a .part file holds bytes a next run resumes from."""
+    n = _part_bytes(part)
+    return f"; the {n:,} bytes received are kept in {part}, and a run again resumes from there" if n else ""
 
 
-def _note(msg):
-    """One plain line on stderr."""
+def note(msg):
+    """One plain line on stderr (not a Python warning with a source line under it)."""
     print(f"note: {msg}", file=sys.stderr, flush=True)
 
 
@@ -204,7 +209,7 @@ def download(url, dest_path, sha256=None, progress=True, retries=3, md5=None,
         for attempt in range(int(retries) + 1):
             if attempt:   # a retry, said (a stalled server had been minutes of silence)
                 wait = max(min(backoff * 2 ** (attempt - 1), 30.0), retry_after) if backoff else 0.0
-                _note(f"{url}: {last_error}; trying again" + (f" in {wait:.0f} s" if wait else "")
+                note(f"{url}: {last_error}; trying again" + (f" in {wait:.0f} s" if wait else "")
                       + f" (try {attempt + 1} of {retries + 1})")
                 time.sleep(wait)
             retry_after = 0.0
@@ -239,8 +244,9 @@ def download(url, dest_path, sha256=None, progress=True, retries=3, md5=None,
             err.http_status = None
             raise err
     except KeyboardInterrupt as e:   # Ctrl-C, SIGTERM: the part downloaded stays for the next run to resume
-        if os.path.isfile(part) and os.path.getsize(part):
-            e.kept = f"{part} ({os.path.getsize(part):,} bytes)"
+        kept = _part_bytes(part)
+        if kept:
+            e.kept = f"{part} ({kept:,} bytes)"
         raise
     if os.path.getsize(part) == 0:
         os.unlink(part)
@@ -322,7 +328,7 @@ def extract(archive, dest_dir, members=None):
     written = []
     try:
         if tarfile.is_tarfile(archive):
-            if _is_gzip(archive):   # tarfile stops at the archive's end marker and never reads gzip's CRC: a
+            if is_gzip(archive):   # tarfile stops at the archive's end marker and never reads gzip's CRC: a
                 _read_through(archive, trailing_ok=True)   # damaged .tgz had extracted changed lines without a word
             with tarfile.open(archive, "r:*") as tar:
                 wanted = None if members is None else {_member_name(n) for n in members}
@@ -373,11 +379,6 @@ def set_aside(path):
     return bad
 
 
-def _is_gzip(path):
-    with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
-
-
 def _read_through(path, keep=1 << 16, trailing_ok=False):
     """Decompress the gzip file `path` to its end, each member's CRC and length checked (zlib checks the trailer),
     1 MiB of output at a time (a small file that inflates to gigabytes costs no more memory); returns its first `keep`
@@ -393,7 +394,7 @@ def _read_through(path, keep=1 << 16, trailing_ok=False):
                     if chunk == b"\x1f":
                         carry = chunk             # the magic split between two reads
                         break
-                    if chunk[:2] != b"\x1f\x8b":
+                    if chunk[:2] != GZIP_MAGIC:
                         if members and (trailing_ok or not chunk.strip(b"\0")):
                             chunk = b""           # padding after the last member: the rest of the file too
                             continue

@@ -24,17 +24,17 @@ import zlib
 
 from minitf.errors import DataError
 
-_GZIP_MAGIC = b"\x1f\x8b"
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 MAX_LINE_BYTES = 1 << 20   # a training line longer than this is refused before more of it is read
 
 
-def _is_gzip(path):
+def is_gzip(path):
     """True if `path` starts with the gzip magic bytes: a plain file named .gz is read as plain text (it had been
     refused as "truncated or corrupt"), a gzip file with a plain name is decompressed."""
     with open(path, "rb") as f:
-        return f.read(2) == _GZIP_MAGIC
+        return f.read(2) == GZIP_MAGIC
 
 
 def _must_be_a_file(path):
@@ -49,7 +49,7 @@ def _read_stream(f, name):
     """The (decompressed) bytes of a binary stream read once (a pipe, standard input): its first
     two bytes tell whether it is gzip."""
     head = f.read(2)
-    if head == _GZIP_MAGIC:
+    if head == GZIP_MAGIC:
         with gzip.GzipFile(fileobj=_Prefixed(head, f), mode="rb") as g:
             return _read_capped(g, name)
     return _read_capped(_Prefixed(head, f), name)
@@ -65,7 +65,7 @@ def _read_bytes(path):
         if not os.path.isfile(path):   # a pipe can be read once
             with open(path, "rb") as f:
                 return _read_stream(f, path)
-        if _is_gzip(path):
+        if is_gzip(path):
             with gzip.open(path, "rb") as f:
                 return _read_capped(f, path)
         with open(path, "rb") as f:
@@ -360,7 +360,7 @@ class LineStream:
         number = 0
         try:
             with open(self.path, "rb") as raw:
-                if _is_gzip(self.path):
+                if is_gzip(self.path):
                     f = gzip.GzipFile(fileobj=_Hashing(raw), mode="rb")
                 else:
                     f = io.BufferedReader(_RawHashing(_Hashing(raw)), 1 << 20)

@@ -88,10 +88,9 @@ class _Words:
         for a, b in zip(word_pos.tolist(), ends.tolist()):
             word_type.append(types.setdefault(raw[4 * a:4 * b], len(types)))
         self.word_type = np.array(word_type, dtype=np.int64)
-        # pieces no merge builds (a model's user-defined symbols, e.g. a <2de> tag or "ing", which merges() leaves
-        # out): SentencePiece matches them whole before BPE, so they stay whole here too (rebuilt from their
-        # characters, they had been lost)
-        atomic = {i for piece, i in piece_ids.items() if len(piece) > 1 and segment(piece, merges, 0, None) != [piece]}
+        # a model's user-defined symbols (a <2de> tag, or "ing"; no merges): SentencePiece matches them whole before
+        # BPE, so they stay whole here too (rebuilt from their characters, they had been lost)
+        atomic = {i for i in tokenizer.user_defined_ids() if len(piece_of.get(i, "")) > 1}
         pool = []
         for key in types:   # in order of first occurrence: the draws do not depend on a dict's hashing
             ids = np.frombuffer(key, dtype="<i4").tolist()

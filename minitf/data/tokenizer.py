@@ -180,7 +180,7 @@ class Tokenizer:
             raise DataError(f"{self.model_path or 'this tokenizer'} is a SentencePiece {self.model_type} model: it has no "
                             f"BPE merges to resegment with (BPE-dropout needs a BPE model: --subword bpe)")
         sp, merges, ids = self._sp, {}, {}
-        user = self._user_defined_ids()
+        user = self.user_defined_ids()
         for i in range(sp.get_piece_size()):
             if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i):
                 continue
@@ -190,7 +190,7 @@ class Tokenizer:
                 merges[piece] = -sp.get_score(i)
         return merges, ids
 
-    def _user_defined_ids(self):
+    def user_defined_ids(self):
         """The ids of the model's user-defined symbols (ModelProto field 1, each piece's type, field 3, USER_DEFINED
         = 4): SentencePiece matches them whole before BPE, and their score 0 is no merge's rank."""
         user = set()
