@@ -12,9 +12,8 @@ variant runs the kernels of FILE, another copy of minitf/kernels.py (e.g. `git s
 old_kernels.py`), compiled beside minitf's and launched by minitf's own Python, so a change of the CUDA alone
 (every kernel taking the arguments it took) is timed against the code before it in one process
 (`--variant name=VAR=value[,VAR=value]`; default: `now`, the step as it is, against `before`,
-every fusion switched off: MINITF_CUBLAS=0 and MINITF_FUSED_{RELU,ADAM,GRADS,EMBED,NORM,VEC,LOSS}=0; the warp
-softmax has no switch; the LayerNorms' warp-per-row kernels, off by default, are
-`--variant lnwarp=MINITF_FUSED_LNWARP=1`), so one process runs them all, alternating, with PyTorch eager beside
+every fusion switched off: MINITF_CUBLAS=0 and MINITF_FUSED_{RELU,ADAM,GRADS,EMBED,NORM,VEC,LOSS,LNWARP}=0; the
+warp softmax has no switch; attention on packed rows, off by default, is `--variant attn=MINITF_FUSED_ATTN=1`), so one process runs them all, alternating, with PyTorch eager beside
 them (bench/train_step.py's TorchRunner, same weights) when torch with CUDA is there, and with
 --strong PyTorch as a user choosing it for speed would run it (scaled_dot_product_attention,
 logits on the rows with a loss only, fused Adam; --torch-compile adds torch.compile). For each
@@ -65,7 +64,8 @@ from bench.train_step import MinitfRunner, timed_round, torch_runner_like  # noq
 
 # the step as it is, against the step with every fusion switched off (CuPy's matmul and separate passes)
 DEFAULT_VARIANTS = ["now=", "before=MINITF_CUBLAS=0,MINITF_FUSED_RELU=0,MINITF_FUSED_ADAM=0,MINITF_FUSED_GRADS=0,"
-                             "MINITF_FUSED_EMBED=0,MINITF_FUSED_NORM=0,MINITF_FUSED_VEC=0,MINITF_FUSED_LOSS=0"]
+                             "MINITF_FUSED_EMBED=0,MINITF_FUSED_NORM=0,MINITF_FUSED_VEC=0,MINITF_FUSED_LOSS=0,"
+                             "MINITF_FUSED_LNWARP=0"]
 
 
 def log(msg):

@@ -6,9 +6,11 @@ command that keeps to a deadline. Needs a CUDA GPU (or the CuPy stand-in, with -
     python bench/gpu_tune.py --out runs/tune --before-kernels old_kernels.py   # also time another copy of the CUDA
     python bench/gpu_tune.py --smoke --skip suite --out DIR      # tiny sizes (checks this script on the CuPy stand-in)
 
-Some of minitf's GPU code is off by default until a GPU has timed it: attention on packed rows in one kernel
-(MINITF_FUSED_ATTN=1), the LayerNorms' warp-per-row kernels (MINITF_FUSED_LNWARP=1) and ReLU's backward inside
-the feed-forward's bias sums (MINITF_FUSED_RELUSUMS=1); docs/performance.md says what each does. This runs, each
+Two parts of minitf's GPU code are off by default, not faster on the H200 that timed them: attention on packed rows
+in one kernel (MINITF_FUSED_ATTN=1) and ReLU's backward inside the feed-forward's bias sums (MINITF_FUSED_RELUSUMS=1);
+the LayerNorms' warp-per-row kernels are on by default since that timing and timed here switched off
+(MINITF_FUSED_LNWARP=0, `lnblock`), so that a GPU where the block kernels are faster says so (docs/performance.md
+says what each does). This runs, each
 stage as a process of its own with what is left of --deadline, every stage's output kept in --out:
 
   suite        `pytest tests/test_gpu.py` (suite.txt): a variant with MINITF_FUSED_ATTN=1 is timed and chosen only
@@ -17,7 +19,7 @@ stage as a process of its own with what is left of --deadline, every stage's out
   allocations  bench/allocations.py (allocations.txt): what an array from CuPy's pool costs the host here
   ab           bench/gpu_ab.py (ab/ab.json, ab.txt): the training step of `base` in --modes (float32 (TF32), --fp16
                and --bf16), each variant against `now` (the defaults) on the same weights and batch, in rounds of
-               --steps-per-round steps: `lnwarp` and `relusums` (each switch alone), `rest` (both) and `before`
+               --steps-per-round steps: `lnblock` and `relusums` (each switch alone), `rest` (both) and `before`
                (--before-kernels) in one process, then, where the GPU tests all passed, `attn` (attention alone) and
                `all` (every switch) with `now` again in another (ab_attn/ab.json, ab_attn.txt), so that a first run of
                the new attention kernels that stops the CUDA context costs only its own process (a variant that
@@ -62,7 +64,7 @@ from minitf.fileio import atomic_write_bytes  # noqa: E402
 LOSS_TOL, GRAD_TOL = 1e-2, 5e-2     # a variant's loss and gradients against now's (relative)
 SPEED_LEAST, MODE_LEAST = 1.01, 0.98   # its geometric-mean speed against now's, and its speed in each mode
 GEMM_LEAST_S = 45                    # an estimate of what gemm_shapes.py --modes float32 needs (not yet timed on a GPU)
-SWITCHES = {"attn": {"MINITF_FUSED_ATTN": "1"}, "lnwarp": {"MINITF_FUSED_LNWARP": "1"},
+SWITCHES = {"attn": {"MINITF_FUSED_ATTN": "1"}, "lnblock": {"MINITF_FUSED_LNWARP": "0"},
             "relusums": {"MINITF_FUSED_RELUSUMS": "1"}}
 STAGES = ("suite", "allocations", "ab", "report", "gemm")
 

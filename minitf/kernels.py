@@ -46,7 +46,7 @@ kernels a block per 16 query (or key) rows of one sentence and head, 4 threads a
   *_vec                 bias_relu, relu_backward, unpack_heads, pack_heads, smoothed_nll_rows and
                         smoothed_nll_backward loading and storing 16 bytes a thread (kernels.vec_ok)
   *_warp (LayerNorm)    layernorm_forward, residual_layernorm and layernorm_backward with a warp per row
-                        and 16-byte loads (kernels.ln_warp_ok; MINITF_FUSED_LNWARP=1)
+                        and 16-byte loads (kernels.ln_warp_ok; MINITF_FUSED_LNWARP=0 keeps the block kernels)
 
 Every kernel reads and writes activations and gradients in the storage dtype (float16, bfloat16, float32 or
 float64: the C type `T` of the source) and computes in the accumulation dtype (float32, or float64 for float64
@@ -551,7 +551,7 @@ def softmax_backward(dp, p, out=None):
 
 # ----------------------------------------------------------------------------- dropout and LayerNorm
 # Dropout's mask drawn again from its key wherever it is needed, LayerNorm's forward and backward (a block
-# per row, or with MINITF_FUSED_LNWARP=1 a warp), and a post-norm block's residual sum, dropout and LayerNorm
+# per row, or a warp where its 16-byte loads apply), and a post-norm block's residual sum, dropout and LayerNorm
 # in one pass (paper 3.1, 5.4).
 LAYERNORM = r"""
 // Dropout's mask value from its key: u = 16 bits of splitmix64(key + w * GOLDEN), w = pos * ceil(d / 4) + c / 4 + 1
@@ -692,7 +692,7 @@ extern "C" __global__ void residual_layernorm(const long long* rowpos, int has_r
     layernorm_row(y, off, d, s, g, bvec, out, mean, 1, rstd, r, eps, buf);
 }
 
-// LayerNorm with a warp per row and 16-byte loads (kernels.ln_warp_ok: MINITF_FUSED_LNWARP=1, d whole
+// LayerNorm with a warp per row and 16-byte loads (kernels.ln_warp_ok: unless MINITF_FUSED_LNWARP=0, d whole
 // vectors, 16-byte aligned rows and parameters): the block's warps take rows blockIdx.x * warps + warp, lane l the
 // row's values l VEC .. l VEC + VEC - 1, then those 32 VEC further on, ...; the sums are warp shuffles (no shared
 // memory, no block barrier). The formulas of the block kernels above; the sums run in another order (not
@@ -855,10 +855,10 @@ def _launch_layernorm(name, dtype, rows, d, args, warp):
 
 def ln_warp_ok(d, *arrays):
     """Whether the LayerNorm kernels take a warp per row (layernorm_forward_warp, residual_layernorm_warp,
-    layernorm_backward_warp): MINITF_FUSED_LNWARP=1 (off by default: not yet timed on a GPU) and the
-    16-byte loads apply (vec_ok: rows of d whole vectors; the rows, the parameters (views of the flat
-    parameter buffer) and xhat 16-byte aligned)."""
-    return switched_on("MINITF_FUSED_LNWARP") and vec_ok(*arrays, width=d)
+    layernorm_backward_warp): where the 16-byte loads apply (vec_ok: rows of d whole vectors; the rows, the
+    parameters (views of the flat parameter buffer) and xhat 16-byte aligned), unless MINITF_FUSED_LNWARP=0
+    (the block kernels: `base` steps 4-11% slower on an H200, docs/benchmarks.md)."""
+    return not switched_off("MINITF_FUSED_LNWARP") and vec_ok(*arrays, width=d)
 
 
 def layernorm_forward(x, g, b, eps):

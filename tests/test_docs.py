@@ -753,23 +753,30 @@ def test_the_loops_docstrings_name_every_reason_a_run_stops():
 
 
 def test_the_readmes_gpu_step_figures_are_the_recorded_ones():
-    """The README's H100 training-step ratios and rates are benchmarks.md's latest record of them,
-    rounded, not retyped: the table the README links to."""
+    """The README's GPU training-step ratios and rates are those of the table the README links to in
+    benchmarks.md, computed from its tokens/s and rounded, not retyped; the table's own ratios are its tokens/s'."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     bench = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
     row = next(line for line in readme.splitlines() if line.startswith("| minitf vs the same model in PyTorch, one NVIDIA"))
     anchor = re.search(r"\(docs/benchmarks\.md#([\w-]+)\)", row).group(1)
     section = bench[[m.start() for m in re.finditer(r"^### .*$", bench, re.M)
                      if _slug(m.group(0)[4:]) == anchor][0]:]
-    table = {m.group(1): m.groups()[1:] for m in re.finditer(
-        r"^\| (base float32 \(TF32\)|base `--fp16`|big `--fp16`) \| [\d.]+ \([^)]*\) \| ([\d,]+) \| \*\*([\d.]+)\*\* \| "
-        r"\*\*([\d.]+)\*\* \|", section, re.M)}
-    fp16, f32, big = table["base `--fp16`"], table["base float32 (TF32)"], table["big `--fp16`"]
-    r2 = lambda x: f"{float(x):.2f}x"
-    k = lambda x: f"{round(int(x.replace(',', '')) / 1000)}k"
-    for quoted in (f"{r2(fp16[1])} PyTorch AMP eager's tokens/s with `--fp16` ({k(fp16[0])} target tokens/s)",
-                   f"{r2(f32[1])} eager's in float32 (TF32, {k(f32[0])})", f"{r2(fp16[2])} and {r2(f32[2])} a strong PyTorch",
-                   f"{r2(big[1])} eager, {r2(big[2])} strong"):
+    num = lambda x: int(x.replace(",", ""))
+    table = {}
+    for m in re.finditer(r"^\| (base|big) \| (float32 \(TF32\)|`--fp16`|`--bf16`) \| ([\d,]+) \([\d.]+\) \| ([\d,]+) "
+                         r"\([\d.]+\) \| \*\*([\d.]+)\*\* \| ([\d,]+) \([\d.]+\) \| \*\*([\d.]+)\*\* \|", section, re.M):
+        ours, eager, strong = num(m.group(3)), num(m.group(4)), num(m.group(6))
+        assert abs(float(m.group(5)) - ours / eager) < 6e-4 and abs(float(m.group(7)) - ours / strong) < 6e-4, m.group(0)
+        table[m.group(1), m.group(2).strip("`-")] = (ours, ours / eager, ours / strong)
+    assert len(table) == 6, table
+    r2 = lambda key, i: f"{table[key][i]:.2f}x"
+    k = lambda key: f"{round(table[key][0] / 1000)}k"
+    b16, bb, b32 = ("base", "fp16"), ("base", "bf16"), ("base", "float32 (TF32)")
+    for quoted in (f"{r2(b16, 1)} PyTorch AMP eager's tokens/s with `--fp16` ({k(b16)} target tokens/s)",
+                   f"{r2(bb, 1)} with `--bf16` ({k(bb)})", f"{r2(b32, 1)} eager's in float32 (TF32, {k(b32)})",
+                   f"{r2(b16, 2)}, {r2(bb, 2)} and {r2(b32, 2)} a strong PyTorch",
+                   f"big: {r2(('big', 'fp16'), 1)} eager under `--fp16`, {r2(('big', 'bf16'), 1)} under `--bf16`, "
+                   f"{r2(('big', 'float32 (TF32)'), 1)} in float32"):
         assert quoted in row, f"README.md's GPU row no longer quotes {quoted!r} (benchmarks.md: {table})"
 
 

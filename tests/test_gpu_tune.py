@@ -46,32 +46,32 @@ def ab(speeds, grads=None, loss=None, finite=None, modes=MODES, errors=(), env=N
 
 
 def test_the_fastest_variant_that_agrees_everywhere_is_chosen():
-    winner, why = choose(ab({"lnwarp": 1.03, "relusums": 1.05, "all": 1.04}), suite_passed=True)
+    winner, why = choose(ab({"lnblock": 1.03, "relusums": 1.05, "all": 1.04}), suite_passed=True)
     assert winner == "relusums" and why["relusums"].startswith("chosen: x1.050")
-    assert why["lnwarp"].startswith("eligible: x1.030") and why["all"].startswith("eligible")
+    assert why["lnblock"].startswith("eligible: x1.030") and why["all"].startswith("eligible")
 
 
 @pytest.mark.parametrize("case, reason", [
-    (dict(speeds={"lnwarp": 1.0099}), "x1.0099 against now over the modes (< 1.01)"),
-    (dict(speeds={"lnwarp": (1.10, 1.10, 0.97)}), "base bf16: x0.970 against now (< 0.98)"),
-    (dict(speeds={"lnwarp": 1.2}, grads={"lnwarp": 0.06}), "gradients differ by 0.06 (> 0.05)"),
-    (dict(speeds={"lnwarp": 1.2}, grads={"lnwarp": math.nan}), "gradients differ by nan"),
-    (dict(speeds={"lnwarp": 1.2}, loss={"lnwarp": 0.02}), "loss differs by 0.02 (> 0.01)"),
-    (dict(speeds={"lnwarp": 1.2}, finite={"lnwarp": False}), "base float32: not finite"),
-    (dict(speeds={"lnwarp": 1.2}, finite={"now": False}), "base float32: not finite"),
-    (dict(speeds={"lnwarp": 1.2}, errors=("fp16",)), "not every preset and mode ran (base fp16)"),
-    (dict(speeds={"lnwarp": math.nan}), "base float32: not timed"),
+    (dict(speeds={"lnblock": 1.0099}), "x1.0099 against now over the modes (< 1.01)"),
+    (dict(speeds={"lnblock": (1.10, 1.10, 0.97)}), "base bf16: x0.970 against now (< 0.98)"),
+    (dict(speeds={"lnblock": 1.2}, grads={"lnblock": 0.06}), "gradients differ by 0.06 (> 0.05)"),
+    (dict(speeds={"lnblock": 1.2}, grads={"lnblock": math.nan}), "gradients differ by nan"),
+    (dict(speeds={"lnblock": 1.2}, loss={"lnblock": 0.02}), "loss differs by 0.02 (> 0.01)"),
+    (dict(speeds={"lnblock": 1.2}, finite={"lnblock": False}), "base float32: not finite"),
+    (dict(speeds={"lnblock": 1.2}, finite={"now": False}), "base float32: not finite"),
+    (dict(speeds={"lnblock": 1.2}, errors=("fp16",)), "not every preset and mode ran (base fp16)"),
+    (dict(speeds={"lnblock": math.nan}), "base float32: not timed"),
 ])
 def test_a_variant_is_not_chosen_when(case, reason):
     winner, why = choose(ab(**case), suite_passed=True)
-    assert winner is None and why["lnwarp"].startswith("not chosen") and reason in why["lnwarp"], why
+    assert winner is None and why["lnblock"].startswith("not chosen") and reason in why["lnblock"], why
 
 
 def test_attention_on_packed_rows_needs_the_gpu_tests_to_have_passed():
-    data = ab({"attn": 1.2, "lnwarp": 1.02})
+    data = ab({"attn": 1.2, "lnblock": 1.02})
     for passed, said in ((None, "did not run"), (False, "did not all pass")):
         winner, why = choose(data, suite_passed=passed)
-        assert winner == "lnwarp" and f"the GPU tests {said}" in why["attn"]
+        assert winner == "lnblock" and f"the GPU tests {said}" in why["attn"]
     assert choose(data, suite_passed=True)[0] == "attn"
 
 
@@ -87,16 +87,16 @@ def test_another_copy_of_the_kernels_is_timed_never_chosen():
 def test_a_variant_that_failed_in_one_mode_is_not_chosen_and_the_others_still_are():
     """gpu_ab.py leaves a variant that raised out of that mode (its "failed"), and the other variants of its process go
     on: that variant is not chosen, said why, and the others are judged as ever."""
-    data = ab({"lnwarp": 1.2, "relusums": 1.05})
+    data = ab({"lnblock": 1.2, "relusums": 1.05})
     bf16 = data["results"]["base bf16"]
     for part in ("same", "time"):
-        del bf16[part]["lnwarp"]
-    bf16["failed"] = {"lnwarp": "RuntimeError: the kernels did not build"}
+        del bf16[part]["lnblock"]
+    bf16["failed"] = {"lnblock": "RuntimeError: the kernels did not build"}
     winner, why = choose(data, suite_passed=True)
-    assert winner == "relusums" and why["lnwarp"] == "not chosen: base bf16: failed (RuntimeError: the kernels did not build)"
+    assert winner == "relusums" and why["lnblock"] == "not chosen: base bf16: failed (RuntimeError: the kernels did not build)"
     rows = gpu_tune.ab_table(data)
-    assert ["ab", "base bf16", "lnwarp: RuntimeError: the kernels did not build"] in rows
-    assert [r[2] for r in rows if r[1] == "base bf16"] == ["now", "relusums", "lnwarp: RuntimeError: the kernels did not build"]
+    assert ["ab", "base bf16", "lnblock: RuntimeError: the kernels did not build"] in rows
+    assert [r[2] for r in rows if r[1] == "base bf16"] == ["now", "relusums", "lnblock: RuntimeError: the kernels did not build"]
 
 
 def test_the_gpu_tests_count_as_passed_only_on_a_summary_of_passes():
@@ -121,7 +121,7 @@ def test_a_stage_past_its_time_is_stopped_with_its_children_and_what_it_printed_
     assert json.loads((tmp_path / "summary.json").read_text())["stages"]["quick"]["rc"] == 0   # kept stage by stage
 
 
-SPEEDS = {"attn": 1.3, "lnwarp": 1.02, "relusums": 0.9, "rest": 1.015, "all": 1.1}
+SPEEDS = {"attn": 1.3, "lnblock": 1.02, "relusums": 0.9, "rest": 1.015, "all": 1.1}
 
 
 def fake_stages(monkeypatch, calls, speeds=SPEEDS):
@@ -156,9 +156,9 @@ def test_the_report_runs_under_the_chosen_switches_within_the_deadline(tmp_path,
     assert calls[0][1][1:] == ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"]  # not NVRTC's minute
     first, second = calls[2][1], calls[3][1]
     assert first[1] == "bench/gpu_ab.py" and "--no-torch" in first and "attn=MINITF_FUSED_ATTN=1" not in first
-    assert "rest=MINITF_FUSED_LNWARP=1,MINITF_FUSED_RELUSUMS=1" in first
+    assert "rest=MINITF_FUSED_LNWARP=0,MINITF_FUSED_RELUSUMS=1" in first
     assert second[second.index("--variant") + 1] == "now=" and "attn=MINITF_FUSED_ATTN=1" in second
-    assert "all=MINITF_FUSED_ATTN=1,MINITF_FUSED_LNWARP=1,MINITF_FUSED_RELUSUMS=1" in second
+    assert "all=MINITF_FUSED_ATTN=1,MINITF_FUSED_LNWARP=0,MINITF_FUSED_RELUSUMS=1" in second
     # the A/Bs leave the report its time, the first leaving the second half of their room
     assert calls[2][2] < (570 - 120) / 2 + 1 and calls[3][2] <= 570 - 120
     assert s["choice"]["chosen"] == "attn" and calls[4][3] == {"MINITF_FUSED_ATTN": "1"} == calls[5][3]
@@ -173,7 +173,7 @@ def test_the_report_runs_under_the_chosen_switches_within_the_deadline(tmp_path,
 
     calls.clear()   # a deadline too short for the report and the products: the A/B takes it all, the rest left out
     s = gpu_tune.main(["--out", str(tmp_path / "u"), "--deadline", "40", "--skip", "suite"])
-    assert [c[0] for c in calls] == ["allocations", "ab"] and s["choice"]["chosen"] == "lnwarp"
+    assert [c[0] for c in calls] == ["allocations", "ab"] and s["choice"]["chosen"] == "lnblock"
     assert 35 < calls[1][2] <= 40
     md = (tmp_path / "u" / "summary.md").read_text()
     assert "- suite: left out (--skip)" in md and "- report: left out (" in md and "- gemm: left out (" in md
@@ -195,7 +195,7 @@ def test_an_a_b_that_wrote_no_complete_results_chooses_nothing_and_the_summary_i
     monkeypatch.setattr(gpu_tune.Stages, "run", cut_short)
     s = gpu_tune.main(["--out", str(tmp_path / "t"), "--skip", "suite,allocations"])
     assert s["choice"]["chosen"] is None and calls[-2][3] == {}   # the report under the defaults
-    assert s["choice"]["why"]["lnwarp"] == "not chosen: the A/B wrote no complete ab/ab.json"
+    assert s["choice"]["why"]["lnblock"] == "not chosen: the A/B wrote no complete ab/ab.json"
     assert "Chosen: none (the defaults stay)" in (tmp_path / "t" / "summary.md").read_text()
 
     monkeypatch.setattr(gpu_tune, "choose_among", lambda *a: 1 / 0)   # anything unforeseen: recorded, summary kept
@@ -250,7 +250,7 @@ def test_the_whole_command_on_the_standin(tmp_path):
     summary = json.loads((tmp_path / "t" / "summary.json").read_text())
     assert [summary["stages"][s].get("rc") for s in ("allocations", "ab", "gemm")] == [0, 0, 0], summary["stages"]
     rows = {row[2]: row for row in summary["ab"]}
-    assert set(rows) == {"now", "lnwarp", "relusums", "rest", "before"} and summary["stages"]["ab_attn"]["skipped"]
+    assert set(rows) == {"now", "lnblock", "relusums", "rest", "before"} and summary["stages"]["ab_attn"]["skipped"]
     assert rows["before"][6] == 0.0   # the same CUDA: the same gradients to the bit
     assert all(row[6] < gpu_tune.GRAD_TOL for row in rows.values())
     why = summary["choice"]["why"]

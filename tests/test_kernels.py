@@ -599,8 +599,7 @@ def test_layernorm_backward_draws_the_forward_mask_again(dtype, warp, packed, mo
     key = F.DropoutSites(5, 9).next_site()[1]
     y, x, dy, dy2 = (rng.normal(size=(n, d)).astype(dtype) for _ in range(4))
     g = rng.normal(size=d).astype(dtype)
-    if warp:
-        monkeypatch.setenv("MINITF_FUSED_LNWARP", "1")
+    monkeypatch.setenv("MINITF_FUSED_LNWARP", "1" if warp else "0")
     _, (xhat, rstd) = kernels.layernorm_forward(x, g, g, 1e-5)
     stored = kernels.dropout_add(key, rowpos, y.copy(), x, p)[1]
 
@@ -645,11 +644,13 @@ def test_column_sums_with_and_without_a_factor(dtype, n, d):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("residual,masked", [(False, False), (True, False), (False, True), (True, True)])
-def test_layernorm_backward_with_a_residual_gradient_and_a_dropout_mask(dtype, residual, masked, monkeypatch):
-    """functional.layernorm_backward through the kernels (one layernorm_backward launch and one
-    launch of column sums added into dg, db and the sublayer's bias gradient) against the generic
+@pytest.mark.parametrize("warp", [False, True])
+def test_layernorm_backward_with_a_residual_gradient_and_a_dropout_mask(dtype, residual, masked, warp, monkeypatch):
+    """functional.layernorm_backward through the kernels (one layernorm_backward launch, a block or a warp a row,
+    and one launch of column sums added into dg, db and the sublayer's bias gradient) against the generic
     lines: dy + dy_residual as the upstream gradient, (dx, dx * mask) returned, dg, db and the
     sublayer's bias gradient (the sums of dx * mask) accumulated onto what they held."""
+    monkeypatch.setenv("MINITF_FUSED_LNWARP", "1" if warp else "0")
     rng = np.random.default_rng(31)
     d = 40
     x = rng.normal(size=(9, d)).astype(dtype)
@@ -666,7 +667,7 @@ def test_layernorm_backward_with_a_residual_gradient_and_a_dropout_mask(dtype, r
         out = F.layernorm_backward(dy.copy(), cache, g, dg, db, dy2 if residual else None, mask, dsub)
         results.append((out, dg, db, dsub))
     # the sublayer's bias gradient (the sums of the sublayer output's gradient) in the LayerNorm's sums' launch
-    assert launched == ["layernorm_backward", "column_sums_into"]
+    assert launched == ["layernorm_backward_warp" if warp else "layernorm_backward", "column_sums_into"]
     (want, dg_w, db_w, dsub_w), (got, dg_g, db_g, dsub_g) = results
     tol = kernels.accum_dtype(dtype)
     for dsub, out in ((dsub_w, want), (dsub_g, got)):   # each against float64 sums of its own gradient
@@ -694,8 +695,7 @@ def test_a_post_norm_blocks_backward_computes_xhat_again(dtype, warp, monkeypatc
     x, y, dy, dy2 = (rng.normal(size=(n, d)).astype(dtype) for _ in range(4))
     g, b = rng.normal(size=d).astype(dtype), rng.normal(size=d).astype(dtype)
     rowpos, key = np.array([0, 2, 3, 7, 8, 9, 15, 20, 21]), F.DropoutSites(5, 9).next_site()[1]
-    if warp:
-        monkeypatch.setenv("MINITF_FUSED_LNWARP", "1")
+    monkeypatch.setenv("MINITF_FUSED_LNWARP", "1" if warp else "0")
     monkeypatch.setattr(kernels, "enabled", lambda a: True)
     out, mask, cache = kernels.residual_layernorm(key, rowpos, y.copy(), x, p, g, b, eps)
     assert type(cache) is kernels.NormCache and cache.mean.shape == cache.rstd.shape == (n, 1)
@@ -1526,8 +1526,8 @@ def test_the_loss_given_its_gradients_weight_hands_out_what_its_forward_wrote(mo
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_layernorm_kernels_a_warp_per_row(dtype, monkeypatch):
-    """MINITF_FUSED_LNWARP=1: layernorm_forward, residual_layernorm and the LayerNorm's backward take a
-    warp per row with 16-byte loads (rows of whole vectors, 2 lanes' shares uneven, rows not a multiple
+    """By default (MINITF_FUSED_LNWARP=0 turns it off) layernorm_forward, residual_layernorm and the LayerNorm's
+    backward take a warp per row with 16-byte loads (rows of whole vectors, 2 lanes' shares uneven, rows not a multiple
     of the warps a block): the block kernels' results to rounding (the sums run in another order), the
     same dropout mask, and residual_layernorm the same bits as dropout_add then the LayerNorm; rows that
     are not whole vectors take the block kernels."""
@@ -1547,10 +1547,11 @@ def test_the_layernorm_kernels_a_warp_per_row(dtype, monkeypatch):
         back = kernels.layernorm_backward_input(dy_own, fwd[1], g, dy2=dy2, mask=res[1])
         return fwd, res, back, dy_own
 
+    monkeypatch.setenv("MINITF_FUSED_LNWARP", "0")
     (y1, (xh1, rs1)), (o1, m1, c1), (dx1, dxm1), dys1 = run()
     rxh1, rrs1 = kernels.xhat_of(c1), c1.rstd
     assert not [name for name in launched if name.endswith("_warp")]
-    monkeypatch.setenv("MINITF_FUSED_LNWARP", "1")
+    monkeypatch.delenv("MINITF_FUSED_LNWARP")
     launched.clear()
     (y2, (xh2, rs2)), (o2, m2, c2), (dx2, dxm2), dys2 = run()
     rxh2, rrs2 = kernels.xhat_of(c2), c2.rstd
