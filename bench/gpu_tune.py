@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Which of minitf's opt-in GPU switches pay on this GPU, and the GPU report run under the combination that does: one
+"""Which of minitf's GPU switches pay on this GPU, and the GPU report run under the combination that does: one
 command that keeps to a deadline. Needs a CUDA GPU (or the CuPy stand-in, with --smoke).
 
     python bench/gpu_tune.py --out runs/tune                    # one H100/H200: about --deadline (420 s) at most
@@ -63,7 +63,7 @@ from minitf.fileio import atomic_write_bytes  # noqa: E402
 
 LOSS_TOL, GRAD_TOL = 1e-2, 5e-2     # a variant's loss and gradients against now's (relative)
 SPEED_LEAST, MODE_LEAST = 1.01, 0.98   # its geometric-mean speed against now's, and its speed in each mode
-GEMM_LEAST_S = 45                    # an estimate of what gemm_shapes.py --modes float32 needs (not yet timed on a GPU)
+GEMM_LEAST_S = 45                    # what gemm_shapes.py --modes float32 needs, with room (8.6 s on an H200)
 SWITCHES = {"attn": {"MINITF_FUSED_ATTN": "1"}, "lnblock": {"MINITF_FUSED_LNWARP": "0"},
             "relusums": {"MINITF_FUSED_RELUSUMS": "1"}}
 STAGES = ("suite", "allocations", "ab", "report", "gemm")

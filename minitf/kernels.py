@@ -857,7 +857,7 @@ def ln_warp_ok(d, *arrays):
     """Whether the LayerNorm kernels take a warp per row (layernorm_forward_warp, residual_layernorm_warp,
     layernorm_backward_warp): where the 16-byte loads apply (vec_ok: rows of d whole vectors; the rows, the
     parameters (views of the flat parameter buffer) and xhat 16-byte aligned), unless MINITF_FUSED_LNWARP=0
-    (the block kernels: `base` steps 4-11% slower on an H200, docs/benchmarks.md)."""
+    (the block kernels: `base` steps 4-11% longer on an H200, docs/benchmarks.md)."""
     return not switched_off("MINITF_FUSED_LNWARP") and vec_ok(*arrays, width=d)
 
 
@@ -2595,7 +2595,7 @@ ATT_BLOCK = ATT_G * ATT_ROWS
 
 def attention_rows_ok(x, d_k):
     """Whether attention runs as the attention_rows kernels (on packed rows, no [B, H, T, S] scores):
-    MINITF_FUSED_ATTN=1 (off by default: not yet timed on a GPU), the fused path, the attention's route through cuBLAS
+    MINITF_FUSED_ATTN=1 (off by default: slower or no faster on an H200), the fused path, the attention's route through cuBLAS
     (MINITF_CUBLAS not 0: the layer reaches these kernels only on it, gemm.enabled) and d_k <= ATT_KMAX. The caller
     also needs both sides' packing.Spans and no attention dropout. (With MINITF_CUBLAS=0 the model had left out the
     decoder's causal bias for kernels the layer then did not run: a NaN loss.)"""

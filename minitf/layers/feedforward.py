@@ -49,7 +49,7 @@ class FeedForward(Layer):
             db = self.fc1.grads["bias"]
             if kernels.switched_on("MINITF_FUSED_RELUSUMS") and kernels.sums_into(dh, db):
                 # dh = relu's backward in place and db1 += its column sums: one launch (MINITF_FUSED_RELUSUMS=1:
-                # not yet timed on a GPU, so off by default); fc1 leaves its bias alone
+                # off by default: slower steps on an H200); fc1 leaves its bias alone
                 return self.fc1.backward(kernels.relu_backward_sums(dh, h, db), bias=False)
             return self.fc1.backward(kernels.relu_backward(dh, h))      # in place: dh is this layer's own
         return self.fc1.backward(F.relu_backward(dh, h))
