@@ -6,11 +6,11 @@ command that keeps to a deadline. Needs a CUDA GPU (or the CuPy stand-in, with -
     python bench/gpu_tune.py --out runs/tune --before-kernels old_kernels.py   # also time another copy of the CUDA
     python bench/gpu_tune.py --smoke --skip suite --out DIR      # tiny sizes (checks this script on the CuPy stand-in)
 
-Two parts of minitf's GPU code are off by default, not faster on the H200 that timed them: attention on packed rows
-in one kernel (MINITF_FUSED_ATTN=1) and ReLU's backward inside the feed-forward's bias sums (MINITF_FUSED_RELUSUMS=1);
-the LayerNorms' warp-per-row kernels are on by default since that timing and timed here switched off
-(MINITF_FUSED_LNWARP=0, `lnblock`), so that a GPU where the block kernels are faster says so (docs/performance.md
-says what each does). This runs, each
+Some of minitf's GPU code is off by default: attention on packed rows in one kernel (MINITF_FUSED_ATTN=1) and ReLU's
+backward inside the feed-forward's bias sums (MINITF_FUSED_RELUSUMS=1), not faster on the H200 that timed them, and
+split-K for the weight gradients (MINITF_SPLITK=1, float32), not yet timed on a GPU; the LayerNorms' warp-per-row
+kernels are on by default since that timing and timed here switched off (MINITF_FUSED_LNWARP=0, `lnblock`), so that a
+GPU where the block kernels are faster says so (docs/performance.md says what each does). This runs, each
 stage as a process of its own with what is left of --deadline, every stage's output kept in --out:
 
   suite        `pytest tests/test_gpu.py` (suite.txt): a variant with MINITF_FUSED_ATTN=1 is timed and chosen only
@@ -19,7 +19,7 @@ stage as a process of its own with what is left of --deadline, every stage's out
   allocations  bench/allocations.py (allocations.txt): what an array from CuPy's pool costs the host here
   ab           bench/gpu_ab.py (ab/ab.json, ab.txt): the training step of `base` in --modes (float32 (TF32), --fp16
                and --bf16), each variant against `now` (the defaults) on the same weights and batch, in rounds of
-               --steps-per-round steps: `lnblock` and `relusums` (each switch alone), `rest` (both) and `before`
+               --steps-per-round steps: `lnblock`, `relusums` and `splitk` (each switch alone), `rest` (the three) and `before`
                (--before-kernels) in one process, then, where the GPU tests all passed, `attn` (attention alone) and
                `all` (every switch) with `now` again in another (ab_attn/ab.json, ab_attn.txt), so that a first run of
                the new attention kernels that stops the CUDA context costs only its own process (a variant that
@@ -65,7 +65,7 @@ LOSS_TOL, GRAD_TOL = 1e-2, 5e-2     # a variant's loss and gradients against now
 SPEED_LEAST, MODE_LEAST = 1.01, 0.98   # its geometric-mean speed against now's, and its speed in each mode
 GEMM_LEAST_S = 45                    # what gemm_shapes.py --modes float32 needs, with room (8.6 s on an H200)
 SWITCHES = {"attn": {"MINITF_FUSED_ATTN": "1"}, "lnblock": {"MINITF_FUSED_LNWARP": "0"},
-            "relusums": {"MINITF_FUSED_RELUSUMS": "1"}}
+            "relusums": {"MINITF_FUSED_RELUSUMS": "1"}, "splitk": {"MINITF_SPLITK": "1"}}
 STAGES = ("suite", "allocations", "ab", "report", "gemm")
 
 

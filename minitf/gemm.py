@@ -204,7 +204,63 @@ def accumulate_xt_dy(dw, x2, dy2):
     product array, no separate add; else the array module's product and add. dw [I, O], x2 [rows, I],
     dy2 [rows, O]."""
     if fits(dw, x2, dy2):
-        matmul(x2, dy2, dw, trans_a=True, beta=1.0)
+        accumulate_at_b(x2, dy2, dw)
     else:
         dw += host_matmul(x2.T, dy2)
     return dw
+
+
+# Split-K for the weight gradients (MINITF_SPLITK=1). dW = x^T dy over the batch's ~20,000 rows has a small output:
+# 512 x 512 in `base` is 16 of cuBLAS's 128 x 128 tiles, so its kernel runs on 16 of an H100's 132 multiprocessors
+# (48 for the stacked q|k|v): on an H200 those products ran at 105-137 TFLOP/s, a quarter to a third of a square
+# product's 394 (docs/benchmarks.md). Split into `parts` runs of rows, each a product of its own in one
+# strided-batched GEMM, the tiles times the parts fill the GPU; add_partials then adds the parts into dW.
+SPLIT_TILE = 128       # the output tile the count of parts assumes
+SPLIT_FILL = 128       # output tiles times parts aimed at (about an H100's or H200's multiprocessors)
+SPLIT_MAX = 8          # parts at most
+SPLIT_ROWS = 1024      # rows a part at least
+SPLIT_DTYPES = ("float32", "float64")   # 16-bit products would need float32 parts from cuBLAS: not built
+
+
+def split_parts(rows, out_rows, out_cols, dtype):
+    """How many runs of rows a weight gradient's product over `rows` rows, of an out_rows x out_cols output, is split
+    into: 1 (one GEMM) unless MINITF_SPLITK=1 and the dtype is float32 or float64; then enough that the output's
+    tiles times the parts reach SPLIT_FILL, at most SPLIT_MAX, each at least SPLIT_ROWS rows."""
+    if not kernels.switched_on("MINITF_SPLITK") or kernels.dtype_name(dtype) not in SPLIT_DTYPES:
+        return 1
+    tiles = -(-out_rows // SPLIT_TILE) * -(-out_cols // SPLIT_TILE)
+    return max(1, min(SPLIT_MAX, SPLIT_FILL // tiles, rows // SPLIT_ROWS))
+
+
+def _mat(x):
+    """x as a Mat: itself, or a C-contiguous [..., rows, cols] array taken whole."""
+    if type(x) is Mat:
+        return x
+    r, c = x.shape[-2], x.shape[-1]
+    return Mat(x, r, c, c, r * c)
+
+
+def accumulate_at_b(a, b, c, batch=1):
+    """c[i] += a[i]^T @ b[i] for i < batch (weight gradients: a [rows, I] the layer's input, shared with stride 0 by
+    stacked projections, b [rows, O] the output's gradient, c [I, O] the gradient buffer, each a Mat or a C-contiguous
+    array): ONE GEMM with beta = 1, or with split-K (split_parts) one strided-batched GEMM a plane over `parts` runs of
+    rows into a kept buffer, and one add_partials launch adding them, and x^T dy over the rows left over, into c."""
+    a, b, c = _mat(a), _mat(b), _mat(c)
+    rows, n_in, n_out = a.rows, a.cols, b.cols
+    parts = split_parts(rows, n_in, n_out, c.array.dtype)
+    if parts == 1 or c.ld != n_out:
+        return matmul(a, b, c, trans_a=True, beta=1.0, batch=batch)
+    run, m = rows // parts, n_in * n_out
+    acc = kernels.accum_dtype(c.array.dtype)
+    if acc != c.array.dtype:
+        raise TypeError(f"gemm.accumulate_at_b: split-K needs parts in {c.array.dtype} (got {np.dtype(acc)})")
+    part = kernels._partials(backend.xp_of(c.array), acc, batch * parts * m, use="split")
+    for i in range(batch):   # plane i's parts: rows [k * run, (k + 1) * run) of a and b, k < parts
+        matmul(Mat(a.array, run, n_in, a.ld, run * a.ld, a.offset + i * a.stride),
+               Mat(b.array, run, n_out, b.ld, run * b.ld, b.offset + i * b.stride),
+               Mat(part, n_in, n_out, n_out, m, i * parts * m), trans_a=True, batch=parts)
+    done = parts * run
+    kernels.add_partials(part, parts, c.array, c.offset, c.stride, batch, m, n_out, a.array,
+                         a.offset + done * a.ld, a.stride, a.ld, b.array, b.offset + done * b.ld, b.stride, b.ld,
+                         rows - done)
+    return c.array

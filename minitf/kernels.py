@@ -27,6 +27,7 @@ kernels a block per 16 query (or key) rows of one sentence and head, 4 threads a
   column_sums_finish    x [rows, d] (or of x * y), in two passes of fixed order (deterministic)
   column_sums_into      the same sums ADDED into the gradient buffers in one launch (the training step's)
   column_sums_relu_into the same with ReLU's backward first, in place (relu_backward_sums)
+  add_partials          a weight gradient's split-K parts (and the rows they left over) added into it
   unpack_heads          x [rows, H*K] (+ bias) -> [B, H, L, K]: a projection's kept rows put back
                         in the padded batch and split into heads, zeros at the pads, one pass
   pack_heads            x [B, H, L, K] -> [rows, H*K]: the heads merged and the kept rows taken
@@ -1402,6 +1403,30 @@ column_sums_relu_into(T* x, const A* y, int parts, T* x3, A* partial, unsigned i
     column_sums_body(x, y, parts, x3, partial, counter, out1, out2, out3, n, d, rows_per_slab, ys, mean, rstd,
                      from_mean, plane, out_stride, 1);
 }
+
+// A weight gradient's split-K parts added into it (gemm.accumulate_at_b, MINITF_SPLITK=1): for plane p < planes and
+// element j = r * cols + c < m of an [m / cols, cols] output, out[out_off + p * out_stride + j] += the parts
+// part[(p * parts + k) * m + j] for k < parts (each the product over one run of rows, written by a strided-batched
+// GEMM), then the rows the runs left over: sum over k < rem of x[x_off + p * x_stride + k * ldx + r] *
+// dy[dy_off + p * dy_stride + k * ldy + c] (x^T dy over those rows). Added in that order in A, rounded once.
+extern "C" __global__ void add_partials(const A* part, T* out, const T* x, const T* dy, long long m, long long cols,
+                                        long long parts, long long planes, long long out_off, long long out_stride,
+                                        long long x_off, long long x_stride, long long ldx, long long dy_off,
+                                        long long dy_stride, long long ldy, long long rem) {
+    long long total = planes * m;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long p = i / m, j = i - p * m, r = j / cols, c = j - r * cols;
+        T* o = out + out_off + p * out_stride + j;
+        A acc = (A)*o;
+        const A* q = part + p * parts * m + j;
+        for (long long k = 0; k < parts; k++) acc += q[k * m];
+        const T* xr = x + x_off + p * x_stride + r;
+        const T* dr = dy + dy_off + p * dy_stride + c;
+        for (long long k = 0; k < rem; k++) acc += (A)xr[k * ldx] * (A)dr[k * ldy];
+        *o = (T)acc;
+    }
+}
 """
 
 
@@ -1513,15 +1538,28 @@ def column_sums_planes(x, out, out_stride):
         _sums_into("column_sums_into", x, n, d, parts, (out,), plane=n * d, out_stride=out_stride)
 
 
-_PARTIALS = {}   # (array module, dtype name) -> the column sums' slab partials, one buffer for every call
+def add_partials(part, parts, out, out_off, out_stride, planes, m, cols, x, x_off, x_stride, ldx, dy, dy_off,
+                 dy_stride, ldy, rem):
+    """The split-K parts of `planes` weight gradients added into them (gemm.accumulate_at_b), one launch: plane p's
+    [m / cols, cols] gradient at out_off + p * out_stride elements into `out` gets the `parts` products in `part`
+    (the accumulation dtype, [planes * parts, m]), then x^T dy over the `rem` rows the parts left over (x's from
+    x_off + p * x_stride, dy's from dy_off + p * dy_stride, leading dimensions ldx and ldy)."""
+    total = planes * m
+    i64 = np.int64
+    _launch("add_partials", out.dtype, -(-total // ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK,
+            (part, out, x, dy, i64(m), i64(cols), i64(parts), i64(planes), i64(out_off), i64(out_stride), i64(x_off),
+             i64(x_stride), i64(ldx), i64(dy_off), i64(dy_stride), i64(ldy), i64(rem)))
 
 
-def _partials(xp, dtype, n):
-    """A buffer of at least n values for the column sums' slab partials, kept between calls (no
-    allocation per call: one a gradient sum, 66 launches in a `base` step). One buffer is safe because the kernels run in the
-    order they are launched, on one stream: a launch writes its partials only after the one
-    before has read its own."""
-    key = (id(xp), dtype_name(dtype))
+_PARTIALS = {}   # (array module, dtype name, use) -> partial sums, one buffer for every call of a use
+
+
+def _partials(xp, dtype, n, use="sums"):
+    """A buffer of at least n values for the column sums' slab partials (use "sums"), or for the split-K parts of a
+    weight gradient (use "split", gemm.accumulate_at_b), kept between calls (no allocation per call: one a gradient
+    sum, 66 launches in a `base` step). One buffer is safe because the kernels run in the order they are launched, on
+    one stream: a launch writes its partials only after the one before has read its own."""
+    key = (id(xp), dtype_name(dtype), use)
     held = _PARTIALS.get(key)
     if held is None or held[1].size < n:
         held = _PARTIALS[key] = (xp, xp.empty(max(n, 2 * (0 if held is None else held[1].size)), dtype=dtype))

@@ -403,21 +403,71 @@ def cpu_and_gpu_agree(c, src, tgt_in, tgt_out, monkeypatch):
     return launched
 
 
-# the switches that are off by default (not faster on the GPUs that timed them), all on at once
-OPT_IN = {"MINITF_FUSED_ATTN": "1", "MINITF_FUSED_RELUSUMS": "1"}
+# the switches that are off by default (not faster on the GPUs that timed them, or not yet timed), all on at once
+OPT_IN = {"MINITF_FUSED_ATTN": "1", "MINITF_FUSED_RELUSUMS": "1", "MINITF_SPLITK": "1"}
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_split_k_weight_gradients_add_what_one_gemm_adds(dtype, cp, monkeypatch):
+    """gemm.accumulate_at_b with MINITF_SPLITK=1: a Linear's dW += x^T dy over 1,030 rows as 8 runs of 128 in one
+    strided-batched GEMM and one add_partials launch, which adds the runs and the 6 rows left over; stacked q|k|v
+    planes (x shared, the planes `stride` apart in one buffer, a bias between them) a GEMM a plane and one
+    add_partials, the values between the planes untouched; without the switch one GEMM each."""
+    rng = np.random.default_rng(3)
+    n, d_in, d_out, planes = 1030, 24, 40, 3
+    x, dy = rng.normal(size=(n, d_in)), rng.normal(size=(planes, n, d_out))
+    stride = d_in * d_out + d_out                  # a weight, then its bias, as the flat parameter buffer holds them
+    flat = rng.normal(size=planes * stride)
+    tol = 1e-12 if dtype == "float64" else 2e-5
+    x_d, dy_d, flat_d = (cp.asarray(a.astype(dtype)) for a in (x, dy, flat))
+    want = flat.astype(dtype).astype(np.float64).copy()
+    for p in range(planes):
+        want[p * stride:p * stride + d_in * d_out] += (x.astype(dtype).astype(np.float64).T
+                                                        @ dy[p].astype(dtype).astype(np.float64)).ravel()
+    monkeypatch.setattr(gemm, "SPLIT_ROWS", 100)
+    launched = record_launches(monkeypatch)
+    for split in ("1", "0"):
+        monkeypatch.setenv("MINITF_SPLITK", split)
+        assert gemm.split_parts(n, d_in, d_out, np.dtype(dtype)) == (8 if split == "1" else 1)
+        launched.clear()
+        before = cp.launches() if hasattr(cp, "launches") else None
+        dw = flat_d[:d_in * d_out].copy().reshape(d_in, d_out)
+        got = to_numpy(gemm.accumulate_xt_dy(dw, x_d, dy_d[0])).astype(np.float64)
+        assert np.abs(got.ravel() - want[:d_in * d_out]).max() <= tol * np.abs(want).max()
+        stacked = flat_d.copy()
+        out = gemm.accumulate_at_b(gemm.Mat(x_d, n, d_in, d_in, 0), dy_d,
+                                   gemm.Mat(stacked, d_in, d_out, d_out, stride), batch=planes)
+        assert out is stacked
+        got = to_numpy(stacked).astype(np.float64)
+        assert np.abs(got - want).max() <= tol * np.abs(want).max()
+        for p in range(planes):                    # the biases between the planes: not touched
+            assert np.array_equal(to_numpy(stacked)[p * stride + d_in * d_out:(p + 1) * stride],
+                                  to_numpy(flat_d)[p * stride + d_in * d_out:(p + 1) * stride])
+        assert launched == (["add_partials", "add_partials"] if split == "1" else [])
+        if before is not None:
+            gemms = {k: v for k, v in cp.launches_between(before, cp.launches())[0].items() if k.startswith("cublas.")}
+            assert gemms == ({"cublas.gemmStridedBatchedEx": 1 + planes} if split == "1" else
+                             {"cublas.gemmEx": 1, "cublas.gemmStridedBatchedEx": 1})
+    monkeypatch.setenv("MINITF_SPLITK", "1")       # 16-bit products, and outputs of many tiles, stay one GEMM
+    assert gemm.split_parts(n, d_in, d_out, np.dtype("float16")) == 1
+    assert gemm.split_parts(n, 37000, 512, np.dtype("float32")) == 1
+    assert gemm.split_parts(150, d_in, d_out, np.dtype("float32")) == 1
 
 
 @needs_kernels
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_gpu_every_opt_in_kernel_at_once_gives_the_cpus_float64_loss_and_every_gradient(norm, monkeypatch):
-    """Attention on packed rows and ReLU's backward inside the bias sums switched on together (OPT_IN), beside the
-    warp-per-row LayerNorms (the default): the CPU's float64 loss and every gradient, each of them launched."""
+    """Attention on packed rows, ReLU's backward inside the bias sums and the weight gradients' split-K switched on
+    together (OPT_IN), beside the warp-per-row LayerNorms (the default): the CPU's float64 loss and every gradient,
+    each of them launched."""
     for k, v in OPT_IN.items():
         monkeypatch.setenv(k, v)
+    monkeypatch.setattr(gemm, "SPLIT_ROWS", 2)     # split-K over this batch's few rows (runs of 2 or 3, rows left over)
     launched = cpu_and_gpu_agree(cfg(norm_position=norm, d_model=32, n_heads=2, d_ff=32), SRC, TGT_IN, TGT_OUT,
                                  monkeypatch)
     for name in ("attention_rows_forward", "attention_rows_backward", "column_sums_relu_into",
-                 "layernorm_backward_warp"):
+                 "layernorm_backward_warp", "add_partials"):
         assert name in launched, name
 
 

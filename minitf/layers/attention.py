@@ -180,10 +180,10 @@ class MultiHeadAttention(Layer):
         x2 = xp.ascontiguousarray(x.reshape(-1, x.shape[-1]))
         n, d = x2.shape
         stride = self._stride(names, "grads") if len(names) > 1 else None
-        if stride is not None:   # dW_i += x^T dY_i for every i in one GEMM
+        if stride is not None:   # dW_i += x^T dY_i for every i in one GEMM (split-K: gemm.accumulate_at_b)
             g0 = lins[0].grads["weight"]
-            gemm.matmul(gemm.Mat(x2, n, d, d, 0), packed, gemm.Mat(g0, d, g0.shape[1], g0.shape[1], stride),
-                        trans_a=True, beta=1.0, batch=len(names))
+            gemm.accumulate_at_b(gemm.Mat(x2, n, d, d, 0), packed, gemm.Mat(g0, d, g0.shape[1], g0.shape[1], stride),
+                                 batch=len(names))
             # db_i += the column sums of dY_i, every i in one launch (the biases lie `stride` apart too)
             kernels.column_sums_planes(packed, lins[0].grads["bias"], stride)
         into = list(into)
