@@ -77,11 +77,18 @@ def other_kernels(path):
     return module
 
 
-def differing_kernels(other):
+def differing_kernels(other, env=None):
     """The kernels of minitf that `other` (other_kernels' module) lacks or declares with other arguments than minitf's
-    launchers pass: only a copy where this is empty runs under them."""
-    theirs = getattr(other, "SIGNATURES", {})
-    return [name for name, sig in kernels.SIGNATURES.items() if theirs.get(name) != sig]
+    launchers pass: only a copy where this is empty runs under them. A kernel minitf launches only under a switch that
+    is off by default (kernels.OPT_IN_KERNELS) may be missing there unless `env` (a variant's variables) switches it
+    on: a copy from before it was written still times the defaults."""
+    theirs, env = getattr(other, "SIGNATURES", {}), env or {}
+
+    def needed(name):
+        switch = kernels.OPT_IN_KERNELS.get(name)
+        return switch is None or env.get(switch) == "1"
+    return [name for name, sig in kernels.SIGNATURES.items()
+            if theirs.get(name) != sig and (name in theirs or needed(name))]
 
 
 def same_geometry(module, rows):

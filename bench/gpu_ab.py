@@ -87,22 +87,23 @@ def parse_variant(text):
 
 
 KERNELS = "KERNELS"   # a variant's KERNELS=FILE: the CUDA of another copy of minitf/kernels.py
-_LAUNCHERS = {}       # FILE -> kernels.LAUNCH's launch function for its kernels (compiled on first use, then kept)
+_LAUNCHERS = {}       # FILE -> (its module, kernels.LAUNCH's launch function: compiled on first use, then kept)
 
 
-def kernels_from(path):
+def kernels_from(path, env=None):
     """The launch function that runs the kernels of `path` (another minitf/kernels.py) where minitf launches its own,
-    once every kernel there is found to take the arguments minitf's launchers pass."""
+    once every kernel there that a variant's `env` launches is found to take the arguments minitf's launchers pass."""
     if path not in _LAUNCHERS:
         if not os.path.isfile(path):
             raise SystemExit(f"gpu_ab: {KERNELS}={path}: no such file")
         other = other_kernels(path)
-        differ = differing_kernels(other)
-        if differ:
-            raise SystemExit(f"gpu_ab: {KERNELS}={path}: kernels there take other arguments than minitf's launchers "
-                             f"pass, or are missing ({', '.join(differ)}); only a change of the CUDA alone is timed so")
-        _LAUNCHERS[path] = launcher(other)
-    return _LAUNCHERS[path]
+        _LAUNCHERS[path] = (other, launcher(other))
+    other, launch = _LAUNCHERS[path]
+    differ = differing_kernels(other, env)
+    if differ:
+        raise SystemExit(f"gpu_ab: {KERNELS}={path}: kernels there take other arguments than minitf's launchers "
+                         f"pass, or are missing ({', '.join(differ)}); only a change of the CUDA alone is timed so")
+    return launch
 
 
 def check_kernel_files(variants):
@@ -111,7 +112,7 @@ def check_kernel_files(variants):
     launchers give them (MMA_WARPS there; a copy from before it existed takes a warp a block)."""
     for name, env in variants:
         if KERNELS in env:
-            kernels_from(env[KERNELS])
+            kernels_from(env[KERNELS], env)
             if env.get("MINITF_FUSED_ATTN") == "1" and not hasattr(other_kernels(env[KERNELS]), "MMA_WARPS"):
                 raise SystemExit(f"gpu_ab: {name}: {KERNELS}={env[KERNELS]} with MINITF_FUSED_ATTN=1: that file's "
                                  f"tensor-core attention takes a warp a block, minitf's launchers give it up to "

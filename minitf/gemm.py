@@ -211,10 +211,11 @@ def accumulate_xt_dy(dw, x2, dy2):
 
 
 # Split-K for the weight gradients (MINITF_SPLITK=1). dW = x^T dy over the batch's ~20,000 rows has a small output:
-# 512 x 512 in `base` is 16 of cuBLAS's 128 x 128 tiles, so its kernel runs on 16 of an H100's 132 multiprocessors
-# (48 for the stacked q|k|v): on an H200 those products ran at 105-137 TFLOP/s, a quarter to a third of a square
-# product's 394 (docs/benchmarks.md). Split into `parts` runs of rows, each a product of its own in one
-# strided-batched GEMM, the tiles times the parts fill the GPU; add_partials then adds the parts into dW.
+# 512 x 512 in `base` is 16 tiles of 128 x 128, 48 for the stacked q|k|v, against an H200's 132 multiprocessors, and
+# on an H200 those products ran at 105-137 TFLOP/s, a quarter to a third of a square product's 394 (docs/benchmarks.md;
+# cuBLAS spreads them wider than 16 multiprocessors, or they would run near 60). Split into `parts` runs of rows,
+# each a product of its own in one strided-batched GEMM, more and smaller products may fill the GPU better; the
+# switch stays off until a GPU has timed it. add_partials then adds the parts into dW.
 SPLIT_TILE = 128       # the output tile the count of parts assumes
 SPLIT_FILL = 128       # output tiles times parts aimed at (about an H100's or H200's multiprocessors)
 SPLIT_MAX = 8          # parts at most
@@ -224,8 +225,9 @@ SPLIT_DTYPES = ("float32", "float64")   # 16-bit products would need float32 par
 
 def split_parts(rows, out_rows, out_cols, dtype):
     """How many runs of rows a weight gradient's product over `rows` rows, of an out_rows x out_cols output, is split
-    into: 1 (one GEMM) unless MINITF_SPLITK=1 and the dtype is float32 or float64; then enough that the output's
-    tiles times the parts reach SPLIT_FILL, at most SPLIT_MAX, each at least SPLIT_ROWS rows."""
+    into: 1 (one GEMM) unless MINITF_SPLITK=1 and the dtype is float32 or float64; then the most that keep the
+    output's 128 x 128 tiles times the parts at or below SPLIT_FILL, at most SPLIT_MAX, each at least SPLIT_ROWS
+    rows."""
     if not kernels.switched_on("MINITF_SPLITK") or kernels.dtype_name(dtype) not in SPLIT_DTYPES:
         return 1
     tiles = -(-out_rows // SPLIT_TILE) * -(-out_cols // SPLIT_TILE)
@@ -236,6 +238,8 @@ def _mat(x):
     """x as a Mat: itself, or a C-contiguous [..., rows, cols] array taken whole."""
     if type(x) is Mat:
         return x
+    if not x.flags.c_contiguous:
+        raise ValueError(f"gemm: a Mat of an array needs it C-contiguous (got strides {x.strides} for shape {x.shape})")
     r, c = x.shape[-2], x.shape[-1]
     return Mat(x, r, c, c, r * c)
 
@@ -250,6 +254,8 @@ def accumulate_at_b(a, b, c, batch=1):
     parts = split_parts(rows, n_in, n_out, c.array.dtype)
     if parts == 1 or c.ld != n_out:
         return matmul(a, b, c, trans_a=True, beta=1.0, batch=batch)
+    if b.rows != rows or c.rows != n_in or c.cols != n_out:
+        raise ValueError(f"gemm.accumulate_at_b: a^T {n_in}x{rows} @ b {b.rows}x{n_out} -> c {c.rows}x{c.cols}")
     run, m = rows // parts, n_in * n_out
     acc = kernels.accum_dtype(c.array.dtype)
     if acc != c.array.dtype:

@@ -2988,6 +2988,10 @@ def declared_signatures(code):
     return found
 
 
+# kernels launched only under a switch that is off by default -> that switch (bench/gpu_ab.py times a copy of this
+# file from before such a kernel existed under the defaults)
+OPT_IN_KERNELS = {"add_partials": "MINITF_SPLITK"}
+
 # kernel name -> the C types of its arguments, read from the kernels' declarations (the CPU emulator builds its
 # launchers from them; tests/test_nvrtc.py holds them to the compiled PTX)
 SIGNATURES = declared_signatures(KERNELS)

@@ -450,9 +450,37 @@ def test_split_k_weight_gradients_add_what_one_gemm_adds(dtype, cp, monkeypatch)
             assert gemms == ({"cublas.gemmStridedBatchedEx": 1 + planes} if split == "1" else
                              {"cublas.gemmEx": 1, "cublas.gemmStridedBatchedEx": 1})
     monkeypatch.setenv("MINITF_SPLITK", "1")       # 16-bit products, and outputs of many tiles, stay one GEMM
+    with pytest.raises(ValueError, match="C-contiguous"):
+        gemm.accumulate_at_b(x_d.T, dy_d[0], flat_d[:d_in * d_out].reshape(d_in, d_out))
     assert gemm.split_parts(n, d_in, d_out, np.dtype("float16")) == 1
     assert gemm.split_parts(n, 37000, 512, np.dtype("float32")) == 1
     assert gemm.split_parts(150, d_in, d_out, np.dtype("float32")) == 1
+
+
+@needs_kernels
+def test_split_k_reads_and_writes_matrices_where_they_lie(cp, monkeypatch):
+    """accumulate_at_b's split-K on matrices inside larger buffers: a, b and c at offsets, leading dimensions wider
+    than their columns, a (the input) with a plane stride of its own, 3 planes; 1,031 rows as 8 runs and 7 left over.
+    Every plane of c equals float64's a_p^T b_p added to what it held, and nothing outside c's matrices changes."""
+    rng = np.random.default_rng(5)
+    n, d_in, d_out, planes = 1031, 12, 20, 3
+    lda, ldb, a_stride, b_stride, c_stride = d_in + 3, d_out + 5, n * (d_in + 3) + 7, n * (d_out + 5) + 2, 300
+    a_off, b_off, c_off = 4, 9, 11
+    abuf = rng.normal(size=a_off + (planes - 1) * a_stride + n * lda)
+    bbuf = rng.normal(size=b_off + (planes - 1) * b_stride + n * ldb)
+    cbuf = rng.normal(size=c_off + (planes - 1) * c_stride + d_in * d_out + 13)
+    want = cbuf.copy()
+    for p in range(planes):
+        ap = abuf[a_off + p * a_stride:][:n * lda].reshape(n, lda)[:, :d_in]
+        bp = bbuf[b_off + p * b_stride:][:n * ldb].reshape(n, ldb)[:, :d_out]
+        want[c_off + p * c_stride:][:d_in * d_out] += (ap.T @ bp).ravel()
+    monkeypatch.setenv("MINITF_SPLITK", "1")
+    monkeypatch.setattr(gemm, "SPLIT_ROWS", 100)
+    c_d = cp.asarray(cbuf)
+    gemm.accumulate_at_b(gemm.Mat(cp.asarray(abuf), n, d_in, lda, a_stride, a_off),
+                         gemm.Mat(cp.asarray(bbuf), n, d_out, ldb, b_stride, b_off),
+                         gemm.Mat(c_d, d_in, d_out, d_out, c_stride, c_off), batch=planes)
+    assert np.abs(to_numpy(c_d) - want).max() <= 1e-12 * np.abs(want).max()
 
 
 @needs_kernels

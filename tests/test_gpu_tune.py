@@ -212,6 +212,13 @@ def test_another_copy_of_the_kernels_is_checked_before_anything_runs(tmp_path):
     assert src.count(marker) == 1
     other.write_text(src.replace(marker, marker.replace("T* x", "A* x")))
     assert gpu_tune.check_before(str(same)) is None
+    older = tmp_path / "older.py"     # a copy from before a kernel that only a switch off by default launches
+    marker_new = 'extern "C" __global__ void add_partials('
+    assert src.count(marker_new) == 1
+    older.write_text(src.replace(marker_new, 'extern "C" __global__ void add_partials_not_yet('))
+    assert gpu_tune.check_before(str(older)) is None
+    from bench.column_sums import differing_kernels, other_kernels
+    assert differing_kernels(other_kernels(str(older)), {"MINITF_SPLITK": "1"}) == ["add_partials"]
     assert "take other arguments than minitf's launchers pass, or are missing (bias_relu)" in \
         gpu_tune.check_before(str(other))
     assert "cannot be given in gpu_ab's --variant" in gpu_tune.check_before(str(tmp_path / "a,b.py"))
