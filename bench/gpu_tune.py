@@ -38,9 +38,11 @@ variables in the environment to train with them.
 A variant is chosen only if, in every preset and mode asked for: both it and `now` ran and gave finite gradients and
 losses; its loss is within 1% of now's (LOSS_TOL, relative) and its gradients within 5% (GRAD_TOL, ||g - g_now|| /
 ||g_now||; NaN counts as disagreeing); and its speed against now's is at least 0.98x in every mode (MODE_LEAST) and
-at least 1.01x as a geometric mean over the modes (SPEED_LEAST). Of those, the fastest (geometric mean) is chosen,
+at least 1.01x as a geometric mean over the modes (SPEED_LEAST; a switch that acts in one mode alone, as
+MINITF_SPLITK in float32, needs about 1.03x there). Of those, the fastest (geometric mean) is chosen,
 each against the `now` of its own process. A KERNELS=FILE variant (--before-kernels) is timed, never chosen; a file
-whose kernels take other arguments than minitf's launchers pass is refused up front.
+whose kernels take other arguments than minitf's launchers pass is refused up front (a kernel only a switch off
+by default launches may be missing: kernels.OPT_IN_KERNELS).
 """
 import json
 import math
