@@ -28,7 +28,7 @@ stage as a process of its own with what is left of --deadline, every stage's out
                (the training step of `base` and `big` against PyTorch, the kernel tables, and the WMT14-shaped run,
                in float16, where its --budget, what is left of the deadline, leaves it time; report/report.md and
                report.json, written after each of its sections)
-  gemm         bench/gemm_shapes.py --modes float32 (gemm_shapes.txt), where at least 45 s are left
+  gemm         bench/gemm_shapes.py --modes float32,fp16 (gemm_shapes.txt), where at least 45 s are left
 
 Between the A/B and the report the rule below chooses the switches the report runs under (choice.json; none: the
 defaults). summary.json (written again after every stage) and, at the end, summary.md say what each stage did (its
@@ -65,7 +65,7 @@ from minitf.fileio import atomic_write_bytes  # noqa: E402
 
 LOSS_TOL, GRAD_TOL = 1e-2, 5e-2     # a variant's loss and gradients against now's (relative)
 SPEED_LEAST, MODE_LEAST = 1.01, 0.98   # its geometric-mean speed against now's, and its speed in each mode
-GEMM_LEAST_S = 45                    # what gemm_shapes.py --modes float32 needs, with room (8.6 s on an H200)
+GEMM_LEAST_S = 45                    # what the gemm stage needs, with room (float32 alone: 8.6 s on an H200)
 SWITCHES = {"attn": {"MINITF_FUSED_ATTN": "1"}, "lnblock": {"MINITF_FUSED_LNWARP": "0"},
             "relusums": {"MINITF_FUSED_RELUSUMS": "1"}, "splitk": {"MINITF_SPLITK": "1"}}
 STAGES = ("suite", "allocations", "ab", "report", "gemm")
@@ -402,7 +402,7 @@ def run_stages(args, st, skip, before):
     elif st.left() < (3 if args.smoke else GEMM_LEAST_S):
         st.skip("gemm", f"{st.left():.0f} s left of --deadline {args.deadline:.0f} (it needs {GEMM_LEAST_S})")
     else:
-        st.run("gemm", [py, "bench/gemm_shapes.py", "--modes", "float32", "--top", "12", *smoke], "gemm_shapes.txt",
+        st.run("gemm", [py, "bench/gemm_shapes.py", "--modes", "float32,fp16", "--top", "12", *smoke], "gemm_shapes.txt",
                st.left() - 2, env=switches)
 
 
