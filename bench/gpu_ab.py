@@ -13,7 +13,8 @@ old_kernels.py`), compiled beside minitf's and launched by minitf's own Python, 
 (every kernel taking the arguments it took) is timed against the code before it in one process
 (`--variant name=VAR=value[,VAR=value]`; default: `now`, the step as it is, against `before`,
 every fusion switched off: MINITF_CUBLAS=0 and MINITF_FUSED_{RELU,ADAM,GRADS,EMBED,NORM,VEC,LOSS,LNWARP}=0; the
-warp softmax has no switch; attention on packed rows, off by default, is `--variant attn=MINITF_FUSED_ATTN=1`), so one process runs them all, alternating, with PyTorch eager beside
+warp softmax has no switch; attention on packed rows, off by default, is `--variant attn=MINITF_FUSED_ATTN=1`), so
+one process runs them all, alternating, with PyTorch eager beside
 them (bench/train_step.py's TorchRunner, same weights) when torch with CUDA is there, and with
 --strong PyTorch as a user choosing it for speed would run it (scaled_dot_product_attention,
 logits on the rows with a loss only, fused Adam; --torch-compile adds torch.compile). For each
@@ -113,7 +114,7 @@ def check_kernel_files(variants):
     for name, env in variants:
         if KERNELS in env:
             kernels_from(env[KERNELS], env)
-            if env.get("MINITF_FUSED_ATTN") == "1" and not hasattr(other_kernels(env[KERNELS]), "MMA_WARPS"):
+            if env.get("MINITF_FUSED_ATTN") == "1" and not hasattr(_LAUNCHERS[env[KERNELS]][0], "MMA_WARPS"):
                 raise SystemExit(f"gpu_ab: {name}: {KERNELS}={env[KERNELS]} with MINITF_FUSED_ATTN=1: that file's "
                                  f"tensor-core attention takes a warp a block, minitf's launchers give it up to "
                                  f"{minitf_kernels.MMA_WARPS}: time that file without MINITF_FUSED_ATTN=1")

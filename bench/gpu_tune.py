@@ -19,11 +19,11 @@ stage as a process of its own with what is left of --deadline, every stage's out
   allocations  bench/allocations.py (allocations.txt): what an array from CuPy's pool costs the host here
   ab           bench/gpu_ab.py (ab/ab.json, ab.txt): the training step of `base` in --modes (float32 (TF32), --fp16
                and --bf16), each variant against `now` (the defaults) on the same weights and batch, in rounds of
-               --steps-per-round steps: `lnblock`, `relusums` and `splitk` (each switch alone), `rest` (the three) and `before`
-               (--before-kernels) in one process, then, where the GPU tests all passed, `attn` (attention alone) and
-               `all` (every switch) with `now` again in another (ab_attn/ab.json, ab_attn.txt), so that a first run of
-               the new attention kernels that stops the CUDA context costs only its own process (a variant that
-               raises is left out of that mode, and the others of its process go on)
+               --steps-per-round steps: `lnblock`, `relusums` and `splitk` (each switch alone), `rest` (the three)
+               and `before` (--before-kernels) in one process, then, where the GPU tests all passed, `attn`
+               (attention alone) and `all` (every switch) with `now` again in another (ab_attn/ab.json, ab_attn.txt),
+               so that a first run of the new attention kernels that stops the CUDA context costs only its own
+               process (a variant that raises is left out of that mode, and the others of its process go on)
   report       where at least 120 s are left: bench/gpu_report.py --skip suite,beam --fp16 under the chosen switches
                (the training step of `base` and `big` against PyTorch, the kernel tables, and the WMT14-shaped run,
                in float16, where its --budget, what is left of the deadline, leaves it time; report/report.md and

@@ -249,6 +249,8 @@ def accumulate_at_b(a, b, c, batch=1):
     stacked projections, b [rows, O] the output's gradient, c [I, O] the gradient buffer, each a Mat or a C-contiguous
     array): ONE GEMM with beta = 1, or with split-K (split_parts) one strided-batched GEMM a plane over `parts` runs of
     rows into a kept buffer, and one add_partials launch adding them, and x^T dy over the rows left over, into c."""
+    if not kernels.switched_on("MINITF_SPLITK"):   # the default: no Mats made on the hot path
+        return matmul(a, b, c, trans_a=True, beta=1.0, batch=batch)
     a, b, c = _mat(a), _mat(b), _mat(c)
     rows, n_in, n_out = a.rows, a.cols, b.cols
     parts = split_parts(rows, n_in, n_out, c.array.dtype)
@@ -257,10 +259,8 @@ def accumulate_at_b(a, b, c, batch=1):
     if b.rows != rows or c.rows != n_in or c.cols != n_out:
         raise ValueError(f"gemm.accumulate_at_b: a^T {n_in}x{rows} @ b {b.rows}x{n_out} -> c {c.rows}x{c.cols}")
     run, m = rows // parts, n_in * n_out
-    acc = kernels.accum_dtype(c.array.dtype)
-    if acc != c.array.dtype:
-        raise TypeError(f"gemm.accumulate_at_b: split-K needs parts in {c.array.dtype} (got {np.dtype(acc)})")
-    part = kernels._partials(backend.xp_of(c.array), acc, batch * parts * m, use="split")
+    # the parts in c's dtype: split_parts splits float32 and float64 alone, their own accumulation dtypes
+    part = kernels._partials(backend.xp_of(c.array), c.array.dtype, batch * parts * m, use="split")
     for i in range(batch):   # plane i's parts: rows [k * run, (k + 1) * run) of a and b, k < parts
         matmul(Mat(a.array, run, n_in, a.ld, run * a.ld, a.offset + i * a.stride),
                Mat(b.array, run, n_out, b.ld, run * b.ld, b.offset + i * b.stride),

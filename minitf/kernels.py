@@ -2633,8 +2633,8 @@ ATT_BLOCK = ATT_G * ATT_ROWS
 
 def attention_rows_ok(x, d_k):
     """Whether attention runs as the attention_rows kernels (on packed rows, no [B, H, T, S] scores):
-    MINITF_FUSED_ATTN=1 (off by default: slower or no faster on an H200), the fused path, the attention's route through cuBLAS
-    (MINITF_CUBLAS not 0: the layer reaches these kernels only on it, gemm.enabled) and d_k <= ATT_KMAX. The caller
+    MINITF_FUSED_ATTN=1 (off by default: slower or no faster on an H200), the fused path, the attention's route
+    through cuBLAS (MINITF_CUBLAS not 0: the layer reaches these kernels only on it, gemm.enabled) and d_k <= ATT_KMAX. The caller
     also needs both sides' packing.Spans and no attention dropout. (With MINITF_CUBLAS=0 the model had left out the
     decoder's causal bias for kernels the layer then did not run: a NaN loss.)"""
     return switched_on("MINITF_FUSED_ATTN") and not switched_off("MINITF_CUBLAS") and enabled(x) and d_k <= ATT_KMAX
