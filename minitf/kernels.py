@@ -10,7 +10,7 @@ kernels a block per 16 query (or key) rows of one sentence and head, 4 threads a
 
   masked_softmax        p = softmax(scores + bias) over the last axis (bias broadcast)
   softmax_backward      dx = p * (dp - sum(dp * p))
-  (masked_softmax_warp, softmax_backward_warp: the same for rows up to 256 long, a warp per row)
+  (masked_softmax_warp, softmax_backward_warp: the same for rows up to 256 long, a warp per 2 rows)
   layernorm_forward     y = xhat * g + b with xhat = (x - mean) * rstd, per row
   layernorm_backward    dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
   dropout_add           out = y * mask + x, mask = (u >= round(p 2^16)) / (1 - p), u 16-bit, hashed from (key, position)
@@ -88,8 +88,9 @@ COLUMN_BLOCK = 256           # column sums: 8 groups of 32 threads a block (SLAB
                              # column_sums_into's __launch_bounds__ there)
 COLUMN_BLOCKS = 1024         # column sums: about this many blocks (several per multiprocessor) ...
 COLUMN_MIN_ROWS = 64         # ... at most ceil(rows / this) slabs (about this many rows each, more than half of it)
-WARP_ROW_MAX = 256           # softmax rows up to this long: a warp per row (masked_softmax_warp)
-WARP_ROWS = 4                # ... and this many rows (warps) a block
+WARP_ROW_MAX = 256           # softmax rows up to this long: a warp per WARP_ROW_RUN rows (masked_softmax_warp)
+WARP_ROWS = 4                # ... and this many warps a block (a warp per row in the LayerNorms) ...
+WARP_ROW_RUN = 2             # ... each taking this many softmax rows (WARP_ROW_RUN in the CUDA source)
 
 
 def block_size(kind, n):
@@ -129,6 +130,7 @@ MINITF_STORAGE16(half_t, f2h, h2f)
 # to nearest even; sm_80 and newer) or, before sm_80 and on the CPU emulator, the same rounding on the bits. Only in
 # the bfloat16 source.
 BFLOAT16 = r"""
+#define MINITF_BF16 1   // the bfloat16 source (smoothed_nll_rows_grad_vec)
 #ifndef MINITF_EMULATE
 __device__ inline float bf2f(unsigned short h) { return __uint_as_float(((unsigned int)h) << 16); }
 #endif
@@ -153,6 +155,18 @@ PRELUDE = r"""
 
 __device__ inline float a_exp(float x) { return expf(x); }
 __device__ inline double a_exp(double x) { return exp(x); }
+// exp(x) as 2^(x log2(e)) where every value of a long row takes an exp (the loss's rows): on a GPU one multiply and
+// ex2.approx.ftz (the MUFU.EX2 instruction), where expf spends 9 instructions on its range reduction (ptxas for
+// sm_90); within ex2.approx's 2 ulp (exp2f's bound in CUDA's math library) and the product's rounding, |x| log2(e)
+// 2^-24 relative, the most for the values farthest below the max (the least of the sums); a result below float32's
+// normal range is 0. The CPU emulator takes exp2f. float64 (tests only) keeps exp.
+#ifndef MINITF_EMULATE
+__device__ inline float a_exp2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+#else
+__device__ inline float a_exp2(float x) { return exp2f(x); }
+#endif
+__device__ inline float a_exp2e(float x) { return a_exp2(x * 1.4426950408889634f); }
+__device__ inline double a_exp2e(double x) { return exp(x); }
 __device__ inline float a_log(float x) { return logf(x); }
 __device__ inline double a_log(double x) { return log(x); }
 __device__ inline float a_sqrt(float x) { return sqrtf(x); }
@@ -428,13 +442,16 @@ extern "C" __global__ void softmax_backward(const T* dp, const T* p, T* dx, int 
     for (int j = threadIdx.x; j < n; j += blockDim.x) dx[off + j] = (T)((A)p[off + j] * ((A)dp[off + j] - s));
 }
 
-// The same two kernels for short rows (n <= WARP_ROW_MAX), a warp per row: the block's warps take
-// rows blockIdx.x * warps + warp, each lane the row's elements lane, lane + 32, ...; the reductions
-// are warp shuffles (no shared memory, no block barrier). Every warp runs the same shuffles, also
+// The same two kernels for short rows (n <= WARP_ROW_MAX), a warp per WARP_ROW_RUN rows: the block's warps take
+// rows (blockIdx.x * warps + warp) * WARP_ROW_RUN + u, each lane the row's elements lane, lane + 32, ...; the
+// reductions are warp shuffles (no shared memory, no block barrier). Every warp runs the same shuffles, also
 // past the last row (valid = 0 there), so the block's threads stay in step. A lane keeps its (at most
-// WARP_SLOTS) values in registers: the row is read once, every load issued before the first is used, and each
-// value's exponential is taken once (the same values, sums and bits as reading the row three times).
-#define WARP_SLOTS 8   // kernels.WARP_ROW_MAX / 32
+// WARP_SLOTS) values of each row in registers: the row is read once, every load of the warp's rows issued before the
+// first is used (a warp per row had one row's loads in flight: 68-88 bytes of float16 scores, and the bias's, for
+// the 34-44 keys of a WMT-shaped sentence), and each value's exponential is taken once (the same values, sums and bits as reading the
+// row three times, row by row).
+#define WARP_SLOTS 8     // kernels.WARP_ROW_MAX / 32
+#define WARP_ROW_RUN 2   // rows a warp, each row's loads issued before the first row's sums (kernels.WARP_ROW_RUN)
 __device__ inline A warp_max(A v) {
     for (int o = 16; o > 0; o >>= 1) v = a_max(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
@@ -448,67 +465,83 @@ __device__ inline A warp_sum(A v) {
 extern "C" __global__ void masked_softmax_warp(const T* scores, const T* bias, T* p, long long rows, int n, int H,
                                                int Tq, long long sb, long long sh, long long st, long long sj) {
     int lane = threadIdx.x % 32;
-    long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int valid = r < rows;
-    long long rr = valid ? r : 0;
-    long long bh = rr / Tq, t = rr - bh * Tq, b = bh / H, h = bh - b * H;   // two divisions, not three
-    const T* x = scores + rr * n;
-    const T* bb = bias + b * sb + h * sh + t * st;
-    int len = valid ? n : 0;
-    A v[WARP_SLOTS];      // value k: element lane + 32 k of the row, scores + bias
+    long long r0 = ((long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * WARP_ROW_RUN;
+    A v[WARP_ROW_RUN][WARP_SLOTS];   // row u's value k: element lane + 32 k of the row, scores + bias
+    int len[WARP_ROW_RUN];
 #pragma unroll
-    for (int k = 0; k < WARP_SLOTS; k++) {
-        int j = lane + 32 * k;
-        if (32 * k >= len) break;            // the same for the whole warp
-        v[k] = j < len ? (A)x[j] + (A)bb[j * sj] : (A)NEG_BIG;
+    for (int u = 0; u < WARP_ROW_RUN; u++) {   // every row's loads first
+        long long r = r0 + u;
+        int valid = r < rows;
+        long long rr = valid ? r : 0;
+        long long bh = rr / Tq, t = rr - bh * Tq, b = bh / H, h = bh - b * H;   // two divisions, not three
+        const T* x = scores + rr * n;
+        const T* bb = bias + b * sb + h * sh + t * st;
+        len[u] = valid ? n : 0;
+#pragma unroll
+        for (int k = 0; k < WARP_SLOTS; k++) {
+            int j = lane + 32 * k;
+            if (32 * k >= len[u]) break;            // the same for the whole warp
+            v[u][k] = j < len[u] ? (A)x[j] + (A)bb[j * sj] : (A)NEG_BIG;
+        }
     }
-    A m = NEG_BIG;
 #pragma unroll
-    for (int k = 0; k < WARP_SLOTS; k++) {
-        if (32 * k >= len) break;
-        if (lane + 32 * k < len) m = a_max(m, v[k]);
-    }
-    m = warp_max(m);
-    A s = 0;
+    for (int u = 0; u < WARP_ROW_RUN; u++) {
+        A m = NEG_BIG;
 #pragma unroll
-    for (int k = 0; k < WARP_SLOTS; k++) {
-        if (32 * k >= len) break;
-        if (lane + 32 * k < len) { v[k] = a_exp(v[k] - m); s += v[k]; }
-    }
-    A inv = (A)1 / warp_sum(s);
-    T* y = p + rr * n;
+        for (int k = 0; k < WARP_SLOTS; k++) {
+            if (32 * k >= len[u]) break;
+            if (lane + 32 * k < len[u]) m = a_max(m, v[u][k]);
+        }
+        m = warp_max(m);
+        A s = 0;
 #pragma unroll
-    for (int k = 0; k < WARP_SLOTS; k++) {
-        int j = lane + 32 * k;
-        if (32 * k >= len) break;
-        if (j < len) y[j] = (T)(v[k] * inv);
+        for (int k = 0; k < WARP_SLOTS; k++) {
+            if (32 * k >= len[u]) break;
+            if (lane + 32 * k < len[u]) { v[u][k] = a_exp(v[u][k] - m); s += v[u][k]; }
+        }
+        A inv = (A)1 / warp_sum(s);
+        T* y = p + (r0 + u < rows ? r0 + u : 0) * n;
+#pragma unroll
+        for (int k = 0; k < WARP_SLOTS; k++) {
+            int j = lane + 32 * k;
+            if (32 * k >= len[u]) break;
+            if (j < len[u]) y[j] = (T)(v[u][k] * inv);
+        }
     }
 }
 
 extern "C" __global__ void softmax_backward_warp(const T* dp, const T* p, T* dx, long long rows, int n) {
     int lane = threadIdx.x % 32;
-    long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int len = r < rows ? n : 0;
-    long long off = (r < rows ? r : 0) * n;
-    A g[WARP_SLOTS], q[WARP_SLOTS];   // dp and p of element lane + 32 k
+    long long r0 = ((long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * WARP_ROW_RUN;
+    A g[WARP_ROW_RUN][WARP_SLOTS], q[WARP_ROW_RUN][WARP_SLOTS];   // dp and p of row u's element lane + 32 k
+    int len[WARP_ROW_RUN];
 #pragma unroll
-    for (int k = 0; k < WARP_SLOTS; k++) {
-        int j = lane + 32 * k;
-        if (32 * k >= len) break;
-        if (j < len) { g[k] = (A)dp[off + j]; q[k] = (A)p[off + j]; }
+    for (int u = 0; u < WARP_ROW_RUN; u++) {   // every row's loads first
+        len[u] = r0 + u < rows ? n : 0;
+        long long off = (r0 + u < rows ? r0 + u : 0) * n;
+#pragma unroll
+        for (int k = 0; k < WARP_SLOTS; k++) {
+            int j = lane + 32 * k;
+            if (32 * k >= len[u]) break;
+            if (j < len[u]) { g[u][k] = (A)dp[off + j]; q[u][k] = (A)p[off + j]; }
+        }
     }
-    A s = 0;
 #pragma unroll
-    for (int k = 0; k < WARP_SLOTS; k++) {
-        if (32 * k >= len) break;
-        if (lane + 32 * k < len) s += g[k] * q[k];
-    }
-    s = warp_sum(s);
+    for (int u = 0; u < WARP_ROW_RUN; u++) {
+        long long off = (r0 + u < rows ? r0 + u : 0) * n;
+        A s = 0;
 #pragma unroll
-    for (int k = 0; k < WARP_SLOTS; k++) {
-        int j = lane + 32 * k;
-        if (32 * k >= len) break;
-        if (j < len) dx[off + j] = (T)(q[k] * (g[k] - s));
+        for (int k = 0; k < WARP_SLOTS; k++) {
+            if (32 * k >= len[u]) break;
+            if (lane + 32 * k < len[u]) s += g[u][k] * q[u][k];
+        }
+        s = warp_sum(s);
+#pragma unroll
+        for (int k = 0; k < WARP_SLOTS; k++) {
+            int j = lane + 32 * k;
+            if (32 * k >= len[u]) break;
+            if (j < len[u]) dx[off + j] = (T)(q[u][k] * (g[u][k] - s));
+        }
     }
 }
 """
@@ -525,8 +558,8 @@ def masked_softmax(scores, bias, out=None):
     sb, sh, st, sj = (stride // bias.itemsize for stride in bias.strides)
     out = xp.empty_like(scores) if out is None else out
     rows, n = _rows(scores)
-    if n <= WARP_ROW_MAX:       # a warp per row, WARP_ROWS rows a block
-        _launch("masked_softmax_warp", scores.dtype, -(-rows // WARP_ROWS), 32 * WARP_ROWS,
+    if n <= WARP_ROW_MAX:       # a warp per WARP_ROW_RUN rows, WARP_ROWS warps a block
+        _launch("masked_softmax_warp", scores.dtype, -(-rows // (WARP_ROWS * WARP_ROW_RUN)), 32 * WARP_ROWS,
                 (scores, bias, out, np.int64(rows), np.int32(n), np.int32(h), np.int32(t), np.int64(sb), np.int64(sh),
                  np.int64(st), np.int64(sj)))
         return out
@@ -543,7 +576,7 @@ def softmax_backward(dp, p, out=None):
     out = xp.empty_like(p) if out is None else out
     rows, n = _rows(p)
     if n <= WARP_ROW_MAX:
-        _launch("softmax_backward_warp", p.dtype, -(-rows // WARP_ROWS), 32 * WARP_ROWS,
+        _launch("softmax_backward_warp", p.dtype, -(-rows // (WARP_ROWS * WARP_ROW_RUN)), 32 * WARP_ROWS,
                 (dp, p, out, np.int64(rows), np.int32(n)))
         return out
     _launch("softmax_backward", p.dtype, rows, block_size("softmax", n), (dp, p, out, np.int32(n)))
@@ -1017,11 +1050,15 @@ extern "C" __global__ void smoothed_nll_rows(const T* z, const long long* gold, 
     if (threadIdx.x == 0) nll_row_terms(z, off, gold, m, s, tot, V, lse, nll, smooth);
 }
 
-// One value zj of a row into a thread's running max mt, its sum st of exp(z - mt), rescaled when mt grows (one exp
-// a value either way; no positive exponent), and its sum tot of z.
-__device__ inline void online_add(A zj, A& mt, A& st, A& tot) {
-    tot += zj;
-    if (zj > mt) { st = st * a_exp(mt - zj) + (A)1; mt = zj; } else st += a_exp(zj - mt);
+// One 16-byte vector a of a row into a thread's running max mt, its sum st of exp(z - mt), rescaled when mt grows
+// (one exp a value either way; no positive exponent), and its sum tot of z. (The vector's max first, then its exps,
+// would take fewer instructions, but ptxas then spilled the bfloat16 loss kernel's kept vectors.)
+__device__ inline void online_add(const Vec& a, A& mt, A& st, A& tot) {
+    for (int k = 0; k < VEC; k++) {
+        A zj = (A)a.v[k];
+        tot += zj;
+        if (zj > mt) { st = st * a_exp2e(mt - zj) + (A)1; mt = zj; } else st += a_exp2e(zj - mt);
+    }
 }
 
 // A row's terms from each thread's running max mt, sum st and sum of z tot (online_add): the block's max m, then
@@ -1045,9 +1082,12 @@ extern "C" __global__ void smoothed_nll_rows_vec(const T* z, const long long* go
     int nv = V / VEC;
     // One pass over the row: each thread's running max and sum (online_add), then the block's (nll_row_reduce).
     A mt = NEG_BIG, st = 0, tot = 0;
-    for (int j = threadIdx.x; j < nv; j += blockDim.x) {
-        Vec a = zr[j];
-        for (int k = 0; k < VEC; k++) online_add((A)a.v[k], mt, st, tot);
+    for (int j = threadIdx.x; j < nv; j += 2 * blockDim.x) {   // two loads in flight
+        Vec a = zr[j], b;
+        bool two = j + blockDim.x < nv;
+        if (two) b = zr[j + blockDim.x];
+        online_add(a, mt, st, tot);
+        if (two) online_add(b, mt, st, tot);
     }
     nll_row_reduce(z, off, gold, mt, st, tot, V, buf, lse, nll, smooth);
 }
@@ -1075,7 +1115,7 @@ extern "C" __global__ void loss_totals(const A* nll, const A* smooth, long long 
 // One value's gradient of the label-smoothed NLL: (exp(z - lse) - u - (1 - eps) [gold]) * wr, u = eps / V_o (the
 // kernel's V columns).
 __device__ inline A nll_grad(A zj, A l, A u, A eps, bool gold, A wr) {
-    A d = a_exp(zj - l) - u;
+    A d = a_exp2e(zj - l) - u;
     if (gold) d -= (A)1 - eps;
     return d * wr;
 }
@@ -1101,7 +1141,9 @@ extern "C" __global__ void smoothed_nll_backward_vec(const T* z, const long long
     int nv = V / VEC;
     for (int j = threadIdx.x; j < nv; j += blockDim.x) {
         Vec a = ((const Vec*)(z + off))[j];
-        for (int k = 0; k < VEC; k++) a.v[k] = (T)nll_grad((A)a.v[k], l, u, eps, (long long)j * VEC + k == g, wr);
+        int gk = (int)(g - (long long)j * VEC);   // gold's place in the vector (k == gk; exact in an int: |gk| < V),
+                                                   // one compare a value where j VEC + k == g took a 64-bit one
+        for (int k = 0; k < VEC; k++) a.v[k] = (T)nll_grad((A)a.v[k], l, u, eps, k == gk, wr);
         ((Vec*)(dz + off))[j] = a;
     }
 }
@@ -1125,17 +1167,34 @@ smoothed_nll_rows_grad_vec(const T* z, const long long* gold, A* lse, A* nll, A*
     int nv = V / VEC;
     A mt = NEG_BIG, st = 0, tot = 0;
     Vec keep[NLL_KEEP];
+    // Every load first, then the sums: the thread's NLL_KEEP loads in flight at once. (Loaded and summed in one loop,
+    // each load waited for the sums of the vector before it: one load in flight a warp, and the pass waited on
+    // memory's latency NLL_KEEP times a row; ptxas for sm_90.)
+#ifndef MINITF_BF16
+#pragma unroll
+    for (int i = 0; i < NLL_KEEP; i++) {
+        int j = threadIdx.x + i * blockDim.x;
+        if (j < nv) keep[i] = zr[j];
+    }
+#pragma unroll
+    for (int i = 0; i < NLL_KEEP; i++)
+        if (threadIdx.x + i * blockDim.x < nv) online_add(keep[i], mt, st, tot);
+#else   // bfloat16: loaded and summed in one loop (loaded first, ptxas widened them early and spilled at 64 registers)
 #pragma unroll
     for (int i = 0; i < NLL_KEEP; i++) {
         int j = threadIdx.x + i * blockDim.x;
         if (j < nv) {
             keep[i] = zr[j];
-            for (int k = 0; k < VEC; k++) online_add((A)keep[i].v[k], mt, st, tot);
+            online_add(keep[i], mt, st, tot);
         }
     }
-    for (int j = threadIdx.x + NLL_KEEP * blockDim.x; j < nv; j += blockDim.x) {
-        Vec a = zr[j];
-        for (int k = 0; k < VEC; k++) online_add((A)a.v[k], mt, st, tot);
+#endif
+    for (int j = threadIdx.x + NLL_KEEP * blockDim.x; j < nv; j += 2 * blockDim.x) {   // two loads in flight
+        Vec a = zr[j], b;
+        bool two = j + blockDim.x < nv;
+        if (two) b = zr[j + blockDim.x];
+        online_add(a, mt, st, tot);
+        if (two) online_add(b, mt, st, tot);
     }
     A l = nll_row_reduce(z, off, gold, mt, st, tot, V, buf, lse, nll, smooth);
     __syncthreads();   // z[gold] is read before any thread writes over the row
@@ -1146,14 +1205,22 @@ smoothed_nll_rows_grad_vec(const T* z, const long long* gold, A* lse, A* nll, A*
         int j = threadIdx.x + i * blockDim.x;
         if (j < nv) {
             Vec a = keep[i];
-            for (int k = 0; k < VEC; k++) a.v[k] = (T)nll_grad((A)a.v[k], l, u, eps, (long long)j * VEC + k == g, wr);
+            int gk = (int)(g - (long long)j * VEC);
+            for (int k = 0; k < VEC; k++) a.v[k] = (T)nll_grad((A)a.v[k], l, u, eps, k == gk, wr);
             dr[j] = a;
         }
     }
-    for (int j = threadIdx.x + NLL_KEEP * blockDim.x; j < nv; j += blockDim.x) {
-        Vec a = zr[j];
-        for (int k = 0; k < VEC; k++) a.v[k] = (T)nll_grad((A)a.v[k], l, u, eps, (long long)j * VEC + k == g, wr);
-        dr[j] = a;
+    for (int j = threadIdx.x + NLL_KEEP * blockDim.x; j < nv; j += 2 * blockDim.x) {   // two loads in flight
+        Vec a[2];
+        bool two = j + blockDim.x < nv;
+        a[0] = zr[j];
+        if (two) a[1] = zr[j + blockDim.x];
+        for (int t = 0; t < 2; t++) {
+            if (t == 1 && !two) break;
+            int jt = j + t * blockDim.x, gk = (int)(g - (long long)jt * VEC);
+            for (int k = 0; k < VEC; k++) a[t].v[k] = (T)nll_grad((A)a[t].v[k], l, u, eps, k == gk, wr);
+            dr[jt] = a[t];
+        }
     }
 }
 """
@@ -1253,6 +1320,9 @@ extern "C" __global__ void column_partial_sums(const T* x, const A* y, int has_y
 // The sum over the slabs of partial[k * w + col], in the one order every column-sum kernel uses (so their
 // bits agree): SLAB_RUNS interleaved runs (run g adds slabs g, g + SLAB_RUNS, g + 2 SLAB_RUNS, ... in turn),
 // then the run totals in run order. Run g's sum alone:
+#define SUM_ROWS 4         // column_slab_sums: the rows whose loads a thread issues before it adds them, one part,
+#define SUM_ROWS_PARTS 2   // and several (ptxas fits them in SUMS_BLOCKS' registers, 32 on sm_90 and 40 on sm_80,
+                           // without a spill in every dtype; other counts spilled on sm_90 in some)
 #define SLAB_RUNS 8   // = COLUMN_BLOCK / 32: column_sums_into's groups of a block each add one run
 __device__ inline A slab_run(const A* partial, long long w, long long col, long long slabs, int g) {
     A t = 0;   // __ldcg: read at L2, where the other blocks' partials are (not a stale L1 line)
@@ -1267,6 +1337,32 @@ extern "C" __global__ void column_sums_finish(const A* partial, A* out, int slab
         A t = 0;
         for (int g = 0; g < SLAB_RUNS; g++) t += slab_run(partial, d, c, slabs, g);
         out[c] = t;
+    }
+}
+
+// column_slab_sums' sums of `parts` planes of x (plane values apart; one part: x itself), no factor: R rows' loads
+// issued, then their adds in row order.
+template <int R>
+__device__ inline void plane_sums(const T* x, int parts, long long plane, long long r0, long long r1, int groups,
+                                  int group, int c, long long d, A& s0, A& s1, A& s2) {
+    long long step = groups * d;                    // a thread's rows lie groups apart
+    const T* p = x + (r0 + group) * d + c;
+    for (int left = (int)(r1 - r0) - group; left > 0; left -= R * groups, p += R * step) {   // rows from p on
+        T v0[R], v1[R], v2[R];
+#pragma unroll
+        for (int u = 0; u < R; u++)
+            if (u * groups < left) {
+                v0[u] = p[u * step];
+                if (parts > 1) v1[u] = p[plane + u * step];
+                if (parts > 2) v2[u] = p[2 * plane + u * step];
+            }
+#pragma unroll
+        for (int u = 0; u < R; u++)
+            if (u * groups < left) {
+                s0 += (A)v0[u];
+                if (parts > 1) s1 += (A)v1[u];
+                if (parts > 2) s2 += (A)v2[u];
+            }
     }
 }
 
@@ -1286,12 +1382,16 @@ extern "C" __global__ void column_sums_finish(const A* partial, A* out, int slab
 // first bias gradient); a kernel of its own, so that column_sums_into is compiled without the ReLU branch.
 // plane > 0: part p sums x + p * plane instead (no y) into out1 + p * out_stride (the biases of stacked projections,
 // [parts, n, d] gradients into buffers evenly spaced), the same sums as a launch per part. At most 3 parts.
-// Why one pass: a thread's sum is a chain of loads one row apart, so the pass waits on memory; three passes (a
-// LayerNorm's x * xhat, x and the sublayer's x3) waited three times as long and read x twice.
+// Why one pass: a thread's sum is a chain of loads, so the pass waits on memory; three passes (a LayerNorm's
+// x * xhat, x and the sublayer's x3) waited three times as long and read x twice.
 __device__ inline void column_slab_sums(T* x, const A* y, int parts, const T* x3, long long r0, long long r1,
                                         int groups, int group, int c, long long d, int from_mean, const T* ys,
                                         const A* mean, const A* rstd, long long plane, int relu, A* s) {
-    A s0 = 0, s1 = 0, s2 = 0;   // not unrolled (`#pragma unroll` made the float16 kernel 1.4-1.8x slower on an H100)
+    A s0 = 0, s1 = 0, s2 = 0;
+    // Each loop loads several rows (SUM_ROWS of one part, SUM_ROWS_PARTS of several), then adds them in row order:
+    // the same sums as a row at a time, with that many rows' loads in flight. A loop that loaded a row and added it
+    // had one in flight (ptxas for sm_90 puts the add before the next row's load) and waited out memory's latency
+    // once a row: at 64 bytes a warp (a float16 column per lane), far too little to keep up with memory.
     if (relu) {            // dy = dy * (y > 0) in place, then its sum (each element this block's alone)
         for (long long r = r0 + group; r < r1; r += groups) {
             long long i = r * d + c;
@@ -1299,31 +1399,52 @@ __device__ inline void column_slab_sums(T* x, const A* y, int parts, const T* x3
             if (!((A)ys[i] > (A)0)) x[i] = v = (T)(A)0;
             s0 += (A)v;
         }
-    } else if (plane) {    // the planes x + p * plane, no factor
-        for (long long r = r0 + group; r < r1; r += groups) {
-            long long i = r * d + c;
-            s0 += (A)x[i];
-            if (parts > 1) s1 += (A)x[plane + i];
-            if (parts > 2) s2 += (A)x[2 * plane + i];
-        }
-    } else if (parts == 1) {
-        for (long long r = r0 + group; r < r1; r += groups) s0 += (A)x[r * d + c];
+    } else if (plane || parts == 1) {    // the planes x + p * plane (one part: x), no factor
+        if (parts == 1) plane_sums<SUM_ROWS>(x, 1, plane, r0, r1, groups, group, c, d, s0, s1, s2);
+        else plane_sums<SUM_ROWS_PARTS>(x, parts, plane, r0, r1, groups, group, c, d, s0, s1, s2);
     } else if (!from_mean) {
-        for (long long r = r0 + group; r < r1; r += groups) {
-            long long i = r * d + c;
-            A v = (A)x[i];
-            s0 += v * y[i];
-            s1 += v;
-            if (parts > 2) s2 += (A)x3[i];
+        for (long long r = r0 + group; r < r1; r += SUM_ROWS_PARTS * groups) {
+            T v[SUM_ROWS_PARTS], v3[SUM_ROWS_PARTS];
+            A w[SUM_ROWS_PARTS];
+#pragma unroll
+            for (int u = 0; u < SUM_ROWS_PARTS; u++)
+                if (r + u * groups < r1) {
+                    long long i = (r + u * groups) * d + c;
+                    v[u] = x[i];
+                    w[u] = y[i];
+                    if (parts > 2) v3[u] = x3[i];
+                }
+#pragma unroll
+            for (int u = 0; u < SUM_ROWS_PARTS; u++)
+                if (r + u * groups < r1) {
+                    A a = (A)v[u];
+                    s0 += a * w[u];
+                    s1 += a;
+                    if (parts > 2) s2 += (A)v3[u];
+                }
         }
-    } else {               // not unrolled: unrolled, the kernel took 64-80 registers
-        #pragma unroll 1
-        for (long long r = r0 + group; r < r1; r += groups) {
-            long long i = r * d + c;
-            A v = (A)x[i];
-            s0 += v * xhat_at(1, y, ys, mean[r], rstd[r], r * d, c);
-            s1 += v;
-            if (parts > 2) s2 += (A)x3[i];
+    } else {               // y is xhat_at(1, ...): (ys - mean) rstd, computed again
+        for (long long r = r0 + group; r < r1; r += SUM_ROWS_PARTS * groups) {
+            T v[SUM_ROWS_PARTS], v3[SUM_ROWS_PARTS], xs[SUM_ROWS_PARTS];
+            A mu[SUM_ROWS_PARTS], rs[SUM_ROWS_PARTS];
+#pragma unroll
+            for (int u = 0; u < SUM_ROWS_PARTS; u++)
+                if (r + u * groups < r1) {
+                    long long ru = r + u * groups, i = ru * d + c;
+                    v[u] = x[i];
+                    xs[u] = ys[i];
+                    mu[u] = mean[ru];
+                    rs[u] = rstd[ru];
+                    if (parts > 2) v3[u] = x3[i];
+                }
+#pragma unroll
+            for (int u = 0; u < SUM_ROWS_PARTS; u++)
+                if (r + u * groups < r1) {
+                    A a = (A)v[u];
+                    s0 += a * (((A)xs[u] - mu[u]) * rs[u]);
+                    s1 += a;
+                    if (parts > 2) s2 += (A)v3[u];
+                }
         }
     }
     s[0] = s0;

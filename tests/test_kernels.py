@@ -445,10 +445,12 @@ def neg(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("s", [5, 33, 128, 256, 257, 300])
 def test_masked_softmax_padding_and_causal(dtype, s):
-    """Rows up to 256 long take the warp-per-row kernel, longer ones a block per row; 30 rows, not
-    a multiple of the warp kernel's 4 rows a block."""
+    """Rows up to 256 long take the warp kernel, longer ones a block per row; 45 rows, not a multiple
+    of the warp kernel's 8 rows a block (4 warps of WARP_ROW_RUN = 2 rows): the last warp's second row
+    lies past the end, and the two rows of a warp are two query positions with masks of their own."""
+    assert kernels.WARP_ROWS * kernels.WARP_ROW_RUN == 8
     rng = np.random.default_rng(s)
-    b, h, t = 2, 3, 5
+    b, h, t = 3, 3, 5
     scores = (rng.normal(size=(b, h, t, s)) * 3).astype(dtype)
     pad = np.zeros((b, 1, 1, s), dtype=dtype)
     pad[1, ..., s // 2:] = neg(dtype)                       # second sentence half padding
@@ -476,8 +478,9 @@ def test_block_size_is_a_power_of_two_covering_the_row_within_bounds():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("s", [7, 40, 300])
 def test_softmax_backward(dtype, s):
+    """13 rows: the warp kernel's last warp has one row of its two."""
     rng = np.random.default_rng(1)
-    p = F.softmax_forward(rng.normal(size=(2, 2, 3, s)).astype(dtype))
+    p = F.softmax_forward(rng.normal(size=(1, 1, 13, s)).astype(dtype))
     dp = rng.normal(size=p.shape).astype(dtype)
     close(kernels.softmax_backward(dp, p), F.softmax_backward(dp, p), dtype)
     # non-contiguous upstream gradient (a transposed view), as matmul outputs can be
@@ -1461,7 +1464,8 @@ def test_the_loss_forward_and_backward_in_one_launch(dtype, width, order, monkey
     """smoothed_nll_rows with grad: one launch (smoothed_nll_rows_grad_vec) gives smoothed_nll_rows_vec's
     lse, nll and smooth and writes smoothed_nll_backward_vec's gradient over the logits, bit for bit,
     with and without the loss scale on the device; rows a thread keeps in registers ("kept") and rows
-    longer than NLL_KEEP vectors a thread, whose rest it reads again ("longer"). The threads run in
+    longer than NLL_KEEP vectors a thread, whose rest it reads again two vectors at a time ("longer": a
+    block's worth and 3 more, so that threads 0-2 read two and the others one; gold in the last). The threads run in
     both orders between barriers (z[gold] must be read before its thread writes over it). An odd
     vocabulary takes the one-value kernels, one after the other, with the same bits as called apart."""
     monkeypatch.setattr(emulated, "reverse", order == "descending")
@@ -1469,7 +1473,8 @@ def test_the_loss_forward_and_backward_in_one_launch(dtype, width, order, monkey
     vec = kernels.VEC_BYTES // np.dtype(dtype).itemsize
     keep = int(re.search(r"#define NLL_KEEP (\d+)", kernels.KERNELS).group(1))
     n, eps = 3, 0.1
-    v = 40 * vec if width == "kept" else (keep * kernels.block_size("nll", 1 << 30) + 3) * vec
+    block = kernels.block_size("nll", 1 << 30)
+    v = 40 * vec if width == "kept" else (keep * block + block + 3) * vec
     if width == "longer":
         assert v // vec > keep * kernels.block_size("nll", v)
     logits = (rng.normal(size=(n, v)) * 4).astype(dtype)
@@ -1648,6 +1653,7 @@ def test_signatures_are_read_from_the_declarations():
     assert kernels.SIGNATURES == parse_kernels(kernels.KERNELS)
     assert parse_launch_bounds(code) == {"k4": 256}
     assert f"#define WARP_SLOTS {kernels.WARP_ROW_MAX // 32}" in kernels.KERNELS   # the warp softmax's registers
+    assert f"#define WARP_ROW_RUN {kernels.WARP_ROW_RUN} " in kernels.KERNELS   # ... and its rows a warp (the grid)
     bounds = parse_launch_bounds(kernels.KERNELS)       # the launches stay within them
     assert bounds == {"column_sums_into": kernels.COLUMN_BLOCK, "column_sums_relu_into": kernels.COLUMN_BLOCK,
                       "smoothed_nll_rows_grad_vec": kernels.BLOCK["nll"]}
