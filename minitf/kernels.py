@@ -157,9 +157,9 @@ __device__ inline float a_exp(float x) { return expf(x); }
 __device__ inline double a_exp(double x) { return exp(x); }
 // exp(x) as 2^(x log2(e)) where every value of a long row takes an exp (the loss's rows): on a GPU one multiply and
 // ex2.approx.ftz (the MUFU.EX2 instruction), where expf spends 9 instructions on its range reduction (ptxas for
-// sm_90); within ex2.approx's 2 ulp (exp2f's bound in CUDA's math library) and the product's rounding, |x| log2(e)
-// 2^-24 relative, the most for the values farthest below the max (the least of the sums); a result below float32's
-// normal range is 0. The CPU emulator takes exp2f. float64 (tests only) keeps exp.
+// sm_90); within ex2.approx's 2 ulp (exp2f's bound in CUDA's math library) and the product's rounding, about
+// |x| 2^-24 relative, the most for the values farthest below the max (the least of the sums); a result below
+// float32's normal range is 0. The CPU emulator takes exp2f. float64 (tests only) keeps exp.
 #ifndef MINITF_EMULATE
 __device__ inline float a_exp2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 #else
@@ -1321,8 +1321,8 @@ extern "C" __global__ void column_partial_sums(const T* x, const A* y, int has_y
 // bits agree): SLAB_RUNS interleaved runs (run g adds slabs g, g + SLAB_RUNS, g + 2 SLAB_RUNS, ... in turn),
 // then the run totals in run order. Run g's sum alone:
 #define SUM_ROWS 4         // column_slab_sums: the rows whose loads a thread issues before it adds them, one part,
-#define SUM_ROWS_PARTS 2   // and several (ptxas fits them in SUMS_BLOCKS' registers, 32 on sm_90 and 40 on sm_80,
-                           // without a spill in every dtype; other counts spilled on sm_90 in some)
+#define SUM_ROWS_PARTS 2   // and several (ptxas fits them in SUMS_BLOCKS' registers, 32 on sm_90, 40 on sm_80 and
+                           // in float64, without a spill in every dtype; other counts spilled on sm_90 in some)
 #define SLAB_RUNS 8   // = COLUMN_BLOCK / 32: column_sums_into's groups of a block each add one run
 __device__ inline A slab_run(const A* partial, long long w, long long col, long long slabs, int g) {
     A t = 0;   // __ldcg: read at L2, where the other blocks' partials are (not a stale L1 line)
