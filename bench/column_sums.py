@@ -102,11 +102,25 @@ def same_geometry(module, rows):
     return None
 
 
+# Kernels whose grid is their rows over the rows a block takes, a count a copy of minitf/kernels.py may set otherwise:
+# {name: the position of the rows among its arguments}. The warp softmax took a row a warp before it took
+# WARP_ROW_RUN (a copy without that name: 1).
+ROWS_ARG = {"masked_softmax_warp": 3, "softmax_backward_warp": 3}
+
+
+def rows_a_block(module):
+    """The rows a block of the warp softmax takes in `module` (a copy of minitf/kernels.py, or kernels itself)."""
+    return module.WARP_ROWS * getattr(module, "WARP_ROW_RUN", 1)
+
+
 def launcher(module):
-    """kernels.LAUNCH's launch function for the kernels compiled from `module`'s source (minitf's own: None)."""
+    """kernels.LAUNCH's launch function for the kernels compiled from `module`'s source (minitf's own: None). A kernel
+    of ROWS_ARG is launched with `module`'s geometry (its blocks over the rows), which minitf's launchers work out
+    with their own."""
     if module is None:
         return kernels._cupy_launch
     compiled, functions = {}, {}
+    rows_each = rows_a_block(module)
 
     def launch(name, dtype, grid, block, args):
         key = (kernels.dtype_name(dtype), name)
@@ -117,6 +131,8 @@ def launcher(module):
             if key[0] not in compiled:
                 compiled[key[0]] = backend.cupy.RawModule(code=module.source(dtype), options=("-std=c++14",))
             functions[key] = compiled[key[0]].get_function(name)
+        if name in ROWS_ARG:
+            grid, block = -(-int(args[ROWS_ARG[name]]) // rows_each), 32 * module.WARP_ROWS
         functions[key]((grid,), (block,), args)
     return launch
 

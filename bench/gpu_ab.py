@@ -10,7 +10,8 @@ The variants differ only in environment variables that minitf reads on every cal
 each variant's runner is set up, under that variant's environment), or in the CUDA they run: KERNELS=FILE in a
 variant runs the kernels of FILE, another copy of minitf/kernels.py (e.g. `git show REV:minitf/kernels.py >
 old_kernels.py`), compiled beside minitf's and launched by minitf's own Python, so a change of the CUDA alone
-(every kernel taking the arguments it took) is timed against the code before it in one process
+(every kernel taking the arguments it took; the warp softmax launched over the rows a warp of FILE's own,
+bench/column_sums.py's ROWS_ARG) is timed against the code before it in one process
 (`--variant name=VAR=value[,VAR=value]`; default: `now`, the step as it is, against `before`,
 every fusion switched off: MINITF_CUBLAS=0 and MINITF_FUSED_{RELU,ADAM,GRADS,EMBED,NORM,VEC,LOSS,LNWARP}=0; the
 warp softmax has no switch; attention on packed rows, off by default, is `--variant attn=MINITF_FUSED_ATTN=1`), so

@@ -1128,6 +1128,27 @@ def test_gpu_ab_leaves_a_variant_that_raises_out_of_that_mode_and_the_others_go_
     assert "  broken   FAILED: RuntimeError: the emulator's library for kernels_bfloat16 did not build" in r.stdout
 
 
+def test_gpu_ab_launches_a_copy_of_the_kernels_with_its_own_softmax_rows_a_warp(tmp_path):
+    """A copy of the kernels whose warp softmax takes a row a warp (WARP_ROW_RUN = 1, as before it took two; in the
+    CUDA and the Python both) runs under gpu_ab with its own grid: the same loss and gradients, bit for bit, as
+    minitf's (each row is computed alike either way). Launched with minitf's grid, half its rows were never
+    written."""
+    from cuda_emulator import compiler
+    if compiler() is None:
+        pytest.skip("needs g++ >= 12 to emulate the CUDA kernels on the CPU")
+    text = open(os.path.join(ROOT, "minitf", "kernels.py")).read()
+    cuda, python = "#define WARP_ROW_RUN 2 ", "WARP_ROW_RUN = 2 "
+    assert text.count(cuda) == 1 and text.count(python) == 1
+    one = tmp_path / "one_row_a_warp.py"
+    one.write_text(text.replace(cuda, "#define WARP_ROW_RUN 1 ").replace(python, "WARP_ROW_RUN = 1 "))
+    r = run_bench(tmp_path, "gpu_ab.py", "--smoke", "--no-torch", "--modes", "float32", "--rounds", "1",
+                  "--steps-per-round", "1", "--variant", "now=", "--variant", f"one=KERNELS={one}",
+                  "--out", tmp_path / "ab")
+    assert r.returncode == 0, r.stderr[-3000:]
+    same = json.loads((tmp_path / "ab" / "ab.json").read_text())["results"]["tiny float32"]["same"]
+    assert same["one"]["finite"] and same["one"]["grad_rel_diff"] == 0.0 and same["one"]["loss_rel_diff"] == 0.0, same
+
+
 def test_gpu_ab_drops_a_variant_that_raises_in_its_timed_rounds(tmp_path, standin, monkeypatch, capsys):
     """A variant that passed the comparison and raises in a later round (its second of --smoke's three: a warm-up and
     two timed) is dropped from the mode, out of
