@@ -1061,6 +1061,18 @@ __device__ inline void online_add(const Vec& a, A& mt, A& st, A& tot) {
     }
 }
 
+// The vectors j0, j0 + blockDim.x, ... below nv of a row zr into a thread's running sums (online_add), in that
+// order, two loads in flight.
+__device__ inline void online_add_from(const Vec* zr, int j0, int nv, A& mt, A& st, A& tot) {
+    for (int j = j0; j < nv; j += 2 * blockDim.x) {
+        Vec a = zr[j], b;
+        bool two = j + blockDim.x < nv;
+        if (two) b = zr[j + blockDim.x];
+        online_add(a, mt, st, tot);
+        if (two) online_add(b, mt, st, tot);
+    }
+}
+
 // A row's terms from each thread's running max mt, sum st and sum of z tot (online_add): the block's max m, then
 // the sum of the threads' sums * exp(mt - m); thread 0 writes lse, nll and smooth. Returns lse to every thread.
 __device__ inline A nll_row_reduce(const T* z, long long off, const long long* gold, A mt, A st, A tot, int V, A* buf,
@@ -1082,13 +1094,7 @@ extern "C" __global__ void smoothed_nll_rows_vec(const T* z, const long long* go
     int nv = V / VEC;
     // One pass over the row: each thread's running max and sum (online_add), then the block's (nll_row_reduce).
     A mt = NEG_BIG, st = 0, tot = 0;
-    for (int j = threadIdx.x; j < nv; j += 2 * blockDim.x) {   // two loads in flight
-        Vec a = zr[j], b;
-        bool two = j + blockDim.x < nv;
-        if (two) b = zr[j + blockDim.x];
-        online_add(a, mt, st, tot);
-        if (two) online_add(b, mt, st, tot);
-    }
+    online_add_from(zr, threadIdx.x, nv, mt, st, tot);
     nll_row_reduce(z, off, gold, mt, st, tot, V, buf, lse, nll, smooth);
 }
 
@@ -1120,6 +1126,13 @@ __device__ inline A nll_grad(A zj, A l, A u, A eps, bool gold, A wr) {
     return d * wr;
 }
 
+// Vector j of a row (its values a) made their gradients (nll_grad; gold at g of the row).
+__device__ inline void nll_grad_vec(Vec& a, int j, long long g, A l, A u, A eps, A wr) {
+    int gk = (int)(g - (long long)j * VEC);   // gold's place in the vector (k == gk; exact in an int: |gk| < V),
+                                               // one compare a value where j VEC + k == g took a 64-bit one
+    for (int k = 0; k < VEC; k++) a.v[k] = (T)nll_grad((A)a.v[k], l, u, eps, k == gk, wr);
+}
+
 // dz = (exp(z - lse) - eps / V_o - (1 - eps) [j == gold]) * w per row (V_o: the kernel's V columns; has_w; else
 // w = 1) * wscale (* dscale[0], the loss scale kept on the device, when has_dscale); dz may alias z.
 extern "C" __global__ void smoothed_nll_backward(const T* z, const long long* gold, const A* lse, const A* w,
@@ -1141,9 +1154,7 @@ extern "C" __global__ void smoothed_nll_backward_vec(const T* z, const long long
     int nv = V / VEC;
     for (int j = threadIdx.x; j < nv; j += blockDim.x) {
         Vec a = ((const Vec*)(z + off))[j];
-        int gk = (int)(g - (long long)j * VEC);   // gold's place in the vector (k == gk; exact in an int: |gk| < V),
-                                                   // one compare a value where j VEC + k == g took a 64-bit one
-        for (int k = 0; k < VEC; k++) a.v[k] = (T)nll_grad((A)a.v[k], l, u, eps, k == gk, wr);
+        nll_grad_vec(a, j, g, l, u, eps, wr);
         ((Vec*)(dz + off))[j] = a;
     }
 }
@@ -1189,13 +1200,7 @@ smoothed_nll_rows_grad_vec(const T* z, const long long* gold, A* lse, A* nll, A*
         }
     }
 #endif
-    for (int j = threadIdx.x + NLL_KEEP * blockDim.x; j < nv; j += 2 * blockDim.x) {   // two loads in flight
-        Vec a = zr[j], b;
-        bool two = j + blockDim.x < nv;
-        if (two) b = zr[j + blockDim.x];
-        online_add(a, mt, st, tot);
-        if (two) online_add(b, mt, st, tot);
-    }
+    online_add_from(zr, threadIdx.x + NLL_KEEP * blockDim.x, nv, mt, st, tot);   // a longer row's rest
     A l = nll_row_reduce(z, off, gold, mt, st, tot, V, buf, lse, nll, smooth);
     __syncthreads();   // z[gold] is read before any thread writes over the row
     A wr = wscale * (has_dscale ? dscale[0] : (A)1), u = eps / V;
@@ -1205,21 +1210,19 @@ smoothed_nll_rows_grad_vec(const T* z, const long long* gold, A* lse, A* nll, A*
         int j = threadIdx.x + i * blockDim.x;
         if (j < nv) {
             Vec a = keep[i];
-            int gk = (int)(g - (long long)j * VEC);
-            for (int k = 0; k < VEC; k++) a.v[k] = (T)nll_grad((A)a.v[k], l, u, eps, k == gk, wr);
+            nll_grad_vec(a, j, g, l, u, eps, wr);
             dr[j] = a;
         }
     }
     for (int j = threadIdx.x + NLL_KEEP * blockDim.x; j < nv; j += 2 * blockDim.x) {   // two loads in flight
-        Vec a[2];
+        Vec a = zr[j], b;
         bool two = j + blockDim.x < nv;
-        a[0] = zr[j];
-        if (two) a[1] = zr[j + blockDim.x];
-        for (int t = 0; t < 2; t++) {
-            if (t == 1 && !two) break;
-            int jt = j + t * blockDim.x, gk = (int)(g - (long long)jt * VEC);
-            for (int k = 0; k < VEC; k++) a[t].v[k] = (T)nll_grad((A)a[t].v[k], l, u, eps, k == gk, wr);
-            dr[jt] = a[t];
+        if (two) b = zr[j + blockDim.x];
+        nll_grad_vec(a, j, g, l, u, eps, wr);
+        dr[j] = a;
+        if (two) {
+            nll_grad_vec(b, j + blockDim.x, g, l, u, eps, wr);
+            dr[j + blockDim.x] = b;
         }
     }
 }
