@@ -87,8 +87,26 @@ def differing_kernels(other, env=None):
     def needed(name):
         switch = kernels.OPT_IN_KERNELS.get(name)
         return switch is None or env.get(switch) == "1"
-    return [name for name, sig in kernels.SIGNATURES.items()
-            if theirs.get(name) != sig and (name in theirs or needed(name))]
+
+    def same(name, sig):
+        return theirs.get(name) == sig or (tight_rows(other, name) and env.get("MINITF_ATTN_PITCH") == "0")
+    return [name for name, sig in kernels.SIGNATURES.items() if not same(name, sig) and (name in theirs or needed(name))]
+
+
+# Kernels that took a trailing argument later, which a copy from before reads as a count it already had:
+# {name: (the position of the new argument, the position of the one it then equals)}. The softmax kernels' rows lie
+# `pitch` apart (kernels.row_pitch), where a copy from before takes them n apart: such a copy runs under minitf's
+# launchers where MINITF_ATTN_PITCH=0 makes every pitch n, and is launched without the trailing argument.
+TRAILING = {"masked_softmax_warp": (11, 4), "softmax_backward_warp": (5, 4), "masked_softmax": (10, 3),
+            "softmax_backward": (4, 3)}
+
+
+def tight_rows(module, name=None):
+    """Whether `module` (a copy of minitf/kernels.py) declares kernel `name` (None: any of TRAILING) as minitf does
+    but for TRAILING's last argument."""
+    theirs = getattr(module, "SIGNATURES", {})
+    names = TRAILING if name is None else [name] if name in TRAILING else []
+    return any(n in theirs and theirs[n] == kernels.SIGNATURES[n][:-1] for n in names)
 
 
 def same_geometry(module, rows):
@@ -125,12 +143,18 @@ def launcher(module):
     def launch(name, dtype, grid, block, args):
         key = (kernels.dtype_name(dtype), name)
         if key not in functions:     # checked once a kernel, when it is first looked up (not on every launch)
-            if module.SIGNATURES.get(name) != kernels.SIGNATURES.get(name):
+            if module.SIGNATURES.get(name) != kernels.SIGNATURES.get(name) and not tight_rows(module, name):
                 raise SystemExit(f"column_sums: {name} takes other arguments in the --against file "
                                  f"({module.SIGNATURES.get(name)} against {kernels.SIGNATURES.get(name)})")
             if key[0] not in compiled:
                 compiled[key[0]] = backend.cupy.RawModule(code=module.source(dtype), options=("-std=c++14",))
             functions[key] = compiled[key[0]].get_function(name)
+        if tight_rows(module, name):
+            new, same = TRAILING[name]
+            if int(args[new]) != int(args[same]):
+                raise SystemExit(f"column_sums: {name} of the --against file takes rows n apart, and this launch's "
+                                 f"are {int(args[new])} apart: time that file with MINITF_ATTN_PITCH=0")
+            args = args[:new] + args[new + 1:]
         if name in ROWS_ARG:
             grid, block = -(-int(args[ROWS_ARG[name]]) // rows_each), 32 * module.WARP_ROWS
         functions[key]((grid,), (block,), args)

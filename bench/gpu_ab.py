@@ -56,7 +56,7 @@ import numpy as np  # noqa: E402
 import minitf  # noqa: E402
 from minitf import backend  # noqa: E402
 from minitf import kernels as minitf_kernels  # noqa: E402
-from bench.column_sums import differing_kernels, launcher, other_kernels  # noqa: E402
+from bench.column_sums import differing_kernels, launcher, other_kernels, tight_rows  # noqa: E402
 from bench.data import wmt_batch  # noqa: E402
 from bench.env import Env  # noqa: E402
 from bench.flags import known_modes, parser  # noqa: E402
@@ -102,6 +102,9 @@ def kernels_from(path, env=None):
         _LAUNCHERS[path] = (other, launcher(other))
     other, launch = _LAUNCHERS[path]
     differ = differing_kernels(other, env)
+    if differ and tight_rows(other) and (env or {}).get("MINITF_ATTN_PITCH") != "0":
+        raise SystemExit(f"gpu_ab: {KERNELS}={path}: that file's softmax takes rows n apart, where minitf's launchers "
+                         f"give them kernels.row_pitch apart: time it with MINITF_ATTN_PITCH=0 in the same variant")
     if differ:
         raise SystemExit(f"gpu_ab: {KERNELS}={path}: kernels there take other arguments than minitf's launchers "
                          f"pass, or are missing ({', '.join(differ)}); only a change of the CUDA alone is timed so")
@@ -133,7 +136,7 @@ class VariantEnv(Env):
     def __enter__(self):
         super().__enter__()
         if self.path is not None:
-            self.launch, minitf_kernels.LAUNCH["launch"] = minitf_kernels.LAUNCH["launch"], kernels_from(self.path)
+            self.launch, minitf_kernels.LAUNCH["launch"] = minitf_kernels.LAUNCH["launch"], kernels_from(self.path, dict(os.environ))
 
     def __exit__(self, *exc):
         if self.path is not None:

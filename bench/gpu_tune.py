@@ -10,7 +10,9 @@ Some of minitf's GPU code is off by default: attention on packed rows in one ker
 backward inside the feed-forward's bias sums (MINITF_FUSED_RELUSUMS=1), not faster on the H200 that timed them, and
 split-K for the weight gradients (MINITF_SPLITK=1, float32), not yet timed on a GPU; the LayerNorms' warp-per-row
 kernels are on by default since that timing and timed here switched off (MINITF_FUSED_LNWARP=0, `lnblock`), so that a
-GPU where the block kernels are faster says so (docs/performance.md says what each does). This runs, each
+GPU where the block kernels are faster says so, and so are the head layout's attention weights in rows of whole 16-byte
+vectors (kernels.row_pitch), timed switched off as `tight` (MINITF_ATTN_PITCH=0: rows as long as a sentence)
+(docs/performance.md says what each does). This runs, each
 stage as a process of its own with what is left of --deadline, every stage's output kept in --out:
 
   suite        `pytest tests/test_gpu.py` (suite.txt): a variant with MINITF_FUSED_ATTN=1 is timed and chosen only
@@ -19,8 +21,9 @@ stage as a process of its own with what is left of --deadline, every stage's out
   allocations  bench/allocations.py (allocations.txt): what an array from CuPy's pool costs the host here
   ab           bench/gpu_ab.py (ab/ab.json, ab.txt): the training step of `base` in --modes (float32 (TF32), --fp16
                and --bf16), each variant against `now` (the defaults) on the same weights and batch, in rounds of
-               --steps-per-round steps: `lnblock`, `relusums` and `splitk` (each switch alone), `rest` (the three)
-               and `before` (--before-kernels) in one process, then, where the GPU tests all passed, `attn`
+               --steps-per-round steps: `lnblock`, `relusums`, `splitk` and `tight` (each switch alone), `rest`
+               (the four) and `before` (--before-kernels; with MINITF_ATTN_PITCH=0 where that copy's softmax takes
+               rows n apart: bench/column_sums.py's TRAILING) in one process, then, where the GPU tests all passed, `attn`
                (attention alone) and `all` (every switch) with `now` again in another (ab_attn/ab.json, ab_attn.txt),
                so that a first run of the new attention kernels that stops the CUDA context costs only its own
                process (a variant that raises is left out of that mode, and the others of its process go on)
@@ -67,7 +70,8 @@ LOSS_TOL, GRAD_TOL = 1e-2, 5e-2     # a variant's loss and gradients against now
 SPEED_LEAST, MODE_LEAST = 1.01, 0.98   # its geometric-mean speed against now's, and its speed in each mode
 GEMM_LEAST_S = 45                    # what the gemm stage needs, with room (float32 alone: 8.6 s on an H200)
 SWITCHES = {"attn": {"MINITF_FUSED_ATTN": "1"}, "lnblock": {"MINITF_FUSED_LNWARP": "0"},
-            "relusums": {"MINITF_FUSED_RELUSUMS": "1"}, "splitk": {"MINITF_SPLITK": "1"}}
+            "relusums": {"MINITF_FUSED_RELUSUMS": "1"}, "splitk": {"MINITF_SPLITK": "1"},
+            "tight": {"MINITF_ATTN_PITCH": "0"}}
 STAGES = ("suite", "allocations", "ab", "report", "gemm")
 
 
@@ -78,6 +82,9 @@ def variants(before_kernels=None):
            "rest": {k: v for name, env in SWITCHES.items() if name != "attn" for k, v in env.items()}}
     if before_kernels:
         out["before"] = {"KERNELS": before_kernels}
+        from bench.column_sums import other_kernels, tight_rows
+        if tight_rows(other_kernels(before_kernels)):   # its softmax takes rows n apart
+            out["before"]["MINITF_ATTN_PITCH"] = "0"
     return out
 
 
@@ -101,7 +108,7 @@ def check_before(path):
         other = other_kernels(path)
     except Exception as e:
         return f"{path}: not read as a copy of minitf/kernels.py ({type(e).__name__}: {e})"
-    differ = differing_kernels(other)
+    differ = differing_kernels(other, {"MINITF_ATTN_PITCH": "0"})   # variants() gives such a copy tight rows
     if differ:
         return (f"{path}: its kernels take other arguments than minitf's launchers pass, or are missing "
                 f"({', '.join(differ[:8])}{', ...' if len(differ) > 8 else ''}): a copy from before these kernels")

@@ -411,17 +411,18 @@ def _aligned(*arrays):
 # The attention weights of the head layout and their gradient: a block per row, or a warp per row up to
 # WARP_ROW_MAX (paper 3.2.1).
 SOFTMAX = r"""
-// p = softmax(scores + bias) over rows of length n; scores [B, H, L, n] as rows r = (b*H + h)*L + t (L queries: Tq).
+// p = softmax(scores + bias) over rows of length n; scores [B, H, L, pitch] as rows r = (b*H + h)*L + t (L queries:
+// Tq), row r's values at r * pitch .. r * pitch + n - 1 (pitch >= n: the values past n are neither read nor written).
 // bias is read at b*sb + h*sh + t*st + j*sj (element strides; 0 on broadcast axes).
 // p may alias scores (in place).
 extern "C" __global__ void masked_softmax(const T* scores, const T* bias, T* p, int n, int H, int Tq,
-                                          long long sb, long long sh, long long st, long long sj) {
+                                          long long sb, long long sh, long long st, long long sj, long long pitch) {
     __shared__ A buf[1024];
     long long r = blockIdx.x;
     long long t = r % Tq, h = (r / Tq) % H, b = r / ((long long)Tq * H);
-    const T* x = scores + r * n;
+    const T* x = scores + r * pitch;
     const T* bb = bias + b * sb + h * sh + t * st;
-    T* y = p + r * n;
+    T* y = p + r * pitch;
     A m = NEG_BIG;
     for (int j = threadIdx.x; j < n; j += blockDim.x) m = a_max(m, (A)x[j] + (A)bb[j * sj]);
     m = block_max(m, buf);
@@ -432,10 +433,10 @@ extern "C" __global__ void masked_softmax(const T* scores, const T* bias, T* p, 
     for (int j = threadIdx.x; j < n; j += blockDim.x) y[j] = (T)(a_exp((A)x[j] + (A)bb[j * sj] - m) * inv);
 }
 
-// dx = p * (dp - sum_j dp_j p_j) per row of length n; dx may alias dp.
-extern "C" __global__ void softmax_backward(const T* dp, const T* p, T* dx, int n) {
+// dx = p * (dp - sum_j dp_j p_j) per row of length n (row r at r * pitch, as masked_softmax); dx may alias dp.
+extern "C" __global__ void softmax_backward(const T* dp, const T* p, T* dx, int n, long long pitch) {
     __shared__ A buf[1024];
-    long long off = (long long)blockIdx.x * n;
+    long long off = (long long)blockIdx.x * pitch;
     A s = 0;
     for (int j = threadIdx.x; j < n; j += blockDim.x) s += (A)dp[off + j] * (A)p[off + j];
     s = block_sum(s, buf);
@@ -463,7 +464,8 @@ __device__ inline A warp_sum(A v) {
 }
 
 extern "C" __global__ void masked_softmax_warp(const T* scores, const T* bias, T* p, long long rows, int n, int H,
-                                               int Tq, long long sb, long long sh, long long st, long long sj) {
+                                               int Tq, long long sb, long long sh, long long st, long long sj,
+                                               long long pitch) {
     int lane = threadIdx.x % 32;
     long long r0 = ((long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * WARP_ROW_RUN;
     A v[WARP_ROW_RUN][WARP_SLOTS];   // row u's value k: element lane + 32 k of the row, scores + bias
@@ -474,7 +476,7 @@ extern "C" __global__ void masked_softmax_warp(const T* scores, const T* bias, T
         int valid = r < rows;
         long long rr = valid ? r : 0;
         long long bh = rr / Tq, t = rr - bh * Tq, b = bh / H, h = bh - b * H;   // two divisions, not three
-        const T* x = scores + rr * n;
+        const T* x = scores + rr * pitch;
         const T* bb = bias + b * sb + h * sh + t * st;
         len[u] = valid ? n : 0;
 #pragma unroll
@@ -500,7 +502,7 @@ extern "C" __global__ void masked_softmax_warp(const T* scores, const T* bias, T
             if (lane + 32 * k < len[u]) { v[u][k] = a_exp(v[u][k] - m); s += v[u][k]; }
         }
         A inv = (A)1 / warp_sum(s);
-        T* y = p + (r0 + u < rows ? r0 + u : 0) * n;
+        T* y = p + (r0 + u < rows ? r0 + u : 0) * pitch;
 #pragma unroll
         for (int k = 0; k < WARP_SLOTS; k++) {
             int j = lane + 32 * k;
@@ -510,7 +512,8 @@ extern "C" __global__ void masked_softmax_warp(const T* scores, const T* bias, T
     }
 }
 
-extern "C" __global__ void softmax_backward_warp(const T* dp, const T* p, T* dx, long long rows, int n) {
+extern "C" __global__ void softmax_backward_warp(const T* dp, const T* p, T* dx, long long rows, int n,
+                                                 long long pitch) {
     int lane = threadIdx.x % 32;
     long long r0 = ((long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * WARP_ROW_RUN;
     A g[WARP_ROW_RUN][WARP_SLOTS], q[WARP_ROW_RUN][WARP_SLOTS];   // dp and p of row u's element lane + 32 k
@@ -518,7 +521,7 @@ extern "C" __global__ void softmax_backward_warp(const T* dp, const T* p, T* dx,
 #pragma unroll
     for (int u = 0; u < WARP_ROW_RUN; u++) {   // every row's loads first
         len[u] = r0 + u < rows ? n : 0;
-        long long off = (r0 + u < rows ? r0 + u : 0) * n;
+        long long off = (r0 + u < rows ? r0 + u : 0) * pitch;
 #pragma unroll
         for (int k = 0; k < WARP_SLOTS; k++) {
             int j = lane + 32 * k;
@@ -528,7 +531,7 @@ extern "C" __global__ void softmax_backward_warp(const T* dp, const T* p, T* dx,
     }
 #pragma unroll
     for (int u = 0; u < WARP_ROW_RUN; u++) {
-        long long off = (r0 + u < rows ? r0 + u : 0) * n;
+        long long off = (r0 + u < rows ? r0 + u : 0) * pitch;
         A s = 0;
 #pragma unroll
         for (int k = 0; k < WARP_SLOTS; k++) {
@@ -547,39 +550,64 @@ extern "C" __global__ void softmax_backward_warp(const T* dp, const T* p, T* dx,
 """
 
 
-def masked_softmax(scores, bias, out=None):
+def row_pitch(n, dtype):
+    """The elements between the starts of the head layout's rows of n attention weights (or scores, or their gradients):
+    n rounded up to whole 16-byte vectors (8 values in 16 bits, 4 in float32, 2 in float64), so that every row, and
+    every head's matrix of them, starts on a 16-byte boundary, as cuBLAS's kernels that load 16 bytes at a time need of
+    an operand's leading dimension and batch stride (a sentence of 34 keys leaves 68 bytes a float16 row: cuBLAS then
+    takes kernels that load 4 bytes at a time). The values past n are never read. n itself where the environment sets
+    MINITF_ATTN_PITCH=0 (for comparisons)."""
+    if switched_off("MINITF_ATTN_PITCH"):
+        return n
+    vec = VEC_BYTES // np.dtype(dtype).itemsize
+    return -(-n // vec) * vec
+
+
+def _row_length(x, n):
+    """(rows, n, pitch) of x [..., pitch] C-contiguous holding rows of n <= pitch values (n None: the whole rows)."""
+    pitch = x.shape[-1]
+    n = pitch if n is None else n
+    if not x.flags.c_contiguous or not 0 <= n <= pitch:
+        raise ValueError(f"softmax: rows of {n} values in an array of shape {x.shape} (C-contiguous: "
+                         f"{x.flags.c_contiguous}): expected C-contiguous rows of at least {n}")
+    return (x.size // pitch if pitch else 0), n, pitch
+
+
+def masked_softmax(scores, bias, out=None, n=None):
     """softmax(scores + bias) over the last axis; scores [B, H, T, S] C-contiguous, bias
     broadcastable to it (read through strides, never materialized). Writes into `out`
-    (which may be scores)."""
+    (which may be scores). n: the rows hold their n first values (scores [B, H, T, P], P >= n: row_pitch), the
+    softmax over those, bias broadcastable to [B, H, T, n]; the values past n are neither read nor written."""
     xp = backend.xp_of(scores)
-    b, h, t, s = scores.shape
+    b, h, t, _ = scores.shape
+    rows, n, pitch = _row_length(scores, n)
     bias = xp.asarray(bias, dtype=scores.dtype)
-    bias = xp.broadcast_to(bias.reshape((1,) * (4 - bias.ndim) + bias.shape), scores.shape)
+    bias = xp.broadcast_to(bias.reshape((1,) * (4 - bias.ndim) + bias.shape), (b, h, t, n))
     sb, sh, st, sj = (stride // bias.itemsize for stride in bias.strides)
     out = xp.empty_like(scores) if out is None else out
-    rows, n = _rows(scores)
     if n <= WARP_ROW_MAX:       # a warp per WARP_ROW_RUN rows, WARP_ROWS warps a block
         _launch("masked_softmax_warp", scores.dtype, -(-rows // (WARP_ROWS * WARP_ROW_RUN)), 32 * WARP_ROWS,
                 (scores, bias, out, np.int64(rows), np.int32(n), np.int32(h), np.int32(t), np.int64(sb), np.int64(sh),
-                 np.int64(st), np.int64(sj)))
+                 np.int64(st), np.int64(sj), np.int64(pitch)))
         return out
     _launch("masked_softmax", scores.dtype, rows, block_size("softmax", n),
             (scores, bias, out, np.int32(n), np.int32(h), np.int32(t), np.int64(sb), np.int64(sh), np.int64(st),
-             np.int64(sj)))
+             np.int64(sj), np.int64(pitch)))
     return out
 
 
-def softmax_backward(dp, p, out=None):
-    """dx = p * (dp - sum(dp * p)) over the last axis; p C-contiguous, `out` may be dp."""
+def softmax_backward(dp, p, out=None, n=None):
+    """dx = p * (dp - sum(dp * p)) over the last axis; p C-contiguous, `out` may be dp. n: the rows hold their n first
+    values (as masked_softmax's n; dp then C-contiguous too, shaped like p)."""
     xp = backend.xp_of(p)
     dp = xp.ascontiguousarray(dp)
     out = xp.empty_like(p) if out is None else out
-    rows, n = _rows(p)
+    rows, n, pitch = _row_length(p, n)
     if n <= WARP_ROW_MAX:
         _launch("softmax_backward_warp", p.dtype, -(-rows // (WARP_ROWS * WARP_ROW_RUN)), 32 * WARP_ROWS,
-                (dp, p, out, np.int64(rows), np.int32(n)))
+                (dp, p, out, np.int64(rows), np.int32(n), np.int64(pitch)))
         return out
-    _launch("softmax_backward", p.dtype, rows, block_size("softmax", n), (dp, p, out, np.int32(n)))
+    _launch("softmax_backward", p.dtype, rows, block_size("softmax", n), (dp, p, out, np.int32(n), np.int64(pitch)))
     return out
 
 

@@ -610,6 +610,7 @@ class Emulator:
         self.reverse = False   # run the blocks, and a block's warps and lanes, in descending order
         self.guard = guard
         self.shared = {}      # as libs' keys -> the kernels of that source that declare shared memory (shared_kernels)
+        self.sigs = {}        # as libs' keys -> {kernel: the C types of its arguments} (its source's declarations)
 
     def _ctype(self, c, dtype):
         t, a = kernels.C_TYPES[np.dtype(dtype).name]
@@ -621,13 +622,14 @@ class Emulator:
         return c
 
     def _lib(self, dtype, code=None):
-        """The library of kernels.source(dtype), or of `code` (CUDA source whose kernels take kernels.SIGNATURES'
-        arguments: another version of them, as a cupy.RawModule of the stand-in compiles it)."""
+        """The library of kernels.source(dtype), or of `code` (CUDA source of kernels.py's kind: another version of
+        them, as a cupy.RawModule of the stand-in compiles it, launched with the arguments its own declarations take)."""
         key = (np.dtype(dtype).name, code)
         if key not in self.libs:
             source = kernels.source(dtype) if code is None else code
-            signatures = {name: [self._ctype(c, dtype) for c in sig] for name, sig in kernels.SIGNATURES.items()}
-            self.libs[key] = build(source, signatures, self.workdir, f"kernels_{key[0]}")
+            declared = kernels.SIGNATURES if code is None else kernels.declared_signatures(code)
+            self.sigs[key] = {name: [self._ctype(c, dtype) for c in sig] for name, sig in declared.items()}
+            self.libs[key] = build(source, self.sigs[key], self.workdir, f"kernels_{key[0]}")
             self.shared[key] = shared_kernels(source)
         return self.libs[key]
 
@@ -636,7 +638,7 @@ class Emulator:
         lib.emu_set_reverse(int(self.reverse))
         lib.emu_set_poison(int(name in self.shared[(np.dtype(dtype).name, code)]))
         fn = getattr(lib, f"launch_{name}")
-        sig = [self._ctype(c, dtype) for c in kernels.SIGNATURES[name]]
+        sig = self.sigs[(np.dtype(dtype).name, code)][name]
         assert len(sig) == len(args), (name, len(sig), len(args))
         cargs = []
         guarded = _Guarded([a for c, a in zip(sig, args) if c.endswith("*")]) if self.guard else None

@@ -1282,12 +1282,13 @@ class RawModule:
         if name not in self.kernels:
             raise RuntimeError(f"CUDA_ERROR_NOT_FOUND: named symbol not found ({name!r} is no extern \"C\" "
                                f"__global__ kernel of the module)")
-        from minitf import kernels as mk   # the emulator builds its launchers from SIGNATURES (kernels.py's reading
-        # of the declarations): this reading must agree
+        from minitf import kernels as mk   # the emulator builds its launchers from kernels.declared_signatures (kernels.py's
+        # reading of the declarations, SIGNATURES for its own source): this reading must agree
         want = [c.replace(" ", "") for c in self.kernels[name]]
-        have = [c.replace(" ", "") for c in mk.SIGNATURES.get(name, [])]
+        have = [c.replace(" ", "") for c in mk.declared_signatures(self.code).get(name, [])]
         if want != have:
-            raise AssertionError(f"minitf.kernels.SIGNATURES[{name!r}] = {have} but the CUDA source declares {want}")
+            raise AssertionError(f"minitf.kernels.declared_signatures reads {name!r} as {have} but the CUDA source "
+                                 f"declares {want}")
         _emulator()._lib(self.dtype, self.code)   # compiles now (this module's code), as CuPy does in get_function
         return _RawKernel(self, name, self.kernels[name])
 

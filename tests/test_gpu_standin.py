@@ -1149,6 +1149,30 @@ def test_gpu_ab_launches_a_copy_of_the_kernels_with_its_own_softmax_rows_a_warp(
     assert same["one"]["finite"] and same["one"]["grad_rel_diff"] == 0.0 and same["one"]["loss_rel_diff"] == 0.0, same
 
 
+def test_gpu_ab_times_a_copy_whose_softmax_takes_rows_n_apart_with_tight_rows(tmp_path):
+    """A copy of the kernels from before the head layout's weights lay in rows of whole 16-byte vectors (its softmax
+    kernels without the trailing pitch: rows n apart) runs under gpu_ab where MINITF_ATTN_PITCH=0 makes every pitch n
+    (launched without that argument): the same loss and gradients, bit for bit, as minitf's own kernels with tight
+    rows, and as with rows a pitch apart; without MINITF_ATTN_PITCH=0 it is refused before anything runs."""
+    from cuda_emulator import compiler
+    if compiler() is None:
+        pytest.skip("needs g++ >= 12 to emulate the CUDA kernels on the CPU")
+    text = open(os.path.join(ROOT, "minitf", "kernels.py")).read()
+    assert len(re.findall(r",\s*long long pitch\)", text)) == 4 and text.count("* pitch;") == 7
+    old = tmp_path / "rows_n_apart.py"
+    old.write_text(re.sub(r",\s*long long pitch\)", ")", text).replace("* pitch;", "* n;"))
+    r = run_bench(tmp_path, "gpu_ab.py", "--smoke", "--no-torch", "--modes", "fp16", "--rounds", "1",
+                  "--steps-per-round", "1", "--variant", "now=", "--variant", "tight=MINITF_ATTN_PITCH=0",
+                  "--variant", f"old=KERNELS={old},MINITF_ATTN_PITCH=0", "--out", tmp_path / "ab")
+    assert r.returncode == 0, r.stderr[-3000:]
+    same = json.loads((tmp_path / "ab" / "ab.json").read_text())["results"]["tiny fp16"]["same"]
+    for name in ("tight", "old"):
+        assert same[name]["finite"] and same[name]["grad_rel_diff"] == 0.0 and same[name]["loss_rel_diff"] == 0.0, same
+    bad = run_bench(tmp_path, "gpu_ab.py", "--smoke", "--no-torch", "--variant", "now=", "--variant",
+                    f"old=KERNELS={old}")
+    assert bad.returncode == 1 and f"KERNELS={old}: that file's softmax takes rows n apart" in bad.stderr, bad.stderr
+
+
 def test_gpu_ab_drops_a_variant_that_raises_in_its_timed_rounds(tmp_path, standin, monkeypatch, capsys):
     """A variant that passed the comparison and raises in a later round (its second of --smoke's three: a warm-up and
     two timed) is dropped from the mode, out of

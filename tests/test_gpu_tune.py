@@ -3,6 +3,7 @@ and the whole command on the CuPy stand-in."""
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -121,7 +122,7 @@ def test_a_stage_past_its_time_is_stopped_with_its_children_and_what_it_printed_
     assert json.loads((tmp_path / "summary.json").read_text())["stages"]["quick"]["rc"] == 0   # kept stage by stage
 
 
-SPEEDS = {"attn": 1.3, "lnblock": 1.02, "relusums": 0.9, "splitk": 0.99, "rest": 1.015, "all": 1.1}
+SPEEDS = {"attn": 1.3, "lnblock": 1.02, "relusums": 0.9, "splitk": 0.99, "tight": 0.97, "rest": 1.015, "all": 1.1}
 
 
 def fake_stages(monkeypatch, calls, speeds=SPEEDS):
@@ -156,9 +157,10 @@ def test_the_report_runs_under_the_chosen_switches_within_the_deadline(tmp_path,
     assert calls[0][1][1:] == ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"]  # not NVRTC's minute
     first, second = calls[2][1], calls[3][1]
     assert first[1] == "bench/gpu_ab.py" and "--no-torch" in first and "attn=MINITF_FUSED_ATTN=1" not in first
-    assert "rest=MINITF_FUSED_LNWARP=0,MINITF_FUSED_RELUSUMS=1,MINITF_SPLITK=1" in first
+    assert "rest=MINITF_FUSED_LNWARP=0,MINITF_FUSED_RELUSUMS=1,MINITF_SPLITK=1,MINITF_ATTN_PITCH=0" in first
     assert second[second.index("--variant") + 1] == "now=" and "attn=MINITF_FUSED_ATTN=1" in second
-    assert "all=MINITF_FUSED_ATTN=1,MINITF_FUSED_LNWARP=0,MINITF_FUSED_RELUSUMS=1,MINITF_SPLITK=1" in second
+    assert "all=MINITF_FUSED_ATTN=1,MINITF_FUSED_LNWARP=0,MINITF_FUSED_RELUSUMS=1,MINITF_SPLITK=1,MINITF_ATTN_PITCH=0" \
+        in second
     # the A/Bs leave the report its time, the first leaving the second half of their room
     assert calls[2][2] < (570 - 120) / 2 + 1 and calls[3][2] <= 570 - 120
     assert s["choice"]["chosen"] == "attn" and calls[4][3] == {"MINITF_FUSED_ATTN": "1"} == calls[5][3]
@@ -222,6 +224,11 @@ def test_another_copy_of_the_kernels_is_checked_before_anything_runs(tmp_path):
     assert "take other arguments than minitf's launchers pass, or are missing (bias_relu)" in \
         gpu_tune.check_before(str(other))
     assert "cannot be given in gpu_ab's --variant" in gpu_tune.check_before(str(tmp_path / "a,b.py"))
+    tight = tmp_path / "tight.py"     # a copy whose softmax takes rows n apart (before kernels.row_pitch)
+    tight.write_text(re.sub(r",\s*long long pitch\)", ")", src).replace("* pitch;", "* n;"))
+    assert gpu_tune.check_before(str(tight)) is None
+    assert gpu_tune.variants(str(tight))["before"] == {"KERNELS": str(tight), "MINITF_ATTN_PITCH": "0"}
+    assert gpu_tune.variants(str(same))["before"] == {"KERNELS": str(same)}
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_tune.py"), "--out", str(tmp_path / "t"),
                         "--before-kernels", str(other)], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "--before-kernels: " in r.stderr and "(bias_relu)" in r.stderr, r.stderr
@@ -257,7 +264,8 @@ def test_the_whole_command_on_the_standin(tmp_path):
     summary = json.loads((tmp_path / "t" / "summary.json").read_text())
     assert [summary["stages"][s].get("rc") for s in ("allocations", "ab", "gemm")] == [0, 0, 0], summary["stages"]
     rows = {row[2]: row for row in summary["ab"]}
-    assert set(rows) == {"now", "lnblock", "relusums", "splitk", "rest", "before"} and summary["stages"]["ab_attn"]["skipped"]
+    assert set(rows) == {"now", "lnblock", "relusums", "splitk", "tight", "rest", "before"}
+    assert summary["stages"]["ab_attn"]["skipped"]
     assert rows["before"][6] == 0.0   # the same CUDA: the same gradients to the bit
     assert all(row[6] < gpu_tune.GRAD_TOL for row in rows.values())
     why = summary["choice"]["why"]

@@ -468,6 +468,40 @@ def test_masked_softmax_padding_and_causal(dtype, s):
     close(out, F.softmax_forward(scores + causal[:1]), dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("s", [5, 34, 300])
+def test_softmax_rows_a_pitch_apart(dtype, s):
+    """Rows of s values kernels.row_pitch apart (the head layout's attention weights): the same bits as the same rows
+    packed tight, forward and backward, in the warp kernels (s <= 256) and the block ones; the values past s are
+    neither read (NaNs there change nothing) nor written (they keep their bits)."""
+    rng = np.random.default_rng(s)
+    b, h, t = 2, 3, 5
+    pitch = kernels.row_pitch(s, dtype)
+    assert pitch % (16 // np.dtype(dtype).itemsize) == 0 and s <= pitch < s + 16 // np.dtype(dtype).itemsize
+    scores = (rng.normal(size=(b, h, t, s)) * 3).astype(dtype)
+    bias = np.triu(np.full((t, s), neg(dtype), dtype=dtype), k=1)[None, None]
+    wide = np.full((b, h, t, pitch), np.nan, dtype=dtype)
+    wide[..., :s] = scores
+    kernels.masked_softmax(wide, bias, out=wide, n=s)
+    assert wide[..., :s].tobytes() == kernels.masked_softmax(scores, bias).tobytes()
+    assert np.isnan(wide[..., s:].astype(np.float32)).all()
+    dp = rng.normal(size=(b, h, t, s)).astype(dtype)
+    dwide = np.full((b, h, t, pitch), np.nan, dtype=dtype)
+    dwide[..., :s] = dp
+    kernels.softmax_backward(dwide, wide, out=dwide, n=s)
+    p = np.ascontiguousarray(wide[..., :s])
+    assert dwide[..., :s].tobytes() == kernels.softmax_backward(dp, p).tobytes()
+    assert np.isnan(dwide[..., s:].astype(np.float32)).all()
+
+
+def test_row_pitch_is_whole_16_byte_vectors_unless_switched_off(monkeypatch):
+    assert [kernels.row_pitch(n, np.float16) for n in (1, 8, 34, 44)] == [8, 8, 40, 48]
+    assert [kernels.row_pitch(n, np.float32) for n in (1, 34, 44)] == [4, 36, 44]
+    assert [kernels.row_pitch(n, np.float64) for n in (1, 33, 34)] == [2, 34, 34]
+    monkeypatch.setenv("MINITF_ATTN_PITCH", "0")
+    assert [kernels.row_pitch(n, np.float16) for n in (1, 34, 44)] == [1, 34, 44]
+
+
 def test_block_size_is_a_power_of_two_covering_the_row_within_bounds():
     assert kernels.block_size("softmax", 25) == 32 and kernels.block_size("softmax", 1) == 32
     assert kernels.block_size("softmax", 64) == 64 and kernels.block_size("softmax", 65) == 128

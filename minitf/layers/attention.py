@@ -38,7 +38,8 @@ class AttentionCache(NamedTuple):
     """What MultiHeadAttention.backward needs: q [B, H, T, K], k and v [B, H, S, K] (heads
     split), p [B, H, T, S], the attention-dropout mask [B, H, T, S] (or None), and the packing
     of the query and key rows (or None); on the GPU path also the inputs x_q, x_kv (the
-    projections' own caches are not kept there)."""
+    projections' own caches are not kept there) and `weights` [B, H, T, pitch], the memory p views: its rows
+    kernels.row_pitch apart."""
     q: object
     k: object
     v: object
@@ -48,6 +49,13 @@ class AttentionCache(NamedTuple):
     rows_kv: object
     x_q: object = None
     x_kv: object = None
+    weights: object = None
+
+
+def _pitched(weights, s):
+    """gemm.Mat of the attention weights' rows in weights [B, H, T, pitch]: B*H matrices of T x s (kernels.row_pitch)."""
+    b, h, t, pitch = weights.shape
+    return gemm.Mat(weights, t, s, pitch, t * pitch)
 
 
 class RowsCache(NamedTuple):
@@ -116,7 +124,7 @@ class MultiHeadAttention(Layer):
             self.take_cache()   # raises: no forward to go back through
         if gemm.enabled(dy):
             return self._backward_gpu(dy, dx_into, dkv_into, out_bias)
-        q, k, v, p, mask, rows_q, rows_kv, _, _ = self.take_cache()   # the inputs are the projections' caches here
+        q, k, v, p, mask, rows_q, rows_kv = self.take_cache()[:7]   # the inputs are the projections' caches here
         h = self.n_heads
         # y = out(pack(merge_heads(ctx)))
         dctx = F.split_heads(unpack(rows_q, self.out.backward(dy, bias=out_bias)), h)
@@ -210,13 +218,16 @@ class MultiHeadAttention(Layer):
         xp = F.xp_of(q)
         b, h, t, s = q.shape[:3] + k.shape[2:3]
         mask = self.drop.draw(sites, (b, h, t, s), q.dtype, xp)
-        # scores = (q * scale) @ k^T, then p = softmax(scores + bias) in place
-        p = gemm.matmul(q, k, xp.empty((b, h, t, s), dtype=q.dtype), trans_b=True, alpha=self.scale, batch=b * h)
-        kernels.masked_softmax(p, bias, out=p)
+        # scores = (q * scale) @ k^T, then p = softmax(scores + bias) in place: rows of s values kernels.row_pitch
+        # apart in `weights` [B, H, T, pitch], p the view of their values
+        weights = xp.empty((b, h, t, kernels.row_pitch(s, q.dtype)), dtype=q.dtype)
+        gemm.matmul(q, k, _pitched(weights, s), trans_b=True, alpha=self.scale, batch=b * h)
+        kernels.masked_softmax(weights, bias, out=weights, n=s)
         # ctx = p @ v, or (p * mask) @ v
-        ctx = gemm.matmul(p if mask is None else p * mask, v, xp.empty_like(q), batch=b * h)
-        self.cache = AttentionCache(q, k, v, p, mask, rows_q, rows_kv, x_q, x_kv) if self.training or keeps_maps() \
-            else None
+        p = weights[..., :s]
+        ctx = gemm.matmul(_pitched(weights, s) if mask is None else p * mask, v, xp.empty_like(q), batch=b * h)
+        self.cache = AttentionCache(q, k, v, p, mask, rows_q, rows_kv, x_q, x_kv, weights) \
+            if self.training or keeps_maps() else None
         return self.out.forward(self._merged(ctx, rows_q, x_q), out_bias)
 
     def _merged(self, x, rows, like):
@@ -235,7 +246,7 @@ class MultiHeadAttention(Layer):
     def _heads_backward(self, dy, out_bias):
         """(dq, dqkv): the gradients of the projections' outputs, in packed rows as _inputs_backward takes
         them, from dy through the head layout (the forward's AttentionCache)."""
-        q, k, v, p, mask, rows_q, rows_kv, x_q, x_kv = self.cache
+        q, k, v, p, mask, rows_q, rows_kv, x_q, x_kv, weights = self.cache
         self.cache = None
         xp = F.xp_of(q)
         b, h, t, s = p.shape
@@ -247,14 +258,15 @@ class MultiHeadAttention(Layer):
         # y = out(pack_heads(ctx))
         dctx = kernels.unpack_heads(self.out.backward(dy, bias=out_bias), None, None if rows_q is None else
                                     rows_q.inverse, b, t, h)
-        # ctx = pm @ v with pm = p (or p * mask)
-        pm = p if mask is None else p * mask
-        gemm.matmul(pm, dctx, dv, trans_a=True, batch=b * h)
-        dp = gemm.matmul(dctx, v, xp.empty_like(p), trans_b=True, batch=b * h)
+        # ctx = pm @ v with pm = p (or p * mask); p's rows (and dp's, ds's) as the forward's: row_pitch apart
+        gemm.matmul(_pitched(weights, s) if mask is None else p * mask, dctx, dv, trans_a=True, batch=b * h)
+        dweights = xp.empty_like(weights)
+        gemm.matmul(dctx, v, _pitched(dweights, s), trans_b=True, batch=b * h)
         if mask is not None:
-            dp *= mask
+            dweights[..., :s] *= mask
         # p = softmax(scores + bias)
-        ds = kernels.softmax_backward(dp, p, out=dp)
+        kernels.softmax_backward(dweights, weights, out=dweights, n=s)
+        ds = _pitched(dweights, s)
         # scores = (q * scale) @ k^T
         gemm.matmul(ds, k, dq, alpha=self.scale, batch=b * h)
         gemm.matmul(ds, q, dk, trans_a=True, alpha=self.scale, batch=b * h)
