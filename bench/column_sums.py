@@ -81,7 +81,8 @@ def differing_kernels(other, env=None):
     """The kernels of minitf that `other` (other_kernels' module) lacks or declares with other arguments than minitf's
     launchers pass: only a copy where this is empty runs under them. A kernel minitf launches only under a switch that
     is off by default (kernels.OPT_IN_KERNELS) may be missing there unless `env` (a variant's variables) switches it
-    on: a copy from before it was written still times the defaults."""
+    on: a copy from before it was written still times the defaults. A kernel of TRAILING declared without its last
+    argument runs where `env` sets MINITF_ATTN_PITCH=0."""
     theirs, env = getattr(other, "SIGNATURES", {}), env or {}
 
     def needed(name):
@@ -137,7 +138,7 @@ def launcher(module):
     with their own."""
     if module is None:
         return kernels._cupy_launch
-    compiled, functions = {}, {}
+    compiled, functions, strip = {}, {}, {}
     rows_each = rows_a_block(module)
 
     def launch(name, dtype, grid, block, args):
@@ -149,8 +150,9 @@ def launcher(module):
             if key[0] not in compiled:
                 compiled[key[0]] = backend.cupy.RawModule(code=module.source(dtype), options=("-std=c++14",))
             functions[key] = compiled[key[0]].get_function(name)
-        if tight_rows(module, name):
-            new, same = TRAILING[name]
+            strip[key] = TRAILING[name] if tight_rows(module, name) else None
+        if strip[key] is not None:
+            new, same = strip[key]
             if int(args[new]) != int(args[same]):
                 raise SystemExit(f"column_sums: {name} of the --against file takes rows n apart, and this launch's "
                                  f"are {int(args[new])} apart: time that file with MINITF_ATTN_PITCH=0")

@@ -10,9 +10,9 @@ Some of minitf's GPU code is off by default: attention on packed rows in one ker
 backward inside the feed-forward's bias sums (MINITF_FUSED_RELUSUMS=1), not faster on the H200 that timed them, and
 split-K for the weight gradients (MINITF_SPLITK=1, float32), not yet timed on a GPU; the LayerNorms' warp-per-row
 kernels are on by default since that timing and timed here switched off (MINITF_FUSED_LNWARP=0, `lnblock`), so that a
-GPU where the block kernels are faster says so, and so are the head layout's attention weights in rows of whole 16-byte
-vectors (kernels.row_pitch), timed switched off as `tight` (MINITF_ATTN_PITCH=0: rows as long as a sentence)
-(docs/performance.md says what each does). This runs, each
+GPU where the block kernels are faster says so; the head layout's attention weights in rows of whole 16-byte vectors
+(kernels.row_pitch) are on by default too, not yet timed on a GPU, and timed here switched off as `tight`
+(MINITF_ATTN_PITCH=0: rows S apart, S the batch's longest key side) (docs/performance.md says what each does). This runs, each
 stage as a process of its own with what is left of --deadline, every stage's output kept in --out:
 
   suite        `pytest tests/test_gpu.py` (suite.txt): a variant with MINITF_FUSED_ATTN=1 is timed and chosen only

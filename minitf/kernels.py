@@ -10,7 +10,8 @@ kernels a block per 16 query (or key) rows of one sentence and head, 4 threads a
 
   masked_softmax        p = softmax(scores + bias) over the last axis (bias broadcast)
   softmax_backward      dx = p * (dp - sum(dp * p))
-  (masked_softmax_warp, softmax_backward_warp: the same for rows up to 256 long, a warp per 2 rows)
+  (masked_softmax_warp, softmax_backward_warp: the same for rows up to 256 long, a warp per 2 rows; all four
+  read a row's n values at its pitch: the head layout's rows lie row_pitch apart)
   layernorm_forward     y = xhat * g + b with xhat = (x - mean) * rstd, per row
   layernorm_backward    dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
   dropout_add           out = y * mask + x, mask = (u >= round(p 2^16)) / (1 - p), u 16-bit, hashed from (key, position)
@@ -573,6 +574,14 @@ def _row_length(x, n):
     return (x.size // pitch if pitch else 0), n, pitch
 
 
+def _like(x, ref, name):
+    """x, where it is C-contiguous and shaped like ref (the softmax kernels index both alike), else a ValueError."""
+    if x.shape != ref.shape or not x.flags.c_contiguous:
+        raise ValueError(f"softmax: {name} of shape {x.shape} (C-contiguous: {x.flags.c_contiguous}) where the rows "
+                         f"are {ref.shape}: expected a C-contiguous array of that shape")
+    return x
+
+
 def masked_softmax(scores, bias, out=None, n=None):
     """softmax(scores + bias) over the last axis; scores [B, H, T, S] C-contiguous, bias
     broadcastable to it (read through strides, never materialized). Writes into `out`
@@ -584,7 +593,7 @@ def masked_softmax(scores, bias, out=None, n=None):
     bias = xp.asarray(bias, dtype=scores.dtype)
     bias = xp.broadcast_to(bias.reshape((1,) * (4 - bias.ndim) + bias.shape), (b, h, t, n))
     sb, sh, st, sj = (stride // bias.itemsize for stride in bias.strides)
-    out = xp.empty_like(scores) if out is None else out
+    out = xp.empty_like(scores) if out is None else _like(out, scores, "out")
     if n <= WARP_ROW_MAX:       # a warp per WARP_ROW_RUN rows, WARP_ROWS warps a block
         _launch("masked_softmax_warp", scores.dtype, -(-rows // (WARP_ROWS * WARP_ROW_RUN)), 32 * WARP_ROWS,
                 (scores, bias, out, np.int64(rows), np.int32(n), np.int32(h), np.int32(t), np.int64(sb), np.int64(sh),
@@ -600,8 +609,8 @@ def softmax_backward(dp, p, out=None, n=None):
     """dx = p * (dp - sum(dp * p)) over the last axis; p C-contiguous, `out` may be dp. n: the rows hold their n first
     values (as masked_softmax's n; dp then C-contiguous too, shaped like p)."""
     xp = backend.xp_of(p)
-    dp = xp.ascontiguousarray(dp)
-    out = xp.empty_like(p) if out is None else out
+    dp = _like(xp.ascontiguousarray(dp), p, "dp")
+    out = xp.empty_like(p) if out is None else _like(out, p, "out")
     rows, n, pitch = _row_length(p, n)
     if n <= WARP_ROW_MAX:
         _launch("softmax_backward_warp", p.dtype, -(-rows // (WARP_ROWS * WARP_ROW_RUN)), 32 * WARP_ROWS,

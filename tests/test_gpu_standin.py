@@ -107,6 +107,47 @@ def test_attention_and_relu_dropout_on_the_device_draw_hashed_masks(standin, mon
         np.testing.assert_allclose(backend.to_numpy(generic.flat_grads), grads, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("attention_dropout", [0.0, 0.3])
+def test_the_head_layouts_attention_weights_lie_a_pitch_apart(standin, monkeypatch, dtype, attention_dropout):
+    """The head layout's attention weights (6 keys and queries here: whole 16-byte vectors in no dtype) lie in rows
+    kernels.row_pitch apart: the cache's p is the [B, H, T, S] view of its weights [B, H, T, P], P > S, and each of an
+    attention's six products reads or writes them with P as leading dimension and T P as batch stride, with attention
+    dropout too (p * mask pitched as well); the loss and every gradient the same bits as with rows S apart
+    (MINITF_ATTN_PITCH=0, where the products are given S and T S)."""
+    from minitf import gemm
+    matmul, calls = gemm.matmul, []
+
+    def recording(a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, batch=1):
+        calls.append((a, b, c, batch))
+        return matmul(a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, batch=batch)
+    monkeypatch.setattr(gemm, "matmul", recording)
+
+    def run(pitch):
+        monkeypatch.setenv("MINITF_ATTN_PITCH", pitch)
+        calls.clear()
+        model = tiny(dtype=dtype, attention_dropout=attention_dropout)
+        model.forward_count = 1
+        model.zero_grad()
+        loss = float(model.forward_loss(SRC[:, 1:], SRC[:, :-1], SRC[:, 1:]))
+        cache = model.decoder.layer_list[0].self_attn.cache
+        model.backward()
+        # the products over the weights: those of B*H matrices, one operand T x S (or S x T) with the weights' memory
+        geometry = [(m.rows, m.cols, m.ld, m.stride) for a, b, c, batch in calls if batch == b_h
+                    for m in (a, b, c) if type(m) is gemm.Mat and m.array.shape[:3] == (b_h // 4, 4, t)]
+        return loss, backend.to_numpy(model.flat_grads), cache, geometry
+
+    b_h, t, s = SRC.shape[0] * 4, SRC.shape[1] - 1, SRC.shape[1] - 1
+    pitch = minitf.kernels.row_pitch(s, np.dtype(dtype))
+    assert pitch > s
+    loss, grads, cache, geometry = run("1")
+    assert cache.weights.shape == (SRC.shape[0], 4, t, pitch) and cache.p.shape == (SRC.shape[0], 4, t, s)
+    # 3 attentions a layer pair (encoder, decoder self, cross) x 2 layers x 6 products
+    assert len(geometry) == 36 and set(geometry) == {(t, s, pitch, t * pitch)}, set(geometry)
+    tight_loss, tight_grads, _, tight = run("0")
+    assert tight == [(t, s, s, t * s)] * 36 and tight_loss == loss and tight_grads.tobytes() == grads.tobytes()
+
+
 # ----------------------------------------------------------------------------- decoding
 SRC = np.array([[5, 6, 7, 8, 3, 0, 0], [9, 10, 5, 6, 7, 8, 3], [4, 3, 0, 0, 0, 0, 0], [6, 7, 8, 9, 10, 11, 3],
                 [12, 13, 3, 0, 0, 0, 0]])

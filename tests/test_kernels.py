@@ -469,15 +469,16 @@ def test_masked_softmax_padding_and_causal(dtype, s):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("s", [5, 34, 300])
+@pytest.mark.parametrize("s", [5, 35, 301])
 def test_softmax_rows_a_pitch_apart(dtype, s):
-    """Rows of s values kernels.row_pitch apart (the head layout's attention weights): the same bits as the same rows
-    packed tight, forward and backward, in the warp kernels (s <= 256) and the block ones; the values past s are
-    neither read (NaNs there change nothing) nor written (they keep their bits)."""
+    """Rows of s values kernels.row_pitch apart (the head layout's attention weights; s whole vectors in no dtype, so
+    the pitch is longer in each): the same bits as the same rows packed tight, forward and backward, in the warp
+    kernels (s <= 256) and the block ones; the values past s are neither read (NaNs there change nothing) nor
+    written (they keep their bits). An output gradient shaped otherwise than the weights is refused."""
     rng = np.random.default_rng(s)
     b, h, t = 2, 3, 5
     pitch = kernels.row_pitch(s, dtype)
-    assert pitch % (16 // np.dtype(dtype).itemsize) == 0 and s <= pitch < s + 16 // np.dtype(dtype).itemsize
+    assert pitch % (16 // np.dtype(dtype).itemsize) == 0 and s < pitch < s + 16 // np.dtype(dtype).itemsize
     scores = (rng.normal(size=(b, h, t, s)) * 3).astype(dtype)
     bias = np.triu(np.full((t, s), neg(dtype), dtype=dtype), k=1)[None, None]
     wide = np.full((b, h, t, pitch), np.nan, dtype=dtype)
@@ -492,6 +493,8 @@ def test_softmax_rows_a_pitch_apart(dtype, s):
     p = np.ascontiguousarray(wide[..., :s])
     assert dwide[..., :s].tobytes() == kernels.softmax_backward(dp, p).tobytes()
     assert np.isnan(dwide[..., s:].astype(np.float32)).all()
+    with pytest.raises(ValueError, match=r"softmax: dp of shape \(2, 3, 5, %d\)" % s):
+        kernels.softmax_backward(dp, wide, n=s)
 
 
 def test_row_pitch_is_whole_16_byte_vectors_unless_switched_off(monkeypatch):

@@ -58,6 +58,17 @@ def _pitched(weights, s):
     return gemm.Mat(weights, t, s, pitch, t * pitch)
 
 
+def _dropped(weights, s, mask):
+    """weights [B, H, T, pitch] itself, or with attention dropout (mask [B, H, T, S]) a new array of its shape whose
+    rows' s first values are p * mask (the rest never read): the same pitch for the products."""
+    if mask is None:
+        return weights
+    xp = F.xp_of(weights)
+    out = xp.empty_like(weights)
+    xp.multiply(weights[..., :s], mask, out=out[..., :s])
+    return out
+
+
 class RowsCache(NamedTuple):
     """What the backward of attention on packed rows (kernels.attention_rows) needs: the projections'
     outputs before their biases, q [rows_q, H*K] (the query side's kept rows: N_t in the decoder, N_s in
@@ -225,7 +236,7 @@ class MultiHeadAttention(Layer):
         kernels.masked_softmax(weights, bias, out=weights, n=s)
         # ctx = p @ v, or (p * mask) @ v
         p = weights[..., :s]
-        ctx = gemm.matmul(_pitched(weights, s) if mask is None else p * mask, v, xp.empty_like(q), batch=b * h)
+        ctx = gemm.matmul(_pitched(_dropped(weights, s, mask), s), v, xp.empty_like(q), batch=b * h)
         self.cache = AttentionCache(q, k, v, p, mask, rows_q, rows_kv, x_q, x_kv, weights) \
             if self.training or keeps_maps() else None
         return self.out.forward(self._merged(ctx, rows_q, x_q), out_bias)
@@ -259,7 +270,7 @@ class MultiHeadAttention(Layer):
         dctx = kernels.unpack_heads(self.out.backward(dy, bias=out_bias), None, None if rows_q is None else
                                     rows_q.inverse, b, t, h)
         # ctx = pm @ v with pm = p (or p * mask); p's rows (and dp's, ds's) as the forward's: row_pitch apart
-        gemm.matmul(_pitched(weights, s) if mask is None else p * mask, dctx, dv, trans_a=True, batch=b * h)
+        gemm.matmul(_pitched(_dropped(weights, s, mask), s), dctx, dv, trans_a=True, batch=b * h)
         dweights = xp.empty_like(weights)
         gemm.matmul(dctx, v, _pitched(dweights, s), trans_b=True, batch=b * h)
         if mask is not None:
