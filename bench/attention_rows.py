@@ -9,13 +9,14 @@ A model of the preset in the mode's dtype on the GPU, and bench/data.py's `wmt_b
 batch: at most 25,000 padded tokens a side of WMT14-shaped lengths) as packed rows of random values: the first
 encoder layer's self-attention on the source rows, the first decoder layer's (causal) on the target rows and its
 cross-attention, each called forward and backward (the gradients of its inputs and weights) with
-MINITF_FUSED_ATTN=0 (the head layout: unpack, batched products, softmax, pack) and =1 (packed rows: on tensor cores
+MINITF_FUSED_ATTN=0 (the head layout: unpack, batched products, softmax, pack; its weights in rows of whole 16-byte
+vectors, and with MINITF_ATTN_PITCH=0 in rows S apart, "rows S apart") and =1 (packed rows: on tensor cores
 in float16 and bfloat16, and in float32 where its products run on TF32 (CUPY_TF32=1, this script's default), where the
 head's width is a multiple of 16, else on CUDA cores), and where tensor cores apply also with MINITF_FUSED_ATTN_MMA=0
 (packed rows on CUDA cores), in alternating rounds of --calls calls, the device synchronised
 before and after each round. Printed per mode and attention: the median ms of a forward and backward on each path,
-the ratio of the head layout's to each packed path's (above 1, the packed rows are faster), and the largest
-difference between a packed path's input gradients and the head layout's, relative to the largest value.
+the ratio of the head layout's to each other path's (above 1, that path is faster), and the largest difference
+between another path's input gradients and the head layout's, relative to the largest value.
 """
 import os
 import statistics
@@ -38,7 +39,8 @@ from bench.flags import parser  # noqa: E402
 
 DTYPES = {"float32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 # (name, what it is called in the output, its switches); "cuda" only where "rows" takes tensor cores (16 bits, TF32)
-PATHS = (("heads", "head layout", {"MINITF_FUSED_ATTN": "0"}),
+PATHS = (("heads", "head layout", {"MINITF_FUSED_ATTN": "0", "MINITF_ATTN_PITCH": "1"}),
+         ("tight", "rows S apart", {"MINITF_FUSED_ATTN": "0", "MINITF_ATTN_PITCH": "0"}),
          ("rows", "packed rows", {"MINITF_FUSED_ATTN": "1", "MINITF_FUSED_ATTN_MMA": "1"}),
          ("cuda", "on CUDA cores", {"MINITF_FUSED_ATTN": "1", "MINITF_FUSED_ATTN_MMA": "0"}))
 
@@ -107,7 +109,7 @@ def main(argv=None):
           f"{int((tgt_in != cfg.pad_id).sum())} target rows, H={cfg.n_heads} K={cfg.d_k}")
     for mode in args.modes.split(","):
         model = minitf.Transformer(cfg, device="gpu", dtype=DTYPES[mode], seed=0)
-        paths = PATHS if mode != "float32" or kernels.tf32() else PATHS[:2]
+        paths = [path for path in PATHS if path[0] != "cuda" or mode != "float32" or kernels.tf32()]
         for name, args_of in attentions(model, src, tgt_in).items():
             times = time_paths(args_of, paths, args.rounds, args.calls, args.warmup)
             ms = {path: statistics.median(ts) * 1e3 for path, ts in times.items()}

@@ -795,13 +795,14 @@ def test_gpu_ab_times_the_update_ended_on_the_device_against_the_host(tmp_path, 
 
 def test_the_attention_bench_times_both_paths_of_each_attention(tmp_path):
     """bench/attention_rows.py --smoke on the stand-in: the three attentions in the three modes, each timed in
-    the head layout and on packed rows (in 16 bits, and in float32 with TF32 products, the script's default, on tensor
-    cores and on CUDA cores; in float32 without TF32 on CUDA cores only), with the packed paths' input gradients as
-    close to the head layout's as the mode allows."""
+    the head layout (its weights a pitch apart, and S apart) and on packed rows (in 16 bits, and in float32 with TF32
+    products, the script's default, on tensor cores and on CUDA cores; in float32 without TF32 on CUDA cores only),
+    with the other paths' input gradients as close to the head layout's as the mode allows."""
     r = run_bench(tmp_path, "attention_rows.py", "--smoke")
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = re.findall(r"^  (\w+) +(encoder self|decoder self|cross) +head layout +[\d.]+ ms +packed rows +[\d.]+ ms "
-                      r"x[\d.]+(  on CUDA cores +[\d.]+ ms x[\d.]+)? +input gradients differ by (\S+)$", r.stdout, re.M)
+    rows = re.findall(r"^  (\w+) +(encoder self|decoder self|cross) +head layout +[\d.]+ ms +rows S apart +[\d.]+ ms "
+                      r"x[\d.]+ +packed rows +[\d.]+ ms x[\d.]+(  on CUDA cores +[\d.]+ ms x[\d.]+)? +input gradients "
+                      r"differ by (\S+)$", r.stdout, re.M)
     assert [(m, bool(cuda)) for m, _, cuda, _ in rows] == [(m, True) for m in ("float32", "fp16", "bf16")
                                                          for _ in range(3)], r.stdout
     rows = [(m, a, d) for m, a, _, d in rows]
@@ -811,8 +812,8 @@ def test_the_attention_bench_times_both_paths_of_each_attention(tmp_path):
     assert all(float(d) <= tol[m] for m, _, d in rows), r.stdout
     r = run_bench(tmp_path, "attention_rows.py", "--smoke", "--modes", "float32", CUPY_TF32="0")
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = re.findall(r"^  float32 +(encoder self|decoder self|cross) +head layout +[\d.]+ ms +packed rows +[\d.]+ ms "
-                      r"x[\d.]+ +input gradients differ by (\S+)$", r.stdout, re.M)
+    rows = re.findall(r"^  float32 +(encoder self|decoder self|cross) +head layout +[\d.]+ ms +rows S apart +[\d.]+ ms "
+                      r"x[\d.]+ +packed rows +[\d.]+ ms x[\d.]+ +input gradients differ by (\S+)$", r.stdout, re.M)
     assert len(rows) == 3 and all(float(d) <= 1e-5 for _, d in rows), r.stdout
 
 
@@ -914,6 +915,10 @@ def test_the_gpu_reports_kernel_tables_cover_float32_and_fp16():
     heads = [line for line in lines if line.startswith("**Where a step's GPU time goes**")]
     assert len(heads) == 2 and "float32" in heads[0] and "fp16" in heads[1]
     assert sum(line.startswith("| `softmax`") for line in lines) == 2
+    # report.json keeps more kernels than the tables show
+    many = dict(table, top=[[f"k{i}", 1.0, 0.01, 1.0] for i in range(40)])
+    lines = report.kernel_tables({"preset": "base", "steps": 3, "modes": {"fp16": {"minitf": many, "torch": many}}})
+    assert sum(line.startswith("| `k") for line in lines) == report.TABLE_ROWS == 12
 
 
 def test_the_gpu_report_runs_its_sections(tmp_path):
