@@ -68,6 +68,23 @@ def test_a_variant_is_not_chosen_when(case, reason):
     assert winner is None and why["lnblock"].startswith("not chosen") and reason in why["lnblock"], why
 
 
+def test_a_switch_that_acts_in_float32_alone_is_held_to_its_gain_there():
+    """Split-K changes float32's step only (16-bit products stay whole): 1.02x there and 1.00 / 0.995 in 16 bits is
+    x1.005 over the three modes, under SPEED_LEAST, and it is chosen on its float32 alone; a mode it does not act in
+    still may not fall under MODE_LEAST, and a variant with another switch beside it is held over every mode."""
+    winner, why = choose(ab({"splitk": (1.02, 1.0, 0.995)}), suite_passed=True)
+    assert winner == "splitk" and why["splitk"] == "chosen: x1.020 against now over float32 (the modes it acts in), " \
+        "x1.005 over the modes", why
+    winner, why = choose(ab({"splitk": (1.0099, 1.0, 1.0)}), suite_passed=True)
+    assert winner is None and "x1.0099 against now over float32 (the modes it acts in) (< 1.01)" in why["splitk"]
+    winner, why = choose(ab({"splitk": (1.05, 0.97, 1.0)}), suite_passed=True)
+    assert winner is None and "base fp16: x0.970 against now (< 0.98)" in why["splitk"]
+    both = {"both": {"MINITF_SPLITK": "1", "MINITF_FUSED_LNWARP": "0"}}
+    winner, why = choose(ab({"both": (1.02, 1.0, 0.995)}, env=both), suite_passed=True)
+    assert winner is None and "over the modes (< 1.01)" in why["both"]
+    assert gpu_tune.acts_in({"MINITF_SPLITK": "1"}, ["fp16", "bf16"]) == ["fp16", "bf16"]   # none acts: all held
+
+
 def test_attention_on_packed_rows_needs_the_gpu_tests_to_have_passed():
     data = ab({"attn": 1.2, "lnblock": 1.02})
     for passed, said in ((None, "did not run"), (False, "did not all pass")):
