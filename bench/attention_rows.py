@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""The attention alone: on packed rows (kernels.attention_rows, MINITF_FUSED_ATTN=1) against the head layout.
+"""The attention alone: the head layout (its weights' rows padded to whole 16-byte vectors, and S apart) against packed
+rows (kernels.attention_rows, MINITF_FUSED_ATTN=1).
 
     python bench/attention_rows.py                     # base at the report's batch: float32 (TF32), --fp16, --bf16
     python bench/attention_rows.py --modes fp16 --rounds 21
@@ -9,14 +10,15 @@ A model of the preset in the mode's dtype on the GPU, and bench/data.py's `wmt_b
 batch: at most 25,000 padded tokens a side of WMT14-shaped lengths) as packed rows of random values: the first
 encoder layer's self-attention on the source rows, the first decoder layer's (causal) on the target rows and its
 cross-attention, each called forward and backward (the gradients of its inputs and weights) with
-MINITF_FUSED_ATTN=0 (the head layout: unpack, batched products, softmax, pack; its weights in rows of whole 16-byte
-vectors, and with MINITF_ATTN_PITCH=0 in rows S apart, "rows S apart") and =1 (packed rows: on tensor cores
+MINITF_FUSED_ATTN=0 (the head layout: unpack, batched products, softmax, pack; its weights' rows padded to whole
+16-byte vectors, and with MINITF_ATTN_PITCH=0 S apart, S the attention's key length: "rows S apart") and =1 (packed
+rows: on tensor cores
 in float16 and bfloat16, and in float32 where its products run on TF32 (CUPY_TF32=1, this script's default), where the
 head's width is a multiple of 16, else on CUDA cores), and where tensor cores apply also with MINITF_FUSED_ATTN_MMA=0
 (packed rows on CUDA cores), in alternating rounds of --calls calls, the device synchronised
 before and after each round. Printed per mode and attention: the median ms of a forward and backward on each path,
-the ratio of the head layout's to each other path's (above 1, that path is faster), and the largest difference
-between another path's input gradients and the head layout's, relative to the largest value.
+the ratio of the head layout's to each other path's (above 1, that path is faster), and the largest difference, over
+the other paths, between their input gradients and the head layout's, relative to the largest value.
 """
 import os
 import statistics
@@ -78,7 +80,7 @@ def time_paths(args_of, paths, rounds, calls, warmup):
 
 
 def gradient_difference(args_of, paths):
-    """The largest difference between a packed path's input gradients and the head layout's, relative to the
+    """The largest difference between another path's input gradients and the head layout's, relative to the
     largest value."""
     got = {}
     for name, _, env in paths:

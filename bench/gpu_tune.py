@@ -10,10 +10,10 @@ Some of minitf's GPU code is off by default: attention on packed rows in one ker
 backward inside the feed-forward's bias sums (MINITF_FUSED_RELUSUMS=1), not faster on the H200 that timed them, and
 split-K for the weight gradients (MINITF_SPLITK=1, float32), not yet timed on a GPU; the LayerNorms' warp-per-row
 kernels are on by default since that timing and timed here switched off (MINITF_FUSED_LNWARP=0, `lnblock`), so that a
-GPU where the block kernels are faster says so; the head layout's attention weights in rows of whole 16-byte vectors
+GPU where the block kernels are faster says so; the head layout's attention-weight rows padded to whole 16-byte vectors
 (kernels.row_pitch) are on by default too, not yet timed on a GPU, and timed here switched off as `tight`
-(MINITF_ATTN_PITCH=0: rows S apart, S the batch's longest key side) (docs/performance.md says what each does). This runs, each
-stage as a process of its own with what is left of --deadline, every stage's output kept in --out:
+(MINITF_ATTN_PITCH=0: rows S apart, S the batch's longest key side; docs/performance.md says what each does). This
+runs, each stage as a process of its own with what is left of --deadline, every stage's output kept in --out:
 
   suite        `pytest tests/test_gpu.py` (suite.txt): a variant with MINITF_FUSED_ATTN=1 is timed and chosen only
                where every test passed (they hold the attention kernels to NumPy on this GPU; tests/test_nvrtc.py,
@@ -22,10 +22,10 @@ stage as a process of its own with what is left of --deadline, every stage's out
   ab           bench/gpu_ab.py (ab/ab.json, ab.txt): the training step of `base` in --modes (float32 (TF32), --fp16
                and --bf16), each variant against `now` (the defaults) on the same weights and batch, in rounds of
                --steps-per-round steps: `lnblock`, `relusums`, `splitk` and `tight` (each switch alone), `rest`
-               (the four) and `before` (--before-kernels; with MINITF_ATTN_PITCH=0 where that copy's softmax takes
-               rows n apart: bench/column_sums.py's TRAILING) in one process, then, where the GPU tests all passed, `attn`
-               (attention alone) and `all` (every switch) with `now` again in another (ab_attn/ab.json, ab_attn.txt),
-               so that a first run of the new attention kernels that stops the CUDA context costs only its own
+               (the four) and `before` (--before-kernels; with MINITF_ATTN_PITCH=0 where that copy's softmax kernels
+               lack the trailing pitch argument, rows S apart: bench/column_sums.py's TRAILING) in one process,
+               then, where the GPU tests all passed, `attn` (attention alone) and `all` (every switch) with `now`
+               again in another (ab_attn/ab.json, ab_attn.txt), so that a first run of the new attention kernels that stops the CUDA context costs only its own
                process (a variant that raises is left out of that mode, and the others of its process go on)
   report       where at least 120 s are left: bench/gpu_report.py --skip suite,beam --fp16 under the chosen switches
                (the training step of `base` and `big` against PyTorch, the kernel tables, and the WMT14-shaped run,
@@ -41,9 +41,9 @@ variables in the environment to train with them.
 A variant is chosen only if, in every preset and mode asked for: both it and `now` ran and gave finite gradients and
 losses; its loss is within 1% of now's (LOSS_TOL, relative) and its gradients within 5% (GRAD_TOL, ||g - g_now|| /
 ||g_now||; NaN counts as disagreeing); and its speed against now's is at least 0.98x in every mode (MODE_LEAST) and
-at least 1.01x as a geometric mean over the modes (SPEED_LEAST; over the modes it acts in for a variant of switches
-that change some modes only, ACTS_IN: MINITF_SPLITK alone is held to 1.01x in float32). Of those, the fastest
-(geometric mean over every mode) is chosen,
+at least 1.01x as a geometric mean over the modes (SPEED_LEAST). A variant whose every switch changes only some modes
+(ACTS_IN) is held to that over those modes alone: `splitk` needs 1.01x in float32, where the 16-bit modes' ~1.00 would
+dilute its gain. Of the eligible, the fastest by geometric mean over every preset and mode is chosen,
 each against the `now` of its own process. A KERNELS=FILE variant (--before-kernels) is timed, never chosen; a file
 whose kernels take other arguments than minitf's launchers pass is refused up front (a kernel only a switch off
 by default launches may be missing: kernels.OPT_IN_KERNELS).
@@ -82,7 +82,8 @@ ACTS_IN = {"MINITF_SPLITK": ("float32",)}
 
 def variants(before_kernels=None):
     """gpu_ab's --variant values: now (the defaults), each switch alone, all of them, those but attention together
-    (`rest`), and `before` (another copy of the CUDA, with the defaults) where given."""
+    (`rest`), and `before` (another copy of the CUDA, with the defaults, and MINITF_ATTN_PITCH=0 where its softmax
+    takes rows S apart) where given."""
     out = {"now": {}, **SWITCHES, "all": {k: v for env in SWITCHES.values() for k, v in env.items()},
            "rest": {k: v for name, env in SWITCHES.items() if name != "attn" for k, v in env.items()}}
     if before_kernels:

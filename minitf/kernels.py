@@ -556,8 +556,8 @@ def row_pitch(n, dtype):
     n rounded up to whole 16-byte vectors (8 values in 16 bits, 4 in float32, 2 in float64), so that every row, and
     every head's matrix of them, starts on a 16-byte boundary, as cuBLAS's kernels that load 16 bytes at a time need of
     an operand's leading dimension and batch stride (a sentence of 34 keys leaves 68 bytes a float16 row: cuBLAS then
-    takes kernels that load 4 bytes at a time). The values past n are never read. n itself where the environment sets
-    MINITF_ATTN_PITCH=0 (for comparisons)."""
+    takes kernels that load 2 or 4 bytes at a time). The values past n are never read. n itself where the environment
+    sets MINITF_ATTN_PITCH=0 (for comparisons)."""
     if switched_off("MINITF_ATTN_PITCH"):
         return n
     vec = VEC_BYTES // np.dtype(dtype).itemsize
