@@ -1,7 +1,8 @@
 """Downloader, extraction and prepare_dataset against a local HTTP server.
 
 Nothing here leaves 127.0.0.1: a ThreadingHTTPServer on port 0 serves in-memory
-files, honouring Range requests (or not), and can cut the first response short.
+files, honouring Range requests (or not, and If-Range against a file's ETag or
+Last-Modified where it has one), and can cut the first response short.
 """
 
 import gzip
@@ -34,6 +35,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         srv = self.server
         srv.requests.append((self.path, self.headers.get("Range")))
+        srv.if_ranges.append(self.headers.get("If-Range"))
         data = srv.files.get(self.path)
         if self.path in srv.answers:   # a status (and headers) of this test's choosing instead of the file
             code, headers = srv.answers[self.path]
@@ -48,10 +50,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         start, status = 0, 200
         rng = self.headers.get("Range")
-        if rng and srv.honour_range:
+        same = self.headers.get("If-Range") in (None, srv.etags.get(self.path), srv.modified.get(self.path))
+        if rng and srv.honour_range and same:   # another version than If-Range names: all of it (RFC 9110 13.1.5)
             start = int(rng.split("=")[1].split("-")[0])
             status = 206
         self.send_response(status)
+        if self.path in srv.etags:
+            self.send_header("ETag", srv.etags[self.path])
+        if self.path in srv.modified:
+            self.send_header("Last-Modified", srv.modified[self.path])
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
         self.send_header("Content-Length", str(len(data) - start))
@@ -70,6 +77,7 @@ def server():
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     srv.daemon_threads = True
     srv.files, srv.requests, srv.cut_done, srv.answers, srv.types = {}, [], set(), {}, {}
+    srv.if_ranges, srv.etags, srv.modified = [], {}, {}
     srv.honour_range, srv.cut_after = True, 0
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05},
                               daemon=True)
@@ -149,6 +157,58 @@ def test_existing_part_file_is_resumed(server, tmp_path):
     (tmp_path / "blob.bin.part").write_bytes(PAYLOAD[:777])
     _dl(server, tmp_path, sha256=PAYLOAD_SHA)
     assert server.requests == [("/blob.bin", "bytes=777-")]
+
+
+OTHER = os.urandom(50_000)
+OTHER_SHA = hashlib.sha256(OTHER).hexdigest()
+
+
+@pytest.mark.parametrize("etag, modified, kept", [
+    ('"v1"', None, '"v1"'),                                               # a strong ETag
+    ('W/"v1"', "Mon, 30 Nov 2026 10:00:00 GMT", "Mon, 30 Nov 2026 10:00:00 GMT"),   # a weak one: Last-Modified
+])
+def test_a_file_changed_on_the_server_between_two_runs_is_fetched_again_whole(server, tmp_path, etag, modified, kept):
+    """A download cut short keeps its part and the first response's validator beside it; the next run's resume asks
+    for the rest If-Range that version: where the file changed on the server meanwhile, it gets all of the new file
+    (not the old file's first bytes spliced to the new one's rest, which no checksum would catch where there is none);
+    where it did not, the rest."""
+    server.files["/blob.bin"], server.cut_after = PAYLOAD, 12_345
+    server.etags["/blob.bin"] = etag
+    if modified:
+        server.modified["/blob.bin"] = modified
+    with pytest.raises(DataError, match="gave up after 1 try"):
+        _dl(server, tmp_path, retries=0)
+    assert (tmp_path / "blob.bin.part.validator").read_text() == kept
+    assert (tmp_path / "blob.bin.part").read_bytes() == PAYLOAD[:12_345]
+    server.files["/blob.bin"], server.etags["/blob.bin"] = OTHER, '"v2"'     # a new version, changed as a whole
+    server.modified.pop("/blob.bin", None)
+    path = _dl(server, tmp_path)
+    assert _read(path) == OTHER and server.if_ranges[-1] == kept and server.requests[-1][1] == "bytes=12345-"
+    assert sorted(os.listdir(tmp_path)) == ["blob.bin"]
+    # the same version: the rest of it
+    os.unlink(path)
+    server.cut_done.clear()
+    with pytest.raises(DataError, match="gave up after 1 try"):
+        _dl(server, tmp_path, retries=0)
+    path = _dl(server, tmp_path, sha256=OTHER_SHA)
+    assert _read(path) == OTHER and server.if_ranges[-1] == '"v2"' and server.requests[-1][1] == "bytes=12345-"
+    assert sorted(os.listdir(tmp_path)) == ["blob.bin"]
+
+
+def test_a_response_without_a_validator_forgets_the_old_one(server, tmp_path):
+    """A part begun again from a response that names no version keeps no validator from before: its resume asks for
+    the rest without If-Range, as a server without validators needs."""
+    server.files["/blob.bin"] = PAYLOAD
+    (tmp_path / "blob.bin.part.validator").write_text('"stale"')
+    server.honour_range = False
+    (tmp_path / "blob.bin.part").write_bytes(b"x" * 100)
+    server.cut_after = 10_000
+    with pytest.raises(DataError, match="gave up after 1 try"):
+        _dl(server, tmp_path, retries=0)
+    assert not (tmp_path / "blob.bin.part.validator").exists() and server.if_ranges[-1] == '"stale"'
+    server.honour_range = True
+    path = _dl(server, tmp_path, sha256=PAYLOAD_SHA)
+    assert server.if_ranges[-1] is None and server.requests[-1][1] == "bytes=10000-" and _read(path) == PAYLOAD
 
 
 def test_server_ignoring_range_restarts(server, tmp_path):

@@ -2,7 +2,11 @@
 
 `download` streams to ``<dest>.part``, resumes it with an HTTP Range request after
 a cut connection (restarting if the server ignores Range), checks the checksum
-and only then renames it to `dest`. `extract` unpacks tar/tgz (refusing absolute
+and only then renames it to `dest`. The resume carries If-Range with the first
+response's validator (its strong ETag, else its Last-Modified, kept beside the part
+in ``<dest>.part.validator``), so that a file changed on the server in between is
+fetched again whole instead of spliced from two versions (most of WMT's archives
+have no checksum to catch that). `extract` unpacks tar/tgz (refusing absolute
 paths, ``..`` and links) and single .gz files, writing each file atomically too,
 so a half-written file is never mistaken for a complete one.
 """
@@ -68,6 +72,54 @@ def _seconds(retry_after):
             when = when.replace(tzinfo=datetime.timezone.utc)
         wait = (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
     return min(max(wait, 0.0), 60.0) if wait == wait else 0.0
+
+
+def _validator_path(part):
+    return part + ".validator"
+
+
+def _validator(headers):
+    """What a response says its file's version is, for If-Range: a strong ETag, else Last-Modified (RFC 9110 13.1.5:
+    a weak ETag cannot be used there), or None."""
+    etag = (headers.get("ETag") or "").strip()
+    if etag and not etag.startswith("W/"):
+        return etag
+    return (headers.get("Last-Modified") or "").strip() or None
+
+
+def _remember_validator(part, value):
+    """Keeps the validator of the response a part file starts from beside it (none: forgets it)."""
+    path = _validator_path(part)
+    if value is None:
+        _forget_validator(part)
+        return
+    try:
+        with open(path, "w", encoding="ascii", errors="replace") as f:
+            f.write(value)
+    except OSError as e:
+        raise _WriteError(path, e) from None
+
+
+def _read_validator(part):
+    try:
+        with open(_validator_path(part), encoding="ascii", errors="replace") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _forget_validator(part):
+    try:
+        os.unlink(_validator_path(part))
+    except FileNotFoundError:
+        pass
+
+
+def _drop_part(part):
+    """Removes a part file and its validator."""
+    if os.path.exists(part):
+        os.unlink(part)
+    _forget_validator(part)
 
 
 def _part_bytes(part):
@@ -138,6 +190,9 @@ def _fetch_once(url, part, progress, timeout):
     headers = {"User-Agent": _USER_AGENT}
     if have:
         headers["Range"] = f"bytes={have}-"
+        since = _read_validator(part)
+        if since:   # the file as it was when the part began, or all of it again (a 200)
+            headers["If-Range"] = since
     request = urllib.request.Request(url, headers=headers)
     with urllib.request.urlopen(request, timeout=timeout) as resp:
         status = getattr(resp, "status", 200)
@@ -152,10 +207,11 @@ def _fetch_once(url, part, progress, timeout):
                 mode = "ab"
             else:  # a range we did not ask for: start over
                 resp.close()
-                os.unlink(part)
+                _drop_part(part)
                 return False
         if mode == "wb":
             have = 0
+            _remember_validator(part, _validator(resp.headers))   # the version the part now starts from
         length = resp.headers.get("Content-Length")
         remaining = int(length) if length and length.isdigit() else None
         total = have + remaining if remaining is not None else None
@@ -220,7 +276,7 @@ def download(url, dest_path, sha256=None, progress=True, retries=3, md5=None,
             except urllib.error.HTTPError as e:
                 e.close()  # release the connection the error response holds
                 if e.code == 416 and os.path.exists(part):  # bad resume point: restart
-                    os.unlink(part)
+                    _drop_part(part)
                     last_error = "HTTP 416 on resume"
                     continue
                 if e.code in (408, 429) or e.code >= 500:   # busy or failing for now: retried, after the wait it asks
@@ -249,18 +305,19 @@ def download(url, dest_path, sha256=None, progress=True, retries=3, md5=None,
             e.kept = f"{part} ({kept:,} bytes)"
         raise
     if os.path.getsize(part) == 0:
-        os.unlink(part)
+        _drop_part(part)
         raise NotTheFile(f"cannot download {url}: the server sent an empty file; try again later, or pass "
                          f"--data-dir with the files already present")
 
     mismatch = _check_digests(part, sha256, md5)
     if mismatch is not None:
         algo, expected, actual = mismatch
-        os.unlink(part)
+        _drop_part(part)
         raise DataError(f"checksum mismatch for {url}: expected {algo} {expected}, "
                         f"got {actual}; the download is corrupt or the file changed "
                         f"upstream, try again or fetch it by hand into {dest_path}")
     os.replace(part, dest_path)
+    _forget_validator(part)
     return dest_path
 
 
