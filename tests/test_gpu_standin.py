@@ -616,17 +616,35 @@ def test_two_gpu_ranks_over_nccl_equal_one_gpu_with_twice_the_update_freq(corpus
     assert len(reports) == 2 and all(rep["launches"]["nccl.allReduce"] == 6 for rep in reports)
 
 
+_UPDATES = {}   # (preset, mode, the MINITF_ and CUPY_ variables) -> (launches by name, total, device-to-host copies)
+
+
+def counted_update(preset, fp16, env=None):
+    """bench.launches.count_update's ({kernel: launches}, total) of one update and the device-to-host copies it made
+    (strict_cupy.count_transfers), for `preset`, `fp16` and the environment (every MINITF_ and CUPY_ variable as set
+    now, `env` over them): counted once a test run, and the same for every test that asks for the same."""
+    from bench.launches import count_update
+    now = {k: v for k, v in os.environ.items() if k.startswith(("MINITF_", "CUPY_"))}
+    key = (preset, repr(fp16), tuple(sorted({**now, **(env or {})}.items())))
+    if key not in _UPDATES:
+        with strict_cupy.count_transfers() as t:
+            by_name, total = count_update(preset, fp16, env=env)
+        _UPDATES[key] = (dict(by_name), total, list(t.d2h))
+    by_name, total, d2h = _UPDATES[key]
+    return dict(by_name), total, list(d2h)
+
+
 def test_performance_md_quotes_the_launch_and_allocation_counts_of_a_base_update(standin, monkeypatch):
     """docs/performance.md's counts of one `base` update (bench/launches.py, the default switches): the
     launches, the GEMMs among them, the other launches and the RawKernels among those (all but a
     `fill` and an add of CuPy's), the pack/unpack, gradient-sum, LayerNorm and softmax launches, and
     the arrays with memory of their own, as the stand-in counts them now."""
     sys.path.insert(0, ROOT)
-    from bench.launches import count_allocations, count_update
+    from bench.launches import count_allocations
     monkeypatch.delenv("MINITF_FUSED_VEC", raising=False)
     monkeypatch.delenv("MINITF_FUSED_ATTN", raising=False)
-    by_name, total = count_update("base", False)
-    assert [count_update("base", mode)[1] for mode in (True, "bfloat16")] == [total, total]   # the page: all three
+    by_name, total, _ = counted_update("base", False)
+    assert [counted_update("base", mode)[1] for mode in (True, "bfloat16")] == [total, total]   # the page: all three
     merged = {}
     for name, count in by_name.items():
         merged[name.removesuffix("_vec")] = merged.get(name.removesuffix("_vec"), 0) + count
@@ -656,13 +674,14 @@ def test_a_base_update_launches_at_most_650_kernels_and_reads_nothing_back(stand
     calls, a post-norm block's bias, dropout, sum and LayerNorm as one kernel, and no
     device-to-host copy inside the update (its outcome is decided on the device: optim.UpdateCheck)."""
     sys.path.insert(0, ROOT)
-    from bench.launches import count_update
-    # "1": the 16-byte kernels, launched as often as the others (but the loss: one launch, smoothed_nll_rows_grad_vec,
-    # for two)
-    monkeypatch.setenv("MINITF_FUSED_VEC", vec)
+    # "1": the 16-byte kernels (the default: the variable unset), launched as often as the others (but the loss: one
+    # launch, smoothed_nll_rows_grad_vec, for two)
+    if vec == "1":
+        monkeypatch.delenv("MINITF_FUSED_VEC", raising=False)
+    else:
+        monkeypatch.setenv("MINITF_FUSED_VEC", vec)
     monkeypatch.delenv("MINITF_FUSED_ATTN", raising=False)
-    with strict_cupy.count_transfers() as t:
-        by_name, total = count_update("base", fp16)
+    by_name, total, d2h = counted_update("base", fp16)
     if vec == "1":   # (and the LayerNorms a warp a row, which load 16 bytes a lane)
         assert {"bias_relu_vec", "relu_backward_vec", "unpack_heads_vec", "pack_heads_vec", "layernorm_backward_warp",
                 "residual_layernorm_warp"} <= set(by_name)
@@ -684,13 +703,13 @@ def test_a_base_update_launches_at_most_650_kernels_and_reads_nothing_back(stand
     assert by_name.get("cublas.gemmStridedBatchedEx") == 6 * 18 + 2 * 12 + 2 * 6
     assert by_name.get("unpack_heads") == 12 * 2 + 6 * 3 and by_name.get("pack_heads") == 12 * 2 + 6 * 3
     assert "cupy_copy" not in by_name and "cupy_scatter_add" not in by_name
-    assert not t.d2h, t.d2h
+    assert not d2h, d2h
     off = {k: "0" for k in ("MINITF_CUBLAS", "MINITF_FUSED_RELU", "MINITF_FUSED_ADAM", "MINITF_FUSED_GRADS",
                             "MINITF_FUSED_EMBED", "MINITF_FUSED_NORM", "MINITF_FUSED_LOSS")}
-    all_off = count_update("base", fp16, env=off)[1]
+    all_off = counted_update("base", fp16, env=off)[1]
     assert all_off > 1.8 * total
     if fp16 is False and vec == "0":   # the page: float32's and --fp16's with every switch at 0
-        fp16_off = count_update("base", True, env=off)[1]
+        fp16_off = counted_update("base", True, env=off)[1]
         page = " ".join((Path(ROOT) / "docs" / "performance.md").read_text(encoding="utf-8").split())
         assert f"with every switch at 0 today, {all_off:,} and {fp16_off:,}" in page
 
@@ -702,22 +721,21 @@ def test_a_base_update_with_attention_on_packed_rows_launches_fewer_kernels(stan
     launches and the head unpacks and packs around them; the stacked projections stay (one batched GEMM
     each way for q|k|v and k|v); still no device-to-host copy. docs/performance.md quotes the count."""
     sys.path.insert(0, ROOT)
-    from bench.launches import count_allocations, count_update
+    from bench.launches import count_allocations
     monkeypatch.setenv("MINITF_FUSED_ATTN", "1")
-    with strict_cupy.count_transfers() as t:
-        by_name, total = count_update("base", fp16)
+    by_name, total, d2h = counted_update("base", fp16)
     assert {k: v for k, v in by_name.items() if k.startswith("attention_rows")} == {
         "attention_rows_forward": 18, "attention_rows_backward": 18}
     assert by_name.get("cublas.gemmStridedBatchedEx") == 2 * 12 + 2 * 6
     assert not [k for k in by_name if "softmax" in k or "pack_heads" in k or k == "cupy_add"]   # nor the masks' sum
-    assert not t.d2h, t.d2h
+    assert not d2h, d2h
     monkeypatch.delenv("MINITF_FUSED_ATTN")
     # gone: 6 products and 2 softmax launches an attention, 4 head passes a self-attention and 6 a cross-attention,
     # and the decoder's causal + padding bias (the spans mask)
-    assert total == count_update("base", fp16)[1] - 18 * (6 + 2) - 12 * 4 - 6 * 6 + 18 * 2 - 1
+    assert total == counted_update("base", fp16)[1] - 18 * (6 + 2) - 12 * 4 - 6 * 6 + 18 * 2 - 1
     page = " ".join((Path(ROOT) / "docs" / "performance.md").read_text(encoding="utf-8").split())
     assert f"{total} with `MINITF_FUSED_ATTN=1`" in page
-    strided = count_update("base", fp16)[0]["cublas.gemmStridedBatchedEx"]
+    strided = counted_update("base", fp16)[0]["cublas.gemmStridedBatchedEx"]
     assert (f"{by_name['cublas.gemmStridedBatchedEx']} strided-batched GEMMs, the stacked projections', where the head "
             f"layout takes {strided}; the {by_name['cublas.gemmEx']} other GEMMs stay") in page
     monkeypatch.setenv("MINITF_FUSED_ATTN", "1")
@@ -754,13 +772,12 @@ def test_a_base_update_with_relu_backward_inside_the_bias_sums_launches_12_fewer
     (kernels.relu_backward_sums, column_sums_relu_into): 12 launches fewer, no relu_backward; alone and with
     attention on packed rows. docs/performance.md quotes the counts."""
     sys.path.insert(0, ROOT)
-    from bench.launches import count_update
     monkeypatch.delenv("MINITF_FUSED_ATTN", raising=False)
     monkeypatch.delenv("MINITF_FUSED_RELUSUMS", raising=False)
-    before, total0 = count_update("base", True)
-    after, total = count_update("base", True, env={"MINITF_FUSED_RELUSUMS": "1"})
-    both = count_update("base", True, env={"MINITF_FUSED_RELUSUMS": "1", "MINITF_FUSED_ATTN": "1"})[1]
-    attn = count_update("base", True, env={"MINITF_FUSED_ATTN": "1"})[1]
+    before, total0, _ = counted_update("base", True)
+    after, total, _ = counted_update("base", True, env={"MINITF_FUSED_RELUSUMS": "1"})
+    both = counted_update("base", True, env={"MINITF_FUSED_RELUSUMS": "1", "MINITF_FUSED_ATTN": "1"})[1]
+    attn = counted_update("base", True, env={"MINITF_FUSED_ATTN": "1"})[1]
     assert total == total0 - 12 and both == attn - 12
     assert before.get("relu_backward_vec") == 12 and not any(k.startswith("relu_backward") for k in after)
     assert after["column_sums_relu_into"] == 12 and after["column_sums_into"] == before["column_sums_into"] - 12
