@@ -144,13 +144,14 @@ def launcher(module):
     def launch(name, dtype, grid, block, args):
         key = (kernels.dtype_name(dtype), name)
         if key not in functions:     # checked once a kernel, when it is first looked up (not on every launch)
-            if module.SIGNATURES.get(name) != kernels.SIGNATURES.get(name) and not tight_rows(module, name):
+            tight = tight_rows(module, name)
+            if module.SIGNATURES.get(name) != kernels.SIGNATURES.get(name) and not tight:
                 raise SystemExit(f"column_sums: {name} takes other arguments in the --against file "
                                  f"({module.SIGNATURES.get(name)} against {kernels.SIGNATURES.get(name)})")
             if key[0] not in compiled:
                 compiled[key[0]] = backend.cupy.RawModule(code=module.source(dtype), options=("-std=c++14",))
             functions[key] = compiled[key[0]].get_function(name)
-            strip[key] = TRAILING[name] if tight_rows(module, name) else None
+            strip[key] = TRAILING[name] if tight else None
         if strip[key] is not None:
             new, same = strip[key]
             if int(args[new]) != int(args[same]):

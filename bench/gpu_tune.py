@@ -25,8 +25,8 @@ runs, each stage as a process of its own with what is left of --deadline, every 
                (the four) and `before` (--before-kernels; with MINITF_ATTN_PITCH=0 where that copy's softmax kernels
                lack the trailing pitch argument, rows S apart: bench/column_sums.py's TRAILING) in one process,
                then, where the GPU tests all passed, `attn` (attention alone) and `all` (every switch) with `now`
-               again in another (ab_attn/ab.json, ab_attn.txt), so that a first run of the new attention kernels that stops the CUDA context costs only its own
-               process (a variant that raises is left out of that mode, and the others of its process go on)
+               again in another (ab_attn/ab.json, ab_attn.txt), so that a first run of the new attention kernels
+               that stops the CUDA context costs only its own process (a variant that raises is left out of that mode, and the others of its process go on)
   report       where at least 120 s are left: bench/gpu_report.py --skip suite,beam --fp16 under the chosen switches
                (the training step of `base` and `big` against PyTorch, the kernel tables, and the WMT14-shaped run,
                in float16, where its --budget, what is left of the deadline, leaves it time; report/report.md and
