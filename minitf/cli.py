@@ -199,7 +199,47 @@ def cmd_translate(args):
     if args.input in (None, "-") and sys.stdin is not None and sys.stdin.isatty() and not args.output:
         return _interactive(translator, args)
     lines = _read_input(args.input)
-    _write_text(args.output, "".join(_translations(translator, lines, args, progress=not args.quiet)))
+    if not args.output or (os.path.exists(args.output) and not os.path.isfile(args.output)):   # stdout, a pipe
+        _write_text(args.output, "".join(_translations(translator, lines, args, progress=not args.quiet)))
+        return
+    _translate_keeping(translator, lines, args)
+
+
+def _translate_keeping(translator, lines, args):
+    """translate into a file, each line kept in FILE.partial as it is done (partial_output): stopped, the same
+    command goes on from them; the file written whole at the end."""
+    from .partial_output import PartialOutput, run_key
+    options = {k: getattr(args, k) for k in ("beam", "max_len_b", "stop", "batch_size", "device", "nbest", "scores")}
+    options["alpha"] = translator.alpha if args.alpha is None else args.alpha
+    part = PartialOutput(args.output, run_key(args.checkpoint, lines, options))
+    if part.dropped:
+        report(f"note: {part.path} was not taken ({part.dropped}): translating every line afresh")
+    elif part.done:
+        report(f"note: going on from {part.path}: {len(part.done):,} of {plural(len(lines), 'line')} were translated "
+               f"before")
+    todo = [i for i in range(len(lines)) if i not in part.done]
+
+    def keep(j, result):
+        i = todo[j]
+        part.add(i, result + "\n" if not (args.nbest or args.scores) else
+                 "".join(_scored_lines(i, lines[i], result, args.scores)))
+
+    opts = dict(beam=args.beam, alpha=args.alpha, max_len_b=args.max_len_b, batch_size=args.batch_size,
+                progress=not args.quiet, stop=args.stop, done=keep)
+    try:
+        if todo and not (args.nbest or args.scores):
+            translator.translate([lines[i] for i in todo], **opts)
+        elif todo:
+            translator.nbest([lines[i] for i in todo], n=args.nbest or 1, **opts)
+    except KeyboardInterrupt as e:
+        part.close()
+        e.kept, e.kept_what = part.path, f"the {len(part.done):,} of {plural(len(lines), 'line')} translated so far are"
+        raise
+    except BaseException:
+        part.close()
+        raise
+    _write_text(args.output, "".join(part.done[i] for i in range(len(lines))))
+    part.remove()
 
 
 def _write_text(output, text):
@@ -449,7 +489,8 @@ def build_parser(prog="python -m minitf"):
                                    "penalty ((5 + length) / 6) ** alpha, as beam search ranks them) and, with "
                                    "--scores, P-i<TAB>the log-probability of each piece and of the end of sentence. "
                                    "On a terminal, with no --input and no --output, each line is translated as you "
-                                   "type it (Ctrl-D ends).")
+                                   "type it (Ctrl-D ends). With --output FILE each line is kept in FILE.partial as it "
+                                   "is done: stopped part-way (Ctrl-C, a kill), the same command goes on from them.")
     _decode_args(p)
     p.add_argument("--input", type=path_arg, help="input file (plain or .gz, or a pipe; an .sgm file: its <seg> "
                    "segments, as newstest sets come); - or default: stdin (on a terminal: each line translated as you "

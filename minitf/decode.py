@@ -149,11 +149,12 @@ def _admit(waiting, dec, alive, steps, cohort, max_lens):
 
 @restores_mode
 def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True, batch_size=None, progress=None,
-                  scores=False):
+                  scores=False, done=None):
     """src [B, S] -> list of B token-id lists (no BOS, no EOS); the argmax at every step. At
     most `batch_size` sentences (default: all) at once, with continuous batching (_Waiting).
     scores=True: each sentence's [(tokens, logprobs)] instead, logprobs the log-probability
-    of each token and of the EOS that ends it (at the length limit, the EOS's there)."""
+    of each token and of the EOS that ends it (at the length limit, the EOS's there).
+    done(b, result): called as sentence b finishes, with what the list returns for it."""
     cfg, xp = model.cfg, model.xp
     src, src_len = _host_and_device_src(model, src)
     max_lens = _max_lengths(model, src_len, max_len_a, max_len_b)
@@ -183,6 +184,9 @@ def greedy_search(model, src, max_len_a=1.0, max_len_b=50, use_cache=True, batch
                 logp[sent].append(float(step_logp[row]))
         for row in keep:
             out[alive[row]].append(int(best[row]))
+        if done is not None:
+            for sent in alive[ends]:
+                done(int(sent), [(out[sent], logp[sent])] if scores else out[sent])
         if progress is not None and len(keep) < len(alive):
             progress.update(len(alive) - len(keep))
         dec.reorder(keep)
@@ -314,7 +318,7 @@ def top_candidates(logits, offset, k, n_best):
 
 @restores_mode
 def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50, use_cache=True, batch_size=None,
-                progress=None, stop="fairseq", nbest=None):
+                progress=None, stop="fairseq", nbest=None, done=None):
     """src [B, S] -> list of B token-id lists: the best finished hypothesis of each sentence
     by score / length_penalty. Each step ranks the 2k best continuations of a sentence
     (k = beam_size; a continuation: a live beam plus one token); an EOS among the k best
@@ -340,7 +344,8 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
 
     At most `batch_size` sentences (default: all) are decoded at once, in the order given;
     as they finish, the next ones take their places (continuous batching, _Waiting).
-    `progress.update(n)` is called as sentences finish.
+    `progress.update(n)` is called as sentences finish, and done(b, result) (when given) as sentence b
+    finishes, with what the list returns for it.
 
     nbest=n: each sentence's n best finished hypotheses instead, best first, as (tokens,
     logprobs): logprobs the log-probability of each token and of the EOS (their sum over
@@ -412,6 +417,9 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
             ruled[alive[~going]] = True
             going |= n_done[alive] < nbest
         still = _compact(going & ~at_limit & live[:, 0], cohort)
+        if done is not None and n > len(still):
+            for sent in np.delete(alive, still):
+                done(int(sent), _nbest_list(finished[sent], nbest) if nbest else best[sent])
         if progress is not None and n > len(still):
             progress.update(n - len(still))
         pick, live = pick[still], live[still]
@@ -442,9 +450,14 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
                 paths = np.concatenate([paths, np.zeros((n_new * k, steps_max))])
             next_tokens = np.concatenate([next_tokens, np.full(n_new, cfg.bos_id)])   # one row each
     if nbest:
-        return [[(tokens, logprobs) for _, _, tokens, logprobs in sorted(f, key=lambda h: (h[0], -h[1]))[:nbest]]
-                for f in finished]
+        return [_nbest_list(f, nbest) for f in finished]
     return best
+
+
+def _nbest_list(finished, n):
+    """A sentence's n best finished hypotheses as (tokens, logprobs), best first: those finished before its rule ended
+    the sentence, then those after (finished: [(after the rule's end, score, tokens, logprobs)])."""
+    return [(tokens, logprobs) for _, _, tokens, logprobs in sorted(finished, key=lambda h: (h[0], -h[1]))[:n]]
 
 
 def _width(a, columns):

@@ -68,9 +68,12 @@ SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}   # 128 + the signal's number: the
 
 
 def nothing_half_written(e):
-    """What an interruption `e` (KeyboardInterrupt) left: nothing half-written, or a download's part, which
-    data.download keeps (as `e.kept`) for the same command to resume."""
-    kept = getattr(e, "kept", None)
+    """What an interruption `e` (KeyboardInterrupt) left: nothing half-written, or what a command keeps (as `e.kept`, a
+    path, and `e.kept_what`, what it holds) for the same command to go on from: a download's part (data.download), the
+    lines a translation has done (partial_output)."""
+    kept, what = getattr(e, "kept", None), getattr(e, "kept_what", None)
+    if kept and what:
+        return f"{what} kept in {kept}, and the same command again goes on from them; nothing else half-written was kept"
     return (f"the download so far is kept in {kept}, and the same command again resumes it; nothing else "
             f"half-written was kept" if kept else "nothing half-written was kept")
 

@@ -69,7 +69,7 @@ def check_search(beam_size, alpha, batch_size, max_len_b, stop, nbest=None, beam
 
 @decodes
 def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len_b=50, progress=None, stop="fairseq",
-                  use_cache=True, threads=None, nbest=None):
+                  use_cache=True, threads=None, nbest=None, done=None):
     """Decode lists of source ids (with EOS), sorted by length (little padding), at most
     `batch_size` sentences at a time per search (continuous batching); returns id lists in input order.
 
@@ -80,7 +80,8 @@ def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len
     which runs on one core, so one search leaves the others mostly idle (docs/performance.md).
     Every sentence is decoded exactly as alone: the threads only split the list.
     nbest=n: each sentence's n best hypotheses with their scores (beam_search's nbest; with
-    beam_size 1, greedy_search's one with scores)."""
+    beam_size 1, greedy_search's one with scores). done(i, result): called as sentence i finishes, with what the
+    list returns for it (from the searches' threads, one call at a time)."""
     check_search(beam_size, alpha, batch_size, max_len_b, stop, nbest)
     if not len(src_ids):
         return []
@@ -88,13 +89,16 @@ def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len
     threads = search_threads(model, len(src_ids)) if threads is None else max(1, min(int(threads), len(src_ids)))
     parts = [order[i::threads] for i in range(threads)]      # each: the same mix of lengths, still sorted
 
+    lock = threading.Lock()
+
     def search(part, progress):
         src = pad_ids([src_ids[i] for i in part], model.cfg.pad_id)
+        finished = None if done is None else lambda row, result: _locked(lock, done, int(part[row]), result)
         if beam_size == 1:
             return greedy_search(model, src, max_len_b=max_len_b, use_cache=use_cache, batch_size=batch_size,
-                                 progress=progress, scores=bool(nbest))
+                                 progress=progress, scores=bool(nbest), done=finished)
         return beam_search(model, src, beam_size, alpha, max_len_b=max_len_b, use_cache=use_cache,
-                           batch_size=batch_size, progress=progress, stop=stop, nbest=nbest)
+                           batch_size=batch_size, progress=progress, stop=stop, nbest=nbest, done=finished)
 
     if threads == 1:
         results = [search(parts[0], progress)]
@@ -105,6 +109,11 @@ def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len
         for r, i in enumerate(part):
             out[i] = res[r]
     return out
+
+
+def _locked(lock, call, *args):
+    with lock:
+        call(*args)
 
 
 class _Cancelled(Exception):
@@ -192,32 +201,44 @@ def _as_list(lines, what):
 
 
 def translate_lines(model, tokenizer, lines, beam_size=4, alpha=None, batch_size=64, max_len_b=50, progress=True,
-                    nbest=None, stop="fairseq"):
+                    nbest=None, stop="fairseq", done=None):
     """Raw sentences -> detokenized translations (paper 6.1: beam 4, max length input + 50); alpha
     None: the checkpoint preset's (model.cfg.decode_alpha; the paper's 0.6, small 2.0, small with --arch rnn 1.5), as the
     command line. An empty line (one of spaces, or of characters the tokenizer drops, such as a zero-width space or a
     lone byte-order mark: no piece) comes back empty. nbest=n: each line's n best
     Hypothesis instead (an empty line: one, empty, score 0). stop: when beam search ends a sentence
-    (decode.beam_search: "fairseq", "bound" or "ctranslate2")."""
+    (decode.beam_search: "fairseq", "bound" or "ctranslate2"). done(i, result): called as line i is translated (the
+    empty ones first, the others in the order they finish), with what the list returns for it."""
     alpha = model.cfg.decode_alpha if alpha is None else alpha
     _check_texts(lines, "line")
     todo = [i for i, line in enumerate(lines) if line.strip()]
     pieces = tokenizer.encode([lines[i] for i in todo])
     todo = [i for i, ids in zip(todo, pieces) if ids]   # a line of no piece is empty too: the model never sees it
     src_ids = [ids + [tokenizer.eos_id] for ids in pieces if ids]   # never cut: see Seq2Seq.check_ids
+    def empty():
+        return "" if nbest is None else [Hypothesis("", 0.0, [])]
+
+    result = [empty() for _ in lines]
+    finished = None
+    if done is not None:
+        for i in sorted(set(range(len(lines))) - set(todo)):
+            done(i, empty())
+        finished = lambda j, out: done(todo[j], _texts(tokenizer, [out], nbest, alpha)[0])   # noqa: E731
     with progress_bar(len(src_ids), "translate", progress) as bar:
         out = translate_ids(model, src_ids, beam_size, alpha, batch_size, max_len_b, progress=bar, nbest=nbest,
-                            stop=stop)
-    if nbest is None:
-        texts = [""] * len(lines)
-        for i, text in zip(todo, tokenizer.decode(out)):
-            texts[i] = text
-        return texts
-    result = [[Hypothesis("", 0.0, [])] for _ in lines]
-    for i, hyps in zip(todo, out):
-        texts = tokenizer.decode([tokens for tokens, _ in hyps])
-        result[i] = [Hypothesis(text, sum(p) / length_penalty(len(p), alpha), p) for text, (_, p) in zip(texts, hyps)]
+                            stop=stop, done=finished)
+    for i, text in zip(todo, _texts(tokenizer, out, nbest, alpha)):
+        result[i] = text
     return result
+
+
+def _texts(tokenizer, out, nbest, alpha):
+    """translate_ids' results (token lists, or with nbest lists of (tokens, logprobs)) -> texts, or lists of
+    Hypothesis."""
+    if nbest is None:
+        return tokenizer.decode(out)
+    return [[Hypothesis(text, sum(p) / length_penalty(len(p), alpha), p)
+             for text, (_, p) in zip(tokenizer.decode([tokens for tokens, _ in hyps]), hyps)] for hyps in out]
 
 
 # ------------------------------------------------------------------------------ scoring given translations
@@ -412,15 +433,18 @@ class Translator:
         """The length penalty's alpha that translate, nbest and score use when given none: the checkpoint preset's."""
         return self.model.cfg.decode_alpha
 
-    def translate(self, lines, beam=4, alpha=None, max_len_b=50, batch_size=64, progress=False, stop="fairseq"):
+    def translate(self, lines, beam=4, alpha=None, max_len_b=50, batch_size=64, progress=False, stop="fairseq",
+                  done=None):
         """A list of sentences -> their translations (a single string -> a string). An empty
         line comes back empty. stop: when beam search ends a sentence ("fairseq": once `beam`
         hypotheses finished; "bound": once no live beam can beat the best finished one;
-        "ctranslate2": CTranslate2's rule, decode.beam_search)."""
+        "ctranslate2": CTranslate2's rule, decode.beam_search). done(i, translation): called
+        as line i is translated, in the order the lines finish (one call at a time), so that a
+        long job can keep what it has (`minitf translate --output` does)."""
         check_search(beam, self.alpha if alpha is None else alpha, batch_size, max_len_b, stop, beam_name="beam")
         lines, one = _as_list(lines, "line")
         out = translate_lines(self.model, self.tokenizer, lines, beam, alpha, batch_size, max_len_b, progress,
-                              stop=stop)
+                              stop=stop, done=done)
         return out[0] if one else out
 
     def score(self, sources, translations, alpha=None, batch_size=64, progress=False):
@@ -434,9 +458,11 @@ class Translator:
                           _as_list(translations, "translation")[0], alpha, batch_size, progress)
         return out[0] if one else out
 
-    def nbest(self, lines, n=4, beam=4, alpha=None, max_len_b=50, batch_size=64, progress=False, stop="fairseq"):
+    def nbest(self, lines, n=4, beam=4, alpha=None, max_len_b=50, batch_size=64, progress=False, stop="fairseq",
+              done=None):
         """Each sentence's n best translations (n <= beam) as Hypothesis(text, score, token_logprobs),
-        best first: a list of them per sentence (a single string -> its list)."""
+        best first: a list of them per sentence (a single string -> its list). done(i, hypotheses):
+        as translate's."""
         check_search(beam, self.alpha if alpha is None else alpha, batch_size, max_len_b, stop, beam_name="beam")
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
             raise TypeError(f"n={n!r}: expected a whole number (1 to the beam size, {beam})")
@@ -444,5 +470,5 @@ class Translator:
             raise ValueError(f"n-best {n}: choose 1 to the beam size ({beam})")
         lines, one = _as_list(lines, "line")
         out = translate_lines(self.model, self.tokenizer, lines, beam, alpha, batch_size, max_len_b, progress,
-                              nbest=n, stop=stop)
+                              nbest=n, stop=stop, done=done)
         return out[0] if one else out

@@ -512,3 +512,27 @@ def test_positions_per_row_for_rows_at_different_steps(positional):
     if positional == "learned":
         with pytest.raises(ConfigError, match="learned positions cover 8 positions"):
             pos.forward(x, offset=np.array([0, 8, 2]))
+
+
+@pytest.mark.parametrize("beam,nbest,stop", [(1, None, "fairseq"), (1, 1, "fairseq"), (3, None, "fairseq"),
+                                             (3, 2, "fairseq"), (3, 2, "bound"), (3, None, "ctranslate2")])
+def test_done_hears_each_sentence_once_as_it_finishes_with_what_the_search_returns(beam, nbest, stop):
+    # done(i, result) keeps a long translation's finished lines (minitf translate --output): called once a sentence,
+    # with the result the search returns for it, before the search's end (a sentence that finishes early is heard
+    # while others still decode), and on more sentences than fit in one batch (continuous batching)
+    from minitf.translate import translate_ids
+    model, _ = model_and_src(seed=5)
+    rng = np.random.default_rng(1)
+    ids = [list(rng.integers(4, 13, rng.integers(1, 9))) + [3] for _ in range(30)]
+    heard, steps = [], []
+    done = lambda i, result: heard.append((i, result, len(steps)))   # noqa: E731
+
+    class Steps:
+        def update(self, n):
+            steps.append(n)
+
+    out = translate_ids(model, ids, beam, max_len_b=5, batch_size=4, threads=2, nbest=nbest, stop=stop,
+                        done=done, progress=Steps())
+    assert sorted(i for i, _, _ in heard) == list(range(len(ids)))
+    assert all(out[i] == result for i, result, _ in heard)
+    assert min(at for _, _, at in heard) < len(steps) - 1   # heard as they finish, not all at the end

@@ -187,6 +187,11 @@ def test_the_library_translates_in_one_call_as_the_cli_does(alpha2):
     assert [h.text for h in one] == [h.text for h in best[1]]
     assert [h.score for h in one] == pytest.approx([h.score for h in best[1]], rel=1e-5)
     assert [h[0].text for h in best] == ours[:2]
+    heard = {}   # done(i, result): each line as it is translated, with what the list holds for it
+    assert translator.translate(lines + [""], max_len_b=8, done=heard.__setitem__) == ours + [""]
+    assert heard == dict(enumerate(ours + [""]))
+    heard.clear()
+    assert translator.nbest(lines[:2], n=2, max_len_b=8, done=heard.__setitem__) == [heard[0], heard[1]]
 
 
 def test_the_library_refuses_what_the_flags_refuse_naming_the_setting(alpha2):
@@ -793,3 +798,92 @@ def test_metrics_refuse_lists_of_other_lengths_and_evaluate_a_language_pair():
     ko = ["저는 오늘 학교에 갑니다 그리고 친구를 만납니다 ."]
     assert paper_bleu(ko, ko, "ko")[0] == 100.0   # Korean has spaces: Moses splits it (it had been left out)
     assert paper_bleu(["我 喜欢"], ["我 喜欢"], "zh")[0] is None
+
+
+@pytest.mark.parametrize("flags", [["--beam", "2"], ["--beam", "1"], ["--beam", "3", "--nbest", "2", "--scores"]])
+def test_a_stopped_translation_keeps_its_lines_and_the_same_command_goes_on_from_them(setup, tmp_path, monkeypatch,
+                                                                                      capsys, flags):
+    """translate --output FILE keeps each line in FILE.partial as it is done: stopped (Ctrl-C here, after 15 lines),
+    FILE is not written, the kept lines are said, and the same command translates only the others and writes FILE as
+    one uninterrupted run does, FILE.partial then removed."""
+    from minitf import cli, partial_output, translate
+    d = setup
+    _, lines = make_tiny_checkpoint(tmp_path, n_lines=40, seed=4)
+    lines = lines[:20] + [""] + lines[20:]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    cmd = ["translate", "--checkpoint", str(d / "model.npz"), "--input", str(tmp_path / "in.txt"), "--max-len-b", "4",
+           "--quiet", *flags]
+    assert cli.main([*cmd, "--output", str(tmp_path / "whole.txt")]) == 0
+    assert not (tmp_path / "whole.txt.partial").exists()
+    capsys.readouterr()
+    add = partial_output.PartialOutput.add
+
+    def stopped_after_15(self, i, text):
+        add(self, i, text)
+        if len(self.done) == 15:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(partial_output.PartialOutput, "add", stopped_after_15)
+    out = tmp_path / "out.txt"
+    assert cli.main([*cmd, "--output", str(out)]) == 130
+    kept = (tmp_path / "out.txt.partial").read_text().splitlines()[1:]
+    err = capsys.readouterr().err
+    assert not out.exists() and len(kept) >= 15
+    assert f"interrupted: the {len(kept)} of 41 lines translated so far are kept in {out}.partial, and the same " \
+           f"command again goes on from them" in err
+    monkeypatch.setattr(partial_output.PartialOutput, "add", add)
+    asked = []
+    for name in ("translate", "nbest"):
+        real = getattr(translate.Translator, name)
+        monkeypatch.setattr(translate.Translator, name,
+                            lambda self, todo, *a, real=real, **k: asked.append(len(todo)) or real(self, todo, *a, **k))
+    assert cli.main([*cmd, "--output", str(out)]) == 0
+    assert f"note: going on from {out}.partial: {len(kept)} of 41 lines were translated before" in capsys.readouterr().err
+    assert asked == [41 - len(kept)] and not (tmp_path / "out.txt.partial").exists()
+    got, want = (f.read_text().splitlines() for f in (out, tmp_path / "whole.txt"))
+    # the same lines; a score's last digit may differ (the lines went on in other batches: float32 sums in another order)
+    assert [line.split("\t")[::2] for line in got] == [line.split("\t")[::2] for line in want]
+    numbers = [(a.split("\t")[1].split(), b.split("\t")[1].split()) for a, b in zip(got, want) if a[:2] in ("H-", "P-")]
+    assert len(numbers) == (2 * 2 * 40 + 2 if "--nbest" in flags else 0)   # the empty line: one H- and one P-
+    for x, y in numbers:
+        assert [float(v) for v in x] == pytest.approx([float(v) for v in y], abs=2e-4)
+
+
+def test_a_partial_output_of_another_run_or_cut_short_is_handled(setup, tmp_path, capsys):
+    """FILE.partial with a record cut short by a kill: the record is dropped and the others taken; one made from other
+    flags, or damaged: noted and begun afresh; a second translation into the same FILE while one runs: refused."""
+    import json
+    from minitf import cli
+    from minitf.errors import ConfigError
+    from minitf.partial_output import HEADER, PartialOutput, run_key
+    d = setup
+    cmd = ["translate", "--checkpoint", str(d / "model.npz"), "--input", str(d / "src.txt"), "--max-len-b", "4",
+           "--quiet", "--output"]
+    assert cli.main([*cmd, str(tmp_path / "whole.txt")]) == 0
+    whole = (tmp_path / "whole.txt").read_text().splitlines(keepends=True)
+    out, part = tmp_path / "out.txt", tmp_path / "out.txt.partial"
+    # what a run of these flags stopped after 3 lines leaves, its 4th record cut short (marked, to see them taken)
+    options = {"beam": 4, "max_len_b": 4, "stop": "fairseq", "batch_size": 64, "device": "cpu", "nbest": None,
+               "scores": False, "alpha": 0.6}
+    key = run_key(str(d / "model.npz"), (d / "src.txt").read_text().splitlines(), options)
+    header = json.dumps({"minitf": HEADER, "key": key})
+    records = [json.dumps({"i": i, "out": "kept " + whole[i]}) for i in (0, 2, 5)]
+    part.write_text("\n".join([header, *records]) + "\n" + '{"i": 6, "out": "cut sh')
+    capsys.readouterr()
+    assert cli.main([*cmd, str(out)]) == 0
+    assert f"note: going on from {part}: 3 of 7 lines were translated before" in capsys.readouterr().err
+    assert out.read_text().splitlines(keepends=True) == ["kept " + w if i in (0, 2, 5) else w for i, w in
+                                                         enumerate(whole)] and not part.exists()
+    for content, why in ((header.replace(key, "0" + key[1:]) + "\n" + records[0] + "\n",
+                          "it was made from another checkpoint, input or decoding flags"), ("not json\n", "it is damaged")):
+        part.write_text(content)
+        assert cli.main([*cmd, str(out)]) == 0
+        assert f"note: {part} was not taken ({why}): translating every line afresh" in capsys.readouterr().err
+        assert out.read_text().splitlines(keepends=True) == whole and not part.exists()
+    held = PartialOutput(str(out), "k")
+    try:
+        with pytest.raises(ConfigError, match="another translation into it is running"):
+            PartialOutput(str(out), "k")
+        assert cli.main([*cmd, str(out)]) == 2
+        assert "another translation into it is running" in capsys.readouterr().err
+    finally:
+        held.close()
