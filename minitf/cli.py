@@ -199,19 +199,26 @@ def cmd_translate(args):
     if args.input in (None, "-") and sys.stdin is not None and sys.stdin.isatty() and not args.output:
         return _interactive(translator, args)
     lines = _read_input(args.input)
-    if not args.output or (os.path.exists(args.output) and not os.path.isfile(args.output)):   # stdout, a pipe
-        _write_text(args.output, "".join(_translations(translator, lines, args, progress=not args.quiet)))
-        return
     _translate_keeping(translator, lines, args)
 
 
 def _translate_keeping(translator, lines, args):
-    """translate into a file, each line kept in FILE.partial as it is done (partial_output): stopped, the same
-    command goes on from them; the file written whole at the end."""
-    from .partial_output import PartialOutput, run_key
-    options = {k: getattr(args, k) for k in ("beam", "max_len_b", "stop", "batch_size", "device", "nbest", "scores")}
-    options["alpha"] = translator.alpha if args.alpha is None else args.alpha
-    part = PartialOutput(args.output, run_key(args.checkpoint, lines, options))
+    """translate into --output FILE, each line kept in FILE.partial as it is done (partial_output): stopped, the same
+    command goes on from them; FILE written whole at the end. To standard output, a pipe or a device, or where
+    FILE.partial cannot be made (said), the lines are translated without keeping."""
+    from .partial_output import DECODING_FLAGS, PartialOutput, partial_path, run_key
+    part = None
+    if partial_path(args.output):
+        options = {k: getattr(args, k) for k in DECODING_FLAGS}
+        options["alpha"] = translator.alpha if args.alpha is None else args.alpha
+        try:
+            part = PartialOutput(args.output, run_key(args.checkpoint, lines, options))
+        except OSError as e:   # a read-only folder, ...: FILE may still be written (through a link, say)
+            report(f"note: {partial_path(args.output)}: cannot keep the lines there as they are done "
+                   f"({e.strerror or e}): translating without")
+    if part is None:
+        _write_text(args.output, "".join(_translations(translator, lines, args, progress=not args.quiet)))
+        return
     if part.dropped:
         report(f"note: {part.path} was not taken ({part.dropped}): translating every line afresh")
     elif part.done:
@@ -231,14 +238,14 @@ def _translate_keeping(translator, lines, args):
             translator.translate([lines[i] for i in todo], **opts)
         elif todo:
             translator.nbest([lines[i] for i in todo], n=args.nbest or 1, **opts)
+        _write_text(args.output, "".join(part.done[i] for i in range(len(lines))))
     except KeyboardInterrupt as e:
+        e.kept, e.kept_what = part.path, f"the {part.kept():,} of {plural(len(lines), 'line')} translated so far are"
         part.close()
-        e.kept, e.kept_what = part.path, f"the {len(part.done):,} of {plural(len(lines), 'line')} translated so far are"
         raise
     except BaseException:
         part.close()
         raise
-    _write_text(args.output, "".join(part.done[i] for i in range(len(lines))))
     part.remove()
 
 

@@ -78,7 +78,8 @@ def translate_ids(model, src_ids, beam_size=4, alpha=0.6, batch_size=64, max_len
     search step on a CPU is NumPy work outside the matrix products (the exp of the
     logsumexp, attention over small groups, moving cache rows, the search's bookkeeping),
     which runs on one core, so one search leaves the others mostly idle (docs/performance.md).
-    Every sentence is decoded exactly as alone: the threads only split the list.
+    Every sentence is decoded as alone: the threads only split the list (the last bits of float32 sums depend on
+    the batch a sentence is decoded in, as on --batch-size).
     nbest=n: each sentence's n best hypotheses with their scores (beam_search's nbest; with
     beam_size 1, greedy_search's one with scores). done(i, result): called as sentence i finishes, with what the
     list returns for it (from the searches' threads, one call at a time)."""
@@ -148,7 +149,11 @@ def _side_by_side(search, parts, progress):
 
     with blas_threads(1), concurrent.futures.ThreadPoolExecutor(len(parts), thread_name_prefix="minitf-decode") as pool:
         futures = [pool.submit(alone, part) for part in parts]
-        try:
+        try:   # the first error of any thread (a caller's done raising in it too) stops the others at their next update
+            concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+            for f in futures:
+                if f.done() and f.exception() is not None:
+                    raise f.exception()
             return [f.result() for f in futures]
         except BaseException:
             shared.cancelled.set()

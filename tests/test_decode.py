@@ -536,3 +536,23 @@ def test_done_hears_each_sentence_once_as_it_finishes_with_what_the_search_retur
     assert sorted(i for i, _, _ in heard) == list(range(len(ids)))
     assert all(out[i] == result for i, result, _ in heard)
     assert min(at for _, _, at in heard) < len(steps) - 1   # heard as they finish, not all at the end
+
+
+def test_an_error_in_one_search_thread_stops_the_others():
+    # done raising in one thread (a full disk where translate --output keeps its lines, Ctrl-C): the other threads
+    # stop at their next finished sentence, instead of decoding their whole share first
+    from minitf.translate import translate_ids
+    model, _ = model_and_src(seed=5)
+    rng = np.random.default_rng(2)
+    ids = [list(rng.integers(4, 13, rng.integers(1, 9))) + [3] for _ in range(200)]
+    second = set(np.argsort([len(s) for s in ids], kind="stable")[1::2].tolist())   # the second thread's sentences
+    calls, raised = [], []
+
+    def done(i, result):
+        calls.append(i)
+        if i in second and not raised:
+            raised.append(len(calls))
+            raise RuntimeError("disk full")
+    with pytest.raises(RuntimeError, match="disk full"):
+        translate_ids(model, ids, 2, max_len_b=5, batch_size=4, threads=2, done=done)
+    assert len(calls) - raised[0] <= 8, (len(calls), raised)   # the first thread's whole share: ~95 more

@@ -677,3 +677,23 @@ def test_a_tokenizer_with_other_special_piece_names_is_refused_by_the_marian_and
         assert not (tmp_path / fmt).exists() or not os.listdir(tmp_path / fmt)
     assert main(["export", "--checkpoint", str(tmp_path / "named.npz"), "--format", "safetensors",
                  "--output", str(tmp_path / "named.safetensors")]) == 0
+
+
+def test_a_translation_kept_beside_a_marian_folder_is_made_from_its_model_files(marian_folder, tmp_path):
+    # translate --output's FILE.partial is keyed by the files the model is read from: a file written into the folder
+    # (the output and its FILE.partial themselves, a log) leaves the key, a vocabulary saved again changes it; the
+    # folder's .npz named alone reads the same files
+    import shutil
+    from minitf.partial_output import model_files, run_key
+    folder = tmp_path / "opus"
+    shutil.copytree(marian_folder[0], folder)
+    key = run_key(str(folder), ["a line"], {"beam": 4})
+    (folder / "out.txt").write_text("x\n")
+    (folder / "out.txt.partial").write_text("x\n")
+    assert run_key(str(folder), ["a line"], {"beam": 4}) == key
+    assert run_key(str(folder), ["another line"], {"beam": 4}) != key != run_key(str(folder), ["a line"], {"beam": 5})
+    npz = [f for f in model_files(str(folder)) if f.endswith(".npz")]
+    assert len(npz) == 1 and {os.path.basename(f) for f in model_files(npz[0])} >= {"source.spm", "target.spm"}
+    spm = folder / "source.spm"
+    os.utime(spm, ns=(spm.stat().st_atime_ns, spm.stat().st_mtime_ns + 1_000_000_000))
+    assert run_key(str(folder), ["a line"], {"beam": 4}) != key

@@ -854,7 +854,7 @@ def test_a_partial_output_of_another_run_or_cut_short_is_handled(setup, tmp_path
     import json
     from minitf import cli
     from minitf.errors import ConfigError
-    from minitf.partial_output import HEADER, PartialOutput, run_key
+    from minitf.partial_output import DECODING_FLAGS, HEADER, PartialOutput, run_key
     d = setup
     cmd = ["translate", "--checkpoint", str(d / "model.npz"), "--input", str(d / "src.txt"), "--max-len-b", "4",
            "--quiet", "--output"]
@@ -862,8 +862,9 @@ def test_a_partial_output_of_another_run_or_cut_short_is_handled(setup, tmp_path
     whole = (tmp_path / "whole.txt").read_text().splitlines(keepends=True)
     out, part = tmp_path / "out.txt", tmp_path / "out.txt.partial"
     # what a run of these flags stopped after 3 lines leaves, its 4th record cut short (marked, to see them taken)
-    options = {"beam": 4, "max_len_b": 4, "stop": "fairseq", "batch_size": 64, "device": "cpu", "nbest": None,
-               "scores": False, "alpha": 0.6}
+    options = {"beam": 4, "max_len_b": 4, "stop": "fairseq", "device": "cpu", "nbest": None, "scores": False,
+               "alpha": 0.6}
+    assert set(options) == set(DECODING_FLAGS)
     key = run_key(str(d / "model.npz"), (d / "src.txt").read_text().splitlines(), options)
     header = json.dumps({"minitf": HEADER, "key": key})
     records = [json.dumps({"i": i, "out": "kept " + whole[i]}) for i in (0, 2, 5)]
@@ -874,11 +875,15 @@ def test_a_partial_output_of_another_run_or_cut_short_is_handled(setup, tmp_path
     assert out.read_text().splitlines(keepends=True) == ["kept " + w if i in (0, 2, 5) else w for i, w in
                                                          enumerate(whole)] and not part.exists()
     for content, why in ((header.replace(key, "0" + key[1:]) + "\n" + records[0] + "\n",
-                          "it was made from another checkpoint, input or decoding flags"), ("not json\n", "it is damaged")):
+                          "it was made from another model, input or decoding flags"), ("not json\n", "it is damaged")):
         part.write_text(content)
         assert cli.main([*cmd, str(out)]) == 0
         assert f"note: {part} was not taken ({why}): translating every line afresh" in capsys.readouterr().err
         assert out.read_text().splitlines(keepends=True) == whole and not part.exists()
+    # another --batch-size takes the kept lines (the out-of-memory advice is a smaller one)
+    part.write_text("\n".join([header, *records]) + "\n")
+    assert cli.main([*cmd, str(out), "--batch-size", "2"]) == 0
+    assert "note: going on from" in capsys.readouterr().err and not part.exists()
     held = PartialOutput(str(out), "k")
     try:
         with pytest.raises(ConfigError, match="another translation into it is running"):
@@ -887,3 +892,58 @@ def test_a_partial_output_of_another_run_or_cut_short_is_handled(setup, tmp_path
         assert "another translation into it is running" in capsys.readouterr().err
     finally:
         held.close()
+
+
+def test_where_the_lines_are_kept_and_what_stops_keeping_them(setup, tmp_path, monkeypatch, capsys):
+    """FILE.partial beside the file a link points to; none for a device (/dev/stdout, the shell's file) or a pipe; a
+    name near 255 bytes cut; where it cannot be made, the translation runs without it (said); a full disk names it;
+    a file system without locks runs unlocked; FILE.partial takes FILE's permissions."""
+    import errno
+    import fcntl
+    from minitf import cli
+    from minitf.errors import DataError
+    from minitf.partial_output import PartialOutput, partial_path
+    d = setup
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "t.txt").write_text("old\n")
+    os.symlink(tmp_path / "real" / "t.txt", tmp_path / "link.txt")
+    assert partial_path(str(tmp_path / "link.txt")) == str(tmp_path / "real" / "t.txt.partial")
+    os.mkfifo(tmp_path / "fifo")
+    assert partial_path("/dev/stdout") is None and partial_path(str(tmp_path / "fifo")) is None
+    assert partial_path(None) is None and partial_path(str(tmp_path / "new.txt")) == str(tmp_path / "new.txt.partial")
+    long = str(tmp_path / ("x" * 250))
+    assert len(os.path.basename(partial_path(long)).encode()) <= 255 and partial_path(long).endswith(".partial")
+    cmd = ["translate", "--checkpoint", str(d / "model.npz"), "--input", str(d / "src.txt"), "--max-len-b", "4",
+           "--quiet", "--output"]
+    assert cli.main([*cmd, str(tmp_path / "whole.txt")]) == 0
+    whole = (tmp_path / "whole.txt").read_text()
+    assert cli.main([*cmd, long]) == 0 and open(long).read() == whole
+    (tmp_path / "blocked.txt.partial").mkdir()   # FILE.partial cannot be made (as in a read-only folder)
+    capsys.readouterr()
+    assert cli.main([*cmd, str(tmp_path / "blocked.txt")]) == 0
+    assert f"note: {tmp_path / 'blocked.txt.partial'}: cannot keep the lines there as they are done" in \
+        capsys.readouterr().err and (tmp_path / "blocked.txt").read_text() == whole
+    out = tmp_path / "secret.txt"
+    out.write_text("")
+    out.chmod(0o600)
+    part = PartialOutput(str(out), "k")
+    assert os.stat(part.path).st_mode & 0o777 == 0o600
+
+    class Full:
+        def __getattr__(self, name):
+            return getattr(part_file, name)
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    part.add(0, "one\n")
+    part_file, part._file = part._file, Full()
+    with pytest.raises(DataError, match=r"--output .*secret.txt: cannot keep the lines translated in .*secret.txt.partial "
+                                        r"\(No space left on device\); the 1 kept so far stay there"):
+        part.add(1, "two\n")
+    part._file = part_file
+    part.remove()
+
+    def no_locks(fd, how):
+        raise OSError(errno.ENOLCK, "No locks available")
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    assert cli.main([*cmd, str(tmp_path / "nolock.txt")]) == 0 and (tmp_path / "nolock.txt").read_text() == whole
