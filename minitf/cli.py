@@ -240,8 +240,12 @@ def _translate_keeping(translator, lines, args):
             translator.nbest([lines[i] for i in todo], n=args.nbest or 1, **opts)
         _write_text(args.output, "".join(part.done[i] for i in range(len(lines))))
     except KeyboardInterrupt as e:
-        e.kept, e.kept_what = part.path, f"the {part.kept():,} of {plural(len(lines), 'line')} translated so far are"
-        part.close()
+        kept = part.kept()
+        if kept:
+            e.kept, e.kept_what = part.path, f"the {kept:,} of {plural(len(lines), 'line')} translated so far are"
+            part.close()
+        else:   # stopped before any line was done: nothing to keep
+            part.remove()
         raise
     except BaseException:
         part.close()

@@ -11,10 +11,10 @@ import hashlib
 import json
 import os
 
-from .errors import ConfigError, DataError
+from .errors import ConfigError, DataError, report
 
 HEADER = "minitf translate: the lines done so far"
-DECODING_FLAGS = ("beam", "alpha", "max_len_b", "stop", "nbest", "scores", "device")   # not --batch-size: see run_key
+DECODING_FLAGS = ("beam", "alpha", "max_len_b", "stop", "nbest", "scores")   # not --batch-size, --device: see run_key
 
 
 def partial_path(output):
@@ -23,9 +23,9 @@ def partial_path(output):
     if not output:
         return None
     real = os.path.realpath(output)
-    devices = ("/dev/", "/proc/")
-    if os.path.abspath(output).startswith(devices) or real.startswith(devices) or (os.path.exists(real) and
-                                                                                   not os.path.isfile(real)):
+    streams = ("/dev/std", "/dev/fd/", "/proc/")   # a process's own streams (a file under /dev/shm is a file)
+    if os.path.abspath(output).startswith(streams) or real.startswith("/proc/") or (os.path.exists(real) and
+                                                                                    not os.path.isfile(real)):
         return None
     folder, name = os.path.split(real)
     if len(os.fsencode(name)) > 255 - len(".partial"):   # a name near the file system's 255 bytes: cut, told apart
@@ -46,9 +46,10 @@ def model_files(checkpoint):
 
 def run_key(checkpoint, lines, options):
     """A hash of what the output is made from: the model's files (their real paths, sizes and modification times: a
-    file saved again is another), the input's lines and the decoding flags (options, a dict). --batch-size is left
-    out: it changes no translation, though the last bits of float32 sums (a score's last printed digit, rarely a
-    near-tie between two hypotheses), as the lines done after a stop are decoded in other batches anyway."""
+    file saved again is another), the input's lines and the decoding flags (options, a dict). --batch-size and
+    --device are left out: they change no translation, though the last bits of float32 sums (a score's last printed
+    digit, rarely a near-tie between two hypotheses), as the lines done after a stop are decoded in other batches
+    anyway; and a smaller batch, or the CPU, is what an out-of-memory stop is told to try."""
     made_from = [[os.path.realpath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in model_files(checkpoint)]
     text = hashlib.sha256("\n".join(lines).encode("utf-8", "surrogatepass")).hexdigest()
     blob = json.dumps({"checkpoint": made_from, "input": [len(lines), text], "options": options}, sort_keys=True)
@@ -64,27 +65,41 @@ class PartialOutput:
 
     def __init__(self, output, key):
         self.output, self.path, self.key, self.done, self.dropped = output, partial_path(output), key, {}, None
-        mode = os.stat(output).st_mode & 0o777 if os.path.isfile(output) else 0o666   # FILE's own, or the umask's
-        self._file = os.fdopen(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, mode), "a+b", buffering=0)
+        # FILE's permissions (its owner may always read and write it: a read-only FILE's had refused the next run),
+        # or the umask's
+        mode = (os.stat(output).st_mode & 0o777) | 0o600 if os.path.isfile(output) else 0o666
+        for attempt in range(5):   # until the file locked is the one at the path (a run ending unlinks its file)
+            self._file = os.fdopen(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, mode), "a+b", buffering=0)
+            try:
+                if self._lock() or attempt == 4:
+                    break
+            except BaseException:
+                self._file.close()
+                raise
+            self._file.close()
         try:
-            self._lock()
             self._read()
         except BaseException:
             self._file.close()
             raise
 
     def _lock(self):
+        """Lock the file open: True where it is still the one at self.path. ConfigError where another run holds it."""
         try:
             import fcntl
         except ImportError:   # no fcntl (Windows): no lock
-            return
+            return True
         try:
             fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise ConfigError(f"--output {self.output}: another translation into it is running (it holds "
                               f"{self.path}); wait for it, or name another output") from None
         except OSError:   # ENOLCK, EOPNOTSUPP: a file system that does not lock (as fileio.folder_lock: unlocked)
-            pass
+            return True
+        try:
+            return os.path.samestat(os.fstat(self._file.fileno()), os.stat(self.path))
+        except FileNotFoundError:
+            return False
 
     def _read(self):
         """The lines kept under this key, the file cut back to its last whole record; or, for another key or a damaged
@@ -112,12 +127,24 @@ class PartialOutput:
         self._write({"minitf": HEADER, "key": self.key})
 
     def _write(self, record):
+        """One record, whole: a write cut short (a full disk, the file-size limit) is taken back and said."""
+        data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass")
+        start = os.fstat(self._file.fileno()).st_size
         try:
-            self._file.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass"))
-        except OSError as e:   # a full disk, the file-size limit, an I/O error: said of FILE.partial, not of stdout
+            written = 0
+            while written < len(data):
+                n = self._file.write(data[written:])
+                if not n:
+                    raise OSError(f"{written} of {len(data)} bytes written")
+                written += n
+        except OSError as e:   # said of FILE.partial, not of stdout; its whole records kept
+            try:
+                self._file.truncate(start)
+            except OSError:
+                pass   # a cut record is dropped when the file is read
+            kept = f"the {len(self.done):,} kept so far stay" if self.done else "none was kept yet; it stays"
             raise DataError(f"--output {self.output}: cannot keep the lines translated in {self.path} "
-                            f"({e.strerror or e}); the {len(self.done):,} kept so far stay there for the same "
-                            f"command to go on from") from None
+                            f"({e.strerror or e}); {kept} there for the same command to go on from") from None
 
     def add(self, i, text):
         self._write({"i": i, "out": text})
@@ -132,8 +159,13 @@ class PartialOutput:
         self._file.close()
 
     def remove(self):
+        """Delete the file (FILE is whole): before the lock goes with it, so that no second run locks a file unlinked;
+        one that cannot be deleted is said, FILE being written."""
         try:
-            os.unlink(self.path)   # before the lock goes with the file: no second run takes the lock of a file unlinked
+            os.unlink(self.path)
         except FileNotFoundError:
             pass
-        self.close()
+        except OSError as e:
+            report(f"note: {self.output} is written; {self.path} could not be removed ({e.strerror or e}): remove it")
+        finally:
+            self.close()

@@ -848,7 +848,7 @@ def test_a_stopped_translation_keeps_its_lines_and_the_same_command_goes_on_from
         assert [float(v) for v in x] == pytest.approx([float(v) for v in y], abs=2e-4)
 
 
-def test_a_partial_output_of_another_run_or_cut_short_is_handled(setup, tmp_path, capsys):
+def test_a_partial_output_of_another_run_or_cut_short_is_handled(setup, tmp_path, capsys, monkeypatch):
     """FILE.partial with a record cut short by a kill: the record is dropped and the others taken; one made from other
     flags, or damaged: noted and begun afresh; a second translation into the same FILE while one runs: refused."""
     import json
@@ -862,8 +862,7 @@ def test_a_partial_output_of_another_run_or_cut_short_is_handled(setup, tmp_path
     whole = (tmp_path / "whole.txt").read_text().splitlines(keepends=True)
     out, part = tmp_path / "out.txt", tmp_path / "out.txt.partial"
     # what a run of these flags stopped after 3 lines leaves, its 4th record cut short (marked, to see them taken)
-    options = {"beam": 4, "max_len_b": 4, "stop": "fairseq", "device": "cpu", "nbest": None, "scores": False,
-               "alpha": 0.6}
+    options = {"beam": 4, "max_len_b": 4, "stop": "fairseq", "nbest": None, "scores": False, "alpha": 0.6}
     assert set(options) == set(DECODING_FLAGS)
     key = run_key(str(d / "model.npz"), (d / "src.txt").read_text().splitlines(), options)
     header = json.dumps({"minitf": HEADER, "key": key})
@@ -884,6 +883,11 @@ def test_a_partial_output_of_another_run_or_cut_short_is_handled(setup, tmp_path
     part.write_text("\n".join([header, *records]) + "\n")
     assert cli.main([*cmd, str(out), "--batch-size", "2"]) == 0
     assert "note: going on from" in capsys.readouterr().err and not part.exists()
+    from minitf import translate   # stopped before any line is done: nothing kept, and no FILE.partial left
+    monkeypatch.setattr(translate.Translator, "translate", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert cli.main([*cmd, str(tmp_path / "none.txt")]) == 130
+    assert "interrupted: nothing half-written was kept" in capsys.readouterr().err
+    assert not (tmp_path / "none.txt.partial").exists() and not (tmp_path / "none.txt").exists()
     held = PartialOutput(str(out), "k")
     try:
         with pytest.raises(ConfigError, match="another translation into it is running"):
@@ -928,20 +932,42 @@ def test_where_the_lines_are_kept_and_what_stops_keeping_them(setup, tmp_path, m
     out.chmod(0o600)
     part = PartialOutput(str(out), "k")
     assert os.stat(part.path).st_mode & 0o777 == 0o600
+    part.remove()
+    out.chmod(0o440)   # read-only: its FILE.partial is still its owner's to write (a next run had been refused)
+    part = PartialOutput(str(out), "k")
+    assert os.stat(part.path).st_mode & 0o777 == 0o640
 
-    class Full:
+    class Full:   # a disk that fills in the middle of a record: half of it written, then no space
+        calls = 0
+
         def __getattr__(self, name):
             return getattr(part_file, name)
 
         def write(self, data):
+            Full.calls += 1
+            if Full.calls == 1:
+                return part_file.write(data[: len(data) // 2])
             raise OSError(errno.ENOSPC, "No space left on device")
     part.add(0, "one\n")
+    whole_records = open(part.path, "rb").read()
     part_file, part._file = part._file, Full()
     with pytest.raises(DataError, match=r"--output .*secret.txt: cannot keep the lines translated in .*secret.txt.partial "
                                         r"\(No space left on device\); the 1 kept so far stay there"):
         part.add(1, "two\n")
+    assert open(part.path, "rb").read() == whole_records and part.done == {0: "one\n"}   # the cut record taken back
     part._file = part_file
+    os.unlink(part.path)   # another run's end, and a new run's file in its place: not the file this one locked
+    open(part.path, "w").close()
+    assert not part._lock()
+    real_unlink = os.unlink
+    monkeypatch.setattr(os, "unlink", lambda path: (_ for _ in ()).throw(PermissionError(errno.EACCES, "Permission denied")))
+    capsys.readouterr()
     part.remove()
+    assert f"note: {out} is written; {part.path} could not be removed (Permission denied): remove it" in \
+        capsys.readouterr().err and part._file.closed
+    monkeypatch.setattr(os, "unlink", real_unlink)
+    if os.path.isdir("/dev/shm"):   # a file under /dev is kept beside like any other, /dev/stdout is not
+        assert partial_path("/dev/shm/minitf-out.txt") == "/dev/shm/minitf-out.txt.partial"
 
     def no_locks(fd, how):
         raise OSError(errno.ENOLCK, "No locks available")
