@@ -228,16 +228,11 @@ def _translate_keeping(translator, lines, args):
 
     def keep(j, result):
         i = todo[j]
-        part.add(i, result + "\n" if not (args.nbest or args.scores) else
-                 "".join(_scored_lines(i, lines[i], result, args.scores)))
+        part.add(i, _output_of(i, lines[i], result, args))
 
-    opts = dict(beam=args.beam, alpha=args.alpha, max_len_b=args.max_len_b, batch_size=args.batch_size,
-                progress=not args.quiet, stop=args.stop, done=keep)
     try:
-        if todo and not (args.nbest or args.scores):
-            translator.translate([lines[i] for i in todo], **opts)
-        elif todo:
-            translator.nbest([lines[i] for i in todo], n=args.nbest or 1, **opts)
+        if todo:
+            _search(translator, [lines[i] for i in todo], args, progress=not args.quiet, done=keep)
         _write_text(args.output, "".join(part.done[i] for i in range(len(lines))))
     except KeyboardInterrupt as e:
         kept = part.kept()
@@ -288,17 +283,27 @@ def _scored_lines(i, line, hyps, per_piece):
     return out
 
 
-def _translations(translator, lines, args, progress=False, first=0):
-    """The output lines of `lines` (numbered from `first`): one translation each, or with --nbest
-    or --scores the S-/H-/P- lines."""
+def _search(translator, lines, args, progress=False, done=None):
+    """The lines' translations under the decoding flags, or with --nbest or --scores their hypotheses (nbest's)."""
     opts = dict(beam=args.beam, alpha=args.alpha, max_len_b=args.max_len_b, batch_size=args.batch_size,
-                progress=progress, stop=args.stop)
+                progress=progress, stop=args.stop, done=done)
     if not (args.nbest or args.scores):
-        return [h + "\n" for h in translator.translate(lines, **opts)]
-    out = []
-    for i, (line, hyps) in enumerate(zip(lines, translator.nbest(lines, n=args.nbest or 1, **opts)), first):
-        out += _scored_lines(i, line, hyps, args.scores)
-    return out
+        return translator.translate(lines, **opts)
+    return translator.nbest(lines, n=args.nbest or 1, **opts)
+
+
+def _output_of(i, line, result, args):
+    """The output of input line i (`result`: _search's for it): its translation and a newline, or with --nbest or
+    --scores its S-/H-/P- lines."""
+    if not (args.nbest or args.scores):
+        return result + "\n"
+    return "".join(_scored_lines(i, line, result, args.scores))
+
+
+def _translations(translator, lines, args, progress=False, first=0):
+    """The outputs of `lines` (numbered from `first`), one a line (_output_of)."""
+    return [_output_of(i, line, result, args)
+            for i, (line, result) in enumerate(zip(lines, _search(translator, lines, args, progress)), first)]
 
 
 def _interactive(translator, args):

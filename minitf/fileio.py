@@ -207,10 +207,17 @@ def lock_path(folder):
     """The lock file of a folder: `.<name>.lock` beside it, the folder's real path (a link to it, or a path through
     one, takes the same lock); a name too long for the lock's own (255 bytes) is cut and told apart by its hash."""
     parent, name = os.path.split(os.path.realpath(folder))
-    if len(os.fsencode(name)) > 200:   # (fsencode: a name of bytes that are not UTF-8 is one of a file system's too)
-        import hashlib
-        name = os.fsencode(name)[:100].decode(errors="ignore") + "-" + hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
-    return os.path.join(parent, f".{name}.lock")
+    return os.path.join(parent, f".{fit_name(name, 200, 100)}.lock")
+
+
+def fit_name(name, most, keep):
+    """`name`, or where it is over `most` bytes (the room a longer name built on it leaves under a file system's 255),
+    its first `keep` bytes and a hash of the whole, which tells such names apart. (fsencode: a name of bytes that are
+    not UTF-8 is one of a file system's too.)"""
+    if len(os.fsencode(name)) <= most:
+        return name
+    import hashlib
+    return os.fsencode(name)[:keep].decode(errors="ignore") + "-" + hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
 
 
 INNER_LOCK = ".minitf.lock"   # a folder's lock inside it, where its parent cannot be written

@@ -12,6 +12,7 @@ import json
 import os
 
 from .errors import ConfigError, DataError, report
+from .fileio import fit_name
 
 HEADER = "minitf translate: the lines done so far"
 DECODING_FLAGS = ("beam", "alpha", "max_len_b", "stop", "nbest", "scores")   # not --batch-size, --device: see run_key
@@ -28,9 +29,7 @@ def partial_path(output):
                                                                                     not os.path.isfile(real)):
         return None
     folder, name = os.path.split(real)
-    if len(os.fsencode(name)) > 255 - len(".partial"):   # a name near the file system's 255 bytes: cut, told apart
-        name = os.fsencode(name)[:150].decode(errors="ignore") + "-" + hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
-    return os.path.join(folder, name + ".partial")
+    return os.path.join(folder, fit_name(name, 255 - len(".partial"), 150) + ".partial")
 
 
 def model_files(checkpoint):
@@ -50,7 +49,8 @@ def run_key(checkpoint, lines, options):
     --device are left out: they change no translation, though the last bits of float32 sums (a score's last printed
     digit, rarely a near-tie between two hypotheses), as the lines done after a stop are decoded in other batches
     anyway; and a smaller batch, or the CPU, is what an out-of-memory stop is told to try."""
-    made_from = [[os.path.realpath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in model_files(checkpoint)]
+    made_from = [[os.path.realpath(p), st.st_size, st.st_mtime_ns] for p in model_files(checkpoint)
+                 for st in [os.stat(p)]]
     text = hashlib.sha256("\n".join(lines).encode("utf-8", "surrogatepass")).hexdigest()
     blob = json.dumps({"checkpoint": made_from, "input": [len(lines), text], "options": options}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()

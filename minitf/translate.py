@@ -220,20 +220,24 @@ def translate_lines(model, tokenizer, lines, beam_size=4, alpha=None, batch_size
     pieces = tokenizer.encode([lines[i] for i in todo])
     todo = [i for i, ids in zip(todo, pieces) if ids]   # a line of no piece is empty too: the model never sees it
     src_ids = [ids + [tokenizer.eos_id] for ids in pieces if ids]   # never cut: see Seq2Seq.check_ids
+
     def empty():
         return "" if nbest is None else [Hypothesis("", 0.0, [])]
 
+    def finished(j, out):   # with done: each line decoded to text once, as it finishes
+        result[todo[j]] = _texts(tokenizer, [out], nbest, alpha)[0]
+        done(todo[j], result[todo[j]])
+
     result = [empty() for _ in lines]
-    finished = None
     if done is not None:
         for i in sorted(set(range(len(lines))) - set(todo)):
-            done(i, empty())
-        finished = lambda j, out: done(todo[j], _texts(tokenizer, [out], nbest, alpha)[0])   # noqa: E731
+            done(i, result[i])
     with progress_bar(len(src_ids), "translate", progress) as bar:
         out = translate_ids(model, src_ids, beam_size, alpha, batch_size, max_len_b, progress=bar, nbest=nbest,
-                            stop=stop, done=finished)
-    for i, text in zip(todo, _texts(tokenizer, out, nbest, alpha)):
-        result[i] = text
+                            stop=stop, done=None if done is None else finished)
+    if done is None:
+        for i, text in zip(todo, _texts(tokenizer, out, nbest, alpha)):
+            result[i] = text
     return result
 
 
