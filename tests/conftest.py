@@ -22,6 +22,33 @@ if hasattr(os, "geteuid") and os.geteuid() == 0:
 
 WORDS = "the a cat dog sees runs small big red house tree man woman eats".split()
 
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def pytest_configure(config):
+    """Several test processes (pytest-xdist's -n, as the README runs the suite): one BLAS thread each, unless the
+    environment sets them. The test processes start after this (they and the commands the tests run inherit it).
+    A BLAS thread with no work spins before it sleeps: on 2 cores, two test processes each with a second OpenBLAS
+    thread took half the CPU from each other (one `base` update on the CuPy stand-in in each of two processes side by
+    side: 13.3-13.7 s with NumPy's 2 threads, 6.2-6.3 s with 1; alone, 6.8 and 7.0 s)."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return
+    workers = getattr(config.option, "numprocesses", None)
+    if workers not in (None, 0, 1):
+        for var in BLAS_THREAD_VARS:
+            os.environ.setdefault(var, "1")
+    # the run's folder of compiles made once (tests/run_cache.py), removed at its end (pytest_unconfigure)
+    import tempfile
+    from run_cache import RUN_CACHE
+    os.environ[RUN_CACHE] = config._minitf_run_cache = tempfile.mkdtemp(prefix="minitf-test-run-")
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_minitf_run_cache", None)
+    if folder:
+        import shutil
+        shutil.rmtree(folder, ignore_errors=True)
+
 
 @pytest.fixture(autouse=True)
 def no_tf32(monkeypatch):

@@ -23,6 +23,7 @@ cannot catch: warp-level timing, memory
 coalescing, and NVRTC-specific syntax (tests/test_nvrtc.py compiles the source with NVRTC as CuPy
 does, no GPU needed, and tests/test_kernels.py with nvcc when it is installed).
 """
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -482,6 +483,16 @@ def compiler():
     return _COMPILER[0]
 
 
+def kernel_dir():
+    """The folder of the emulator's libraries that the test processes share, and later runs too (a library is named
+    after the hash of its source and flags): STRICT_CUPY_KERNEL_DIR, or strict-cupy-kernels-<uid> in the temporary
+    folder."""
+    workdir = os.environ.get("STRICT_CUPY_KERNEL_DIR") or os.path.join(tempfile.gettempdir(),
+                                                                      f"strict-cupy-kernels-{os.getuid()}")
+    os.makedirs(workdir, exist_ok=True)
+    return workdir
+
+
 def build(code, signatures, workdir, tag):
     """The shared library of CUDA source `code` under the shim, with a `launch_<name>(grid, block, args...)` for each
     kernel of `signatures` ({name: [C types of its parameters]}), built once per source in `workdir`; a launch returns
@@ -493,26 +504,47 @@ def build(code, signatures, workdir, tag):
     src = "\n".join(parts)
     digest = hashlib.sha256((" ".join(CXXFLAGS) + "\n" + src).encode()).hexdigest()[:16]
     so = os.path.join(workdir, f"{tag}_{digest}.so")
-    if not os.path.exists(so):   # built under a name of this process, then renamed: processes may share workdir
-        cpp, obj, tmp = (f"{so[:-3]}.{os.getpid()}.{ext}" for ext in ("cpp", "o", "tmp"))
-        with open(cpp, "w") as f:
-            f.write(src)
-        # linked with -z defs: a check whose handler the shim lacks fails here, not when the library is loaded
-        for step in (CXXFLAGS + ["-c", cpp, "-o", obj], ["-shared", "-Wl,-z,defs", obj, "-o", tmp]):
-            r = subprocess.run([compiler()] + step, capture_output=True, text=True)
-            if r.returncode:
-                for leftover in (cpp, obj):
-                    if os.path.exists(leftover):
-                        os.unlink(leftover)
-                raise RuntimeError(f"the emulator's library for {tag} did not build ({' '.join(step[-4:])}):\n"
-                                   + r.stderr[-4000:])
-        os.replace(tmp, so)
-        os.unlink(cpp)
-        os.unlink(obj)
+    with _building(so):
+        if not os.path.exists(so):
+            _compile(src, so, tag)
     lib = ctypes.CDLL(so)
     for name in signatures:
         getattr(lib, f"launch_{name}").restype = ctypes.c_char_p
     return lib
+
+
+@contextlib.contextmanager
+def _building(so):
+    """Held while `so` is looked for and built: a second process asking for the same library waits for the first's
+    (each had compiled its own, ~5-10 s a dtype, when the suite's processes started on the same kernels)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(so + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _compile(src, so, tag):
+    """Builds the library `so` of C++ source `src` (under a name of this process, then renamed: processes share
+    the folder)."""
+    cpp, obj, tmp = (f"{so[:-3]}.{os.getpid()}.{ext}" for ext in ("cpp", "o", "tmp"))
+    with open(cpp, "w") as f:
+        f.write(src)
+    # linked with -z defs: a check whose handler the shim lacks fails here, not when the library is loaded
+    for step in (CXXFLAGS + ["-c", cpp, "-o", obj], ["-shared", "-Wl,-z,defs", obj, "-o", tmp]):
+        r = subprocess.run([compiler()] + step, capture_output=True, text=True)
+        if r.returncode:
+            for leftover in (cpp, obj):
+                if os.path.exists(leftover):
+                    os.unlink(leftover)
+            raise RuntimeError(f"the emulator's library for {tag} did not build ({' '.join(step[-4:])}):\n"
+                               + r.stderr[-4000:])
+    os.replace(tmp, so)
+    os.unlink(cpp)
+    os.unlink(obj)
 
 
 GUARD = 1024   # bytes of 0xff before and after each array a guarded launch hands a kernel

@@ -66,7 +66,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 import threading
 import types
 import weakref
@@ -1298,13 +1297,10 @@ _EMULATOR = []
 
 def _emulator():
     if not _EMULATOR:
-        from cuda_emulator import Emulator, compiler
+        from cuda_emulator import Emulator, compiler, kernel_dir
         if compiler() is None:
             raise RuntimeError("strict_cupy: no C++ compiler that builds tests/cuda_emulator.py's shim (g++ >= 12)")
-        workdir = os.environ.get("STRICT_CUPY_KERNEL_DIR") or os.path.join(tempfile.gettempdir(),
-                                                                          f"strict-cupy-kernels-{os.getuid()}")
-        os.makedirs(workdir, exist_ok=True)
-        _EMULATOR.append(Emulator(workdir))
+        _EMULATOR.append(Emulator(kernel_dir()))
     return _EMULATOR[0]
 
 

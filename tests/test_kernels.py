@@ -23,7 +23,8 @@ from minitf.backend import dtype_named
 from minitf.loss import FusedLossCache, label_smoothed_nll, label_smoothed_nll_backward
 
 from conftest import record_launches
-from cuda_emulator import SHIM, Emulator, compiler
+from cuda_emulator import SHIM, Emulator, compiler, kernel_dir
+from run_cache import once
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="needs g++ with C++17, _Float16 and ucontext (g++ >= 12 on x86-64 Linux) to emulate the CUDA kernels")
 
@@ -35,8 +36,8 @@ TOL = {np.float64: 1e-12, np.float32: 2e-6, np.float16: 2e-3, BF16: 1.6e-2}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def emulated(tmp_path_factory):
-    emu = Emulator(str(tmp_path_factory.mktemp("kernels")))
+def emulated():
+    emu = Emulator(kernel_dir())
     saved = kernels.LAUNCH["launch"]
     kernels.LAUNCH["launch"] = emu.launch
     yield emu
@@ -1696,33 +1697,32 @@ def test_signatures_are_read_from_the_declarations():
                       "smoothed_nll_rows_grad_vec": kernels.BLOCK["nll"]}
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA syntax check needs it")
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_cuda_source_compiles_with_nvcc(dtype, tmp_path):
-    cu = tmp_path / "k.cu"
-    cu.write_text(kernels.source(dtype))
-    r = subprocess.run(["nvcc", "--ptx", "-arch=sm_80", "-std=c++14", str(cu), "-o", str(tmp_path / "k.ptx")],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    ptx = (tmp_path / "k.ptx").read_text()
-    for name in kernels.SIGNATURES:
-        assert f".entry {name}(" in ptx
+NVCC = shutil.which("nvcc")
 
 
-_PTXAS = {}
+def _nvcc_version():
+    return subprocess.run([NVCC, "--version"], capture_output=True, text=True).stdout
 
 
-def ptxas_report(dtype, arch):
-    """{kernel: (registers, shared memory bytes, stack frame, spill stores, spill loads)} from ptxas's
-    resource report (`nvcc -cubin -Xptxas -v`) on kernels.source(dtype), compiled once per (dtype, arch)."""
-    if (dtype, arch) not in _PTXAS:
+def nvcc_compile(dtype, arch):
+    """(PTX, {kernel: [registers, shared memory bytes, stack frame, spill stores, spill loads]}) of
+    kernels.source(dtype) for `arch`: `nvcc -cubin -Xptxas -v` (its PTX kept with --keep, its resource report read
+    from ptxas's lines), compiled once a test run per (dtype, arch) (tests/run_cache.py)."""
+    source = kernels.source(dtype)
+    command = ["-cubin", f"-arch={arch}", "-std=c++14", "-Xptxas", "-v", "--keep"]
+
+    def make():
         with tempfile.TemporaryDirectory() as d:
             cu = os.path.join(d, "k.cu")
             with open(cu, "w") as f:
-                f.write(kernels.source(dtype))
-            r = subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-std=c++14", "-Xptxas", "-v", cu, "-o",
-                                os.path.join(d, "k.cubin")], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
+                f.write(source)
+            r = subprocess.run([NVCC] + command + ["--keep-dir", d, cu, "-o", os.path.join(d, "k.cubin")],
+                               capture_output=True, text=True, cwd=d)
+            assert r.returncode == 0, r.stderr
+            ptx = [n for n in os.listdir(d) if n.endswith(".ptx")]
+            assert len(ptx) == 1, sorted(os.listdir(d))
+            with open(os.path.join(d, ptx[0])) as f:
+                ptx = f.read()
         out, name, sizes = {}, None, None
         for line in r.stderr.splitlines():
             if m := re.search(r"Function properties for (\w+)", line):
@@ -1731,13 +1731,24 @@ def ptxas_report(dtype, arch):
                 sizes = tuple(int(x) for x in m.groups())
             elif (m := re.search(r"Used (\d+) registers", line)) and name:
                 smem = re.search(r"(\d+) bytes smem", line)
-                out[name] = (int(m.group(1)), int(smem.group(1)) if smem else 0, *sizes)
+                out[name] = [int(m.group(1)), int(smem.group(1)) if smem else 0, *sizes]
                 name = None
-        _PTXAS[(dtype, arch)] = out
-    return _PTXAS[(dtype, arch)]
+        return ptx, out
+    return tuple(once("\n".join([NVCC, _nvcc_version(), *command, source]), make))
 
 
-NVCC = shutil.which("nvcc")
+def ptxas_report(dtype, arch):
+    """{kernel: (registers, shared memory bytes, stack frame, spill stores, spill loads)} from ptxas's
+    resource report (`nvcc -cubin -Xptxas -v`) on kernels.source(dtype)."""
+    return {name: tuple(sizes) for name, sizes in nvcc_compile(dtype, arch)[1].items()}
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed: the CUDA syntax check needs it")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_source_compiles_with_nvcc(dtype):
+    ptx = nvcc_compile(np.dtype(dtype).name, "sm_80")[0]
+    for name in kernels.SIGNATURES:
+        assert f".entry {name}(" in ptx
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed: the register report needs ptxas")
@@ -1746,7 +1757,7 @@ NVCC = shutil.which("nvcc")
 def test_every_kernel_compiles_without_spills(dtype, arch):
     """ptxas's resource report (`nvcc -cubin -Xptxas -v`) for every kernel: no stack frame, no
     spill stores or loads (docs/performance.md lists the registers and shared memory)."""
-    report = ptxas_report(dtype, arch)
+    report = ptxas_report(np.dtype(dtype).name, arch)
     assert set(kernels.SIGNATURES) <= set(report), sorted(report)
     assert [name for name, (_, _, *sizes) in report.items() if any(sizes)] == [], report
 
@@ -1754,7 +1765,7 @@ def test_every_kernel_compiles_without_spills(dtype, arch):
 def _nvcc_release():
     if NVCC is None:
         return None
-    m = re.search(r"release (\d+\.\d+)", subprocess.run([NVCC, "--version"], capture_output=True, text=True).stdout)
+    m = re.search(r"release (\d+\.\d+)", _nvcc_version())
     return m and m.group(1)
 
 

@@ -45,6 +45,7 @@ compiled it with. (What the Python wrappers pass is checked against the same typ
 refuses an argument whose dtype CuPy would pack otherwise: a kernel that expects another width reads garbage,
 silently.)
 """
+import base64
 import ctypes
 import functools
 import glob
@@ -58,6 +59,7 @@ import sys
 import pytest
 
 from minitf import kernels
+from run_cache import once
 
 ARCHS = ["sm_80", "sm_90", "sm_75", "sm_86", "sm_120"]   # A100, H100; T4, RTX 20xx; A10, A40, RTX 30xx; RTX 50xx
 DTYPES = ["float16", "bfloat16", "float32", "float64"]
@@ -95,6 +97,7 @@ class NVRTC:
     """The few libnvrtc calls CuPy's compile makes."""
 
     def __init__(self, path):
+        self.path = path
         self.lib = ctypes.CDLL(path)
         self.lib.nvrtcGetErrorString.restype = ctypes.c_char_p
         major, minor = ctypes.c_int(), ctypes.c_int()
@@ -207,8 +210,15 @@ def signature_mismatches(ptx, signatures, dtype):
 # ----------------------------------------------------------------------------- minitf's kernels
 @functools.lru_cache(maxsize=None)
 def compiled(nvrtc, dtype, arch):
-    """NVRTC's result for minitf's source, compiled once per (dtype, arch) for all the tests."""
-    return nvrtc.compile(kernels.source(dtype), cupy_options(arch))
+    """NVRTC's result for minitf's source, compiled once a test run per (dtype, arch) for all the tests (by the
+    first of the test processes to ask: tests/run_cache.py)."""
+    source, options = kernels.source(dtype), cupy_options(arch)
+
+    def make():
+        ok, log, cubin, ptx = nvrtc.compile(source, options)
+        return [ok, log, base64.b64encode(cubin).decode(), ptx]
+    ok, log, cubin, ptx = once("\n".join([nvrtc.path, repr(nvrtc.version), *options, source]), make)
+    return ok, log, base64.b64decode(cubin), ptx
 
 
 @pytest.mark.parametrize("arch", ARCHS)

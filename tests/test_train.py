@@ -544,7 +544,9 @@ def test_a_short_run_reports_a_model_no_worse_than_its_last_checkpoint(corpus, t
     """40 updates with a checkpoint every 5 (the first ones in the warmup): the average spans the
     run's second half, ends at the final checkpoint, and the run reports whichever of it and the
     last checkpoint has the lower validation loss, says which (log, results.json, model.npz), and
-    scores that model. Averaging the 8 evenly spaced ones from step 5 would be worse."""
+    scores that model. (Whether the former window, 8 evenly spaced from step 5, scores worse on a run of 40 updates
+    depends on the BLAS's rounding: it did with two OpenBLAS threads, not with one. docs/benchmarks.md compares the
+    two windows on a real run.)"""
     from minitf.checkpoint import average_checkpoints
     from minitf.data.tokenizer import Tokenizer
     from minitf.validation import Validation, evaluate_loss
@@ -558,7 +560,7 @@ def test_a_short_run_reports_a_model_no_worse_than_its_last_checkpoint(corpus, t
     assert res["model_checkpoints"] == (res["averaged_checkpoints"] if res["model"] == "averaged"
                                         else ["checkpoint_0000040.npz"])
     assert f"the run reports {'the average' if res['model'] == 'averaged' else 'the last checkpoint'}" in r.stderr
-    # the same losses measured here, and the old window's (evenly spaced from the first checkpoint)
+    # the last checkpoint's loss measured here
     last = load_checkpoint(out / "checkpoint_0000040.npz")
     tok = Tokenizer.from_bytes(last.tokenizer)
     valid = [(corpus / f"val.{lang}.gz") for lang in ("en", "de")]
@@ -566,12 +568,9 @@ def test_a_short_run_reports_a_model_no_worse_than_its_last_checkpoint(corpus, t
     batches = Validation(lines, tok, 512, 0, 50).batches
     model = last.build_model()
     assert round(evaluate_loss(model, batches)[0], 4) == res["valid_loss_last"]
-    average_checkpoints([out / f"checkpoint_{s:07d}.npz" for s in range(5, 45, 5)], tmp_path / "old.npz")
-    model.load_state_dict(load_checkpoint(tmp_path / "old.npz").params)
-    old = evaluate_loss(model, batches)[0]
-    print(f"valid loss: old window {old:.4f}, new average {res['valid_loss_averaged']}, "
-          f"last {res['valid_loss_last']}, reported {res['model']}")
-    assert old > res["valid_loss"]
+    average_checkpoints([out / f"checkpoint_{s:07d}.npz" for s in range(20, 45, 5)], tmp_path / "avg.npz")
+    model.load_state_dict(load_checkpoint(tmp_path / "avg.npz").params)
+    assert round(evaluate_loss(model, batches)[0], 4) == res["valid_loss_averaged"]
     assert load_checkpoint(out / "model.npz").optimizer is None
 
 
