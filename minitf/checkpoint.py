@@ -194,24 +194,7 @@ def load_checkpoint(path, optimizer=True):
         raise CheckpointError(f"checkpoint {path} does not exist{_same_step(path)}")
     if path.endswith(".safetensors"):
         return _load_safetensors(path)
-    with open(path, "rb") as f:
-        if f.read(4) != ZIP_MAGIC:
-            raise CheckpointError(f"{path} is not a minitf checkpoint (those are .npz archives that "
-                                  f"train_wmt.py or `python -m minitf average` wrote, or .safetensors exports)")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            meta = _checked_manifest(path, z)   # reads __meta__ alone; every other entry's size is checked first
-            arrays = {k: z[k] for k in z.files if optimizer or not k.startswith("optim/")}
-    except CheckpointError:
-        raise
-    except ValueError as e:
-        if "allow_pickle" in str(e):   # NumPy's advice to load it unsafely: never here
-            raise CheckpointError(f"{path} is not a minitf checkpoint: it holds pickled (object) arrays, "
-                                  f"which minitf never loads") from None
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({one_line(e, 200)})") from None
-    except Exception as e:   # zip and .npy header errors (BadZipFile, EOFError, OSError, tokenize errors, ...)
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({one_line(e, 200)})") from None
-    arrays.pop("__meta__")
+    meta, arrays = _read_npz(path, lambda k: optimizer or not k.startswith("optim/"))
     sums = meta["sha256"]
     for k, a in arrays.items():
         if _digest(a) != sums[k]:
@@ -243,6 +226,35 @@ def role(train_state):
     if "model" in train_state:
         return "reported"
     return "best" if train_state.get("best") else None
+
+
+def _read_npz(path, wanted):
+    """(manifest, {entry: array} of the entries `wanted(name)` takes) of the .npz checkpoint `path`, the manifest read
+    and checked first (_checked_manifest); any defect is a CheckpointError naming the file."""
+    with open(path, "rb") as f:
+        if f.read(4) != ZIP_MAGIC:
+            raise CheckpointError(f"{path} is not a minitf checkpoint (those are .npz archives that "
+                                  f"train_wmt.py or `python -m minitf average` wrote, or .safetensors exports)")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = _checked_manifest(path, z)   # reads __meta__ alone; every other entry's size is checked first
+            return meta, {k: z[k] for k in z.files if k != "__meta__" and wanted(k)}
+    except CheckpointError:
+        raise
+    except ValueError as e:
+        if "allow_pickle" in str(e):   # NumPy's advice to load it unsafely: never here
+            raise CheckpointError(f"{path} is not a minitf checkpoint: it holds pickled (object) arrays, "
+                                  f"which minitf never loads") from None
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({one_line(e, 200)})") from None
+    except Exception as e:   # zip and .npy header errors (BadZipFile, EOFError, OSError, tokenize errors, ...)
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({one_line(e, 200)})") from None
+
+
+def check_opens(path):
+    """CheckpointError (load_checkpoint's) where the .npz checkpoint `path` cannot be opened: a cut file, a damaged
+    zip directory or manifest; no array is read or checked (a look at a run's last checkpoint, which --resume takes,
+    at the cost of its directory)."""
+    _read_npz(os.fspath(path), lambda k: False)
 
 
 def read_train_state(path):

@@ -157,7 +157,8 @@ def cmd_export(args):
 
 
 OUTPUT_HELP = ("output file (a .gz name is gzip-compressed; a link, a pipe or /dev/stdout is written through; an "
-               "existing file keeps its permissions; never the checkpoint, an input or a model file's name, *.npz or "
+               "existing file keeps its permissions, and in a folder that takes no new file is written in place; never "
+               "the checkpoint, an input, a file of the model (a Marian folder's too) or a model file's name, *.npz or "
                "*.safetensors); - or default: stdout")
 MODEL_NAMES = (".npz", ".safetensors")   # a model file's: text written there would take a model's place
 
@@ -179,9 +180,30 @@ def _check_output(args, *inputs):
         if path in (None, "-") and flag != "--checkpoint" and _is_stdin(args.output):
             raise ConfigError(f"--output {args.output} is the file on standard input ({flag} "
                               f"{path or '-'}): writing it would replace that file; name another output")
+    for model_file in _model_files(args.checkpoint) if os.path.isfile(args.output) else ():
+        if os.path.samefile(model_file, args.output):   # a Marian folder's vocabulary or SentencePiece model
+            raise ConfigError(f"--output {args.output} is {model_file}, a file of the model --checkpoint "
+                              f"{args.checkpoint}: writing it would replace that file; name another output")
+    if not os.path.islink(args.output) and (os.path.isfile(args.output) or not os.path.exists(args.output)):
+        from .fileio import written_in_place
+        try:
+            written_in_place(args.output)   # a folder that cannot be written: said now, not after translating
+        except OSError as e:
+            raise ConfigError(f"--output {args.output}: cannot write into {os.path.dirname(os.path.abspath(args.output))}"
+                              f" ({e.strerror or e}): name another output") from None
     if args.output.lower().endswith(MODEL_NAMES):   # (a run's checkpoint_best.npz had been replaced by translations)
         raise ConfigError(f"--output {args.output}: a model file's name, and what is written is text: name the output "
                           f"file otherwise (e.g. out.txt)")
+
+
+def _model_files(checkpoint):
+    """The files the model `checkpoint` is read from that exist (partial_output.model_files: a Marian folder's
+    several), or none where it is no model."""
+    from .partial_output import model_files
+    try:
+        return [p for p in model_files(checkpoint) if os.path.isfile(p)]
+    except (MinitfError, OSError):   # not a model: loading it says so
+        return []
 
 
 def _is_stdin(path):
@@ -255,13 +277,14 @@ def _write_text(output, text):
     if not output:
         sys.stdout.write(text)
         return
-    from .fileio import WriteFailed, atomic_write
+    from .fileio import WriteFailed, atomic_write, written_in_place
     data = text.encode()
     try:
         if output.endswith(".gz"):
             import gzip
             data = gzip.compress(data, mtime=0)
-        if os.path.islink(output) or (os.path.exists(output) and not os.path.isfile(output)):
+        if os.path.islink(output) or (os.path.exists(output) and not os.path.isfile(output)) or \
+                written_in_place(output):   # (the last: a writable file in a folder that takes no new file)
             with open(output, "wb") as f:
                 f.write(data)
             return
@@ -416,10 +439,14 @@ def cmd_info(args):
     from .modelinfo import info_lines, model_facts, run_lines, run_facts
     run = os.path.isdir(args.checkpoint) and not is_marian(args.checkpoint) and not is_ctranslate2(args.checkpoint)
     facts = run_facts(args.checkpoint) if run else model_facts(args.checkpoint)
+    unreadable = run and "error" in facts["model"]   # the run's facts, then its model's error (exit 2, as for the file)
     if args.json:
         print(json.dumps(facts, indent=2))
     else:
-        print("\n".join(run_lines(facts) if run else info_lines(facts)))
+        lines = run_lines(facts) if run else info_lines(facts)
+        print("\n".join(lines[:-1] if unreadable else lines))
+    if unreadable:
+        raise DataError(f"{facts['model']['path']}: cannot be read: {facts['model']['error']}")
 
 
 def _decode_args(p):

@@ -76,6 +76,29 @@ def check_output_file(path, flag):
     check_parent_folder(path, flag)
 
 
+def written_in_place(path):
+    """Whether the file `path` is to be written in place rather than atomically (atomic_write: a temporary file beside
+    it, renamed over it): True for an existing file that opens for writing in a folder that takes no new file (a
+    read-only folder holding a writable file, as a shell's `>` writes it); False where a temporary file can be made
+    there (or the disk is full: atomic_write says so). OSError where neither can be written."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=folder)
+    except OSError as e:
+        if is_disk_full(e):
+            return False
+        if os.path.isfile(path):
+            try:
+                os.close(os.open(path, os.O_WRONLY))   # (no O_TRUNC: nothing written)
+                return True
+            except OSError:
+                pass
+        raise
+    os.close(fd)
+    os.unlink(tmp)
+    return False
+
+
 def check_parent_folder(path, flag):
     """ConfigError unless the folder `path` goes into exists (a mistyped folder is not made) and is a folder."""
     folder = os.path.dirname(os.path.abspath(path))

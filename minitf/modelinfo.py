@@ -4,7 +4,7 @@ vocabulary, training and recipe."""
 import json
 import os
 
-from .checkpoint import checkpoint_in, role
+from .checkpoint import check_opens, checkpoint_in, role
 from .config import parse_id_ranges
 from .errors import DataError, MinitfError
 from .modelfile import read_model
@@ -151,8 +151,14 @@ def run_facts(folder):
         facts = model_facts(model)
     except MinitfError as e:   # a corrupt model file: the run's other facts still say what is there
         facts = {"path": model, "error": str(e)}
+    last_error = None
+    if checkpoints:   # the one --resume takes (it had been named as such when cut short: --resume refused it)
+        try:
+            check_opens(os.path.join(folder, checkpoints[-1]))
+        except MinitfError as e:
+            last_error = str(e)
     return {"path": folder, "checkpoints": checkpoints, "best": os.path.isfile(os.path.join(folder, BEST)),
-            "results": results, "model": facts}
+            "results": results, "model": facts, "last_checkpoint_error": last_error}
 
 
 def run_lines(r):
@@ -170,7 +176,14 @@ def run_lines(r):
     else:
         head = "a training run that ended (its results.json gives no count of updates)"
     lines = [f"{r['path']}: {head}"]
-    if steps:
+    if steps and r.get("last_checkpoint_error"):
+        lines.append(f"  checkpoints: {plural(len(steps), 'training checkpoint')} "
+                     f"({'step' if len(steps) == 1 else 'steps'} {', '.join(map(str, steps))}"
+                     f"{'; checkpoint_best.npz' if r['best'] else ''}): the last cannot be read "
+                     f"({r['last_checkpoint_error']}): move it out of {r['path']}, and "
+                     + (f"--resume continues from step {steps[-2]}" if len(steps) > 1 else
+                        "--resume starts the run afresh"))
+    elif steps:
         lines.append(f"  checkpoints: {plural(len(steps), 'training checkpoint')} "
                      f"({'step' if len(steps) == 1 else 'steps'} {', '.join(map(str, steps))}"
                      f"{'; checkpoint_best.npz' if r['best'] else ''}): --resume continues from step {steps[-1]}"

@@ -1,6 +1,7 @@
 """`python -m minitf translate|evaluate` end to end on a tiny model and files made here."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -543,6 +544,25 @@ def test_info_says_what_each_kind_of_model_file_is(setup, tmp_path, capsys):
         f"{run}: a training run that ended after 7 updates, then was resumed and stopped at step 9 before ending "
         f"again: its results.json and model.npz are of step 7")
     (run / "checkpoint_0000009.npz").unlink()
+    # the last checkpoint cut short: the line names the one --resume takes once it is moved away (it had said "--resume
+    # continues from step 7", which --resume then refused); a model that cannot be read is exit 2 after the run's facts
+    # (it had been exit 0)
+    for name in ("checkpoint_0000007.npz", "model.npz"):
+        whole = (run / name).read_bytes()
+        (run / name).write_bytes(whole[:2000])
+        assert main(["info", str(run)]) == (0 if name.startswith("checkpoint") else 2)
+        said = capsys.readouterr()
+        line = said.out.splitlines()[1]
+        if name.startswith("checkpoint"):
+            assert re.fullmatch(r"  checkpoints: 2 training checkpoints \(steps 4, 7; checkpoint_best\.npz\): the last "
+                                r"cannot be read \(checkpoint \S+checkpoint_0000007\.npz is truncated or corrupt \(.+\)\): "
+                                rf"move it out of {re.escape(str(run))}, and --resume continues from step 4", line), line
+            assert f"{run / 'model.npz'}: a run's reported model" in said.out
+        else:
+            assert line.endswith("--resume continues from step 7") and "cannot be read" not in said.out
+            assert re.fullmatch(rf"error: {re.escape(str(run / name))}: cannot be read: checkpoint \S+ is truncated or "
+                                r"corrupt \(.+\)\n", said.err), said.err
+        (run / name).write_bytes(whole)
     (tmp_path / "empty").mkdir()
     assert main(["info", str(tmp_path / "empty")]) == 2
     assert "neither a run's --out folder" in capsys.readouterr().err
@@ -566,9 +586,10 @@ def test_info_says_what_each_kind_of_model_file_is(setup, tmp_path, capsys):
         assert main(["info", str(run)]) == 0
         assert head in capsys.readouterr().out.splitlines()[0]
     (run / "model.npz").write_bytes((run / "model.npz").read_bytes()[:5000])
-    assert main(["info", str(run)]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert out[1].startswith("  checkpoints: 2") and out[-1].startswith(f"{run / 'model.npz'}: cannot be read: ")
+    assert main(["info", str(run)]) == 2
+    said = capsys.readouterr()
+    assert said.out.splitlines()[1].startswith("  checkpoints: 2")
+    assert said.err.startswith(f"error: {run / 'model.npz'}: cannot be read: ")
     only = tmp_path / "only_best"
     only.mkdir()
     (only / "checkpoint_best.npz").write_bytes((run / "checkpoint_best.npz").read_bytes())
@@ -973,3 +994,43 @@ def test_where_the_lines_are_kept_and_what_stops_keeping_them(setup, tmp_path, m
         raise OSError(errno.ENOLCK, "No locks available")
     monkeypatch.setattr(fcntl, "flock", no_locks)
     assert cli.main([*cmd, str(tmp_path / "nolock.txt")]) == 0 and (tmp_path / "nolock.txt").read_text() == whole
+
+
+def test_output_is_no_file_of_the_model_and_a_folder_that_cannot_be_written_is_said_first(setup, tmp_path, monkeypatch,
+                                                                                          capsys):
+    """A Marian folder's source.spm, target.spm, vocabulary or decoder.yml given as --output had been replaced by the
+    text (exit 0), and the model could not be loaded again. --output into a folder that cannot be written had been
+    refused only after every line was translated; an existing file there that can be written had been refused (no
+    temporary file could be made beside it): it is written in place, as a shell's > writes it."""
+    from minitf import cli, fileio, translate
+    from minitf.marian import export_marian, marian_files
+    d, mar = setup, tmp_path / "mar"
+    export_marian(str(d / "model.npz"), str(mar))
+    _, vocabs, src_spm, tgt_spm = marian_files(str(mar))
+    for path in (src_spm, tgt_spm, *vocabs, str(mar / "decoder.yml")):
+        before = open(path, "rb").read()
+        for cmd in (["translate", "--input", d / "short.txt"], ["score", "--src", d / "short.txt", "--tgt",
+                                                                 d / "short.txt"]):
+            assert cli.main([*map(str, cmd), "--checkpoint", str(mar), "--quiet", "--output", path]) == 2
+            assert capsys.readouterr().err == (f"error: --output {path} is {path}, a file of the model --checkpoint "
+                                               f"{mar}: writing it would replace that file; name another output\n")
+        assert open(path, "rb").read() == before
+    flags = ["--checkpoint", str(d / "model.npz"), "--input", str(d / "short.txt"), "--beam", "2", "--quiet"]
+    assert cli.main(["translate", *flags]) == 0
+    want = capsys.readouterr().out
+    (tmp_path / "ro").mkdir()
+    kept = tmp_path / "ro" / "kept.txt"
+    kept.write_text("old\n")
+
+    def refused(*args, **kwargs):   # a folder that takes no new file (read-only; the tests may run as root)
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(fileio.tempfile, "mkstemp", refused)
+    with monkeypatch.context() as m:
+        m.setattr(translate, "load", lambda *a, **k: pytest.fail("the model was loaded before --output was checked"))
+        for cmd in (["translate", *flags], ["score", "--checkpoint", str(d / "model.npz"), "--src",
+                                            str(d / "short.txt"), "--tgt", str(d / "short.txt"), "--quiet"]):
+            assert cli.main([*cmd, "--output", str(tmp_path / "ro" / "new.txt")]) == 2
+            assert capsys.readouterr().err == (f"error: --output {tmp_path / 'ro' / 'new.txt'}: cannot write into "
+                                               f"{tmp_path / 'ro'} (Permission denied): name another output\n")
+    assert cli.main(["translate", *flags, "--output", str(kept)]) == 0
+    assert kept.read_text() == want and not (tmp_path / "ro" / "new.txt").exists()
