@@ -257,6 +257,7 @@ def _translate_keeping(translator, lines, args):
             _search(translator, [lines[i] for i in todo], args, progress=not args.quiet, done=keep)
         _write_text(args.output, "".join(part.done[i] for i in range(len(lines))))
     except KeyboardInterrupt as e:
+        part.stop()   # the search threads still running add nothing more
         kept = part.kept()
         if kept:
             e.kept, e.kept_what = part.path, f"the {kept:,} of {plural(len(lines), 'line')} translated so far are"

@@ -10,6 +10,7 @@ input or flags, or a damaged file, starts it afresh; a record cut short by a kil
 import hashlib
 import json
 import os
+import threading
 
 from .errors import ConfigError, DataError, report
 from .fileio import fit_name
@@ -65,6 +66,7 @@ class PartialOutput:
 
     def __init__(self, output, key):
         self.output, self.path, self.key, self.done, self.dropped = output, partial_path(output), key, {}, None
+        self._adding, self._stopped = threading.Lock(), False
         # FILE's permissions (its owner may always read and write it: a read-only FILE's had refused the next run),
         # or the umask's
         mode = (os.stat(output).st_mode & 0o777) | 0o600 if os.path.isfile(output) else 0o666
@@ -147,8 +149,16 @@ class PartialOutput:
                             f"({e.strerror or e}); {kept} there for the same command to go on from") from None
 
     def add(self, i, text):
-        self._write({"i": i, "out": text})
-        self.done[i] = text
+        with self._adding:
+            if not self._stopped:
+                self._write({"i": i, "out": text})
+                self.done[i] = text
+
+    def stop(self):
+        """No line is kept after this: a search thread that finishes its batch after an interruption adds nothing, so
+        that kept() then counts what the file keeps (those lines had been added after the count: 233 said, 235 kept)."""
+        with self._adding:
+            self._stopped = True
 
     def kept(self):
         """The lines the file holds (an interruption between a line's write and `done` counted: the file says)."""
@@ -156,6 +166,7 @@ class PartialOutput:
         return max(self._file.read().count(b"\n") - 1, 0)
 
     def close(self):
+        self.stop()   # (a line a search thread finishes later is not written into a closed file)
         self._file.close()
 
     def remove(self):

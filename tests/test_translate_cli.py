@@ -1034,3 +1034,18 @@ def test_output_is_no_file_of_the_model_and_a_folder_that_cannot_be_written_is_s
                                                f"{tmp_path / 'ro'} (Permission denied): name another output\n")
     assert cli.main(["translate", *flags, "--output", str(kept)]) == 0
     assert kept.read_text() == want and not (tmp_path / "ro" / "new.txt").exists()
+
+
+def test_a_line_a_search_thread_finishes_after_an_interruption_is_not_kept_beyond_the_count(tmp_path):
+    """After Ctrl-C the search threads still running finish their batch: their lines had been added after the kept
+    lines were counted (233 said, 235 kept), and after the file was closed they were writes into a closed file."""
+    from minitf.partial_output import PartialOutput
+    out = tmp_path / "out.txt"
+    part = PartialOutput(str(out), "k")
+    part.add(0, "one\n")
+    part.stop()
+    part.add(1, "two\n")
+    assert part.kept() == 1 and part.done == {0: "one\n"}
+    part.close()
+    part.add(2, "three\n")
+    assert PartialOutput(str(out), "k").done == {0: "one\n"}
