@@ -184,6 +184,9 @@ def _check_output(args, *inputs):
         if os.path.samefile(model_file, args.output):   # a Marian folder's vocabulary or SentencePiece model
             raise ConfigError(f"--output {args.output} is {model_file}, a file of the model --checkpoint "
                               f"{args.checkpoint}: writing it would replace that file; name another output")
+    if args.output.lower().endswith(MODEL_NAMES):   # (a run's checkpoint_best.npz had been replaced by translations)
+        raise ConfigError(f"--output {args.output}: a model file's name, and what is written is text: name the output "
+                          f"file otherwise (e.g. out.txt)")
     if not os.path.islink(args.output) and (os.path.isfile(args.output) or not os.path.exists(args.output)):
         from .fileio import written_in_place
         try:
@@ -191,9 +194,6 @@ def _check_output(args, *inputs):
         except OSError as e:
             raise ConfigError(f"--output {args.output}: cannot write into {os.path.dirname(os.path.abspath(args.output))}"
                               f" ({e.strerror or e}): name another output") from None
-    if args.output.lower().endswith(MODEL_NAMES):   # (a run's checkpoint_best.npz had been replaced by translations)
-        raise ConfigError(f"--output {args.output}: a model file's name, and what is written is text: name the output "
-                          f"file otherwise (e.g. out.txt)")
 
 
 def _model_files(checkpoint):

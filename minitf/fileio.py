@@ -95,7 +95,10 @@ def written_in_place(path):
                 pass
         raise
     os.close(fd)
-    os.unlink(tmp)
+    try:
+        os.unlink(tmp)
+    except OSError:   # (a folder that takes files but lets none be removed: the write will say so)
+        pass
     return False
 
 

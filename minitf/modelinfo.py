@@ -127,7 +127,8 @@ def _before_a_checkpoint(folder):
 
 
 def run_facts(folder):
-    """{path, checkpoints, best, results, model} of a run's --out folder: its training checkpoints (oldest first),
+    """{path, checkpoints, best, results, model, last_checkpoint_error} of a run's --out folder: its training
+    checkpoints (oldest first),
     whether it holds checkpoint_best.npz, results ("missing" before the run's end, "unreadable", or results.json's
     dict) and model_facts of the model it reported (model.npz; else its average, best or newest checkpoint), or
     {"path", "error"} when that file cannot be read (the rest is still reported)."""
@@ -153,12 +154,22 @@ def run_facts(folder):
         facts = {"path": model, "error": str(e)}
     last_error = None
     if checkpoints:   # the one --resume takes (it had been named as such when cut short: --resume refused it)
+        last = os.path.join(folder, checkpoints[-1])
         try:
-            check_opens(os.path.join(folder, checkpoints[-1]))
+            check_opens(last)
         except MinitfError as e:
             last_error = str(e)
+        if last_error is None and "error" in facts and os.path.abspath(model) == os.path.abspath(last):
+            last_error = facts["error"]   # read whole as the run's model: damaged inside an intact zip
     return {"path": folder, "checkpoints": checkpoints, "best": os.path.isfile(os.path.join(folder, BEST)),
             "results": results, "model": facts, "last_checkpoint_error": last_error}
+
+
+def _new_run(r):
+    """What a new run in the run's folder r["path"] does, said after "--resume cannot continue this run": refused where
+    it holds an earlier run's results (runfolder.check_fresh_out), else started afresh."""
+    refused = any(os.path.lexists(os.path.join(r["path"], name)) for name in RESULTS)
+    return ", and a new run in this folder is refused" if refused else "; a new run in this folder starts afresh"
 
 
 def run_lines(r):
@@ -182,17 +193,15 @@ def run_lines(r):
                      f"{'; checkpoint_best.npz' if r['best'] else ''}): the last cannot be read "
                      f"({r['last_checkpoint_error']}): move it out of {r['path']}, and "
                      + (f"--resume continues from step {steps[-2]}" if len(steps) > 1 else
-                        "--resume starts the run afresh"))
+                        "--resume cannot continue this run" + _new_run(r)))
     elif steps:
         lines.append(f"  checkpoints: {plural(len(steps), 'training checkpoint')} "
                      f"({'step' if len(steps) == 1 else 'steps'} {', '.join(map(str, steps))}"
                      f"{'; checkpoint_best.npz' if r['best'] else ''}): --resume continues from step {steps[-1]}"
                      + _how_to_go_on(r["path"], res, steps[-1]))
     else:
-        refused = any(os.path.lexists(os.path.join(r["path"], name)) for name in RESULTS)   # runfolder.check_fresh_out
         lines.append(f"  checkpoints: no training checkpoint{' (checkpoint_best.npz alone)' if r['best'] else ''}: "
-                     f"--resume cannot continue this run" + (", and a new run in this folder is refused" if refused
-                                                             else "; a new run in this folder starts afresh"))
+                     f"--resume cannot continue this run" + _new_run(r))
     if isinstance(res, dict) and isinstance(res.get("bleu"), dict):
         scores = ", ".join(f"{name} {value}" for name, value in res["bleu"].items())
         lines.append(f"  scores: sacreBLEU {scores} (beam {res.get('beam')}, alpha {res.get('alpha')}; results.json)")

@@ -504,9 +504,10 @@ def build(code, signatures, workdir, tag):
     src = "\n".join(parts)
     digest = hashlib.sha256((" ".join(CXXFLAGS) + "\n" + src).encode()).hexdigest()[:16]
     so = os.path.join(workdir, f"{tag}_{digest}.so")
-    with _building(so):
-        if not os.path.exists(so):
-            _compile(src, so, tag)
+    if not os.path.exists(so):   # (a folder of built libraries may be read-only: no lock needed to load one)
+        with _building(so):
+            if not os.path.exists(so):
+                _compile(src, so, tag)
     lib = ctypes.CDLL(so)
     for name in signatures:
         getattr(lib, f"launch_{name}").restype = ctypes.c_char_p

@@ -563,6 +563,14 @@ def test_info_says_what_each_kind_of_model_file_is(setup, tmp_path, capsys):
             assert re.fullmatch(rf"error: {re.escape(str(run / name))}: cannot be read: checkpoint \S+ is truncated or "
                                 r"corrupt \(.+\)\n", said.err), said.err
         (run / name).write_bytes(whole)
+    one = tmp_path / "one"   # its only checkpoint cut short: no step to go on from, and a new run there is refused
+    one.mkdir()
+    (one / "checkpoint_0000004.npz").write_bytes((run / "checkpoint_0000004.npz").read_bytes()[:2000])
+    (one / "model.npz").write_bytes((run / "model.npz").read_bytes())
+    (one / "results.json").write_text(json.dumps({"steps": 4}))
+    assert main(["info", str(one)]) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith(
+        f"move it out of {one}, and --resume cannot continue this run, and a new run in this folder is refused")
     (tmp_path / "empty").mkdir()
     assert main(["info", str(tmp_path / "empty")]) == 2
     assert "neither a run's --out folder" in capsys.readouterr().err
