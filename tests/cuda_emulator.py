@@ -483,6 +483,17 @@ def compiler():
     return _COMPILER[0]
 
 
+def compiler_version():
+    """The compiler's path and the first line of its --version (g++ (GCC) 13.2.0 ...), read once."""
+    if not _COMPILER_VERSION:
+        out = subprocess.run([compiler(), "--version"], capture_output=True, text=True).stdout
+        _COMPILER_VERSION.append(f"{compiler()} {(out.splitlines() or [''])[0]}\n")
+    return _COMPILER_VERSION[0]
+
+
+_COMPILER_VERSION = []
+
+
 def kernel_dir():
     """The folder of the emulator's libraries that the test processes share, and later runs too (a library is named
     after the hash of its source and flags): STRICT_CUPY_KERNEL_DIR, or strict-cupy-kernels-<uid> in the temporary
@@ -502,7 +513,8 @@ def build(code, signatures, workdir, tag):
         params = "".join(f", {c} a{i}" for i, c in enumerate(types))
         parts.append(LAUNCHER.format(name=name, params=params, args=", ".join(f"a{i}" for i in range(len(types)))))
     src = "\n".join(parts)
-    digest = hashlib.sha256((" ".join(CXXFLAGS) + "\n" + src).encode()).hexdigest()[:16]
+    # named after the compiler too: the folder outlives a compiler's upgrade (kernel_dir)
+    digest = hashlib.sha256((compiler_version() + " ".join(CXXFLAGS) + "\n" + src).encode()).hexdigest()[:16]
     so = os.path.join(workdir, f"{tag}_{digest}.so")
     if not os.path.exists(so):   # (a folder of built libraries may be read-only: no lock needed to load one)
         with _building(so):
