@@ -187,18 +187,15 @@ def run_lines(r):
     else:
         head = "a training run that ended (its results.json gives no count of updates)"
     lines = [f"{r['path']}: {head}"]
+    listed = (f"  checkpoints: {plural(len(steps), 'training checkpoint')} "
+              f"({'step' if len(steps) == 1 else 'steps'} {', '.join(map(str, steps))}"
+              f"{'; checkpoint_best.npz' if r['best'] else ''}): ")
     if steps and r.get("last_checkpoint_error"):
-        lines.append(f"  checkpoints: {plural(len(steps), 'training checkpoint')} "
-                     f"({'step' if len(steps) == 1 else 'steps'} {', '.join(map(str, steps))}"
-                     f"{'; checkpoint_best.npz' if r['best'] else ''}): the last cannot be read "
-                     f"({r['last_checkpoint_error']}): move it out of {r['path']}, and "
-                     + (f"--resume continues from step {steps[-2]}" if len(steps) > 1 else
-                        "--resume cannot continue this run" + _new_run(r)))
+        lines.append(listed + f"the last cannot be read ({r['last_checkpoint_error']}): move it out of {r['path']}, "
+                     + (f"and --resume continues from step {steps[-2]}" if len(steps) > 1 else
+                        "and --resume cannot continue this run" + _new_run(r)))
     elif steps:
-        lines.append(f"  checkpoints: {plural(len(steps), 'training checkpoint')} "
-                     f"({'step' if len(steps) == 1 else 'steps'} {', '.join(map(str, steps))}"
-                     f"{'; checkpoint_best.npz' if r['best'] else ''}): --resume continues from step {steps[-1]}"
-                     + _how_to_go_on(r["path"], res, steps[-1]))
+        lines.append(listed + f"--resume continues from step {steps[-1]}" + _how_to_go_on(r["path"], res, steps[-1]))
     else:
         lines.append(f"  checkpoints: no training checkpoint{' (checkpoint_best.npz alone)' if r['best'] else ''}: "
                      f"--resume cannot continue this run" + _new_run(r))

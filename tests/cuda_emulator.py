@@ -23,7 +23,6 @@ cannot catch: warp-level timing, memory
 coalescing, and NVRTC-specific syntax (tests/test_nvrtc.py compiles the source with NVRTC as CuPy
 does, no GPU needed, and tests/test_kernels.py with nvcc when it is installed).
 """
-import contextlib
 import ctypes
 import hashlib
 import os
@@ -36,6 +35,7 @@ import numpy as np
 
 from minitf import kernels
 from minitf.backend import dtype_named
+from run_cache import held
 
 BFLOAT16 = dtype_named("bfloat16")
 
@@ -517,27 +517,15 @@ def build(code, signatures, workdir, tag):
     digest = hashlib.sha256((compiler_version() + " ".join(CXXFLAGS) + "\n" + src).encode()).hexdigest()[:16]
     so = os.path.join(workdir, f"{tag}_{digest}.so")
     if not os.path.exists(so):   # (a folder of built libraries may be read-only: no lock needed to load one)
-        with _building(so):
+        # a second process asking for the same library waits for the first's (each had compiled its own, ~5-10 s a
+        # dtype, when the suite's processes started on the same kernels)
+        with held(so):
             if not os.path.exists(so):
                 _compile(src, so, tag)
     lib = ctypes.CDLL(so)
     for name in signatures:
         getattr(lib, f"launch_{name}").restype = ctypes.c_char_p
     return lib
-
-
-@contextlib.contextmanager
-def _building(so):
-    """Held while `so` is looked for and built: a second process asking for the same library waits for the first's
-    (each had compiled its own, ~5-10 s a dtype, when the suite's processes started on the same kernels)."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    with open(so + ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def _compile(src, so, tag):

@@ -6,6 +6,7 @@ tests/conftest.py gives the run a fresh folder (RUN_CACHE, removed at the run's 
 run to the next: a run compiles what it tests. Without that folder (a test module run outside pytest), `once` makes
 the value each time.
 """
+import contextlib
 import hashlib
 import json
 import os
@@ -18,6 +19,18 @@ except ImportError:      # no file locks: each process makes its own
 RUN_CACHE = "MINITF_TEST_RUN_CACHE"
 
 
+@contextlib.contextmanager
+def held(path):
+    """An exclusive lock on `path`.lock for the block: a second process asking for the same waits for the first to
+    leave it (no lock where there is no fcntl)."""
+    if fcntl is None:
+        yield
+        return
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def once(key, make):
     """make()'s value (JSON: strings, numbers, lists, dicts), made once a test run for `key`, a string that names
     every input of the value (the tool and its version, its options, the source)."""
@@ -25,8 +38,7 @@ def once(key, make):
     if not folder or fcntl is None or not os.path.isdir(folder):
         return make()
     path = os.path.join(folder, hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
-    with open(path + ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)     # a second process asking waits here for the first's value
+    with held(path):     # a second process asking waits here for the first's value
         if os.path.exists(path):
             with open(path, encoding="utf-8") as f:
                 return json.load(f)

@@ -7,6 +7,7 @@ a GPU (elsewhere on the strict CuPy stand-in). Shapes are chosen so rows are sho
 longer than a block, and not multiples of it.
 """
 import ctypes
+import functools
 import os
 import re
 import shutil
@@ -1700,6 +1701,7 @@ def test_signatures_are_read_from_the_declarations():
 NVCC = shutil.which("nvcc")
 
 
+@functools.lru_cache(maxsize=None)
 def _nvcc_version():
     return subprocess.run([NVCC, "--version"], capture_output=True, text=True).stdout
 
