@@ -909,7 +909,8 @@ def end(run, stop):
     if stop not in ENDS:
         if run.lead:
             with signals_held():   # another signal now would cut the checkpoint this stop saves
-                path = run.save(on_grid=False)
+                # (a signal in an update on the --save-every spacing: that update's checkpoint is already the last)
+                path = saved_at_this_step(run) or run.save(on_grid=False)
             run.log.close()
             log(f"interrupted ({stop}) at step {state['step']}: saved {path}; continue with --resume")
         raise Interrupted(stop.split()[0])
@@ -964,16 +965,22 @@ def _save_the_end(run, stop, validated):
     the spacing just before, a resume would take the budget for unspent and train on), and the stop's line. Returns
     the checkpoint's path."""
     args, state = run.args, run.state
-    last = checkpoint_paths(args.out)
-    saved = bool(last) and last[-1].endswith(f"{state['step']:07d}.npz")
+    saved = saved_at_this_step(run)
     recorded, state["train_wall_s"] = state["train_wall_s"], run.elapsed()   # the time its last checkpoint records
     under = stop == "time_budget" and recorded < args.time_budget
-    path = run.save(on_grid=False) if not saved or validated or under else last[-1]   # off the spacing unless it was on it
+    path = run.save(on_grid=False) if not saved or validated or under else saved   # off the spacing unless it was on it
     why = (f"patience: validation {'BLEU' if state['best_valid']['metric'] == 'valid_bleu' else 'loss'} no better "
            f"than step {state['best_valid']['step']}'s for {args.patience} validations" if stop == "patience" else stop)
     wall = round(round(state["train_wall_s"], 1))   # results.json's 0.1 s rounded, as the summary rounds it
     log(f"training stopped ({why}) at step {state['step']} after {wall}s")
     return path
+
+
+def saved_at_this_step(run):
+    """The path of this step's checkpoint where it is the run's last (saved on the spacing after this step's update,
+    or the one a resume started from), else None."""
+    last = checkpoint_paths(run.args.out)
+    return last[-1] if last and last[-1].endswith(f"{run.state['step']:07d}.npz") else None
 
 
 def _final_validation(run):

@@ -1567,6 +1567,36 @@ def test_a_signal_while_the_end_saves_its_checkpoint_waits_for_the_file(tmp_path
     assert "interrupted (SIGINT) at step 20: saved" in err and "before training began" not in err
 
 
+def test_a_signal_in_an_update_on_the_save_spacing_keeps_that_checkpoint_and_saves_no_other(tmp_path, capsys):
+    # the update on the --save-every spacing saved its checkpoint, then the signal's stop wrote the same step again
+    import minitf.train
+    from minitf.errors import Interrupted
+    out, written = tmp_path / "run", []
+    out.mkdir()
+
+    class Run:
+        args = types.SimpleNamespace(out=str(out))
+        world, lead, state = distributed.World(), True, {"step": 20}
+        log = type("L", (), {"close": staticmethod(lambda: None)})()
+
+        def save(self, on_grid):
+            written.append(self.state["step"])
+            path = out / f"checkpoint_{self.state['step']:07d}.npz"
+            path.write_bytes(b"saved")
+            return str(path)
+    (out / "checkpoint_0000020.npz").write_bytes(b"on the spacing")
+    with pytest.raises(Interrupted):
+        minitf.train.end(Run(), "SIGTERM")
+    assert written == [] and (out / "checkpoint_0000020.npz").read_bytes() == b"on the spacing"
+    assert f"interrupted (SIGTERM) at step 20: saved {out}/checkpoint_0000020.npz; continue with --resume" in \
+        capsys.readouterr().err
+    run = Run()
+    run.state = {"step": 21}    # an update since: its checkpoint is saved
+    with pytest.raises(Interrupted):
+        minitf.train.end(run, "SIGINT")
+    assert written == [21] and "interrupted (SIGINT) at step 21: saved " in capsys.readouterr().err
+
+
 def test_a_signal_to_a_rank_waiting_for_rank_0_to_score_is_said(monkeypatch, capsys):
     # the rank that waits for rank 0's scoring: a signal rank 0 beat to the end had been dropped without a word
     import minitf.train
