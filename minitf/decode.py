@@ -11,7 +11,8 @@ in threads (`translate_ids`) live with the text in and out, in translate.py.
 """
 import contextlib
 import functools
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Optional, Protocol
 
 import numpy as np
 
@@ -351,107 +352,177 @@ def beam_search(model, src, beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=50,
     logprobs): logprobs the log-probability of each token and of the EOS (their sum over
     length_penalty is the search's score).
     """
-    cfg, xp = model.cfg, model.xp
+    cfg = model.cfg
     src, src_len = _host_and_device_src(model, src)
-    b, k = src.shape[0], beam_size
+    k = beam_size
     max_lens = _max_lengths(model, src_len, max_len_a, max_len_b)
     waiting = _Waiting(src, src_len, batch_size)
     alive, first = waiting.admit(0)               # sentences being decoded, in row order
-    steps_max = int(max_lens[alive].max()) + 1    # the positions the live sentences may take (their own limits)
-    dec = model.incremental_decoder(first, steps_max, use_cache, beam=k)
-    steps = np.zeros(len(alive), dtype=np.int64)  # [n] the step each is at
-    cohort = np.zeros(len(alive), dtype=np.int64) # [n] which admission (decoder group) each came in
-    hyps = np.zeros((len(alive) * k, steps_max), dtype=np.int64)   # [rows, T_max] tokens of every live beam
-    scores = _first_scores(len(alive), k)         # [n, k] their log-probabilities
-    n_done = np.zeros(b, dtype=int)               # finished hypotheses per sentence
-    best, best_score = [[] for _ in range(b)], np.full(b, -np.inf)
-    paths = np.zeros_like(hyps, dtype=np.float64) if nbest else None   # [rows, T_max] the score after each token
-    finished = [[] for _ in range(b)] if nbest else None   # [(after the rule's end, score, tokens, logprobs)]
-    ruled = np.zeros(b, dtype=bool)                         # nbest: the sentence's rule has ended it
-    next_tokens = np.full(len(alive), cfg.bos_id)   # one row a sentence at its first step
-    while len(alive):
-        logits = as_float32_if_half(dec.logits(xp.asarray(next_tokens, dtype=src.dtype)))   # [rows, V]
-        # a sentence at step 0 (admitted last: they come last) has one row, its k beams would
-        # all be BOS (the decoders' rule); the others have k rows each
-        n, v = len(alive), logits.shape[1]
-        n_old = n - int(np.count_nonzero(steps == 0))
-        lse = _logsumexp(logits)                                              # log p = logits - lse
-        _ban(logits, cfg, np.arange(logits.shape[0]) >= n_old * k)
-        row_scores = np.concatenate([scores[:n_old].reshape(-1), scores[n_old:, 0]])
-        offset = xp.asarray(row_scores, dtype=logits.dtype) - lse             # [rows]: score + log p - logits
-        n_best = min(2 * k, k * v)
-        at_limit = steps >= max_lens[alive]
-        eos = (offset + logits[:, cfg.eos_id],) if at_limit.any() else ()      # the scores of ending now
-        values, beam, tok, eos = _top_candidates(logits, offset, k, n_best, n_old, eos)   # [n, 2k], best first
-        if at_limit.any():   # the length limit: every beam ends with EOS, in beam order
-            ends = _per_beam(eos[0], k, n_old)
-            values[at_limit] = -np.inf
-            values[at_limit, :k] = ends[at_limit]
-            beam[at_limit], tok[at_limit] = np.arange(n_best) % k, cfg.eos_id
-        finite = np.isfinite(values)
-        is_eos = tok == cfg.eos_id
-        # finished: an EOS among the k best (the 2k best, any number, with stop="bound"); looped in rank order (rare)
-        ranked = np.arange(n_best) < (n_best if stop == "bound" else k)
-        for i, r in zip(*np.nonzero(is_eos & finite & ranked)):
-            sent = alive[i]
-            if n_done[sent] < k or stop != "fairseq":
-                n_done[sent] += 1
-                s = values[i, r] / length_penalty(steps[i] + 1, alpha)
-                if s > best_score[sent]:
-                    best_score[sent], best[sent] = s, hyps[i * k + beam[i, r], : steps[i]].tolist()
-                if nbest:
-                    path = np.concatenate([[0.0], paths[i * k + beam[i, r], : steps[i]], [values[i, r]]])
-                    finished[sent].append((bool(ruled[sent]), s, hyps[i * k + beam[i, r], : steps[i]].tolist(),
-                                           np.diff(path).tolist()))
+    width = int(max_lens[alive].max()) + 1        # the positions the live sentences may take (their own limits)
+    dec = model.incremental_decoder(first, width, use_cache, beam=k)
+    steps, cohort = np.zeros(len(alive), dtype=np.int64), np.zeros(len(alive), dtype=np.int64)
+    beams = _Beams(alive, steps, cohort, *_new_rows(len(alive), k, width, nbest, cfg.bos_id))
+    found = _Found.none(src.shape[0], nbest)
+    while len(beams.alive):
+        values, beam, tok, at_limit = _rank(model, dec, beams, k, max_lens, src.dtype)   # [n, 2k], best first
+        finite, is_eos = np.isfinite(values), tok == cfg.eos_id
+        _finish(found, beams, values, beam, is_eos & finite, k, stop, alpha)
         # the next beams: the first k continuations that are not EOS, in rank order
         cont = ~is_eos & finite
         pick = np.argsort(~cont, axis=1, kind="stable")[:, :k]               # continuations first
         live = np.take_along_axis(cont, pick, axis=1)                          # False: a dead (-inf) slot
-        going = n_done[alive] < k
-        if stop == "bound":   # a live beam could still beat the best finished hypothesis
-            best_live = np.take_along_axis(values, pick[:, :1], axis=1)[:, 0]
-            going = best_live / length_penalty(max_lens[alive] + 1, alpha) > best_score[alive]
-        elif stop == "ctranslate2":   # until the best candidate of a step is an EOS
-            going = ~(is_eos[:, 0] & finite[:, 0])
-        if nbest and stop != "fairseq":   # ... and n-best's n have finished: those after the rule's end rank below
-            ruled[alive[~going]] = True
-            going |= n_done[alive] < nbest
-        still = _compact(going & ~at_limit & live[:, 0], cohort)
-        if done is not None and n > len(still):
-            for sent in np.delete(alive, still):
-                done(int(sent), _nbest_list(finished[sent], nbest) if nbest else best[sent])
-        if progress is not None and n > len(still):
-            progress.update(n - len(still))
-        pick, live = pick[still], live[still]
-        pick = np.where(live, pick, pick[:, :1])        # a dead slot repeats the first beam, score -inf
-        new_beam = np.take_along_axis(beam[still], pick, axis=1)
-        order = _stay_with_parents(new_beam)             # the beams' order is free: fewer cache rows to move
-        pick, live, new_beam = (np.take_along_axis(a, order, axis=1) for a in (pick, live, new_beam))
-        parents = (still[:, None] * k + new_beam).reshape(-1)                  # the beam each new beam extends
-        next_tokens = np.take_along_axis(tok[still], pick, axis=1).reshape(-1)
-        hyps = hyps[parents]
-        hyps[np.arange(len(parents)), np.repeat(steps[still], k)] = next_tokens
-        scores = np.where(live, np.take_along_axis(values[still], pick, axis=1), -np.inf)
-        if nbest:
-            paths = paths[parents]
-            paths[np.arange(len(parents)), np.repeat(steps[still], k)] = scores.reshape(-1)
-        first_row = np.where(np.arange(n) < n_old, np.arange(n) * k, n_old * (k - 1) + np.arange(n))
-        dec.reorder((first_row[still][:, None] + new_beam).reshape(-1))        # ... and its decoder row
-        alive, steps, cohort = alive[still], steps[still] + 1, cohort[still]
-        n_new, alive, steps, cohort = _admit(waiting, dec, alive, steps, cohort, max_lens)   # free places to new ones
-        steps_max = int(max_lens[alive].max()) + 1 if len(alive) else 0   # the per-row arrays' width: the live's
-        hyps = _width(hyps, steps_max)
-        if nbest:
-            paths = _width(paths, steps_max)
-        if n_new:
-            scores = np.concatenate([scores, _first_scores(n_new, k)]).astype(scores.dtype)
-            hyps = np.concatenate([hyps, np.zeros((n_new * k, steps_max), dtype=np.int64)])
-            if nbest:
-                paths = np.concatenate([paths, np.zeros((n_new * k, steps_max))])
-            next_tokens = np.concatenate([next_tokens, np.full(n_new, cfg.bos_id)])   # one row each
-    if nbest:
-        return [_nbest_list(f, nbest) for f in finished]
-    return best
+        going = _going(found, beams, values, pick, is_eos & finite, k, stop, alpha, max_lens)
+        still = _compact(going & ~at_limit & live[:, 0], beams.cohort)
+        ended = np.delete(beams.alive, still)
+        if done is not None:
+            for sent in ended:
+                done(int(sent), found.result(sent))
+        if progress is not None and len(ended):
+            progress.update(len(ended))
+        beams = _advance(beams, dec, still, pick, live, beam, tok, values, k)
+        beams = _admit_beams(beams, waiting, dec, max_lens, k, cfg.bos_id)   # free places to new ones
+    return [found.result(sent) for sent in range(src.shape[0])]
+
+
+@dataclass
+class _Beams:
+    """beam_search's live sentences between two steps, in row order (those admitted last come last), k beams each.
+    The decoder has k rows for a sentence past its first step and one for a sentence at it (its k beams would all
+    be BOS): `n_old` sentences of k rows, then the new ones."""
+    alive: np.ndarray                # [n] the sentences' numbers in the input
+    steps: np.ndarray                # [n] the step each is at
+    cohort: np.ndarray               # [n] which admission (decoder group) each came in
+    hyps: np.ndarray                 # [n * k, T_max] the tokens of every beam
+    scores: np.ndarray               # [n, k] their log-probabilities
+    paths: Optional[np.ndarray]      # nbest: [n * k, T_max] the score after each token
+    next_tokens: np.ndarray          # [rows] what the decoder reads next: k a sentence, one a new sentence
+
+    @property
+    def n_old(self):
+        return len(self.alive) - int(np.count_nonzero(self.steps == 0))
+
+
+def _new_rows(n, k, width, nbest, bos_id):
+    """_Beams's hyps, scores, paths and next_tokens for n sentences at their first step."""
+    return (np.zeros((n * k, width), dtype=np.int64), _first_scores(n, k),
+            np.zeros((n * k, width)) if nbest else None, np.full(n, bos_id))
+
+
+@dataclass
+class _Found:
+    """The finished hypotheses of each sentence of the input [B]."""
+    n_done: np.ndarray               # [B] how many have finished
+    best: list                       # [B] the best one's tokens (score / length penalty)
+    best_score: np.ndarray           # [B] its score
+    finished: Optional[list]         # nbest: [B] [(after the rule's end, score, tokens, logprobs)]
+    ruled: np.ndarray                # [B] nbest: the sentence's stop rule has ended it
+    nbest: Optional[int]
+
+    @classmethod
+    def none(cls, b, nbest):
+        return cls(np.zeros(b, dtype=int), [[] for _ in range(b)], np.full(b, -np.inf),
+                   [[] for _ in range(b)] if nbest else None, np.zeros(b, dtype=bool), nbest)
+
+    def result(self, sent):
+        """What beam_search returns for the sentence: its best tokens, or its n-best list."""
+        return _nbest_list(self.finished[sent], self.nbest) if self.nbest else self.best[sent]
+
+
+def _rank(model, dec, beams, k, max_lens, dtype):
+    """One step of the decoder for every live row, and each sentence's 2k best continuations (a live beam plus one
+    token), best first: (values, beam, tok) [n, 2k] and at_limit [n]. A sentence at its maximum length ends every
+    beam with EOS instead, in beam order."""
+    cfg = model.cfg
+    logits = as_float32_if_half(dec.logits(model.xp.asarray(beams.next_tokens, dtype=dtype)))   # [rows, V]
+    n_old, v = beams.n_old, logits.shape[1]
+    lse = _logsumexp(logits)                                              # log p = logits - lse
+    _ban(logits, cfg, np.arange(logits.shape[0]) >= n_old * k)
+    row_scores = np.concatenate([beams.scores[:n_old].reshape(-1), beams.scores[n_old:, 0]])
+    offset = model.xp.asarray(row_scores, dtype=logits.dtype) - lse       # [rows]: score + log p - logits
+    n_best = min(2 * k, k * v)
+    at_limit = beams.steps >= max_lens[beams.alive]
+    eos = (offset + logits[:, cfg.eos_id],) if at_limit.any() else ()      # the scores of ending now
+    values, beam, tok, eos = _top_candidates(logits, offset, k, n_best, n_old, eos)
+    if at_limit.any():   # the length limit: every beam ends with EOS, in beam order
+        ends = _per_beam(eos[0], k, n_old)
+        values[at_limit] = -np.inf
+        values[at_limit, :k] = ends[at_limit]
+        beam[at_limit], tok[at_limit] = np.arange(n_best) % k, cfg.eos_id
+    return values, beam, tok, at_limit
+
+
+def _finish(found, beams, values, beam, eos, k, stop, alpha):
+    """The hypotheses this step finishes (eos [n, 2k]: the finite EOS candidates): an EOS among the k best (the 2k
+    best, any number, with stop="bound") while fewer than k have finished (any number, but with stop="fairseq");
+    looped in rank order (rare)."""
+    n_best = values.shape[1]
+    ranked = np.arange(n_best) < (n_best if stop == "bound" else k)
+    for i, r in zip(*np.nonzero(eos & ranked)):
+        sent, row, length = beams.alive[i], i * k + beam[i, r], beams.steps[i]
+        if found.n_done[sent] < k or stop != "fairseq":
+            found.n_done[sent] += 1
+            s = values[i, r] / length_penalty(length + 1, alpha)
+            if s > found.best_score[sent]:
+                found.best_score[sent], found.best[sent] = s, beams.hyps[row, :length].tolist()
+            if found.nbest:
+                path = np.concatenate([[0.0], beams.paths[row, :length], [values[i, r]]])
+                found.finished[sent].append((bool(found.ruled[sent]), s, beams.hyps[row, :length].tolist(),
+                                             np.diff(path).tolist()))
+
+
+def _going(found, beams, values, pick, eos, k, stop, alpha, max_lens):
+    """[n] whether each sentence's search goes on by its stop rule (pick [n, k]: its next beams' candidates)."""
+    alive = beams.alive
+    going = found.n_done[alive] < k
+    if stop == "bound":   # a live beam could still beat the best finished hypothesis
+        best_live = np.take_along_axis(values, pick[:, :1], axis=1)[:, 0]
+        going = best_live / length_penalty(max_lens[alive] + 1, alpha) > found.best_score[alive]
+    elif stop == "ctranslate2":   # until the best candidate of a step is an EOS
+        going = ~eos[:, 0]
+    if found.nbest and stop != "fairseq":   # ... and n-best's n have finished: those after the rule's end rank below
+        found.ruled[alive[~going]] = True
+        going |= found.n_done[alive] < found.nbest
+    return going
+
+
+def _advance(beams, dec, still, pick, live, beam, tok, values, k):
+    """The next step's beams of the sentences kept (still: their rows, in their new order): each one's candidates
+    `pick` [n, k] (`live` False: a dead slot), each beam in its parent's place where it can be; the decoder's rows
+    follow them (dec.reorder)."""
+    n, n_old = len(beams.alive), beams.n_old
+    pick, live = pick[still], live[still]
+    pick = np.where(live, pick, pick[:, :1])        # a dead slot repeats the first beam, score -inf
+    new_beam = np.take_along_axis(beam[still], pick, axis=1)
+    order = _stay_with_parents(new_beam)             # the beams' order is free: fewer cache rows to move
+    pick, live, new_beam = (np.take_along_axis(a, order, axis=1) for a in (pick, live, new_beam))
+    parents = (still[:, None] * k + new_beam).reshape(-1)                  # the beam each new beam extends
+    next_tokens = np.take_along_axis(tok[still], pick, axis=1).reshape(-1)
+    at = (np.arange(len(parents)), np.repeat(beams.steps[still], k))        # each new beam's token's place
+    hyps = beams.hyps[parents]
+    hyps[at] = next_tokens
+    scores = np.where(live, np.take_along_axis(values[still], pick, axis=1), -np.inf)
+    paths = None
+    if beams.paths is not None:
+        paths = beams.paths[parents]
+        paths[at] = scores.reshape(-1)
+    first_row = np.where(np.arange(n) < n_old, np.arange(n) * k, n_old * (k - 1) + np.arange(n))
+    dec.reorder((first_row[still][:, None] + new_beam).reshape(-1))        # ... and its decoder row
+    return _Beams(beams.alive[still], beams.steps[still] + 1, beams.cohort[still], hyps, scores, paths, next_tokens)
+
+
+def _admit_beams(beams, waiting, dec, max_lens, k, bos_id):
+    """Waiting sentences take free places (_admit), one row each; the per-row arrays' width becomes the live
+    sentences' longest limit."""
+    n_new, alive, steps, cohort = _admit(waiting, dec, beams.alive, beams.steps, beams.cohort, max_lens)
+    width = int(max_lens[alive].max()) + 1 if len(alive) else 0
+    hyps, scores, paths, next_tokens = (_width(beams.hyps, width), beams.scores,
+                                        None if beams.paths is None else _width(beams.paths, width), beams.next_tokens)
+    if n_new:
+        new = _new_rows(n_new, k, width, paths is not None, bos_id)
+        hyps, paths, next_tokens = (np.concatenate([hyps, new[0]]), None if paths is None else np.concatenate(
+            [paths, new[2]]), np.concatenate([next_tokens, new[3]]))
+        scores = np.concatenate([scores, new[1]]).astype(scores.dtype)
+    return _Beams(alive, steps, cohort, hyps, scores, paths, next_tokens)
 
 
 def _nbest_list(finished, n):
