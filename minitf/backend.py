@@ -49,7 +49,8 @@ def check_gpu_dtype(dtype):
     """A DeviceError unless CuPy computes in `dtype` here: bfloat16 needs CuPy 14 or newer with
     ml_dtypes installed, on NumPy 2.1.2 or newer (CuPy leaves its bfloat16 loops out otherwise). The kinds of
     CuPy kernel a bfloat16 run makes are compiled here, up front, not in the middle of a run: a sum of two arrays,
-    casts, a product with a Python float into a bfloat16 array (float32's loop), and an argmax (decoding's)."""
+    casts, a product with a Python float into a bfloat16 array (float32's loop with ml_dtypes before 0.7, bfloat16's
+    from 0.7 on), and an argmax (decoding's)."""
     if dtype.name != "bfloat16":
         return
     try:

@@ -390,8 +390,9 @@ def attention_backward(dout, q, k, v, p, scale, drop_mask=None):
 
 def scaled(x, s):
     """x * s (s a Python number) as a new array of x's dtype. CuPy 14 computes a bfloat16 array times a Python
-    float in float32 and returns float32 (numpy.result_type(0.0, bfloat16) is float64, so it takes float32's
-    loop); written into an array of x's dtype, the product is rounded back, as NumPy rounds float16's."""
+    float in float32 and returns float32 where numpy.result_type(0.0, bfloat16) is float64 (ml_dtypes before 0.7:
+    it takes float32's loop), in bfloat16 where it is bfloat16 (0.7 on); written into an array of x's dtype, the
+    product has x's dtype either way, rounded back as NumPy rounds float16's."""
     xp = xp_of(x)
     return xp.multiply(x, s, out=xp.empty(x.shape, dtype=x.dtype))
 

@@ -21,7 +21,8 @@ def padding_bias(ids, pad_id, dtype, xp=None):
     if xp is not None and isinstance(ids, np.ndarray):
         return to_device(padding_bias(ids, pad_id, dtype), xp)
     bias = (ids == pad_id).astype(dtype)
-    bias *= _neg_inf(dtype)       # in place, in the dtype asked for (bfloat16 times a Python float is float32)
+    bias *= _neg_inf(dtype)   # in place, in the dtype asked for (CuPy: bfloat16 times a Python float is float32
+    #                           with ml_dtypes before 0.7)
     return bias[:, None, None, :]
 
 

@@ -223,8 +223,9 @@ try:   # CuPy 14 takes bfloat16 arrays where ml_dtypes is installed (cupy/_util.
     import ml_dtypes
     BFLOAT16 = numpy.dtype(ml_dtypes.bfloat16)
     _CUPY_DTYPES.add(BFLOAT16)
+    BFLOAT16_TAKES_A_PYTHON_FLOAT = numpy.result_type(0.0, BFLOAT16) == BFLOAT16   # ml_dtypes 0.7 on
 except ImportError:
-    BFLOAT16 = None
+    BFLOAT16, BFLOAT16_TAKES_A_PYTHON_FLOAT = None, False
 _PTRS = weakref.WeakValueDictionary()   # data pointer -> the NumPy array behind it (cuda.nccl)
 _LIVE = weakref.WeakValueDictionary()   # id -> the NumPy buffer of a live device array (memory pool)
 _BUFFERS = weakref.WeakValueDictionary()  # start address -> the NumPy buffer owning it (`.data` was taken)
@@ -920,16 +921,20 @@ def _count_function(name, args, kwargs, result):
 # --- ufuncs
 def _weak_scalars(r, ins):
     """CuPy's result dtype where ml_dtypes' NumPy loops differ: bfloat16 @ bfloat16 stays bfloat16 in CuPy
-    (ml_dtypes gives float32). A bfloat16 array with a Python float is float32 in both: CuPy takes a loop's type
-    for a Python scalar only where numpy.result_type(scalar, that type) is it (cupy/_core/_kernel.pyx,
-    _guess_routine_from_in_types), and result_type(0.0, bfloat16) is float64, so `x * 2.0` runs float32's
-    loop."""
-    if BFLOAT16 is None or not isinstance(r, numpy.ndarray) or r.dtype != numpy.float32:
+    (ml_dtypes gives float32). A bfloat16 array with a Python float: CuPy takes a loop's type for a Python scalar
+    only where numpy.result_type(scalar, that type) is it (cupy/_core/_kernel.pyx, _guess_routine_from_in_types;
+    bfloat16's loop comes before float32's, cupy/_util.pyx bf16_loop). numpy.result_type(0.0, bfloat16) is
+    float64 with ml_dtypes before 0.7, so `x * 2.0` runs float32's loop and returns float32; it is bfloat16 from
+    ml_dtypes 0.7 on, so `x * 2.0` stays bfloat16. The rule is asked of the ml_dtypes installed
+    (BFLOAT16_TAKES_A_PYTHON_FLOAT), not of NumPy's own loops."""
+    if BFLOAT16 is None or not isinstance(r, numpy.ndarray) or r.dtype not in (numpy.float32, BFLOAT16):
         return r
     arrays = [x for x in ins if isinstance(x, (numpy.ndarray, numpy.generic))]
-    if arrays and all(x.dtype == BFLOAT16 for x in arrays) and not any(isinstance(x, float) for x in ins):
-        return r.astype(BFLOAT16)
-    return r
+    if not arrays or any(x.dtype != BFLOAT16 for x in arrays):
+        return r
+    floats = any(isinstance(x, float) for x in ins)
+    want = BFLOAT16 if not floats or BFLOAT16_TAKES_A_PYTHON_FLOAT else numpy.dtype(numpy.float32)
+    return r if r.dtype == want else r.astype(want)
 
 
 class ufunc:

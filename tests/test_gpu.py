@@ -127,7 +127,7 @@ def test_gpu_bfloat16_trains_and_decodes_in_bfloat16(fused, positional, monkeypa
     """A bfloat16 model on the GPU path, with the fused kernels and without them (MINITF_FUSED=0, where a failed
     compile falls back to), with sinusoidal or learned positions: its logits stay bfloat16, its loss and gradients
     are near a float64 CPU model's with the same (bfloat16) weights, and greedy and beam search run. (CuPy 14
-    computes a bfloat16 array times a Python float in float32 and returns float32, and refuses bfloat16 matmuls of
+    computes a bfloat16 array times a Python float in float32 and returns float32 with ml_dtypes before 0.7, and refuses bfloat16 matmuls of
     more than two axes: the stand-in does the same.)"""
     if fused == "1" and not REAL_GPU and compiler() is None:
         pytest.skip("no GPU, and no g++ >= 12 to emulate the CUDA kernels on the CPU")

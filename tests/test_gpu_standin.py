@@ -283,9 +283,12 @@ def test_attention_on_packed_rows_without_cublas_keeps_the_decoders_mask(standin
     device_equals_cpu(dropout=0.0)
 
 
-def test_a_swish_model_trains_and_decodes_in_bfloat16_on_the_device(standin):
-    # swish multiplied bfloat16 by Python floats, which CuPy computes in float32: the feed-forward's output left
-    # bfloat16 and the next kernel refused it (an imported Marian model under --bf16)
+@pytest.mark.parametrize("takes_a_float", [False, True], ids=["ml_dtypes<0.7", "ml_dtypes>=0.7"])
+def test_a_swish_model_trains_and_decodes_in_bfloat16_on_the_device(standin, monkeypatch, takes_a_float):
+    # swish multiplied bfloat16 by Python floats, which CuPy computes in float32 with ml_dtypes before 0.7: the
+    # feed-forward's output left bfloat16 and the next kernel refused it (an imported Marian model under --bf16).
+    # From ml_dtypes 0.7 on the product stays bfloat16: both rules give the same model here.
+    monkeypatch.setattr(standin, "BFLOAT16_TAKES_A_PYTHON_FLOAT", takes_a_float)
     from minitf.architectures import build_model
     from minitf.decode import beam_search
     gpu = tiny(dtype="bfloat16", activation="swish", dropout=0.0)

@@ -208,14 +208,19 @@ def test_16_bit_sums_add_in_float32_and_every_sum_like_a_tree_as_cupys():
         cp.ones((), dtype=np.float16).mean(axis=0)
 
 
-def test_bfloat16_with_a_python_float_matmul_and_argpartition_as_cupys():
+@pytest.mark.parametrize("takes_a_float", [False, True], ids=["ml_dtypes<0.7", "ml_dtypes>=0.7"])
+def test_bfloat16_with_a_python_float_matmul_and_argpartition_as_cupys(monkeypatch, takes_a_float):
     """What CuPy 14 does that NumPy with ml_dtypes does not, modelled: a bfloat16 array times a Python float runs
-    float32's loop and returns float32 (times a Python int, or another bfloat16 array, it stays bfloat16); a
-    bfloat16 matmul of more than two axes raises TypeError; argpartition reads its indices back twice
-    (cupy.unravel_index), two synchronisations."""
+    float32's loop and returns float32 where numpy.result_type(0.0, bfloat16) is float64 (ml_dtypes before 0.7),
+    and stays bfloat16 where it is bfloat16 (0.7 on): both modelled, whichever is installed; times a Python int, or
+    another bfloat16 array, it stays bfloat16; a bfloat16 matmul of more than two axes raises TypeError;
+    argpartition reads its indices back twice (cupy.unravel_index), two synchronisations."""
     bf16 = np.dtype("bfloat16")
+    assert cp.BFLOAT16_TAKES_A_PYTHON_FLOAT == (np.result_type(0.0, bf16) == bf16)
+    monkeypatch.setattr(cp, "BFLOAT16_TAKES_A_PYTHON_FLOAT", takes_a_float)
     x = cp.ones((2, 3), dtype=bf16)
-    assert (x * 2.0).dtype == np.float32 and (x * 2).dtype == bf16 and (x * x).dtype == bf16
+    assert (x * 2.0).dtype == (bf16 if takes_a_float else np.float32)
+    assert (x * 2).dtype == bf16 and (x * x).dtype == bf16 and (2.0 * x + x).dtype == (x * 2.0).dtype
     y = cp.empty_like(x)
     assert cp.multiply(x, 2.0, out=y) is y and y.dtype == bf16
     assert (x @ cp.ones((3, 2), dtype=bf16)).dtype == bf16
