@@ -12,7 +12,7 @@ from .data.pipeline import add_data_args, check_data_args
 from .errors import (SIGNAL_EXIT, ConfigError, DataError, MinitfError, nothing_half_written, one_line_warnings,
                      out_of_memory, report, sigterm_raises)
 from .ctranslate2_export import QUANTIZATIONS
-from .fileio import check_output_file, check_parent_folder
+from .fileio import check_output_file, check_parent_folder, not_a_regular_file
 from .flags import MAX_ALPHA, MAX_BEAM, MAX_LEN_B, Number, Parser, path_arg, positive
 from .trainlog import plural
 
@@ -126,6 +126,9 @@ def cmd_export(args):
     if args.format == "safetensors":
         from .checkpoint import export_safetensors
         check_output_file(args.output, "--output")
+        special = not_a_regular_file(args.output)
+        if special:   # (a .safetensors file is written whole and renamed over the path)
+            raise ConfigError(f"--output {args.output} is {special}: an export is a file of its own; name a file")
         from .safetensors import written_by_minitf
         if os.path.isfile(args.output) and not written_by_minitf(args.output):   # an earlier export is replaced
             raise ConfigError(f"--output {args.output} is a file minitf did not export (another model's weights?): "

@@ -76,6 +76,20 @@ def check_output_file(path, flag):
     check_parent_folder(path, flag)
 
 
+def not_a_regular_file(path):
+    """What `path` is where it exists and is no regular file nor folder (through a link, what the link leads to): "a
+    pipe", "a device", "a socket" (with the link's target named); None otherwise."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:   # nothing there (or a link to nowhere): a new file
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    kind = ("a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+    return f"a link to {os.path.realpath(path)}, {kind}" if os.path.islink(path) else kind
+
+
 def written_in_place(path):
     """Whether the file `path` is to be written in place rather than atomically (atomic_write: a temporary file beside
     it, renamed over it): True for an existing file that opens for writing in a folder that takes no new file (a
@@ -135,6 +149,9 @@ def atomic_write(path, write, size_hint=None, advice=None):
     path = os.fspath(path)
     if os.path.isdir(path):
         raise MinitfError(f"{path} is a folder: name the file to write inside it")
+    special = not_a_regular_file(path)
+    if special:   # renamed over, a pipe or a device (through a link: /dev/null itself) had become a regular file
+        raise WriteFailed(path, f"{special}: a file written whole is renamed over the one there; name a regular file")
     if os.path.islink(path):   # written through: the link stays, its target gets the new file
         path = os.path.realpath(path)
     folder = os.path.dirname(os.path.abspath(path))

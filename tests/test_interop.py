@@ -697,3 +697,27 @@ def test_a_translation_kept_beside_a_marian_folder_is_made_from_its_model_files(
     spm = folder / "source.spm"
     os.utime(spm, ns=(spm.stat().st_atime_ns, spm.stat().st_mtime_ns + 1_000_000_000))
     assert run_key(str(folder), ["a line"], {"beam": 4}) != key
+
+
+def test_an_export_onto_a_pipe_or_a_link_to_one_is_refused_and_nothing_there_is_replaced(tmp_path, capsys):
+    # a .safetensors export is written whole and renamed over its path: over a pipe it had left a regular file in the
+    # pipe's place, and through a link to /dev/null it had replaced /dev/null itself with the model (as root)
+    from conftest import make_tiny_checkpoint
+    from minitf.cli import main
+    from minitf.fileio import WriteFailed, atomic_write_bytes, not_a_regular_file
+    (tmp_path / "src").mkdir()
+    path, _ = make_tiny_checkpoint(tmp_path / "src")
+    fifo, link = tmp_path / "f.safetensors", tmp_path / "l.safetensors"
+    os.mkfifo(fifo)
+    link.symlink_to(fifo)
+    for out, said in ((fifo, "is a pipe"), (link, f"is a link to {fifo}, a pipe")):
+        capsys.readouterr()
+        assert main(["export", "--checkpoint", str(path), "--output", str(out)]) == 2
+        assert f"--output {out} {said}: an export is a file of its own" in capsys.readouterr().err
+        assert fifo.is_fifo() and link.is_symlink()
+        with pytest.raises(WriteFailed, match=r"a file written whole is renamed over the one there"):
+            atomic_write_bytes(str(out), b"x")                # (every writer of whole files: the average, the plots)
+        assert fifo.is_fifo() and link.is_symlink() and os.readlink(link) == str(fifo)
+    assert not_a_regular_file(os.devnull) == "a device" and not_a_regular_file(str(tmp_path)) is None
+    assert not_a_regular_file(str(tmp_path / "new")) is None and not_a_regular_file(str(path)) is None
+    assert main(["export", "--checkpoint", str(path), "--output", str(tmp_path / "ok.safetensors")]) == 0
